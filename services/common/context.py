@@ -1,0 +1,43 @@
+"""Per-request context carried across awaits: trace id and the absolute deadline."""
+
+from __future__ import annotations
+
+import contextvars
+import time
+import uuid
+
+trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", default="")
+deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "deadline", default=None
+)
+
+TRACE_METADATA_KEY = "x-trace-id"
+
+
+def new_trace_id() -> str:
+    """A fresh trace id (32 hex chars, the W3C trace-id size)."""
+    return uuid.uuid4().hex
+
+
+def current_trace_id() -> str:
+    return trace_id_var.get()
+
+
+def remaining_seconds() -> float | None:
+    """Seconds left before the current request's deadline; None when it has none."""
+    deadline = deadline_var.get()
+    if deadline is None:
+        return None
+    return deadline - time.monotonic()
+
+
+def call_timeout(configured: float) -> float:
+    """The timeout for an outgoing call: the configured one, clamped to the caller's remaining time.
+
+    grpc's time_remaining() is huge when the caller set no deadline (grpc#26236); the
+    interceptor stores None then, so the configured timeout applies.
+    """
+    left = remaining_seconds()
+    if left is None:
+        return configured
+    return max(0.0, min(configured, left))

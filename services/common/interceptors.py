@@ -1,0 +1,208 @@
+"""Server and client interceptors: errors -> google.rpc.Status, trace ids, deadlines, logs, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common import errors
+from services.common.context import (
+    TRACE_METADATA_KEY,
+    call_timeout,
+    current_trace_id,
+    deadline_var,
+    new_trace_id,
+    trace_id_var,
+)
+from services.common.metrics import RpcMetrics
+from services.common.status import to_status
+
+log = logging.getLogger("visior.rpc")
+
+# A caller deadline further away than this counts as "no deadline" (grpc#26236: without a
+# deadline, time_remaining() returns a huge number).
+_NO_DEADLINE_SECONDS = 24 * 3600.0
+
+
+def _split_method(full: str) -> tuple[str, str]:
+    _, service, method = full.split("/", 2)
+    return service, method
+
+
+def _metadata_value(metadata: Any, key: str) -> str:
+    for item in metadata or ():
+        if item[0] == key:
+            value = item[1]
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler: sets trace id and deadline context, maps errors, logs, counts."""
+
+    def __init__(self, domain: str, metrics: RpcMetrics) -> None:
+        self._domain = domain
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        service, name = _split_method(method)
+        if service.startswith("grpc."):  # health and reflection: no logs, no wrapping
+            return handler
+        meta_trace = _metadata_value(handler_call_details.invocation_metadata, TRACE_METADATA_KEY)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, service, name, meta_trace),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, service, name, meta_trace),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _enter(self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str) -> None:
+        trace = getattr(request, "trace_id", "") or meta_trace or new_trace_id()
+        if hasattr(request, "trace_id") and not request.trace_id:
+            request.trace_id = trace
+        trace_id_var.set(trace)
+        remaining = context.time_remaining()
+        deadline_var.set(
+            None
+            if remaining is None or remaining > _NO_DEADLINE_SECONDS
+            else time.monotonic() + remaining
+        )
+
+    async def _fail(
+        self, context: grpc.aio.ServicerContext, exc: BaseException, method: str
+    ) -> grpc.StatusCode:
+        if isinstance(exc, errors.ServiceError):
+            err = exc
+            if err.code in (errors.INTERNAL, errors.UNKNOWN):
+                log.error("rpc failed: %s", err, extra={"method": method, "reason": err.reason})
+        else:
+            log.exception("unhandled error", extra={"method": method})
+            err = errors.InternalError("internal error; see the server log for this trace_id")
+        status = to_status(err, self._domain)
+        await context.abort(status.code, status.details, status.trailing_metadata)
+        raise AssertionError("abort returned")  # pragma: no cover
+
+    def _finish(
+        self, service: str, name: str, kind: str, code: grpc.StatusCode, started: float
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        self._metrics.handled.labels(service, name, kind, code.name).inc()
+        self._metrics.handling_seconds.labels(service, name, kind).observe(elapsed)
+        level = logging.INFO if code == grpc.StatusCode.OK else logging.WARNING
+        log.log(
+            level,
+            "rpc",
+            extra={
+                "method": f"{service}/{name}",
+                "code": code.name,
+                "latency_ms": round(elapsed * 1000, 2),
+            },
+        )
+
+    def _wrap_unary(
+        self, behavior: Callable[..., Awaitable[Any]], service: str, name: str, meta_trace: str
+    ) -> Callable[..., Awaitable[Any]]:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            self._metrics.started.labels(service, name, "unary").inc()
+            self._enter(request, context, meta_trace)
+            code = grpc.StatusCode.OK
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code = _code_of(exc)
+                await self._fail(context, exc, f"{service}/{name}")
+            finally:
+                self._finish(service, name, "unary", code, started)
+
+        return wrapper
+
+    def _wrap_stream(
+        self, behavior: Callable[..., AsyncIterator[Any]], service: str, name: str, meta_trace: str
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            self._metrics.started.labels(service, name, "server_stream").inc()
+            self._enter(request, context, meta_trace)
+            code = grpc.StatusCode.OK
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code = _code_of(exc)
+                await self._fail(context, exc, f"{service}/{name}")
+            finally:
+                self._finish(service, name, "server_stream", code, started)
+
+        return wrapper
+
+
+_CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _code_of(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, errors.ServiceError):
+        return _CODES_BY_NUMBER.get(exc.code, grpc.StatusCode.INTERNAL)
+    return grpc.StatusCode.INTERNAL
+
+
+class _ClientDetails(grpc.aio.ClientCallDetails):
+    pass
+
+
+def _with_context(details: grpc.aio.ClientCallDetails, default_timeout: float) -> Any:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    trace = current_trace_id()
+    if trace and TRACE_METADATA_KEY not in metadata:
+        metadata.add(TRACE_METADATA_KEY, trace)
+    timeout = call_timeout(details.timeout if details.timeout is not None else default_timeout)
+    if timeout <= 0:
+        raise errors.DeadlineExceededError("the caller's deadline passed before this call")
+    return _ClientDetails(details.method, timeout, metadata, details.credentials, details.wait_for_ready)
+
+
+class ClientContextInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
+):
+    """Puts the trace id in metadata and a deadline (clamped to the caller's) on every call."""
+
+    def __init__(self, default_timeout: float) -> None:
+        self._timeout = default_timeout
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(_with_context(client_call_details, self._timeout), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(_with_context(client_call_details, self._timeout), request)

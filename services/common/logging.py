@@ -1,0 +1,48 @@
+"""Structured JSON logs, one object per line, every line carrying the request's trace_id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from typing import Any
+
+from services.common.context import current_trace_id
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object: ts, level, service, logger, msg, trace_id, extras."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self._service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "trace_id": getattr(record, "trace_id", None) or current_trace_id() or None,
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = "".join(traceback.format_exception(*record.exc_info))
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(service: str, level: str = "INFO") -> None:
+    """Send every log record to stderr as JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

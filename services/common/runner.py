@@ -1,0 +1,44 @@
+"""The `python -m services.<svc>` entry point shared by every service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from services.common.logging import configure_logging
+from services.common.server import RunningServer, run_until_signal
+from services.common.settings import ServerSettings, SettingsError
+
+
+class HasServer(Protocol):
+    @property
+    def server(self) -> ServerSettings: ...
+
+
+S = TypeVar("S", bound=HasServer)
+Closer = Callable[[], Awaitable[None]]
+
+
+def run_service(
+    load: Callable[[], S], start: Callable[[S], Awaitable[tuple[RunningServer, Closer]]]
+) -> None:
+    """Load settings (exit 2 on a bad one), start, serve until SIGTERM, clean up."""
+    try:
+        settings = load()
+    except SettingsError as exc:
+        configure_logging("config")
+        logging.getLogger("visior").error("bad setting: %s", exc)
+        sys.exit(2)
+    configure_logging(settings.server.service, settings.server.log_level)
+
+    async def main() -> None:
+        running, close = await start(settings)
+        try:
+            await run_until_signal(running, settings.server.grace_seconds)
+        finally:
+            await close()
+
+    asyncio.run(main())

@@ -1,0 +1,144 @@
+"""Reading settings from the environment: typed getters with fallbacks across the specs' names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+class SettingsError(ValueError):
+    """A setting has a value the service cannot start with."""
+
+
+class Env:
+    """A view of environment variables; the first name present wins, so spec and legacy names coexist."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._env = dict(os.environ if environ is None else environ)
+
+    def raw(self, names: Sequence[str]) -> tuple[str, str] | None:
+        for name in names:
+            value = self._env.get(name)
+            if value is not None and value.strip() != "":
+                return name, value.strip()
+        return None
+
+    def str(self, names: Sequence[str] | str, default: str) -> str:
+        found = self.raw([names] if isinstance(names, str) else names)
+        return default if found is None else found[1]
+
+    def int(
+        self,
+        names: Sequence[str] | str,
+        default: int,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int:
+        found = self.raw([names] if isinstance(names, str) else names)
+        if found is None:
+            return default
+        name, text = found
+        try:
+            value = int(text)
+        except ValueError:
+            raise SettingsError(f"{name}={text!r} is not an integer") from None
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{name}={value} is below the minimum {minimum}")
+        if maximum is not None and value > maximum:
+            raise SettingsError(f"{name}={value} is above the maximum {maximum}")
+        return value
+
+    def float(
+        self, names: Sequence[str] | str, default: float, *, minimum: float | None = None
+    ) -> float:
+        found = self.raw([names] if isinstance(names, str) else names)
+        if found is None:
+            return default
+        name, text = found
+        try:
+            value = float(text)
+        except ValueError:
+            raise SettingsError(f"{name}={text!r} is not a number") from None
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{name}={value} is below the minimum {minimum}")
+        return value
+
+    def bool(self, names: Sequence[str] | str, default: bool) -> bool:
+        found = self.raw([names] if isinstance(names, str) else names)
+        if found is None:
+            return default
+        name, text = found
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{name}={text!r} is not a boolean (true/false)")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How a gRPC server listens; the same knobs for every service, under its prefix."""
+
+    service: str
+    """Service key (orchestrator, llm, retrieval, toolsproxy), used in logs and metrics."""
+    host: str = "127.0.0.1"
+    """Address to bind the gRPC server to."""
+    port: int = 0
+    """gRPC port; 0 picks a free one (tests)."""
+    metrics_port: int = 0
+    """Prometheus /metrics port; 0 disables the HTTP exporter."""
+    log_level: str = "INFO"
+    """Root log level."""
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest gRPC message received or sent."""
+    grace_seconds: float = 10.0
+    """How long in-flight RPCs may finish after SIGTERM."""
+    keepalive_seconds: int = 30
+    """Server keepalive ping interval."""
+    max_concurrent_rpcs: int = 256
+    """Concurrent RPCs before new ones get RESOURCE_EXHAUSTED."""
+
+    @classmethod
+    def from_env(
+        cls,
+        service: str,
+        prefix: str,
+        env: Env,
+        default_port: int,
+        *,
+        default_max_message_bytes: int = 4 * 1024 * 1024,
+    ) -> ServerSettings:
+        def names(suffix: str) -> list[str]:
+            return [prefix + suffix, "VISIOR_" + suffix]
+
+        return cls(
+            service=service,
+            host=env.str(prefix + "HOST", "127.0.0.1"),
+            port=env.int(prefix + "PORT", default_port, minimum=0, maximum=65535),
+            metrics_port=env.int(prefix + "METRICS_PORT", 0, minimum=0, maximum=65535),
+            log_level=env.str([prefix + "LOG_LEVEL", "LOG_LEVEL"], "INFO").upper(),
+            max_message_bytes=env.int(
+                names("MAX_MESSAGE_BYTES"),
+                default_max_message_bytes,
+                minimum=1024,
+                maximum=300 * 1024 * 1024,
+            ),
+            grace_seconds=env.float(names("GRACE_SECONDS"), 10.0, minimum=0.0),
+            keepalive_seconds=env.int(names("KEEPALIVE_SECONDS"), 30, minimum=1),
+            max_concurrent_rpcs=env.int(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
+        )
+
+
+@dataclass(frozen=True)
+class DownstreamSettings:
+    """How to reach one downstream gRPC service."""
+
+    target: str
+    """host:port of the downstream gRPC server."""
+    timeout_seconds: float
+    """Deadline of one call when the caller's own deadline is longer (or absent)."""
+    retry_attempts: int = 3
+    """Attempts in all on UNAVAILABLE (1 = no retry)."""

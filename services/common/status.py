@@ -1,0 +1,68 @@
+"""Conversion between ServiceError and google.rpc.Status with one ErrorInfo (grpc side)."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from services.common import errors
+
+
+def to_status(err: errors.ServiceError, domain: str) -> grpc.Status:
+    """The grpc.Status (code, message, details trailer) for a ServiceError."""
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=domain, metadata=err.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    proto = status_pb2.Status(code=err.code, message=err.message, details=[detail])
+    return rpc_status.to_status(proto)
+
+
+def error_info(rpc_error: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo of a failed call, if the server sent one."""
+    try:
+        status = rpc_status.from_call(rpc_error)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
+
+
+def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.ServiceError:
+    """Turn a downstream failure into the error this service raises to its own caller.
+
+    A downstream limit (reason ending in LIMIT_EXCEEDED) is the caller's request being
+    too big: it stays a 400 with the downstream's reason. Access and not-found answers
+    keep their meaning. A downstream INVALID_ARGUMENT for anything else means we sent a
+    bad request: that is our bug (INTERNAL), never the caller's 400. Everything else is a
+    downstream failure: UNAVAILABLE (HTTP 502) with the downstream's reason.
+    """
+    code = rpc_error.code()
+    info = error_info(rpc_error)
+    reason = info.reason if info else ""
+    message = f"{downstream}: {rpc_error.details() or code.name}"
+    meta = {"downstream": downstream, "downstream_code": code.name}
+    if code == grpc.StatusCode.INVALID_ARGUMENT and reason.endswith("LIMIT_EXCEEDED"):
+        return errors.LimitExceededError(message, reason=reason, metadata=meta)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return errors.NotFoundError(message, reason=reason or None, metadata=meta)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return errors.PermissionDeniedError(message, reason=reason or None, metadata=meta)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.ResourceExhaustedError(message, reason=reason or None, metadata=meta)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+        return errors.InternalError(
+            f"{downstream} rejected our request", reason="DOWNSTREAM_REJECTED", metadata=meta
+        )
+    if code == grpc.StatusCode.CANCELLED:
+        return errors.UnavailableError(message, reason="CANCELLED", metadata=meta)
+    return errors.UnavailableError(
+        message, reason=reason or "UPSTREAM_UNAVAILABLE", metadata=meta
+    )

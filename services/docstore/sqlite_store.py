@@ -1,0 +1,203 @@
+"""The SQLite document store: full text by document, section and chunk position, per tenant.
+
+Every read takes the tenant; a document of another tenant is simply not found. A document
+is written in one transaction, so a crash mid-document leaves the previous version (or
+nothing) visible, never half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from services.docstore.model import Chunk, Document, Section
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+  tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, title TEXT NOT NULL, source TEXT NOT NULL,
+  product TEXT NOT NULL, version TEXT NOT NULL, tags TEXT NOT NULL, pages INTEGER NOT NULL,
+  chars INTEGER NOT NULL, PRIMARY KEY (tenant_id, doc_id));
+CREATE TABLE IF NOT EXISTS sections (
+  tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, section_id TEXT NOT NULL, ord INTEGER NOT NULL,
+  title TEXT NOT NULL, summary TEXT NOT NULL, page_start INTEGER NOT NULL,
+  page_end INTEGER NOT NULL, first_chunk_ord INTEGER NOT NULL, last_chunk_ord INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, doc_id, section_id));
+CREATE TABLE IF NOT EXISTS chunks (
+  tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, ord INTEGER NOT NULL, chunk_id TEXT NOT NULL,
+  section_id TEXT NOT NULL, text TEXT NOT NULL, tokens INTEGER NOT NULL,
+  page_start INTEGER NOT NULL, page_end INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, doc_id, ord));
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_id ON chunks (tenant_id, doc_id, chunk_id);
+"""
+
+
+class SqliteDocumentStore:
+    """Document store on one SQLite file (WAL), safe to share between threads of one process."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = str(path)
+        self._read_only = read_only
+        if not read_only and self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if not self._read_only:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+        with self._lock:
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):  # a reader that started before the writer
+                    return []
+                raise
+
+    def ping(self) -> None:
+        """Raise if the store cannot be read."""
+        self._query("SELECT 1", ())
+
+    def put(self, doc: Document) -> bool:
+        """Write (or replace) a document atomically; True when an older version was replaced."""
+        with self._tx() as conn:
+            replaced = self._delete(conn, doc.tenant_id, doc.doc_id)
+            conn.execute(
+                "INSERT INTO documents VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    doc.tenant_id, doc.doc_id, doc.title, doc.source, doc.product, doc.version,
+                    json.dumps(list(doc.tags)), doc.pages, doc.chars,
+                ),
+            )  # fmt: skip
+            conn.executemany(
+                "INSERT INTO sections VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        doc.tenant_id, doc.doc_id, s.section_id, s.ord, s.title, s.summary,
+                        s.page_start, s.page_end, s.first_chunk_ord, s.last_chunk_ord,
+                    )
+                    for s in doc.sections
+                ],
+            )  # fmt: skip
+            conn.executemany(
+                "INSERT INTO chunks VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        doc.tenant_id, doc.doc_id, c.ord, c.chunk_id, c.section_id, c.text,
+                        c.tokens, c.page_start, c.page_end,
+                    )
+                    for c in doc.chunks
+                ],
+            )  # fmt: skip
+        return replaced
+
+    def delete(self, tenant_id: str, doc_id: str) -> bool:
+        with self._tx() as conn:
+            return self._delete(conn, tenant_id, doc_id)
+
+    @staticmethod
+    def _delete(conn: sqlite3.Connection, tenant_id: str, doc_id: str) -> bool:
+        cur = conn.execute(
+            "DELETE FROM documents WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id)
+        )
+        conn.execute("DELETE FROM sections WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
+        conn.execute("DELETE FROM chunks WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
+        return cur.rowcount > 0
+
+    def list_documents(self, tenant_id: str) -> list[Document]:
+        """The tenant's documents without sections and chunks, by doc_id."""
+        rows = self._query(
+            "SELECT doc_id, title, source, product, version, tags, pages FROM documents "
+            "WHERE tenant_id=? ORDER BY doc_id",
+            (tenant_id,),
+        )
+        return [
+            Document(tenant_id, r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), r[6])
+            for r in rows
+        ]
+
+    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]:
+        """(sections, chunks, chars) of one document."""
+        rows = self._query(
+            "SELECT (SELECT count(*) FROM sections WHERE tenant_id=?1 AND doc_id=?2),"
+            " (SELECT count(*) FROM chunks WHERE tenant_id=?1 AND doc_id=?2),"
+            " (SELECT chars FROM documents WHERE tenant_id=?1 AND doc_id=?2)",
+            (tenant_id, doc_id),
+        )
+        s, c, chars = rows[0]
+        return int(s), int(c), int(chars or 0)
+
+    def get_document(self, tenant_id: str, doc_id: str, *, with_chunks: bool = True) -> Document | None:
+        rows = self._query(
+            "SELECT doc_id, title, source, product, version, tags, pages FROM documents "
+            "WHERE tenant_id=? AND doc_id=?",
+            (tenant_id, doc_id),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        sections = tuple(
+            Section(*s)
+            for s in self._query(
+                "SELECT section_id, ord, title, summary, page_start, page_end, first_chunk_ord, "
+                "last_chunk_ord FROM sections WHERE tenant_id=? AND doc_id=? ORDER BY ord",
+                (tenant_id, doc_id),
+            )
+        )
+        chunks = self.chunk_range(tenant_id, doc_id, 0, 1 << 30) if with_chunks else []
+        return Document(
+            tenant_id, r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), r[6],
+            sections, tuple(chunks),
+        )  # fmt: skip
+
+    def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:
+        rows = self._query(
+            "SELECT chunk_id, section_id, ord, text, tokens, page_start, page_end FROM chunks "
+            "WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
+            (tenant_id, doc_id, chunk_id),
+        )
+        return Chunk(*rows[0]) if rows else None
+
+    def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]:
+        """Chunks with first <= ord <= last, in order."""
+        rows = self._query(
+            "SELECT chunk_id, section_id, ord, text, tokens, page_start, page_end FROM chunks "
+            "WHERE tenant_id=? AND doc_id=? AND ord BETWEEN ? AND ? ORDER BY ord",
+            (tenant_id, doc_id, first, last),
+        )
+        return [Chunk(*r) for r in rows]
+
+    def all_chunks(self) -> Iterator[tuple[str, str, str, Chunk]]:
+        """(tenant_id, doc_id, title, chunk) for every chunk, to rebuild an index at start-up."""
+        rows = self._query(
+            "SELECT c.tenant_id, c.doc_id, d.title, c.chunk_id, c.section_id, c.ord, c.text, "
+            "c.tokens, c.page_start, c.page_end FROM chunks c JOIN documents d "
+            "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id ORDER BY c.tenant_id, c.doc_id, c.ord",
+            (),
+        )
+        for r in rows:
+            yield r[0], r[1], r[2], Chunk(*r[3:])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

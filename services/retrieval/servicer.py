@@ -1,0 +1,160 @@
+"""RetrievalService and IngestionService servicers: proto <-> domain, nothing else."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import grpc
+from visior.common.v1 import common_pb2
+from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+from services.retrieval.ingestion import IngestInput, Ingestor
+from services.retrieval.search import Filters, SearchQuery, SearchResult
+
+
+class SearchBackend(Protocol):
+    def search(self, q: SearchQuery) -> SearchResult: ...
+
+
+class HealthProbe(Protocol):
+    def __call__(self) -> dict[str, str]: ...
+
+
+def _opt(msg: object, name: str) -> int | bool | None:
+    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
+
+
+def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
+    f, p = req.filters, req.params
+    return SearchQuery(
+        query=req.query,
+        tenant_id=req.tenant_id,
+        max_results=req.max_results if req.HasField("max_results") else None,
+        filters=Filters(
+            product=f.product,
+            version=f.version,
+            tags=tuple(f.tags),
+            doc_ids=tuple(f.doc_ids),
+            section_ids=tuple(f.section_ids),
+            source=f.source,
+        ),
+        language=req.language,
+        mode=p.retrieval_mode,
+        max_docs=_opt(p, "max_docs"),  # type: ignore[arg-type]
+        max_sections=_opt(p, "max_sections"),  # type: ignore[arg-type]
+        max_chunks=_opt(p, "max_chunks"),  # type: ignore[arg-type]
+        context_token_limit=_opt(p, "context_token_limit"),  # type: ignore[arg-type]
+        enable_hybrid=_opt(p, "enable_hybrid"),  # type: ignore[arg-type]
+        enable_rerank=_opt(p, "enable_rerank"),  # type: ignore[arg-type]
+        trace_id=req.trace_id,
+    )
+
+
+def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchResponse:
+    return retrieval_pb2.SearchResponse(
+        hits=[
+            retrieval_pb2.Hit(
+                doc_id=h.doc_id, section_id=h.section_id, chunk_id=h.chunk_id, text=h.text,
+                score=h.score, page_start=h.page_start, page_end=h.page_end,
+            )
+            for h in r.hits
+        ],
+        chunks=[
+            retrieval_pb2.Chunk(
+                chunk_id=c.chunk_id, doc_id=c.doc_id, section_id=c.section_id, text=c.text,
+                tokens=c.tokens, page_start=c.page_start, page_end=c.page_end, score=c.score,
+                mcp_link=retrieval_pb2.McpLink(
+                    doc_id=c.doc_id, page_start=c.page_start, page_end=c.page_end
+                ),
+            )
+            for c in r.chunks
+        ],
+        used_docs=[
+            retrieval_pb2.UsedDoc(doc_id=d.doc_id, score=d.score, title=d.title) for d in r.docs
+        ],
+        used_sections=[
+            retrieval_pb2.UsedSection(
+                section_id=s.section_id, score=s.score, doc_id=s.doc_id, title=s.title,
+                summary=s.summary, page_start=s.page_start, page_end=s.page_end,
+                anchor_chunk_id=s.anchor_chunk_id,
+            )
+            for s in r.sections
+        ],
+        meta=retrieval_pb2.SearchMeta(
+            retrieval_time_ms=r.elapsed_ms, mode=r.mode, hybrid_used=r.hybrid_used,
+            rerank_used=r.rerank_used, trace_id=trace_id, backend=r.backend,
+        ),
+    )  # fmt: skip
+
+
+class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    """Search and health."""
+
+    def __init__(self, engine: SearchBackend, probe: HealthProbe) -> None:
+        self._engine = engine
+        self._probe = probe
+
+    async def Search(
+        self, request: retrieval_pb2.SearchRequest, context: grpc.aio.ServicerContext
+    ) -> retrieval_pb2.SearchResponse:
+        return search_response(self._engine.search(search_query(request)), request.trace_id)
+
+    async def GetHealth(
+        self, request: retrieval_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
+    ) -> retrieval_pb2.GetHealthResponse:
+        details = self._probe()
+        return retrieval_pb2.GetHealthResponse(
+            health=common_pb2.HealthDetails(
+                status=details.pop("status", "ok"),
+                service="visior.retrieval.v1.RetrievalService",
+                details=details,
+            )
+        )
+
+
+class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
+    """Ingest, delete and list documents."""
+
+    def __init__(self, ingestor: Ingestor) -> None:
+        self._ingestor = ingestor
+
+    async def IngestDocument(
+        self, request: retrieval_pb2.IngestDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> retrieval_pb2.IngestDocumentResponse:
+        out = self._ingestor.ingest(
+            IngestInput(
+                tenant_id=request.tenant_id,
+                content=request.content,
+                doc_id=request.doc_id,
+                file_name=request.file_name,
+                content_type=request.content_type,
+                title=request.title,
+                product=request.product,
+                version=request.version,
+                tags=tuple(request.tags),
+            )
+        )
+        return retrieval_pb2.IngestDocumentResponse(
+            doc_id=out.doc_id, sections=out.sections, chunks=out.chunks, pages=out.pages,
+            replaced=out.replaced,
+        )  # fmt: skip
+
+    async def DeleteDocument(
+        self, request: retrieval_pb2.DeleteDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> retrieval_pb2.DeleteDocumentResponse:
+        return retrieval_pb2.DeleteDocumentResponse(
+            deleted=self._ingestor.delete(request.tenant_id, request.doc_id)
+        )
+
+    async def ListDocuments(
+        self, request: retrieval_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
+    ) -> retrieval_pb2.ListDocumentsResponse:
+        return retrieval_pb2.ListDocumentsResponse(
+            documents=[
+                retrieval_pb2.DocumentInfo(
+                    doc_id=d.doc_id, title=d.title, pages=d.pages, sections=d.sections,
+                    chunks=d.chunks, chars=d.chars, source=d.source,
+                )
+                for d in self._ingestor.list(request.tenant_id)
+            ]
+        )  # fmt: skip

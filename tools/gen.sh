@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Generates everything under gen/ and the Envoy descriptor set from proto/.
+# Reproducible: same protos + same pinned tool versions -> same bytes.
+# Usage: tools/gen.sh [OUT_ROOT]   (OUT_ROOT defaults to the repo; check-gen
+# passes a temp dir and diffs).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$here}"
+py="${PYTHON:-$here/.venv/bin/python}"
+bin="$(dirname "$py")"
+cd "$here"
+protos=$(find proto -name '*.proto' | LC_ALL=C sort)
+
+rm -rf "$out/gen/python"
+mkdir -p "$out/gen/python/visior_sdk" "$out/envoy"
+
+# grpcio messages, type stubs and stubs (package `visior.*`).
+"$py" -m grpc_tools.protoc -Iproto -Ithird_party \
+  --python_out="$out/gen/python" --pyi_out="$out/gen/python" \
+  --grpc_python_out="$out/gen/python" $protos
+# Regular packages, so mypy and setuptools see them.
+find "$out/gen/python/visior" -type d -exec touch {}/__init__.py \;
+
+# betterproto dataclasses + grpclib async stubs for the typed client SDK.
+PATH="$bin:$PATH" "$py" -m grpc_tools.protoc -Iproto -Ithird_party \
+  --python_betterproto_out="$out/gen/python/visior_sdk" $protos >/dev/null
+
+# Descriptor set for Envoy's gRPC-JSON transcoder. error_details.proto is
+# included so google.rpc.Status details (ErrorInfo) render as JSON.
+"$py" -m grpc_tools.protoc -Iproto -Ithird_party --include_imports \
+  --descriptor_set_out="$out/envoy/visior.pb" \
+  $protos google/rpc/status.proto google/rpc/error_details.proto
+
+# Envoy config for the default ports.
+PYTHONPATH="$out/gen/python:$here" "$py" -m services.devtools.envoy_config > "$out/envoy/envoy.yaml"
