@@ -142,3 +142,28 @@ class DownstreamSettings:
     """Deadline of one call when the caller's own deadline is longer (or absent)."""
     retry_attempts: int = 3
     """Attempts in all on UNAVAILABLE (1 = no retry)."""
+
+
+def grpc_target(value: str, name: str) -> str:
+    """host:port from 'host:port', 'grpc://host:port' or 'http://host:port' (the specs use URLs)."""
+    target = value
+    for scheme in ("grpc://", "http://", "dns:///"):
+        target = target.removeprefix(scheme)
+    target = target.rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise SettingsError(f"{name}={value!r} is not host:port")
+    return target
+
+
+def downstream(
+    env: Env, names: Sequence[str], default_target: str, timeout_names: Sequence[str], timeout: float
+) -> DownstreamSettings:
+    """A DownstreamSettings from the first of `names` (a URL or host:port) and a timeout."""
+    found = env.raw(names)
+    target = grpc_target(found[1], found[0]) if found else default_target
+    return DownstreamSettings(
+        target=target,
+        timeout_seconds=env.float(timeout_names, timeout, minimum=0.001),
+        retry_attempts=env.int(["VISIOR_RETRY_ATTEMPTS"], 3, minimum=1, maximum=5),
+    )

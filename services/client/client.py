@@ -1,0 +1,387 @@
+"""VisiorClient: grpclib channels to the mesh, the generated stubs with typed errors, and shortcuts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import betterproto
+from grpclib.client import Channel
+from grpclib.encoding.proto import ProtoStatusDetailsCodec
+from visior_sdk.visior.common.v1 import ChatMessage, HealthDetails, UserContext
+from visior_sdk.visior.llm.v1 import GetHealthRequest as LlmGetHealthRequest
+from visior_sdk.visior.llm.v1 import LlmServiceStub
+from visior_sdk.visior.orchestrator.v1 import GetHealthRequest as OrchestratorGetHealthRequest
+from visior_sdk.visior.orchestrator.v1 import (
+    OrchestratorServiceStub,
+    RespondRequest,
+    RespondResponse,
+)
+from visior_sdk.visior.retrieval.v1 import GetHealthRequest as RetrievalGetHealthRequest
+from visior_sdk.visior.retrieval.v1 import (
+    IngestionServiceStub,
+    RetrievalServiceStub,
+    SearchFilters,
+    SearchParams,
+    SearchRequest,
+    SearchResponse,
+)
+from visior_sdk.visior.toolsproxy.v1 import ExecuteRequest, ToolError, ToolsProxyServiceStub
+from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRequest
+
+from services.client.errors import from_exception
+from services.client.structs import from_value, to_struct
+from services.common.context import TRACE_METADATA_KEY
+from services.devtools.topology import SERVICE_BY_KEY, Ports
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+"""Deadline of a call that names none; generous because Respond runs the whole tool loop."""
+
+Metadata = Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one gRPC server listens (plaintext: the mesh is loopback / sidecar-local)."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, value: Target | str | int | tuple[str, int], host: str) -> Target:
+        """A Target from a Target, "host:port", a bare port (on `host`) or (host, port)."""
+        if isinstance(value, Target):
+            return value
+        if isinstance(value, bool):
+            raise TypeError(f"not a target: {value!r}")
+        if isinstance(value, int):
+            return cls(host, value)
+        if isinstance(value, tuple):
+            return cls(value[0], int(value[1]))
+        name, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"target {value!r} is not host:port")
+        return cls(name.strip("[]") or host, int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+TargetLike = Target | str | int | tuple[str, int]
+
+# The topology's service keys, plus "ingestion": it is co-hosted with retrieval in the
+# embedded setup (DESIGN §2.1) but may run standalone against a Qdrant server.
+TARGET_KEYS = (*SERVICE_BY_KEY, "ingestion")
+
+
+def targets_from_ports(ports: Ports, host: str = "127.0.0.1") -> dict[str, Target]:
+    """The gRPC target of every service of a mesh started with `ports` on `host`."""
+    return {key: Target(host, port) for key, port in ports.grpc.items()}
+
+
+def _merge_metadata(base: Sequence[tuple[str, str | bytes]], extra: Metadata | None) -> Metadata:
+    if extra is None:
+        return base
+    pairs = list(extra.items() if isinstance(extra, Mapping) else extra)
+    given = {key.lower() for key, _ in pairs}
+    return [(k, v) for k, v in base if k not in given] + pairs
+
+
+class _TypedStub(betterproto.ServiceStub):
+    """A generated stub whose calls keep the client's metadata and raise VisiorRpcError.
+
+    betterproto uses the stub's `metadata` only when a call passes none; here per-call
+    metadata is merged into it instead, so `metadata={...}` never drops the trace id.
+    """
+
+    def __init__(self, channel: Channel, *, timeout: float, metadata: Sequence[tuple[str, str]]):
+        super().__init__(channel, timeout=timeout, metadata=list(metadata))
+        self._base_metadata: list[tuple[str, str | bytes]] = list(metadata)
+
+    async def _unary_unary(  # type: ignore[override]
+        self, route: str, request: Any, response_type: Any, *, metadata: Metadata | None = None,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        try:
+            return await super()._unary_unary(
+                route, request, response_type,
+                metadata=_merge_metadata(self._base_metadata, metadata), **kwargs,
+            )  # fmt: skip
+        except Exception as exc:
+            typed = from_exception(exc)
+            if typed is None:
+                raise
+            raise typed from exc
+
+    async def _unary_stream(  # type: ignore[override]
+        self, route: str, request: Any, response_type: Any, *, metadata: Metadata | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:  # fmt: skip
+        stream = super()._unary_stream(
+            route, request, response_type,
+            metadata=_merge_metadata(self._base_metadata, metadata), **kwargs,
+        )  # fmt: skip
+        # aclosing: a caller that stops iterating early ends the HTTP/2 stream now, not at GC.
+        async with aclosing(stream):
+            try:
+                async for message in stream:
+                    yield message
+            except Exception as exc:
+                typed = from_exception(exc)
+                if typed is None:
+                    raise
+                raise typed from exc
+
+
+class OrchestratorStub(_TypedStub, OrchestratorServiceStub):
+    """OrchestratorService: Respond, GetConfig, UpdateConfig, GetHealth."""
+
+
+class LlmStub(_TypedStub, LlmServiceStub):
+    """LlmService: Generate, GenerateStream, GetHealth."""
+
+
+class RetrievalStub(_TypedStub, RetrievalServiceStub):
+    """RetrievalService: Search, GetHealth."""
+
+
+class IngestionStub(_TypedStub, IngestionServiceStub):
+    """IngestionService: IngestDocument, DeleteDocument, ListDocuments."""
+
+
+class ToolsProxyStub(_TypedStub, ToolsProxyServiceStub):
+    """ToolsProxyService: Execute, ListTools, GetHealth."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What ToolsProxy answered, with `result` as plain Python (from its google.protobuf.Value)."""
+
+    status: str
+    """"ok" or "error"; a tool's own failure is an answer, not an RPC error."""
+    result: Any
+    """The tool's JSON result when status is "ok" (dict, list, str, number, bool or None)."""
+    error: ToolError | None
+    """The tool's error (code such as ACCESS_DENIED, WINDOW_TOO_LARGE) when status is "error"."""
+    trace_id: str
+    """The trace id the proxy ran the call under."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class VisiorClient:
+    """Typed async client for the Visior mesh over grpclib.
+
+    `targets` maps service keys (orchestrator, llm, retrieval, toolsproxy and, when it runs
+    apart from retrieval, ingestion) to a Target, "host:port" or a bare port on `host`; a
+    `Ports` value (services.devtools.topology) names all four. Only the services named get a
+    channel. Every call carries a deadline (`timeout` unless the call passes its own) and,
+    when `trace_id` is given, `x-trace-id` metadata. Failures raise VisiorRpcError
+    subclasses (services.client.errors).
+
+        async with VisiorClient(Ports(), trace_id="t-1") as visior:
+            answer = await visior.respond("How do I back up?", tenant_id="demo", user_id="u1")
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[str, TargetLike] | Ports,
+        *,
+        host: str = "127.0.0.1",
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        trace_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        if isinstance(targets, Ports):
+            targets = targets_from_ports(targets, host)
+        unknown = set(targets) - set(TARGET_KEYS)
+        if unknown:
+            raise ValueError(f"unknown service keys {sorted(unknown)}; known: {TARGET_KEYS}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.targets: dict[str, Target] = {k: Target.parse(v, host) for k, v in targets.items()}
+        if "retrieval" in self.targets:
+            self.targets.setdefault("ingestion", self.targets["retrieval"])
+        self.timeout = timeout
+        self.trace_id = trace_id
+        self._metadata = [(k.lower(), v) for k, v in (metadata or {}).items()]
+        if trace_id:
+            self._metadata.append((TRACE_METADATA_KEY, trace_id))
+        self._channels: dict[Target, Channel] = {}
+        self._stubs: dict[str, _TypedStub] = {}
+
+    async def __aenter__(self) -> Self:
+        self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Create the channels (grpclib connects lazily, on the first call). Needs a running loop."""
+        stub_types: dict[str, type[_TypedStub]] = {
+            "orchestrator": OrchestratorStub,
+            "llm": LlmStub,
+            "retrieval": RetrievalStub,
+            "ingestion": IngestionStub,
+            "toolsproxy": ToolsProxyStub,
+        }
+        for key, target in self.targets.items():
+            channel = self._channels.get(target)
+            if channel is None:
+                # Explicit, although grpclib picks the same codec when googleapis-common-protos
+                # is importable: without it, errors would lose their ErrorInfo silently.
+                channel = Channel(
+                    target.host, target.port, status_details_codec=ProtoStatusDetailsCodec()
+                )
+                self._channels[target] = channel
+            self._stubs[key] = stub_types[key](
+                channel, timeout=self.timeout, metadata=self._metadata
+            )
+
+    def close(self) -> None:
+        """Close every channel; in-flight calls fail."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    def _stub(self, key: str) -> Any:
+        stub = self._stubs.get(key)
+        if stub is None:
+            if key not in self.targets:
+                raise LookupError(f"VisiorClient has no target for {key!r}")
+            raise RuntimeError("VisiorClient is not open; use `async with VisiorClient(...)`")
+        return stub
+
+    @property
+    def orchestrator(self) -> OrchestratorStub:
+        """OrchestratorService stub (Respond, GetConfig, UpdateConfig, GetHealth)."""
+        stub: OrchestratorStub = self._stub("orchestrator")
+        return stub
+
+    @property
+    def llm(self) -> LlmStub:
+        """LlmService stub (Generate, GenerateStream, GetHealth)."""
+        stub: LlmStub = self._stub("llm")
+        return stub
+
+    @property
+    def retrieval(self) -> RetrievalStub:
+        """RetrievalService stub (Search, GetHealth)."""
+        stub: RetrievalStub = self._stub("retrieval")
+        return stub
+
+    @property
+    def ingestion(self) -> IngestionStub:
+        """IngestionService stub (IngestDocument, DeleteDocument, ListDocuments)."""
+        stub: IngestionStub = self._stub("ingestion")
+        return stub
+
+    @property
+    def tools(self) -> ToolsProxyStub:
+        """ToolsProxyService stub (Execute, ListTools, GetHealth)."""
+        stub: ToolsProxyStub = self._stub("toolsproxy")
+        return stub
+
+    async def respond(
+        self,
+        query: str,
+        tenant_id: str,
+        user_id: str,
+        *,
+        roles: Sequence[str] = (),
+        history: Sequence[ChatMessage | tuple[str, str]] = (),
+        doc_ids: Sequence[str] = (),
+        section_ids: Sequence[str] = (),
+        filters: SearchFilters | None = None,
+        max_results: int | None = None,
+        channel: str = "",
+        locale: str = "",
+        timeout: float | None = None,
+    ) -> RespondResponse:
+        """Ask the orchestrator for an answer with sources; `history` as messages or (role, text)."""
+        request = RespondRequest(
+            query=query,
+            user=UserContext(user_id=user_id, tenant_id=tenant_id, roles=list(roles)),
+            channel=channel,
+            locale=locale,
+            doc_ids=list(doc_ids),
+            section_ids=list(section_ids),
+            max_results=max_results,
+            history=[
+                m if isinstance(m, ChatMessage) else ChatMessage(role=m[0], content=m[1])
+                for m in history
+            ],
+        )
+        if filters is not None:
+            request.filters = filters
+        return await self.orchestrator.respond(request, timeout=timeout)
+
+    async def search(
+        self,
+        query: str,
+        tenant_id: str,
+        *,
+        max_results: int | None = None,
+        filters: SearchFilters | None = None,
+        params: SearchParams | None = None,
+        language: str = "",
+        timeout: float | None = None,
+    ) -> SearchResponse:
+        """Search one tenant's documents (max_results ≤ 50, else InvalidArgument LIMIT_EXCEEDED)."""
+        request = SearchRequest(
+            query=query, tenant_id=tenant_id, max_results=max_results, language=language
+        )
+        if filters is not None:
+            request.filters = filters
+        if params is not None:
+            request.params = params
+        return await self.retrieval.search(request, timeout=timeout)
+
+    async def execute_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        user: UserContext,
+        *,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """Run one ToolsProxy tool for `user`; `arguments` is a plain JSON-like dict."""
+        response = await self.tools.execute(
+            ExecuteRequest(tool_name=name, arguments=to_struct(arguments), user=user),
+            timeout=timeout,
+        )
+        has_error = betterproto.serialized_on_wire(response.error)
+        return ToolResult(
+            status=response.status,
+            result=from_value(response.result),
+            error=response.error if has_error else None,
+            trace_id=response.trace_id,
+        )
+
+    async def health(self, service: str, *, timeout: float | None = None) -> HealthDetails:
+        """GetHealth of one service: orchestrator, llm, retrieval or toolsproxy."""
+        if service == "orchestrator":
+            return (
+                await self.orchestrator.get_health(OrchestratorGetHealthRequest(), timeout=timeout)
+            ).health
+        if service == "llm":
+            return (await self.llm.get_health(LlmGetHealthRequest(), timeout=timeout)).health
+        if service == "retrieval":
+            return (
+                await self.retrieval.get_health(RetrievalGetHealthRequest(), timeout=timeout)
+            ).health
+        if service == "toolsproxy":
+            return (await self.tools.get_health(ToolsGetHealthRequest(), timeout=timeout)).health
+        raise ValueError(f"no GetHealth for {service!r}; use one of {tuple(SERVICE_BY_KEY)}")

@@ -1,0 +1,29 @@
+"""google.protobuf.Struct <-> dict, keeping integers integers (Struct stores every number as a double)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+
+def _ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
+
+
+def struct_to_dict(message: struct_pb2.Struct | struct_pb2.Value) -> Any:
+    """A Struct as a dict (a Value as its JSON value), whole-number doubles as ints."""
+    return _ints(json_format.MessageToDict(message))
+
+
+def dict_to_struct(data: dict[str, Any], into: struct_pb2.Struct | None = None) -> struct_pb2.Struct:
+    """A dict as a Struct (filled into `into` when given)."""
+    target = into if into is not None else struct_pb2.Struct()
+    target.update(data)
+    return target

@@ -1,0 +1,492 @@
+"""Renders the Envoy config: one JSON listener (sidecar) per service, transcoded to its gRPC server.
+
+Run as `python -m services.devtools.envoy_config` to print the config for the default
+ports; `tools/gen.sh` writes that to `envoy/envoy.yaml` (run Envoy from the repo root:
+the descriptor path in it is relative). Why each piece is there is said next to it
+below, since YAML written by pyyaml cannot carry comments; envoy/README.md has the
+operator's view (routes, error body, limits, timeouts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+
+from services.devtools.topology import SERVICES, Ports, ServiceSpec
+
+MiB = 1 << 20
+
+DEFAULT_MAX_REQUEST_BYTES = 1 * MiB
+"""Largest JSON request body on every route but ingestion (HTTP 413 above it)."""
+INGEST_MAX_REQUEST_BYTES = 32 * MiB
+"""Largest `POST /internal/retrieval/documents` body: a document, base64 inside JSON."""
+MAX_RESPONSE_BYTES = 32 * MiB
+"""Largest unary response the transcoder will buffer and turn into JSON."""
+STREAM_IDLE_TIMEOUT_S = 60.0
+"""How long a streaming route (no overall timeout) may stay silent before Envoy ends it."""
+
+HTTP_PREFIX: Mapping[str, str] = {
+    "orchestrator": "/internal/orchestrator/",
+    "llm": "/internal/llm/",
+    "retrieval": "/internal/retrieval/",
+    "toolsproxy": "/internal/mcp/",
+}
+"""The `/internal/...` path prefix each service's HTTP bindings live under."""
+
+DEFAULT_ROUTE = "default"
+"""Key of `timeouts` for the catch-all route of a service's prefix."""
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """One route with its own timeout or body limit; everything else takes the prefix route."""
+
+    path: str
+    """Exact HTTP path (as in the proto's google.api.http binding)."""
+    timeout_s: float
+    """Overall route timeout; 0 means none (streams), then the idle timeout applies."""
+    method: str | None = None
+    """Only this HTTP method, when the same path serves several RPCs."""
+    max_request_bytes: int | None = None
+    """Body limit of this route when it differs from DEFAULT_MAX_REQUEST_BYTES."""
+
+
+# Order matters only between rules of one path (method-specific first): Envoy takes the
+# first route that matches, and the prefix route comes after all of these.
+ROUTE_RULES: tuple[RouteRule, ...] = (
+    RouteRule("/health", 5.0),
+    RouteRule("/internal/orchestrator/respond", 120.0),
+    RouteRule("/internal/llm/generate", 120.0),
+    RouteRule("/internal/llm/generate:stream", 0.0),
+    # Ingestion parses, chunks and embeds the whole document before it answers; at the
+    # measured 7-9 passages/s on 2 cores a large document needs minutes, not 30 s.
+    RouteRule(
+        "/internal/retrieval/documents",
+        300.0,
+        method="POST",
+        max_request_bytes=INGEST_MAX_REQUEST_BYTES,
+    ),
+)
+DEFAULT_TIMEOUT_S = 30.0
+"""Timeout of every other `/internal/...` route."""
+
+_LUA_502 = """\
+-- The transcoder maps gRPC UNAVAILABLE to HTTP 503; the specs want 502 for a failed
+-- downstream. Only the status changes: the google.rpc.Status JSON body stays.
+function envoy_on_response(handle)
+  if handle:headers():get(":status") == "999" then
+    handle:headers():replace(":status", "502")
+  end
+end
+"""
+
+# Envoy's own replies (no route, body too large, upstream down, timeout, fault abort,
+# transcoder rejections) get the same body as a transcoded google.rpc.Status, so a
+# client parses one error shape. HTTP status -> (google.rpc.Code, ErrorInfo.reason).
+_LOCAL_REPLY_CODES: tuple[tuple[int, int, int, str], ...] = (
+    # (status Envoy produced, status sent, grpc code, reason)
+    # The fault filter's x-envoy-fault-abort-grpc-request aborts a JSON request with a
+    # local reply of HTTP 200; only a gRPC caller could read the status in it. Say so.
+    (200, 400, 3, "GRPC_FAULT_ABORT_UNSUPPORTED"),
+    (400, 400, 3, "INVALID_ARGUMENT"),
+    (401, 401, 16, "UNAUTHENTICATED"),
+    (403, 403, 7, "ACCESS_DENIED"),
+    (404, 404, 5, "NOT_FOUND"),
+    (408, 408, 4, "DEADLINE_EXCEEDED"),
+    (413, 413, 3, "PAYLOAD_TOO_LARGE"),
+    (429, 429, 8, "RATE_LIMIT_EXCEEDED"),
+    (431, 431, 3, "HEADERS_TOO_LARGE"),
+    (500, 500, 13, "INTERNAL"),
+    (501, 501, 12, "UNIMPLEMENTED"),
+    (502, 502, 14, "UPSTREAM_UNAVAILABLE"),
+    # Envoy says 503 for connect failure, reset, overflow and fault aborts: for the
+    # caller all are "the service behind this sidecar failed", which the specs call 502.
+    (503, 502, 14, "UPSTREAM_UNAVAILABLE"),
+    (504, 504, 4, "DEADLINE_EXCEEDED"),
+)
+
+
+def _type(name: str) -> str:
+    return f"type.googleapis.com/{name}"
+
+
+def _status_body(code: int, reason: str) -> dict[str, Any]:
+    """A google.rpc.Status JSON (one ErrorInfo) filled from Envoy's command operators."""
+    return {
+        "code": code,
+        "message": "%LOCAL_REPLY_BODY%",
+        "details": [
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": reason,
+                "domain": "envoy",
+                "metadata": {
+                    "response_code_details": "%RESPONSE_CODE_DETAILS%",
+                    "response_flags": "%RESPONSE_FLAGS%",
+                    "request_id": "%REQ(X-REQUEST-ID)%",
+                },
+            }
+        ],
+    }
+
+
+def _local_reply_config() -> dict[str, Any]:
+    mappers = [
+        {
+            "filter": {
+                "status_code_filter": {
+                    "comparison": {
+                        "op": "EQ",
+                        "value": {
+                            "default_value": produced,
+                            "runtime_key": f"visior.local_reply.{produced}",
+                        },
+                    }
+                }
+            },
+            **({"status_code": sent} if sent != produced else {}),
+            "body_format_override": {"json_format": _status_body(code, reason)},
+        }
+        for produced, sent, code, reason in _LOCAL_REPLY_CODES
+    ]
+    # Anything not listed still answers JSON in the same shape.
+    return {"mappers": mappers, "body_format": {"json_format": _status_body(2, "UNKNOWN")}}
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _grpc_timeout(value: float) -> str:
+    # grpc-timeout is at most 8 digits plus a unit; milliseconds cover 27 hours.
+    return f"{round(value * 1000)}m"
+
+
+def _route(
+    spec: ServiceSpec,
+    *,
+    prefix: str | None = None,
+    rule: RouteRule | None = None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    match: dict[str, Any] = {"prefix": prefix} if rule is None else {"path": rule.path}
+    if rule is not None and rule.method:
+        match["headers"] = [{"name": ":method", "string_match": {"exact": rule.method}}]
+    action: dict[str, Any] = {"cluster": _cluster_name(spec), "timeout": _seconds(timeout_s)}
+    if timeout_s == 0:
+        action["idle_timeout"] = _seconds(STREAM_IDLE_TIMEOUT_S)
+    # No retry_policy: Envoy retries nothing unless told to, and these POSTs are not
+    # idempotent. Callers retry UNAVAILABLE themselves (STYLE: retry only UNAVAILABLE).
+    route: dict[str, Any] = {
+        "name": f"{spec.key}:{rule.method or ''}{rule.path}" if rule else f"{spec.key}:{prefix}",
+        "match": match,
+        "route": action,
+    }
+    if timeout_s > 0:
+        # JSON callers send no gRPC deadline; give the server Envoy's own budget so its
+        # `time_remaining()` and the deadlines it passes on are real (STYLE: Errors).
+        route["request_headers_to_add"] = [
+            {
+                "header": {"key": "grpc-timeout", "value": _grpc_timeout(timeout_s)},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
+    if rule is not None and rule.max_request_bytes is not None:
+        route["typed_per_filter_config"] = {
+            "envoy.filters.http.buffer": {
+                "@type": _type("envoy.extensions.filters.http.buffer.v3.BufferPerRoute"),
+                "buffer": {"max_request_bytes": rule.max_request_bytes},
+            }
+        }
+    return route
+
+
+def _cluster_name(spec: ServiceSpec) -> str:
+    return f"{spec.key}_grpc"
+
+
+def _rules_for(spec: ServiceSpec, timeouts: Mapping[str, float]) -> list[RouteRule]:
+    prefix = HTTP_PREFIX[spec.key]
+    rules = [r for r in ROUTE_RULES if r.path == "/health" or r.path.startswith(prefix)]
+    known = {r.path for r in rules}
+    rules = [replace(r, timeout_s=timeouts[r.path]) if r.path in timeouts else r for r in rules]
+    # An override for a path without its own rule gets one (tests shorten one route).
+    extra = sorted(p for p in timeouts if p not in known and p.startswith(prefix))
+    rules.extend(RouteRule(p, timeouts[p]) for p in extra)
+    return rules
+
+
+def _listener(
+    spec: ServiceSpec,
+    ports: Ports,
+    descriptor_path: str,
+    *,
+    access_log: bool,
+    fault_injection: bool,
+    timeouts: Mapping[str, float],
+) -> dict[str, Any]:
+    rules = _rules_for(spec, timeouts)
+    routes = [_route(spec, rule=r, timeout_s=r.timeout_s) for r in rules]
+    routes.append(
+        _route(
+            spec,
+            prefix=HTTP_PREFIX[spec.key],
+            timeout_s=timeouts.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S),
+        )
+    )
+    # Nothing else is routed: an unknown path is a 404 (the transcoder answers first for
+    # JSON requests; the router's "no route" covers the rest, gRPC included).
+
+    max_body = max([DEFAULT_MAX_REQUEST_BYTES] + [r.max_request_bytes or 0 for r in rules])
+    http_filters: list[dict[str, Any]] = [
+        # Encoding runs the chain backwards, so the Lua filter sees the transcoder's
+        # output (503 from UNAVAILABLE) and rewrites it to 502.
+        {
+            "name": "envoy.filters.http.lua",
+            "typed_config": {
+                "@type": _type("envoy.extensions.filters.http.lua.v3.Lua"),
+                "default_source_code": {"inline_string": _LUA_502},
+            },
+        },
+    ]
+    if fault_injection:
+        # Header-controlled faults for tests: x-envoy-fault-abort-request: <http status>,
+        # x-envoy-fault-delay-request: <ms>. The abort is a local reply, so it gets the
+        # JSON error body from local_reply_config (503 -> 502 like a real outage). Before
+        # the buffer filter, so an abort does not wait for the body. Listeners bind
+        # 127.0.0.1 only; render with fault_injection=False where untrusted callers
+        # reach the sidecar.
+        http_filters.append(
+            {
+                "name": "envoy.filters.http.fault",
+                "typed_config": {
+                    "@type": _type("envoy.extensions.filters.http.fault.v3.HTTPFault"),
+                    "abort": {
+                        "header_abort": {},
+                        "percentage": {"numerator": 100, "denominator": "HUNDRED"},
+                    },
+                    "delay": {
+                        "header_delay": {},
+                        "percentage": {"numerator": 100, "denominator": "HUNDRED"},
+                    },
+                    "max_active_faults": 1000,
+                },
+            }
+        )
+    http_filters += [
+        # Reads the whole body and answers 413 past the limit, before any transcoding
+        # work; the ingestion route raises the limit per route.
+        {
+            "name": "envoy.filters.http.buffer",
+            "typed_config": {
+                "@type": _type("envoy.extensions.filters.http.buffer.v3.Buffer"),
+                "max_request_bytes": DEFAULT_MAX_REQUEST_BYTES,
+            },
+        },
+        {
+            "name": "envoy.filters.http.grpc_json_transcoder",
+            "typed_config": {
+                "@type": _type(
+                    "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
+                ),
+                "proto_descriptor": descriptor_path,
+                "services": list(spec.grpc_services),
+                # Routes match the incoming /internal/... path, not the rewritten
+                # /pkg.Service/Method one, so per-route timeouts and limits apply.
+                "match_incoming_request_route": True,
+                "auto_mapping": False,
+                "convert_grpc_status": True,
+                "print_options": {
+                    "add_whitespace": False,
+                    "preserve_proto_field_names": True,
+                    "always_print_primitive_fields": True,
+                    "always_print_enums_as_ints": False,
+                },
+                "request_validation_options": {
+                    # Unknown path or method: 404 here instead of passing a JSON request on.
+                    "reject_unknown_method": True,
+                    # A misspelt query parameter is a 400, not silently dropped.
+                    "reject_unknown_query_parameters": True,
+                },
+                # The transcoder holds a whole message; without these it would stop at
+                # the connection buffer limit (1 MiB) below the ingestion limit.
+                "max_request_body_size": max_body,
+                "max_response_body_size": MAX_RESPONSE_BYTES,
+            },
+        },
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": _type("envoy.extensions.filters.http.router.v3.Router")},
+        },
+    ]
+
+    hcm: dict[str, Any] = {
+        "@type": _type(
+            "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+        ),
+        "stat_prefix": spec.key,
+        "codec_type": "AUTO",
+        # Every request gets an x-request-id (echoed in the response); a caller's own id is
+        # kept, not replaced.
+        # Other headers (x-trace-id included) reach the server as gRPC metadata as-is.
+        "generate_request_id": True,
+        "preserve_external_request_id": True,
+        "always_set_request_id_in_response": True,
+        "normalize_path": True,
+        "merge_slashes": True,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",
+        "common_http_protocol_options": {"idle_timeout": "300s"},
+        "route_config": {
+            "name": spec.key,
+            "virtual_hosts": [{"name": spec.key, "domains": ["*"], "routes": routes}],
+        },
+        "local_reply_config": _local_reply_config(),
+        "http_filters": http_filters,
+    }
+    if access_log:
+        hcm["access_log"] = [_access_log(spec)]
+    return {
+        "name": f"{spec.key}_http",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": ports.http[spec.key]}},
+        # Flow-control watermark per connection, not a size cap: the buffer filter lifts
+        # the limit per stream, so a 32 MiB ingestion body still goes through.
+        "per_connection_buffer_limit_bytes": 1 * MiB,
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": hcm,
+                    }
+                ]
+            }
+        ],
+    }
+
+
+def _access_log(spec: ServiceSpec) -> dict[str, Any]:
+    return {
+        "name": "envoy.access_loggers.stdout",
+        "typed_config": {
+            "@type": _type("envoy.extensions.access_loggers.stream.v3.StdoutAccessLog"),
+            "log_format": {
+                "json_format": {
+                    "time": "%START_TIME%",
+                    "service": spec.key,
+                    "method": "%REQ(:METHOD)%",
+                    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+                    "status": "%RESPONSE_CODE%",
+                    "grpc_status": "%GRPC_STATUS_NUMBER%",
+                    "flags": "%RESPONSE_FLAGS%",
+                    "details": "%RESPONSE_CODE_DETAILS%",
+                    "duration_ms": "%DURATION%",
+                    "bytes_in": "%BYTES_RECEIVED%",
+                    "bytes_out": "%BYTES_SENT%",
+                    "request_id": "%REQ(X-REQUEST-ID)%",
+                    "trace_id": "%REQ(X-TRACE-ID)%",
+                }
+            },
+        },
+    }
+
+
+def _cluster(spec: ServiceSpec, ports: Ports) -> dict[str, Any]:
+    return {
+        "name": _cluster_name(spec),
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": _cluster_name(spec),
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {
+                                        "address": "127.0.0.1",
+                                        "port_value": ports.grpc[spec.key],
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _type("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        # Envoy's defaults (1024) would turn a benchmark burst into 503 overflow.
+        "circuit_breakers": {
+            "thresholds": [
+                {"priority": "DEFAULT", "max_requests": 10000, "max_pending_requests": 10000}
+            ]
+        },
+    }
+
+
+def render(
+    ports: Ports,
+    descriptor_path: str,
+    *,
+    access_log: bool = False,
+    timeouts: Mapping[str, float] | None = None,
+    fault_injection: bool = True,
+) -> str:
+    """Envoy YAML for one mesh instance: a listener per service on `ports.http[key]`.
+
+    `descriptor_path` is written as given (Envoy resolves a relative one against its
+    working directory). `timeouts` overrides route timeouts in seconds by exact HTTP path
+    (or `"default"` for a service's other routes); a path without a rule gets one.
+    """
+    merged = dict(timeouts or {})
+    config = {
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": ports.envoy_admin}}
+        },
+        "static_resources": {
+            "listeners": [
+                _listener(
+                    spec,
+                    ports,
+                    descriptor_path,
+                    access_log=access_log,
+                    fault_injection=fault_injection,
+                    timeouts=merged,
+                )
+                for spec in SERVICES
+            ],
+            "clusters": [_cluster(spec, ports) for spec in SERVICES],
+        },
+        # A cap on open downstream connections (Envoy warns at start-up without one).
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": _type(
+                            "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+                        ),
+                        "max_active_downstream_connections": 10000,
+                    },
+                }
+            ]
+        },
+    }
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=100)
+
+
+def main() -> None:
+    print(render(Ports(), "envoy/visior.pb"), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The four servers in one event loop on free ports, wired to each other: for integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from services.common.runner import Closer
+from services.common.server import RunningServer
+from services.common.settings import Env
+from services.llm import app as llm_app
+from services.llm.config import LlmSettings
+from services.orchestrator import app as orch_app
+from services.orchestrator.config import OrchestratorSettings
+from services.retrieval import app as retrieval_app
+from services.retrieval.config import RetrievalSettings
+from services.toolsproxy import app as tools_app
+from services.toolsproxy.config import ToolsProxySettings
+
+
+class InProcessMesh:
+    """`async with InProcessMesh(tmp_path) as mesh: mesh.port("orchestrator")`."""
+
+    def __init__(self, data_dir: str | Path, env: Mapping[str, str] | None = None) -> None:
+        self._env = {
+            "VISIOR_DATA_DIR": str(data_dir),
+            "ORCH_PORT": "0",
+            "LLM_SERVICE_PORT": "0",
+            "RETR_PORT": "0",
+            "MCP_PROXY_PORT": "0",
+            **(env or {}),
+        }
+        self.servers: dict[str, RunningServer] = {}
+        self._closers: list[Closer] = []
+
+    def port(self, key: str) -> int:
+        return self.servers[key].port
+
+    def target(self, key: str) -> str:
+        return f"127.0.0.1:{self.port(key)}"
+
+    async def _add(self, key: str, started: tuple[RunningServer, Closer]) -> None:
+        self.servers[key], closer = started
+        self._closers.append(closer)
+
+    async def __aenter__(self) -> InProcessMesh:
+        env = dict(self._env)
+        await self._add("retrieval", await retrieval_app.start(RetrievalSettings.from_env(Env(env))))
+        await self._add("toolsproxy", await tools_app.start(ToolsProxySettings.from_env(Env(env))))
+        env.setdefault("MCP_PROXY_URL", self.target("toolsproxy"))
+        await self._add("llm", await llm_app.start(LlmSettings.from_env(Env(env))))
+        env.setdefault("ORCH_RETRIEVAL_URL", self.target("retrieval"))
+        env.setdefault("ORCH_LLM_SERVICE_URL", self.target("llm"))
+        await self._add("orchestrator", await orch_app.start(OrchestratorSettings.from_env(Env(env))))
+        return self
+
+    async def stop(self, key: str, grace: float = 0.0) -> None:
+        """Stop one server (to test what its callers do when it is gone)."""
+        await self.servers[key].stop(grace)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for running in reversed(list(self.servers.values())):
+            await running.stop(0)
+        for close in reversed(self._closers):
+            await close()

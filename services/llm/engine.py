@@ -1,0 +1,135 @@
+"""Generate: validate the request, run the responder within the budgets, report tokens and tools."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from services.common import errors
+from services.docstore.parsing import count_tokens
+from services.llm.extractive import ExtractiveResponder
+from services.llm.model import EventSink, GenerateInput, GenerateOutput
+
+MODES = ("rag", "chat")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_MESSAGES = 64
+MAX_MESSAGE_CHARS = 32_768
+MAX_CONTEXT_CHUNKS = 50
+MAX_STOP_SEQUENCES = 4
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The service's own limits (llm-service.md §7)."""
+
+    max_tool_steps: int = 3
+    max_prompt_tokens: int = 4096
+    max_completion_tokens: int = 512
+
+
+def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
+    return errors.InvalidArgumentError(message, metadata={"field": field_name})
+
+
+def validate(req: GenerateInput, budgets: Budgets) -> None:
+    if req.mode not in MODES:
+        raise _invalid("mode", "mode must be 'rag' or 'chat'")
+    if not req.messages:
+        raise _invalid("messages", "messages must hold at least the user's question")
+    if len(req.messages) > MAX_MESSAGES:
+        raise errors.LimitExceededError(
+            f"at most {MAX_MESSAGES} messages", reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": "messages", "limit": str(MAX_MESSAGES)},
+        )  # fmt: skip
+    for i, m in enumerate(req.messages):
+        if m.role not in ROLES:
+            raise _invalid(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}")
+        if len(m.content) > MAX_MESSAGE_CHARS:
+            raise errors.LimitExceededError(
+                f"messages[{i}] is longer than {MAX_MESSAGE_CHARS} characters",
+                reason="LLM_LIMIT_EXCEEDED",
+                metadata={"field": f"messages[{i}].content", "limit": str(MAX_MESSAGE_CHARS)},
+            )
+    if not any(m.role == "user" and m.content.strip() for m in req.messages):
+        raise _invalid("messages", "no user message with content")
+    if len(req.context_chunks) > MAX_CONTEXT_CHUNKS:
+        raise errors.LimitExceededError(
+            f"at most {MAX_CONTEXT_CHUNKS} context chunks", reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": "context_chunks", "limit": str(MAX_CONTEXT_CHUNKS)},
+        )  # fmt: skip
+    p = req.params
+    if p.max_tokens is not None and not 1 <= p.max_tokens <= budgets.max_completion_tokens:
+        raise errors.LimitExceededError(
+            f"generation_params.max_tokens must be 1..{budgets.max_completion_tokens}",
+            reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": "generation_params.max_tokens", "limit": str(budgets.max_completion_tokens)},
+        )
+    ranges = {
+        "temperature": (0.0, 2.0),
+        "top_p": (0.0, 1.0),
+        "presence_penalty": (-2.0, 2.0),
+        "frequency_penalty": (-2.0, 2.0),
+    }
+    for name, (lo, hi) in ranges.items():
+        value = getattr(p, name)
+        if value is not None and not lo <= value <= hi:
+            raise _invalid(f"generation_params.{name}", f"{name} must be within {lo}..{hi}")
+    if len(p.stop) > MAX_STOP_SEQUENCES:
+        raise _invalid("generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences")
+    if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
+        raise _invalid("user.tenant_id", "tools need the user's tenant_id")
+    steps = req.policy.max_tool_steps
+    if steps is not None and not 0 <= steps <= budgets.max_tool_steps:
+        raise errors.LimitExceededError(
+            f"tool_policy.max_tool_steps must be 0..{budgets.max_tool_steps}",
+            reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": "tool_policy.max_tool_steps", "limit": str(budgets.max_tool_steps)},
+        )
+    if any(r < 0 for r in req.policy.radius_schedule):
+        raise _invalid("tool_policy.window_radius_schedule", "radii must not be negative")
+
+
+def prompt_tokens(req: GenerateInput) -> int:
+    """Tokens of the prompt the runtime would see (system, context, messages)."""
+    parts = [req.system_prompt, *(c.text for c in req.context_chunks), *(m.content for m in req.messages)]
+    return sum(count_tokens(p) for p in parts if p)
+
+
+class LlmEngine:
+    """Runs one generation. No runtime configured -> the extractive responder (DESIGN §2.9)."""
+
+    def __init__(self, responder: ExtractiveResponder, budgets: Budgets, default_model: str) -> None:
+        self._responder = responder
+        self._budgets = budgets
+        self._default_model = default_model
+
+    async def generate(self, req: GenerateInput, sink: EventSink | None = None) -> GenerateOutput:
+        validate(req, self._budgets)
+        started = time.perf_counter()
+        used_prompt = prompt_tokens(req)
+        if used_prompt > self._budgets.max_prompt_tokens:
+            raise errors.LimitExceededError(
+                f"the prompt is {used_prompt} tokens; the budget is {self._budgets.max_prompt_tokens}",
+                reason="LLM_LIMIT_EXCEEDED",
+                metadata={"limit": str(self._budgets.max_prompt_tokens)},
+            )
+        steps = self._budgets.max_tool_steps
+        if req.policy.max_tool_steps is not None:
+            steps = min(steps, req.policy.max_tool_steps)
+        if not req.policy.allowed_tools:
+            steps = 0
+        answer, calls = await self._responder.answer(req, steps, sink)
+        if sink is not None:
+            for piece in re.findall(r"\S+\s*", answer):
+                await sink.delta(piece)
+        return GenerateOutput(
+            answer=answer,
+            prompt_tokens=used_prompt,
+            completion_tokens=count_tokens(answer),
+            tools_called=tuple(calls),
+            model_name="extractive",
+            latency_ms=round((time.perf_counter() - started) * 1000),
+            extractive=True,
+            trace_id=req.trace_id,
+        )

@@ -1,0 +1,116 @@
+"""The LLM service's domain types: requests, tool calls and results, events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ContextChunk:
+    doc_id: str
+    section_id: str
+    text: str
+    page_start: int = 0
+    page_end: int = 0
+    chunk_id: str = ""
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
+class Anchor:
+    doc_id: str
+    section_id: str
+    anchor_chunk_id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """What the caller allows the tool loop to do (DESIGN §2.5)."""
+
+    allowed_tools: tuple[str, ...] = ()
+    anchors: tuple[Anchor, ...] = ()
+    radius_schedule: tuple[int, ...] = (1,)
+    max_tool_steps: int | None = None
+    context_token_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class User:
+    tenant_id: str
+    user_id: str = ""
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    messages: tuple[Message, ...]
+    mode: str = "rag"
+    system_prompt: str = ""
+    context_chunks: tuple[ContextChunk, ...] = ()
+    params: GenerationParams = field(default_factory=GenerationParams)
+    user: User | None = None
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    model: str = ""
+    trace_id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What ToolsProxy answered: status ok with a result, or error with a code."""
+
+    status: str
+    result: dict[str, Any] | None = None
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    name: str
+    arguments: dict[str, Any]
+    result_summary: str
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    answer: str
+    prompt_tokens: int
+    completion_tokens: int
+    tools_called: tuple[ToolCallRecord, ...]
+    model_name: str
+    latency_ms: int
+    extractive: bool
+    trace_id: str
+
+
+class ToolRunner(Protocol):
+    """Executes a tool through ToolsProxy on the user's behalf."""
+
+    async def execute(
+        self, name: str, arguments: dict[str, Any], user: User, trace_id: str
+    ) -> ToolResult: ...
+
+
+class EventSink(Protocol):
+    """Receives streaming events: answer deltas and executed tool calls."""
+
+    async def delta(self, text: str) -> None: ...
+
+    async def tool_call(self, record: ToolCallRecord) -> None: ...

@@ -1,0 +1,133 @@
+"""LlmService servicer: proto <-> domain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from visior.common.v1 import common_pb2
+from visior.llm.v1 import llm_pb2, llm_pb2_grpc
+
+from services.common import errors
+from services.common.context import current_trace_id
+from services.llm.engine import LlmEngine
+from services.llm.model import (
+    Anchor,
+    ContextChunk,
+    GenerateInput,
+    GenerateOutput,
+    GenerationParams,
+    Message,
+    ToolCallRecord,
+    ToolPolicy,
+    User,
+)
+
+
+def _opt(msg: object, name: str):  # type: ignore[no-untyped-def]
+    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
+
+
+def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
+    p, tp = req.generation_params, req.tool_policy
+    return GenerateInput(
+        messages=tuple(Message(m.role, m.content) for m in req.messages),
+        mode=req.mode or "rag",
+        system_prompt=req.system_prompt,
+        context_chunks=tuple(
+            ContextChunk(c.doc_id, c.section_id, c.text, c.page_start, c.page_end, c.chunk_id, c.score)
+            for c in req.context_chunks
+        ),
+        params=GenerationParams(
+            max_tokens=_opt(p, "max_tokens"),
+            temperature=_opt(p, "temperature"),
+            top_p=_opt(p, "top_p"),
+            presence_penalty=_opt(p, "presence_penalty"),
+            frequency_penalty=_opt(p, "frequency_penalty"),
+            stop=tuple(p.stop),
+        ),
+        user=User(req.user.tenant_id, req.user.user_id, tuple(req.user.roles))
+        if req.HasField("user")
+        else None,
+        policy=ToolPolicy(
+            allowed_tools=tuple(tp.allowed_tools),
+            anchors=tuple(Anchor(a.doc_id, a.section_id, a.anchor_chunk_id) for a in tp.anchors),
+            radius_schedule=tuple(tp.window_radius_schedule) or (1,),
+            max_tool_steps=_opt(tp, "max_tool_steps"),
+            context_token_budget=_opt(tp, "context_token_budget"),
+        ),
+        model=req.model,
+        trace_id=req.trace_id,
+    )
+
+
+def _tool_call(r: ToolCallRecord) -> common_pb2.ToolCall:
+    call = common_pb2.ToolCall(name=r.name, result_summary=r.result_summary)
+    call.arguments.update(r.arguments)
+    return call
+
+
+def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
+    return llm_pb2.GenerateResponse(
+        answer=out.answer,
+        used_tokens=llm_pb2.UsedTokens(prompt=out.prompt_tokens, completion=out.completion_tokens),
+        tools_called=[_tool_call(r) for r in out.tools_called],
+        meta=llm_pb2.GenerateMeta(
+            model_name=out.model_name,
+            latency_ms=out.latency_ms,
+            tool_steps=len(out.tools_called),
+            trace_id=out.trace_id,
+            extractive=out.extractive,
+        ),
+    )
+
+
+class _QueueSink:
+    def __init__(self, queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None]) -> None:
+        self._queue = queue
+
+    async def delta(self, text: str) -> None:
+        await self._queue.put(llm_pb2.GenerateStreamResponse(delta=text))
+
+    async def tool_call(self, record: ToolCallRecord) -> None:
+        await self._queue.put(llm_pb2.GenerateStreamResponse(tool_call=_tool_call(record)))
+
+
+class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
+    def __init__(self, engine: LlmEngine, runtime: str) -> None:
+        self._engine = engine
+        self._runtime = runtime
+
+    async def Generate(
+        self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.GenerateResponse:
+        return generate_response(await self._engine.generate(generate_input(request)))
+
+    async def GenerateStream(
+        self, request: llm_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[llm_pb2.GenerateStreamResponse]:
+        if not request.HasField("request"):
+            raise errors.InvalidArgumentError("request is required", metadata={"field": "request"})
+        inner = request.request
+        if not inner.trace_id:
+            inner.trace_id = current_trace_id()
+        queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None] = asyncio.Queue()
+        task = asyncio.ensure_future(self._engine.generate(generate_input(inner), _QueueSink(queue)))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+            out = task.result()  # re-raises the generation's error, after the events so far
+        finally:
+            task.cancel()
+        yield llm_pb2.GenerateStreamResponse(final=generate_response(out))
+
+    async def GetHealth(
+        self, request: llm_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
+    ) -> llm_pb2.GetHealthResponse:
+        return llm_pb2.GetHealthResponse(
+            health=common_pb2.HealthDetails(
+                status="ok", service="visior.llm.v1.LlmService", details={"runtime": self._runtime}
+            )
+        )

@@ -1,0 +1,40 @@
+"""Assembles the orchestrator process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from visior.orchestrator.v1 import orchestrator_pb2_grpc
+
+from services.common.channels import open_channel
+from services.common.runner import Closer
+from services.common.server import RunningServer, start_server
+from services.orchestrator.clients import GrpcGenerator, GrpcRetriever
+from services.orchestrator.config import OrchestratorSettings
+from services.orchestrator.respond import Responder
+from services.orchestrator.runtime_config import ConfigHolder
+from services.orchestrator.servicer import OrchestratorServicer
+
+SERVICE_NAMES = ("visior.orchestrator.v1.OrchestratorService",)
+
+
+async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
+    size = settings.server.max_message_bytes
+    retrieval = open_channel(settings.retrieval, size)
+    llm = open_channel(settings.llm, size)
+    config = ConfigHolder(settings.runtime, settings.max_window_radius)
+    responder = Responder(GrpcRetriever(retrieval), GrpcGenerator(llm), config)
+
+    def register(server):  # type: ignore[no-untyped-def]
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
+            OrchestratorServicer(responder, config), server
+        )
+
+    running = await start_server(
+        settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.orchestrator"
+    )
+
+    async def close() -> None:
+        await retrieval.close()
+        await llm.close()
+
+    return running, close

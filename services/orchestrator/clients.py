@@ -1,0 +1,116 @@
+"""gRPC adapters for the orchestrator's ports: Retrieval and the LLM service."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from visior.common.v1 import common_pb2
+from visior.llm.v1 import llm_pb2, llm_pb2_grpc
+from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+from services.common.status import from_rpc_error
+from services.common.structs import struct_to_dict
+from services.orchestrator.model import (
+    Filters,
+    LlmOutcome,
+    LlmRequest,
+    RetrievalOutcome,
+    SectionCandidate,
+    ToolCallRecord,
+    User,
+)
+
+
+class GrpcRetriever:
+    """Retriever over RetrievalService.Search."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+
+    async def search(
+        self, query: str, user: User, filters: Filters, max_results: int, trace_id: str
+    ) -> RetrievalOutcome:
+        request = retrieval_pb2.SearchRequest(
+            query=query,
+            tenant_id=user.tenant_id,
+            max_results=max_results,
+            filters=retrieval_pb2.SearchFilters(
+                product=filters.product,
+                version=filters.version,
+                tags=filters.tags,
+                doc_ids=filters.doc_ids,
+                section_ids=filters.section_ids,
+                source=filters.source,
+            ),
+            trace_id=trace_id,
+        )
+        started = time.perf_counter()
+        try:
+            response = await self._stub.Search(request)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "retrieval") from None
+        # The hits' text is dropped (orchestrator.md §3.2): only section summaries go on.
+        return RetrievalOutcome(
+            sections=tuple(
+                SectionCandidate(
+                    s.doc_id, s.section_id, s.title, s.summary, s.score, s.page_start,
+                    s.page_end, s.anchor_chunk_id,
+                )
+                for s in response.used_sections
+            ),  # fmt: skip
+            latency_ms=round((time.perf_counter() - started) * 1000),
+        )
+
+
+class GrpcGenerator:
+    """Generator over LlmService.Generate."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = llm_pb2_grpc.LlmServiceStub(channel)
+
+    async def generate(self, req: LlmRequest) -> LlmOutcome:
+        request = llm_pb2.GenerateRequest(
+            mode="rag",
+            system_prompt=req.system_prompt,
+            messages=[common_pb2.ChatMessage(role=m.role, content=m.content) for m in req.messages],
+            context_chunks=[
+                llm_pb2.ContextChunk(
+                    doc_id=s.doc_id, section_id=s.section_id, text=s.summary,
+                    page_start=s.page_start, page_end=s.page_end, chunk_id=s.anchor_chunk_id,
+                    score=s.score,
+                )
+                for s in req.context
+            ],
+            trace_id=req.trace_id,
+            user=common_pb2.UserContext(
+                tenant_id=req.user.tenant_id, user_id=req.user.user_id, roles=req.user.roles
+            ),
+            tool_policy=llm_pb2.ToolPolicy(
+                allowed_tools=req.allowed_tools,
+                anchors=[
+                    llm_pb2.AnchorChunk(
+                        doc_id=s.doc_id, section_id=s.section_id, anchor_chunk_id=s.anchor_chunk_id
+                    )
+                    for s in req.context
+                ],
+                window_radius_schedule=req.radius_schedule,
+                max_tool_steps=req.max_tool_steps,
+                context_token_budget=req.context_token_budget,
+            ),
+            model=req.model,
+        )  # fmt: skip
+        started = time.perf_counter()
+        try:
+            response = await self._stub.Generate(request)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "llm") from None
+        return LlmOutcome(
+            answer=response.answer,
+            tools=tuple(
+                ToolCallRecord(t.name, struct_to_dict(t.arguments), t.result_summary)
+                for t in response.tools_called
+            ),
+            tool_steps=response.meta.tool_steps,
+            latency_ms=round((time.perf_counter() - started) * 1000),
+        )

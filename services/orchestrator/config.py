@@ -1,0 +1,64 @@
+"""OrchestratorService settings (ORCH_* and orchestrator.md §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
+from services.orchestrator.runtime_config import RuntimeConfig
+from services.toolsproxy.config import window_radius
+
+DEFAULT_PORT = 50051
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    """Everything the orchestrator reads from the environment."""
+
+    server: ServerSettings
+    """gRPC server knobs (ORCH_HOST, ORCH_PORT, ...)."""
+    retrieval: DownstreamSettings
+    """RetrievalService target (ORCH_RETRIEVAL_URL) and deadline (ORCH_RETRIEVAL_TIMEOUT_SECONDS)."""
+    llm: DownstreamSettings
+    """LlmService target (ORCH_LLM_SERVICE_URL) and deadline (ORCH_LLM_TIMEOUT_SECONDS)."""
+    runtime: RuntimeConfig
+    """Initial runtime config (ORCH_DEFAULT_MODEL, ORCH_PROMPT_TOKEN_BUDGET, ...)."""
+    max_window_radius: int
+    """The tools proxy's per-side limit (MCP_PROXY_MAX_WINDOW_RADIUS / RAG_WINDOW_RADIUS)."""
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
+        env = env or Env()
+        proxy_max = window_radius(
+            env, ["MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"], ["MCP_PROXY_MAX_CHUNK_WINDOW"]
+        )
+        radius = min(
+            window_radius(
+                env, ["ORCH_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"],
+                ["ORCH_WINDOW_MAX", "MCP_PROXY_MAX_CHUNK_WINDOW"],
+            ),
+            proxy_max,
+        )  # fmt: skip
+        attempts = env.int("ORCH_RETRY_ATTEMPTS", 3, minimum=1, maximum=5)
+        retrieval = downstream(
+            env, ["ORCH_RETRIEVAL_URL"], "127.0.0.1:50053", ["ORCH_RETRIEVAL_TIMEOUT_SECONDS"], 5.0
+        )
+        llm = downstream(
+            env, ["ORCH_LLM_SERVICE_URL"], "127.0.0.1:50052", ["ORCH_LLM_TIMEOUT_SECONDS"], 60.0
+        )
+        return cls(
+            server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
+            retrieval=DownstreamSettings(retrieval.target, retrieval.timeout_seconds, attempts),
+            llm=DownstreamSettings(llm.target, llm.timeout_seconds, attempts),
+            runtime=RuntimeConfig(
+                default_model=env.str("ORCH_DEFAULT_MODEL", "extractive"),
+                prompt_token_budget=env.int("ORCH_PROMPT_TOKEN_BUDGET", 2048, minimum=1, maximum=131_072),
+                context_token_budget=env.int(
+                    "ORCH_CONTEXT_TOKEN_BUDGET", 8192, minimum=1, maximum=1_048_576
+                ),
+                max_tool_steps=env.int("ORCH_MAX_TOOL_STEPS", 3, minimum=0, maximum=20),
+                window_radius=radius,
+                mock_mode=env.bool("ORCH_MOCK_MODE", False),
+            ),
+            max_window_radius=proxy_max,
+        )

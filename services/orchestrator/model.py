@@ -1,0 +1,126 @@
+"""The orchestrator's domain types and the ports it calls through (no grpc here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class User:
+    tenant_id: str
+    user_id: str
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Filters:
+    product: str = ""
+    version: str = ""
+    tags: tuple[str, ...] = ()
+    doc_ids: tuple[str, ...] = ()
+    section_ids: tuple[str, ...] = ()
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class RespondInput:
+    """A Respond request after the user context is resolved."""
+
+    query: str
+    user: User
+    channel: str = ""
+    locale: str = ""
+    trace_id: str = ""
+    filters: Filters = field(default_factory=Filters)
+    max_results: int | None = None
+    history: tuple[Turn, ...] = ()
+
+
+@dataclass(frozen=True)
+class SectionCandidate:
+    """A section from Retrieval, with what the first prompt and the tool policy need."""
+
+    doc_id: str
+    section_id: str
+    title: str
+    summary: str
+    score: float
+    page_start: int
+    page_end: int
+    anchor_chunk_id: str
+
+
+@dataclass(frozen=True)
+class RetrievalOutcome:
+    sections: tuple[SectionCandidate, ...]
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    name: str
+    arguments: dict[str, Any]
+    result_summary: str
+
+
+@dataclass(frozen=True)
+class LlmRequest:
+    """What the orchestrator asks the LLM service for."""
+
+    system_prompt: str
+    messages: tuple[Turn, ...]
+    context: tuple[SectionCandidate, ...]
+    user: User
+    allowed_tools: tuple[str, ...]
+    radius_schedule: tuple[int, ...]
+    max_tool_steps: int
+    context_token_budget: int
+    model: str
+    trace_id: str
+
+
+@dataclass(frozen=True)
+class LlmOutcome:
+    answer: str
+    tools: tuple[ToolCallRecord, ...]
+    tool_steps: int
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class Source:
+    doc_id: str
+    section_id: str
+    page_start: int
+    page_end: int
+    score: float
+
+
+@dataclass(frozen=True)
+class RespondOutput:
+    answer: str
+    sources: tuple[Source, ...]
+    tools: tuple[ToolCallRecord, ...]
+    safety_input: str
+    safety_output: str
+    trace_id: str
+    retrieval_latency_ms: int
+    llm_latency_ms: int | None
+    tool_steps: int
+
+
+class Retriever(Protocol):
+    async def search(
+        self, query: str, user: User, filters: Filters, max_results: int, trace_id: str
+    ) -> RetrievalOutcome: ...
+
+
+class Generator(Protocol):
+    async def generate(self, request: LlmRequest) -> LlmOutcome: ...

@@ -1,0 +1,90 @@
+"""The orchestrator's runtime configuration (GET/POST /internal/orchestrator/config).
+
+It lives in this replica's memory: an update changes this process only and is lost on
+restart. With several replicas, send the update to each (or set the env vars and roll).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from services.common import errors
+
+LIMITS = {
+    "prompt_token_budget": (1, 131_072),
+    "context_token_budget": (1, 1_048_576),
+    "max_tool_steps": (0, 20),
+}
+MAX_MODEL_NAME = 200
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """orchestrator.md §2's configuration."""
+
+    default_model: str = "extractive"
+    prompt_token_budget: int = 2048
+    context_token_budget: int = 8192
+    max_tool_steps: int = 3
+    window_radius: int = 3
+    mock_mode: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """Fields to change; None keeps the current value."""
+
+    default_model: str | None = None
+    prompt_token_budget: int | None = None
+    context_token_budget: int | None = None
+    max_tool_steps: int | None = None
+    window_radius: int | None = None
+    window_max: int | None = None
+    mock_mode: bool | None = None
+
+
+def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
+    return errors.InvalidArgumentError(message, metadata={"field": field_name})
+
+
+class ConfigHolder:
+    """Holds the current RuntimeConfig; updates are validated and applied whole or not at all."""
+
+    def __init__(self, initial: RuntimeConfig, max_window_radius: int) -> None:
+        self._config = initial
+        self._max_radius = max_window_radius
+
+    @property
+    def current(self) -> RuntimeConfig:
+        return self._config
+
+    def update(self, u: ConfigUpdate) -> RuntimeConfig:
+        changes: dict[str, object] = {}
+        if u.default_model is not None:
+            if not u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
+                raise _invalid("default_model", f"default_model must be 1..{MAX_MODEL_NAME} characters")
+            changes["default_model"] = u.default_model
+        for name, (lo, hi) in LIMITS.items():
+            value = getattr(u, name)
+            if value is not None:
+                if not lo <= value <= hi:
+                    raise _invalid(name, f"{name} must be within {lo}..{hi}")
+                changes[name] = value
+        if u.window_radius is not None and u.window_max is not None:
+            raise _invalid("window_max", "give window_radius or the legacy window_max, not both")
+        radius = u.window_radius
+        if u.window_max is not None:
+            if u.window_max < 1:
+                raise _invalid("window_max", "window_max must be at least 1")
+            radius = (u.window_max - 1) // 2
+        if radius is not None:
+            if not 0 <= radius <= self._max_radius:
+                raise _invalid(
+                    "window_radius",
+                    f"window_radius must be within 0..{self._max_radius} (the tools proxy's limit)",
+                )
+            changes["window_radius"] = radius
+        if u.mock_mode is not None:
+            changes["mock_mode"] = u.mock_mode
+        self._config = replace(self._config, **changes)  # type: ignore[arg-type]
+        return self._config

@@ -1,0 +1,116 @@
+"""OrchestratorService servicer: proto <-> domain."""
+
+from __future__ import annotations
+
+import grpc
+from visior.common.v1 import common_pb2
+from visior.orchestrator.v1 import orchestrator_pb2 as pb
+from visior.orchestrator.v1 import orchestrator_pb2_grpc
+
+from services.orchestrator.model import Filters, RespondInput, RespondOutput, Turn, User
+from services.orchestrator.respond import Responder, resolve_user
+from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+
+
+def respond_input(req: pb.RespondRequest) -> RespondInput:
+    user = (
+        User(req.user.tenant_id, req.user.user_id, tuple(req.user.roles))
+        if req.HasField("user")
+        else None
+    )
+    f = req.filters
+    return RespondInput(
+        query=req.query,
+        user=resolve_user(user, req.user_id, req.tenant_id),
+        channel=req.channel,
+        locale=req.locale,
+        trace_id=req.trace_id,
+        filters=Filters(
+            product=f.product,
+            version=f.version,
+            tags=tuple(f.tags),
+            doc_ids=tuple(dict.fromkeys([*f.doc_ids, *req.doc_ids])),
+            section_ids=tuple(dict.fromkeys([*f.section_ids, *req.section_ids])),
+            source=f.source,
+        ),
+        max_results=req.max_results if req.HasField("max_results") else None,
+        history=tuple(Turn(t.role, t.content) for t in req.history),
+    )
+
+
+def respond_response(out: RespondOutput) -> pb.RespondResponse:
+    tools = []
+    for t in out.tools:
+        call = common_pb2.ToolCall(name=t.name, result_summary=t.result_summary)
+        call.arguments.update(t.arguments)
+        tools.append(call)
+    telemetry = pb.Telemetry(
+        trace_id=out.trace_id,
+        retrieval_latency_ms=out.retrieval_latency_ms,
+        tool_steps=out.tool_steps,
+    )
+    if out.llm_latency_ms is not None:
+        telemetry.llm_latency_ms = out.llm_latency_ms
+    return pb.RespondResponse(
+        answer=out.answer,
+        sources=[
+            pb.Source(doc_id=s.doc_id, section_id=s.section_id, page_start=s.page_start,
+                      page_end=s.page_end, score=s.score)
+            for s in out.sources
+        ],  # fmt: skip
+        tools=tools,
+        safety=pb.Safety(input=out.safety_input, output=out.safety_output),
+        telemetry=telemetry,
+    )
+
+
+def config_message(c: RuntimeConfig) -> pb.OrchestratorConfig:
+    return pb.OrchestratorConfig(
+        default_model=c.default_model,
+        prompt_token_budget=c.prompt_token_budget,
+        context_token_budget=c.context_token_budget,
+        max_tool_steps=c.max_tool_steps,
+        window_radius=c.window_radius,
+        mock_mode=c.mock_mode,
+    )
+
+
+def config_update(req: pb.UpdateConfigRequest) -> ConfigUpdate:
+    def opt(name: str):  # type: ignore[no-untyped-def]
+        return getattr(req, name) if req.HasField(name) else None
+
+    return ConfigUpdate(
+        **{name: opt(name) for name in ConfigUpdate.__dataclass_fields__}  # type: ignore[arg-type]
+    )
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+    def __init__(self, responder: Responder, config: ConfigHolder) -> None:
+        self._responder = responder
+        self._config = config
+
+    async def Respond(
+        self, request: pb.RespondRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RespondResponse:
+        return respond_response(await self._responder.respond(respond_input(request)))
+
+    async def GetConfig(
+        self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetConfigResponse:
+        return pb.GetConfigResponse(config=config_message(self._config.current))
+
+    async def UpdateConfig(
+        self, request: pb.UpdateConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdateConfigResponse:
+        return pb.UpdateConfigResponse(config=config_message(self._config.update(config_update(request))))
+
+    async def GetHealth(
+        self, request: pb.GetHealthRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetHealthResponse:
+        return pb.GetHealthResponse(
+            health=common_pb2.HealthDetails(
+                status="ok",
+                service="visior.orchestrator.v1.OrchestratorService",
+                details={"mock_mode": str(self._config.current.mock_mode).lower()},
+            )
+        )

@@ -1,0 +1,64 @@
+"""A small JSON-schema checker for tool arguments (the subset the tool schemas use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+class SchemaError(ValueError):
+    """Arguments do not match the tool's schema; the message names the field."""
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name == "integer" and isinstance(value, float) and value.is_integer():
+        return True  # JSON numbers arrive as floats through google.protobuf.Struct
+    if isinstance(value, bool) and name in ("integer", "number"):
+        return False
+    return isinstance(value, _TYPES[name])
+
+
+def check(schema: dict[str, Any], value: Any, path: str = "arguments") -> Any:
+    """Validate `value` against `schema`; returns the value with integers normalised to int."""
+    kind = schema.get("type")
+    if kind and not _is_type(value, kind):
+        raise SchemaError(f"{path} must be {kind}")
+    if kind == "integer":
+        value = int(value)
+    if kind in ("integer", "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise SchemaError(f"{path} must be >= {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise SchemaError(f"{path} must be <= {schema['maximum']}")
+    if kind == "string":
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise SchemaError(f"{path} must be at most {schema['maxLength']} characters")
+        if schema.get("minLength", 0) > len(value):
+            raise SchemaError(f"{path} must not be empty")
+        if "enum" in schema and value not in schema["enum"]:
+            raise SchemaError(f"{path} must be one of {', '.join(schema['enum'])}")
+    if kind == "array":
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise SchemaError(f"{path} must have at most {schema['maxItems']} items")
+        items = schema.get("items")
+        if items:
+            value = [check(items, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if kind == "object":
+        props: dict[str, Any] = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                raise SchemaError(f"{path}.{name} is required")
+        if schema.get("additionalProperties") is False:
+            extra = sorted(set(value) - set(props))
+            if extra:
+                raise SchemaError(f"{path} has unknown field(s): {', '.join(extra)}")
+        value = {k: check(props[k], v, f"{path}.{k}") if k in props else v for k, v in value.items()}
+    return value

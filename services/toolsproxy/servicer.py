@@ -1,0 +1,72 @@
+"""ToolsProxyService servicer: proto <-> domain."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+from visior.common.v1 import common_pb2
+from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
+
+from services.common import errors
+from services.common.structs import struct_to_dict
+from services.toolsproxy.tools import Caller, ToolExecutor
+
+MAX_TOOL_NAME = 64
+
+
+def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
+    """The caller from the request's user context; a missing tenant is the caller's error."""
+    if not user.tenant_id.strip():
+        raise errors.InvalidArgumentError(
+            "user.tenant_id is required", metadata={"field": "user.tenant_id"}
+        )
+    return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
+
+
+class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
+    def __init__(self, executor: ToolExecutor) -> None:
+        self._executor = executor
+
+    async def Execute(
+        self, request: toolsproxy_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> toolsproxy_pb2.ExecuteResponse:
+        if not request.tool_name.strip() or len(request.tool_name) > MAX_TOOL_NAME:
+            raise errors.InvalidArgumentError(
+                f"tool_name is required (at most {MAX_TOOL_NAME} characters)",
+                metadata={"field": "tool_name"},
+            )
+        caller = caller_from(request.user, request.trace_id)
+        args = struct_to_dict(request.arguments) if request.HasField("arguments") else {}
+        outcome = self._executor.execute(request.tool_name, args, caller)
+        response = toolsproxy_pb2.ExecuteResponse(status=outcome.status, trace_id=request.trace_id)
+        if outcome.result is not None:
+            json_format.ParseDict(outcome.result, response.result)
+        else:
+            response.error.code = outcome.error_code
+            response.error.message = outcome.error_message
+        return response
+
+    async def ListTools(
+        self, request: toolsproxy_pb2.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> toolsproxy_pb2.ListToolsResponse:
+        specs = []
+        for tool in self._executor.catalogue():
+            schema = struct_pb2.Struct()
+            schema.update(tool.schema)
+            specs.append(
+                toolsproxy_pb2.ToolSpec(
+                    name=tool.name, description=tool.description, input_schema=schema
+                )
+            )
+        return toolsproxy_pb2.ListToolsResponse(tools=specs)
+
+    async def GetHealth(
+        self, request: toolsproxy_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
+    ) -> toolsproxy_pb2.GetHealthResponse:
+        return toolsproxy_pb2.GetHealthResponse(
+            health=common_pb2.HealthDetails(
+                status="ok",
+                service="visior.toolsproxy.v1.ToolsProxyService",
+                details={"tools": str(len(self._executor.catalogue()))},
+            )
+        )
