@@ -1,8 +1,8 @@
-"""VisiorClient: grpclib channels to the mesh, the generated stubs with typed errors, and shortcuts."""
+"""VisiorClient: grpclib channels to the mesh, generated stubs with typed errors, shortcuts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from types import TracebackType
@@ -11,7 +11,7 @@ from typing import Any, Self
 import betterproto
 from grpclib.client import Channel
 from grpclib.encoding.proto import ProtoStatusDetailsCodec
-from visior_sdk.visior.common.v1 import ChatMessage, HealthDetails, UserContext
+from visior_sdk.visior.common.v1 import ChatMessage, UserContext
 from visior_sdk.visior.llm.v1 import GetHealthRequest as LlmGetHealthRequest
 from visior_sdk.visior.llm.v1 import LlmServiceStub
 from visior_sdk.visior.orchestrator.v1 import GetHealthRequest as OrchestratorGetHealthRequest
@@ -40,7 +40,7 @@ from services.devtools.topology import SERVICE_BY_KEY, Ports
 DEFAULT_TIMEOUT_SECONDS = 30.0
 """Deadline of a call that names none; generous because Respond runs the whole tool loop."""
 
-Metadata = Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]]
+Metadata = Mapping[str, str | bytes] | Collection[tuple[str, str | bytes]]
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class _TypedStub(betterproto.ServiceStub):
         self, route: str, request: Any, response_type: Any, *, metadata: Metadata | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[Any]:  # fmt: skip
-        stream = super()._unary_stream(
+        stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
             route, request, response_type,
             metadata=_merge_metadata(self._base_metadata, metadata), **kwargs,
         )  # fmt: skip
@@ -154,6 +154,22 @@ class IngestionStub(_TypedStub, IngestionServiceStub):
 
 class ToolsProxyStub(_TypedStub, ToolsProxyServiceStub):
     """ToolsProxyService: Execute, ListTools, GetHealth."""
+
+
+@dataclass(frozen=True)
+class ServiceHealth:
+    """A service's GetHealth answer; each service has its own response type with these fields."""
+
+    status: str
+    """"ok" when the service can serve, otherwise "degraded" or "down"."""
+    service: str
+    """The gRPC service that answered, e.g. visior.retrieval.v1.RetrievalService."""
+    details: dict[str, str]
+    """Per-dependency facts, e.g. {"backend": "keyword"}."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
 
 @dataclass(frozen=True)
@@ -228,7 +244,7 @@ class VisiorClient:
         self.close()
 
     def open(self) -> None:
-        """Create the channels (grpclib connects lazily, on the first call). Needs a running loop."""
+        """Create the channels (grpclib connects on the first call). Needs a running loop."""
         stub_types: dict[str, type[_TypedStub]] = {
             "orchestrator": OrchestratorStub,
             "llm": LlmStub,
@@ -308,9 +324,9 @@ class VisiorClient:
         max_results: int | None = None,
         channel: str = "",
         locale: str = "",
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
     ) -> RespondResponse:
-        """Ask the orchestrator for an answer with sources; `history` as messages or (role, text)."""
+        """Ask the orchestrator for an answer with sources; `history`: messages or (role, text)."""
         request = RespondRequest(
             query=query,
             user=UserContext(user_id=user_id, tenant_id=tenant_id, roles=list(roles)),
@@ -337,7 +353,7 @@ class VisiorClient:
         filters: SearchFilters | None = None,
         params: SearchParams | None = None,
         language: str = "",
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
     ) -> SearchResponse:
         """Search one tenant's documents (max_results ≤ 50, else InvalidArgument LIMIT_EXCEEDED)."""
         request = SearchRequest(
@@ -355,7 +371,7 @@ class VisiorClient:
         arguments: Mapping[str, Any],
         user: UserContext,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
     ) -> ToolResult:
         """Run one ToolsProxy tool for `user`; `arguments` is a plain JSON-like dict."""
         response = await self.tools.execute(
@@ -370,18 +386,24 @@ class VisiorClient:
             trace_id=response.trace_id,
         )
 
-    async def health(self, service: str, *, timeout: float | None = None) -> HealthDetails:
+    async def health(
+        self,
+        service: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+    ) -> ServiceHealth:
         """GetHealth of one service: orchestrator, llm, retrieval or toolsproxy."""
+        response: Any
         if service == "orchestrator":
-            return (
-                await self.orchestrator.get_health(OrchestratorGetHealthRequest(), timeout=timeout)
-            ).health
-        if service == "llm":
-            return (await self.llm.get_health(LlmGetHealthRequest(), timeout=timeout)).health
-        if service == "retrieval":
-            return (
-                await self.retrieval.get_health(RetrievalGetHealthRequest(), timeout=timeout)
-            ).health
-        if service == "toolsproxy":
-            return (await self.tools.get_health(ToolsGetHealthRequest(), timeout=timeout)).health
-        raise ValueError(f"no GetHealth for {service!r}; use one of {tuple(SERVICE_BY_KEY)}")
+            response = await self.orchestrator.get_health(
+                OrchestratorGetHealthRequest(), timeout=timeout
+            )
+        elif service == "llm":
+            response = await self.llm.get_health(LlmGetHealthRequest(), timeout=timeout)
+        elif service == "retrieval":
+            response = await self.retrieval.get_health(RetrievalGetHealthRequest(), timeout=timeout)
+        elif service == "toolsproxy":
+            response = await self.tools.get_health(ToolsGetHealthRequest(), timeout=timeout)
+        else:
+            raise ValueError(f"no GetHealth for {service!r}; use one of {tuple(SERVICE_BY_KEY)}")
+        return ServiceHealth(response.status, response.service, dict(response.details))

@@ -56,20 +56,20 @@ def from_value(value: Value | None) -> Any:
     """
     if value is None:
         return None
-    kind, inner = betterproto.which_one_of(value, "kind")
+    kind, _ = betterproto.which_one_of(value, "kind")
     if kind == "bool_value":
-        return bool(inner)
+        return value.bool_value
     if kind == "number_value":
-        number = float(inner)
+        number = value.number_value
         if math.isfinite(number) and number.is_integer() and abs(number) <= _MAX_EXACT_INT:
             return int(number)
         return number
     if kind == "string_value":
-        return inner
+        return value.string_value
     if kind == "struct_value":
-        return from_struct(inner)
+        return from_struct(value.struct_value)
     if kind == "list_value":
-        return [from_value(v) for v in inner.values]
+        return [from_value(v) for v in value.list_value.values]
     return None  # null_value, or no kind set at all
 
 

@@ -190,7 +190,9 @@ def _with_context(details: grpc.aio.ClientCallDetails, default_timeout: float) -
     timeout = call_timeout(details.timeout if details.timeout is not None else default_timeout)
     if timeout <= 0:
         raise errors.DeadlineExceededError("the caller's deadline passed before this call")
-    return _ClientDetails(details.method, timeout, metadata, details.credentials, details.wait_for_ready)
+    return _ClientDetails(
+        details.method, timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
 
 class ClientContextInterceptor(

@@ -24,11 +24,11 @@ class Env:
                 return name, value.strip()
         return None
 
-    def str(self, names: Sequence[str] | str, default: str) -> str:
+    def text(self, names: Sequence[str] | str, default: str) -> str:
         found = self.raw([names] if isinstance(names, str) else names)
         return default if found is None else found[1]
 
-    def int(
+    def integer(
         self,
         names: Sequence[str] | str,
         default: int,
@@ -50,7 +50,7 @@ class Env:
             raise SettingsError(f"{name}={value} is above the maximum {maximum}")
         return value
 
-    def float(
+    def number(
         self, names: Sequence[str] | str, default: float, *, minimum: float | None = None
     ) -> float:
         found = self.raw([names] if isinstance(names, str) else names)
@@ -65,7 +65,7 @@ class Env:
             raise SettingsError(f"{name}={value} is below the minimum {minimum}")
         return value
 
-    def bool(self, names: Sequence[str] | str, default: bool) -> bool:
+    def flag(self, names: Sequence[str] | str, default: bool) -> bool:
         found = self.raw([names] if isinstance(names, str) else names)
         if found is None:
             return default
@@ -116,19 +116,19 @@ class ServerSettings:
 
         return cls(
             service=service,
-            host=env.str(prefix + "HOST", "127.0.0.1"),
-            port=env.int(prefix + "PORT", default_port, minimum=0, maximum=65535),
-            metrics_port=env.int(prefix + "METRICS_PORT", 0, minimum=0, maximum=65535),
-            log_level=env.str([prefix + "LOG_LEVEL", "LOG_LEVEL"], "INFO").upper(),
-            max_message_bytes=env.int(
+            host=env.text(prefix + "HOST", "127.0.0.1"),
+            port=env.integer(prefix + "PORT", default_port, minimum=0, maximum=65535),
+            metrics_port=env.integer(prefix + "METRICS_PORT", 0, minimum=0, maximum=65535),
+            log_level=env.text([prefix + "LOG_LEVEL", "LOG_LEVEL"], "INFO").upper(),
+            max_message_bytes=env.integer(
                 names("MAX_MESSAGE_BYTES"),
                 default_max_message_bytes,
                 minimum=1024,
                 maximum=300 * 1024 * 1024,
             ),
-            grace_seconds=env.float(names("GRACE_SECONDS"), 10.0, minimum=0.0),
-            keepalive_seconds=env.int(names("KEEPALIVE_SECONDS"), 30, minimum=1),
-            max_concurrent_rpcs=env.int(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
+            grace_seconds=env.number(names("GRACE_SECONDS"), 10.0, minimum=0.0),
+            keepalive_seconds=env.integer(names("KEEPALIVE_SECONDS"), 30, minimum=1),
+            max_concurrent_rpcs=env.integer(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
         )
 
 
@@ -157,13 +157,17 @@ def grpc_target(value: str, name: str) -> str:
 
 
 def downstream(
-    env: Env, names: Sequence[str], default_target: str, timeout_names: Sequence[str], timeout: float
+    env: Env,
+    names: Sequence[str],
+    default_target: str,
+    timeout_names: Sequence[str],
+    timeout: float,
 ) -> DownstreamSettings:
     """A DownstreamSettings from the first of `names` (a URL or host:port) and a timeout."""
     found = env.raw(names)
     target = grpc_target(found[1], found[0]) if found else default_target
     return DownstreamSettings(
         target=target,
-        timeout_seconds=env.float(timeout_names, timeout, minimum=0.001),
-        retry_attempts=env.int(["VISIOR_RETRY_ATTEMPTS"], 3, minimum=1, maximum=5),
+        timeout_seconds=env.number(timeout_names, timeout, minimum=0.001),
+        retry_attempts=env.integer(["VISIOR_RETRY_ATTEMPTS"], 3, minimum=1, maximum=5),
     )

@@ -19,7 +19,9 @@ def to_status(err: errors.ServiceError, domain: str) -> grpc.Status:
     return rpc_status.to_status(proto)
 
 
-def error_info(rpc_error: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+def error_info(
+    rpc_error: grpc.aio.AioRpcError | grpc.RpcError,
+) -> error_details_pb2.ErrorInfo | None:
     """The ErrorInfo of a failed call, if the server sent one."""
     try:
         status = rpc_status.from_call(rpc_error)  # type: ignore[arg-type]
@@ -63,6 +65,4 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
         )
     if code == grpc.StatusCode.CANCELLED:
         return errors.UnavailableError(message, reason="CANCELLED", metadata=meta)
-    return errors.UnavailableError(
-        message, reason=reason or "UPSTREAM_UNAVAILABLE", metadata=meta
-    )
+    return errors.UnavailableError(message, reason=reason or "UPSTREAM_UNAVAILABLE", metadata=meta)

@@ -22,7 +22,9 @@ def struct_to_dict(message: struct_pb2.Struct | struct_pb2.Value) -> Any:
     return _ints(json_format.MessageToDict(message))
 
 
-def dict_to_struct(data: dict[str, Any], into: struct_pb2.Struct | None = None) -> struct_pb2.Struct:
+def dict_to_struct(
+    data: dict[str, Any], into: struct_pb2.Struct | None = None
+) -> struct_pb2.Struct:
     """A dict as a Struct (filled into `into` when given)."""
     target = into if into is not None else struct_pb2.Struct()
     target.update(data)

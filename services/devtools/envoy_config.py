@@ -77,7 +77,7 @@ _LUA_502 = """\
 -- The transcoder maps gRPC UNAVAILABLE to HTTP 503; the specs want 502 for a failed
 -- downstream. Only the status changes: the google.rpc.Status JSON body stays.
 function envoy_on_response(handle)
-  if handle:headers():get(":status") == "999" then
+  if handle:headers():get(":status") == "503" then
     handle:headers():replace(":status", "502")
   end
 end

@@ -46,13 +46,17 @@ class InProcessMesh:
 
     async def __aenter__(self) -> InProcessMesh:
         env = dict(self._env)
-        await self._add("retrieval", await retrieval_app.start(RetrievalSettings.from_env(Env(env))))
+        await self._add(
+            "retrieval", await retrieval_app.start(RetrievalSettings.from_env(Env(env)))
+        )
         await self._add("toolsproxy", await tools_app.start(ToolsProxySettings.from_env(Env(env))))
         env.setdefault("MCP_PROXY_URL", self.target("toolsproxy"))
         await self._add("llm", await llm_app.start(LlmSettings.from_env(Env(env))))
         env.setdefault("ORCH_RETRIEVAL_URL", self.target("retrieval"))
         env.setdefault("ORCH_LLM_SERVICE_URL", self.target("llm"))
-        await self._add("orchestrator", await orch_app.start(OrchestratorSettings.from_env(Env(env))))
+        await self._add(
+            "orchestrator", await orch_app.start(OrchestratorSettings.from_env(Env(env)))
+        )
         return self
 
     async def stop(self, key: str, grace: float = 0.0) -> None:

@@ -11,7 +11,7 @@ def docstore_path(env: Env, prefix: str) -> str:
     """The SQLite path from <prefix>DOCSTORE_URL / METADATA_DB_URL (sqlite:///…) or VISIOR_DATA_DIR."""
     found = env.raw([prefix + "DOCSTORE_URL", "METADATA_DB_URL"])
     if found is None:
-        return str(Path(env.str("VISIOR_DATA_DIR", "data")) / "docstore.sqlite")
+        return str(Path(env.text("VISIOR_DATA_DIR", "data")) / "docstore.sqlite")
     name, url = found
     if url.startswith("sqlite:///"):
         return url.removeprefix("sqlite:///") or ":memory:"

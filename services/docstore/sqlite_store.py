@@ -147,7 +147,9 @@ class SqliteDocumentStore:
         s, c, chars = rows[0]
         return int(s), int(c), int(chars or 0)
 
-    def get_document(self, tenant_id: str, doc_id: str, *, with_chunks: bool = True) -> Document | None:
+    def get_document(
+        self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
+    ) -> Document | None:
         rows = self._query(
             "SELECT doc_id, title, source, product, version, tags, pages FROM documents "
             "WHERE tenant_id=? AND doc_id=?",

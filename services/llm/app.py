@@ -21,7 +21,9 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     channel = open_channel(settings.tools_proxy, settings.server.max_message_bytes)
     engine = LlmEngine(
         ExtractiveResponder(GrpcToolRunner(channel)),
-        Budgets(settings.max_tool_steps, settings.max_prompt_tokens, settings.max_completion_tokens),
+        Budgets(
+            settings.max_tool_steps, settings.max_prompt_tokens, settings.max_completion_tokens
+        ),
         settings.default_model,
     )
 

@@ -39,7 +39,7 @@ class LlmSettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> LlmSettings:
         env = env or Env()
-        runtime_url = env.str(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
+        runtime_url = env.text(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
         if runtime_url:
             # The OpenAI-compatible runtime client is still to come; refusing to start beats
             # answering extractively when an operator asked for a model.
@@ -49,15 +49,19 @@ class LlmSettings:
         return cls(
             server=ServerSettings.from_env("llm", "LLM_SERVICE_", env, DEFAULT_PORT),
             runtime_url=runtime_url,
-            default_model=env.str(["LLM_SERVICE_DEFAULT_MODEL_NAME", "DEFAULT_MODEL_NAME"], "extractive"),
-            max_tool_steps=env.int(["LLM_SERVICE_MAX_TOOL_STEPS", "MAX_TOOL_STEPS"], 3, minimum=0, maximum=20),
-            max_prompt_tokens=env.int(
+            default_model=env.text(
+                ["LLM_SERVICE_DEFAULT_MODEL_NAME", "DEFAULT_MODEL_NAME"], "extractive"
+            ),
+            max_tool_steps=env.integer(
+                ["LLM_SERVICE_MAX_TOOL_STEPS", "MAX_TOOL_STEPS"], 3, minimum=0, maximum=20
+            ),
+            max_prompt_tokens=env.integer(
                 ["LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS"], 4096, minimum=256
             ),
-            max_completion_tokens=env.int(
+            max_completion_tokens=env.integer(
                 ["LLM_SERVICE_MAX_COMPLETION_TOKENS", "MAX_COMPLETION_TOKENS"], 512, minimum=16
             ),
-            enable_json_mode=env.bool(["LLM_SERVICE_ENABLE_JSON_MODE", "ENABLE_JSON_MODE"], False),
+            enable_json_mode=env.flag(["LLM_SERVICE_ENABLE_JSON_MODE", "ENABLE_JSON_MODE"], False),
             tools_proxy=downstream(
                 env,
                 ["LLM_SERVICE_MCP_PROXY_URL", "MCP_PROXY_URL"],

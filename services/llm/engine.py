@@ -63,7 +63,10 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
         raise errors.LimitExceededError(
             f"generation_params.max_tokens must be 1..{budgets.max_completion_tokens}",
             reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": "generation_params.max_tokens", "limit": str(budgets.max_completion_tokens)},
+            metadata={
+                "field": "generation_params.max_tokens",
+                "limit": str(budgets.max_completion_tokens),
+            },
         )
     ranges = {
         "temperature": (0.0, 2.0),
@@ -92,14 +95,20 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
 
 def prompt_tokens(req: GenerateInput) -> int:
     """Tokens of the prompt the runtime would see (system, context, messages)."""
-    parts = [req.system_prompt, *(c.text for c in req.context_chunks), *(m.content for m in req.messages)]
+    parts = [
+        req.system_prompt,
+        *(c.text for c in req.context_chunks),
+        *(m.content for m in req.messages),
+    ]
     return sum(count_tokens(p) for p in parts if p)
 
 
 class LlmEngine:
     """Runs one generation. No runtime configured -> the extractive responder (DESIGN §2.9)."""
 
-    def __init__(self, responder: ExtractiveResponder, budgets: Budgets, default_model: str) -> None:
+    def __init__(
+        self, responder: ExtractiveResponder, budgets: Budgets, default_model: str
+    ) -> None:
         self._responder = responder
         self._budgets = budgets
         self._default_model = default_model

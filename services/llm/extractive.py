@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from services.llm.model import Anchor, GenerateInput, ToolCallRecord, ToolRunner, User
+from services.llm.model import Anchor, GenerateInput, ToolCallRecord, ToolRunner
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?…])\s+")
@@ -26,9 +26,9 @@ def best_sentences(text: str, question: str, limit: int = MAX_QUOTED_SENTENCES) 
     """The sentences of `text` sharing most words with `question`, in document order."""
     q = _stems(question)
     sentences = [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
-    ranked = sorted(
-        range(len(sentences)), key=lambda i: (-len(_stems(sentences[i]) & q), i)
-    )[:limit]
+    ranked = sorted(range(len(sentences)), key=lambda i: (-len(_stems(sentences[i]) & q), i))[
+        :limit
+    ]
     return [sentences[i] for i in sorted(ranked) if _stems(sentences[i]) & q] or sentences[:1]
 
 
@@ -101,7 +101,11 @@ class ExtractiveResponder:
                 plan.append(
                     (
                         "read_chunk_window",
-                        {"doc_id": a.doc_id, "anchor_chunk_id": a.anchor_chunk_id, "radius": radius},
+                        {
+                            "doc_id": a.doc_id,
+                            "anchor_chunk_id": a.anchor_chunk_id,
+                            "radius": radius,
+                        },
                     )
                 )
             elif "read_doc_section" in allowed:

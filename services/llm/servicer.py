@@ -36,7 +36,9 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
         mode=req.mode or "rag",
         system_prompt=req.system_prompt,
         context_chunks=tuple(
-            ContextChunk(c.doc_id, c.section_id, c.text, c.page_start, c.page_end, c.chunk_id, c.score)
+            ContextChunk(
+                c.doc_id, c.section_id, c.text, c.page_start, c.page_end, c.chunk_id, c.score
+            )
             for c in req.context_chunks
         ),
         params=GenerationParams(
@@ -113,7 +115,9 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         if not inner.trace_id:
             inner.trace_id = current_trace_id()
         queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None] = asyncio.Queue()
-        task = asyncio.ensure_future(self._engine.generate(generate_input(inner), _QueueSink(queue)))
+        task = asyncio.ensure_future(
+            self._engine.generate(generate_input(inner), _QueueSink(queue))
+        )
         task.add_done_callback(lambda _t: queue.put_nowait(None))
         try:
             while (event := await queue.get()) is not None:
@@ -127,7 +131,5 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         self, request: llm_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.GetHealthResponse:
         return llm_pb2.GetHealthResponse(
-            health=common_pb2.HealthDetails(
-                status="ok", service="visior.llm.v1.LlmService", details={"runtime": self._runtime}
-            )
+            status="ok", service="visior.llm.v1.LlmService", details={"runtime": self._runtime}
         )

@@ -36,4 +36,6 @@ class GrpcToolRunner:
             raise from_rpc_error(exc, "toolsproxy") from None
         if response.status == "ok":
             return ToolResult("ok", result=struct_to_dict(response.result))
-        return ToolResult("error", error_code=response.error.code, error_message=response.error.message)
+        return ToolResult(
+            "error", error_code=response.error.code, error_message=response.error.message
+        )

@@ -54,11 +54,17 @@ class GrpcRetriever:
         return RetrievalOutcome(
             sections=tuple(
                 SectionCandidate(
-                    s.doc_id, s.section_id, s.title, s.summary, s.score, s.page_start,
-                    s.page_end, s.anchor_chunk_id,
+                    s.doc_id,
+                    s.section_id,
+                    s.title,
+                    s.summary,
+                    s.score,
+                    s.page_start,
+                    s.page_end,
+                    s.anchor_chunk_id,
                 )
                 for s in response.used_sections
-            ),  # fmt: skip
+            ),
             latency_ms=round((time.perf_counter() - started) * 1000),
         )
 

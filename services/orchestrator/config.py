@@ -30,7 +30,9 @@ class OrchestratorSettings:
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
         env = env or Env()
         proxy_max = window_radius(
-            env, ["MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"], ["MCP_PROXY_MAX_CHUNK_WINDOW"]
+            env,
+            ["MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"],
+            ["MCP_PROXY_MAX_CHUNK_WINDOW"],
         )
         radius = min(
             window_radius(
@@ -39,7 +41,7 @@ class OrchestratorSettings:
             ),
             proxy_max,
         )  # fmt: skip
-        attempts = env.int("ORCH_RETRY_ATTEMPTS", 3, minimum=1, maximum=5)
+        attempts = env.integer("ORCH_RETRY_ATTEMPTS", 3, minimum=1, maximum=5)
         retrieval = downstream(
             env, ["ORCH_RETRIEVAL_URL"], "127.0.0.1:50053", ["ORCH_RETRIEVAL_TIMEOUT_SECONDS"], 5.0
         )
@@ -51,14 +53,16 @@ class OrchestratorSettings:
             retrieval=DownstreamSettings(retrieval.target, retrieval.timeout_seconds, attempts),
             llm=DownstreamSettings(llm.target, llm.timeout_seconds, attempts),
             runtime=RuntimeConfig(
-                default_model=env.str("ORCH_DEFAULT_MODEL", "extractive"),
-                prompt_token_budget=env.int("ORCH_PROMPT_TOKEN_BUDGET", 2048, minimum=1, maximum=131_072),
-                context_token_budget=env.int(
+                default_model=env.text("ORCH_DEFAULT_MODEL", "extractive"),
+                prompt_token_budget=env.integer(
+                    "ORCH_PROMPT_TOKEN_BUDGET", 2048, minimum=1, maximum=131_072
+                ),
+                context_token_budget=env.integer(
                     "ORCH_CONTEXT_TOKEN_BUDGET", 8192, minimum=1, maximum=1_048_576
                 ),
-                max_tool_steps=env.int("ORCH_MAX_TOOL_STEPS", 3, minimum=0, maximum=20),
+                max_tool_steps=env.integer("ORCH_MAX_TOOL_STEPS", 3, minimum=0, maximum=20),
                 window_radius=radius,
-                mock_mode=env.bool("ORCH_MOCK_MODE", False),
+                mock_mode=env.flag("ORCH_MOCK_MODE", False),
             ),
             max_window_radius=proxy_max,
         )

@@ -32,9 +32,7 @@ SYSTEM_PROMPT = (
 )
 
 
-def resolve_user(
-    user: User | None, user_id: str, tenant_id: str
-) -> User:
+def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
     """The caller from `user` or the user_id + tenant_id pair (orchestrator.md §3.1)."""
     if user is not None and (user.tenant_id or user.user_id):
         if (tenant_id and tenant_id != user.tenant_id) or (user_id and user_id != user.user_id):

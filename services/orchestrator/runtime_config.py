@@ -62,7 +62,9 @@ class ConfigHolder:
         changes: dict[str, object] = {}
         if u.default_model is not None:
             if not u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
-                raise _invalid("default_model", f"default_model must be 1..{MAX_MODEL_NAME} characters")
+                raise _invalid(
+                    "default_model", f"default_model must be 1..{MAX_MODEL_NAME} characters"
+                )
             changes["default_model"] = u.default_model
         for name, (lo, hi) in LIMITS.items():
             value = getattr(u, name)

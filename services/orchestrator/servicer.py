@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from visior.common.v1 import common_pb2
 from visior.orchestrator.v1 import orchestrator_pb2 as pb
@@ -54,25 +56,30 @@ def respond_response(out: RespondOutput) -> pb.RespondResponse:
     return pb.RespondResponse(
         answer=out.answer,
         sources=[
-            pb.Source(doc_id=s.doc_id, section_id=s.section_id, page_start=s.page_start,
-                      page_end=s.page_end, score=s.score)
+            pb.Source(
+                doc_id=s.doc_id,
+                section_id=s.section_id,
+                page_start=s.page_start,
+                page_end=s.page_end,
+                score=s.score,
+            )
             for s in out.sources
-        ],  # fmt: skip
+        ],
         tools=tools,
         safety=pb.Safety(input=out.safety_input, output=out.safety_output),
         telemetry=telemetry,
     )
 
 
-def config_message(c: RuntimeConfig) -> pb.OrchestratorConfig:
-    return pb.OrchestratorConfig(
-        default_model=c.default_model,
-        prompt_token_budget=c.prompt_token_budget,
-        context_token_budget=c.context_token_budget,
-        max_tool_steps=c.max_tool_steps,
-        window_radius=c.window_radius,
-        mock_mode=c.mock_mode,
-    )
+def config_fields(c: RuntimeConfig) -> dict[str, Any]:
+    return {
+        "default_model": c.default_model,
+        "prompt_token_budget": c.prompt_token_budget,
+        "context_token_budget": c.context_token_budget,
+        "max_tool_steps": c.max_tool_steps,
+        "window_radius": c.window_radius,
+        "mock_mode": c.mock_mode,
+    }
 
 
 def config_update(req: pb.UpdateConfigRequest) -> ConfigUpdate:
@@ -97,20 +104,18 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def GetConfig(
         self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetConfigResponse:
-        return pb.GetConfigResponse(config=config_message(self._config.current))
+        return pb.GetConfigResponse(**config_fields(self._config.current))
 
     async def UpdateConfig(
         self, request: pb.UpdateConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateConfigResponse:
-        return pb.UpdateConfigResponse(config=config_message(self._config.update(config_update(request))))
+        return pb.UpdateConfigResponse(**config_fields(self._config.update(config_update(request))))
 
     async def GetHealth(
         self, request: pb.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetHealthResponse:
         return pb.GetHealthResponse(
-            health=common_pb2.HealthDetails(
-                status="ok",
-                service="visior.orchestrator.v1.OrchestratorService",
-                details={"mock_mode": str(self._config.current.mock_mode).lower()},
-            )
+            status="ok",
+            service="visior.orchestrator.v1.OrchestratorService",
+            details={"mock_mode": str(self._config.current.mock_mode).lower()},
         )

@@ -41,11 +41,20 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             store.ping()
         except Exception as exc:  # the health answer must say why, not raise
             return {"status": "down", "backend": backend, "docstore": f"error: {exc}"}
-        return {"status": "ok", "backend": backend, "docstore": "sqlite", "chunks": str(index.chunk_count())}
+        return {
+            "status": "ok",
+            "backend": backend,
+            "docstore": "sqlite",
+            "chunks": str(index.chunk_count()),
+        }
 
     def register(server):  # type: ignore[no-untyped-def]
-        retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(RetrievalServicer(engine, probe), server)
-        retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(IngestionServicer(ingestor), server)
+        retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
+            RetrievalServicer(engine, probe), server
+        )
+        retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(
+            IngestionServicer(ingestor), server
+        )
 
     running = await start_server(
         settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.retrieval"

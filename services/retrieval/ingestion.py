@@ -74,7 +74,9 @@ class Ingestor:
 
     def ingest(self, item: IngestInput) -> IngestOutcome:
         if not item.tenant_id.strip():
-            raise errors.InvalidArgumentError("tenant_id is required", metadata={"field": "tenant_id"})
+            raise errors.InvalidArgumentError(
+                "tenant_id is required", metadata={"field": "tenant_id"}
+            )
         if not item.content:
             raise errors.InvalidArgumentError("content is empty", metadata={"field": "content"})
         if len(item.content) > self._max_bytes:
@@ -114,14 +116,18 @@ class Ingestor:
         except UnsupportedFormatError as exc:
             raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
         if not doc.chunks:
-            raise errors.InvalidArgumentError("the document has no text", metadata={"field": "content"})
+            raise errors.InvalidArgumentError(
+                "the document has no text", metadata={"field": "content"}
+            )
         replaced = self._store.put(doc)
         self._index.add(doc)
         return IngestOutcome(doc_id, len(doc.sections), len(doc.chunks), doc.pages, replaced)
 
     def delete(self, tenant_id: str, doc_id: str) -> bool:
         if not tenant_id.strip():
-            raise errors.InvalidArgumentError("tenant_id is required", metadata={"field": "tenant_id"})
+            raise errors.InvalidArgumentError(
+                "tenant_id is required", metadata={"field": "tenant_id"}
+            )
         if not doc_id.strip():
             raise errors.InvalidArgumentError("doc_id is required", metadata={"field": "doc_id"})
         deleted = self._store.delete(tenant_id, doc_id)
@@ -130,11 +136,15 @@ class Ingestor:
 
     def list(self, tenant_id: str) -> list[DocumentSummary]:
         if not tenant_id.strip():
-            raise errors.InvalidArgumentError("tenant_id is required", metadata={"field": "tenant_id"})
+            raise errors.InvalidArgumentError(
+                "tenant_id is required", metadata={"field": "tenant_id"}
+            )
         out = []
         for doc in self._store.list_documents(tenant_id):
             sections, chunks, chars = self._store.counts(tenant_id, doc.doc_id)
             out.append(
-                DocumentSummary(doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source)
+                DocumentSummary(
+                    doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source
+                )
             )
         return out

@@ -34,10 +34,18 @@ class MockSearchEngine:
             chunks=hits,
             docs=[DocHit("doc_1", "Orion X guide", 0.92)],
             sections=[
-                SectionHit(h.section_id, h.doc_id, h.section_id, h.text, h.page_start,
-                           h.page_end, h.chunk_id, h.score)
+                SectionHit(
+                    h.section_id,
+                    h.doc_id,
+                    h.section_id,
+                    h.text,
+                    h.page_start,
+                    h.page_end,
+                    h.chunk_id,
+                    h.score,
+                )
                 for h in hits
-            ],  # fmt: skip
+            ],
             mode=q.mode or self._defaults.mode,
             hybrid_used=False,
             rerank_used=False,

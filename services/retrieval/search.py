@@ -137,7 +137,10 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
                 f"params.{name} must be between 1 and {limit}",
                 metadata={"field": f"params.{name}", "limit": str(limit)},
             )
-    if q.context_token_limit is not None and not 1 <= q.context_token_limit <= MAX_CONTEXT_TOKEN_LIMIT:
+    if (
+        q.context_token_limit is not None
+        and not 1 <= q.context_token_limit <= MAX_CONTEXT_TOKEN_LIMIT
+    ):
         raise errors.LimitExceededError(
             f"params.context_token_limit must be between 1 and {MAX_CONTEXT_TOKEN_LIMIT}",
             metadata={"field": "params.context_token_limit", "limit": str(MAX_CONTEXT_TOKEN_LIMIT)},

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import grpc
-from visior.common.v1 import common_pb2
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.retrieval.ingestion import IngestInput, Ingestor
@@ -104,11 +103,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> retrieval_pb2.GetHealthResponse:
         details = self._probe()
         return retrieval_pb2.GetHealthResponse(
-            health=common_pb2.HealthDetails(
-                status=details.pop("status", "ok"),
-                service="visior.retrieval.v1.RetrievalService",
-                details=details,
-            )
+            status=details.pop("status", "ok"),
+            service="visior.retrieval.v1.RetrievalService",
+            details=details,
         )
 
 

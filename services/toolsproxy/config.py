@@ -16,9 +16,9 @@ def window_radius(env: Env, primary: list[str], legacy: list[str]) -> int:
     """Per-side radius R (DESIGN §2.6): R from `primary`, else legacy total N -> floor((N-1)/2)."""
     found = env.raw(primary)
     if found is not None:
-        return env.int(primary, DEFAULT_WINDOW_RADIUS, minimum=0, maximum=50)
+        return env.integer(primary, DEFAULT_WINDOW_RADIUS, minimum=0, maximum=50)
     if env.raw(legacy) is not None:
-        total = env.int(legacy, 2 * DEFAULT_WINDOW_RADIUS + 1, minimum=1, maximum=101)
+        total = env.integer(legacy, 2 * DEFAULT_WINDOW_RADIUS + 1, minimum=1, maximum=101)
         return (total - 1) // 2
     return DEFAULT_WINDOW_RADIUS
 
@@ -45,7 +45,7 @@ class ToolsProxySettings:
                     ["MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"],
                     ["MCP_PROXY_MAX_CHUNK_WINDOW"],
                 ),
-                max_text_bytes=env.int(
+                max_text_bytes=env.integer(
                     "MCP_PROXY_MAX_TEXT_BYTES", 16_384, minimum=256, maximum=1 << 20
                 ),
             ),

@@ -60,5 +60,7 @@ def check(schema: dict[str, Any], value: Any, path: str = "arguments") -> Any:
             extra = sorted(set(value) - set(props))
             if extra:
                 raise SchemaError(f"{path} has unknown field(s): {', '.join(extra)}")
-        value = {k: check(props[k], v, f"{path}.{k}") if k in props else v for k, v in value.items()}
+        value = {
+            k: check(props[k], v, f"{path}.{k}") if k in props else v for k, v in value.items()
+        }
     return value

@@ -64,9 +64,7 @@ class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
         self, request: toolsproxy_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> toolsproxy_pb2.GetHealthResponse:
         return toolsproxy_pb2.GetHealthResponse(
-            health=common_pb2.HealthDetails(
-                status="ok",
-                service="visior.toolsproxy.v1.ToolsProxyService",
-                details={"tools": str(len(self._executor.catalogue()))},
-            )
+            status="ok",
+            service="visior.toolsproxy.v1.ToolsProxyService",
+            details={"tools": str(len(self._executor.catalogue()))},
         )

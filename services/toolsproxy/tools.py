@@ -131,7 +131,9 @@ class DocumentTools:
     def read_chunk_window(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         r_max = self._limits.max_window_radius
         if "radius" in args and ("window_before" in args or "window_after" in args):
-            raise ToolFailure(INVALID_ARGUMENT, "give radius or window_before/window_after, not both")
+            raise ToolFailure(
+                INVALID_ARGUMENT, "give radius or window_before/window_after, not both"
+            )
         before = args.get("window_before", args.get("radius", 1))
         after = args.get("window_after", args.get("radius", 1))
         if max(before, after) > r_max:
@@ -142,7 +144,9 @@ class DocumentTools:
         doc = self._doc(caller, args["doc_id"])
         anchor = self._store.chunk_by_id(caller.tenant_id, doc.doc_id, args["anchor_chunk_id"])
         if anchor is None:
-            raise ToolFailure(NOT_FOUND, f"chunk {args['anchor_chunk_id']!r} not found in {doc.doc_id!r}")
+            raise ToolFailure(
+                NOT_FOUND, f"chunk {args['anchor_chunk_id']!r} not found in {doc.doc_id!r}"
+            )
         chunks = self._store.chunk_range(
             caller.tenant_id, doc.doc_id, anchor.ord - before, anchor.ord + after
         )
@@ -161,7 +165,9 @@ class DocumentTools:
         doc = self._doc(caller, args["doc_id"])
         section = next((s for s in doc.sections if s.section_id == args["section_id"]), None)
         if section is None:
-            raise ToolFailure(NOT_FOUND, f"section {args['section_id']!r} not found in {doc.doc_id!r}")
+            raise ToolFailure(
+                NOT_FOUND, f"section {args['section_id']!r} not found in {doc.doc_id!r}"
+            )
         chunks = self._store.chunk_range(
             caller.tenant_id, doc.doc_id, section.first_chunk_ord, section.last_chunk_ord
         )

@@ -15,15 +15,15 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-
-from services.devtools.envoy import REPO_ROOT, EnvoyProcess, validate
-from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, render
-from services.devtools.topology import SERVICE_BY_KEY, SERVICES, Ports
 from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from visior.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
+
+from services.devtools.envoy import REPO_ROOT, EnvoyProcess, validate
+from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, render
+from services.devtools.topology import SERVICE_BY_KEY, SERVICES, Ports
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,9 @@ SLOW_ROUTE_TIMEOUT_S = 0.5
 
 def _error_status(code: int, message: str, reason: str) -> grpc.Status:
     detail = any_pb2.Any()
-    detail.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="test.visior", metadata={"k": "v"}))
+    detail.Pack(
+        error_details_pb2.ErrorInfo(reason=reason, domain="test.visior", metadata={"k": "v"})
+    )
     return rpc_status.to_status(status_pb2.Status(code=code, message=message, details=[detail]))
 
 

@@ -25,23 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dvisior/common/v1/common.proto\x12\x10visior.common.v1\x1a\x1cgoogle/protobuf/struct.proto\"@\n\x0bUserContext\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05roles\x18\x03 \x03(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\\\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0eresult_summary\x18\x03 \x01(\t\"\x9f\x01\n\rHealthDetails\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12=\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32,.visior.common.v1.HealthDetails.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dvisior/common/v1/common.proto\x12\x10visior.common.v1\x1a\x1cgoogle/protobuf/struct.proto\"@\n\x0bUserContext\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05roles\x18\x03 \x03(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\\\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0eresult_summary\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'visior.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HEALTHDETAILS_DETAILSENTRY']._loaded_options = None
-  _globals['_HEALTHDETAILS_DETAILSENTRY']._serialized_options = b'8\001'
   _globals['_USERCONTEXT']._serialized_start=81
   _globals['_USERCONTEXT']._serialized_end=145
   _globals['_CHATMESSAGE']._serialized_start=147
   _globals['_CHATMESSAGE']._serialized_end=191
   _globals['_TOOLCALL']._serialized_start=193
   _globals['_TOOLCALL']._serialized_end=285
-  _globals['_HEALTHDETAILS']._serialized_start=288
-  _globals['_HEALTHDETAILS']._serialized_end=447
-  _globals['_HEALTHDETAILS_DETAILSENTRY']._serialized_start=401
-  _globals['_HEALTHDETAILS_DETAILSENTRY']._serialized_end=447
 # @@protoc_insertion_point(module_scope)

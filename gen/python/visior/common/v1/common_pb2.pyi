@@ -34,20 +34,3 @@ class ToolCall(_message.Message):
     arguments: _struct_pb2.Struct
     result_summary: str
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., result_summary: _Optional[str] = ...) -> None: ...
-
-class HealthDetails(_message.Message):
-    __slots__ = ("status", "service", "details")
-    class DetailsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    SERVICE_FIELD_NUMBER: _ClassVar[int]
-    DETAILS_FIELD_NUMBER: _ClassVar[int]
-    status: str
-    service: str
-    details: _containers.ScalarMap[str, str]
-    def __init__(self, status: _Optional[str] = ..., service: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -144,7 +144,18 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("health",)
-    HEALTH_FIELD_NUMBER: _ClassVar[int]
-    health: _common_pb2.HealthDetails
-    def __init__(self, health: _Optional[_Union[_common_pb2.HealthDetails, _Mapping]] = ...) -> None: ...
+    __slots__ = ("status", "service", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    service: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., service: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...

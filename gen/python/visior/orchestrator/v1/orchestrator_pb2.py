@@ -28,7 +28,7 @@ from visior.common.v1 import common_pb2 as visior_dot_common_dot_v1_dot_common__
 from visior.retrieval.v1 import retrieval_pb2 as visior_dot_retrieval_dot_v1_dot_retrieval__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)visior/orchestrator/v1/orchestrator.proto\x12\x16visior.orchestrator.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1dvisior/common/v1/common.proto\x1a#visior/retrieval/v1/retrieval.proto\"\xde\x02\n\x0eRespondRequest\x12\x13\n\x05query\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12+\n\x04user\x18\x02 \x01(\x0b\x32\x1d.visior.common.v1.UserContext\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\x12\x0e\n\x06locale\x18\x06 \x01(\t\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x12\x33\n\x07\x66ilters\x18\x08 \x01(\x0b\x32\".visior.retrieval.v1.SearchFilters\x12\x0f\n\x07\x64oc_ids\x18\t \x03(\t\x12\x13\n\x0bsection_ids\x18\n \x03(\t\x12\x18\n\x0bmax_results\x18\x0b \x01(\x05H\x00\x88\x01\x01\x12.\n\x07history\x18\x0c \x03(\x0b\x32\x1d.visior.common.v1.ChatMessageB\x0e\n\x0c_max_results\"a\n\x06Source\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x12\n\npage_start\x18\x03 \x01(\x05\x12\x10\n\x08page_end\x18\x04 \x01(\x05\x12\r\n\x05score\x18\x05 \x01(\x01\"\'\n\x06Safety\x12\r\n\x05input\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\"\x7f\n\tTelemetry\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14retrieval_latency_ms\x18\x02 \x01(\x05\x12\x1b\n\x0ellm_latency_ms\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ntool_steps\x18\x04 \x01(\x05\x42\x11\n\x0f_llm_latency_ms\"\xe3\x01\n\x0fRespondResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12/\n\x07sources\x18\x02 \x03(\x0b\x32\x1e.visior.orchestrator.v1.Source\x12)\n\x05tools\x18\x03 \x03(\x0b\x32\x1a.visior.common.v1.ToolCall\x12.\n\x06safety\x18\x04 \x01(\x0b\x32\x1e.visior.orchestrator.v1.Safety\x12\x34\n\ttelemetry\x18\x05 \x01(\x0b\x32!.visior.orchestrator.v1.Telemetry\"\xa8\x01\n\x12OrchestratorConfig\x12\x15\n\rdefault_model\x18\x01 \x01(\t\x12\x1b\n\x13prompt_token_budget\x18\x02 \x01(\x05\x12\x1c\n\x14\x63ontext_token_budget\x18\x03 \x01(\x05\x12\x16\n\x0emax_tool_steps\x18\x04 \x01(\x05\x12\x15\n\rwindow_radius\x18\x05 \x01(\x05\x12\x11\n\tmock_mode\x18\x06 \x01(\x08\"\x12\n\x10GetConfigRequest\"O\n\x11GetConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.visior.orchestrator.v1.OrchestratorConfig\"\xe5\x02\n\x13UpdateConfigRequest\x12\x1a\n\rdefault_model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12 \n\x13prompt_token_budget\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12!\n\x14\x63ontext_token_budget\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1b\n\x0emax_tool_steps\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1a\n\rwindow_radius\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nwindow_max\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x16\n\tmock_mode\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x10\n\x0e_default_modelB\x16\n\x14_prompt_token_budgetB\x17\n\x15_context_token_budgetB\x11\n\x0f_max_tool_stepsB\x10\n\x0e_window_radiusB\r\n\x0b_window_maxB\x0c\n\n_mock_mode\"R\n\x14UpdateConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.visior.orchestrator.v1.OrchestratorConfig\"\x12\n\x10GetHealthRequest\"D\n\x11GetHealthResponse\x12/\n\x06health\x18\x01 \x01(\x0b\x32\x1f.visior.common.v1.HealthDetails2\xc8\x04\n\x13OrchestratorService\x12\x85\x01\n\x07Respond\x12&.visior.orchestrator.v1.RespondRequest\x1a\'.visior.orchestrator.v1.RespondResponse\")\x82\xd3\xe4\x93\x02#\"\x1e/internal/orchestrator/respond:\x01*\x12\x8f\x01\n\tGetConfig\x12(.visior.orchestrator.v1.GetConfigRequest\x1a).visior.orchestrator.v1.GetConfigResponse\"-\x82\xd3\xe4\x93\x02\'\x12\x1d/internal/orchestrator/configb\x06\x63onfig\x12\x9b\x01\n\x0cUpdateConfig\x12+.visior.orchestrator.v1.UpdateConfigRequest\x1a,.visior.orchestrator.v1.UpdateConfigResponse\"0\x82\xd3\xe4\x93\x02*\"\x1d/internal/orchestrator/config:\x01*b\x06\x63onfig\x12y\n\tGetHealth\x12(.visior.orchestrator.v1.GetHealthRequest\x1a).visior.orchestrator.v1.GetHealthResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x07/healthb\x06healthb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)visior/orchestrator/v1/orchestrator.proto\x12\x16visior.orchestrator.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1dvisior/common/v1/common.proto\x1a#visior/retrieval/v1/retrieval.proto\"\xde\x02\n\x0eRespondRequest\x12\x13\n\x05query\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12+\n\x04user\x18\x02 \x01(\x0b\x32\x1d.visior.common.v1.UserContext\x12\x0f\n\x07user_id\x18\x03 \x01(\t\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\x12\x0e\n\x06locale\x18\x06 \x01(\t\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x12\x33\n\x07\x66ilters\x18\x08 \x01(\x0b\x32\".visior.retrieval.v1.SearchFilters\x12\x0f\n\x07\x64oc_ids\x18\t \x03(\t\x12\x13\n\x0bsection_ids\x18\n \x03(\t\x12\x18\n\x0bmax_results\x18\x0b \x01(\x05H\x00\x88\x01\x01\x12.\n\x07history\x18\x0c \x03(\x0b\x32\x1d.visior.common.v1.ChatMessageB\x0e\n\x0c_max_results\"a\n\x06Source\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x12\n\npage_start\x18\x03 \x01(\x05\x12\x10\n\x08page_end\x18\x04 \x01(\x05\x12\r\n\x05score\x18\x05 \x01(\x01\"\'\n\x06Safety\x12\r\n\x05input\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\"\x7f\n\tTelemetry\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x1c\n\x14retrieval_latency_ms\x18\x02 \x01(\x05\x12\x1b\n\x0ellm_latency_ms\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ntool_steps\x18\x04 \x01(\x05\x42\x11\n\x0f_llm_latency_ms\"\xe3\x01\n\x0fRespondResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12/\n\x07sources\x18\x02 \x03(\x0b\x32\x1e.visior.orchestrator.v1.Source\x12)\n\x05tools\x18\x03 \x03(\x0b\x32\x1a.visior.common.v1.ToolCall\x12.\n\x06safety\x18\x04 \x01(\x0b\x32\x1e.visior.orchestrator.v1.Safety\x12\x34\n\ttelemetry\x18\x05 \x01(\x0b\x32!.visior.orchestrator.v1.Telemetry\"\x12\n\x10GetConfigRequest\"\xa7\x01\n\x11GetConfigResponse\x12\x15\n\rdefault_model\x18\x01 \x01(\t\x12\x1b\n\x13prompt_token_budget\x18\x02 \x01(\x05\x12\x1c\n\x14\x63ontext_token_budget\x18\x03 \x01(\x05\x12\x16\n\x0emax_tool_steps\x18\x04 \x01(\x05\x12\x15\n\rwindow_radius\x18\x05 \x01(\x05\x12\x11\n\tmock_mode\x18\x06 \x01(\x08\"\xe5\x02\n\x13UpdateConfigRequest\x12\x1a\n\rdefault_model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12 \n\x13prompt_token_budget\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12!\n\x14\x63ontext_token_budget\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1b\n\x0emax_tool_steps\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1a\n\rwindow_radius\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nwindow_max\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x16\n\tmock_mode\x18\x07 \x01(\x08H\x06\x88\x01\x01\x42\x10\n\x0e_default_modelB\x16\n\x14_prompt_token_budgetB\x17\n\x15_context_token_budgetB\x11\n\x0f_max_tool_stepsB\x10\n\x0e_window_radiusB\r\n\x0b_window_maxB\x0c\n\n_mock_mode\"\xaa\x01\n\x14UpdateConfigResponse\x12\x15\n\rdefault_model\x18\x01 \x01(\t\x12\x1b\n\x13prompt_token_budget\x18\x02 \x01(\x05\x12\x1c\n\x14\x63ontext_token_budget\x18\x03 \x01(\x05\x12\x16\n\x0emax_tool_steps\x18\x04 \x01(\x05\x12\x15\n\rwindow_radius\x18\x05 \x01(\x05\x12\x11\n\tmock_mode\x18\x06 \x01(\x08\"\x12\n\x10GetHealthRequest\"\xad\x01\n\x11GetHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12G\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x36.visior.orchestrator.v1.GetHealthResponse.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xb0\x04\n\x13OrchestratorService\x12\x85\x01\n\x07Respond\x12&.visior.orchestrator.v1.RespondRequest\x1a\'.visior.orchestrator.v1.RespondResponse\")\x82\xd3\xe4\x93\x02#\"\x1e/internal/orchestrator/respond:\x01*\x12\x87\x01\n\tGetConfig\x12(.visior.orchestrator.v1.GetConfigRequest\x1a).visior.orchestrator.v1.GetConfigResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/internal/orchestrator/config\x12\x93\x01\n\x0cUpdateConfig\x12+.visior.orchestrator.v1.UpdateConfigRequest\x1a,.visior.orchestrator.v1.UpdateConfigResponse\"(\x82\xd3\xe4\x93\x02\"\"\x1d/internal/orchestrator/config:\x01*\x12q\n\tGetHealth\x12(.visior.orchestrator.v1.GetHealthRequest\x1a).visior.orchestrator.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/healthb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,14 +37,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESPONDREQUEST'].fields_by_name['query']._loaded_options = None
   _globals['_RESPONDREQUEST'].fields_by_name['query']._serialized_options = b'\342A\001\002'
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._loaded_options = None
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_options = b'8\001'
   _globals['_ORCHESTRATORSERVICE'].methods_by_name['Respond']._loaded_options = None
   _globals['_ORCHESTRATORSERVICE'].methods_by_name['Respond']._serialized_options = b'\202\323\344\223\002#\"\036/internal/orchestrator/respond:\001*'
   _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetConfig']._loaded_options = None
-  _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetConfig']._serialized_options = b'\202\323\344\223\002\'\022\035/internal/orchestrator/configb\006config'
+  _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetConfig']._serialized_options = b'\202\323\344\223\002\037\022\035/internal/orchestrator/config'
   _globals['_ORCHESTRATORSERVICE'].methods_by_name['UpdateConfig']._loaded_options = None
-  _globals['_ORCHESTRATORSERVICE'].methods_by_name['UpdateConfig']._serialized_options = b'\202\323\344\223\002*\"\035/internal/orchestrator/config:\001*b\006config'
+  _globals['_ORCHESTRATORSERVICE'].methods_by_name['UpdateConfig']._serialized_options = b'\202\323\344\223\002\"\"\035/internal/orchestrator/config:\001*'
   _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetHealth']._loaded_options = None
-  _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\021\022\007/healthb\006health'
+  _globals['_ORCHESTRATORSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\t\022\007/health'
   _globals['_RESPONDREQUEST']._serialized_start=201
   _globals['_RESPONDREQUEST']._serialized_end=551
   _globals['_SOURCE']._serialized_start=553
@@ -55,20 +57,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TELEMETRY']._serialized_end=820
   _globals['_RESPONDRESPONSE']._serialized_start=823
   _globals['_RESPONDRESPONSE']._serialized_end=1050
-  _globals['_ORCHESTRATORCONFIG']._serialized_start=1053
-  _globals['_ORCHESTRATORCONFIG']._serialized_end=1221
-  _globals['_GETCONFIGREQUEST']._serialized_start=1223
-  _globals['_GETCONFIGREQUEST']._serialized_end=1241
-  _globals['_GETCONFIGRESPONSE']._serialized_start=1243
-  _globals['_GETCONFIGRESPONSE']._serialized_end=1322
-  _globals['_UPDATECONFIGREQUEST']._serialized_start=1325
-  _globals['_UPDATECONFIGREQUEST']._serialized_end=1682
-  _globals['_UPDATECONFIGRESPONSE']._serialized_start=1684
-  _globals['_UPDATECONFIGRESPONSE']._serialized_end=1766
-  _globals['_GETHEALTHREQUEST']._serialized_start=1768
-  _globals['_GETHEALTHREQUEST']._serialized_end=1786
-  _globals['_GETHEALTHRESPONSE']._serialized_start=1788
-  _globals['_GETHEALTHRESPONSE']._serialized_end=1856
-  _globals['_ORCHESTRATORSERVICE']._serialized_start=1859
-  _globals['_ORCHESTRATORSERVICE']._serialized_end=2443
+  _globals['_GETCONFIGREQUEST']._serialized_start=1052
+  _globals['_GETCONFIGREQUEST']._serialized_end=1070
+  _globals['_GETCONFIGRESPONSE']._serialized_start=1073
+  _globals['_GETCONFIGRESPONSE']._serialized_end=1240
+  _globals['_UPDATECONFIGREQUEST']._serialized_start=1243
+  _globals['_UPDATECONFIGREQUEST']._serialized_end=1600
+  _globals['_UPDATECONFIGRESPONSE']._serialized_start=1603
+  _globals['_UPDATECONFIGRESPONSE']._serialized_end=1773
+  _globals['_GETHEALTHREQUEST']._serialized_start=1775
+  _globals['_GETHEALTHREQUEST']._serialized_end=1793
+  _globals['_GETHEALTHRESPONSE']._serialized_start=1796
+  _globals['_GETHEALTHRESPONSE']._serialized_end=1969
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_start=1923
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_end=1969
+  _globals['_ORCHESTRATORSERVICE']._serialized_start=1972
+  _globals['_ORCHESTRATORSERVICE']._serialized_end=2532
 # @@protoc_insertion_point(module_scope)

@@ -86,7 +86,11 @@ class RespondResponse(_message.Message):
     telemetry: Telemetry
     def __init__(self, answer: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ..., safety: _Optional[_Union[Safety, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
 
-class OrchestratorConfig(_message.Message):
+class GetConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetConfigResponse(_message.Message):
     __slots__ = ("default_model", "prompt_token_budget", "context_token_budget", "max_tool_steps", "window_radius", "mock_mode")
     DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
@@ -101,16 +105,6 @@ class OrchestratorConfig(_message.Message):
     window_radius: int
     mock_mode: bool
     def __init__(self, default_model: _Optional[str] = ..., prompt_token_budget: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., max_tool_steps: _Optional[int] = ..., window_radius: _Optional[int] = ..., mock_mode: _Optional[bool] = ...) -> None: ...
-
-class GetConfigRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class GetConfigResponse(_message.Message):
-    __slots__ = ("config",)
-    CONFIG_FIELD_NUMBER: _ClassVar[int]
-    config: OrchestratorConfig
-    def __init__(self, config: _Optional[_Union[OrchestratorConfig, _Mapping]] = ...) -> None: ...
 
 class UpdateConfigRequest(_message.Message):
     __slots__ = ("default_model", "prompt_token_budget", "context_token_budget", "max_tool_steps", "window_radius", "window_max", "mock_mode")
@@ -131,17 +125,38 @@ class UpdateConfigRequest(_message.Message):
     def __init__(self, default_model: _Optional[str] = ..., prompt_token_budget: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., max_tool_steps: _Optional[int] = ..., window_radius: _Optional[int] = ..., window_max: _Optional[int] = ..., mock_mode: _Optional[bool] = ...) -> None: ...
 
 class UpdateConfigResponse(_message.Message):
-    __slots__ = ("config",)
-    CONFIG_FIELD_NUMBER: _ClassVar[int]
-    config: OrchestratorConfig
-    def __init__(self, config: _Optional[_Union[OrchestratorConfig, _Mapping]] = ...) -> None: ...
+    __slots__ = ("default_model", "prompt_token_budget", "context_token_budget", "max_tool_steps", "window_radius", "mock_mode")
+    DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_RADIUS_FIELD_NUMBER: _ClassVar[int]
+    MOCK_MODE_FIELD_NUMBER: _ClassVar[int]
+    default_model: str
+    prompt_token_budget: int
+    context_token_budget: int
+    max_tool_steps: int
+    window_radius: int
+    mock_mode: bool
+    def __init__(self, default_model: _Optional[str] = ..., prompt_token_budget: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., max_tool_steps: _Optional[int] = ..., window_radius: _Optional[int] = ..., mock_mode: _Optional[bool] = ...) -> None: ...
 
 class GetHealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("health",)
-    HEALTH_FIELD_NUMBER: _ClassVar[int]
-    health: _common_pb2.HealthDetails
-    def __init__(self, health: _Optional[_Union[_common_pb2.HealthDetails, _Mapping]] = ...) -> None: ...
+    __slots__ = ("status", "service", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    service: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., service: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -1,6 +1,5 @@
 from google.api import annotations_pb2 as _annotations_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
-from visior.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -176,10 +175,21 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("health",)
-    HEALTH_FIELD_NUMBER: _ClassVar[int]
-    health: _common_pb2.HealthDetails
-    def __init__(self, health: _Optional[_Union[_common_pb2.HealthDetails, _Mapping]] = ...) -> None: ...
+    __slots__ = ("status", "service", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    service: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[str] = ..., service: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class IngestDocumentRequest(_message.Message):
     __slots__ = ("tenant_id", "doc_id", "file_name", "content_type", "content", "title", "product", "version", "tags", "trace_id")

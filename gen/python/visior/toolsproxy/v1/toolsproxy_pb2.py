@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from visior.common.v1 import common_pb2 as visior_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%visior/toolsproxy/v1/toolsproxy.proto\x12\x14visior.toolsproxy.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1dvisior/common/v1/common.proto\"\x9a\x01\n\x0e\x45xecuteRequest\x12\x17\n\ttool_name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x31\n\x04user\x18\x03 \x01(\x0b\x32\x1d.visior.common.v1.UserContextB\x04\xe2\x41\x01\x02\x12\x10\n\x08trace_id\x18\x04 \x01(\t\"*\n\tToolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8b\x01\n\x0f\x45xecuteResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12&\n\x06result\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1f.visior.toolsproxy.v1.ToolError\x12\x10\n\x08trace_id\x18\x04 \x01(\t\"\x12\n\x10ListToolsRequest\"\\\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12-\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"B\n\x11ListToolsResponse\x12-\n\x05tools\x18\x01 \x03(\x0b\x32\x1e.visior.toolsproxy.v1.ToolSpec\"\x12\n\x10GetHealthRequest\"D\n\x11GetHealthResponse\x12/\n\x06health\x18\x01 \x01(\x0b\x32\x1f.visior.common.v1.HealthDetails2\xff\x02\n\x11ToolsProxyService\x12x\n\x07\x45xecute\x12$.visior.toolsproxy.v1.ExecuteRequest\x1a%.visior.toolsproxy.v1.ExecuteResponse\" \x82\xd3\xe4\x93\x02\x1a\"\x15/internal/mcp/execute:\x01*\x12y\n\tListTools\x12&.visior.toolsproxy.v1.ListToolsRequest\x1a\'.visior.toolsproxy.v1.ListToolsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/internal/mcp/tools\x12u\n\tGetHealth\x12&.visior.toolsproxy.v1.GetHealthRequest\x1a\'.visior.toolsproxy.v1.GetHealthResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x07/healthb\x06healthb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%visior/toolsproxy/v1/toolsproxy.proto\x12\x14visior.toolsproxy.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1dvisior/common/v1/common.proto\"\x9a\x01\n\x0e\x45xecuteRequest\x12\x17\n\ttool_name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x31\n\x04user\x18\x03 \x01(\x0b\x32\x1d.visior.common.v1.UserContextB\x04\xe2\x41\x01\x02\x12\x10\n\x08trace_id\x18\x04 \x01(\t\"*\n\tToolError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8b\x01\n\x0f\x45xecuteResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12&\n\x06result\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1f.visior.toolsproxy.v1.ToolError\x12\x10\n\x08trace_id\x18\x04 \x01(\t\"\x12\n\x10ListToolsRequest\"\\\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12-\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"B\n\x11ListToolsResponse\x12-\n\x05tools\x18\x01 \x03(\x0b\x32\x1e.visior.toolsproxy.v1.ToolSpec\"\x12\n\x10GetHealthRequest\"\xab\x01\n\x11GetHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x45\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x34.visior.toolsproxy.v1.GetHealthResponse.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xf7\x02\n\x11ToolsProxyService\x12x\n\x07\x45xecute\x12$.visior.toolsproxy.v1.ExecuteRequest\x1a%.visior.toolsproxy.v1.ExecuteResponse\" \x82\xd3\xe4\x93\x02\x1a\"\x15/internal/mcp/execute:\x01*\x12y\n\tListTools\x12&.visior.toolsproxy.v1.ListToolsRequest\x1a\'.visior.toolsproxy.v1.ListToolsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/internal/mcp/tools\x12m\n\tGetHealth\x12&.visior.toolsproxy.v1.GetHealthRequest\x1a\'.visior.toolsproxy.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/healthb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,12 +39,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST'].fields_by_name['tool_name']._serialized_options = b'\342A\001\002'
   _globals['_EXECUTEREQUEST'].fields_by_name['user']._loaded_options = None
   _globals['_EXECUTEREQUEST'].fields_by_name['user']._serialized_options = b'\342A\001\002'
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._loaded_options = None
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_options = b'8\001'
   _globals['_TOOLSPROXYSERVICE'].methods_by_name['Execute']._loaded_options = None
   _globals['_TOOLSPROXYSERVICE'].methods_by_name['Execute']._serialized_options = b'\202\323\344\223\002\032\"\025/internal/mcp/execute:\001*'
   _globals['_TOOLSPROXYSERVICE'].methods_by_name['ListTools']._loaded_options = None
   _globals['_TOOLSPROXYSERVICE'].methods_by_name['ListTools']._serialized_options = b'\202\323\344\223\002\025\022\023/internal/mcp/tools'
   _globals['_TOOLSPROXYSERVICE'].methods_by_name['GetHealth']._loaded_options = None
-  _globals['_TOOLSPROXYSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\021\022\007/healthb\006health'
+  _globals['_TOOLSPROXYSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\t\022\007/health'
   _globals['_EXECUTEREQUEST']._serialized_start=188
   _globals['_EXECUTEREQUEST']._serialized_end=342
   _globals['_TOOLERROR']._serialized_start=344
@@ -59,8 +61,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSRESPONSE']._serialized_end=710
   _globals['_GETHEALTHREQUEST']._serialized_start=712
   _globals['_GETHEALTHREQUEST']._serialized_end=730
-  _globals['_GETHEALTHRESPONSE']._serialized_start=732
-  _globals['_GETHEALTHRESPONSE']._serialized_end=800
-  _globals['_TOOLSPROXYSERVICE']._serialized_start=803
-  _globals['_TOOLSPROXYSERVICE']._serialized_end=1186
+  _globals['_GETHEALTHRESPONSE']._serialized_start=733
+  _globals['_GETHEALTHRESPONSE']._serialized_end=904
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_start=858
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_end=904
+  _globals['_TOOLSPROXYSERVICE']._serialized_start=907
+  _globals['_TOOLSPROXYSERVICE']._serialized_end=1282
 # @@protoc_insertion_point(module_scope)

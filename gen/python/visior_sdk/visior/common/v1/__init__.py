@@ -4,10 +4,7 @@
 # This file has been @generated
 
 from dataclasses import dataclass
-from typing import (
-    Dict,
-    List,
-)
+from typing import List
 
 import betterproto
 import betterproto.lib.google.protobuf as betterproto_lib_google_protobuf
@@ -55,21 +52,3 @@ class ToolCall(betterproto.Message):
 
     result_summary: str = betterproto.string_field(3)
     """result_summary is a short human-readable summary of the result."""
-
-
-@dataclass(eq=False, repr=False)
-class HealthDetails(betterproto.Message):
-    """HealthDetails is the body of a service's GET /health."""
-
-    status: str = betterproto.string_field(1)
-    """
-    status is "ok" when the service can serve, otherwise "degraded" or "down".
-    """
-
-    service: str = betterproto.string_field(2)
-    """service is the gRPC service name that answered."""
-
-    details: Dict[str, str] = betterproto.map_field(
-        3, betterproto.TYPE_STRING, betterproto.TYPE_STRING
-    )
-    """details holds per-dependency facts, e.g. {"backend": "memory"}."""

@@ -140,9 +140,18 @@ class RespondResponse(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
-class OrchestratorConfig(betterproto.Message):
+class GetConfigRequest(betterproto.Message):
+    """GetConfigRequest asks for the configuration."""
+
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class GetConfigResponse(betterproto.Message):
     """
-    OrchestratorConfig is the runtime configuration (orchestrator.md §2).
+    GetConfigResponse is the runtime configuration (orchestrator.md §2). Its
+     fields are flat because the spec's JSON is flat and Envoy's transcoder does not
+     support response_body for non-HttpBody fields.
     """
 
     default_model: str = betterproto.string_field(1)
@@ -165,21 +174,6 @@ class OrchestratorConfig(betterproto.Message):
 
     mock_mode: bool = betterproto.bool_field(6)
     """mock_mode answers without calling other services."""
-
-
-@dataclass(eq=False, repr=False)
-class GetConfigRequest(betterproto.Message):
-    """GetConfigRequest asks for the configuration."""
-
-    pass
-
-
-@dataclass(eq=False, repr=False)
-class GetConfigResponse(betterproto.Message):
-    """GetConfigResponse is the configuration."""
-
-    config: "OrchestratorConfig" = betterproto.message_field(1)
-    """config is the current configuration."""
 
 
 @dataclass(eq=False, repr=False)
@@ -210,10 +204,28 @@ class UpdateConfigRequest(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class UpdateConfigResponse(betterproto.Message):
-    """UpdateConfigResponse is the configuration after the update."""
+    """UpdateConfigResponse is the configuration in force after the update."""
 
-    config: "OrchestratorConfig" = betterproto.message_field(1)
-    """config is the configuration now in force."""
+    default_model: str = betterproto.string_field(1)
+    """default_model is the model the LLM service is asked for."""
+
+    prompt_token_budget: int = betterproto.int32_field(2)
+    """
+    prompt_token_budget caps the first prompt; summaries are trimmed to
+     prompt_token_budget*4 characters.
+    """
+
+    context_token_budget: int = betterproto.int32_field(3)
+    """context_token_budget caps prompt tokens plus tool text."""
+
+    max_tool_steps: int = betterproto.int32_field(4)
+    """max_tool_steps caps tool calls per request."""
+
+    window_radius: int = betterproto.int32_field(5)
+    """window_radius is R, the per-side radius (window = 2R+1 chunks)."""
+
+    mock_mode: bool = betterproto.bool_field(6)
+    """mock_mode answers without calling other services."""
 
 
 @dataclass(eq=False, repr=False)
@@ -225,10 +237,20 @@ class GetHealthRequest(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class GetHealthResponse(betterproto.Message):
-    """GetHealthResponse is the service's health."""
+    """GetHealthResponse is the body of GET /health."""
 
-    health: "__common_v1__.HealthDetails" = betterproto.message_field(1)
-    """health is the JSON body of GET /health."""
+    status: str = betterproto.string_field(1)
+    """
+    status is "ok" when the service can serve, otherwise "degraded" or "down".
+    """
+
+    service: str = betterproto.string_field(2)
+    """service is the gRPC service name that answered."""
+
+    details: Dict[str, str] = betterproto.map_field(
+        3, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """details holds per-dependency facts, e.g. {"backend": "keyword"}."""
 
 
 class OrchestratorServiceStub(betterproto.ServiceStub):

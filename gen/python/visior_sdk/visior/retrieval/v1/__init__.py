@@ -15,8 +15,6 @@ import betterproto
 import grpclib
 from betterproto.grpc.grpclib_server import ServiceBase
 
-from ...common import v1 as __common_v1__
-
 if TYPE_CHECKING:
     import grpclib.server
     from betterproto.grpc.grpclib_client import MetadataLike
@@ -283,10 +281,20 @@ class GetHealthRequest(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class GetHealthResponse(betterproto.Message):
-    """GetHealthResponse is the service's health."""
+    """GetHealthResponse is the body of GET /health."""
 
-    health: "__common_v1__.HealthDetails" = betterproto.message_field(1)
-    """health is the JSON body of GET /health."""
+    status: str = betterproto.string_field(1)
+    """
+    status is "ok" when the service can serve, otherwise "degraded" or "down".
+    """
+
+    service: str = betterproto.string_field(2)
+    """service is the gRPC service name that answered."""
+
+    details: Dict[str, str] = betterproto.map_field(
+        3, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """details holds per-dependency facts, e.g. {"backend": "keyword"}."""
 
 
 @dataclass(eq=False, repr=False)

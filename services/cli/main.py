@@ -1,0 +1,207 @@
+"""`visior`: run the mesh, ingest documents and ask questions through Envoy's JSON routes."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.devtools.envoy import REPO_ROOT
+from services.devtools.mesh import Mesh, MeshError
+from services.devtools.topology import SERVICES, Ports
+
+DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
+DEFAULT_RETR_URL = "http://127.0.0.1:8083"
+SAMPLES = REPO_ROOT / "samples" / "docs"
+DEMO_QUESTION = "Как настроить LDAP интеграцию в Orion X?"
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text[:500]}"
+    reason = next((d.get("reason") for d in body.get("details", []) if "reason" in d), "")
+    return f"HTTP {response.status_code} {reason}: {body.get('message', '')}".strip()
+
+
+def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout: float) -> int:
+    payload = {"query": question, "user": {"user_id": user, "tenant_id": tenant}}
+    try:
+        response = httpx.post(f"{url}/internal/orchestrator/respond", json=payload, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return _fail(f"cannot reach the orchestrator at {url}: {exc}")
+    if response.status_code != 200:
+        return _fail(_error_text(response))
+    body = response.json()
+    if as_json:
+        print(json.dumps(body, ensure_ascii=False, indent=2))
+        return 0
+    print(body["answer"])
+    print("\nSources:")
+    for s in body.get("sources", []):
+        print(f"  - {s['doc_id']} / {s['section_id']}, pages {s['page_start']}–{s['page_end']} "
+              f"(score {s['score']:.2f})")  # fmt: skip
+    t = body.get("telemetry", {})
+    print(f"\ntrace_id={t.get('trace_id')} retrieval={t.get('retrieval_latency_ms')} ms "
+          f"llm={t.get('llm_latency_ms')} ms tool_steps={t.get('tool_steps')}")  # fmt: skip
+    return 0
+
+
+def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files.extend(sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+    if not files:
+        return _fail("no files to ingest")
+    failed = 0
+    with httpx.Client(timeout=timeout) as client:
+        for i, path in enumerate(files, 1):
+            prefix = f"[{i}/{len(files)}] {path.name}"
+            if sys.stdout.isatty():
+                print(f"{prefix} …", end="", flush=True)
+            try:
+                payload: dict[str, Any] = {
+                    "tenant_id": tenant,
+                    "file_name": path.name,
+                    "content": base64.b64encode(path.read_bytes()).decode(),
+                }
+                response = client.post(f"{url}/internal/retrieval/documents", json=payload)
+            except (OSError, httpx.HTTPError) as exc:
+                print(f"\r{prefix} failed: {exc}")
+                failed += 1
+                continue
+            if response.status_code != 200:
+                print(f"\r{prefix} failed: {_error_text(response)}")
+                failed += 1
+                continue
+            r = response.json()
+            note = " (replaced)" if r.get("replaced") else ""
+            print(f"\r{prefix} -> {r['doc_id']}: {r['sections']} sections, {r['chunks']} chunks, "
+                  f"{r['pages']} pages{note}")  # fmt: skip
+    print(f"{len(files) - failed} of {len(files)} ingested into tenant {tenant!r}")
+    return 1 if failed else 0
+
+
+def list_documents(url: str, tenant: str, timeout: float) -> int:
+    try:
+        response = httpx.get(
+            f"{url}/internal/retrieval/documents", params={"tenant_id": tenant}, timeout=timeout
+        )
+    except httpx.HTTPError as exc:
+        return _fail(f"cannot reach retrieval at {url}: {exc}")
+    if response.status_code != 200:
+        return _fail(_error_text(response))
+    for d in response.json().get("documents", []):
+        print(f"{d['doc_id']}\t{d['title']}\t{d['pages']} pages\t{d['chunks']} chunks")
+    return 0
+
+
+def _print_where(mesh: Mesh) -> None:
+    p = mesh.ports
+    print("Visior mesh is up:")
+    for spec in SERVICES:
+        k = spec.key
+        print(f"  {k:<13} gRPC 127.0.0.1:{p.grpc[k]:<6} JSON http://127.0.0.1:{p.http[k]:<6} "
+              f"metrics http://127.0.0.1:{p.metrics[k]}/metrics")  # fmt: skip
+    print(f"  envoy admin   http://127.0.0.1:{p.envoy_admin}")
+    print(f"  logs in {mesh.workdir}/, data in {mesh.data_dir}/")
+
+
+def run(data_dir: str, workdir: str, samples: bool) -> int:
+    mesh = Mesh(Ports(), data_dir, workdir)
+    try:
+        mesh.start()
+    except (MeshError, RuntimeError) as exc:
+        return _fail(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        if samples:
+            ingest(mesh.json_url("retrieval"), [str(SAMPLES)], "demo", 60)
+        _print_where(mesh)
+        print("Ctrl-C stops everything.", flush=True)
+        while not stop.wait(1.0):
+            dead = [k for k, up in mesh.alive().items() if not up]
+            if dead:
+                return _fail(f"{', '.join(dead)} exited; see {mesh.workdir}/")
+    finally:
+        print("stopping …", flush=True)
+        mesh.stop()
+        print("stopped")
+    return 0
+
+
+def demo(question: str) -> int:
+    """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop."""
+    with tempfile.TemporaryDirectory(prefix="visior-demo-") as tmp:
+        mesh = Mesh(Ports.free(), Path(tmp) / "data", Path(tmp) / "run")
+        try:
+            mesh.start()
+        except (MeshError, RuntimeError) as exc:
+            return _fail(str(exc))
+        try:
+            _print_where(mesh)
+            print()
+            rc = ingest(mesh.json_url("retrieval"), [str(SAMPLES)], "demo", 60)
+            if rc:
+                return rc
+            print(f"\nQ: {question}\n")
+            return ask(mesh.json_url("orchestrator"), question, "demo", "demo-user", False, 60)
+        finally:
+            mesh.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="visior", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="start the four servers and Envoy in the foreground")
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--workdir", default=".run")
+    p.add_argument("--samples", action="store_true", help="ingest samples/docs into tenant demo")
+    p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
+    p.add_argument("question", nargs="?", default=DEMO_QUESTION)
+    p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
+    p.add_argument("question")
+    p.add_argument("--tenant", default="demo")
+    p.add_argument("--user", default="cli")
+    p.add_argument("--url", default=DEFAULT_ORCH_URL, help="the orchestrator's sidecar")
+    p.add_argument("--json", action="store_true", help="print the raw JSON response")
+    p.add_argument("--timeout", type=float, default=120)
+    p = sub.add_parser("ingest", help="ingest files or folders into a tenant")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--url", default=DEFAULT_RETR_URL, help="retrieval's sidecar")
+    p.add_argument("--timeout", type=float, default=300)
+    p = sub.add_parser("list", help="list a tenant's documents")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--url", default=DEFAULT_RETR_URL)
+    p.add_argument("--timeout", type=float, default=30)
+    a = parser.parse_args(argv)
+    if a.command == "run":
+        return run(a.data_dir, a.workdir, a.samples)
+    if a.command == "demo":
+        return demo(a.question)
+    if a.command == "ask":
+        return ask(a.url, a.question, a.tenant, a.user, a.json, a.timeout)
+    if a.command == "ingest":
+        return ingest(a.url, a.paths, a.tenant, a.timeout)
+    return list_documents(a.url, a.tenant, a.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
