@@ -23,7 +23,7 @@ find "$out/gen/python/visior" -type d -exec touch {}/__init__.py \;
 
 # betterproto dataclasses + grpclib async stubs for the typed client SDK.
 PATH="$bin:$PATH" "$py" -m grpc_tools.protoc -Iproto -Ithird_party \
-  --python_betterproto_out="$out/gen/python/visior_sdk" $protos >/dev/null
+  --python_betterproto_out="$out/gen/python/visior_sdk" $protos 2>&1 | { grep -v '^Writing ' >&2 || true; }
 
 # Descriptor set for Envoy's gRPC-JSON transcoder. error_details.proto is
 # included so google.rpc.Status details (ErrorInfo) render as JSON.

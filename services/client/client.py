@@ -11,9 +11,14 @@ from typing import Any, Self
 import betterproto
 from grpclib.client import Channel
 from grpclib.encoding.proto import ProtoStatusDetailsCodec
+from grpclib.metadata import Deadline
 from visior_sdk.visior.common.v1 import ChatMessage, UserContext
+from visior_sdk.visior.llm.v1 import (
+    GenerateStreamRequest,
+    GenerateStreamResponse,
+    LlmServiceStub,
+)
 from visior_sdk.visior.llm.v1 import GetHealthRequest as LlmGetHealthRequest
-from visior_sdk.visior.llm.v1 import LlmServiceStub
 from visior_sdk.visior.orchestrator.v1 import GetHealthRequest as OrchestratorGetHealthRequest
 from visior_sdk.visior.orchestrator.v1 import (
     OrchestratorServiceStub,
@@ -34,7 +39,7 @@ from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRe
 
 from services.client.errors import from_exception
 from services.client.structs import from_value, to_struct
-from services.common.context import TRACE_METADATA_KEY
+from services.common.context import TRACE_METADATA_KEY, call_timeout, current_trace_id
 from services.devtools.topology import SERVICE_BY_KEY, Ports
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -82,34 +87,52 @@ def targets_from_ports(ports: Ports, host: str = "127.0.0.1") -> dict[str, Targe
     return {key: Target(host, port) for key, port in ports.grpc.items()}
 
 
-def _merge_metadata(base: Sequence[tuple[str, str | bytes]], extra: Metadata | None) -> Metadata:
-    if extra is None:
-        return base
-    pairs = list(extra.items() if isinstance(extra, Mapping) else extra)
-    given = {key.lower() for key, _ in pairs}
-    return [(k, v) for k, v in base if k not in given] + pairs
+def _pairs(metadata: Metadata | None) -> list[tuple[str, str | bytes]]:
+    if metadata is None:
+        return []
+    items = metadata.items() if isinstance(metadata, Mapping) else metadata
+    return [(key.lower(), value) for key, value in items]
 
 
 class _TypedStub(betterproto.ServiceStub):
-    """A generated stub whose calls keep the client's metadata and raise VisiorRpcError.
+    """A generated stub whose calls carry a deadline and the trace id, and raise VisiorRpcError.
 
-    betterproto uses the stub's `metadata` only when a call passes none; here per-call
-    metadata is merged into it instead, so `metadata={...}` never drops the trace id.
+    Per call: the timeout is the call's own or the client's, clamped to the remaining time of
+    the request being served when this runs inside one of our servers (services.common.context);
+    `x-trace-id` is the call's own, else the client's, else the served request's. Per-call
+    metadata is merged into the client's (betterproto would replace it), so passing
+    `metadata={...}` never drops the trace id.
     """
 
-    def __init__(self, channel: Channel, *, timeout: float, metadata: Sequence[tuple[str, str]]):
-        super().__init__(channel, timeout=timeout, metadata=list(metadata))
-        self._base_metadata: list[tuple[str, str | bytes]] = list(metadata)
+    def __init__(self, channel: Channel, *, timeout: float, metadata: Metadata):
+        super().__init__(channel, timeout=timeout)
+        self.timeout: float = timeout
+        self._base_metadata = _pairs(metadata)
+
+    def _call_options(self, timeout: float | None, metadata: Metadata | None) -> dict[str, Any]:
+        pairs = _pairs(metadata)
+        given = {key for key, _ in pairs}
+        merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
+        if not any(key == TRACE_METADATA_KEY for key, _ in merged) and current_trace_id():
+            merged.append((TRACE_METADATA_KEY, current_trace_id()))
+        own = self.timeout if timeout is None else timeout
+        # grpclib turns a deadline already passed into asyncio.TimeoutError -> DeadlineExceeded.
+        return {"timeout": call_timeout(own), "metadata": merged}
 
     async def _unary_unary(  # type: ignore[override]
-        self, route: str, request: Any, response_type: Any, *, metadata: Metadata | None = None,
+        self,
+        route: str,
+        request: Any,
+        response_type: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        metadata: Metadata | None = None,
         **kwargs: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         try:
             return await super()._unary_unary(
-                route, request, response_type,
-                metadata=_merge_metadata(self._base_metadata, metadata), **kwargs,
-            )  # fmt: skip
+                route, request, response_type, **self._call_options(timeout, metadata), **kwargs
+            )
         except Exception as exc:
             typed = from_exception(exc)
             if typed is None:
@@ -117,14 +140,20 @@ class _TypedStub(betterproto.ServiceStub):
             raise typed from exc
 
     async def _unary_stream(  # type: ignore[override]
-        self, route: str, request: Any, response_type: Any, *, metadata: Metadata | None = None,
+        self,
+        route: str,
+        request: Any,
+        response_type: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        metadata: Metadata | None = None,
         **kwargs: Any,
-    ) -> AsyncIterator[Any]:  # fmt: skip
+    ) -> AsyncIterator[Any]:
         stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
-            route, request, response_type,
-            metadata=_merge_metadata(self._base_metadata, metadata), **kwargs,
-        )  # fmt: skip
-        # aclosing: a caller that stops iterating early ends the HTTP/2 stream now, not at GC.
+            route, request, response_type, **self._call_options(timeout, metadata), **kwargs
+        )
+        # aclosing: when the caller closes this generator (contextlib.aclosing at the call site),
+        # the inner one and its HTTP/2 stream close at once instead of whenever GC finalises it.
         async with aclosing(stream):
             try:
                 async for message in stream:
@@ -142,6 +171,30 @@ class OrchestratorStub(_TypedStub, OrchestratorServiceStub):
 
 class LlmStub(_TypedStub, LlmServiceStub):
     """LlmService: Generate, GenerateStream, GetHealth."""
+
+    def generate_stream(  # type: ignore[override]
+        self,
+        generate_stream_request: GenerateStreamRequest,
+        *,
+        timeout: float | None = None,
+        deadline: Deadline | None = None,
+        metadata: Metadata | None = None,
+    ) -> AsyncGenerator[GenerateStreamResponse, None]:
+        """GenerateStream's events; to stop early, close it (`contextlib.aclosing`).
+
+        The generated method wraps `_unary_stream` in a second async generator that does not
+        close it, so closing the outer one left the HTTP/2 stream open until GC; this returns
+        the closable stream itself.
+        """
+        stream: AsyncGenerator[GenerateStreamResponse, None] = self._unary_stream(  # type: ignore[assignment]
+            "/visior.llm.v1.LlmService/GenerateStream",
+            generate_stream_request,
+            GenerateStreamResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+        return stream
 
 
 class RetrievalStub(_TypedStub, RetrievalServiceStub):
@@ -196,9 +249,10 @@ class VisiorClient:
     `targets` maps service keys (orchestrator, llm, retrieval, toolsproxy and, when it runs
     apart from retrieval, ingestion) to a Target, "host:port" or a bare port on `host`; a
     `Ports` value (services.devtools.topology) names all four. Only the services named get a
-    channel. Every call carries a deadline (`timeout` unless the call passes its own) and,
-    when `trace_id` is given, `x-trace-id` metadata. Failures raise VisiorRpcError
-    subclasses (services.client.errors).
+    channel. Every call carries a deadline (`timeout` unless the call passes its own) and
+    `x-trace-id` metadata (`trace_id`; without one, the trace id of the request being served
+    when used inside one of our servers, whose remaining deadline also caps the timeout).
+    Failures raise VisiorRpcError subclasses (services.client.errors).
 
         async with VisiorClient(Ports(), trace_id="t-1") as visior:
             answer = await visior.respond("How do I back up?", tenant_id="demo", user_id="u1")
@@ -225,7 +279,7 @@ class VisiorClient:
             self.targets.setdefault("ingestion", self.targets["retrieval"])
         self.timeout = timeout
         self.trace_id = trace_id
-        self._metadata = [(k.lower(), v) for k, v in (metadata or {}).items()]
+        self._metadata = _pairs(metadata)
         if trace_id:
             self._metadata.append((TRACE_METADATA_KEY, trace_id))
         self._channels: dict[Target, Channel] = {}

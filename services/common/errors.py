@@ -54,7 +54,7 @@ class InvalidArgumentError(ServiceError):
     default_reason = "INVALID_ARGUMENT"
 
 
-class LimitExceededError(ServiceError):
+class LimitExceededError(InvalidArgumentError):
     """The request asks for more than a limit allows (HTTP 400, as the specs say)."""
 
     code = INVALID_ARGUMENT

@@ -37,7 +37,9 @@ def run_service(
     async def main() -> None:
         running, close = await start(settings)
         try:
-            await run_until_signal(running, settings.server.grace_seconds)
+            await run_until_signal(
+                running, settings.server.grace_seconds, settings.server.drain_seconds
+            )
         finally:
             await close()
 

@@ -42,9 +42,12 @@ class RunningServer:
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
-    async def stop(self, grace: float) -> None:
-        """Refuse new work (health NOT_SERVING), let in-flight RPCs finish for `grace` s, stop."""
+    async def stop(self, grace: float, drain: float = 0.0) -> None:
+        """Health NOT_SERVING, wait `drain` s for balancers to notice, then refuse new RPCs
+        and let in-flight ones finish for up to `grace` s."""
         await self.set_serving(False)
+        if drain > 0:
+            await asyncio.sleep(drain)
         await self.server.stop(grace)
 
 
@@ -98,13 +101,13 @@ async def start_server(
     return running
 
 
-async def run_until_signal(running: RunningServer, grace: float) -> None:
+async def run_until_signal(running: RunningServer, grace: float, drain: float = 0.0) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("stopping", extra={"grace_seconds": grace})
-    await running.stop(grace)
+    log.info("stopping", extra={"grace_seconds": grace, "drain_seconds": drain})
+    await running.stop(grace, drain)
     log.info("stopped")

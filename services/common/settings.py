@@ -96,6 +96,8 @@ class ServerSettings:
     """Largest gRPC message received or sent."""
     grace_seconds: float = 10.0
     """How long in-flight RPCs may finish after SIGTERM."""
+    drain_seconds: float = 0.5
+    """After SIGTERM, how long health says NOT_SERVING before new RPCs are refused."""
     keepalive_seconds: int = 30
     """Server keepalive ping interval."""
     max_concurrent_rpcs: int = 256
@@ -127,6 +129,7 @@ class ServerSettings:
                 maximum=300 * 1024 * 1024,
             ),
             grace_seconds=env.number(names("GRACE_SECONDS"), 10.0, minimum=0.0),
+            drain_seconds=env.number(names("DRAIN_SECONDS"), 0.5, minimum=0.0),
             keepalive_seconds=env.integer(names("KEEPALIVE_SECONDS"), 30, minimum=1),
             max_concurrent_rpcs=env.integer(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from services.client import (
     to_struct,
     to_value,
 )
+from services.common.context import deadline_var, trace_id_var
 from services.common.settings import Env
 from services.common.structs import dict_to_struct, struct_to_dict
 from services.devtools.inprocess import InProcessMesh
@@ -136,9 +139,7 @@ def test_targets() -> None:
 
 @pytest.fixture
 async def retrieval_port(tmp_path: Path) -> AsyncIterator[int]:
-    settings = RetrievalSettings.from_env(
-        Env({"RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path)})
-    )
+    settings = RetrievalSettings.from_env(Env({"RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path)}))
     running, close = await retrieval_app.start(settings)
     try:
         yield running.port
@@ -220,34 +221,43 @@ async def test_search_and_health(client: VisiorClient) -> None:
     assert found.meta.trace_id == TRACE
 
     # The generated stub directly, with filters (a nested message) and per-call metadata.
+    # The query matches both documents; the filter must keep only the admin guide.
+    both = "annual leave LDAP"
+    unfiltered = await client.search(both, TENANT)
+    assert {"vacation-policy", "orion-x-admin-guide"} <= {h.doc_id for h in unfiltered.hits}
     only_guide = await client.retrieval.search(
         SearchRequest(
-            query="backup", tenant_id=TENANT, filters=SearchFilters(doc_ids=["orion-x-admin-guide"])
+            query=both, tenant_id=TENANT, filters=SearchFilters(doc_ids=["orion-x-admin-guide"])
         ),
         metadata={"x-caller": "interop-test"},
     )
     assert only_guide.hits and {h.doc_id for h in only_guide.hits} == {"orion-x-admin-guide"}
     assert only_guide.meta.trace_id == TRACE  # per-call metadata did not drop the trace id
     own_trace = await client.retrieval.search(
-        SearchRequest(query="backup", tenant_id=TENANT), metadata={"x-trace-id": "per-call"}
+        SearchRequest(query=both, tenant_id=TENANT), metadata={"x-trace-id": "per-call"}
     )
     assert own_trace.meta.trace_id == "per-call"
 
     elsewhere = await client.search(LEAVE_QUESTION, "other-tenant")
     assert elsewhere.hits == [] and elsewhere.chunks == []
 
-    health = (await client.retrieval.get_health(RetrievalGetHealthRequest())).health
+    health = await client.retrieval.get_health(RetrievalGetHealthRequest())
     assert health.status == "ok"
     assert health.service == "visior.retrieval.v1.RetrievalService"
     assert health.details["docstore"] == "sqlite"
     assert health.details["chunks"] == str(sum(chunks.values()))
-    assert await client.health("retrieval") == health
+    short = await client.health("retrieval")
+    assert short.ok and (short.service, short.details) == (health.service, health.details)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "reason", "field"),
     [
-        ({"query": "leave", "tenant_id": TENANT, "max_results": 51}, "LIMIT_EXCEEDED", "max_results"),
+        (
+            {"query": "leave", "tenant_id": TENANT, "max_results": 51},
+            "LIMIT_EXCEEDED",
+            "max_results",
+        ),
         ({"query": "leave", "tenant_id": ""}, "INVALID_ARGUMENT", "tenant_id"),
     ],
 )
@@ -274,6 +284,26 @@ async def test_expired_deadline_is_deadline_exceeded(client: VisiorClient) -> No
     assert caught.value.reason == "DEADLINE_EXCEEDED" and caught.value.error_info is None
 
 
+async def test_inside_a_served_request_trace_and_deadline_carry_over(retrieval_port: int) -> None:
+    # A client with no trace id of its own, used inside one of our handlers (the interceptor
+    # sets these context variables), propagates the served request's trace id and deadline.
+    async with VisiorClient({"retrieval": retrieval_port}) as c:
+        fresh = await c.search("leave", TENANT)
+        assert fresh.meta.trace_id  # none sent: the server made one up
+        trace_token = trace_id_var.set("served-request-trace")
+        try:
+            found = await c.search("leave", TENANT)
+            assert found.meta.trace_id == "served-request-trace"
+            deadline_token = deadline_var.set(time.monotonic() - 1.0)  # the caller's has passed
+            try:
+                with pytest.raises(DeadlineExceeded):
+                    await c.search("leave", TENANT)
+            finally:
+                deadline_var.reset(deadline_token)
+        finally:
+            trace_id_var.reset(trace_token)
+
+
 async def test_nobody_listening_is_unavailable() -> None:
     (port,) = free_ports(1)
     async with VisiorClient({"retrieval": port}, timeout=5) as c:
@@ -295,7 +325,9 @@ async def test_client_without_a_target_says_so(client: VisiorClient) -> None:
 @pytest.fixture
 async def mesh_client(tmp_path: Path) -> AsyncIterator[VisiorClient]:
     async with InProcessMesh(tmp_path) as mesh:
-        targets = {key: mesh.port(key) for key in ("orchestrator", "llm", "retrieval", "toolsproxy")}
+        targets = {
+            key: mesh.port(key) for key in ("orchestrator", "llm", "retrieval", "toolsproxy")
+        }
         async with VisiorClient(targets, trace_id=TRACE, timeout=30) as c:
             await ingest_samples(c)
             yield c
@@ -338,7 +370,7 @@ async def test_tools_proxy(mesh_client: VisiorClient) -> None:
     assert denied.status == "error" and denied.error is not None
     assert denied.error.code in ("NOT_FOUND", "ACCESS_DENIED")
 
-    health = (await c.tools.get_health(ToolsGetHealthRequest())).health
+    health = await c.tools.get_health(ToolsGetHealthRequest())
     assert health.status == "ok" and health.service == "visior.toolsproxy.v1.ToolsProxyService"
     assert health.details["tools"] == str(len(catalogue))
 
@@ -358,7 +390,9 @@ async def test_llm(mesh_client: VisiorClient) -> None:
     c = mesh_client
     section = (await c.search(LEAVE_QUESTION, TENANT)).used_sections[0]
     anchor = AnchorChunk(
-        doc_id=section.doc_id, section_id=section.section_id, anchor_chunk_id=section.anchor_chunk_id
+        doc_id=section.doc_id,
+        section_id=section.section_id,
+        anchor_chunk_id=section.anchor_chunk_id,
     )
 
     out = await c.llm.generate(leave_generation(anchor))
@@ -369,29 +403,43 @@ async def test_llm(mesh_client: VisiorClient) -> None:
     assert out.meta.trace_id == TRACE
     assert out.used_tokens.prompt > 0 and out.used_tokens.completion > 0
 
-    events = [e async for e in c.llm.generate_stream(GenerateStreamRequest(request=leave_generation(anchor)))]
+    events = [
+        e
+        async for e in c.llm.generate_stream(
+            GenerateStreamRequest(request=leave_generation(anchor))
+        )
+    ]
     kinds = [betterproto.which_one_of(e, "event")[0] for e in events]
     assert kinds[-1] == "final" and kinds.count("final") == 1
     assert "tool_call" in kinds and "delta" in kinds
     final = events[-1].final
-    assert "".join(e.delta for e, k in zip(events, kinds, strict=True) if k == "delta") == final.answer
-    streamed_calls = [e.tool_call.name for e, k in zip(events, kinds, strict=True) if k == "tool_call"]
+    assert (
+        "".join(e.delta for e, k in zip(events, kinds, strict=True) if k == "delta") == final.answer
+    )
+    streamed_calls = [
+        e.tool_call.name for e, k in zip(events, kinds, strict=True) if k == "tool_call"
+    ]
     assert streamed_calls == [t.name for t in final.tools_called] == ["read_chunk_window"]
     assert final.answer == out.answer
 
-    # Stopping early must not leave the stream hanging (aclosing in the client).
-    async for first in c.llm.generate_stream(GenerateStreamRequest(request=leave_generation(anchor))):
-        assert betterproto.which_one_of(first, "event")[0] in ("tool_call", "delta")
-        break
+    # Stopping early: close the generator (aclosing) so the HTTP/2 stream ends right away.
+    stream = c.llm.generate_stream(GenerateStreamRequest(request=leave_generation(anchor)))
+    async with aclosing(stream):
+        async for first in stream:
+            assert betterproto.which_one_of(first, "event")[0] in ("tool_call", "delta")
+            break
+    assert (await c.health("llm")).ok  # and the channel carries on
 
     # A streamed RPC's error surfaces as the same typed error while iterating.
     with pytest.raises(InvalidArgument) as caught:
-        async for _ in c.llm.generate_stream(GenerateStreamRequest(request=GenerateRequest(mode="rag"))):
+        async for _ in c.llm.generate_stream(
+            GenerateStreamRequest(request=GenerateRequest(mode="rag"))
+        ):
             pass
     assert caught.value.reason == "INVALID_ARGUMENT"
     assert caught.value.metadata["field"] == "messages"
 
-    health = (await c.llm.get_health(LlmGetHealthRequest())).health
+    health = await c.llm.get_health(LlmGetHealthRequest())
     assert health.status == "ok" and health.service == "visior.llm.v1.LlmService"
 
 
@@ -410,29 +458,32 @@ async def test_orchestrator(mesh_client: VisiorClient) -> None:
         await c.respond(LEAVE_QUESTION, TENANT, "u-1", max_results=51)
     assert caught.value.reason.endswith("LIMIT_EXCEEDED")
 
-    before = (await c.orchestrator.get_config(GetConfigRequest())).config
+    before = await c.orchestrator.get_config(GetConfigRequest())
     assert before.default_model and before.max_tool_steps >= 1
 
     # proto3 `optional`: fields left None are not sent, so they keep their values.
-    updated = await c.orchestrator.update_config(UpdateConfigRequest(max_tool_steps=2, window_radius=1))
-    assert updated.config.max_tool_steps == 2 and updated.config.window_radius == 1
-    assert updated.config.default_model == before.default_model
-    assert updated.config.prompt_token_budget == before.prompt_token_budget
-    after = (await c.orchestrator.get_config(GetConfigRequest())).config
-    assert after == updated.config
+    updated = await c.orchestrator.update_config(
+        UpdateConfigRequest(max_tool_steps=2, window_radius=1)
+    )
+    assert updated.max_tool_steps == 2 and updated.window_radius == 1
+    assert updated.default_model == before.default_model
+    assert updated.prompt_token_budget == before.prompt_token_budget
+    after = await c.orchestrator.get_config(GetConfigRequest())
+    assert after.to_dict() == updated.to_dict()
 
     # Zero is a value, not "unset": presence survives betterproto's optional fields.
     zero = await c.orchestrator.update_config(UpdateConfigRequest(max_tool_steps=0))
-    assert zero.config.max_tool_steps == 0
+    assert zero.max_tool_steps == 0 and zero.window_radius == 1
 
     with pytest.raises(InvalidArgument) as caught:
         await c.orchestrator.update_config(UpdateConfigRequest(max_tool_steps=99))
     assert caught.value.reason == "INVALID_ARGUMENT"
     assert caught.value.metadata["field"] == "max_tool_steps"
-    assert (await c.orchestrator.get_config(GetConfigRequest())).config == zero.config
+    current = await c.orchestrator.get_config(GetConfigRequest())
+    assert current.to_dict() == zero.to_dict()  # a rejected update changes nothing
 
-    health = (await c.orchestrator.get_health(OrchGetHealthRequest())).health
+    health = await c.orchestrator.get_health(OrchGetHealthRequest())
     assert health.status == "ok"
     assert health.service == "visior.orchestrator.v1.OrchestratorService"
     for key in ("orchestrator", "llm", "retrieval", "toolsproxy"):
-        assert (await c.health(key)).status == "ok"
+        assert (await c.health(key)).ok

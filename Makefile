@@ -1,0 +1,57 @@
+# Visior mesh. `make help` lists the targets. Every target installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY_SYS ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BUF := $(VENV)/bin/buf
+
+.PHONY: help install gen check-gen lint test test-fast run demo bench breaking clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install the project with dev tools (PyPI only)
+
+gen: $(STAMP) ## Regenerate gen/ and envoy/{visior.pb,envoy.yaml} from proto/
+	PYTHON=$(PY) tools/gen.sh
+
+check-gen: $(STAMP) ## Fail if gen/ or the Envoy files are stale
+	PYTHON=$(PY) tools/check_gen.sh
+
+lint: $(STAMP) ## buf lint + format, ruff, mypy
+	$(BUF) lint
+	$(BUF) format --diff --exit-code
+	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff format --check services tests bench
+	$(VENV)/bin/mypy
+
+test: lint check-gen ## Lint, drift check, then every test (unit, integration, e2e with real Envoy)
+	$(VENV)/bin/pytest -q
+
+test-fast: $(STAMP) ## Unit and integration tests only
+	$(VENV)/bin/pytest -q tests/unit tests/integration
+
+run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them)
+	$(PY) -m services.cli run --samples
+
+demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a question, stop
+	$(PY) -m services.cli demo
+
+bench: $(STAMP) ## Transport benchmark: direct gRPC vs JSON through Envoy
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	$(PY) bench/transport.py
+
+breaking: $(STAMP) ## buf breaking: proto/ against main (FILE rules)
+	$(BUF) breaking --against '.git#branch=main'
+
+clean: ## Remove caches, run logs and local data (keeps .venv)
+	rm -rf .run data .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +

@@ -1,0 +1,132 @@
+from typing import Any
+
+import pytest
+
+from services.common import errors
+from services.llm.engine import Budgets, LlmEngine, MAX_MESSAGES
+from services.llm.extractive import ExtractiveResponder, best_sentences
+from services.llm.model import (
+    Anchor,
+    ContextChunk,
+    GenerateInput,
+    GenerationParams,
+    Message,
+    ToolPolicy,
+    ToolResult,
+    User,
+)
+
+
+class FakeTools:
+    def __init__(self, results: list[ToolResult]) -> None:
+        self.results = results
+        self.calls: list[tuple[str, dict[str, Any], User]] = []
+
+    async def execute(self, name, arguments, user, trace_id):
+        self.calls.append((name, arguments, user))
+        return self.results.pop(0)
+
+
+WINDOW = ToolResult(
+    "ok",
+    {"doc_id": "guide", "title": "Guide", "text": "Intro. To set up LDAP open Settings. Bye.",
+     "page_start": 2, "page_end": 3},
+)  # fmt: skip
+
+
+def engine(tools, **budgets):
+    return LlmEngine(ExtractiveResponder(tools), Budgets(**budgets), "extractive")
+
+
+def req(**kw):
+    base = {
+        "messages": (Message("user", "How do I set up LDAP?"),),
+        "user": User("t1", "u1"),
+        "policy": ToolPolicy(
+            allowed_tools=("read_chunk_window", "read_doc_section"),
+            anchors=(Anchor("guide", "sec", "guide:c1"),),
+            radius_schedule=(2, 3),
+        ),
+        "trace_id": "tr",
+    }
+    return GenerateInput(**{**base, **kw})
+
+
+async def test_extractive_reads_the_window_then_quotes_it():
+    tools = FakeTools([WINDOW])
+    out = await engine(tools).generate(req())
+    name, args, user = tools.calls[0]
+    assert name == "read_chunk_window"
+    assert args == {"doc_id": "guide", "anchor_chunk_id": "guide:c1", "radius": 2}
+    assert user.tenant_id == "t1"
+    assert "To set up LDAP open Settings." in out.answer
+    assert "стр. 2–3" in out.answer
+    assert out.extractive and out.model_name == "extractive"
+    assert [t.name for t in out.tools_called] == ["read_chunk_window"]
+
+
+async def test_falls_back_to_the_section_without_an_anchor_and_after_a_tool_error():
+    tools = FakeTools([ToolResult("error", error_code="NOT_FOUND", error_message="gone"), WINDOW])
+    policy = ToolPolicy(
+        allowed_tools=("read_chunk_window", "read_doc_section"),
+        anchors=(Anchor("guide", "s1", "guide:c1"), Anchor("guide", "s2", "")),
+    )
+    out = await engine(tools).generate(req(policy=policy))
+    assert [c[0] for c in tools.calls] == ["read_chunk_window", "read_doc_section"]
+    assert out.tools_called[0].result_summary.startswith("tool_error NOT_FOUND")
+
+
+async def test_no_tools_allowed_means_no_tool_calls():
+    tools = FakeTools([])
+    chunk = ContextChunk("guide", "s", "LDAP is set up in Settings.", 1, 1)
+    out = await engine(tools).generate(req(policy=ToolPolicy(), context_chunks=(chunk,)))
+    assert tools.calls == [] and "LDAP is set up in Settings." in out.answer
+
+
+async def test_max_tool_steps_zero_and_past_the_service_limit():
+    tools = FakeTools([WINDOW])
+    policy = ToolPolicy(allowed_tools=("read_chunk_window",), anchors=(Anchor("g", "s", "c"),), max_tool_steps=0)
+    await engine(tools).generate(req(policy=policy))
+    assert tools.calls == []
+    over = ToolPolicy(allowed_tools=("read_chunk_window",), max_tool_steps=4)
+    with pytest.raises(errors.LimitExceededError) as info:
+        await engine(tools, max_tool_steps=3).generate(req(policy=over))
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"mode": "poem"}, "mode"),
+        ({"messages": ()}, "messages"),
+        ({"messages": (Message("wizard", "hi"),)}, "messages[0].role"),
+        ({"messages": (Message("assistant", "hi"),)}, "messages"),
+        ({"params": GenerationParams(temperature=2.5)}, "generation_params.temperature"),
+        ({"params": GenerationParams(stop=("a",) * 5)}, "generation_params.stop"),
+        ({"user": None}, "user.tenant_id"),
+    ],
+)
+async def test_bad_requests_name_the_field(kw, field):
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await engine(FakeTools([])).generate(req(**kw))
+    assert info.value.metadata["field"] == field
+
+
+async def test_limits_at_and_past():
+    e = engine(FakeTools([WINDOW] * 2), max_completion_tokens=100, max_prompt_tokens=300)
+    await e.generate(req(params=GenerationParams(max_tokens=100)))
+    with pytest.raises(errors.LimitExceededError):
+        await e.generate(req(params=GenerationParams(max_tokens=101)))
+    with pytest.raises(errors.LimitExceededError):
+        await e.generate(req(messages=(Message("user", "word " * 400),)))
+    many = tuple(Message("user", "q") for _ in range(MAX_MESSAGES + 1))
+    with pytest.raises(errors.LimitExceededError):
+        await e.generate(req(messages=many))
+
+
+def test_best_sentences_prefers_overlap_and_keeps_order():
+    text = "Alpha beta. LDAP settings live here. Gamma. Configure LDAP groups too."
+    assert best_sentences(text, "LDAP settings", 2) == [
+        "LDAP settings live here.",
+        "Configure LDAP groups too.",
+    ]

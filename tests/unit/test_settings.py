@@ -1,0 +1,99 @@
+import pytest
+
+from services.common.settings import Env, SettingsError, grpc_target
+from services.llm.config import LlmSettings
+from services.orchestrator.config import OrchestratorSettings
+from services.retrieval.config import RetrievalSettings
+from services.toolsproxy.config import ToolsProxySettings, window_radius
+
+
+def test_first_present_name_wins_and_blank_counts_as_absent():
+    env = Env({"A": " ", "B": "2", "C": "3"})
+    assert env.integer(["A", "B", "C"], 9) == 2
+    assert env.integer(["Z"], 9) == 9
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [("x", "not an integer"), ("-1", "below the minimum"), ("99", "above the maximum")],
+)
+def test_bad_integers_name_the_variable(raw, error):
+    with pytest.raises(SettingsError, match=f"N={raw!r}|N={raw}") as info:
+        Env({"N": raw}).integer("N", 1, minimum=0, maximum=10)
+    assert error in str(info.value)
+
+
+def test_flags():
+    assert Env({"F": "yes"}).flag("F", False) is True
+    assert Env({"F": "0"}).flag("F", True) is False
+    with pytest.raises(SettingsError):
+        Env({"F": "maybe"}).flag("F", False)
+
+
+@pytest.mark.parametrize(
+    ("value", "target"),
+    [
+        ("127.0.0.1:50053", "127.0.0.1:50053"),
+        ("http://retrieval:8080/", "retrieval:8080"),
+        ("grpc://llm:50052", "llm:50052"),
+    ],
+)
+def test_grpc_target_accepts_the_specs_urls(value, target):
+    assert grpc_target(value, "X") == target
+
+
+@pytest.mark.parametrize("value", ["retrieval", "http://retrieval", "host:port"])
+def test_grpc_target_rejects_what_is_not_host_port(value):
+    with pytest.raises(SettingsError):
+        grpc_target(value, "X")
+
+
+def test_window_radius_primary_and_legacy_total():
+    primary, legacy = ["R"], ["N"]
+    assert window_radius(Env({"R": "2"}), primary, legacy) == 2
+    # legacy total window N -> floor((N-1)/2) per side (DESIGN §2.6)
+    assert window_radius(Env({"N": "7"}), primary, legacy) == 3
+    assert window_radius(Env({"N": "6"}), primary, legacy) == 2
+    assert window_radius(Env({"R": "1", "N": "9"}), primary, legacy) == 1
+
+
+def test_orchestrator_radius_never_exceeds_the_proxy_limit():
+    s = OrchestratorSettings.from_env(
+        Env({"ORCH_WINDOW_RADIUS": "5", "MCP_PROXY_MAX_WINDOW_RADIUS": "2"})
+    )
+    assert s.runtime.window_radius == 2
+    assert s.max_window_radius == 2
+    proxy = ToolsProxySettings.from_env(Env({"MCP_PROXY_MAX_WINDOW_RADIUS": "2"}))
+    assert proxy.limits.max_window_radius == s.max_window_radius
+
+
+def test_llm_settings_read_the_specs_names():
+    s = LlmSettings.from_env(
+        Env({"MAX_TOOL_STEPS": "2", "MCP_PROXY_URL": "http://tools:9000", "MAX_PROMPT_TOKENS": "1000"})
+    )
+    assert s.max_tool_steps == 2
+    assert s.tools_proxy.target == "tools:9000"
+    assert s.max_prompt_tokens == 1000
+
+
+def test_llm_runtime_url_is_refused_until_the_runtime_client_exists():
+    with pytest.raises(SettingsError, match="LLM_RUNTIME_URL"):
+        LlmSettings.from_env(Env({"LLM_RUNTIME_URL": "http://vllm:8000"}))
+
+
+def test_retrieval_max_results_default_is_capped_at_50():
+    assert RetrievalSettings.from_env(Env({"RETR_MAX_RESULTS": "50"})).defaults.max_results == 50
+    with pytest.raises(SettingsError):
+        RetrievalSettings.from_env(Env({"RETR_MAX_RESULTS": "51"}))
+
+
+def test_retrieval_message_size_leaves_room_for_the_largest_document():
+    s = RetrievalSettings.from_env(Env({"RETR_MAX_DOCUMENT_BYTES": "2000000"}))
+    assert s.server.max_message_bytes > s.max_document_bytes
+
+
+def test_docstore_url_must_be_sqlite():
+    with pytest.raises(SettingsError, match="sqlite"):
+        RetrievalSettings.from_env(Env({"METADATA_DB_URL": "postgresql://db/visior"}))
+    s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": "sqlite:///tmp/x.sqlite"}))
+    assert s.docstore_path == "tmp/x.sqlite"
