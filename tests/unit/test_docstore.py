@@ -1,3 +1,5 @@
+import sqlite3
+
 import pytest
 
 from services.docstore.parsing import (
@@ -70,8 +72,7 @@ def test_a_failed_write_leaves_the_previous_version(tmp_path, monkeypatch):
     # A chunk id that collides inside the document makes the insert fail mid-way.
     dup = broken.chunks[0]
     broken = type(broken)(**{**broken.__dict__, "chunks": (dup, dup)})
-    with pytest.raises(Exception):
+    with pytest.raises(sqlite3.IntegrityError):
         store.put(broken)
     kept = store.get_document("t1", "guide")
     assert kept is not None and kept.title == "Guide" and kept.chunks == doc().chunks
-

@@ -29,7 +29,11 @@ def test_a_proto_change_without_regeneration_is_caught(tmp_path):
     for part in ("proto", "third_party", "tools", "gen", "envoy", "services"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     proto = tmp_path / "proto/visior/toolsproxy/v1/toolsproxy.proto"
-    proto.write_text(proto.read_text().replace("string trace_id = 4;", "string trace_id = 4;\n  // extra\n  string extra = 5;", 1))
+    proto.write_text(
+        proto.read_text().replace(
+            "string trace_id = 4;", "string trace_id = 4;\n  // extra\n  string extra = 5;", 1
+        )
+    )
     result = check_gen(tmp_path)
     assert result.returncode == 1
     assert "stale" in result.stderr

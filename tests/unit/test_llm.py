@@ -3,7 +3,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
-from services.llm.engine import Budgets, LlmEngine, MAX_MESSAGES
+from services.llm.engine import MAX_MESSAGES, Budgets, LlmEngine
 from services.llm.extractive import ExtractiveResponder, best_sentences
 from services.llm.model import (
     Anchor,
@@ -85,7 +85,9 @@ async def test_no_tools_allowed_means_no_tool_calls():
 
 async def test_max_tool_steps_zero_and_past_the_service_limit():
     tools = FakeTools([WINDOW])
-    policy = ToolPolicy(allowed_tools=("read_chunk_window",), anchors=(Anchor("g", "s", "c"),), max_tool_steps=0)
+    policy = ToolPolicy(
+        allowed_tools=("read_chunk_window",), anchors=(Anchor("g", "s", "c"),), max_tool_steps=0
+    )
     await engine(tools).generate(req(policy=policy))
     assert tools.calls == []
     over = ToolPolicy(allowed_tools=("read_chunk_window",), max_tool_steps=4)

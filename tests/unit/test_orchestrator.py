@@ -19,7 +19,9 @@ from services.orchestrator.respond import (
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 
-SECTION = SectionCandidate("guide", "sec-ldap", "LDAP", "How to set up LDAP. " * 50, 0.9, 6, 7, "guide:c3")
+SECTION = SectionCandidate(
+    "guide", "sec-ldap", "LDAP", "How to set up LDAP. " * 50, 0.9, 6, 7, "guide:c3"
+)
 
 
 class FakeRetriever:
@@ -72,9 +74,13 @@ def test_missing_user_context_is_400(user, uid, tid, field):
 
 
 async def test_first_prompt_has_summaries_not_raw_text_and_the_policy():
-    responder, retriever, generator, _ = make(RuntimeConfig(prompt_token_budget=50, window_radius=3))
-    out = await responder.respond(inp(filters=Filters(doc_ids=("guide",)), history=(Turn("user", "hi"),)))
-    query, user, filters, max_results, trace = retriever.calls[0]
+    responder, retriever, generator, _ = make(
+        RuntimeConfig(prompt_token_budget=50, window_radius=3)
+    )
+    out = await responder.respond(
+        inp(filters=Filters(doc_ids=("guide",)), history=(Turn("user", "hi"),))
+    )
+    _, user, filters, max_results, trace = retriever.calls[0]
     assert (user.tenant_id, filters.doc_ids, max_results, trace) == ("t1", ("guide",), 10, "tr")
     req = generator.requests[0]
     assert req.messages[0] == Turn("user", "hi")
@@ -84,7 +90,10 @@ async def test_first_prompt_has_summaries_not_raw_text_and_the_policy():
     assert "NOT the full text" in req.system_prompt
     assert req.allowed_tools == ("read_chunk_window", "read_doc_section")
     assert req.radius_schedule == (1, 2, 3)
-    assert out.sources[0].doc_id == "guide" and (out.sources[0].page_start, out.sources[0].page_end) == (6, 7)
+    assert out.sources[0].doc_id == "guide" and (
+        out.sources[0].page_start,
+        out.sources[0].page_end,
+    ) == (6, 7)
     assert (out.retrieval_latency_ms, out.llm_latency_ms, out.tool_steps) == (3, 7, 1)
 
 

@@ -18,8 +18,12 @@ OTHER = "# Notes\n\n## LDAP sync\n\nLDAP sync of large groups was fixed."
 @pytest.fixture
 def engine():
     index = KeywordIndex()
-    index.add(parse_document(tenant_id="a", doc_id="guide", text=LDAP, fmt="markdown", tags=("admin",)))
-    index.add(parse_document(tenant_id="a", doc_id="notes", text=OTHER, fmt="markdown", product="x"))
+    index.add(
+        parse_document(tenant_id="a", doc_id="guide", text=LDAP, fmt="markdown", tags=("admin",))
+    )
+    index.add(
+        parse_document(tenant_id="a", doc_id="notes", text=OTHER, fmt="markdown", product="x")
+    )
     index.add(parse_document(tenant_id="b", doc_id="secret", text=LDAP, fmt="markdown"))
     return SearchEngine(index, SearchDefaults())
 

@@ -69,7 +69,13 @@ def test_orchestrator_radius_never_exceeds_the_proxy_limit():
 
 def test_llm_settings_read_the_specs_names():
     s = LlmSettings.from_env(
-        Env({"MAX_TOOL_STEPS": "2", "MCP_PROXY_URL": "http://tools:9000", "MAX_PROMPT_TOKENS": "1000"})
+        Env(
+            {
+                "MAX_TOOL_STEPS": "2",
+                "MCP_PROXY_URL": "http://tools:9000",
+                "MAX_PROMPT_TOKENS": "1000",
+            }
+        )
     )
     assert s.max_tool_steps == 2
     assert s.tools_proxy.target == "tools:9000"

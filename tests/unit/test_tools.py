@@ -14,7 +14,9 @@ def executor(tmp_path):
     cfg = ChunkingConfig(chunk_words=5)
     store.put(parse_document(tenant_id="a", doc_id="guide", text=TEXT, fmt="markdown", config=cfg))
     store.put(parse_document(tenant_id="b", doc_id="bdoc", text=TEXT, fmt="markdown", config=cfg))
-    return ToolExecutor(DocumentTools(store, ToolLimits(max_window_radius=2, max_text_bytes=64)).tools)
+    return ToolExecutor(
+        DocumentTools(store, ToolLimits(max_window_radius=2, max_text_bytes=64)).tools
+    )
 
 
 A = Caller("a", "u1")
@@ -26,7 +28,9 @@ def run(executor, name, **args):
 
 @pytest.mark.parametrize(("radius", "ok"), [(0, True), (2, True), (3, False)])
 def test_window_radius_at_and_past_the_limit(executor, radius, ok):
-    out = run(executor, "read_chunk_window", doc_id="guide", anchor_chunk_id="guide:c00003", radius=radius)
+    out = run(
+        executor, "read_chunk_window", doc_id="guide", anchor_chunk_id="guide:c00003", radius=radius
+    )
     if ok:
         assert out.status == "ok"
         assert len(out.result["chunk_ids"]) == 2 * radius + 1
