@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 import uuid
 
@@ -12,6 +13,14 @@ deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 TRACE_METADATA_KEY = "x-trace-id"
+
+
+_TRACE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def valid_trace_id(value: str) -> bool:
+    """True for a trace id safe to put in metadata and logs."""
+    return bool(_TRACE_ID.match(value))
 
 
 def new_trace_id() -> str:

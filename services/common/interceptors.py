@@ -18,6 +18,7 @@ from services.common.context import (
     deadline_var,
     new_trace_id,
     trace_id_var,
+    valid_trace_id,
 )
 from services.common.metrics import RpcMetrics
 from services.common.status import to_status
@@ -77,7 +78,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     def _enter(self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str) -> None:
-        trace = getattr(request, "trace_id", "") or meta_trace or new_trace_id()
+        # A trace id travels in metadata and logs: a bad one in the request is the caller's
+        # error; a bad one in metadata is ignored (a fresh one is generated).
+        body_trace = getattr(request, "trace_id", "")
+        trace_id_var.set(body_trace if valid_trace_id(body_trace) else new_trace_id())
+        if body_trace and not valid_trace_id(body_trace):
+            raise errors.InvalidArgumentError(
+                "trace_id must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+                metadata={"field": "trace_id"},
+            )
+        trace = body_trace or (meta_trace if valid_trace_id(meta_trace) else "") or new_trace_id()
         if hasattr(request, "trace_id") and not request.trace_id:
             request.trace_id = trace
         trace_id_var.set(trace)
@@ -125,9 +135,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             self._metrics.started.labels(service, name, "unary").inc()
-            self._enter(request, context, meta_trace)
             code = grpc.StatusCode.OK
             try:
+                self._enter(request, context, meta_trace)
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
@@ -149,9 +159,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             self._metrics.started.labels(service, name, "server_stream").inc()
-            self._enter(request, context, meta_trace)
             code = grpc.StatusCode.OK
             try:
+                self._enter(request, context, meta_trace)
                 async for item in behavior(request, context):
                     yield item
             except grpc.aio.AbortError:

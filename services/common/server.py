@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics, serve_metrics
+from services.common.reflection import enable_reflection
 from services.common.settings import ServerSettings
 
 log = logging.getLogger("visior.server")
@@ -83,9 +84,7 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
-    reflection.enable_server_reflection(
-        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:
         raise OSError(f"cannot bind {settings.host}:{settings.port}")

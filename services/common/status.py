@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.common import errors
+
+log = logging.getLogger("visior.downstream")
 
 
 def to_status(err: errors.ServiceError, domain: str) -> grpc.Status:
@@ -49,8 +53,17 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     code = rpc_error.code()
     info = error_info(rpc_error)
     reason = info.reason if info else ""
-    message = f"{downstream}: {rpc_error.details() or code.name}"
     meta = {"downstream": downstream, "downstream_code": code.name}
+    if info is not None:
+        # The downstream's own error: its message was written for callers.
+        message = f"{downstream}: {rpc_error.details() or code.name}"
+    else:
+        # A transport-level failure: its text names internal addresses; log it, don't return it.
+        log.warning(
+            "downstream call failed",
+            extra={"downstream": downstream, "code": code.name, "details": rpc_error.details()},
+        )
+        message = f"{downstream} failed: {code.name}"
     if code == grpc.StatusCode.INVALID_ARGUMENT and reason.endswith("LIMIT_EXCEEDED"):
         return errors.LimitExceededError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.NOT_FOUND:
@@ -58,7 +71,9 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return errors.PermissionDeniedError(message, reason=reason or None, metadata=meta)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.ResourceExhaustedError(message, reason=reason or None, metadata=meta)
+        return errors.ResourceExhaustedError(
+            message, reason=reason or "RESOURCE_EXHAUSTED", metadata=meta
+        )
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
         return errors.InternalError(
             f"{downstream} rejected our request", reason="DOWNSTREAM_REJECTED", metadata=meta

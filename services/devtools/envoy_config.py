@@ -156,6 +156,10 @@ def _local_reply_config() -> dict[str, Any]:
     return {"mappers": mappers, "body_format": {"json_format": _status_body(2, "UNKNOWN")}}
 
 
+GRPC_TIMEOUT_MARGIN_S = 0.25
+"""How much longer the server's deadline is than Envoy's route timeout."""
+
+
 def _seconds(value: float) -> str:
     return f"{value:g}s"
 
@@ -187,10 +191,15 @@ def _route(
     }
     if timeout_s > 0:
         # JSON callers send no gRPC deadline; give the server Envoy's own budget so its
-        # `time_remaining()` and the deadlines it passes on are real (STYLE: Errors).
+        # `time_remaining()` and the deadlines it passes on are real (STYLE: Errors). A
+        # little more than the route timeout, so Envoy's timer always fires first and the
+        # caller gets Envoy's 504 JSON (with ErrorInfo), never a race with the server's.
         route["request_headers_to_add"] = [
             {
-                "header": {"key": "grpc-timeout", "value": _grpc_timeout(timeout_s)},
+                "header": {
+                    "key": "grpc-timeout",
+                    "value": _grpc_timeout(timeout_s + GRPC_TIMEOUT_MARGIN_S),
+                },
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
             }
         ]

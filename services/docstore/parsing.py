@@ -28,10 +28,10 @@ class ChunkingConfig:
     """Length of the extractive section summary."""
 
 
-def slugify(text: str, limit: int = 40) -> str:
-    """A lowercase id fragment of letters and digits (Cyrillic kept)."""
+def slugify(text: str, limit: int = 40, fallback: str = "x") -> str:
+    """A lowercase id fragment of letters and digits (Cyrillic kept); `fallback` when none."""
     slug = _SLUG.sub("-", text.lower()).strip("-")
-    return slug[:limit].strip("-") or "x"
+    return slug[:limit].strip("-") or fallback
 
 
 def count_tokens(text: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common import errors
 from services.docstore.parsing import count_tokens
@@ -83,12 +83,8 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
     if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
         raise _invalid("user.tenant_id", "tools need the user's tenant_id")
     steps = req.policy.max_tool_steps
-    if steps is not None and not 0 <= steps <= budgets.max_tool_steps:
-        raise errors.LimitExceededError(
-            f"tool_policy.max_tool_steps must be 0..{budgets.max_tool_steps}",
-            reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": "tool_policy.max_tool_steps", "limit": str(budgets.max_tool_steps)},
-        )
+    if steps is not None and steps < 0:
+        raise _invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
     if any(r < 0 for r in req.policy.radius_schedule):
         raise _invalid("tool_policy.window_radius_schedule", "radii must not be negative")
 
@@ -101,6 +97,33 @@ def prompt_tokens(req: GenerateInput) -> int:
         *(m.content for m in req.messages),
     ]
     return sum(count_tokens(p) for p in parts if p)
+
+
+def fit_context(req: GenerateInput, budget: int) -> GenerateInput:
+    """Drop the lowest-scored context chunks until the prompt fits `budget` (llm-service §7).
+
+    Raises LLM_LIMIT_EXCEEDED when the system prompt and messages alone do not fit.
+    """
+    if prompt_tokens(req) <= budget:
+        return req
+    chunks = sorted(req.context_chunks, key=lambda c: -c.score)
+    fixed = prompt_tokens(replace(req, context_chunks=()))
+    if fixed > budget:
+        raise errors.LimitExceededError(
+            f"the prompt is {fixed} tokens without context; the budget is {budget}",
+            reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": "messages", "limit": str(budget)},
+        )
+    kept = []
+    used = fixed
+    for c in chunks:
+        cost = count_tokens(c.text)
+        if used + cost <= budget:
+            kept.append(c)
+            used += cost
+    order = {id(c): i for i, c in enumerate(req.context_chunks)}
+    kept.sort(key=lambda c: order[id(c)])
+    return replace(req, context_chunks=tuple(kept))
 
 
 class LlmEngine:
@@ -116,13 +139,9 @@ class LlmEngine:
     async def generate(self, req: GenerateInput, sink: EventSink | None = None) -> GenerateOutput:
         validate(req, self._budgets)
         started = time.perf_counter()
+        req = fit_context(req, self._budgets.max_prompt_tokens)
         used_prompt = prompt_tokens(req)
-        if used_prompt > self._budgets.max_prompt_tokens:
-            raise errors.LimitExceededError(
-                f"the prompt is {used_prompt} tokens; the budget is {self._budgets.max_prompt_tokens}",
-                reason="LLM_LIMIT_EXCEEDED",
-                metadata={"limit": str(self._budgets.max_prompt_tokens)},
-            )
+        # The service's MAX_TOOL_STEPS is the hard cap; a policy may only ask for fewer.
         steps = self._budgets.max_tool_steps
         if req.policy.max_tool_steps is not None:
             steps = min(steps, req.policy.max_tool_steps)

@@ -80,14 +80,6 @@ class GrpcGenerator:
             mode="rag",
             system_prompt=req.system_prompt,
             messages=[common_pb2.ChatMessage(role=m.role, content=m.content) for m in req.messages],
-            context_chunks=[
-                llm_pb2.ContextChunk(
-                    doc_id=s.doc_id, section_id=s.section_id, text=s.summary,
-                    page_start=s.page_start, page_end=s.page_end, chunk_id=s.anchor_chunk_id,
-                    score=s.score,
-                )
-                for s in req.context
-            ],
             trace_id=req.trace_id,
             user=common_pb2.UserContext(
                 tenant_id=req.user.tenant_id, user_id=req.user.user_id, roles=req.user.roles

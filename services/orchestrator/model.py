@@ -77,6 +77,8 @@ class LlmRequest:
     system_prompt: str
     messages: tuple[Turn, ...]
     context: tuple[SectionCandidate, ...]
+    """The sections of the first prompt: their anchors go into the tool policy. Their
+    summaries are already in the prompt text, so they are not sent again as context."""
     user: User
     allowed_tools: tuple[str, ...]
     radius_schedule: tuple[int, ...]

@@ -124,10 +124,13 @@ class Responder:
         cfg = self._config.current
         if cfg.mock_mode:
             return self._mock(req)
+        max_results = req.max_results or DEFAULT_MAX_RESULTS
         found = await self._retriever.search(
-            req.query, req.user, req.filters, req.max_results or DEFAULT_MAX_RESULTS, req.trace_id
+            req.query, req.user, req.filters, max_results, req.trace_id
         )
-        prompt = section_list(found.sections, cfg.prompt_token_budget * 4)
+        # Retrieval may return up to max_sections sections; the prompt shows max_results.
+        sections = found.sections[:max_results]
+        prompt = section_list(sections, cfg.prompt_token_budget * 4)
         messages = (
             *req.history,
             Turn("user", f"Question: {req.query}\n\nSections found:\n{prompt}"),
@@ -136,7 +139,7 @@ class Responder:
             LlmRequest(
                 system_prompt=SYSTEM_PROMPT,
                 messages=messages,
-                context=found.sections,
+                context=sections,
                 user=req.user,
                 allowed_tools=TOOLS,
                 radius_schedule=radius_schedule(cfg.window_radius),
@@ -150,7 +153,7 @@ class Responder:
             answer=outcome.answer,
             sources=tuple(
                 Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
-                for s in found.sections[:MAX_SOURCES]
+                for s in sections[:MAX_SOURCES]
             ),
             tools=outcome.tools,
             safety_input="allowed",

@@ -10,7 +10,8 @@ from services.docstore.parsing import UnsupportedFormatError, guess_format, pars
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.keyword_index import KeywordIndex
 
-_DOC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Letters of any script (ids are derived from file names, often Russian), digits, . _ -
+_DOC_ID = re.compile(r"^[^\W_][\w.-]{0,127}$")
 MAX_TAGS = 32
 
 
@@ -89,11 +90,16 @@ class Ingestor:
                 f"at most {MAX_TAGS} tags", metadata={"field": "tags", "limit": str(MAX_TAGS)}
             )
         stem = item.file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-        doc_id = item.doc_id or slugify(stem, 100)
+        doc_id = item.doc_id or slugify(stem, 100, fallback="")
         if not _DOC_ID.match(doc_id):
+            if item.doc_id:
+                raise errors.InvalidArgumentError(
+                    "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'",
+                    metadata={"field": "doc_id"},
+                )
             raise errors.InvalidArgumentError(
-                "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'",
-                metadata={"field": "doc_id"},
+                "no doc_id could be made from file_name; give doc_id",
+                metadata={"field": "file_name"},
             )
         fmt = guess_format(item.file_name, item.content_type)
         try:

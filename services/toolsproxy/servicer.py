@@ -18,7 +18,9 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     """The caller from the request's user context; a missing tenant is the caller's error."""
     if not user.tenant_id.strip():
         raise errors.InvalidArgumentError(
-            "user.tenant_id is required", metadata={"field": "user.tenant_id"}
+            "user.tenant_id is required",
+            reason="MISSING_USER_CONTEXT",
+            metadata={"field": "user.tenant_id"},
         )
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 

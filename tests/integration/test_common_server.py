@@ -216,3 +216,38 @@ async def test_graceful_stop_finishes_in_flight_and_refuses_new_work(toy):
     servicer.release.set()
     assert (await in_flight).status == "ok"
     await stopping
+
+
+@pytest.mark.parametrize("bad", ["трасса-1", "a\nb", "x" * 129])
+async def test_a_bad_trace_id_in_the_request_is_invalid_argument(toy, bad):
+    _, _, channel, _ = toy
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pbg.ToolsProxyServiceStub(channel).Execute(
+            pb.ExecuteRequest(tool_name="ok", trace_id=bad)
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(error_info(info.value).metadata) == {"field": "trace_id"}
+
+
+async def test_a_bad_trace_id_in_metadata_is_replaced(toy):
+    _, _, channel, _ = toy
+    r = await pbg.ToolsProxyServiceStub(channel).Execute(
+        pb.ExecuteRequest(tool_name="ok"), metadata=(("x-trace-id", "no spaces allowed"),)
+    )
+    assert len(r.trace_id) == 32 and " " not in r.trace_id
+    ok = await pbg.ToolsProxyServiceStub(channel).Execute(
+        pb.ExecuteRequest(tool_name="ok", trace_id="x" * 128)
+    )
+    assert ok.trace_id == "x" * 128
+
+
+async def test_transport_failures_do_not_leak_addresses():
+    channel = grpc.aio.insecure_channel("127.0.0.1:1")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pbg.ToolsProxyServiceStub(channel).Execute(
+            pb.ExecuteRequest(tool_name="ok"), timeout=2
+        )
+    err = from_rpc_error(info.value, "toolsproxy")
+    assert isinstance(err, errors.UnavailableError)
+    assert "127.0.0.1" not in err.message and err.message == "toolsproxy failed: UNAVAILABLE"
+    await channel.close()

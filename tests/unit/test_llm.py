@@ -83,17 +83,33 @@ async def test_no_tools_allowed_means_no_tool_calls():
     assert tools.calls == [] and "LDAP is set up in Settings." in out.answer
 
 
-async def test_max_tool_steps_zero_and_past_the_service_limit():
+async def test_max_tool_steps_zero_and_the_service_cap():
     tools = FakeTools([WINDOW])
-    policy = ToolPolicy(
-        allowed_tools=("read_chunk_window",), anchors=(Anchor("g", "s", "c"),), max_tool_steps=0
-    )
+    anchors = (Anchor("g", "s1", "c1"), Anchor("g", "s2", "c2"))
+    policy = ToolPolicy(allowed_tools=("read_chunk_window",), anchors=anchors, max_tool_steps=0)
     await engine(tools).generate(req(policy=policy))
     assert tools.calls == []
-    over = ToolPolicy(allowed_tools=("read_chunk_window",), max_tool_steps=4)
-    with pytest.raises(errors.LimitExceededError) as info:
-        await engine(tools, max_tool_steps=3).generate(req(policy=over))
-    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    # A policy asking for more than MAX_TOOL_STEPS gets the service's cap, not an error.
+    failing = [ToolResult("error", error_code="NOT_FOUND", error_message="x")] * 2
+    tools = FakeTools(list(failing))
+    policy = ToolPolicy(allowed_tools=("read_chunk_window",), anchors=anchors, max_tool_steps=20)
+    await engine(tools, max_tool_steps=1).generate(req(policy=policy))
+    assert len(tools.calls) == 1
+    with pytest.raises(errors.InvalidArgumentError):
+        await engine(tools).generate(req(policy=ToolPolicy(max_tool_steps=-1)))
+
+
+async def test_context_is_cut_to_the_prompt_budget_lowest_score_first():
+    tools = FakeTools([])
+    chunks = (
+        ContextChunk("d", "low", "low " * 90, score=0.1),
+        ContextChunk("d", "high", "high " * 90, score=0.9),
+        ContextChunk("d", "mid", "mid " * 90, score=0.5),
+    )
+    e = engine(tools, max_prompt_tokens=300)
+    out = await e.generate(req(policy=ToolPolicy(), context_chunks=chunks))
+    assert "high" in out.answer  # the best chunk survived and was quoted
+    assert out.prompt_tokens <= 300
 
 
 @pytest.mark.parametrize(

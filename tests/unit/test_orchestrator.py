@@ -86,6 +86,7 @@ async def test_first_prompt_has_summaries_not_raw_text_and_the_policy():
     assert req.messages[0] == Turn("user", "hi")
     prompt = req.messages[-1].content
     assert "anchor_chunk_id=guide:c3" in prompt and "pages=6-7" in prompt
+    assert req.context == (SECTION,)  # anchors for the policy; summaries only in the prompt
     assert len(prompt) < 50 * 4 + 300  # the summary was trimmed to the budget
     assert "NOT the full text" in req.system_prompt
     assert req.allowed_tools == ("read_chunk_window", "read_doc_section")
@@ -95,6 +96,22 @@ async def test_first_prompt_has_summaries_not_raw_text_and_the_policy():
         out.sources[0].page_end,
     ) == (6, 7)
     assert (out.retrieval_latency_ms, out.llm_latency_ms, out.tool_steps) == (3, 7, 1)
+
+
+async def test_sections_are_capped_at_max_results():
+    responder, retriever, generator, _ = make()
+    retriever.search = _many_sections(retriever.search)
+    out = await responder.respond(inp(max_results=2))
+    assert len(generator.requests[0].context) == 2
+    assert generator.requests[0].messages[-1].content.count("doc_id=") == 2
+    assert len(out.sources) == 2
+
+
+def _many_sections(_orig):
+    async def search(query, user, filters, max_results, trace_id):
+        return RetrievalOutcome(tuple(SECTION for _ in range(30)), 1)
+
+    return search
 
 
 async def test_mock_mode_makes_no_calls():

@@ -110,3 +110,26 @@ def test_reindexing_a_document_replaces_it():
     assert len(engine.search(q(query="beta")).hits) == 1
     index.remove("a", "d")
     assert index.chunk_count() == 0
+
+
+def test_ingestion_ids_from_file_names(tmp_path):
+    from services.docstore.sqlite_store import SqliteDocumentStore
+    from services.retrieval.ingestion import IngestInput, Ingestor
+
+    ingestor = Ingestor(SqliteDocumentStore(tmp_path / "s.sqlite"), KeywordIndex(), 1 << 20)
+    body = b"# T\n\ntext"
+    out = ingestor.ingest(IngestInput("t", body, file_name="docs/Регламент отпусков.md"))
+    assert out.doc_id == "регламент-отпусков"
+    for bad_name in ("", "!!!.md"):
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            ingestor.ingest(IngestInput("t", body, file_name=bad_name))
+        assert info.value.metadata["field"] == "file_name"
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        ingestor.ingest(IngestInput("t", body, doc_id="../etc/passwd"))
+    assert info.value.metadata["field"] == "doc_id"
+    with pytest.raises(errors.InvalidArgumentError):
+        ingestor.ingest(IngestInput("t", b"\xff\xfe", file_name="a.md"))
+    with pytest.raises(errors.LimitExceededError):
+        Ingestor(SqliteDocumentStore(tmp_path / "s2.sqlite"), KeywordIndex(), 8).ingest(
+            IngestInput("t", b"123456789", file_name="a.md")
+        )
