@@ -1,14 +1,22 @@
 """Transport benchmark: one cheap RPC, direct gRPC vs JSON through the Envoy sidecar.
 
-Starts the real mesh (four server processes and Envoy) in this process tree, then for each
-concurrency runs a fixed-duration closed loop against the tools proxy:
+Starts the real mesh (four server processes and Envoy) in this process tree and drives the
+tools proxy's GetHealth with closed loops at each concurrency:
 
-  grpc     native gRPC over h2c straight to the server's gRPC port (h2load, C)
-  json     JSON through Envoy's listener, transcoded to gRPC (wrk, C, HTTP/1.1 keep-alive)
-  grpc-py  the same RPC from Python grpc.aio clients (what a Python caller sees)
+  grpc     native gRPC (h2c) straight to the server's gRPC port        h2load, C
+  json     JSON through Envoy's listener, transcoded to gRPC            wrk, C, HTTP/1.1
+  grpc-py  the same gRPC call from Python grpc.aio client processes     what a Python caller sees
 
-and prints p50/p95/p99, requests/s, errors and the CPU each process used, then writes the
-whole result as JSON. bench/README.md says how to read it.
+With --breakdown, three more paths through a second, minimal Envoy split the JSON cost into
+"one more process hop" and "HTTP routing" and "transcoding":
+
+  grpc-tcp   gRPC through an Envoy tcp_proxy (L4 hop only)
+  grpc-h2    gRPC through an Envoy HTTP/2 router, no transcoder (L7 hop)
+  json-min   JSON through an Envoy with only the transcoder and router
+
+The measured time of every (path, concurrency) is cut into --rounds slices run in turn
+(grpc, json, grpc-py, grpc, json, ...) so that background noise lands on all paths alike;
+latencies of the slices are pooled. Prints a table, writes JSON; bench/README.md explains.
 
     python bench/transport.py [--duration 10] [--concurrency 1,32] [--out FILE]
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import math
@@ -26,14 +35,16 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +54,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 SERVICE_KEY = "toolsproxy"
+GRPC_SERVICE = "visior.toolsproxy.v1.ToolsProxyService"
 GRPC_TIMEOUT_S = 5.0
-"""Deadline every client sends; Envoy sends the /health route's 5 s as grpc-timeout too."""
+"""Deadline every gRPC client sends; Envoy puts about the same (5.25 s) on /health."""
 
 
 @dataclass(frozen=True)
@@ -52,49 +64,50 @@ class Rpc:
     """The RPC under test: its gRPC method and its JSON route on the service's listener."""
 
     name: str
-    grpc_method: str
+    method: str
     http_path: str
-    stub_method: str
     request_type: str
+
+    @property
+    def grpc_path(self) -> str:
+        return f"/{GRPC_SERVICE}/{self.method}"
 
 
 RPCS = {
-    # Trivial handler (a three-field message), full interceptor stack, 90-byte JSON body:
-    # the cost measured is transport + interceptors, not the handler.
-    "health": Rpc(
-        "health",
-        "/visior.toolsproxy.v1.ToolsProxyService/GetHealth",
-        "/health",
-        "GetHealth",
-        "GetHealthRequest",
-    ),
-    # Builds three google.protobuf.Struct schemas per call (~1.2 KB JSON): also measures
-    # Struct building in Python and Struct->JSON in the transcoder.
-    "tools": Rpc(
-        "tools",
-        "/visior.toolsproxy.v1.ToolsProxyService/ListTools",
-        "/internal/mcp/tools",
-        "ListTools",
-        "ListToolsRequest",
-    ),
+    # Trivial handler (a three-field message), the full interceptor stack, 90-byte JSON body:
+    # what is measured is transport and interceptors, not the handler.
+    "health": Rpc("health", "GetHealth", "/health", "GetHealthRequest"),
+    # Builds three google.protobuf.Struct schemas per call (~1.2 KB of JSON): adds Struct
+    # building in Python and Struct -> JSON in the transcoder.
+    "tools": Rpc("tools", "ListTools", "/internal/mcp/tools", "ListToolsRequest"),
 }
 
 # Both RPCs take an empty request: one gRPC frame is a 0 flag byte and a 0 length.
 EMPTY_GRPC_FRAME = b"\x00\x00\x00\x00\x00"
 
+# wrk applies a coordinated-omission "correction" to its histogram before done() runs
+# (stats_correct: every sample above 2x the mean interval adds synthetic samples), so its
+# percentiles are not the raw ones h2load and the Python client report. The script dumps the
+# corrected histogram; `wrk_raw_histogram` undoes the correction exactly.
 WRK_LUA = """\
--- Prints wrk's summary and latency percentiles (microseconds) as one JSON line.
 done = function(summary, latency, requests)
   local e = summary.errors
+  local parts = {}
+  for i = 1, #latency do
+    local v, c = latency(i)
+    parts[#parts + 1] = string.format("%d:%d", v, c)
+  end
   io.write(string.format(
-    'BENCH_JSON {"requests":%d,"duration_us":%d,"p50":%.1f,"p95":%.1f,"p99":%.1f,' ..
-    '"mean":%.1f,"max":%.1f,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}\\n',
-    summary.requests, summary.duration,
+    'BENCH_JSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,' ..
+    '"status":%d,"timeout":%d,"p50":%.1f,"p95":%.1f,"p99":%.1f,"hist":"%s"}\\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
     latency:percentile(50), latency:percentile(95), latency:percentile(99),
-    latency.mean, latency.max,
-    e.connect, e.read, e.write, e.status, e.timeout))
+    table.concat(parts, ",")))
 end
 """
+
+TRANSPORTS = ("grpc", "json", "grpc-py", "grpc-tcp", "grpc-h2", "json-min")
+BREAKDOWN = ("grpc-tcp", "grpc-h2", "json-min")
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,21 +116,26 @@ end
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds."""
+def proc_cpu_s(pid: int | None) -> float:
+    """utime + stime of a process (all its threads), in seconds; 0 if it is gone."""
+    if not pid:
+        return 0.0
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return math.nan
+        return 0.0
     fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent not idle (all cores), from /proc/stat."""
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine, all cores, from /proc/stat.
+
+    busy is user+nice+system+irq+softirq; steal is time the hypervisor gave the vCPUs to
+    someone else (a noisy neighbour outside this machine)."""
     parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(p) for p in parts[:8]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(p) for p in parts[:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
 
 
 def children_cpu_s() -> float:
@@ -125,25 +143,14 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-@dataclass
-class CpuSample:
-    server: float
-    envoy: float
-    machine: float
-
-    @classmethod
-    def take(cls, server_pid: int, envoy_pid: int) -> CpuSample:
-        return cls(proc_cpu_s(server_pid), proc_cpu_s(envoy_pid), machine_busy_s())
-
-
 # ---------------------------------------------------------------------------------------
 # Server-side truth: the service's own Prometheus counter of handled RPCs by status code
 
-_HANDLED = re.compile(r'^grpc_server_handled_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$')
+_HANDLED = re.compile(r"^grpc_server_handled_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
 
 
 def server_handled(metrics_port: int, method: str) -> dict[str, float]:
-    """grpc_server_handled_total for `method` by grpc_code (empty dict if unreachable)."""
+    """grpc_server_handled_total for `method` by grpc_code (empty if unreachable)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
             text = r.read().decode()
@@ -162,32 +169,7 @@ def server_handled(metrics_port: int, method: str) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass
-class Result:
-    transport: str
-    client: str
-    concurrency: int
-    duration_s: float
-    requests: int
-    errors: int
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    mean_ms: float
-    max_ms: float
-    error_detail: dict[str, int] = field(default_factory=dict)
-    cpu_cores: dict[str, float] = field(default_factory=dict)
-    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
-    server_handled: dict[str, int] = field(default_factory=dict)
-    fallback: bool = False
-    note: str = ""
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+# Latency statistics
 
 
 def percentile(sorted_values: Sequence[int], p: float) -> float:
@@ -198,31 +180,30 @@ def percentile(sorted_values: Sequence[int], p: float) -> float:
     return float(sorted_values[rank - 1])
 
 
-def latency_stats_us(latencies_us: list[int]) -> dict[str, float]:
-    values = sorted(latencies_us)
-    return {
-        "p50": percentile(values, 50),
-        "p95": percentile(values, 95),
-        "p99": percentile(values, 99),
-        "mean": sum(values) / len(values) if values else math.nan,
-        "max": float(values[-1]) if values else math.nan,
-    }
+def wrk_raw_histogram(hist: dict[int, int], duration_us: int, requests: int, conns: int) -> dict:
+    """Undo wrk's stats_correct(): raw[m] = H[m] - H[m + e] for m > e, with
+    e = duration_us / (requests / connections) in wrk's integer arithmetic."""
+    per_conn = requests // conns
+    if per_conn == 0:
+        return dict(hist)
+    e = duration_us // per_conn
+    return {m: (n - hist.get(m + e, 0) if m > e else n) for m, n in hist.items()}
 
 
 @dataclass
-class Measured:
-    """What one load generator run returns before CPU and server counts are attached."""
+class Slice:
+    """One run of a load generator: raw latencies in microseconds and what it counted."""
 
+    latencies_us: list[int]
     requests: int
-    errors: int
-    duration_s: float
-    lat_us: dict[str, float]
-    error_detail: dict[str, int]
+    errors: dict[str, int]
+    wall_s: float
     client_cpu_s: float
+    note: str = ""
 
 
 # ---------------------------------------------------------------------------------------
-# Load generators in C: wrk (HTTP/1.1 JSON) and h2load (gRPC over h2c)
+# Load generators. Each: start() warms up, run(seconds) -> Slice, close().
 
 
 def tool_version(cmd: list[str]) -> str:
@@ -230,267 +211,374 @@ def tool_version(cmd: list[str]) -> str:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
     except OSError:
         return "?"
-    text = (out.stdout or out.stderr).strip().splitlines()
-    return text[0] if text else "?"
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    return lines[0] if lines else "?"
 
 
-def run_wrk(
-    url: str, concurrency: int, duration: int, workdir: Path, *, threads: int
-) -> Measured:
-    script = workdir / "report.lua"
-    script.write_text(WRK_LUA)
-    cmd = [
-        "wrk",
-        f"-t{min(threads, concurrency)}",
-        f"-c{concurrency}",
-        f"-d{duration}s",
-        "--timeout",
-        f"{GRPC_TIMEOUT_S:g}s",
-        "-s",
-        str(script),
-        url,
-    ]
-    before = children_cpu_s()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=False)
-    client_cpu = children_cpu_s() - before
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
-    if out.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    data = json.loads(line.removeprefix("BENCH_JSON "))
-    detail = {k: int(data[k]) for k in ("connect", "read", "write", "status", "timeout")}
-    return Measured(
-        requests=int(data["requests"]),
-        errors=sum(detail.values()),
-        duration_s=data["duration_us"] / 1e6,
-        lat_us={k: float(data[k]) for k in ("p50", "p95", "p99", "mean", "max")},
-        error_detail={k: v for k, v in detail.items() if v},
-        client_cpu_s=client_cpu,
-    )
+class Wrk:
+    """wrk, one thread, `c` HTTP/1.1 keep-alive connections, GET `url`."""
+
+    def __init__(self, url: str, concurrency: int, workdir: Path, warmup: int) -> None:
+        self.url, self.c, self.warmup = url, concurrency, warmup
+        self.script = workdir / "wrk-report.lua"
+        self.script.write_text(WRK_LUA)
+
+    @staticmethod
+    def label() -> str:
+        return f"wrk {tool_version(['wrk', '-v']).split()[1]} HTTP/1.1 keep-alive"
+
+    def start(self) -> None:
+        if self.warmup > 0:
+            self.run(self.warmup)
+
+    def run(self, seconds: int) -> Slice:
+        cmd = ["wrk", "-t1", f"-c{self.c}", f"-d{seconds}s", "--timeout", "5s"]
+        cmd += ["-s", str(self.script), self.url]
+        before = children_cpu_s()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+        cpu = children_cpu_s() - before
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
+        if out.returncode != 0 or line is None:
+            raise RuntimeError(f"wrk failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        data = json.loads(line.removeprefix("BENCH_JSON "))
+        hist = {int(v): int(n) for v, n in (p.split(":") for p in data["hist"].split(",") if p)}
+        raw = wrk_raw_histogram(hist, data["duration_us"], data["requests"], self.c)
+        note = ""
+        if sum(raw.values()) != data["requests"] or min(raw.values(), default=0) < 0:
+            # The inversion did not add up: keep wrk's own (corrected) histogram, say so.
+            raw, note = hist, "wrk histogram kept corrected (inversion did not add up)"
+        latencies = [v for v, n in sorted(raw.items()) for _ in range(n)]
+        errors = {k: int(data[k]) for k in ("connect", "read", "write", "status", "timeout")}
+        return Slice(
+            latencies,
+            data["requests"],
+            {k: v for k, v in errors.items() if v},
+            data["duration_us"] / 1e6,
+            cpu,
+            note,
+        )
+
+    def close(self) -> None:
+        pass
 
 
-def run_h2load(
-    url: str, concurrency: int, duration: int, workdir: Path, *, connections: int
-) -> Measured:
-    conns = max(1, min(connections, concurrency))
-    streams = math.ceil(concurrency / conns)
-    body = workdir / "grpc-request.bin"
-    body.write_bytes(EMPTY_GRPC_FRAME)
-    log = workdir / "h2load.log"
-    log.unlink(missing_ok=True)
-    cmd = [
-        "h2load",
-        "-D",
-        str(duration),
-        "-t",
-        "1",
-        "-c",
-        str(conns),
-        "-m",
-        str(streams),
-        "-d",
-        str(body),
-        "-H",
-        "content-type: application/grpc",
-        "-H",
-        "te: trailers",
-        "-H",
-        f"grpc-timeout: {round(GRPC_TIMEOUT_S * 1000)}m",
-        f"--log-file={log}",
-        url,
-    ]
-    before = children_cpu_s()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=False)
-    client_cpu = children_cpu_s() - before
-    if out.returncode != 0 or not log.exists():
-        raise RuntimeError(f"h2load failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    latencies: list[int] = []
-    bad_status = 0
-    for ln in log.read_text().splitlines():
-        _start, status, lat = ln.split("\t")
-        if status != "200":
-            bad_status += 1
-        latencies.append(int(lat))
-    m = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", out.stdout)
-    # h2load's "failed" (no 2xx answer) are the non-200 lines already counted above.
-    _failed, errored, timeouts = (int(g) for g in m.groups()) if m else (0, 0, 0)
-    detail = {"http_status": bad_status, "errored": errored, "timeout": timeouts}
-    return Measured(
-        requests=len(latencies),
-        errors=sum(detail.values()),
-        duration_s=float(duration),
-        lat_us=latency_stats_us(latencies),
-        error_detail={k: v for k, v in detail.items() if v},
-        client_cpu_s=client_cpu,
-    )
+class H2load:
+    """h2load speaking gRPC's wire format over h2c: `conns` connections, c/conns streams each."""
+
+    def __init__(
+        self, url: str, concurrency: int, workdir: Path, warmup: int, connections: int
+    ) -> None:
+        self.url, self.warmup = url, warmup
+        self.conns = max(1, min(connections, concurrency))
+        self.streams = math.ceil(concurrency / self.conns)
+        self.body = workdir / "grpc-request.bin"
+        self.body.write_bytes(EMPTY_GRPC_FRAME)
+        self.log = workdir / "h2load.log"
+
+    @staticmethod
+    def label(connections: int) -> str:
+        version = tool_version(["h2load", "--version"]).split("/")[-1]
+        return f"h2load {version} gRPC/h2c, {connections} conn"
+
+    def start(self) -> None:
+        if self.warmup > 0:
+            self.run(self.warmup)
+
+    def run(self, seconds: int) -> Slice:
+        self.log.unlink(missing_ok=True)  # h2load appends to its log file
+        cmd = ["h2load", "-D", str(seconds), "-t", "1", "-c", str(self.conns)]
+        cmd += ["-m", str(self.streams), "-d", str(self.body)]
+        for header in (
+            "content-type: application/grpc",
+            "te: trailers",
+            f"grpc-timeout: {round(GRPC_TIMEOUT_S * 1000)}m",
+        ):
+            cmd += ["-H", header]
+        cmd += [f"--log-file={self.log}", self.url]
+        before = children_cpu_s()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+        cpu = children_cpu_s() - before
+        if out.returncode != 0 or not self.log.exists():
+            raise RuntimeError(f"h2load failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        latencies: list[int] = []
+        bad_status = 0
+        for ln in self.log.read_text().splitlines():
+            _start, status, lat = ln.split("\t")
+            bad_status += status != "200"
+            latencies.append(int(lat))
+        latencies.sort()
+        # h2load checks the HTTP status only; grpc-status is checked against the server's
+        # own counters (see `verify`). Its "failed" are the non-200 lines counted above.
+        m = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", out.stdout)
+        _failed, errored, timeouts = (int(g) for g in m.groups()) if m else (0, 0, 0)
+        errors = {"http_status": bad_status, "errored": errored, "timeout": timeouts}
+        return Slice(
+            latencies,
+            len(latencies),
+            {k: v for k, v in errors.items() if v},
+            float(seconds),
+            cpu,
+        )
+
+    def close(self) -> None:
+        pass
 
 
-# ---------------------------------------------------------------------------------------
-# Load generators in Python: grpc.aio, and an asyncio HTTP/1.1 client (fallback for wrk)
-#
-# Each worker process runs `tasks` closed loops on one event loop (one channel, or one
-# keep-alive connection per loop for HTTP), warms up, then all workers and the parent meet
-# at a barrier, measure for `duration` seconds and meet again, so the parent reads CPU
-# counters exactly around the measured window.
+# Python clients. Each worker process runs `tasks` closed loops on one event loop (one
+# grpc.aio channel, or one keep-alive connection per loop for HTTP) and waits for "run N"
+# commands on its pipe; between commands it is idle, so slices of other paths run undisturbed.
 
 
-async def _grpc_loops(target: str, rpc: Rpc, tasks: int, seconds: float, lat: array) -> dict:
+async def _grpc_session(target: str, rpc: Rpc, tasks: int, conn: Any) -> None:
     import grpc
     from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
-    errors: dict[str, int] = {}
-    channel = _worker_state.get("channel")
-    if channel is None:
-        channel = grpc.aio.insecure_channel(target)
-        _worker_state["channel"] = channel
-    stub = toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel)
-    call = getattr(stub, rpc.stub_method)
-    request = getattr(toolsproxy_pb2, rpc.request_type)()
-    deadline = time.perf_counter() + seconds
-    clock = time.perf_counter_ns
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel)
+        call = getattr(stub, rpc.method)
+        request = getattr(toolsproxy_pb2, rpc.request_type)()
 
-    async def loop() -> None:
-        while time.perf_counter() < deadline:
-            t0 = clock()
+        async def one() -> str | None:
             try:
                 await call(request, timeout=GRPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
-                key = exc.code().name
-                errors[key] = errors.get(key, 0) + 1
-                continue
-            lat.append((clock() - t0) // 1000)
+                return str(exc.code().name)
+            return None
 
-    await asyncio.gather(*(loop() for _ in range(tasks)))
-    return errors
+        await _serve_commands(conn, tasks, lambda _i: one)
 
 
-async def _http_loops(target: str, rpc: Rpc, tasks: int, seconds: float, lat: array) -> dict:
+async def _http_session(target: str, rpc: Rpc, tasks: int, conn: Any) -> None:
     host, port = target.rsplit(":", 1)
     request = f"GET {rpc.http_path} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
-    errors: dict[str, int] = {}
-    deadline = time.perf_counter() + seconds
-    clock = time.perf_counter_ns
+    streams = [await asyncio.open_connection(host, int(port)) for _ in range(tasks)]
 
-    def count(key: str) -> None:
-        errors[key] = errors.get(key, 0) + 1
+    def make(i: int) -> Any:
+        async def one() -> str | None:
+            reader, writer = streams[i]
+            try:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                writer.close()
+                streams[i] = await asyncio.open_connection(host, int(port))
+                return "connection"
+            return None if status == 200 else f"http_{status}"
 
-    async def loop() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            while time.perf_counter() < deadline:
-                t0 = clock()
-                try:
-                    writer.write(request)
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    status = int(head.split(b" ", 2)[1])
-                    length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
-                    await reader.readexactly(length)
-                except (OSError, asyncio.IncompleteReadError, AttributeError, ValueError):
-                    count("connection")
-                    writer.close()
-                    reader, writer = await asyncio.open_connection(host, int(port))
-                    continue
-                if status != 200:
-                    count(f"http_{status}")
-                    continue
-                lat.append((clock() - t0) // 1000)
-        finally:
+        return one
+
+    try:
+        await _serve_commands(conn, tasks, make)
+    finally:
+        for _, writer in streams:
             writer.close()
 
-    await asyncio.gather(*(loop() for _ in range(tasks)))
-    return errors
 
+async def _serve_commands(conn: Any, tasks: int, make: Any) -> None:
+    loop = asyncio.get_running_loop()
+    clock = time.perf_counter_ns
+    calls = [make(i) for i in range(tasks)]
+    conn.send("ready")
+    while True:
+        seconds = await loop.run_in_executor(None, conn.recv)
+        if seconds is None:
+            return
+        lat: array = array("q")
+        errors: dict[str, int] = {}
+        stop_at = time.perf_counter() + seconds
 
-_worker_state: dict[str, Any] = {}
+        async def closed_loop(
+            one: Any, lat: array = lat, errors: dict = errors, stop_at: float = stop_at
+        ) -> None:
+            while time.perf_counter() < stop_at:
+                t0 = clock()
+                err = await one()
+                if err is None:
+                    lat.append((clock() - t0) // 1000)
+                else:
+                    errors[err] = errors.get(err, 0) + 1
 
-
-def _worker(
-    kind: str,
-    target: str,
-    rpc_name: str,
-    tasks: int,
-    warmup: float,
-    duration: float,
-    start: Any,
-    stop: Any,
-    conn: Any,
-) -> None:
-    sys.path.insert(0, str(REPO_ROOT))
-    rpc = RPCS[rpc_name]
-    loops = _grpc_loops if kind == "grpc" else _http_loops
-
-    async def main() -> tuple[array, dict]:
-        if warmup > 0:
-            await loops(target, rpc, tasks, warmup, array("q"))
-        await asyncio.to_thread(start.wait)
-        lat = array("q")
-        errors = await loops(target, rpc, tasks, duration, lat)
-        await asyncio.to_thread(stop.wait)
-        channel = _worker_state.pop("channel", None)
-        if channel is not None:
-            await channel.close()
-        return lat, errors
-
-    lat, errors = asyncio.run(main())
-    conn.send((lat.tobytes(), errors))
-    conn.close()
-
-
-def run_python(
-    kind: str,
-    target: str,
-    rpc: Rpc,
-    concurrency: int,
-    duration: int,
-    warmup: int,
-    *,
-    processes: int,
-    on_start: Callable[[], None],
-) -> Measured:
-    """Closed loops in `processes` spawned workers; `on_start` runs when measuring starts."""
-    ctx = mp.get_context("spawn")  # the parent has used grpc already: no fork
-    nproc = max(1, min(processes, concurrency))
-    shares = [concurrency // nproc + (1 if i < concurrency % nproc else 0) for i in range(nproc)]
-    start, stop = ctx.Barrier(nproc + 1), ctx.Barrier(nproc + 1)
-    pipes, procs = [], []
-    for share in shares:
-        parent_end, child_end = ctx.Pipe(duplex=False)
-        p = ctx.Process(
-            target=_worker,
-            args=(kind, target, rpc.name, share, warmup, duration, start, stop, child_end),
-            daemon=True,
-        )
-        p.start()
-        child_end.close()
-        pipes.append(parent_end)
-        procs.append(p)
-    try:
-        start.wait(timeout=warmup + 60)
-        on_start()
-        cpu0 = sum(proc_cpu_s(p.pid) for p in procs if p.pid)
         t0 = time.perf_counter()
-        stop.wait(timeout=duration + 60)
-        elapsed = time.perf_counter() - t0
-        cpu1 = sum(proc_cpu_s(p.pid) for p in procs if p.pid)
+        await asyncio.gather(*(closed_loop(one) for one in calls))
+        conn.send(("done", time.perf_counter() - t0))
+        conn.send((lat.tobytes(), errors))
+
+
+def _worker(kind: str, target: str, rpc_name: str, tasks: int, conn: Any) -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    session = _grpc_session if kind == "grpc" else _http_session
+    asyncio.run(session(target, RPCS[rpc_name], tasks, conn))
+
+
+class PythonClient:
+    """`procs` spawned worker processes sharing `c` closed loops."""
+
+    def __init__(
+        self, kind: str, target: str, rpc: Rpc, concurrency: int, warmup: int, procs: int
+    ) -> None:
+        self.kind, self.target, self.rpc, self.warmup = kind, target, rpc, warmup
+        n = max(1, min(procs, concurrency))
+        self.shares = [concurrency // n + (1 if i < concurrency % n else 0) for i in range(n)]
+        self.procs: list[Any] = []
+        self.pipes: list[Any] = []
+
+    @staticmethod
+    def label(kind: str, procs: int) -> str:
+        what = "grpc.aio" if kind == "grpc" else "asyncio HTTP/1.1"
+        return f"python {what}, {procs} proc"
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")  # the parent has used grpc already: never fork
+        for share in self.shares:
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(
+                target=_worker,
+                args=(self.kind, self.target, self.rpc.name, share, child_end),
+                daemon=True,
+            )
+            p.start()
+            child_end.close()
+            self.procs.append(p)
+            self.pipes.append(parent_end)
+        for pipe in self.pipes:
+            if not pipe.poll(60) or pipe.recv() != "ready":
+                raise RuntimeError("a Python load worker did not start")
+        if self.warmup > 0:
+            self.run(self.warmup)
+
+    def run(self, seconds: int) -> Slice:
+        cpu0 = sum(proc_cpu_s(p.pid) for p in self.procs)
+        t0 = time.perf_counter()
+        for pipe in self.pipes:
+            pipe.send(seconds)
+        for pipe in self.pipes:
+            if not pipe.poll(seconds + 60):
+                raise RuntimeError("a Python load worker did not finish")
+            pipe.recv()  # ("done", elapsed): the measured window ends here
+        wall = time.perf_counter() - t0
+        cpu = sum(proc_cpu_s(p.pid) for p in self.procs) - cpu0
         latencies: list[int] = []
         errors: dict[str, int] = {}
-        for pipe in pipes:
+        for pipe in self.pipes:
             raw, errs = pipe.recv()
             latencies.extend(array("q", raw))
             for k, v in errs.items():
                 errors[k] = errors.get(k, 0) + v
-    finally:
-        for p in procs:
-            p.join(timeout=30)
+        latencies.sort()
+        return Slice(latencies, len(latencies), errors, wall, cpu)
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+        for p in self.procs:
+            p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return Measured(
-        requests=len(latencies),
-        errors=sum(errors.values()),
-        duration_s=elapsed,
-        lat_us=latency_stats_us(latencies),
-        error_detail=errors,
-        client_cpu_s=cpu1 - cpu0,
-    )
+                p.join()
+        self.procs, self.pipes = [], []
+
+
+# ---------------------------------------------------------------------------------------
+# A second, minimal Envoy for --breakdown: the same hop without the sidecar's filters
+
+
+def _typed(name: str) -> str:
+    return f"type.googleapis.com/{name}"
+
+
+def probe_envoy_config(server_port: int, ports: dict[str, int], descriptor: Path) -> str:
+    import yaml
+
+    def cluster(name: str, h2: bool) -> dict[str, Any]:
+        addr = {"socket_address": {"address": "127.0.0.1", "port_value": server_port}}
+        c: dict[str, Any] = {
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": addr}}]}],
+            },
+        }
+        if h2:
+            opts = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+            c["typed_extension_protocol_options"] = {
+                opts: {
+                    "@type": _typed(opts),
+                    "explicit_http_config": {"http2_protocol_options": {}},
+                }
+            }
+        return c
+
+    def hcm(name: str, filters: list[dict[str, Any]]) -> dict[str, Any]:
+        route = {"match": {"prefix": "/"}, "route": {"cluster": "h2", "timeout": "5s"}}
+        router = {
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": _typed("envoy.extensions.filters.http.router.v3.Router")},
+        }
+        return {
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": _typed(
+                    "envoy.extensions.filters.network.http_connection_manager.v3."
+                    "HttpConnectionManager"
+                ),
+                "stat_prefix": name,
+                "codec_type": "AUTO",
+                "route_config": {
+                    "virtual_hosts": [{"name": name, "domains": ["*"], "routes": [route]}]
+                },
+                "http_filters": [*filters, router],
+            },
+        }
+
+    transcoder = {
+        "name": "envoy.filters.http.grpc_json_transcoder",
+        "typed_config": {
+            "@type": _typed(
+                "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
+            ),
+            "proto_descriptor": str(descriptor),
+            "services": [GRPC_SERVICE],
+            "convert_grpc_status": True,
+            "print_options": {
+                "add_whitespace": False,
+                "preserve_proto_field_names": True,
+                "always_print_primitive_fields": True,
+            },
+        },
+    }
+    tcp = {
+        "name": "envoy.filters.network.tcp_proxy",
+        "typed_config": {
+            "@type": _typed("envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"),
+            "stat_prefix": "tcp",
+            "cluster": "tcp",
+        },
+    }
+    chains = {"grpc-tcp": tcp, "grpc-h2": hcm("h2", []), "json-min": hcm("json", [transcoder])}
+    listeners = [
+        {
+            "name": key,
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": ports[key]}},
+            "filter_chains": [{"filters": [chain]}],
+        }
+        for key, chain in chains.items()
+    ]
+    config = {
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": ports["admin"]}}
+        },
+        "static_resources": {
+            "listeners": listeners,
+            "clusters": [cluster("tcp", h2=False), cluster("h2", h2=True)],
+        },
+    }
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -498,177 +586,196 @@ def run_python(
 
 
 @dataclass
-class Scenario:
+class Target:
+    """One way to reach the RPC: which generator, against which address."""
+
     transport: str
     client: str
-    fallback: bool
-    note: str
-    # (concurrency, duration) -> Measured; `warm` is the same call for the warm-up seconds.
-    run: Callable[[int, int, Callable[[], None]], Measured]
-    separate_warmup: bool
+    fallback: str
+    kind: str  # wrk | h2load | python-grpc | python-http
+    url: str
+    envoy: str  # which Envoy carries it: "", "sidecar" or "probe"
 
 
-def build_scenarios(args: argparse.Namespace, mesh: Any, rpc: Rpc, workdir: Path) -> list[Scenario]:
-    grpc_target = f"127.0.0.1:{mesh.ports.grpc[SERVICE_KEY]}"
-    http_target = f"127.0.0.1:{mesh.ports.http[SERVICE_KEY]}"
-    have_wrk = shutil.which("wrk") is not None and args.json_client in ("auto", "wrk")
-    have_h2load = shutil.which("h2load") is not None and args.grpc_client in ("auto", "h2load")
+@dataclass
+class Result:
+    transport: str
+    client: str
+    concurrency: int
+    requests: int
+    seconds: float
+    errors: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    error_detail: dict[str, int] = field(default_factory=dict)
+    cpu_cores: dict[str, float] = field(default_factory=dict)
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
+    server_handled: dict[str, int] = field(default_factory=dict)
+    slices: list[dict[str, float]] = field(default_factory=list)
+    fallback: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+
+def plan_paths(args: argparse.Namespace, mesh: Any, rpc: Rpc, probe: dict[str, int]) -> list:
+    grpc_addr = f"127.0.0.1:{mesh.ports.grpc[SERVICE_KEY]}"
+    http_addr = f"127.0.0.1:{mesh.ports.http[SERVICE_KEY]}"
+    have_wrk = shutil.which("wrk") is not None and args.json_client != "python"
+    have_h2load = shutil.which("h2load") is not None and args.grpc_client != "python"
     if args.json_client == "wrk" and not have_wrk:
         sys.exit("wrk not found: apt-get install -y wrk")
     if args.grpc_client == "h2load" and not have_h2load:
         sys.exit("h2load not found: apt-get install -y nghttp2-client")
-    procs = args.py_procs
-    scenarios: list[Scenario] = []
-    for transport in args.transports:
-        if transport == "grpc" and have_h2load:
-            scenarios.append(
-                Scenario(
-                    "grpc",
-                    f"h2load {tool_version(['h2load', '--version']).split('/')[-1]} "
-                    f"(h2c, {args.grpc_connections} conn)",
-                    False,
-                    "",
-                    lambda c, d, on_start: _timed(
-                        on_start,
-                        lambda: run_h2load(
-                            f"http://{grpc_target}{rpc.grpc_method}",
-                            c,
-                            d,
-                            workdir,
-                            connections=args.grpc_connections,
-                        ),
-                    ),
-                    True,
-                )
-            )
-        elif transport == "grpc":
-            why = "h2load not found (apt-get install -y nghttp2-client)"
-            scenarios.append(
-                Scenario(
-                    "grpc",
-                    f"FALLBACK python grpc.aio x{procs}",
-                    True,
-                    why,
-                    lambda c, d, on_start: run_python(
-                        "grpc", grpc_target, rpc, c, d, args.warmup, processes=procs,
-                        on_start=on_start,
-                    ),  # fmt: skip
-                    False,
-                )
-            )
-        elif transport == "json" and have_wrk:
-            scenarios.append(
-                Scenario(
-                    "json",
-                    f"wrk {tool_version(['wrk', '-v']).split()[1]} (HTTP/1.1 keep-alive)",
-                    False,
-                    "",
-                    lambda c, d, on_start: _timed(
-                        on_start,
-                        lambda: run_wrk(
-                            f"http://{http_target}{rpc.http_path}",
-                            c,
-                            d,
-                            workdir,
-                            threads=args.wrk_threads,
-                        ),
-                    ),
-                    True,
-                )
-            )
-        elif transport == "json":
-            why = "wrk not found (apt-get install -y wrk)"
-            scenarios.append(
-                Scenario(
-                    "json",
-                    f"FALLBACK python asyncio HTTP/1.1 x{procs}",
-                    True,
-                    why,
-                    lambda c, d, on_start: run_python(
-                        "http", http_target, rpc, c, d, args.warmup, processes=procs,
-                        on_start=on_start,
-                    ),  # fmt: skip
-                    False,
-                )
-            )
-        elif transport == "grpc-py":
-            scenarios.append(
-                Scenario(
-                    "grpc-py",
-                    f"python grpc.aio x{procs}",
-                    False,
-                    "",
-                    lambda c, d, on_start: run_python(
-                        "grpc", grpc_target, rpc, c, d, args.warmup, processes=procs,
-                        on_start=on_start,
-                    ),  # fmt: skip
-                    False,
-                )
-            )
-    return scenarios
+
+    def why(tool: str, option: str, package: str) -> str:
+        if args.__dict__[option] == "python":
+            return f"--{option.replace('_', '-')} python"
+        return f"{tool} not found (apt-get install -y {package})"
+
+    no_wrk = "" if have_wrk else why("wrk", "json_client", "wrk")
+    no_h2 = "" if have_h2load else why("h2load", "grpc_client", "nghttp2-client")
+    py_grpc = PythonClient.label("grpc", args.py_procs)
+    py_http = PythonClient.label("http", args.py_procs)
+    wrk_label = Wrk.label() if have_wrk else f"FALLBACK {py_http}"
+    h2_label = H2load.label(args.grpc_connections) if have_h2load else f"FALLBACK {py_grpc}"
+    json_kind = "wrk" if have_wrk else "python-http"
+    grpc_kind = "h2load" if have_h2load else "python-grpc"
+
+    def grpc_url(addr: str) -> str:
+        return f"http://{addr}{rpc.grpc_path}" if have_h2load else addr
+
+    def json_url(addr: str) -> str:
+        return f"http://{addr}{rpc.http_path}" if have_wrk else addr
+
+    def addr(transport: str) -> str:
+        if transport in BREAKDOWN:
+            return f"127.0.0.1:{probe[transport]}"
+        return http_addr if transport == "json" else grpc_addr
+
+    def target(transport: str) -> Target:
+        envoy = "probe" if transport in BREAKDOWN else "sidecar" if transport == "json" else ""
+        if transport == "grpc-py":
+            return Target(transport, py_grpc, "", "python-grpc", grpc_addr, envoy)
+        if transport.startswith("json"):
+            url = json_url(addr(transport))
+            return Target(transport, wrk_label, no_wrk, json_kind, url, envoy)
+        url = grpc_url(addr(transport))
+        return Target(transport, h2_label, no_h2, grpc_kind, url, envoy)
+
+    return [target(t) for t in args.transports]
 
 
-def _timed(on_start: Callable[[], None], fn: Callable[[], Measured]) -> Measured:
-    on_start()
-    return fn()
+def make_generator(path: Target, c: int, args: argparse.Namespace, rpc: Rpc, workdir: Path) -> Any:
+    sub = workdir / f"{path.transport}-c{c}"
+    sub.mkdir(parents=True, exist_ok=True)
+    if path.kind == "wrk":
+        return Wrk(path.url, c, sub, args.warmup)
+    if path.kind == "h2load":
+        return H2load(path.url, c, sub, args.warmup, args.grpc_connections)
+    kind = "grpc" if path.kind == "python-grpc" else "http"
+    return PythonClient(kind, path.url, rpc, c, args.warmup, args.py_procs)
 
 
-def measure(
-    scenario: Scenario, concurrency: int, args: argparse.Namespace, mesh: Any, rpc: Rpc
-) -> Result:
-    pids = mesh.pids()
-    server_pid, envoy_pid = pids[SERVICE_KEY], pids["envoy"]
+@dataclass
+class Pids:
+    server: int
+    sidecar: int
+    probe: int | None
+
+
+def measure_concurrency(
+    paths: list[Target],
+    c: int,
+    args: argparse.Namespace,
+    mesh: Any,
+    rpc: Rpc,
+    pids: Pids,
+    workdir: Path,
+) -> list[Result]:
+    """Warm each path up, then run `rounds` slices of each in turn; pool per path."""
     metrics_port = mesh.ports.metrics[SERVICE_KEY]
-    method = rpc.grpc_method.rsplit("/", 1)[1]
-    if scenario.separate_warmup and args.warmup > 0:
-        scenario.run(concurrency, args.warmup, lambda: None)
-    time.sleep(args.pause)
-    marks: dict[str, Any] = {}
-
-    def on_start() -> None:
-        marks["handled"] = server_handled(metrics_port, method)
-        marks["cpu"] = CpuSample.take(server_pid, envoy_pid)
-        marks["t"] = time.perf_counter()
-
-    m = scenario.run(concurrency, args.duration, on_start)
-    cpu1 = CpuSample.take(server_pid, envoy_pid)
-    wall = time.perf_counter() - marks["t"]
-    handled1 = server_handled(metrics_port, method)
-    cpu0: CpuSample = marks["cpu"]
-    used = {
-        "server": cpu1.server - cpu0.server,
-        "envoy": cpu1.envoy - cpu0.envoy,
-        "client": m.client_cpu_s,
-        "machine": cpu1.machine - cpu0.machine,
+    slice_s = args.duration // args.rounds
+    gens = {p.transport: make_generator(p, c, args, rpc, workdir) for p in paths}
+    acc: dict[str, dict[str, Any]] = {
+        p.transport: {
+            "slices": [],
+            "cpu": dict.fromkeys(("server", "envoy", "client", "other", "steal"), 0.0),
+            "handled": {},
+        }
+        for p in paths
     }
-    # Everything else on the machine: the idle services, this script, other people's jobs.
-    used["other"] = max(0.0, used["machine"] - used["server"] - used["envoy"] - used["client"])
-    if scenario.transport != "json":
-        used["envoy"] = 0.0  # no traffic went through it; its idle ticks belong to "other"
-    handled0 = marks["handled"]
-    delta = {k: int(v - handled0.get(k, 0.0)) for k, v in handled1.items()}
-    delta = {k: v for k, v in delta.items() if v}
-    n = max(m.requests, 1)
+    try:
+        for p in paths:
+            gens[p.transport].start()
+        for _round in range(args.rounds):
+            for p in paths:
+                time.sleep(args.pause)
+                envoy_pid = {"sidecar": pids.sidecar, "probe": pids.probe}.get(p.envoy)
+                h0 = server_handled(metrics_port, rpc.method)
+                s0, e0, (m0, st0) = proc_cpu_s(pids.server), proc_cpu_s(envoy_pid), machine_cpu_s()
+                sl: Slice = gens[p.transport].run(slice_s)
+                s1, e1, (m1, st1) = proc_cpu_s(pids.server), proc_cpu_s(envoy_pid), machine_cpu_s()
+                h1 = server_handled(metrics_port, rpc.method)
+                a = acc[p.transport]
+                a["slices"].append(sl)
+                used = {"server": s1 - s0, "envoy": e1 - e0, "client": sl.client_cpu_s}
+                # Everything else: the idle services, this script, anyone else's jobs.
+                used["other"] = max(0.0, (m1 - m0) - sum(used.values()))
+                used["steal"] = st1 - st0
+                for k, v in used.items():
+                    a["cpu"][k] += v
+                for code, v in h1.items():
+                    a["handled"][code] = a["handled"].get(code, 0) + int(v - h0.get(code, 0.0))
+    finally:
+        for g in gens.values():
+            g.close()
+    return [summarize(p, c, acc[p.transport]) for p in paths]
+
+
+def summarize(path: Target, c: int, a: dict[str, Any]) -> Result:
+    slices: list[Slice] = a["slices"]
+    latencies = sorted(v for s in slices for v in s.latencies_us)
+    requests = sum(s.requests for s in slices)
+    seconds = sum(s.wall_s for s in slices)
+    errors: dict[str, int] = {}
+    for s in slices:
+        for k, v in s.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    n = max(requests, 1)
+    cpu = a["cpu"]
     return Result(
-        transport=scenario.transport,
-        client=scenario.client,
-        concurrency=concurrency,
-        duration_s=round(m.duration_s, 3),
-        requests=m.requests,
-        errors=m.errors,
-        p50_ms=m.lat_us["p50"] / 1000,
-        p95_ms=m.lat_us["p95"] / 1000,
-        p99_ms=m.lat_us["p99"] / 1000,
-        mean_ms=m.lat_us["mean"] / 1000,
-        max_ms=m.lat_us["max"] / 1000,
-        error_detail=m.error_detail,
-        cpu_cores={k: round(v / wall, 3) for k, v in used.items()},
-        cpu_us_per_request={
-            k: round(used[k] / n * 1e6, 1) for k in ("server", "envoy", "client")
-        },
-        server_handled=delta,
-        fallback=scenario.fallback,
-        note=scenario.note,
+        transport=path.transport,
+        client=path.client,
+        concurrency=c,
+        requests=requests,
+        seconds=round(seconds, 3),
+        errors=sum(errors.values()),
+        p50_ms=percentile(latencies, 50) / 1000,
+        p95_ms=percentile(latencies, 95) / 1000,
+        p99_ms=percentile(latencies, 99) / 1000,
+        mean_ms=round(sum(latencies) / len(latencies) / 1000, 3) if latencies else math.nan,
+        max_ms=(latencies[-1] / 1000) if latencies else math.nan,
+        error_detail=errors,
+        cpu_cores={k: round(v / seconds, 3) for k, v in cpu.items()} if seconds else {},
+        cpu_us_per_request={k: round(cpu[k] / n * 1e6, 1) for k in ("server", "envoy", "client")},
+        server_handled={k: v for k, v in a["handled"].items() if v},
+        slices=[
+            {
+                "requests": s.requests,
+                "seconds": round(s.wall_s, 3),
+                "p50_ms": percentile(s.latencies_us, 50) / 1000,
+                "p99_ms": percentile(s.latencies_us, 99) / 1000,
+            }
+            for s in slices
+        ],
+        fallback=path.fallback,
+        notes=sorted({s.note for s in slices if s.note}),
     )
 
 
@@ -678,24 +785,49 @@ def measure(
 
 def format_table(results: list[Result]) -> str:
     head = (
-        f"{'transport':<8} {'c':>3} {'requests':>8} {'RPS':>7} {'p50 ms':>7} {'p95 ms':>7} "
-        f"{'p99 ms':>7} {'err':>4}  {'cores srv/envoy/client/other':<28} "
-        f"{'CPU us/req srv/envoy':<20}  client"
+        f"{'path':<8} {'c':>3} {'requests':>8} {'RPS':>6} {'p50 ms':>7} {'p95 ms':>7} "
+        f"{'p99 ms':>7} {'err':>3}  {'cores: srv envoy clnt other steal':<33} "
+        f"{'us/req: srv envoy':<17}  client"
     )
     lines = [head, "-" * len(head)]
     for r in results:
-        c = r.cpu_cores
-        u = r.cpu_us_per_request
-        cores = f"{c['server']:.2f}/{c['envoy']:.2f}/{c['client']:.2f}/{c['other']:.2f}"
-        per = f"{u['server']:.0f}/{u['envoy']:.0f}" if r.transport == "json" else f"{u['server']:.0f}/-"
+        c, u = r.cpu_cores, r.cpu_us_per_request
+        cores = " ".join(f"{c[k]:.2f}" for k in ("server", "envoy", "client", "other", "steal"))
+        envoy = f"{u['envoy']:.0f}" if c["envoy"] > 0.005 else "-"
+        per = f"{u['server']:.0f} {envoy}"
         lines.append(
-            f"{r.transport:<8} {r.concurrency:>3} {r.requests:>8} {r.rps:>7.0f} {r.p50_ms:>7.3f} "
-            f"{r.p95_ms:>7.3f} {r.p99_ms:>7.3f} {r.errors:>4}  {cores:<28} {per:<20}  {r.client}"
+            f"{r.transport:<8} {r.concurrency:>3} {r.requests:>8} {r.rps:>6.0f} {r.p50_ms:>7.3f} "
+            f"{r.p95_ms:>7.3f} {r.p99_ms:>7.3f} {r.errors:>3}  {cores:>33} {per:>17}  {r.client}"
         )
     return "\n".join(lines)
 
 
-def verdicts(results: list[Result], args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+def verify(results: list[Result], args: argparse.Namespace) -> list[str]:
+    """Cross-checks: the server's own counters, background load, fallbacks."""
+    lines = []
+    for r in results:
+        tag = f"{r.transport} c={r.concurrency}"
+        bad = {k: v for k, v in r.server_handled.items() if k != "OK"}
+        if bad:
+            lines.append(f"WARNING {tag}: the server answered {bad}")
+        ok = r.server_handled.get("OK", 0)
+        # Per slice the server may finish up to `c` requests the client stopped waiting for.
+        slack = (r.concurrency + 1) * args.rounds
+        if r.server_handled and not r.requests <= ok <= r.requests + slack:
+            lines.append(f"WARNING {tag}: client counted {r.requests} OK, server {ok} OK")
+        other, steal = r.cpu_cores.get("other", 0.0), r.cpu_cores.get("steal", 0.0)
+        if other > args.busy_threshold or steal > args.busy_threshold / 2:
+            lines.append(
+                f"WARNING {tag}: other processes used {other:.2f} cores and the hypervisor "
+                f"stole {steal:.2f} during the run; its figures may be skewed"
+            )
+        if r.fallback:
+            lines.append(f"NOTE {r.transport}: {r.client} because {r.fallback}")
+        lines += [f"NOTE {tag}: {n}" for n in r.notes]
+    return list(dict.fromkeys(lines))
+
+
+def verdicts(results: list[Result], args: argparse.Namespace) -> tuple[dict[str, Any], list]:
     by = {(r.transport, r.concurrency): r for r in results}
     summary: dict[str, Any] = {}
     lines: list[str] = []
@@ -704,56 +836,61 @@ def verdicts(results: list[Result], args: argparse.Namespace) -> tuple[dict[str,
     if g and j:
         overhead = j.p50_ms - g.p50_ms
         ok = overhead <= args.target_overhead_ms
-        summary["envoy_overhead_p50_ms"] = round(overhead, 3)
-        summary["envoy_overhead_ok"] = ok
+        per_round = [
+            round(js["p50_ms"] - gs["p50_ms"], 3) for gs, js in zip(g.slices, j.slices, strict=True)
+        ]
+        summary |= {
+            "envoy_overhead_p50_ms": round(overhead, 3),
+            "envoy_overhead_per_round_ms": per_round,
+            "envoy_overhead_ok": ok,
+        }
+        verdict = "PASS" if ok else "MISS"
+        if g.fallback or j.fallback:
+            # A Python client's own cost swamps the hop: the difference means nothing.
+            verdict, summary["envoy_overhead_ok"] = "NOT COMPARABLE (fallback client)", None
         lines.append(
             f"Envoy overhead at c={low}: JSON p50 {j.p50_ms:.3f} - gRPC p50 {g.p50_ms:.3f} = "
-            f"{overhead:+.3f} ms (target <= {args.target_overhead_ms:g}): "
-            f"{'PASS' if ok else 'MISS'}"
+            f"{overhead:+.3f} ms (target <= {args.target_overhead_ms:g}): {verdict}"
         )
+        if len(per_round) > 1:
+            lines.append(
+                f"  per round: {', '.join(f'{x:+.3f}' for x in per_round)} "
+                f"(median {statistics.median(per_round):+.3f})"
+            )
         p = by.get(("grpc-py", low))
         if p:
-            summary["json_minus_python_grpc_p50_ms"] = round(j.p50_ms - p.p50_ms, 3)
             lines.append(
-                f"  (for reference, JSON p50 - Python grpc.aio p50 at c={low}: "
-                f"{j.p50_ms - p.p50_ms:+.3f} ms; that client is slower than the server)"
+                f"  for reference, JSON p50 - Python grpc.aio client p50 = "
+                f"{j.p50_ms - p.p50_ms:+.3f} ms"
             )
-    j = by.get(("json", high))
+        steps = {t: r.p50_ms - g.p50_ms for t in BREAKDOWN if (r := by.get((t, low)))}
+        if len(steps) == len(BREAKDOWN):
+            summary["breakdown_p50_over_grpc_ms"] = {k: round(v, 3) for k, v in steps.items()}
+            lines.append(
+                f"  breakdown at c={low} (p50 over direct gRPC): L4 hop "
+                f"{steps['grpc-tcp']:+.3f}, L7 h2 router {steps['grpc-h2']:+.3f}, "
+                f"JSON min {steps['json-min']:+.3f}, JSON sidecar {overhead:+.3f} ms"
+            )
+    j = by.get(("json", high)) if high > low else None
     if j:
         ok = j.rps >= args.target_rps
-        summary["json_rps"] = round(j.rps, 1)
-        summary["json_rps_ok"] = ok
+        summary |= {"json_rps": round(j.rps, 1), "json_rps_ok": ok}
+        verdict = "PASS" if ok else "MISS"
+        if j.fallback:
+            verdict += " (fallback client: it takes CPU from the server, so a lower bound)"
         lines.append(
             f"JSON through Envoy at c={high}: {j.rps:.0f} RPS (target >= {args.target_rps:g}): "
-            f"{'PASS' if ok else 'MISS'}"
+            f"{verdict}"
         )
         g = by.get(("grpc", high))
         if g:
+            summary["grpc_rps"] = round(g.rps, 1)
             lines.append(
-                f"  direct gRPC at c={high}: {g.rps:.0f} RPS; server CPU per request "
-                f"{g.cpu_us_per_request['server']:.0f} us direct vs "
-                f"{j.cpu_us_per_request['server']:.0f} us behind Envoy, Envoy "
+                f"  direct gRPC at c={high}: {g.rps:.0f} RPS. CPU per request: server "
+                f"{g.cpu_us_per_request['server']:.0f} us direct, "
+                f"{j.cpu_us_per_request['server']:.0f} us behind Envoy; Envoy "
                 f"{j.cpu_us_per_request['envoy']:.0f} us"
             )
-    for r in results:
-        expected = r.requests
-        ok_count = r.server_handled.get("OK", 0)
-        bad = {k: v for k, v in r.server_handled.items() if k != "OK"}
-        if bad:
-            lines.append(f"WARNING {r.transport} c={r.concurrency}: server answered {bad}")
-        # The server may finish up to `c` requests the client stopped waiting for.
-        if ok_count < expected or ok_count > expected + r.concurrency + 2:
-            lines.append(
-                f"WARNING {r.transport} c={r.concurrency}: client counted {expected} "
-                f"successes, server {ok_count} OK"
-            )
-        if r.cpu_cores.get("other", 0.0) > args.busy_threshold:
-            lines.append(
-                f"WARNING {r.transport} c={r.concurrency}: other processes used "
-                f"{r.cpu_cores['other']:.2f} cores during the run; figures may be skewed"
-            )
-        if r.fallback:
-            lines.append(f"NOTE {r.transport}: {r.client} because {r.note}")
     return summary, lines
 
 
@@ -775,11 +912,20 @@ def environment_info() -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    today = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--duration", type=int, default=10, help="measured seconds per run (10)")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up seconds before each run (2)")
-    ap.add_argument("--pause", type=float, default=0.5, help="idle seconds between runs (0.5)")
+    stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--duration", type=int, default=10, help="measured seconds per path and concurrency (10)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=5, help="slices the duration is cut into, interleaved (5)"
+    )
+    ap.add_argument(
+        "--warmup", type=int, default=2, help="warm-up seconds per path and concurrency (2)"
+    )
+    ap.add_argument("--pause", type=float, default=0.2, help="idle seconds before each slice")
     ap.add_argument(
         "--concurrency",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -790,13 +936,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--transports",
         type=lambda s: s.split(","),
         default=["grpc", "json", "grpc-py"],
-        help="comma-separated subset of grpc,json,grpc-py (all)",
+        help=f"comma-separated paths out of {','.join(TRANSPORTS)} (grpc,json,grpc-py)",
     )
+    ap.add_argument("--breakdown", action="store_true", help="add grpc-tcp,grpc-h2,json-min")
     ap.add_argument("--rpc", choices=sorted(RPCS), default="health", help="RPC under test")
     ap.add_argument("--envoy-concurrency", type=int, default=2, help="Envoy worker threads (2)")
     ap.add_argument("--json-client", choices=["auto", "wrk", "python"], default="auto")
     ap.add_argument("--grpc-client", choices=["auto", "h2load", "python"], default="auto")
-    ap.add_argument("--wrk-threads", type=int, default=1, help="wrk -t (1)")
     ap.add_argument(
         "--grpc-connections", type=int, default=1, help="h2load connections; streams = c/conns (1)"
     )
@@ -816,79 +962,104 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         type=Path,
-        default=REPO_ROOT / "bench" / "results" / f"transport-{today}.json",
-        help="where to write the JSON results (bench/results/transport-<date>.json)",
+        default=REPO_ROOT / "bench" / "results" / f"transport-{stamp}.json",
+        help="JSON results file (bench/results/transport-<date>-<time>.json)",
     )
     args = ap.parse_args(argv)
-    unknown = set(args.transports) - {"grpc", "json", "grpc-py"}
+    if args.breakdown:
+        args.transports += [t for t in BREAKDOWN if t not in args.transports]
+    unknown = set(args.transports) - set(TRANSPORTS)
     if unknown:
         ap.error(f"unknown transports: {sorted(unknown)}")
+    if args.rounds < 1 or args.duration < args.rounds or args.duration % args.rounds:
+        ap.error("--duration must be a multiple of --rounds (whole seconds per slice)")
     return args
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def running_mesh(args: argparse.Namespace, tmpdir: Path) -> Iterator[tuple[Any, Pids, dict]]:
+    """The real mesh, plus the probe Envoy when a breakdown path needs it; stopped on exit."""
+    from services.devtools.envoy import REPO_ROOT as ENVOY_CWD
+    from services.devtools.envoy import EnvoyProcess
+    from services.devtools.mesh import Mesh
+    from services.devtools.topology import Ports, free_ports
+
+    env = dict(kv.split("=", 1) for kv in args.server_env)
+    mesh = Mesh(
+        Ports.free(),
+        tmpdir / "data",
+        tmpdir / "run",
+        env=env,
+        envoy_concurrency=args.envoy_concurrency,
+    )
+    probe = EnvoyProcess(concurrency=args.envoy_concurrency)
+    probe_ports: dict[str, int] = {}
+    mesh.start()
+    try:
+        if set(args.transports) & set(BREAKDOWN):
+            probe_ports = dict(zip(("admin", *BREAKDOWN), free_ports(4), strict=True))
+            config = probe_envoy_config(
+                mesh.ports.grpc[SERVICE_KEY], probe_ports, ENVOY_CWD / "envoy" / "visior.pb"
+            )
+            probe.start(config, tmpdir / "probe-envoy")
+            probe.wait_ready()
+        pids = mesh.pids()
+        yield mesh, Pids(pids[SERVICE_KEY], pids["envoy"], probe.pid), probe_ports
+        dead = [k for k, alive in mesh.alive().items() if not alive]
+        if dead:
+            raise RuntimeError(f"server(s) died during the benchmark: {dead}")
+    finally:
+        probe.stop()
+        mesh.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from services.devtools.mesh import Mesh
-    from services.devtools.topology import Ports
-
+    signal.signal(signal.SIGTERM, _terminate)
     rpc = RPCS[args.rpc]
-    env = dict(kv.split("=", 1) for kv in args.server_env)
     started = dt.datetime.now(dt.UTC)
     for tool, pkg in (("wrk", "wrk"), ("h2load", "nghttp2-client")):
         if shutil.which(tool) is None:
-            print(f"note: {tool} not found (apt-get install -y {pkg}); using the Python fallback")
-    with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
-        tmpdir = Path(tmp)
-        mesh = Mesh(
-            Ports.free(),
-            tmpdir / "data",
-            tmpdir / "run",
-            env=env,
-            envoy_concurrency=args.envoy_concurrency,
+            print(f"note: {tool} not found (apt-get install -y {pkg}); using a Python fallback")
+    results: list[Result] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp,
+        running_mesh(args, Path(tmp)) as (mesh, pids, probe_ports),
+    ):
+        paths = plan_paths(args, mesh, rpc, probe_ports)
+        print(
+            f"mesh up; {rpc.grpc_path} (JSON: GET {rpc.http_path} on the {SERVICE_KEY} "
+            f"listener); per path and concurrency {args.warmup}s warm-up, then "
+            f"{args.rounds} x {args.duration // args.rounds}s interleaved",
+            flush=True,
         )
-        t = time.perf_counter()
-        mesh.start()
-        try:
-            print(
-                f"mesh up in {time.perf_counter() - t:.1f}s; RPC {rpc.grpc_method} "
-                f"(JSON: GET {rpc.http_path} on the {SERVICE_KEY} listener); "
-                f"{args.duration}s per run after {args.warmup}s warm-up",
-                flush=True,
-            )
-            scenarios = build_scenarios(args, mesh, rpc, tmpdir)
-            results: list[Result] = []
-            for c in args.concurrency:
-                for sc in scenarios:
-                    r = measure(sc, c, args, mesh, rpc)
-                    results.append(r)
-                    print(
-                        f"  {r.transport:<8} c={c:<3} {r.rps:7.0f} RPS  p50 {r.p50_ms:.3f} ms  "
-                        f"errors {r.errors}",
-                        flush=True,
-                    )
-            alive = mesh.alive()
-        finally:
-            mesh.stop()
-    if not all(alive.values()):
-        print(f"WARNING: a server died during the run: {alive}")
+        for c in args.concurrency:
+            for r in measure_concurrency(paths, c, args, mesh, rpc, pids, Path(tmp)):
+                results.append(r)
+                print(
+                    f"  {r.transport:<8} c={c:<3} {r.rps:6.0f} RPS  p50 {r.p50_ms:.3f} ms  "
+                    f"errors {r.errors}",
+                    flush=True,
+                )
     summary, lines = verdicts(results, args)
-    print()
-    print(format_table(results))
-    print()
-    print("\n".join(lines))
+    checks = verify(results, args)
+    table = format_table(results)
+    print(f"\n{table}\n\n" + "\n".join(lines + checks))
     record = {
         "benchmark": "transport",
         "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "rpc": asdict(rpc),
-        "config": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-        },
+        "command": " ".join(["python", *sys.argv]),
+        "rpc": {**asdict(rpc), "grpc_path": rpc.grpc_path},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "environment": environment_info(),
         "summary": summary,
         "results": [{**asdict(r), "rps": round(r.rps, 1)} for r in results],
-        "table": format_table(results),
-        "notes": lines,
+        "table": table.splitlines(),
+        "notes": lines + checks,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
