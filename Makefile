@@ -46,7 +46,7 @@ demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a qu
 	$(PY) -m services.cli demo
 
 bench: $(STAMP) ## Transport benchmark: direct gRPC vs JSON through Envoy
-	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	@command -v wrk >/dev/null && command -v h2load >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk nghttp2-client; }
 	$(PY) bench/transport.py
 
 breaking: $(STAMP) ## buf breaking: proto/ against main (FILE rules)

@@ -1,0 +1,27 @@
+"""The offline BPE tokenizer: exact counts, safe truncation."""
+
+from services.common.tokenizer import BpeTokenizer, count_tokens, default_tokenizer
+
+
+def test_counts_match_the_cl100k_reference():
+    # cl100k_base ids for "hello world" are [15339, 1917] (tiktoken's own test vector).
+    tok = BpeTokenizer()
+    assert tok.encode("hello world") == [15339, 1917]
+    assert count_tokens("hello world") == 2
+    assert count_tokens("") == 0
+
+
+def test_russian_text_costs_more_tokens_than_words():
+    text = "Как настроить интеграцию с каталогом пользователей"
+    assert count_tokens(text) > len(text.split())
+
+
+def test_truncate_keeps_a_prefix_within_the_limit_and_never_a_broken_character():
+    tok = default_tokenizer()
+    text = "Привет, мир! " * 20
+    for limit in range(0, 30):
+        cut = tok.truncate(text, limit)
+        assert text.startswith(cut)
+        assert tok.count(cut) <= limit
+        assert "\ufffd" not in cut
+    assert tok.truncate("short", 100) == "short"
