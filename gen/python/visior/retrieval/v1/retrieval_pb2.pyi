@@ -25,7 +25,7 @@ class SearchFilters(_message.Message):
     def __init__(self, product: _Optional[str] = ..., version: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., doc_ids: _Optional[_Iterable[str]] = ..., section_ids: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class SearchParams(_message.Message):
-    __slots__ = ("max_docs", "max_sections", "max_chunks", "context_token_limit", "retrieval_mode", "enable_hybrid", "enable_rerank")
+    __slots__ = ("max_docs", "max_sections", "max_chunks", "context_token_limit", "retrieval_mode", "enable_hybrid", "enable_rerank", "ranking", "fusion", "topk_per_doc", "min_score", "expand_query", "hard_trim")
     MAX_DOCS_FIELD_NUMBER: _ClassVar[int]
     MAX_SECTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,12 @@ class SearchParams(_message.Message):
     RETRIEVAL_MODE_FIELD_NUMBER: _ClassVar[int]
     ENABLE_HYBRID_FIELD_NUMBER: _ClassVar[int]
     ENABLE_RERANK_FIELD_NUMBER: _ClassVar[int]
+    RANKING_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PER_DOC_FIELD_NUMBER: _ClassVar[int]
+    MIN_SCORE_FIELD_NUMBER: _ClassVar[int]
+    EXPAND_QUERY_FIELD_NUMBER: _ClassVar[int]
+    HARD_TRIM_FIELD_NUMBER: _ClassVar[int]
     max_docs: int
     max_sections: int
     max_chunks: int
@@ -40,7 +46,13 @@ class SearchParams(_message.Message):
     retrieval_mode: str
     enable_hybrid: bool
     enable_rerank: bool
-    def __init__(self, max_docs: _Optional[int] = ..., max_sections: _Optional[int] = ..., max_chunks: _Optional[int] = ..., context_token_limit: _Optional[int] = ..., retrieval_mode: _Optional[str] = ..., enable_hybrid: _Optional[bool] = ..., enable_rerank: _Optional[bool] = ...) -> None: ...
+    ranking: str
+    fusion: str
+    topk_per_doc: int
+    min_score: float
+    expand_query: bool
+    hard_trim: bool
+    def __init__(self, max_docs: _Optional[int] = ..., max_sections: _Optional[int] = ..., max_chunks: _Optional[int] = ..., context_token_limit: _Optional[int] = ..., retrieval_mode: _Optional[str] = ..., enable_hybrid: _Optional[bool] = ..., enable_rerank: _Optional[bool] = ..., ranking: _Optional[str] = ..., fusion: _Optional[str] = ..., topk_per_doc: _Optional[int] = ..., min_score: _Optional[float] = ..., expand_query: _Optional[bool] = ..., hard_trim: _Optional[bool] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
     __slots__ = ("query", "tenant_id", "max_results", "filters", "language", "params", "trace_id")
@@ -141,20 +153,30 @@ class UsedSection(_message.Message):
     def __init__(self, section_id: _Optional[str] = ..., score: _Optional[float] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., summary: _Optional[str] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ..., anchor_chunk_id: _Optional[str] = ...) -> None: ...
 
 class SearchMeta(_message.Message):
-    __slots__ = ("retrieval_time_ms", "mode", "hybrid_used", "rerank_used", "trace_id", "backend")
+    __slots__ = ("retrieval_time_ms", "mode", "hybrid_used", "rerank_used", "trace_id", "backend", "language", "query_variants", "query_embedding_ms", "engine_ms", "rerank_ms")
     RETRIEVAL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     HYBRID_USED_FIELD_NUMBER: _ClassVar[int]
     RERANK_USED_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_EMBEDDING_MS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_MS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_MS_FIELD_NUMBER: _ClassVar[int]
     retrieval_time_ms: int
     mode: str
     hybrid_used: bool
     rerank_used: bool
     trace_id: str
     backend: str
-    def __init__(self, retrieval_time_ms: _Optional[int] = ..., mode: _Optional[str] = ..., hybrid_used: _Optional[bool] = ..., rerank_used: _Optional[bool] = ..., trace_id: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    language: str
+    query_variants: _containers.RepeatedScalarFieldContainer[str]
+    query_embedding_ms: float
+    engine_ms: float
+    rerank_ms: float
+    def __init__(self, retrieval_time_ms: _Optional[int] = ..., mode: _Optional[str] = ..., hybrid_used: _Optional[bool] = ..., rerank_used: _Optional[bool] = ..., trace_id: _Optional[str] = ..., backend: _Optional[str] = ..., language: _Optional[str] = ..., query_variants: _Optional[_Iterable[str]] = ..., query_embedding_ms: _Optional[float] = ..., engine_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "chunks", "used_docs", "used_sections", "meta")
@@ -192,7 +214,14 @@ class GetHealthResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ..., service: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class IngestDocumentRequest(_message.Message):
-    __slots__ = ("tenant_id", "doc_id", "file_name", "content_type", "content", "title", "product", "version", "tags", "trace_id")
+    __slots__ = ("tenant_id", "doc_id", "file_name", "content_type", "content", "title", "product", "version", "tags", "trace_id", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +232,7 @@ class IngestDocumentRequest(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     doc_id: str
     file_name: str
@@ -213,21 +243,28 @@ class IngestDocumentRequest(_message.Message):
     version: str
     tags: _containers.RepeatedScalarFieldContainer[str]
     trace_id: str
-    def __init__(self, tenant_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., file_name: _Optional[str] = ..., content_type: _Optional[str] = ..., content: _Optional[bytes] = ..., title: _Optional[str] = ..., product: _Optional[str] = ..., version: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, tenant_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., file_name: _Optional[str] = ..., content_type: _Optional[str] = ..., content: _Optional[bytes] = ..., title: _Optional[str] = ..., product: _Optional[str] = ..., version: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class IngestDocumentResponse(_message.Message):
-    __slots__ = ("doc_id", "sections", "chunks", "pages", "replaced")
+    __slots__ = ("doc_id", "sections", "chunks", "pages", "replaced", "unchanged", "doc_ids", "generation")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     sections: int
     chunks: int
     pages: int
     replaced: bool
-    def __init__(self, doc_id: _Optional[str] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., replaced: _Optional[bool] = ...) -> None: ...
+    unchanged: bool
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    generation: str
+    def __init__(self, doc_id: _Optional[str] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., replaced: _Optional[bool] = ..., unchanged: _Optional[bool] = ..., doc_ids: _Optional[_Iterable[str]] = ..., generation: _Optional[str] = ...) -> None: ...
 
 class DeleteDocumentRequest(_message.Message):
     __slots__ = ("tenant_id", "doc_id", "trace_id")
@@ -254,7 +291,14 @@ class ListDocumentsRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class DocumentInfo(_message.Message):
-    __slots__ = ("doc_id", "title", "pages", "sections", "chunks", "chars", "source")
+    __slots__ = ("doc_id", "title", "pages", "sections", "chunks", "chars", "source", "generation", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +306,8 @@ class DocumentInfo(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHARS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     title: str
     pages: int
@@ -269,7 +315,9 @@ class DocumentInfo(_message.Message):
     chunks: int
     chars: int
     source: str
-    def __init__(self, doc_id: _Optional[str] = ..., title: _Optional[str] = ..., pages: _Optional[int] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., chars: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    generation: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, doc_id: _Optional[str] = ..., title: _Optional[str] = ..., pages: _Optional[int] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., chars: _Optional[int] = ..., source: _Optional[str] = ..., generation: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListDocumentsResponse(_message.Message):
     __slots__ = ("documents",)

@@ -76,6 +76,38 @@ class SearchParams(betterproto.Message):
     enable_rerank: Optional[bool] = betterproto.bool_field(7, optional=True)
     """enable_rerank runs the final reranker; server default when unset."""
 
+    ranking: str = betterproto.string_field(8)
+    """
+    ranking picks the signals: "hybrid" (dense + BM25, the default when
+     enable_hybrid is not false), "dense" or "sparse" (BM25 only).
+    """
+
+    fusion: str = betterproto.string_field(9)
+    """
+    fusion is how hybrid lists merge: "weighted" (each list normalised, then
+     RETR_DENSE_WEIGHT/RETR_SPARSE_WEIGHT; the default) or "rrf".
+    """
+
+    topk_per_doc: Optional[int] = betterproto.int32_field(10, optional=True)
+    """
+    topk_per_doc caps hits per document; 0 means no cap; server default when unset.
+    """
+
+    min_score: Optional[float] = betterproto.double_field(11, optional=True)
+    """
+    min_score drops hits scoring below it (scores are in [0, 1]); server default when unset.
+    """
+
+    expand_query: Optional[bool] = betterproto.bool_field(12, optional=True)
+    """
+    expand_query also searches synonym variants of the query, merged with RRF.
+    """
+
+    hard_trim: Optional[bool] = betterproto.bool_field(13, optional=True)
+    """
+    hard_trim cuts the last context chunk to fit context_token_limit exactly.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class SearchRequest(betterproto.Message):
@@ -251,6 +283,29 @@ class SearchMeta(betterproto.Message):
     backend: str = betterproto.string_field(6)
     """backend names the index backend that served the search."""
 
+    language: str = betterproto.string_field(7)
+    """
+    language is the detected (or given) query language: "ru", "en" or "mixed".
+    """
+
+    query_variants: List[str] = betterproto.string_field(8)
+    """
+    query_variants are the expanded queries searched besides the query itself.
+    """
+
+    query_embedding_ms: float = betterproto.double_field(9)
+    """
+    query_embedding_ms is the time spent embedding the query (0 when cached).
+    """
+
+    engine_ms: float = betterproto.double_field(10)
+    """
+    engine_ms is the time spent in the vector/BM25 engine, all stages together.
+    """
+
+    rerank_ms: float = betterproto.double_field(11)
+    """rerank_ms is the time spent in the reranker."""
+
 
 @dataclass(eq=False, repr=False)
 class SearchResponse(betterproto.Message):
@@ -336,6 +391,14 @@ class IngestDocumentRequest(betterproto.Message):
     trace_id: str = betterproto.string_field(10)
     """trace_id ties this request to the caller's logs."""
 
+    metadata: Dict[str, str] = betterproto.map_field(
+        11, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """
+    metadata is free-form document metadata kept with it (for example
+     topic, jurisdiction, updated_at); at most 32 entries.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class IngestDocumentResponse(betterproto.Message):
@@ -355,6 +418,21 @@ class IngestDocumentResponse(betterproto.Message):
 
     replaced: bool = betterproto.bool_field(5)
     """replaced is true when an earlier version was replaced."""
+
+    unchanged: bool = betterproto.bool_field(6)
+    """
+    unchanged is true when the same content was already indexed: nothing was redone.
+    """
+
+    doc_ids: List[str] = betterproto.string_field(7)
+    """
+    doc_ids lists every document written; a knowledge-base CSV makes one per row.
+    """
+
+    generation: str = betterproto.string_field(8)
+    """
+    generation identifies the indexed content (a hash of content and chunking).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -414,6 +492,16 @@ class DocumentInfo(betterproto.Message):
 
     source: str = betterproto.string_field(7)
     """source is "user" or "knowledge_base"."""
+
+    generation: str = betterproto.string_field(8)
+    """
+    generation identifies the indexed content (a hash of content and chunking).
+    """
+
+    metadata: Dict[str, str] = betterproto.map_field(
+        9, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """metadata is the document's free-form metadata."""
 
 
 @dataclass(eq=False, repr=False)
