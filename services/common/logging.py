@@ -20,11 +20,16 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
         self._service = service
+        self._second = -1
+        self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:  # strftime once per second, not once per line
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "service": self._service,
             "logger": record.name,
