@@ -1,23 +1,76 @@
-"""Ingestion: parse a document, write it to the document store, then to the index."""
+"""Ingestion: parse, embed, write index points, commit the document store, drop the old version.
+
+Order matters for crash safety (issue 3: "a crash in the middle of a document leaves nothing
+of it visible; running again completes it"):
+
+1. journal entry (tenant, doc, new generation), fsynced;
+2. index points of the new generation (deterministic ids: a rerun overwrites, never duplicates);
+3. the document store commits the new version in one transaction: from here search sees it
+   (search only shows points of the store's generation, services/retrieval/visibility.py);
+4. the old generation's points are deleted, the journal entry is marked done.
+
+A crash before 3 leaves only invisible points, which `recover()` deletes at the next start;
+a crash after 3 leaves old points that are invisible and deleted the same way.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
-from dataclasses import dataclass
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
 
 from services.common import errors
-from services.docstore.parsing import UnsupportedFormatError, guess_format, parse_document, slugify
-from services.docstore.sqlite_store import SqliteDocumentStore
-from services.retrieval.keyword_index import KeywordIndex
+from services.docstore.model import Document
+from services.docstore.parsing import (
+    ChunkingConfig,
+    UnsupportedFormatError,
+    guess_format,
+    parse_document,
+    parse_knowledge_base_csv,
+    slugify,
+)
+from services.retrieval.embeddings import Embedder
+from services.retrieval.index.base import IndexPoint, IndexUnavailableError, VectorIndex
+from services.retrieval.journal import IngestJournal
+from services.retrieval.search import KB_TENANT
+from services.retrieval.sections import SectionCatalog
+from services.retrieval.visibility import Visibility
+
+log = logging.getLogger("visior.retrieval.ingestion")
 
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
 _DOC_ID = re.compile(r"^[^\W_][\w.-]{0,127}$")
+_TENANT_ID = re.compile(r"^[\w.:-]{1,128}$")
 MAX_TAGS = 32
+MAX_METADATA = 32
+MAX_METADATA_VALUE = 1024
+EMBED_BATCH = 32
+_POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
+
+
+class DocumentStore(Protocol):
+    """What ingestion needs from the document store (services/docstore/sqlite_store.py)."""
+
+    def put(self, doc: Document) -> bool: ...
+
+    def delete(self, tenant_id: str, doc_id: str) -> bool: ...
+
+    def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
+
+    def list_documents(self, tenant_id: str) -> list[Document]: ...
+
+    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
 
 
 @dataclass(frozen=True)
 class IngestInput:
-    """One document to ingest, as the domain sees it."""
+    """One file to ingest, as the domain sees it."""
 
     tenant_id: str
     content: bytes
@@ -28,6 +81,7 @@ class IngestInput:
     product: str = ""
     version: str = ""
     tags: tuple[str, ...] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,6 +91,9 @@ class IngestOutcome:
     chunks: int
     pages: int
     replaced: bool
+    unchanged: bool = False
+    doc_ids: tuple[str, ...] = ()
+    generation: str = ""
 
 
 @dataclass(frozen=True)
@@ -48,38 +105,79 @@ class DocumentSummary:
     chunks: int
     chars: int
     source: str
+    generation: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+def point_id(tenant_id: str, doc_id: str, kind: str, item_id: str, generation: str) -> str:
+    """Deterministic point id: the same chunk of the same generation is always the same point."""
+    return str(uuid.uuid5(_POINT_NS, f"{tenant_id}\x1f{doc_id}\x1f{kind}\x1f{item_id}\x1f{generation}"))
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(v))
+    return (v / n).astype(np.float32) if n > 0 else v.astype(np.float32)
+
+
+def _invalid(name: str, message: str) -> errors.InvalidArgumentError:
+    return errors.InvalidArgumentError(message, metadata={"field": name})
 
 
 class Ingestor:
-    """Writes documents to the store first and the index second; the store is the source of truth."""
+    """Documents in and out of the index and the document store; the store is the truth."""
 
     def __init__(
-        self, store: SqliteDocumentStore, index: KeywordIndex, max_document_bytes: int
+        self,
+        *,
+        store: DocumentStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        visibility: Visibility,
+        sections: SectionCatalog,
+        journal: IngestJournal,
+        max_document_bytes: int,
+        chunking: ChunkingConfig | None = None,
     ) -> None:
         self._store = store
         self._index = index
+        self._embedder = embedder
+        self._visibility = visibility
+        self._sections = sections
+        self._journal = journal
         self._max_bytes = max_document_bytes
+        self._chunking = chunking or ChunkingConfig()
+        # One document at a time per process: the Edge shard is single-writer anyway, and
+        # two ingests of the same doc_id must not interleave their steps.
+        self._lock = asyncio.Lock()
 
-    def load_index(self) -> int:
-        """Rebuild the in-process index from the store; returns the number of documents."""
-        docs = 0
-        tenants: dict[tuple[str, str], None] = {}
-        for tenant_id, doc_id, _title, _chunk in self._store.all_chunks():
-            tenants[(tenant_id, doc_id)] = None
-        for tenant_id, doc_id in tenants:
-            doc = self._store.get_document(tenant_id, doc_id)
-            if doc is not None:
-                self._index.add(doc)
-                docs += 1
-        return docs
+    # -- recovery ---------------------------------------------------------------------------
 
-    def ingest(self, item: IngestInput) -> IngestOutcome:
-        if not item.tenant_id.strip():
-            raise errors.InvalidArgumentError(
-                "tenant_id is required", metadata={"field": "tenant_id"}
+    def recover(self) -> int:
+        """Delete index points left by interrupted ingests/deletes; returns entries handled."""
+        pending = self._journal.pending()
+        for entry in pending:
+            live = self._store.document_generation(entry.tenant_id, entry.doc_id)
+            if live is None:
+                self._index.delete_document(entry.tenant_id, entry.doc_id)
+            else:
+                self._index.delete_document(entry.tenant_id, entry.doc_id, except_generation=live)
+            self._journal.finish(entry)
+            log.info(
+                "recovered an interrupted ingest",
+                extra={"tenant_id": entry.tenant_id, "doc_id": entry.doc_id, "live": live},
             )
+        self._journal.compact()
+        return len(pending)
+
+    # -- ingest -----------------------------------------------------------------------------
+
+    def _validate(self, item: IngestInput) -> tuple[str, str]:
+        if not item.tenant_id.strip():
+            raise _invalid("tenant_id", "tenant_id is required")
+        if not _TENANT_ID.match(item.tenant_id):
+            raise _invalid("tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'")
         if not item.content:
-            raise errors.InvalidArgumentError("content is empty", metadata={"field": "content"})
+            raise _invalid("content", "content is empty")
         if len(item.content) > self._max_bytes:
             raise errors.LimitExceededError(
                 f"document is {len(item.content)} bytes; the limit is {self._max_bytes}",
@@ -89,68 +187,201 @@ class Ingestor:
             raise errors.LimitExceededError(
                 f"at most {MAX_TAGS} tags", metadata={"field": "tags", "limit": str(MAX_TAGS)}
             )
+        if len(item.metadata) > MAX_METADATA or any(
+            len(k) > 128 or len(v) > MAX_METADATA_VALUE for k, v in item.metadata.items()
+        ):
+            raise errors.LimitExceededError(
+                f"at most {MAX_METADATA} metadata entries, keys up to 128 and values up to "
+                f"{MAX_METADATA_VALUE} characters",
+                metadata={"field": "metadata", "limit": str(MAX_METADATA)},
+            )
+        fmt = guess_format(item.file_name, item.content_type)
+        if fmt == "csv":
+            if item.tenant_id != KB_TENANT:
+                raise _invalid(
+                    "tenant_id",
+                    f"a knowledge-base CSV goes to the reserved tenant {KB_TENANT!r} "
+                    "(visior ingest --knowledge-base)",
+                )
+            return "", fmt
         stem = item.file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         doc_id = item.doc_id or slugify(stem, 100, fallback="")
         if not _DOC_ID.match(doc_id):
             if item.doc_id:
-                raise errors.InvalidArgumentError(
-                    "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'",
-                    metadata={"field": "doc_id"},
+                raise _invalid(
+                    "doc_id", "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'"
                 )
-            raise errors.InvalidArgumentError(
-                "no doc_id could be made from file_name; give doc_id",
-                metadata={"field": "file_name"},
-            )
-        fmt = guess_format(item.file_name, item.content_type)
+            raise _invalid("file_name", "no doc_id could be made from file_name; give doc_id")
+        return doc_id, fmt
+
+    def _parse(self, item: IngestInput, doc_id: str, fmt: str) -> list[Document]:
+        source = "knowledge_base" if item.tenant_id == KB_TENANT else "user"
         try:
-            text = item.content.decode("utf-8")
-        except UnicodeDecodeError:
-            raise errors.InvalidArgumentError(
-                "content is not UTF-8 text", metadata={"field": "content"}
-            ) from None
-        try:
-            doc = parse_document(
-                tenant_id=item.tenant_id,
-                doc_id=doc_id,
-                text=text,
-                fmt=fmt,
-                title=item.title,
-                product=item.product,
-                version=item.version,
-                tags=item.tags,
-            )
+            if fmt == "csv":
+                return parse_knowledge_base_csv(item.content, tenant_id=item.tenant_id)
+            return [
+                parse_document(
+                    tenant_id=item.tenant_id,
+                    doc_id=doc_id,
+                    content=item.content,
+                    fmt=fmt,
+                    title=item.title,
+                    product=item.product,
+                    version=item.version,
+                    tags=item.tags,
+                    source=source,
+                    metadata={**item.metadata, **({"file_name": item.file_name} if item.file_name else {})},
+                    config=self._chunking,
+                )
+            ]
         except UnsupportedFormatError as exc:
             raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
-        if not doc.chunks:
-            raise errors.InvalidArgumentError(
-                "the document has no text", metadata={"field": "content"}
-            )
-        replaced = self._store.put(doc)
-        self._index.add(doc)
-        return IngestOutcome(doc_id, len(doc.sections), len(doc.chunks), doc.pages, replaced)
+        except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
+            raise errors.InvalidArgumentError(str(exc), metadata={"field": "content"}) from None
 
-    def delete(self, tenant_id: str, doc_id: str) -> bool:
-        if not tenant_id.strip():
-            raise errors.InvalidArgumentError(
-                "tenant_id is required", metadata={"field": "tenant_id"}
+    async def ingest(self, item: IngestInput) -> IngestOutcome:
+        doc_id, fmt = self._validate(item)
+        docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
+        for doc in docs:
+            if not doc.chunks:
+                raise _invalid("content", f"document {doc.doc_id!r} has no text")
+        outcomes = []
+        async with self._lock:
+            for doc in docs:
+                outcomes.append(await self._ingest_one(doc))
+        first = outcomes[0]
+        return IngestOutcome(
+            doc_id=first.doc_id if len(outcomes) == 1 else "",
+            sections=sum(o.sections for o in outcomes),
+            chunks=sum(o.chunks for o in outcomes),
+            pages=sum(o.pages for o in outcomes),
+            replaced=any(o.replaced for o in outcomes),
+            unchanged=all(o.unchanged for o in outcomes),
+            doc_ids=tuple(o.doc_id for o in outcomes),
+            generation=first.generation if len(outcomes) == 1 else "",
+        )
+
+    async def _ingest_one(self, doc: Document) -> IngestOutcome:
+        live = self._store.document_generation(doc.tenant_id, doc.doc_id)
+        counts = (len(doc.sections), len(doc.chunks), doc.pages)
+        if live == doc.generation:
+            return IngestOutcome(doc.doc_id, *counts, replaced=False, unchanged=True,
+                                 doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
+        points = await self._points(doc)
+        entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation)
+        try:
+            await asyncio.to_thread(self._index.upsert, points)
+            replaced = await asyncio.to_thread(self._store.put, doc)
+        except IndexUnavailableError as exc:
+            raise errors.UnavailableError(
+                f"the vector store is unavailable: {exc}", reason="backend_unavailable"
+            ) from None
+        # Committed: visible from here on. The rest is cleanup that recovery would redo.
+        self._visibility.set(doc.tenant_id, doc.doc_id, doc.generation)
+        self._sections.forget(doc.tenant_id, doc.doc_id)
+        try:
+            await asyncio.to_thread(
+                self._index.delete_document,
+                doc.tenant_id,
+                doc.doc_id,
+                except_generation=doc.generation,
             )
+            self._journal.finish(entry)
+        except IndexUnavailableError:
+            log.warning("old points not deleted; recovery will", extra={"doc_id": doc.doc_id})
+        log.info(
+            "ingested",
+            extra={"tenant_id": doc.tenant_id, "doc_id": doc.doc_id, "chunks": len(doc.chunks),
+                   "generation": doc.generation, "replaced": replaced},
+        )  # fmt: skip
+        return IngestOutcome(doc.doc_id, *counts, replaced=replaced,
+                             doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
+
+    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        parts = []
+        for i in range(0, len(texts), EMBED_BATCH):
+            batch = list(texts[i : i + EMBED_BATCH])
+            parts.append(await asyncio.to_thread(self._embedder.embed_passages, batch))
+        return np.vstack(parts) if parts else np.zeros((0, self._embedder.dim), np.float32)
+
+    async def _points(self, doc: Document) -> list[IndexPoint]:
+        """Chunk points, section points (centroid vector, section text for BM25), a doc point."""
+        titles = {s.section_id: s.title for s in doc.sections}
+        chunk_texts = [f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks]
+        vectors = await self._embed(chunk_texts)
+        gen, tenant = doc.generation, doc.tenant_id
+
+        def point(kind: str, item_id: str, **kw: object) -> IndexPoint:
+            return IndexPoint(
+                point_id=point_id(tenant, doc.doc_id, kind, item_id, gen),
+                tenant_id=tenant,
+                doc_id=doc.doc_id,
+                kind=kind,
+                source=doc.source,
+                product=doc.product,
+                version=doc.version,
+                tags=tuple(doc.tags),
+                generation=gen,
+                **kw,  # type: ignore[arg-type]
+            )
+
+        points = [
+            point("chunk", c.chunk_id, section_id=c.section_id, chunk_id=c.chunk_id, ord=c.ord,
+                  page_start=c.page_start, page_end=c.page_end, tokens=c.tokens, text=c.text,
+                  dense=vectors[i], sparse_text=chunk_texts[i])
+            for i, c in enumerate(doc.chunks)
+        ]  # fmt: skip
+        by_section: dict[str, list[int]] = {}
+        for i, c in enumerate(doc.chunks):
+            by_section.setdefault(c.section_id, []).append(i)
+        for s in doc.sections:
+            idx = by_section.get(s.section_id, [])
+            if not idx:
+                continue
+            body = " ".join(doc.chunks[i].text for i in idx)
+            points.append(
+                point("section", s.section_id, section_id=s.section_id, chunk_id="",
+                      ord=s.ord, page_start=s.page_start, page_end=s.page_end,
+                      tokens=sum(doc.chunks[i].tokens for i in idx), text=s.summary,
+                      dense=_unit(vectors[idx].mean(axis=0)), sparse_text=f"{s.title}\n{body}")
+            )  # fmt: skip
+        outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
+        points.append(
+            point("doc", "doc", section_id="", chunk_id="", ord=0, page_start=1,
+                  page_end=doc.pages, tokens=0, text=doc.title,
+                  dense=_unit(vectors.mean(axis=0)), sparse_text=f"{doc.title}\n{outline}")
+        )  # fmt: skip
+        return points
+
+    # -- delete / list ----------------------------------------------------------------------
+
+    async def delete(self, tenant_id: str, doc_id: str) -> bool:
+        if not tenant_id.strip():
+            raise _invalid("tenant_id", "tenant_id is required")
         if not doc_id.strip():
-            raise errors.InvalidArgumentError("doc_id is required", metadata={"field": "doc_id"})
-        deleted = self._store.delete(tenant_id, doc_id)
-        self._index.remove(tenant_id, doc_id)
+            raise _invalid("doc_id", "doc_id is required")
+        async with self._lock:
+            entry = self._journal.begin(tenant_id, doc_id, "")
+            deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
+            self._visibility.set(tenant_id, doc_id, None)
+            self._sections.forget(tenant_id, doc_id)
+            try:
+                await asyncio.to_thread(self._index.delete_document, tenant_id, doc_id)
+                self._journal.finish(entry)
+            except IndexUnavailableError:
+                log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
         return deleted
 
     def list(self, tenant_id: str) -> list[DocumentSummary]:
         if not tenant_id.strip():
-            raise errors.InvalidArgumentError(
-                "tenant_id is required", metadata={"field": "tenant_id"}
-            )
+            raise _invalid("tenant_id", "tenant_id is required")
         out = []
         for doc in self._store.list_documents(tenant_id):
             sections, chunks, chars = self._store.counts(tenant_id, doc.doc_id)
             out.append(
                 DocumentSummary(
-                    doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source
+                    doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source,
+                    doc.generation, dict(doc.metadata),
                 )
-            )
+            )  # fmt: skip
         return out

@@ -1,4 +1,4 @@
-"""Search: validate the request, query the index inside the tenant, shape both specs' results."""
+"""The search request and result as the domain sees them, and request validation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 
 from services.common import errors
-from services.retrieval.keyword_index import IndexedChunk, KeywordIndex
 
 MAX_QUERY_CHARS = 4096
 MAX_RESULTS_LIMIT = 50
@@ -14,6 +13,10 @@ MODES = ("doc_first", "section_first", "chunk_priority", "hybrid_only")
 PARAM_LIMITS = {"max_docs": 100, "max_sections": 200, "max_chunks": 200}
 MAX_CONTEXT_TOKEN_LIMIT = 131_072
 MAX_FILTER_VALUES = 100
+MAX_TOPK_PER_DOC = 50
+
+KB_TENANT = "__knowledge_base__"
+"""The reserved tenant that holds the shared knowledge base (DESIGN §3, agent.md §6)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class SearchQuery:
     enable_hybrid: bool | None = None
     enable_rerank: bool | None = None
     trace_id: str = ""
+    ranking: str = ""
+    fusion: str = ""
+    topk_per_doc: int | None = None
+    min_score: float | None = None
+    expand_query: bool | None = None
+    hard_trim: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ class ChunkHit:
     page_start: int
     page_end: int
     score: float
+    ord: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,11 @@ class SearchResult:
     rerank_used: bool
     elapsed_ms: int
     backend: str
+    language: str = ""
+    query_variants: tuple[str, ...] = ()
+    query_embedding_ms: float = 0.0
+    engine_ms: float = 0.0
+    rerank_ms: float = 0.0
 
 
 def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
@@ -113,6 +128,10 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service must refuse."""
     if not q.tenant_id.strip():
         raise _invalid("tenant_id", "tenant_id is required")
+    if q.tenant_id == KB_TENANT:
+        raise _invalid(
+            "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
+        )
     if not q.query.strip():
         raise _invalid("query", "query is required")
     if len(q.query) > MAX_QUERY_CHARS:
@@ -145,98 +164,19 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
             f"params.context_token_limit must be between 1 and {MAX_CONTEXT_TOKEN_LIMIT}",
             metadata={"field": "params.context_token_limit", "limit": str(MAX_CONTEXT_TOKEN_LIMIT)},
         )
+    if q.topk_per_doc is not None and not 0 <= q.topk_per_doc <= MAX_TOPK_PER_DOC:
+        raise errors.LimitExceededError(
+            f"params.topk_per_doc must be between 0 and {MAX_TOPK_PER_DOC}",
+            metadata={"field": "params.topk_per_doc", "limit": str(MAX_TOPK_PER_DOC)},
+        )
+    if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
+        raise _invalid("params.min_score", "params.min_score must be between 0 and 1")
     f = q.filters
+    if f.source and f.source not in ("user", "knowledge_base"):
+        raise _invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
         if len(getattr(f, name)) > MAX_FILTER_VALUES:
             raise errors.LimitExceededError(
                 f"filters.{name} has more than {MAX_FILTER_VALUES} values",
                 metadata={"field": f"filters.{name}", "limit": str(MAX_FILTER_VALUES)},
             )
-
-
-def _keeper(f: Filters):  # type: ignore[no-untyped-def]
-    doc_ids, section_ids, tags = set(f.doc_ids), set(f.section_ids), set(f.tags)
-
-    def keep(item: IndexedChunk) -> bool:
-        doc = item.doc
-        return (
-            (not f.product or doc.product == f.product)
-            and (not f.version or doc.version == f.version)
-            and (not f.source or doc.source == f.source)
-            and (not tags or bool(tags & set(doc.tags)))
-            and (not doc_ids or doc.doc_id in doc_ids)
-            and (not section_ids or item.section.section_id in section_ids)
-        )
-
-    return keep
-
-
-class SearchEngine:
-    """Runs searches over an index with server defaults."""
-
-    def __init__(self, index: KeywordIndex, defaults: SearchDefaults) -> None:
-        self._index = index
-        self._defaults = defaults
-
-    def search(self, q: SearchQuery) -> SearchResult:
-        d = self._defaults
-        validate(q, d)
-        started = time.perf_counter()
-        max_results = q.max_results or d.max_results
-        max_chunks = q.max_chunks or d.max_chunks
-        max_sections = q.max_sections or d.max_sections
-        max_docs = q.max_docs or d.max_docs
-        token_limit = q.context_token_limit or d.context_token_limit
-        scored = self._index.search(
-            q.tenant_id, q.query, keep=_keeper(q.filters), limit=max(max_results, max_chunks) * 4
-        )
-        top = scored[0].score if scored else 1.0
-        per_doc: dict[str, int] = {}
-        hits: list[ChunkHit] = []
-        for s in scored:
-            score = s.score / top  # normalised to (0, 1]
-            if score < d.min_score:
-                continue
-            if d.topk_per_doc and per_doc.get(s.item.doc.doc_id, 0) >= d.topk_per_doc:
-                continue
-            per_doc[s.item.doc.doc_id] = per_doc.get(s.item.doc.doc_id, 0) + 1
-            c = s.item.chunk
-            hits.append(
-                ChunkHit(
-                    s.item.doc.doc_id, c.section_id, c.chunk_id, c.text, c.tokens,
-                    c.page_start, c.page_end, round(score, 6),
-                )
-            )  # fmt: skip
-        sections: dict[str, SectionHit] = {}
-        docs: dict[str, DocHit] = {}
-        by_chunk = {s.item.chunk.chunk_id: s.item for s in scored}
-        for h in hits:
-            item = by_chunk[h.chunk_id]
-            if h.section_id not in sections and len(sections) < max_sections:
-                sec = item.section
-                sections[h.section_id] = SectionHit(
-                    sec.section_id, h.doc_id, sec.title, sec.summary, sec.page_start,
-                    sec.page_end, h.chunk_id, h.score,
-                )  # fmt: skip
-            if h.doc_id not in docs and len(docs) < max_docs:
-                docs[h.doc_id] = DocHit(h.doc_id, item.doc.title, h.score)
-        context: list[ChunkHit] = []
-        used = 0
-        for h in hits:
-            if len(context) >= max_chunks:
-                break
-            if used + h.tokens > token_limit:
-                continue
-            context.append(h)
-            used += h.tokens
-        return SearchResult(
-            hits=hits[:max_results],
-            chunks=context,
-            docs=list(docs.values()),
-            sections=list(sections.values()),
-            mode=q.mode or d.mode,
-            hybrid_used=False,
-            rerank_used=False,
-            elapsed_ms=round((time.perf_counter() - started) * 1000),
-            backend="keyword",
-        )

@@ -1,0 +1,86 @@
+"""A circuit breaker: after N consecutive failures stop calling a dependency for a while."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half_open"
+
+
+class CircuitOpenError(Exception):
+    """The breaker is open: the dependency failed recently and is not being called."""
+
+    def __init__(self, name: str, retry_in: float) -> None:
+        super().__init__(f"{name} is unavailable (circuit open, next try in {retry_in:.1f} s)")
+        self.name = name
+        self.retry_in = retry_in
+
+
+class CircuitBreaker:
+    """Closed -> open after `failure_threshold` consecutive failures; after `reset_after_s`
+    one trial call goes through (half-open): success closes it, failure opens it again.
+
+    Thread-safe (the retrieval engine calls it from worker threads). The clock is injected so
+    tests step time instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        failure_threshold: int = 5,
+        reset_after_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failure_threshold < 1:
+            raise ValueError("failure_threshold must be at least 1")
+        self.name = name
+        self._threshold = failure_threshold
+        self._reset_after = reset_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._trial_running = False
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> str:
+        if self._opened_at is None:
+            return CLOSED
+        if self._clock() - self._opened_at >= self._reset_after:
+            return HALF_OPEN
+        return OPEN
+
+    def before_call(self) -> None:
+        """Raise CircuitOpenError unless a call may go through now."""
+        with self._lock:
+            state = self._state()
+            if state == CLOSED:
+                return
+            if state == HALF_OPEN and not self._trial_running:
+                self._trial_running = True
+                return
+            assert self._opened_at is not None
+            retry_in = max(0.0, self._opened_at + self._reset_after - self._clock())
+            raise CircuitOpenError(self.name, retry_in)
+
+    def record_success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._opened_at = None
+            self._trial_running = False
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._trial_running = False
+            self._failures += 1
+            if self._opened_at is not None or self._failures >= self._threshold:
+                self._opened_at = self._clock()

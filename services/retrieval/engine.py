@@ -1,0 +1,522 @@
+"""The multi-stage search: query processing, doc -> section -> chunk retrieval, fusion, rerank,
+token-aware context (retrieval.md §5, DESIGN §2.3-2.4).
+
+Every index call goes through `_Guarded` (retries on IndexUnavailableError, a circuit
+breaker); every filter is made by `IndexFilter`, which refuses an empty tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from services.common import errors
+from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.tokenizer import Tokenizer
+from services.retrieval.context_builder import ContextCandidate, build_context
+from services.retrieval.embeddings import Embedder
+from services.retrieval.fusion import rrf_fusion, weighted_fusion
+from services.retrieval.index.base import IndexFilter, IndexHit, IndexUnavailableError, VectorIndex
+from services.retrieval.query import SynonymTable, detect_language, expand_query, normalise_query
+from services.retrieval.search import (
+    KB_TENANT,
+    ChunkHit,
+    DocHit,
+    SearchDefaults,
+    SearchQuery,
+    SearchResult,
+    SectionHit,
+    validate,
+)
+from services.retrieval.sections import SectionCatalog
+from services.retrieval.visibility import Visibility
+
+log = logging.getLogger("visior.retrieval.engine")
+
+T = TypeVar("T")
+Key = tuple[str, str]  # (doc_id, chunk_id | section_id | "")
+
+RANKINGS = ("hybrid", "dense", "sparse")
+FUSIONS = ("weighted", "rrf")
+
+
+class BackendUnavailableError(errors.UnavailableError):
+    """The vector store cannot be reached (retrieval.md §7.2); 502 through Envoy."""
+
+    default_reason = "backend_unavailable"
+
+
+class Reranker(Protocol):
+    """Scores (query, text) pairs; returns (index into texts, score in [0, 1]) best first."""
+
+    async def rerank(
+        self, query: str, texts: Sequence[str], top_n: int | None = None
+    ) -> list[tuple[int, float]]: ...
+
+
+class SearchMetrics(Protocol):
+    """What the engine reports (services/retrieval/metrics.py implements it)."""
+
+    def observe(self, result: SearchResult) -> None: ...
+
+    def failed(self, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How searches rank (RETR_* / retrieval.md §8)."""
+
+    enable_hybrid: bool = True
+    """Dense + BM25 when the request does not say (ENABLE_HYBRID)."""
+    enable_rerank: bool = False
+    """Rerank when the request does not say and a reranker is configured (ENABLE_RERANK)."""
+    fusion: str = "weighted"
+    """Default hybrid fusion: "weighted" (normalised lists, weighted) or "rrf" (RETR_FUSION)."""
+    dense_weight: float = 0.7
+    """Weight of the normalised dense list (RETR_DENSE_WEIGHT)."""
+    sparse_weight: float = 0.3
+    """Weight of the normalised BM25 list (RETR_SPARSE_WEIGHT)."""
+    rrf_k: int = 60
+    """RRF's k (RETR_RRF_K)."""
+    candidate_factor: int = 4
+    """Candidates fetched per list = factor x what the stage keeps (RETR_CANDIDATE_FACTOR)."""
+    rerank_candidates: int = 40
+    """Chunks sent to the reranker (RERANK_MAX_CANDIDATES)."""
+    expand_query: bool = False
+    """Search synonym variants too when the request does not say (RETR_EXPAND_QUERY)."""
+    max_query_variants: int = 3
+    """Variants searched besides the query (RETR_MAX_QUERY_VARIANTS)."""
+    retries: int = 2
+    """Retries of a failed index call, at most 2 (retrieval.md §7.2; RETR_BACKEND_RETRIES)."""
+    empty_on_backend_error: bool = False
+    """Answer an empty result instead of 502 when the index is down (RETR_EMPTY_ON_BACKEND_ERROR)."""
+
+
+@dataclass
+class _Timing:
+    embed_ms: float = 0.0
+    engine_ms: float = 0.0
+    rerank_ms: float = 0.0
+
+
+class _Guarded:
+    """An index behind retries and a circuit breaker; raises BackendUnavailableError."""
+
+    def __init__(self, index: VectorIndex, breaker: CircuitBreaker, retries: int) -> None:
+        self.index = index
+        self._breaker = breaker
+        self._retries = retries
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        last: Exception | None = None
+        for _attempt in range(1 + self._retries):
+            try:
+                self._breaker.before_call()
+            except CircuitOpenError as exc:
+                raise BackendUnavailableError(str(exc), metadata={"backend": self.index.backend})
+            try:
+                out = fn(*args)
+            except IndexUnavailableError as exc:
+                self._breaker.record_failure()
+                last = exc
+                continue
+            self._breaker.record_success()
+            return out
+        raise BackendUnavailableError(
+            f"the vector store is unavailable: {last}", metadata={"backend": self.index.backend}
+        )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated request with every default applied."""
+
+    q: SearchQuery
+    tenant_id: str
+    text: str
+    language: str
+    variants: tuple[str, ...]
+    mode: str
+    ranking: str
+    fusion: str
+    rerank: bool
+    max_results: int
+    max_docs: int
+    max_sections: int
+    max_chunks: int
+    token_limit: int
+    topk_per_doc: int
+    min_score: float
+    hard_trim: bool
+    base_filter: IndexFilter
+
+
+class RetrievalEngine:
+    """Runs searches; all index work happens in one worker thread per request."""
+
+    def __init__(
+        self,
+        *,
+        index: VectorIndex,
+        embedder: Embedder,
+        visibility: Visibility,
+        sections: SectionCatalog,
+        tokenizer: Tokenizer,
+        defaults: SearchDefaults,
+        settings: EngineSettings,
+        breaker: CircuitBreaker,
+        reranker: Reranker | None = None,
+        synonyms: SynonymTable | None = None,
+        metrics: SearchMetrics | None = None,
+    ) -> None:
+        self._index = _Guarded(index, breaker, min(2, max(0, settings.retries)))
+        self._embedder = embedder
+        self._visibility = visibility
+        self._sections = sections
+        self._tokenizer = tokenizer
+        self._defaults = defaults
+        self._settings = settings
+        self._reranker = reranker
+        self._synonyms = synonyms
+        self._metrics = metrics
+
+    @property
+    def backend(self) -> str:
+        return self._index.index.backend
+
+    async def search(self, q: SearchQuery) -> SearchResult:
+        started = time.perf_counter()
+        plan = self._plan(q)
+        timing = _Timing()
+        try:
+            vector = await self._embed(plan, timing)
+            chunks = await asyncio.to_thread(self._retrieve, plan, vector, timing)
+        except BackendUnavailableError as exc:
+            if self._metrics is not None:
+                self._metrics.failed("backend_unavailable")
+            if not self._settings.empty_on_backend_error:
+                raise
+            log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=exc)
+            chunks = []
+        rerank_used = False
+        if plan.rerank and chunks:
+            chunks, rerank_used = await self._rerank(plan, chunks, timing)
+        result = self._shape(plan, chunks, rerank_used, timing, started)
+        if self._metrics is not None:
+            self._metrics.observe(result)
+        return result
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _plan(self, q: SearchQuery) -> _Plan:
+        d, s = self._defaults, self._settings
+        validate(q, d)
+        if q.ranking and q.ranking not in RANKINGS:
+            raise errors.InvalidArgumentError(
+                f"params.ranking must be one of {', '.join(RANKINGS)}",
+                metadata={"field": "params.ranking"},
+            )
+        if q.fusion and q.fusion not in FUSIONS:
+            raise errors.InvalidArgumentError(
+                f"params.fusion must be one of {', '.join(FUSIONS)}",
+                metadata={"field": "params.fusion"},
+            )
+        text = normalise_query(q.query)
+        if not text:
+            raise errors.InvalidArgumentError(
+                "query has no searchable characters", metadata={"field": "query"}
+            )
+        language = q.language or detect_language(text)
+        mode = q.mode or d.mode
+        hybrid = q.enable_hybrid if q.enable_hybrid is not None else s.enable_hybrid
+        ranking = q.ranking or ("hybrid" if hybrid else "dense")
+        if mode == "hybrid_only":
+            ranking = "hybrid"
+        rerank = q.enable_rerank if q.enable_rerank is not None else s.enable_rerank
+        rerank = rerank and self._reranker is not None and mode != "hybrid_only"
+        expand = q.expand_query if q.expand_query is not None else s.expand_query
+        variants: tuple[str, ...] = ()
+        if expand and ranking != "dense" and self._synonyms is not None:
+            found = expand_query(text, language, self._synonyms, s.max_query_variants)
+            variants = tuple(v for v in found if v != text)
+        f = q.filters
+        # The knowledge base is the one shared corpus (DESIGN §3): asked for by source, read
+        # under its reserved tenant, never mixed into the caller's own documents.
+        tenant = KB_TENANT if f.source == "knowledge_base" else q.tenant_id
+        base = IndexFilter(
+            tenant_id=tenant,
+            doc_ids=f.doc_ids,
+            section_ids=f.section_ids,
+            product=f.product,
+            version=f.version,
+            tags=f.tags,
+            source=f.source,
+        )
+        return _Plan(
+            q=q,
+            tenant_id=tenant,
+            text=text,
+            language=language,
+            variants=variants,
+            mode=mode,
+            ranking=ranking,
+            fusion=q.fusion or s.fusion,
+            rerank=rerank,
+            max_results=q.max_results or d.max_results,
+            max_docs=q.max_docs or d.max_docs,
+            max_sections=q.max_sections or d.max_sections,
+            max_chunks=q.max_chunks or d.max_chunks,
+            token_limit=q.context_token_limit or d.context_token_limit,
+            topk_per_doc=q.topk_per_doc if q.topk_per_doc is not None else d.topk_per_doc,
+            min_score=q.min_score if q.min_score is not None else d.min_score,
+            hard_trim=bool(q.hard_trim),
+            base_filter=base,
+        )
+
+    async def _embed(self, plan: _Plan, timing: _Timing) -> np.ndarray | None:
+        if plan.ranking == "sparse":
+            return None
+        t0 = time.perf_counter()
+        matrix = await asyncio.to_thread(self._embedder.embed_queries, [plan.text])
+        timing.embed_ms = (time.perf_counter() - t0) * 1000
+        return np.asarray(matrix[0], dtype=np.float32)
+
+    # -- retrieval (worker thread) ----------------------------------------------------------
+
+    def _retrieve(
+        self, plan: _Plan, vector: np.ndarray | None, timing: _Timing
+    ) -> list[tuple[IndexHit, float]]:
+        t0 = time.perf_counter()
+        try:
+            keep = max(plan.max_chunks, plan.max_results)
+            flt = plan.base_filter
+            if plan.mode == "doc_first":
+                doc_filter = replace(flt, kinds=("doc",), section_ids=())
+                docs = self._level(plan, vector, doc_filter, plan.max_docs)
+                if not docs:
+                    return []
+                flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
+            if plan.mode in ("doc_first", "section_first"):
+                return self._section_first(plan, vector, flt, keep)
+            # chunk_priority / hybrid_only: straight to chunks; chunk_priority looks deeper.
+            depth = keep * (2 if plan.mode == "chunk_priority" else 1)
+            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth)
+        finally:
+            timing.engine_ms = (time.perf_counter() - t0) * 1000
+
+    def _section_first(
+        self, plan: _Plan, vector: np.ndarray | None, flt: IndexFilter, keep: int
+    ) -> list[tuple[IndexHit, float]]:
+        # Sections ranked by their own summary/text match fused with their best chunk's
+        # match, so a section whose summary misses the query but whose text answers it
+        # still makes the shortlist; then the chunks of the shortlisted sections.
+        sections = self._level(plan, vector, replace(flt, kinds=("section",)), plan.max_sections)
+        chunks = self._level(plan, vector, replace(flt, kinds=("chunk",)), keep)
+        best: dict[Key, float] = {}
+        for hit, score in chunks:
+            key = (hit.doc_id, hit.section_id)
+            best[key] = max(best.get(key, 0.0), score)
+        ranked = weighted_fusion(
+            {
+                "section": [((h.doc_id, h.section_id), s) for h, s in sections],
+                "chunk": sorted(best.items(), key=lambda kv: -kv[1]),
+            },
+            {"section": 0.5, "chunk": 0.5},
+        )
+        shortlist = [key for key, _ in ranked[: plan.max_sections]]
+        if not shortlist:
+            return []
+        section_ids = tuple(dict.fromkeys(sid for _, sid in shortlist))
+        allowed = set(shortlist)
+        inside = self._level(
+            plan, vector, replace(flt, kinds=("chunk",), section_ids=section_ids), keep
+        )
+        return [(h, s) for h, s in inside if (h.doc_id, h.section_id) in allowed]
+
+    def _level(
+        self, plan: _Plan, vector: np.ndarray | None, flt: IndexFilter, limit: int
+    ) -> list[tuple[IndexHit, float]]:
+        """One level's candidates: dense and/or BM25 lists, fused, live generations only."""
+        depth = max(limit, 1) * self._settings.candidate_factor
+        index = self._index
+        lists: dict[str, list[tuple[Key, float]]] = {}
+        hits: dict[Key, IndexHit] = {}
+
+        def take(name: str, found: list[IndexHit]) -> None:
+            ranked = []
+            for h in found:
+                if not self._visibility.is_live(flt.tenant_id, h.doc_id, h.generation):
+                    continue
+                key = (h.doc_id, h.chunk_id or h.section_id)
+                hits.setdefault(key, h)
+                ranked.append((key, h.score))
+            lists[name] = ranked
+
+        if plan.ranking in ("dense", "hybrid") and vector is not None:
+            take("dense", index.call(index.index.search_dense, vector, flt, depth))
+        if plan.ranking in ("sparse", "hybrid"):
+            take("sparse", index.call(index.index.search_sparse, plan.text, flt, depth))
+            for i, variant in enumerate(plan.variants):
+                take(f"variant{i}", index.call(index.index.search_sparse, variant, flt, depth))
+        fused = self._fuse(plan, lists)
+        return [(hits[key], score) for key, score in fused[:limit]]
+
+    def _fuse(self, plan: _Plan, lists: dict[str, list[tuple[Key, float]]]) -> list[tuple[Key, float]]:
+        s = self._settings
+        if plan.ranking == "dense":
+            # Cosine similarity, clipped to [0, 1] so min_score reads the same everywhere.
+            return [(k, max(0.0, min(1.0, v))) for k, v in lists.get("dense", [])]
+        sparse_lists = {n: v for n, v in lists.items() if n != "dense"}
+        if len(sparse_lists) > 1:
+            # Query variants (expansion) merge with RRF into one BM25 list.
+            merged = rrf_fusion({n: [k for k, _ in v] for n, v in sparse_lists.items()}, k=s.rrf_k)
+            sparse: list[tuple[Key, float]] = merged
+        else:
+            sparse = sparse_lists.get("sparse", [])
+        if plan.ranking == "sparse":
+            top = sparse[0][1] if sparse else 1.0
+            return [(k, v / top if top > 0 else 0.0) for k, v in sparse]
+        dense = lists.get("dense", [])
+        if plan.fusion == "rrf":
+            fused = rrf_fusion(
+                {"dense": [k for k, _ in dense], "sparse": [k for k, _ in sparse]},
+                k=s.rrf_k,
+                weights={"dense": s.dense_weight, "sparse": s.sparse_weight},
+            )
+            # Scaled so that first place in both lists scores 1.
+            best = (s.dense_weight + s.sparse_weight) / (s.rrf_k + 1)
+            return [(k, min(1.0, v / best)) for k, v in fused]
+        return weighted_fusion(
+            {"dense": dense, "sparse": sparse},
+            {"dense": s.dense_weight, "sparse": s.sparse_weight},
+        )
+
+    # -- rerank -----------------------------------------------------------------------------
+
+    async def _rerank(
+        self, plan: _Plan, chunks: list[tuple[IndexHit, float]], timing: _Timing
+    ) -> tuple[list[tuple[IndexHit, float]], bool]:
+        assert self._reranker is not None
+        head = chunks[: self._settings.rerank_candidates]
+        t0 = time.perf_counter()
+        try:
+            order = await self._reranker.rerank(plan.text, [h.text for h, _ in head])
+        except Exception as exc:  # the un-reranked order is a fine answer
+            log.warning("rerank failed; keeping the hybrid order", extra={"error": str(exc)})
+            return chunks, False
+        finally:
+            timing.rerank_ms = (time.perf_counter() - t0) * 1000
+        seen = set()
+        out = []
+        for i, score in order:
+            if 0 <= i < len(head) and i not in seen:
+                seen.add(i)
+                out.append((head[i][0], float(score)))
+        out.extend(head[i] for i in range(len(head)) if i not in seen)
+        return out + chunks[len(head) :], True
+
+    # -- shaping ----------------------------------------------------------------------------
+
+    def _shape(
+        self,
+        plan: _Plan,
+        chunks: list[tuple[IndexHit, float]],
+        rerank_used: bool,
+        timing: _Timing,
+        started: float,
+    ) -> SearchResult:
+        per_doc: dict[str, int] = {}
+        kept: list[ChunkHit] = []
+        for h, score in sorted(chunks, key=lambda hs: (-hs[1], hs[0].doc_id, hs[0].ord)):
+            if score < plan.min_score:
+                continue
+            if plan.topk_per_doc and per_doc.get(h.doc_id, 0) >= plan.topk_per_doc:
+                continue
+            per_doc[h.doc_id] = per_doc.get(h.doc_id, 0) + 1
+            kept.append(
+                ChunkHit(
+                    doc_id=h.doc_id,
+                    section_id=h.section_id,
+                    chunk_id=h.chunk_id,
+                    text=h.text,
+                    tokens=h.tokens,
+                    page_start=h.page_start,
+                    page_end=h.page_end,
+                    score=round(score, 6),
+                    ord=h.ord,
+                )
+            )
+        sections: dict[tuple[str, str], SectionHit] = {}
+        docs: dict[str, DocHit] = {}
+        for c in kept:
+            key = (c.doc_id, c.section_id)
+            if key not in sections and len(sections) < plan.max_sections:
+                info = self._sections.get(plan.tenant_id, c.doc_id, c.section_id)
+                sections[key] = SectionHit(
+                    section_id=c.section_id,
+                    doc_id=c.doc_id,
+                    title=info.title if info else "",
+                    summary=info.summary if info else "",
+                    page_start=info.page_start if info else c.page_start,
+                    page_end=info.page_end if info else c.page_end,
+                    anchor_chunk_id=c.chunk_id,
+                    score=c.score,
+                )
+            if c.doc_id not in docs and len(docs) < plan.max_docs:
+                title = self._sections.doc_title(plan.tenant_id, c.doc_id)
+                docs[c.doc_id] = DocHit(c.doc_id, title, c.score)
+        blocks = build_context(
+            [
+                ContextCandidate(
+                    doc_id=c.doc_id,
+                    section_id=c.section_id,
+                    chunk_id=c.chunk_id,
+                    ord=c.ord,
+                    text=c.text,
+                    tokens=c.tokens,
+                    score=c.score,
+                    page_start=c.page_start,
+                    page_end=c.page_end,
+                )
+                for c in kept[: plan.max_chunks]
+            ],
+            token_limit=plan.token_limit,
+            tokenizer=self._tokenizer,
+            hard_trim=plan.hard_trim,
+        )
+        context = [
+            ChunkHit(
+                doc_id=b.doc_id,
+                section_id=b.section_id,
+                chunk_id=b.chunk_ids[0],
+                text=b.text,
+                tokens=b.tokens,
+                page_start=b.page_start,
+                page_end=b.page_end,
+                score=round(b.score, 6),
+                ord=b.ord,
+            )
+            for b in blocks
+        ]
+        return SearchResult(
+            hits=kept[: plan.max_results],
+            chunks=context,
+            docs=list(docs.values()),
+            sections=list(sections.values()),
+            mode=plan.mode,
+            hybrid_used=plan.ranking == "hybrid",
+            rerank_used=rerank_used,
+            elapsed_ms=round((time.perf_counter() - started) * 1000),
+            backend=self.backend,
+            language=plan.language,
+            query_variants=plan.variants,
+            query_embedding_ms=round(timing.embed_ms, 3),
+            engine_ms=round(timing.engine_ms, 3),
+            rerank_ms=round(timing.rerank_ms, 3),
+        )

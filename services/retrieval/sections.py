@@ -1,0 +1,57 @@
+"""Section titles, summaries and page ranges for search results, cached per document generation."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Protocol
+
+from services.docstore.model import Document, Section
+
+
+class DocumentSource(Protocol):
+    """Reads a document's sections (not its chunks) from the document store."""
+
+    def get_document(
+        self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
+    ) -> Document | None: ...
+
+
+class SectionCatalog:
+    """An LRU of documents' section lists: search shapes `used_sections` without a store trip."""
+
+    def __init__(self, source: DocumentSource, size: int = 2048) -> None:
+        self._source = source
+        self._size = size
+        self._lock = threading.Lock()
+        self._docs: OrderedDict[tuple[str, str], tuple[str, dict[str, Section]]] = OrderedDict()
+
+    def _load(self, tenant_id: str, doc_id: str) -> tuple[str, dict[str, Section]] | None:
+        key = (tenant_id, doc_id)
+        with self._lock:
+            found = self._docs.get(key)
+            if found is not None:
+                self._docs.move_to_end(key)
+                return found
+        doc = self._source.get_document(tenant_id, doc_id, with_chunks=False)
+        if doc is None:
+            return None
+        entry = (doc.title, {s.section_id: s for s in doc.sections})
+        with self._lock:
+            self._docs[key] = entry
+            while len(self._docs) > self._size:
+                self._docs.popitem(last=False)
+        return entry
+
+    def get(self, tenant_id: str, doc_id: str, section_id: str) -> Section | None:
+        entry = self._load(tenant_id, doc_id)
+        return entry[1].get(section_id) if entry else None
+
+    def doc_title(self, tenant_id: str, doc_id: str) -> str:
+        entry = self._load(tenant_id, doc_id)
+        return entry[0] if entry else ""
+
+    def forget(self, tenant_id: str, doc_id: str) -> None:
+        """Drop a document (re-ingested or deleted by this process)."""
+        with self._lock:
+            self._docs.pop((tenant_id, doc_id), None)
