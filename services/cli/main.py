@@ -21,6 +21,16 @@ from services.devtools.topology import SERVICES, Ports
 DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
 DEFAULT_RETR_URL = "http://127.0.0.1:8083"
 SAMPLES = REPO_ROOT / "samples" / "docs"
+SAMPLE_KB = REPO_ROOT / "samples" / "knowledge_base"
+KB_TENANT = "__knowledge_base__"  # services/retrieval/search.py: the reserved knowledge-base tenant
+
+
+def ingest_samples(url: str, timeout: float) -> int:
+    """samples/docs into tenant demo, the sample knowledge base into the shared corpus."""
+    rc = ingest(url, [str(SAMPLES)], "demo", timeout)
+    if SAMPLE_KB.is_dir() and any(SAMPLE_KB.glob("*.csv")):
+        rc = ingest(url, [str(SAMPLE_KB)], KB_TENANT, timeout) or rc
+    return rc
 DEMO_QUESTION = "Как настроить LDAP интеграцию в Orion X?"
 
 
@@ -61,18 +71,34 @@ def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout:
     return 0
 
 
+INGESTIBLE = (".md", ".markdown", ".txt", ".pdf", ".csv")
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * done / total) if total else width
+    return f"[{'#' * filled}{'.' * (width - filled)}] {100 * done // max(total, 1):3d}%"
+
+
 def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     files: list[Path] = []
     for p in map(Path, paths):
-        files.extend(sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p])
+        if p.is_dir():  # a folder: the formats we parse; notes and licences beside them stay out
+            files.extend(
+                sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in INGESTIBLE)
+            )
+        else:
+            files.append(p)
     if not files:
         return _fail("no files to ingest")
     failed = 0
+    total_bytes = sum(f.stat().st_size for f in files if f.exists()) or 1
+    done_bytes = 0
     with httpx.Client(timeout=timeout) as client:
         for i, path in enumerate(files, 1):
             prefix = f"[{i}/{len(files)}] {path.name}"
             if sys.stdout.isatty():
-                print(f"{prefix} …", end="", flush=True)
+                print(f"{_bar(done_bytes, total_bytes)} {prefix} …", end="", flush=True)
+            done_bytes += path.stat().st_size if path.exists() else 0
             try:
                 payload: dict[str, Any] = {
                     "tenant_id": tenant,
@@ -89,9 +115,12 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                 failed += 1
                 continue
             r = response.json()
-            note = " (replaced)" if r.get("replaced") else ""
-            print(f"\r{prefix} -> {r['doc_id']}: {r['sections']} sections, {r['chunks']} chunks, "
-                  f"{r['pages']} pages{note}")  # fmt: skip
+            note = " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
+            ids = r.get("doc_ids") or [r.get("doc_id", "")]
+            name = ids[0] if len(ids) == 1 else f"{len(ids)} documents"
+            print(f"\r{prefix} -> {name}: {r.get('sections', 0)} sections, "
+                  f"{r.get('chunks', 0)} chunks, {r.get('pages', 0)} pages{note}"
+                  + " " * 30)  # fmt: skip
     print(f"{len(files) - failed} of {len(files)} ingested into tenant {tenant!r}")
     return 1 if failed else 0
 
@@ -132,7 +161,7 @@ def run(data_dir: str, workdir: str, samples: bool) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         if samples:
-            ingest(mesh.json_url("retrieval"), [str(SAMPLES)], "demo", 60)
+            ingest_samples(mesh.json_url("retrieval"), 600)
         _print_where(mesh)
         print("Ctrl-C stops everything.", flush=True)
         while not stop.wait(1.0):
@@ -157,7 +186,7 @@ def demo(question: str) -> int:
         try:
             _print_where(mesh)
             print()
-            rc = ingest(mesh.json_url("retrieval"), [str(SAMPLES)], "demo", 60)
+            rc = ingest_samples(mesh.json_url("retrieval"), 600)
             if rc:
                 return rc
             print(f"\nQ: {question}\n")
@@ -184,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120)
     p = sub.add_parser("ingest", help="ingest files or folders into a tenant")
     p.add_argument("paths", nargs="+")
-    p.add_argument("--tenant", required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tenant")
+    g.add_argument(
+        "--knowledge-base", action="store_true",
+        help="write the shared knowledge base (agent.md §6 CSV) instead of a tenant",
+    )  # fmt: skip
     p.add_argument("--url", default=DEFAULT_RETR_URL, help="retrieval's sidecar")
     p.add_argument("--timeout", type=float, default=300)
     p = sub.add_parser("list", help="list a tenant's documents")
@@ -199,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "ask":
         return ask(a.url, a.question, a.tenant, a.user, a.json, a.timeout)
     if a.command == "ingest":
-        return ingest(a.url, a.paths, a.tenant, a.timeout)
+        return ingest(a.url, a.paths, KB_TENANT if a.knowledge_base else a.tenant, a.timeout)
     return list_documents(a.url, a.tenant, a.timeout)
 
 

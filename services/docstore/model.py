@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """A run of text small enough to embed and to quote; `ord` is its position in the document."""
+    """A run of text small enough to embed and to quote; `ord` is its position in the document.
 
+    `tokens` is the real token count of `text` (the default BPE encoding); a chunk that spans
+    a page break has `page_end > page_start`. Pages count from 1.
+    """
+
+    doc_id: str
     chunk_id: str
     section_id: str
     ord: int
@@ -20,7 +26,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Section:
-    """A heading and the chunks under it."""
+    """A heading and the chunks under it; `title` carries the heading path ("Parent › Child")."""
 
     section_id: str
     ord: int
@@ -33,8 +39,22 @@ class Section:
 
 
 @dataclass(frozen=True)
+class Page:
+    """The plain text of one page (numbered from 1), as the tools quote it."""
+
+    number: int
+    text: str
+
+
+@dataclass(frozen=True)
 class Document:
-    """A parsed document of one tenant."""
+    """A parsed document of one tenant.
+
+    `generation` is a hash of everything the parse depended on (content, options, chunking
+    config, parser version): identical input gives an identical generation. `metadata` holds
+    free-form string facts (file_name, format, topic, jurisdiction, updated_at, ...).
+    `page_texts[i]` is the text of page i+1 (may be empty when the store read left them out).
+    """
 
     tenant_id: str
     doc_id: str
@@ -46,7 +66,11 @@ class Document:
     pages: int = 1
     sections: tuple[Section, ...] = ()
     chunks: tuple[Chunk, ...] = field(default=(), repr=False)
+    generation: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    page_texts: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def chars(self) -> int:
+        """Characters of text over all chunks (overlap counted once per chunk)."""
         return sum(len(c.text) for c in self.chunks)

@@ -12,15 +12,17 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
-from services.docstore.model import Chunk, Document, Section
+from services.docstore.model import Chunk, Document, Page, Section
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
   tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, title TEXT NOT NULL, source TEXT NOT NULL,
   product TEXT NOT NULL, version TEXT NOT NULL, tags TEXT NOT NULL, pages INTEGER NOT NULL,
-  chars INTEGER NOT NULL, PRIMARY KEY (tenant_id, doc_id));
+  chars INTEGER NOT NULL, generation TEXT NOT NULL DEFAULT '',
+  metadata TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (tenant_id, doc_id));
 CREATE TABLE IF NOT EXISTS sections (
   tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, section_id TEXT NOT NULL, ord INTEGER NOT NULL,
   title TEXT NOT NULL, summary TEXT NOT NULL, page_start INTEGER NOT NULL,
@@ -32,7 +34,17 @@ CREATE TABLE IF NOT EXISTS chunks (
   page_start INTEGER NOT NULL, page_end INTEGER NOT NULL,
   PRIMARY KEY (tenant_id, doc_id, ord));
 CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_id ON chunks (tenant_id, doc_id, chunk_id);
+CREATE TABLE IF NOT EXISTS pages (
+  tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, page INTEGER NOT NULL, text TEXT NOT NULL,
+  PRIMARY KEY (tenant_id, doc_id, page));
 """
+# Columns added after the first schema: (name, definition) for ALTER TABLE on older files.
+_ADDED_DOCUMENT_COLUMNS = (
+    ("generation", "TEXT NOT NULL DEFAULT ''"),
+    ("metadata", "TEXT NOT NULL DEFAULT '{}'"),
+)
+_DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
+_CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
 
 
 class SqliteDocumentStore:
@@ -52,7 +64,22 @@ class SqliteDocumentStore:
         if not self._read_only:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
+            self._migrate(conn)
         return conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Add the columns a store file written by an older version lacks (one transaction)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            have = {row[1] for row in conn.execute("PRAGMA table_info(documents)")}
+            for name, definition in _ADDED_DOCUMENT_COLUMNS:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE documents ADD COLUMN {name} {definition}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -83,10 +110,12 @@ class SqliteDocumentStore:
         with self._tx() as conn:
             replaced = self._delete(conn, doc.tenant_id, doc.doc_id)
             conn.execute(
-                "INSERT INTO documents VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO documents (tenant_id, doc_id, title, source, product, version, tags,"
+                " pages, chars, generation, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     doc.tenant_id, doc.doc_id, doc.title, doc.source, doc.product, doc.version,
-                    json.dumps(list(doc.tags)), doc.pages, doc.chars,
+                    json.dumps(list(doc.tags)), doc.pages, doc.chars, doc.generation,
+                    json.dumps(dict(doc.metadata), ensure_ascii=False, sort_keys=True),
                 ),
             )  # fmt: skip
             conn.executemany(
@@ -100,7 +129,8 @@ class SqliteDocumentStore:
                 ],
             )  # fmt: skip
             conn.executemany(
-                "INSERT INTO chunks VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO chunks (tenant_id, doc_id, ord, chunk_id, section_id, text, tokens,"
+                " page_start, page_end) VALUES (?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         doc.tenant_id, doc.doc_id, c.ord, c.chunk_id, c.section_id, c.text,
@@ -109,9 +139,17 @@ class SqliteDocumentStore:
                     for c in doc.chunks
                 ],
             )  # fmt: skip
+            conn.executemany(
+                "INSERT INTO pages VALUES (?,?,?,?)",
+                [
+                    (doc.tenant_id, doc.doc_id, number, text)
+                    for number, text in enumerate(doc.page_texts, start=1)
+                ],
+            )
         return replaced
 
     def delete(self, tenant_id: str, doc_id: str) -> bool:
+        """Delete a document with its sections, chunks and pages; True when it existed."""
         with self._tx() as conn:
             return self._delete(conn, tenant_id, doc_id)
 
@@ -122,19 +160,43 @@ class SqliteDocumentStore:
         )
         conn.execute("DELETE FROM sections WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM chunks WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
+        conn.execute("DELETE FROM pages WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         return cur.rowcount > 0
 
     def list_documents(self, tenant_id: str) -> list[Document]:
-        """The tenant's documents without sections and chunks, by doc_id."""
+        """The tenant's documents without sections, chunks and page texts, by doc_id."""
         rows = self._query(
-            "SELECT doc_id, title, source, product, version, tags, pages FROM documents "
-            "WHERE tenant_id=? ORDER BY doc_id",
+            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=? ORDER BY doc_id",
             (tenant_id,),
         )
-        return [
-            Document(tenant_id, r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), r[6])
-            for r in rows
-        ]
+        return [_document(tenant_id, r) for r in rows]
+
+    def document_generation(self, tenant_id: str, doc_id: str) -> str | None:
+        """The generation of the stored document, or None when the tenant has no such document."""
+        rows = self._query(
+            "SELECT generation FROM documents WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id)
+        )
+        return str(rows[0][0]) if rows else None
+
+    def generations(self, tenant_id: str) -> dict[str, str]:
+        """doc_id -> generation for every document of the tenant."""
+        rows = self._query(
+            "SELECT doc_id, generation FROM documents WHERE tenant_id=?", (tenant_id,)
+        )
+        return {str(r[0]): str(r[1]) for r in rows}
+
+    def tenants(self) -> list[str]:
+        """Every tenant that has at least one document."""
+        return [str(r[0]) for r in self._query("SELECT DISTINCT tenant_id FROM documents", ())]
+
+    def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]:
+        """Pages first..last (1-based, inclusive) of a document that exist, in order."""
+        rows = self._query(
+            "SELECT page, text FROM pages WHERE tenant_id=? AND doc_id=? AND page BETWEEN ? AND ?"
+            " ORDER BY page",
+            (tenant_id, doc_id, first, last),
+        )
+        return [Page(int(r[0]), str(r[1])) for r in rows]
 
     def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]:
         """(sections, chunks, chars) of one document."""
@@ -150,14 +212,13 @@ class SqliteDocumentStore:
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
     ) -> Document | None:
+        """One document with its sections (and chunks and page texts unless `with_chunks=False`)."""
         rows = self._query(
-            "SELECT doc_id, title, source, product, version, tags, pages FROM documents "
-            "WHERE tenant_id=? AND doc_id=?",
+            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?",
             (tenant_id, doc_id),
         )
         if not rows:
             return None
-        r = rows[0]
         sections = tuple(
             Section(*s)
             for s in self._query(
@@ -166,16 +227,21 @@ class SqliteDocumentStore:
                 (tenant_id, doc_id),
             )
         )
-        chunks = self.chunk_range(tenant_id, doc_id, 0, 1 << 30) if with_chunks else []
-        return Document(
-            tenant_id, r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), r[6],
-            sections, tuple(chunks),
-        )  # fmt: skip
+        if not with_chunks:
+            return replace(_document(tenant_id, rows[0]), sections=sections)
+        chunks = self.chunk_range(tenant_id, doc_id, 0, 1 << 30)
+        pages = self.pages_text(tenant_id, doc_id, 1, 1 << 30)
+        return replace(
+            _document(tenant_id, rows[0]),
+            sections=sections,
+            chunks=tuple(chunks),
+            page_texts=tuple(p.text for p in pages),
+        )
 
     def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:
+        """One chunk by id, or None."""
         rows = self._query(
-            "SELECT chunk_id, section_id, ord, text, tokens, page_start, page_end FROM chunks "
-            "WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
+            f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
             (tenant_id, doc_id, chunk_id),
         )
         return Chunk(*rows[0]) if rows else None
@@ -183,7 +249,7 @@ class SqliteDocumentStore:
     def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]:
         """Chunks with first <= ord <= last, in order."""
         rows = self._query(
-            "SELECT chunk_id, section_id, ord, text, tokens, page_start, page_end FROM chunks "
+            f"SELECT {_CHUNK_COLUMNS} FROM chunks "
             "WHERE tenant_id=? AND doc_id=? AND ord BETWEEN ? AND ? ORDER BY ord",
             (tenant_id, doc_id, first, last),
         )
@@ -192,7 +258,7 @@ class SqliteDocumentStore:
     def all_chunks(self) -> Iterator[tuple[str, str, str, Chunk]]:
         """(tenant_id, doc_id, title, chunk) for every chunk, to rebuild an index at start-up."""
         rows = self._query(
-            "SELECT c.tenant_id, c.doc_id, d.title, c.chunk_id, c.section_id, c.ord, c.text, "
+            "SELECT c.tenant_id, c.doc_id, d.title, c.doc_id, c.chunk_id, c.section_id, c.ord, c.text, "
             "c.tokens, c.page_start, c.page_end FROM chunks c JOIN documents d "
             "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id ORDER BY c.tenant_id, c.doc_id, c.ord",
             (),
@@ -201,5 +267,22 @@ class SqliteDocumentStore:
             yield r[0], r[1], r[2], Chunk(*r[3:])
 
     def close(self) -> None:
+        """Close the connection."""
         with self._lock:
             self._conn.close()
+
+
+def _document(tenant_id: str, r: tuple) -> Document:  # type: ignore[type-arg]
+    """A Document (no sections, chunks or pages) from a row of _DOC_COLUMNS."""
+    return Document(
+        tenant_id=tenant_id,
+        doc_id=r[0],
+        title=r[1],
+        source=r[2],
+        product=r[3],
+        version=r[4],
+        tags=tuple(json.loads(r[5])),
+        pages=r[6],
+        generation=r[7],
+        metadata=json.loads(r[8]),
+    )

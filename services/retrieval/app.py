@@ -1,4 +1,4 @@
-"""Assembles the retrieval process: store, index, engines, servicers, server."""
+"""Assembles the retrieval process: store, index, embedder, engine, ingestion, servicers, server."""
 
 from __future__ import annotations
 
@@ -7,60 +7,128 @@ import logging
 from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2_grpc
 
+from services.common.breaker import CircuitBreaker
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.tokenizer import default_tokenizer
+from services.docstore.parsing import ChunkingConfig
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.config import RetrievalSettings
+from services.retrieval.embeddings import build_embedder
+from services.retrieval.engine import RetrievalEngine
+from services.retrieval.index.base import VectorIndex
+from services.retrieval.index.edge import EdgeIndex
+from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.ingestion import Ingestor
-from services.retrieval.keyword_index import KeywordIndex
+from services.retrieval.journal import IngestJournal
+from services.retrieval.metrics import RetrievalMetrics
 from services.retrieval.mock import MockSearchEngine
-from services.retrieval.search import SearchEngine
+from services.retrieval.query import load_synonyms
+from services.retrieval.rerank import build_reranker
+from services.retrieval.sections import SectionCatalog
 from services.retrieval.servicer import IngestionServicer, RetrievalServicer, SearchBackend
+from services.retrieval.visibility import Visibility
 
 log = logging.getLogger("visior.retrieval")
 
 SERVICE_NAMES = ("visior.retrieval.v1.RetrievalService", "visior.retrieval.v1.IngestionService")
 
 
+def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
+    """The configured index backend (Edge in-process by default, or a Qdrant server)."""
+    if settings.index_backend == "qdrant":
+        return QdrantServerIndex.from_url(
+            settings.qdrant_url,
+            settings.qdrant_collection,
+            dim,
+            api_key=settings.qdrant_api_key or None,
+            timeout=settings.index_timeout_s,
+        )
+    return EdgeIndex(settings.index_path, dim)
+
+
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
+    registry = CollectorRegistry()
     store = SqliteDocumentStore(settings.docstore_path)
-    index = KeywordIndex()
-    ingestor = Ingestor(store, index, settings.max_document_bytes)
     engine: SearchBackend
+    ingestor: Ingestor | None = None
+    index: VectorIndex | None = None
     if settings.mock_mode:
         engine = MockSearchEngine(settings.defaults)
         backend = "mock"
     else:
-        docs = ingestor.load_index()
-        log.info("index loaded", extra={"documents": docs, "chunks": index.chunk_count()})
-        engine = SearchEngine(index, settings.defaults)
-        backend = "keyword"
+        embedder = build_embedder(settings.embedding)
+        index = open_index(settings, embedder.dim)
+        backend = index.backend
+        visibility = Visibility(store)
+        sections = SectionCatalog(store)
+        ingestor = Ingestor(
+            store=store,
+            index=index,
+            embedder=embedder,
+            visibility=visibility,
+            sections=sections,
+            journal=IngestJournal(settings.journal_path),
+            max_document_bytes=settings.max_document_bytes,
+            chunking=ChunkingConfig(
+                chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
+            ),
+        )
+        recovered = ingestor.recover()
+        log.info(
+            "index open",
+            extra={"backend": backend, "points": index.count(), "recovered": recovered,
+                   "embedder": embedder.name},
+        )  # fmt: skip
+        engine = RetrievalEngine(
+            index=index,
+            embedder=embedder,
+            visibility=visibility,
+            sections=sections,
+            tokenizer=default_tokenizer(),
+            defaults=settings.defaults,
+            settings=settings.engine,
+            breaker=CircuitBreaker(
+                "vector store",
+                failure_threshold=settings.breaker_failures,
+                reset_after_s=settings.breaker_reset_s,
+            ),
+            reranker=build_reranker(settings.rerank),
+            synonyms=load_synonyms(settings.synonyms_path or None),
+            metrics=RetrievalMetrics(registry),
+        )
 
     def probe() -> dict[str, str]:
+        details = {"backend": backend, "docstore": "sqlite"}
         try:
             store.ping()
         except Exception as exc:  # the health answer must say why, not raise
-            return {"status": "down", "backend": backend, "docstore": f"error: {exc}"}
-        return {
-            "status": "ok",
-            "backend": backend,
-            "docstore": "sqlite",
-            "chunks": str(index.chunk_count()),
-        }
+            return {"status": "down", **details, "docstore": f"error: {exc}"}
+        if index is not None:
+            state = index.health()
+            details.update({f"index_{k}": v for k, v in state.items() if k != "status"})
+            details["index"] = state.get("status", "ok")
+            if state.get("status") != "ok" and settings.production:
+                return {"status": "down", **details}
+        details["production"] = str(settings.production).lower()
+        return {"status": "ok", **details}
 
     def register(server):  # type: ignore[no-untyped-def]
         retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
             RetrievalServicer(engine, probe), server
         )
-        retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(
-            IngestionServicer(ingestor), server
-        )
+        if ingestor is not None:
+            retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(
+                IngestionServicer(ingestor), server
+            )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.retrieval"
+        settings.server, register, SERVICE_NAMES, registry, domain="visior.retrieval"
     )
 
     async def close() -> None:
+        if index is not None:
+            index.close()
         store.close()
 
     return running, close

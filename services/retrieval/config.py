@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from services.common.settings import Env, ServerSettings
+from services.common.settings import Env, ServerSettings, SettingsError
 from services.docstore.config import docstore_path
+from services.retrieval.embeddings import EmbeddingSettings
+from services.retrieval.engine import FUSIONS, EngineSettings
+from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import MAX_RESULTS_LIMIT, SearchDefaults
 
 DEFAULT_PORT = 50053
@@ -25,6 +29,38 @@ class RetrievalSettings:
     """Largest document accepted by IngestDocument (RETR_MAX_DOCUMENT_BYTES)."""
     mock_mode: bool
     """Serve fixed hits from memory (RETR_MOCK_MODE), as retrieval-v1 §5 defines."""
+    engine: EngineSettings
+    """Ranking knobs: hybrid, fusion, weights, retries, fallback (see EngineSettings)."""
+    index_backend: str
+    """"edge" (Qdrant Edge in-process, default) or "qdrant" (server; RETR_INDEX_BACKEND)."""
+    index_path: str
+    """Qdrant Edge shard directory (RETR_INDEX_PATH; default VISIOR_DATA_DIR/index)."""
+    qdrant_url: str
+    """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL)."""
+    qdrant_api_key: str
+    """Qdrant server API key (QDRANT_API_KEY); never logged."""
+    qdrant_collection: str
+    """Collection name on the Qdrant server (QDRANT_COLLECTION)."""
+    index_timeout_s: float
+    """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
+    breaker_failures: int
+    """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
+    breaker_reset_s: float
+    """Seconds the breaker stays open before a trial call (RETR_BREAKER_RESET_S)."""
+    embedding: EmbeddingSettings
+    """Dense embedder (RETR_EMBEDDING_*)."""
+    rerank: RerankSettings
+    """Optional reranker (RERANK_*)."""
+    synonyms_path: str
+    """Extra synonyms for query expansion (RETR_SYNONYMS_PATH); built-in table when empty."""
+    production: bool
+    """Health fails when the backend is down (RETR_PRODUCTION)."""
+    journal_path: str
+    """The ingest journal (VISIOR_DATA_DIR/ingest-journal.jsonl)."""
+    chunk_tokens: int
+    """Chunk size in tokens (RETR_CHUNK_TOKENS)."""
+    chunk_overlap_tokens: int
+    """Overlap between consecutive chunks in tokens (RETR_CHUNK_OVERLAP_TOKENS)."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> RetrievalSettings:
@@ -53,10 +89,56 @@ class RetrievalSettings:
             topk_per_doc=env.integer("RETR_TOPK_PER_DOC", 0, minimum=0),
             min_score=env.number("RETR_MIN_SCORE", 0.0, minimum=0.0),
         )
+        fusion = env.text("RETR_FUSION", "weighted")
+        if fusion not in FUSIONS:
+            raise SettingsError(f"RETR_FUSION={fusion!r} must be one of {', '.join(FUSIONS)}")
+        engine = EngineSettings(
+            enable_hybrid=env.flag(["RETR_ENABLE_HYBRID", "ENABLE_HYBRID"], True),
+            enable_rerank=env.flag(["RETR_ENABLE_RERANK", "ENABLE_RERANK"], False),
+            fusion=fusion,
+            dense_weight=env.number("RETR_DENSE_WEIGHT", 0.7, minimum=0.0),
+            sparse_weight=env.number("RETR_SPARSE_WEIGHT", 0.3, minimum=0.0),
+            rrf_k=env.integer("RETR_RRF_K", 60, minimum=1, maximum=1000),
+            candidate_factor=env.integer("RETR_CANDIDATE_FACTOR", 4, minimum=1, maximum=20),
+            rerank_candidates=env.integer("RERANK_MAX_CANDIDATES", 40, minimum=1, maximum=200),
+            expand_query=env.flag("RETR_EXPAND_QUERY", False),
+            max_query_variants=env.integer("RETR_MAX_QUERY_VARIANTS", 3, minimum=0, maximum=10),
+            retries=env.integer("RETR_BACKEND_RETRIES", 2, minimum=0, maximum=2),
+            empty_on_backend_error=env.flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
+        )
+        if engine.dense_weight + engine.sparse_weight <= 0:
+            raise SettingsError("RETR_DENSE_WEIGHT + RETR_SPARSE_WEIGHT must be above 0")
+        backend = env.text("RETR_INDEX_BACKEND", "edge")
+        if backend not in ("edge", "qdrant"):
+            raise SettingsError(f"RETR_INDEX_BACKEND={backend!r} must be 'edge' or 'qdrant'")
+        qdrant_url = env.text(["QDRANT_URL", "VECTOR_DB_URL"], "")
+        if backend == "qdrant" and not qdrant_url:
+            raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
+        data_dir = Path(env.text("VISIOR_DATA_DIR", "data"))
+        chunk_tokens = env.integer("RETR_CHUNK_TOKENS", 200, minimum=32, maximum=2048)
+        overlap = env.integer("RETR_CHUNK_OVERLAP_TOKENS", 32, minimum=0, maximum=512)
+        if overlap >= chunk_tokens:
+            raise SettingsError("RETR_CHUNK_OVERLAP_TOKENS must be below RETR_CHUNK_TOKENS")
         return cls(
             server=server,
             defaults=defaults,
             docstore_path=docstore_path(env, "RETR_"),
             max_document_bytes=max_doc,
             mock_mode=env.flag("RETR_MOCK_MODE", False),
+            engine=engine,
+            index_backend=backend,
+            index_path=env.text("RETR_INDEX_PATH", str(data_dir / "index")),
+            qdrant_url=qdrant_url,
+            qdrant_api_key=env.text("QDRANT_API_KEY", ""),
+            qdrant_collection=env.text("QDRANT_COLLECTION", "visior_chunks"),
+            index_timeout_s=env.number("RETR_INDEX_TIMEOUT_S", 2.0, minimum=0.01),
+            breaker_failures=env.integer("RETR_BREAKER_FAILURES", 5, minimum=1, maximum=100),
+            breaker_reset_s=env.number("RETR_BREAKER_RESET_S", 10.0, minimum=0.1),
+            embedding=EmbeddingSettings.from_env(env),
+            rerank=RerankSettings.from_env(env),
+            synonyms_path=env.text("RETR_SYNONYMS_PATH", ""),
+            production=env.flag("RETR_PRODUCTION", False),
+            journal_path=str(data_dir / "ingest-journal.jsonl"),
+            chunk_tokens=chunk_tokens,
+            chunk_overlap_tokens=overlap,
         )

@@ -19,7 +19,7 @@ import numpy as np
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.tokenizer import Tokenizer
-from services.retrieval.context_builder import ContextCandidate, build_context
+from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
 from services.retrieval.embeddings import Embedder
 from services.retrieval.fusion import rrf_fusion, weighted_fusion
 from services.retrieval.index.base import IndexFilter, IndexHit, IndexUnavailableError, VectorIndex
@@ -53,11 +53,9 @@ class BackendUnavailableError(errors.UnavailableError):
 
 
 class Reranker(Protocol):
-    """Scores (query, text) pairs; returns (index into texts, score in [0, 1]) best first."""
+    """Scores (query, text) pairs best first (services/retrieval/rerank.py)."""
 
-    async def rerank(
-        self, query: str, texts: Sequence[str], top_n: int | None = None
-    ) -> list[tuple[int, float]]: ...
+    async def rerank(self, query: str, texts: Sequence[str]) -> Sequence[Any]: ...
 
 
 class SearchMetrics(Protocol):
@@ -414,10 +412,11 @@ class RetrievalEngine:
             timing.rerank_ms = (time.perf_counter() - t0) * 1000
         seen = set()
         out = []
-        for i, score in order:
+        for r in order:
+            i, score = r.index, r.score
             if 0 <= i < len(head) and i not in seen:
                 seen.add(i)
-                out.append((head[i][0], float(score)))
+                out.append((head[i][0], max(0.0, min(1.0, float(score)))))
         out.extend(head[i] for i in range(len(head)) if i not in seen)
         return out + chunks[len(head) :], True
 
@@ -471,7 +470,7 @@ class RetrievalEngine:
             if c.doc_id not in docs and len(docs) < plan.max_docs:
                 title = self._sections.doc_title(plan.tenant_id, c.doc_id)
                 docs[c.doc_id] = DocHit(c.doc_id, title, c.score)
-        blocks = build_context(
+        built = build_context(
             [
                 ContextCandidate(
                     doc_id=c.doc_id,
@@ -488,7 +487,7 @@ class RetrievalEngine:
             ],
             token_limit=plan.token_limit,
             tokenizer=self._tokenizer,
-            hard_trim=plan.hard_trim,
+            options=ContextOptions(hard_trim=plan.hard_trim),
         )
         context = [
             ChunkHit(
@@ -500,9 +499,9 @@ class RetrievalEngine:
                 page_start=b.page_start,
                 page_end=b.page_end,
                 score=round(b.score, 6),
-                ord=b.ord,
+                ord=b.ord_start,
             )
-            for b in blocks
+            for b in built.blocks
         ]
         return SearchResult(
             hits=kept[: plan.max_results],

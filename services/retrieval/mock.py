@@ -26,7 +26,7 @@ class MockSearchEngine:
     def __init__(self, defaults: SearchDefaults) -> None:
         self._defaults = defaults
 
-    def search(self, q: SearchQuery) -> SearchResult:
+    async def search(self, q: SearchQuery) -> SearchResult:
         validate(q, self._defaults)
         hits = list(_FIXED[: q.max_results or self._defaults.max_results])
         return SearchResult(

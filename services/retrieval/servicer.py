@@ -12,14 +12,14 @@ from services.retrieval.search import Filters, SearchQuery, SearchResult
 
 
 class SearchBackend(Protocol):
-    def search(self, q: SearchQuery) -> SearchResult: ...
+    async def search(self, q: SearchQuery) -> SearchResult: ...
 
 
 class HealthProbe(Protocol):
     def __call__(self) -> dict[str, str]: ...
 
 
-def _opt(msg: object, name: str) -> int | bool | None:
+def _opt(msg: object, name: str) -> int | bool | float | None:
     return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
 
 
@@ -46,6 +46,12 @@ def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
         enable_hybrid=_opt(p, "enable_hybrid"),  # type: ignore[arg-type]
         enable_rerank=_opt(p, "enable_rerank"),  # type: ignore[arg-type]
         trace_id=req.trace_id,
+        ranking=p.ranking,
+        fusion=p.fusion,
+        topk_per_doc=_opt(p, "topk_per_doc"),  # type: ignore[arg-type]
+        min_score=_opt(p, "min_score"),  # type: ignore[arg-type]
+        expand_query=_opt(p, "expand_query"),  # type: ignore[arg-type]
+        hard_trim=_opt(p, "hard_trim"),  # type: ignore[arg-type]
     )
 
 
@@ -82,6 +88,9 @@ def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchRespo
         meta=retrieval_pb2.SearchMeta(
             retrieval_time_ms=r.elapsed_ms, mode=r.mode, hybrid_used=r.hybrid_used,
             rerank_used=r.rerank_used, trace_id=trace_id, backend=r.backend,
+            language=r.language, query_variants=list(r.query_variants),
+            query_embedding_ms=r.query_embedding_ms, engine_ms=r.engine_ms,
+            rerank_ms=r.rerank_ms,
         ),
     )  # fmt: skip
 
@@ -96,7 +105,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def Search(
         self, request: retrieval_pb2.SearchRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.SearchResponse:
-        return search_response(self._engine.search(search_query(request)), request.trace_id)
+        return search_response(await self._engine.search(search_query(request)), request.trace_id)
 
     async def GetHealth(
         self, request: retrieval_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
@@ -118,7 +127,7 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
     async def IngestDocument(
         self, request: retrieval_pb2.IngestDocumentRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.IngestDocumentResponse:
-        out = self._ingestor.ingest(
+        out = await self._ingestor.ingest(
             IngestInput(
                 tenant_id=request.tenant_id,
                 content=request.content,
@@ -129,18 +138,20 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
                 product=request.product,
                 version=request.version,
                 tags=tuple(request.tags),
+                metadata=dict(request.metadata),
             )
         )
         return retrieval_pb2.IngestDocumentResponse(
             doc_id=out.doc_id, sections=out.sections, chunks=out.chunks, pages=out.pages,
-            replaced=out.replaced,
+            replaced=out.replaced, unchanged=out.unchanged, doc_ids=list(out.doc_ids),
+            generation=out.generation,
         )  # fmt: skip
 
     async def DeleteDocument(
         self, request: retrieval_pb2.DeleteDocumentRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.DeleteDocumentResponse:
         return retrieval_pb2.DeleteDocumentResponse(
-            deleted=self._ingestor.delete(request.tenant_id, request.doc_id)
+            deleted=await self._ingestor.delete(request.tenant_id, request.doc_id)
         )
 
     async def ListDocuments(
@@ -150,7 +161,8 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
             documents=[
                 retrieval_pb2.DocumentInfo(
                     doc_id=d.doc_id, title=d.title, pages=d.pages, sections=d.sections,
-                    chunks=d.chunks, chars=d.chars, source=d.source,
+                    chunks=d.chunks, chars=d.chars, source=d.source, generation=d.generation,
+                    metadata=dict(d.metadata),
                 )
                 for d in self._ingestor.list(request.tenant_id)
             ]

@@ -1,51 +1,22 @@
+import dataclasses
 import sqlite3
 
 import pytest
 
-from services.docstore.parsing import (
-    ChunkingConfig,
-    UnsupportedFormatError,
-    guess_format,
-    parse_document,
-)
+from services.docstore.model import Page
+from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 
-MD = "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n\f\nMore on page two.\n\n## Backup\n\nDaily at 02:00.\n"
+MD = (
+    "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n\f\n"
+    "More on page two.\n\n## Backup\n\nDaily at 02:00.\n"
+)
 
 
 def doc(tenant="t1", doc_id="guide", text=MD, **kw):
-    return parse_document(tenant_id=tenant, doc_id=doc_id, text=text, fmt="markdown", **kw)
-
-
-def test_markdown_sections_pages_and_ids():
-    d = doc()
-    assert d.title == "Guide"
-    assert [s.title for s in d.sections] == ["Guide", "LDAP", "Backup"]
-    ldap = d.sections[1]
-    assert (ldap.page_start, ldap.page_end) == (1, 2)
-    assert d.pages == 2
-    assert [c.chunk_id for c in d.chunks] == [f"guide:c{i:05d}" for i in range(len(d.chunks))]
-    assert all(c.section_id.startswith("guide:s") for c in d.chunks)
-
-
-def test_ids_are_deterministic():
-    assert doc() == doc()
-
-
-def test_long_paragraphs_are_split_at_the_chunk_size():
-    text = "# T\n\n" + " ".join(f"w{i}" for i in range(25))
-    d = doc(text=text, config=ChunkingConfig(chunk_words=10))
-    assert [len(c.text.split()) for c in d.chunks] == [10, 10, 5]
-    assert [c.ord for c in d.chunks] == [0, 1, 2]
-
-
-def test_unsupported_format_is_refused():
-    with pytest.raises(UnsupportedFormatError):
-        parse_document(tenant_id="t", doc_id="d", text="x", fmt="pdf")
-    assert guess_format("a.PDF", "") == "pdf"
-    assert guess_format("a.md", "") == "markdown"
-    assert guess_format("", "text/plain") == "text"
-    assert guess_format("a.bin", "") == "unknown"
+    return parse_document(
+        tenant_id=tenant, doc_id=doc_id, content=text.encode(), fmt="markdown", **kw
+    )
 
 
 def test_store_round_trip_replace_and_tenant_isolation(tmp_path):
@@ -54,25 +25,80 @@ def test_store_round_trip_replace_and_tenant_isolation(tmp_path):
     assert store.put(doc()) is True  # same id replaces, never duplicates
     assert [d.doc_id for d in store.list_documents("t1")] == ["guide"]
     got = store.get_document("t1", "guide")
-    assert got is not None and got.chunks == doc().chunks
+    assert got == doc()  # every field, new ones included, survives the round trip
     # Another tenant sees nothing of it, by any read.
     assert store.get_document("t2", "guide") is None
     assert store.list_documents("t2") == []
     assert store.chunk_by_id("t2", "guide", "guide:c00000") is None
     assert store.chunk_range("t2", "guide", 0, 100) == []
+    assert store.pages_text("t2", "guide", 1, 2) == []
+    assert store.document_generation("t2", "guide") is None
+    assert store.generations("t2") == {}
     assert store.delete("t2", "guide") is False
     assert store.delete("t1", "guide") is True
     assert store.get_document("t1", "guide") is None
+    assert store.pages_text("t1", "guide", 1, 2) == []
 
 
-def test_a_failed_write_leaves_the_previous_version(tmp_path, monkeypatch):
+def test_generation_metadata_and_pages_are_persisted(tmp_path):
+    path = tmp_path / "s.sqlite"
+    d = doc(metadata={"file_name": "guide.md", "topic": "ldap"}, tags=("admin",))
+    SqliteDocumentStore(path).put(d)
+    store = SqliteDocumentStore(path)  # a fresh connection reads what the first wrote
+    assert store.document_generation("t1", "guide") == d.generation != ""
+    assert store.generations("t1") == {"guide": d.generation}
+    listed = store.list_documents("t1")[0]
+    assert (listed.generation, dict(listed.metadata), listed.tags) == (
+        d.generation,
+        {"format": "markdown", "file_name": "guide.md", "topic": "ldap"},
+        ("admin",),
+    )
+    assert store.pages_text("t1", "guide", 1, 5) == [
+        Page(1, "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n"),
+        Page(2, "\nMore on page two.\n\n## Backup\n\nDaily at 02:00.\n"),
+    ]
+    assert [p.number for p in store.pages_text("t1", "guide", 2, 2)] == [2]
+    chunk = store.chunk_by_id("t1", "guide", d.chunks[0].chunk_id)
+    assert chunk == d.chunks[0] and chunk.doc_id == "guide"
+    meta_only = store.get_document("t1", "guide", with_chunks=False)
+    assert meta_only is not None and meta_only.sections == d.sections and not meta_only.chunks
+    assert [t for t, _, _, _ in store.all_chunks()] == ["t1"] * len(d.chunks)
+
+
+@pytest.mark.parametrize("broken_part", ["chunks", "page_texts"])
+def test_a_failed_write_leaves_the_previous_version(tmp_path, broken_part):
     store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    old = doc()
+    store.put(old)
+    new = doc(text="# New\n\nnew text")
+    if broken_part == "chunks":
+        # A chunk id that collides inside the document makes the insert fail mid-way.
+        bad = dataclasses.replace(new, chunks=(new.chunks[0], new.chunks[0]))
+        error: type[Exception] = sqlite3.IntegrityError
+    else:
+        # The pages go in last: the document row, sections and chunks are already written.
+        bad = dataclasses.replace(new, page_texts=("ok", object()))  # type: ignore[arg-type]
+        error = sqlite3.ProgrammingError
+    with pytest.raises(error):
+        store.put(bad)
+    assert store.get_document("t1", "guide") == old
+    assert store.document_generation("t1", "guide") == old.generation
+
+
+def test_an_old_store_file_is_migrated(tmp_path):
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE documents (tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL,"
+        " title TEXT NOT NULL, source TEXT NOT NULL, product TEXT NOT NULL,"
+        " version TEXT NOT NULL, tags TEXT NOT NULL, pages INTEGER NOT NULL,"
+        " chars INTEGER NOT NULL, PRIMARY KEY (tenant_id, doc_id));"
+        "INSERT INTO documents VALUES ('t1','old','Old','user','','','[]',1,10);"
+    )
+    conn.commit()
+    conn.close()
+    store = SqliteDocumentStore(path)
+    assert store.generations("t1") == {"old": ""}
+    assert store.list_documents("t1")[0].metadata == {}
     store.put(doc())
-    broken = doc(text="# New\n\nnew text")
-    # A chunk id that collides inside the document makes the insert fail mid-way.
-    dup = broken.chunks[0]
-    broken = type(broken)(**{**broken.__dict__, "chunks": (dup, dup)})
-    with pytest.raises(sqlite3.IntegrityError):
-        store.put(broken)
-    kept = store.get_document("t1", "guide")
-    assert kept is not None and kept.title == "Guide" and kept.chunks == doc().chunks
+    assert store.document_generation("t1", "guide") == doc().generation

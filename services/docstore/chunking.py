@@ -1,0 +1,198 @@
+"""Cutting a section's paragraphs into token-sized chunks with overlap, on sentence boundaries."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.tokenizer import DEFAULT_ENCODING, BpeTokenizer, default_tokenizer
+
+# A sentence ends at . ! ? … (optionally closed by quotes/brackets) before whitespace and
+# a capital, a digit or an opening quote; this keeps "e.g. foo" and "v1.2" in one piece.
+_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'»”)\]]*\s+(?=[\"'«“(\[]?[A-ZА-ЯЁ0-9])")
+_WS = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    """How documents are cut into chunks and summarised; part of every document's generation."""
+
+    chunk_tokens: int = 256
+    """Largest chunk, in tokens of `encoding` (a chunk is never longer)."""
+    overlap_tokens: int = 32
+    """Tokens of the previous chunk repeated at the start of the next one in the same section."""
+    summary_chars: int = 400
+    """Budget of a section summary, in characters."""
+    summary_sentences: int = 3
+    """At most this many sentences in an extractive section summary."""
+    pdf_pages_per_section: int = 5
+    """A PDF with neither an outline nor numbered headings gets one section per this many pages."""
+    encoding: str = DEFAULT_ENCODING
+    """The BPE encoding tokens are counted in."""
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 8:
+            raise ValueError(f"chunk_tokens must be at least 8, got {self.chunk_tokens}")
+        if not 0 <= self.overlap_tokens <= self.chunk_tokens // 2:
+            raise ValueError(
+                f"overlap_tokens must be between 0 and chunk_tokens/2 ({self.chunk_tokens // 2}),"
+                f" got {self.overlap_tokens}"
+            )
+        if self.summary_chars < 0 or self.summary_sentences < 1:
+            raise ValueError("summary_chars must be >= 0 and summary_sentences >= 1")
+        if self.pdf_pages_per_section < 1:
+            raise ValueError("pdf_pages_per_section must be at least 1")
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    """A paragraph of a section and the page it is on."""
+
+    text: str
+    page: int
+
+
+@dataclass(frozen=True)
+class ChunkText:
+    """One chunk as the chunker cuts it, before ids are assigned."""
+
+    text: str
+    tokens: int
+    page_start: int
+    page_end: int
+
+
+@dataclass(frozen=True)
+class _Unit:
+    text: str
+    tokens: int
+    page: int
+    new_paragraph: bool
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of one paragraph (whitespace collapsed)."""
+    text = _WS.sub(" ", text).strip()
+    return [s for s in _SENTENCE_END.split(text) if s] if text else []
+
+
+def chunk_paragraphs(
+    paragraphs: Sequence[Paragraph],
+    config: ChunkingConfig,
+    tokenizer: BpeTokenizer | None = None,
+) -> list[ChunkText]:
+    """Pack sentences into chunks of at most `config.chunk_tokens`, overlapping by whole sentences.
+
+    Paragraph breaks are kept as blank lines. A sentence longer than a chunk is cut between
+    words (or, for a single giant word, between tokens). Overlap repeats the trailing
+    sentences of the previous chunk (or its trailing words when one sentence is too long).
+    """
+    tok = tokenizer or default_tokenizer(config.encoding)
+    units = _units(paragraphs, config.chunk_tokens, tok)
+    limit = config.chunk_tokens
+    out: list[ChunkText] = []
+    current: list[_Unit] = []
+    fresh = False  # whether `current` holds anything beyond the carried-over overlap
+    used = 0  # BPE of a concatenation is within about one token per join of its parts' sum
+    for unit in units:
+        if current and used + 1 + unit.tokens > limit:
+            if fresh:
+                out.append(_finish(current, limit, tok))
+            current = _overlap(current, config.overlap_tokens, limit - unit.tokens - 1, tok)
+            used = sum(u.tokens + 1 for u in current) - 1 if current else 0
+            fresh = False
+        used += unit.tokens + (1 if current else 0)
+        current.append(unit)
+        fresh = True
+    if current and fresh:
+        out.append(_finish(current, limit, tok))
+    return out
+
+
+def _units(paragraphs: Sequence[Paragraph], limit: int, tok: BpeTokenizer) -> list[_Unit]:
+    units: list[_Unit] = []
+    for para in paragraphs:
+        first = True
+        for sentence in split_sentences(para.text):
+            for piece in _fit(sentence, limit, tok):
+                units.append(_Unit(piece, tok.count(piece), para.page, first))
+                first = False
+    return units
+
+
+def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> list[str]:
+    """`sentence` cut into pieces of at most `limit` tokens, between words where possible."""
+    if tok.count(sentence) <= limit:
+        return [sentence]
+    pieces: list[str] = []
+    words: list[str] = []
+    used = 0
+    for word in sentence.split(" "):
+        n = tok.count(" " + word)
+        if n > limit:  # one giant "word" (a hash, a URL): cut it by tokens
+            if words:
+                pieces.append(" ".join(words))
+                words, used = [], 0
+            ids = tok.encode(word)
+            pieces.extend(
+                tok.decode(ids[i : i + limit]).strip("\ufffd") for i in range(0, len(ids), limit)
+            )
+            continue
+        if words and used + n > limit:
+            pieces.append(" ".join(words))
+            words, used = [], 0
+        words.append(word)
+        used += n
+    if words:
+        pieces.append(" ".join(words))
+    return [p for p in pieces if p]
+
+
+def _join(units: Sequence[_Unit]) -> str:
+    parts: list[str] = []
+    for i, u in enumerate(units):
+        if i:
+            parts.append("\n\n" if u.new_paragraph else " ")
+        parts.append(u.text)
+    return "".join(parts)
+
+
+def _finish(units: list[_Unit], limit: int, tok: BpeTokenizer) -> ChunkText:
+    text = _join(units)
+    tokens = tok.count(text)
+    while tokens > limit and len(units) > 1:  # the estimate was short: trim (rare)
+        units = units[:-1]
+        text = _join(units)
+        tokens = tok.count(text)
+    if tokens > limit:
+        text = tok.truncate(text, limit)
+        tokens = tok.count(text)
+    pages = [u.page for u in units]
+    return ChunkText(text, tokens, min(pages), max(pages))
+
+
+def _overlap(units: list[_Unit], budget: int, room: int, tok: BpeTokenizer) -> list[_Unit]:
+    """The tail of `units` to repeat at the start of the next chunk: whole sentences, else words."""
+    budget = min(budget, room)
+    if budget <= 0:
+        return []
+    tail: list[_Unit] = []
+    used = 0
+    for u in reversed(units):
+        if used + u.tokens + 1 > budget:
+            break
+        tail.insert(0, u)
+        used += u.tokens + 1
+    if tail:
+        return [_Unit(tail[0].text, tail[0].tokens, tail[0].page, False), *tail[1:]]
+    words = units[-1].text.split(" ")
+    picked: list[str] = []
+    for word in reversed(words[1:]):  # never the whole sentence: it did not fit
+        if tok.count(" ".join([word, *picked])) > budget:
+            break
+        picked.insert(0, word)
+    if not picked:
+        return []
+    text = " ".join(picked)
+    return [_Unit(text, tok.count(text), units[-1].page, False)]

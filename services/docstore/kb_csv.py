@@ -1,0 +1,188 @@
+"""The knowledge-base CSV (agent.md §6): one row = one Markdown article = one Document."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from services.docstore.chunking import ChunkingConfig
+from services.docstore.errors import KnowledgeBaseError, ParseError, RowProblem
+from services.docstore.model import Document
+from services.docstore.parsing import decode_text, parse_document, slugify
+from services.docstore.summaries import Summarizer
+
+KNOWLEDGE_BASE_SOURCE = "knowledge_base"
+REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
+"""Every knowledge-base CSV has these columns (header names are case-insensitive)."""
+OPTIONAL_COLUMNS = ("id", "tags", "product", "version", "url")
+"""Used when present: `id` makes the doc_id (else the title does); `tags` split on , or ;."""
+_TAG_SPLIT = re.compile(r"[;,]")
+_RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
+
+
+@dataclass(frozen=True)
+class KnowledgeBaseParse:
+    """The articles of a knowledge-base CSV and the rows that could not be used."""
+
+    documents: list[Document]
+    problems: list[RowProblem]
+
+
+def read_knowledge_base_csv(
+    content: bytes | str,
+    tenant_id: str,
+    *,
+    file_name: str = "train_data.csv",
+    config: ChunkingConfig | None = None,
+    summarizer: Summarizer | None = None,
+    doc_id_prefix: str = "kb-",
+) -> KnowledgeBaseParse:
+    """Parse every usable row; bad rows are reported (with their line numbers), not raised.
+
+    Raises `KnowledgeBaseError` only when the file as a whole is unusable: no header, or
+    required columns missing (the error names them).
+    """
+    text = decode_text(content)
+    try:
+        dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(
+            text.split("\n", 1)[0], delimiters=",;\t"
+        )
+    except csv.Error:
+        dialect = csv.excel
+    reader = csv.reader(io.StringIO(text, newline=""), dialect)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise KnowledgeBaseError("the knowledge-base CSV is empty (no header row)") from None
+    except csv.Error as exc:
+        raise KnowledgeBaseError(f"line 1: {exc}") from None
+    names = [h.strip().lower() for h in header]
+    missing = tuple(c for c in REQUIRED_COLUMNS if c not in names)
+    if missing:
+        raise KnowledgeBaseError(
+            f"the knowledge-base CSV lacks column(s) {', '.join(missing)}; it has: "
+            f"{', '.join(n for n in names if n) or 'none'}",
+            missing_columns=missing,
+        )
+    index = {name: i for i, name in reversed(list(enumerate(names)))}
+    documents: list[Document] = []
+    problems: list[RowProblem] = []
+    seen: dict[str, int] = {}
+    line = reader.line_num + 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            problems.append(RowProblem(line, f"malformed CSV: {exc}"))
+            break
+        start, line = line, reader.line_num + 1
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(names):
+            problems.append(
+                RowProblem(start, f"has {len(row)} fields; the header has {len(names)}")
+            )
+            continue
+        cells = {name: row[i].strip() for name, i in index.items()}
+        try:
+            doc = _article(cells, tenant_id, file_name, start, config, summarizer, doc_id_prefix)
+        except ParseError as exc:
+            problems.append(RowProblem(start, str(exc)))
+            continue
+        if doc.doc_id in seen:
+            problems.append(
+                RowProblem(start, f"doc_id {doc.doc_id!r} repeats line {seen[doc.doc_id]}")
+            )
+            continue
+        seen[doc.doc_id] = start
+        documents.append(doc)
+    return KnowledgeBaseParse(documents, problems)
+
+
+def parse_knowledge_base_csv(
+    content: bytes | str,
+    tenant_id: str,
+    *,
+    file_name: str = "train_data.csv",
+    config: ChunkingConfig | None = None,
+    summarizer: Summarizer | None = None,
+    doc_id_prefix: str = "kb-",
+) -> list[Document]:
+    """Every row as a Document (source="knowledge_base"), or `KnowledgeBaseError` listing
+    every bad row by line number (and missing columns by name)."""
+    parsed = read_knowledge_base_csv(
+        content, tenant_id, file_name=file_name, config=config, summarizer=summarizer,
+        doc_id_prefix=doc_id_prefix,
+    )  # fmt: skip
+    if parsed.problems:
+        shown = "; ".join(str(p) for p in parsed.problems[:20])
+        more = f" (and {len(parsed.problems) - 20} more)" if len(parsed.problems) > 20 else ""
+        raise KnowledgeBaseError(
+            f"{len(parsed.problems)} bad row(s) in the knowledge-base CSV: {shown}{more}",
+            problems=tuple(parsed.problems),
+        )
+    return parsed.documents
+
+
+def _article(
+    cells: Mapping[str, str],
+    tenant_id: str,
+    file_name: str,
+    line: int,
+    config: ChunkingConfig | None,
+    summarizer: Summarizer | None,
+    prefix: str,
+) -> Document:
+    empty = [c for c in ("title", "content", "topic", "jurisdiction") if not cells[c]]
+    if empty:
+        raise ParseError(f"empty {', '.join(empty)}")
+    updated_at = _iso_date(cells["updated_at"])
+    key = cells.get("id", "") or cells["title"]
+    doc_id = prefix + slugify(key, 100, fallback="")
+    if doc_id == prefix:
+        raise ParseError("no doc_id can be made from id/title (no letters or digits)")
+    tags = tuple(t.strip() for t in _TAG_SPLIT.split(cells.get("tags", "")) if t.strip())
+    metadata = {
+        "topic": cells["topic"],
+        "jurisdiction": cells["jurisdiction"],
+        "updated_at": updated_at,
+        "file_name": file_name,
+        "line": str(line),
+    }
+    if cells.get("url"):
+        metadata["url"] = cells["url"]
+    return parse_document(
+        tenant_id=tenant_id,
+        doc_id=doc_id,
+        content=cells["content"].replace("\r\n", "\n"),
+        fmt="markdown",
+        title=cells["title"],
+        product=cells.get("product", ""),
+        version=cells.get("version", ""),
+        tags=tags,
+        source=KNOWLEDGE_BASE_SOURCE,
+        metadata=metadata,
+        config=config,
+        summarizer=summarizer,
+    )
+
+
+def _iso_date(value: str) -> str:
+    """`value` as YYYY-MM-DD (ISO date or datetime, or DD.MM.YYYY), else ParseError."""
+    m = _RU_DATE.match(value)
+    if m:
+        value = f"{m.group(3)}-{m.group(2)}-{m.group(1)}"
+    try:
+        return date.fromisoformat(value).isoformat()
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value).date().isoformat()
+    except ValueError:
+        raise ParseError(f"updated_at {value!r} is not a date (YYYY-MM-DD or DD.MM.YYYY)") from None

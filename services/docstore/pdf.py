@@ -1,0 +1,167 @@
+"""PDF text per page and the outline (bookmarks) with where each heading starts, via pypdfium2."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import pypdfium2 as pdfium
+
+from services.docstore.errors import ParseError
+
+# PDFium is not thread-safe: one document at a time per process.
+_PDFIUM_LOCK = threading.Lock()
+_MAX_OUTLINE = 5000
+_WS = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class OutlineEntry:
+    """One bookmark: its depth (0 = top), title, 1-based page and offset in that page's text."""
+
+    level: int
+    title: str
+    page: int
+    offset: int
+    """Where the heading starts in `PdfText.pages[page - 1]` (0 when it could not be located)."""
+
+
+@dataclass(frozen=True)
+class PdfText:
+    """The text of every page (lines separated by "\\n") and the outline in reading order."""
+
+    pages: tuple[str, ...]
+    outline: tuple[OutlineEntry, ...]
+    title: str
+
+
+def read_pdf(content: bytes, *, max_pages: int = 10_000) -> PdfText:
+    """Extract page texts and the outline; raise `ParseError` for anything PDFium cannot open."""
+    if not content.lstrip()[:5].startswith(b"%PDF"):
+        raise ParseError("not a PDF file (no %PDF header)")
+    with _PDFIUM_LOCK:
+        try:
+            pdf = pdfium.PdfDocument(content)
+        except pdfium.PdfiumError as exc:
+            raise ParseError(f"cannot open the PDF: {exc}") from None
+        try:
+            return _read(pdf, max_pages)
+        except pdfium.PdfiumError as exc:
+            raise ParseError(f"cannot read the PDF: {exc}") from None
+        finally:
+            pdf.close()
+
+
+def _read(pdf: pdfium.PdfDocument, max_pages: int) -> PdfText:
+    n = len(pdf)
+    if n == 0:
+        raise ParseError("the PDF has no pages")
+    if n > max_pages:
+        raise ParseError(f"the PDF has {n} pages; at most {max_pages} are accepted")
+    marks: dict[int, list[tuple[int, str, float | None]]] = {}
+    order: list[tuple[int, int, str]] = []  # (page_index, level, title) in outline order
+    for i, mark in enumerate(pdf.get_toc(max_depth=8)):
+        if i >= _MAX_OUTLINE:
+            break
+        dest = mark.get_dest()
+        page_index = dest.get_index() if dest is not None else None
+        title = _WS.sub(" ", mark.get_title() or "").strip()
+        if page_index is None or not 0 <= page_index < n or not title:
+            continue
+        top: float | None = None
+        view_mode, view = dest.get_view()
+        if view_mode == 1 and len(view) >= 2 and view[1]:  # XYZ: left, top, zoom
+            top = float(view[1])
+        marks.setdefault(page_index, []).append((len(order), title, top))
+        order.append((page_index, mark.level, title))
+    pages: list[str] = []
+    offsets: dict[int, int] = {}
+    for index in range(n):
+        page = pdf[index]
+        try:
+            textpage = page.get_textpage()
+            try:
+                raw = textpage.get_text_range()
+                pages.append(_normalise(raw))
+                previous = 0
+                for k, title, top in marks.get(index, []):
+                    previous = _locate(textpage, raw, title, top, previous)
+                    offsets[k] = len(_normalise(raw[:previous]))
+            finally:
+                textpage.close()
+        finally:
+            page.close()
+    outline = tuple(
+        OutlineEntry(level, title, page_index + 1, offsets.get(k, 0))
+        for k, (page_index, level, title) in enumerate(order)
+    )
+    meta_title = _WS.sub(" ", str(pdf.get_metadata_dict().get("Title", "") or "")).strip()
+    return PdfText(tuple(pages), outline, meta_title)
+
+
+def _normalise(raw: str) -> str:
+    """PDFium's text as lines joined by "\\n"; soft hyphens at line ends join the word."""
+    text = raw.replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[\x02\xad]\n", "", text)
+    return text.replace("\x02", "").replace("\xad", "").replace("\ufffe", "")
+
+
+def _locate(
+    textpage: pdfium.PdfTextPage, raw: str, title: str, top: float | None, start: int
+) -> int:
+    """Offset in the raw page text where the bookmark's heading begins (never before `start`)."""
+    raw_off: int | None = None
+    if top is not None:
+        char = _first_char_below(textpage, top)
+        if char is not None:
+            raw_off = len(textpage.get_text_range(0, char)) if char else 0
+    # The destination points at (or just below) the heading; its own text nearby wins.
+    found = _find_title(raw, title, start, raw_off)
+    if found is not None:
+        raw_off = found
+    return start if raw_off is None else max(start, raw_off)
+
+
+def _first_char_below(textpage: pdfium.PdfTextPage, top: float) -> int | None:
+    """First char (reading order) whose top edge is at or below `top` (+ a small tolerance)."""
+    count = textpage.count_chars()
+    if count <= 0:
+        return None
+    lo, hi = 0, count
+    while lo < hi:  # text runs top to bottom: binary search on the char tops
+        mid = (lo + hi) // 2
+        _left, _bottom, _right, char_top = textpage.get_charbox(mid)
+        if char_top > top + 2.0 and not (char_top == 0 and _bottom == 0):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < count else None
+
+
+def _find_title(raw: str, title: str, start: int, near: int | None) -> int | None:
+    """Where `title` (optionally after its section number) occurs from `start`: the occurrence
+    nearest to `near` (within 400 characters) when given, else the first."""
+    pattern = title_pattern(title)
+    if pattern is None:
+        return None
+    best: int | None = None
+    for match in pattern.finditer(raw, start):
+        if near is None:
+            return match.start()
+        if abs(match.start() - near) <= 400 and (
+            best is None or abs(match.start() - near) < abs(best - near)
+        ):
+            best = match.start()
+        if match.start() > near + 400:
+            break
+    return best
+
+
+def title_pattern(title: str) -> re.Pattern[str] | None:
+    """A regex for a heading's text in extracted text: any whitespace, an optional number."""
+    words = [re.escape(w) for w in title.split()]
+    if not words:
+        return None
+    number = r"(?:[0-9A-Z]{1,3}(?:\.[0-9]{1,3})*\.?[ \t]+)?"
+    return re.compile(number + r"\s*".join(words), re.IGNORECASE)

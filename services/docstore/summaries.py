@@ -1,0 +1,123 @@
+"""Section summaries: extractive by default, replaceable by any `Summarizer` (an LLM, say)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter
+from dataclasses import replace
+from typing import Protocol
+
+from services.docstore.chunking import split_sentences
+from services.docstore.model import Document
+
+_WORD = re.compile(r"[0-9a-zа-яё]{3,}", re.IGNORECASE)
+
+
+class Summarizer(Protocol):
+    """Writes the summary of one section; `name` identifies it in the document's generation."""
+
+    name: str
+
+    def summarize(self, title: str, text: str, max_chars: int) -> str:
+        """A summary of `text` (the section titled `title`) of at most `max_chars` characters."""
+        ...
+
+
+class ExtractiveSummarizer:
+    """The section's first sentence plus its most central ones, in reading order, within budget.
+
+    Centrality is the cosine between a sentence's word counts and the whole section's, so the
+    picked sentences are the ones that share most vocabulary with the rest of the section.
+    """
+
+    name = "extractive-v1"
+
+    def __init__(self, max_sentences: int = 3) -> None:
+        self.max_sentences = max_sentences
+
+    def summarize(self, title: str, text: str, max_chars: int) -> str:
+        """Leading + most central sentences of `text`, at most `max_chars` characters."""
+        if max_chars <= 0:
+            return ""
+        sentences = [s for p in text.split("\n\n") for s in split_sentences(p)]
+        if not sentences:
+            return ""
+        whole = Counter(w.lower() for w in _WORD.findall(text))
+        ranked = sorted(range(1, len(sentences)), key=lambda i: (-_cosine(sentences[i], whole), i))
+        picked = [0]
+        used = len(sentences[0])
+        for i in ranked:
+            if len(picked) >= self.max_sentences:
+                break
+            if used + 1 + len(sentences[i]) <= max_chars:
+                picked.append(i)
+                used += 1 + len(sentences[i])
+        out = " ".join(sentences[i] for i in sorted(picked))
+        return _clip(out, max_chars)
+
+
+def _cosine(sentence: str, whole: Counter[str]) -> float:
+    words = Counter(w.lower() for w in _WORD.findall(sentence))
+    if not words:
+        return 0.0
+    dot = sum(n * whole[w] for w, n in words.items())
+    norm = math.sqrt(sum(n * n for n in words.values())) * math.sqrt(
+        sum(n * n for n in whole.values())
+    )
+    return dot / norm if norm else 0.0
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - 1)]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
+
+def extractive_summary(text: str, limit: int) -> str:
+    """The default extractive summary of `text` within `limit` characters."""
+    return ExtractiveSummarizer().summarize("", text, limit)
+
+
+def apply_summaries(doc: Document, summarizer: Summarizer, max_chars: int = 400) -> Document:
+    """`doc` with every section summary rewritten by `summarizer`, and a generation that says so.
+
+    The section text given to the summarizer is its chunks, with the repeated overlap removed.
+    """
+    texts = _section_texts(doc)
+    sections = tuple(
+        replace(s, summary=summarizer.summarize(s.title, texts.get(s.section_id, ""), max_chars))
+        for s in doc.sections
+    )
+    generation = mix_generation(doc.generation, summarizer.name)
+    return replace(doc, sections=sections, generation=generation)
+
+
+def mix_generation(generation: str, summarizer_name: str) -> str:
+    """A generation derived from `generation` for summaries written by `summarizer_name`."""
+    digest = hashlib.sha256(f"{generation}\0summarizer={summarizer_name}".encode()).hexdigest()
+    return digest[: len(generation) or 16]
+
+
+def _section_texts(doc: Document) -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    prev = ""
+    for chunk in doc.chunks:
+        parts = out.setdefault(chunk.section_id, [])
+        parts.append(_drop_overlap(prev, chunk.text) if parts else chunk.text)
+        prev = chunk.text
+    return {k: "\n\n".join(p for p in v if p) for k, v in out.items()}
+
+
+def _drop_overlap(prev: str, text: str) -> str:
+    """`text` without its leading words that repeat the end of `prev` (the chunk overlap)."""
+    cuts = [i for i, ch in enumerate(text) if ch in " \n"] + [len(text)]
+    for cut in reversed(cuts):
+        if cut and prev.endswith(text[:cut]):
+            return text[cut:].lstrip()
+    return text

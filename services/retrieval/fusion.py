@@ -1,0 +1,212 @@
+"""Hybrid score fusion: per-list score normalisation, weighted sums and reciprocal rank fusion.
+
+Dense (cosine) and BM25 scores live on different scales, so a weighted sum of raw scores
+lets whichever list has the larger numbers win (DESIGN §2.4). Each list is normalised on
+its own first; RRF, which ignores scores and uses ranks only, is offered as the
+alternative. Keys are anything hashable (chunk ids, section ids, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from services.common.settings import Env, SettingsError
+
+K = TypeVar("K", bound=Hashable)
+
+NORMALISERS = ("minmax", "zscore", "max", "none")
+FUSION_METHODS = ("weighted", "rrf")
+DEFAULT_RRF_K = 60
+
+
+def normalise(scores: Sequence[float], method: str = "minmax") -> list[float]:
+    """Scores of one result list mapped onto a common scale, in the same order.
+
+    - ``minmax``: ``(s - min) / (max - min)`` into [0, 1]. When every score is equal
+      (including a single result) each maps to 1.0: it is the best its retriever found,
+      and mapping it to 0 would silently drop a lone hit from the fusion.
+    - ``zscore``: ``(s - mean) / stdev`` (population); all equal -> 0.0 each.
+    - ``max``: ``s / max`` for non-negative scores such as BM25 (keeps the ratio between
+      a strong and a weak hit); when the maximum is not positive it falls back to minmax.
+    - ``none``: the scores unchanged.
+
+    Non-finite scores (NaN, ±inf) are left out of the statistics and map to 0.0.
+    An empty input gives an empty list.
+    """
+    if method not in NORMALISERS:
+        raise ValueError(f"unknown normalisation {method!r}; expected one of {NORMALISERS}")
+    values = [float(s) for s in scores]
+    if method == "none":
+        return values
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return [0.0] * len(values)
+    if method == "max":
+        top = max(finite)
+        if top > 0:
+            return [v / top if math.isfinite(v) else 0.0 for v in values]
+        method = "minmax"
+    if method == "minmax":
+        low, high = min(finite), max(finite)
+        span = high - low
+        if span == 0:
+            return [1.0 if math.isfinite(v) else 0.0 for v in values]
+        return [(v - low) / span if math.isfinite(v) else 0.0 for v in values]
+    mean = sum(finite) / len(finite)
+    stdev = math.sqrt(sum((v - mean) ** 2 for v in finite) / len(finite))
+    if stdev == 0:
+        return [0.0] * len(values)
+    return [(v - mean) / stdev if math.isfinite(v) else 0.0 for v in values]
+
+
+def _best_scores(items: Sequence[tuple[K, float]]) -> dict[K, float]:
+    """One score per key (the highest when a list repeats a key), in first-seen order."""
+    best: dict[K, float] = {}
+    for key, score in items:
+        value = float(score)
+        if key not in best or value > best[key]:
+            best[key] = value
+    return best
+
+
+def _sort_fused(scores: dict[K, float], best_rank: dict[K, int]) -> list[tuple[K, float]]:
+    # Ties: the key ranked higher in any single list first, then its text, so the order
+    # never depends on dict or backend iteration order.
+    return sorted(scores.items(), key=lambda kv: (-kv[1], best_rank[kv[0]], str(kv[0])))
+
+
+def _check_weights(names: Sequence[str], weights: Mapping[str, float]) -> None:
+    missing = [name for name in names if name not in weights]
+    if missing:
+        raise ValueError(f"no weight for result list(s) {missing}")
+    negative = [name for name in names if weights[name] < 0 or not math.isfinite(weights[name])]
+    if negative:
+        raise ValueError(f"weights must be finite and non-negative: {negative}")
+
+
+def weighted_fusion(
+    ranked: Mapping[str, Sequence[tuple[K, float]]],
+    weights: Mapping[str, float],
+    *,
+    method: str = "minmax",
+) -> list[tuple[K, float]]:
+    """Each list normalised with ``method``, then ``sum(weight * normalised)`` per key.
+
+    ``ranked`` maps a list name (``"dense"``, ``"sparse"``) to ``(key, raw_score)`` pairs;
+    every name needs a weight. A key missing from a list gets 0 from that list. A key
+    repeated within one list counts once, with its best score. The result has one entry
+    per key, sorted by fused score descending; ties go to the key with the better rank
+    in any single list, then to ``str(key)``.
+    """
+    _check_weights(list(ranked), weights)
+    fused: dict[K, float] = {}
+    best_rank: dict[K, int] = {}
+    for name, items in ranked.items():
+        best = _best_scores(items)
+        keys = list(best)
+        normalised = normalise([best[k] for k in keys], method)
+        order = sorted(range(len(keys)), key=lambda i: -normalised[i])
+        rank = 0
+        for position, i in enumerate(order):
+            # Competition ranking: equal scores share a rank, so input order cannot matter.
+            if position and normalised[i] < normalised[order[position - 1]]:
+                rank = position
+            key = keys[i]
+            fused[key] = fused.get(key, 0.0) + weights[name] * normalised[i]
+            best_rank[key] = min(best_rank.get(key, rank), rank)
+    return _sort_fused(fused, best_rank)
+
+
+def rrf_fusion(
+    ranked: Mapping[str, Sequence[K]],
+    k: int = DEFAULT_RRF_K,
+    weights: Mapping[str, float] | None = None,
+) -> list[tuple[K, float]]:
+    """Reciprocal rank fusion: ``score(key) = sum(weight / (k + rank))``, ranks from 1.
+
+    ``ranked`` maps a list name to keys in rank order (best first); a key repeated
+    within a list counts at its first (best) rank only. ``weights`` defaults to 1.0 for
+    every list. Sorted like :func:`weighted_fusion`.
+    """
+    if k < 0:
+        raise ValueError(f"RRF k must be non-negative, got {k}")
+    if weights is not None:
+        _check_weights(list(ranked), weights)
+    fused: dict[K, float] = {}
+    best_rank: dict[K, int] = {}
+    for name, keys in ranked.items():
+        weight = 1.0 if weights is None else weights[name]
+        seen: set[K] = set()
+        rank = 0
+        for key in keys:
+            if key in seen:
+                continue
+            seen.add(key)
+            rank += 1
+            fused[key] = fused.get(key, 0.0) + weight / (k + rank)
+            best_rank[key] = min(best_rank.get(key, rank), rank)
+    return _sort_fused(fused, best_rank)
+
+
+def rrf_fusion_scored(
+    ranked: Mapping[str, Sequence[tuple[K, float]]],
+    k: int = DEFAULT_RRF_K,
+    weights: Mapping[str, float] | None = None,
+) -> list[tuple[K, float]]:
+    """:func:`rrf_fusion` over ``(key, score)`` lists: each list is ranked by its scores first.
+
+    Equal scores keep their input order (a stable sort), so the retriever's own order
+    decides between them.
+    """
+    ordered: dict[str, list[K]] = {}
+    for name, items in ranked.items():
+        best = _best_scores(items)
+        ordered[name] = sorted(best, key=lambda key: -best[key])
+    return rrf_fusion(ordered, k=k, weights=weights)
+
+
+@dataclass(frozen=True)
+class FusionSettings:
+    """How dense and sparse results are combined (RETR_HYBRID_*)."""
+
+    method: str = "weighted"
+    """``weighted`` (normalised weighted sum, retrieval.md §5.3) or ``rrf``."""
+    weights: Mapping[str, float] = field(default_factory=lambda: {"dense": 0.7, "sparse": 0.3})
+    """Weight per result list; retrieval.md's 0.7 dense / 0.3 sparse by default."""
+    normalisation: str = "minmax"
+    """Per-list normalisation before weighting: minmax, zscore, max or none."""
+    rrf_k: int = DEFAULT_RRF_K
+    """The RRF constant k (60 as in Cormack et al. and Qdrant)."""
+
+    def fuse(self, ranked: Mapping[str, Sequence[tuple[K, float]]]) -> list[tuple[K, float]]:
+        """Fuse scored lists with the configured method; lists without a weight are an error."""
+        if self.method == "rrf":
+            return rrf_fusion_scored(ranked, k=self.rrf_k, weights=self.weights)
+        return weighted_fusion(ranked, self.weights, method=self.normalisation)
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> FusionSettings:
+        """RETR_HYBRID_FUSION, RETR_HYBRID_DENSE_WEIGHT, RETR_HYBRID_SPARSE_WEIGHT,
+        RETR_HYBRID_NORMALISATION, RETR_RRF_K."""
+        env = env or Env()
+        method = env.text("RETR_HYBRID_FUSION", "weighted").lower()
+        if method not in FUSION_METHODS:
+            raise SettingsError(f"RETR_HYBRID_FUSION={method!r}: expected one of {FUSION_METHODS}")
+        normalisation = env.text("RETR_HYBRID_NORMALISATION", "minmax").lower()
+        if normalisation not in NORMALISERS:
+            raise SettingsError(
+                f"RETR_HYBRID_NORMALISATION={normalisation!r}: expected one of {NORMALISERS}"
+            )
+        dense = env.number("RETR_HYBRID_DENSE_WEIGHT", 0.7, minimum=0.0)
+        sparse = env.number("RETR_HYBRID_SPARSE_WEIGHT", 0.3, minimum=0.0)
+        if dense + sparse <= 0:
+            raise SettingsError("RETR_HYBRID_DENSE_WEIGHT + RETR_HYBRID_SPARSE_WEIGHT must be > 0")
+        return cls(
+            method=method,
+            weights={"dense": dense, "sparse": sparse},
+            normalisation=normalisation,
+            rrf_k=env.integer("RETR_RRF_K", DEFAULT_RRF_K, minimum=0, maximum=10_000),
+        )

@@ -1,0 +1,401 @@
+"""Query processing (retrieval.md §5.1): normalisation, language detection, synonym expansion.
+
+Normalisation keeps case and ``ё`` for the text the dense embedder sees (e5 is cased, and
+folding there buys nothing), and offers :func:`keyword_form` — lowercased, ``ё`` folded
+to ``е`` — for keyword (BM25) matching. Folding only helps when the index side folds the
+same way, so the keyword index must apply :func:`keyword_form` (or :func:`fold_yo`) to
+passages too; Russian text is mostly written without ``ё`` while users type either.
+
+Expansion produces whole-query variants (the original first) by swapping a matched term
+for a synonym; the engine searches each variant and merges the lists with RRF. A
+:class:`QueryExpander` that asks a model for paraphrases can replace the synonym one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from services.common.settings import Env, SettingsError
+
+LANGUAGES = ("ru", "en", "mixed", "other")
+
+# Cyrillic share of the Cyrillic+Latin letters at or above which a query is Russian.
+# Russian queries carry Latin product names ("Как настроить LDAP в Orion X?" is 70 %).
+_RU_SHARE = 0.6
+# ... and at or below which it is English.
+_EN_SHARE = 0.1
+
+_ZERO_WIDTH_SPACES = {"\u200b", "\u2060", "\u180e"}
+_WORD = re.compile(r"\w+(?:[-'’]\w+)*", re.UNICODE)
+
+
+def fold_yo(text: str) -> str:
+    """``ё``/``Ё`` replaced by ``е``/``Е``."""
+    return text.replace("ё", "е").replace("Ё", "Е")
+
+
+def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -> str:
+    """Unicode NFKC, control and format characters removed, whitespace collapsed and trimmed.
+
+    NFKC turns full-width letters, ligatures and no-break spaces into their plain forms;
+    soft hyphens, zero-width joiners, BOMs and bidi marks (category Cf), controls (Cc,
+    tabs and newlines become spaces), surrogates and private-use characters go; zero-width
+    spaces count as spaces. ``lowercase`` and ``fold`` (``ё`` → ``е``) are opt-in: see the
+    module docstring and :func:`keyword_form`.
+    """
+    text = unicodedata.normalize("NFKC", text)
+    out: list[str] = []
+    for ch in text:
+        if ch in _ZERO_WIDTH_SPACES:
+            out.append(" ")
+            continue
+        category = unicodedata.category(ch)
+        if category == "Cc":
+            out.append(" " if ch.isspace() else "")
+        elif category in ("Cf", "Cs", "Co"):
+            continue
+        else:
+            out.append(ch)
+    result = " ".join("".join(out).split())
+    if lowercase:
+        result = result.lower()
+    if fold:
+        result = fold_yo(result)
+    return result
+
+
+def keyword_form(text: str) -> str:
+    """The form used for keyword matching: normalised, lowercased, ``ё`` folded to ``е``."""
+    return normalise_query(text, lowercase=True, fold=True)
+
+
+def _script(ch: str) -> str:
+    if not ch.isalpha():
+        return ""
+    if (
+        "\u0400" <= ch <= "\u052f"
+        or "\u1c80" <= ch <= "\u1c8f"
+        or "\u2de0" <= ch <= "\u2dff"
+        or "\ua640" <= ch <= "\ua69f"
+    ):
+        return "cyrillic"
+    if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"):
+        return "latin"
+    return "other"
+
+
+def _hint_language(hint: str | None) -> str:
+    if not hint:
+        return ""
+    primary = hint.strip().lower().replace("_", "-").split("-", 1)[0]
+    if primary in ("", "auto", "und", "unknown"):
+        return ""
+    return primary if primary.isalpha() and 2 <= len(primary) <= 3 else ""
+
+
+def detect_language(text: str, hint: str | None = None) -> str:
+    """``ru``, ``en``, ``mixed`` or ``other`` by the share of Cyrillic and Latin letters.
+
+    A language hint from the request (``ru``, ``en-US``, ``de``) wins and is returned as
+    its primary subtag; ``auto``/empty means detect. Russian when Cyrillic is at least
+    60 % of the Cyrillic+Latin letters (Latin product names do not flip a Russian query),
+    English at 10 % or less, otherwise ``mixed``; ``other`` when another script dominates
+    or the text has no letters.
+    """
+    hinted = _hint_language(hint)
+    if hinted:
+        return hinted
+    counts = {"cyrillic": 0, "latin": 0, "other": 0}
+    for ch in text:
+        script = _script(ch)
+        if script:
+            counts[script] += 1
+    cyr, lat, oth = counts["cyrillic"], counts["latin"], counts["other"]
+    if cyr + lat == 0 or oth > cyr + lat:
+        return "other"
+    share = cyr / (cyr + lat)
+    if share >= _RU_SHARE:
+        return "ru"
+    if share <= _EN_SHARE:
+        return "en"
+    return "mixed"
+
+
+# --- synonyms -------------------------------------------------------------------------
+
+_RU_ENDINGS = sorted(
+    """ями ами ого его ому ему ыми ими ией ий ый ой ей ая яя ое ее ие ия ии ию ом ем ам
+    ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split(),
+    key=len,
+    reverse=True,
+)
+
+
+def _stem(word: str) -> str:
+    """A crude stem so inflected forms match a table entry: договора, договоров → договор."""
+    word = fold_yo(word.lower())
+    if any("\u0400" <= ch <= "\u04ff" for ch in word):
+        for ending in _RU_ENDINGS:
+            if word.endswith(ending) and len(word) - len(ending) >= 3:
+                return word[: -len(ending)]
+        return word
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def _stems(text: str) -> tuple[str, ...]:
+    return tuple(_stem(m.group(0)) for m in _WORD.finditer(text))
+
+
+# Domain words of an enterprise software vendor's internal documents, both languages in
+# one group so a Russian query can also find an English page and back.
+BUILTIN_SYNONYMS: tuple[tuple[str, ...], ...] = (
+    ("договор", "контракт", "соглашение", "contract", "agreement"),
+    ("отпуск", "vacation", "leave"),
+    ("настройка", "конфигурация", "configuration", "settings"),
+    ("установка", "инсталляция", "installation", "setup"),
+    ("обновление", "апгрейд", "update", "upgrade"),
+    ("ошибка", "сбой", "error", "failure"),
+    ("пользователь", "учётная запись", "user", "account"),
+    ("пароль", "password"),
+    ("аутентификация", "авторизация", "вход", "authentication", "login"),
+    ("ldap", "active directory", "каталог пользователей"),
+    ("единый вход", "sso", "single sign-on"),
+    ("резервное копирование", "бэкап", "backup"),
+    ("восстановление", "restore", "recovery"),
+    ("лицензия", "license", "licence"),
+    ("сервер", "server"),
+    ("виртуальная машина", "вм", "virtual machine", "vm"),
+    ("хранилище", "storage"),
+    ("сеть", "network"),
+    ("журнал", "лог", "log"),
+    ("мониторинг", "monitoring"),
+    ("зарплата", "оклад", "salary"),
+    ("больничный", "sick leave"),
+    ("командировка", "business trip"),
+    ("увольнение", "dismissal", "termination"),
+    ("счёт", "invoice"),
+    ("возврат", "refund"),
+)
+
+
+@dataclass(frozen=True)
+class SynonymTable:
+    """Groups of interchangeable terms (words or phrases); matching ignores case, ``ё`` and endings."""
+
+    groups: tuple[tuple[str, ...], ...]
+    """Each group lists terms that mean the same; a term may be several words."""
+    _index: dict[tuple[str, ...], list[int]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        for gi, group in enumerate(self.groups):
+            for term in group:
+                stems = _stems(term)
+                if stems and gi not in self._index.setdefault(stems, []):
+                    self._index[stems].append(gi)
+
+    @classmethod
+    def from_groups(cls, groups: Iterable[Iterable[str]]) -> SynonymTable:
+        """A table from groups of terms; blank terms and groups of fewer than two go."""
+        cleaned: list[tuple[str, ...]] = []
+        for group in groups:
+            terms = tuple(dict.fromkeys(t for t in (normalise_query(x) for x in group) if t))
+            if len(terms) >= 2:
+                cleaned.append(terms)
+        return cls(tuple(cleaned))
+
+    @classmethod
+    def builtin(cls) -> SynonymTable:
+        """The small built-in bilingual table."""
+        return cls.from_groups(BUILTIN_SYNONYMS)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SynonymTable:
+        """A table from a file: JSON or text.
+
+        JSON: ``[["договор", "контракт"], ...]``, ``{"groups": [...]}`` or
+        ``{"договор": ["контракт", ...]}`` (a key and its list form one group).
+        Text: one group per line, terms separated by ``,``, ``;`` or ``|``; ``#`` starts a
+        comment.
+        """
+        raw = Path(path).read_text(encoding="utf-8")
+        if Path(path).suffix.lower() == ".json" or raw.lstrip().startswith(("[", "{")):
+            try:
+                data = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: not valid JSON: {exc}") from None
+            if isinstance(data, dict) and "groups" in data:
+                data = data["groups"]
+            if isinstance(data, dict):
+                groups = [[key, *values] for key, values in data.items()]
+            else:
+                groups = data
+            if not isinstance(groups, list) or not all(
+                isinstance(g, list) and all(isinstance(t, str) for t in g) for g in groups
+            ):
+                raise ValueError(f"{path}: expected a list of lists of strings")
+            return cls.from_groups(groups)
+        lines = (line.split("#", 1)[0] for line in raw.splitlines())
+        return cls.from_groups(re.split(r"[,;|]", line) for line in lines if line.strip())
+
+    def synonyms(self, term: str) -> list[str]:
+        """Every other term of every group ``term`` belongs to, in table order."""
+        out: list[str] = []
+        stems = _stems(term)
+        for gi in self._index.get(stems, []):
+            out.extend(t for t in self.groups[gi] if _stems(t) != stems and t not in out)
+        return out
+
+    def matches(self, query: str) -> list[tuple[int, int, list[str]]]:
+        """Non-overlapping term matches in ``query``: (start, end, synonyms), longest first."""
+        words = list(_WORD.finditer(query))
+        stems = [_stem(w.group(0)) for w in words]
+        longest = max((len(k) for k in self._index), default=0)
+        found: list[tuple[int, int, list[str]]] = []
+        i = 0
+        while i < len(words):
+            for size in range(min(longest, len(words) - i), 0, -1):
+                key = tuple(stems[i : i + size])
+                if key in self._index:
+                    start, end = words[i].start(), words[i + size - 1].end()
+                    found.append((start, end, self.synonyms(query[start:end])))
+                    i += size
+                    break
+            else:
+                i += 1
+        return found
+
+
+def load_synonyms(path: str | None) -> SynonymTable:
+    """The table at ``path`` (RETR_SYNONYMS_PATH), or the built-in one when no path is set."""
+    return SynonymTable.load(path) if path else SynonymTable.builtin()
+
+
+def _term_language(term: str) -> str:
+    return detect_language(term)
+
+
+def expand_query(query: str, lang: str, synonyms: SynonymTable, max_variants: int) -> list[str]:
+    """The query and up to ``max_variants - 1`` variants, each with one term swapped.
+
+    The original always comes first. Variants go round-robin over the matched terms (the
+    first synonym of every term before the second of any), synonyms in the query's
+    language first (``lang`` ``ru``/``en``), then the other language. Duplicates (by
+    :func:`keyword_form`) and synonyms already present in the query are skipped.
+    ``max_variants`` below 1 is treated as 1.
+    """
+    variants = [query]
+    seen = {keyword_form(query)}
+    limit = max(1, max_variants)
+    query_stems = _stems(query)
+
+    def present(term: str) -> bool:
+        stems = _stems(term)
+        n = len(stems)
+        return any(query_stems[i : i + n] == stems for i in range(len(query_stems) - n + 1))
+
+    per_term: list[tuple[int, int, list[str]]] = []
+    for start, end, found in synonyms.matches(query):
+        # A synonym already in the query adds nothing ("учётная запись пользователя").
+        options = [t for t in found if not present(t)]
+        if lang in ("ru", "en"):
+            options = sorted(options, key=lambda t: _term_language(t) != lang)  # stable
+        per_term.append((start, end, options))
+    depth = 0
+    while len(variants) < limit and any(depth < len(opts) for _, _, opts in per_term):
+        for start, end, options in per_term:
+            if depth >= len(options) or len(variants) >= limit:
+                continue
+            variant = query[:start] + options[depth] + query[end:]
+            key = keyword_form(variant)
+            if key not in seen:
+                seen.add(key)
+                variants.append(variant)
+        depth += 1
+    return variants
+
+
+class QueryExpander(Protocol):
+    """Turns one query into search variants (the original first); async so a model can do it."""
+
+    async def expand(self, query: str, lang: str, max_variants: int) -> list[str]:
+        """The query followed by at most ``max_variants - 1`` variants."""
+        ...
+
+
+class SynonymExpander:
+    """A :class:`QueryExpander` over a :class:`SynonymTable`."""
+
+    def __init__(self, table: SynonymTable) -> None:
+        self._table = table
+
+    async def expand(self, query: str, lang: str, max_variants: int) -> list[str]:
+        """See :func:`expand_query`."""
+        return expand_query(query, lang, self._table, max_variants)
+
+
+@dataclass(frozen=True)
+class PreparedQuery:
+    """A query ready for the index: dense text, keyword text, language, variants."""
+
+    text: str
+    """Normalised query for the dense embedder (case and ``ё`` kept)."""
+    keyword_text: str
+    """:func:`keyword_form` of the query for BM25."""
+    language: str
+    """Detected (or hinted) language."""
+    variants: tuple[str, ...] = ()
+    """Expansion variants, original first; empty when expansion is off."""
+
+
+def prepare_query(text: str, language_hint: str | None = None) -> PreparedQuery:
+    """Normalise ``text`` and detect its language (expansion is a separate, async step)."""
+    normalised = normalise_query(text)
+    return PreparedQuery(
+        text=normalised,
+        keyword_text=keyword_form(normalised),
+        language=detect_language(normalised, language_hint),
+    )
+
+
+@dataclass(frozen=True)
+class QuerySettings:
+    """Query expansion knobs (RETR_QUERY_*, RETR_SYNONYMS_PATH)."""
+
+    expansion: bool = False
+    """Expand queries with synonyms (RETR_QUERY_EXPANSION); only with hybrid on (§5.1)."""
+    max_variants: int = 3
+    """Queries searched per request including the original (RETR_QUERY_MAX_VARIANTS)."""
+    synonyms_path: str = ""
+    """Synonym file (JSON or text) replacing the built-in table (RETR_SYNONYMS_PATH)."""
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> QuerySettings:
+        """Read and validate; a synonym file that does not load is a start-up error."""
+        env = env or Env()
+        settings = cls(
+            expansion=env.flag("RETR_QUERY_EXPANSION", False),
+            max_variants=env.integer("RETR_QUERY_MAX_VARIANTS", 3, minimum=1, maximum=10),
+            synonyms_path=env.text("RETR_SYNONYMS_PATH", ""),
+        )
+        if settings.synonyms_path:
+            try:
+                load_synonyms(settings.synonyms_path)
+            except (OSError, ValueError) as exc:
+                raise SettingsError(f"RETR_SYNONYMS_PATH: {exc}") from None
+        return settings
+
+    def synonym_table(self) -> SynonymTable:
+        """The configured synonym table."""
+        return load_synonyms(self.synonyms_path or None)

@@ -1,0 +1,300 @@
+"""Optional reranking through a rerank HTTP API (TEI ``/rerank`` or Cohere/Jina ``/v1/rerank``).
+
+Off unless ``RERANK_MODEL_URL`` is set. Any failure surfaces as :class:`RerankError`; the
+engine then keeps the un-reranked order and reports ``rerank_used=false``. No registry
+package ships cross-encoder weights (DESIGN §5), so a local model would have to load
+files the operator provides; such a model plugs in through the :class:`Reranker` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from services.common.settings import Env, SettingsError
+
+API_STYLES = ("tei", "cohere")
+_RETRY_PAUSE_S = 0.05
+
+
+class RerankError(Exception):
+    """The reranker could not score the candidates; ``reason`` says why.
+
+    Reasons: ``timeout``, ``unavailable`` (connection refused / 5xx after the retry),
+    ``rejected`` (a 4xx: bad request, auth, too many texts), ``bad_response`` (the body
+    is not the API's shape). ``status`` is the HTTP status when there was one.
+    """
+
+    def __init__(self, reason: str, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+    def __repr__(self) -> str:
+        return f"RerankError({self.reason}: {self})"
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """The score of one input text; ``index`` is its position in the request's texts."""
+
+    index: int
+    score: float
+
+
+class Reranker(Protocol):
+    """Scores texts against a query; results best first, indices into ``texts``."""
+
+    async def rerank(
+        self, query: str, texts: Sequence[str], *, top_n: int | None = None
+    ) -> list[RerankResult]:
+        """Scores of ``texts`` (all of them, or the best ``top_n``), highest first."""
+        ...
+
+
+@dataclass(frozen=True)
+class RerankSettings:
+    """How to reach the rerank API (RERANK_* / RETR_RERANK_*); disabled without a URL."""
+
+    url: str = ""
+    """Base URL (``http://tei:8080``) or full endpoint (``…/rerank``, ``…/v1/rerank``)."""
+    api_style: str = "tei"
+    """Request shape: ``tei`` (HuggingFace TEI) or ``cohere`` (Cohere, Jina, vLLM, Infinity)."""
+    model: str = ""
+    """Model name sent in Cohere-style requests (required by Cohere and Jina)."""
+    api_key: str = field(default="", repr=False)
+    """Sent as ``Authorization: Bearer …``; never logged or shown in repr."""
+    timeout_s: float = 2.0
+    """Budget for one rerank call, the retry included."""
+    top_n: int = 0
+    """Results kept after reranking; 0 keeps every candidate sent."""
+    max_candidates: int = 50
+    """Candidates sent to the reranker at most; the caller keeps the rest in their order."""
+    batch_size: int = 32
+    """Texts per TEI request (TEI refuses more than its ``--max-client-batch-size``, 32)."""
+
+    @property
+    def enabled(self) -> bool:
+        """True when a URL is configured."""
+        return bool(self.url)
+
+    def endpoint(self) -> str:
+        """The URL requests go to: the configured one, or its base plus the style's path."""
+        path = urlsplit(self.url).path.rstrip("/")
+        if path.endswith("/rerank"):
+            return self.url.rstrip("/")
+        suffix = "/rerank" if self.api_style == "tei" else "/v1/rerank"
+        return self.url.rstrip("/") + suffix
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> RerankSettings:
+        """RERANK_MODEL_URL, RERANK_API_STYLE, RERANK_MODEL, RERANK_API_KEY, RERANK_TIMEOUT_S,
+        RERANK_TOP_N, RERANK_MAX_CANDIDATES, RERANK_BATCH_SIZE (each also as RETR_RERANK_*)."""
+        env = env or Env()
+
+        def names(suffix: str) -> list[str]:
+            return ["RETR_RERANK_" + suffix, "RERANK_" + suffix]
+
+        url = env.text(names("MODEL_URL"), "")
+        if url and urlsplit(url).scheme not in ("http", "https"):
+            raise SettingsError(f"RERANK_MODEL_URL={url!r} is not an http(s) URL")
+        style = env.text(names("API_STYLE"), "tei").lower()
+        if style == "jina":
+            style = "cohere"
+        if style not in API_STYLES:
+            raise SettingsError(f"RERANK_API_STYLE={style!r}: expected one of {API_STYLES}")
+        return cls(
+            url=url,
+            api_style=style,
+            model=env.text(names("MODEL"), ""),
+            api_key=env.text(names("API_KEY"), ""),
+            timeout_s=env.number(names("TIMEOUT_S"), 2.0, minimum=0.01),
+            top_n=env.integer(names("TOP_N"), 0, minimum=0, maximum=1000),
+            max_candidates=env.integer(names("MAX_CANDIDATES"), 50, minimum=1, maximum=1000),
+            batch_size=env.integer(names("BATCH_SIZE"), 32, minimum=1, maximum=1000),
+        )
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _parse_items(items: Any, score_key: str, count: int) -> list[RerankResult]:
+    if not isinstance(items, list):
+        raise RerankError("bad_response", "expected a list of results")
+    out: list[RerankResult] = []
+    seen: set[int] = set()
+    for item in items:
+        if not isinstance(item, dict):
+            raise RerankError("bad_response", "a result is not an object")
+        index, score = item.get("index"), _number(item.get(score_key))
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise RerankError("bad_response", f"result index {index!r} is out of range")
+        if score is None:
+            raise RerankError("bad_response", f"result {index} has no numeric {score_key}")
+        if index in seen:
+            raise RerankError("bad_response", f"result index {index} is repeated")
+        seen.add(index)
+        out.append(RerankResult(index, score))
+    return out
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The API's own error message (TEI ``error``, Cohere ``message``, Jina ``detail``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict):
+        for key in ("error", "message", "detail"):
+            if key in body:
+                return str(body[key])[:200]
+    return str(body)[:200]
+
+
+class RerankClient:
+    """A :class:`Reranker` over HTTP; one retry on 5xx and connection errors, within a budget."""
+
+    def __init__(self, settings: RerankSettings, http: httpx.AsyncClient | None = None) -> None:
+        if not settings.enabled:
+            raise ValueError("RerankClient needs RerankSettings.url")
+        self._settings = settings
+        self._endpoint = settings.endpoint()
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient()
+        self._headers = {"Content-Type": "application/json"}
+        if settings.api_key:
+            self._headers["Authorization"] = f"Bearer {settings.api_key}"
+
+    @property
+    def settings(self) -> RerankSettings:
+        """The settings this client was built with."""
+        return self._settings
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> RerankClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        top_n: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[RerankResult]:
+        """Scores of the first ``max_candidates`` texts, best first (ties by index).
+
+        ``top_n`` (default: the settings' ``top_n``; 0 = all) caps the results.
+        ``timeout_s`` (default: the settings') bounds the whole call, the retry and any
+        TEI batches included; pass the caller's remaining deadline here.
+        Raises :class:`RerankError`.
+        """
+        sent = list(texts[: self._settings.max_candidates])
+        if not sent:
+            return []
+        limit = self._settings.top_n if top_n is None else top_n
+        budget = self._settings.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + max(budget, 0.0)
+        if self._settings.api_style == "tei":
+            size = self._settings.batch_size
+            batches = [(start, sent[start : start + size]) for start in range(0, len(sent), size)]
+            parts = await asyncio.gather(
+                *(self._call_tei(query, batch, start, deadline) for start, batch in batches)
+            )
+            results = [r for part in parts for r in part]
+        else:
+            results = await self._call_cohere(query, sent, limit, deadline)
+        results.sort(key=lambda r: (-r.score, r.index))
+        return results[:limit] if limit > 0 else results
+
+    async def _call_tei(
+        self, query: str, texts: list[str], offset: int, deadline: float
+    ) -> list[RerankResult]:
+        body = {"query": query, "texts": texts, "raw_scores": False, "truncate": True}
+        data = await self._post(body, deadline)
+        results = _parse_items(data, "score", len(texts))
+        if len(results) != len(texts):
+            raise RerankError("bad_response", f"{len(results)} scores for {len(texts)} texts")
+        return [RerankResult(r.index + offset, r.score) for r in results]
+
+    async def _call_cohere(
+        self, query: str, texts: list[str], top_n: int, deadline: float
+    ) -> list[RerankResult]:
+        body: dict[str, Any] = {"query": query, "documents": texts}
+        if self._settings.model:
+            body["model"] = self._settings.model
+        body["top_n"] = min(top_n, len(texts)) if top_n > 0 else len(texts)
+        data = await self._post(body, deadline)
+        if not isinstance(data, dict) or "results" not in data:
+            raise RerankError("bad_response", "expected an object with 'results'")
+        results = _parse_items(data["results"], "relevance_score", len(texts))
+        if len(results) < min(body["top_n"], len(texts)):
+            raise RerankError("bad_response", f"{len(results)} results for top_n={body['top_n']}")
+        return results
+
+    async def _post(self, body: dict[str, Any], deadline: float) -> Any:
+        """POST with one retry on connection errors and 5xx; the JSON body on 2xx."""
+        last: RerankError | None = None
+        for attempt in range(2):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    response = await self._http.post(
+                        self._endpoint, json=body, headers=self._headers, timeout=remaining
+                    )
+            except (TimeoutError, httpx.TimeoutException):
+                raise RerankError("timeout", "the reranker did not answer in time") from None
+            except httpx.TransportError as exc:
+                last = RerankError(
+                    "unavailable", f"cannot reach the reranker: {type(exc).__name__}"
+                )
+            else:
+                if response.status_code >= 500:
+                    last = RerankError(
+                        "unavailable",
+                        f"reranker answered {response.status_code}: {_error_text(response)}",
+                        status=response.status_code,
+                    )
+                elif response.status_code >= 400:
+                    raise RerankError(
+                        "rejected",
+                        f"reranker refused the request ({response.status_code}): "
+                        f"{_error_text(response)}",
+                        status=response.status_code,
+                    )
+                else:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise RerankError(
+                            "bad_response", "the reranker's answer is not JSON"
+                        ) from None
+            if attempt == 0 and deadline - time.monotonic() > _RETRY_PAUSE_S:
+                await asyncio.sleep(_RETRY_PAUSE_S)
+        raise last or RerankError("timeout", "no time left to call the reranker")
+
+
+def build_reranker(
+    settings: RerankSettings, http: httpx.AsyncClient | None = None
+) -> RerankClient | None:
+    """A client when a URL is configured, else None (rerank off)."""
+    return RerankClient(settings, http) if settings.enabled else None

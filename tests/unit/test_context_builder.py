@@ -1,0 +1,321 @@
+"""Context builder rules (retrieval.md §5.6), each at the token limit and one past it."""
+
+import random
+import re
+
+import pytest
+
+from services.common.tokenizer import default_tokenizer
+from services.retrieval.context_builder import (
+    ContextBuilder,
+    ContextCandidate,
+    ContextOptions,
+    build_context,
+    find_overlap,
+)
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word, so expected counts can be worked by hand."""
+
+    name = "words"
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def encode(self, text: str) -> list[int]:
+        return list(range(self.count(text)))
+
+    def decode(self, tokens: list[int]) -> str:
+        raise NotImplementedError
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        # A prefix of `text`, as BpeTokenizer.truncate returns (leading spaces kept).
+        found = list(re.finditer(r"\S+", text))[: max(0, max_tokens)]
+        return text[: found[-1].end()] if found else ""
+
+
+WT = WordTokenizer()
+
+
+def words(start: int, stop: int) -> str:
+    return " ".join(f"word{k:03d}" for k in range(start, stop))
+
+
+def cand(chunk_id, text, score, *, doc="d1", section="s1", ord=0, pages=(1, 1)):
+    return ContextCandidate(
+        doc_id=doc,
+        section_id=section,
+        chunk_id=chunk_id,
+        ord=ord,
+        text=text,
+        score=score,
+        tokens=WT.count(text),
+        page_start=pages[0],
+        page_end=pages[1],
+    )
+
+
+def build(cands, limit, **options):
+    return build_context(cands, limit, WT, ContextOptions(**options))
+
+
+# -- overlap detection -----------------------------------------------------------------
+
+
+def test_find_overlap():
+    assert find_overlap(words(0, 10), words(7, 17)) == len(words(7, 10))
+    assert find_overlap(words(0, 10), words(10, 20)) == 0
+    assert find_overlap("abc xyz", "xyz def", min_chars=3) == 3
+    assert find_overlap("abc xyz", "xyz def", min_chars=4) == 0  # too short to trust
+    # The longest overlap wins when a shorter one also matches.
+    assert find_overlap("aaaa-aaaa-aaaa", "aaaa-aaaa-aaaa-b", min_chars=4) == 14
+
+
+# -- limits ----------------------------------------------------------------------------
+
+
+def test_single_chunk_at_the_limit_and_one_past():
+    c = cand("c1", words(0, 10), 0.9)
+    at = build([c], 10)
+    assert at.chunk_ids == ("c1",) and at.total_tokens == 10
+    past = build([c], 9)
+    assert past.blocks == () and past.dropped_chunk_ids == ("c1",) and past.total_tokens == 0
+
+
+def test_zero_and_negative_limits():
+    assert build([cand("c1", words(0, 3), 0.9)], 0).blocks == ()
+    with pytest.raises(ValueError):
+        build([], -1)
+
+
+def test_lowest_scores_are_dropped_first():
+    cands = [
+        cand("hi", words(0, 5), 0.9, doc="a"),
+        cand("lo", words(10, 15), 0.5, doc="b"),
+        cand("mid", words(20, 25), 0.7, doc="c"),
+    ]
+    at = build(cands, 10)
+    assert set(at.chunk_ids) == {"hi", "mid"} and at.dropped_chunk_ids == ("lo",)
+    assert at.total_tokens == 10
+    assert set(build(cands, 15).chunk_ids) == {"hi", "mid", "lo"}
+    assert build(cands, 14).dropped_chunk_ids == ("lo",)
+
+
+def test_a_chunk_too_big_is_skipped_and_smaller_ones_still_fill():
+    cands = [
+        cand("big", words(0, 20), 0.9, doc="a"),
+        cand("small", words(30, 35), 0.4, doc="b"),
+    ]
+    result = build(cands, 10)
+    assert result.chunk_ids == ("small",)
+    assert result.dropped_chunk_ids == ("big",)
+
+
+def test_block_overhead_is_counted_per_block():
+    cands = [cand("a", words(0, 5), 0.9, doc="a"), cand("b", words(5, 10), 0.8, doc="b")]
+    assert len(build(cands, 14, block_overhead_tokens=2).blocks) == 2  # 2 * (5 + 2)
+    assert build(cands, 13, block_overhead_tokens=2).chunk_ids == ("a",)
+    assert build(cands, 13, block_overhead_tokens=2).blocks[0].tokens == 7
+
+
+# -- diversity -------------------------------------------------------------------------
+
+
+def test_round_robin_gives_every_document_its_best_chunk_first():
+    cands = [
+        cand("a1", words(0, 5), 0.95, doc="A", ord=0),
+        cand("a2", words(10, 15), 0.90, doc="A", ord=5),
+        cand("a3", words(20, 25), 0.85, doc="A", ord=9),
+        cand("b1", words(30, 35), 0.40, doc="B", ord=0),
+    ]
+    two = build(cands, 10)
+    assert set(two.chunk_ids) == {"a1", "b1"}
+    three = build(cands, 15)
+    assert set(three.chunk_ids) == {"a1", "b1", "a2"}
+    assert three.dropped_chunk_ids == ("a3",)
+
+
+def test_per_document_cap():
+    cands = [
+        cand("a1", words(0, 5), 0.95, doc="A", ord=0),
+        cand("a2", words(10, 15), 0.90, doc="A", ord=5),
+        cand("b1", words(30, 35), 0.40, doc="B", ord=0),
+    ]
+    result = build(cands, 100, max_chunks_per_doc=1)
+    assert set(result.chunk_ids) == {"a1", "b1"}
+    assert result.dropped_chunk_ids == ("a2",)
+    assert set(build(cands, 100).chunk_ids) == {"a1", "a2", "b1"}
+
+
+def test_duplicate_chunk_ids_keep_the_best_score():
+    cands = [cand("x", words(0, 5), 0.2, doc="A"), cand("x", words(0, 5), 0.8, doc="A")]
+    result = build(cands, 100)
+    assert result.chunk_ids == ("x",) and result.blocks[0].score == 0.8
+
+
+# -- merging ---------------------------------------------------------------------------
+
+
+def test_adjacent_chunks_merge_without_repeating_the_overlap():
+    first = cand("c1", words(0, 10), 0.6, ord=3, pages=(1, 2))
+    second = cand("c2", words(7, 17), 0.9, ord=4, pages=(2, 3))  # 3 words of overlap
+    at = build([second, first], 17)  # 10 + 10 - 3
+    assert len(at.blocks) == 1
+    block = at.blocks[0]
+    assert block.text == words(0, 17)
+    assert block.chunk_ids == ("c1", "c2")  # document order, not score order
+    assert (block.page_start, block.page_end) == (1, 3)
+    assert (block.ord_start, block.ord_end) == (3, 4)
+    assert block.tokens == 17 and block.score == 0.9 and not block.truncated
+    past = build([second, first], 16)
+    assert past.chunk_ids == ("c2",) and past.dropped_chunk_ids == ("c1",)
+
+
+def test_adjacent_chunks_without_overlap_are_joined():
+    first = cand("c1", words(0, 5), 0.6, ord=0)
+    second = cand("c2", words(5, 10), 0.9, ord=1)
+    block = build([first, second], 10).blocks[0]
+    assert block.text == words(0, 5) + "\n" + words(5, 10)
+
+
+def test_a_chunk_bridging_two_blocks_merges_all_three():
+    c1 = cand("c1", words(0, 10), 0.9, ord=0)
+    c2 = cand("c2", words(8, 18), 0.5, ord=1)
+    c3 = cand("c3", words(16, 26), 0.8, ord=2)
+    result = build([c1, c2, c3], 26)
+    assert [b.chunk_ids for b in result.blocks] == [("c1", "c2", "c3")]
+    assert result.blocks[0].text == words(0, 26)
+    # One token short: c2 (lowest) is left out and c1, c3 stay two blocks.
+    short = build([c1, c2, c3], 25)
+    assert [b.chunk_ids for b in short.blocks] == [("c1",), ("c3",)]
+
+
+def test_no_merge_across_gaps_sections_or_when_disabled():
+    a = cand("a", words(0, 10), 0.9, ord=0)
+    gap = cand("gap", words(7, 17), 0.8, ord=2)
+    other = cand("other", words(7, 17), 0.8, section="s2", ord=1)
+    assert len(build([a, gap], 100).blocks) == 2
+    assert len(build([a, other], 100).blocks) == 2
+    adjacent = cand("adj", words(7, 17), 0.8, ord=1)
+    separate = build([a, adjacent], 100, merge_adjacent=False)
+    assert [b.chunk_ids for b in separate.blocks] == [("a",), ("adj",)]
+    assert separate.total_tokens == 20
+
+
+# -- order -----------------------------------------------------------------------------
+
+
+def test_document_order_groups_by_document_and_keeps_reading_order():
+    cands = [
+        cand("a-late", words(0, 3), 0.9, doc="A", ord=8),
+        cand("a-early", words(10, 13), 0.3, doc="A", ord=1),
+        cand("b", words(20, 23), 0.6, doc="B", ord=0),
+    ]
+    result = build(cands, 100)
+    assert result.chunk_ids == ("a-early", "a-late", "b")
+    by_score = build(cands, 100, order="score")
+    assert by_score.chunk_ids == ("a-late", "b", "a-early")
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError):
+        ContextOptions(order="random")
+    with pytest.raises(ValueError):
+        ContextOptions(max_chunks_per_doc=-1)
+
+
+# -- hard trim -------------------------------------------------------------------------
+
+
+def test_hard_trim_fills_the_limit_exactly():
+    cands = [
+        cand("a", words(0, 10), 0.9, doc="A"),
+        cand("b", words(20, 40), 0.8, doc="B"),
+    ]
+    plain = build(cands, 15)
+    assert plain.chunk_ids == ("a",) and plain.total_tokens == 10
+    trimmed = build(cands, 15, hard_trim=True, min_trim_tokens=5)
+    assert trimmed.chunk_ids == ("a", "b") and trimmed.total_tokens == 15
+    last = trimmed.blocks[-1]
+    assert last.truncated and last.text == words(20, 25)
+    assert trimmed.dropped_chunk_ids == ()
+    # One token less room than min_trim_tokens: nothing is trimmed in.
+    assert build(cands, 14, hard_trim=True, min_trim_tokens=5).chunk_ids == ("a",)
+
+
+def test_hard_trim_continues_the_previous_chunk_without_its_overlap():
+    first = cand("c1", words(0, 10), 0.9, ord=0)
+    second = cand("c2", words(7, 27), 0.5, ord=1)  # 3 overlap + 17 new words
+    result = build([first, second], 15, hard_trim=True, min_trim_tokens=3)
+    assert len(result.blocks) == 1
+    block = result.blocks[0]
+    assert block.chunk_ids == ("c1", "c2") and block.truncated
+    assert block.text == words(0, 15) and block.tokens == 15
+
+
+def test_hard_trim_before_a_kept_chunk_drops_the_shared_tail():
+    later = cand("c2", words(7, 17), 0.9, ord=1)
+    earlier = cand("c1", words(0, 10), 0.5, ord=0)  # its last 3 words are in c2
+    result = build([earlier, later], 15, hard_trim=True, min_trim_tokens=3)
+    assert [b.chunk_ids for b in result.blocks] == [("c1",), ("c2",)]
+    assert result.blocks[0].text == words(0, 5) and result.blocks[0].truncated
+    assert result.total_tokens == 15
+
+
+# -- the real tokenizer ----------------------------------------------------------------
+
+
+def test_real_tokenizer_counts_blocks_exactly():
+    tok = default_tokenizer()
+    text = (
+        "Для настройки LDAP интеграции в Orion X откройте раздел «Каталоги» и нажмите «Добавить». "
+        * 6
+    )
+    ids = tok.encode(text)
+    left, right = tok.decode(ids[:60]), tok.decode(ids[25:90])  # 35 tokens of overlap
+    cands = [
+        ContextCandidate("d", "s", "c1", 0, left, 0.9, 60, 1, 1),
+        ContextCandidate("d", "s", "c2", 1, right, 0.8, 65, 1, 2),
+    ]
+    result = ContextBuilder(tok).build(cands, 4096)
+    (block,) = result.blocks
+    assert block.text == tok.decode(ids[:90])
+    assert block.tokens == tok.count(block.text) == result.total_tokens
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_over_the_limit_with_random_input(seed):
+    rng = random.Random(seed)
+    tok = default_tokenizer()
+    vocab = "договор отпуск настройка LDAP server backup ошибка пароль 2024 — «» , .".split()
+    cands = []
+    for doc in range(4):
+        ids = tok.encode(" ".join(rng.choice(vocab) for _ in range(400)))
+        for i in range(8):
+            start = i * 40
+            text = tok.decode(ids[start : start + 55])
+            cands.append(
+                ContextCandidate(f"d{doc}", f"s{i // 4}", f"d{doc}c{i}", i, text, rng.random())
+            )
+    trimmed = merged = 0
+    for limit in (0, 17, 40, 60, 100, 150, 250, 333, 700, 5000):
+        for hard_trim in (False, True):
+            options = ContextOptions(
+                hard_trim=hard_trim, min_trim_tokens=1, block_overhead_tokens=seed % 3
+            )
+            result = ContextBuilder(tok, options).build(cands, limit)
+            trimmed += sum(b.truncated for b in result.blocks)
+            merged += sum(len(b.chunk_ids) > 1 for b in result.blocks)
+            if hard_trim and 0 < limit < 5000:
+                # The trimmed block fills the window, unless not even its overhead fits.
+                assert limit - result.total_tokens <= options.block_overhead_tokens
+            assert result.total_tokens <= limit
+            assert result.total_tokens == sum(b.tokens for b in result.blocks)
+            for b in result.blocks:
+                assert b.tokens == tok.count(b.text) + options.block_overhead_tokens
+            included = result.chunk_ids
+            assert len(set(included)) == len(included)
+            assert set(included) | set(result.dropped_chunk_ids) == {c.chunk_id for c in cands}
+            assert not set(included) & set(result.dropped_chunk_ids)
+    assert trimmed and merged  # both paths were exercised

@@ -1,0 +1,164 @@
+"""Hybrid fusion maths: normalisation, weighted sums and RRF against hand-computed numbers."""
+
+import math
+
+import pytest
+
+from services.common.settings import Env, SettingsError
+from services.retrieval.fusion import (
+    FusionSettings,
+    normalise,
+    rrf_fusion,
+    rrf_fusion_scored,
+    weighted_fusion,
+)
+
+
+def approx_pairs(actual, expected):
+    assert [k for k, _ in actual] == [k for k, _ in expected]
+    for (_, a), (_, e) in zip(actual, expected, strict=True):
+        assert a == pytest.approx(e)
+
+
+def test_minmax_maps_onto_zero_one():
+    assert normalise([2.0, 4.0, 10.0]) == pytest.approx([0.0, 0.25, 1.0])
+
+
+def test_minmax_degenerate_cases():
+    assert normalise([]) == []
+    assert normalise([0.37]) == [1.0]
+    assert normalise([3.0, 3.0, 3.0]) == [1.0, 1.0, 1.0]
+
+
+def test_zscore_uses_population_deviation():
+    # mean 2, population stdev sqrt(2/3)
+    sd = math.sqrt(2 / 3)
+    assert normalise([1.0, 2.0, 3.0], "zscore") == pytest.approx([-1 / sd, 0.0, 1 / sd])
+    assert normalise([5.0], "zscore") == [0.0]
+    assert normalise([5.0, 5.0], "zscore") == [0.0, 0.0]
+
+
+def test_max_keeps_ratios_and_falls_back_for_non_positive_maxima():
+    assert normalise([8.0, 2.0, 0.0], "max") == pytest.approx([1.0, 0.25, 0.0])
+    assert normalise([-1.0, -3.0], "max") == pytest.approx([1.0, 0.0])
+
+
+def test_non_finite_scores_are_ignored_and_map_to_zero():
+    assert normalise([1.0, math.nan, 3.0]) == pytest.approx([0.0, 0.0, 1.0])
+    assert normalise([math.inf]) == [0.0]
+
+
+def test_unknown_normaliser_is_refused():
+    with pytest.raises(ValueError):
+        normalise([1.0], "softmax")
+
+
+def test_weighted_fusion_normalises_each_list_before_weighting():
+    dense = [("a", 0.82), ("b", 0.80), ("c", 0.70)]  # -> a 1.0, b 10/12, c 0
+    sparse = [("c", 12.0), ("a", 3.0), ("d", 6.0)]  # -> c 1.0, a 0, d 1/3
+    fused = weighted_fusion({"dense": dense, "sparse": sparse}, {"dense": 0.7, "sparse": 0.3})
+    approx_pairs(
+        fused,
+        [("a", 0.7), ("b", 0.7 * 10 / 12), ("c", 0.3), ("d", 0.1)],
+    )
+
+
+def test_weighted_fusion_raw_bm25_would_have_dominated():
+    # With raw scores "c" (BM25 12) would win; normalised, dense's best "a" wins.
+    fused = weighted_fusion(
+        {"dense": [("a", 0.9), ("c", 0.1)], "sparse": [("c", 12.0), ("a", 11.0)]},
+        {"dense": 0.7, "sparse": 0.3},
+    )
+    assert fused[0][0] == "a"
+
+
+def test_weighted_fusion_dedupes_repeated_keys_with_their_best_score():
+    fused = weighted_fusion({"dense": [("a", 0.2), ("b", 0.5), ("a", 0.9)]}, {"dense": 1.0})
+    approx_pairs(fused, [("a", 1.0), ("b", 0.0 + (0.5 - 0.5) / 0.4)])
+
+
+def test_weighted_fusion_ties_are_broken_by_rank_then_key():
+    # x, y, z all end at 0.5 and all share rank 1 in some list (x and z tie in dense):
+    # the key decides, whatever the input order.
+    fused = weighted_fusion(
+        {"dense": [("z", 1.0), ("x", 1.0), ("w", 0.0)], "sparse": [("y", 5.0), ("w", 1.0)]},
+        {"dense": 0.5, "sparse": 0.5},
+    )
+    approx_pairs(fused, [("x", 0.5), ("y", 0.5), ("z", 0.5), ("w", 0.0)])
+    # Same input in a different dict order gives the same output.
+    again = weighted_fusion(
+        {"sparse": [("y", 5.0), ("w", 1.0)], "dense": [("z", 1.0), ("x", 1.0), ("w", 0.0)]},
+        {"dense": 0.5, "sparse": 0.5},
+    )
+    assert again == fused
+
+
+def test_weighted_fusion_requires_a_weight_per_list():
+    with pytest.raises(ValueError):
+        weighted_fusion({"dense": [("a", 1.0)], "sparse": []}, {"dense": 1.0})
+    with pytest.raises(ValueError):
+        weighted_fusion({"dense": [("a", 1.0)]}, {"dense": -1.0})
+
+
+def test_weighted_fusion_of_nothing_is_empty():
+    assert weighted_fusion({"dense": [], "sparse": []}, {"dense": 0.7, "sparse": 0.3}) == []
+
+
+def test_rrf_sums_reciprocal_ranks():
+    fused = rrf_fusion({"dense": ["a", "b", "c"], "sparse": ["c", "a"]}, k=60)
+    approx_pairs(
+        fused,
+        [("a", 1 / 61 + 1 / 62), ("c", 1 / 63 + 1 / 61), ("b", 1 / 62)],
+    )
+
+
+def test_rrf_weights_and_small_k():
+    fused = rrf_fusion(
+        {"dense": ["a", "b"], "sparse": ["b"]}, k=0, weights={"dense": 1, "sparse": 2}
+    )
+    approx_pairs(fused, [("b", 1 / 2 + 2 / 1), ("a", 1.0)])
+
+
+def test_rrf_counts_a_repeated_key_once_at_its_best_rank():
+    fused = rrf_fusion({"dense": ["a", "a", "b"]}, k=1)
+    approx_pairs(fused, [("a", 1 / 2), ("b", 1 / 3)])
+
+
+def test_rrf_scored_ranks_by_score_first():
+    fused = rrf_fusion_scored({"sparse": [("a", 1.0), ("b", 9.0)]}, k=1)
+    approx_pairs(fused, [("b", 1 / 2), ("a", 1 / 3)])
+
+
+def test_rrf_rejects_negative_k():
+    with pytest.raises(ValueError):
+        rrf_fusion({"dense": ["a"]}, k=-1)
+
+
+def test_settings_from_env_and_fuse():
+    settings = FusionSettings.from_env(
+        Env({"RETR_HYBRID_FUSION": "RRF", "RETR_RRF_K": "10", "RETR_HYBRID_DENSE_WEIGHT": "1"})
+    )
+    assert settings.method == "rrf"
+    assert settings.rrf_k == 10
+    assert settings.weights == {"dense": 1.0, "sparse": 0.3}
+    fused = settings.fuse({"dense": [("a", 0.1), ("b", 0.9)], "sparse": [("a", 3.0)]})
+    approx_pairs(fused, [("a", 1 / 12 + 0.3 / 11), ("b", 1 / 11)])
+    default = FusionSettings.from_env(Env({}))
+    assert default.method == "weighted"
+    assert default.fuse({"dense": [("a", 0.5)], "sparse": [("b", 2.0)]}) == [
+        ("a", pytest.approx(0.7)),
+        ("b", pytest.approx(0.3)),
+    ]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RETR_HYBRID_FUSION": "sum"},
+        {"RETR_HYBRID_NORMALISATION": "l2"},
+        {"RETR_HYBRID_DENSE_WEIGHT": "0", "RETR_HYBRID_SPARSE_WEIGHT": "0"},
+    ],
+)
+def test_settings_reject_bad_values(env):
+    with pytest.raises(SettingsError):
+        FusionSettings.from_env(Env(env))

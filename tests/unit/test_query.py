@@ -1,0 +1,174 @@
+"""Query processing: normalisation, language detection, synonym tables and expansion."""
+
+import json
+
+import pytest
+
+from services.common.settings import Env, SettingsError
+from services.retrieval.query import (
+    QueryExpander,
+    QuerySettings,
+    SynonymExpander,
+    SynonymTable,
+    detect_language,
+    expand_query,
+    fold_yo,
+    keyword_form,
+    load_synonyms,
+    normalise_query,
+    prepare_query,
+)
+
+
+def test_normalise_nfkc_controls_and_whitespace():
+    raw = "  ＬＤＡＰ\u00a0на\u00adстройка\t\nи\u200bвход\x07 \ufeffok  "
+    # full-width -> ASCII, NBSP -> space, soft hyphen removed, tab/newline and zero-width
+    # space -> one space, BEL and BOM removed, ends trimmed.
+    assert normalise_query(raw) == "LDAP настройка и вход ok"
+
+
+def test_normalise_keeps_case_and_yo_unless_asked():
+    assert normalise_query("Ёлка LDAP") == "Ёлка LDAP"
+    assert normalise_query("Ёлка LDAP", lowercase=True, fold=True) == "елка ldap"
+    assert keyword_form(" Учётная  ЗАПИСЬ ") == "учетная запись"
+    assert fold_yo("ёЁ") == "еЕ"
+
+
+def test_normalise_of_only_junk_is_empty():
+    assert normalise_query("\x00\u200d \u200e\t") == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Как настроить LDAP интеграцию в Orion X?", "ru"),  # 70 % Cyrillic
+        ("How do I configure LDAP?", "en"),
+        ("vacation policy отпуск", "mixed"),
+        ("как получить компенсацию vacation", "ru"),  # 22 Cyrillic of 30 letters
+        ("Wie konfiguriere ich den Drucker?", "en"),  # Latin script: treated as en
+        ("休暇の申請方法", "other"),
+        ("12345 ?!", "other"),
+        ("", "other"),
+    ],
+)
+def test_detect_language_by_script_share(text, expected):
+    assert detect_language(text) == expected
+
+
+def test_detect_language_boundaries():
+    # 6 Cyrillic : 4 Latin = 60 % -> ru; 5 : 5 -> mixed; 1 : 9 -> en; 2 : 8 -> mixed.
+    assert detect_language("абвгде abcd") == "ru"
+    assert detect_language("абвгд abcde") == "mixed"
+    assert detect_language("а abcdefghi") == "en"
+    assert detect_language("аб abcdefgh") == "mixed"
+
+
+def test_language_hint_wins():
+    assert detect_language("How do I configure LDAP?", "ru") == "ru"
+    assert detect_language("Как дела", "en-US") == "en"
+    assert detect_language("Как дела", "DE") == "de"
+    assert detect_language("Как дела", "auto") == "ru"
+    assert detect_language("Как дела", "") == "ru"
+
+
+def test_builtin_table_matches_inflected_and_folded_forms():
+    table = SynonymTable.builtin()
+    assert "контракт" in table.synonyms("договора")
+    assert "contract" in table.synonyms("договоров")
+    assert "отпуск" in table.synonyms("vacations")
+    spans = table.matches("сброс пароля учетной записи")
+    assert [("сброс пароля учетной записи"[s:e]) for s, e, _ in spans] == [
+        "пароля",
+        "учетной записи",
+    ]
+
+
+def test_expand_original_first_round_robin_and_language_order():
+    table = SynonymTable.from_groups(
+        [["договор", "contract", "контракт"], ["аренда", "lease", "наём"]]
+    )
+    variants = expand_query("условия договора аренды", "ru", table, 5)
+    assert variants == [
+        "условия договора аренды",
+        "условия контракт аренды",
+        "условия договора наём",
+        "условия contract аренды",
+        "условия договора lease",
+    ]
+    en_first = expand_query("условия договора аренды", "en", table, 2)
+    assert en_first == ["условия договора аренды", "условия contract аренды"]
+
+
+def test_expand_limits_and_no_match():
+    table = SynonymTable.builtin()
+    assert expand_query("погода в Москве", "ru", table, 5) == ["погода в Москве"]
+    assert expand_query("договор", "ru", table, 1) == ["договор"]
+    assert expand_query("договор", "ru", table, 0) == ["договор"]
+    assert len(expand_query("договор", "ru", table, 3)) == 3
+
+
+def test_expand_prefers_longest_phrase_and_skips_synonyms_already_present():
+    table = SynonymTable.builtin()
+    variants = expand_query("sick leave policy", "en", table, 5)
+    assert variants == ["sick leave policy", "больничный policy"]
+    # "пользователь" and "учётная запись" are one group: no "пользователь пользователя".
+    variants = expand_query("учетная запись пользователя", "ru", table, 10)
+    assert all("пользователь пользователя" not in v for v in variants)
+    assert len(variants) == len({keyword_form(v) for v in variants})
+
+
+def test_load_json_list_dict_and_text(tmp_path):
+    as_list = tmp_path / "a.json"
+    as_list.write_text(json.dumps([["ВПН", "vpn", "туннель"]]), encoding="utf-8")
+    as_dict = tmp_path / "b.json"
+    as_dict.write_text(json.dumps({"впн": ["vpn"]}), encoding="utf-8")
+    wrapped = tmp_path / "c.json"
+    wrapped.write_text(json.dumps({"groups": [["впн", "vpn"]]}), encoding="utf-8")
+    text = tmp_path / "d.txt"
+    text.write_text("# comment\nвпн, vpn | туннель\n\nодин\nsolo;\n", encoding="utf-8")
+    for path in (as_list, as_dict, wrapped, text):
+        table = SynonymTable.load(path)
+        assert "vpn" in table.synonyms("впн"), path
+    # one-term lines are not groups
+    assert SynonymTable.load(text).groups == (("впн", "vpn", "туннель"),)
+    assert load_synonyms(None) == SynonymTable.builtin()
+    assert load_synonyms(str(text)).groups == (("впн", "vpn", "туннель"),)
+
+
+def test_load_rejects_bad_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"groups": [1, 2]}', encoding="utf-8")
+    with pytest.raises(ValueError):
+        SynonymTable.load(bad)
+    broken = tmp_path / "broken.json"
+    broken.write_text("[[", encoding="utf-8")
+    with pytest.raises(ValueError):
+        SynonymTable.load(broken)
+
+
+def test_settings_from_env(tmp_path):
+    path = tmp_path / "syn.txt"
+    path.write_text("впн, vpn\n", encoding="utf-8")
+    settings = QuerySettings.from_env(
+        Env({"RETR_QUERY_EXPANSION": "true", "RETR_SYNONYMS_PATH": str(path)})
+    )
+    assert settings.expansion and settings.max_variants == 3
+    assert settings.synonym_table().synonyms("vpn") == ["впн"]
+    with pytest.raises(SettingsError):
+        QuerySettings.from_env(Env({"RETR_SYNONYMS_PATH": str(tmp_path / "missing.txt")}))
+    with pytest.raises(SettingsError):
+        QuerySettings.from_env(Env({"RETR_QUERY_MAX_VARIANTS": "0"}))
+
+
+async def test_synonym_expander_is_a_query_expander():
+    expander: QueryExpander = SynonymExpander(SynonymTable.builtin())
+    variants = await expander.expand("настройка сервера", "ru", 2)
+    assert variants == ["настройка сервера", "конфигурация сервера"]
+
+
+def test_prepare_query():
+    prepared = prepare_query("  Настройка\u00a0Ёмкости  LDAP ", "")
+    assert prepared.text == "Настройка Ёмкости LDAP"
+    assert prepared.keyword_text == "настройка емкости ldap"
+    assert prepared.language == "ru"
+    assert prepare_query("hello", "ru").language == "ru"
