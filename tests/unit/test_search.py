@@ -1,81 +1,216 @@
+"""The retrieval engine over a real Qdrant Edge shard and the real (fast-profile) embedder."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
 from services.common import errors
-from services.docstore.parsing import parse_document
-from services.retrieval.keyword_index import KeywordIndex
+from services.common.breaker import CircuitBreaker
+from services.common.tokenizer import default_tokenizer
+from services.docstore.sqlite_store import SqliteDocumentStore
+from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
+from services.retrieval.index.edge import EdgeIndex
+from services.retrieval.index.server import QdrantServerIndex
+from services.retrieval.ingestion import IngestInput, Ingestor
+from services.retrieval.journal import IngestJournal
+from services.retrieval.query import load_synonyms
+from services.retrieval.rerank import RerankSettings, build_reranker
 from services.retrieval.search import (
+    KB_TENANT,
     MAX_QUERY_CHARS,
     Filters,
     SearchDefaults,
-    SearchEngine,
     SearchQuery,
 )
+from services.retrieval.sections import SectionCatalog
+from services.retrieval.visibility import Visibility
+from tests.fakes.rerank_server import FakeRerankServer
 
-LDAP = "# Guide\n\n## LDAP\n\nTo set up LDAP integration open Settings, Auth, LDAP.\n\n## Backup\n\nBackups run daily."
-OTHER = "# Notes\n\n## LDAP sync\n\nLDAP sync of large groups was fixed."
+GUIDE = """# Orion X guide
+
+## LDAP integration
+
+To set up LDAP integration open Settings, then Auth, then LDAP, and enter the server address.
+The bind account needs read access to the user directory.
+
+## Backup
+
+Backups run daily at 02:00 and are kept for thirty days.
+"""
+NOTES = """# Release notes
+
+## LDAP sync
+
+LDAP synchronisation of large groups was fixed in version 2.1.
+"""
+VACATION = """# Регламент отпусков
+
+## Заявление на отпуск
+
+Заявление на ежегодный отпуск подаётся за две недели через портал.
+
+## Перенос отпуска
+
+Перенос отпуска согласуется с руководителем.
+"""
+KB_CSV = (
+    "id,title,content,topic,jurisdiction,updated_at,tags\n"
+    "ndfl,Что такое НДФЛ,НДФЛ — налог на доходы физических лиц; ставка 13 процентов.,"
+    "tax,RU,2026-01-10,tax\n"
+)
 
 
-@pytest.fixture
-def engine():
-    index = KeywordIndex()
-    index.add(
-        parse_document(tenant_id="a", doc_id="guide", text=LDAP, fmt="markdown", tags=("admin",))
-    )
-    index.add(
-        parse_document(tenant_id="a", doc_id="notes", text=OTHER, fmt="markdown", product="x")
-    )
-    index.add(parse_document(tenant_id="b", doc_id="secret", text=LDAP, fmt="markdown"))
-    return SearchEngine(index, SearchDefaults())
+@pytest.fixture(scope="module")
+def embedder():
+    return build_embedder(EmbeddingSettings(profile="fast"))
 
 
-def q(**kw):
-    return SearchQuery(**{"query": "LDAP integration", "tenant_id": "a", **kw})
+@dataclass
+class Stack:
+    store: SqliteDocumentStore
+    index: EdgeIndex
+    ingestor: Ingestor
+    engine: RetrievalEngine
+    journal: IngestJournal
+    visibility: Visibility
+    sections: SectionCatalog
+    path: Path
 
 
-def test_best_section_first_with_pages_and_anchor(engine):
-    r = engine.search(q())
+def make_stack(
+    tmp: Path, embedder, index=None, *, settings: EngineSettings | None = None, reranker=None
+) -> Stack:
+    store = SqliteDocumentStore(tmp / "docstore.sqlite")
+    index = index or EdgeIndex(str(tmp / "index"), embedder.dim)
+    visibility, sections = Visibility(store), SectionCatalog(store)
+    journal = IngestJournal(tmp / "journal.jsonl")
+    ingestor = Ingestor(
+        store=store, index=index, embedder=embedder, visibility=visibility, sections=sections,
+        journal=journal, max_document_bytes=1 << 20,
+    )  # fmt: skip
+    engine = RetrievalEngine(
+        index=index, embedder=embedder, visibility=visibility, sections=sections,
+        tokenizer=default_tokenizer(), defaults=SearchDefaults(),
+        settings=settings or EngineSettings(),
+        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        reranker=reranker, synonyms=load_synonyms(None),
+    )  # fmt: skip
+    return Stack(store, index, ingestor, engine, journal, visibility, sections, tmp)
+
+
+async def fill(stack: Stack) -> None:
+    ing = stack.ingestor
+    await ing.ingest(IngestInput("a", GUIDE.encode(), file_name="guide.md", tags=("admin",)))
+    await ing.ingest(IngestInput("a", NOTES.encode(), file_name="notes.md", product="x"))
+    await ing.ingest(IngestInput("a", VACATION.encode(), file_name="vacation.md"))
+    await ing.ingest(IngestInput("b", GUIDE.encode(), file_name="secret.md"))
+    await ing.ingest(IngestInput(KB_TENANT, KB_CSV.encode(), file_name="train_data.csv"))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, embedder):
+    stack = make_stack(tmp_path_factory.mktemp("engine"), embedder)
+    asyncio.run(fill(stack))
+    yield stack
+    stack.index.close()
+
+
+def q(**kw) -> SearchQuery:
+    return SearchQuery(**{"query": "LDAP integration setup", "tenant_id": "a", **kw})
+
+
+async def test_best_section_first_with_pages_anchor_and_timings(shared):
+    r = await shared.engine.search(q())
     assert r.hits[0].doc_id == "guide"
-    assert r.hits[0].score == 1.0
-    assert r.sections[0].title == "LDAP"
+    assert r.sections[0].title.endswith("LDAP integration")
     assert r.sections[0].anchor_chunk_id == r.hits[0].chunk_id
-    assert {h.doc_id for h in r.hits} <= {"guide", "notes"}
+    assert r.hits[0].page_start >= 1 and r.hits[0].score == 1.0
+    assert r.hybrid_used and r.backend == "qdrant-edge" and r.mode == "section_first"
+    assert r.engine_ms > 0 and r.language == "en"
+    assert {h.doc_id for h in r.hits} <= {"guide", "notes", "vacation"}
 
 
-def test_never_returns_another_tenants_documents(engine):
-    assert all(h.doc_id != "secret" for h in engine.search(q()).hits)
-    assert [h.doc_id for h in engine.search(q(tenant_id="b")).hits] == ["secret"]
-    # doc_ids naming another tenant's document find nothing
-    assert engine.search(q(filters=Filters(doc_ids=("secret",)))).hits == []
-    assert engine.search(q(tenant_id="nobody")).hits == []
+@pytest.mark.parametrize("mode", ["section_first", "doc_first", "chunk_priority", "hybrid_only"])
+async def test_every_mode_finds_the_answer(shared, mode):
+    r = await shared.engine.search(q(mode=mode))
+    assert r.mode == mode
+    assert r.hits[0].doc_id == "guide"
 
 
-def test_filters(engine):
-    assert {h.doc_id for h in engine.search(q(filters=Filters(tags=("admin",)))).hits} == {"guide"}
-    assert {h.doc_id for h in engine.search(q(filters=Filters(product="x"))).hits} == {"notes"}
-    assert engine.search(q(filters=Filters(version="9"))).hits == []
+@pytest.mark.parametrize("ranking", ["dense", "sparse", "hybrid"])
+@pytest.mark.parametrize("fusion", ["weighted", "rrf"])
+async def test_every_ranking_and_fusion_scores_in_unit_range(shared, ranking, fusion):
+    r = await shared.engine.search(q(ranking=ranking, fusion=fusion))
+    assert r.hits and r.hits[0].doc_id == "guide"
+    assert all(0.0 <= h.score <= 1.0 for h in r.hits)
+    assert r.hybrid_used == (ranking == "hybrid")
+
+
+async def test_russian_morphology_and_cross_language(shared):
+    r = await shared.engine.search(q(query="как перенести отпуск", ranking="sparse"))
+    assert r.hits[0].doc_id == "vacation"
+    r = await shared.engine.search(q(query="как настроить LDAP"))
+    assert r.hits[0].doc_id == "guide" and r.language == "ru"
+
+
+async def test_another_tenant_never_sees_the_first_tenants_chunks(shared):
+    mine = await shared.engine.search(q(tenant_id="b"))
+    assert {h.doc_id for h in mine.hits} == {"secret"}
+    a = await shared.engine.search(q())
+    a_sections = tuple(s.section_id for s in a.sections)
+    a_chunks = {h.chunk_id for h in a.hits}
+    for f in (
+        Filters(doc_ids=("guide", "notes")),
+        Filters(section_ids=a_sections),
+        Filters(tags=("admin",)),
+        Filters(product="x"),
+    ):
+        r = await shared.engine.search(q(tenant_id="b", filters=f))
+        assert not ({h.chunk_id for h in r.hits} & a_chunks)
+        assert all(h.doc_id == "secret" for h in r.hits)
+    assert (await shared.engine.search(q(tenant_id="nobody"))).hits == []
+
+
+async def test_knowledge_base_only_through_source_filter(shared):
+    r = await shared.engine.search(q(query="ставка НДФЛ", filters=Filters(source="knowledge_base")))
+    assert r.hits and all(h.doc_id.startswith("kb-") for h in r.hits)
+    own = await shared.engine.search(q(query="ставка НДФЛ"))
+    assert not any(h.doc_id.startswith("kb-") for h in own.hits)
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await shared.engine.search(q(tenant_id=KB_TENANT))
+    assert info.value.metadata["field"] == "tenant_id"
+
+
+async def test_filters(shared):
+    r = await shared.engine.search(q(filters=Filters(tags=("admin",))))
+    assert {h.doc_id for h in r.hits} == {"guide"}
+    r = await shared.engine.search(q(filters=Filters(product="x")))
+    assert {h.doc_id for h in r.hits} == {"notes"}
+    assert (await shared.engine.search(q(filters=Filters(version="9")))).hits == []
+    sid = (await shared.engine.search(q())).sections[0].section_id
+    r = await shared.engine.search(q(filters=Filters(section_ids=(sid,))))
+    assert {h.section_id for h in r.hits} == {sid}
 
 
 @pytest.mark.parametrize(("value", "ok"), [(1, True), (50, True), (51, False), (0, False)])
-def test_max_results_at_and_past_the_limit(engine, value, ok):
+async def test_max_results_at_and_past_the_limit(shared, value, ok):
     if ok:
-        assert len(engine.search(q(max_results=value)).hits) <= value
+        assert len((await shared.engine.search(q(max_results=value))).hits) <= value
     else:
         with pytest.raises(errors.InvalidArgumentError) as info:
-            engine.search(q(max_results=value))
+            await shared.engine.search(q(max_results=value))
         assert info.value.metadata["field"] == "max_results"
 
 
-def test_max_results_limit_is_reported_as_limit_exceeded(engine):
-    with pytest.raises(errors.LimitExceededError) as info:
-        engine.search(q(max_results=51))
-    assert info.value.reason == "LIMIT_EXCEEDED"
-    assert info.value.metadata["limit"] == "50"
-
-
-def test_query_length_at_and_past_the_limit(engine):
-    engine.search(q(query="a" * MAX_QUERY_CHARS))
+async def test_query_length_at_and_past_the_limit(shared):
+    await shared.engine.search(q(query="a" * MAX_QUERY_CHARS))
     with pytest.raises(errors.LimitExceededError):
-        engine.search(q(query="a" * (MAX_QUERY_CHARS + 1)))
+        await shared.engine.search(q(query="a" * (MAX_QUERY_CHARS + 1)))
 
 
 @pytest.mark.parametrize(
@@ -83,53 +218,157 @@ def test_query_length_at_and_past_the_limit(engine):
     [
         ({"tenant_id": " "}, "tenant_id"),
         ({"query": ""}, "query"),
+        ({"query": "\u200b\u0000"}, "query"),
         ({"mode": "fastest"}, "params.retrieval_mode"),
+        ({"ranking": "magic"}, "params.ranking"),
+        ({"fusion": "avg"}, "params.fusion"),
         ({"max_chunks": 201}, "params.max_chunks"),
         ({"max_docs": 0}, "params.max_docs"),
+        ({"max_sections": 201}, "params.max_sections"),
         ({"context_token_limit": 0}, "params.context_token_limit"),
+        ({"topk_per_doc": 51}, "params.topk_per_doc"),
+        ({"min_score": 1.5}, "params.min_score"),
+        ({"filters": Filters(source="web")}, "filters.source"),
         ({"filters": Filters(doc_ids=tuple(str(i) for i in range(101)))}, "filters.doc_ids"),
     ],
 )
-def test_bad_requests_name_the_field(engine, kw, field):
+async def test_bad_requests_name_the_field(shared, kw, field):
     with pytest.raises(errors.InvalidArgumentError) as info:
-        engine.search(q(**kw))
+        await shared.engine.search(q(**kw))
     assert info.value.metadata["field"] == field
 
 
-def test_context_respects_the_token_limit(engine):
-    r = engine.search(q(context_token_limit=5))
-    assert sum(c.tokens for c in r.chunks) <= 5
+async def test_topk_per_doc_and_min_score(shared):
+    r = await shared.engine.search(q(topk_per_doc=1, max_results=10))
+    docs = [h.doc_id for h in r.hits]
+    assert len(docs) == len(set(docs))
+    r = await shared.engine.search(q(topk_per_doc=50))  # at the limit
+    r = await shared.engine.search(q(min_score=0.9))
+    assert r.hits and all(h.score >= 0.9 for h in r.hits)
+    r = await shared.engine.search(q(min_score=1.0))
+    assert all(h.score == 1.0 for h in r.hits)
 
 
-def test_reindexing_a_document_replaces_it():
-    index = KeywordIndex()
-    index.add(parse_document(tenant_id="a", doc_id="d", text="# T\n\nalpha", fmt="markdown"))
-    index.add(parse_document(tenant_id="a", doc_id="d", text="# T\n\nbeta", fmt="markdown"))
-    engine = SearchEngine(index, SearchDefaults())
-    assert engine.search(q(query="alpha")).hits == []
-    assert len(engine.search(q(query="beta")).hits) == 1
-    index.remove("a", "d")
-    assert index.chunk_count() == 0
+async def test_context_respects_the_token_limit_at_and_past_it(shared):
+    full = await shared.engine.search(q(context_token_limit=4096))
+    total = sum(c.tokens for c in full.chunks)
+    assert total > 0
+    exact = await shared.engine.search(q(context_token_limit=total))
+    assert sum(c.tokens for c in exact.chunks) <= total
+    small = await shared.engine.search(q(context_token_limit=total - 1))
+    assert sum(c.tokens for c in small.chunks) <= total - 1
+    trimmed = await shared.engine.search(q(context_token_limit=20, hard_trim=True))
+    assert 0 < sum(c.tokens for c in trimmed.chunks) <= 20
 
 
-def test_ingestion_ids_from_file_names(tmp_path):
-    from services.docstore.sqlite_store import SqliteDocumentStore
-    from services.retrieval.ingestion import IngestInput, Ingestor
+async def test_reingest_is_idempotent_and_replacement_hides_the_old_text(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    first = await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
+    again = await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
+    assert again.unchanged and again.generation == first.generation
+    count = s.index.count("a")
+    new = await s.ingestor.ingest(IngestInput("a", b"# T\n\nbeta gamma", file_name="d.md"))
+    assert new.replaced and new.generation != first.generation
+    assert s.index.count("a") == count  # old generation deleted, nothing duplicated
+    assert (await s.engine.search(q(query="alpha omega", ranking="sparse"))).hits == []
+    assert len((await s.engine.search(q(query="beta gamma", ranking="sparse"))).hits) == 1
+    assert await s.ingestor.delete("a", "d")
+    assert s.index.count("a") == 0 and s.store.document_generation("a", "d") is None
+    assert (await s.engine.search(q(query="beta gamma"))).hits == []
+    assert not await s.ingestor.delete("a", "d")
+    s.index.close()
 
-    ingestor = Ingestor(SqliteDocumentStore(tmp_path / "s.sqlite"), KeywordIndex(), 1 << 20)
-    body = b"# T\n\ntext"
-    out = ingestor.ingest(IngestInput("t", body, file_name="docs/Регламент отпусков.md"))
+
+async def test_a_crash_mid_document_leaves_nothing_visible_and_a_rerun_completes(
+    tmp_path, embedder
+):
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(IngestInput("a", b"# T\n\nold text here", file_name="d.md"))
+    old_count = s.index.count("a")
+
+    def crash(doc):
+        raise RuntimeError("power cut between the index write and the store commit")
+
+    s.store.put = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await s.ingestor.ingest(IngestInput("a", b"# T\n\nnew words zebra", file_name="d.md"))
+    assert s.index.count("a") > old_count  # the new points were written ...
+    r = await s.engine.search(q(query="zebra", ranking="sparse"))
+    assert r.hits == []  # ... but none is visible
+    assert (await s.engine.search(q(query="old text", ranking="sparse"))).hits
+    s.index.close()
+    # The process restarts: recovery deletes the orphans, a rerun completes the document.
+    s2 = make_stack(tmp_path, embedder)
+    assert s2.ingestor.recover() == 1
+    assert s2.index.count("a") == old_count
+    await s2.ingestor.ingest(IngestInput("a", b"# T\n\nnew words zebra", file_name="d.md"))
+    assert (await s2.engine.search(q(query="zebra", ranking="sparse"))).hits
+    assert s2.index.count("a") == old_count - 0  # same shape, new generation: no duplicates
+    assert s2.journal.pending() == []
+    s2.index.close()
+
+
+async def test_ingest_validation(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    out = await s.ingestor.ingest(IngestInput("t", b"# T\n\ntext", file_name="docs/Регламент отпусков.md"))
     assert out.doc_id == "регламент-отпусков"
     for bad_name in ("", "!!!.md"):
         with pytest.raises(errors.InvalidArgumentError) as info:
-            ingestor.ingest(IngestInput("t", body, file_name=bad_name))
+            await s.ingestor.ingest(IngestInput("t", b"# T\n\ntext", file_name=bad_name))
         assert info.value.metadata["field"] == "file_name"
     with pytest.raises(errors.InvalidArgumentError) as info:
-        ingestor.ingest(IngestInput("t", body, doc_id="../etc/passwd"))
+        await s.ingestor.ingest(IngestInput("t", b"# T\n\ntext", doc_id="../etc/passwd"))
     assert info.value.metadata["field"] == "doc_id"
     with pytest.raises(errors.InvalidArgumentError):
-        ingestor.ingest(IngestInput("t", b"\xff\xfe", file_name="a.md"))
+        await s.ingestor.ingest(IngestInput("t", b"\xff\xfe\xfd", file_name="a.md"))
+    with pytest.raises(errors.InvalidArgumentError):
+        await s.ingestor.ingest(IngestInput("t", b"%PDF-1.4 broken", file_name="a.pdf"))
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await s.ingestor.ingest(IngestInput("t", KB_CSV.encode(), file_name="kb.csv"))
+    assert info.value.metadata["field"] == "tenant_id"  # the KB is written only to its tenant
     with pytest.raises(errors.LimitExceededError):
-        Ingestor(SqliteDocumentStore(tmp_path / "s2.sqlite"), KeywordIndex(), 8).ingest(
-            IngestInput("t", b"123456789", file_name="a.md")
-        )
+        await s.ingestor.ingest(IngestInput("t", b"x" * ((1 << 20) + 1), file_name="a.md"))
+    s.index.close()
+
+
+async def test_rerank_reorders_and_a_failing_reranker_falls_back(tmp_path, embedder):
+    with FakeRerankServer() as server:
+        reranker = build_reranker(RerankSettings(url=server.url, api_style="tei", timeout_s=1.0))
+        s = make_stack(tmp_path, embedder, reranker=reranker)
+        await fill(s)
+        r = await s.engine.search(q(enable_rerank=True, mode="chunk_priority"))
+        assert r.rerank_used and r.hits[0].doc_id == "guide"
+        assert server.requests, "the reranker was called"
+        plain = await s.engine.search(q(enable_rerank=False))
+        assert not plain.rerank_used
+        server.fail_next(10, 503)
+        down = await s.engine.search(q(enable_rerank=True))
+        assert not down.rerank_used and down.hits[0].doc_id == "guide"
+        s.index.close()
+
+
+async def test_backend_down_is_backend_unavailable_and_opens_the_breaker(tmp_path, embedder):
+    index = QdrantServerIndex.from_url("http://127.0.0.1:9", "c", embedder.dim, timeout=0.2)
+    s = make_stack(tmp_path, embedder, index=index)
+    with pytest.raises(BackendUnavailableError) as info:
+        await s.engine.search(q())
+    assert info.value.reason == "backend_unavailable"
+    with pytest.raises(BackendUnavailableError) as info:  # breaker open: fails fast
+        await s.engine.search(q())
+    assert "circuit open" in info.value.message
+    fallback = make_stack(
+        tmp_path / "f", embedder, index=index, settings=EngineSettings(empty_on_backend_error=True)
+    )
+    assert (await fallback.engine.search(q())).hits == []
+
+
+async def test_the_qdrant_client_backend_serves_the_same_search(tmp_path, embedder):
+    from qdrant_client import QdrantClient
+
+    index = QdrantServerIndex(QdrantClient(":memory:"), "chunks", embedder.dim)
+    s = make_stack(tmp_path, embedder, index=index)
+    await fill(s)
+    r = await s.engine.search(q())
+    assert r.backend == "qdrant" and r.hits[0].doc_id == "guide"
+    r = await s.engine.search(q(tenant_id="b", filters=Filters(doc_ids=("guide",))))
+    assert r.hits == []
