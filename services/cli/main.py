@@ -31,6 +31,8 @@ def ingest_samples(url: str, timeout: float) -> int:
     if SAMPLE_KB.is_dir() and any(SAMPLE_KB.glob("*.csv")):
         rc = ingest(url, [str(SAMPLE_KB)], KB_TENANT, timeout) or rc
     return rc
+
+
 DEMO_QUESTION = "Как настроить LDAP интеграцию в Orion X?"
 
 
@@ -115,7 +117,9 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                 failed += 1
                 continue
             r = response.json()
-            note = " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
+            note = (
+                " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
+            )
             ids = r.get("doc_ids") or [r.get("doc_id", "")]
             name = ids[0] if len(ids) == 1 else f"{len(ids)} documents"
             print(f"\r{prefix} -> {name}: {r.get('sections', 0)} sections, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +30,8 @@ class InProcessMesh:
             "LLM_SERVICE_PORT": "0",
             "RETR_PORT": "0",
             "MCP_PROXY_PORT": "0",
+            # The embedder choice is the one knob a test run sets for every server it starts.
+            **{k: v for k, v in os.environ.items() if k == "RETR_EMBEDDING_PROFILE"},
             **(env or {}),
         }
         self.servers: dict[str, RunningServer] = {}

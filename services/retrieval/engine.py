@@ -117,7 +117,9 @@ class _Guarded:
             try:
                 self._breaker.before_call()
             except CircuitOpenError as exc:
-                raise BackendUnavailableError(str(exc), metadata={"backend": self.index.backend})
+                raise BackendUnavailableError(
+                    str(exc), metadata={"backend": self.index.backend}
+                ) from None
             try:
                 out = fn(*args)
             except IndexUnavailableError as exc:
@@ -365,7 +367,9 @@ class RetrievalEngine:
         fused = self._fuse(plan, lists)
         return [(hits[key], score) for key, score in fused[:limit]]
 
-    def _fuse(self, plan: _Plan, lists: dict[str, list[tuple[Key, float]]]) -> list[tuple[Key, float]]:
+    def _fuse(
+        self, plan: _Plan, lists: dict[str, list[tuple[Key, float]]]
+    ) -> list[tuple[Key, float]]:
         s = self._settings
         if plan.ranking == "dense":
             # Cosine similarity, clipped to [0, 1] so min_score reads the same everywhere.

@@ -111,7 +111,9 @@ class DocumentSummary:
 
 def point_id(tenant_id: str, doc_id: str, kind: str, item_id: str, generation: str) -> str:
     """Deterministic point id: the same chunk of the same generation is always the same point."""
-    return str(uuid.uuid5(_POINT_NS, f"{tenant_id}\x1f{doc_id}\x1f{kind}\x1f{item_id}\x1f{generation}"))
+    return str(
+        uuid.uuid5(_POINT_NS, f"{tenant_id}\x1f{doc_id}\x1f{kind}\x1f{item_id}\x1f{generation}")
+    )
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -175,7 +177,9 @@ class Ingestor:
         if not item.tenant_id.strip():
             raise _invalid("tenant_id", "tenant_id is required")
         if not _TENANT_ID.match(item.tenant_id):
-            raise _invalid("tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'")
+            raise _invalid(
+                "tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'"
+            )
         if not item.content:
             raise _invalid("content", "content is empty")
         if len(item.content) > self._max_bytes:
@@ -230,7 +234,10 @@ class Ingestor:
                     version=item.version,
                     tags=item.tags,
                     source=source,
-                    metadata={**item.metadata, **({"file_name": item.file_name} if item.file_name else {})},
+                    metadata={
+                        **item.metadata,
+                        **({"file_name": item.file_name} if item.file_name else {}),
+                    },
                     config=self._chunking,
                 )
             ]

@@ -13,9 +13,7 @@ class RetrievalMetrics:
     """retrieval_requests_total, retrieval_latency_ms, retrieval_mode_count{mode}, ..."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "retrieval_requests_total", "Searches answered.", registry=registry
-        )
+        self.requests = Counter("retrieval_requests_total", "Searches answered.", registry=registry)
         self.latency = Histogram(
             "retrieval_latency_ms", "Search time in milliseconds.", buckets=_MS_BUCKETS,
             registry=registry,

@@ -131,7 +131,7 @@ async def test_downstream_channel_puts_a_deadline_on_every_call(toy):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="slow"))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert 0 < servicer.seen[0][1] <= 0.2
+    assert 0 < servicer.seen[0][1] <= 0.21  # grpc-timeout is rounded up a little
     err = from_rpc_error(info.value, "toy")
     assert isinstance(err, errors.UnavailableError) and err.metadata["downstream"] == "toy"
     servicer.release.set()

@@ -102,13 +102,14 @@ async def test_max_tool_steps_zero_and_the_service_cap():
 async def test_context_is_cut_to_the_prompt_budget_lowest_score_first():
     tools = FakeTools([])
     chunks = (
-        ContextChunk("d", "low", "low " * 90, score=0.1),
-        ContextChunk("d", "high", "high " * 90, score=0.9),
-        ContextChunk("d", "mid", "mid " * 90, score=0.5),
+        ContextChunk("d", "low", "low " * 120, score=0.1),
+        ContextChunk("d", "high", "high " * 120, score=0.9),
+        ContextChunk("d", "mid", "mid " * 120, score=0.5),
     )
     e = engine(tools, max_prompt_tokens=300)
     out = await e.generate(req(policy=ToolPolicy(), context_chunks=chunks))
-    assert "high" in out.answer  # the best chunk survived and was quoted
+    # 3 x 120 tokens cannot fit in 300: the lowest score goes first, the best is quoted.
+    assert "high" in out.answer
     assert out.prompt_tokens <= 300
 
 

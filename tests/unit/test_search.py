@@ -310,7 +310,9 @@ async def test_a_crash_mid_document_leaves_nothing_visible_and_a_rerun_completes
 
 async def test_ingest_validation(tmp_path, embedder):
     s = make_stack(tmp_path, embedder)
-    out = await s.ingestor.ingest(IngestInput("t", b"# T\n\ntext", file_name="docs/Регламент отпусков.md"))
+    out = await s.ingestor.ingest(
+        IngestInput("t", b"# T\n\ntext", file_name="docs/Регламент отпусков.md")
+    )
     assert out.doc_id == "регламент-отпусков"
     for bad_name in ("", "!!!.md"):
         with pytest.raises(errors.InvalidArgumentError) as info:

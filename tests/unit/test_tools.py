@@ -11,7 +11,7 @@ TEXT = "# Guide\n\n" + "\n\n".join(f"## S{i}\n\nsection {i} text." for i in rang
 @pytest.fixture
 def executor(tmp_path):
     store = SqliteDocumentStore(tmp_path / "s.sqlite")
-    cfg = ChunkingConfig(chunk_words=5)
+    cfg = ChunkingConfig(chunk_tokens=8, overlap_tokens=0)
     store.put(parse_document(tenant_id="a", doc_id="guide", text=TEXT, fmt="markdown", config=cfg))
     store.put(parse_document(tenant_id="b", doc_id="bdoc", text=TEXT, fmt="markdown", config=cfg))
     return ToolExecutor(

@@ -1,0 +1,1 @@
+"""Retrieval-quality gold set and harness."""

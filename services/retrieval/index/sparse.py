@@ -1,0 +1,88 @@
+"""BM25 sparse vectors for Russian and English text, shared by both index backends.
+
+Qdrant Edge ships a `Bm25` model (Snowball stemmer, stopwords, term
+hashing, BM25 term-frequency weights) but it stems one language per model. The
+corpus is bilingual, so this encoder splits text into words and sends each word to
+the Edge model of its script (Cyrillic -> Russian, anything else -> English) for
+stopword removal, stemming and hashing; it then computes the BM25 document weights
+itself with Edge's formula over the whole text, so a monolingual text gets exactly
+the vector Edge's own model gives. IDF is left to the engine (`Modifier.Idf` on the
+sparse vector), and the same vectors feed the Qdrant server backend, so both score alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+import qdrant_edge
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_CYRILLIC = re.compile(r"[\u0400-\u04FF]")
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """A backend-neutral sparse vector: unique term indices (sorted) and their weights."""
+
+    indices: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.indices)
+
+
+class Bm25Encoder:
+    """Text -> BM25 sparse vectors (documents: saturated TF; queries: 1.0 per unique term).
+
+    Thread-safe: the word cache is an `lru_cache` and the Edge models are stateless.
+    """
+
+    def __init__(
+        self,
+        *,
+        k: float = 1.2,
+        b: float = 0.75,
+        avg_len: float = 256.0,
+        cache_size: int = 200_000,
+    ) -> None:
+        """Make an encoder; `k`, `b`, `avg_len` (words) are BM25's, as in Edge's Bm25Config."""
+        if k < 0 or not 0.0 <= b <= 1.0 or avg_len <= 0:
+            raise ValueError("BM25 needs k >= 0, 0 <= b <= 1, avg_len > 0")
+        self.k = k
+        self.b = b
+        self.avg_len = avg_len
+        ru = qdrant_edge.Bm25(qdrant_edge.Bm25Config(language="russian"))
+        en = qdrant_edge.Bm25(qdrant_edge.Bm25Config(language="english"))
+
+        def terms_of(word: str) -> tuple[int, ...]:
+            model = ru if _CYRILLIC.search(word) else en
+            return tuple(model.embed_query(word).indices)
+
+        self._terms_of = lru_cache(maxsize=cache_size)(terms_of)
+
+    def terms(self, text: str) -> list[int]:
+        """Hashed stems of the text's words, in order, stopwords dropped."""
+        out: list[int] = []
+        # "ё" is usually typed as "е"; Snowball does not fold it, so fold it here.
+        for word in _WORD.findall(text.lower().replace("ё", "е")):
+            out.extend(self._terms_of(word))
+        return out
+
+    def embed_document(self, text: str) -> SparseVector:
+        """BM25 document weights: tf·(k+1) / (tf + k·(1 − b + b·len/avg_len))."""
+        terms = self.terms(text)
+        if not terms:
+            return SparseVector((), ())
+        norm = self.k * (1.0 - self.b + self.b * len(terms) / self.avg_len)
+        tf = Counter(terms)
+        indices = tuple(sorted(tf))
+        values = tuple(tf[i] * (self.k + 1.0) / (tf[i] + norm) for i in indices)
+        return SparseVector(indices, values)
+
+    def embed_query(self, text: str) -> SparseVector:
+        """Query weights: each unique term 1.0 (the engine multiplies in IDF)."""
+        indices = tuple(sorted(set(self.terms(text))))
+        return SparseVector(indices, tuple(1.0 for _ in indices))

@@ -1,0 +1,657 @@
+import dataclasses
+import math
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import numpy as np
+import pytest
+import qdrant_edge
+from qdrant_client import QdrantClient
+
+from services.retrieval.index import (
+    KINDS,
+    Bm25Encoder,
+    EdgeIndex,
+    IndexFilter,
+    IndexLockedError,
+    IndexPoint,
+    IndexUnavailableError,
+    InvalidFilterError,
+    QdrantServerIndex,
+)
+
+DIM = 8
+ENCODER = Bm25Encoder()  # shared: its word cache is thread-safe and stateless otherwise
+
+
+def vec(name: str) -> np.ndarray:
+    """A fixed random unit vector per name, so a query with it finds exactly that point."""
+    rng = np.random.default_rng(uuid.uuid5(uuid.NAMESPACE_URL, name).int % 2**32)
+    v = rng.standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def pt(
+    tenant: str,
+    doc: str,
+    chunk: str,
+    text: str,
+    *,
+    section: str = "s1",
+    kind: str = "chunk",
+    product: str = "",
+    version: str = "",
+    tags: tuple[str, ...] = (),
+    source: str = "user",
+    generation: str = "g1",
+    ord: int = 0,
+) -> IndexPoint:
+    pid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant}/{doc}/{kind}/{chunk}/{generation}"))
+    return IndexPoint(
+        point_id=pid,
+        tenant_id=tenant,
+        doc_id=doc,
+        section_id=section,
+        chunk_id=chunk,
+        kind=kind,
+        ord=ord,
+        page_start=ord + 1,
+        page_end=ord + 2,
+        tokens=len(text.split()),
+        text=text,
+        source=source,
+        product=product,
+        version=version,
+        tags=tags,
+        generation=generation,
+        dense=vec(f"{tenant}/{chunk}/{kind}"),
+        sparse_text=text,
+    )
+
+
+CONTRACT = {"product": "orion", "version": "1.0", "tags": ("legal",)}
+MANUAL = {"product": "visor", "version": "2.0", "tags": ("admin", "ldap")}
+
+CORPUS = [
+    pt("a", "contract", "c1", "Договор поставки оборудования заключается на один год", **CONTRACT),
+    pt(
+        "a",
+        "contract",
+        "c2",
+        "Payment is due within thirty days of the invoice date",
+        section="s2",
+        ord=1,
+        **CONTRACT,
+    ),
+    pt(
+        "a",
+        "contract",
+        "c3",
+        "Штрафы за просрочку оплаты начисляются ежедневно",
+        section="s2",
+        ord=2,
+        **CONTRACT,
+    ),
+    pt("a", "contract", "sec-s1", "Договор поставки: предмет и срок", kind="section", **CONTRACT),
+    pt(
+        "a",
+        "contract",
+        "sec-s2",
+        "Payment terms and penalties",
+        kind="section",
+        section="s2",
+        **CONTRACT,
+    ),
+    pt(
+        "a",
+        "contract",
+        "doc",
+        "Supply contract with payment terms",
+        kind="doc",
+        section="",
+        **CONTRACT,
+    ),
+    pt(
+        "a",
+        "manual",
+        "m1",
+        "LDAP integration setup: open Settings, then Auth",
+        section="m-s1",
+        **MANUAL,
+    ),
+    pt(
+        "a",
+        "kb",
+        "k1",
+        "Ключевая ставка Банка России и инфляция",
+        section="k-s1",
+        source="knowledge_base",
+        product="finance",
+    ),
+    # Tenant b reuses a's doc_id "contract" on purpose: ids are only unique inside a tenant.
+    pt(
+        "b",
+        "contract",
+        "b1",
+        "Договор аренды помещения и оплата аренды",
+        section="b-s1",
+        **CONTRACT,
+    ),
+    pt("b", "other", "b2", "LDAP integration for tenant b", section="b-s2", **MANUAL),
+]
+A_CHUNKS = {"c1", "c2", "c3", "m1", "k1"}
+
+
+def make_edge(tmp_path) -> EdgeIndex:
+    return EdgeIndex(str(tmp_path / "shard"), DIM, encoder=ENCODER)
+
+
+def make_server(tmp_path) -> QdrantServerIndex:
+    return QdrantServerIndex(QdrantClient(":memory:"), "chunks", DIM, encoder=ENCODER)
+
+
+@pytest.fixture(params=["edge", "server"])
+def index(request, tmp_path):
+    idx = make_edge(tmp_path) if request.param == "edge" else make_server(tmp_path)
+    idx.upsert(CORPUS)
+    yield idx
+    idx.close()
+
+
+def chunk_ids(hits) -> set[str]:
+    return {h.chunk_id for h in hits}
+
+
+# -- search ----------------------------------------------------------------------------------
+
+
+def test_dense_finds_the_chunk_with_its_payload(index):
+    hits = index.search_dense(vec("a/c2/chunk"), IndexFilter("a"), 3)
+    top = hits[0]
+    assert top.chunk_id == "c2"
+    assert top.score == pytest.approx(1.0, abs=1e-4)
+    assert hits[1].score < top.score
+    want = {f.name: getattr(CORPUS[1], f.name) for f in dataclasses.fields(CORPUS[1])}
+    got = dataclasses.asdict(top)
+    for key in (
+        "point_id",
+        "tenant_id",
+        "doc_id",
+        "section_id",
+        "kind",
+        "ord",
+        "page_start",
+        "page_end",
+        "tokens",
+        "text",
+        "source",
+        "product",
+        "version",
+        "tags",
+        "generation",
+    ):
+        assert got[key] == want[key], key
+
+
+def test_sparse_finds_the_chunk(index):
+    hits = index.search_sparse("invoice payment", IndexFilter("a"), 5)
+    assert hits[0].chunk_id == "c2"
+    assert hits[0].score > 0
+
+
+@pytest.mark.parametrize(
+    ("query", "chunk"),
+    [
+        ("договоров", "c1"),
+        ("Договоры поставок", "c1"),
+        ("оплата штрафа", "c3"),
+        ("ключевой ставки", "k1"),
+        ("integrations", "m1"),
+    ],
+)
+def test_sparse_understands_russian_and_english_morphology(index, query, chunk):
+    hits = index.search_sparse(query, IndexFilter("a"), 5)
+    assert hits, query
+    assert hits[0].chunk_id == chunk
+
+
+def test_sparse_query_without_terms_returns_nothing(index):
+    assert index.search_sparse("и на the of", IndexFilter("a"), 5) == []
+    assert index.search_sparse("", IndexFilter("a"), 5) == []
+
+
+def test_limit(index):
+    assert len(index.search_dense(vec("x"), IndexFilter("a"), 2)) == 2
+    assert index.search_dense(vec("x"), IndexFilter("a"), 0) == []
+    with pytest.raises(ValueError):
+        index.search_dense(vec("x"), IndexFilter("a"), -1)
+
+
+def test_dense_query_of_wrong_dimension_is_refused(index):
+    with pytest.raises(ValueError):
+        index.search_dense(np.ones(DIM + 1, dtype=np.float32), IndexFilter("a"), 3)
+
+
+# -- tenant isolation ------------------------------------------------------------------------
+
+
+A_NAMED_FILTERS = [
+    {},
+    {"doc_ids": ("contract",)},
+    {"doc_ids": ("contract", "manual", "kb")},
+    {"section_ids": ("s1", "s2", "m-s1", "k-s1")},
+    {"kinds": KINDS},
+    {"tags": ("legal", "admin", "ldap")},
+    {"product": "orion"},
+    {"source": "knowledge_base"},
+]
+
+
+@pytest.mark.parametrize("extra", A_NAMED_FILTERS)
+def test_tenant_b_never_sees_tenant_a(index, extra):
+    flt = IndexFilter("b", **extra)
+    a_texts = [p.text for p in CORPUS if p.tenant_id == "a"]
+    results = [index.search_sparse(t, flt, 50) for t in a_texts]
+    results += [index.search_dense(p.dense, flt, 50) for p in CORPUS if p.tenant_id == "a"]
+    seen = [h for hits in results for h in hits]
+    assert all(h.tenant_id == "b" for h in seen)
+    assert not chunk_ids(seen) & A_CHUNKS
+
+
+def test_tenant_b_gets_its_own_document_with_the_same_doc_id(index):
+    hits = index.search_dense(vec("a/c1/chunk"), IndexFilter("b", doc_ids=("contract",)), 50)
+    assert [(h.tenant_id, h.chunk_id) for h in hits] == [("b", "b1")]
+
+
+def test_an_unknown_tenant_sees_nothing(index):
+    assert index.search_dense(vec("a/c1/chunk"), IndexFilter("c", kinds=KINDS), 50) == []
+    assert index.search_sparse("договор", IndexFilter("c", kinds=KINDS), 50) == []
+    assert index.count("c") == 0
+    assert index.document_generations("c") == {}
+
+
+@pytest.mark.parametrize("tenant", ["", "   "])
+def test_a_filter_without_tenant_raises(tenant):
+    with pytest.raises(InvalidFilterError):
+        IndexFilter(tenant)
+
+
+def test_a_forged_filter_without_tenant_is_refused_by_the_backend(index):
+    flt = IndexFilter("a")
+    object.__setattr__(flt, "tenant_id", "")
+    with pytest.raises(InvalidFilterError):
+        index.search_dense(vec("a/c1/chunk"), flt, 5)
+    with pytest.raises(InvalidFilterError):
+        index.search_sparse("договор", flt, 5)
+
+
+def test_tenant_scoped_operations_refuse_an_empty_tenant(index):
+    with pytest.raises(InvalidFilterError):
+        index.delete_document("", "contract")
+    with pytest.raises(InvalidFilterError):
+        index.document_generations("")
+    with pytest.raises(InvalidFilterError):
+        index.count("")
+    assert index.count() == len(CORPUS)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"kinds": ()}, {"kinds": ("chunks",)}, {"doc_ids": "contract"}, {"tags": "legal"}],
+)
+def test_malformed_filters_raise(kw):
+    with pytest.raises(InvalidFilterError):
+        IndexFilter("a", **kw)
+
+
+# -- filters ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({}, A_CHUNKS),
+        ({"doc_ids": ("contract",)}, {"c1", "c2", "c3"}),
+        ({"doc_ids": ("manual", "kb")}, {"m1", "k1"}),
+        ({"section_ids": ("s2",)}, {"c2", "c3"}),
+        ({"section_ids": ("s1", "m-s1")}, {"c1", "m1"}),
+        ({"product": "visor"}, {"m1"}),
+        ({"version": "1.0"}, {"c1", "c2", "c3"}),
+        ({"tags": ("ldap", "nope")}, {"m1"}),
+        ({"tags": ("legal", "admin")}, {"c1", "c2", "c3", "m1"}),
+        ({"source": "knowledge_base"}, {"k1"}),
+        ({"source": "user"}, {"c1", "c2", "c3", "m1"}),
+        ({"doc_ids": ("contract",), "section_ids": ("s2",), "version": "1.0"}, {"c2", "c3"}),
+        ({"product": "orion", "tags": ("admin",)}, set()),
+        ({"kinds": ("section",)}, {"sec-s1", "sec-s2"}),
+        ({"kinds": ("doc",)}, {"doc"}),
+        ({"kinds": ("chunk", "doc"), "doc_ids": ("contract",)}, {"c1", "c2", "c3", "doc"}),
+        ({"kinds": KINDS}, A_CHUNKS | {"sec-s1", "sec-s2", "doc"}),
+    ],
+)
+def test_every_filter_field(index, kw, expected):
+    flt = IndexFilter("a", **kw)
+    assert chunk_ids(index.search_dense(vec("q"), flt, 50)) == expected
+    # sparse obeys the same filter: a query that matches every point's language mix
+    words = " ".join(p.text for p in CORPUS)
+    assert chunk_ids(index.search_sparse(words, flt, 50)) == expected
+
+
+def test_kinds_default_to_chunks(index):
+    hits = index.search_sparse("payment terms", IndexFilter("a"), 50)
+    assert {h.kind for h in hits} == {"chunk"}
+    hits = index.search_sparse("payment terms", IndexFilter("a", kinds=("section",)), 50)
+    assert [h.chunk_id for h in hits] == ["sec-s2"]
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+
+def test_reupsert_of_the_same_ids_replaces(index):
+    before = index.count()
+    changed = dataclasses.replace(
+        CORPUS[0], text="Новый текст про аренду склада", sparse_text="Новый текст про аренду склада"
+    )
+    index.upsert([changed, *CORPUS[1:3]])
+    assert index.count() == before
+    assert index.count("a") == before - 2
+    hits = index.search_sparse("склад", IndexFilter("a"), 5)
+    assert [h.chunk_id for h in hits] == ["c1"]
+    assert hits[0].text == "Новый текст про аренду склада"
+    assert index.search_sparse("оборудование", IndexFilter("a"), 5) == []
+
+
+def test_delete_document_removes_every_kind_of_that_tenant_only(index):
+    index.delete_document("a", "contract")
+    assert (
+        index.search_dense(vec("q"), IndexFilter("a", kinds=KINDS, doc_ids=("contract",)), 50) == []
+    )
+    assert index.count("a") == 2
+    assert chunk_ids(index.search_dense(vec("q"), IndexFilter("b", doc_ids=("contract",)), 50)) == {
+        "b1"
+    }
+    assert index.document_generations("a") == {"manual": {"g1"}, "kb": {"g1"}}
+
+
+def test_delete_document_except_generation_keeps_the_new_one(index):
+    new = [pt("a", "contract", "n1", "Новая редакция договора", generation="g2", **CONTRACT)]
+    index.upsert(new)
+    assert index.document_generations("a")["contract"] == {"g1", "g2"}
+    index.delete_document("a", "contract", except_generation="g2")
+    assert index.document_generations("a") == {"contract": {"g2"}, "manual": {"g1"}, "kb": {"g1"}}
+    hits = index.search_dense(vec("q"), IndexFilter("a", kinds=KINDS, doc_ids=("contract",)), 50)
+    assert chunk_ids(hits) == {"n1"}
+    assert index.document_generations("b") == {"contract": {"g1"}, "other": {"g1"}}
+
+
+def test_document_generations_pages_through_many_points(tmp_path):
+    idx = make_edge(tmp_path)
+    try:
+        pts = [pt("a", f"d{i % 7}", f"c{i}", "text", generation=f"g{i % 2}") for i in range(2500)]
+        idx.upsert(pts)
+        gens = idx.document_generations("a")
+        assert len(gens) == 7
+        assert all(g == {"g0", "g1"} for g in gens.values())
+        assert idx.count("a") == 2500
+    finally:
+        idx.close()
+
+
+def test_a_point_of_wrong_dimension_or_kind_is_refused(index):
+    bad = dataclasses.replace(CORPUS[0], dense=np.ones(DIM - 1, dtype=np.float32))
+    with pytest.raises(ValueError):
+        index.upsert([bad])
+    with pytest.raises(ValueError):
+        index.upsert([dataclasses.replace(CORPUS[0], kind="page")])
+    assert index.count() == len(CORPUS)
+
+
+def test_a_point_without_dense_vector_is_found_by_bm25_only(index):
+    p = dataclasses.replace(pt("a", "x", "x1", "Уникальное слово кракозябра"), dense=None)
+    index.upsert([p])
+    assert [h.chunk_id for h in index.search_sparse("кракозябры", IndexFilter("a"), 5)] == ["x1"]
+    assert "x1" not in chunk_ids(index.search_dense(vec("q"), IndexFilter("a"), 50))
+
+
+# -- health and lifecycle --------------------------------------------------------------------
+
+
+def test_health_and_close(index):
+    h = index.health()
+    assert h["status"] == "ok"
+    assert h["backend"] == index.backend
+    index.close()
+    index.close()  # idempotent
+    assert index.health()["status"] == "down"
+    with pytest.raises(IndexUnavailableError):
+        index.search_dense(vec("q"), IndexFilter("a"), 3)
+    with pytest.raises(IndexUnavailableError):
+        index.upsert(CORPUS[:1])
+
+
+def test_edge_second_open_of_the_same_path_fails_clearly(tmp_path):
+    first = make_edge(tmp_path)
+    try:
+        with pytest.raises(IndexLockedError, match="already open"):
+            make_edge(tmp_path)
+    finally:
+        first.close()
+    again = make_edge(tmp_path)  # the lock is released by close
+    again.close()
+
+
+def test_edge_persists_across_close_and_reopen(tmp_path):
+    idx = make_edge(tmp_path)
+    idx.upsert(CORPUS)
+    idx.close()
+    idx = make_edge(tmp_path)
+    try:
+        assert idx.count() == len(CORPUS)
+        assert idx.search_sparse("договоров", IndexFilter("a"), 1)[0].chunk_id == "c1"
+        assert idx.search_dense(vec("a/c2/chunk"), IndexFilter("a"), 1)[0].chunk_id == "c2"
+    finally:
+        idx.close()
+
+
+def test_edge_keeps_writes_of_a_process_that_died_without_closing(tmp_path):
+    path = str(tmp_path / "shard")
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.unit.test_index import CORPUS, DIM
+        from services.retrieval.index import EdgeIndex
+        idx = EdgeIndex({path!r}, DIM)
+        idx.upsert(CORPUS)
+        os._exit(0)  # no close, no flush: only the WAL has the points
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    idx = EdgeIndex(path, DIM, encoder=ENCODER)
+    try:
+        assert idx.count() == len(CORPUS)
+        assert idx.search_sparse("invoice", IndexFilter("a"), 1)[0].chunk_id == "c2"
+    finally:
+        idx.close()
+
+
+def test_edge_refuses_to_reopen_with_another_dimension(tmp_path):
+    make_edge(tmp_path).close()
+    with pytest.raises(IndexUnavailableError):
+        EdgeIndex(str(tmp_path / "shard"), DIM * 2, encoder=ENCODER)
+
+
+def test_server_refuses_a_collection_of_another_dimension():
+    client = QdrantClient(":memory:")
+    QdrantServerIndex(client, "c", DIM).count()
+    with pytest.raises(ValueError):
+        QdrantServerIndex(client, "c", DIM * 2).count()
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
+
+
+@pytest.mark.parametrize("grpc", [True, False], ids=["grpc", "rest"])
+def test_server_backend_down_raises_index_unavailable(grpc):
+    port = _closed_port()
+    client = QdrantClient(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        grpc_port=port,
+        prefer_grpc=grpc,
+        timeout=1,
+        check_compatibility=False,
+    )
+    idx = QdrantServerIndex(client, "chunks", DIM)
+    calls = [
+        lambda: idx.search_dense(vec("q"), IndexFilter("a"), 3),
+        lambda: idx.search_sparse("договор", IndexFilter("a"), 3),
+        lambda: idx.upsert(CORPUS[:1]),
+        lambda: idx.delete_document("a", "contract"),
+        lambda: idx.document_generations("a"),
+        lambda: idx.count("a"),
+        idx.optimize,
+    ]
+    for call in calls:
+        with pytest.raises(IndexUnavailableError):
+            call()
+    health = idx.health()
+    assert health["status"] == "down"
+    assert health["backend"] == "qdrant"
+    idx.close()
+
+
+def test_from_url_prefers_grpc_and_does_no_io():
+    idx = QdrantServerIndex.from_url(f"http://127.0.0.1:{_closed_port()}", "chunks", DIM, timeout=1)
+    assert idx.client.init_options["prefer_grpc"] is True
+    assert idx.health()["status"] == "down"
+    idx.close()
+
+
+# -- both backends score alike ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query", ["договор поставки", "payment invoice", "LDAP integration", "оплата аренды"]
+)
+def test_both_backends_rank_and_score_sparse_alike(tmp_path, query):
+    edge, server = make_edge(tmp_path), make_server(tmp_path)
+    try:
+        for idx in (edge, server):
+            idx.upsert(CORPUS)
+        assert edge.search_sparse(query, IndexFilter("a"), 10)
+        for tenant in ("a", "b"):
+            e = edge.search_sparse(query, IndexFilter(tenant, kinds=KINDS), 10)
+            s = server.search_sparse(query, IndexFilter(tenant, kinds=KINDS), 10)
+            assert [h.point_id for h in e] == [h.point_id for h in s]
+            assert {h.point_id: round(h.score, 4) for h in e} == pytest.approx(
+                {h.point_id: round(h.score, 4) for h in s}, rel=1e-3
+            )
+    finally:
+        edge.close()
+        server.close()
+
+
+def test_idf_is_per_tenant(tmp_path):
+    """A term frequent in another tenant does not lower its weight in this one."""
+    idx = make_edge(tmp_path)
+    try:
+        idx.upsert([pt("a", "d", "a1", "ldap guide"), pt("a", "d", "a2", "backup guide")])
+        alone = idx.search_sparse("ldap", IndexFilter("a"), 1)[0].score
+        idx.upsert([pt("b", "d", f"b{i}", "ldap ldap") for i in range(20)])
+        assert idx.search_sparse("ldap", IndexFilter("a"), 1)[0].score == pytest.approx(alone)
+    finally:
+        idx.close()
+
+
+# -- the BM25 encoder ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("language", "text"),
+    [
+        ("russian", "Договор поставки и договоры аренды: условия оплаты договоров и штрафы"),
+        ("english", "The contracts define the payment terms of a contract and its penalties"),
+    ],
+)
+def test_encoder_matches_edge_bm25_on_monolingual_text(language, text):
+    model = qdrant_edge.Bm25(qdrant_edge.Bm25Config(language=language))
+    edge_doc = model.embed_document(text)
+    ours = ENCODER.embed_document(text)
+    assert list(ours.indices) == sorted(edge_doc.indices)
+    by_index = dict(zip(edge_doc.indices, edge_doc.values, strict=True))
+    assert all(
+        math.isclose(by_index[i], v, rel_tol=1e-6)
+        for i, v in zip(ours.indices, ours.values, strict=True)
+    )
+    assert set(ENCODER.embed_query(text).indices) == set(model.embed_query(text).indices)
+
+
+def test_encoder_stems_each_script_with_its_language():
+    enc = ENCODER
+    assert enc.embed_query("договоров").indices == enc.embed_query("договор").indices
+    assert enc.embed_query("contracts").indices == enc.embed_query("contract").indices
+    assert enc.embed_query("ёлки").indices == enc.embed_query("елка").indices
+    assert enc.embed_query("и the").indices == ()  # stopwords of both languages
+    doc = enc.embed_document("договор договор contract")
+    weights = dict(zip(doc.indices, doc.values, strict=True))
+    assert (
+        weights[enc.embed_query("договор").indices[0]]
+        > weights[enc.embed_query("contract").indices[0]]
+    )
+
+
+def test_a_non_canonical_point_id_is_refused(index):
+    upper = dataclasses.replace(CORPUS[0], point_id=CORPUS[0].point_id.upper())
+    with pytest.raises(ValueError, match="canonical"):
+        index.upsert([upper])
+    with pytest.raises(ValueError, match="canonical"):
+        index.upsert([dataclasses.replace(CORPUS[0], point_id="c1")])
+
+
+def test_concurrent_searches_and_writes_from_threads(index):
+    errors: list[BaseException] = []
+    extra = [pt("a", "t", f"t{i}", f"поток номер {i}") for i in range(200)]
+
+    def write() -> None:
+        try:
+            for i in range(0, len(extra), 20):
+                index.upsert(extra[i : i + 20])
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    def read() -> None:
+        try:
+            for _ in range(30):
+                assert (
+                    index.search_dense(vec("a/c2/chunk"), IndexFilter("a"), 1)[0].chunk_id == "c2"
+                )
+                assert index.search_sparse("invoice", IndexFilter("a"), 1)[0].chunk_id == "c2"
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (write, read, read)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert index.count("a") == 8 + len(extra)
+
+
+def test_server_index_reuses_an_existing_collection():
+    client = QdrantClient(":memory:")
+    QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER).upsert(CORPUS)
+    again = QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER)
+    assert again.count() == len(CORPUS)
+    assert again.search_sparse("договоров", IndexFilter("a"), 1)[0].chunk_id == "c1"
