@@ -16,7 +16,7 @@ from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.embeddings import build_embedder
 from services.retrieval.engine import RetrievalEngine
-from services.retrieval.index.base import VectorIndex
+from services.retrieval.index.base import IndexUnavailableError, VectorIndex
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.ingestion import Ingestor
@@ -74,10 +74,17 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
                 chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
             ),
         )
-        recovered = ingestor.recover()
+        try:
+            recovered = ingestor.recover()
+            points = index.count()
+        except IndexUnavailableError as exc:
+            # Serve anyway: searches answer backend_unavailable (502) until the store is back,
+            # health says so, and the journal keeps what recovery still has to do.
+            log.warning("index unavailable at start", extra={"error": str(exc)})
+            recovered, points = 0, -1
         log.info(
             "index open",
-            extra={"backend": backend, "points": index.count(), "recovered": recovered,
+            extra={"backend": backend, "points": points, "recovered": recovered,
                    "embedder": embedder.name},
         )  # fmt: skip
         engine = RetrievalEngine(

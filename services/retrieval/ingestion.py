@@ -244,7 +244,9 @@ class Ingestor:
         except UnsupportedFormatError as exc:
             raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
         except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
-            raise errors.InvalidArgumentError(str(exc), metadata={"field": "content"}) from None
+            raise errors.InvalidArgumentError(
+                str(exc), reason="PARSE_ERROR", metadata={"field": "content"}
+            ) from None
 
     async def ingest(self, item: IngestInput) -> IngestOutcome:
         doc_id, fmt = self._validate(item)

@@ -67,7 +67,10 @@ def test_ingest_and_list(mesh: Mesh, tmp_path: Path) -> None:
     assert "[1/1] wombats.md -> wombats: 1 sections, 1 chunks, 1 pages" in done.stdout
     assert "1 of 1 ingested into tenant 'cli-ingest'" in done.stdout
     again = visior("ingest", str(doc), "--tenant", tenant, "--url", url)
-    assert again.returncode == 0 and "(replaced)" in again.stdout
+    assert again.returncode == 0 and "(unchanged)" in again.stdout  # same content: no work
+    doc.write_text("# Wombats\n\n## Diet\n\nWombats eat grasses, roots and bark.\n", "utf-8")
+    changed = visior("ingest", str(doc), "--tenant", tenant, "--url", url)
+    assert changed.returncode == 0 and "(replaced)" in changed.stdout
     listed = visior("list", "--tenant", tenant, "--url", url)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines() == ["wombats\tWombats\t1 pages\t1 chunks"]
@@ -89,7 +92,7 @@ def test_ingest_failure_exits_1(mesh: Mesh, tmp_path: Path) -> None:
     bad.write_bytes(b"%PDF-1.4 not really")
     done = visior("ingest", str(bad), "--tenant", "cli-bad", "--url", mesh.json_url("retrieval"))
     assert done.returncode == 1
-    assert "[1/1] scan.pdf failed: HTTP 400 UNSUPPORTED_FORMAT" in done.stdout
+    assert "[1/1] scan.pdf failed: HTTP 400 PARSE_ERROR" in done.stdout
     assert "0 of 1 ingested" in done.stdout
 
 

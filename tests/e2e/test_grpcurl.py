@@ -269,7 +269,10 @@ def test_ingestion_lifecycle(mesh: Mesh) -> None:
         "visior.retrieval.v1.IngestionService/IngestDocument",
         {"tenant_id": tenant, "file_name": "otters.md", "content": content},
     )
-    assert ingested == {"doc_id": "otters", "sections": 1, "chunks": 1, "pages": 1}
+    assert ingested == {
+        "doc_id": "otters", "sections": 1, "chunks": 1, "pages": 1, "doc_ids": ["otters"],
+        "generation": ingested["generation"],
+    }  # fmt: skip
     listed = one(mesh, "visior.retrieval.v1.IngestionService/ListDocuments", {"tenant_id": tenant})
     assert [d["doc_id"] for d in listed["documents"]] == ["otters"]
     deleted = one(

@@ -87,8 +87,8 @@ def test_health_on_each_listener(mesh: Mesh, key: str) -> None:
 
 def test_retrieval_health_reports_backend(mesh: Mesh) -> None:
     details = get(mesh, "retrieval", "/health").json()["details"]
-    assert details["backend"] == "keyword"
-    assert int(details["chunks"]) > 0
+    assert details["backend"] == "qdrant-edge"
+    assert details["index"] == "ok" and int(details["index_points"]) > 0
 
 
 # --- POST /internal/orchestrator/respond ------------------------------------------------
@@ -602,8 +602,9 @@ def test_search(mesh: Mesh) -> None:
     assert "LDAP" in hit["text"]
     scores = [h["score"] for h in body["hits"]]
     assert scores == sorted(scores, reverse=True)
-    chunk = body["chunks"][0]
-    assert chunk["chunk_id"] == LDAP_ANCHOR and chunk["tokens"] > 0
+    # The context keeps document order, so the anchor is in it but not necessarily first.
+    chunk = next(c for c in body["chunks"] if c["chunk_id"] == LDAP_ANCHOR)
+    assert chunk["tokens"] > 0
     assert chunk["mcp_link"] == {"doc_id": LDAP_DOC, "page_start": 2, "page_end": 2}
     section = body["used_sections"][0]
     assert section["section_id"] == LDAP_SECTION
@@ -611,7 +612,9 @@ def test_search(mesh: Mesh) -> None:
     assert section["title"] and section["summary"]
     assert body["used_docs"][0]["doc_id"] == LDAP_DOC
     assert body["meta"]["trace_id"] == trace
-    assert body["meta"]["backend"] == "keyword"
+    assert body["meta"]["backend"] == "qdrant-edge"
+    assert body["meta"]["hybrid_used"] is True
+    assert body["meta"]["engine_ms"] > 0
     assert body["meta"]["mode"] == "section_first"
 
 
@@ -626,15 +629,19 @@ def test_search_filters(mesh: Mesh) -> None:
 
 def test_search_stays_in_the_tenant(mesh: Mesh) -> None:
     q = "launch code Zephyr"
+    # Dense search always has nearest neighbours, so TENANT gets its own (weak) hits:
+    # what matters is that none of them is the other tenant's.
     mine = search(mesh, {"query": q, "tenant_id": TENANT})
-    assert mine.status_code == 200 and mine.json()["hits"] == []
+    assert mine.status_code == 200
+    assert SECRET_DOC not in {h["doc_id"] for h in mine.json()["hits"]}
     named = {"query": q, "tenant_id": TENANT, "filters": {"doc_ids": [SECRET_DOC]}}
     assert search(mesh, named).json()["hits"] == []
     theirs = search(mesh, {"query": q, "tenant_id": OTHER_TENANT})
     assert theirs.json()["hits"][0]["doc_id"] == SECRET_DOC
     # Envoy also binds known fields from the query string; the body's tenant wins.
     mixed = search(mesh, {"query": q, "tenant_id": TENANT}, params={"tenant_id": OTHER_TENANT})
-    assert mixed.status_code == 200 and mixed.json()["hits"] == []
+    assert mixed.status_code == 200
+    assert SECRET_DOC not in {h["doc_id"] for h in mixed.json()["hits"]}
 
 
 @pytest.mark.parametrize(
@@ -740,8 +747,14 @@ def test_document_lifecycle(mesh: Mesh) -> None:
         "chunks": 1,
         "pages": 1,
         "replaced": False,
+        "unchanged": False,
+        "doc_ids": ["k8s"],
+        "generation": r.json()["generation"],
     }
     again = post(mesh, "retrieval", DOCS, body)
+    assert again.status_code == 200 and again.json()["unchanged"] is True  # same bytes: no work
+    changed = {**body, "tags": ["k8s", "ops"]}  # metadata is part of the generation too
+    again = post(mesh, "retrieval", DOCS, changed)
     assert again.status_code == 200 and again.json()["replaced"] is True
     assert [d["doc_id"] for d in list_docs(mesh, tenant)] == ["k8s"]  # replaced, not duplicated
     hits = search(mesh, {"query": "quokka", "tenant_id": tenant}).json()["hits"]
@@ -790,14 +803,14 @@ def test_ingest_explicit_doc_id_and_title(mesh: Mesh) -> None:
             id="misspelt-tenant",
         ),
         pytest.param(ingest_body("e2e-x", "a.md", b""), "INVALID_ARGUMENT", id="empty-content"),
-        pytest.param(ingest_body("e2e-x", "a.pdf", b"%PDF-1.4"), "UNSUPPORTED_FORMAT", id="pdf"),
+        pytest.param(ingest_body("e2e-x", "a.pdf", b"%PDF-1.4"), "PARSE_ERROR", id="pdf"),
         pytest.param(
             ingest_body("e2e-x", "a.md", b"# A\n\ntext", doc_id="../etc/passwd"),
             "INVALID_ARGUMENT",
             id="bad-doc-id",
         ),
         pytest.param(
-            ingest_body("e2e-x", "a.md", b"\xff\xfe\x00bad"), "INVALID_ARGUMENT", id="not-utf8"
+            ingest_body("e2e-x", "a.md", b"\xc3\x28 not utf-8"), "PARSE_ERROR", id="not-utf8"
         ),
         pytest.param(
             {"tenant_id": "e2e-x", "file_name": "a.md", "content": "!!not base64!!"},
