@@ -60,6 +60,23 @@ def normalise_heading(text: str) -> str:
     return text.strip(" .:;-–—")
 
 
+PATH_SEPARATORS = (" › ", " > ")
+"""How a server may join a heading path into one title ("Parent › Child")."""
+
+
+def own_heading(title: str) -> str:
+    """The section's own heading from a title that may be a heading path ("A › B" -> "B").
+
+    The gold set judges a section by its own heading as the file shows it; a server that
+    titles sections with the whole path (services/docstore/parsing.py joins it with " › ")
+    would otherwise never match a nested section.
+    """
+    for sep in PATH_SEPARATORS:
+        if sep in title:
+            title = title.rsplit(sep, 1)[-1]
+    return title
+
+
 def judged_units(judgments: Iterable[Judgment], level: Level) -> dict[Unit, int]:
     """The units judged at `level` and their grade (the highest grade when judged twice)."""
     units: dict[Unit, int] = {}
@@ -96,7 +113,7 @@ def ranked_units(
         if level == "doc":
             unit = (hit.doc_id, None)
         elif level == "section":
-            title = normalise_heading(hit.section_title) if hit.section_title else None
+            title = normalise_heading(own_heading(hit.section_title)) if hit.section_title else None
             unit = (hit.doc_id, title)
         else:
             start = hit.page_start or 0

@@ -128,7 +128,9 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     # Re-checked here too: a frozen dataclass can still be forged with object.__setattr__.
     if not flt.tenant_id or not flt.tenant_id.strip():
         raise InvalidFilterError("an index filter needs a non-empty tenant_id")
-    conds = [FieldMatch(TENANT_FIELD, (flt.tenant_id,)), FieldMatch("kind", tuple(flt.kinds))]
+    conds = [FieldMatch(TENANT_FIELD, (flt.tenant_id,))]
+    if set(flt.kinds) != set(KINDS):  # all kinds = no condition (a kind check costs per point)
+        conds.append(FieldMatch("kind", tuple(flt.kinds)))
     for key, values in (
         ("doc_id", flt.doc_ids),
         ("section_id", flt.section_ids),
@@ -143,12 +145,16 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
 
 
 def idf_corpus(flt: IndexFilter) -> IndexFilter:
-    """The population BM25 IDF statistics are computed over: the query's tenant and kinds.
+    """The population BM25 IDF statistics are computed over: all of the query's tenant's points.
 
     Per-tenant statistics keep one tenant's corpus from shaping (or being probed
-    through) another tenant's scores, and make both backends score alike.
+    through) another tenant's scores, and make both backends score alike (both count
+    live points matching a corpus filter). Only the tenant, not the kinds: the tenant
+    index makes that corpus cheap (measured at 100k points: +0.15 ms over collection-wide
+    IDF, against +3.5 ms when the corpus also checks `kind`), and section/doc summaries
+    repeat their chunks' words, so the IDF ordering of terms hardly changes.
     """
-    return IndexFilter(tenant_id=flt.tenant_id, kinds=flt.kinds)
+    return IndexFilter(tenant_id=flt.tenant_id, kinds=KINDS)
 
 
 @dataclass(frozen=True)
