@@ -223,7 +223,8 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
             doc_id = f"doc-{d:06d}"
             tenant = f"tenant-{d % tenants:02d}"
             count = min(per_doc, n - made)
-            chunks, sections = [], []
+            chunks: list[Chunk] = []
+            sections: list[Section] = []
             for s in range(math.ceil(count / CHUNKS_PER_SECTION)):
                 sid = f"{doc_id}:s{s:03d}"
                 first = len(chunks)
@@ -342,8 +343,8 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
         i += 1
     out["query_per_s"] = round(i / (time.perf_counter() - start), 1)
     lat.sort()
-    out["query_ms_p50"] = round(percentile(lat, 50), 3)
-    out["query_ms_p95"] = round(percentile(lat, 95), 3)
+    out["query_ms_p50"] = round(fpercentile(lat, 50), 3)
+    out["query_ms_p95"] = round(fpercentile(lat, 95), 3)
 
     passages = make_passages(400)
     batch = PROFILE_BATCH[profile]
@@ -571,9 +572,16 @@ class Cell:
     notes: list[str] = field(default_factory=list)
 
 
+def fpercentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of ascending floats (transport.percentile is typed for ints)."""
+    if not sorted_values:
+        return math.nan
+    return float(sorted_values[max(1, math.ceil(p / 100 * len(sorted_values))) - 1])
+
+
 def p50_p95(values: Sequence[float]) -> dict[str, float]:
     v = sorted(values)
-    return {"p50": round(percentile(v, 50), 3), "p95": round(percentile(v, 95), 3)} if v else {}
+    return {"p50": round(fpercentile(v, 50), 3), "p95": round(fpercentile(v, 95), 3)} if v else {}
 
 
 class QuerySource:
@@ -718,7 +726,7 @@ def summarize(ctx: dict[str, Any], path: str, c: int, queries: str, a: dict[str,
         errors=errors,
         engine_ms=p50_p95(eng),
         embed_ms=p50_p95(emb),
-        work_ms_p95=round(percentile(work, 95), 3) if work else math.nan,
+        work_ms_p95=round(fpercentile(work, 95), 3) if work else math.nan,
         repeated=repeated,
         cpu_cores={k: round(v / seconds, 3) for k, v in cpu.items()} if seconds else {},
         cpu_us_per_request={k: round(cpu[k] / n * 1e6) for k in ("server", "envoy", "client")},

@@ -7,6 +7,7 @@ import logging
 from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2_grpc
 
+from services.common import errors
 from services.common.breaker import CircuitBreaker
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
@@ -116,7 +117,10 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             details.update({f"index_{k}": v for k, v in state.items() if k != "status"})
             details["index"] = state.get("status", "ok")
             if state.get("status") != "ok" and settings.production:
-                return {"status": "down", **details}
+                # Production: health fails, so probes and load balancers take this replica out.
+                raise errors.UnavailableError(
+                    "the vector store is down", reason="backend_unavailable", metadata=details
+                )
         details["production"] = str(settings.production).lower()
         return {"status": "ok", **details}
 

@@ -1,0 +1,49 @@
+"""Retrieval health reports the vector store; in production mode a down store fails health."""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+import pytest
+from visior.retrieval.v1 import retrieval_pb2 as pb
+from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
+
+from services.common.settings import Env
+from services.common.status import error_info
+from services.retrieval import app
+from services.retrieval.config import RetrievalSettings
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _health(tmp_path, production: bool):
+    env = {
+        "RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path), "RETR_EMBEDDING_PROFILE": "fast",
+        "RETR_INDEX_BACKEND": "qdrant", "QDRANT_URL": f"http://127.0.0.1:{_closed_port()}",
+        "RETR_INDEX_TIMEOUT_S": "0.2", "RETR_PRODUCTION": str(production).lower(),
+    }  # fmt: skip
+    running, close = await app.start(RetrievalSettings.from_env(Env(env)))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            return await pbg.RetrievalServiceStub(channel).GetHealth(pb.GetHealthRequest())
+    finally:
+        await running.server.stop(0)
+        await close()
+
+
+async def test_a_down_store_is_reported_but_served_outside_production(tmp_path):
+    health = await _health(tmp_path, production=False)
+    assert health.status == "ok"
+    assert health.details["index"] == "down" and health.details["backend"] == "qdrant"
+
+
+async def test_a_down_store_fails_health_in_production(tmp_path):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _health(tmp_path, production=True)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(info.value).reason == "backend_unavailable"
