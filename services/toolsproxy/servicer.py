@@ -39,7 +39,7 @@ class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
             )
         caller = caller_from(request.user, request.trace_id)
         args = struct_to_dict(request.arguments) if request.HasField("arguments") else {}
-        outcome = self._executor.execute(request.tool_name, args, caller)
+        outcome = await self._executor.execute(request.tool_name, args, caller)
         response = toolsproxy_pb2.ExecuteResponse(status=outcome.status, trace_id=request.trace_id)
         if outcome.result is not None:
             json_format.ParseDict(outcome.result, response.result)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +47,22 @@ class ToolFailure(Exception):
         self.message = message
 
 
+ToolResult = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Tool:
+    """A tool: its JSON schema (limits stated in it) and how it runs.
+
+    `run(caller, args)` gets arguments already checked against `schema` and returns the
+    result dict, or an awaitable of it (network tools are async); it raises ToolFailure
+    for an error the model can react to.
+    """
+
     name: str
     description: str
     schema: dict[str, Any]
-    run: Callable[[Caller, dict[str, Any]], dict[str, Any]]
+    run: Callable[[Caller, dict[str, Any]], ToolResult | Awaitable[ToolResult]]
 
 
 def trim_text(text: str, max_bytes: int) -> tuple[str, bool]:
@@ -220,13 +231,16 @@ class ToolExecutor:
     def catalogue(self) -> list[Tool]:
         return sorted(self._tools.values(), key=lambda t: t.name)
 
-    def execute(self, name: str, arguments: dict[str, Any], caller: Caller) -> Outcome:
+    async def execute(self, name: str, arguments: dict[str, Any], caller: Caller) -> Outcome:
         tool = self._tools.get(name)
         if tool is None:
             return Outcome("error", error_code=NOT_FOUND, error_message=f"unknown tool {name!r}")
         try:
             args = check(tool.schema, arguments)
-            return Outcome("ok", result=tool.run(caller, args))
+            result = tool.run(caller, args)
+            if inspect.isawaitable(result):
+                result = await result
+            return Outcome("ok", result=result)
         except SchemaError as exc:
             return Outcome("error", error_code=INVALID_ARGUMENT, error_message=str(exc))
         except ToolFailure as exc:

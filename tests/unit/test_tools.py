@@ -1,3 +1,5 @@
+import asyncio
+
 import pytest
 
 from services.docstore.parsing import ChunkingConfig, parse_document
@@ -23,7 +25,7 @@ A = Caller("a", "u1")
 
 
 def run(executor, name, **args):
-    return executor.execute(name, args, A)
+    return asyncio.run(executor.execute(name, args, A))
 
 
 @pytest.mark.parametrize(("radius", "ok"), [(0, True), (2, True), (3, False)])
@@ -54,7 +56,7 @@ def test_another_tenants_document_is_not_found_and_leaks_nothing(executor):
         ("read_doc_section", {"doc_id": "bdoc", "section_id": "bdoc:s001-s0"}),
         ("read_doc_metadata", {"doc_id": "bdoc"}),
     ]:
-        out = executor.execute(name, args, A)
+        out = asyncio.run(executor.execute(name, args, A))
         assert (out.status, out.error_code, out.result) == ("error", "NOT_FOUND", None)
         assert "section" not in out.error_message
 
@@ -82,7 +84,7 @@ def test_section_text_is_limited_and_marked(executor):
     ],
 )
 def test_bad_arguments_are_invalid_argument_results(executor, args, message):
-    out = executor.execute("read_doc_metadata", args, A)
+    out = asyncio.run(executor.execute("read_doc_metadata", args, A))
     assert (out.status, out.error_code) == ("error", "INVALID_ARGUMENT")
     assert message in out.error_message
 

@@ -21,6 +21,16 @@ SPARSE_VECTOR = "bm25"
 TENANT_FIELD = "tenant_id"
 """The tenant payload field: a keyword index with `is_tenant=True`."""
 
+SCOPE_FIELD = "tenant_kind"
+"""`<tenant_id>#<kind>`: the field every query's tenant condition is on (`is_tenant=True`).
+
+One condition carries both the tenant and the kind. A second condition (`kind` next to
+`tenant_id`) is checked point by point and doubled the cost of a plain (pre-HNSW) dense
+search at 100k points (2.2 -> 4.4 ms); with the scope key the tenant's points of the
+wanted kinds come straight from one index, and HNSW builds its per-value graphs per
+tenant and kind. The key cannot collide: kind comes from KINDS and never contains "#".
+"""
+
 KEYWORD_FIELDS = (
     "doc_id",
     "section_id",
@@ -118,7 +128,7 @@ class FieldMatch:
 
 
 def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
-    """Turn an IndexFilter into must-conditions; the tenant condition is always the first.
+    """Turn an IndexFilter into must-conditions; the tenant (scope) condition is always first.
 
     Every backend builds every query, count, scroll and delete filter through this
     function (each has one translator from FieldMatch to its own filter type).
@@ -128,9 +138,11 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     # Re-checked here too: a frozen dataclass can still be forged with object.__setattr__.
     if not flt.tenant_id or not flt.tenant_id.strip():
         raise InvalidFilterError("an index filter needs a non-empty tenant_id")
-    conds = [FieldMatch(TENANT_FIELD, (flt.tenant_id,))]
-    if set(flt.kinds) != set(KINDS):  # all kinds = no condition (a kind check costs per point)
-        conds.append(FieldMatch("kind", tuple(flt.kinds)))
+    kinds = tuple(dict.fromkeys(flt.kinds))
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise InvalidFilterError(f"kinds must be some of {KINDS}")
+    # The tenant condition: its values are made from flt.tenant_id only (see SCOPE_FIELD).
+    conds = [FieldMatch(SCOPE_FIELD, tuple(scope_key(flt.tenant_id, k) for k in kinds))]
     for key, values in (
         ("doc_id", flt.doc_ids),
         ("section_id", flt.section_ids),
@@ -144,15 +156,20 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     return tuple(conds)
 
 
+def scope_key(tenant_id: str, kind: str) -> str:
+    """The SCOPE_FIELD value of a tenant's points of one kind."""
+    return f"{tenant_id}#{kind}"
+
+
 def idf_corpus(flt: IndexFilter) -> IndexFilter:
     """The population BM25 IDF statistics are computed over: all of the query's tenant's points.
 
     Per-tenant statistics keep one tenant's corpus from shaping (or being probed
     through) another tenant's scores, and make both backends score alike (both count
-    live points matching a corpus filter). Only the tenant, not the kinds: the tenant
-    index makes that corpus cheap (measured at 100k points: +0.15 ms over collection-wide
-    IDF, against +3.5 ms when the corpus also checks `kind`), and section/doc summaries
-    repeat their chunks' words, so the IDF ordering of terms hardly changes.
+    live points matching a corpus filter). All kinds, whatever the query's kinds: one
+    cheap population per tenant (section/doc summaries repeat their chunks' words, so
+    the IDF ordering of terms hardly changes). Measured at 100k points: a tenant corpus
+    costs +0.15 ms over collection-wide IDF; one that checked `kind` per point, +3.5 ms.
     """
     return IndexFilter(tenant_id=flt.tenant_id, kinds=KINDS)
 
@@ -184,6 +201,7 @@ def point_payload(point: IndexPoint) -> dict[str, Any]:
     """The payload stored with a point (every IndexPoint field but the vectors' inputs)."""
     return {
         "tenant_id": point.tenant_id,
+        SCOPE_FIELD: scope_key(point.tenant_id, point.kind),
         "doc_id": point.doc_id,
         "section_id": point.section_id,
         "chunk_id": point.chunk_id,

@@ -16,6 +16,7 @@ from services.retrieval.index.base import (
     KEYWORD_FIELDS,
     KINDS,
     SPARSE_VECTOR,
+    SCOPE_FIELD,
     TENANT_FIELD,
     FieldMatch,
     IndexFilter,
@@ -79,8 +80,8 @@ class EdgeIndex:
         dim: int,
         *,
         encoder: Bm25Encoder | None = None,
-        hnsw_m: int = 16,
-        hnsw_payload_m: int | None = None,
+        hnsw_m: int = 0,
+        hnsw_payload_m: int | None = 16,
         hnsw_ef_construct: int = 100,
         hnsw_ef: int | None = None,
         hnsw_on_filter_fields: bool = False,
@@ -90,8 +91,9 @@ class EdgeIndex:
         """Open (or create) the shard at `path` for `dim`-dimensional dense vectors.
 
         HNSW (built by `optimize`): `hnsw_m` links per node in the whole-shard graph and
-        `hnsw_payload_m` in the per-tenant graphs (`hnsw_m=0, hnsw_payload_m=16` is Qdrant's
-        multitenant layout: graphs per tenant only, since every query has a tenant filter);
+        `hnsw_payload_m` in the per-(tenant, kind) graphs; the default `0, 16` is Qdrant's
+        multitenant layout (no whole-shard graph, since every query has a tenant filter;
+        it built 100k points about 4x faster than `16, None` here at the same recall);
         `hnsw_on_filter_fields` also builds per-value graphs for the other keyword fields
         (slower optimize, rarely useful: those filters narrow within a tenant).
         `hnsw_ef` is the search-time beam (None = engine default); `max_search_threads`
@@ -145,7 +147,11 @@ class EdgeIndex:
 
     def _ensure_payload_indexes(self) -> None:
         have = set(self._call(lambda s: s.info().payload_schema))
-        wanted: list[tuple[str, Any]] = [(TENANT_FIELD, qe.KeywordIndexParams(is_tenant=True))]
+        # HNSW per-value graphs on the scope (tenant + kind) only: every search filters on it.
+        wanted: list[tuple[str, Any]] = [
+            (SCOPE_FIELD, qe.KeywordIndexParams(is_tenant=True)),
+            (TENANT_FIELD, qe.KeywordIndexParams(is_tenant=True, enable_hnsw=False)),
+        ]
         other = qe.KeywordIndexParams(enable_hnsw=self._hnsw_on_filter_fields)
         wanted += [(name, other) for name in KEYWORD_FIELDS]
         for name, params in wanted:

@@ -18,6 +18,7 @@ from services.retrieval.index.base import (
     KEYWORD_FIELDS,
     KINDS,
     SPARSE_VECTOR,
+    SCOPE_FIELD,
     TENANT_FIELD,
     FieldMatch,
     IndexFilter,
@@ -113,12 +114,18 @@ class QdrantServerIndex:
         dim: int,
         *,
         encoder: Bm25Encoder | None = None,
+        hnsw_m: int = 0,
+        hnsw_payload_m: int = 16,
         hnsw_ef: int | None = None,
         idf_per_tenant: bool = True,
         shard_number: int | None = None,
         replication_factor: int | None = None,
     ) -> None:
-        """Wrap `client`; nothing is sent to the server until the first call."""
+        """Wrap `client`; nothing is sent to the server until the first call.
+
+        A new collection gets Qdrant's multitenant HNSW layout by default (`hnsw_m=0`:
+        no whole-collection graph; `hnsw_payload_m=16`: a graph per tenant and kind).
+        """
         if dim <= 0:
             raise ValueError("dim must be positive")
         if not collection:
@@ -128,6 +135,8 @@ class QdrantServerIndex:
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
         self._hnsw_ef = hnsw_ef
+        self._hnsw_m = hnsw_m
+        self._hnsw_payload_m = hnsw_payload_m
         self.idf_per_tenant = idf_per_tenant
         self._shard_number = shard_number
         self._replication_factor = replication_factor
@@ -211,17 +220,24 @@ class QdrantServerIndex:
                     sparse_vectors_config={
                         SPARSE_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)
                     },
+                    hnsw_config=models.HnswConfigDiff(
+                        m=self._hnsw_m, payload_m=self._hnsw_payload_m
+                    ),
                     shard_number=self._shard_number,
                     replication_factor=self._replication_factor,
                 )
+            kw = models.KeywordIndexType.KEYWORD
+            # HNSW per-value graphs on the scope (tenant + kind) only: every search filters on it.
             indexes: list[tuple[str, models.KeywordIndexParams]] = [
+                (SCOPE_FIELD, models.KeywordIndexParams(type=kw, is_tenant=True)),
                 (
+                    SCOPE_FIELD,
                     TENANT_FIELD,
-                    models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
-                )
+                    models.KeywordIndexParams(type=kw, is_tenant=True, enable_hnsw=False),
+                ),
             ]
             indexes += [
-                (name, models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD))
+                (name, models.KeywordIndexParams(type=kw, enable_hnsw=False))
                 for name in KEYWORD_FIELDS
             ]
             with warnings.catch_warnings():
