@@ -148,6 +148,10 @@ def _article(
     if doc_id == prefix:
         raise ParseError("no doc_id can be made from id/title (no letters or digits)")
     tags = tuple(t.strip() for t in _TAG_SPLIT.split(cells.get("tags", "")) if t.strip())
+    # topic and jurisdiction also travel as tags, so search can filter on them
+    # (search_general_kb's topic/jurisdiction arguments).
+    tags += (f"topic:{cells['topic'].strip().lower()}",
+             f"jurisdiction:{cells['jurisdiction'].strip().lower()}")  # fmt: skip
     metadata = {
         "topic": cells["topic"],
         "jurisdiction": cells["jurisdiction"],

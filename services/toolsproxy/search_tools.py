@@ -1,0 +1,163 @@
+"""search_user_documents and search_general_kb: Retrieval searches run for the caller's tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.common import errors
+from services.toolsproxy.tools import Caller, Tool, ToolFailure
+
+MAX_TOP_K = 20
+MAX_DOC_IDS = 50
+MAX_QUERY_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class SearchHitView:
+    """One passage as the model sees it (text is document data, never instructions)."""
+
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    title: str
+    text: str
+    score: float
+    page_start: int
+    page_end: int
+
+
+@dataclass(frozen=True)
+class SearchCall:
+    """A search asked of Retrieval; the tenant comes from the Caller, never from arguments."""
+
+    tenant_id: str
+    query: str
+    top_k: int
+    doc_ids: tuple[str, ...] = ()
+    source: str = ""
+    filters: dict[str, str] = field(default_factory=dict)
+    trace_id: str = ""
+
+
+class Searcher(Protocol):
+    """The Retrieval port (services/toolsproxy/clients.py adapts RetrievalService.Search)."""
+
+    async def search(self, call: SearchCall) -> list[SearchHitView]: ...
+
+
+def _hits(hits: Sequence[SearchHitView], threshold: float) -> dict[str, Any]:
+    kept = [h for h in hits if h.score >= threshold]
+    return {
+        "content_type": "untrusted_document_text",
+        "hits": [
+            {
+                "doc_id": h.doc_id, "section_id": h.section_id, "chunk_id": h.chunk_id,
+                "title": h.title, "text": h.text, "score": round(h.score, 4),
+                "page_start": h.page_start, "page_end": h.page_end,
+            }
+            for h in kept
+        ],
+        "total": len(kept),
+    }  # fmt: skip
+
+
+class SearchTools:
+    """The two search tools over a Searcher."""
+
+    def __init__(self, searcher: Searcher) -> None:
+        self._searcher = searcher
+        common = {
+            "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+            "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
+            "score_threshold": {"type": "number", "minimum": 0, "maximum": 1},
+        }
+        self.tools = {
+            t.name: t
+            for t in (
+                Tool(
+                    "search_user_documents",
+                    "Search the user's own documents (all of them, or only `document_ids`) "
+                    f"and return the best passages with pages; top_k at most {MAX_TOP_K}.",
+                    {
+                        "type": "object",
+                        "properties": {
+                            **common,
+                            "document_ids": {
+                                "type": "array",
+                                "items": {"type": "string", "minLength": 1, "maxLength": 200},
+                                "maxItems": MAX_DOC_IDS,
+                            },
+                        },
+                        "required": ["query"],
+                        "additionalProperties": False,
+                    },
+                    self.search_user_documents,
+                ),
+                Tool(
+                    "search_general_kb",
+                    "Search the shared knowledge base (general questions: taxes, law, "
+                    f"finance); optional topic/jurisdiction; top_k at most {MAX_TOP_K}.",
+                    {
+                        "type": "object",
+                        "properties": {
+                            **common,
+                            "topic": {"type": "string", "maxLength": 100},
+                            "jurisdiction": {"type": "string", "maxLength": 100},
+                        },
+                        "required": ["query"],
+                        "additionalProperties": False,
+                    },
+                    self.search_general_kb,
+                ),
+            )
+        }
+
+    async def _run(self, call: SearchCall, threshold: float) -> dict[str, Any]:
+        try:
+            hits = await self._searcher.search(call)
+        except errors.InvalidArgumentError as exc:
+            raise ToolFailure("INVALID_ARGUMENT", exc.message) from None
+        except errors.ServiceError as exc:
+            raise ToolFailure(
+                "UPSTREAM_UNAVAILABLE", f"search is unavailable right now ({exc.reason})"
+            ) from None
+        return _hits(hits, threshold)
+
+    async def search_user_documents(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        call = SearchCall(
+            tenant_id=caller.tenant_id,
+            query=args["query"],
+            top_k=args.get("top_k", 5),
+            doc_ids=tuple(args.get("document_ids", ())),
+            source="user",
+            trace_id=caller.trace_id,
+        )
+        return await self._run(call, float(args.get("score_threshold", 0.0)))
+
+    async def search_general_kb(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        # The knowledge base is read through Retrieval's source filter, which searches the
+        # reserved knowledge-base tenant; the caller's tenant still travels for audit and
+        # rate limits, and the caller cannot name any other tenant.
+        # Knowledge-base articles carry topic:<x> and jurisdiction:<y> tags. Tag filters are
+        # any-of, so the topic filters hard and the jurisdiction, when both are given, only
+        # joins the query text; alone, it filters hard.
+        query = args["query"]
+        filters: dict[str, str] = {}
+        topic, jurisdiction = args.get("topic", "").strip(), args.get("jurisdiction", "").strip()
+        if topic:
+            filters["tag"] = f"topic:{topic.lower()}"
+            if jurisdiction:
+                query = f"{query} {jurisdiction}"
+        elif jurisdiction:
+            filters["tag"] = f"jurisdiction:{jurisdiction.lower()}"
+        call = SearchCall(
+            tenant_id=caller.tenant_id,
+            query=query,
+            top_k=args.get("top_k", 5),
+            source="knowledge_base",
+            filters=filters,
+            trace_id=caller.trace_id,
+        )
+        return await self._run(call, float(args.get("score_threshold", 0.0)))

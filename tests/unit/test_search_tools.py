@@ -1,0 +1,103 @@
+"""search_user_documents / search_general_kb: tenant from the caller, limits, failures as results."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common import errors
+from services.toolsproxy.search_tools import MAX_TOP_K, SearchCall, SearchHitView, SearchTools
+from services.toolsproxy.tools import Caller, ToolExecutor
+
+A = Caller("tenant-a", "u1", "tr-1")
+
+
+class FakeSearcher:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.calls: list[SearchCall] = []
+        self.fail = fail
+
+    async def search(self, call: SearchCall) -> list[SearchHitView]:
+        self.calls.append(call)
+        if self.fail:
+            raise self.fail
+        return [
+            SearchHitView("d1", "d1:s001", "d1:c00001", "LDAP", "Open Settings.", 0.9, 2, 2),
+            SearchHitView("d2", "d2:s001", "d2:c00003", "Notes", "LDAP sync fixed.", 0.3, 1, 1),
+        ]
+
+
+def executor(searcher: FakeSearcher) -> ToolExecutor:
+    return ToolExecutor(SearchTools(searcher).tools)
+
+
+async def test_user_search_runs_in_the_callers_tenant_with_pages():
+    s = FakeSearcher()
+    out = await executor(s).execute(
+        "search_user_documents", {"query": "LDAP", "document_ids": ["d1"], "top_k": 3}, A
+    )
+    assert out.status == "ok"
+    assert out.result["hits"][0] == {
+        "doc_id": "d1", "section_id": "d1:s001", "chunk_id": "d1:c00001", "title": "LDAP",
+        "text": "Open Settings.", "score": 0.9, "page_start": 2, "page_end": 2,
+    }  # fmt: skip
+    assert out.result["content_type"] == "untrusted_document_text"
+    call = s.calls[0]
+    assert (call.tenant_id, call.doc_ids, call.top_k, call.source) == (
+        "tenant-a",
+        ("d1",),
+        3,
+        "user",
+    )
+    assert call.trace_id == "tr-1"
+
+
+async def test_score_threshold_drops_weak_hits():
+    out = await executor(FakeSearcher()).execute(
+        "search_user_documents", {"query": "LDAP", "score_threshold": 0.5}, A
+    )
+    assert [h["doc_id"] for h in out.result["hits"]] == ["d1"]
+
+
+async def test_knowledge_base_search_uses_the_source_filter_and_topic_tag():
+    s = FakeSearcher()
+    out = await executor(s).execute(
+        "search_general_kb", {"query": "НДС", "topic": "Tax", "jurisdiction": "RU"}, A
+    )
+    assert out.status == "ok"
+    call = s.calls[0]
+    assert call.source == "knowledge_base" and call.tenant_id == "tenant-a"
+    assert call.filters == {"tag": "topic:tax"} and call.query == "НДС RU"
+    await executor(s).execute("search_general_kb", {"query": "НДС", "jurisdiction": "RU"}, A)
+    assert s.calls[1].filters == {"tag": "jurisdiction:ru"}
+
+
+@pytest.mark.parametrize(
+    ("args", "ok"),
+    [
+        ({"query": "x", "top_k": MAX_TOP_K}, True),
+        ({"query": "x", "top_k": MAX_TOP_K + 1}, False),
+        ({"query": "x", "top_k": 0}, False),
+        ({"query": ""}, False),
+        ({"query": "x", "tenant_id": "tenant-b"}, False),  # no tenant from arguments
+        ({"query": "x", "document_ids": ["d"] * 51}, False),
+        ({"query": "x", "score_threshold": 1.5}, False),
+    ],
+)
+async def test_arguments_at_and_past_the_limits(args, ok):
+    out = await executor(FakeSearcher()).execute("search_user_documents", args, A)
+    assert (out.status == "ok") is ok
+    if not ok:
+        assert out.error_code == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (errors.UnavailableError("down", reason="backend_unavailable"), "UPSTREAM_UNAVAILABLE"),
+        (errors.LimitExceededError("too long"), "INVALID_ARGUMENT"),
+        (errors.InternalError("bug"), "UPSTREAM_UNAVAILABLE"),
+    ],
+)
+async def test_retrieval_failures_are_results_the_model_can_react_to(exc, code):
+    out = await executor(FakeSearcher(fail=exc)).execute("search_general_kb", {"query": "x"}, A)
+    assert (out.status, out.error_code) == ("error", code)
