@@ -1,0 +1,608 @@
+"""fetch_finance_news: finance news from the Tavily Search API, cached, retried, behind a breaker.
+
+Only Tavily's own endpoint (``POST {base_url}/search``) is ever called; the URLs in the
+results are returned as data and never fetched. The API key travels only in the
+``Authorization: Bearer`` header (as the official ``tavily-python`` client sends it) and is
+never logged, put in an error message or shown in a repr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import email.utils
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.settings import Env, SettingsError
+from services.toolsproxy.tools import Caller, Tool, ToolFailure
+
+log = logging.getLogger(__name__)
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
+
+TOOL_NAME = "fetch_finance_news"
+DEFAULT_BASE_URL = "https://api.tavily.com"
+MIN_RESULTS = 3
+MAX_RESULTS = 5
+MAX_QUERY_CHARS = 400
+"""Tavily advises queries under 400 characters; longer ones are refused, not cut."""
+TIME_RANGES = ("day", "week", "month", "year")
+MAX_RESPONSE_BYTES = 2 * 1024 * 1024
+MAX_URL_CHARS = 2048
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class TavilySettings:
+    """How the tools proxy reaches Tavily (MCP_PROXY_TAVILY_*); validated on construction."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """Tavily API key; None leaves the tool listed but answering "not configured"."""
+    base_url: str = DEFAULT_BASE_URL
+    """Tavily API base URL; ``/search`` is appended. https only unless ``allow_http``."""
+    allow_http: bool = False
+    """Accept an http:// base URL (local fakes in tests and dev only, never production)."""
+    timeout_s: float = 9.0
+    """Timeout of one HTTP attempt (connect, read, write, pool)."""
+    deadline_s: float = 20.0
+    """Budget of one search including retries and backoff; no retry starts past it."""
+    max_attempts: int = 3
+    """Attempts in all on 5xx, 429 or a refused connection (1 = no retry)."""
+    backoff_s: float = 0.5
+    """First backoff delay; doubles every retry."""
+    backoff_max_s: float = 4.0
+    """Largest backoff delay."""
+    max_retry_after_s: float = 5.0
+    """A 429 asking to wait longer than this fails at once instead of waiting."""
+    cache_ttl_s: float = 300.0
+    """How long a result is reused for the same (tenant, user, query, options); 0 disables."""
+    cache_max_entries: int = 1024
+    """Cached results kept at most; the oldest go first."""
+    breaker_failures: int = 5
+    """Consecutive failed searches that open the circuit breaker."""
+    breaker_reset_s: float = 30.0
+    """How long the open breaker refuses calls before one trial call."""
+    max_snippet_chars: int = 1000
+    """Longest snippet per result; longer ones are cut and end with an ellipsis."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise SettingsError(f"Tavily base URL {self.base_url!r} is not an http(s) URL")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise SettingsError("Tavily base URL must not carry credentials, query or fragment")
+        if parts.scheme == "http" and not self.allow_http:
+            raise SettingsError(
+                f"Tavily base URL {self.base_url!r} is not https; set "
+                "MCP_PROXY_TAVILY_ALLOW_HTTP=true only for local fakes"
+            )
+        if self.timeout_s <= 0 or self.deadline_s <= 0:
+            raise SettingsError("Tavily timeout and deadline must be positive")
+        if self.max_attempts < 1:
+            raise SettingsError("Tavily max_attempts must be at least 1")
+
+    @property
+    def configured(self) -> bool:
+        """True when an API key is set."""
+        return bool(self.api_key)
+
+    @classmethod
+    def from_env(cls, env: Env) -> TavilySettings:
+        """Read MCP_PROXY_TAVILY_* (and TAVILY_API_KEY / TAVILY_API_KEY_FILE)."""
+        p = "MCP_PROXY_TAVILY_"
+        return cls(
+            api_key=_api_key(env),
+            base_url=env.text(p + "URL", DEFAULT_BASE_URL).rstrip("/"),
+            allow_http=env.flag(p + "ALLOW_HTTP", False),
+            timeout_s=env.number(p + "TIMEOUT_S", 9.0, minimum=0.1),
+            deadline_s=env.number(p + "DEADLINE_S", 20.0, minimum=0.1),
+            max_attempts=env.integer(p + "MAX_ATTEMPTS", 3, minimum=1, maximum=5),
+            backoff_s=env.number(p + "BACKOFF_S", 0.5, minimum=0.0),
+            backoff_max_s=env.number(p + "BACKOFF_MAX_S", 4.0, minimum=0.0),
+            max_retry_after_s=env.number(p + "MAX_RETRY_AFTER_S", 5.0, minimum=0.0),
+            cache_ttl_s=env.number(p + "CACHE_TTL_S", 300.0, minimum=0.0),
+            cache_max_entries=env.integer(p + "CACHE_MAX_ENTRIES", 1024, minimum=1),
+            breaker_failures=env.integer(p + "BREAKER_FAILURES", 5, minimum=1),
+            breaker_reset_s=env.number(p + "BREAKER_RESET_S", 30.0, minimum=0.0),
+            max_snippet_chars=env.integer(p + "MAX_SNIPPET_CHARS", 1000, minimum=50),
+        )
+
+
+def _api_key(env: Env) -> str | None:
+    """The key from the first of the variables set; *_FILE names a file holding it."""
+    order = (
+        ("MCP_PROXY_TAVILY_API_KEY", False),
+        ("MCP_PROXY_TAVILY_API_KEY_FILE", True),
+        ("TAVILY_API_KEY", False),
+        ("TAVILY_API_KEY_FILE", True),
+    )
+    for name, is_file in order:
+        found = env.raw([name])
+        if found is None:
+            continue
+        if not is_file:
+            return found[1]
+        path = Path(found[1])
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise SettingsError(f"{name}: cannot read {path}: {reason}") from None
+        if not key:
+            raise SettingsError(f"{name}: {path} is empty")
+        return key
+    return None
+
+
+class TavilyError(Exception):
+    """A search failed; ``code`` is the tool error code, ``message`` safe to show the model."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Attempt(Exception):
+    """One failed attempt: the error to raise if it is the last, and whether to retry."""
+
+    def __init__(
+        self, error: TavilyError, *, retry: bool, outage: bool, delay: float | None = None
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry = retry
+        self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
+        self.delay = delay
+
+
+def _unavailable(detail: str) -> TavilyError:
+    return TavilyError(
+        UPSTREAM_UNAVAILABLE, f"Finance news search is unavailable right now ({detail})."
+    )
+
+
+def _not_configured() -> TavilyError:
+    return TavilyError(
+        UPSTREAM_UNAVAILABLE, "Finance news search is not configured on this server."
+    )
+
+
+class TavilyClient:
+    """Searches Tavily for finance news: ``POST {base_url}/search``, topic finance, advanced.
+
+    Retries 5xx, 429 (honouring ``Retry-After``) and refused connections with exponential
+    backoff, caches results per (tenant, user, query, options), and stops calling Tavily
+    while its circuit breaker is open. Every failure is a ``TavilyError`` with a tool code.
+    The clock (monotonic seconds) and sleep are injected so tests step time.
+    """
+
+    def __init__(
+        self,
+        settings: TavilySettings,
+        http: httpx.AsyncClient,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self._settings = settings
+        self._http = http
+        self._clock = clock
+        self._sleep = sleep
+        self._url = settings.base_url.rstrip("/") + "/search"
+        self.breaker = breaker or CircuitBreaker(
+            "tavily",
+            failure_threshold=settings.breaker_failures,
+            reset_after_s=settings.breaker_reset_s,
+            clock=clock,
+        )
+        self._cache: OrderedDict[tuple[Any, ...], tuple[float, dict[str, Any]]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"TavilyClient(url={self._url!r}, configured={self._settings.configured})"
+
+    @property
+    def configured(self) -> bool:
+        """True when an API key is set; without one every search is UPSTREAM_UNAVAILABLE."""
+        return self._settings.configured
+
+    async def search(
+        self,
+        query: str,
+        *,
+        tenant_id: str,
+        user_id: str,
+        max_results: int = MAX_RESULTS,
+        time_range: str | None = None,
+    ) -> dict[str, Any]:
+        """Finance news for ``query``: ``{source, query, results[{title, url, snippet,
+        published_date}], cached}``. ``max_results`` is clamped to 3..5.
+
+        Raises TavilyError: INVALID_ARGUMENT (empty or too long query, unknown time_range,
+        Tavily's 400), RATE_LIMIT_EXCEEDED (Tavily's 429 after retries), UPSTREAM_UNAVAILABLE
+        (not configured, key refused, unreachable, 5xx after retries, breaker open).
+        """
+        text = " ".join(query.split())
+        if not text:
+            raise TavilyError(INVALID_ARGUMENT, "query must not be empty")
+        if len(text) > MAX_QUERY_CHARS:
+            raise TavilyError(
+                INVALID_ARGUMENT, f"query must be at most {MAX_QUERY_CHARS} characters"
+            )
+        if time_range is not None and time_range not in TIME_RANGES:
+            raise TavilyError(
+                INVALID_ARGUMENT, f"time_range must be one of {', '.join(TIME_RANGES)}"
+            )
+        count = min(MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
+        if not self.configured:
+            raise _not_configured()
+
+        key = (tenant_id, user_id, text, count, time_range)
+        cached = self._cache_get(key)
+        if cached is not None:
+            self._log("cache_hit", tenant_id, attempts=0)
+            return {**copy.deepcopy(cached), "cached": True}
+
+        try:
+            self.breaker.before_call()
+        except CircuitOpenError as exc:
+            self._log("breaker_open", tenant_id, attempts=0)
+            raise _unavailable(
+                f"too many recent failures; try again in {math.ceil(exc.retry_in)} s"
+            ) from None
+
+        body: dict[str, Any] = {
+            "query": text,
+            "topic": "finance",
+            "search_depth": "advanced",
+            "max_results": count,
+            "include_answer": False,
+            "include_raw_content": False,
+            "include_images": False,
+        }
+        if time_range is not None:
+            body["time_range"] = time_range
+        recorded = False
+        try:
+            payload, attempts = await self._post(body, tenant_id)
+            result = normalise(text, payload, count, self._settings.max_snippet_chars)
+            self.breaker.record_success()
+            recorded = True
+        except _Attempt as failed:
+            if failed.outage:
+                self.breaker.record_failure()
+            else:  # Tavily answered (it refused us): it is up
+                self.breaker.record_success()
+            recorded = True
+            raise failed.error from None
+        finally:
+            if not recorded:  # cancelled or a bug: never leave a half-open trial hanging
+                self.breaker.record_failure()
+        self._cache_put(key, result)
+        self._log("ok", tenant_id, attempts=attempts, results=len(result["results"]))
+        return {**copy.deepcopy(result), "cached": False}  # callers may mutate theirs
+
+    # -- HTTP with retries --------------------------------------------------------------
+
+    async def _post(self, body: dict[str, Any], tenant_id: str) -> tuple[dict[str, Any], int]:
+        """The parsed 200 body and the attempts it took, or raises the last _Attempt."""
+        s = self._settings
+        headers = {
+            "Authorization": f"Bearer {s.api_key}",
+            "Content-Type": "application/json",
+            "X-Client-Source": "visior-toolsproxy",
+        }
+        start = self._clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = s.deadline_s - (self._clock() - start)
+            try:
+                return await self._once(
+                    body, headers, max(0.001, min(s.timeout_s, remaining))
+                ), attempt
+            except _Attempt as failed:
+                delay = failed.delay
+                if delay is None:
+                    delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
+                elapsed = self._clock() - start
+                if not failed.retry or attempt >= s.max_attempts or elapsed + delay >= s.deadline_s:
+                    self._log(
+                        "error",
+                        tenant_id,
+                        attempts=attempt,
+                        code=failed.error.code,
+                        reason=str(failed),
+                    )
+                    raise
+                log.warning(
+                    "tavily search attempt failed; retrying",
+                    extra={
+                        "tool": TOOL_NAME,
+                        "attempt": attempt,
+                        "delay_s": delay,
+                        "reason": str(failed),
+                    },
+                )
+                await self._sleep(delay)
+
+    async def _once(
+        self, body: dict[str, Any], headers: dict[str, str], timeout_s: float
+    ) -> dict[str, Any]:
+        try:
+            response = await self._http.post(
+                self._url, json=body, headers=headers, timeout=timeout_s, follow_redirects=False
+            )
+        except httpx.TimeoutException:
+            # Not retried: one more full timeout would blow the caller's budget.
+            raise _Attempt(
+                _unavailable("Tavily did not answer in time"), retry=False, outage=True
+            ) from None
+        except httpx.TransportError:
+            raise _Attempt(
+                _unavailable("Tavily cannot be reached"), retry=True, outage=True
+            ) from None
+        status = response.status_code
+        if status == 200:
+            return self._parse(response)
+        if status >= 500:
+            raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
+        if status == 429:
+            wait = _retry_after(response.headers.get("Retry-After"))
+            limited = TavilyError(
+                RATE_LIMIT_EXCEEDED,
+                "Finance news search is rate limited by Tavily; try again later"
+                + (f" (in {math.ceil(wait)} s)." if wait is not None else "."),
+            )
+            if wait is not None and wait > self._settings.max_retry_after_s:
+                raise _Attempt(limited, retry=False, outage=False)
+            raise _Attempt(limited, retry=True, outage=False, delay=wait)
+        if status in (400, 422):
+            detail = _detail(response)
+            raise _Attempt(
+                TavilyError(
+                    INVALID_ARGUMENT,
+                    "Tavily refused the search" + (f": {detail}" if detail else "."),
+                ),
+                retry=False,
+                outage=False,
+            )
+        if status in (401, 403):
+            raise _Attempt(
+                TavilyError(
+                    UPSTREAM_UNAVAILABLE,
+                    "Finance news search is not configured correctly on this server "
+                    "(the search provider refused its credentials).",
+                ),
+                retry=False,
+                outage=False,
+            )
+        if status in (432, 433):
+            raise _Attempt(
+                _unavailable("the search plan's usage limit is reached"), retry=False, outage=False
+            )
+        raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=False, outage=True)
+
+    def _parse(self, response: httpx.Response) -> dict[str, Any]:
+        bad = _Attempt(_unavailable("Tavily sent an unexpected answer"), retry=False, outage=True)
+        if len(response.content) > MAX_RESPONSE_BYTES:
+            raise bad
+        try:
+            payload = response.json()
+        except ValueError:
+            raise bad from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
+            raise bad
+        return payload
+
+    # -- cache ----------------------------------------------------------------------------
+
+    def _cache_get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        expires, value = entry
+        if self._clock() >= expires:
+            del self._cache[key]
+            return None
+        return value
+
+    def _cache_put(self, key: tuple[Any, ...], value: dict[str, Any]) -> None:
+        ttl = self._settings.cache_ttl_s
+        if ttl <= 0:
+            return
+        self._cache[key] = (self._clock() + ttl, value)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._settings.cache_max_entries:
+            self._cache.popitem(last=False)
+
+    def _log(self, outcome: str, tenant_id: str, *, attempts: int, **extra: Any) -> None:
+        # The query is the user's text: its length is logged, not the text; never the key.
+        log.info(
+            "tavily search",
+            extra={
+                "tool": TOOL_NAME,
+                "outcome": outcome,
+                "tenant_id": tenant_id,
+                "attempts": attempts,
+                "breaker": self.breaker.state,
+                **extra,
+            },
+        )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds (delta-seconds form; an HTTP date falls back to backoff)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _detail(response: httpx.Response) -> str:
+    """Tavily's error text from ``{"detail": {"error": ...}}``, short and single-line."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    text = detail.get("error") if isinstance(detail, dict) else detail
+    return " ".join(str(text).split())[:200] if isinstance(text, str) else ""
+
+
+# -- normalisation ------------------------------------------------------------------------
+
+
+def _web_url(value: Any) -> str | None:
+    """An http(s) URL with a host, else None: results are links to show, never to fetch."""
+    if not isinstance(value, str):
+        return None
+    url = value.strip()
+    if len(url) > MAX_URL_CHARS:
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return url if parts.scheme in ("http", "https") and parts.hostname else None
+
+
+def _published(value: Any) -> str | None:
+    """ISO 8601 from Tavily's RFC 1123 (``Mon, 10 Mar 2025 09:30:00 GMT``) or ISO dates."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return email.utils.parsedate_to_datetime(text).isoformat()
+    except (TypeError, ValueError, IndexError):
+        pass
+    try:
+        return datetime.fromisoformat(text).isoformat()
+    except ValueError:
+        return text[:64]
+
+
+def normalise(
+    query: str, payload: dict[str, Any], max_results: int, max_snippet_chars: int
+) -> dict[str, Any]:
+    """Tavily's response as ``{source, query, results[{title, url, snippet, published_date}]}``.
+
+    Results without an http(s) URL are dropped; whitespace is collapsed; snippets are cut
+    at ``max_snippet_chars``.
+    """
+    results: list[dict[str, Any]] = []
+    for item in payload.get("results", []):
+        if len(results) >= max_results:
+            break
+        if not isinstance(item, dict):
+            continue
+        url = _web_url(item.get("url"))
+        if url is None:
+            continue
+        title = " ".join(str(item.get("title") or "").split())[:300] or url
+        snippet = " ".join(str(item.get("content") or "").split())
+        if len(snippet) > max_snippet_chars:
+            snippet = snippet[: max_snippet_chars - 1].rstrip() + "…"
+        results.append(
+            {
+                "title": title,
+                "url": url,
+                "snippet": snippet,
+                "published_date": _published(item.get("published_date")),
+            }
+        )
+    return {"source": "Tavily", "query": query, "results": results}
+
+
+# -- the tool -----------------------------------------------------------------------------
+
+
+def days_to_time_range(days: int) -> str:
+    """The narrowest Tavily time_range covering the last ``days`` days."""
+    if days <= 1:
+        return "day"
+    if days <= 7:
+        return "week"
+    if days <= 31:
+        return "month"
+    return "year"
+
+
+def tavily_tool(client: TavilyClient) -> Tool:
+    """The ``fetch_finance_news`` tool over ``client``; tenant and user come from the caller."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "query": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_QUERY_CHARS,
+                "description": "What to search finance news for.",
+            },
+            "max_results": {
+                "type": "integer",
+                "minimum": MIN_RESULTS,
+                "maximum": MAX_RESULTS,
+                "description": f"Results to return ({MIN_RESULTS}..{MAX_RESULTS}, "
+                f"default {MAX_RESULTS}).",
+            },
+            "time_range": {
+                "type": "string",
+                "enum": list(TIME_RANGES),
+                "description": "Only news published within this range back from today.",
+            },
+            "days": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 365,
+                "description": "Only recent news: rounded up to day, week, month or year.",
+            },
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+
+    async def run(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        if "days" in args and "time_range" in args:
+            raise ToolFailure(INVALID_ARGUMENT, "give days or time_range, not both")
+        time_range = args.get("time_range")
+        if "days" in args:
+            time_range = days_to_time_range(args["days"])
+        try:
+            return await client.search(
+                args["query"],
+                tenant_id=caller.tenant_id,
+                user_id=caller.user_id,
+                max_results=args.get("max_results", MAX_RESULTS),
+                time_range=time_range,
+            )
+        except TavilyError as exc:
+            raise ToolFailure(exc.code, exc.message) from None
+
+    return Tool(
+        TOOL_NAME,
+        "Search recent finance news on the web (Tavily). Returns titles, URLs, snippets and "
+        "publication dates as data; the URLs are not opened.",
+        schema,
+        run,
+    )

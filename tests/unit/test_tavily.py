@@ -1,0 +1,622 @@
+"""fetch_finance_news over a real local server speaking Tavily's documented JSON."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import requests
+import tavily as official
+
+from services.common.settings import Env, SettingsError
+from services.toolsproxy.schema import SchemaError, check
+from services.toolsproxy.tavily import (
+    INVALID_ARGUMENT,
+    RATE_LIMIT_EXCEEDED,
+    UPSTREAM_UNAVAILABLE,
+    TavilyClient,
+    TavilyError,
+    TavilySettings,
+    days_to_time_range,
+    tavily_tool,
+)
+from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from tests.fakes.tavily_server import FakeTavilyServer
+
+KEY = "tvly-SECRET-0123456789abcdef"
+ALICE = Caller(tenant_id="t1", user_id="alice", trace_id="tr-1")
+BOB = Caller(tenant_id="t1", user_id="bob")
+
+
+class FakeClock:
+    """Monotonic seconds that tests step by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A TavilyClient wired to the fake server with an injected clock and sleep."""
+
+    def __init__(self, fake: FakeTavilyServer, http: httpx.AsyncClient) -> None:
+        self.fake = fake
+        self.http = http
+        self.clock = FakeClock()
+        self.delays: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.clock.now += seconds
+
+    def client(self, **overrides: Any) -> TavilyClient:
+        fields: dict[str, Any] = {"api_key": KEY, "base_url": self.fake.url, "allow_http": True}
+        fields.update(overrides)
+        return TavilyClient(TavilySettings(**fields), self.http, clock=self.clock, sleep=self.sleep)
+
+    def tool(self, **overrides: Any) -> Tool:
+        return tavily_tool(self.client(**overrides))
+
+
+async def call(tool: Tool, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """What the executor does: check the schema (-> INVALID_ARGUMENT), then run."""
+    try:
+        checked = check(tool.schema, args)
+    except SchemaError as exc:
+        raise ToolFailure(INVALID_ARGUMENT, str(exc)) from None
+    result = tool.run(caller, checked)
+    assert not isinstance(result, dict)
+    return await result
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeTavilyServer]:
+    with FakeTavilyServer(api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        yield client
+
+
+@pytest.fixture
+def h(fake: FakeTavilyServer, http: httpx.AsyncClient) -> Harness:
+    return Harness(fake, http)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the official client agrees with the fake --------------------------------------------
+
+
+def test_official_tavily_client_parses_the_fake(fake: FakeTavilyServer) -> None:
+    session = requests.Session()
+    session.trust_env = False  # no proxy between the client and 127.0.0.1
+    session.headers["Authorization"] = f"Bearer {KEY}"
+    client = official.TavilyClient(api_key=KEY, api_base_url=fake.url, session=session)
+    response = client.search(
+        "ключевая ставка ЦБ", topic="finance", search_depth="advanced", max_results=4
+    )
+    assert response["query"] == "ключевая ставка ЦБ"
+    assert len(response["results"]) == 4
+    for item in response["results"]:
+        assert item["title"] and item["url"].startswith("https://") and item["content"]
+        assert isinstance(item["score"], float)
+    sent = fake.requests[-1]
+    assert sent.path == "/search"
+    assert sent.headers["Authorization"] == f"Bearer {KEY}"
+    assert sent.body == {
+        "query": "ключевая ставка ЦБ",
+        "search_depth": "advanced",
+        "topic": "finance",
+        "max_results": 4,
+    }
+    # The fake's error bodies are the shape the official client reads its messages from.
+    with pytest.raises(official.BadRequestError, match="Invalid topic"):
+        client.search("rates", topic="sports")
+    with pytest.raises(official.BadRequestError, match="max_results"):
+        client.search("rates", max_results=21)
+    fake.rate_limit_next(1)
+    with pytest.raises(official.UsageLimitExceededError, match="excessive requests"):
+        client.search("rates")
+    wrong = requests.Session()
+    wrong.trust_env = False
+    bad_key = official.TavilyClient(api_key="tvly-wrong", api_base_url=fake.url, session=wrong)
+    wrong.headers["Authorization"] = "Bearer tvly-wrong"
+    with pytest.raises(official.InvalidAPIKeyError, match="missing or invalid API key"):
+        bad_key.search("rates")
+    client.close()
+
+
+async def test_our_request_matches_what_the_official_client_sends(h: Harness) -> None:
+    await h.client().search("inflation", tenant_id="t1", user_id="u", max_results=4)
+    sent = h.fake.requests[-1]
+    assert sent.path == "/search"
+    assert sent.headers["Authorization"] == f"Bearer {KEY}"
+    assert sent.headers["Content-Type"] == "application/json"
+    assert "api_key" not in sent.body  # the key travels in the header only
+    assert sent.body == {
+        "query": "inflation",
+        "topic": "finance",
+        "search_depth": "advanced",
+        "max_results": 4,
+        "include_answer": False,
+        "include_raw_content": False,
+        "include_images": False,
+    }
+
+
+# -- happy path and normalisation ----------------------------------------------------------
+
+
+async def test_tool_returns_normalised_results(h: Harness) -> None:
+    tool = h.tool()
+    assert tool.name == "fetch_finance_news"
+    result = await call(tool, ALICE, {"query": "  ключевая   ставка  "})
+    assert result["source"] == "Tavily"
+    assert result["query"] == "ключевая ставка"
+    assert result["cached"] is False
+    assert len(result["results"]) == 5
+    first = result["results"][0]
+    assert set(first) == {"title", "url", "snippet", "published_date"}
+    assert first["title"] == "ключевая ставка — market report 1"
+    assert first["url"] == "https://news.example.com/finance/ключевая-ставка/1"
+    assert first["snippet"].startswith("Report 1 on ключевая ставка")
+    assert first["published_date"] == "2025-03-10T09:30:00+00:00"
+    assert h.fake.requests[-1].body["query"] == "ключевая ставка"
+
+
+async def test_normalisation_drops_unsafe_urls_and_trims(h: Harness) -> None:
+    h.fake.results_override = [
+        {"title": "script", "url": "javascript:alert(1)", "content": "x"},
+        "not an object",
+        {"title": "file", "url": "file:///etc/passwd", "content": "x"},
+        {"title": "  Long\n  one ", "url": "https://a.example/1", "content": "word " * 500},
+        {"url": "https://b.example/2", "content": "no title", "published_date": "2025-03-01"},
+        {"title": "odd date", "url": "http://c.example/3", "published_date": "last Tuesday"},
+        {"title": "extra", "url": "https://d.example/4", "content": "over the limit"},
+    ]
+    result = await h.client(max_snippet_chars=100).search(
+        "q", tenant_id="t1", user_id="u", max_results=3
+    )
+    rows = result["results"]
+    assert [r["url"] for r in rows] == [
+        "https://a.example/1",
+        "https://b.example/2",
+        "http://c.example/3",
+    ]
+    assert rows[0]["title"] == "Long one"
+    assert len(rows[0]["snippet"]) == 100 and rows[0]["snippet"].endswith("…")
+    assert rows[0]["published_date"] is None
+    assert rows[1]["title"] == "https://b.example/2"
+    assert rows[1]["published_date"] == "2025-03-01T00:00:00"
+    assert rows[2]["snippet"] == ""
+    assert rows[2]["published_date"] == "last Tuesday"
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [3, 5])
+async def test_max_results_at_the_limits(h: Harness, n: int) -> None:
+    result = await call(h.tool(), ALICE, {"query": "rates", "max_results": n})
+    assert len(result["results"]) == n
+    assert h.fake.requests[-1].body["max_results"] == n
+
+
+@pytest.mark.parametrize("n", [2, 6])
+async def test_max_results_one_past_the_limits_is_refused(h: Harness, n: int) -> None:
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates", "max_results": n})
+    assert info.value.code == INVALID_ARGUMENT
+    assert h.fake.requests == []
+
+
+@pytest.mark.parametrize(("asked", "sent"), [(1, 3), (9, 5)])
+async def test_client_clamps_max_results(h: Harness, asked: int, sent: int) -> None:
+    await h.client().search("rates", tenant_id="t1", user_id="u", max_results=asked)
+    assert h.fake.requests[-1].body["max_results"] == sent
+
+
+async def test_query_length_limit(h: Harness) -> None:
+    await call(h.tool(), ALICE, {"query": "q" * 400})
+    for args in ({"query": "q" * 401}, {"query": ""}, {"query": "   \n "}, {}):
+        with pytest.raises(ToolFailure) as info:
+            await call(h.tool(), ALICE, args)
+        assert info.value.code == INVALID_ARGUMENT
+    assert len(h.fake.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"query": "rates", "time_range": "decade"},
+        {"query": "rates", "days": 0},
+        {"query": "rates", "days": 366},
+        {"query": "rates", "days": 3, "time_range": "week"},
+        {"query": "rates", "url": "https://evil.example/"},
+        {"query": "rates", "tenant_id": "t2"},
+        {"query": 42},
+    ],
+)
+async def test_bad_arguments_are_invalid(h: Harness, args: dict[str, Any]) -> None:
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, args)
+    assert info.value.code == INVALID_ARGUMENT
+    assert h.fake.requests == []
+
+
+async def test_client_refuses_unknown_time_range(h: Harness) -> None:
+    with pytest.raises(TavilyError) as info:
+        await h.client().search("rates", tenant_id="t1", user_id="u", time_range="decade")
+    assert info.value.code == INVALID_ARGUMENT
+
+
+async def test_days_and_time_range_are_sent(h: Harness) -> None:
+    await call(h.tool(), ALICE, {"query": "rates", "days": 7})
+    assert h.fake.requests[-1].body["time_range"] == "week"
+    await call(h.tool(), ALICE, {"query": "rates", "time_range": "month"})
+    assert h.fake.requests[-1].body["time_range"] == "month"
+    assert [days_to_time_range(d) for d in (1, 2, 7, 8, 31, 32, 365)] == [
+        "day", "week", "week", "month", "month", "year", "year",
+    ]  # fmt: skip
+
+
+# -- cache ----------------------------------------------------------------------------------
+
+
+async def test_cache_is_per_query_and_user(h: Harness) -> None:
+    tool = h.tool()
+    first = await call(tool, ALICE, {"query": "rates"})
+    again = await call(tool, ALICE, {"query": " rates "})
+    assert again["cached"] is True
+    assert again["results"] == first["results"]
+    assert len(h.fake.requests) == 1
+    await call(tool, BOB, {"query": "rates"})  # another user misses
+    await call(tool, Caller("t2", "alice"), {"query": "rates"})  # same user id, other tenant
+    await call(tool, ALICE, {"query": "rates", "max_results": 3})  # other options
+    await call(tool, ALICE, {"query": "oil"})  # other query
+    assert len(h.fake.requests) == 5
+
+
+async def test_cache_expires_after_ttl(h: Harness) -> None:
+    tool = h.tool(cache_ttl_s=300)
+    await call(tool, ALICE, {"query": "rates"})
+    h.clock.now += 299.9
+    assert (await call(tool, ALICE, {"query": "rates"}))["cached"] is True
+    h.clock.now += 0.1
+    assert (await call(tool, ALICE, {"query": "rates"}))["cached"] is False
+    assert len(h.fake.requests) == 2
+
+
+async def test_failures_are_not_cached_and_cache_is_bounded(h: Harness) -> None:
+    client = h.client(max_attempts=1, cache_max_entries=2)
+    h.fake.fail_next(1, 500)
+    with pytest.raises(TavilyError):
+        await client.search("rates", tenant_id="t1", user_id="u")
+    await client.search("rates", tenant_id="t1", user_id="u")
+    await client.search("oil", tenant_id="t1", user_id="u")
+    await client.search("gold", tenant_id="t1", user_id="u")  # evicts "rates"
+    assert (await client.search("rates", tenant_id="t1", user_id="u"))["cached"] is False
+    assert len(h.fake.requests) == 5
+
+
+# -- retries, backoff, rate limits ----------------------------------------------------------
+
+
+async def test_backoff_on_5xx_then_success(h: Harness) -> None:
+    h.fake.fail_next(2, 503)
+    result = await call(h.tool(max_attempts=3, backoff_s=0.5), ALICE, {"query": "rates"})
+    assert len(result["results"]) == 5
+    assert len(h.fake.requests) == 3
+    assert h.delays == [0.5, 1.0]
+
+
+async def test_5xx_after_all_attempts_is_upstream_unavailable(h: Harness) -> None:
+    h.fake.fail_next(4, 502)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(max_attempts=4, backoff_s=1.0, backoff_max_s=3.0), ALICE, {"query": "q"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "unavailable" in info.value.message
+    assert len(h.fake.requests) == 4
+    assert h.delays == [1.0, 2.0, 3.0]  # doubling, capped
+    assert all(a < b for a, b in zip(h.delays, h.delays[1:], strict=False))
+
+
+async def test_retries_stop_at_the_deadline(h: Harness) -> None:
+    h.fake.fail_next(5, 500)
+    with pytest.raises(ToolFailure) as info:
+        await call(
+            h.tool(max_attempts=5, backoff_s=2.0, backoff_max_s=10, deadline_s=5.0),
+            ALICE,
+            {"query": "q"},
+        )
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert h.delays == [2.0]  # the next delay (4 s) would end past the 5 s budget
+    assert len(h.fake.requests) == 2
+
+
+async def test_429_honours_retry_after(h: Harness) -> None:
+    h.fake.rate_limit_next(1, retry_after="2")
+    result = await call(h.tool(backoff_s=0.5), ALICE, {"query": "rates"})
+    assert len(result["results"]) == 5
+    assert h.delays == [2.0]
+
+
+async def test_429_without_retry_after_backs_off_then_is_rate_limited(h: Harness) -> None:
+    h.fake.rate_limit_next(3, retry_after=None)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(max_attempts=3, backoff_s=0.5), ALICE, {"query": "rates"})
+    assert info.value.code == RATE_LIMIT_EXCEEDED
+    assert h.delays == [0.5, 1.0]
+
+
+async def test_429_asking_a_long_wait_fails_at_once(h: Harness) -> None:
+    h.fake.rate_limit_next(1, retry_after="60")
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(max_retry_after_s=5), ALICE, {"query": "rates"})
+    assert info.value.code == RATE_LIMIT_EXCEEDED
+    assert "60 s" in info.value.message
+    assert h.delays == []
+    assert len(h.fake.requests) == 1
+
+
+# -- upstream errors ------------------------------------------------------------------------
+
+
+async def test_tavily_400_is_invalid_argument(h: Harness) -> None:
+    h.fake.fail_next(1, 400, "Query is too long.")
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == INVALID_ARGUMENT
+    assert "Query is too long." in info.value.message
+    assert len(h.fake.requests) == 1  # not retried
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_refused_key_is_not_configured(h: Harness, status: int) -> None:
+    h.fake.fail_next(1, status, "Unauthorized: missing or invalid API key.")
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "not configured" in info.value.message
+    assert len(h.fake.requests) == 1
+
+
+async def test_wrong_key_against_the_fake_is_not_configured(h: Harness) -> None:
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(api_key="tvly-WRONG-key-987"), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "not configured" in info.value.message
+    assert "tvly-WRONG-key-987" not in info.value.message
+
+
+async def test_no_key_reports_not_configured_without_calling(h: Harness) -> None:
+    client = h.client(api_key=None)
+    assert client.configured is False
+    with pytest.raises(ToolFailure) as info:
+        await call(tavily_tool(client), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "not configured" in info.value.message
+    assert h.fake.requests == []
+
+
+async def test_plan_limit_is_upstream_unavailable(h: Harness) -> None:
+    h.fake.fail_next(1, 432, "This request exceeds your plan's set usage limit.")
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert len(h.fake.requests) == 1
+
+
+async def test_malformed_answer_is_upstream_unavailable(h: Harness) -> None:
+    h.fake.garbage_next(1)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "unexpected" in info.value.message
+
+
+async def test_dropped_connection_is_retried(h: Harness) -> None:
+    h.fake.drop_next(1)
+    result = await call(h.tool(), ALICE, {"query": "rates"})
+    assert len(result["results"]) == 5
+    assert len(h.delays) == 1
+
+
+async def test_unreachable_host(http: httpx.AsyncClient) -> None:
+    harness = Harness(FakeTavilyServer(), http)  # never started: only its clock and sleep
+    settings = TavilySettings(
+        api_key=KEY, base_url=f"http://127.0.0.1:{closed_port()}", allow_http=True
+    )
+    client = TavilyClient(settings, http, clock=harness.clock, sleep=harness.sleep)
+    with pytest.raises(ToolFailure) as info:
+        await call(tavily_tool(client), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "cannot be reached" in info.value.message
+    assert harness.delays == [0.5, 1.0]  # connection refused is retried
+
+
+async def test_hanging_server_times_out_without_retry(h: Harness) -> None:
+    h.fake.hang_next(1)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(timeout_s=0.2), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "in time" in info.value.message
+    assert len(h.fake.requests) == 1 and h.delays == []
+
+
+# -- circuit breaker ------------------------------------------------------------------------
+
+
+async def test_breaker_opens_and_recovers(h: Harness) -> None:
+    tool = h.tool(max_attempts=1, breaker_failures=2, breaker_reset_s=30)
+    h.fake.fail_next(2, 500)
+    for _ in range(2):
+        with pytest.raises(ToolFailure):
+            await call(tool, ALICE, {"query": "rates"})
+    with pytest.raises(ToolFailure) as info:  # open: Tavily is not called
+        await call(tool, ALICE, {"query": "other"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "try again in 30 s" in info.value.message
+    assert len(h.fake.requests) == 2
+    h.clock.now += 30  # half-open: one trial goes through and closes it
+    assert len((await call(tool, ALICE, {"query": "rates"}))["results"]) == 5
+    await call(tool, ALICE, {"query": "other"})
+    assert len(h.fake.requests) == 4
+
+
+async def test_failed_trial_reopens_the_breaker(h: Harness) -> None:
+    client = h.client(max_attempts=1, breaker_failures=1, breaker_reset_s=10)
+    h.fake.fail_next(2, 503)
+    with pytest.raises(TavilyError):
+        await client.search("a", tenant_id="t1", user_id="u")
+    h.clock.now += 10
+    with pytest.raises(TavilyError):  # the trial fails
+        await client.search("a", tenant_id="t1", user_id="u")
+    with pytest.raises(TavilyError, match="try again in 10 s"):
+        await client.search("a", tenant_id="t1", user_id="u")
+    assert len(h.fake.requests) == 2
+    assert client.breaker.state == "open"
+
+
+async def test_refusals_do_not_open_the_breaker(h: Harness) -> None:
+    client = h.client(max_attempts=1, breaker_failures=1)
+    h.fake.fail_next(1, 400)
+    h.fake.rate_limit_next(1, retry_after="60")
+    for _ in range(2):
+        with pytest.raises(TavilyError):
+            await client.search("a", tenant_id="t1", user_id="u")
+    assert client.breaker.state == "closed"
+
+
+async def test_cache_hits_bypass_an_open_breaker(h: Harness) -> None:
+    client = h.client(max_attempts=1, breaker_failures=1)
+    await client.search("a", tenant_id="t1", user_id="u")
+    h.fake.fail_next(1, 500)
+    with pytest.raises(TavilyError):
+        await client.search("b", tenant_id="t1", user_id="u")
+    assert client.breaker.state == "open"
+    assert (await client.search("a", tenant_id="t1", user_id="u"))["cached"] is True
+
+
+# -- the key stays secret ---------------------------------------------------------------------
+
+
+async def test_key_never_in_logs_errors_or_repr(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
+    messages: list[str] = []
+    tool = h.tool(max_attempts=2, breaker_failures=100)
+    await call(tool, ALICE, {"query": "rates"})
+    h.fake.fail_next(2, 500)
+    for fault in (lambda: None, lambda: h.fake.fail_next(1, 401), lambda: h.fake.garbage_next()):
+        fault()
+        try:
+            await call(tool, ALICE, {"query": f"q{len(messages)}"})
+        except ToolFailure as exc:
+            messages.append(f"{exc.code} {exc.message} {exc!r}")
+    unreachable = TavilyClient(
+        TavilySettings(api_key=KEY, base_url=f"http://127.0.0.1:{closed_port()}", allow_http=True),
+        h.http,
+        sleep=h.sleep,
+    )
+    with pytest.raises(TavilyError) as info:
+        await unreachable.search("rates", tenant_id="t1", user_id="u")
+    messages.append(f"{info.value.message} {info.value!r}")
+    assert len(messages) == 4
+    logged = [f"{r.getMessage()} {r.__dict__!r}" for r in caplog.records]
+    assert any("tavily search" in line for line in logged)
+    for text in [*messages, *logged, repr(h.client()), repr(TavilySettings(api_key=KEY))]:
+        assert KEY not in text
+    # and the key did reach Tavily, in the header only
+    assert h.fake.requests[0].headers["Authorization"] == f"Bearer {KEY}"
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_settings_defaults_from_env() -> None:
+    s = TavilySettings.from_env(Env({}))
+    assert s.base_url == "https://api.tavily.com"
+    assert s.configured is False
+    assert (s.timeout_s, s.cache_ttl_s, s.allow_http) == (9.0, 300.0, False)
+
+
+def test_settings_read_key_and_knobs() -> None:
+    s = TavilySettings.from_env(
+        Env(
+            {
+                "MCP_PROXY_TAVILY_API_KEY": KEY,
+                "TAVILY_API_KEY": "tvly-other",
+                "MCP_PROXY_TAVILY_TIMEOUT_S": "8",
+                "MCP_PROXY_TAVILY_CACHE_TTL_S": "60",
+                "MCP_PROXY_TAVILY_URL": "https://tavily.internal/",
+            }
+        )
+    )
+    assert s.api_key == KEY and s.timeout_s == 8.0 and s.cache_ttl_s == 60.0
+    assert s.base_url == "https://tavily.internal"
+    assert KEY not in repr(s)
+    assert TavilySettings.from_env(Env({"TAVILY_API_KEY": "tvly-plain"})).api_key == "tvly-plain"
+
+
+def test_settings_read_key_from_file(tmp_path: Path) -> None:
+    secret = tmp_path / "tavily.key"
+    secret.write_text(KEY + "\n", encoding="utf-8")
+    for name in ("MCP_PROXY_TAVILY_API_KEY_FILE", "TAVILY_API_KEY_FILE"):
+        assert TavilySettings.from_env(Env({name: str(secret)})).api_key == KEY
+    missing = tmp_path / "nope.key"
+    with pytest.raises(SettingsError, match="cannot read"):
+        TavilySettings.from_env(Env({"TAVILY_API_KEY_FILE": str(missing)}))
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match="empty"):
+        TavilySettings.from_env(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(empty)}))
+
+
+def test_http_base_url_refused_without_override() -> None:
+    with pytest.raises(SettingsError, match="ALLOW_HTTP"):
+        TavilySettings(api_key=KEY, base_url="http://127.0.0.1:9")
+    with pytest.raises(SettingsError, match="ALLOW_HTTP"):
+        TavilySettings.from_env(Env({"MCP_PROXY_TAVILY_URL": "http://tavily.local"}))
+    allowed = TavilySettings.from_env(
+        Env({"MCP_PROXY_TAVILY_URL": "http://127.0.0.1:9", "MCP_PROXY_TAVILY_ALLOW_HTTP": "1"})
+    )
+    assert allowed.base_url == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://api.tavily.com", "api.tavily.com", "https://user:pw@api.tavily.com", "https://"],
+)
+def test_odd_base_urls_refused(url: str) -> None:
+    with pytest.raises(SettingsError):
+        TavilySettings(base_url=url, allow_http=True)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MCP_PROXY_TAVILY_TIMEOUT_S": "soon"},
+        {"MCP_PROXY_TAVILY_MAX_ATTEMPTS": "0"},
+        {"MCP_PROXY_TAVILY_ALLOW_HTTP": "maybe"},
+    ],
+)
+def test_bad_settings_refused(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        TavilySettings.from_env(Env(env))
