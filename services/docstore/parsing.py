@@ -42,10 +42,14 @@ TITLE_SEPARATOR = " › "
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _FENCE = re.compile(r"^(```|~~~)")
 _SLUG = re.compile(r"[^0-9a-zа-яё]+")
-# "2.3 Title", "1. Introduction" — a capitalised short title with no sentence punctuation.
+# "2.3 Title", "1. Introduction", "8.1.3. aptitude", "7.8. Что такое виртуальный пакет?" — a
+# short title with no sentence punctuation; a lowercase start only under a dotted number
+# (a command name), never after a bare "1 " (a list item).
 _NUMBERED = re.compile(
-    r"^(?P<num>\d{1,2}(?:\.\d{1,2}){0,3})\.?\s+(?P<title>[A-ZА-ЯЁ][^\n]{0,100}?)\s*$"
+    r"^(?P<num>\d{1,2}(?:\.\d{1,2}){0,3})\.?\s+(?P<title>[^\W\d_][^\n]{0,150}?)\s*$"
 )
+_MAX_HEADING_WORDS = 12
+_MAX_QUESTION_HEADING_WORDS = 24  # FAQ headings are whole questions
 _CHAPTER = re.compile(
     r"^(?P<kw>глава|раздел|часть|приложение|chapter|part|appendix)\s+"
     r"(?P<num>\d{1,3}|[IVXLC]{1,6}|[A-ZА-Я])\b[.:]?\s*(?P<title>[^\n]{0,100}?)\s*$",
@@ -362,13 +366,25 @@ class _Numbering:
 
     def heading(self, line: str) -> tuple[int, str] | None:
         """(level, title) when `line` is the next heading in sequence, else None."""
-        if len(line) > 120:
+        if len(line) > 160:
             return None
         m = _CHAPTER.match(line)
         if m:
+            # "Раздел 6.3, «…»)." or "Глава 13, Помощь …" wrapped from body text is a
+            # cross-reference, not a heading.
+            title = m.group("title")
+            if title[:1] in ",;)" or line.rstrip().endswith((").", "),", ",")):
+                return None
             return 1, line
         m = _NUMBERED.match(line)
-        if not m or m.group("title")[-1:] in ".,;:" or len(m.group("title").split()) > 12:
+        if not m:
+            return None
+        title = m.group("title")
+        words = len(title.split())
+        limit = _MAX_QUESTION_HEADING_WORDS if title.endswith("?") else _MAX_HEADING_WORDS
+        if title[-1:] in ".,;:" or words > limit:
+            return None
+        if title[0].islower() and "." not in m.group("num"):
             return None
         num = [int(p) for p in m.group("num").split(".")]
         if not self._follows(num):

@@ -293,7 +293,7 @@ def test_knowledge_base_csv_sample():
     ]
     vat = docs[0]
     assert vat.source == "knowledge_base" and vat.tenant_id == "kb"
-    assert vat.title == "Ставки НДС в 2025 году" and vat.tags == ("НДС", "налоги")
+    assert vat.title == "Ставки НДС в 2025 году" and vat.tags == ("НДС", "налоги", "topic:tax", "jurisdiction:ru")
     assert {k: vat.metadata[k] for k in ("topic", "jurisdiction", "updated_at")} == {
         "topic": "tax",
         "jurisdiction": "RU",
@@ -329,3 +329,24 @@ def test_knowledge_base_csv_bad_rows_are_reported_by_line():
     with pytest.raises(KnowledgeBaseError, match="line 4") as err:
         parse_knowledge_base_csv(csv_text.encode(), "kb")
     assert len(err.value.problems) == 4
+
+
+def test_numbered_headings_faq_style_and_cross_references_in_text():
+    text = (
+        "1. Общие вопросы\n\nТекст.\n\n"
+        "1.1. Что такое пакет и зачем он нужен, если можно собрать программу самому?\n\nОтвет.\n\n"
+        "1.2. aptitude\n\nКоманда.\n\n"
+        "Глава 13, Помощь проекту Debian.\n\nЭто ссылка из текста, не заголовок.\n\n"
+        "1.3. Что такое виртуальный пакет?\n\nОтвет.\n"
+    )
+    doc = parse_document(tenant_id="t", doc_id="faq", content=text.encode(), fmt="text")
+    titles = [s.title.split(" › ")[-1] for s in doc.sections]
+    assert "1.1. Что такое пакет и зачем он нужен, если можно собрать программу самому?" in titles
+    assert "1.2. aptitude" in titles
+    assert "1.3. Что такое виртуальный пакет?" in titles
+    assert not any(t.startswith("Глава 13") for t in titles)
+    # A bare number with a lowercase word is a list item, not a heading.
+    doc = parse_document(
+        tenant_id="t", doc_id="l", content=b"1. Intro\n\ntext\n\n2 apples\n\nmore", fmt="text"
+    )
+    assert [s.title for s in doc.sections][-1].endswith("1. Intro")
