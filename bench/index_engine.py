@@ -101,6 +101,7 @@ def run_size(
         hnsw_payload_m=args.payload_m,
         hnsw_on_filter_fields=args.filter_field_hnsw,
         idf_per_tenant=not args.idf_global,
+        hnsw_ef=args.ef,
     )
     res: dict[str, Any] = {"n": n}
     try:
@@ -200,8 +201,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--vocab", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--hnsw-m", type=int, default=16)
-    ap.add_argument("--payload-m", type=int, default=None)
+    ap.add_argument("--hnsw-m", type=int, default=0)
+    ap.add_argument("--payload-m", type=int, default=16)
+    ap.add_argument("--ef", type=int, default=None, help="HNSW search beam (default: engine's)")
     ap.add_argument("--filter-field-hnsw", action="store_true")
     ap.add_argument("--idf-global", action="store_true", help="BM25 IDF over all tenants")
     ap.add_argument("--seed", type=int, default=7)
@@ -217,7 +219,7 @@ def main() -> None:
 
     print(
         f"\nQdrant Edge, dim={args.dim}, {args.tenants} tenants, tenant filter, top-10, "
-        f"hnsw m={args.hnsw_m} payload_m={args.payload_m} "
+        f"hnsw m={args.hnsw_m} payload_m={args.payload_m} ef={args.ef} "
         f"filter-field-hnsw={args.filter_field_hnsw} idf-global={args.idf_global}; latencies in ms (p50 / p95)"
     )
     other = "global" if not args.idf_global else "tenant"

@@ -52,6 +52,7 @@ class InProcessMesh:
         await self._add(
             "retrieval", await retrieval_app.start(RetrievalSettings.from_env(Env(env)))
         )
+        env.setdefault("MCP_PROXY_RETRIEVAL_URL", self.target("retrieval"))
         await self._add("toolsproxy", await tools_app.start(ToolsProxySettings.from_env(Env(env))))
         env.setdefault("MCP_PROXY_URL", self.target("toolsproxy"))
         await self._add("llm", await llm_app.start(LlmSettings.from_env(Env(env))))

@@ -68,6 +68,7 @@ class Mesh:
             "ORCH_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
             "ORCH_LLM_SERVICE_URL": f"127.0.0.1:{p.grpc['llm']}",
             "MCP_PROXY_URL": f"127.0.0.1:{p.grpc['toolsproxy']}",
+            "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
         }
         env.update(self._extra_env)
         return env

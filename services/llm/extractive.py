@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.untrusted import unwrap_untrusted
 from services.llm.model import Anchor, GenerateInput, ToolCallRecord, ToolRunner
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -34,7 +35,7 @@ def best_sentences(text: str, question: str, limit: int = MAX_QUOTED_SENTENCES) 
 
 def _summary(result: dict[str, Any]) -> str:
     pages = f"pp. {result.get('page_start')}–{result.get('page_end')}"
-    size = len(result.get("text", ""))
+    size = len(unwrap_untrusted(result.get("text", "")))
     return f"read {size} characters of {result.get('doc_id')} ({pages})"
 
 
@@ -72,7 +73,7 @@ class ExtractiveResponder:
                     reading = Reading(
                         result.result.get("doc_id", ""),
                         result.result.get("title", ""),
-                        result.result.get("text", ""),
+                        unwrap_untrusted(result.result.get("text", "")),
                         int(result.result.get("page_start", 0)),
                         int(result.result.get("page_end", 0)),
                     )

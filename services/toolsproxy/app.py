@@ -1,23 +1,46 @@
-"""Assembles the tools proxy process."""
+"""Assembles the tools proxy process: every tool behind one executor, gRPC and (optionally) MCP."""
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client import CollectorRegistry
 from visior.toolsproxy.v1 import toolsproxy_pb2_grpc
 
+from services.common.channels import open_channel
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.toolsproxy.cbr import CbrClient, cbr_tool
+from services.toolsproxy.clients import GrpcSearcher
 from services.toolsproxy.config import ToolsProxySettings
+from services.toolsproxy.mcp_server import McpEndpoint
+from services.toolsproxy.ratelimit import RateLimiter
+from services.toolsproxy.search_tools import SearchTools
 from services.toolsproxy.servicer import ToolsProxyServicer
-from services.toolsproxy.tools import DocumentTools, ToolExecutor
+from services.toolsproxy.tavily import TavilyClient, tavily_tool
+from services.toolsproxy.tools import DocumentTools, PrometheusToolMetrics, ToolExecutor
 
 SERVICE_NAMES = ("visior.toolsproxy.v1.ToolsProxyService",)
 
 
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
+    registry = CollectorRegistry()
     store = SqliteDocumentStore(settings.docstore_path)
-    executor = ToolExecutor(DocumentTools(store, settings.limits).tools)
+    retrieval = open_channel(settings.retrieval, settings.server.max_message_bytes)
+    # One HTTP client per external service: its own timeouts, no redirects to elsewhere.
+    cbr_http = httpx.AsyncClient(timeout=settings.cbr.timeout_s, follow_redirects=False)
+    tavily_http = httpx.AsyncClient(timeout=settings.tavily.timeout_s, follow_redirects=False)
+    executor = ToolExecutor(
+        {
+            **DocumentTools(store, settings.limits).tools,
+            **SearchTools(GrpcSearcher(retrieval)).tools,
+            "fetch_cbr_data": cbr_tool(CbrClient(cbr_http, settings.cbr)),
+            "fetch_finance_news": tavily_tool(TavilyClient(settings.tavily, tavily_http)),
+        },
+        limits=settings.limits,
+        rate_limiter=RateLimiter(settings.rate_limits),
+        metrics=PrometheusToolMetrics(registry),
+    )
 
     def register(server):  # type: ignore[no-untyped-def]
         toolsproxy_pb2_grpc.add_ToolsProxyServiceServicer_to_server(
@@ -25,10 +48,19 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.toolsproxy"
+        settings.server, register, SERVICE_NAMES, registry, domain="visior.toolsproxy"
     )
+    endpoint: McpEndpoint | None = None
+    if settings.mcp.enabled:
+        endpoint = McpEndpoint(executor, settings.mcp)
+        await endpoint.start()
 
     async def close() -> None:
+        if endpoint is not None:
+            await endpoint.stop()
+        await retrieval.close()
+        await cbr_http.aclose()
+        await tavily_http.aclose()
         store.close()
 
     return running, close

@@ -1,4 +1,10 @@
-"""A small JSON-schema checker for tool arguments (the subset the tool schemas use)."""
+"""A small JSON-schema checker for tool arguments (the subset the tool schemas use).
+
+Supported: type, minimum, maximum, minLength, maxLength, enum, minItems, maxItems, items,
+properties, required, additionalProperties: false. One extension: `x-maximum-code` on a
+number names the error code of going past its `maximum` (read_chunk_window's radius states
+its limit in the schema and past it answers WINDOW_TOO_LARGE, not INVALID_ARGUMENT).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +20,18 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+
+
 class SchemaError(ValueError):
-    """Arguments do not match the tool's schema; the message names the field."""
+    """Arguments do not match the tool's schema; the message names the field.
+
+    `code` is INVALID_ARGUMENT unless the schema names another for the broken rule.
+    """
+
+    def __init__(self, message: str, code: str = INVALID_ARGUMENT) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _is_type(value: Any, name: str) -> bool:
@@ -37,7 +53,10 @@ def check(schema: dict[str, Any], value: Any, path: str = "arguments") -> Any:
         if "minimum" in schema and value < schema["minimum"]:
             raise SchemaError(f"{path} must be >= {schema['minimum']}")
         if "maximum" in schema and value > schema["maximum"]:
-            raise SchemaError(f"{path} must be <= {schema['maximum']}")
+            raise SchemaError(
+                f"{path} is {value}; the maximum allowed is {schema['maximum']}",
+                schema.get("x-maximum-code", INVALID_ARGUMENT),
+            )
     if kind == "string":
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SchemaError(f"{path} must be at most {schema['maxLength']} characters")
@@ -47,7 +66,11 @@ def check(schema: dict[str, Any], value: Any, path: str = "arguments") -> Any:
             raise SchemaError(f"{path} must be one of {', '.join(schema['enum'])}")
     if kind == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise SchemaError(f"{path} must have at most {schema['maxItems']} items")
+            raise SchemaError(
+                f"{path} has {len(value)} items; at most {schema['maxItems']} allowed"
+            )
+        if schema.get("minItems", 0) > len(value):
+            raise SchemaError(f"{path} must have at least {schema['minItems']} item(s)")
         items = schema.get("items")
         if items:
             value = [check(items, v, f"{path}[{i}]") for i, v in enumerate(value)]

@@ -1,22 +1,75 @@
-"""The document tools: read text from the document store inside the caller's tenant, within limits."""
+"""The tools the model may call, and the rules every tool obeys.
+
+Document tools read the document store inside the caller's tenant. `ToolExecutor` runs any
+tool (document, search or external) under the same rules:
+
+- tenant and user come from `Caller` (the request context), never from arguments: every
+  schema is closed (`additionalProperties: false`) and `tenant_id`/`user_id` arguments are
+  refused before the schema is even looked at;
+- arguments are checked against the tool's JSON schema, whose limits are stated in it;
+- rate limits by calls and by result tokens per `tenant_id:doc_id` (per tenant for calls
+  that name no document), see `ratelimit.py`;
+- every text field of a result (`text`, `content`, `snippet`) counts against the tool's
+  `max_text_bytes`, is trimmed at a character boundary when over (its object gets
+  `truncated: true`, and so does the result), and is returned as delimited data:
+  `<<<DOCUMENT doc_id="…" pages="3-4">>>\\n…\\n<<<END DOCUMENT>>>` with the object labelled
+  `content_type: untrusted_document_text` (`EXTERNAL` / `untrusted_external_text` for tools
+  over external services). Any run of three or more `<` inside data is replaced by as many
+  `‹`, so no document can write the end marker and step out of its delimiters;
+- one JSON log line and one metrics observation per call.
+
+A tool failing is a result (`Outcome` with an error code) the model can react to; a bug
+in a tool propagates (the server turns it into INTERNAL) after being logged and counted.
+"""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+import logging
+import math
+import re
+import time
+from collections import Counter as Multiset
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from services.docstore.model import Document
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS_SECONDS
+from services.common.tokenizer import count_tokens as default_count_tokens
+from services.common.untrusted import (  # re-exported: tests and tools use them from here
+    neutralise_markers,
+    wrap_untrusted,
+)
+from services.docstore.model import Chunk, Document
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation
 from services.toolsproxy.schema import SchemaError, check
 
 ACCESS_DENIED = "ACCESS_DENIED"
 WINDOW_TOO_LARGE = "WINDOW_TOO_LARGE"
+RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
 NOT_FOUND = "NOT_FOUND"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+OK = "OK"
+"""The outcome code of a successful call in logs and metrics."""
+INTERNAL = "INTERNAL"
+"""The outcome code in logs and metrics of a call whose tool raised an unexpected exception."""
+
+MAX_LOCAL_SEARCH_RESULTS = 5
+"""doc_local_search returns at most this many hits (the contract's `max_results` <= 5)."""
+SNIPPET_CHARS = 300
+"""Length of a doc_local_search snippet, in characters."""
+MAX_PAGE_NUMBER = 1_000_000
+IDENTITY_ARGUMENTS = ("tenant_id", "user_id")
+"""Argument names no tool accepts: identity comes from the request context only."""
+TEXT_FIELDS = ("text", "content", "snippet")
+"""Result fields holding untrusted text: limited by max_text_bytes, delimited, token-counted."""
 
 _ID = {"type": "string", "minLength": 1, "maxLength": 200}
+log = logging.getLogger("visior.toolsproxy")
 
 
 @dataclass(frozen=True)
@@ -30,12 +83,20 @@ class Caller:
 
 @dataclass(frozen=True)
 class ToolLimits:
-    """Limits every tool obeys (MCP_PROXY_*)."""
+    """Size limits every tool obeys (MCP_PROXY_*)."""
 
     max_window_radius: int = 3
-    """Per-side radius R of read_chunk_window (2R+1 chunks in all)."""
+    """Per-side radius R of read_chunk_window: 2R+1 chunks in all (MCP_PROXY_MAX_WINDOW_RADIUS)."""
     max_text_bytes: int = 16_384
-    """Largest text in one result; longer text is cut at a character boundary."""
+    """UTF-8 bytes of text in one result; more is cut at a character boundary
+    (MCP_PROXY_MAX_TEXT_BYTES)."""
+    max_pages_per_call: int = 5
+    """Pages one read_doc_pages call may ask for (MCP_PROXY_MAX_PAGES_PER_CALL)."""
+    max_full_documents: int = 10
+    """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    max_full_text_bytes: int = 200_000
+    """UTF-8 bytes of text in one load_documents_full result: 50,000 characters of any script
+    fit (MCP_PROXY_MAX_FULL_TEXT_BYTES)."""
 
 
 class ToolFailure(Exception):
@@ -56,13 +117,27 @@ class Tool:
 
     `run(caller, args)` gets arguments already checked against `schema` and returns the
     result dict, or an awaitable of it (network tools are async); it raises ToolFailure
-    for an error the model can react to.
+    for an error the model can react to. It returns raw text under `text`/`content`/
+    `snippet`; the executor trims, delimits and labels it. `content` says where the text
+    comes from: "document" (the tenant's documents, the knowledge base) or "external"
+    (CBR, Tavily). `max_text_bytes` overrides the executor's per-result limit.
     """
 
     name: str
     description: str
     schema: dict[str, Any]
     run: Callable[[Caller, dict[str, Any]], ToolResult | Awaitable[ToolResult]]
+    content: str = "document"
+    max_text_bytes: int | None = None
+
+
+# --- untrusted text: trimming and delimiting -------------------------------------------------
+
+
+_CONTENT_KINDS = {
+    "document": ("DOCUMENT", "untrusted_document_text"),
+    "external": ("EXTERNAL", "untrusted_external_text"),
+}
 
 
 def trim_text(text: str, max_bytes: int) -> tuple[str, bool]:
@@ -70,59 +145,244 @@ def trim_text(text: str, max_bytes: int) -> tuple[str, bool]:
     data = text.encode("utf-8")
     if len(data) <= max_bytes:
         return text, False
-    return data[:max_bytes].decode("utf-8", errors="ignore"), True
+    return data[: max(0, max_bytes)].decode("utf-8", errors="ignore"), True
+
+
+def _marker_attrs(obj: Mapping[str, Any]) -> dict[str, object]:
+    """What the opening marker says about the text: document, section, chunk, pages, url."""
+
+    def scalar(key: str) -> object | None:
+        v = obj.get(key)
+        return v if isinstance(v, str | int) and not isinstance(v, bool) else None
+
+    attrs: dict[str, object] = {}
+    for key in ("doc_id", "document_id", "section_id", "chunk_id", "url", "source"):
+        if (v := scalar(key)) is not None:
+            attrs["doc_id" if key == "document_id" else key] = v
+    first, last, page = scalar("page_start"), scalar("page_end"), scalar("page")
+    if first is not None and last is not None:
+        attrs["pages"] = f"{first}-{last}" if first != last else first
+    elif page is not None:
+        attrs["pages"] = page
+    return attrs
+
+
+@dataclass
+class ShapedResult:
+    """A result made safe to hand to the model, with what it carries."""
+
+    result: ToolResult
+    truncated: bool = False
+    texts: list[tuple[str | None, str]] = field(default_factory=list)
+    """(doc_id the text came from, if known; the text as returned, without markers)."""
+
+
+class _Shaper:
+    """Walks a result: copies it, neutralises every string, trims, wraps and labels texts."""
+
+    def __init__(self, budget: int, content: str) -> None:
+        self.left = budget
+        self.kind, self.content_type = _CONTENT_KINDS.get(content, _CONTENT_KINDS["document"])
+        self.shaped = ShapedResult({})
+
+    def value(self, v: Any, attrs: dict[str, object]) -> Any:
+        if isinstance(v, dict):
+            return self.obj(v, attrs)
+        if isinstance(v, list | tuple):
+            return [self.value(x, attrs) for x in v]
+        if isinstance(v, str):
+            return neutralise_markers(v)
+        return v
+
+    def obj(self, d: Mapping[str, Any], inherited: dict[str, object]) -> dict[str, Any]:
+        attrs = {**inherited, **_marker_attrs(d)}
+        out: dict[str, Any] = {}
+        holds_text = cut = False
+        for key, v in d.items():
+            if key in TEXT_FIELDS and isinstance(v, str):
+                text, trimmed = trim_text(neutralise_markers(v), self.left)
+                self.left -= len(text.encode("utf-8"))
+                doc = attrs.get("doc_id")
+                self.shaped.texts.append((doc if isinstance(doc, str) else None, text))
+                out[key] = wrap_untrusted(text, self.kind, attrs)
+                holds_text = True
+                cut = cut or trimmed
+            else:
+                out[key] = self.value(v, attrs)
+        if holds_text:
+            out["content_type"] = self.content_type
+            out["truncated"] = cut or d.get("truncated") is True
+            self.shaped.truncated = self.shaped.truncated or cut
+        return out
+
+
+def shape_result(result: Mapping[str, Any], max_text_bytes: int, content: str) -> ShapedResult:
+    """A copy of `result` with its texts trimmed to `max_text_bytes` in all, delimited, labelled.
+
+    The budget counts the text itself (after neutralising), not the markers around it. Texts
+    take the budget in the order they appear; once it is spent, later texts are empty and
+    marked truncated. The result always carries a top-level `truncated`.
+    """
+    shaper = _Shaper(max_text_bytes, content)
+    out = shaper.obj(result, {})
+    out["truncated"] = shaper.shaped.truncated or out.get("truncated") is True
+    shaper.shaped.result = out
+    return shaper.shaped
+
+
+# --- document tools ---------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _terms(text: str) -> list[str]:
+    """Search terms: lower-cased words cut to 6 letters (a crude stem that suits Russian)."""
+    words = _WORD.findall(text.lower().replace("ё", "е"))
+    return [w[:6] for w in words if len(w) > 1 or w.isdigit()]
+
+
+def bm25_scores(
+    query: list[str], docs: list[list[str]], k1: float = 1.2, b: float = 0.75
+) -> list[float]:
+    """Okapi BM25 of every term list in `docs` for the terms of `query`."""
+    n = len(docs)
+    if n == 0:
+        return []
+    avg = sum(len(d) for d in docs) / n or 1.0
+    bags = [Multiset(d) for d in docs]
+    unique = list(dict.fromkeys(query))
+    df = {t: sum(1 for bag in bags if t in bag) for t in unique}
+    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in unique}
+    scores = []
+    for doc, bag in zip(docs, bags, strict=True):
+        norm = k1 * (1 - b + b * len(doc) / avg)
+        scores.append(sum(idf[t] * bag[t] * (k1 + 1) / (bag[t] + norm) for t in unique if bag[t]))
+    return scores
+
+
+def snippet(text: str, terms: list[str], size: int = SNIPPET_CHARS) -> str:
+    """About `size` characters of `text` around the first query term in it, with ellipses."""
+    low = text.lower().replace("ё", "е")
+    found = [i for t in terms if (i := low.find(t)) >= 0]
+    start = max(0, min(found) - size // 3) if found else 0
+    if start > 0:
+        space = text.rfind(" ", 0, start)
+        if space >= 0 and start - space < 40:
+            start = space + 1
+    end = min(len(text), start + size)
+    if end < len(text):
+        space = text.rfind(" ", start, end)
+        if space >= 0 and end - space < 40:
+            end = space
+    return ("…" if start > 0 else "") + text[start:end].strip() + ("…" if end < len(text) else "")
 
 
 class DocumentTools:
-    """read_chunk_window, read_doc_section, read_doc_metadata over a document store."""
+    """The document tools over a document store, every read inside the caller's tenant.
+
+    read_chunk_window, read_doc_section, read_doc_pages, read_doc_metadata,
+    doc_local_search, load_documents_full; `tools` maps their names to `Tool`s.
+    """
 
     def __init__(self, store: SqliteDocumentStore, limits: ToolLimits) -> None:
         self._store = store
         self._limits = limits
         r = limits.max_window_radius
+        per_side = {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": r,
+            "x-maximum-code": WINDOW_TOO_LARGE,
+        }
+        page = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_NUMBER}
+        ids = {
+            "type": "array",
+            "items": _ID,
+            "minItems": 1,
+            "maxItems": limits.max_full_documents,
+        }
         self.tools = {
             t.name: t
             for t in (
                 Tool(
                     "read_chunk_window",
                     "Read the chunks around an anchor chunk of a document: `radius` chunks on "
-                    f"each side (at most {r}), or window_before/window_after.",
-                    {
-                        "type": "object",
-                        "properties": {
+                    f"each side (at most {r}, so at most {2 * r + 1} chunks; fewer at the "
+                    "document's edges), or window_before/window_after. Default radius "
+                    f"{min(1, r)}.",
+                    _object(
+                        {
                             "doc_id": _ID,
                             "anchor_chunk_id": _ID,
-                            "radius": {"type": "integer", "minimum": 0},
-                            "window_before": {"type": "integer", "minimum": 0},
-                            "window_after": {"type": "integer", "minimum": 0},
+                            "radius": per_side,
+                            "window_before": per_side,
+                            "window_after": per_side,
                         },
-                        "required": ["doc_id", "anchor_chunk_id"],
-                        "additionalProperties": False,
-                        "x-max-radius": r,
-                    },
+                        ["doc_id", "anchor_chunk_id"],
+                    ),
                     self.read_chunk_window,
                 ),
                 Tool(
                     "read_doc_section",
                     "Read the full text of one section of a document.",
-                    {
-                        "type": "object",
-                        "properties": {"doc_id": _ID, "section_id": _ID},
-                        "required": ["doc_id", "section_id"],
-                        "additionalProperties": False,
-                    },
+                    _object({"doc_id": _ID, "section_id": _ID}, ["doc_id", "section_id"]),
                     self.read_doc_section,
                 ),
                 Tool(
+                    "read_doc_pages",
+                    "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
+                    f"{limits.max_pages_per_call} pages per call; page_to defaults to "
+                    "page_from and is clamped to the last page.",
+                    _object(
+                        {"doc_id": _ID, "page_from": page, "page_to": page},
+                        ["doc_id", "page_from"],
+                        {"x-max-pages-per-call": limits.max_pages_per_call},
+                    ),
+                    self.read_doc_pages,
+                ),
+                Tool(
                     "read_doc_metadata",
-                    "Read a document's title, page count and sections with their page ranges.",
-                    {
-                        "type": "object",
-                        "properties": {"doc_id": _ID},
-                        "required": ["doc_id"],
-                        "additionalProperties": False,
-                    },
+                    "Read a document's title, page count, tags and sections with their page "
+                    "ranges.",
+                    _object({"doc_id": _ID}, ["doc_id"]),
                     self.read_doc_metadata,
+                ),
+                Tool(
+                    "doc_local_search",
+                    "Keyword search (BM25) inside one document: the best chunks with their "
+                    f"section, pages and a snippet; at most {MAX_LOCAL_SEARCH_RESULTS} results.",
+                    _object(
+                        {
+                            "doc_id": _ID,
+                            "query": {"type": "string", "minLength": 1, "maxLength": 500},
+                            "max_results": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_LOCAL_SEARCH_RESULTS,
+                            },
+                        },
+                        ["doc_id", "query"],
+                    ),
+                    self.doc_local_search,
+                ),
+                Tool(
+                    "load_documents_full",
+                    "Load the whole text of the given documents (at most "
+                    f"{limits.max_full_documents}) for answering from full context, with each "
+                    "document's size in characters and `total_chars` (full context suits up to "
+                    "50,000 characters in all). Give document_ids (alias doc_ids); "
+                    "include_content=false returns the sizes only.",
+                    _object(
+                        {
+                            "document_ids": ids,
+                            "doc_ids": ids,
+                            "include_content": {"type": "boolean"},
+                        },
+                        [],
+                        {"x-max-text-bytes": limits.max_full_text_bytes},
+                    ),
+                    self.load_documents_full,
+                    max_text_bytes=limits.max_full_text_bytes,
                 ),
             )
         }
@@ -135,23 +395,18 @@ class DocumentTools:
             raise ToolFailure(NOT_FOUND, f"document {doc_id!r} not found")
         return doc
 
-    def _text(self, parts: list[str]) -> dict[str, Any]:
-        text, truncated = trim_text("\n\n".join(parts), self._limits.max_text_bytes)
-        return {"text": text, "truncated": truncated}
+    def _all_chunks(self, caller: Caller, doc_id: str) -> list[Chunk]:
+        return self._store.chunk_range(caller.tenant_id, doc_id, 0, 1 << 30)
 
-    def read_chunk_window(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-        r_max = self._limits.max_window_radius
+    def read_chunk_window(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """2R+1 chunks around the anchor (R per side, fewer at the document's edges)."""
         if "radius" in args and ("window_before" in args or "window_after" in args):
             raise ToolFailure(
                 INVALID_ARGUMENT, "give radius or window_before/window_after, not both"
             )
-        before = args.get("window_before", args.get("radius", 1))
-        after = args.get("window_after", args.get("radius", 1))
-        if max(before, after) > r_max:
-            raise ToolFailure(
-                WINDOW_TOO_LARGE,
-                f"asked radius {max(before, after)} per side; allowed at most {r_max}",
-            )
+        default = min(1, self._limits.max_window_radius)
+        before = args.get("window_before", args.get("radius", default))
+        after = args.get("window_after", args.get("radius", default))
         doc = self._doc(caller, args["doc_id"])
         anchor = self._store.chunk_by_id(caller.tenant_id, doc.doc_id, args["anchor_chunk_id"])
         if anchor is None:
@@ -166,13 +421,15 @@ class DocumentTools:
             "title": doc.title,
             "anchor_chunk_id": anchor.chunk_id,
             "radius": {"before": before, "after": after},
+            "max_radius": self._limits.max_window_radius,
             "chunk_ids": [c.chunk_id for c in chunks],
             "page_start": min(c.page_start for c in chunks),
             "page_end": max(c.page_end for c in chunks),
-            **self._text([c.text for c in chunks]),
+            "text": "\n\n".join(c.text for c in chunks),
         }
 
-    def read_doc_section(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    def read_doc_section(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """The text of one section, with its page range."""
         doc = self._doc(caller, args["doc_id"])
         section = next((s for s in doc.sections if s.section_id == args["section_id"]), None)
         if section is None:
@@ -188,10 +445,56 @@ class DocumentTools:
             "title": section.title,
             "page_start": section.page_start,
             "page_end": section.page_end,
-            **self._text([c.text for c in chunks]),
+            "text": "\n\n".join(c.text for c in chunks),
         }
 
-    def read_doc_metadata(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    def read_doc_pages(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """Pages page_from..page_to, one text per page.
+
+        Asking for more than max_pages_per_call pages is INVALID_ARGUMENT (not
+        WINDOW_TOO_LARGE, which callers read as "shrink the chunk radius"); a range starting
+        past the last page is NOT_FOUND; one running past it is clamped.
+        """
+        first = args["page_from"]
+        last = args.get("page_to", first)
+        limit = self._limits.max_pages_per_call
+        if last < first:
+            raise ToolFailure(INVALID_ARGUMENT, f"page_to {last} is before page_from {first}")
+        if last - first + 1 > limit:
+            raise ToolFailure(
+                INVALID_ARGUMENT,
+                f"asked {last - first + 1} pages ({first}-{last}); at most {limit} per call",
+            )
+        doc = self._doc(caller, args["doc_id"])
+        if first > doc.pages:
+            raise ToolFailure(
+                NOT_FOUND, f"page {first} not in {doc.doc_id!r}, which has {doc.pages} page(s)"
+            )
+        last = min(last, doc.pages)
+        pages = [
+            {"page": p.number, "text": p.text}
+            for p in self._store.pages_text(caller.tenant_id, doc.doc_id, first, last)
+        ]
+        if not pages:  # page text not stored (older store files): rebuild pages from chunks
+            chunks = self._all_chunks(caller, doc.doc_id)
+            pages = [
+                {
+                    "page": n,
+                    "text": "\n\n".join(c.text for c in chunks if c.page_start <= n <= c.page_end),
+                }
+                for n in range(first, last + 1)
+            ]
+        return {
+            "doc_id": doc.doc_id,
+            "title": doc.title,
+            "page_start": first,
+            "page_end": last,
+            "pages_in_document": doc.pages,
+            "pages": pages,
+        }
+
+    def read_doc_metadata(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """Title, pages, tags, product, version and sections with their page ranges."""
         doc = self._doc(caller, args["doc_id"])
         return {
             "doc_id": doc.doc_id,
@@ -211,37 +514,278 @@ class DocumentTools:
             ],
         }
 
+    def doc_local_search(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """BM25 over one document's chunks: best chunks with section, pages and snippet."""
+        terms = _terms(args["query"])
+        if not terms:
+            raise ToolFailure(INVALID_ARGUMENT, "query has no words to search for")
+        doc = self._doc(caller, args["doc_id"])
+        chunks = self._all_chunks(caller, doc.doc_id)
+        scores = bm25_scores(terms, [_terms(c.text) for c in chunks])
+        ranked = sorted((i for i, s in enumerate(scores) if s > 0), key=lambda i: (-scores[i], i))
+        titles = {s.section_id: s.title for s in doc.sections}
+        hits = [
+            {
+                "chunk_id": chunks[i].chunk_id,
+                "section_id": chunks[i].section_id,
+                "section_title": titles.get(chunks[i].section_id, ""),
+                "page_start": chunks[i].page_start,
+                "page_end": chunks[i].page_end,
+                "score": round(scores[i], 4),
+                "snippet": snippet(chunks[i].text, terms),
+            }
+            for i in ranked[: args.get("max_results", 3)]
+        ]
+        return {
+            "doc_id": doc.doc_id,
+            "title": doc.title,
+            "query": args["query"],
+            "matching_chunks": len(ranked),
+            "hits": hits,
+        }
+
+    def load_documents_full(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
+        """Whole documents (page texts joined), each with `chars`, and `total_chars`.
+
+        `chars` is the full length of a document's text, before any trimming to the tool's
+        max_text_bytes, so the caller can apply the 50,000-character rule; a document whose
+        text was cut is marked `truncated`. Any document not found fails the whole call.
+        """
+        if ("document_ids" in args) == ("doc_ids" in args):
+            raise ToolFailure(INVALID_ARGUMENT, "give document_ids (or its alias doc_ids)")
+        wanted = list(dict.fromkeys(args.get("document_ids") or args["doc_ids"]))
+        docs = []
+        missing = []
+        for doc_id in wanted:
+            doc = self._store.get_document(caller.tenant_id, doc_id, with_chunks=False)
+            if doc is None:
+                missing.append(doc_id)
+            else:
+                docs.append(doc)
+        if missing:
+            raise ToolFailure(NOT_FOUND, f"document(s) not found: {', '.join(map(repr, missing))}")
+        include = args.get("include_content", True)
+        out = []
+        for doc in docs:
+            pages = self._store.pages_text(caller.tenant_id, doc.doc_id, 1, 1 << 30)
+            if pages:
+                text = "\n\n".join(p.text.strip() for p in pages if p.text.strip())
+            else:
+                text = "\n\n".join(c.text for c in self._all_chunks(caller, doc.doc_id))
+            entry: dict[str, Any] = {
+                "document_id": doc.doc_id,
+                "title": doc.title,
+                "pages": doc.pages,
+                "chars": len(text),
+            }
+            if include:
+                entry["content"] = text
+            out.append(entry)
+        return {"documents": out, "total_chars": sum(d["chars"] for d in out)}
+
+
+def _object(
+    properties: dict[str, Any], required: list[str], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A closed object schema: unknown arguments (a tenant_id among them) are refused."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+        **(extra or {}),
+    }
+
+
+# --- the executor -----------------------------------------------------------------------------
+
+
+class ToolMetrics(Protocol):
+    """Receives one observation per tool call."""
+
+    def observe(
+        self, tool: str, tenant_id: str, outcome_code: str, latency_s: float, tokens: int
+    ) -> None:
+        """`outcome_code` is OK, an error code, or INTERNAL; `tokens` those of the result text."""
+
+
+class NoMetrics:
+    """Discards observations."""
+
+    def observe(
+        self, tool: str, tenant_id: str, outcome_code: str, latency_s: float, tokens: int
+    ) -> None:
+        return None
+
+
+class PrometheusToolMetrics:
+    """visior_tool_calls_total{tool,outcome}, visior_tool_call_seconds{tool},
+    visior_tool_result_tokens_total{tool}.
+
+    The tenant is not a label (unbounded cardinality); it is in the per-call log line.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "visior_tool_calls_total", "Tool calls, by outcome code.", ["tool", "outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.seconds = Histogram(
+            "visior_tool_call_seconds", "Time to run a tool call, in seconds.", ["tool"],
+            buckets=LATENCY_BUCKETS_SECONDS, registry=registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "visior_tool_result_tokens_total", "Tokens of text returned by tools.", ["tool"],
+            registry=registry,
+        )  # fmt: skip
+
+    def observe(
+        self, tool: str, tenant_id: str, outcome_code: str, latency_s: float, tokens: int
+    ) -> None:
+        self.calls.labels(tool, outcome_code).inc()
+        self.seconds.labels(tool).observe(latency_s)
+        if tokens:
+            self.tokens.labels(tool).inc(tokens)
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """{status, result | error}."""
+    """{status, result | error}; `retry_after_s` is set with RATE_LIMIT_EXCEEDED."""
 
     status: str
     result: dict[str, Any] | None = None
     error_code: str = ""
     error_message: str = ""
+    retry_after_s: int = 0
+
+
+def _error(code: str, message: str, retry_after_s: int = 0) -> Outcome:
+    return Outcome("error", error_code=code, error_message=message, retry_after_s=retry_after_s)
+
+
+def _named_documents(args: Mapping[str, Any]) -> list[str]:
+    """The doc ids a call names (doc_id, document_ids, doc_ids): its rate-limit keys."""
+    ids: list[str] = []
+    if isinstance(args.get("doc_id"), str):
+        ids.append(args["doc_id"])
+    for key in ("document_ids", "doc_ids"):
+        if isinstance(args.get(key), list):
+            ids.extend(v for v in args[key] if isinstance(v, str))
+    return list(dict.fromkeys(ids))
+
+
+def check_tool(tool: Tool) -> None:
+    """Raise ValueError unless the tool's schema is closed and takes no identity arguments."""
+    schema = tool.schema
+    if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
+        raise ValueError(
+            f"tool {tool.name}: schema must be an object with additionalProperties false"
+        )
+    named = set(IDENTITY_ARGUMENTS) & set(schema.get("properties", {}))
+    if named:
+        raise ValueError(f"tool {tool.name}: identity comes from the caller, not {sorted(named)}")
+    if tool.content not in _CONTENT_KINDS:
+        raise ValueError(f"tool {tool.name}: content must be one of {sorted(_CONTENT_KINDS)}")
 
 
 class ToolExecutor:
-    """Looks a tool up, checks the caller and arguments, runs it; failures become results."""
+    """Looks a tool up, checks caller and arguments, applies limits, runs it, shapes the result.
 
-    def __init__(self, tools: dict[str, Tool]) -> None:
-        self._tools = tools
+    `limits.max_text_bytes` caps the text of every result (a tool's own `max_text_bytes`
+    overrides it); `rate_limiter` defaults to RateLimiter() with the default limits;
+    `count_tokens` counts result tokens for the token rate limit and metrics.
+    Raises ValueError at construction for a tool that breaks the rules (see `check_tool`).
+    """
+
+    def __init__(
+        self,
+        tools: dict[str, Tool],
+        *,
+        limits: ToolLimits | None = None,
+        rate_limiter: RateLimiter | None = None,
+        metrics: ToolMetrics | None = None,
+        count_tokens: Callable[[str], int] = default_count_tokens,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        for tool in tools.values():
+            check_tool(tool)
+        self._tools = dict(tools)
+        self._limits = limits or ToolLimits()
+        self._limiter = rate_limiter or RateLimiter()
+        self._metrics: ToolMetrics = metrics or NoMetrics()
+        self._count_tokens = count_tokens
+        self._timer = timer
 
     def catalogue(self) -> list[Tool]:
+        """Every tool, by name."""
         return sorted(self._tools.values(), key=lambda t: t.name)
 
     async def execute(self, name: str, arguments: dict[str, Any], caller: Caller) -> Outcome:
+        """Run tool `name` for `caller`; every failure the caller can cause is an Outcome."""
+        started = self._timer()
+        label = name if name in self._tools else "unknown"
+        code, tokens, truncated = INTERNAL, 0, False
+        try:
+            outcome, tokens = await self._execute(name, arguments, caller)
+            code = OK if outcome.status == "ok" else outcome.error_code
+            truncated = bool(outcome.result and outcome.result.get("truncated"))
+            return outcome
+        finally:
+            latency = max(0.0, self._timer() - started)
+            self._metrics.observe(label, caller.tenant_id, code, latency, tokens)
+            log.log(
+                logging.ERROR if code == INTERNAL else logging.INFO,
+                "tool_call",
+                extra={
+                    "tool": label,
+                    "tenant_id": caller.tenant_id,
+                    "user_id": caller.user_id,
+                    "trace_id": caller.trace_id or None,
+                    "latency_ms": round(latency * 1000, 3),
+                    "outcome": code,
+                    "tokens": tokens,
+                    "truncated": truncated,
+                },
+            )
+
+    async def _execute(
+        self, name: str, arguments: dict[str, Any], caller: Caller
+    ) -> tuple[Outcome, int]:
         tool = self._tools.get(name)
         if tool is None:
-            return Outcome("error", error_code=NOT_FOUND, error_message=f"unknown tool {name!r}")
+            return _error(NOT_FOUND, f"unknown tool {name!r}"), 0
+        if not caller.tenant_id.strip():
+            return _error(ACCESS_DENIED, "the request carries no tenant"), 0
+        if isinstance(arguments, dict):
+            named = [k for k in IDENTITY_ARGUMENTS if k in arguments]
+            if named:
+                return _error(
+                    INVALID_ARGUMENT,
+                    f"{', '.join(named)} cannot be a tool argument: it comes from the request",
+                ), 0
         try:
             args = check(tool.schema, arguments)
-            result = tool.run(caller, args)
-            if inspect.isawaitable(result):
-                result = await result
-            return Outcome("ok", result=result)
         except SchemaError as exc:
-            return Outcome("error", error_code=INVALID_ARGUMENT, error_message=str(exc))
+            return _error(exc.code, str(exc)), 0
+        try:
+            reservation = self._limiter.acquire(caller.tenant_id, _named_documents(args))
+        except RateLimitExceeded as exc:
+            return _error(RATE_LIMIT_EXCEEDED, str(exc), exc.retry_after_s), 0
+        try:
+            raw = tool.run(caller, args)
+            if inspect.isawaitable(raw):
+                raw = await raw
         except ToolFailure as exc:
-            return Outcome("error", error_code=exc.code, error_message=exc.message)
+            return _error(exc.code, exc.message), 0
+        budget = tool.max_text_bytes or self._limits.max_text_bytes
+        shaped = shape_result(raw, budget, tool.content)
+        return Outcome("ok", result=shaped.result), self._charge(reservation, shaped)
+
+    def _charge(self, reservation: Reservation, shaped: ShapedResult) -> int:
+        """Count the result's tokens and charge them to the documents they came from."""
+        total = 0
+        for doc_id, text in shaped.texts:
+            tokens = self._count_tokens(text) if text else 0
+            reservation.charge(tokens, doc_id)
+            total += tokens
+        return total

@@ -1,12 +1,16 @@
 import dataclasses
 import math
 import os
+import pathlib
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,8 +78,8 @@ def pt(
     )
 
 
-CONTRACT = {"product": "orion", "version": "1.0", "tags": ("legal",)}
-MANUAL = {"product": "visor", "version": "2.0", "tags": ("admin", "ldap")}
+CONTRACT: dict[str, Any] = {"product": "orion", "version": "1.0", "tags": ("legal",)}
+MANUAL: dict[str, Any] = {"product": "visor", "version": "2.0", "tags": ("admin", "ldap")}
 
 CORPUS = [
     pt("a", "contract", "c1", "Договор поставки оборудования заключается на один год", **CONTRACT),
@@ -147,6 +151,17 @@ CORPUS = [
 A_CHUNKS = {"c1", "c2", "c3", "m1", "k1"}
 
 
+@pytest.fixture
+def tmp_path(tmp_path):
+    """Shards on tmpfs where there is one: opening a shard on a busy disk waits on fsyncs."""
+    if not os.access("/dev/shm", os.W_OK):
+        yield tmp_path
+        return
+    path = tempfile.mkdtemp(prefix="test-index-", dir="/dev/shm")
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def make_edge(tmp_path) -> EdgeIndex:
     return EdgeIndex(str(tmp_path / "shard"), DIM, encoder=ENCODER)
 
@@ -157,10 +172,26 @@ def make_server(tmp_path) -> QdrantServerIndex:
 
 @pytest.fixture(params=["edge", "server"])
 def index(request, tmp_path):
+    """A fresh index per test, for tests that write."""
     idx = make_edge(tmp_path) if request.param == "edge" else make_server(tmp_path)
     idx.upsert(CORPUS)
     yield idx
     idx.close()
+
+
+@pytest.fixture(scope="module", params=["edge", "server"])
+def ro_index(request, tmp_path_factory):
+    """One index per backend shared by the read-only tests (opening a shard costs fsyncs)."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="test-index-", dir=_fast_dir(tmp_path_factory)))
+    idx = make_edge(tmp) if request.param == "edge" else make_server(tmp)
+    idx.upsert(CORPUS)
+    yield idx
+    idx.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fast_dir(tmp_path_factory) -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else str(tmp_path_factory.getbasetemp())
 
 
 def chunk_ids(hits) -> set[str]:
@@ -170,8 +201,8 @@ def chunk_ids(hits) -> set[str]:
 # -- search ----------------------------------------------------------------------------------
 
 
-def test_dense_finds_the_chunk_with_its_payload(index):
-    hits = index.search_dense(vec("a/c2/chunk"), IndexFilter("a"), 3)
+def test_dense_finds_the_chunk_with_its_payload(ro_index):
+    hits = ro_index.search_dense(vec("a/c2/chunk"), IndexFilter("a"), 3)
     top = hits[0]
     assert top.chunk_id == "c2"
     assert top.score == pytest.approx(1.0, abs=1e-4)
@@ -198,8 +229,8 @@ def test_dense_finds_the_chunk_with_its_payload(index):
         assert got[key] == want[key], key
 
 
-def test_sparse_finds_the_chunk(index):
-    hits = index.search_sparse("invoice payment", IndexFilter("a"), 5)
+def test_sparse_finds_the_chunk(ro_index):
+    hits = ro_index.search_sparse("invoice payment", IndexFilter("a"), 5)
     assert hits[0].chunk_id == "c2"
     assert hits[0].score > 0
 
@@ -214,27 +245,27 @@ def test_sparse_finds_the_chunk(index):
         ("integrations", "m1"),
     ],
 )
-def test_sparse_understands_russian_and_english_morphology(index, query, chunk):
-    hits = index.search_sparse(query, IndexFilter("a"), 5)
+def test_sparse_understands_russian_and_english_morphology(ro_index, query, chunk):
+    hits = ro_index.search_sparse(query, IndexFilter("a"), 5)
     assert hits, query
     assert hits[0].chunk_id == chunk
 
 
-def test_sparse_query_without_terms_returns_nothing(index):
-    assert index.search_sparse("и на the of", IndexFilter("a"), 5) == []
-    assert index.search_sparse("", IndexFilter("a"), 5) == []
+def test_sparse_query_without_terms_returns_nothing(ro_index):
+    assert ro_index.search_sparse("и на the of", IndexFilter("a"), 5) == []
+    assert ro_index.search_sparse("", IndexFilter("a"), 5) == []
 
 
-def test_limit(index):
-    assert len(index.search_dense(vec("x"), IndexFilter("a"), 2)) == 2
-    assert index.search_dense(vec("x"), IndexFilter("a"), 0) == []
+def test_limit(ro_index):
+    assert len(ro_index.search_dense(vec("x"), IndexFilter("a"), 2)) == 2
+    assert ro_index.search_dense(vec("x"), IndexFilter("a"), 0) == []
     with pytest.raises(ValueError):
-        index.search_dense(vec("x"), IndexFilter("a"), -1)
+        ro_index.search_dense(vec("x"), IndexFilter("a"), -1)
 
 
-def test_dense_query_of_wrong_dimension_is_refused(index):
+def test_dense_query_of_wrong_dimension_is_refused(ro_index):
     with pytest.raises(ValueError):
-        index.search_dense(np.ones(DIM + 1, dtype=np.float32), IndexFilter("a"), 3)
+        ro_index.search_dense(np.ones(DIM + 1, dtype=np.float32), IndexFilter("a"), 3)
 
 
 # -- tenant isolation ------------------------------------------------------------------------
@@ -253,26 +284,26 @@ A_NAMED_FILTERS = [
 
 
 @pytest.mark.parametrize("extra", A_NAMED_FILTERS)
-def test_tenant_b_never_sees_tenant_a(index, extra):
+def test_tenant_b_never_sees_tenant_a(ro_index, extra):
     flt = IndexFilter("b", **extra)
     a_texts = [p.text for p in CORPUS if p.tenant_id == "a"]
-    results = [index.search_sparse(t, flt, 50) for t in a_texts]
-    results += [index.search_dense(p.dense, flt, 50) for p in CORPUS if p.tenant_id == "a"]
+    results = [ro_index.search_sparse(t, flt, 50) for t in a_texts]
+    results += [ro_index.search_dense(p.dense, flt, 50) for p in CORPUS if p.tenant_id == "a"]
     seen = [h for hits in results for h in hits]
     assert all(h.tenant_id == "b" for h in seen)
     assert not chunk_ids(seen) & A_CHUNKS
 
 
-def test_tenant_b_gets_its_own_document_with_the_same_doc_id(index):
-    hits = index.search_dense(vec("a/c1/chunk"), IndexFilter("b", doc_ids=("contract",)), 50)
+def test_tenant_b_gets_its_own_document_with_the_same_doc_id(ro_index):
+    hits = ro_index.search_dense(vec("a/c1/chunk"), IndexFilter("b", doc_ids=("contract",)), 50)
     assert [(h.tenant_id, h.chunk_id) for h in hits] == [("b", "b1")]
 
 
-def test_an_unknown_tenant_sees_nothing(index):
-    assert index.search_dense(vec("a/c1/chunk"), IndexFilter("c", kinds=KINDS), 50) == []
-    assert index.search_sparse("договор", IndexFilter("c", kinds=KINDS), 50) == []
-    assert index.count("c") == 0
-    assert index.document_generations("c") == {}
+def test_an_unknown_tenant_sees_nothing(ro_index):
+    assert ro_index.search_dense(vec("a/c1/chunk"), IndexFilter("c", kinds=KINDS), 50) == []
+    assert ro_index.search_sparse("договор", IndexFilter("c", kinds=KINDS), 50) == []
+    assert ro_index.count("c") == 0
+    assert ro_index.document_generations("c") == {}
 
 
 @pytest.mark.parametrize("tenant", ["", "   "])
@@ -281,13 +312,13 @@ def test_a_filter_without_tenant_raises(tenant):
         IndexFilter(tenant)
 
 
-def test_a_forged_filter_without_tenant_is_refused_by_the_backend(index):
+def test_a_forged_filter_without_tenant_is_refused_by_the_backend(ro_index):
     flt = IndexFilter("a")
     object.__setattr__(flt, "tenant_id", "")
     with pytest.raises(InvalidFilterError):
-        index.search_dense(vec("a/c1/chunk"), flt, 5)
+        ro_index.search_dense(vec("a/c1/chunk"), flt, 5)
     with pytest.raises(InvalidFilterError):
-        index.search_sparse("договор", flt, 5)
+        ro_index.search_sparse("договор", flt, 5)
 
 
 def test_tenant_scoped_operations_refuse_an_empty_tenant(index):
@@ -334,18 +365,18 @@ def test_malformed_filters_raise(kw):
         ({"kinds": KINDS}, A_CHUNKS | {"sec-s1", "sec-s2", "doc"}),
     ],
 )
-def test_every_filter_field(index, kw, expected):
+def test_every_filter_field(ro_index, kw, expected):
     flt = IndexFilter("a", **kw)
-    assert chunk_ids(index.search_dense(vec("q"), flt, 50)) == expected
+    assert chunk_ids(ro_index.search_dense(vec("q"), flt, 50)) == expected
     # sparse obeys the same filter: a query that matches every point's language mix
     words = " ".join(p.text for p in CORPUS)
-    assert chunk_ids(index.search_sparse(words, flt, 50)) == expected
+    assert chunk_ids(ro_index.search_sparse(words, flt, 50)) == expected
 
 
-def test_kinds_default_to_chunks(index):
-    hits = index.search_sparse("payment terms", IndexFilter("a"), 50)
+def test_kinds_default_to_chunks(ro_index):
+    hits = ro_index.search_sparse("payment terms", IndexFilter("a"), 50)
     assert {h.kind for h in hits} == {"chunk"}
-    hits = index.search_sparse("payment terms", IndexFilter("a", kinds=("section",)), 50)
+    hits = ro_index.search_sparse("payment terms", IndexFilter("a", kinds=("section",)), 50)
     assert [h.chunk_id for h in hits] == ["sec-s2"]
 
 

@@ -295,7 +295,7 @@ class VectorIndex(Protocol):
     dim: int
 
     def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by point_id (durable when it returns)."""
+        """Insert or replace points by point_id; visible and crash-safe when it returns."""
         ...
 
     def delete_document(

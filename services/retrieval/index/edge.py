@@ -15,8 +15,8 @@ from services.retrieval.index.base import (
     DENSE_VECTOR,
     KEYWORD_FIELDS,
     KINDS,
-    SPARSE_VECTOR,
     SCOPE_FIELD,
+    SPARSE_VECTOR,
     TENANT_FIELD,
     FieldMatch,
     IndexFilter,
@@ -202,7 +202,7 @@ class EdgeIndex:
     # -- VectorIndex -----------------------------------------------------------------------
 
     def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by id; durable (WAL) when it returns."""
+        """Insert or replace points by id; in the WAL when it returns (survives a process crash)."""
         batch: list[qe.Point] = []
         for p in points:
             dense = validate_point(p, self.dim)

@@ -17,8 +17,8 @@ from services.retrieval.index.base import (
     DENSE_VECTOR,
     KEYWORD_FIELDS,
     KINDS,
-    SPARSE_VECTOR,
     SCOPE_FIELD,
+    SPARSE_VECTOR,
     TENANT_FIELD,
     FieldMatch,
     IndexFilter,
@@ -231,7 +231,6 @@ class QdrantServerIndex:
             indexes: list[tuple[str, models.KeywordIndexParams]] = [
                 (SCOPE_FIELD, models.KeywordIndexParams(type=kw, is_tenant=True)),
                 (
-                    SCOPE_FIELD,
                     TENANT_FIELD,
                     models.KeywordIndexParams(type=kw, is_tenant=True, enable_hnsw=False),
                 ),

@@ -1,0 +1,851 @@
+"""fetch_cbr_data: the Bank of Russia DailyInfo SOAP service (rates, key rate, news) as a tool.
+
+The bank answers SOAP 1.1 with ADO.NET DataSets: an ``xs:schema`` followed by a
+``diffgr:diffgram`` that holds the rows (``ValuteData/ValuteCursOnDate``,
+``ValuteData/ValuteCursDynamic``, ``KeyRate/KR``, ``NewsInfo/News``,
+``ValuteData/EnumValutes``). ``CbrClient`` posts the envelopes, parses the rows, caches
+answers, retries once on 5xx / connection errors and sits behind a circuit breaker;
+``cbr_tool`` turns it into the ``fetch_cbr_data`` tool with validated arguments and a
+normalised JSON result marked as external data: `external_data: true`, a `source`, and a
+one-paragraph `text` that the tool executor delimits as untrusted external text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+import xml.etree.ElementTree as ET
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+from xml.sax.saxutils import escape
+
+import httpx
+
+from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.settings import Env, SettingsError
+from services.toolsproxy.tools import Caller, Tool, ToolFailure
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "https://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"
+SITE = "https://www.cbr.ru"
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+NOT_FOUND = "NOT_FOUND"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+
+SOAP_NS = "http://schemas.xmlsoap.org/soap/envelope/"
+CBR_NS = "http://web.cbr.ru/"
+DIFFGRAM_NS = "urn:schemas-microsoft-com:xml-diffgram-v1"
+XS_NS = "http://www.w3.org/2001/XMLSchema"
+MSPROP_NS = "urn:schemas-microsoft-com:xml-msprop"
+
+MOSCOW = timezone(timedelta(hours=3), "MSK")
+"""The bank publishes on Moscow time (UTC+3, no daylight saving since 2014)."""
+EARLIEST_DATE = date(1992, 7, 1)
+"""The first day of the bank's official rate series; earlier dates are refused."""
+
+OPERATIONS = ("rates_on_date", "rates_dynamic", "key_rate", "news")
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_ISO_CODE = re.compile(r"^[A-Z]{3}$")
+_BANK_CODE = re.compile(r"^R\d{5}[A-Z]?$")
+
+COMMON_CURRENCIES: Mapping[str, str] = {
+    "USD": "R01235",
+    "EUR": "R01239",
+    "CNY": "R01375",
+    "GBP": "R01035",
+    "JPY": "R01820",
+    "CHF": "R01775",
+    "KZT": "R01335",
+    "BYN": "R01090B",
+    "TRY": "R01700J",
+    "AED": "R01230",
+    "INR": "R01270",
+    "HKD": "R01200",
+    "AMD": "R01060",
+    "AZN": "R01020A",
+    "UZS": "R01717",
+    "KGS": "R01370",
+    "AUD": "R01010",
+    "CAD": "R01350",
+}
+"""ISO 4217 letter code -> the bank's internal code for the currencies asked about most;
+any other is resolved through the bank's own EnumValutes list."""
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CbrSettings:
+    """How the proxy reaches the Bank of Russia DailyInfo service (MCP_PROXY_CBR_*)."""
+
+    url: str = DEFAULT_URL
+    """SOAP endpoint (MCP_PROXY_CBR_URL); https, or http only to a loopback host (tests)."""
+    timeout_s: float = 10.0
+    """Timeout of one HTTP request (MCP_PROXY_CBR_TIMEOUT_S)."""
+    cache_ttl_s: float = 900.0
+    """How long an answer is served from memory (MCP_PROXY_CBR_CACHE_TTL_S); 0 disables."""
+    cache_max_entries: int = 512
+    """Most answers kept in memory (MCP_PROXY_CBR_CACHE_MAX_ENTRIES); oldest go first."""
+    retries: int = 1
+    """Extra attempts after a 5xx or a connection error (MCP_PROXY_CBR_RETRIES)."""
+    retry_delay_s: float = 0.2
+    """Pause before a retry (MCP_PROXY_CBR_RETRY_DELAY_S)."""
+    breaker_failures: int = 3
+    """Failed calls in a row that open the circuit (MCP_PROXY_CBR_BREAKER_FAILURES, 1-5)."""
+    breaker_reset_s: float = 30.0
+    """How long the circuit stays open before one trial call (MCP_PROXY_CBR_BREAKER_RESET_S)."""
+    max_range_days: int = 366
+    """Longest date_to - date_from in days (MCP_PROXY_CBR_MAX_RANGE_DAYS)."""
+    max_items: int = 400
+    """Most items in one result; the newest are kept (MCP_PROXY_CBR_MAX_ITEMS)."""
+    max_response_bytes: int = 4 * 1024 * 1024
+    """Largest SOAP answer read from the bank (MCP_PROXY_CBR_MAX_RESPONSE_BYTES)."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+            raise SettingsError(
+                f"MCP_PROXY_CBR_URL={self.url!r} must be an https URL (http only to localhost)"
+            )
+        if not 1 <= self.breaker_failures <= 5:
+            raise SettingsError("MCP_PROXY_CBR_BREAKER_FAILURES must be between 1 and 5")
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> CbrSettings:
+        """Read MCP_PROXY_CBR_* (defaults as the fields say)."""
+        env = env or Env()
+        return cls(
+            url=env.text("MCP_PROXY_CBR_URL", DEFAULT_URL),
+            timeout_s=env.number("MCP_PROXY_CBR_TIMEOUT_S", 10.0, minimum=0.01),
+            cache_ttl_s=env.number("MCP_PROXY_CBR_CACHE_TTL_S", 900.0, minimum=0.0),
+            cache_max_entries=env.integer(
+                "MCP_PROXY_CBR_CACHE_MAX_ENTRIES", 512, minimum=1, maximum=100_000
+            ),
+            retries=env.integer("MCP_PROXY_CBR_RETRIES", 1, minimum=0, maximum=3),
+            retry_delay_s=env.number("MCP_PROXY_CBR_RETRY_DELAY_S", 0.2, minimum=0.0),
+            breaker_failures=env.integer("MCP_PROXY_CBR_BREAKER_FAILURES", 3, minimum=1, maximum=5),
+            breaker_reset_s=env.number("MCP_PROXY_CBR_BREAKER_RESET_S", 30.0, minimum=0.0),
+            max_range_days=env.integer(
+                "MCP_PROXY_CBR_MAX_RANGE_DAYS", 366, minimum=1, maximum=3660
+            ),
+            max_items=env.integer("MCP_PROXY_CBR_MAX_ITEMS", 400, minimum=1, maximum=10_000),
+            max_response_bytes=env.integer(
+                "MCP_PROXY_CBR_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, minimum=1024
+            ),
+        )
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class CbrUnavailableError(ToolFailure):
+    """The bank cannot be reached or answered badly; `retry_in_s` says when to try again."""
+
+    def __init__(self, retry_in_s: int, reason: str = "") -> None:
+        detail = f" ({reason})" if reason else ""
+        super().__init__(
+            UPSTREAM_UNAVAILABLE,
+            f"the Bank of Russia service is unavailable right now{detail}; "
+            f"try again in {retry_in_s} s",
+        )
+        self.retry_in_s = retry_in_s
+
+
+class CbrRequestError(ToolFailure):
+    """The bank refused the request itself (a soap:Client fault): not worth retrying."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            INVALID_ARGUMENT, f"the Bank of Russia service refused the request: {message}"
+        )
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way a second attempt may fix (5xx, connection refused)."""
+
+
+class _Fatal(Exception):
+    """One attempt failed in a way a second attempt will not fix (timeout, bad answer)."""
+
+
+# -- argument validation ------------------------------------------------------------------
+
+
+def parse_date(value: str, field_name: str) -> date:
+    """`YYYY-MM-DD` -> date; anything else (or an impossible day) is INVALID_ARGUMENT."""
+    if not _DATE.match(value):
+        raise ToolFailure(
+            INVALID_ARGUMENT, f"{field_name} must be a date as YYYY-MM-DD, got {value!r}"
+        )
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise ToolFailure(
+            INVALID_ARGUMENT, f"{field_name} {value!r} is not a calendar date"
+        ) from None
+
+
+def check_day(day: date, field_name: str, today: date) -> None:
+    """A day the bank can have data for: from EARLIEST_DATE to tomorrow (Moscow time).
+
+    Tomorrow is allowed because the bank sets the next day's rates in the afternoon.
+    """
+    if day < EARLIEST_DATE:
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"{field_name} {day.isoformat()} is before {EARLIEST_DATE.isoformat()}, "
+            "the start of the bank's data",
+        )
+    if day > today + timedelta(days=1):
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"{field_name} {day.isoformat()} is in the future; the latest date with data is "
+            f"{(today + timedelta(days=1)).isoformat()}",
+        )
+
+
+def check_range(date_from: date, date_to: date, today: date, max_days: int) -> None:
+    """Both days valid, from <= to, and at most `max_days` apart."""
+    check_day(date_from, "date_from", today)
+    check_day(date_to, "date_to", today)
+    if date_from > date_to:
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"date_from {date_from.isoformat()} is after date_to {date_to.isoformat()}",
+        )
+    span = (date_to - date_from).days
+    if span > max_days:
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"the range is {span} days; at most {max_days} days per call "
+            "(split the period into several calls)",
+        )
+
+
+def normalise_currency(value: str) -> str:
+    """Upper-cased code if it looks like ISO 4217 letters (USD) or a bank code (R01235)."""
+    code = value.strip().upper()
+    if code == "RUB":
+        raise ToolFailure(
+            INVALID_ARGUMENT, "rates are quoted in roubles (RUB); ask for another currency"
+        )
+    if not (_ISO_CODE.match(code) or _BANK_CODE.match(code)):
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"currency {value!r} must be an ISO 4217 letter code such as USD "
+            "or the bank's internal code such as R01235",
+        )
+    return code
+
+
+# -- parsed answers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Currency:
+    """A currency both ways: ISO letters and the bank's internal code."""
+
+    iso: str
+    code: str
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """Rows of one DataSet answer (child element name -> stripped text) and its properties."""
+
+    rows: tuple[dict[str, str], ...]
+    properties: dict[str, str] = field(default_factory=dict)
+    """msprop:* attributes of the dataset's schema element, e.g. OnDate=20240116."""
+
+
+def _number(text: str | None) -> float | None:
+    if text is None or text == "":
+        return None
+    try:
+        return float(text.replace(",", "."))
+    except ValueError:
+        return None
+
+
+def _integer(text: str | None) -> int | None:
+    value = _number(text)
+    return None if value is None else int(value)
+
+
+def _rate(row: Mapping[str, str]) -> tuple[int | None, float | None, float | None]:
+    """(Vnom, Vcurs, VunitRate) of a rate row; the unit rate computed when the bank omits it."""
+    nominal = _integer(row.get("Vnom"))
+    value = _number(row.get("Vcurs"))
+    unit = _number(row.get("VunitRate"))
+    if unit is None and value is not None and nominal:
+        unit = round(value / nominal, 8)
+    return nominal, value, unit
+
+
+def _day(text: str | None) -> str | None:
+    """'2024-01-16T00:00:00+03:00' -> '2024-01-16' (the bank's dates are Moscow days)."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).date().isoformat()
+    except ValueError:
+        return None
+
+
+def _soap_day(day: date) -> str:
+    return f"{day.isoformat()}T00:00:00"
+
+
+def _envelope(operation: str, params: tuple[tuple[str, str], ...]) -> bytes:
+    body = "".join(f"<{name}>{escape(value)}</{name}>" for name, value in params)
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>'
+        '<soap:Envelope xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+        'xmlns:xsd="http://www.w3.org/2001/XMLSchema" '
+        f'xmlns:soap="{SOAP_NS}">'
+        f'<soap:Body><{operation} xmlns="{CBR_NS}">{body}</{operation}></soap:Body>'
+        "</soap:Envelope>"
+    ).encode()
+
+
+def parse_fault(root: ET.Element) -> tuple[str, str] | None:
+    """(faultcode, faultstring) of a SOAP 1.1 Fault, or None."""
+    fault = root.find(f"{{{SOAP_NS}}}Body/{{{SOAP_NS}}}Fault")
+    if fault is None:
+        return None
+    code = (fault.findtext("faultcode") or "").strip()
+    text = (fault.findtext("faultstring") or "").strip()
+    return code, text
+
+
+def parse_dataset(root: ET.Element, operation: str, row_tag: str) -> DataSet:
+    """The rows named `row_tag` of <Op>Response/<Op>Result's diffgram; ValueError if absent."""
+    result = root.find(
+        f"{{{SOAP_NS}}}Body/{{{CBR_NS}}}{operation}Response/{{{CBR_NS}}}{operation}Result"
+    )
+    if result is None:
+        raise ValueError(f"no {operation}Result in the answer")
+    properties: dict[str, str] = {}
+    for element in result.iter(f"{{{XS_NS}}}element"):
+        for key, value in element.attrib.items():
+            if key.startswith(f"{{{MSPROP_NS}}}"):
+                properties[key.split("}", 1)[1]] = value
+        break  # the dataset element comes first; its msprop:* are the dataset's properties
+    diffgram = result.find(f"{{{DIFFGRAM_NS}}}diffgram")
+    if diffgram is None:
+        raise ValueError(f"no diffgram in {operation}Result")
+    rows: list[dict[str, str]] = []
+    for dataset in diffgram:  # zero (no data) or one dataset element
+        for row in dataset:
+            if row.tag == row_tag:
+                rows.append({child.tag: (child.text or "").strip() for child in row})
+    return DataSet(tuple(rows), properties)
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+class CbrClient:
+    """Async client of the DailyInfo SOAP service with a TTL cache, one retry and a breaker.
+
+    `clock` (monotonic seconds) drives the cache and the breaker; `now` (an aware
+    datetime) decides what "today" is in Moscow. Both are injected so tests step time.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        settings: CbrSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self._http = http
+        self.settings = settings
+        self._clock = clock
+        self._now = now
+        self.breaker = breaker or CircuitBreaker(
+            "cbr",
+            failure_threshold=settings.breaker_failures,
+            reset_after_s=settings.breaker_reset_s,
+            clock=clock,
+        )
+        self._cache: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, DataSet]]
+        self._cache = OrderedDict()
+        self.upstream_calls = 0
+        """HTTP requests sent (retries included); for metrics and tests."""
+
+    def today(self) -> date:
+        """Today in Moscow, the bank's calendar."""
+        return self._now().astimezone(MOSCOW).date()
+
+    # -- operations ------------------------------------------------------------------
+
+    async def rates_on_date(self, on: date) -> DataSet:
+        """GetCursOnDate(On_date): every currency's rate set for `on` (rows ValuteCursOnDate)."""
+        return await self._call("GetCursOnDate", (("On_date", _soap_day(on)),), "ValuteCursOnDate")
+
+    async def rates_dynamic(self, date_from: date, date_to: date, bank_code: str) -> DataSet:
+        """GetCursDynamic(FromDate, ToDate, ValutaCode): one currency's rates per day."""
+        return await self._call(
+            "GetCursDynamic",
+            (
+                ("FromDate", _soap_day(date_from)),
+                ("ToDate", _soap_day(date_to)),
+                ("ValutaCode", bank_code),
+            ),
+            "ValuteCursDynamic",
+        )
+
+    async def key_rate(self, date_from: date, date_to: date) -> DataSet:
+        """KeyRate(fromDate, ToDate): the key rate per day (rows KR: DT, Rate)."""
+        return await self._call(
+            "KeyRate",
+            (("fromDate", _soap_day(date_from)), ("ToDate", _soap_day(date_to))),
+            "KR",
+        )
+
+    async def news(self, date_from: date, date_to: date) -> DataSet:
+        """NewsInfo(fromDate, ToDate): the bank's news (rows News: Doc_id, DocDate, Title, Url)."""
+        return await self._call(
+            "NewsInfo",
+            (("fromDate", _soap_day(date_from)), ("ToDate", _soap_day(date_to))),
+            "News",
+        )
+
+    async def currencies(self) -> DataSet:
+        """EnumValutes(Seld=false): the daily-quoted currencies with both kinds of code."""
+        return await self._call("EnumValutes", (("Seld", "false"),), "EnumValutes")
+
+    async def resolve_currency(self, value: str) -> Currency:
+        """ISO letters or bank code -> Currency; the built-in table first, then EnumValutes."""
+        code = normalise_currency(value)
+        if _ISO_CODE.match(code) and code in COMMON_CURRENCIES:
+            return Currency(code, COMMON_CURRENCIES[code])
+        if _BANK_CODE.match(code):
+            for iso, bank in COMMON_CURRENCIES.items():
+                if bank == code:
+                    return Currency(iso, bank)
+        for row in (await self.currencies()).rows:
+            iso, bank = row.get("VcharCode", "").upper(), row.get("Vcode", "").upper()
+            if iso and bank and code in (iso, bank):
+                return Currency(iso, bank)
+        raise ToolFailure(
+            INVALID_ARGUMENT,
+            f"unknown currency {value!r}: the Bank of Russia does not quote it "
+            "(use an ISO 4217 code such as USD or the bank's code such as R01235)",
+        )
+
+    # -- transport -------------------------------------------------------------------
+
+    async def _call(
+        self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str
+    ) -> DataSet:
+        key = (operation, params)
+        hit = self._cache.get(key)
+        if hit is not None:
+            stored_at, data = hit
+            if self._clock() - stored_at < self.settings.cache_ttl_s:
+                return data
+            del self._cache[key]
+        try:
+            self.breaker.before_call()
+        except CircuitOpenError as exc:
+            raise CbrUnavailableError(max(1, math.ceil(exc.retry_in))) from None
+        started = time.perf_counter()
+        try:
+            data = await self._attempts(operation, params, row_tag)
+        except CbrRequestError:
+            self.breaker.record_success()  # the bank answered; the request was wrong
+            raise
+        except _Fatal as exc:
+            self.breaker.record_failure()
+            log.warning(
+                "cbr call failed",
+                extra={"operation": operation, "reason": str(exc), "outcome": "unavailable"},
+            )
+            raise CbrUnavailableError(
+                max(1, math.ceil(self.settings.breaker_reset_s)), str(exc)
+            ) from None
+        except BaseException:
+            self.breaker.record_failure()  # never leave a half-open trial hanging
+            raise
+        self.breaker.record_success()
+        log.info(
+            "cbr call",
+            extra={
+                "operation": operation,
+                "rows": len(data.rows),
+                "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                "outcome": "ok",
+            },
+        )
+        if self.settings.cache_ttl_s > 0:
+            self._cache[key] = (self._clock(), data)
+            while len(self._cache) > self.settings.cache_max_entries:
+                self._cache.popitem(last=False)
+        return data
+
+    async def _attempts(
+        self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str
+    ) -> DataSet:
+        envelope = _envelope(operation, params)
+        reason = ""
+        for attempt in range(self.settings.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.settings.retry_delay_s)
+            try:
+                return await self._attempt(operation, envelope, row_tag)
+            except _Retryable as exc:
+                reason = str(exc)
+                log.info(
+                    "cbr attempt failed",
+                    extra={"operation": operation, "attempt": attempt + 1, "reason": str(exc)},
+                )
+        raise _Fatal(reason)
+
+    async def _attempt(self, operation: str, envelope: bytes, row_tag: str) -> DataSet:
+        headers = {
+            "Content-Type": "text/xml; charset=utf-8",
+            "SOAPAction": f'"{CBR_NS}{operation}"',
+        }
+        self.upstream_calls += 1
+        try:
+            async with self._http.stream(
+                "POST",
+                self.settings.url,
+                content=envelope,
+                headers=headers,
+                timeout=self.settings.timeout_s,
+            ) as response:
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body.extend(chunk)
+                    if len(body) > self.settings.max_response_bytes:
+                        raise _Fatal("the answer is too large")
+                status = response.status_code
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+            raise _Retryable(f"cannot connect: {type(exc).__name__}") from None
+        except httpx.TimeoutException:
+            # A bank that hangs is not asked twice: the caller has waited long enough.
+            raise _Fatal(f"no answer within {self.settings.timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise _Fatal(f"transport error: {type(exc).__name__}") from None
+        root = self._xml(bytes(body))
+        fault = parse_fault(root) if root is not None else None
+        if fault is not None:
+            code, text = fault
+            if code.rsplit(":", 1)[-1] == "Client":
+                raise CbrRequestError(text or "soap:Client fault")
+            raise _Retryable(f"SOAP fault {code}: {text[:200]}")
+        if status >= 500:
+            raise _Retryable(f"HTTP {status}")
+        if status != 200:
+            raise _Fatal(f"HTTP {status}")
+        if root is None:
+            raise _Fatal("the answer is not XML")
+        try:
+            return parse_dataset(root, operation, row_tag)
+        except ValueError as exc:
+            raise _Fatal(f"unexpected answer: {exc}") from None
+
+    @staticmethod
+    def _xml(body: bytes) -> ET.Element | None:
+        # No DTDs: the bank never sends one, and entity expansion is a known XML attack.
+        if b"<!DOCTYPE" in body or b"<!ENTITY" in body:
+            return None
+        try:
+            return ET.fromstring(body)
+        except ET.ParseError:
+            return None
+
+
+# -- the tool -----------------------------------------------------------------------------
+
+_DATE_FIELD = {"type": "string", "minLength": 1, "maxLength": 32, "pattern": r"^\d{4}-\d{2}-\d{2}$"}
+
+_ALLOWED: dict[str, frozenset[str]] = {
+    "rates_on_date": frozenset({"date", "currency"}),
+    "rates_dynamic": frozenset({"date_from", "date_to", "currency"}),
+    "key_rate": frozenset({"date", "date_from", "date_to"}),
+    "news": frozenset({"date", "date_from", "date_to"}),
+}
+_DEFAULT_SPAN = {"rates_dynamic": 30, "key_rate": 30, "news": 7}
+"""Days back from date_to when date_from is not given."""
+
+
+def _source(operation: str) -> str:
+    return f"Bank of Russia DailyInfo, {operation}"
+
+
+def _envelope_result(operation: str, soap_operation: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "operation": operation,
+        "source": _source(soap_operation),
+        "source_url": DEFAULT_URL,
+        "external_data": True,
+        **fields,
+    }
+
+
+def _keep_newest(items: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """Items sorted oldest first; keep the newest `limit`."""
+    if len(items) <= limit:
+        return items, False
+    return items[-limit:], True
+
+
+class CbrTool:
+    """The `fetch_cbr_data` tool over a CbrClient: validates, calls, normalises."""
+
+    def __init__(self, client: CbrClient) -> None:
+        self._client = client
+
+    async def run(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        """Run one `fetch_cbr_data` call; ToolFailure for anything the model can fix or retry."""
+        operation = args["operation"]
+        unknown = sorted(set(args) - {"operation"} - _ALLOWED[operation])
+        if unknown:
+            raise ToolFailure(
+                INVALID_ARGUMENT,
+                f"{', '.join(unknown)} does not apply to {operation}; it takes "
+                f"{', '.join(sorted(_ALLOWED[operation]))}",
+            )
+        if "date" in args and ("date_from" in args or "date_to" in args):
+            raise ToolFailure(INVALID_ARGUMENT, "give date or date_from/date_to, not both")
+        if operation == "rates_on_date":
+            return await self._rates_on_date(args)
+        if operation == "rates_dynamic":
+            return await self._rates_dynamic(args)
+        if operation == "key_rate":
+            return await self._key_rate(args)
+        return await self._news(args)
+
+    def _range(self, args: dict[str, Any], operation: str) -> tuple[date, date]:
+        today = self._client.today()
+        if "date" in args:
+            day = parse_date(args["date"], "date")
+            check_day(day, "date", today)
+            return day, day
+        date_to = parse_date(args["date_to"], "date_to") if "date_to" in args else today
+        if "date_from" in args:
+            date_from = parse_date(args["date_from"], "date_from")
+        else:
+            date_from = max(EARLIEST_DATE, date_to - timedelta(days=_DEFAULT_SPAN[operation]))
+        check_range(date_from, date_to, today, self._client.settings.max_range_days)
+        return date_from, date_to
+
+    async def _rates_on_date(self, args: dict[str, Any]) -> dict[str, Any]:
+        today = self._client.today()
+        on = parse_date(args["date"], "date") if "date" in args else today
+        check_day(on, "date", today)
+        currency = None
+        if "currency" in args:
+            currency = await self._client.resolve_currency(args["currency"])
+        data = await self._client.rates_on_date(on)
+        items = []
+        for row in data.rows:
+            iso = row.get("VchCode", "").upper()
+            if currency is not None and iso != currency.iso:
+                continue
+            nominal, value, unit = _rate(row)
+            items.append(
+                {
+                    "currency": iso,
+                    "numeric_code": row.get("Vcode", ""),
+                    "name": row.get("Vname", ""),
+                    "nominal": nominal,
+                    "value": value,
+                    "unit_rate": unit,
+                }
+            )
+        if currency is not None and not items:
+            raise ToolFailure(
+                NOT_FOUND, f"the Bank of Russia set no {currency.iso} rate for {on.isoformat()}"
+            )
+        on_date = data.properties.get("OnDate", "")
+        published = on.isoformat()
+        if re.fullmatch(r"\d{8}", on_date):
+            published = f"{on_date[:4]}-{on_date[4:6]}-{on_date[6:]}"
+        lines = [f"{i['nominal']} {i['currency']} = {i['value']} RUB" for i in items]
+        return _envelope_result(
+            "rates_on_date",
+            "GetCursOnDate",
+            text=f"Official rates of the Bank of Russia for {on.isoformat()} "
+            f"(set on {published}): " + "; ".join(lines),
+            date=on.isoformat(),
+            published=published,
+            base_currency="RUB",
+            items=items,
+            count=len(items),
+        )
+
+    async def _rates_dynamic(self, args: dict[str, Any]) -> dict[str, Any]:
+        if "currency" not in args:
+            raise ToolFailure(INVALID_ARGUMENT, "rates_dynamic needs currency (e.g. USD)")
+        date_from, date_to = self._range(args, "rates_dynamic")
+        currency = await self._client.resolve_currency(args["currency"])
+        data = await self._client.rates_dynamic(date_from, date_to, currency.code)
+        items = []
+        for row in data.rows:
+            nominal, value, unit = _rate(row)
+            items.append(
+                {
+                    "date": _day(row.get("CursDate")),
+                    "nominal": nominal,
+                    "value": value,
+                    "unit_rate": unit,
+                }
+            )
+        items.sort(key=lambda item: item["date"] or "")
+        items, truncated = _keep_newest(items, self._client.settings.max_items)
+        if items:
+            first, last = items[0], items[-1]
+            text = (
+                f"{currency.iso} rate of the Bank of Russia, {len(items)} values from "
+                f"{first['date']} to {last['date']}: {first['value']} RUB on {first['date']}, "
+                f"{last['value']} RUB on {last['date']} (per {last['nominal']} {currency.iso})"
+            )
+        else:
+            text = (
+                f"The Bank of Russia set no {currency.iso} rate between "
+                f"{date_from.isoformat()} and {date_to.isoformat()}"
+            )
+        return _envelope_result(
+            "rates_dynamic",
+            "GetCursDynamic",
+            text=text,
+            currency=currency.iso,
+            bank_code=currency.code,
+            base_currency="RUB",
+            date_from=date_from.isoformat(),
+            date_to=date_to.isoformat(),
+            published=items[-1]["date"] if items else None,
+            items=items,
+            count=len(items),
+            truncated=truncated,
+        )
+
+    async def _key_rate(self, args: dict[str, Any]) -> dict[str, Any]:
+        on = None
+        if "date" in args:
+            # The rate in force on a day: look back far enough to cross weekends and holidays.
+            on, _ = self._range(args, "key_rate")
+            date_from, date_to = max(EARLIEST_DATE, on - timedelta(days=30)), on
+        else:
+            date_from, date_to = self._range(args, "key_rate")
+        data = await self._client.key_rate(date_from, date_to)
+        items: list[dict[str, Any]] = [
+            {"date": day, "value": _number(row.get("Rate"))}
+            for row in data.rows
+            if (day := _day(row.get("DT"))) is not None
+        ]
+        items.sort(key=lambda item: str(item["date"]))
+        latest = items[-1] if items else None
+        if on is not None:
+            items = items[-1:]
+        items, truncated = _keep_newest(items, self._client.settings.max_items)
+        if latest is not None:
+            text = (
+                f"Key rate of the Bank of Russia: {latest['value']}% per annum on {latest['date']}"
+            )
+        else:
+            text = (
+                "The Bank of Russia published no key rate between "
+                f"{date_from.isoformat()} and {date_to.isoformat()}"
+            )
+        return _envelope_result(
+            "key_rate",
+            "KeyRate",
+            text=text,
+            date_from=date_from.isoformat(),
+            date_to=date_to.isoformat(),
+            unit="percent per annum",
+            latest=latest,
+            published=latest["date"] if latest else None,
+            items=items,
+            count=len(items),
+            truncated=truncated,
+        )
+
+    async def _news(self, args: dict[str, Any]) -> dict[str, Any]:
+        date_from, date_to = self._range(args, "news")
+        data = await self._client.news(date_from, date_to)
+        items = []
+        for row in data.rows:
+            url = row.get("Url", "")
+            if url.startswith("/"):
+                url = SITE + url
+            items.append(
+                {
+                    "id": row.get("Doc_id", ""),
+                    "date": _day(row.get("DocDate")),
+                    "title": row.get("Title", ""),
+                    "url": url,
+                }
+            )
+        items.sort(key=lambda item: item["date"] or "")
+        items, truncated = _keep_newest(items, self._client.settings.max_items)
+        items.reverse()  # newest first, as a news list reads
+        heading = (
+            f"News of the Bank of Russia from {date_from.isoformat()} to {date_to.isoformat()}"
+        )
+        return _envelope_result(
+            "news",
+            "NewsInfo",
+            text="\n".join([heading, *(f"{i['date']}: {i['title']}" for i in items)]),
+            date_from=date_from.isoformat(),
+            date_to=date_to.isoformat(),
+            published=items[0]["date"] if items else None,
+            items=items,
+            count=len(items),
+            truncated=truncated,
+        )
+
+
+def cbr_tool(client: CbrClient) -> Tool:
+    """The `fetch_cbr_data` tool: rates on a date, rate dynamics, key rate, the bank's news."""
+    settings = client.settings
+    return Tool(
+        "fetch_cbr_data",
+        "Official data of the Bank of Russia (DailyInfo service): operation=rates_on_date "
+        "(currency rates in roubles set for `date`, optionally one `currency`), rates_dynamic "
+        "(one `currency` from `date_from` to `date_to`), key_rate (the key rate over a range, "
+        "or in force on `date`), news (the bank's press releases). Dates are YYYY-MM-DD, "
+        f"at most tomorrow, ranges at most {settings.max_range_days} days; currency is an ISO "
+        "4217 code (USD) or the bank's code (R01235). The result is external data.",
+        {
+            "type": "object",
+            "properties": {
+                "operation": {"type": "string", "enum": list(OPERATIONS)},
+                "date": {**_DATE_FIELD, "description": "One day, YYYY-MM-DD (default today)."},
+                "date_from": {**_DATE_FIELD, "description": "First day of a range, YYYY-MM-DD."},
+                "date_to": {**_DATE_FIELD, "description": "Last day of a range (default today)."},
+                "currency": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 16,
+                    "description": "ISO 4217 letter code (USD) or the bank's code (R01235).",
+                },
+            },
+            "required": ["operation"],
+            "additionalProperties": False,
+            "x-max-range-days": settings.max_range_days,
+            "x-max-items": settings.max_items,
+        },
+        CbrTool(client).run,
+        content="external",  # the executor delimits `text` as EXTERNAL, untrusted data
+    )

@@ -1,0 +1,212 @@
+"""Per-tenant, per-document rate limits on tool calls: calls and result tokens in a sliding window.
+
+Keys are `tenant_id:doc_id` for a call that names documents (one key per document), and
+`tenant_id:*` for a call that names none (search, external data). Each key keeps a log of
+its calls in the last `window_seconds` (one entry per call: when, and the tokens its result
+carried), so both limits are exact and the wait until a call fits again is known.
+
+Tokens are charged after the call, once its result is known: a call is admitted while the
+key is below both limits, and the call that crosses the token limit is served in full; the
+next one waits. A limit of 0 switches that limit off.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+_SWEEP_EVERY = 1024
+"""Acquisitions between sweeps that drop keys with nothing left in their window."""
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Rate limits of tool calls (MCP_PROXY_RATE_LIMIT_*); 0 switches a limit off."""
+
+    calls_per_minute: int = 60
+    """Calls per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN)."""
+    tokens_per_minute: int = 100_000
+    """Result tokens per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN)."""
+    tenant_calls_per_minute: int = 120
+    """Calls per tenant of tools that name no document (MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN)."""
+    tenant_tokens_per_minute: int = 200_000
+    """Result tokens per tenant of tools that name no document
+    (MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN)."""
+    window_seconds: float = 60.0
+    """Length of the sliding window; the limits above are per this window."""
+
+
+RateKey = tuple[str, str | None]
+"""(tenant_id, doc_id); doc_id None is the tenant's key for calls that name no document."""
+
+
+def key_label(key: RateKey) -> str:
+    """`tenant:doc` (or `tenant:*`) as the messages and logs show a key."""
+    return f"{key[0]}:{'*' if key[1] is None else key[1]}"
+
+
+class RateLimitExceeded(Exception):
+    """A key is at its limit; `retry_after_s` whole seconds until the next call fits."""
+
+    def __init__(self, key: RateKey, what: str, limit: int, retry_after_s: int) -> None:
+        scope = "tenant" if key[1] is None else f"document {key[1]!r}"
+        super().__init__(
+            f"rate limit of {limit} {what} per minute for this {scope} reached;"
+            f" retry after {retry_after_s} s"
+        )
+        self.key = key
+        self.what = what
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
+class _Entry:
+    """One admitted call: when, and the tokens its result carried (filled in after the call)."""
+
+    __slots__ = ("at", "live", "tokens")
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.tokens = 0
+        self.live = True
+        """False once the entry has left its window (its tokens no longer count)."""
+
+
+class _Window:
+    """The calls of one key inside the window, oldest first, with their token sum."""
+
+    __slots__ = ("entries", "tokens")
+
+    def __init__(self) -> None:
+        self.entries: deque[_Entry] = deque()
+        self.tokens = 0
+
+    def prune(self, now: float, window: float) -> None:
+        while self.entries and self.entries[0].at + window <= now:
+            gone = self.entries.popleft()
+            gone.live = False
+            self.tokens -= gone.tokens
+
+    def calls_wait(self, limit: int, now: float, window: float) -> float:
+        """Seconds until one more call fits under `limit` calls (0 when it fits now)."""
+        if not limit or len(self.entries) < limit:
+            return 0.0
+        # The oldest len-limit+1 calls must leave the window first.
+        return self.entries[len(self.entries) - limit].at + window - now
+
+    def tokens_wait(self, limit: int, now: float, window: float) -> float:
+        """Seconds until the tokens in the window drop below `limit` (0 when they are)."""
+        if not limit or self.tokens < limit:
+            return 0.0
+        left = self.tokens
+        for entry in self.entries:
+            left -= entry.tokens
+            if left < limit:
+                return entry.at + window - now
+        return 0.0  # unreachable: with every entry gone the sum is 0 < limit
+
+
+class Reservation:
+    """The calls one tool call was admitted as; `charge` adds its result tokens to them."""
+
+    def __init__(
+        self, entries: dict[RateKey, tuple[_Entry, _Window]], lock: threading.Lock
+    ) -> None:
+        self._entries = entries
+        self._lock = lock
+
+    @property
+    def keys(self) -> tuple[RateKey, ...]:
+        """The keys the call was counted against."""
+        return tuple(self._entries)
+
+    def charge(self, tokens: int, doc_id: str | None = None) -> None:
+        """Add `tokens` to the key of `doc_id` when the call named it, else to all its keys."""
+        if tokens <= 0:
+            return
+        targets = [k for k in self._entries if k[1] == doc_id] if doc_id is not None else []
+        with self._lock:
+            for key in targets or list(self._entries):
+                entry, window = self._entries[key]
+                entry.tokens += tokens
+                if entry.live:
+                    window.tokens += tokens
+
+
+class RateLimiter:
+    """Sliding-window limits by calls and by tokens per `tenant_id:doc_id` (and per tenant).
+
+    Thread-safe. `clock` is a monotonic clock in seconds, injectable for tests.
+    """
+
+    def __init__(
+        self, limits: RateLimits | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limits = limits or RateLimits()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._windows: dict[RateKey, _Window] = {}
+        self._since_sweep = 0
+
+    def _limits_of(self, key: RateKey) -> tuple[int, int]:
+        if key[1] is None:
+            return self.limits.tenant_calls_per_minute, self.limits.tenant_tokens_per_minute
+        return self.limits.calls_per_minute, self.limits.tokens_per_minute
+
+    def acquire(self, tenant_id: str, doc_ids: Sequence[str] = ()) -> Reservation:
+        """Admit one call naming `doc_ids` (none: the tenant's key) or raise RateLimitExceeded.
+
+        All keys are checked before any is counted, so a refused call counts nowhere.
+        """
+        keys: list[RateKey] = [(tenant_id, d) for d in dict.fromkeys(doc_ids)] or [
+            (tenant_id, None)
+        ]
+        window_s = self.limits.window_seconds
+        with self._lock:
+            now = self._clock()
+            self._sweep(now)
+            worst: RateLimitExceeded | None = None
+            for key in keys:
+                window = self._windows.get(key)
+                if window is None:
+                    continue
+                window.prune(now, window_s)
+                calls, tokens = self._limits_of(key)
+                for what, limit, wait in (
+                    ("calls", calls, window.calls_wait(calls, now, window_s)),
+                    ("tokens", tokens, window.tokens_wait(tokens, now, window_s)),
+                ):
+                    if wait > 0:
+                        retry = max(1, math.ceil(wait))
+                        if worst is None or retry > worst.retry_after_s:
+                            worst = RateLimitExceeded(key, what, limit, retry)
+            if worst is not None:
+                raise worst
+            entries: dict[RateKey, tuple[_Entry, _Window]] = {}
+            for key in keys:
+                entry = _Entry(now)
+                window = self._windows.setdefault(key, _Window())
+                window.entries.append(entry)
+                entries[key] = (entry, window)
+            return Reservation(entries, self._lock)
+
+    def _sweep(self, now: float) -> None:
+        """Every so often, forget keys with no call left in the window (bounded memory)."""
+        self._since_sweep += 1
+        if self._since_sweep < _SWEEP_EVERY:
+            return
+        self._since_sweep = 0
+        for key in list(self._windows):
+            window = self._windows[key]
+            window.prune(now, self.limits.window_seconds)
+            if not window.entries:
+                del self._windows[key]  # a late charge to it finds its entries no longer live
+
+    def tracked_keys(self) -> int:
+        """How many keys the limiter holds (for tests and metrics)."""
+        with self._lock:
+            return len(self._windows)

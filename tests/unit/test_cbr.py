@@ -1,0 +1,660 @@
+"""fetch_cbr_data against a local server speaking the bank's DailyInfo SOAP 1.1 protocol."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from services.common.breaker import CLOSED, OPEN
+from services.common.settings import Env, SettingsError
+from services.toolsproxy.cbr import (
+    DEFAULT_URL,
+    CbrClient,
+    CbrSettings,
+    cbr_tool,
+)
+from services.toolsproxy.schema import SchemaError, check
+from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from tests.fakes.cbr_server import (
+    CURRENCIES,
+    FakeCbrServer,
+    is_rate_day,
+    key_rate_on,
+    rate_for,
+)
+
+CALLER = Caller(tenant_id="t1", user_id="u1", trace_id="tr")
+NOW = datetime(2025, 8, 1, 9, 0, tzinfo=UTC)  # 12:00 in Moscow: today is 2025-08-01
+USD = next(c for c in CURRENCIES if c.iso == "USD")
+JPY = next(c for c in CURRENCIES if c.iso == "JPY")
+PLN = next(c for c in CURRENCIES if c.iso == "PLN")
+
+
+class FakeClock:
+    """Monotonic seconds that tests step by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def fake() -> Any:
+    with FakeCbrServer() as server:
+        yield server
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+Factory = Callable[..., tuple[CbrClient, Tool]]
+
+
+@pytest.fixture
+async def make(fake: FakeCbrServer, clock: FakeClock) -> AsyncIterator[Factory]:
+    """Build a client + tool against the fake (or `url`), with fast retry settings."""
+    http = httpx.AsyncClient()
+
+    def factory(
+        url: str | None = None, now: datetime = NOW, **overrides: Any
+    ) -> tuple[CbrClient, Tool]:
+        fields: dict[str, Any] = {
+            "url": url or fake.url,
+            "timeout_s": 2.0,
+            "retry_delay_s": 0.0,
+            **overrides,
+        }
+        client = CbrClient(http, CbrSettings(**fields), clock=clock, now=lambda: now)
+        return client, cbr_tool(client)
+
+    yield factory
+    await http.aclose()
+
+
+async def call(tool: Tool, **args: Any) -> dict[str, Any]:
+    """What the executor does: check the schema, then run."""
+    result = tool.run(CALLER, check(tool.schema, args))
+    assert not isinstance(result, dict)
+    return await result
+
+
+async def failure(tool: Tool, **args: Any) -> ToolFailure:
+    with pytest.raises(ToolFailure) as info:
+        await call(tool, **args)
+    return info.value
+
+
+# -- the operations ---------------------------------------------------------------------
+
+
+async def test_rates_on_date_parses_every_currency(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    day = date(2025, 7, 30)  # a Wednesday: rates set that day
+    result = await call(tool, operation="rates_on_date", date="2025-07-30")
+
+    assert result["source"] == "Bank of Russia DailyInfo, GetCursOnDate"
+    assert result["external_data"] is True
+    assert result["date"] == "2025-07-30"
+    assert result["published"] == "2025-07-30"
+    assert result["base_currency"] == "RUB"
+    assert result["count"] == len(CURRENCIES)
+    assert f"1 USD = {rate_for(USD, day)} RUB" in result["text"]
+    usd = next(i for i in result["items"] if i["currency"] == "USD")
+    assert usd == {
+        "currency": "USD",
+        "numeric_code": "840",
+        "name": "Доллар США",
+        "nominal": 1,
+        "value": rate_for(USD, day),
+        "unit_rate": pytest.approx(rate_for(USD, day)),
+    }
+    [req] = fake.requests
+    assert req.soap_action == "http://web.cbr.ru/GetCursOnDate"
+    assert req.content_type == "text/xml; charset=utf-8"
+    assert req.params == {"On_date": "2025-07-30T00:00:00"}
+
+
+async def test_rates_on_date_one_currency_with_nominal_and_publication_day(
+    make: Factory,
+) -> None:
+    _, tool = make()
+    # Monday 2025-07-28: the rates in force were set on Saturday 2025-07-26.
+    result = await call(tool, operation="rates_on_date", date="2025-07-28", currency="jpy")
+    [jpy] = result["items"]
+    assert result["published"] == "2025-07-26"
+    assert jpy["nominal"] == 100
+    assert jpy["value"] == rate_for(JPY, date(2025, 7, 26))
+    assert jpy["unit_rate"] == pytest.approx(jpy["value"] / 100)
+
+
+async def test_rates_on_date_defaults_to_today_and_accepts_the_bank_code(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    _, tool = make()
+    result = await call(tool, operation="rates_on_date", currency="R01239")
+    assert result["date"] == "2025-08-01"
+    assert [i["currency"] for i in result["items"]] == ["EUR"]
+    assert fake.operations() == ["GetCursOnDate"]  # R01239 is in the built-in table
+
+
+async def test_rates_on_date_currency_the_bank_does_not_quote_that_day(make: Factory) -> None:
+    _, tool = make()
+    err = await failure(tool, operation="rates_on_date", date="2025-07-30", currency="GBP")
+    assert err.code == "NOT_FOUND"
+    assert "GBP" in err.message
+
+
+async def test_rates_dynamic(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    result = await call(
+        tool,
+        operation="rates_dynamic",
+        currency="USD",
+        date_from="2025-07-01",
+        date_to="2025-07-31",
+    )
+    days = [
+        date(2025, 7, 1) + timedelta(days=i)
+        for i in range(31)
+        if is_rate_day(date(2025, 7, 1) + timedelta(days=i))
+    ]
+    assert result["source"] == "Bank of Russia DailyInfo, GetCursDynamic"
+    assert (result["currency"], result["bank_code"]) == ("USD", "R01235")
+    assert [i["date"] for i in result["items"]] == [d.isoformat() for d in days]
+    assert [i["value"] for i in result["items"]] == [rate_for(USD, d) for d in days]
+    assert result["published"] == days[-1].isoformat()
+    assert result["truncated"] is False
+    [req] = fake.requests
+    assert req.params == {
+        "FromDate": "2025-07-01T00:00:00",
+        "ToDate": "2025-07-31T00:00:00",
+        "ValutaCode": "R01235",
+    }
+
+
+async def test_rates_dynamic_resolves_other_currencies_through_enum_valutes(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    _, tool = make()
+    result = await call(
+        tool,
+        operation="rates_dynamic",
+        currency="PLN",
+        date_from="2025-07-29",
+        date_to="2025-07-29",
+    )
+    assert result["bank_code"] == "R01565"
+    assert result["items"][0]["value"] == rate_for(PLN, date(2025, 7, 29))
+    assert fake.operations() == ["EnumValutes", "GetCursDynamic"]
+    assert fake.requests[0].params == {"Seld": "false"}
+    # The bank code works too, and the currency list is cached.
+    await call(tool, operation="rates_dynamic", currency="R01565", date_from="2025-07-30")
+    assert fake.operations() == ["EnumValutes", "GetCursDynamic", "GetCursDynamic"]
+
+
+async def test_key_rate_range(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    result = await call(tool, operation="key_rate", date_from="2025-07-21", date_to="2025-08-01")
+    assert result["source"] == "Bank of Russia DailyInfo, KeyRate"
+    assert result["unit"] == "percent per annum"
+    dates = [i["date"] for i in result["items"]]
+    assert dates == sorted(dates)  # the bank lists newest first; the tool oldest first
+    assert all(date.fromisoformat(d).weekday() < 5 for d in dates)
+    for item in result["items"]:
+        assert item["value"] == key_rate_on(date.fromisoformat(item["date"]))
+    assert result["latest"] == {"date": "2025-08-01", "value": 18.0}
+    assert result["published"] == "2025-08-01"
+    assert result["items"][0] == {"date": "2025-07-21", "value": 20.0}
+    assert fake.requests[0].params == {
+        "fromDate": "2025-07-21T00:00:00",
+        "ToDate": "2025-08-01T00:00:00",
+    }
+
+
+async def test_key_rate_in_force_on_a_sunday(make: Factory) -> None:
+    _, tool = make()
+    result = await call(tool, operation="key_rate", date="2025-07-27")
+    assert result["latest"] == {"date": "2025-07-25", "value": 20.0}
+    assert result["items"] == [result["latest"]]
+
+
+async def test_news(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    result = await call(tool, operation="news", date_from="2025-07-26", date_to="2025-08-01")
+    assert result["source"] == "Bank of Russia DailyInfo, NewsInfo"
+    assert [i["id"] for i in result["items"]] == ["40003", "40002"]  # newest first
+    assert result["items"][1] == {
+        "id": "40002",
+        "date": "2025-07-28",
+        "title": "О развитии платёжной системы",
+        "url": "https://www.cbr.ru/press/event/?id=40002",
+    }
+    assert result["published"] == "2025-07-30"
+    assert fake.requests[0].soap_action == "http://web.cbr.ru/NewsInfo"
+
+
+async def test_news_defaults_to_the_last_week(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    result = await call(tool, operation="news")
+    assert (result["date_from"], result["date_to"]) == ("2025-07-25", "2025-08-01")
+    assert result["count"] == 3
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ({"operation": "rates_on_date", "date": "2025-02-29"}, "not a calendar date"),
+        ({"operation": "rates_on_date", "date": "2025-7-1"}, "YYYY-MM-DD"),
+        ({"operation": "rates_on_date", "date": "01.07.2025"}, "YYYY-MM-DD"),
+        ({"operation": "rates_on_date", "date": "2025-08-03"}, "in the future"),  # today + 2
+        ({"operation": "rates_on_date", "date": "1992-06-30"}, "start of the bank's data"),
+        (
+            {
+                "operation": "rates_dynamic",
+                "currency": "USD",
+                "date_from": "2025-07-02",
+                "date_to": "2025-07-01",
+            },
+            "after date_to",
+        ),
+        (
+            {
+                "operation": "rates_dynamic",
+                "currency": "USD",
+                "date_from": "2024-07-29",
+                "date_to": "2025-07-31",
+            },
+            "367 days; at most 366",
+        ),
+        ({"operation": "key_rate", "date_to": "2025-08-03"}, "in the future"),
+        ({"operation": "news", "date_from": "1992-06-30", "date_to": "1992-07-01"}, "start"),
+        ({"operation": "rates_on_date", "currency": "US"}, "ISO 4217"),
+        ({"operation": "rates_on_date", "currency": "USDX"}, "ISO 4217"),
+        ({"operation": "rates_on_date", "currency": "R1235"}, "ISO 4217"),
+        ({"operation": "rates_on_date", "currency": "RUB"}, "roubles"),
+        ({"operation": "rates_dynamic", "date_from": "2025-07-01"}, "needs currency"),
+        ({"operation": "key_rate", "currency": "USD"}, "does not apply to key_rate"),
+        ({"operation": "rates_on_date", "date_from": "2025-07-01"}, "does not apply"),
+        ({"operation": "news", "date": "2025-07-01", "date_to": "2025-07-02"}, "not both"),
+    ],
+)
+async def test_invalid_arguments_never_reach_the_bank(
+    fake: FakeCbrServer, make: Factory, args: dict[str, Any], fragment: str
+) -> None:
+    _, tool = make()
+    err = await failure(tool, **args)
+    assert err.code == "INVALID_ARGUMENT"
+    assert fragment in err.message
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"operation": "rates_on_date", "date": "2025-08-02"},  # tomorrow: the limit
+        {"operation": "rates_on_date", "date": "1992-07-01"},  # the first day of data
+        {"operation": "rates_on_date", "date": "2024-02-29"},  # a leap day
+        {
+            "operation": "rates_dynamic",
+            "currency": "usd",
+            "date_from": "2024-07-30",
+            "date_to": "2025-07-31",
+        },  # 366 days: the limit
+        {
+            "operation": "rates_dynamic",
+            "currency": "EUR",
+            "date_from": "2025-07-01",
+            "date_to": "2025-07-01",
+        },  # from == to
+    ],
+)
+async def test_arguments_at_the_limits_are_accepted(make: Factory, args: dict[str, Any]) -> None:
+    _, tool = make()
+    result = await call(tool, **args)
+    assert result["external_data"] is True
+
+
+async def test_today_is_the_moscow_day(make: Factory) -> None:
+    # 22:30 UTC on 31 July is 01:30 on 1 August in Moscow: 2 August is "tomorrow".
+    _, tool = make(now=datetime(2025, 7, 31, 22, 30, tzinfo=UTC))
+    assert (await call(tool, operation="rates_on_date", date="2025-08-02"))["date"] == "2025-08-02"
+    err = await failure(tool, operation="rates_on_date", date="2025-08-03")
+    assert err.code == "INVALID_ARGUMENT"
+
+
+async def test_unknown_currency_is_checked_against_the_bank_list(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    _, tool = make()
+    for code in ("XYZ", "R09999"):
+        err = await failure(tool, operation="rates_dynamic", currency=code, date_from="2025-07-01")
+        assert err.code == "INVALID_ARGUMENT"
+        assert "unknown currency" in err.message
+    assert fake.operations() == ["EnumValutes"]  # asked once, then cached
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"operation": "bogus"},
+        {},
+        {"operation": "key_rate", "mode": "key_rate"},
+        {"operation": "rates_on_date", "date": 20250701},
+        {"operation": "rates_on_date", "currency": ""},
+    ],
+)
+def test_schema_refuses_malformed_arguments(make: Factory, args: dict[str, Any]) -> None:
+    _, tool = make()
+    with pytest.raises(SchemaError):
+        check(tool.schema, args)
+
+
+def test_tool_declaration(make: Factory) -> None:
+    _, tool = make()
+    assert tool.name == "fetch_cbr_data"
+    assert tool.schema["properties"]["operation"]["enum"] == [
+        "rates_on_date",
+        "rates_dynamic",
+        "key_rate",
+        "news",
+    ]
+    assert tool.schema["required"] == ["operation"]
+    assert tool.schema["x-max-range-days"] == 366
+    assert tool.content == "external"  # the executor delimits `text` as untrusted external data
+
+
+async def test_long_results_keep_the_newest_items(make: Factory) -> None:
+    _, tool = make(max_items=5)
+    result = await call(
+        tool,
+        operation="rates_dynamic",
+        currency="USD",
+        date_from="2025-07-01",
+        date_to="2025-07-31",
+    )
+    assert result["truncated"] is True
+    assert [i["date"] for i in result["items"]] == [
+        "2025-07-25",
+        "2025-07-26",
+        "2025-07-29",
+        "2025-07-30",
+        "2025-07-31",
+    ]
+    assert "5 values from 2025-07-25 to 2025-07-31" in result["text"]
+
+
+async def test_an_oversized_answer_is_refused(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make(max_response_bytes=2048)
+    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "too large" in err.message
+    assert len(fake.requests) == 1
+
+
+# -- cache ------------------------------------------------------------------------------
+
+
+async def test_cache_hit_and_expiry(fake: FakeCbrServer, make: Factory, clock: FakeClock) -> None:
+    _, tool = make(cache_ttl_s=900.0)
+    first = await call(tool, operation="key_rate", date_from="2025-07-01")
+    assert await call(tool, operation="key_rate", date_from="2025-07-01") == first
+    assert len(fake.requests) == 1
+    await call(tool, operation="key_rate", date_from="2025-07-02")  # other params: a miss
+    assert len(fake.requests) == 2
+    clock.t += 899.9
+    await call(tool, operation="key_rate", date_from="2025-07-01")
+    assert len(fake.requests) == 2
+    clock.t += 0.1  # 900 s old: expired
+    await call(tool, operation="key_rate", date_from="2025-07-01")
+    assert len(fake.requests) == 3
+
+
+async def test_cache_keeps_at_most_max_entries(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make(cache_max_entries=1)
+    for day in ("2025-07-01", "2025-07-02", "2025-07-01"):
+        await call(tool, operation="news", date=day)
+    assert len(fake.requests) == 3
+
+
+async def test_failures_are_not_cached(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make(retries=0)
+    fake.fail_next(1)
+    assert (await failure(tool, operation="news")).code == "UPSTREAM_UNAVAILABLE"
+    assert (await call(tool, operation="news"))["count"] == 3
+    assert len(fake.requests) == 2
+
+
+# -- retries, timeouts, faults ----------------------------------------------------------
+
+
+async def test_one_retry_on_5xx_then_success(fake: FakeCbrServer, make: Factory) -> None:
+    client, tool = make()
+    fake.fail_next(1, status=503)
+    result = await call(tool, operation="rates_on_date", date="2025-07-30")
+    assert result["count"] == len(CURRENCIES)
+    assert len(fake.requests) == 2
+    assert client.breaker.state == CLOSED
+
+
+async def test_only_one_retry(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make(breaker_reset_s=30.0)
+    fake.fail_next(2, status=502)
+    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert err.message.startswith("the Bank of Russia service is unavailable right now")
+    assert "try again in 30 s" in err.message
+    assert len(fake.requests) == 2
+
+
+async def test_retry_after_a_dropped_connection(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    fake.drop_next(1)
+    assert (await call(tool, operation="news"))["count"] == 3
+    assert len(fake.requests) == 2
+
+
+async def test_a_hanging_bank_times_out_without_a_retry(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make(timeout_s=0.2)
+    fake.hang_next(1)
+    err = await failure(tool, operation="key_rate")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "no answer within 0.2 s" in err.message
+    assert len(fake.requests) == 1
+
+
+async def test_an_answer_that_is_not_soap(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    fake.garbage_next(1)
+    err = await failure(tool, operation="key_rate")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "not XML" in err.message
+    assert len(fake.requests) == 1  # a 200 with a wrong body is not retried
+
+
+async def test_soap_client_fault_is_invalid_argument_and_not_a_bank_failure(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    client, tool = make(breaker_failures=2)
+    for day in ("2025-07-01", "2025-07-02", "2025-07-03"):
+        fake.fault_next(1, code="soap:Client", message="Server was unable to read request.")
+        err = await failure(tool, operation="news", date=day)
+        assert err.code == "INVALID_ARGUMENT"
+        assert "Server was unable to read request." in err.message
+    assert len(fake.requests) == 3  # never retried
+    assert client.breaker.state == CLOSED
+
+
+async def test_soap_server_fault_is_retried_then_unavailable(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    _, tool = make()
+    fake.fault_next(1, code="soap:Server")
+    assert (await call(tool, operation="news"))["count"] == 3
+    fake.fault_next(2, code="soap:Server", message="Server was unable to process request.")
+    err = await failure(tool, operation="news", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "soap:Server" in err.message
+    assert len(fake.requests) == 4
+
+
+# -- circuit breaker --------------------------------------------------------------------
+
+
+async def test_breaker_opens_after_the_configured_failures_and_recovers(
+    fake: FakeCbrServer, make: Factory, clock: FakeClock
+) -> None:
+    client, tool = make(breaker_failures=3, breaker_reset_s=30.0, retries=0)
+    fake.fail_next(100)
+    for _ in range(3):
+        assert (await failure(tool, operation="key_rate")).code == "UPSTREAM_UNAVAILABLE"
+    assert client.breaker.state == OPEN
+    assert len(fake.requests) == 3
+
+    err = await failure(tool, operation="key_rate")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "try again in 30 s" in err.message
+    clock.t += 29.5
+    assert "try again in 1 s" in (await failure(tool, operation="key_rate")).message
+    assert len(fake.requests) == 3  # open: the bank is not called
+
+    fake.clear_faults()  # the bank recovers
+    clock.t += 0.5
+    assert (await call(tool, operation="key_rate"))["latest"]["value"] == 18.0
+    assert client.breaker.state == CLOSED
+    assert len(fake.requests) == 4
+    await call(tool, operation="news")
+    assert len(fake.requests) == 5
+
+
+async def test_a_failed_trial_opens_the_breaker_again(
+    fake: FakeCbrServer, make: Factory, clock: FakeClock
+) -> None:
+    client, tool = make(breaker_failures=1, breaker_reset_s=10.0, retries=0)
+    fake.fail_next(2)
+    await failure(tool, operation="news")
+    clock.t += 10
+    await failure(tool, operation="news")  # the trial
+    assert client.breaker.state == OPEN
+    assert len(fake.requests) == 2
+    assert "try again in 10 s" in (await failure(tool, operation="news")).message
+
+
+# -- unreachable ------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_unreachable_host_is_upstream_unavailable(make: Factory) -> None:
+    client, tool = make(url=f"http://127.0.0.1:{_closed_port()}/DailyInfoWebServ/DailyInfo.asmx")
+    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert "cannot connect" in err.message
+    assert "try again in" in err.message
+    assert client.upstream_calls == 2  # one retry on a connection error
+
+
+async def test_a_stopped_bank_is_upstream_unavailable(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    assert (await call(tool, operation="news"))["count"] == 3
+    fake.stop()
+    err = await failure(tool, operation="news", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+
+
+# -- the fake speaks the bank's protocol --------------------------------------------------
+
+
+async def test_fake_answers_malformed_requests_with_soap_client_faults(
+    fake: FakeCbrServer,
+) -> None:
+    headers = {
+        "Content-Type": "text/xml; charset=utf-8",
+        "SOAPAction": '"http://web.cbr.ru/KeyRate"',
+    }
+    envelope = (
+        '<?xml version="1.0" encoding="utf-8"?><soap:Envelope '
+        'xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'
+        '<KeyRate xmlns="http://web.cbr.ru/"><fromDate>{}</fromDate><ToDate>2025-07-31</ToDate>'
+        "</KeyRate></soap:Body></soap:Envelope>"
+    )
+    async with httpx.AsyncClient() as http:
+        cases = [
+            (b"not xml", headers),
+            (envelope.format("yesterday").encode(), headers),
+            (
+                envelope.format("2025-07-01").encode(),
+                {**headers, "SOAPAction": '"http://web.cbr.ru/Nope"'},
+            ),
+            (
+                envelope.format("2025-07-01").encode(),
+                {**headers, "SOAPAction": '"http://web.cbr.ru/NewsInfo"'},
+            ),
+        ]
+        for body, hdrs in cases:
+            response = await http.post(fake.url, content=body, headers=hdrs)
+            assert response.status_code == 500
+            assert "<faultcode>soap:Client</faultcode>" in response.text
+        ok = await http.post(
+            fake.url, content=envelope.format("2025-07-01").encode(), headers=headers
+        )
+        assert ok.status_code == 200
+        assert "<KR diffgr:id=" in ok.text
+        wrong_type = await http.post(
+            fake.url,
+            content=envelope.format("2025-07-01").encode(),
+            headers={**headers, "Content-Type": "application/json"},
+        )
+        assert wrong_type.status_code == 415
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def test_settings_defaults_and_env() -> None:
+    default = CbrSettings.from_env(Env({}))
+    assert default.url == DEFAULT_URL
+    assert (default.timeout_s, default.cache_ttl_s) == (10.0, 900.0)
+    assert default.breaker_failures <= 5
+    custom = CbrSettings.from_env(
+        Env(
+            {
+                "MCP_PROXY_CBR_URL": "http://127.0.0.1:8080/DailyInfo.asmx",
+                "MCP_PROXY_CBR_TIMEOUT_S": "3.5",
+                "MCP_PROXY_CBR_CACHE_TTL_S": "60",
+                "MCP_PROXY_CBR_BREAKER_FAILURES": "5",
+            }
+        )
+    )
+    assert custom.url == "http://127.0.0.1:8080/DailyInfo.asmx"
+    assert (custom.timeout_s, custom.cache_ttl_s, custom.breaker_failures) == (3.5, 60.0, 5)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MCP_PROXY_CBR_URL": "http://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"},
+        {"MCP_PROXY_CBR_URL": "file:///etc/passwd"},
+        {"MCP_PROXY_CBR_BREAKER_FAILURES": "6"},
+        {"MCP_PROXY_CBR_TIMEOUT_S": "0"},
+        {"MCP_PROXY_CBR_RETRIES": "4"},
+    ],
+)
+def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        CbrSettings.from_env(Env(env))

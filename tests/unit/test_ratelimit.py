@@ -1,0 +1,176 @@
+"""Sliding-window rate limits by calls and tokens per tenant_id:doc_id (fake clock)."""
+
+import pytest
+
+from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, RateLimits, key_label
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limiter(clock, **limits):
+    return RateLimiter(RateLimits(**limits), clock=clock)
+
+
+def test_calls_at_the_limit_pass_and_one_past_is_refused_until_the_window_moves():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=3)
+    for _ in range(3):
+        rl.acquire("t", ["d"])
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"])
+    assert (exc.value.what, exc.value.limit, exc.value.retry_after_s) == ("calls", 3, 60)
+    assert "retry after 60 s" in str(exc.value) and "'d'" in str(exc.value)
+    clock.now += 59.5
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"])
+    assert exc.value.retry_after_s == 1  # 0.5 s rounded up, never 0
+    clock.now += 0.5  # exactly one window after the first calls: they have left it
+    for _ in range(3):
+        rl.acquire("t", ["d"])
+
+
+def test_the_window_slides_one_call_at_a_time():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=3)
+    for _ in range(3):
+        rl.acquire("t", ["d"])
+        clock.now += 10
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"])  # t=30: the oldest call (t=0) leaves at t=60
+    assert exc.value.retry_after_s == 30
+    clock.now += 30
+    rl.acquire("t", ["d"])
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"])  # the t=10 call leaves at t=70
+    assert exc.value.retry_after_s == 10
+
+
+@pytest.mark.parametrize(("limit", "third_ok"), [(21, True), (20, False)])
+def test_tokens_at_and_past_the_limit(limit, third_ok):
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=limit)
+    rl.acquire("t", ["d"]).charge(10)
+    clock.now += 5
+    rl.acquire("t", ["d"]).charge(10)
+    if third_ok:  # 20 tokens used, below 21
+        rl.acquire("t", ["d"])
+        return
+    with pytest.raises(RateLimitExceeded) as exc:  # 20 used: at the limit, nothing more
+        rl.acquire("t", ["d"])
+    assert (exc.value.what, exc.value.retry_after_s) == ("tokens", 55)  # the first call must go
+    clock.now += 55
+    rl.acquire("t", ["d"])
+
+
+def test_one_big_result_is_served_then_the_key_waits():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100)
+    rl.acquire("t", ["d"]).charge(500)
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"])
+    clock.now += 60
+    rl.acquire("t", ["d"])
+
+
+def test_keys_are_per_tenant_and_document():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=1, tenant_calls_per_minute=1)
+    rl.acquire("a", ["d"])
+    rl.acquire("a", ["e"])  # another document of the same tenant
+    rl.acquire("b", ["d"])  # the same doc_id in another tenant
+    rl.acquire("a")  # the tenant key (tools that name no document)
+    rl.acquire("a:b", ["c"])
+    rl.acquire("a", ["b:c"])  # no collision through ':' in ids
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("a")
+    assert "tenant" in str(exc.value) and key_label(exc.value.key) == "a:*"
+    assert key_label(("a", "d")) == "a:d"
+
+
+def test_tenant_limits_apply_to_calls_naming_no_document():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=1, tenant_calls_per_minute=2, tenant_tokens_per_minute=5)
+    rl.acquire("t").charge(1)
+    rl.acquire("t").charge(1)
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t")
+    assert (exc.value.what, exc.value.limit) == ("calls", 2)
+    clock.now += 60
+    rl.acquire("t").charge(5)
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t")
+    assert (exc.value.what, exc.value.limit) == ("tokens", 5)
+
+
+def test_a_refused_call_counts_nowhere():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=1)
+    rl.acquire("t", ["full"])
+    for _ in range(3):
+        with pytest.raises(RateLimitExceeded):
+            rl.acquire("t", ["free", "full"])
+    rl.acquire("t", ["free"])  # the refused calls did not count against "free"
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["free"])
+
+
+def test_the_longest_wait_is_reported():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=1)
+    rl.acquire("t", ["a"])
+    clock.now += 40
+    rl.acquire("t", ["b"])
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["a", "b"])
+    assert exc.value.retry_after_s == 60 and exc.value.key == ("t", "b")
+
+
+def test_tokens_go_to_the_document_they_came_from():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=10)
+    r = rl.acquire("t", ["a", "b"])
+    r.charge(10, "a")
+    r.charge(0, "b")
+    assert set(r.keys) == {("t", "a"), ("t", "b")}
+    rl.acquire("t", ["b"])
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["a"])
+    rl.acquire("t", ["b"]).charge(4, "unknown")  # text of no named document: every key pays
+    rl.acquire("t", ["b"]).charge(6)
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["b"])
+
+
+def test_zero_switches_a_limit_off():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=0, tokens_per_minute=0)
+    for _ in range(200):
+        rl.acquire("t", ["d"]).charge(10_000)
+
+
+def test_a_charge_after_the_entry_left_the_window_is_not_counted():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=10)
+    late = rl.acquire("t", ["d"])
+    clock.now += 61
+    rl.acquire("t", ["d"])  # prunes the first entry
+    late.charge(100)  # a very slow call reporting after its window
+    rl.acquire("t", ["d"])
+
+
+def test_idle_keys_are_forgotten():
+    clock = Clock()
+    rl = limiter(clock, calls_per_minute=0)
+    for i in range(100):
+        rl.acquire("t", [f"d{i}"])
+    assert rl.tracked_keys() == 100
+    clock.now += 61
+    for _ in range(1024):
+        rl.acquire("t", ["live"])
+    assert rl.tracked_keys() == 1
