@@ -44,8 +44,9 @@ def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
             dim,
             api_key=settings.qdrant_api_key or None,
             timeout=settings.index_timeout_s,
+            hnsw_ef=settings.hnsw_ef,
         )
-    return EdgeIndex(settings.index_path, dim)
+    return EdgeIndex(settings.index_path, dim, hnsw_ef=settings.hnsw_ef)
 
 
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:

@@ -43,6 +43,8 @@ class RetrievalSettings:
     """Collection name on the Qdrant server (QDRANT_COLLECTION)."""
     index_timeout_s: float
     """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
+    hnsw_ef: int
+    """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
     breaker_failures: int
     """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
     breaker_reset_s: float
@@ -132,6 +134,7 @@ class RetrievalSettings:
             qdrant_api_key=env.text("QDRANT_API_KEY", ""),
             qdrant_collection=env.text("QDRANT_COLLECTION", "visior_chunks"),
             index_timeout_s=env.number("RETR_INDEX_TIMEOUT_S", 2.0, minimum=0.01),
+            hnsw_ef=env.integer("RETR_HNSW_EF", 128, minimum=8, maximum=4096),
             breaker_failures=env.integer("RETR_BREAKER_FAILURES", 5, minimum=1, maximum=100),
             breaker_reset_s=env.number("RETR_BREAKER_RESET_S", 10.0, minimum=0.1),
             embedding=EmbeddingSettings.from_env(env),

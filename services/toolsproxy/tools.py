@@ -38,10 +38,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
 from services.common.tokenizer import count_tokens as default_count_tokens
-from services.common.untrusted import (  # re-exported: tests and tools use them from here
-    neutralise_markers,
-    wrap_untrusted,
-)
+from services.common.untrusted import neutralise_markers as neutralise_markers
+from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
+from services.common.untrusted import wrap_untrusted as wrap_untrusted
 from services.docstore.model import Chunk, Document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation

@@ -293,7 +293,12 @@ def test_knowledge_base_csv_sample():
     ]
     vat = docs[0]
     assert vat.source == "knowledge_base" and vat.tenant_id == "kb"
-    assert vat.title == "Ставки НДС в 2025 году" and vat.tags == ("НДС", "налоги", "topic:tax", "jurisdiction:ru")
+    assert vat.title == "Ставки НДС в 2025 году" and vat.tags == (
+        "НДС",
+        "налоги",
+        "topic:tax",
+        "jurisdiction:ru",
+    )
     assert {k: vat.metadata[k] for k in ("topic", "jurisdiction", "updated_at")} == {
         "topic": "tax",
         "jurisdiction": "RU",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common import errors
+from services.common.untrusted import unwrap_untrusted
 from services.toolsproxy.search_tools import MAX_TOP_K, SearchCall, SearchHitView, SearchTools
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -36,11 +37,16 @@ async def test_user_search_runs_in_the_callers_tenant_with_pages():
         "search_user_documents", {"query": "LDAP", "document_ids": ["d1"], "top_k": 3}, A
     )
     assert out.status == "ok"
-    assert out.result["hits"][0] == {
+    hit = out.result["hits"][0]
+    assert {k: hit[k] for k in ("doc_id", "section_id", "chunk_id", "title", "score")} == {
         "doc_id": "d1", "section_id": "d1:s001", "chunk_id": "d1:c00001", "title": "LDAP",
-        "text": "Open Settings.", "score": 0.9, "page_start": 2, "page_end": 2,
+        "score": 0.9,
     }  # fmt: skip
-    assert out.result["content_type"] == "untrusted_document_text"
+    assert (hit["page_start"], hit["page_end"]) == (2, 2)
+    # Passages are data: delimited so the model can tell them from instructions.
+    assert hit["text"].startswith("<<<DOCUMENT") and hit["text"].endswith("<<<END DOCUMENT>>>")
+    assert unwrap_untrusted(hit["text"]) == "Open Settings."
+    assert hit["content_type"] == "untrusted_document_text"
     call = s.calls[0]
     assert (call.tenant_id, call.doc_ids, call.top_k, call.source) == (
         "tenant-a",
