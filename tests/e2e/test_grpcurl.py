@@ -186,10 +186,10 @@ def _check_execute(r: dict[str, Any]) -> None:
 
 def _check_tools(r: dict[str, Any]) -> None:
     assert {t["name"] for t in r["tools"]} == {
-        "read_chunk_window",
-        "read_doc_section",
-        "read_doc_metadata",
-    }
+        "read_chunk_window", "read_doc_section", "read_doc_pages", "read_doc_metadata",
+        "doc_local_search", "load_documents_full", "search_user_documents",
+        "search_general_kb", "fetch_cbr_data", "fetch_finance_news",
+    }  # fmt: skip
 
 
 def _health(key: str) -> Callable[[dict[str, Any]], None]:

@@ -981,14 +981,18 @@ def test_list_tools(mesh: Mesh) -> None:
     r = get(mesh, "toolsproxy", "/internal/mcp/tools")
     assert r.status_code == 200, r.text
     tools = {t["name"]: t for t in r.json()["tools"]}
-    assert set(tools) == {"read_chunk_window", "read_doc_section", "read_doc_metadata"}
+    assert set(tools) == {
+        "read_chunk_window", "read_doc_section", "read_doc_pages", "read_doc_metadata",
+        "doc_local_search", "load_documents_full", "search_user_documents",
+        "search_general_kb", "fetch_cbr_data", "fetch_finance_news",
+    }  # fmt: skip
     for t in tools.values():
         assert t["description"]
         assert t["input_schema"]["type"] == "object"
     window = tools["read_chunk_window"]["input_schema"]
     assert set(window["required"]) == {"doc_id", "anchor_chunk_id"}
     # The proxy's per-side limit and the orchestrator's radius agree (DESIGN §2.6).
-    assert window["x-max-radius"] == get_config(mesh)["window_radius"] == 3
+    assert window["properties"]["radius"]["maximum"] == get_config(mesh)["window_radius"] == 3
 
 
 def test_list_tools_unknown_query_parameter_is_400(mesh: Mesh) -> None:
