@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,10 +117,26 @@ def _start(root: Path, env: dict[str, str] | None = None) -> Mesh:
     return mesh
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+MCP_PORT = free_port()
+"""The shared mesh's tools proxy also serves MCP here (MCP_PROXY_MCP_*)."""
+MCP_TOKEN = "e2e-gateway-token"
+
+
 @pytest.fixture(scope="session")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """The shared mesh: samples/docs in tenant demo, one secret document in another tenant."""
-    m = _start(tmp_path_factory.mktemp("mesh"))
+    mcp = {
+        "MCP_PROXY_MCP_ENABLED": "true",
+        "MCP_PROXY_MCP_PORT": str(MCP_PORT),
+        "MCP_PROXY_MCP_TOKEN": MCP_TOKEN,
+    }
+    m = _start(tmp_path_factory.mktemp("mesh"), mcp)
     try:
         docs = sorted(SAMPLES.glob("*.md"))
         assert docs, f"no sample documents in {SAMPLES}"
