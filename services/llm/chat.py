@@ -1,0 +1,90 @@
+"""The chat-model port: messages, tool calls and completions as the LLM service sees them.
+
+Implemented by the OpenAI-compatible runtime client (services/llm/runtime.py) and by the
+built-in extractive responder; driven by the tool loop (services/llm/loop.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.llm.model import GenerationParams
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model asked for; `arguments` is the raw JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of the conversation sent to the model (OpenAI chat roles)."""
+
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""  # for role "tool": which call this answers
+    name: str = ""  # for role "tool": the tool's name
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool offered to the model: its name, description and JSON-schema parameters."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One model answer: text and/or tool calls, and the runtime's token counts."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """A piece of answer text as the model produces it."""
+
+    text: str
+
+
+StreamEvent = StreamDelta | Completion
+"""A stream yields deltas and ends with the assembled Completion."""
+
+
+class ChatRuntime(Protocol):
+    """A chat model. A failed call (timeout, overload, malformed answer, breaker open)
+    raises services.common.errors.UnavailableError with reason LLM_RUNTIME_ERROR (502)."""
+
+    name: str
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+    ) -> Completion: ...
+
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+    ) -> AsyncIterator[StreamEvent]: ...
