@@ -67,7 +67,8 @@ StreamEvent = StreamDelta | Completion
 
 class ChatRuntime(Protocol):
     """A chat model. A failed call (timeout, overload, malformed answer, breaker open)
-    raises services.common.errors.UnavailableError with reason LLM_RUNTIME_ERROR (502)."""
+    raises services.common.errors.UnavailableError with reason LLM_RUNTIME_ERROR (502).
+    `model` is the request's model name; empty means the runtime's default."""
 
     name: str
 
@@ -78,6 +79,7 @@ class ChatRuntime(Protocol):
         params: GenerationParams,
         *,
         timeout_s: float,
+        model: str = "",
     ) -> Completion: ...
 
     def stream(
@@ -87,4 +89,5 @@ class ChatRuntime(Protocol):
         params: GenerationParams,
         *,
         timeout_s: float,
+        model: str = "",
     ) -> AsyncIterator[StreamEvent]: ...

@@ -1,0 +1,1000 @@
+"""The OpenAI-compatible chat runtime client (vLLM, OpenRouter, ...): tools, JSON mode, SSE, resilience.
+
+`OpenAiChatRuntime` implements the `ChatRuntime` port of services/llm/chat.py over
+``POST {LLM_RUNTIME_URL}/v1/chat/completions``.
+
+Tool calling has two wire forms:
+
+* native (default): ``tools`` in the request, ``message.tool_calls`` in the answer;
+* JSON mode (``ENABLE_JSON_MODE``, for runtimes without native tool calling, llm-service.md
+  §5.1/§6): no ``tools`` field; a system instruction lists the tools and their JSON schemas
+  and asks for exactly one JSON object, ``{"tool_name": ..., "arguments": {...}}`` to call a
+  tool or ``{"answer": "..."}`` to finish, with ``response_format: {"type": "json_object"}``.
+  Earlier tool calls and results in the conversation are rewritten as text in that format,
+  results as *user* messages ``{"tool_name", "tool_result"}`` (the spec says assistant; many
+  chat templates refuse two assistant turns in a row). Reading the answer back
+  (`parse_json_mode`):
+
+  - ``{"tool_name": str, "arguments": object | JSON text | absent}`` -> one ToolCall with a
+    generated id (arguments passed on as JSON text; the tool loop validates them);
+  - ``{"answer": str}`` -> the final answer;
+  - text that does not start like JSON (``{``/``[``, after stripping a Markdown code fence)
+    -> the model ignored the format but answered: that text is the final answer;
+  - empty text, JSON that does not parse (e.g. cut by max_tokens), or a JSON value of any
+    other shape -> it cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
+    (``kind=bad_response``).
+
+Resilience. ``timeout_s`` bounds the whole call, the retry included (clamped to
+LLM_RUNTIME_TIMEOUT_S). Exactly one retry (LLM_RUNTIME_RETRIES) on transient errors: a
+connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/502/503/504.
+Timeouts are not retried (a second full timeout would double the latency the caller waits),
+nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
+calls (timeouts, unreachable, 429/5xx after the retry, unreadable answers); a 4xx answer
+means the runtime is up and does not count. Every failure is
+``UnavailableError(reason="LLM_RUNTIME_ERROR")`` with metadata ``kind`` (timeout,
+unreachable, overloaded, rejected, bad_response, circuit_open), ``status`` when an HTTP
+status arrived, and ``attempts``.
+
+The API key travels only in ``Authorization: Bearer``; it is never logged, never in an error
+or a repr. Message texts are never logged either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from services.common import errors
+from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.settings import Env, SettingsError
+from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
+from services.llm.model import GenerationParams
+
+log = logging.getLogger(__name__)
+
+LLM_RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
+CHAT_PATH = "/v1/chat/completions"
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+"""A larger answer is a bad response (a chat completion is far smaller)."""
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+ROLES = ("system", "user", "assistant", "tool")
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def normalise_base_url(url: str) -> str:
+    """The runtime's base URL without a trailing ``/v1`` (or ``/v1/chat/completions``)."""
+    base = url.strip().rstrip("/")
+    base = base.removesuffix("/chat/completions").rstrip("/")
+    return base.removesuffix("/v1").rstrip("/")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the LLM service reaches an OpenAI-compatible runtime; validated on construction."""
+
+    url: str
+    """Runtime base URL (LLM_RUNTIME_URL), with or without ``/v1``; http(s) only."""
+    default_model: str
+    """Model name when the request names none (DEFAULT_MODEL_NAME); required."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer key (LLM_RUNTIME_API_KEY, OPENAI_API_KEY or their *_FILE); None sends none."""
+    enable_json_mode: bool = False
+    """Tools through the JSON-mode instruction instead of native ``tools`` (ENABLE_JSON_MODE)."""
+    timeout_s: float = 30.0
+    """Longest one call may take, the retry included (LLM_RUNTIME_TIMEOUT_S); callers'
+    shorter timeouts win."""
+    connect_timeout_s: float = 3.0
+    """Longest a TCP/TLS connect may take (LLM_RUNTIME_CONNECT_TIMEOUT_S)."""
+    retries: int = 1
+    """Retries after a transient failure (LLM_RUNTIME_RETRIES; the spec says 1)."""
+    retry_backoff_s: float = 0.2
+    """Pause before a retry when the runtime gives no Retry-After (LLM_RUNTIME_RETRY_BACKOFF_S)."""
+    max_retry_after_s: float = 2.0
+    """A 429/503 asking to wait longer than this fails at once (LLM_RUNTIME_MAX_RETRY_AFTER_S)."""
+    breaker_failures: int = 5
+    """Consecutive failed calls that open the breaker (LLM_RUNTIME_BREAKER_FAILURES)."""
+    breaker_reset_s: float = 30.0
+    """How long the open breaker refuses calls before a trial (LLM_RUNTIME_BREAKER_RESET_S)."""
+    stream_usage: bool = True
+    """Ask streams for a final usage chunk, ``stream_options.include_usage``
+    (LLM_RUNTIME_STREAM_USAGE; turn off for servers that refuse stream_options)."""
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"LLM_RUNTIME_URL={self.url!r} is not an http(s) URL")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            raise SettingsError("LLM_RUNTIME_URL must not carry credentials, query or fragment")
+        if not self.default_model.strip():
+            raise SettingsError("DEFAULT_MODEL_NAME is required when LLM_RUNTIME_URL is set")
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise SettingsError("LLM runtime timeouts must be positive")
+        if not 0 <= self.retries <= 3:
+            raise SettingsError("LLM_RUNTIME_RETRIES must be within 0..3")
+        if self.breaker_failures < 1:
+            raise SettingsError("LLM_RUNTIME_BREAKER_FAILURES must be at least 1")
+
+    @property
+    def endpoint(self) -> str:
+        """The chat-completions URL."""
+        return normalise_base_url(self.url) + CHAT_PATH
+
+    @classmethod
+    def from_env(cls, env: Env) -> RuntimeSettings:
+        """Read the runtime settings; LLM_SERVICE_-prefixed names win over the spec's names.
+
+        Raises SettingsError when LLM_RUNTIME_URL is unset (check `configured_in` first).
+        """
+
+        def names(name: str) -> list[str]:
+            return ["LLM_SERVICE_" + name.removeprefix("LLM_"), name]
+
+        url = env.text(names("LLM_RUNTIME_URL"), "")
+        if not url:
+            raise SettingsError("LLM_RUNTIME_URL is not set")
+        return cls(
+            url=url,
+            default_model=env.text(names("DEFAULT_MODEL_NAME"), ""),
+            api_key=_api_key(env),
+            enable_json_mode=env.flag(names("ENABLE_JSON_MODE"), False),
+            timeout_s=env.number(names("LLM_RUNTIME_TIMEOUT_S"), 30.0, minimum=0.01),
+            connect_timeout_s=env.number(names("LLM_RUNTIME_CONNECT_TIMEOUT_S"), 3.0, minimum=0.01),
+            retries=env.integer(names("LLM_RUNTIME_RETRIES"), 1, minimum=0, maximum=3),
+            retry_backoff_s=env.number(names("LLM_RUNTIME_RETRY_BACKOFF_S"), 0.2, minimum=0.0),
+            max_retry_after_s=env.number(names("LLM_RUNTIME_MAX_RETRY_AFTER_S"), 2.0, minimum=0.0),
+            breaker_failures=env.integer(
+                names("LLM_RUNTIME_BREAKER_FAILURES"), 5, minimum=1, maximum=100
+            ),
+            breaker_reset_s=env.number(names("LLM_RUNTIME_BREAKER_RESET_S"), 30.0, minimum=0.0),
+            stream_usage=env.flag(names("LLM_RUNTIME_STREAM_USAGE"), True),
+        )
+
+    @staticmethod
+    def configured_in(env: Env) -> bool:
+        """True when LLM_RUNTIME_URL (or LLM_SERVICE_RUNTIME_URL) is set."""
+        return env.raw(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"]) is not None
+
+
+def _api_key(env: Env) -> str | None:
+    """The key from the first of the variables set; *_FILE names a file holding it."""
+    order = (
+        ("LLM_SERVICE_RUNTIME_API_KEY", False),
+        ("LLM_SERVICE_RUNTIME_API_KEY_FILE", True),
+        ("LLM_RUNTIME_API_KEY", False),
+        ("LLM_RUNTIME_API_KEY_FILE", True),
+        ("OPENAI_API_KEY", False),
+        ("OPENAI_API_KEY_FILE", True),
+    )
+    for name, is_file in order:
+        found = env.raw([name])
+        if found is None:
+            continue
+        if not is_file:
+            return found[1]
+        path = Path(found[1])
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise SettingsError(f"{name}: cannot read {path}: {reason}") from None
+        if not key:
+            raise SettingsError(f"{name}: {path} is empty")
+        return key
+    return None
+
+
+# -- request building ------------------------------------------------------------------------
+
+JSON_MODE_INSTRUCTIONS = """\
+# Tools
+You may use the following tools. Each is listed with its description and the JSON schema \
+of its arguments:
+{tools}
+
+Reply with exactly one JSON object and nothing else:
+- to call a tool: {{"tool_name": "<tool name>", "arguments": {{...}}}}
+- to give your final answer: {{"answer": "<your answer to the user>"}}
+Call one tool at a time; its result comes back as a message {{"tool_name": ..., \
+"tool_result": ...}}."""
+
+JSON_MODE_ANSWER_ONLY = (
+    'Reply with exactly one JSON object and nothing else: {"answer": "<your answer to the user>"}'
+)
+
+
+def _schema(tool: ToolSpec) -> dict[str, Any]:
+    return tool.parameters or {"type": "object", "properties": {}}
+
+
+def json_mode_instruction(tools: Sequence[ToolSpec]) -> str:
+    """The system instruction of JSON mode (mentions JSON, as json_object requires)."""
+    if not tools:
+        return JSON_MODE_ANSWER_ONLY
+    listing = "\n".join(
+        f"- {t.name}: {' '.join(t.description.split())}\n"
+        f"  arguments schema: {json.dumps(_schema(t), ensure_ascii=False, sort_keys=True)}"
+        for t in tools
+    )
+    return JSON_MODE_INSTRUCTIONS.format(tools=listing)
+
+
+def _check_roles(messages: Sequence[ChatMessage]) -> None:
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise ValueError(f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}")
+        if m.role == "tool" and not m.tool_call_id:
+            raise ValueError(f"messages[{i}] has role 'tool' but no tool_call_id")
+
+
+def _native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+        elif m.role == "assistant" and m.tool_calls:
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": m.content or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in m.tool_calls
+                    ],
+                }
+            )
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def _json_call_text(call: ToolCall) -> str:
+    try:
+        arguments: Any = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        arguments = call.arguments
+    return json.dumps({"tool_name": call.name, "arguments": arguments}, ensure_ascii=False)
+
+
+def _json_mode_messages(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+) -> list[dict[str, Any]]:
+    names = {c.id: c.name for m in messages for c in m.tool_calls}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            name = m.name or names.get(m.tool_call_id, "")
+            result = json.dumps({"tool_name": name, "tool_result": m.content}, ensure_ascii=False)
+            out.append({"role": "user", "content": result})
+        elif m.role == "assistant" and m.tool_calls:
+            text = "\n".join(_json_call_text(c) for c in m.tool_calls)
+            out.append({"role": "assistant", "content": text})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    instruction = json_mode_instruction(tools)
+    # One leading system message: several chat templates accept no other.
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{instruction}".lstrip()}
+    else:
+        out.insert(0, {"role": "system", "content": instruction})
+    return out
+
+
+def build_request(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    params: GenerationParams,
+    *,
+    model: str,
+    json_mode: bool,
+    stream: bool = False,
+    stream_usage: bool = True,
+) -> dict[str, Any]:
+    """The chat-completions body: only the generation params that are set are sent."""
+    _check_roles(messages)
+    body: dict[str, Any] = {"model": model}
+    if json_mode:
+        body["messages"] = _json_mode_messages(messages, tools)
+        body["response_format"] = {"type": "json_object"}
+    else:
+        body["messages"] = _native_messages(messages)
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": _schema(t),
+                    },
+                }
+                for t in tools
+            ]
+    for name in ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if value is not None:
+            body[name] = value
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if stream:
+        body["stream"] = True
+        if stream_usage:
+            body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# -- answer parsing --------------------------------------------------------------------------
+
+
+class BadResponse(Exception):
+    """The runtime's answer cannot be read; the message says why (never echoes the key)."""
+
+
+def new_call_id() -> str:
+    """An id for a tool call the runtime sent without one (JSON mode, lax servers)."""
+    return "call_" + secrets.token_hex(12)
+
+
+def _strip_fence(text: str) -> str:
+    body = text.strip()
+    if body.startswith("```"):
+        body = body[3:]
+        if body[:4].lower() == "json":
+            body = body[4:]
+        body = body.removesuffix("```") if body.rstrip().endswith("```") else body
+        body = body.strip().removesuffix("```").strip()
+    return body
+
+
+def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
+    """(answer text, tool calls) from a JSON-mode answer; raises BadResponse when unreadable.
+
+    The rule is in the module docstring.
+    """
+    body = _strip_fence(text)
+    if not body:
+        raise BadResponse("the model's JSON-mode answer is empty")
+    if body[0] not in "{[":
+        return text.strip(), ()
+    try:
+        value, _ = json.JSONDecoder().raw_decode(body)
+    except ValueError:
+        raise BadResponse("the model's JSON-mode answer is not valid JSON") from None
+    if isinstance(value, dict):
+        name = value.get("tool_name")
+        if isinstance(name, str) and name.strip():
+            arguments = value.get("arguments", {})
+            if isinstance(arguments, str):
+                arguments_text = arguments
+            else:
+                arguments_text = json.dumps(arguments, ensure_ascii=False)
+            return "", (ToolCall(id=new_call_id(), name=name.strip(), arguments=arguments_text),)
+        answer = value.get("answer")
+        if isinstance(answer, str):
+            return answer, ()
+    raise BadResponse('the model\'s JSON-mode answer has neither "tool_name" nor a string "answer"')
+
+
+def _tool_call(raw: Any, index: int) -> ToolCall:
+    if not isinstance(raw, dict):
+        raise BadResponse(f"tool_calls[{index}] is not an object")
+    fn = raw.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadResponse(f"tool_calls[{index}] has no function name")
+    assert isinstance(fn, dict)
+    arguments = fn.get("arguments")
+    if arguments is None:
+        arguments = ""
+    elif not isinstance(arguments, str):  # some servers send the object itself
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    call_id = raw.get("id")
+    return ToolCall(
+        id=call_id if isinstance(call_id, str) and call_id else new_call_id(),
+        name=name,
+        arguments=arguments,
+    )
+
+
+def _tokens(usage: Any, name: str) -> int:
+    value = usage.get(name) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _finish(
+    content: str,
+    calls: tuple[ToolCall, ...],
+    finish_reason: Any,
+    usage: Any,
+    model: str,
+    json_mode: bool,
+) -> Completion:
+    if json_mode and not calls:
+        content, calls = parse_json_mode(content)
+    reason = finish_reason if isinstance(finish_reason, str) and finish_reason else "stop"
+    if calls and reason == "stop":
+        reason = "tool_calls"
+    return Completion(
+        content=content,
+        tool_calls=calls,
+        finish_reason=reason,
+        prompt_tokens=_tokens(usage, "prompt_tokens"),
+        completion_tokens=_tokens(usage, "completion_tokens"),
+        model=model,
+    )
+
+
+def parse_completion(payload: Any, *, model: str, json_mode: bool) -> Completion:
+    """A Completion from a ``chat.completion`` object; raises BadResponse when unreadable."""
+    if not isinstance(payload, dict):
+        raise BadResponse("the answer is not a JSON object")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BadResponse("the answer has no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise BadResponse("choices[0].message is not an object")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise BadResponse("choices[0].message.content is not a string")
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise BadResponse("choices[0].message.tool_calls is not an array")
+    calls = tuple(_tool_call(c, i) for i, c in enumerate(raw_calls))
+    answered = payload.get("model")
+    return _finish(
+        content or "",
+        calls,
+        choices[0].get("finish_reason"),
+        payload.get("usage"),
+        answered if isinstance(answered, str) and answered else model,
+        json_mode,
+    )
+
+
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembler:
+    """Folds ``chat.completion.chunk`` objects into text deltas and the final Completion.
+
+    Tool-call fragments are joined by their ``index`` (id and name from the first fragment
+    that has them, arguments concatenated), as the official client does.
+    """
+
+    model: str
+    json_mode: bool = False
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Any = None
+
+    def feed(self, chunk: Any) -> str:
+        """Take one chunk; returns its content text ("" when none). Raises BadResponse."""
+        if not isinstance(chunk, dict):
+            raise BadResponse("a stream chunk is not a JSON object")
+        if "error" in chunk:
+            raise BadResponse("the runtime reported an error in the stream")
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            self.model = chunk["model"]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise BadResponse("a stream chunk's choices is not an array")
+        text = ""
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise BadResponse("a stream chunk's delta is not an object")
+            piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                self.content.append(piece)
+                text += piece
+            for fragment in delta.get("tool_calls") or []:
+                self._fold(fragment)
+        return text
+
+    def _fold(self, fragment: Any) -> None:
+        if not isinstance(fragment, dict):
+            raise BadResponse("a tool-call fragment is not an object")
+        index = fragment.get("index", len(self.calls))
+        if not isinstance(index, int):
+            raise BadResponse("a tool-call fragment has no integer index")
+        call = self.calls.setdefault(index, _PartialCall())
+        if isinstance(fragment.get("id"), str) and fragment["id"] and not call.id:
+            call.id = fragment["id"]
+        fn = fragment.get("function") or {}
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str):
+                call.name += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call.arguments.append(fn["arguments"])
+
+    def completion(self) -> Completion:
+        """The assembled Completion (raises BadResponse for a call without a name)."""
+        calls = []
+        for index in sorted(self.calls):
+            c = self.calls[index]
+            if not c.name:
+                raise BadResponse(f"streamed tool call {index} has no function name")
+            calls.append(
+                ToolCall(id=c.id or new_call_id(), name=c.name, arguments="".join(c.arguments))
+            )
+        return _finish(
+            "".join(self.content),
+            tuple(calls),
+            self.finish_reason,
+            self.usage,
+            self.model,
+            self.json_mode,
+        )
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+class _Failure(Exception):
+    """One failed attempt: the error to raise if it is the last, whether to retry, and whether
+    it counts against the breaker."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry: bool = False,
+        outage: bool = True,
+        delay: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry = retry
+        self.outage = outage
+        self.delay = delay
+        self.attempts = 1
+
+    def error(self, attempts: int, runtime: str) -> errors.UnavailableError:
+        metadata = {"kind": self.kind, "attempts": str(attempts), "runtime": runtime}
+        if self.status is not None:
+            metadata["status"] = str(self.status)
+        return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _status_failure(response: httpx.Response, max_retry_after_s: float) -> _Failure:
+    status = response.status_code
+    if status in RETRY_STATUSES:
+        wait = _retry_after(response.headers.get("retry-after"))
+        too_long = wait is not None and wait > max_retry_after_s
+        return _Failure(
+            "overloaded",
+            f"LLM runtime is overloaded (HTTP {status})",
+            status=status,
+            retry=not too_long,
+            delay=wait,
+        )
+    if status in (401, 403):
+        # The runtime's own message may quote part of the key: it is not passed on.
+        return _Failure(
+            "rejected",
+            f"LLM runtime refused the credentials (HTTP {status})",
+            status=status,
+            outage=False,
+        )
+    if 400 <= status < 500:
+        return _Failure(
+            "rejected", f"LLM runtime rejected the request (HTTP {status})", status=status,
+            outage=False,
+        )  # fmt: skip
+    return _Failure("bad_response", f"LLM runtime answered HTTP {status}", status=status)
+
+
+def _detail(content: bytes, secret: str | None) -> str:
+    """The runtime's error message (short, one line, key scrubbed) for 400/404/422 logs."""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return ""
+    err = body.get("error") if isinstance(body, dict) else None
+    text = err.get("message") if isinstance(err, dict) else None
+    if not isinstance(text, str):
+        return ""
+    text = " ".join(text.split())[:300]
+    return text.replace(secret, "***") if secret else text
+
+
+class OpenAiChatRuntime:
+    """`ChatRuntime` over an OpenAI-compatible ``/v1/chat/completions`` (see module docstring).
+
+    The HTTP client, clock (monotonic seconds) and sleep are injected; tests step time.
+    """
+
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        http: httpx.AsyncClient,
+        *,
+        breaker: CircuitBreaker | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.default_model
+        self._http = http
+        self._clock = clock
+        self._sleep = sleep
+        self._url = settings.endpoint
+        self.breaker = breaker or CircuitBreaker(
+            "llm-runtime",
+            failure_threshold=settings.breaker_failures,
+            reset_after_s=settings.breaker_reset_s,
+            clock=clock,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAiChatRuntime(url={self._url!r}, model={self.name!r}, "
+            f"json_mode={self.settings.enable_json_mode})"
+        )
+
+    # -- the port ----------------------------------------------------------------------------
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+        model: str = "",
+    ) -> Completion:
+        """One completion. `timeout_s` bounds the call including its retry; `model` overrides
+        DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime failure,
+        ValueError for messages the port does not allow (unknown role, tool without id)."""
+        model = model or self.settings.default_model
+        json_mode = self.settings.enable_json_mode
+        body = build_request(messages, tools, params, model=model, json_mode=json_mode)
+        start = self._clock()
+        deadline = start + min(timeout_s, self.settings.timeout_s)
+        self._enter(timeout_s)
+        attempts = 0
+        try:
+            _, content, attempts = await self._send(body, deadline, stream=False)
+            try:
+                completion = parse_completion(self._json(content), model=model, json_mode=json_mode)
+            except BadResponse as exc:
+                raise _Failure(
+                    "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
+                ) from None
+        except _Failure as failed:
+            attempts = attempts or failed.attempts
+            self._record(failed.outage)
+            self._log("error", model, start, attempts, kind=failed.kind, status=failed.status)
+            raise failed.error(attempts, self.name) from None
+        except BaseException:
+            self._record(outage=True)  # cancelled or a bug: never leave a trial call hanging
+            raise
+        self._record(outage=False)
+        self._log(
+            "ok",
+            model,
+            start,
+            attempts,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            tool_calls=len(completion.tool_calls),
+        )
+        return completion
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+        model: str = "",
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Text deltas as the runtime sends them, then the assembled Completion.
+
+        Retries (once) only before the first chunk; a failure after it raises
+        UnavailableError(LLM_RUNTIME_ERROR). In JSON mode the deltas would be JSON text, so
+        the answer is yielded as one delta once the whole object has arrived.
+        """
+        model = model or self.settings.default_model
+        json_mode = self.settings.enable_json_mode
+        body = build_request(
+            messages,
+            tools,
+            params,
+            model=model,
+            json_mode=json_mode,
+            stream=True,
+            stream_usage=self.settings.stream_usage,
+        )
+        start = self._clock()
+        deadline = start + min(timeout_s, self.settings.timeout_s)
+        self._enter(timeout_s)
+        attempts = 0
+        response: httpx.Response | None = None
+        try:
+            response, _, attempts = await self._send(body, deadline, stream=True)
+            assembler = StreamAssembler(model=model, json_mode=json_mode)
+            done = False
+            if response.headers.get("content-type", "").startswith("application/json"):
+                # A server that ignores `stream: true` answers with one chat.completion.
+                completion = await self._unstreamed(response, deadline, model, json_mode)
+                self._record(outage=False)
+                self._log("ok", model, start, attempts, stream=False)
+                if completion.content:
+                    yield StreamDelta(completion.content)
+                yield completion
+                return
+            async for data in self._events(response, deadline):
+                if data == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise _Failure(
+                        "bad_response", "LLM runtime sent an unreadable stream chunk"
+                    ) from None
+                try:
+                    piece = assembler.feed(chunk)
+                except BadResponse as exc:
+                    raise _Failure("bad_response", f"LLM runtime stream failed: {exc}") from None
+                if piece and not json_mode:
+                    yield StreamDelta(piece)
+            if not done and assembler.finish_reason is None:
+                raise _Failure("unreachable", "LLM runtime stream ended before it finished")
+            try:
+                completion = assembler.completion()
+            except BadResponse as exc:
+                raise _Failure(
+                    "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
+                ) from None
+            self._record(outage=False)
+            self._log(
+                "ok",
+                model,
+                start,
+                attempts,
+                stream=True,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                tool_calls=len(completion.tool_calls),
+            )
+            if json_mode and completion.content:
+                yield StreamDelta(completion.content)
+            yield completion
+        except _Failure as failed:
+            attempts = attempts or failed.attempts
+            self._record(failed.outage)
+            self._log(
+                "error", model, start, attempts, stream=True, kind=failed.kind,
+                status=failed.status,
+            )  # fmt: skip
+            raise failed.error(attempts, self.name) from None
+        except BaseException:
+            # The consumer stopped early (GeneratorExit) or was cancelled: the runtime was
+            # answering if a 200 arrived; either way no half-open trial is left hanging.
+            self._record(outage=response is None)
+            raise
+        finally:
+            if response is not None:
+                await response.aclose()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _enter(self, timeout_s: float) -> None:
+        if not timeout_s > 0:
+            raise _Failure("timeout", "no time left to call the LLM runtime").error(0, self.name)
+        try:
+            self.breaker.before_call()
+        except CircuitOpenError as exc:
+            self._log("circuit_open", self.settings.default_model, self._clock(), 0)
+            raise errors.UnavailableError(
+                "LLM runtime is unavailable: too many recent failures; "
+                f"next try in {math.ceil(exc.retry_in)} s",
+                reason=LLM_RUNTIME_ERROR,
+                metadata={"kind": "circuit_open", "attempts": "0", "runtime": self.name},
+            ) from None
+
+    def _record(self, outage: bool) -> None:
+        if outage:
+            self.breaker.record_failure()
+        else:
+            self.breaker.record_success()
+
+    def _headers(self, stream: bool) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if stream else "application/json",
+        }
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+        return headers
+
+    async def _send(
+        self, body: dict[str, Any], deadline: float, *, stream: bool
+    ) -> tuple[httpx.Response, bytes, int]:
+        """A 200 response, its body (b"" for a stream: left unread) and the attempts it took."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response, content = await self._attempt(body, deadline, stream=stream)
+                return response, content, attempt
+            except _Failure as failed:
+                delay = failed.delay if failed.delay is not None else self.settings.retry_backoff_s
+                remaining = deadline - self._clock()
+                if not failed.retry or attempt > self.settings.retries or delay >= remaining:
+                    failed.attempts = attempt
+                    raise
+                log.warning(
+                    "llm runtime attempt failed; retrying",
+                    extra={"attempt": attempt, "kind": failed.kind, "status": failed.status,
+                           "delay_s": delay},
+                )  # fmt: skip
+                if delay > 0:
+                    await self._sleep(delay)
+
+    async def _attempt(
+        self, body: dict[str, Any], deadline: float, *, stream: bool
+    ) -> tuple[httpx.Response, bytes]:
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise _Failure("timeout", "LLM runtime did not answer in time")
+        timeout = httpx.Timeout(remaining, connect=min(remaining, self.settings.connect_timeout_s))
+        request = self._http.build_request(
+            "POST", self._url, json=body, headers=self._headers(stream), timeout=timeout
+        )
+        try:
+            async with asyncio.timeout(remaining):
+                response = await self._http.send(request, stream=True, follow_redirects=False)
+        except (TimeoutError, httpx.TimeoutException):
+            raise _Failure("timeout", "LLM runtime did not answer in time") from None
+        except httpx.TransportError:
+            raise _Failure("unreachable", "LLM runtime cannot be reached", retry=True) from None
+        if response.status_code == 200 and stream:
+            return response, b""
+        try:
+            content = await self._read_body(response, deadline)
+        finally:
+            await response.aclose()
+        if response.status_code == 200:
+            return response, content
+        failed = _status_failure(response, self.settings.max_retry_after_s)
+        if failed.kind == "rejected" and response.status_code not in (401, 403):
+            log.warning(
+                "llm runtime rejected the request",
+                extra={"status": response.status_code,
+                       "detail": _detail(content, self.settings.api_key)},
+            )  # fmt: skip
+        raise failed
+
+    async def _read_body(self, response: httpx.Response, deadline: float) -> bytes:
+        """The body, read within the deadline; more than MAX_RESPONSE_BYTES is refused."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                async for part in response.aiter_bytes():
+                    size += len(part)
+                    if size > MAX_RESPONSE_BYTES:
+                        raise _Failure("bad_response", "LLM runtime sent an oversized answer")
+                    parts.append(part)
+        except (TimeoutError, httpx.TimeoutException):
+            raise _Failure("timeout", "LLM runtime did not answer in time") from None
+        except httpx.TransportError:
+            raise _Failure(
+                "unreachable", "LLM runtime dropped the connection", retry=True
+            ) from None
+        return b"".join(parts)
+
+    async def _unstreamed(
+        self, response: httpx.Response, deadline: float, model: str, json_mode: bool
+    ) -> Completion:
+        content = await self._read_body(response, deadline)
+        try:
+            return parse_completion(self._json(content), model=model, json_mode=json_mode)
+        except BadResponse as exc:
+            raise _Failure(
+                "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
+            ) from None
+
+    @staticmethod
+    def _json(content: bytes) -> Any:
+        try:
+            return json.loads(content)
+        except ValueError:
+            raise _Failure("bad_response", "LLM runtime sent an answer that is not JSON") from None
+
+    async def _events(self, response: httpx.Response, deadline: float) -> AsyncIterator[str]:
+        """The ``data:`` payloads of an SSE body, each read within the deadline."""
+        lines = response.aiter_lines()
+        data: list[str] = []
+        size = 0
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise _Failure("timeout", "LLM runtime did not finish in time")
+            try:
+                async with asyncio.timeout(remaining):
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except (TimeoutError, httpx.TimeoutException):
+                raise _Failure("timeout", "LLM runtime did not finish in time") from None
+            except httpx.TransportError:
+                raise _Failure("unreachable", "LLM runtime dropped the stream") from None
+            size += len(line)
+            if size > MAX_RESPONSE_BYTES:
+                raise _Failure("bad_response", "LLM runtime sent an oversized stream")
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data = []
+                continue
+            if line.startswith(":"):
+                continue  # an SSE comment (keep-alive)
+            field_name, _, value = line.partition(":")
+            if field_name == "data":
+                data.append(value.removeprefix(" "))
+        if data:
+            yield "\n".join(data)
+
+    def _log(self, outcome: str, model: str, start: float, attempts: int, **extra: Any) -> None:
+        log.info(
+            "llm runtime call",
+            extra={
+                "outcome": outcome,
+                "model": model,
+                "attempts": attempts,
+                "latency_ms": int((self._clock() - start) * 1000),
+                "breaker": self.breaker.state,
+                **{k: v for k, v in extra.items() if v is not None},
+            },
+        )
