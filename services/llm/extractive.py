@@ -1,22 +1,57 @@
-"""The built-in extractive responder (DESIGN §2.9): the tool loop without a model.
+"""The built-in extractive responder (DESIGN §2.9): a ChatRuntime without a model.
 
-It asks for tools the way a model would (read the window around the best anchor, else
-the section), then answers by quoting the sentences of what it read that share the most
-words with the question, with the source and pages. The answer says it is extractive.
+`ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would: on
+the first call it asks to read the best section the prompt lists (read_chunk_window on its
+anchor, or read_doc_section when no anchor chunk is known); after a tool error it tries the
+next section; once it has read text, it answers by quoting the sentences of that text that
+share the most words with the question, with the source and pages. Without tools it quotes
+the context chunks of the prompt. The answer says it is extractive.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from services.common.untrusted import unwrap_untrusted
-from services.llm.model import Anchor, GenerateInput, ToolCallRecord, ToolRunner
+from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
+from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.model import (
+    Anchor,
+    EventSink,
+    GenerateInput,
+    GenerationParams,
+    ToolCallRecord,
+    ToolRunner,
+)
+from services.llm.prompt import (
+    CALLER_TOOL_KIND,
+    CONTEXT_KIND,
+    delimited_blocks,
+    is_service_note,
+    listed_anchors,
+)
+from services.llm.toolcalls import (
+    READ_CHUNK_WINDOW,
+    READ_DOC_SECTION,
+    READ_TOOL_SPECS,
+    ToolContent,
+    parse_tool_content,
+)
 
+EXTRACTIVE = "extractive"
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?…])\s+")
+_PIECE = re.compile(r"\S+\s*")
 MAX_QUOTED_SENTENCES = 3
+MAX_SECTIONS_TRIED = 2
+"""Sections the responder tries to read before it answers from what it has."""
+NOT_FOUND = (
+    "В доступных документах не нашлось ответа на этот вопрос.\n\n"
+    "_Ответ составлен без языковой модели (extractive)._"
+)
 
 
 def _stems(text: str) -> set[str]:
@@ -33,14 +68,10 @@ def best_sentences(text: str, question: str, limit: int = MAX_QUOTED_SENTENCES) 
     return [sentences[i] for i in sorted(ranked) if _stems(sentences[i]) & q] or sentences[:1]
 
 
-def _summary(result: dict[str, Any]) -> str:
-    pages = f"pp. {result.get('page_start')}–{result.get('page_end')}"
-    size = len(unwrap_untrusted(result.get("text", "")))
-    return f"read {size} characters of {result.get('doc_id')} ({pages})"
-
-
 @dataclass(frozen=True)
 class Reading:
+    """Text the responder quotes from, and where it comes from."""
+
     doc_id: str
     title: str
     text: str
@@ -48,87 +79,196 @@ class Reading:
     page_end: int
 
 
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _pages(attr: str) -> tuple[int, int]:
+    first, _, last = attr.partition("-")
+    return _int(first), _int(last or first)
+
+
+def compose(question: str, reading: Reading | None) -> str:
+    """The extractive answer: quotes from `reading` with the source and pages (Russian)."""
+    if reading is None or not reading.text.strip():
+        return NOT_FOUND
+    quotes = "\n".join(f"> {s}" for s in best_sentences(reading.text, question))
+    pages = (
+        f"стр. {reading.page_start}"
+        if reading.page_start == reading.page_end
+        else f"стр. {reading.page_start}–{reading.page_end}"
+    )
+    return (
+        f"Вот что говорится в документе «{reading.title or reading.doc_id}» ({pages}):\n\n"
+        f"{quotes}\n\n"
+        f"**Источник:** {reading.doc_id}, {pages}.\n\n"
+        "_Ответ составлен без языковой модели: это цитаты из документов (extractive)._"
+    )
+
+
+def _reading_from_tool(content: ToolContent) -> Reading | None:
+    texts = [b for b in content.texts if b.text.strip()]
+    if not texts:
+        return None
+    r = content.result
+    first = texts[0].attrs
+    doc_id = str(r.get("doc_id") or r.get("document_id") or first.get("doc_id", ""))
+    start, end = _int(r.get("page_start")), _int(r.get("page_end"))
+    if not start and "pages" in first:
+        start, end = _pages(first["pages"])
+    return Reading(
+        doc_id, str(r.get("title") or ""), "\n\n".join(b.text for b in texts), start, end or start
+    )
+
+
+def _reading_from_context(system: str) -> Reading | None:
+    blocks = delimited_blocks(system, CONTEXT_KIND)
+    if not blocks:
+        return None
+    b = blocks[0]
+    start, end = _pages(b.attrs.get("pages", ""))
+    doc_id = b.attrs.get("doc_id", "")
+    return Reading(doc_id, doc_id, b.text, start, end)
+
+
+def _question(messages: Sequence[ChatMessage]) -> str:
+    for m in reversed(messages):
+        if m.role != "user" or is_service_note(m):
+            continue
+        if m.content.startswith(f"<<<{CALLER_TOOL_KIND}"):
+            continue
+        return m.content
+    return ""
+
+
+def _tried(anchor: Anchor, asked: list[dict[str, Any]]) -> bool:
+    return any(
+        a.get("doc_id") == anchor.doc_id
+        and (
+            (anchor.anchor_chunk_id and a.get("anchor_chunk_id") == anchor.anchor_chunk_id)
+            or (anchor.section_id and a.get("section_id") == anchor.section_id)
+        )
+        for a in asked
+    )
+
+
+class ExtractiveRuntime:
+    """A ChatRuntime that reads with tools and answers by quotation; no model involved."""
+
+    name = EXTRACTIVE
+    extractive = True
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+        model: str = "",
+    ) -> Completion:
+        """The next move: a tool call, or the answer."""
+        return self.respond(messages, tools)
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        *,
+        timeout_s: float,
+        model: str = "",
+    ) -> AsyncIterator[StreamEvent]:
+        """`complete`, with the answer handed out word by word first."""
+        completion = self.respond(messages, tools)
+        for piece in _PIECE.findall(completion.content):
+            yield StreamDelta(piece)
+        yield completion
+
+    def respond(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
+        """What a model would answer to `messages` with `tools` offered."""
+        system = "\n\n".join(m.content for m in messages if m.role == "system")
+        asked: list[dict[str, Any]] = []
+        reading: Reading | None = None
+        for m in messages:
+            if m.role == "assistant":
+                for call in m.tool_calls:
+                    try:
+                        args = json.loads(call.arguments or "{}")
+                    except json.JSONDecodeError:
+                        args = {}
+                    asked.append(args if isinstance(args, dict) else {})
+            elif m.role == "tool":
+                content = parse_tool_content(m.content)
+                if content is not None and content.ok:
+                    reading = _reading_from_tool(content) or reading
+        if reading is None and tools and len(asked) < MAX_SECTIONS_TRIED:
+            read = self._next_read(system, {t.name for t in tools}, asked)
+            if read is not None:
+                return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
+        answer = compose(_question(messages), reading or _reading_from_context(system))
+        return Completion(answer, model=EXTRACTIVE)
+
+    @staticmethod
+    def _next_read(system: str, names: set[str], asked: list[dict[str, Any]]) -> ToolCall | None:
+        anchors = listed_anchors(system) or [
+            Anchor(b.attrs.get("doc_id", ""), b.attrs.get("section_id", ""),
+                   b.attrs.get("chunk_id", ""))
+            for b in delimited_blocks(system, CONTEXT_KIND)
+        ]  # fmt: skip
+        for anchor in anchors:
+            if not anchor.doc_id or _tried(anchor, asked):
+                continue
+            call_id = f"extractive-{len(asked) + 1}"
+            if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in names:
+                args = {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id}
+                return ToolCall(call_id, READ_CHUNK_WINDOW, json.dumps(args, ensure_ascii=False))
+            if anchor.section_id and READ_DOC_SECTION in names:
+                args = {"doc_id": anchor.doc_id, "section_id": anchor.section_id}
+                return ToolCall(call_id, READ_DOC_SECTION, json.dumps(args, ensure_ascii=False))
+        return None
+
+
+class _ToolEventsOnly:
+    """Passes tool events on and drops answer deltas (the old engine sends those itself)."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    async def delta(self, text: str) -> None:
+        return None
+
+    async def tool_call(self, record: ToolCallRecord) -> None:
+        await self._sink.tool_call(record)
+
+
 class ExtractiveResponder:
-    """Answers from the documents by tool calls and quotation; no model involved."""
+    """Compatibility adapter for today's engine.py: runs ToolLoop over ExtractiveRuntime.
+
+    To be removed once engine.py drives `ToolLoop(ExtractiveRuntime(), ...)` itself.
+    """
 
     def __init__(self, tools: ToolRunner) -> None:
         self._tools = tools
 
     async def answer(
-        self, req: GenerateInput, max_steps: int, sink: Any = None
+        self, req: GenerateInput, max_steps: int, sink: EventSink | None = None
     ) -> tuple[str, list[ToolCallRecord]]:
-        question = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
-        calls: list[ToolCallRecord] = []
-        reading: Reading | None = None
-        if req.user is not None and max_steps > 0:
-            for name, args in self._plan(req):
-                if len(calls) >= max_steps:
-                    break
-                result = await self._tools.execute(name, args, req.user, req.trace_id)
-                if result.status == "ok" and result.result:
-                    record = ToolCallRecord(name, args, _summary(result.result))
-                    calls.append(record)
-                    if sink is not None:
-                        await sink.tool_call(record)
-                    reading = Reading(
-                        result.result.get("doc_id", ""),
-                        result.result.get("title", ""),
-                        unwrap_untrusted(result.result.get("text", "")),
-                        int(result.result.get("page_start", 0)),
-                        int(result.result.get("page_end", 0)),
-                    )
-                    break
-                record = ToolCallRecord(
-                    name, args, f"tool_error {result.error_code}: {result.error_message}"
-                )
-                calls.append(record)
-                if sink is not None:
-                    await sink.tool_call(record)
-        if reading is None and req.context_chunks:
-            c = req.context_chunks[0]
-            reading = Reading(c.doc_id, c.doc_id, c.text, c.page_start, c.page_end)
-        return self._compose(question, reading), calls
-
-    def _plan(self, req: GenerateInput) -> list[tuple[str, dict[str, Any]]]:
-        """The tool calls a model would make, best anchor first, as the policy allows."""
-        allowed = set(req.policy.allowed_tools)
-        anchors = list(req.policy.anchors) or [
-            Anchor(c.doc_id, c.section_id, c.chunk_id) for c in req.context_chunks
-        ]
-        radius = req.policy.radius_schedule[0] if req.policy.radius_schedule else 1
-        plan: list[tuple[str, dict[str, Any]]] = []
-        for a in anchors[:2]:
-            if a.anchor_chunk_id and "read_chunk_window" in allowed:
-                plan.append(
-                    (
-                        "read_chunk_window",
-                        {
-                            "doc_id": a.doc_id,
-                            "anchor_chunk_id": a.anchor_chunk_id,
-                            "radius": radius,
-                        },
-                    )
-                )
-            elif "read_doc_section" in allowed:
-                plan.append(("read_doc_section", {"doc_id": a.doc_id, "section_id": a.section_id}))
-        return plan
-
-    @staticmethod
-    def _compose(question: str, reading: Reading | None) -> str:
-        if reading is None or not reading.text.strip():
-            return (
-                "В доступных документах не нашлось ответа на этот вопрос.\n\n"
-                "_Ответ составлен без языковой модели (extractive)._"
-            )
-        quotes = "\n".join(f"> {s}" for s in best_sentences(reading.text, question))
-        pages = (
-            f"стр. {reading.page_start}"
-            if reading.page_start == reading.page_end
-            else f"стр. {reading.page_start}–{reading.page_end}"
+        """The answer and the tool calls made, at most `max_steps` of them."""
+        unbounded = 1 << 30  # engine.py fitted the prompt to its own budgets already
+        settings = LoopSettings(
+            max_tool_steps=max_steps,
+            max_prompt_tokens=unbounded,
+            max_completion_tokens=unbounded,
+            max_total_tokens=unbounded * 2,
+            max_tool_result_tokens=unbounded,
+            default_model=EXTRACTIVE,
         )
-        return (
-            f"Вот что говорится в документе «{reading.title or reading.doc_id}» ({pages}):\n\n"
-            f"{quotes}\n\n"
-            f"**Источник:** {reading.doc_id}, {pages}.\n\n"
-            "_Ответ составлен без языковой модели: это цитаты из документов (extractive)._"
-        )
+        policy = replace(req.policy, max_tool_steps=None, context_token_budget=None)
+        loop = ToolLoop(ExtractiveRuntime(), self._tools, READ_TOOL_SPECS, settings)
+        events = _ToolEventsOnly(sink) if sink is not None else None
+        out = await loop.run(replace(req, policy=policy, params=GenerationParams()), events)
+        return out.answer, list(out.tools_called)

@@ -1,0 +1,244 @@
+"""Token management (llm-service.md §7): count every message, fit the context, keep the totals.
+
+Three limits, all in tokens of the real offline tokenizer (services/common/tokenizer.py):
+
+- `max_prompt_tokens` caps the first prompt (system prompt, tool instructions, context,
+  messages and the tool definitions the runtime is sent). Context chunks are dropped or cut,
+  lowest score first, to fit; a prompt that does not fit without context is a caller error.
+- `max_completion_tokens` caps each model answer; it is reserved for the final answer.
+- `max_total_tokens` caps the conversation the model sees at any step: the prompt plus every
+  tool call and tool result the loop appended, plus the completion reserve. The caller's
+  `context_token_budget` (prompt plus tool text, orchestrator.md §3.5) may lower it.
+
+Going past a limit raises `LimitExceededError(reason="LLM_LIMIT_EXCEEDED")` (HTTP 400).
+Counts are estimates of the runtime's own count: the chat template adds a few tokens per
+message (MESSAGE_OVERHEAD), which is counted here so the estimate errs high.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from services.common import errors
+from services.common.tokenizer import Tokenizer
+from services.llm.chat import ChatMessage, ToolSpec
+from services.llm.model import ContextChunk
+
+LIMIT_REASON = "LLM_LIMIT_EXCEEDED"
+MESSAGE_OVERHEAD = 4
+"""Tokens a chat template adds around one message (role marker, start and end tokens)."""
+REPLY_OVERHEAD = 3
+"""Tokens of the assistant turn the runtime opens for the answer."""
+TOOL_CALL_OVERHEAD = 6
+"""Tokens around one tool call of an assistant message (id, type, function wrapper)."""
+TOOL_SPEC_OVERHEAD = 8
+"""Tokens around one tool definition in the request (type, function wrapper)."""
+JOIN_SLACK = 2
+"""Tokens a context block may add where it is joined to its neighbours (BPE merges)."""
+MIN_TRIMMED_CHUNK_TOKENS = 48
+"""A context chunk is cut to fit only when at least this many of its tokens remain."""
+
+
+def limit_exceeded(
+    message: str, limit_name: str, limit: int, **extra: str
+) -> errors.LimitExceededError:
+    """An LLM_LIMIT_EXCEEDED error naming the limit and its value in the metadata."""
+    return errors.LimitExceededError(
+        message, reason=LIMIT_REASON, metadata={"limit": limit_name, "value": str(limit), **extra}
+    )
+
+
+def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
+    """Tokens of one message as a chat template renders it (content, name, tool calls)."""
+    n = MESSAGE_OVERHEAD + tokenizer.count(message.content)
+    if message.name:
+        n += tokenizer.count(message.name) + 1
+    if message.tool_call_id:
+        n += tokenizer.count(message.tool_call_id)
+    for call in message.tool_calls:
+        n += TOOL_CALL_OVERHEAD + tokenizer.count(call.name) + tokenizer.count(call.arguments)
+    return n
+
+
+def tools_tokens(tokenizer: Tokenizer, tools: Sequence[ToolSpec]) -> int:
+    """Tokens of the tool definitions sent with a request (their JSON, as runtimes render it)."""
+    return sum(
+        TOOL_SPEC_OVERHEAD
+        + tokenizer.count(
+            json.dumps(
+                {"name": t.name, "description": t.description, "parameters": t.parameters},
+                ensure_ascii=False,
+            )
+        )
+        for t in tools
+    )
+
+
+def prompt_tokens(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+) -> int:
+    """Tokens of a whole request: every message, the tool definitions and the reply opener."""
+    return (
+        sum(message_tokens(tokenizer, m) for m in messages)
+        + tools_tokens(tokenizer, tools)
+        + REPLY_OVERHEAD
+    )
+
+
+def fit_prompt(
+    build: Callable[[Sequence[ContextChunk]], list[ChatMessage]],
+    chunks: Sequence[ContextChunk],
+    *,
+    tools: Sequence[ToolSpec],
+    limit: int,
+    tokenizer: Tokenizer,
+    render_chunk: Callable[[ContextChunk], str],
+) -> tuple[list[ChatMessage], tuple[ContextChunk, ...]]:
+    """The prompt `build(kept)` for the best context that fits `limit` tokens, and `kept`.
+
+    Chunks are taken best score first while they fit whole; then the best chunk left out
+    is cut to the room that remains (when at least MIN_TRIMMED_CHUNK_TOKENS of it fit).
+    Kept chunks stay in the caller's order. `render_chunk` is how the prompt shows a chunk,
+    used to price chunks without rebuilding the prompt for each. Raises LLM_LIMIT_EXCEEDED when the prompt does not fit without context.
+    """
+    bare = build(())
+    fixed = prompt_tokens(tokenizer, bare, tools)
+    if fixed > limit:
+        raise limit_exceeded(
+            f"the prompt is {fixed} tokens without context; the limit is {limit}",
+            "max_prompt_tokens",
+            limit,
+            field="messages",
+        )
+    if not chunks:
+        return bare, ()
+    # What showing any context costs besides the chunks (header, data rule): price it once.
+    probe = replace(chunks[0], text="")
+    framing = prompt_tokens(tokenizer, build((probe,)), tools) - tokenizer.count(
+        render_chunk(probe)
+    )
+    room = limit - framing - JOIN_SLACK
+    order = sorted(range(len(chunks)), key=lambda i: (-chunks[i].score, i))
+    kept: dict[int, ContextChunk] = {}
+    left_out: list[int] = []
+    for i in order:
+        cost = tokenizer.count(render_chunk(chunks[i])) + JOIN_SLACK
+        if cost <= room:
+            kept[i] = chunks[i]
+            room -= cost
+        else:
+            left_out.append(i)
+    if left_out:
+        best = chunks[left_out[0]]
+        frame = tokenizer.count(render_chunk(replace(best, text=""))) + JOIN_SLACK + 1
+        if room - frame >= MIN_TRIMMED_CHUNK_TOKENS:
+            text = tokenizer.truncate(best.text, room - frame).rstrip() + "…"
+            kept[left_out[0]] = replace(best, text=text)
+    selected = [kept[i] for i in sorted(kept)]
+    while True:
+        messages = build(selected)
+        if prompt_tokens(tokenizer, messages, tools) <= limit or not selected:
+            return messages, tuple(selected)
+        # The per-chunk prices were a hair low (tokens merge across joins): drop the worst.
+        worst = min(range(len(selected)), key=lambda i: (selected[i].score, -i))
+        del selected[worst]
+
+
+class TokenBudget:
+    """The token account of one request, updated by the tool loop as the conversation grows.
+
+    `conversation` is what the model would be sent now; `prompt_used` / `completion_used`
+    add up every runtime call (the runtime's own counts when it reports them).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        max_prompt_tokens: int,
+        max_completion_tokens: int,
+        max_total_tokens: int,
+        context_token_budget: int | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_completion_tokens = max_completion_tokens
+        self.max_total_tokens = max_total_tokens
+        self.context_token_budget = context_token_budget
+        self.conversation = 0
+        self.prompt_used = 0
+        self.completion_used = 0
+        self.tool_result_tokens = 0
+        self.calls = 0
+
+    @property
+    def conversation_limit(self) -> int:
+        """The most the conversation may hold while the completion reserve still fits."""
+        limit = self.max_total_tokens - self.max_completion_tokens
+        if self.context_token_budget is not None:
+            limit = min(limit, self.context_token_budget)
+        return limit
+
+    @property
+    def prompt_limit(self) -> int:
+        """The most the first prompt may hold."""
+        return min(self.max_prompt_tokens, self.conversation_limit)
+
+    def limit_name(self) -> str:
+        """Which limit bounds the conversation: the caller's context budget or the total."""
+        if (
+            self.context_token_budget is not None
+            and self.context_token_budget < self.max_total_tokens - self.max_completion_tokens
+        ):
+            return "context_token_budget"
+        return "max_total_tokens"
+
+    def start(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> int:
+        """Open the account with the first prompt; raises when it is past `prompt_limit`."""
+        self.conversation = prompt_tokens(self.tokenizer, messages, tools)
+        if self.conversation > self.prompt_limit:
+            raise limit_exceeded(
+                f"the prompt is {self.conversation} tokens; the limit is {self.prompt_limit}",
+                "max_prompt_tokens"
+                if self.prompt_limit == self.max_prompt_tokens
+                else self.limit_name(),
+                self.prompt_limit,
+                field="messages",
+            )
+        return self.conversation
+
+    def add(self, message: ChatMessage) -> int:
+        """Count a message appended to the conversation; returns its tokens."""
+        n = message_tokens(self.tokenizer, message)
+        self.conversation += n
+        if message.role == "tool":
+            self.tool_result_tokens += n
+        return n
+
+    def room(self) -> int:
+        """Tokens the conversation may still grow by (negative when past the limit)."""
+        return self.conversation_limit - self.conversation
+
+    def before_call(self) -> int:
+        """Check the conversation still fits; the completion cap for the next runtime call."""
+        if self.conversation > self.conversation_limit:
+            raise limit_exceeded(
+                f"the conversation is {self.conversation} tokens with tool calls and results; "
+                f"the limit is {self.conversation_limit} plus {self.max_completion_tokens} "
+                "for the answer",
+                self.limit_name(),
+                self.conversation_limit,
+            )
+        return self.max_completion_tokens
+
+    def record_call(
+        self, *, reported_prompt: int, reported_completion: int, completion_estimate: int
+    ) -> None:
+        """Add one runtime call to the totals: its reported counts, else our own."""
+        self.calls += 1
+        self.prompt_used += reported_prompt if reported_prompt > 0 else self.conversation
+        self.completion_used += (
+            reported_completion if reported_completion > 0 else completion_estimate
+        )

@@ -1,0 +1,410 @@
+"""The model <-> tool loop of Generate (llm-service.md §6): call, check, execute, feed back.
+
+One run: build the prompt within the token budget, call the model; for each tool call it
+makes, review it (services/llm/toolcalls.py), execute it through ToolsProxy on the request's
+user, append the result as delimited data cut to the budget; call the model again, until it
+answers without tools. How a run stops:
+
+- final text from the model: the answer;
+- `max_tool_steps` calls executed (the server's MAX_TOOL_STEPS, or fewer if the policy asks),
+  or the same call repeated (runaway): the tools are withdrawn and the model is asked once
+  more for the answer; if it still calls a tool, LLM_LIMIT_EXCEEDED ("Tool-call limit");
+- two tool errors in a row (a refused call or a tool that failed): LLM_LIMIT_EXCEEDED;
+- the token budget spent (services/llm/budget.py): LLM_LIMIT_EXCEEDED;
+- the watchdog (the whole request, LoopSettings.watchdog_s or the caller's time left):
+  LLM_RUNTIME_ERROR ("Model timeout", llm-service.md §9.1), 502;
+- a runtime failure: its own error, as the runtime raised it (LLM_RUNTIME_ERROR).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from services.common import errors
+from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.llm import prompt as prompts
+from services.llm.budget import (
+    TokenBudget,
+    fit_prompt,
+    limit_exceeded,
+    message_tokens,
+)
+from services.llm.chat import (
+    ChatMessage,
+    ChatRuntime,
+    Completion,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
+)
+from services.llm.model import (
+    EventSink,
+    GenerateInput,
+    GenerateOutput,
+    ToolCallRecord,
+    ToolResult,
+    ToolRunner,
+)
+from services.llm.toolcalls import (
+    REPEATED_CALL,
+    TOOL_LIMIT_REACHED,
+    Approved,
+    CallGate,
+    error_message,
+    render_result,
+    result_message,
+    summarise,
+)
+
+log = logging.getLogger("visior.llm.loop")
+RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The service's limits for one Generate (llm-service.md §7); a request may only lower them."""
+
+    max_tool_steps: int = 3
+    """Tool calls executed per request (MAX_TOOL_STEPS); the policy may ask for fewer."""
+    max_prompt_tokens: int = 4096
+    """The first prompt, context included (MAX_PROMPT_TOKENS)."""
+    max_completion_tokens: int = 512
+    """Each model answer (MAX_COMPLETION_TOKENS); reserved for the final answer."""
+    max_total_tokens: int = 5120
+    """The conversation at any step, tool results and the answer reserve included."""
+    max_tool_result_tokens: int = 2048
+    """One tool result as the model sees it; longer texts are cut."""
+    min_tool_result_tokens: int = 64
+    """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
+    max_consecutive_tool_errors: int = 2
+    """Tool errors in a row that abort the request (llm-service.md §9.2)."""
+    watchdog_s: float = 60.0
+    """The whole request, every model and tool call included."""
+    default_model: str = ""
+    """Reported as model_name when the runtime names none."""
+
+
+class _Sink:
+    """Forwards to the caller's EventSink, if any."""
+
+    def __init__(self, sink: EventSink | None) -> None:
+        self.sink = sink
+
+    async def delta(self, text: str) -> None:
+        if self.sink is not None and text:
+            await self.sink.delta(text)
+
+    async def tool_call(self, record: ToolCallRecord) -> None:
+        if self.sink is not None:
+            await self.sink.tool_call(record)
+
+
+class ToolLoop:
+    """Runs Generate requests over one chat runtime and the tools. Safe to share: each run
+    keeps its state to itself."""
+
+    def __init__(
+        self,
+        runtime: ChatRuntime,
+        tools: ToolRunner,
+        catalogue: Sequence[ToolSpec],
+        settings: LoopSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.tools = tools
+        self.catalogue = tuple(catalogue)
+        self.settings = settings
+        self.clock = clock
+        self.tokenizer: Tokenizer = tokenizer or default_tokenizer()
+
+    async def run(
+        self, req: GenerateInput, sink: EventSink | None = None, *, timeout_s: float | None = None
+    ) -> GenerateOutput:
+        """Generate the answer to `req` (already validated). `sink` gets answer deltas and
+        executed tool calls as they happen (the runtime is then streamed); `timeout_s` is
+        the caller's time left, which shortens the watchdog."""
+        return await _Run(self, req, _Sink(sink), timeout_s).go()
+
+
+class _Run:
+    """The state of one request in the loop."""
+
+    def __init__(
+        self, loop: ToolLoop, req: GenerateInput, sink: _Sink, timeout_s: float | None
+    ) -> None:
+        s = loop.settings
+        self.loop, self.req, self.sink, self.s = loop, req, sink, s
+        self.started = loop.clock()
+        watchdog = s.watchdog_s if timeout_s is None else min(s.watchdog_s, timeout_s)
+        self.watchdog = watchdog
+        self.deadline = self.started + watchdog
+        steps = s.max_tool_steps
+        if req.policy.max_tool_steps is not None:
+            steps = max(0, min(steps, req.policy.max_tool_steps))
+        allowed = set(req.policy.allowed_tools)
+        self.offered: tuple[ToolSpec, ...] = ()
+        if steps > 0 and req.user is not None:
+            self.offered = tuple(t for t in loop.catalogue if t.name in allowed)
+        self.max_steps = steps if self.offered else 0
+        completion = s.max_completion_tokens
+        if req.params.max_tokens is not None:
+            completion = max(1, min(completion, req.params.max_tokens))
+        self.budget = TokenBudget(
+            loop.tokenizer,
+            max_prompt_tokens=s.max_prompt_tokens,
+            max_completion_tokens=completion,
+            max_total_tokens=s.max_total_tokens,
+            context_token_budget=req.policy.context_token_budget,
+        )
+        self.gate = CallGate(self.offered, req.policy)
+        self.records: list[ToolCallRecord] = []
+        self.steps = 0
+        self.errors_in_a_row = 0
+        self.closed = not self.offered
+        self.model_name = ""
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def go(self) -> GenerateOutput:
+        messages = self._prompt()
+        self.budget.start(messages, self.offered)
+        noted = False
+        while True:
+            if self.closed and self.offered and not noted:
+                note = prompts.final_answer_note()
+                messages.append(note)
+                self.budget.add(note)
+                noted = True
+            tools = () if self.closed else self.offered
+            max_tokens = self.budget.before_call()
+            params = replace(self.req.params, max_tokens=max_tokens)
+            step_started = self.loop.clock()
+            completion = await self._call(messages, tools, params)
+            self.budget.record_call(
+                reported_prompt=completion.prompt_tokens,
+                reported_completion=completion.completion_tokens,
+                completion_estimate=message_tokens(
+                    self.loop.tokenizer,
+                    ChatMessage("assistant", completion.content, completion.tool_calls),
+                ),
+            )
+            self.model_name = completion.model or self.model_name
+            log.info(
+                "model step",
+                extra={
+                    "model": self._model_name(),
+                    "step": self.budget.calls,
+                    "tool_calls": len(completion.tool_calls),
+                    "step_ms": round((self.loop.clock() - step_started) * 1000),
+                    "trace_id": self.req.trace_id,
+                },
+            )
+            if not completion.tool_calls:
+                return self._output(completion.content)
+            if self.closed:
+                raise limit_exceeded(
+                    f"Tool-call limit reached: the model asked for tools after {self.steps} "
+                    "tool call(s) and the request for its final answer",
+                    "max_tool_steps",
+                    self.max_steps,
+                )
+            turn = ChatMessage("assistant", completion.content, completion.tool_calls)
+            messages.append(turn)
+            self.budget.add(turn)
+            for call in completion.tool_calls:
+                messages.append(await self._tool(call))
+                self.budget.add(messages[-1])
+            if self.steps >= self.max_steps:
+                self.closed = True
+
+    def _prompt(self) -> list[ChatMessage]:
+        anchors = self.req.policy.anchors if self.offered else ()
+
+        def build(chunks: Sequence[Any]) -> list[ChatMessage]:
+            return prompts.build_prompt(
+                self.req,
+                chunks,
+                tools=self.offered,
+                anchors=anchors,
+                max_tool_calls=self.max_steps,
+            )
+
+        chunks = self.req.context_chunks if self.req.mode == prompts.RAG else ()
+        messages, _kept = fit_prompt(
+            build,
+            chunks,
+            tools=self.offered,
+            limit=self.budget.prompt_limit,
+            tokenizer=self.loop.tokenizer,
+            render_chunk=prompts.render_chunk,
+        )
+        return messages
+
+    # --- one model call -------------------------------------------------------------------
+
+    def _left(self) -> float:
+        left = self.deadline - self.loop.clock()
+        if left <= 0:
+            raise self._timeout()
+        return left
+
+    def _timeout(self) -> errors.UnavailableError:
+        return errors.UnavailableError(
+            f"Model timeout: the request took longer than {self.watchdog:g} s "
+            f"({self.steps} tool call(s) made)",
+            reason=RUNTIME_ERROR,
+            metadata={"limit": "watchdog_s", "value": f"{self.watchdog:g}"},
+        )
+
+    async def _call(
+        self, messages: list[ChatMessage], tools: Sequence[ToolSpec], params: Any
+    ) -> Completion:
+        left = self._left()
+        runtime = self.loop.runtime
+        try:
+            async with asyncio.timeout(left):
+                if self.sink.sink is None:
+                    return await runtime.complete(messages, tools, params, timeout_s=left)
+                final: Completion | None = None
+                async for event in runtime.stream(messages, tools, params, timeout_s=left):
+                    if isinstance(event, StreamDelta):
+                        await self.sink.delta(event.text)
+                    else:
+                        final = event
+        except TimeoutError:
+            raise self._timeout() from None
+        if final is None:
+            raise errors.UnavailableError(
+                "the model's stream ended without a completion", reason=RUNTIME_ERROR
+            )
+        return final
+
+    # --- one tool call --------------------------------------------------------------------
+
+    def _refuse(self, call: ToolCall, code: str, message: str, *, counts: bool) -> ChatMessage:
+        log.info(
+            "tool call refused",
+            extra={"tool": call.name, "code": code, "trace_id": self.req.trace_id},
+        )
+        if counts:
+            self._failed(call.name, code)
+        return error_message(call.id, call.name, code, message)
+
+    def _failed(self, name: str, code: str) -> None:
+        self.errors_in_a_row += 1
+        if self.errors_in_a_row >= self.s.max_consecutive_tool_errors:
+            raise limit_exceeded(
+                f"{self.errors_in_a_row} tool errors in a row; the last: {name} {code}",
+                "max_consecutive_tool_errors",
+                self.s.max_consecutive_tool_errors,
+                tool=name,
+                tool_error=code,
+            )
+
+    async def _tool(self, call: ToolCall) -> ChatMessage:
+        if self.closed or self.steps >= self.max_steps:
+            self.closed = True
+            return self._refuse(
+                call, TOOL_LIMIT_REACHED,
+                f"no more tool calls in this request (at most {self.max_steps})", counts=False,
+            )  # fmt: skip
+        verdict = self.gate.review(call)
+        if not isinstance(verdict, Approved):
+            return self._refuse(call, verdict.code, verdict.message, counts=True)
+        if self.gate.is_repeat(verdict):
+            # A runaway loop: the answer to this exact call is already in the conversation.
+            self.closed = True
+            return self._refuse(
+                call, REPEATED_CALL,
+                f"{verdict.name} was already called with these arguments; its result is above",
+                counts=False,
+            )  # fmt: skip
+        room = min(self.budget.room(), self.s.max_tool_result_tokens) - message_tokens(
+            self.loop.tokenizer, result_message(call.id, call.name, "")
+        )
+        if room < self.s.min_tool_result_tokens:
+            raise limit_exceeded(
+                f"token budget spent: {max(room, 0)} tokens left for a tool result, the "
+                f"conversation is {self.budget.conversation} tokens",
+                self.budget.limit_name(),
+                self.budget.conversation_limit,
+            )
+        result = await self._execute(verdict)
+        self.steps += 1
+        self.gate.record(verdict)
+        if result.status == "ok":
+            rendered = render_result(verdict.name, result.result or {}, self.loop.tokenizer, room)
+            message = result_message(call.id, call.name, rendered.content)
+            record = ToolCallRecord(
+                verdict.name, verdict.arguments, summarise(result, rendered.truncated)
+            )
+        else:
+            message = error_message(call.id, call.name, result.error_code, result.error_message)
+            record = ToolCallRecord(verdict.name, verdict.arguments, summarise(result))
+        self.records.append(record)
+        await self.sink.tool_call(record)
+        if result.status == "ok":
+            self.errors_in_a_row = 0
+        else:
+            self._failed(verdict.name, result.error_code)
+        return message
+
+    async def _execute(self, call: Approved) -> ToolResult:
+        user = self.req.user
+        assert user is not None  # tools are offered only with a user
+        left = self._left()
+        started = self.loop.clock()
+        try:
+            async with asyncio.timeout(left):
+                result = await self.loop.tools.execute(
+                    call.name, call.arguments, user, self.req.trace_id
+                )
+        except TimeoutError:
+            raise self._timeout() from None
+        except errors.ServiceError as exc:
+            # ToolsProxy unreachable or refusing: the model hears it as a tool error.
+            result = ToolResult("error", error_code=exc.reason, error_message=exc.message)
+        log.info(
+            "tool call",
+            extra={
+                "tool": call.name,
+                "requested": call.requested,
+                "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                "status": result.status,
+                "error_code": result.error_code,
+                "tool_ms": round((self.loop.clock() - started) * 1000),
+                "trace_id": self.req.trace_id,
+            },
+        )
+        return result
+
+    # --- the answer -----------------------------------------------------------------------
+
+    def _model_name(self) -> str:
+        return (
+            self.model_name
+            or self.req.model
+            or self.s.default_model
+            or getattr(self.loop.runtime, "name", "")
+        )
+
+    def _output(self, answer: str) -> GenerateOutput:
+        return GenerateOutput(
+            answer=answer,
+            prompt_tokens=self.budget.prompt_used,
+            completion_tokens=self.budget.completion_used,
+            tools_called=tuple(self.records),
+            model_name=self._model_name(),
+            latency_ms=round((self.loop.clock() - self.started) * 1000),
+            extractive=bool(getattr(self.loop.runtime, "extractive", False)),
+            trace_id=self.req.trace_id,
+        )

@@ -1,0 +1,478 @@
+"""Tool calls of the model: validate, apply the caller's policy, render results as messages.
+
+A model's tool call goes through `CallGate.review`:
+
+1. the tool must be offered (in the catalogue and in `policy.allowed_tools`);
+2. its arguments must be a JSON object matching the tool's JSON schema;
+3. the policy decides what is executed (DESIGN §2.5, orchestrator.md §3.4–3.5): a read of a
+   section (`read_chunk_window` or `read_doc_section`) goes to the policy's anchor for that
+   section, as `read_chunk_window` when the anchor chunk is known and allowed, else as
+   `read_doc_section`; the window radius follows `policy.radius_schedule` (1 → 2 → … → R,
+   the last entry repeating) per anchor, never past the tool schema's `maximum`.
+
+A rejected call is not an exception: it becomes a `tool_error` message fed back to the model.
+Results are rendered as a JSON header line followed by their texts as delimited data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.tokenizer import Tokenizer
+from services.common.untrusted import neutralise_markers, unwrap_untrusted, wrap_untrusted
+from services.llm.chat import ChatMessage, ToolCall, ToolSpec
+from services.llm.model import Anchor, ToolPolicy, ToolResult
+from services.llm.prompt import DelimitedText, delimited_blocks
+
+READ_CHUNK_WINDOW = "read_chunk_window"
+READ_DOC_SECTION = "read_doc_section"
+READ_TOOLS = (READ_CHUNK_WINDOW, READ_DOC_SECTION)
+TEXT_FIELDS = ("text", "content", "snippet")
+"""Result fields holding untrusted text (as ToolsProxy's shaper names them)."""
+
+# Codes of the tool_error messages the loop feeds back to the model.
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
+INVALID_JSON = "INVALID_JSON"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+SECTION_NOT_ALLOWED = "SECTION_NOT_ALLOWED"
+REPEATED_CALL = "REPEATED_CALL"
+TOOL_LIMIT_REACHED = "TOOL_LIMIT_REACHED"
+
+MAX_ARGUMENTS_CHARS = 8192
+"""Longer argument text is refused before parsing (a runaway generation, not a call)."""
+
+_ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
+_RADIUS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
+READ_TOOL_SPECS = (
+    ToolSpec(
+        READ_CHUNK_WINDOW,
+        "Read the chunks around an anchor chunk of a document: `radius` chunks on each side.",
+        {
+            "type": "object",
+            "properties": {
+                "doc_id": _ID_SCHEMA,
+                "anchor_chunk_id": _ID_SCHEMA,
+                "radius": _RADIUS_SCHEMA,
+                "window_before": _RADIUS_SCHEMA,
+                "window_after": _RADIUS_SCHEMA,
+            },
+            "required": ["doc_id", "anchor_chunk_id"],
+            "additionalProperties": False,
+        },
+    ),
+    ToolSpec(
+        READ_DOC_SECTION,
+        "Read the full text of one section of a document.",
+        {
+            "type": "object",
+            "properties": {"doc_id": _ID_SCHEMA, "section_id": _ID_SCHEMA},
+            "required": ["doc_id", "section_id"],
+            "additionalProperties": False,
+        },
+    ),
+)
+"""The two read tools, for when ToolsProxy's own catalogue (ListTools) is not at hand."""
+
+
+# --- arguments against a JSON schema ------------------------------------------------------------
+
+
+class ArgumentError(ValueError):
+    """Arguments do not match the tool's schema; the message names the field."""
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name not in _TYPES:
+        return True  # a type this checker does not know: the proxy checks it
+    if isinstance(value, bool) and name in ("integer", "number"):
+        return False
+    if name == "integer" and isinstance(value, float):
+        return math.isfinite(value) and value.is_integer()
+    return isinstance(value, _TYPES[name])
+
+
+def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "arguments") -> Any:
+    """`value` checked against `schema`; integers written as 2.0 come back as 2.
+
+    The subset tool schemas use: type (a name or a list), enum, const, minimum, maximum,
+    exclusiveMinimum, exclusiveMaximum, minLength, maxLength, items, minItems, maxItems,
+    properties, required, additionalProperties (false or a schema). Raises ArgumentError.
+    """
+    kinds = schema.get("type")
+    if kinds is not None:
+        names = [kinds] if isinstance(kinds, str) else list(kinds)
+        matched = next((k for k in names if _is_type(value, k)), None)
+        if matched is None:
+            raise ArgumentError(f"{path} must be {' or '.join(names)}")
+        if matched == "integer" and isinstance(value, float):
+            value = int(value)
+    if "enum" in schema and value not in schema["enum"]:
+        raise ArgumentError(f"{path} must be one of {', '.join(map(str, schema['enum']))}")
+    if "const" in schema and value != schema["const"]:
+        raise ArgumentError(f"{path} must be {schema['const']!r}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise ArgumentError(f"{path} must be >= {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise ArgumentError(f"{path} must be <= {schema['maximum']}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            raise ArgumentError(f"{path} must be > {schema['exclusiveMinimum']}")
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            raise ArgumentError(f"{path} must be < {schema['exclusiveMaximum']}")
+    if isinstance(value, str):
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            raise ArgumentError(f"{path} must be at least {schema['minLength']} character(s)")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise ArgumentError(f"{path} must be at most {schema['maxLength']} characters")
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            raise ArgumentError(f"{path} must have at least {schema['minItems']} item(s)")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise ArgumentError(f"{path} must have at most {schema['maxItems']} item(s)")
+        if isinstance(schema.get("items"), Mapping):
+            value = [
+                check_arguments(schema["items"], v, f"{path}[{i}]") for i, v in enumerate(value)
+            ]
+    if isinstance(value, dict):
+        props: Mapping[str, Any] = schema.get("properties", {})
+        for name in schema.get("required", ()):
+            if name not in value:
+                raise ArgumentError(f"{path}.{name} is required")
+        extra = schema.get("additionalProperties", True)
+        unknown = sorted(set(value) - set(props))
+        if extra is False and unknown:
+            raise ArgumentError(f"{path} has unknown field(s): {', '.join(unknown)}")
+        out = {}
+        for k, v in value.items():
+            if k in props:
+                out[k] = check_arguments(props[k], v, f"{path}.{k}")
+            elif isinstance(extra, Mapping):
+                out[k] = check_arguments(extra, v, f"{path}.{k}")
+            else:
+                out[k] = v
+        value = out
+    return value
+
+
+def parse_arguments(text: str) -> dict[str, Any]:
+    """The arguments a model wrote, as a JSON object (empty text is `{}`); raises ValueError."""
+    if len(text) > MAX_ARGUMENTS_CHARS:
+        raise ValueError(f"arguments are {len(text)} characters; at most {MAX_ARGUMENTS_CHARS}")
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"arguments are not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise ValueError("arguments must be a JSON object")
+    return value
+
+
+# --- the policy ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Approved:
+    """A call to execute: what the model asked for and what the policy decided to run."""
+
+    call_id: str
+    requested: str
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """Identity of the executed call (name and canonical arguments)."""
+        return self.name + json.dumps(self.arguments, sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A call not executed, with the tool_error code and message the model gets back."""
+
+    call_id: str
+    name: str
+    code: str
+    message: str
+
+
+@dataclass
+class CallGate:
+    """Reviews the tool calls of one request against the offered tools and the policy."""
+
+    offered: Sequence[ToolSpec]
+    policy: ToolPolicy
+    _specs: dict[str, ToolSpec] = field(init=False)
+    _reads: dict[tuple[str, str], int] = field(init=False, default_factory=dict)
+    _done: set[str] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._specs = {s.name: s for s in self.offered}
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the offered tools."""
+        return list(self._specs)
+
+    def review(self, call: ToolCall) -> Approved | Rejected:
+        """Approve `call` as the policy rewrites it, or reject it with a tool_error."""
+        spec = self._specs.get(call.name)
+        if spec is None:
+            offered = ", ".join(self._specs) or "none"
+            return Rejected(
+                call.id, call.name, UNKNOWN_TOOL,
+                f"there is no tool {call.name!r} in this request; the tools are: {offered}",
+            )  # fmt: skip
+        try:
+            args = check_arguments(spec.parameters, parse_arguments(call.arguments))
+        except ArgumentError as exc:
+            return Rejected(call.id, call.name, INVALID_ARGUMENT, str(exc))
+        except ValueError as exc:
+            return Rejected(call.id, call.name, INVALID_JSON, str(exc))
+        if call.name in READ_TOOLS:
+            return self._read(call, args)
+        return Approved(call.id, call.name, call.name, args)
+
+    def _anchor_for(self, args: Mapping[str, Any]) -> Anchor | None:
+        doc_id = args.get("doc_id")
+        same_doc = [a for a in self.policy.anchors if a.doc_id == doc_id]
+        chunk_id, section_id = args.get("anchor_chunk_id"), args.get("section_id")
+        for a in same_doc:
+            if chunk_id and a.anchor_chunk_id == chunk_id:
+                return a
+        for a in same_doc:
+            if section_id and a.section_id == section_id:
+                return a
+        # A chunk or section of an allowed document the policy has no anchor for: the
+        # policy reads the document's best section instead (anchors come best first).
+        return same_doc[0] if same_doc else None
+
+    def _read(self, call: ToolCall, args: dict[str, Any]) -> Approved | Rejected:
+        allowed = set(self.policy.allowed_tools) & set(self._specs)
+        if self.policy.anchors:
+            anchor = self._anchor_for(args)
+            if anchor is None:
+                listed = ", ".join(sorted({a.doc_id for a in self.policy.anchors}))
+                return Rejected(
+                    call.id, call.name, SECTION_NOT_ALLOWED,
+                    f"document {args.get('doc_id')!r} is not among the sections this request "
+                    f"may read (documents: {listed})",
+                )  # fmt: skip
+        else:
+            anchor = Anchor(
+                str(args["doc_id"]),
+                str(args.get("section_id", "")),
+                str(args.get("anchor_chunk_id", "")),
+            )
+        if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in allowed:
+            radius = self._radius(anchor)
+            return Approved(
+                call.id, call.name, READ_CHUNK_WINDOW,
+                {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id,
+                 "radius": radius},
+            )  # fmt: skip
+        if anchor.section_id and READ_DOC_SECTION in allowed:
+            return Approved(
+                call.id, call.name, READ_DOC_SECTION,
+                {"doc_id": anchor.doc_id, "section_id": anchor.section_id},
+            )  # fmt: skip
+        return Rejected(
+            call.id, call.name, TOOL_NOT_ALLOWED,
+            f"{anchor.doc_id!r} has no anchor chunk and no section this request may read "
+            f"with {', '.join(sorted(allowed))}",
+        )  # fmt: skip
+
+    def _radius(self, anchor: Anchor) -> int:
+        schedule = self.policy.radius_schedule or (1,)
+        reads = self._reads.get((anchor.doc_id, anchor.anchor_chunk_id), 0)
+        radius = schedule[min(reads, len(schedule) - 1)]
+        # Never ask more than the proxy allows (DESIGN §2.6): its schema states the maximum.
+        props = self._specs[READ_CHUNK_WINDOW].parameters.get("properties", {})
+        cap = props.get("radius", {}).get("maximum")
+        return min(radius, int(cap)) if isinstance(cap, int | float) else radius
+
+    def is_repeat(self, call: Approved) -> bool:
+        """Whether the same call with the same arguments already ran in this request."""
+        return call.key in self._done
+
+    def record(self, call: Approved) -> None:
+        """Note an executed call: the next read of its anchor takes the next radius."""
+        self._done.add(call.key)
+        if call.name == READ_CHUNK_WINDOW:
+            key = (str(call.arguments["doc_id"]), str(call.arguments["anchor_chunk_id"]))
+            self._reads[key] = self._reads.get(key, 0) + 1
+
+
+# --- results as messages ------------------------------------------------------------------------
+
+
+def error_content(name: str, code: str, message: str) -> str:
+    """The `tool_error` a failed or refused call answers the model with (llm-service.md §9.2)."""
+    body = {"tool_name": name, "status": "error", "tool_error": {"code": code, "message": message}}
+    return json.dumps(body, ensure_ascii=False)
+
+
+def error_message(call_id: str, name: str, code: str, message: str) -> ChatMessage:
+    """A tool message carrying a tool_error."""
+    return ChatMessage("tool", error_content(name, code, message), tool_call_id=call_id, name=name)
+
+
+@dataclass(frozen=True)
+class RenderedResult:
+    """A tool result as message content, and whether its texts were cut to the budget."""
+
+    content: str
+    truncated: bool
+
+
+_PLACEHOLDER = "[text {} below]"
+_IS_WRAPPED = re.compile(r"\A<<<[A-Z]+[^\n]*>>>\n.*\n<<<END [A-Z]+>>>\Z", re.DOTALL)
+
+
+def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
+    """A copy of `value` with its text fields replaced by placeholders, texts collected."""
+    if isinstance(value, Mapping):
+        return {k: _split_texts(v, texts, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_split_texts(v, texts) for v in value]
+    if isinstance(value, str):
+        if key in TEXT_FIELDS:
+            # ToolsProxy wraps texts; anything that arrives bare is delimited here.
+            wrapped = (
+                value
+                if _IS_WRAPPED.match(value)
+                else wrap_untrusted(neutralise_markers(value), "DOCUMENT")
+            )
+            texts.append(wrapped)
+            return _PLACEHOLDER.format(len(texts))
+        return neutralise_markers(value)
+    return value
+
+
+def _cut_block(block: str, max_tokens: int, tokenizer: Tokenizer) -> str:
+    head, _, rest = block.partition("\n")
+    inner, _, tail = rest.rpartition("\n")
+    frame = tokenizer.count(head) + tokenizer.count(tail) + 2
+    kept = tokenizer.truncate(inner, max(0, max_tokens - frame)).rstrip()
+    return f"{head}\n{kept}…\n{tail}"
+
+
+def _cut_blocks(blocks: list[str], budget: int, tokenizer: Tokenizer) -> list[str]:
+    out: list[str] = []
+    for block in blocks:
+        cost = tokenizer.count(block) + 1
+        if cost <= budget:
+            out.append(block)
+            budget -= cost
+        else:
+            out.append(_cut_block(block, budget, tokenizer))
+            budget = 0
+    return out
+
+
+def render_result(
+    name: str, result: Mapping[str, Any], tokenizer: Tokenizer, max_tokens: int
+) -> RenderedResult:
+    """Result content within `max_tokens`: a JSON header line, then its texts as data.
+
+    The header holds the result with each text replaced by `[text N below]`; the texts
+    follow in order, delimited. When the whole does not fit, texts are cut in order (the
+    markers stay) and the header says `"truncated": true`.
+    """
+    texts: list[str] = []
+    header: dict[str, Any] = {
+        "tool_name": name,
+        "status": "ok",
+        "result": _split_texts(result, texts),
+    }
+    whole = "\n".join([json.dumps(header, ensure_ascii=False), *texts])
+    if tokenizer.count(whole) <= max_tokens:
+        return RenderedResult(whole, False)
+    header["truncated"] = True
+    line = json.dumps(header, ensure_ascii=False)
+    if tokenizer.count(line) > max_tokens // 2:  # metadata alone would crowd out the text
+        line = json.dumps({"tool_name": name, "status": "ok", "truncated": True})
+    budget = max_tokens - tokenizer.count(line) - 1
+    content = line
+    for _ in range(4):  # token counts of joined text differ by a token or two: converge
+        content = "\n".join([line, *_cut_blocks(texts, budget, tokenizer)])
+        over = tokenizer.count(content) - max_tokens
+        if over <= 0:
+            return RenderedResult(content, True)
+        budget -= over
+    return RenderedResult(tokenizer.truncate(line, max_tokens), True)
+
+
+def result_message(call_id: str, name: str, content: str) -> ChatMessage:
+    """A tool message answering call `call_id`."""
+    return ChatMessage("tool", content, tool_call_id=call_id, name=name)
+
+
+@dataclass(frozen=True)
+class ToolContent:
+    """A tool message read back: status, error or result header, and its delimited texts."""
+
+    name: str
+    ok: bool
+    result: dict[str, Any]
+    texts: list[DelimitedText]
+    error_code: str = ""
+    error_message: str = ""
+
+
+def parse_tool_content(content: str) -> ToolContent | None:
+    """A tool message's content as `render_result` / `error_content` wrote it (else None)."""
+    first, _, rest = content.partition("\n")
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    name = str(header.get("tool_name", ""))
+    if header.get("status") == "error":
+        err = header.get("tool_error")
+        err = err if isinstance(err, dict) else {}
+        return ToolContent(
+            name, False, {}, [], str(err.get("code", "")), str(err.get("message", ""))
+        )
+    result = header.get("result")
+    return ToolContent(
+        name, True, result if isinstance(result, dict) else {}, delimited_blocks(rest)
+    )
+
+
+def summarise(result: ToolResult, truncated: bool = False) -> str:
+    """The `result_summary` of a tools_called entry."""
+    if result.status != "ok":
+        return f"tool_error {result.error_code}: {result.error_message}"
+    r = result.result or {}
+    texts: list[str] = []
+    _split_texts(r, texts)
+    size = sum(len(unwrap_untrusted(t)) for t in texts)
+    where = str(r.get("doc_id") or r.get("document_id") or "")
+    pages = ""
+    if r.get("page_start") is not None and r.get("page_end") is not None:
+        pages = f" (pp. {r.get('page_start')}–{r.get('page_end')})"
+    cut = ", truncated to the token budget" if truncated else ""
+    if texts:
+        return f"read {size} characters of {where or 'the result'}{pages}{cut}"
+    return f"ok: {', '.join(sorted(r))[:200]}{cut}"
