@@ -1,40 +1,99 @@
-"""Assembles the LLM service process."""
+"""Assembles the LLM service process: runtime (model or extractive), tool loop, servicer."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
+import httpx
 from prometheus_client import CollectorRegistry
 from visior.llm.v1 import llm_pb2_grpc
 
+from services.common import errors
 from services.common.channels import open_channel
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.llm.chat import ChatRuntime
 from services.llm.config import LlmSettings
 from services.llm.engine import Budgets, LlmEngine
-from services.llm.extractive import ExtractiveResponder
+from services.llm.extractive import ExtractiveRuntime
+from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.metrics import LlmMetrics
+from services.llm.runtime import OpenAiChatRuntime
 from services.llm.servicer import LlmServicer
+from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.tools_client import GrpcToolRunner
 
+log = logging.getLogger("visior.llm")
+
 SERVICE_NAMES = ("visior.llm.v1.LlmService",)
+CATALOGUE_RETRY_S = 1.0
+
+
+async def _load_catalogue(runner: GrpcToolRunner, loop: ToolLoop) -> None:
+    """Take the proxy's catalogue (schemas with their limits) once it answers; until then the
+    loop offers the two read tools with built-in schemas."""
+    while True:
+        try:
+            specs = await runner.list_tools()
+        except errors.ServiceError as exc:
+            log.info("tool catalogue not available yet", extra={"error": exc.message})
+            await asyncio.sleep(CATALOGUE_RETRY_S)
+            continue
+        loop.catalogue = tuple(specs)
+        log.info("tool catalogue loaded", extra={"tools": len(specs)})
+        return
 
 
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
+    registry = CollectorRegistry()
     channel = open_channel(settings.tools_proxy, settings.server.max_message_bytes)
+    runner = GrpcToolRunner(channel)
+    http: httpx.AsyncClient | None = None
+    runtime: ChatRuntime
+    if settings.runtime is not None:
+        http = httpx.AsyncClient(follow_redirects=False)
+        runtime = OpenAiChatRuntime(settings.runtime, http)
+    else:
+        runtime = ExtractiveRuntime()
+    loop = ToolLoop(
+        runtime,
+        runner,
+        READ_TOOL_SPECS,
+        LoopSettings(
+            max_tool_steps=settings.max_tool_steps,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            max_completion_tokens=settings.max_completion_tokens,
+            max_total_tokens=settings.max_total_tokens,
+            max_tool_result_tokens=settings.max_tool_result_tokens,
+            max_consecutive_tool_errors=settings.max_consecutive_tool_errors,
+            watchdog_s=settings.watchdog_s,
+            default_model=settings.default_model,
+        ),
+    )
     engine = LlmEngine(
-        ExtractiveResponder(GrpcToolRunner(channel)),
+        loop,
         Budgets(
             settings.max_tool_steps, settings.max_prompt_tokens, settings.max_completion_tokens
         ),
-        settings.default_model,
+        LlmMetrics(registry),
     )
+    catalogue_task = asyncio.create_task(_load_catalogue(runner, loop))
 
     def register(server):  # type: ignore[no-untyped-def]
-        llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, "extractive"), server)
+        llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, runtime.name), server)
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.llm"
+        settings.server, register, SERVICE_NAMES, registry, domain="visior.llm"
     )
 
     async def close() -> None:
+        catalogue_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await catalogue_task
         await channel.close()
+        if http is not None:
+            await http.aclose()
 
     return running, close

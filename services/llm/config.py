@@ -11,6 +11,7 @@ from services.common.settings import (
     SettingsError,
     downstream,
 )
+from services.llm.runtime import RuntimeSettings
 
 DEFAULT_PORT = 50052
 
@@ -35,32 +36,46 @@ class LlmSettings:
     """JSON-mode tool calls for runtimes without native tools (ENABLE_JSON_MODE)."""
     tools_proxy: DownstreamSettings
     """Where ToolsProxyService listens (MCP_PROXY_URL) and the per-call deadline."""
+    runtime: RuntimeSettings | None
+    """The OpenAI-compatible runtime (LLM_RUNTIME_*); None -> the extractive responder."""
+    max_total_tokens: int
+    """The conversation at any step incl. tool results and the answer (MAX_TOTAL_TOKENS)."""
+    max_tool_result_tokens: int
+    """One tool result as the model sees it (LLM_SERVICE_MAX_TOOL_RESULT_TOKENS)."""
+    max_consecutive_tool_errors: int
+    """Tool errors in a row that abort (LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS)."""
+    watchdog_s: float
+    """The whole Generate, every model and tool call (LLM_SERVICE_WATCHDOG_SECONDS)."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> LlmSettings:
         env = env or Env()
         runtime_url = env.text(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
-        if runtime_url:
-            # The OpenAI-compatible runtime client is still to come; refusing to start beats
-            # answering extractively when an operator asked for a model.
+        runtime = RuntimeSettings.from_env(env) if RuntimeSettings.configured_in(env) else None
+        max_prompt = env.integer(
+            ["LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS"], 4096, minimum=256
+        )
+        max_completion = env.integer(
+            ["LLM_SERVICE_MAX_COMPLETION_TOKENS", "MAX_COMPLETION_TOKENS"], 512, minimum=16
+        )
+        max_total = env.integer(
+            ["LLM_SERVICE_MAX_TOTAL_TOKENS", "MAX_TOTAL_TOKENS"],
+            max_prompt + max_completion + 2048,
+            minimum=512,
+        )
+        if max_total < max_prompt + max_completion:
             raise SettingsError(
-                "LLM_RUNTIME_URL is not supported yet: unset it to use the extractive responder"
+                "MAX_TOTAL_TOKENS must be at least MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS"
             )
         return cls(
             server=ServerSettings.from_env("llm", "LLM_SERVICE_", env, DEFAULT_PORT),
             runtime_url=runtime_url,
-            default_model=env.text(
-                ["LLM_SERVICE_DEFAULT_MODEL_NAME", "DEFAULT_MODEL_NAME"], "extractive"
-            ),
+            default_model=runtime.default_model if runtime else "extractive",
             max_tool_steps=env.integer(
                 ["LLM_SERVICE_MAX_TOOL_STEPS", "MAX_TOOL_STEPS"], 3, minimum=0, maximum=20
             ),
-            max_prompt_tokens=env.integer(
-                ["LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS"], 4096, minimum=256
-            ),
-            max_completion_tokens=env.integer(
-                ["LLM_SERVICE_MAX_COMPLETION_TOKENS", "MAX_COMPLETION_TOKENS"], 512, minimum=16
-            ),
+            max_prompt_tokens=max_prompt,
+            max_completion_tokens=max_completion,
             enable_json_mode=env.flag(["LLM_SERVICE_ENABLE_JSON_MODE", "ENABLE_JSON_MODE"], False),
             tools_proxy=downstream(
                 env,
@@ -69,4 +84,13 @@ class LlmSettings:
                 ["LLM_SERVICE_MCP_TIMEOUT_SECONDS"],
                 5.0,
             ),
+            runtime=runtime,
+            max_total_tokens=max_total,
+            max_tool_result_tokens=env.integer(
+                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS", 2048, minimum=64, maximum=max_total
+            ),
+            max_consecutive_tool_errors=env.integer(
+                "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, minimum=1, maximum=10
+            ),
+            watchdog_s=env.number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, minimum=0.1),
         )

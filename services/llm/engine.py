@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-import time
 from dataclasses import dataclass, replace
 
 from services.common import errors
-from services.docstore.parsing import count_tokens
-from services.llm.extractive import ExtractiveResponder
+from services.common.context import remaining_seconds
+from services.llm.loop import ToolLoop
+from services.llm.metrics import LlmMetrics
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 
 MODES = ("rag", "chat")
@@ -89,75 +88,26 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
         raise _invalid("tool_policy.window_radius_schedule", "radii must not be negative")
 
 
-def prompt_tokens(req: GenerateInput) -> int:
-    """Tokens of the prompt the runtime would see (system, context, messages)."""
-    parts = [
-        req.system_prompt,
-        *(c.text for c in req.context_chunks),
-        *(m.content for m in req.messages),
-    ]
-    return sum(count_tokens(p) for p in parts if p)
-
-
-def fit_context(req: GenerateInput, budget: int) -> GenerateInput:
-    """Drop the lowest-scored context chunks until the prompt fits `budget` (llm-service §7).
-
-    Raises LLM_LIMIT_EXCEEDED when the system prompt and messages alone do not fit.
-    """
-    if prompt_tokens(req) <= budget:
-        return req
-    chunks = sorted(req.context_chunks, key=lambda c: -c.score)
-    fixed = prompt_tokens(replace(req, context_chunks=()))
-    if fixed > budget:
-        raise errors.LimitExceededError(
-            f"the prompt is {fixed} tokens without context; the budget is {budget}",
-            reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": "messages", "limit": str(budget)},
-        )
-    kept = []
-    used = fixed
-    for c in chunks:
-        cost = count_tokens(c.text)
-        if used + cost <= budget:
-            kept.append(c)
-            used += cost
-    order = {id(c): i for i, c in enumerate(req.context_chunks)}
-    kept.sort(key=lambda c: order[id(c)])
-    return replace(req, context_chunks=tuple(kept))
-
-
 class LlmEngine:
-    """Runs one generation. No runtime configured -> the extractive responder (DESIGN §2.9)."""
+    """Runs one generation: validate, then the tool loop over the configured chat runtime
+    (the OpenAI-compatible runtime, or the extractive responder when none is configured)."""
 
-    def __init__(
-        self, responder: ExtractiveResponder, budgets: Budgets, default_model: str
-    ) -> None:
-        self._responder = responder
+    def __init__(self, loop: ToolLoop, budgets: Budgets, metrics: LlmMetrics | None = None) -> None:
+        self._loop = loop
         self._budgets = budgets
-        self._default_model = default_model
+        self._metrics = metrics
 
     async def generate(self, req: GenerateInput, sink: EventSink | None = None) -> GenerateOutput:
         validate(req, self._budgets)
-        started = time.perf_counter()
-        req = fit_context(req, self._budgets.max_prompt_tokens)
-        used_prompt = prompt_tokens(req)
-        # The service's MAX_TOOL_STEPS is the hard cap; a policy may only ask for fewer.
-        steps = self._budgets.max_tool_steps
-        if req.policy.max_tool_steps is not None:
-            steps = min(steps, req.policy.max_tool_steps)
         if not req.policy.allowed_tools:
-            steps = 0
-        answer, calls = await self._responder.answer(req, steps, sink)
-        if sink is not None:
-            for piece in re.findall(r"\S+\s*", answer):
-                await sink.delta(piece)
-        return GenerateOutput(
-            answer=answer,
-            prompt_tokens=used_prompt,
-            completion_tokens=count_tokens(answer),
-            tools_called=tuple(calls),
-            model_name="extractive",
-            latency_ms=round((time.perf_counter() - started) * 1000),
-            extractive=True,
-            trace_id=req.trace_id,
-        )
+            # No tools allowed: the loop offers none.
+            req = replace(req, policy=replace(req.policy, max_tool_steps=0))
+        try:
+            out = await self._loop.run(req, sink, timeout_s=remaining_seconds())
+        except errors.ServiceError as exc:
+            if self._metrics is not None:
+                self._metrics.failed(exc.reason)
+            raise
+        if self._metrics is not None:
+            self._metrics.observe(out)
+        return out

@@ -13,18 +13,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
-from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
     Anchor,
-    EventSink,
-    GenerateInput,
     GenerationParams,
-    ToolCallRecord,
-    ToolRunner,
 )
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
@@ -36,7 +31,6 @@ from services.llm.prompt import (
 from services.llm.toolcalls import (
     READ_CHUNK_WINDOW,
     READ_DOC_SECTION,
-    READ_TOOL_SPECS,
     ToolContent,
     parse_tool_content,
 )
@@ -230,45 +224,3 @@ class ExtractiveRuntime:
                 args = {"doc_id": anchor.doc_id, "section_id": anchor.section_id}
                 return ToolCall(call_id, READ_DOC_SECTION, json.dumps(args, ensure_ascii=False))
         return None
-
-
-class _ToolEventsOnly:
-    """Passes tool events on and drops answer deltas (the old engine sends those itself)."""
-
-    def __init__(self, sink: Any) -> None:
-        self._sink = sink
-
-    async def delta(self, text: str) -> None:
-        return None
-
-    async def tool_call(self, record: ToolCallRecord) -> None:
-        await self._sink.tool_call(record)
-
-
-class ExtractiveResponder:
-    """Compatibility adapter for today's engine.py: runs ToolLoop over ExtractiveRuntime.
-
-    To be removed once engine.py drives `ToolLoop(ExtractiveRuntime(), ...)` itself.
-    """
-
-    def __init__(self, tools: ToolRunner) -> None:
-        self._tools = tools
-
-    async def answer(
-        self, req: GenerateInput, max_steps: int, sink: EventSink | None = None
-    ) -> tuple[str, list[ToolCallRecord]]:
-        """The answer and the tool calls made, at most `max_steps` of them."""
-        unbounded = 1 << 30  # engine.py fitted the prompt to its own budgets already
-        settings = LoopSettings(
-            max_tool_steps=max_steps,
-            max_prompt_tokens=unbounded,
-            max_completion_tokens=unbounded,
-            max_total_tokens=unbounded * 2,
-            max_tool_result_tokens=unbounded,
-            default_model=EXTRACTIVE,
-        )
-        policy = replace(req.policy, max_tool_steps=None, context_token_budget=None)
-        loop = ToolLoop(ExtractiveRuntime(), self._tools, READ_TOOL_SPECS, settings)
-        events = _ToolEventsOnly(sink) if sink is not None else None
-        out = await loop.run(replace(req, policy=policy, params=GenerationParams()), events)
-        return out.answer, list(out.tools_called)

@@ -273,9 +273,13 @@ class _Run:
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
-                    return await runtime.complete(messages, tools, params, timeout_s=left)
+                    return await runtime.complete(
+                        messages, tools, params, timeout_s=left, model=self.req.model
+                    )
                 final: Completion | None = None
-                async for event in runtime.stream(messages, tools, params, timeout_s=left):
+                async for event in runtime.stream(
+                    messages, tools, params, timeout_s=left, model=self.req.model
+                ):
                     if isinstance(event, StreamDelta):
                         await self.sink.delta(event.text)
                     else:

@@ -10,6 +10,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common.status import from_rpc_error
 from services.common.structs import struct_to_dict
+from services.llm.chat import ToolSpec
 from services.llm.model import ToolResult, User
 
 
@@ -39,3 +40,13 @@ class GrpcToolRunner:
         return ToolResult(
             "error", error_code=response.error.code, error_message=response.error.message
         )
+
+    async def list_tools(self) -> list[ToolSpec]:
+        """The proxy's catalogue: names, descriptions and JSON schemas (limits included)."""
+        try:
+            response = await self._stub.ListTools(toolsproxy_pb2.ListToolsRequest())
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "toolsproxy") from None
+        return [
+            ToolSpec(t.name, t.description, struct_to_dict(t.input_schema)) for t in response.tools
+        ]

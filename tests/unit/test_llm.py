@@ -4,7 +4,9 @@ import pytest
 
 from services.common import errors
 from services.llm.engine import MAX_MESSAGES, Budgets, LlmEngine
-from services.llm.extractive import ExtractiveResponder, best_sentences
+from services.llm.extractive import ExtractiveRuntime, best_sentences
+from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.model import (
     Anchor,
     ContextChunk,
@@ -35,7 +37,15 @@ WINDOW = ToolResult(
 
 
 def engine(tools, **budgets):
-    return LlmEngine(ExtractiveResponder(tools), Budgets(**budgets), "extractive")
+    b = Budgets(**budgets)
+    settings = LoopSettings(
+        max_tool_steps=b.max_tool_steps,
+        max_prompt_tokens=b.max_prompt_tokens,
+        max_completion_tokens=b.max_completion_tokens,
+        max_total_tokens=b.max_prompt_tokens + b.max_completion_tokens + 2048,
+        default_model="extractive",
+    )
+    return LlmEngine(ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings), b)
 
 
 def req(**kw):
@@ -132,12 +142,12 @@ async def test_bad_requests_name_the_field(kw, field):
 
 
 async def test_limits_at_and_past():
-    e = engine(FakeTools([WINDOW] * 2), max_completion_tokens=100, max_prompt_tokens=300)
+    e = engine(FakeTools([WINDOW] * 2), max_completion_tokens=100, max_prompt_tokens=1000)
     await e.generate(req(params=GenerationParams(max_tokens=100)))
     with pytest.raises(errors.LimitExceededError):
         await e.generate(req(params=GenerationParams(max_tokens=101)))
     with pytest.raises(errors.LimitExceededError):
-        await e.generate(req(messages=(Message("user", "word " * 400),)))
+        await e.generate(req(messages=(Message("user", "word " * 1200),)))
     many = tuple(Message("user", "q") for _ in range(MAX_MESSAGES + 1))
     with pytest.raises(errors.LimitExceededError):
         await e.generate(req(messages=many))
