@@ -166,8 +166,28 @@ class SyntheticEmbedder:
         return self._rows(len(texts))
 
 
+LAYOUT_SOURCES = (
+    "services/retrieval/index/base.py",
+    "services/retrieval/index/edge.py",
+    "services/retrieval/index/sparse.py",
+    "services/retrieval/ingestion.py",
+    "services/docstore/model.py",
+    "services/docstore/sqlite_store.py",
+)
+"""The code that decides what lands on disk: a change to any of it rebuilds the cache."""
+
+
+def layout_hash() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in LAYOUT_SOURCES:
+        h.update((REPO_ROOT / rel).read_bytes())
+    return h.hexdigest()[:10]
+
+
 def dataset_key(n: int, dim: int, seed: int, tenants: int) -> str:
-    return f"retrieval-{DATASET_VERSION}-n{n}-d{dim}-t{tenants}-s{seed}"
+    return f"retrieval-{DATASET_VERSION}-{layout_hash()}-n{n}-d{dim}-t{tenants}-s{seed}"
 
 
 def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict[str, Any]:
@@ -416,6 +436,7 @@ class _Run:
     emb: array = field(default_factory=lambda: array("d"))
     errors: dict[str, int] = field(default_factory=dict)
     sent: int = 0
+    empty: int = 0
 
 
 async def _closed_loop(stub: Any, run: _Run) -> None:
@@ -436,6 +457,7 @@ async def _closed_loop(stub: Any, run: _Run) -> None:
         run.lat.append((clock() - t0) // 1000)
         run.eng.append(resp.meta.engine_ms)
         run.emb.append(resp.meta.query_embedding_ms)
+        run.empty += not resp.hits
 
 
 async def _grpc_search_session(target: str, tasks: int, conn: Any) -> None:
@@ -456,7 +478,14 @@ async def _grpc_search_session(target: str, tasks: int, conn: Any) -> None:
             await asyncio.gather(*(_closed_loop(stub, run) for _ in range(tasks)))
             conn.send(("done", time.perf_counter() - t0))
             conn.send(
-                (run.lat.tobytes(), run.eng.tobytes(), run.emb.tobytes(), run.errors, run.sent)
+                (
+                    run.lat.tobytes(),
+                    run.eng.tobytes(),
+                    run.emb.tobytes(),
+                    run.errors,
+                    run.sent,
+                    run.empty,
+                )
             )
 
 
@@ -473,6 +502,8 @@ class SearchSlice(Slice):
     """Requests started; above len(items) the queries repeated (cache hits)."""
     offered: int = 0
     """Distinct (query, tenant) items handed to the generator for the slice."""
+    empty: int = 0
+    """Responses without hits (gRPC only): a search that finds nothing costs nothing."""
 
 
 class GrpcSearchClient:
@@ -514,16 +545,19 @@ class GrpcSearchClient:
         eng: list[float] = []
         emb: list[float] = []
         errors: dict[str, int] = {}
-        sent = 0
+        sent = empty = 0
         for pipe in self.pipes:
-            raw_lat, raw_eng, raw_emb, errs, started = pipe.recv()
+            raw_lat, raw_eng, raw_emb, errs, started, none = pipe.recv()
+            empty += none
             lat.extend(array("q", raw_lat))
             eng.extend(array("d", raw_eng))
             emb.extend(array("d", raw_emb))
             sent += started
             for k, v in errs.items():
                 errors[k] = errors.get(k, 0) + v
-        return SearchSlice(sorted(lat), len(lat), errors, wall, cpu, "", eng, emb, sent, len(items))
+        return SearchSlice(
+            sorted(lat), len(lat), errors, wall, cpu, "", eng, emb, sent, len(items), empty
+        )
 
     def close(self) -> None:
         for pipe in self.pipes:
@@ -599,6 +633,8 @@ class Cell:
     embed_ms: dict[str, float] = field(default_factory=dict)
     work_ms_p95: float = math.nan
     """p95 over requests of query_embedding_ms + engine_ms (gRPC only)."""
+    empty: int = 0
+    """gRPC responses without any hit."""
     repeated: int = 0
     """Requests whose query had been sent before in the slice (wrapped around the items)."""
     cpu_cores: dict[str, float] = field(default_factory=dict)
@@ -738,9 +774,12 @@ def summarize(ctx: dict[str, Any], path: str, c: int, queries: str, a: dict[str,
         for k, v in s.errors.items():
             errors[k] = errors.get(k, 0) + v
     repeated = sum(max(0, s.sent - s.offered) for s in slices)
+    empty = sum(s.empty for s in slices)
     cpu = a["cpu"]
     n = max(requests, 1)
     notes = sorted({s.note for s in slices if s.note})
+    if empty:
+        notes.append(f"{empty} of {requests} responses had no hits")
     if queries == "fresh" and repeated:
         notes.append(f"{repeated} requests reused a query of the slice (raise --max-rps)")
     if queries == "fresh" and emb:
@@ -763,6 +802,7 @@ def summarize(ctx: dict[str, Any], path: str, c: int, queries: str, a: dict[str,
         engine_ms=p50_p95(eng),
         embed_ms=p50_p95(emb),
         work_ms_p95=round(fpercentile(work, 95), 3) if work else math.nan,
+        empty=empty,
         repeated=repeated,
         cpu_cores={k: round(v / seconds, 3) for k, v in cpu.items()} if seconds else {},
         cpu_us_per_request={k: round(cpu[k] / n * 1e6) for k in ("server", "envoy", "client")},
@@ -875,6 +915,29 @@ def running_mesh(
         mesh.stop()
 
 
+def check_hits(grpc_addr: str, items: list[tuple[str, str]]) -> float:
+    """Mean hits per search over `items`; exits when searches find nothing (a broken index)."""
+    import grpc
+    from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+    with grpc.insecure_channel(grpc_addr) as channel:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+        hits = [
+            len(
+                stub.Search(
+                    retrieval_pb2.SearchRequest(query=q, tenant_id=t), timeout=GRPC_TIMEOUT_S
+                ).hits
+            )
+            for q, t in items
+        ]
+    if not any(hits):
+        raise SystemExit(
+            "searches of the synthetic data return no hits: the index layout does not match "
+            "the server's (stale --cache-dir?); nothing worth measuring"
+        )
+    return sum(hits) / len(hits)
+
+
 def warm_cache(grpc_addr: str, items: list[tuple[str, str]]) -> None:
     """Send each cached-set query once, so the cached runs hit the query-embedding cache."""
     import grpc
@@ -930,6 +993,8 @@ def run_size(
             (q, f"tenant-{int(crng.integers(args.tenants)):02d}")
             for q in query_pool(args.seed + 99, args.cached_queries)
         ]
+        result["mean_hits"] = check_hits(grpc_addr, cached_items[:16])
+        print(f"  probe: {result['mean_hits']:.1f} hits per search", flush=True)
         cells: list[Cell] = []
         for c in args.concurrency:
             cells += measure_cells(ctx, c, "fresh", source, cached_items, args, tmp)

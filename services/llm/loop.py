@@ -374,8 +374,12 @@ class _Run:
                 )
         except TimeoutError:
             raise self._timeout() from None
+        except (errors.UnavailableError, errors.DeadlineExceededError):
+            # ToolsProxy itself is down (the channel already retried): a downstream failure
+            # the caller must see (502), not an answer composed without the documents.
+            raise
         except errors.ServiceError as exc:
-            # ToolsProxy unreachable or refusing: the model hears it as a tool error.
+            # ToolsProxy refused the call: the model hears it as a tool error.
             result = ToolResult("error", error_code=exc.reason, error_message=exc.message)
         log.info(
             "tool call",

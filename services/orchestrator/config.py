@@ -53,7 +53,7 @@ class OrchestratorSettings:
             retrieval=DownstreamSettings(retrieval.target, retrieval.timeout_seconds, attempts),
             llm=DownstreamSettings(llm.target, llm.timeout_seconds, attempts),
             runtime=RuntimeConfig(
-                default_model=env.text("ORCH_DEFAULT_MODEL", "extractive"),
+                default_model=env.text("ORCH_DEFAULT_MODEL", ""),
                 prompt_token_budget=env.integer(
                     "ORCH_PROMPT_TOKEN_BUDGET", 2048, minimum=1, maximum=131_072
                 ),

@@ -22,7 +22,7 @@ MAX_MODEL_NAME = 200
 class RuntimeConfig:
     """orchestrator.md §2's configuration."""
 
-    default_model: str = "extractive"
+    default_model: str = ""
     prompt_token_budget: int = 2048
     context_token_budget: int = 8192
     max_tool_steps: int = 3

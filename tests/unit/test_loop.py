@@ -402,14 +402,24 @@ async def test_two_tool_errors_in_a_row_abort(first):
     assert len(events.tools) == 1  # the executed failing call was still reported
 
 
-async def test_a_proxy_failure_is_a_tool_error_not_a_crash():
+async def test_a_proxy_refusal_is_a_tool_error_not_a_crash():
+    rt = ScriptedRuntime(
+        [asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})), says("sorry")]
+    )
+    refused = errors.NotFoundError("no such document", reason="NOT_FOUND")
+    out = await loop(rt, FakeTools([refused])).run(req())
+    assert out.answer == "sorry"
+    assert out.tools_called[0].result_summary.startswith("tool_error NOT_FOUND")
+
+
+async def test_the_proxy_down_is_a_downstream_failure_not_an_answer():
     rt = ScriptedRuntime(
         [asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})), says("sorry")]
     )
     down = errors.UnavailableError("toolsproxy down", reason="UPSTREAM_UNAVAILABLE")
-    out = await loop(rt, FakeTools([down])).run(req())
-    assert out.answer == "sorry"
-    assert out.tools_called[0].result_summary.startswith("tool_error UPSTREAM_UNAVAILABLE")
+    with pytest.raises(errors.UnavailableError) as info:
+        await loop(rt, FakeTools([down])).run(req())
+    assert info.value.reason == "UPSTREAM_UNAVAILABLE"
 
 
 async def test_a_repeated_call_stops_the_tools_and_asks_for_the_answer():
