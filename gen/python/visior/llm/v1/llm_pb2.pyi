@@ -1,5 +1,6 @@
 from google.api import annotations_pb2 as _annotations_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from visior.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -54,18 +55,28 @@ class AnchorChunk(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section_id: _Optional[str] = ..., anchor_chunk_id: _Optional[str] = ...) -> None: ...
 
 class ToolPolicy(_message.Message):
-    __slots__ = ("allowed_tools", "anchors", "window_radius_schedule", "max_tool_steps", "context_token_budget")
+    __slots__ = ("allowed_tools", "anchors", "window_radius_schedule", "max_tool_steps", "context_token_budget", "planned_calls")
     ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
     ANCHORS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_RADIUS_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_CALLS_FIELD_NUMBER: _ClassVar[int]
     allowed_tools: _containers.RepeatedScalarFieldContainer[str]
     anchors: _containers.RepeatedCompositeFieldContainer[AnchorChunk]
     window_radius_schedule: _containers.RepeatedScalarFieldContainer[int]
     max_tool_steps: int
     context_token_budget: int
-    def __init__(self, allowed_tools: _Optional[_Iterable[str]] = ..., anchors: _Optional[_Iterable[_Union[AnchorChunk, _Mapping]]] = ..., window_radius_schedule: _Optional[_Iterable[int]] = ..., max_tool_steps: _Optional[int] = ..., context_token_budget: _Optional[int] = ...) -> None: ...
+    planned_calls: _containers.RepeatedCompositeFieldContainer[PlannedCall]
+    def __init__(self, allowed_tools: _Optional[_Iterable[str]] = ..., anchors: _Optional[_Iterable[_Union[AnchorChunk, _Mapping]]] = ..., window_radius_schedule: _Optional[_Iterable[int]] = ..., max_tool_steps: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., planned_calls: _Optional[_Iterable[_Union[PlannedCall, _Mapping]]] = ...) -> None: ...
+
+class PlannedCall(_message.Message):
+    __slots__ = ("tool_name", "arguments")
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    tool_name: str
+    arguments: _struct_pb2.Struct
+    def __init__(self, tool_name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("mode", "system_prompt", "messages", "context_chunks", "generation_params", "trace_id", "user", "tool_policy", "model")

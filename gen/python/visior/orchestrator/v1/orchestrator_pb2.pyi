@@ -61,16 +61,22 @@ class Safety(_message.Message):
     def __init__(self, input: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps")
+    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps", "scenario", "intent", "decided_by")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     LLM_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    INTENT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     retrieval_latency_ms: int
     llm_latency_ms: int
     tool_steps: int
-    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ...) -> None: ...
+    scenario: str
+    intent: str
+    decided_by: str
+    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., scenario: _Optional[str] = ..., intent: _Optional[str] = ..., decided_by: _Optional[str] = ...) -> None: ...
 
 class RespondResponse(_message.Message):
     __slots__ = ("answer", "sources", "tools", "safety", "telemetry")

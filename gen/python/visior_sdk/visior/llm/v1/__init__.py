@@ -13,6 +13,7 @@ from typing import (
 )
 
 import betterproto
+import betterproto.lib.google.protobuf as betterproto_lib_google_protobuf
 import grpclib
 from betterproto.grpc.grpclib_server import ServiceBase
 
@@ -121,6 +122,24 @@ class ToolPolicy(betterproto.Message):
 
     context_token_budget: Optional[int] = betterproto.int32_field(5, optional=True)
     """context_token_budget caps prompt tokens plus tool text."""
+
+    planned_calls: List["PlannedCall"] = betterproto.message_field(6)
+    """
+    planned_calls run first, in order, before the model is asked (the caller's
+     scenario already knows them: load the selected documents, fetch the rates);
+     each counts as a tool step; their results reach the model as tool results.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class PlannedCall(betterproto.Message):
+    """PlannedCall is a tool call decided by the caller, not by the model."""
+
+    tool_name: str = betterproto.string_field(1)
+    """tool_name names the tool; it must also be in allowed_tools."""
+
+    arguments: "betterproto_lib_google_protobuf.Struct" = betterproto.message_field(2)
+    """arguments are the tool's arguments (checked against its schema)."""
 
 
 @dataclass(eq=False, repr=False)

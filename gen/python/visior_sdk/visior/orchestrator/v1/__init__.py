@@ -118,6 +118,20 @@ class Telemetry(betterproto.Message):
     tool_steps: int = betterproto.int32_field(4)
     """tool_steps is how many tools ran."""
 
+    scenario: str = betterproto.string_field(5)
+    """scenario is the agent's route (agent.md §4): "S1".."S5"."""
+
+    intent: str = betterproto.string_field(6)
+    """
+    intent is the route's sub-intent, e.g. "documents", "knowledge_base",
+     "currency_rates", "key_rate", "finance_news", "small_talk", "clarify".
+    """
+
+    decided_by: str = betterproto.string_field(7)
+    """
+    decided_by is "model" (the model's JSON decision) or "rules" (the fallback).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RespondResponse(betterproto.Message):
