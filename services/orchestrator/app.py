@@ -22,7 +22,9 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     retrieval = open_channel(settings.retrieval, size)
     llm = open_channel(settings.llm, size)
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
-    responder = Responder(GrpcRetriever(retrieval), GrpcGenerator(llm), config)
+    responder = Responder(
+        GrpcRetriever(retrieval), GrpcGenerator(llm), config, model_routing=settings.model_routing
+    )
 
     def register(server):  # type: ignore[no-untyped-def]
         orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(

@@ -27,9 +27,27 @@ class GrpcRetriever:
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+        self._ingestion = retrieval_pb2_grpc.IngestionServiceStub(channel)
+
+    async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
+        try:
+            response = await self._ingestion.ListDocuments(
+                retrieval_pb2.ListDocumentsRequest(tenant_id=user.tenant_id)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, "retrieval") from None
+        wanted = set(doc_ids)
+        return {d.doc_id: d.chars for d in response.documents if d.doc_id in wanted}
 
     async def search(
-        self, query: str, user: User, filters: Filters, max_results: int, trace_id: str
+        self,
+        query: str,
+        user: User,
+        filters: Filters,
+        max_results: int,
+        trace_id: str,
+        *,
+        expand_query: bool = False,
     ) -> RetrievalOutcome:
         request = retrieval_pb2.SearchRequest(
             query=query,
@@ -45,6 +63,8 @@ class GrpcRetriever:
             ),
             trace_id=trace_id,
         )
+        if expand_query:
+            request.params.expand_query = True
         started = time.perf_counter()
         try:
             response = await self._stub.Search(request)
@@ -77,7 +97,7 @@ class GrpcGenerator:
 
     async def generate(self, req: LlmRequest) -> LlmOutcome:
         request = llm_pb2.GenerateRequest(
-            mode="rag",
+            mode=req.mode,
             system_prompt=req.system_prompt,
             messages=[common_pb2.ChatMessage(role=m.role, content=m.content) for m in req.messages],
             trace_id=req.trace_id,
@@ -98,6 +118,9 @@ class GrpcGenerator:
             ),
             model=req.model,
         )  # fmt: skip
+        for planned in req.planned_calls:
+            call = request.tool_policy.planned_calls.add(tool_name=planned.tool_name)
+            call.arguments.update(planned.arguments)
         started = time.perf_counter()
         try:
             response = await self._stub.Generate(request)
@@ -111,4 +134,5 @@ class GrpcGenerator:
             ),
             tool_steps=response.meta.tool_steps,
             latency_ms=round((time.perf_counter() - started) * 1000),
+            extractive=response.meta.extractive,
         )

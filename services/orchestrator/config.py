@@ -25,6 +25,9 @@ class OrchestratorSettings:
     """Initial runtime config (ORCH_DEFAULT_MODEL, ORCH_PROMPT_TOKEN_BUDGET, ...)."""
     max_window_radius: int
     """The tools proxy's per-side limit (MCP_PROXY_MAX_WINDOW_RADIUS / RAG_WINDOW_RADIUS)."""
+    model_routing: bool
+    """Ask the model for the scenario decision (JSON with `intent`) before the rules
+    (ORCH_MODEL_ROUTING); with an extractive LLM service the rules decide anyway."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
@@ -65,4 +68,5 @@ class OrchestratorSettings:
                 mock_mode=env.flag("ORCH_MOCK_MODE", False),
             ),
             max_window_radius=proxy_max,
+            model_routing=env.flag("ORCH_MODEL_ROUTING", True),
         )

@@ -41,6 +41,8 @@ class RespondInput:
     filters: Filters = field(default_factory=Filters)
     max_results: int | None = None
     history: tuple[Turn, ...] = ()
+    selected_doc_ids: tuple[str, ...] = ()
+    """Documents the user attached to the question (the request's top-level doc_ids)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,14 @@ class ToolCallRecord:
 
 
 @dataclass(frozen=True)
+class PlannedCall:
+    """A tool call the scenario decided (load the selected documents, fetch the rates)."""
+
+    tool_name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class LlmRequest:
     """What the orchestrator asks the LLM service for."""
 
@@ -86,6 +96,8 @@ class LlmRequest:
     context_token_budget: int
     model: str
     trace_id: str
+    planned_calls: tuple[PlannedCall, ...] = ()
+    mode: str = "rag"
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class LlmOutcome:
     tools: tuple[ToolCallRecord, ...]
     tool_steps: int
     latency_ms: int
+    extractive: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,12 +129,26 @@ class RespondOutput:
     retrieval_latency_ms: int
     llm_latency_ms: int | None
     tool_steps: int
+    scenario: str = ""
+    intent: str = ""
+    decided_by: str = ""
 
 
 class Retriever(Protocol):
     async def search(
-        self, query: str, user: User, filters: Filters, max_results: int, trace_id: str
+        self,
+        query: str,
+        user: User,
+        filters: Filters,
+        max_results: int,
+        trace_id: str,
+        *,
+        expand_query: bool = False,
     ) -> RetrievalOutcome: ...
+
+    async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
+        """Characters of each of the user's documents among `doc_ids` (absent: not found)."""
+        ...
 
 
 class Generator(Protocol):

@@ -37,6 +37,7 @@ def respond_input(req: pb.RespondRequest) -> RespondInput:
         ),
         max_results=req.max_results if req.HasField("max_results") else None,
         history=tuple(Turn(t.role, t.content) for t in req.history),
+        selected_doc_ids=tuple(dict.fromkeys(req.doc_ids)),
     )
 
 
@@ -50,6 +51,9 @@ def respond_response(out: RespondOutput) -> pb.RespondResponse:
         trace_id=out.trace_id,
         retrieval_latency_ms=out.retrieval_latency_ms,
         tool_steps=out.tool_steps,
+        scenario=out.scenario,
+        intent=out.intent,
+        decided_by=out.decided_by,
     )
     if out.llm_latency_ms is not None:
         telemetry.llm_latency_ms = out.llm_latency_ms

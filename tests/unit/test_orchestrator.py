@@ -1,3 +1,5 @@
+from datetime import date
+
 import pytest
 
 from services.common import errors
@@ -25,31 +27,48 @@ SECTION = SectionCandidate(
 
 
 class FakeRetriever:
-    def __init__(self):
+    def __init__(self, sizes=None):
         self.calls = []
+        self.expanded = []
+        self.sizes = sizes or {}
 
-    async def search(self, query, user, filters, max_results, trace_id):
+    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
         self.calls.append((query, user, filters, max_results, trace_id))
+        self.expanded.append(expand_query)
         return RetrievalOutcome((SECTION,), 3)
+
+    async def document_sizes(self, user, doc_ids):
+        return {d: self.sizes[d] for d in doc_ids if d in self.sizes}
 
 
 class FakeGenerator:
-    def __init__(self):
+    def __init__(self, routing_answer=None):
         self.requests = []
+        self.routing_answer = routing_answer
 
     async def generate(self, request):
         self.requests.append(request)
+        if request.mode == "chat" and request.system_prompt.startswith("You route"):
+            if self.routing_answer is None:  # an extractive LLM service: no JSON
+                return LlmOutcome("В документах не нашлось ответа.", (), 0, 1, extractive=True)
+            return LlmOutcome(self.routing_answer, (), 0, 1)
         return LlmOutcome("answer", (), 1, 7)
 
 
-def make(config=None, max_radius=3):
-    r, g = FakeRetriever(), FakeGenerator()
+TODAY = date(2026, 11, 22)
+
+
+def make(config=None, max_radius=3, *, sizes=None, routing=False, routing_answer=None):
+    r, g = FakeRetriever(sizes), FakeGenerator(routing_answer)
     holder = ConfigHolder(config or RuntimeConfig(), max_radius)
-    return Responder(r, g, holder), r, g, holder
+    responder = Responder(r, g, holder, model_routing=routing, today=lambda: TODAY)
+    return responder, r, g, holder
 
 
 def inp(**kw):
-    return RespondInput(**{"query": "LDAP?", "user": User("t1", "u1"), "trace_id": "tr", **kw})
+    return RespondInput(
+        **{"query": "How to set up LDAP?", "user": User("t1", "u1"), "trace_id": "tr", **kw}
+    )
 
 
 def test_user_from_either_shape():
@@ -108,7 +127,7 @@ async def test_sections_are_capped_at_max_results():
 
 
 def _many_sections(_orig):
-    async def search(query, user, filters, max_results, trace_id):
+    async def search(query, user, filters, max_results, trace_id, *, expand_query=False):
         return RetrievalOutcome(tuple(SECTION for _ in range(30)), 1)
 
     return search
@@ -137,7 +156,7 @@ async def test_bad_requests(kw, exc):
 
 async def test_limits_at_the_limit_pass():
     responder, retriever, *_ = make()
-    await responder.respond(inp(query="x" * 4096, max_results=50))
+    await responder.respond(inp(query=("LDAP setup " * 410)[:4096], max_results=50))
     assert retriever.calls[0][3] == 50
 
 
@@ -166,3 +185,103 @@ def test_config_update_validates_and_applies_whole():
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(max_tool_steps=21))
     assert holder.update(ConfigUpdate(max_tool_steps=20)).max_tool_steps == 20
+
+
+# --- scenarios (agent.md §4) -----------------------------------------------------------------
+
+
+async def test_s1_searches_all_documents_with_the_read_tools():
+    responder, retriever, generator, _ = make()
+    out = await responder.respond(inp(query="Найди договор с ООО Ромашка"))
+    assert (out.scenario, out.intent, out.decided_by) == ("S1", "documents", "rules")
+    assert retriever.calls and retriever.calls[0][2].doc_ids == ()
+    assert generator.requests[-1].allowed_tools == ("read_chunk_window", "read_doc_section")
+    assert out.sources[0].doc_id == "guide"
+
+
+@pytest.mark.parametrize(("chars", "scenario"), [(50_000, "S3"), (50_001, "S4")])
+async def test_selected_documents_switch_at_50000_characters(chars, scenario):
+    responder, retriever, generator, _ = make(sizes={"a": chars - 1000, "b": 1000})
+    out = await responder.respond(inp(selected_doc_ids=("a", "b")))
+    assert out.scenario == scenario
+    last = generator.requests[-1]
+    if scenario == "S3":
+        # Full documents in context, no vector search.
+        assert retriever.calls == []
+        assert [p.tool_name for p in last.planned_calls] == ["load_documents_full"]
+        assert last.planned_calls[0].arguments == {"document_ids": ["a", "b"]}
+        assert {s.doc_id for s in out.sources} == {"a", "b"}
+    else:
+        # Targeted search by their ids, with query expansion merged by RRF.
+        assert retriever.calls[0][2].doc_ids == ("a", "b") and retriever.expanded == [True]
+        assert last.planned_calls == () and "read_chunk_window" in last.allowed_tools
+
+
+async def test_a_selected_document_that_does_not_exist_is_404():
+    responder, *_ = make(sizes={"a": 10})
+    with pytest.raises(errors.NotFoundError) as info:
+        await responder.respond(inp(selected_doc_ids=("a", "ghost")))
+    assert info.value.metadata["field"] == "doc_ids" and "ghost" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("query", "intent", "tool", "args"),
+    [
+        ("Какой курс доллара сегодня?", "currency_rates", "fetch_cbr_data",
+         {"operation": "rates_on_date", "date": "2026-11-22", "currency": "USD"}),
+        ("курс евро на 01.02.2025", "currency_rates", "fetch_cbr_data",
+         {"operation": "rates_on_date", "date": "2025-02-01", "currency": "EUR"}),
+        ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data",
+         {"operation": "key_rate", "date_from": "2026-10-22", "date_to": "2026-11-22"}),
+        ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
+        ("Что такое НДС?", "knowledge_base", "search_general_kb", {"query": "Что такое НДС?",
+                                                                   "top_k": 5}),
+    ],
+)  # fmt: skip
+async def test_s2_general_questions_plan_the_right_tool(query, intent, tool, args):
+    responder, retriever, generator, _ = make()
+    out = await responder.respond(inp(query=query))
+    assert (out.scenario, out.intent) == ("S2", intent)
+    last = generator.requests[-1]
+    assert [p.tool_name for p in last.planned_calls] == [tool]
+    assert last.allowed_tools == (tool,) and last.max_tool_steps == 1 and last.mode == "chat"
+    if args is not None:
+        assert last.planned_calls[0].arguments == args
+    if intent == "knowledge_base":
+        assert retriever.calls[0][2].source == "knowledge_base"  # sources from the KB
+    else:
+        assert retriever.calls == []
+
+
+async def test_small_talk_and_clarification_call_no_tools():
+    responder, retriever, generator, _ = make()
+    out = await responder.respond(inp(query="Привет! Спасибо за помощь"))
+    assert (out.scenario, out.intent) == ("S2", "small_talk")
+    assert generator.requests[-1].allowed_tools == () and retriever.calls == []
+    out = await responder.respond(inp(query="помоги"))
+    assert (out.scenario, out.intent) == ("S5", "clarify")
+    last = generator.requests[-1]
+    assert last.allowed_tools == () and "?" in last.system_prompt
+
+
+async def test_the_models_json_decides_when_a_model_answers():
+    answer = '{"scenario": "S2", "intent": "key_rate", "clarifications": [], "currency": "", ' \
+             '"date": "", "news_query": ""}'  # fmt: skip
+    responder, _, generator, _ = make(routing=True, routing_answer=answer)
+    out = await responder.respond(inp(query="Сколько сейчас стоят деньги в ЦБ?"))
+    assert (out.scenario, out.intent, out.decided_by) == ("S2", "key_rate", "model")
+    assert generator.requests[0].mode == "chat" and generator.requests[0].allowed_tools == ()
+
+
+async def test_a_bad_model_decision_falls_back_to_the_rules():
+    responder, _, _, _ = make(routing=True, routing_answer='{"intent": "selected_full"}')
+    out = await responder.respond(inp(query="Найди договор аренды"))
+    assert (out.intent, out.decided_by) == ("documents", "rules")
+
+
+async def test_an_extractive_llm_service_is_not_asked_to_route_again():
+    responder, _, generator, _ = make(routing=True)
+    await responder.respond(inp())
+    await responder.respond(inp())
+    routing = [r for r in generator.requests if r.system_prompt.startswith("You route")]
+    assert len(routing) == 1  # the first answer was extractive: the rules decide for a while
