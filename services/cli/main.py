@@ -34,6 +34,8 @@ def ingest_samples(url: str, timeout: float) -> int:
 
 
 DEMO_QUESTION = "Как настроить LDAP интеграцию в Orion X?"
+DEMO_RATE_QUESTION = "Какой курс доллара сегодня?"
+"""Asked after the document question: answered from the bank (the demo stand-in here)."""
 
 
 def _fail(message: str) -> int:
@@ -151,11 +153,17 @@ def _print_where(mesh: Mesh) -> None:
         print(f"  {k:<13} gRPC 127.0.0.1:{p.grpc[k]:<6} JSON http://127.0.0.1:{p.http[k]:<6} "
               f"metrics http://127.0.0.1:{p.metrics[k]}/metrics")  # fmt: skip
     print(f"  envoy admin   http://127.0.0.1:{p.envoy_admin}")
+    if mesh.bank_url is not None:
+        print(f"  bank (DEMO)   {mesh.bank_url}")
+        print("                a local DEMO stand-in of the Bank of Russia DailyInfo service: "
+              "its rates, key rate and news are not real data (no internet here); "
+              "production uses https://www.cbr.ru")  # fmt: skip
     print(f"  logs in {mesh.workdir}/, data in {mesh.data_dir}/")
 
 
-def run(data_dir: str, workdir: str, samples: bool) -> int:
-    mesh = Mesh(Ports(), data_dir, workdir)
+def run(data_dir: str, workdir: str, samples: bool, bank_standin: bool = True) -> int:
+    """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C."""
+    mesh = Mesh(Ports(), data_dir, workdir, bank_standin=bank_standin)
     try:
         mesh.start()
     except (MeshError, RuntimeError) as exc:
@@ -179,10 +187,14 @@ def run(data_dir: str, workdir: str, samples: bool) -> int:
     return 0
 
 
-def demo(question: str) -> int:
-    """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop."""
+def demo(question: str, rate_question: str = DEMO_RATE_QUESTION) -> int:
+    """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop.
+
+    The document question comes first, then `rate_question`, answered from the demo stand-in
+    of the Bank of Russia (its data are labelled as not real).
+    """
     with tempfile.TemporaryDirectory(prefix="visior-demo-") as tmp:
-        mesh = Mesh(Ports.free(), Path(tmp) / "data", Path(tmp) / "run")
+        mesh = Mesh(Ports.free(), Path(tmp) / "data", Path(tmp) / "run", bank_standin=True)
         try:
             mesh.start()
         except (MeshError, RuntimeError) as exc:
@@ -193,8 +205,11 @@ def demo(question: str) -> int:
             rc = ingest_samples(mesh.json_url("retrieval"), 600)
             if rc:
                 return rc
+            url = mesh.json_url("orchestrator")
             print(f"\nQ: {question}\n")
-            return ask(mesh.json_url("orchestrator"), question, "demo", "demo-user", False, 60)
+            rc = ask(url, question, "demo", "demo-user", False, 60)
+            print(f"\nQ: {rate_question}   (the bank is a DEMO stand-in: not real data)\n")
+            return ask(url, rate_question, "demo", "demo-user", False, 60) or rc
         finally:
             mesh.stop()
 
@@ -206,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default="data")
     p.add_argument("--workdir", default=".run")
     p.add_argument("--samples", action="store_true", help="ingest samples/docs into tenant demo")
+    p.add_argument(
+        "--real-bank", action="store_true",
+        help="no demo bank stand-in: the ToolsProxy uses MCP_PROXY_CBR_URL (default the real "
+        "https://www.cbr.ru service; needs internet)",
+    )  # fmt: skip
     p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
@@ -231,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=30)
     a = parser.parse_args(argv)
     if a.command == "run":
-        return run(a.data_dir, a.workdir, a.samples)
+        return run(a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank)
     if a.command == "demo":
         return demo(a.question)
     if a.command == "ask":

@@ -1,12 +1,15 @@
 """Runs the whole mesh as real processes: four `python -m services.<svc>` servers and Envoy.
 
-Used by `make run`, the CLI's `demo`, the end-to-end tests and the benchmarks.
+Used by `make run`, the CLI's `demo`, the end-to-end tests and the benchmarks. With
+`bank_standin=True` it also runs the local stand-in of the Bank of Russia DailyInfo service
+(services/devtools/cbr_standin.py) in a thread and points the ToolsProxy at it in demo mode.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +20,8 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.devtools.cbr_standin import PATH as BANK_PATH
+from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.topology import SERVICES, Ports
@@ -26,8 +31,20 @@ class MeshError(RuntimeError):
     """A process of the mesh did not start or did not become healthy."""
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Mesh:
-    """Four servers + Envoy on `ports`, data under `data_dir`, logs under `workdir`."""
+    """Four servers + Envoy on `ports`, data under `data_dir`, logs under `workdir`.
+
+    `bank_standin=True` starts the demo stand-in of the Bank of Russia on 127.0.0.1:`bank_port`
+    (a free port when 0) before the services and gives the ToolsProxy
+    ``MCP_PROXY_CBR_URL`` = its URL and ``MCP_PROXY_CBR_DEMO=true`` (overriding the caller's
+    environment), so `fetch_cbr_data` answers offline and labels its results as demo data.
+    """
 
     def __init__(
         self,
@@ -39,6 +56,8 @@ class Mesh:
         envoy_concurrency: int = 2,
         access_log: bool = False,
         envoy_timeouts: Mapping[str, float] | None = None,
+        bank_standin: bool = False,
+        bank_port: int = 0,
     ) -> None:
         self.ports = ports
         self.data_dir = Path(data_dir)
@@ -49,6 +68,17 @@ class Mesh:
         self.envoy = EnvoyProcess(concurrency=envoy_concurrency)
         self._access_log = access_log
         self._timeouts = envoy_timeouts
+        self.bank_standin = bank_standin
+        self.bank_port = (bank_port or _free_port()) if bank_standin else 0
+        self.bank: BankStandIn | None = None
+        """The running stand-in, between start() and stop()."""
+
+    @property
+    def bank_url(self) -> str | None:
+        """The stand-in's DailyInfo URL when `bank_standin`, else None (the proxy's default)."""
+        if not self.bank_standin:
+            return None
+        return f"http://127.0.0.1:{self.bank_port}{BANK_PATH}"
 
     def env(self) -> dict[str, str]:
         """The environment every service process gets: ports, targets, data dir."""
@@ -71,6 +101,9 @@ class Mesh:
             "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
         }
         env.update(self._extra_env)
+        if self.bank_url is not None:
+            env["MCP_PROXY_CBR_URL"] = self.bank_url
+            env["MCP_PROXY_CBR_DEMO"] = "true"
         return env
 
     def log_path(self, key: str) -> Path:
@@ -111,7 +144,15 @@ class Mesh:
                 time.sleep(0.1)
 
     def start(self) -> Mesh:
+        """The bank stand-in (if asked), the four servers (healthy), then Envoy (ready)."""
         try:
+            if self.bank_standin and self.bank is None:
+                try:
+                    self.bank = BankStandIn(self.bank_port).start()
+                except OSError as exc:
+                    raise MeshError(
+                        f"the bank stand-in cannot listen on 127.0.0.1:{self.bank_port}: {exc}"
+                    ) from exc
             for spec in SERVICES:
                 self.start_service(spec.key)
             for spec in SERVICES:
@@ -147,9 +188,13 @@ class Mesh:
         return proc.returncode
 
     def stop(self) -> None:
+        """Envoy, the servers, then the bank stand-in; safe to call twice."""
         self.envoy.stop()
         for key in list(self._procs):
             self.stop_service(key)
+        if self.bank is not None:
+            self.bank.stop()
+            self.bank = None
 
     def alive(self) -> dict[str, bool]:
         return {k: p.poll() is None for k, p in self._procs.items()}

@@ -8,6 +8,11 @@ answers, retries once on 5xx / connection errors and sits behind a circuit break
 ``cbr_tool`` turns it into the ``fetch_cbr_data`` tool with validated arguments and a
 normalised JSON result marked as external data: `external_data: true`, a `source`, and a
 one-paragraph `text` that the tool executor delimits as untrusted external text.
+
+With ``MCP_PROXY_CBR_DEMO=true`` (set by the mesh when it points the proxy at the local
+stand-in, services/devtools/cbr_standin.py) every result is labelled as demo data: the
+`source` says "DEMO stand-in, not real data", `demo` is true and `text` starts with
+``DEMO_NOTICE``, so answers can say so. Production leaves it unset: the real URL, `demo` false.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ from services.toolsproxy.tools import Caller, Tool, ToolFailure
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "https://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"
+SOURCE = "Bank of Russia DailyInfo"
+DEMO_SOURCE = "Bank of Russia DailyInfo (DEMO stand-in, not real data)"
+DEMO_NOTICE = (
+    "DEMO DATA from a local stand-in of the Bank of Russia service, not real rates or news."
+)
+"""Starts the `text` of every result in demo mode, so the model sees the label too."""
 SITE = "https://www.cbr.ru"
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -111,6 +122,8 @@ class CbrSettings:
     """Most items in one result; the newest are kept (MCP_PROXY_CBR_MAX_ITEMS)."""
     max_response_bytes: int = 4 * 1024 * 1024
     """Largest SOAP answer read from the bank (MCP_PROXY_CBR_MAX_RESPONSE_BYTES)."""
+    demo: bool = False
+    """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -144,6 +157,7 @@ class CbrSettings:
             max_response_bytes=env.integer(
                 "MCP_PROXY_CBR_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, minimum=1024
             ),
+            demo=env.flag("MCP_PROXY_CBR_DEMO", False),
         )
 
 
@@ -587,18 +601,21 @@ _DEFAULT_SPAN = {"rates_dynamic": 30, "key_rate": 30, "news": 7}
 """Days back from date_to when date_from is not given."""
 
 
-def _source(operation: str) -> str:
-    return f"Bank of Russia DailyInfo, {operation}"
-
-
-def _envelope_result(operation: str, soap_operation: str, **fields: Any) -> dict[str, Any]:
-    return {
+def _envelope_result(
+    settings: CbrSettings, operation: str, soap_operation: str, **fields: Any
+) -> dict[str, Any]:
+    """The fields every result has; in demo mode labelled as not real data."""
+    result: dict[str, Any] = {
         "operation": operation,
-        "source": _source(soap_operation),
-        "source_url": DEFAULT_URL,
+        "source": f"{DEMO_SOURCE if settings.demo else SOURCE}, {soap_operation}",
+        "source_url": settings.url if settings.demo else DEFAULT_URL,
         "external_data": True,
+        "demo": settings.demo,
         **fields,
     }
+    if settings.demo:
+        result["text"] = f"{DEMO_NOTICE}\n{result.get('text', '')}"
+    return result
 
 
 def _keep_newest(items: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
@@ -682,6 +699,7 @@ class CbrTool:
             published = f"{on_date[:4]}-{on_date[4:6]}-{on_date[6:]}"
         lines = [f"{i['nominal']} {i['currency']} = {i['value']} RUB" for i in items]
         return _envelope_result(
+            self._client.settings,
             "rates_on_date",
             "GetCursOnDate",
             text=f"Official rates of the Bank of Russia for {on.isoformat()} "
@@ -725,6 +743,7 @@ class CbrTool:
                 f"{date_from.isoformat()} and {date_to.isoformat()}"
             )
         return _envelope_result(
+            self._client.settings,
             "rates_dynamic",
             "GetCursDynamic",
             text=text,
@@ -768,6 +787,7 @@ class CbrTool:
                 f"{date_from.isoformat()} and {date_to.isoformat()}"
             )
         return _envelope_result(
+            self._client.settings,
             "key_rate",
             "KeyRate",
             text=text,
@@ -804,6 +824,7 @@ class CbrTool:
             f"News of the Bank of Russia from {date_from.isoformat()} to {date_to.isoformat()}"
         )
         return _envelope_result(
+            self._client.settings,
             "news",
             "NewsInfo",
             text="\n".join([heading, *(f"{i['date']}: {i['title']}" for i in items)]),
@@ -826,7 +847,13 @@ def cbr_tool(client: CbrClient) -> Tool:
         "(one `currency` from `date_from` to `date_to`), key_rate (the key rate over a range, "
         "or in force on `date`), news (the bank's press releases). Dates are YYYY-MM-DD, "
         f"at most tomorrow, ranges at most {settings.max_range_days} days; currency is an ISO "
-        "4217 code (USD) or the bank's code (R01235). The result is external data.",
+        "4217 code (USD) or the bank's code (R01235). The result is external data."
+        + (
+            " DEMO MODE: the service is a local stand-in and its data are not real; say so "
+            "in the answer."
+            if settings.demo
+            else ""
+        ),
         {
             "type": "object",
             "properties": {
