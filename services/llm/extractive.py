@@ -1,21 +1,37 @@
 """The built-in extractive responder (DESIGN §2.9): a ChatRuntime without a model.
 
-`ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would: on
-the first call it asks to read the best section the prompt lists (read_chunk_window on its
-anchor, or read_doc_section when no anchor chunk is known); after a tool error it tries the
-next section; once it has read text, it answers by quoting the sentences of that text that
-share the most words with the question, with the source and pages. Without tools it quotes
-the context chunks of the prompt. The answer says it is extractive.
+`ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would. While
+it has read no document text and the prompt lists a section it has not tried, it asks to
+read it (read_chunk_window on its anchor, or read_doc_section when no anchor chunk is known;
+after a tool error, the next section). Otherwise it answers from every tool result in the
+conversation, the caller's planned calls included, in the answer format of agent.md §8:
+Markdown, a short conclusion, the details, the sources, then the extractive marker line.
+
+- document text (read tools, load_documents_full, search hits): the sentences sharing the
+  most words with the question, quoted with their document and pages; knowledge-base hits
+  are marked as resting on the corporate knowledge base;
+- Bank of Russia data (fetch_cbr_data): currency rates, rate dynamics, the key rate, the
+  bank's news, footnoted `[Источник: cbr.ru]`; data from a demo stand-in is labelled so;
+- finance news (fetch_finance_news): titles with links and dates, `[Источник: Tavily]`;
+- nothing at all: the context chunks of the prompt if any; else the clarification questions
+  the system prompt carries (lines ending with "?"), a polite short answer in chat mode, or
+  "not found" when documents were expected.
+
+Russian by default; English when the question is written in Latin script or the system
+prompt asks for English.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+from services.common.untrusted import unwrap_untrusted
 from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
 from services.llm.model import (
     Anchor,
@@ -24,42 +40,227 @@ from services.llm.model import (
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
     CONTEXT_KIND,
+    RAG_RULES,
+    DelimitedText,
     delimited_blocks,
     is_service_note,
     listed_anchors,
+    strip_delimited,
 )
 from services.llm.toolcalls import (
     READ_CHUNK_WINDOW,
     READ_DOC_SECTION,
+    READ_TOOLS,
     ToolContent,
     parse_tool_content,
 )
 
 EXTRACTIVE = "extractive"
+LOAD_DOCUMENTS_FULL = "load_documents_full"
+SEARCH_USER_DOCUMENTS = "search_user_documents"
+SEARCH_GENERAL_KB = "search_general_kb"
+DOC_LOCAL_SEARCH = "doc_local_search"
+FETCH_CBR_DATA = "fetch_cbr_data"
+FETCH_FINANCE_NEWS = "fetch_finance_news"
+_NOT_READING = frozenset(
+    {SEARCH_USER_DOCUMENTS, SEARCH_GENERAL_KB, DOC_LOCAL_SEARCH, FETCH_CBR_DATA, FETCH_FINANCE_NEWS}
+)
+"""Tools whose results do not count as reading a document (the responder may still read)."""
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?…])\s+")
 _PIECE = re.compile(r"\S+\s*")
+_PLACEHOLDER = re.compile(r"\[text (\d+) below\]")
+_CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
+_LATIN = re.compile(r"[a-z]", re.IGNORECASE)
+_ASKS_ENGLISH = re.compile(
+    r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin english\b|на английском", re.IGNORECASE
+)
+_ASKS_RUSSIAN = re.compile(
+    r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin russian\b|на русском", re.IGNORECASE
+)
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*")
 MAX_QUOTED_SENTENCES = 3
+MAX_PASSAGES = 3
+"""Documents (or search hits) quoted in one answer."""
 MAX_SECTIONS_TRIED = 2
 """Sections the responder tries to read before it answers from what it has."""
-NOT_FOUND = (
-    "В доступных документах не нашлось ответа на этот вопрос.\n\n"
-    "_Ответ составлен без языковой модели (extractive)._"
-)
+MAX_RATES = 3
+"""Currency rates shown when the question names none."""
+MAX_LISTED = 10
+"""News items or dated values listed in the details."""
+MAX_SNIPPET_CHARS = 240
+DEFAULT_CURRENCIES = ("USD", "EUR", "CNY")
+_CURRENCY_WORDS = {
+    "доллар": "USD", "dollar": "USD", "евро": "EUR", "euro": "EUR", "юан": "CNY",
+    "yuan": "CNY", "renminbi": "CNY", "фунт": "GBP", "pound": "GBP", "иен": "JPY",
+    "йен": "JPY", "yen": "JPY", "франк": "CHF", "franc": "CHF", "тенге": "KZT",
+    "tenge": "KZT", "лир": "TRY", "lira": "TRY", "рупи": "INR", "rupee": "INR",
+    "дирхам": "AED", "dirham": "AED", "белорусск": "BYN",
+}  # fmt: skip
+_DEMO_WORDS = ("demo", "stand-in", "standin", "stub", "mock", "fake", "демо", "заглушк")
+
+RU, EN = "ru", "en"
+_TEXT: dict[str, dict[str, str]] = {
+    RU: {
+        "summary": "**Кратко:** {}",
+        "details": "**Подробности**",
+        "sources": "**Источники**",
+        "marker_docs": "_Ответ составлен без языковой модели: это цитаты из документов "
+        "(extractive)._",
+        "marker": "_Ответ составлен без языковой модели (extractive)._",
+        "not_found": "В доступных документах не нашлось ответа на этот вопрос.",
+        "no_match": "Прямого ответа в найденных фрагментах нет; вот самые близкие из них.",
+        "from_doc": "Из документа «{}»{}:",
+        "from_kb": "Из базы знаний, «{}»{}:",
+        "kb_note": "_Основывается на корпоративной базе знаний._",
+        "kb_source": "База знаний: ",
+        "pages_one": "стр. {}",
+        "pages_range": "стр. {}–{}",
+        "pages_count": "{} стр.",
+        "nothing_docs": "В документах ничего не нашлось по этому запросу.",
+        "nothing_kb": "В базе знаний ничего не нашлось по этому запросу.",
+        "footnote": "[Источник: {}]",
+        "cbr": "cbr.ru",
+        "cbr_demo": "демо-заглушка ЦБ РФ",
+        "demo": "⚠️ **Демо-данные:** получены от локальной заглушки Банка России ({}), "
+        "а не с cbr.ru; это не официальные значения.",
+        "demo_suffix": " (демо-заглушка)",
+        "rate": "Курс {code} на {date}: {value} ₽ за {nominal} {code}.",
+        "rate_item": "- {code}{name}: {value} ₽ за {nominal} {code}",
+        "rates_set": "Официальные курсы Банка России, установлены {}.",
+        "no_rates": "Банк России не установил курсов на эту дату.",
+        "dynamic": "Курс {code} с {first} по {last}: {v1} ₽ → {v2} ₽ за {nominal} {code}.",
+        "dynamic_item": "- {}: {} ₽",
+        "no_dynamic": "Банк России не устанавливал курс {} за этот период.",
+        "key_rate": "Ключевая ставка Банка России на {}: {} % годовых.",
+        "key_rate_changes": "Изменения за период:",
+        "key_rate_item": "- с {}: {} %",
+        "no_key_rate": "Банк России не публиковал ключевую ставку за этот период.",
+        "cbr_news": "Новости Банка России: {}.",
+        "no_news": "Новостей по запросу не нашлось.",
+        "news": "Найдено финансовых новостей: {}; главная — «{}».",
+        "news_source": "Tavily — поиск финансовых новостей",
+        "failed": "Не удалось получить данные ({}): {}.",
+        "clarify": "Чтобы ответить точнее, уточните, пожалуйста:",
+        "thanks": "Пожалуйста! Если появятся вопросы — спрашивайте.",
+        "hello": "Здравствуйте! Я Visior: отвечаю на вопросы по вашим документам и "
+        "корпоративной базе знаний, подсказываю курсы и ключевую ставку Банка России и "
+        "финансовые новости. Чем могу помочь?",
+    },
+    EN: {
+        "summary": "**In short:** {}",
+        "details": "**Details**",
+        "sources": "**Sources**",
+        "marker_docs": "_Composed without a language model: quotes from the documents "
+        "(extractive)._",
+        "marker": "_Composed without a language model (extractive)._",
+        "not_found": "The available documents do not answer this question.",
+        "no_match": "The passages found do not answer this directly; here are the closest.",
+        "from_doc": "From “{}”{}:",
+        "from_kb": "From the knowledge base, “{}”{}:",
+        "kb_note": "_Based on the corporate knowledge base._",
+        "kb_source": "Knowledge base: ",
+        "pages_one": "p. {}",
+        "pages_range": "pp. {}–{}",
+        "pages_count": "{} pages",
+        "nothing_docs": "Nothing was found in the documents for this request.",
+        "nothing_kb": "Nothing was found in the knowledge base for this request.",
+        "footnote": "[Source: {}]",
+        "cbr": "cbr.ru",
+        "cbr_demo": "Bank of Russia demo stand-in",
+        "demo": "⚠️ **Demo data:** served by a local stand-in of the Bank of Russia ({}), "
+        "not by cbr.ru; these are not official values.",
+        "demo_suffix": " (demo stand-in)",
+        "rate": "{code} rate on {date}: {value} RUB per {nominal} {code}.",
+        "rate_item": "- {code}{name}: {value} RUB per {nominal} {code}",
+        "rates_set": "Official rates of the Bank of Russia, set on {}.",
+        "no_rates": "The Bank of Russia set no rates for this date.",
+        "dynamic": "{code} rate from {first} to {last}: {v1} → {v2} RUB per {nominal} {code}.",
+        "dynamic_item": "- {}: {} RUB",
+        "no_dynamic": "The Bank of Russia set no {} rate in this period.",
+        "key_rate": "Bank of Russia key rate on {}: {}% per annum.",
+        "key_rate_changes": "Changes in the period:",
+        "key_rate_item": "- from {}: {}%",
+        "no_key_rate": "The Bank of Russia published no key rate in this period.",
+        "cbr_news": "News of the Bank of Russia: {}.",
+        "no_news": "No news was found for this request.",
+        "news": "Finance news found: {}; the top one is “{}”.",
+        "news_source": "Tavily — finance news search",
+        "failed": "Could not get the data ({}): {}.",
+        "clarify": "To answer precisely, please clarify:",
+        "thanks": "You are welcome! Ask any time.",
+        "hello": "Hello! I am Visior: I answer questions about your documents and the "
+        "corporate knowledge base, and give Bank of Russia rates, the key rate and finance "
+        "news. How can I help?",
+    },
+}
+NOT_FOUND = f"{_TEXT[RU]['not_found']}\n\n{_TEXT[RU]['marker']}"
+NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
+
+
+def not_found(lang: str) -> str:
+    """The answer when the documents hold nothing for the question."""
+    return NOT_FOUND_EN if lang == EN else NOT_FOUND
+
+
+def _stem_list(text: str) -> list[str]:
+    return [w[:6] for w in _WORD.findall(text.lower().replace("ё", "е")) if len(w) > 2]
 
 
 def _stems(text: str) -> set[str]:
-    return {w[:6] for w in _WORD.findall(text.lower()) if len(w) > 2}
+    return set(_stem_list(text))
 
 
-def best_sentences(text: str, question: str, limit: int = MAX_QUOTED_SENTENCES) -> list[str]:
-    """The sentences of `text` sharing most words with `question`, in document order."""
-    q = _stems(question)
-    sentences = [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
-    ranked = sorted(range(len(sentences)), key=lambda i: (-len(_stems(sentences[i]) & q), i))[
-        :limit
-    ]
-    return [sentences[i] for i in sorted(ranked) if _stems(sentences[i]) & q] or sentences[:1]
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
+
+
+class SentenceScorer:
+    """BM25 of a sentence for the question's words, over a pool of sentences: a word most
+    sentences share (the product's name) weighs little, a repeated rare one much."""
+
+    def __init__(self, question: str, pool: Sequence[str], k1: float = 1.2, b: float = 0.75):
+        self.q = _stems(question)
+        bags = [_stem_list(s) for s in pool]
+        n = len(bags) or 1
+        df = {t: sum(1 for bag in bags if t in bag) for t in self.q}
+        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in self.q}
+        self.avg = sum(len(bag) for bag in bags) / n or 1.0
+        self.k1, self.b = k1, b
+
+    def __call__(self, sentence: str) -> float:
+        bag = _stem_list(sentence)
+        norm = self.k1 * (1 - self.b + self.b * len(bag) / self.avg)
+        return sum(
+            self.idf[t] * tf * (self.k1 + 1) / (tf + norm) for t in self.q if (tf := bag.count(t))
+        )
+
+
+def best_sentences(
+    text: str,
+    question: str,
+    limit: int = MAX_QUOTED_SENTENCES,
+    scorer: SentenceScorer | None = None,
+) -> list[str]:
+    """The sentences of `text` that match `question` best, in document order (the first
+    sentence when none shares a word with it). `scorer` weighs words over a wider pool."""
+    sentences = _sentences(text)
+    score = scorer or SentenceScorer(question, sentences)
+    scores = [score(s) for s in sentences]
+    ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:limit]
+    return [sentences[i] for i in sorted(ranked) if scores[i] > 0] or sentences[:1]
+
+
+def answer_language(question: str, system: str = "") -> str:
+    """ "en" when the system prompt asks for English or the question is in Latin script;
+    "ru" otherwise (agent.md §8: Russian by default)."""
+    instructions = strip_delimited(system)
+    if _ASKS_ENGLISH.search(instructions):
+        return EN
+    if _ASKS_RUSSIAN.search(instructions):
+        return RU
+    latin, cyrillic = len(_LATIN.findall(question)), len(_CYRILLIC.findall(question))
+    return EN if latin > cyrillic else RU
 
 
 @dataclass(frozen=True)
@@ -71,6 +272,8 @@ class Reading:
     text: str
     page_start: int
     page_end: int
+    page_count: int = 0
+    """Pages of a whole loaded document (its text carries no page boundaries)."""
 
 
 def _int(value: Any) -> int:
@@ -85,22 +288,12 @@ def _pages(attr: str) -> tuple[int, int]:
     return _int(first), _int(last or first)
 
 
-def compose(question: str, reading: Reading | None) -> str:
-    """The extractive answer: quotes from `reading` with the source and pages (Russian)."""
-    if reading is None or not reading.text.strip():
-        return NOT_FOUND
-    quotes = "\n".join(f"> {s}" for s in best_sentences(reading.text, question))
-    pages = (
-        f"стр. {reading.page_start}"
-        if reading.page_start == reading.page_end
-        else f"стр. {reading.page_start}–{reading.page_end}"
-    )
-    return (
-        f"Вот что говорится в документе «{reading.title or reading.doc_id}» ({pages}):\n\n"
-        f"{quotes}\n\n"
-        f"**Источник:** {reading.doc_id}, {pages}.\n\n"
-        "_Ответ составлен без языковой модели: это цитаты из документов (extractive)._"
-    )
+def _where(r: Reading, t: dict[str, str]) -> str:
+    if r.page_start:
+        if r.page_end and r.page_end != r.page_start:
+            return t["pages_range"].format(r.page_start, r.page_end)
+        return t["pages_one"].format(r.page_start)
+    return t["pages_count"].format(r.page_count) if r.page_count else ""
 
 
 def _reading_from_tool(content: ToolContent) -> Reading | None:
@@ -118,14 +311,445 @@ def _reading_from_tool(content: ToolContent) -> Reading | None:
     )
 
 
-def _reading_from_context(system: str) -> Reading | None:
-    blocks = delimited_blocks(system, CONTEXT_KIND)
-    if not blocks:
-        return None
-    b = blocks[0]
-    start, end = _pages(b.attrs.get("pages", ""))
-    doc_id = b.attrs.get("doc_id", "")
-    return Reading(doc_id, doc_id, b.text, start, end)
+def _readings_from_blocks(blocks: Sequence[DelimitedText]) -> list[Reading]:
+    out = []
+    for b in blocks:
+        if b.text.strip():
+            start, end = _pages(b.attrs.get("pages", ""))
+            doc_id = b.attrs.get("doc_id", "")
+            out.append(Reading(doc_id, "", b.text, start, end))
+    return out
+
+
+def _fill(value: Any, texts: Sequence[DelimitedText]) -> Any:
+    """A result header with each `[text N below]` placeholder replaced by its text."""
+    if isinstance(value, dict):
+        return {k: _fill(v, texts) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, texts) for v in value]
+    if isinstance(value, str):
+        m = _PLACEHOLDER.fullmatch(value)
+        if m and 0 < int(m.group(1)) <= len(texts):
+            return unwrap_untrusted(texts[int(m.group(1)) - 1].text)
+    return value
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _number(value: Any, lang: str, decimals: int = 0) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    text = f"{number:.4f}".rstrip("0")
+    whole, _, frac = text.partition(".")
+    frac = frac.ljust(decimals, "0")
+    text = f"{whole}.{frac}" if frac else whole
+    return text.replace(".", ",") if lang == RU else text
+
+
+def _date(value: Any, lang: str) -> str:
+    text = str(value or "")
+    m = re.match(r"(\d{4})-(\d{2})-(\d{2})", text)
+    if m is None:
+        return text
+    return f"{m.group(3)}.{m.group(2)}.{m.group(1)}" if lang == RU else m.group(0)
+
+
+def _link(title: str, url: str) -> str:
+    label = title.replace("[", "(").replace("]", ")")
+    return f"[{label}]({url.replace(' ', '%20').replace(')', '%29')})" if url else label
+
+
+@dataclass
+class _Answer:
+    """The parts of the answer as they are gathered."""
+
+    summary: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    quoted: bool = False
+    conclusion: int | None = None
+    """Which summary paragraph is the conclusion (written first, marked as such)."""
+
+    def conclude(self, text: str) -> None:
+        if self.conclusion is None:
+            self.conclusion = len(self.summary)
+        self.summary.append(text)
+
+    def source(self, line: str) -> None:
+        if line not in self.sources:
+            self.sources.append(line)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.summary or self.details)
+
+
+@dataclass
+class _Results:
+    """The tool results of the conversation, by what they hold."""
+
+    documents: list[Reading] = field(default_factory=list)
+    hits: list[Reading] = field(default_factory=list)
+    kb: list[Reading] | None = None
+    searched: bool = False
+    data: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _hit_readings(result: dict[str, Any], texts: Sequence[DelimitedText]) -> list[Reading]:
+    hits = _dicts(result.get("hits"))
+    if not hits and not result:  # the header was cut to the budget: the texts remain
+        return _readings_from_blocks(texts)
+    out = []
+    for h in hits:
+        text = str(h.get("text") or h.get("snippet") or "")
+        if text.strip():
+            doc_id = str(h.get("doc_id") or result.get("doc_id") or "")
+            title = str(h.get("title") or result.get("title") or "")
+            start, end = _int(h.get("page_start")), _int(h.get("page_end"))
+            out.append(Reading(doc_id, title, text, start, end or start))
+    return out
+
+
+def _loaded_documents(result: dict[str, Any], texts: Sequence[DelimitedText]) -> list[Reading]:
+    docs = _dicts(result.get("documents"))
+    if not docs and not result:
+        return _readings_from_blocks(texts)
+    out = []
+    for d in docs:
+        text = str(d.get("content") or "")
+        if text.strip():
+            doc_id = str(d.get("document_id") or d.get("doc_id") or "")
+            out.append(Reading(doc_id, str(d.get("title") or ""), text, 0, 0, _int(d.get("pages"))))
+    return out
+
+
+def gather(messages: Sequence[ChatMessage]) -> _Results:
+    """Every tool result of the conversation, sorted by kind."""
+    out = _Results()
+    for m in messages:
+        if m.role != "tool":
+            continue
+        content = parse_tool_content(m.content)
+        if content is None:
+            continue
+        name = content.name or m.name
+        if not content.ok:
+            if name not in READ_TOOLS:
+                out.failures.append((name, content.error_message or content.error_code))
+            continue
+        result = _fill(content.result, content.texts)
+        if name == LOAD_DOCUMENTS_FULL:
+            out.documents += _loaded_documents(result, content.texts)
+        elif name in (SEARCH_USER_DOCUMENTS, DOC_LOCAL_SEARCH):
+            out.searched = True
+            out.hits += _hit_readings(result, content.texts)
+        elif name == SEARCH_GENERAL_KB:
+            out.kb = (out.kb or []) + _hit_readings(result, content.texts)
+        elif name in (FETCH_CBR_DATA, FETCH_FINANCE_NEWS):
+            out.data.append((name, result))
+        elif (reading := _reading_from_tool(content)) is not None:
+            out.documents.append(reading)
+    return out
+
+
+class _Composer:
+    """Writes the answer to one question in one language."""
+
+    def __init__(self, question: str, lang: str) -> None:
+        self.question = question
+        self.lang = lang
+        self.t = _TEXT[lang]
+        self.answer = _Answer()
+        self._seen: set[str] = set()
+        self._demo = False
+
+    # --- document text ----------------------------------------------------------------
+
+    def passages(self, readings: Sequence[Reading], *, kb: bool = False) -> None:
+        """Quote the best sentences of the best few readings, conclusion first."""
+        scorer = SentenceScorer(self.question, [x for r in readings for x in _sentences(r.text)])
+        scored = []
+        for i, r in enumerate(readings):
+            quotes = [
+                x for x in best_sentences(r.text, self.question, scorer=scorer)
+                if x not in self._seen
+            ]  # fmt: skip
+            if quotes:
+                scored.append((max(scorer(x) for x in quotes), i, r, quotes))
+        if not scored:
+            return
+        chosen = sorted(scored, key=lambda x: (-x[0], x[1]))[:MAX_PASSAGES]
+        top = chosen[0]
+        if top[0] > 0:
+            # Passages sharing no word with the question are not worth quoting beside it.
+            chosen = [c for c in chosen if c[0] > 0]
+            self.answer.conclude(max(top[3], key=scorer))
+        else:
+            self.answer.summary.append(self.t["no_match"])
+        if kb:
+            self.answer.summary.append(self.t["kb_note"])
+        for _, _, r, quotes in sorted(chosen, key=lambda x: x[1]):
+            self._seen.update(quotes)
+            where = _where(r, self.t)
+            title = r.title or r.doc_id
+            head = self.t["from_kb" if kb else "from_doc"].format(
+                title, f" ({where})" if where else ""
+            )
+            self.answer.details.append(head + "\n\n" + "\n".join(f"> {s}" for s in quotes))
+            name = f"«{r.title}» — {r.doc_id}" if r.title and r.title != r.doc_id else r.doc_id
+            if self.lang == EN and r.title and r.title != r.doc_id:
+                name = f"“{r.title}” — {r.doc_id}"
+            prefix = self.t["kb_source"] if kb else ""
+            self.answer.source(f"- {prefix}{name}{', ' + where if where else ''}")
+        self.answer.quoted = True
+
+    def nothing(self, key: str) -> None:
+        self.answer.summary.append(self.t[key])
+
+    # --- external data ----------------------------------------------------------------
+
+    def cbr(self, result: dict[str, Any]) -> None:
+        """Bank of Russia data: rates, rate dynamics, key rate or news, footnoted."""
+        url = str(result.get("source_url") or "")
+        demo = self._demo = _is_demo(result)
+        footnote = self.t["footnote"].format(self.t["cbr_demo" if demo else "cbr"])
+        operation = str(result.get("operation") or "")
+        handler: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+            "rates_on_date": self._rates,
+            "rates_dynamic": self._dynamic,
+            "key_rate": self._key_rate,
+            "news": self._cbr_news,
+        }
+        if operation in handler:
+            lines = handler[operation](result)
+        else:  # the header was cut, or an operation this responder does not know
+            text = str(result.get("text") or "")
+            lines = [" ".join(text.split())] if text.strip() else []
+        if not lines:
+            return
+        self.answer.conclude(f"{lines[0]} {footnote}")
+        if demo:
+            self.answer.summary.append(self.t["demo"].format(url or "?"))
+        self.answer.details.extend(lines[1:])
+        source = str(result.get("source") or "Bank of Russia")
+        labelled = any(w in source.lower() for w in _DEMO_WORDS)
+        suffix = self.t["demo_suffix"] if demo and not labelled else ""
+        self.answer.source(f"- {source}{suffix}{' — ' + url if url else ''}")
+
+    def _wanted(self, codes: Sequence[str]) -> list[str]:
+        named = {w.upper() for w in re.findall(r"\b[A-Za-z]{3}\b", self.question)}
+        low = self.question.lower()
+        named |= {code for word, code in _CURRENCY_WORDS.items() if word in low}
+        wanted = [c for c in codes if c in named]
+        if wanted:
+            return wanted
+        if len(codes) <= MAX_RATES:
+            return list(codes)
+        return [c for c in DEFAULT_CURRENCIES if c in codes] or list(codes[:MAX_RATES])
+
+    def _rates(self, result: dict[str, Any]) -> list[str]:
+        items = [i for i in _dicts(result.get("items")) if i.get("value") is not None]
+        if not items:
+            return [self.t["no_rates"]]
+        by_code = {str(i.get("currency") or ""): i for i in items}
+        wanted = self._wanted(list(by_code))
+        on = _date(result.get("date") or result.get("published"), self.lang)
+        lines = []
+        for code in wanted[:MAX_LISTED]:
+            item = by_code[code]
+            lines.append(
+                self.t["rate"].format(
+                    code=code,
+                    date=on,
+                    value=_number(item.get("value"), self.lang, 2),
+                    nominal=_int(item.get("nominal")) or 1,
+                )
+            )
+        summary = " ".join(lines[:MAX_RATES])
+        details = lines[MAX_RATES:]
+        if result.get("published") and not self._demo:  # a stand-in's rates are not official
+            details.append(self.t["rates_set"].format(_date(result["published"], self.lang)))
+        return [summary, *details]
+
+    def _dynamic(self, result: dict[str, Any]) -> list[str]:
+        code = str(result.get("currency") or "")
+        items = [i for i in _dicts(result.get("items")) if i.get("value") is not None]
+        if not items:
+            return [self.t["no_dynamic"].format(code)]
+        first, last = items[0], items[-1]
+        summary = self.t["dynamic"].format(
+            code=code,
+            first=_date(first.get("date"), self.lang),
+            last=_date(last.get("date"), self.lang),
+            v1=_number(first.get("value"), self.lang, 2),
+            v2=_number(last.get("value"), self.lang, 2),
+            nominal=_int(last.get("nominal")) or 1,
+        )
+        listed = [
+            self.t["dynamic_item"].format(
+                _date(i.get("date"), self.lang), _number(i.get("value"), self.lang, 2)
+            )
+            for i in items[-MAX_LISTED:]
+        ]
+        return [summary, "\n".join(listed)]
+
+    def _key_rate(self, result: dict[str, Any]) -> list[str]:
+        items = [i for i in _dicts(result.get("items")) if i.get("value") is not None]
+        latest = result.get("latest") if isinstance(result.get("latest"), dict) else None
+        latest = latest or (items[-1] if items else None)
+        if not latest or latest.get("value") is None:
+            return [self.t["no_key_rate"]]
+        summary = self.t["key_rate"].format(
+            _date(latest.get("date"), self.lang), _number(latest.get("value"), self.lang)
+        )
+        changes: list[dict[str, Any]] = []
+        for i in items:
+            if not changes or changes[-1].get("value") != i.get("value"):
+                changes.append(i)
+        if len(changes) < 2:
+            return [summary]
+        listed = [
+            self.t["key_rate_item"].format(
+                _date(c.get("date"), self.lang), _number(c.get("value"), self.lang)
+            )
+            for c in changes[-MAX_LISTED:]
+        ]
+        return [summary, self.t["key_rate_changes"] + "\n" + "\n".join(listed)]
+
+    def _cbr_news(self, result: dict[str, Any]) -> list[str]:
+        items = _dicts(result.get("items"))
+        if not items:
+            return [self.t["no_news"]]
+        listed = [
+            f"- {_link(str(i.get('title') or ''), str(i.get('url') or ''))}"
+            f"{' — ' + _date(i.get('date'), self.lang) if i.get('date') else ''}"
+            for i in items[:MAX_LISTED]
+        ]
+        return [self.t["cbr_news"].format(len(items)), "\n".join(listed)]
+
+    def news(self, result: dict[str, Any]) -> None:
+        """Finance news: the latest headline first, then each with its link and date."""
+        items = [i for i in _dicts(result.get("results")) if i.get("url")]
+        source = str(result.get("source") or "Tavily")
+        footnote = self.t["footnote"].format(source)
+        if not items:
+            self.answer.summary.append(f"{self.t['no_news']} {footnote}")
+            return
+        self.answer.conclude(
+            f"{self.t['news'].format(len(items), items[0].get('title') or '')} {footnote}"
+        )
+        listed = []
+        for i in items[:MAX_LISTED]:
+            line = f"- {_link(str(i.get('title') or ''), str(i['url']))}"
+            if i.get("published_date"):
+                line += f" — {_date(i['published_date'], self.lang)}"
+            snippet = " ".join(str(i.get("snippet") or "").split())
+            if snippet:
+                if len(snippet) > MAX_SNIPPET_CHARS:
+                    snippet = snippet[: MAX_SNIPPET_CHARS - 1].rstrip() + "…"
+                line += f"\n  {snippet}"
+            listed.append(line)
+        self.answer.details.append("\n".join(listed))
+        self.answer.source(f"- {self.t['news_source']}")
+
+    # --- the whole ----------------------------------------------------------------------
+
+    def failed(self, name: str, message: str) -> None:
+        self.answer.summary.append(self.t["failed"].format(name, message.rstrip(".")))
+
+    def text(self) -> str:
+        a, t = self.answer, self.t
+        summary = list(a.summary)
+        if a.conclusion is not None:
+            summary[a.conclusion] = t["summary"].format(summary[a.conclusion])
+        # The conclusion comes first; notes on it (knowledge base, demo data) follow.
+        if a.conclusion:
+            summary.insert(0, summary.pop(a.conclusion))
+        parts = ["\n\n".join(summary)]
+        if a.details:
+            parts.append(t["details"] + "\n\n" + "\n\n".join(a.details))
+        if a.sources:
+            parts.append(t["sources"] + "\n\n" + "\n".join(a.sources))
+        parts.append(t["marker_docs" if a.quoted else "marker"])
+        return "\n\n".join(parts)
+
+
+def _is_demo(result: dict[str, Any]) -> bool:
+    """Whether Bank of Russia data came from a demo stand-in, not cbr.ru itself: the result
+    says so (`demo`), its source names a stand-in, or its URL is not on cbr.ru."""
+    if result.get("demo") is True:
+        return True
+    source = f"{result.get('source') or ''} {result.get('source_url') or ''}".lower()
+    if any(w in source for w in _DEMO_WORDS):
+        return True
+    url = str(result.get("source_url") or "")
+    host = (urlsplit(url).hostname or "") if url else ""
+    return bool(host) and not (host == "cbr.ru" or host.endswith(".cbr.ru"))
+
+
+def clarification_questions(system: str) -> list[str]:
+    """The questions the caller's instructions carry (lines ending with "?"), in order."""
+    out = []
+    for line in strip_delimited(system).splitlines():
+        text = _BULLET.sub("", line).strip()
+        if text.endswith("?") and len(text) > 1:
+            out.append(text)
+    return out
+
+
+def compose(question: str, messages: Sequence[ChatMessage], system: str = "") -> str:
+    """The extractive answer to `question` from the tool results in `messages` (Markdown)."""
+    lang = answer_language(question, system)
+    results = gather(messages)
+    c = _Composer(question, lang)
+    c.passages(results.documents + results.hits)
+    if results.searched and not results.hits and not results.documents:
+        c.nothing("nothing_docs")
+    if results.kb is not None:
+        c.passages(results.kb, kb=True)
+        if not results.kb:
+            c.nothing("nothing_kb")
+    for name, result in results.data:
+        if name == FETCH_CBR_DATA:
+            c.cbr(result)
+        else:
+            c.news(result)
+    for name, message in results.failures:
+        c.failed(name, message)
+    if c.answer.empty:
+        tried = any(m.role == "assistant" and m.tool_calls for m in messages)
+        questions = clarification_questions(system)
+        context = _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
+        if context:
+            c.passages(context)
+        elif questions:
+            c.answer.summary.append(
+                c.t["clarify"] + "\n\n" + "\n".join(f"- {q}" for q in questions)
+            )
+        elif tried or RAG_RULES in system:
+            return not_found(lang)
+        else:
+            thanks = re.search(r"спасибо|благодар|thank", question, re.IGNORECASE)
+            c.answer.summary.append(c.t["thanks" if thanks else "hello"])
+    return c.text()
+
+
+def _has_read(messages: Sequence[ChatMessage]) -> bool:
+    """Whether a tool result holds document text read (not searched or fetched) already."""
+    for m in messages:
+        if m.role != "tool":
+            continue
+        c = parse_tool_content(m.content)
+        if c is None or not c.ok or c.name in _NOT_READING:
+            continue
+        if c.name == LOAD_DOCUMENTS_FULL or any(b.text.strip() for b in c.texts):
+            return True
+    return False
 
 
 def _question(messages: Sequence[ChatMessage]) -> str:
@@ -185,29 +809,30 @@ class ExtractiveRuntime:
     def respond(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
         """What a model would answer to `messages` with `tools` offered."""
         system = "\n\n".join(m.content for m in messages if m.role == "system")
-        asked: list[dict[str, Any]] = []
-        reading: Reading | None = None
+        reads: list[dict[str, Any]] = []
+        calls = 0
         for m in messages:
             if m.role == "assistant":
                 for call in m.tool_calls:
+                    calls += 1
+                    if call.name not in READ_TOOLS:
+                        continue
                     try:
                         args = json.loads(call.arguments or "{}")
                     except json.JSONDecodeError:
                         args = {}
-                    asked.append(args if isinstance(args, dict) else {})
-            elif m.role == "tool":
-                content = parse_tool_content(m.content)
-                if content is not None and content.ok:
-                    reading = _reading_from_tool(content) or reading
-        if reading is None and tools and len(asked) < MAX_SECTIONS_TRIED:
-            read = self._next_read(system, {t.name for t in tools}, asked)
+                    reads.append(args if isinstance(args, dict) else {})
+        if not _has_read(messages) and tools and len(reads) < MAX_SECTIONS_TRIED:
+            read = self._next_read(system, {t.name for t in tools}, reads, calls)
             if read is not None:
                 return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
-        answer = compose(_question(messages), reading or _reading_from_context(system))
+        answer = compose(_question(messages), messages, system)
         return Completion(answer, model=EXTRACTIVE)
 
     @staticmethod
-    def _next_read(system: str, names: set[str], asked: list[dict[str, Any]]) -> ToolCall | None:
+    def _next_read(
+        system: str, names: set[str], asked: list[dict[str, Any]], calls: int
+    ) -> ToolCall | None:
         anchors = listed_anchors(system) or [
             Anchor(b.attrs.get("doc_id", ""), b.attrs.get("section_id", ""),
                    b.attrs.get("chunk_id", ""))
@@ -216,7 +841,7 @@ class ExtractiveRuntime:
         for anchor in anchors:
             if not anchor.doc_id or _tried(anchor, asked):
                 continue
-            call_id = f"extractive-{len(asked) + 1}"
+            call_id = f"extractive-{calls + 1}"
             if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in names:
                 args = {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id}
                 return ToolCall(call_id, READ_CHUNK_WINDOW, json.dumps(args, ensure_ascii=False))

@@ -1,9 +1,16 @@
 """The model <-> tool loop of Generate (llm-service.md §6): call, check, execute, feed back.
 
-One run: build the prompt within the token budget, call the model; for each tool call it
-makes, review it (services/llm/toolcalls.py), execute it through ToolsProxy on the request's
-user, append the result as delimited data cut to the budget; call the model again, until it
-answers without tools. How a run stops:
+One run: build the prompt within the token budget; run the caller's planned calls
+(`ToolPolicy.planned_calls`: the scenario already knows them) in order, appended to the
+conversation as one assistant tool-call turn and its results, exactly as if the model had
+made them; call the model; for each tool call it makes, review it
+(services/llm/toolcalls.py), execute it through ToolsProxy on the request's user, append the
+result as delimited data cut to the budget; call the model again, until it answers without
+tools. Planned calls count as tool steps; one the request may not make (not in
+allowed_tools, not in the catalogue, bad arguments, more than the step limit) refuses the
+request (INVALID_ARGUMENT, field tool_policy.planned_calls); one that fails is fed back as a
+tool_error (it does not count towards the errors-in-a-row abort: the model did not make it).
+How a run stops:
 
 - final text from the model: the answer;
 - `max_tool_steps` calls executed (the server's MAX_TOOL_STEPS, or fewer if the policy asks),
@@ -47,6 +54,7 @@ from services.llm.model import (
     EventSink,
     GenerateInput,
     GenerateOutput,
+    PlannedCall,
     ToolCallRecord,
     ToolResult,
     ToolRunner,
@@ -54,6 +62,7 @@ from services.llm.model import (
 from services.llm.toolcalls import (
     REPEATED_CALL,
     TOOL_LIMIT_REACHED,
+    UNKNOWN_TOOL,
     Approved,
     CallGate,
     error_message,
@@ -64,6 +73,9 @@ from services.llm.toolcalls import (
 
 log = logging.getLogger("visior.llm.loop")
 RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
+PLANNED_FIELD = "tool_policy.planned_calls"
+PLANNED_CALL_ID = "planned-{}"
+"""Ids of the planned calls in the conversation (1-based, in order)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class _Run:
         if steps > 0 and req.user is not None:
             self.offered = tuple(t for t in loop.catalogue if t.name in allowed)
         self.max_steps = steps if self.offered else 0
+        self.step_limit = steps
         completion = s.max_completion_tokens
         if req.params.max_tokens is not None:
             completion = max(1, min(completion, req.params.max_tokens))
@@ -177,6 +190,7 @@ class _Run:
     async def go(self) -> GenerateOutput:
         messages = self._prompt()
         self.budget.start(messages, self.offered)
+        await self._planned(messages)
         noted = False
         while True:
             if self.closed and self.offered and not noted:
@@ -235,7 +249,7 @@ class _Run:
                 chunks,
                 tools=self.offered,
                 anchors=anchors,
-                max_tool_calls=self.max_steps,
+                max_tool_calls=max(0, self.max_steps - len(self.req.policy.planned_calls)),
             )
 
         chunks = self.req.context_chunks if self.req.mode == prompts.RAG else ()
@@ -332,7 +346,15 @@ class _Run:
                 f"{verdict.name} was already called with these arguments; its result is above",
                 counts=False,
             )  # fmt: skip
-        room = min(self.budget.room(), self.s.max_tool_result_tokens) - message_tokens(
+        return await self._run_approved(call, verdict, planned=False)
+
+    async def _run_approved(
+        self, call: ToolCall, verdict: Approved, *, planned: bool, share: int = 1
+    ) -> ChatMessage:
+        """Execute an approved call within the budget; its result (or tool_error) message.
+        `share`: the calls (this one included) still to be fed from the room left, so a
+        first planned result cannot crowd out the next."""
+        room = min(self.budget.room() // share, self.s.max_tool_result_tokens) - message_tokens(
             self.loop.tokenizer, result_message(call.id, call.name, "")
         )
         if room < self.s.min_tool_result_tokens:
@@ -342,7 +364,7 @@ class _Run:
                 self.budget.limit_name(),
                 self.budget.conversation_limit,
             )
-        result = await self._execute(verdict)
+        result = await self._execute(verdict, planned=planned)
         self.steps += 1
         self.gate.record(verdict)
         if result.status == "ok":
@@ -358,11 +380,73 @@ class _Run:
         await self.sink.tool_call(record)
         if result.status == "ok":
             self.errors_in_a_row = 0
-        else:
+        elif not planned:
             self._failed(verdict.name, result.error_code)
         return message
 
-    async def _execute(self, call: Approved) -> ToolResult:
+    # --- the caller's planned calls -------------------------------------------------------
+
+    def _bad_plan(self, index: int, name: str, message: str) -> errors.InvalidArgumentError:
+        return errors.InvalidArgumentError(
+            f"tool_policy.planned_calls[{index}] ({name}): {message}",
+            metadata={"field": PLANNED_FIELD, "index": str(index), "tool": name},
+        )
+
+    def _review_planned(self, planned: Sequence[PlannedCall]) -> list[tuple[ToolCall, Approved]]:
+        """The planned calls as the gate approves them; a call the request may not make
+        refuses the whole request (the caller's mistake, not the model's)."""
+        allowed = set(self.req.policy.allowed_tools)
+        for i, p in enumerate(planned):
+            if p.tool_name not in allowed:
+                raise self._bad_plan(i, p.tool_name, "the tool is not in tool_policy.allowed_tools")
+        if self.req.user is None:
+            raise errors.InvalidArgumentError(
+                "planned tool calls need the user", metadata={"field": "user"}
+            )
+        if len(planned) > self.step_limit:
+            raise limit_exceeded(
+                f"{len(planned)} planned tool call(s), but at most {self.step_limit} tool "
+                "call(s) in this request",
+                "max_tool_steps",
+                self.step_limit,
+                field=PLANNED_FIELD,
+            )
+        out: list[tuple[ToolCall, Approved]] = []
+        seen: set[str] = set()
+        for i, p in enumerate(planned):
+            arguments = json.dumps(p.arguments, ensure_ascii=False)
+            call = ToolCall(PLANNED_CALL_ID.format(i + 1), p.tool_name, arguments)
+            verdict = self.gate.review(call)
+            if not isinstance(verdict, Approved):
+                message = (
+                    "ToolsProxy offers no such tool"
+                    if verdict.code == UNKNOWN_TOOL
+                    else f"{verdict.code}: {verdict.message}"
+                )
+                raise self._bad_plan(i, p.tool_name, message)
+            if verdict.key in seen:
+                raise self._bad_plan(i, p.tool_name, "the same call is planned twice")
+            seen.add(verdict.key)
+            out.append((call, verdict))
+        return out
+
+    async def _planned(self, messages: list[ChatMessage]) -> None:
+        """Run the planned calls in order; append them as one tool-call turn and results."""
+        planned = self.req.policy.planned_calls
+        if not planned:
+            return
+        approved = self._review_planned(planned)
+        turn = ChatMessage("assistant", "", tuple(call for call, _ in approved))
+        messages.append(turn)
+        self.budget.add(turn)
+        for i, (call, verdict) in enumerate(approved):
+            share = len(approved) - i
+            messages.append(await self._run_approved(call, verdict, planned=True, share=share))
+            self.budget.add(messages[-1])
+        if self.steps >= self.max_steps:
+            self.closed = True
+
+    async def _execute(self, call: Approved, *, planned: bool = False) -> ToolResult:
         user = self.req.user
         assert user is not None  # tools are offered only with a user
         left = self._left()
@@ -386,6 +470,7 @@ class _Run:
             extra={
                 "tool": call.name,
                 "requested": call.requested,
+                "planned": planned,
                 "arguments": json.dumps(call.arguments, ensure_ascii=False),
                 "status": result.status,
                 "error_code": result.error_code,

@@ -31,6 +31,14 @@ class Anchor:
 
 
 @dataclass(frozen=True)
+class PlannedCall:
+    """A tool call the caller decided (its scenario already knows it), run before the model."""
+
+    tool_name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ToolPolicy:
     """What the caller allows the tool loop to do (DESIGN §2.5)."""
 
@@ -39,6 +47,9 @@ class ToolPolicy:
     radius_schedule: tuple[int, ...] = (1,)
     max_tool_steps: int | None = None
     context_token_budget: int | None = None
+    planned_calls: tuple[PlannedCall, ...] = ()
+    """Run first, in order, before the model is asked; each counts as a tool step and each
+    must be in `allowed_tools`. Their results reach the model as tool results."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
 from services.common.context import current_trace_id
+from services.common.structs import struct_to_dict
 from services.llm.engine import LlmEngine
 from services.llm.model import (
     Anchor,
@@ -19,6 +20,7 @@ from services.llm.model import (
     GenerateOutput,
     GenerationParams,
     Message,
+    PlannedCall,
     ToolCallRecord,
     ToolPolicy,
     User,
@@ -58,6 +60,9 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
             radius_schedule=tuple(tp.window_radius_schedule) or (1,),
             max_tool_steps=_opt(tp, "max_tool_steps"),
             context_token_budget=_opt(tp, "context_token_budget"),
+            planned_calls=tuple(
+                PlannedCall(c.tool_name, struct_to_dict(c.arguments)) for c in tp.planned_calls
+            ),
         ),
         model=req.model,
         trace_id=req.trace_id,

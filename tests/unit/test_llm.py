@@ -6,7 +6,6 @@ from services.common import errors
 from services.llm.engine import MAX_MESSAGES, Budgets, LlmEngine
 from services.llm.extractive import ExtractiveRuntime, best_sentences
 from services.llm.loop import LoopSettings, ToolLoop
-from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.model import (
     Anchor,
     ContextChunk,
@@ -17,6 +16,8 @@ from services.llm.model import (
     ToolResult,
     User,
 )
+from services.llm.prompt import ANSWER_FORMAT, build_prompt
+from services.llm.toolcalls import READ_TOOL_SPECS
 
 
 class FakeTools:
@@ -70,7 +71,7 @@ async def test_extractive_reads_the_window_then_quotes_it():
     assert args == {"doc_id": "guide", "anchor_chunk_id": "guide:c1", "radius": 2}
     assert user.tenant_id == "t1"
     assert "To set up LDAP open Settings." in out.answer
-    assert "стр. 2–3" in out.answer
+    assert "pp. 2–3" in out.answer
     assert out.extractive and out.model_name == "extractive"
     assert [t.name for t in out.tools_called] == ["read_chunk_window"]
 
@@ -116,11 +117,12 @@ async def test_context_is_cut_to_the_prompt_budget_lowest_score_first():
         ContextChunk("d", "high", "high " * 120, score=0.9),
         ContextChunk("d", "mid", "mid " * 120, score=0.5),
     )
-    e = engine(tools, max_prompt_tokens=300)
+    e = engine(tools, max_prompt_tokens=450)
     out = await e.generate(req(policy=ToolPolicy(), context_chunks=chunks))
-    # 3 x 120 tokens cannot fit in 300: the lowest score goes first, the best is quoted.
-    assert "high" in out.answer
-    assert out.prompt_tokens <= 300
+    # The instructions take about 210 tokens and each chunk about 140: only one of the three
+    # fits in 450. The lowest score goes first, the best is quoted.
+    assert "high" in out.answer and "mid" not in out.answer
+    assert out.prompt_tokens <= 450
 
 
 @pytest.mark.parametrize(
@@ -159,3 +161,13 @@ def test_best_sentences_prefers_overlap_and_keeps_order():
         "LDAP settings live here.",
         "Configure LDAP groups too.",
     ]
+
+
+def test_every_prompt_carries_the_answer_format():
+    for mode in ("rag", "chat"):
+        system = build_prompt(req(mode=mode))[0].content
+        assert ANSWER_FORMAT in system
+    assert "Russian" in ANSWER_FORMAT and "[Источник: cbr.ru]" in ANSWER_FORMAT
+    assert "conclusion" in ANSWER_FORMAT and "list of sources" in ANSWER_FORMAT
+    for section in ("General Facts", "User Documents", "Knowledge Base", "External Data"):
+        assert section in ANSWER_FORMAT

@@ -477,7 +477,7 @@ async def test_the_policy_may_lower_the_step_limit_never_raise_it(
         asks(call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "b")),
         asks(call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"}, "c")),
     ]
-    script = [*reads[:executed], says("fin")]
+    script: list[Step] = [*reads[:executed], says("fin")]
     rt = ScriptedRuntime(script)
     tools = FakeTools(default=window())
     policy = ToolPolicy(
