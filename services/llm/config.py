@@ -60,7 +60,9 @@ class LlmSettings:
         )
         max_total = env.integer(
             ["LLM_SERVICE_MAX_TOTAL_TOKENS", "MAX_TOTAL_TOKENS"],
-            max_prompt + max_completion + 2048,
+            # Room for the agent's full-context scenario (S3: up to 50,000 characters of
+            # selected documents, ~22k cl100k tokens of Russian text).
+            max(32_768, max_prompt + max_completion + 2048),
             minimum=512,
         )
         if max_total < max_prompt + max_completion:
@@ -87,7 +89,10 @@ class LlmSettings:
             runtime=runtime,
             max_total_tokens=max_total,
             max_tool_result_tokens=env.integer(
-                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS", 2048, minimum=64, maximum=max_total
+                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS",
+                min(24_576, max_total - max_prompt - max_completion),
+                minimum=64,
+                maximum=max_total,
             ),
             max_consecutive_tool_errors=env.integer(
                 "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, minimum=1, maximum=10

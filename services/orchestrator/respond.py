@@ -147,7 +147,11 @@ SMALL_TALK_SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer the user's small talk briefly and "
     "offer help with their documents, the knowledge base, exchange rates or finance news."
 )
+LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Отвечай на русском языке."}
 KEY_RATE_DAYS = 31
+FULL_CONTEXT_TOKENS = 28_000
+"""S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
+plus the prompt must fit, whatever the configured context_token_budget is."""
 ROUTER_CACHE_S = 60.0
 
 
@@ -204,7 +208,7 @@ class Responder:
         if decision.intent in ("documents", "selected_search"):
             out = await self._documents(req, cfg, decision)
         elif decision.intent == "selected_full":
-            out = await self._full(req, cfg, selected, sizes)
+            out = await self._full(req, cfg, selected, decision)
         else:
             out = await self._general(req, cfg, decision)
         return replace(
@@ -277,7 +281,7 @@ class Responder:
         )
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=SYSTEM_PROMPT,
+                system_prompt=SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, ""),
                 messages=messages,
                 context=sections,
                 user=req.user,
@@ -301,19 +305,19 @@ class Responder:
         req: RespondInput,
         cfg: RuntimeConfig,
         selected: tuple[str, ...],
-        sizes: dict[str, int],
+        decision: Decision,
     ) -> RespondOutput:
         """S3: the selected documents fit in 50,000 characters: all of them, no vector search."""
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=FULL_SYSTEM_PROMPT,
+                system_prompt=FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, ""),
                 messages=(*req.history, Turn("user", req.query)),
                 context=(),
                 user=req.user,
                 allowed_tools=FULL_TOOLS,
                 radius_schedule=(0,),
                 max_tool_steps=max(1, cfg.max_tool_steps),
-                context_token_budget=cfg.context_token_budget,
+                context_token_budget=max(cfg.context_token_budget, FULL_CONTEXT_TOKENS),
                 model=cfg.default_model,
                 trace_id=req.trace_id,
                 planned_calls=(
@@ -372,7 +376,7 @@ class Responder:
             system = SMALL_TALK_SYSTEM_PROMPT
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=system,
+                system_prompt=system + LANGUAGE_NOTE.get(decision.language, ""),
                 messages=(*req.history, Turn("user", req.query)),
                 context=(),
                 user=req.user,

@@ -111,8 +111,8 @@ def _log_report(mesh: Mesh) -> str:
     return "\n".join(parts)
 
 
-def _start(root: Path, env: dict[str, str] | None = None) -> Mesh:
-    mesh = Mesh(Ports.free(), root / "data", root / "run", env=env)
+def _start(root: Path, env: dict[str, str] | None = None, *, bank: bool = False) -> Mesh:
+    mesh = Mesh(Ports.free(), root / "data", root / "run", env=env, bank_standin=bank)
     mesh.start()
     return mesh
 
@@ -136,7 +136,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         "MCP_PROXY_MCP_PORT": str(MCP_PORT),
         "MCP_PROXY_MCP_TOKEN": MCP_TOKEN,
     }
-    m = _start(tmp_path_factory.mktemp("mesh"), mcp)
+    m = _start(tmp_path_factory.mktemp("mesh"), mcp, bank=True)
     try:
         docs = sorted(SAMPLES.glob("*.md"))
         assert docs, f"no sample documents in {SAMPLES}"

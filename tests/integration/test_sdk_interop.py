@@ -461,7 +461,7 @@ async def test_orchestrator(mesh_client: VisiorClient) -> None:
     assert caught.value.reason.endswith("LIMIT_EXCEEDED")
 
     before = await c.orchestrator.get_config(GetConfigRequest())
-    assert before.default_model and before.max_tool_steps >= 1
+    assert before.default_model == "" and before.max_tool_steps >= 1  # "" = the LLM default
 
     # proto3 `optional`: fields left None are not sent, so they keep their values.
     updated = await c.orchestrator.update_config(
