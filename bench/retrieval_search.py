@@ -899,14 +899,27 @@ def proc_status_mb(pid: int) -> dict[str, float]:
 
 @contextlib.contextmanager
 def running_mesh(
-    data_dir: Path, workdir: Path, env: dict[str, str], envoy_concurrency: int
+    data_dir: Path, workdir: Path, env: dict[str, str], envoy_concurrency: int, full: bool
 ) -> Iterator[Any]:
+    """The retrieval server and the Envoy sidecar (all four servers with `full`); stopped on exit."""
+    from services.devtools.envoy import REPO_ROOT as ENVOY_CWD
+    from services.devtools.envoy_config import render
     from services.devtools.mesh import Mesh
     from services.devtools.topology import Ports
 
     mesh = Mesh(Ports.free(), data_dir, workdir, env=env, envoy_concurrency=envoy_concurrency)
-    mesh.start()
     try:
+        if full:
+            mesh.start()
+        else:
+            # Only the server under test (the others would idle, or fail to start while
+            # someone edits them); Envoy with the mesh's real config, as Mesh.start runs it.
+            mesh.start_service(SERVICE_KEY)
+            mesh.wait_healthy(SERVICE_KEY, timeout=120)
+            mesh.envoy.start(
+                render(mesh.ports, str(ENVOY_CWD / "envoy" / "visior.pb")), workdir / "envoy"
+            )
+            mesh.envoy.wait_ready()
         yield mesh
         dead = [k for k, alive in mesh.alive().items() if not alive]
         if dead:
@@ -976,7 +989,9 @@ def run_size(
         "server_env": env,
     }
     t0 = time.perf_counter()
-    with running_mesh(data, tmp / f"run-{profile}-{n}", env, args.envoy_concurrency) as mesh:
+    with running_mesh(
+        data, tmp / f"run-{profile}-{n}", env, args.envoy_concurrency, args.full_mesh
+    ) as mesh:
         result["mesh_start_s"] = round(time.perf_counter() - t0, 1)
         pids = mesh.pids()
         ctx = {"mesh": mesh, "pids": pids, "profile": profile, "chunks": n}
@@ -1194,6 +1209,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--paths", default="grpc,json", help="grpc (Python grpc.aio), json (wrk)")
     ap.add_argument("--py-procs", type=int, default=2, help="gRPC client processes (2)")
     ap.add_argument("--envoy-concurrency", type=int, default=2)
+    ap.add_argument(
+        "--full-mesh", action="store_true", help="start all four servers, not only retrieval"
+    )
     ap.add_argument("--tenants", type=int, default=10)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--pool", type=int, default=200_000, help="distinct fresh queries (200000)")

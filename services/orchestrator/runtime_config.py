@@ -61,9 +61,12 @@ class ConfigHolder:
     def update(self, u: ConfigUpdate) -> RuntimeConfig:
         changes: dict[str, object] = {}
         if u.default_model is not None:
-            if not u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
+            # "" means "the LLM service's own DEFAULT_MODEL_NAME"; blanks alone are a mistake.
+            if u.default_model != u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
                 raise _invalid(
-                    "default_model", f"default_model must be 1..{MAX_MODEL_NAME} characters"
+                    "default_model",
+                    f"default_model must be empty (the LLM default) or 1..{MAX_MODEL_NAME} "
+                    "characters without surrounding spaces",
                 )
             changes["default_model"] = u.default_model
         for name, (lo, hi) in LIMITS.items():

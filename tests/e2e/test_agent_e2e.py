@@ -46,9 +46,7 @@ def respond_json(mesh: Mesh, query: str, **extra: Any) -> dict[str, Any]:
 
 
 async def respond_grpc(mesh: Mesh, query: str) -> dict[str, Any]:
-    request = orchestrator_pb2.RespondRequest(
-        query=query, user=common_pb2.UserContext(**USER)
-    )
+    request = orchestrator_pb2.RespondRequest(query=query, user=common_pb2.UserContext(**USER))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{mesh.ports.grpc['orchestrator']}") as ch:
         response = await orchestrator_pb2_grpc.OrchestratorServiceStub(ch).Respond(request)
     return json_format.MessageToDict(response, preserving_proto_field_name=True)
@@ -66,7 +64,9 @@ def test_json_answer_cites_the_page_the_answer_is_on(mesh: Mesh, manual) -> None
 
 async def test_grpc_answer_cites_the_page_the_answer_is_on(mesh: Mesh, manual) -> None:
     # "6.1. Обновление кластера" is on page 4.
-    body = await respond_grpc(mesh, "Как выполняется обновление кластера: в каком порядке обновляют узлы?")
+    body = await respond_grpc(
+        mesh, "Как выполняется обновление кластера: в каком порядке обновляют узлы?"
+    )
     top = body["sources"][0]
     assert (top["doc_id"], top["page_start"]) == (DOC, 4), body["sources"]
     assert "поузлово" in body["answer"].lower() or "узел" in body["answer"].lower()

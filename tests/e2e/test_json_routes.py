@@ -395,7 +395,8 @@ def test_config_limits(
 
 
 def test_config_bad_values_are_400(mesh: Mesh, restore_config: dict[str, Any]) -> None:
-    assert_error(set_config(mesh, {"default_model": ""}), 400, "INVALID_ARGUMENT")
+    assert_error(set_config(mesh, {"default_model": " m "}), 400, "INVALID_ARGUMENT")
+    assert set_config(mesh, {"default_model": ""}).status_code == 200  # "" = the LLM default
     assert_error(set_config(mesh, {"default_model": "m" * 201}), 400, "INVALID_ARGUMENT")
     assert set_config(mesh, {"default_model": "m" * 200}).status_code == 200
     # Wrong JSON type: rejected by the transcoder.

@@ -826,6 +826,9 @@ class FakeChatServer:
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeChatServer
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, the body waits for the client's
+    # delayed ACK (~40 ms per call, found by bench/llm_overhead.py). Real servers set NODELAY.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
