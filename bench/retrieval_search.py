@@ -10,9 +10,10 @@ For each embedding profile (e5, fast) and each size, the run:
 2. measures the embedder in this process (cache off, one BLAS/OpenMP thread as the server
    runs it): raw single-query rate (1 thread) and raw passage rate (~200-token passages in
    the server's batch size, 1 thread);
-3. copies the data dir, starts the real mesh on it (services.devtools.mesh.Mesh: the four
-   servers and Envoy) and drives RetrievalService/Search, hybrid (server default), every
-   request naming a tenant, no rerank, closed loops:
+3. copies the data dir, starts the retrieval server on it with the mesh's Envoy in front
+   (services.devtools.mesh.Mesh; --full-mesh starts all four servers), checks that searches
+   find hits, and drives RetrievalService/Search, hybrid (server default), every request
+   naming a tenant, no rerank, closed loops:
 
      grpc   Python grpc.aio client processes straight to the server's port; every response's
             meta.engine_ms and meta.query_embedding_ms are recorded
