@@ -50,8 +50,27 @@ def limit_exceeded(
     )
 
 
+# Counting is a measurable share of the loop (bench/llm_overhead.py): the same messages and
+# tool definitions are counted again at every step. Both caches are bounded and keyed by
+# value (messages are frozen; a tool spec by its rendered JSON's identity-free key).
+_MESSAGE_CACHE: dict[tuple[str, ChatMessage], int] = {}
+_TOOL_CACHE: dict[tuple[str, str, str, int], tuple[object, int]] = {}
+_CACHE_LIMIT = 4096
+
+
 def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
     """Tokens of one message as a chat template renders it (content, name, tool calls)."""
+    key = (tokenizer.name, message)
+    found = _MESSAGE_CACHE.get(key)
+    if found is None:
+        found = _count_message(tokenizer, message)
+        if len(_MESSAGE_CACHE) >= _CACHE_LIMIT:
+            _MESSAGE_CACHE.clear()
+        _MESSAGE_CACHE[key] = found
+    return found
+
+
+def _count_message(tokenizer: Tokenizer, message: ChatMessage) -> int:
     n = MESSAGE_OVERHEAD + tokenizer.count(message.content)
     if message.name:
         n += tokenizer.count(message.name) + 1
@@ -64,16 +83,25 @@ def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
 
 def tools_tokens(tokenizer: Tokenizer, tools: Sequence[ToolSpec]) -> int:
     """Tokens of the tool definitions sent with a request (their JSON, as runtimes render it)."""
-    return sum(
-        TOOL_SPEC_OVERHEAD
-        + tokenizer.count(
-            json.dumps(
-                {"name": t.name, "description": t.description, "parameters": t.parameters},
-                ensure_ascii=False,
+    total = 0
+    for t in tools:
+        # The parameters dict is the catalogue's own object, shared by every request.
+        key = (tokenizer.name, t.name, t.description, id(t.parameters))
+        hit = _TOOL_CACHE.get(key)
+        # The entry keeps its parameters object alive, so its id cannot be reused by another.
+        n = hit[1] if hit is not None and hit[0] is t.parameters else None
+        if n is None:
+            n = TOOL_SPEC_OVERHEAD + tokenizer.count(
+                json.dumps(
+                    {"name": t.name, "description": t.description, "parameters": t.parameters},
+                    ensure_ascii=False,
+                )
             )
-        )
-        for t in tools
-    )
+            if len(_TOOL_CACHE) >= _CACHE_LIMIT:
+                _TOOL_CACHE.clear()
+            _TOOL_CACHE[key] = (t.parameters, n)
+        total += n
+    return total
 
 
 def prompt_tokens(
