@@ -5,9 +5,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+
+LAYOUT_VERSION = 2
+"""Version of the on-disk point layout (payload fields and what queries filter on).
+
+Bump it whenever a change makes points written by older code invisible or wrong for
+newer queries (2: every query filters on SCOPE_FIELD, which version-1 points lack, so an
+old index would answer every search with nothing). Each backend records it when it creates
+the index and refuses to open one recorded with another version (IndexLayoutError).
+"""
 
 KINDS = ("chunk", "section", "doc")
 """Point kinds: a chunk, a section summary, a whole document."""
@@ -50,6 +59,14 @@ class IndexUnavailableError(Exception):
 
 class IndexLockedError(IndexUnavailableError):
     """The Edge shard is already open, in this process or another: a shard has one owner."""
+
+
+class IndexLayoutError(RuntimeError):
+    """The index was written with another point layout (LAYOUT_VERSION); re-ingest to fix.
+
+    Not an IndexUnavailableError: retrying cannot help, and serving it would answer every
+    search with nothing.
+    """
 
 
 class InvalidFilterError(ValueError):
@@ -197,6 +214,57 @@ class IndexHit:
     score: float
 
 
+CANDIDATE_FIELDS = (
+    "doc_id",
+    "section_id",
+    "chunk_id",
+    "kind",
+    "ord",
+    "page_start",
+    "page_end",
+    "tokens",
+    "generation",
+)
+"""The payload a search candidate carries: what fusion, visibility and shaping need.
+
+No text and no vectors: a search fetches 100+ candidates per list to keep 10-40, and
+moving every candidate's ~1 KB text into Python was most of a search's cost. The text of
+the hits that survive comes from the document store afterwards.
+"""
+
+
+class Candidate(NamedTuple):
+    """A search candidate: CANDIDATE_FIELDS and the score (a tuple: cheap to build by the 100)."""
+
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    kind: str
+    ord: int
+    page_start: int
+    page_end: int
+    tokens: int
+    generation: str
+    score: float
+
+
+def candidate_from_payload(payload: Mapping[str, Any] | None, score: float) -> Candidate:
+    """Build a Candidate from a payload selected with CANDIDATE_FIELDS (our own writes: typed)."""
+    g = (payload or {}).get
+    return Candidate(
+        g("doc_id", ""),
+        g("section_id", ""),
+        g("chunk_id", ""),
+        g("kind", ""),
+        g("ord", 0),
+        g("page_start", 0),
+        g("page_end", 0),
+        g("tokens", 0),
+        g("generation", ""),
+        score,
+    )
+
+
 def point_payload(point: IndexPoint) -> dict[str, Any]:
     """The payload stored with a point (every IndexPoint field but the vectors' inputs)."""
     return {
@@ -310,6 +378,16 @@ class VectorIndex(Protocol):
 
     def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
         """BM25 (IDF over the tenant's points of the filter's kinds) inside the filter."""
+        ...
+
+    def dense_candidates(
+        self, vector: np.ndarray, flt: IndexFilter, limit: int
+    ) -> list[Candidate]:
+        """search_dense returning only CANDIDATE_FIELDS (no text): the search engine's query."""
+        ...
+
+    def sparse_candidates(self, query: str, flt: IndexFilter, limit: int) -> list[Candidate]:
+        """search_sparse returning only CANDIDATE_FIELDS (no text): the search engine's query."""
         ...
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
