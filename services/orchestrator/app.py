@@ -23,7 +23,11 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     llm = open_channel(settings.llm, size)
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
     responder = Responder(
-        GrpcRetriever(retrieval), GrpcGenerator(llm), config, model_routing=settings.model_routing
+        GrpcRetriever(retrieval),
+        GrpcGenerator(llm),
+        config,
+        model_routing=settings.model_routing,
+        enable_filters=settings.enable_filters,
     )
 
     def register(server):  # type: ignore[no-untyped-def]

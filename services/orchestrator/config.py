@@ -25,6 +25,10 @@ class OrchestratorSettings:
     """Initial runtime config (ORCH_DEFAULT_MODEL, ORCH_PROMPT_TOKEN_BUDGET, ...)."""
     max_window_radius: int
     """The tools proxy's per-side limit (MCP_PROXY_MAX_WINDOW_RADIUS / RAG_WINDOW_RADIUS)."""
+    enable_filters: bool
+    """Pass the request's metadata filters (product, version, tags, source) to Retrieval
+    (ORCH_ENABLE_FILTERS, orchestrator.md §3.2); off, only the tenant and doc/section ids
+    scope the search."""
     model_routing: bool
     """Ask the model for the scenario decision (JSON with `intent`) before the rules
     (ORCH_MODEL_ROUTING); with an extractive LLM service the rules decide anyway."""
@@ -68,5 +72,6 @@ class OrchestratorSettings:
                 mock_mode=env.flag("ORCH_MOCK_MODE", False),
             ),
             max_window_radius=proxy_max,
+            enable_filters=env.flag("ORCH_ENABLE_FILTERS", True),
             model_routing=env.flag("ORCH_MODEL_ROUTING", True),
         )

@@ -172,6 +172,7 @@ class Responder:
         clock: Callable[[], float] = time.monotonic,
         today: Callable[[], date] = _today,
         model_routing: bool = True,
+        enable_filters: bool = True,
     ) -> None:
         self._retriever = retriever
         self._generator = generator
@@ -179,6 +180,7 @@ class Responder:
         self._clock = clock
         self._today = today
         self._model_routing = model_routing
+        self._enable_filters = enable_filters
         # When the LLM service answers extractively (no model), asking it to route is a
         # wasted hop: the rules decide until this time.
         self._rules_only_until = 0.0
@@ -266,6 +268,8 @@ class Responder:
         with query expansion merged by RRF)."""
         max_results = req.max_results or DEFAULT_MAX_RESULTS
         filters = req.filters
+        if not self._enable_filters:
+            filters = Filters(doc_ids=filters.doc_ids, section_ids=filters.section_ids)
         if decision.intent == "selected_search":
             filters = replace(filters, doc_ids=req.selected_doc_ids)
         found = await self._retriever.search(

@@ -285,3 +285,17 @@ async def test_an_extractive_llm_service_is_not_asked_to_route_again():
     await responder.respond(inp())
     routing = [r for r in generator.requests if r.system_prompt.startswith("You route")]
     assert len(routing) == 1  # the first answer was extractive: the rules decide for a while
+
+
+async def test_enable_filters_off_keeps_only_the_id_scopes():
+    r, g = FakeRetriever(), FakeGenerator()
+    responder = Responder(
+        r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False, enable_filters=False,
+        today=lambda: TODAY,
+    )  # fmt: skip
+    f = Filters(product="x", version="1", tags=("a",), doc_ids=("d",), section_ids=("s",))
+    await responder.respond(inp(filters=f))
+    assert r.calls[0][2] == Filters(doc_ids=("d",), section_ids=("s",))
+    on, r2, _, _ = make()
+    await on.respond(inp(filters=f))
+    assert r2.calls[0][2] == f
