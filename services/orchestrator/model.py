@@ -43,6 +43,8 @@ class RespondInput:
     history: tuple[Turn, ...] = ()
     selected_doc_ids: tuple[str, ...] = ()
     """Documents the user attached to the question (the request's top-level doc_ids)."""
+    safety_input: str = "allowed"
+    """The gateway's input-safety verdict, passed through (orchestrator.md §6)."""
 
 
 @dataclass(frozen=True)

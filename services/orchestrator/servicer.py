@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -9,9 +10,28 @@ from visior.common.v1 import common_pb2
 from visior.orchestrator.v1 import orchestrator_pb2 as pb
 from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
+from services.common import errors
 from services.orchestrator.model import Filters, RespondInput, RespondOutput, Turn, User
 from services.orchestrator.respond import Responder, resolve_user
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+
+SAFETY_HEADER = "x-visior-safety-input"
+SAFETY_VERDICTS = ("allowed", "flagged", "blocked")
+
+
+def safety_verdict(metadata: Any) -> str:
+    """The gateway's input-safety verdict (header x-visior-safety-input, orchestrator.md §6);
+    "allowed" when absent. An unknown value is the caller's error."""
+    for key, value in metadata or ():
+        if key == SAFETY_HEADER:
+            verdict = (value.decode() if isinstance(value, bytes) else str(value)).strip().lower()
+            if verdict not in SAFETY_VERDICTS:
+                raise errors.InvalidArgumentError(
+                    f"{SAFETY_HEADER} must be one of {', '.join(SAFETY_VERDICTS)}",
+                    metadata={"field": SAFETY_HEADER},
+                )
+            return verdict
+    return "allowed"
 
 
 def respond_input(req: pb.RespondRequest) -> RespondInput:
@@ -103,7 +123,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def Respond(
         self, request: pb.RespondRequest, context: grpc.aio.ServicerContext
     ) -> pb.RespondResponse:
-        return respond_response(await self._responder.respond(respond_input(request)))
+        verdict = safety_verdict(context.invocation_metadata())
+        inp = replace(respond_input(request), safety_input=verdict)
+        return respond_response(await self._responder.respond(inp))
 
     async def GetConfig(
         self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext

@@ -101,3 +101,14 @@ def test_english_question_gets_an_english_answer(mesh: Mesh, manual) -> None:
     body = respond_json(mesh, "In what order are cluster nodes updated during maintenance?")
     assert body["sources"][0]["page_start"] == 4, body["sources"]
     assert body["answer"].startswith("**In short:**")  # English question, English frame
+
+
+def test_the_gateways_input_verdict_is_passed_through(mesh: Mesh) -> None:
+    url = f"{mesh.json_url('orchestrator')}/internal/orchestrator/respond"
+    body = {"query": "Привет!", "user": USER}
+    r = httpx.post(url, json=body, headers={"x-visior-safety-input": "flagged"}, timeout=60)
+    assert r.status_code == 200 and r.json()["safety"] == {"input": "flagged", "output": "allowed"}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.json()["safety"]["input"] == "allowed"
+    r = httpx.post(url, json=body, headers={"x-visior-safety-input": "maybe"}, timeout=60)
+    assert r.status_code == 400 and "x-visior-safety-input" in r.text
