@@ -94,6 +94,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             embedder=embedder,
             visibility=visibility,
             sections=sections,
+            chunks=store,
             tokenizer=default_tokenizer(),
             defaults=settings.defaults,
             settings=settings.engine,

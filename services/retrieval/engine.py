@@ -3,6 +3,10 @@ token-aware context (retrieval.md §5, DESIGN §2.3-2.4).
 
 Every index call goes through `_Guarded` (retries on IndexUnavailableError, a circuit
 breaker); every filter is made by `IndexFilter`, which refuses an empty tenant.
+
+Index queries return candidates without text (`Candidate`: the fields fusion, visibility
+and shaping need); the text of the few that survive is read from the document store in
+one query per search, under the request's tenant.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -22,7 +26,13 @@ from services.common.tokenizer import Tokenizer
 from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
 from services.retrieval.embeddings import Embedder
 from services.retrieval.fusion import rrf_fusion, weighted_fusion
-from services.retrieval.index.base import IndexFilter, IndexHit, IndexUnavailableError, VectorIndex
+from services.retrieval.index.base import (
+    Candidate,
+    IndexFilter,
+    IndexUnavailableError,
+    PointId,
+    VectorIndex,
+)
 from services.retrieval.query import SynonymTable, detect_language, expand_query, normalise_query
 from services.retrieval.search import (
     KB_TENANT,
@@ -41,6 +51,7 @@ log = logging.getLogger("visior.retrieval.engine")
 
 T = TypeVar("T")
 Key = tuple[str, str]  # (doc_id, chunk_id | section_id | "")
+Scored = tuple[Candidate, float]
 
 RANKINGS = ("hybrid", "dense", "sparse")
 FUSIONS = ("weighted", "rrf")
@@ -56,6 +67,21 @@ class Reranker(Protocol):
     """Scores (query, text) pairs best first (services/retrieval/rerank.py)."""
 
     async def rerank(self, query: str, texts: Sequence[str]) -> Sequence[Any]: ...
+
+
+class ChunkText(Protocol):
+    """A stored chunk; only its text is read here."""
+
+    @property
+    def text(self) -> str: ...
+
+
+class ChunkStore(Protocol):
+    """Where hit texts come from: the document store (services/docstore/sqlite_store.py)."""
+
+    def chunks_by_ids(
+        self, tenant_id: str, keys: Sequence[tuple[str, str]]
+    ) -> Mapping[tuple[str, str], ChunkText]: ...
 
 
 class SearchMetrics(Protocol):
@@ -158,7 +184,11 @@ class _Plan:
 
 
 class RetrievalEngine:
-    """Runs searches; all index work happens in one worker thread per request."""
+    """Runs searches: embedding, index work and shaping in one worker thread per request.
+
+    With rerank the request makes three hops (retrieve in a thread, rerank on the loop,
+    shape in a thread); without, one.
+    """
 
     def __init__(
         self,
@@ -167,6 +197,7 @@ class RetrievalEngine:
         embedder: Embedder,
         visibility: Visibility,
         sections: SectionCatalog,
+        chunks: ChunkStore,
         tokenizer: Tokenizer,
         defaults: SearchDefaults,
         settings: EngineSettings,
@@ -179,6 +210,7 @@ class RetrievalEngine:
         self._embedder = embedder
         self._visibility = visibility
         self._sections = sections
+        self._chunks = chunks
         self._tokenizer = tokenizer
         self._defaults = defaults
         self._settings = settings
@@ -195,22 +227,38 @@ class RetrievalEngine:
         plan = self._plan(q)
         timing = _Timing()
         try:
-            vector = await self._embed(plan, timing)
-            chunks = await asyncio.to_thread(self._retrieve, plan, vector, timing)
+            if plan.rerank:
+                chunks, texts = await asyncio.to_thread(self._find, plan, timing)
+                rerank_used = False
+                if chunks:
+                    chunks, rerank_used = await self._rerank(plan, chunks, texts, timing)
+                result = await asyncio.to_thread(
+                    self._shape, plan, chunks, texts, rerank_used, timing, started
+                )
+            else:
+                result = await asyncio.to_thread(self._search_sync, plan, timing, started)
         except BackendUnavailableError as exc:
             if self._metrics is not None:
                 self._metrics.failed("backend_unavailable")
             if not self._settings.empty_on_backend_error:
                 raise
             log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=exc)
-            chunks = []
-        rerank_used = False
-        if plan.rerank and chunks:
-            chunks, rerank_used = await self._rerank(plan, chunks, timing)
-        result = self._shape(plan, chunks, rerank_used, timing, started)
+            result = self._shape(plan, [], {}, False, timing, started)
         if self._metrics is not None:
             self._metrics.observe(result)
         return result
+
+    def _search_sync(self, plan: _Plan, timing: _Timing, started: float) -> SearchResult:
+        """A search without rerank, start to end in the worker thread."""
+        chunks = self._retrieve(plan, self._embed(plan, timing), timing)
+        return self._shape(plan, chunks, {}, False, timing, started)
+
+    def _find(self, plan: _Plan, timing: _Timing) -> tuple[list[Scored], dict[Key, str]]:
+        """Candidates for rerank, with the texts of the head the reranker reads."""
+        chunks = self._retrieve(plan, self._embed(plan, timing), timing)
+        texts = self._texts(plan, chunks[: self._settings.rerank_candidates], {})
+        head = [hs for hs in chunks[: self._settings.rerank_candidates] if _key(hs[0]) in texts]
+        return head + chunks[self._settings.rerank_candidates :], texts
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -279,45 +327,57 @@ class RetrievalEngine:
             base_filter=base,
         )
 
-    async def _embed(self, plan: _Plan, timing: _Timing) -> np.ndarray | None:
+    def _embed(self, plan: _Plan, timing: _Timing) -> np.ndarray | None:
         if plan.ranking == "sparse":
             return None
         t0 = time.perf_counter()
-        matrix = await asyncio.to_thread(self._embedder.embed_queries, [plan.text])
+        matrix = self._embedder.embed_queries([plan.text])
         timing.embed_ms = (time.perf_counter() - t0) * 1000
         return np.asarray(matrix[0], dtype=np.float32)
 
     # -- retrieval (worker thread) ----------------------------------------------------------
 
-    def _retrieve(
-        self, plan: _Plan, vector: np.ndarray | None, timing: _Timing
-    ) -> list[tuple[IndexHit, float]]:
+    def _retrieve(self, plan: _Plan, vector: np.ndarray | None, timing: _Timing) -> list[Scored]:
         t0 = time.perf_counter()
         try:
             keep = max(plan.max_chunks, plan.max_results)
             flt = plan.base_filter
+            live: dict[tuple[str, str], bool] = {}
             if plan.mode == "doc_first":
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
-                docs = self._level(plan, vector, doc_filter, plan.max_docs)
+                docs = self._level(plan, vector, doc_filter, plan.max_docs, live)
                 if not docs:
                     return []
                 flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
             if plan.mode in ("doc_first", "section_first"):
-                return self._section_first(plan, vector, flt, keep)
+                return self._section_first(plan, vector, flt, keep, live)
             # chunk_priority / hybrid_only: straight to chunks; chunk_priority looks deeper.
             depth = keep * (2 if plan.mode == "chunk_priority" else 1)
-            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth)
+            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth, live)
         finally:
             timing.engine_ms = (time.perf_counter() - t0) * 1000
 
     def _section_first(
-        self, plan: _Plan, vector: np.ndarray | None, flt: IndexFilter, keep: int
-    ) -> list[tuple[IndexHit, float]]:
+        self,
+        plan: _Plan,
+        vector: np.ndarray | None,
+        flt: IndexFilter,
+        keep: int,
+        live: dict[tuple[str, str], bool],
+    ) -> list[Scored]:
         # Sections ranked by their own summary/text match fused with their best chunk's
         # match, so a section whose summary misses the query but whose text answers it
         # still makes the shortlist; then the chunks of the shortlisted sections.
-        sections = self._level(plan, vector, replace(flt, kinds=("section",)), plan.max_sections)
-        chunks = self._level(plan, vector, replace(flt, kinds=("chunk",)), keep)
+        # Both levels' heads are read back in one call.
+        sections, chunks = self._resolve(
+            replace(flt, kinds=("section", "chunk")),
+            [
+                (self._rank(plan, vector, replace(flt, kinds=("section",)), plan.max_sections),
+                 plan.max_sections),
+                (self._rank(plan, vector, replace(flt, kinds=("chunk",)), keep), keep),
+            ],
+            live,
+        )  # fmt: skip
         best: dict[Key, float] = {}
         for hit, score in chunks:
             key = (hit.doc_id, hit.section_id)
@@ -335,41 +395,94 @@ class RetrievalEngine:
         section_ids = tuple(dict.fromkeys(sid for _, sid in shortlist))
         allowed = set(shortlist)
         inside = self._level(
-            plan, vector, replace(flt, kinds=("chunk",), section_ids=section_ids), keep
+            plan, vector, replace(flt, kinds=("chunk",), section_ids=section_ids), keep, live
         )
         return [(h, s) for h, s in inside if (h.doc_id, h.section_id) in allowed]
 
     def _level(
+        self,
+        plan: _Plan,
+        vector: np.ndarray | None,
+        flt: IndexFilter,
+        limit: int,
+        live: dict[tuple[str, str], bool],
+    ) -> list[Scored]:
+        """One level's candidates: dense and/or BM25 lists, fused, live generations only.
+
+        `live` memoises visibility per (doc_id, generation) for one search.
+        """
+        return self._resolve(flt, [(self._rank(plan, vector, flt, limit), limit)], live)[0]
+
+    def _rank(
         self, plan: _Plan, vector: np.ndarray | None, flt: IndexFilter, limit: int
-    ) -> list[tuple[IndexHit, float]]:
-        """One level's candidates: dense and/or BM25 lists, fused, live generations only."""
+    ) -> list[tuple[PointId, float]]:
+        """One level's ranking: dense and/or BM25 lists fused by point id, no payload read."""
         depth = max(limit, 1) * self._settings.candidate_factor
         index = self._index
-        lists: dict[str, list[tuple[Key, float]]] = {}
-        hits: dict[Key, IndexHit] = {}
-
-        def take(name: str, found: list[IndexHit]) -> None:
-            ranked = []
-            for h in found:
-                if not self._visibility.is_live(flt.tenant_id, h.doc_id, h.generation):
-                    continue
-                key = (h.doc_id, h.chunk_id or h.section_id)
-                hits.setdefault(key, h)
-                ranked.append((key, h.score))
-            lists[name] = ranked
-
+        lists: dict[str, list[tuple[PointId, float]]] = {}
         if plan.ranking in ("dense", "hybrid") and vector is not None:
-            take("dense", index.call(index.index.search_dense, vector, flt, depth))
+            lists["dense"] = index.call(index.index.search_dense_ids, vector, flt, depth)
         if plan.ranking in ("sparse", "hybrid"):
-            take("sparse", index.call(index.index.search_sparse, plan.text, flt, depth))
+            lists["sparse"] = index.call(index.index.search_sparse_ids, plan.text, flt, depth)
             for i, variant in enumerate(plan.variants):
-                take(f"variant{i}", index.call(index.index.search_sparse, variant, flt, depth))
-        fused = self._fuse(plan, lists)
-        return [(hits[key], score) for key, score in fused[:limit]]
+                found = index.call(index.index.search_sparse_ids, variant, flt, depth)
+                lists[f"variant{i}"] = found
+        return self._fuse(plan, lists)
+
+    def _resolve(
+        self,
+        flt: IndexFilter,
+        rankings: list[tuple[list[tuple[PointId, float]], int]],
+        live: dict[tuple[str, str], bool],
+    ) -> list[list[Scored]]:
+        """For each (fused ranking, limit): its first `limit` live candidates, fields read back.
+
+        Usually one read for all rankings (`flt` covers their kinds); a point of a
+        generation that is not live (a crash mid-ingest, an ingest in flight) is skipped and
+        the next batch read. Such points still took part in their lists' normalisation,
+        which only shifts scores while an ingest is unfinished.
+        """
+        index, is_live, tenant = self._index, self._visibility.is_live, flt.tenant_id
+        outs: list[list[Scored]] = [[] for _ in rankings]
+        starts = [0] * len(rankings)
+        while True:
+            parts = []
+            for n, (fused, limit) in enumerate(rankings):
+                part = fused[starts[n] : starts[n] + limit - len(outs[n])]
+                starts[n] += len(part)
+                parts.append(part)
+            ids = {k for part in parts for k, _ in part}
+            if not ids:
+                return outs
+            found = index.call(index.index.candidates, flt, ids)
+            for out, part in zip(outs, parts, strict=True):
+                for key, score in part:
+                    c = found.get(key)
+                    if c is None:  # deleted since it was ranked
+                        continue
+                    state = (c.doc_id, c.generation)
+                    ok = live.get(state)
+                    if ok is None:
+                        ok = live[state] = is_live(tenant, c.doc_id, c.generation)
+                    if ok:
+                        out.append((c, score))
+
+    def _texts(self, plan: _Plan, items: Sequence[Scored], have: dict[Key, str]) -> dict[Key, str]:
+        """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped.
+
+        A chunk the store no longer has (its document re-ingested or deleted since the
+        visibility check) gets no text, and the caller drops it.
+        """
+        missing = [_key(h) for h, _ in items if _key(h) not in have]
+        if missing:
+            found = self._chunks.chunks_by_ids(plan.tenant_id, missing)
+            for key, chunk in found.items():
+                have[key] = chunk.text
+        return have
 
     def _fuse(
-        self, plan: _Plan, lists: dict[str, list[tuple[Key, float]]]
-    ) -> list[tuple[Key, float]]:
+        self, plan: _Plan, lists: dict[str, list[tuple[PointId, float]]]
+    ) -> list[tuple[PointId, float]]:
         s = self._settings
         if plan.ranking == "dense":
             # Cosine similarity, clipped to [0, 1] so min_score reads the same everywhere.
@@ -378,7 +491,7 @@ class RetrievalEngine:
         if len(sparse_lists) > 1:
             # Query variants (expansion) merge with RRF into one BM25 list.
             merged = rrf_fusion({n: [k for k, _ in v] for n, v in sparse_lists.items()}, k=s.rrf_k)
-            sparse: list[tuple[Key, float]] = merged
+            sparse: list[tuple[PointId, float]] = merged
         else:
             sparse = sparse_lists.get("sparse", [])
         if plan.ranking == "sparse":
@@ -402,13 +515,13 @@ class RetrievalEngine:
     # -- rerank -----------------------------------------------------------------------------
 
     async def _rerank(
-        self, plan: _Plan, chunks: list[tuple[IndexHit, float]], timing: _Timing
-    ) -> tuple[list[tuple[IndexHit, float]], bool]:
+        self, plan: _Plan, chunks: list[Scored], texts: Mapping[Key, str], timing: _Timing
+    ) -> tuple[list[Scored], bool]:
         assert self._reranker is not None
         head = chunks[: self._settings.rerank_candidates]
         t0 = time.perf_counter()
         try:
-            order = await self._reranker.rerank(plan.text, [h.text for h, _ in head])
+            order = await self._reranker.rerank(plan.text, [texts[_key(h)] for h, _ in head])
         except Exception as exc:  # the un-reranked order is a fine answer
             log.warning("rerank failed; keeping the hybrid order", extra={"error": str(exc)})
             return chunks, False
@@ -424,40 +537,59 @@ class RetrievalEngine:
         out.extend(head[i] for i in range(len(head)) if i not in seen)
         return out + chunks[len(head) :], True
 
-    # -- shaping ----------------------------------------------------------------------------
+    # -- shaping (worker thread) ------------------------------------------------------------
 
-    def _shape(
-        self,
-        plan: _Plan,
-        chunks: list[tuple[IndexHit, float]],
-        rerank_used: bool,
-        timing: _Timing,
-        started: float,
-    ) -> SearchResult:
+    def _select(self, plan: _Plan, chunks: list[Scored]) -> list[Scored]:
+        """Best first, min_score and topk_per_doc applied."""
         per_doc: dict[str, int] = {}
-        kept: list[ChunkHit] = []
+        kept: list[Scored] = []
         for h, score in sorted(chunks, key=lambda hs: (-hs[1], hs[0].doc_id, hs[0].ord)):
             if score < plan.min_score:
                 continue
             if plan.topk_per_doc and per_doc.get(h.doc_id, 0) >= plan.topk_per_doc:
                 continue
             per_doc[h.doc_id] = per_doc.get(h.doc_id, 0) + 1
-            kept.append(
-                ChunkHit(
-                    doc_id=h.doc_id,
-                    section_id=h.section_id,
-                    chunk_id=h.chunk_id,
-                    text=h.text,
-                    tokens=h.tokens,
-                    page_start=h.page_start,
-                    page_end=h.page_end,
-                    score=round(score, 6),
-                    ord=h.ord,
-                )
+            kept.append((h, score))
+        return kept
+
+    def _shape(
+        self,
+        plan: _Plan,
+        chunks: list[Scored],
+        texts: dict[Key, str],
+        rerank_used: bool,
+        timing: _Timing,
+        started: float,
+    ) -> SearchResult:
+        selected = self._select(plan, chunks)
+        # Texts only for what the response carries (hits and context candidates).
+        head = selected[: max(plan.max_results, plan.max_chunks)]
+        if head:
+            t0 = time.perf_counter()
+            texts = self._texts(plan, head, texts)
+            timing.engine_ms += (time.perf_counter() - t0) * 1000
+            if len(texts) < len(head):
+                gone = {_key(h) for h, _ in head if _key(h) not in texts}
+                selected = [hs for hs in selected if _key(hs[0]) not in gone]
+                head = selected[: max(plan.max_results, plan.max_chunks)]
+        kept = [
+            ChunkHit(
+                doc_id=h.doc_id,
+                section_id=h.section_id,
+                chunk_id=h.chunk_id,
+                text=texts[_key(h)],
+                tokens=h.tokens,
+                page_start=h.page_start,
+                page_end=h.page_end,
+                score=round(score, 6),
+                ord=h.ord,
             )
+            for h, score in head
+        ]
         sections: dict[tuple[str, str], SectionHit] = {}
         docs: dict[str, DocHit] = {}
-        for c in kept:
+        for h, raw in selected:
+            c = h._replace(score=round(raw, 6))
             key = (c.doc_id, c.section_id)
             if key not in sections and len(sections) < plan.max_sections:
                 info = self._sections.get(plan.tenant_id, c.doc_id, c.section_id)
@@ -523,3 +655,8 @@ class RetrievalEngine:
             engine_ms=round(timing.engine_ms, 3),
             rerank_ms=round(timing.rerank_ms, 3),
         )
+
+
+def _key(h: Candidate) -> Key:
+    """The (doc_id, chunk_id) a chunk candidate's text is stored under."""
+    return (h.doc_id, h.chunk_id)

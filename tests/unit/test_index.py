@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import math
 import os
 import pathlib
@@ -28,6 +29,14 @@ from services.retrieval.index import (
     InvalidFilterError,
     QdrantServerIndex,
 )
+from services.retrieval.index.base import (
+    LAYOUT_VERSION,
+    SCOPE_FIELD,
+    IndexLayoutError,
+    point_payload,
+)
+from services.retrieval.index.edge import LAYOUT_FILE
+from services.retrieval.index.server import LAYOUT_KEY
 
 DIM = 8
 ENCODER = Bm25Encoder()  # shared: its word cache is thread-safe and stateless otherwise
@@ -686,3 +695,117 @@ def test_server_index_reuses_an_existing_collection():
     again = QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER)
     assert again.count() == len(CORPUS)
     assert again.search_sparse("договоров", IndexFilter("a"), 1)[0].chunk_id == "c1"
+
+
+# -- candidates: ids first, fields of the head only ---------------------------------------
+
+
+def test_id_searches_rank_like_the_full_searches(ro_index):
+    flt = IndexFilter("a", kinds=KINDS)
+    full = ro_index.search_dense(vec("a/c2/chunk"), flt, 5)
+    ids = ro_index.search_dense_ids(vec("a/c2/chunk"), flt, 5)
+    assert [round(s, 5) for _, s in ids] == [round(h.score, 5) for h in full]
+    got = ro_index.candidates(flt, [k for k, _ in ids])
+    assert [(got[k].doc_id, got[k].chunk_id, got[k].kind) for k, _ in ids] == [
+        (h.doc_id, h.chunk_id, h.kind) for h in full
+    ]
+    full = ro_index.search_sparse("payment invoice", flt, 5)
+    ids = ro_index.search_sparse_ids("payment invoice", flt, 5)
+    assert [round(s, 4) for _, s in ids] == [round(h.score, 4) for h in full]
+    assert ro_index.search_sparse_ids("и на the of", flt, 5) == []
+    assert ro_index.search_dense_ids(vec("x"), flt, 0) == []
+
+
+def test_candidates_carry_the_fields_fusion_needs_and_no_text(ro_index):
+    ids = ro_index.search_dense_ids(vec("a/c2/chunk"), IndexFilter("a"), 1)
+    (c,) = ro_index.candidates(IndexFilter("a"), [ids[0][0]]).values()
+    want = CORPUS[1]
+    assert (c.doc_id, c.section_id, c.chunk_id, c.kind, c.ord, c.generation) == (
+        want.doc_id, want.section_id, want.chunk_id, want.kind, want.ord, want.generation
+    )  # fmt: skip
+    assert (c.page_start, c.page_end, c.tokens) == (want.page_start, want.page_end, want.tokens)
+    assert not hasattr(c, "text")
+    assert ro_index.candidates(IndexFilter("a"), []) == {}
+
+
+def test_candidates_by_id_never_cross_tenants_or_kinds(ro_index):
+    a_ids = [k for k, _ in ro_index.search_dense_ids(vec("a/c1/chunk"), IndexFilter("a"), 50)]
+    assert len(ro_index.candidates(IndexFilter("a"), a_ids)) == len(a_ids) == len(A_CHUNKS)
+    # The same ids under tenant b's filter: nothing, although the points exist.
+    assert ro_index.candidates(IndexFilter("b", kinds=KINDS), a_ids) == {}
+    assert ro_index.candidates(IndexFilter("a", kinds=("section",)), a_ids) == {}
+
+
+# -- layout version guard -------------------------------------------------------------------
+
+
+def _old_layout_point(idx: EdgeIndex) -> None:
+    """A point as layout 1 wrote it: the payload has no tenant_kind."""
+    p = CORPUS[0]
+    payload = {k: v for k, v in point_payload(p).items() if k != SCOPE_FIELD}
+    point = qdrant_edge.Point(p.point_id, {"dense": p.dense.tolist()}, payload)
+    assert idx._shard is not None
+    idx._shard.update(qdrant_edge.UpdateOperation.upsert_points([point]))
+
+
+def test_edge_records_its_layout_and_refuses_another(tmp_path):
+    make_edge(tmp_path).close()
+    marker = tmp_path / "shard" / LAYOUT_FILE
+    assert json.loads(marker.read_text()) == {"layout_version": LAYOUT_VERSION}
+    marker.write_text(json.dumps({"layout_version": LAYOUT_VERSION - 1}))
+    with pytest.raises(IndexLayoutError, match="re-ingest"):
+        make_edge(tmp_path)
+    marker.write_text("not json")
+    with pytest.raises(IndexLayoutError, match="delete the index directory"):
+        make_edge(tmp_path)
+    marker.write_text(json.dumps({"layout_version": LAYOUT_VERSION}))
+    make_edge(tmp_path).close()  # the refusals released the shard's lock
+
+
+def test_edge_without_a_layout_file_is_adopted_or_refused_by_its_points(tmp_path):
+    idx = make_edge(tmp_path)
+    idx.upsert(CORPUS)
+    idx.close()
+    marker = tmp_path / "shard" / LAYOUT_FILE
+    marker.unlink()  # a shard written before the file existed, with today's points
+    idx = make_edge(tmp_path)
+    assert idx.count() == len(CORPUS)
+    idx.close()
+    assert marker.exists()
+
+    old = tmp_path / "old"
+    idx = EdgeIndex(str(old / "shard"), DIM, encoder=ENCODER)
+    _old_layout_point(idx)
+    idx.close()
+    (old / "shard" / LAYOUT_FILE).unlink()
+    with pytest.raises(IndexLayoutError, match="layout 1"):
+        EdgeIndex(str(old / "shard"), DIM, encoder=ENCODER)
+
+
+def test_server_records_its_layout_and_refuses_another():
+    client = QdrantClient(":memory:")
+    QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER).upsert(CORPUS)
+    assert client.get_collection("chunks").config.metadata == {LAYOUT_KEY: LAYOUT_VERSION}
+    client.update_collection("chunks", metadata={LAYOUT_KEY: LAYOUT_VERSION + 1})
+    with pytest.raises(IndexLayoutError, match="re-ingest"):
+        QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER).count()
+
+
+def test_server_collection_without_a_marker_is_adopted_or_refused_by_its_points():
+    client = QdrantClient(":memory:")
+    QdrantServerIndex(client, "new", DIM, encoder=ENCODER).upsert(CORPUS)
+    client.update_collection("new", metadata={LAYOUT_KEY: None})  # as before the marker
+    assert QdrantServerIndex(client, "new", DIM, encoder=ENCODER).count() == len(CORPUS)
+    assert client.get_collection("new").config.metadata[LAYOUT_KEY] == LAYOUT_VERSION
+
+    from qdrant_client import models
+
+    client.create_collection(
+        "old", vectors_config={"dense": models.VectorParams(size=DIM, distance="Cosine")}
+    )
+    p = CORPUS[0]
+    payload = {k: v for k, v in point_payload(p).items() if k != SCOPE_FIELD}
+    client.upsert("old", [models.PointStruct(id=p.point_id, vector={"dense": p.dense.tolist()},
+                                             payload=payload)])  # fmt: skip
+    with pytest.raises(IndexLayoutError, match="layout 1"):
+        QdrantServerIndex(client, "old", DIM, encoder=ENCODER).count()

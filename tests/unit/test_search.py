@@ -94,7 +94,7 @@ def make_stack(
         journal=journal, max_document_bytes=1 << 20,
     )  # fmt: skip
     engine = RetrievalEngine(
-        index=index, embedder=embedder, visibility=visibility, sections=sections,
+        index=index, embedder=embedder, visibility=visibility, sections=sections, chunks=store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=settings or EngineSettings(),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
@@ -374,3 +374,61 @@ async def test_the_qdrant_client_backend_serves_the_same_search(tmp_path, embedd
     assert r.backend == "qdrant" and r.hits[0].doc_id == "guide"
     r = await s.engine.search(q(tenant_id="b", filters=Filters(doc_ids=("guide",))))
     assert r.hits == []
+
+
+class RecordingChunks:
+    """The document store's chunks_by_ids, recorded; `drop` hides keys (deleted meanwhile)."""
+
+    def __init__(self, store: SqliteDocumentStore, drop: frozenset = frozenset()) -> None:
+        self.store, self.drop = store, drop
+        self.calls: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def chunks_by_ids(self, tenant_id, keys):
+        self.calls.append((tenant_id, list(keys)))
+        found = self.store.chunks_by_ids(tenant_id, keys)
+        return {k: v for k, v in found.items() if k not in self.drop}
+
+
+def engine_over(stack: Stack, chunks) -> RetrievalEngine:
+    e = stack.engine
+    return RetrievalEngine(
+        index=stack.index, embedder=e._embedder, visibility=stack.visibility,
+        sections=stack.sections, chunks=chunks, tokenizer=default_tokenizer(),
+        defaults=SearchDefaults(), settings=EngineSettings(),
+        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+    )  # fmt: skip
+
+
+async def test_texts_are_read_once_for_the_final_hits_under_the_request_tenant(shared):
+    rec = RecordingChunks(shared.store)
+    engine = engine_over(shared, rec)
+    r = await engine.search(q(max_results=2, max_chunks=3))
+    assert len(rec.calls) == 1
+    tenant, keys = rec.calls[0]
+    assert tenant == "a" and 0 < len(keys) <= 3
+    assert r.hits and len(r.hits) <= 2
+    for h in r.hits:
+        assert h.text == shared.store.chunk_by_id("a", h.doc_id, h.chunk_id).text
+    await engine.search(q(query="НДФЛ ставка", filters=Filters(source="knowledge_base")))
+    assert rec.calls[-1][0] == KB_TENANT
+
+
+async def test_a_hit_whose_text_is_gone_from_the_store_is_dropped(shared):
+    first = (await shared.engine.search(q())).hits
+    gone = (first[0].doc_id, first[0].chunk_id)
+    r = await engine_over(shared, RecordingChunks(shared.store, frozenset({gone}))).search(q())
+    assert r.hits and gone not in {(h.doc_id, h.chunk_id) for h in r.hits}
+    assert all(h.text for h in r.hits + r.chunks)
+
+
+def test_store_chunks_by_ids_is_tenant_scoped(shared):
+    doc = shared.store.get_document("a", "guide")
+    keys = [("guide", c.chunk_id) for c in doc.chunks]
+    found = shared.store.chunks_by_ids("a", keys + keys[:1] + [("guide", "nope")])
+    assert set(found) == set(keys)
+    assert all(found[k].text == c.text for k, c in zip(keys, doc.chunks, strict=True))
+    # Tenant b holds the same text under another doc_id; a's keys find nothing there.
+    assert shared.store.chunks_by_ids("b", keys) == {}
+    assert shared.store.chunks_by_ids("a", []) == {}
+    many = keys * 300 + [("guide", f"x{i}") for i in range(600)]  # > one 500-key batch
+    assert set(shared.store.chunks_by_ids("a", many)) == set(keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -14,17 +14,23 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from services.retrieval.index.base import (
+    CANDIDATE_FIELDS,
     DENSE_VECTOR,
     KEYWORD_FIELDS,
     KINDS,
+    LAYOUT_VERSION,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
+    Candidate,
     FieldMatch,
     IndexFilter,
     IndexHit,
+    IndexLayoutError,
     IndexPoint,
     IndexUnavailableError,
+    PointId,
+    candidate_from_payload,
     check_limit,
     filter_conditions,
     hit_from_payload,
@@ -36,6 +42,9 @@ from services.retrieval.index.base import (
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
 _T = TypeVar("_T")
+_CANDIDATE_PAYLOAD = list(CANDIDATE_FIELDS)
+LAYOUT_KEY = "visior_layout_version"
+"""Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
 _SCROLL_PAGE = 2048
 # gRPC status names (duck-typed: this module does not import grpc) that mean "not reachable
@@ -53,10 +62,21 @@ _UNAVAILABLE_GRPC = {
 }
 
 
-def server_filter(flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
-    """The only IndexFilter -> qdrant-client filter translation (tenant first)."""
+def server_filter(
+    flt: IndexFilter,
+    *,
+    exclude: Sequence[FieldMatch] = (),
+    ids: Collection[PointId] | None = None,
+) -> models.Filter:
+    """The only IndexFilter -> qdrant-client filter translation (tenant first).
+
+    `ids` narrows to those point ids, on top of the tenant conditions, never instead.
+    """
+    must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
+    if ids is not None:
+        must.append(models.HasIdCondition(has_id=list(ids)))  # type: ignore[arg-type]
     return models.Filter(
-        must=[_condition(c) for c in filter_conditions(flt)],  # type: ignore[misc]
+        must=must,
         must_not=[_condition(c) for c in exclude] or None,  # type: ignore[misc]
     )
 
@@ -209,6 +229,7 @@ class QdrantServerIndex:
                         f"collection {self.collection} has dense size {size}, want {self.dim}"
                     )
                 have = set(info.payload_schema or {})
+                self._check_layout(c, info.config.metadata)
             else:
                 c.create_collection(
                     self.collection,
@@ -225,6 +246,7 @@ class QdrantServerIndex:
                     ),
                     shard_number=self._shard_number,
                     replication_factor=self._replication_factor,
+                    metadata={LAYOUT_KEY: LAYOUT_VERSION},
                 )
             kw = models.KeywordIndexType.KEYWORD
             # HNSW per-value graphs on the scope (tenant + kind) only: every search filters on it.
@@ -248,6 +270,29 @@ class QdrantServerIndex:
                     c.create_payload_index(self.collection, name, field_schema=schema, wait=True)
             self._ready = True
 
+    def _check_layout(self, c: QdrantClient, metadata: dict[str, Any] | None) -> None:
+        """Refuse a collection written with another point layout; record ours on an old one.
+
+        A collection from before the marker is adopted when its points carry SCOPE_FIELD
+        (or it has none) and refused when they lack it (layout 1).
+        """
+        found = (metadata or {}).get(LAYOUT_KEY)
+        if found is None:
+            records, _ = c.scroll(
+                self.collection, limit=1, with_payload=[SCOPE_FIELD], with_vectors=False
+            )
+            if records and SCOPE_FIELD not in (records[0].payload or {}):
+                found = 1
+        if found is not None and found != LAYOUT_VERSION:
+            raise IndexLayoutError(
+                f"Qdrant collection {self.collection} was written with index layout {found}; "
+                f"this version reads layout {LAYOUT_VERSION} and would find nothing in it. "
+                "Delete the collection (or point QDRANT_COLLECTION at a new one) and re-ingest "
+                "the documents (`visior ingest PATH... --tenant T`)"
+            )
+        if found is None:
+            c.update_collection(self.collection, metadata={LAYOUT_KEY: LAYOUT_VERSION})
+
     def _upsert_batch(self, part: list[models.PointStruct]) -> None:
         self._call(lambda c: c.upsert(self.collection, points=part, wait=True))
 
@@ -270,7 +315,8 @@ class QdrantServerIndex:
         flt: IndexFilter,
         limit: int,
         params: models.SearchParams | None,
-    ) -> list[IndexHit]:
+        payload: bool | list[str] = True,
+    ) -> list[models.ScoredPoint]:
         qfilter = server_filter(flt)
         res = self._call(
             lambda c: c.query_points(
@@ -279,12 +325,25 @@ class QdrantServerIndex:
                 using=using,
                 query_filter=qfilter,
                 limit=limit,
-                with_payload=True,
+                with_payload=payload,
                 with_vectors=False,
                 search_params=params,
             )
         )
-        return [hit_from_payload(p.id, p.payload, p.score) for p in res.points]
+        return res.points
+
+    def _sparse(
+        self, query: str, flt: IndexFilter
+    ) -> tuple[models.SparseVector, models.SearchParams | None] | None:
+        server_filter(flt)  # validate the filter even when the query has no terms
+        sparse = self.encoder.embed_query(query)
+        if not sparse:
+            return None
+        params = None
+        if self.idf_per_tenant:
+            corpus = server_filter(idf_corpus(flt))
+            params = models.SearchParams(idf=models.IdfCorpusParams(corpus=corpus))
+        return _client_sparse(sparse), params
 
     # -- VectorIndex -----------------------------------------------------------------------
 
@@ -316,23 +375,57 @@ class QdrantServerIndex:
         self._call(lambda c: c.delete(self.collection, points_selector=selector, wait=True))
 
     def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """Cosine nearest neighbours inside the filter, best first."""
+        """Cosine nearest neighbours inside the filter, best first, with the full payload."""
         if check_limit(limit) == 0:
             return []
         params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
-        return self._search(query_vector(vector, self.dim), DENSE_VECTOR, flt, limit, params)
+        points = self._search(query_vector(vector, self.dim), DENSE_VECTOR, flt, limit, params)
+        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
 
     def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
         """BM25 inside the filter; IDF over the tenant's points of the same kinds."""
-        server_filter(flt)  # validate the filter even when the query has no terms
-        sparse = self.encoder.embed_query(query)
-        if check_limit(limit) == 0 or not sparse:
+        q = self._sparse(query, flt)
+        if check_limit(limit) == 0 or q is None:
             return []
-        params = None
-        if self.idf_per_tenant:
-            corpus = server_filter(idf_corpus(flt))
-            params = models.SearchParams(idf=models.IdfCorpusParams(corpus=corpus))
-        return self._search(_client_sparse(sparse), SPARSE_VECTOR, flt, limit, params)
+        points = self._search(q[0], SPARSE_VECTOR, flt, limit, q[1])
+        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
+
+    def search_dense_ids(
+        self, vector: np.ndarray, flt: IndexFilter, limit: int
+    ) -> list[tuple[PointId, float]]:
+        """search_dense returning (point id, score) only: no payload is read."""
+        if check_limit(limit) == 0:
+            return []
+        params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
+        vec = query_vector(vector, self.dim)
+        points = self._search(vec, DENSE_VECTOR, flt, limit, params, False)
+        return [(p.id, p.score) for p in points]
+
+    def search_sparse_ids(
+        self, query: str, flt: IndexFilter, limit: int
+    ) -> list[tuple[PointId, float]]:
+        """search_sparse returning (point id, score) only: no payload is read."""
+        q = self._sparse(query, flt)
+        if check_limit(limit) == 0 or q is None:
+            return []
+        points = self._search(q[0], SPARSE_VECTOR, flt, limit, q[1], False)
+        return [(p.id, p.score) for p in points]
+
+    def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:
+        """CANDIDATE_FIELDS of the points among `ids` inside `flt` (tenant first); score 0."""
+        if not ids:
+            return {}
+        qfilter = server_filter(flt, ids=ids)
+        records, _ = self._call(
+            lambda c: c.scroll(
+                self.collection,
+                scroll_filter=qfilter,
+                limit=len(ids),
+                with_payload=_CANDIDATE_PAYLOAD,
+                with_vectors=False,
+            )
+        )
+        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points."""
