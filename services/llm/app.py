@@ -46,7 +46,19 @@ async def _load_catalogue(runner: GrpcToolRunner, loop: ToolLoop) -> None:
         return
 
 
+def quiet_http_client_logs() -> None:
+    """httpx logs every request at INFO ("HTTP Request: POST …"): one record per model call,
+    on the event loop, saying less than the tool loop's own lines (the runtime call's
+    outcome and latency are in the DEBUG "llm runtime call" record and in the request's
+    INFO "generate" summary). Unless LOG_LEVEL is DEBUG, or someone set httpx's level, they
+    are kept to warnings."""
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logger.setLevel(logging.WARNING)
+
+
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
+    quiet_http_client_logs()
     registry = CollectorRegistry()
     channel = open_channel(settings.tools_proxy, settings.server.max_message_bytes)
     runner = GrpcToolRunner(channel)

@@ -50,12 +50,27 @@ def limit_exceeded(
     )
 
 
-# Counting is a measurable share of the loop (bench/llm_overhead.py): the same messages and
-# tool definitions are counted again at every step. Both caches are bounded and keyed by
-# value (messages are frozen; a tool spec by its rendered JSON's identity-free key).
+# Counting is a measurable share of the loop (bench/llm_overhead.py): the same messages,
+# texts and tool definitions are counted again at every step (a tool result is counted when
+# it is rendered, again as a message; a call id when the result's room is priced, again
+# when the result is added). The caches are bounded and keyed by value (texts and frozen
+# messages; a tool spec by its parameters object, kept alive by the entry).
+_TEXT_CACHE: dict[tuple[str, str], int] = {}
 _MESSAGE_CACHE: dict[tuple[str, ChatMessage], int] = {}
 _TOOL_CACHE: dict[tuple[str, str, str, int], tuple[object, int]] = {}
 _CACHE_LIMIT = 4096
+
+
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """`tokenizer.count(text)`, remembered: the same text is counted once."""
+    key = (tokenizer.name, text)
+    found = _TEXT_CACHE.get(key)
+    if found is None:
+        found = tokenizer.count(text)
+        if len(_TEXT_CACHE) >= _CACHE_LIMIT:
+            _TEXT_CACHE.clear()
+        _TEXT_CACHE[key] = found
+    return found
 
 
 def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
@@ -71,13 +86,17 @@ def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
 
 
 def _count_message(tokenizer: Tokenizer, message: ChatMessage) -> int:
-    n = MESSAGE_OVERHEAD + tokenizer.count(message.content)
+    n = MESSAGE_OVERHEAD + count_tokens(tokenizer, message.content)
     if message.name:
-        n += tokenizer.count(message.name) + 1
+        n += count_tokens(tokenizer, message.name) + 1
     if message.tool_call_id:
-        n += tokenizer.count(message.tool_call_id)
+        n += count_tokens(tokenizer, message.tool_call_id)
     for call in message.tool_calls:
-        n += TOOL_CALL_OVERHEAD + tokenizer.count(call.name) + tokenizer.count(call.arguments)
+        n += (
+            TOOL_CALL_OVERHEAD
+            + count_tokens(tokenizer, call.name)
+            + count_tokens(tokenizer, call.arguments)
+        )
     return n
 
 
@@ -144,15 +163,15 @@ def fit_prompt(
         return bare, ()
     # What showing any context costs besides the chunks (header, data rule): price it once.
     probe = replace(chunks[0], text="")
-    framing = prompt_tokens(tokenizer, build((probe,)), tools) - tokenizer.count(
-        render_chunk(probe)
+    framing = prompt_tokens(tokenizer, build((probe,)), tools) - count_tokens(
+        tokenizer, render_chunk(probe)
     )
     room = limit - framing - JOIN_SLACK
     order = sorted(range(len(chunks)), key=lambda i: (-chunks[i].score, i))
     kept: dict[int, ContextChunk] = {}
     left_out: list[int] = []
     for i in order:
-        cost = tokenizer.count(render_chunk(chunks[i])) + JOIN_SLACK
+        cost = count_tokens(tokenizer, render_chunk(chunks[i])) + JOIN_SLACK
         if cost <= room:
             kept[i] = chunks[i]
             room -= cost
@@ -160,7 +179,7 @@ def fit_prompt(
             left_out.append(i)
     if left_out:
         best = chunks[left_out[0]]
-        frame = tokenizer.count(render_chunk(replace(best, text=""))) + JOIN_SLACK + 1
+        frame = count_tokens(tokenizer, render_chunk(replace(best, text=""))) + JOIN_SLACK + 1
         if room - frame >= MIN_TRIMMED_CHUNK_TOKENS:
             text = tokenizer.truncate(best.text, room - frame).rstrip() + "…"
             kept[left_out[0]] = replace(best, text=text)

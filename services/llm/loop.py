@@ -184,10 +184,42 @@ class _Run:
         self.errors_in_a_row = 0
         self.closed = not self.offered
         self.model_name = ""
+        self.step_ms: list[int] = []
+        """Each model call's latency (ms), for the request's summary log line."""
+        self.tool_ms: list[int] = []
+        """Each tool call's latency (ms), likewise."""
 
     # --- the loop -------------------------------------------------------------------------
 
     async def go(self) -> GenerateOutput:
+        """The run, then one INFO line summing it up (the per-step records are DEBUG)."""
+        outcome = "error"
+        try:
+            out = await self._go()
+            outcome = "ok"
+            return out
+        except errors.ServiceError as exc:
+            outcome = exc.reason or type(exc).__name__
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            log.info(
+                "generate",
+                extra={
+                    "model": self._model_name(),
+                    "outcome": outcome,
+                    "tool_steps": self.steps,
+                    "model_calls": self.budget.calls,
+                    "step_ms": self.step_ms,
+                    "tool_ms": self.tool_ms,
+                    "latency_ms": round((self.loop.clock() - self.started) * 1000),
+                    "trace_id": self.req.trace_id,
+                },
+            )
+
+    async def _go(self) -> GenerateOutput:
         messages = self._prompt()
         self.budget.start(messages, self.offered)
         await self._planned(messages)
@@ -203,25 +235,32 @@ class _Run:
             params = replace(self.req.params, max_tokens=max_tokens)
             step_started = self.loop.clock()
             completion = await self._call(messages, tools, params)
+            step_ms = round((self.loop.clock() - step_started) * 1000)
+            self.step_ms.append(step_ms)
+            # Our own count of the answer is needed only when the runtime reports none.
+            estimate = 0
+            if completion.completion_tokens <= 0:
+                estimate = message_tokens(
+                    self.loop.tokenizer,
+                    ChatMessage("assistant", completion.content, completion.tool_calls),
+                )
             self.budget.record_call(
                 reported_prompt=completion.prompt_tokens,
                 reported_completion=completion.completion_tokens,
-                completion_estimate=message_tokens(
-                    self.loop.tokenizer,
-                    ChatMessage("assistant", completion.content, completion.tool_calls),
-                ),
+                completion_estimate=estimate,
             )
             self.model_name = completion.model or self.model_name
-            log.info(
-                "model step",
-                extra={
-                    "model": self._model_name(),
-                    "step": self.budget.calls,
-                    "tool_calls": len(completion.tool_calls),
-                    "step_ms": round((self.loop.clock() - step_started) * 1000),
-                    "trace_id": self.req.trace_id,
-                },
-            )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "model step",
+                    extra={
+                        "model": self._model_name(),
+                        "step": self.budget.calls,
+                        "tool_calls": len(completion.tool_calls),
+                        "step_ms": step_ms,
+                        "trace_id": self.req.trace_id,
+                    },
+                )
             if not completion.tool_calls:
                 return self._output(completion.content)
             if self.closed:
@@ -371,7 +410,9 @@ class _Run:
             rendered = render_result(verdict.name, result.result or {}, self.loop.tokenizer, room)
             message = result_message(call.id, call.name, rendered.content)
             record = ToolCallRecord(
-                verdict.name, verdict.arguments, summarise(result, rendered.truncated)
+                verdict.name,
+                verdict.arguments,
+                summarise(result, rendered.truncated, rendered.texts),
             )
         else:
             message = error_message(call.id, call.name, result.error_code, result.error_message)
@@ -465,19 +506,25 @@ class _Run:
         except errors.ServiceError as exc:
             # ToolsProxy refused the call: the model hears it as a tool error.
             result = ToolResult("error", error_code=exc.reason, error_message=exc.message)
-        log.info(
-            "tool call",
-            extra={
-                "tool": call.name,
-                "requested": call.requested,
-                "planned": planned,
-                "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                "status": result.status,
-                "error_code": result.error_code,
-                "tool_ms": round((self.loop.clock() - started) * 1000),
-                "trace_id": self.req.trace_id,
-            },
-        )
+        tool_ms = round((self.loop.clock() - started) * 1000)
+        self.tool_ms.append(tool_ms)
+        # A failed call stays at INFO; the ok ones are summed up by the request's INFO line.
+        level = logging.DEBUG if result.status == "ok" else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "tool call",
+                extra={
+                    "tool": call.name,
+                    "requested": call.requested,
+                    "planned": planned,
+                    "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                    "status": result.status,
+                    "error_code": result.error_code,
+                    "tool_ms": tool_ms,
+                    "trace_id": self.req.trace_id,
+                },
+            )
         return result
 
     # --- the answer -----------------------------------------------------------------------

@@ -342,6 +342,75 @@ def build_request(
     return body
 
 
+def _dumps(value: Any) -> str:
+    # As httpx encodes `json=` bodies: compact, UTF-8, no NaN.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# The conversation grows by a few messages per step and is sent whole at every model call:
+# each message's JSON is encoded once (bounded cache keyed by the frozen message's value),
+# likewise the tool definitions (keyed by the catalogue's parameters objects, kept alive).
+_MESSAGE_JSON: dict[ChatMessage, str] = {}
+_TOOLS_JSON: dict[tuple[tuple[str, str, int], ...], tuple[tuple[object, ...], str]] = {}
+_JSON_CACHE_LIMIT = 1024
+
+
+def _message_json(m: ChatMessage) -> str:
+    found = _MESSAGE_JSON.get(m)
+    if found is None:
+        found = _dumps(_native_messages((m,))[0])
+        if len(_MESSAGE_JSON) >= _JSON_CACHE_LIMIT:
+            _MESSAGE_JSON.clear()
+        _MESSAGE_JSON[m] = found
+    return found
+
+
+def _tools_json(tools: Sequence[ToolSpec]) -> str:
+    key = tuple((t.name, t.description, id(t.parameters)) for t in tools)
+    hit = _TOOLS_JSON.get(key)
+    if hit is not None and all(a is t.parameters for a, t in zip(hit[0], tools, strict=True)):
+        return hit[1]
+    found = _dumps(build_request((), tools, GenerationParams(), model="", json_mode=False)["tools"])
+    if len(_TOOLS_JSON) >= _JSON_CACHE_LIMIT:
+        _TOOLS_JSON.clear()
+    _TOOLS_JSON[key] = (tuple(t.parameters for t in tools), found)
+    return found
+
+
+def encode_request(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec],
+    params: GenerationParams,
+    *,
+    model: str,
+    json_mode: bool,
+    stream: bool = False,
+    stream_usage: bool = True,
+) -> bytes:
+    """`build_request`'s body as the JSON bytes sent (what httpx's `json=` would send),
+    built from per-message encodings that are reused from one model call to the next."""
+    if json_mode:
+        body = build_request(
+            messages, tools, params, model=model, json_mode=True, stream=stream,
+            stream_usage=stream_usage,
+        )  # fmt: skip
+        return _dumps(body).encode()
+    _check_roles(messages)
+    rest = build_request(
+        (), (), params, model=model, json_mode=False, stream=stream, stream_usage=stream_usage
+    )
+    del rest["model"], rest["messages"]
+    parts = ['{"model":', _dumps(model), ',"messages":[']
+    parts.append(",".join([_message_json(m) for m in messages]))
+    parts.append("]")
+    if tools:
+        parts += [',"tools":', _tools_json(tools)]
+    if rest:
+        parts += [",", _dumps(rest)[1:-1]]
+    parts.append("}")
+    return "".join(parts).encode()
+
+
 # -- answer parsing --------------------------------------------------------------------------
 
 
@@ -665,6 +734,12 @@ class OpenAiChatRuntime:
         self._clock = clock
         self._sleep = sleep
         self._url = settings.endpoint
+        # Parsed once, not at every request (httpx would parse the string each time).
+        self._request_url: httpx.URL | str = self._url
+        try:
+            self._request_url = httpx.URL(self._url)
+        except (httpx.InvalidURL, TypeError, ValueError):
+            pass  # left to httpx at request time, where it was always reported
         self.breaker = breaker or CircuitBreaker(
             "llm-runtime",
             failure_threshold=settings.breaker_failures,
@@ -694,7 +769,7 @@ class OpenAiChatRuntime:
         ValueError for messages the port does not allow (unknown role, tool without id)."""
         model = model or self.settings.default_model
         json_mode = self.settings.enable_json_mode
-        body = build_request(messages, tools, params, model=model, json_mode=json_mode)
+        body = encode_request(messages, tools, params, model=model, json_mode=json_mode)
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -744,7 +819,7 @@ class OpenAiChatRuntime:
         """
         model = model or self.settings.default_model
         json_mode = self.settings.enable_json_mode
-        body = build_request(
+        body = encode_request(
             messages,
             tools,
             params,
@@ -858,7 +933,7 @@ class OpenAiChatRuntime:
         return headers
 
     async def _send(
-        self, body: dict[str, Any], deadline: float, *, stream: bool
+        self, body: bytes, deadline: float, *, stream: bool
     ) -> tuple[httpx.Response, bytes, int]:
         """A 200 response, its body (b"" for a stream: left unread) and the attempts it took."""
         attempt = 0
@@ -882,14 +957,14 @@ class OpenAiChatRuntime:
                     await self._sleep(delay)
 
     async def _attempt(
-        self, body: dict[str, Any], deadline: float, *, stream: bool
+        self, body: bytes, deadline: float, *, stream: bool
     ) -> tuple[httpx.Response, bytes]:
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise _Failure("timeout", "LLM runtime did not answer in time")
         timeout = httpx.Timeout(remaining, connect=min(remaining, self.settings.connect_timeout_s))
         request = self._http.build_request(
-            "POST", self._url, json=body, headers=self._headers(stream), timeout=timeout
+            "POST", self._request_url, content=body, headers=self._headers(stream), timeout=timeout
         )
         try:
             async with asyncio.timeout(remaining):
@@ -987,7 +1062,13 @@ class OpenAiChatRuntime:
             yield "\n".join(data)
 
     def _log(self, outcome: str, model: str, start: float, attempts: int, **extra: Any) -> None:
-        log.info(
+        # A call that went well is one step of the request: DEBUG (the tool loop logs one
+        # INFO line per request with every step's latency). Failures stay at INFO.
+        level = logging.DEBUG if outcome == "ok" else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        log.log(
+            level,
             "llm runtime call",
             extra={
                 "outcome": outcome,

@@ -25,6 +25,7 @@ from typing import Any
 
 from services.common.tokenizer import Tokenizer
 from services.common.untrusted import neutralise_markers, unwrap_untrusted, wrap_untrusted
+from services.llm.budget import count_tokens
 from services.llm.chat import ChatMessage, ToolCall, ToolSpec
 from services.llm.model import Anchor, ToolPolicy, ToolResult
 from services.llm.prompt import DelimitedText, delimited_blocks
@@ -341,10 +342,22 @@ class RenderedResult:
 
     content: str
     truncated: bool
+    texts: tuple[str, ...] = field(default=(), compare=False)
+    """The result's texts as delimited for the content (before any cut), for `summarise`."""
 
 
 _PLACEHOLDER = "[text {} below]"
 _IS_WRAPPED = re.compile(r"\A<<<[A-Z]+[^\n]*>>>\n.*\n<<<END [A-Z]+>>>\Z", re.DOTALL)
+_MARKER_CHARS = ("<", "\uff1c", "\ufe64")
+"""The characters a marker run is made of (services/common/untrusted.py)."""
+
+
+def _neutralised(value: str) -> str:
+    """`neutralise_markers(value)`, skipping the regex for the many strings with no `<`."""
+    for c in _MARKER_CHARS:
+        if c in value:
+            return neutralise_markers(value)
+    return value
 
 
 def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
@@ -359,11 +372,11 @@ def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
             wrapped = (
                 value
                 if _IS_WRAPPED.match(value)
-                else wrap_untrusted(neutralise_markers(value), "DOCUMENT")
+                else wrap_untrusted(_neutralised(value), "DOCUMENT")
             )
             texts.append(wrapped)
             return _PLACEHOLDER.format(len(texts))
-        return neutralise_markers(value)
+        return _neutralised(value)
     return value
 
 
@@ -404,8 +417,9 @@ def render_result(
         "result": _split_texts(result, texts),
     }
     whole = "\n".join([json.dumps(header, ensure_ascii=False), *texts])
-    if tokenizer.count(whole) <= max_tokens:
-        return RenderedResult(whole, False)
+    # Counted through the shared cache: the result message is counted again when added.
+    if count_tokens(tokenizer, whole) <= max_tokens:
+        return RenderedResult(whole, False, tuple(texts))
     header["truncated"] = True
     line = json.dumps(header, ensure_ascii=False)
     if tokenizer.count(line) > max_tokens // 2:  # metadata alone would crowd out the text
@@ -416,9 +430,9 @@ def render_result(
         content = "\n".join([line, *_cut_blocks(texts, budget, tokenizer)])
         over = tokenizer.count(content) - max_tokens
         if over <= 0:
-            return RenderedResult(content, True)
+            return RenderedResult(content, True, tuple(texts))
         budget -= over
-    return RenderedResult(tokenizer.truncate(line, max_tokens), True)
+    return RenderedResult(tokenizer.truncate(line, max_tokens), True, tuple(texts))
 
 
 def result_message(call_id: str, name: str, content: str) -> ChatMessage:
@@ -460,13 +474,18 @@ def parse_tool_content(content: str) -> ToolContent | None:
     )
 
 
-def summarise(result: ToolResult, truncated: bool = False) -> str:
-    """The `result_summary` of a tools_called entry."""
+def summarise(
+    result: ToolResult, truncated: bool = False, texts: Sequence[str] | None = None
+) -> str:
+    """The `result_summary` of a tools_called entry; `texts`: the result's delimited texts
+    when already split (`RenderedResult.texts`), else they are split here."""
     if result.status != "ok":
         return f"tool_error {result.error_code}: {result.error_message}"
     r = result.result or {}
-    texts: list[str] = []
-    _split_texts(r, texts)
+    if texts is None:
+        found: list[str] = []
+        _split_texts(r, found)
+        texts = found
     size = sum(len(unwrap_untrusted(t)) for t in texts)
     where = str(r.get("doc_id") or r.get("document_id") or "")
     pages = ""

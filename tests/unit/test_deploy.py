@@ -197,6 +197,7 @@ def test_k8s_manifests_parse_and_have_kinds():
 def test_k8s_manifests_match_the_api_schemas():
     """Strict schema validation (unknown fields refused) with the kubernetes-validate package."""
     import kubernetes_validate as kv  # a dev dependency: this check never skips
+
     for doc in _k8s():
         kv.validate(doc, "1.30.0", strict=True)
 

@@ -171,3 +171,25 @@ def test_every_prompt_carries_the_answer_format():
     assert "conclusion" in ANSWER_FORMAT and "list of sources" in ANSWER_FORMAT
     for section in ("General Facts", "User Documents", "Knowledge Base", "External Data"):
         assert section in ANSWER_FORMAT
+
+
+def test_tool_results_convert_as_struct_to_dict_does() -> None:
+    from visior.toolsproxy.v1 import toolsproxy_pb2
+
+    from services.common.structs import struct_to_dict
+    from services.llm.tools_client import result_to_dict
+
+    response = toolsproxy_pb2.ExecuteResponse()
+    assert result_to_dict(response.result) is None  # no kind set
+    response.result.struct_value.update(
+        {"doc_id": "d", "page_start": 2.0, "score": 0.5, "big": 2.0**60, "none": None,
+         "ok": True, "chunks": [{"text": "<<<DOCUMENT>>>", "n": 3}, [], "x"], "meta": {}}
+    )  # fmt: skip
+    converted = result_to_dict(response.result)
+    assert converted == struct_to_dict(response.result)
+    assert type(converted["page_start"]) is int and type(converted["big"]) is float
+    response.result.list_value.extend([1, "a"])
+    assert result_to_dict(response.result) == struct_to_dict(response.result) == [1, "a"]
+    response.result.number_value = float("nan")
+    with pytest.raises(ValueError):
+        result_to_dict(response.result)

@@ -632,3 +632,42 @@ async def test_a_long_tool_call_turn_can_spend_the_budget(name):
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
     assert info.value.metadata["limit"] == "max_total_tokens"
     assert tools.calls == [] and len(rt.calls) == 1
+
+
+async def test_one_info_line_per_request_with_every_steps_latency(caplog):
+    clock = FakeClock()
+    rt = ScriptedRuntime(
+        [asks(call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})),
+         says("Done.")], clock=clock, tick=0.25,
+    )  # fmt: skip
+    caplog.set_level("DEBUG", logger="visior.llm.loop")
+    await loop(rt, FakeTools([window()]), clock=clock).run(req())
+    info = [r for r in caplog.records if r.levelname == "INFO"]
+    assert [r.getMessage() for r in info] == ["generate"]
+    summary = info[0]
+    assert summary.model == "m1" and summary.trace_id == "tr" and summary.outcome == "ok"
+    assert (summary.tool_steps, summary.model_calls) == (1, 2)
+    assert summary.step_ms == [250, 250] and summary.tool_ms == [0]
+    assert summary.latency_ms == 500
+    # The per-step records are still there, at DEBUG.
+    debug = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert debug == ["model step", "tool call", "model step"]
+
+
+async def test_the_summary_line_names_the_failure(caplog):
+    rt = ScriptedRuntime([asks(call("nope", {})), asks(call("nope", {}, id="c2"))])
+    caplog.set_level("INFO", logger="visior.llm.loop")
+    with pytest.raises(errors.ServiceError):
+        await loop(rt, FakeTools()).run(req())
+    summary = [r for r in caplog.records if r.getMessage() == "generate"]
+    assert len(summary) == 1 and summary[0].outcome == "LLM_LIMIT_EXCEEDED"
+    assert summary[0].step_ms == [0, 0] and summary[0].tool_ms == []
+
+
+def test_a_summary_reuses_the_texts_the_rendering_split():
+    from services.llm.toolcalls import summarise
+
+    result = window(text="Some text.")
+    rendered = render_result("read_chunk_window", result.result or {}, TOK, 200)
+    assert summarise(result, rendered.truncated, rendered.texts) == summarise(result)
+    assert rendered.texts and "<<<DOCUMENT" in rendered.texts[0]

@@ -24,6 +24,7 @@ from services.llm.runtime import (
     OpenAiChatRuntime,
     RuntimeSettings,
     build_request,
+    encode_request,
     json_mode_instruction,
     parse_json_mode,
 )
@@ -291,6 +292,29 @@ async def test_tools_and_tool_messages_use_the_native_wire_form(h: Harness) -> N
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "section text"},
     ]
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_encoded_body_is_the_request_as_httpx_would_encode_it(
+    json_mode: bool, stream: bool
+) -> None:
+    messages = [
+        ChatMessage("system", "Отвечай «кратко»."),
+        *USER,
+        ChatMessage("assistant", "", (ToolCall("call_1", "read", '{"id": "s1"}'),)),
+        ChatMessage("tool", "section <<<text>>>", tool_call_id="call_1", name="read"),
+    ]
+    tools = (ToolSpec("read", "Read.", {"type": "object"}), ToolSpec("ping", "Ping."))
+    params = GenerationParams(max_tokens=64, temperature=0.2, stop=("###",))
+    for _ in range(2):  # the second time from the cached per-message encodings
+        for t in ((), tools):
+            body = build_request(messages, t, params, model="m", json_mode=json_mode, stream=stream)
+            expected = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+            encoded = encode_request(
+                messages, t, params, model="m", json_mode=json_mode, stream=stream
+            )
+            assert encoded == expected.encode()
 
 
 def test_a_tool_without_parameters_gets_an_empty_object_schema() -> None:
