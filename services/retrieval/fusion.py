@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TypeVar
-
-from services.common.settings import Env, SettingsError
 
 K = TypeVar("K", bound=Hashable)
 
@@ -177,47 +174,3 @@ def rrf_fusion_scored(
         best = _best_scores(items)
         ordered[name] = sorted(best, key=lambda key: -best[key])
     return rrf_fusion(ordered, k=k, weights=weights)
-
-
-@dataclass(frozen=True)
-class FusionSettings:
-    """How dense and sparse results are combined (RETR_HYBRID_*)."""
-
-    method: str = "weighted"
-    """``weighted`` (normalised weighted sum, retrieval.md §5.3) or ``rrf``."""
-    weights: Mapping[str, float] = field(default_factory=lambda: {"dense": 0.7, "sparse": 0.3})
-    """Weight per result list; retrieval.md's 0.7 dense / 0.3 sparse by default."""
-    normalisation: str = "minmax"
-    """Per-list normalisation before weighting: minmax, zscore, max or none."""
-    rrf_k: int = DEFAULT_RRF_K
-    """The RRF constant k (60 as in Cormack et al. and Qdrant)."""
-
-    def fuse(self, ranked: Mapping[str, Sequence[tuple[K, float]]]) -> list[tuple[K, float]]:
-        """Fuse scored lists with the configured method; lists without a weight are an error."""
-        if self.method == "rrf":
-            return rrf_fusion_scored(ranked, k=self.rrf_k, weights=self.weights)
-        return weighted_fusion(ranked, self.weights, method=self.normalisation)
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> FusionSettings:
-        """RETR_HYBRID_FUSION, RETR_HYBRID_DENSE_WEIGHT, RETR_HYBRID_SPARSE_WEIGHT,
-        RETR_HYBRID_NORMALISATION, RETR_RRF_K."""
-        env = env or Env()
-        method = env.text("RETR_HYBRID_FUSION", "weighted").lower()
-        if method not in FUSION_METHODS:
-            raise SettingsError(f"RETR_HYBRID_FUSION={method!r}: expected one of {FUSION_METHODS}")
-        normalisation = env.text("RETR_HYBRID_NORMALISATION", "minmax").lower()
-        if normalisation not in NORMALISERS:
-            raise SettingsError(
-                f"RETR_HYBRID_NORMALISATION={normalisation!r}: expected one of {NORMALISERS}"
-            )
-        dense = env.number("RETR_HYBRID_DENSE_WEIGHT", 0.7, minimum=0.0)
-        sparse = env.number("RETR_HYBRID_SPARSE_WEIGHT", 0.3, minimum=0.0)
-        if dense + sparse <= 0:
-            raise SettingsError("RETR_HYBRID_DENSE_WEIGHT + RETR_HYBRID_SPARSE_WEIGHT must be > 0")
-        return cls(
-            method=method,
-            weights={"dense": dense, "sparse": sparse},
-            normalisation=normalisation,
-            rrf_k=env.integer("RETR_RRF_K", DEFAULT_RRF_K, minimum=0, maximum=10_000),
-        )

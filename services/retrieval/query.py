@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from services.common.settings import Env, SettingsError
-
 LANGUAGES = ("ru", "en", "mixed", "other")
 
 # Cyrillic share of the Cyrillic+Latin letters at or above which a query is Russian.
@@ -367,35 +365,3 @@ def prepare_query(text: str, language_hint: str | None = None) -> PreparedQuery:
         keyword_text=keyword_form(normalised),
         language=detect_language(normalised, language_hint),
     )
-
-
-@dataclass(frozen=True)
-class QuerySettings:
-    """Query expansion knobs (RETR_QUERY_*, RETR_SYNONYMS_PATH)."""
-
-    expansion: bool = False
-    """Expand queries with synonyms (RETR_QUERY_EXPANSION); only with hybrid on (§5.1)."""
-    max_variants: int = 3
-    """Queries searched per request including the original (RETR_QUERY_MAX_VARIANTS)."""
-    synonyms_path: str = ""
-    """Synonym file (JSON or text) replacing the built-in table (RETR_SYNONYMS_PATH)."""
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> QuerySettings:
-        """Read and validate; a synonym file that does not load is a start-up error."""
-        env = env or Env()
-        settings = cls(
-            expansion=env.flag("RETR_QUERY_EXPANSION", False),
-            max_variants=env.integer("RETR_QUERY_MAX_VARIANTS", 3, minimum=1, maximum=10),
-            synonyms_path=env.text("RETR_SYNONYMS_PATH", ""),
-        )
-        if settings.synonyms_path:
-            try:
-                load_synonyms(settings.synonyms_path)
-            except (OSError, ValueError) as exc:
-                raise SettingsError(f"RETR_SYNONYMS_PATH: {exc}") from None
-        return settings
-
-    def synonym_table(self) -> SynonymTable:
-        """The configured synonym table."""
-        return load_synonyms(self.synonyms_path or None)

@@ -4,9 +4,7 @@ import math
 
 import pytest
 
-from services.common.settings import Env, SettingsError
 from services.retrieval.fusion import (
-    FusionSettings,
     normalise,
     rrf_fusion,
     rrf_fusion_scored,
@@ -132,33 +130,3 @@ def test_rrf_scored_ranks_by_score_first():
 def test_rrf_rejects_negative_k():
     with pytest.raises(ValueError):
         rrf_fusion({"dense": ["a"]}, k=-1)
-
-
-def test_settings_from_env_and_fuse():
-    settings = FusionSettings.from_env(
-        Env({"RETR_HYBRID_FUSION": "RRF", "RETR_RRF_K": "10", "RETR_HYBRID_DENSE_WEIGHT": "1"})
-    )
-    assert settings.method == "rrf"
-    assert settings.rrf_k == 10
-    assert settings.weights == {"dense": 1.0, "sparse": 0.3}
-    fused = settings.fuse({"dense": [("a", 0.1), ("b", 0.9)], "sparse": [("a", 3.0)]})
-    approx_pairs(fused, [("a", 1 / 12 + 0.3 / 11), ("b", 1 / 11)])
-    default = FusionSettings.from_env(Env({}))
-    assert default.method == "weighted"
-    assert default.fuse({"dense": [("a", 0.5)], "sparse": [("b", 2.0)]}) == [
-        ("a", pytest.approx(0.7)),
-        ("b", pytest.approx(0.3)),
-    ]
-
-
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"RETR_HYBRID_FUSION": "sum"},
-        {"RETR_HYBRID_NORMALISATION": "l2"},
-        {"RETR_HYBRID_DENSE_WEIGHT": "0", "RETR_HYBRID_SPARSE_WEIGHT": "0"},
-    ],
-)
-def test_settings_reject_bad_values(env):
-    with pytest.raises(SettingsError):
-        FusionSettings.from_env(Env(env))

@@ -4,10 +4,8 @@ import json
 
 import pytest
 
-from services.common.settings import Env, SettingsError
 from services.retrieval.query import (
     QueryExpander,
-    QuerySettings,
     SynonymExpander,
     SynonymTable,
     detect_language,
@@ -144,20 +142,6 @@ def test_load_rejects_bad_json(tmp_path):
     broken.write_text("[[", encoding="utf-8")
     with pytest.raises(ValueError):
         SynonymTable.load(broken)
-
-
-def test_settings_from_env(tmp_path):
-    path = tmp_path / "syn.txt"
-    path.write_text("впн, vpn\n", encoding="utf-8")
-    settings = QuerySettings.from_env(
-        Env({"RETR_QUERY_EXPANSION": "true", "RETR_SYNONYMS_PATH": str(path)})
-    )
-    assert settings.expansion and settings.max_variants == 3
-    assert settings.synonym_table().synonyms("vpn") == ["впн"]
-    with pytest.raises(SettingsError):
-        QuerySettings.from_env(Env({"RETR_SYNONYMS_PATH": str(tmp_path / "missing.txt")}))
-    with pytest.raises(SettingsError):
-        QuerySettings.from_env(Env({"RETR_QUERY_MAX_VARIANTS": "0"}))
 
 
 async def test_synonym_expander_is_a_query_expander():
