@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class SettingsError(ValueError):
@@ -64,6 +65,27 @@ class Env:
         if minimum is not None and value < minimum:
             raise SettingsError(f"{name}={value} is below the minimum {minimum}")
         return value
+
+    def secret(self, names: Sequence[str]) -> str | None:
+        """A secret from the first of `names` set, each also read as NAME_FILE (a file holding
+        it, e.g. a mounted Kubernetes Secret); None when none is set."""
+        for base in names:
+            for name, is_file in ((base, False), (base + "_FILE", True)):
+                found = self.raw([name])
+                if found is None:
+                    continue
+                if not is_file:
+                    return found[1]
+                path = Path(found[1])
+                try:
+                    key = path.read_text(encoding="utf-8").strip()
+                except (OSError, UnicodeDecodeError) as exc:
+                    reason = getattr(exc, "strerror", None) or type(exc).__name__
+                    raise SettingsError(f"{name}: cannot read {path}: {reason}") from None
+                if not key:
+                    raise SettingsError(f"{name}: {path} is empty")
+                return key
+        return None
 
     def flag(self, names: Sequence[str] | str, default: bool) -> bool:
         found = self.raw([names] if isinstance(names, str) else names)

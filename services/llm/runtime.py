@@ -49,7 +49,6 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -173,30 +172,7 @@ class RuntimeSettings:
 
 def _api_key(env: Env) -> str | None:
     """The key from the first of the variables set; *_FILE names a file holding it."""
-    order = (
-        ("LLM_SERVICE_RUNTIME_API_KEY", False),
-        ("LLM_SERVICE_RUNTIME_API_KEY_FILE", True),
-        ("LLM_RUNTIME_API_KEY", False),
-        ("LLM_RUNTIME_API_KEY_FILE", True),
-        ("OPENAI_API_KEY", False),
-        ("OPENAI_API_KEY_FILE", True),
-    )
-    for name, is_file in order:
-        found = env.raw([name])
-        if found is None:
-            continue
-        if not is_file:
-            return found[1]
-        path = Path(found[1])
-        try:
-            key = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or type(exc).__name__
-            raise SettingsError(f"{name}: cannot read {path}: {reason}") from None
-        if not key:
-            raise SettingsError(f"{name}: {path} is empty")
-        return key
-    return None
+    return env.secret(["LLM_SERVICE_RUNTIME_API_KEY", "LLM_RUNTIME_API_KEY", "OPENAI_API_KEY"])
 
 
 # -- request building ------------------------------------------------------------------------

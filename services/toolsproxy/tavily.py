@@ -18,7 +18,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -126,28 +125,7 @@ class TavilySettings:
 
 def _api_key(env: Env) -> str | None:
     """The key from the first of the variables set; *_FILE names a file holding it."""
-    order = (
-        ("MCP_PROXY_TAVILY_API_KEY", False),
-        ("MCP_PROXY_TAVILY_API_KEY_FILE", True),
-        ("TAVILY_API_KEY", False),
-        ("TAVILY_API_KEY_FILE", True),
-    )
-    for name, is_file in order:
-        found = env.raw([name])
-        if found is None:
-            continue
-        if not is_file:
-            return found[1]
-        path = Path(found[1])
-        try:
-            key = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or type(exc).__name__
-            raise SettingsError(f"{name}: cannot read {path}: {reason}") from None
-        if not key:
-            raise SettingsError(f"{name}: {path} is empty")
-        return key
-    return None
+    return env.secret(["MCP_PROXY_TAVILY_API_KEY", "TAVILY_API_KEY"])
 
 
 class TavilyError(Exception):
