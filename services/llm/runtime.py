@@ -56,6 +56,7 @@ import httpx
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.http import retry_after_seconds
 from services.common.settings import Env, SettingsError
 from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
 from services.llm.model import GenerationParams
@@ -637,20 +638,10 @@ class _Failure(Exception):
         return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
 
 
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
 def _status_failure(response: httpx.Response, max_retry_after_s: float) -> _Failure:
     status = response.status_code
     if status in RETRY_STATUSES:
-        wait = _retry_after(response.headers.get("retry-after"))
+        wait = retry_after_seconds(response.headers.get("retry-after"))
         too_long = wait is not None and wait > max_retry_after_s
         return _Failure(
             "overloaded",

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.http import retry_after_seconds
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
@@ -343,7 +344,7 @@ class TavilyClient:
         if status >= 500:
             raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
         if status == 429:
-            wait = _retry_after(response.headers.get("Retry-After"))
+            wait = retry_after_seconds(response.headers.get("Retry-After"))
             limited = TavilyError(
                 RATE_LIMIT_EXCEEDED,
                 "Finance news search is rate limited by Tavily; try again later"
@@ -424,17 +425,6 @@ class TavilyClient:
                 **extra,
             },
         )
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds form; an HTTP date falls back to backoff)."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _detail(response: httpx.Response) -> str:
