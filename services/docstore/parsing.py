@@ -29,7 +29,6 @@ __all__ = [
     "extractive_summary",
     "guess_format",
     "parse_document",
-    "parse_knowledge_base_csv",
     "slugify",
 ]
 
@@ -180,24 +179,6 @@ def parse_document(
         metadata=meta,
         page_texts=page_texts,
     )
-
-
-def parse_knowledge_base_csv(
-    content: bytes | str,
-    tenant_id: str,
-    *,
-    file_name: str = "train_data.csv",
-    config: ChunkingConfig | None = None,
-    summarizer: Summarizer | None = None,
-    doc_id_prefix: str = "kb-",
-) -> list[Document]:
-    """The knowledge-base CSV as Documents: `kb_csv.parse_knowledge_base_csv`, re-exported."""
-    from services.docstore import kb_csv  # kb_csv builds on this module
-
-    return kb_csv.parse_knowledge_base_csv(
-        content, tenant_id, file_name=file_name, config=config, summarizer=summarizer,
-        doc_id_prefix=doc_id_prefix,
-    )  # fmt: skip
 
 
 def document_generation(

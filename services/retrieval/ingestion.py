@@ -26,13 +26,13 @@ from typing import Protocol
 import numpy as np
 
 from services.common import errors
+from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document
 from services.docstore.parsing import (
     ChunkingConfig,
     UnsupportedFormatError,
     guess_format,
     parse_document,
-    parse_knowledge_base_csv,
     slugify,
 )
 from services.retrieval.embeddings import Embedder
