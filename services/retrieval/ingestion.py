@@ -222,7 +222,9 @@ class Ingestor:
         source = "knowledge_base" if item.tenant_id == KB_TENANT else "user"
         try:
             if fmt == "csv":
-                return parse_knowledge_base_csv(item.content, tenant_id=item.tenant_id)
+                return parse_knowledge_base_csv(
+                    item.content, tenant_id=item.tenant_id, config=self._chunking
+                )
             return [
                 parse_document(
                     tenant_id=item.tenant_id,

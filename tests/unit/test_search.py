@@ -432,3 +432,21 @@ def test_store_chunks_by_ids_is_tenant_scoped(shared):
     assert shared.store.chunks_by_ids("a", []) == {}
     many = keys * 300 + [("guide", f"x{i}") for i in range(600)]  # > one 500-key batch
     assert set(shared.store.chunks_by_ids("a", many)) == set(keys)
+
+
+async def test_the_knowledge_base_is_chunked_with_the_configured_sizes(tmp_path, embedder):
+    from services.docstore.parsing import ChunkingConfig
+
+    s = make_stack(tmp_path, embedder)
+    small = Ingestor(
+        store=s.store, index=s.index, embedder=embedder, visibility=s.visibility,
+        sections=s.sections, journal=s.journal, max_document_bytes=1 << 20,
+        chunking=ChunkingConfig(chunk_tokens=32, overlap_tokens=0),
+    )  # fmt: skip
+    body = " ".join(f"Предложение номер {i} о налоге на добавленную стоимость." for i in range(30))
+    csv = f"id,title,content,topic,jurisdiction,updated_at\nvat,НДС,{body},tax,RU,2026-01-10\n"
+    out = await small.ingest(IngestInput(KB_TENANT, csv.encode(), file_name="kb.csv"))
+    doc = s.store.get_document(KB_TENANT, out.doc_ids[0])
+    assert doc is not None and len(doc.chunks) > 1
+    assert all(c.tokens <= 32 for c in doc.chunks)
+    s.index.close()
