@@ -31,6 +31,7 @@ from services.retrieval.index.base import (
     IndexFilter,
     IndexUnavailableError,
     PointId,
+    RankQuery,
     VectorIndex,
 )
 from services.retrieval.query import SynonymTable, detect_language, expand_query, normalise_query
@@ -367,19 +368,22 @@ class RetrievalEngine:
     ) -> list[Scored]:
         # Sections ranked by their own summary/text match fused with their best chunk's
         # match, so a section whose summary misses the query but whose text answers it
-        # still makes the shortlist; then the chunks of the shortlisted sections.
-        # Both levels' heads are read back in one call.
+        # still makes the shortlist; the answer is the chunk ranking's live chunks inside
+        # the shortlisted sections. Both levels' lists come from one batched index call
+        # and both levels' heads are read back in one call: a search is two round trips.
+        section_rank, chunk_rank = self._rank(
+            plan,
+            vector,
+            [(replace(flt, kinds=("section",)), plan.max_sections),
+             (replace(flt, kinds=("chunk",)), keep)],
+        )  # fmt: skip
         sections, chunks = self._resolve(
             replace(flt, kinds=("section", "chunk")),
-            [
-                (self._rank(plan, vector, replace(flt, kinds=("section",)), plan.max_sections),
-                 plan.max_sections),
-                (self._rank(plan, vector, replace(flt, kinds=("chunk",)), keep), keep),
-            ],
+            [(section_rank, plan.max_sections), (chunk_rank, len(chunk_rank))],
             live,
-        )  # fmt: skip
+        )
         best: dict[Key, float] = {}
-        for hit, score in chunks:
+        for hit, score in chunks[:keep]:
             key = (hit.doc_id, hit.section_id)
             best[key] = max(best.get(key, 0.0), score)
         ranked = weighted_fusion(
@@ -389,15 +393,8 @@ class RetrievalEngine:
             },
             {"section": 0.5, "chunk": 0.5},
         )
-        shortlist = [key for key, _ in ranked[: plan.max_sections]]
-        if not shortlist:
-            return []
-        section_ids = tuple(dict.fromkeys(sid for _, sid in shortlist))
-        allowed = set(shortlist)
-        inside = self._level(
-            plan, vector, replace(flt, kinds=("chunk",), section_ids=section_ids), keep, live
-        )
-        return [(h, s) for h, s in inside if (h.doc_id, h.section_id) in allowed]
+        allowed = {key for key, _ in ranked[: plan.max_sections]}
+        return [(h, s) for h, s in chunks if (h.doc_id, h.section_id) in allowed][:keep]
 
     def _level(
         self,
@@ -411,23 +408,32 @@ class RetrievalEngine:
 
         `live` memoises visibility per (doc_id, generation) for one search.
         """
-        return self._resolve(flt, [(self._rank(plan, vector, flt, limit), limit)], live)[0]
+        return self._resolve(flt, [(self._rank(plan, vector, [(flt, limit)])[0], limit)], live)[0]
 
     def _rank(
-        self, plan: _Plan, vector: np.ndarray | None, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """One level's ranking: dense and/or BM25 lists fused by point id, no payload read."""
-        depth = max(limit, 1) * self._settings.candidate_factor
+        self,
+        plan: _Plan,
+        vector: np.ndarray | None,
+        levels: Sequence[tuple[IndexFilter, int]],
+    ) -> list[list[tuple[PointId, float]]]:
+        """Each (filter, limit) level's ranking: its dense and/or BM25 lists (by point id, no
+        payload) fused; every level's lists from one batched index call."""
+        factor = self._settings.candidate_factor
+        named: list[list[tuple[str, RankQuery]]] = []
+        for flt, limit in levels:
+            depth = max(limit, 1) * factor
+            lists: list[tuple[str, RankQuery]] = []
+            if plan.ranking in ("dense", "hybrid") and vector is not None:
+                lists.append(("dense", RankQuery(flt, depth, vector=vector)))
+            if plan.ranking in ("sparse", "hybrid"):
+                lists.append(("sparse", RankQuery(flt, depth, text=plan.text)))
+                for i, variant in enumerate(plan.variants):
+                    lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))
+            named.append(lists)
+        queries = [q for lists in named for _, q in lists]
         index = self._index
-        lists: dict[str, list[tuple[PointId, float]]] = {}
-        if plan.ranking in ("dense", "hybrid") and vector is not None:
-            lists["dense"] = index.call(index.index.search_dense_ids, vector, flt, depth)
-        if plan.ranking in ("sparse", "hybrid"):
-            lists["sparse"] = index.call(index.index.search_sparse_ids, plan.text, flt, depth)
-            for i, variant in enumerate(plan.variants):
-                found = index.call(index.index.search_sparse_ids, variant, flt, depth)
-                lists[f"variant{i}"] = found
-        return self._fuse(plan, lists)
+        found = iter(index.call(index.index.search_ids_batch, queries) if queries else [])
+        return [self._fuse(plan, {name: next(found) for name, _ in lists}) for lists in named]
 
     def _resolve(
         self,

@@ -33,6 +33,7 @@ from services.retrieval.index.base import (
     LAYOUT_VERSION,
     SCOPE_FIELD,
     IndexLayoutError,
+    RankQuery,
     point_payload,
 )
 from services.retrieval.index.edge import LAYOUT_FILE
@@ -714,6 +715,44 @@ def test_id_searches_rank_like_the_full_searches(ro_index):
     assert [round(s, 4) for _, s in ids] == [round(h.score, 4) for h in full]
     assert ro_index.search_sparse_ids("и на the of", flt, 5) == []
     assert ro_index.search_dense_ids(vec("x"), flt, 0) == []
+
+
+def test_a_batch_ranks_each_query_as_its_own_call_would_in_order(ro_index):
+    chunks_a, sections_b = IndexFilter("a"), IndexFilter("b", kinds=("section",))
+    queries = [
+        RankQuery(chunks_a, 5, vector=vec("a/c2/chunk")),
+        RankQuery(chunks_a, 5, text="payment invoice"),
+        RankQuery(chunks_a, 5, text="и на the of"),  # no searchable terms
+        RankQuery(chunks_a, 0, vector=vec("x")),  # limit 0
+        RankQuery(sections_b, 3, vector=vec("a/c2/chunk")),
+        RankQuery(sections_b, 3, text="payment invoice"),
+    ]
+    got = ro_index.search_ids_batch(queries)
+    want = [
+        ro_index.search_dense_ids(vec("a/c2/chunk"), chunks_a, 5),
+        ro_index.search_sparse_ids("payment invoice", chunks_a, 5),
+        [],
+        [],
+        ro_index.search_dense_ids(vec("a/c2/chunk"), sections_b, 3),
+        ro_index.search_sparse_ids("payment invoice", sections_b, 3),
+    ]
+    assert [[(k, round(s, 4)) for k, s in r] for r in got] == [
+        [(k, round(s, 4)) for k, s in r] for r in want
+    ]
+    assert got[0] and got[1]
+    # Tenant b's lists hold only tenant b's points, whatever else the batch asked.
+    b_ids = {k for r in got[4:] for k, _ in r}
+    assert set(ro_index.candidates(IndexFilter("b", kinds=KINDS), b_ids)) == b_ids
+    assert ro_index.search_ids_batch([]) == []
+
+
+def test_a_batch_refuses_a_filter_without_tenant_and_a_negative_limit(ro_index):
+    with pytest.raises(InvalidFilterError):
+        ro_index.search_ids_batch([RankQuery(IndexFilter(""), 5, text="payment")])
+    with pytest.raises(InvalidFilterError):
+        ro_index.search_ids_batch([RankQuery(IndexFilter(" "), 0, vector=vec("x"))])
+    with pytest.raises(ValueError):
+        ro_index.search_ids_batch([RankQuery(IndexFilter("a"), -1, vector=vec("x"))])
 
 
 def test_candidates_carry_the_fields_fusion_needs_and_no_text(ro_index):

@@ -358,6 +358,16 @@ def check_limit(limit: int) -> int:
     return limit
 
 
+@dataclass(frozen=True)
+class RankQuery:
+    """One id-only ranking of a batch: dense when `vector` is set, else BM25 over `text`."""
+
+    flt: IndexFilter
+    limit: int
+    vector: np.ndarray | None = None
+    text: str = ""
+
+
 class VectorIndex(Protocol):
     """A tenant-scoped hybrid (dense + BM25) index of chunks, section summaries and documents.
 
@@ -397,6 +407,11 @@ class VectorIndex(Protocol):
         self, query: str, flt: IndexFilter, limit: int
     ) -> list[tuple[PointId, float]]:
         """search_sparse returning (point id, score) only: no payload is read."""
+        ...
+
+    def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
+        """Several search_dense_ids / search_sparse_ids as one backend call, results in
+        order (a search ranks two to four lists: one round trip, one planned pass)."""
         ...
 
     def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:

@@ -30,6 +30,7 @@ from services.retrieval.index.base import (
     IndexPoint,
     IndexUnavailableError,
     PointId,
+    RankQuery,
     candidate_from_payload,
     check_limit,
     filter_conditions,
@@ -410,6 +411,47 @@ class QdrantServerIndex:
             return []
         points = self._search(q[0], SPARSE_VECTOR, flt, limit, q[1], False)
         return [(p.id, p.score) for p in points]
+
+    def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
+        """The rankings of `queries` from one query_batch_points call (one round trip)."""
+        requests: list[models.QueryRequest] = []
+        slots: list[int | None] = []
+        for q in queries:
+            built = self._ranking_request(q)
+            slots.append(None if built is None else len(requests))
+            if built is not None:
+                requests.append(built)
+        found = (
+            self._call(lambda c: c.query_batch_points(self.collection, requests=requests))
+            if requests
+            else []
+        )
+        return [[] if i is None else [(p.id, p.score) for p in found[i].points] for i in slots]
+
+    def _ranking_request(self, q: RankQuery) -> models.QueryRequest | None:
+        flt = server_filter(q.flt)  # refuses a filter without tenant, whatever the limit
+        if q.vector is not None:
+            params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
+            query: Any = query_vector(q.vector, self.dim)
+            using = DENSE_VECTOR
+        else:
+            sparse = self._sparse(q.text, q.flt)
+            if sparse is None:
+                check_limit(q.limit)
+                return None
+            query, params = sparse
+            using = SPARSE_VECTOR
+        if check_limit(q.limit) == 0:
+            return None
+        return models.QueryRequest(
+            query=query,
+            using=using,
+            filter=flt,
+            limit=q.limit,
+            params=params,
+            with_payload=False,
+            with_vector=False,
+        )
 
     def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:
         """CANDIDATE_FIELDS of the points among `ids` inside `flt` (tenant first); score 0."""
