@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUF := $(VENV)/bin/buf
 
-.PHONY: help install gen check-gen lint test test-fast run demo bench breaking clean
+.PHONY: help install gen check-gen lint test test-fast run demo bench bench-load breaking clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -48,6 +48,10 @@ demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a qu
 bench: $(STAMP) ## Transport benchmark: direct gRPC vs JSON through Envoy
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk nghttp2-client; }
 	$(PY) bench/transport.py
+
+bench-load: $(STAMP) ## Load benchmark: max sustainable RPS, then 80 % of it for 60 s (Search, Respond)
+	@command -v h2load >/dev/null || { apt-get update -qq && apt-get install -y -qq nghttp2-client; }
+	$(PY) bench/load.py
 
 breaking: $(STAMP) ## buf breaking: proto/ against main (FILE rules)
 	$(BUF) breaking --against '.git#branch=main'

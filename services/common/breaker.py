@@ -78,6 +78,12 @@ class CircuitBreaker:
             self._opened_at = None
             self._trial_running = False
 
+    def release(self) -> None:
+        """A call ended without a verdict on the dependency (its caller cancelled it): the
+        failure count stays, but a half-open trial is freed for the next call."""
+        with self._lock:
+            self._trial_running = False
+
     def record_failure(self) -> None:
         with self._lock:
             self._trial_running = False

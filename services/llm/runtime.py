@@ -754,8 +754,13 @@ class OpenAiChatRuntime:
             self._record(failed.outage)
             self._log("error", model, start, attempts, kind=failed.kind, status=failed.status)
             raise failed.error(attempts, self.name) from None
+        except asyncio.CancelledError:
+            # The caller went away (its client hung up, its deadline passed): that says nothing
+            # about the runtime, and counting it would let cancelled requests open the breaker.
+            self.breaker.release()
+            raise
         except BaseException:
-            self._record(outage=True)  # cancelled or a bug: never leave a trial call hanging
+            self._record(outage=True)  # a bug: never leave a trial call hanging
             raise
         self._record(outage=False)
         self._log(
@@ -859,10 +864,14 @@ class OpenAiChatRuntime:
                 status=failed.status,
             )  # fmt: skip
             raise failed.error(attempts, self.name) from None
-        except BaseException:
+        except BaseException as exc:
             # The consumer stopped early (GeneratorExit) or was cancelled: the runtime was
             # answering if a 200 arrived; either way no half-open trial is left hanging.
-            self._record(outage=response is None)
+            # Cancelled before any answer says nothing about the runtime: no verdict.
+            if response is None and isinstance(exc, asyncio.CancelledError):
+                self.breaker.release()
+            else:
+                self._record(outage=response is None)
             raise
         finally:
             if response is not None:

@@ -494,6 +494,10 @@ class CbrClient:
             raise CbrUnavailableError(
                 max(1, math.ceil(self.settings.breaker_reset_s)), str(exc)
             ) from None
+        except asyncio.CancelledError:
+            # The caller went away: no verdict on the bank, but a half-open trial is freed.
+            self.breaker.release()
+            raise
         except BaseException:
             self.breaker.record_failure()  # never leave a half-open trial hanging
             raise

@@ -271,8 +271,13 @@ class TavilyClient:
                 self.breaker.record_success()
             recorded = True
             raise failed.error from None
+        except asyncio.CancelledError:
+            # The caller went away: no verdict on Tavily, but a half-open trial is freed.
+            self.breaker.release()
+            recorded = True
+            raise
         finally:
-            if not recorded:  # cancelled or a bug: never leave a half-open trial hanging
+            if not recorded:  # a bug: never leave a half-open trial hanging
                 self.breaker.record_failure()
         self._cache_put(key, result)
         self._log("ok", tenant_id, attempts=attempts, results=len(result["results"]))
