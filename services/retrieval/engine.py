@@ -109,7 +109,7 @@ class EngineSettings:
     """Weight of the normalised BM25 list (RETR_SPARSE_WEIGHT)."""
     rrf_k: int = 60
     """RRF's k (RETR_RRF_K)."""
-    candidate_factor: int = 4
+    candidate_factor: int = 2
     """Candidates fetched per list = factor x what the stage keeps (RETR_CANDIDATE_FACTOR)."""
     rerank_candidates: int = 40
     """Chunks sent to the reranker (RERANK_MAX_CANDIDATES)."""
@@ -379,7 +379,7 @@ class RetrievalEngine:
         )  # fmt: skip
         sections, chunks = self._resolve(
             replace(flt, kinds=("section", "chunk")),
-            [(section_rank, plan.max_sections), (chunk_rank, len(chunk_rank))],
+            [(section_rank, plan.max_sections), (chunk_rank, 2 * keep)],
             live,
         )
         best: dict[Key, float] = {}
