@@ -175,6 +175,7 @@ def _route(
     prefix: str | None = None,
     rule: RouteRule | None = None,
     timeout_s: float,
+    fault_injection: bool = False,
 ) -> dict[str, Any]:
     match: dict[str, Any] = {"prefix": prefix} if rule is None else {"path": rule.path}
     if rule is not None and rule.method:
@@ -182,6 +183,14 @@ def _route(
     action: dict[str, Any] = {"cluster": _cluster_name(spec), "timeout": _seconds(timeout_s)}
     if timeout_s == 0:
         action["idle_timeout"] = _seconds(STREAM_IDLE_TIMEOUT_S)
+    elif fault_injection:
+        # An injected delay runs before the router, so the route timeout (which starts when
+        # the router gets the request) would never see it. The stream's whole duration
+        # does: a request delayed past its route's budget is a 504 DEADLINE_EXCEEDED, as if
+        # the service itself were that slow. With max_stream_duration set Envoy ignores the
+        # route `timeout` (its "new timeouts"), so this is the route's one budget here;
+        # a slow server also gets 504, with details max_duration_timeout instead of UT.
+        action["max_stream_duration"] = {"max_stream_duration": _seconds(timeout_s)}
     # No retry_policy: Envoy retries nothing unless told to, and these POSTs are not
     # idempotent. Callers retry UNAVAILABLE themselves (STYLE: retry only UNAVAILABLE).
     route: dict[str, Any] = {
@@ -238,12 +247,15 @@ def _listener(
     timeouts: Mapping[str, float],
 ) -> dict[str, Any]:
     rules = _rules_for(spec, timeouts)
-    routes = [_route(spec, rule=r, timeout_s=r.timeout_s) for r in rules]
+    routes = [
+        _route(spec, rule=r, timeout_s=r.timeout_s, fault_injection=fault_injection) for r in rules
+    ]
     routes.append(
         _route(
             spec,
             prefix=HTTP_PREFIX[spec.key],
             timeout_s=timeouts.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S),
+            fault_injection=fault_injection,
         )
     )
     # Nothing else is routed: an unknown path is a 404 (the transcoder answers first for
@@ -262,12 +274,11 @@ def _listener(
         },
     ]
     if fault_injection:
-        # Header-controlled faults for tests: x-envoy-fault-abort-request: <http status>,
-        # x-envoy-fault-delay-request: <ms>. The abort is a local reply, so it gets the
-        # JSON error body from local_reply_config (503 -> 502 like a real outage). Before
-        # the buffer filter, so an abort does not wait for the body. Listeners bind
-        # 127.0.0.1 only; render with fault_injection=False where untrusted callers
-        # reach the sidecar.
+        # Header-controlled faults, for fault tests only (off by default: any caller that
+        # reaches the listener could abort or delay requests): x-envoy-fault-abort-request:
+        # <http status>, x-envoy-fault-delay-request: <ms>. The abort is a local reply, so
+        # it gets the JSON error body from local_reply_config (503 -> 502 like a real
+        # outage). Before the buffer filter, so an abort does not wait for the body.
         http_filters.append(
             {
                 "name": "envoy.filters.http.fault",
@@ -448,13 +459,17 @@ def render(
     *,
     access_log: bool = False,
     timeouts: Mapping[str, float] | None = None,
-    fault_injection: bool = True,
+    fault_injection: bool = False,
 ) -> str:
     """Envoy YAML for one mesh instance: a listener per service on `ports.http[key]`.
 
     `descriptor_path` is written as given (Envoy resolves a relative one against its
     working directory). `timeouts` overrides route timeouts in seconds by exact HTTP path
     (or `"default"` for a service's other routes); a path without a rule gets one.
+    `fault_injection` adds Envoy's fault filter driven by the callers' request headers
+    (`x-envoy-fault-abort-request`, `x-envoy-fault-delay-request`): for fault tests only,
+    never where callers are not trusted; the committed envoy/envoy.yaml, `visior run` and
+    deploy/ leave it out.
     """
     merged = dict(timeouts or {})
     config = {

@@ -44,6 +44,8 @@ class Mesh:
     (a free port when 0) before the services and gives the ToolsProxy
     ``MCP_PROXY_CBR_URL`` = its URL and ``MCP_PROXY_CBR_DEMO=true`` (overriding the caller's
     environment), so `fetch_cbr_data` answers offline and labels its results as demo data.
+    `fault_injection=True` gives Envoy the header-driven fault filter (fault tests only; see
+    services/devtools/envoy_config.render).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Mesh:
         envoy_timeouts: Mapping[str, float] | None = None,
         bank_standin: bool = False,
         bank_port: int = 0,
+        fault_injection: bool = False,
     ) -> None:
         self.ports = ports
         self.data_dir = Path(data_dir)
@@ -68,6 +71,7 @@ class Mesh:
         self.envoy = EnvoyProcess(concurrency=envoy_concurrency)
         self._access_log = access_log
         self._timeouts = envoy_timeouts
+        self._fault_injection = fault_injection
         self.bank_standin = bank_standin
         self.bank_port = (bank_port or _free_port()) if bank_standin else 0
         self.bank: BankStandIn | None = None
@@ -162,6 +166,7 @@ class Mesh:
                 str(REPO_ROOT / "envoy" / "visior.pb"),
                 access_log=self._access_log,
                 timeouts=self._timeouts,
+                fault_injection=self._fault_injection,
             )
             self.envoy.start(config, self.workdir / "envoy")
             self.envoy.wait_ready()

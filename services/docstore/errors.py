@@ -37,3 +37,8 @@ class KnowledgeBaseError(ParseError):
         super().__init__(message)
         self.missing_columns = missing_columns
         self.problems = problems
+
+
+class StoreUnavailableError(RuntimeError):
+    """The document store cannot be written now: another writer holds its lock past the busy
+    timeout, or the disk refuses the write. Worth retrying later; not the caller's fault."""

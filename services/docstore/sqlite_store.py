@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section
 
 _SCHEMA = """
@@ -57,6 +58,12 @@ class SqliteDocumentStore:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._conn = self._connect()
+        # Writes get their own connection and lock: a write waiting out busy_timeout for
+        # another writer's lock must not stall the reads, which WAL lets go on meanwhile.
+        # (":memory:" is one database per connection, so it keeps the one.)
+        shared = read_only or self.path == ":memory:"
+        self._write_conn = self._conn if shared else self._connect()
+        self._write_lock = self._lock if shared else threading.Lock()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -83,14 +90,21 @@ class SqliteDocumentStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        conn = self._write_conn
+        with self._write_lock:
             try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # locked past busy_timeout, disk error
+                raise StoreUnavailableError(f"document store: {exc}") from exc
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise StoreUnavailableError(f"document store: {exc}") from exc
                 raise
-            self._conn.execute("COMMIT")
 
     def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
         with self._lock:
@@ -290,7 +304,10 @@ class SqliteDocumentStore:
             yield r[0], r[1], r[2], Chunk(*r[3:])
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
+        with self._write_lock:
+            if self._write_conn is not self._conn:
+                self._write_conn.close()
         with self._lock:
             self._conn.close()
 

@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from services.common import errors
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document
 from services.docstore.parsing import (
@@ -121,6 +122,14 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / n).astype(np.float32) if n > 0 else v.astype(np.float32)
 
 
+def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
+    return errors.UnavailableError(
+        f"the document store is unavailable: {exc}",
+        reason="backend_unavailable",
+        metadata={"backend": "docstore"},
+    )
+
+
 def _invalid(name: str, message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(message, metadata={"field": name})
 
@@ -176,7 +185,7 @@ class Ingestor:
     def _validate(self, item: IngestInput) -> tuple[str, str]:
         if not item.tenant_id.strip():
             raise _invalid("tenant_id", "tenant_id is required")
-        if not _TENANT_ID.match(item.tenant_id):
+        if not _TENANT_ID.fullmatch(item.tenant_id):
             raise _invalid(
                 "tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'"
             )
@@ -210,7 +219,7 @@ class Ingestor:
             return "", fmt
         stem = item.file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
         doc_id = item.doc_id or slugify(stem, 100, fallback="")
-        if not _DOC_ID.match(doc_id):
+        if not _DOC_ID.fullmatch(doc_id):
             if item.doc_id:
                 raise _invalid(
                     "doc_id", "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'"
@@ -287,6 +296,10 @@ class Ingestor:
             raise errors.UnavailableError(
                 f"the vector store is unavailable: {exc}", reason="backend_unavailable"
             ) from None
+        except StoreUnavailableError as exc:
+            # The new points stay invisible (the store holds the old generation); the journal
+            # entry stays open, so recovery deletes them at the next start.
+            raise _store_unavailable(exc) from None
         # Committed: visible from here on. The rest is cleanup that recovery would redo.
         self._visibility.set(doc.tenant_id, doc.doc_id, doc.generation)
         self._sections.forget(doc.tenant_id, doc.doc_id)
@@ -373,7 +386,10 @@ class Ingestor:
             raise _invalid("doc_id", "doc_id is required")
         async with self._lock:
             entry = self._journal.begin(tenant_id, doc_id, "")
-            deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
+            try:
+                deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
+            except StoreUnavailableError as exc:
+                raise _store_unavailable(exc) from None
             self._visibility.set(tenant_id, doc_id, None)
             self._sections.forget(tenant_id, doc_id)
             try:

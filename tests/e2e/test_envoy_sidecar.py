@@ -372,17 +372,6 @@ async def test_body_over_the_limit_is_413(mesh: Mesh, http: httpx.AsyncClient) -
     assert mesh.seen.requests == []
 
 
-async def test_fault_abort_503_is_502_json(mesh: Mesh, http: httpx.AsyncClient) -> None:
-    resp = await http.post(
-        mesh.url("toolsproxy") + EXECUTE,
-        json={"tool_name": "echo"},
-        headers={"x-envoy-fault-abort-request": "503"},
-    )
-    detail = assert_status_body(resp, 502, code_pb2.UNAVAILABLE, "UPSTREAM_UNAVAILABLE")
-    assert detail["metadata"]["response_flags"] == "FI"
-    assert mesh.seen.requests == []
-
-
 async def test_route_timeout_is_504_json(mesh: Mesh, http: httpx.AsyncClient) -> None:
     resp = await http.get(mesh.url("toolsproxy") + SLOW_ROUTE)
     detail = assert_status_body(resp, 504, code_pb2.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED")
