@@ -1,4 +1,4 @@
-"""Channels to downstream services: deadline on every call, trace id propagated, retry on UNAVAILABLE only."""
+"""Channels to downstream services: deadline on every call, trace id propagated, retry on UNAVAILABLE only, optional client metrics."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import grpc
 
-from services.common.interceptors import ClientContextInterceptor
+from services.common.interceptors import ClientContextInterceptor, ClientStreamContextInterceptor
+from services.common.metrics import ClientRpcMetrics
 from services.common.settings import DownstreamSettings
 
 
@@ -30,8 +31,13 @@ def _service_config(attempts: int) -> str:
     return json.dumps(policy)
 
 
-def open_channel(settings: DownstreamSettings, max_message_bytes: int) -> grpc.aio.Channel:
-    """An insecure channel to settings.target (the mesh is loopback / sidecar-local)."""
+def open_channel(
+    settings: DownstreamSettings, max_message_bytes: int, metrics: ClientRpcMetrics | None = None
+) -> grpc.aio.Channel:
+    """An insecure channel to settings.target (the mesh is loopback / sidecar-local).
+
+    Every call carries the trace id (x-trace-id, and traceparent when tracing is on) and a
+    deadline; with `metrics`, calls are counted in the grpc_client_* metrics."""
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -44,5 +50,8 @@ def open_channel(settings: DownstreamSettings, max_message_bytes: int) -> grpc.a
     return grpc.aio.insecure_channel(
         settings.target,
         options=options,
-        interceptors=[ClientContextInterceptor(settings.timeout_seconds)],
+        interceptors=[
+            ClientContextInterceptor(settings.timeout_seconds, metrics),
+            ClientStreamContextInterceptor(settings.timeout_seconds, metrics),
+        ],
     )

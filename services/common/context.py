@@ -22,7 +22,8 @@ _TRACE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 def valid_trace_id(value: str) -> bool:
     """True for a trace id safe to put in metadata and logs."""
-    return bool(_TRACE_ID.match(value))
+    # fullmatch: `$` alone also matches before a trailing newline, which gRPC metadata refuses.
+    return bool(_TRACE_ID.fullmatch(value))
 
 
 def new_trace_id() -> str:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -20,8 +20,12 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
-from services.common.metrics import RpcMetrics
+from services.common.metrics import ClientRpcMetrics, RpcMetrics
 from services.common.status import to_status
+from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
+
+if TYPE_CHECKING:  # pragma: no cover
+    from services.common.tracing import ServerSpan, Tracing
 
 log = logging.getLogger("visior.rpc")
 
@@ -35,20 +39,58 @@ def _split_method(full: str) -> tuple[str, str]:
     return service, method
 
 
-def _metadata_value(metadata: Any, key: str) -> str:
+def _trace_metadata(metadata: Any) -> tuple[str, str]:
+    """(x-trace-id, traceparent) of the call's metadata ('' when absent)."""
+    trace = parent = ""
     for item in metadata or ():
-        if item[0] == key:
+        key = item[0]
+        if key == TRACE_METADATA_KEY:
             value = item[1]
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return ""
+            trace = value.decode() if isinstance(value, bytes) else str(value)
+        elif key == TRACEPARENT_METADATA_KEY:
+            value = item[1]
+            parent = value.decode() if isinstance(value, bytes) else str(value)
+    return trace, parent
+
+
+def _trace_of_traceparent(traceparent: str) -> str:
+    """The 32-hex trace id of a valid W3C traceparent, else ''."""
+    parsed = parse_traceparent(traceparent) if traceparent else None
+    return f"{parsed[0]:032x}" if parsed else ""
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes are not a valid message, so the wrapped handler
+    refuses it as the caller's error: grpc.aio would answer a deserializer's exception with
+    UNKNOWN "Unexpected <class DecodeError>" (HTTP 500 through Envoy)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError: malformed bytes, bad UTF-8, nested too deep
+            return _Undecodable(str(exc))
+
+    return deserialize
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every handler: sets trace id and deadline context, maps errors, logs, counts."""
+    """Wraps every handler: sets trace id and deadline context, maps errors, logs, counts,
+    and with `tracing` (None = off) opens a SERVER span per RPC."""
 
-    def __init__(self, domain: str, metrics: RpcMetrics) -> None:
+    def __init__(self, domain: str, metrics: RpcMetrics, tracing: Tracing | None = None) -> None:
         self._domain = domain
         self._metrics = metrics
+        self._tracing = tracing
         # Labelled children resolved once per method (and code): `.labels()` hashes and locks
         # on every call, which is a measurable share of a cheap RPC (bench/README.md).
         self._started: dict[tuple[str, str, str], Any] = {}
@@ -74,22 +116,27 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         service, name = _split_method(method)
         if service.startswith("grpc."):  # health and reflection: no logs, no wrapping
             return handler
-        meta_trace = _metadata_value(handler_call_details.invocation_metadata, TRACE_METADATA_KEY)
+        meta_trace, traceparent = _trace_metadata(handler_call_details.invocation_metadata)
+        if not meta_trace and traceparent:  # a W3C caller's trace id names the request
+            meta_trace = _trace_of_traceparent(traceparent)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, service, name, meta_trace),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_unary(handler.unary_unary, service, name, meta_trace, traceparent),
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, service, name, meta_trace),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_stream(handler.unary_stream, service, name, meta_trace, traceparent),
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
 
     def _enter(self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str) -> None:
+        if isinstance(request, _Undecodable):
+            trace_id_var.set(new_trace_id())
+            raise errors.InvalidArgumentError(f"the request could not be decoded: {request.reason}")
         # A trace id travels in metadata and logs: a bad one in the request is the caller's
         # error; a bad one in metadata is ignored (a fresh one is generated).
         body_trace = getattr(request, "trace_id", "")
@@ -126,9 +173,23 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         await context.abort(status.code, status.details, status.trailing_metadata)
         raise AssertionError("abort returned")  # pragma: no cover
 
+    def _span(self, service: str, name: str, traceparent: str) -> ServerSpan | None:
+        """The RPC's span, opened once _enter has set the trace id (tracing on only)."""
+        if self._tracing is None:
+            return None
+        return self._tracing.start_server_span(service, name, trace_id_var.get(), traceparent)
+
     def _finish(
-        self, service: str, name: str, kind: str, code: grpc.StatusCode, started: float
+        self,
+        service: str,
+        name: str,
+        kind: str,
+        code: grpc.StatusCode,
+        started: float,
+        span: ServerSpan | None,
     ) -> None:
+        if span is not None:
+            span.end(code.name, code.value[0])
         elapsed = time.perf_counter() - started
         hkey = (service, name, kind, code.name)
         handled = self._handled.get(hkey)
@@ -152,14 +213,23 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _wrap_unary(
-        self, behavior: Callable[..., Awaitable[Any]], service: str, name: str, meta_trace: str
+        self,
+        behavior: Callable[..., Awaitable[Any]],
+        service: str,
+        name: str,
+        meta_trace: str,
+        traceparent: str,
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             self._count_started(service, name, "unary")
             code = grpc.StatusCode.OK
+            span = None
             try:
-                self._enter(request, context, meta_trace)
+                try:
+                    self._enter(request, context, meta_trace)
+                finally:
+                    span = self._span(service, name, traceparent)
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
@@ -171,19 +241,28 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 code = _code_of(exc)
                 await self._fail(context, exc, f"{service}/{name}")
             finally:
-                self._finish(service, name, "unary", code, started)
+                self._finish(service, name, "unary", code, started, span)
 
         return wrapper
 
     def _wrap_stream(
-        self, behavior: Callable[..., AsyncIterator[Any]], service: str, name: str, meta_trace: str
+        self,
+        behavior: Callable[..., AsyncIterator[Any]],
+        service: str,
+        name: str,
+        meta_trace: str,
+        traceparent: str,
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             self._count_started(service, name, "server_stream")
             code = grpc.StatusCode.OK
+            span = None
             try:
-                self._enter(request, context, meta_trace)
+                try:
+                    self._enter(request, context, meta_trace)
+                finally:
+                    span = self._span(service, name, traceparent)
                 async for item in behavior(request, context):
                     yield item
             except grpc.aio.AbortError:
@@ -196,7 +275,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 code = _code_of(exc)
                 await self._fail(context, exc, f"{service}/{name}")
             finally:
-                self._finish(service, name, "server_stream", code, started)
+                self._finish(service, name, "server_stream", code, started, span)
 
         return wrapper
 
@@ -219,6 +298,9 @@ def _with_context(details: grpc.aio.ClientCallDetails, default_timeout: float) -
     trace = current_trace_id()
     if trace and TRACE_METADATA_KEY not in metadata:
         metadata.add(TRACE_METADATA_KEY, trace)
+    parent = traceparent_var.get()  # '' unless tracing is on and a span is being served
+    if parent and TRACEPARENT_METADATA_KEY not in metadata:
+        metadata.add(TRACEPARENT_METADATA_KEY, parent)
     timeout = call_timeout(details.timeout if details.timeout is not None else default_timeout)
     if timeout <= 0:
         raise errors.DeadlineExceededError("the caller's deadline passed before this call")
@@ -227,16 +309,61 @@ def _with_context(details: grpc.aio.ClientCallDetails, default_timeout: float) -
     )
 
 
-class ClientContextInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
-):
-    """Puts the trace id in metadata and a deadline (clamped to the caller's) on every call."""
+class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Puts the trace id (and, when tracing, the W3C traceparent) in metadata and a deadline
+    (clamped to the caller's) on every unary call; with `metrics`, counts and times it.
 
-    def __init__(self, default_timeout: float) -> None:
+    grpc.aio files an interceptor under its first matching kind only (unary-unary before
+    unary-stream), so server-streaming calls need their own: ClientStreamContextInterceptor.
+    """
+
+    def __init__(self, default_timeout: float, metrics: ClientRpcMetrics | None = None) -> None:
         self._timeout = default_timeout
+        self._metrics = metrics
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return await continuation(_with_context(client_call_details, self._timeout), request)
+        details = _with_context(client_call_details, self._timeout)
+        if self._metrics is None:
+            return await continuation(details, request)
+        key, seconds = self._metrics.start(_method_name(details.method), "unary")
+        started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN
+        call = await continuation(details, request)
+        try:
+            await call  # the caller awaits the same finished call: its response or its error
+            code = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            self._metrics.done(key, seconds, code.name, time.perf_counter() - started)
+        return call
+
+
+class ClientStreamContextInterceptor(grpc.aio.UnaryStreamClientInterceptor):
+    """ClientContextInterceptor's work for server-streaming calls."""
+
+    def __init__(self, default_timeout: float, metrics: ClientRpcMetrics | None = None) -> None:
+        self._timeout = default_timeout
+        self._metrics = metrics
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        return await continuation(_with_context(client_call_details, self._timeout), request)
+        details = _with_context(client_call_details, self._timeout)
+        call = await continuation(details, request)
+        metrics = self._metrics
+        if metrics is not None:
+            key, seconds = metrics.start(_method_name(details.method), "server_stream")
+            started = time.perf_counter()
+
+            async def record(done: Any) -> None:
+                code = await done.code()
+                metrics.done(key, seconds, code.name, time.perf_counter() - started)
+
+            call.add_done_callback(lambda done: asyncio.ensure_future(record(done)))
+        return call
+
+
+def _method_name(method: str | bytes) -> str:
+    return method.decode() if isinstance(method, bytes) else method

@@ -17,6 +17,7 @@ from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics, serve_metrics
 from services.common.reflection import enable_reflection
 from services.common.settings import ServerSettings
+from services.common.tracing import Tracing, install_tracing
 
 log = logging.getLogger("visior.server")
 
@@ -73,10 +74,14 @@ async def start_server(
     registry: CollectorRegistry,
     *,
     domain: str,
+    tracing: Tracing | None = None,
 ) -> RunningServer:
-    """Build and start a grpc.aio server on settings.host:settings.port (0 = any free port)."""
+    """Build and start a grpc.aio server on settings.host:settings.port (0 = any free port).
+
+    Spans go to `tracing`, else to the process's own when settings.tracing enables it."""
+    tracing = tracing or install_tracing(settings.tracing, settings.service)
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(domain, RpcMetrics(registry))],
+        interceptors=[ServerInterceptor(domain, RpcMetrics(registry), tracing)],
         options=server_options(settings),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
     )

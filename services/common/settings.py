@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,95 @@ class Env:
         raise SettingsError(f"{name}={text!r} is not a boolean (true/false)")
 
 
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+TRACE_EXPORTERS = ("console", "otlp")
+_OTLP_MODULES = {
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+}
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """Optional OpenTelemetry tracing (services/common/tracing.py), off by default.
+
+    Standard OpenTelemetry variables: OTEL_TRACES_EXPORTER (comma list of console, otlp,
+    none; unset = none = off: unlike the SDK's default of otlp, tracing is opt-in here),
+    OTEL_SDK_DISABLED=true (off whatever else says), OTEL_SERVICE_NAME,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / OTEL_EXPORTER_OTLP_PROTOCOL (grpc or
+    http/protobuf; default: the OTLP exporter package installed, grpc first). The exporter
+    packages read their own OTEL_EXPORTER_OTLP_* (endpoint, headers, ...), and the SDK
+    OTEL_TRACES_SAMPLER*. A setting naming a package that is not installed is a
+    SettingsError at start.
+    """
+
+    exporters: tuple[str, ...] = ()
+    """Span exporters; empty = tracing off."""
+    otlp_protocol: str = ""
+    """OTLP transport when `exporters` has otlp: grpc or http/protobuf."""
+    service_name: str = ""
+    """The resource's service.name; empty = visior-<service>."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.exporters)
+
+    @classmethod
+    def from_env(cls, env: Env) -> TracingSettings:
+        if env.flag("OTEL_SDK_DISABLED", False):
+            return cls()
+        found = env.raw(["OTEL_TRACES_EXPORTER"])
+        names: list[str] = []
+        for item in (found[1] if found else "").split(","):
+            name = item.strip().lower()
+            if name in ("", "none"):
+                continue
+            if name not in TRACE_EXPORTERS:
+                raise SettingsError(
+                    f"OTEL_TRACES_EXPORTER={found[1] if found else ''!r}: {name!r} is not one "
+                    f"of none, {', '.join(TRACE_EXPORTERS)}"
+                )
+            if name not in names:
+                names.append(name)
+        if not names:
+            return cls()
+        if not _module_available("opentelemetry.sdk.trace"):
+            raise SettingsError(
+                "OTEL_TRACES_EXPORTER is set but opentelemetry-sdk is not installed "
+                "(pip install opentelemetry-sdk, or unset OTEL_TRACES_EXPORTER)"
+            )
+        protocol = ""
+        if "otlp" in names:
+            protocol = cls._otlp_protocol(env)
+        return cls(tuple(names), protocol, env.text("OTEL_SERVICE_NAME", ""))
+
+    @staticmethod
+    def _otlp_protocol(env: Env) -> str:
+        found = env.raw(["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"])
+        if found is not None:
+            if found[1] not in _OTLP_MODULES:
+                raise SettingsError(f"{found[0]}={found[1]!r} is not grpc or http/protobuf")
+            wanted = [found[1]]
+        else:
+            wanted = list(_OTLP_MODULES)
+        for protocol in wanted:
+            if _module_available(_OTLP_MODULES[protocol]):
+                return protocol
+        package = " or ".join(
+            "opentelemetry-exporter-otlp-proto-" + p.removesuffix("/protobuf") for p in wanted
+        )
+        raise SettingsError(
+            f"OTEL_TRACES_EXPORTER=otlp needs {package}, which is not installed "
+            "(install it, or use OTEL_TRACES_EXPORTER=console)"
+        )
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """How a gRPC server listens; the same knobs for every service, under its prefix."""
@@ -124,6 +214,8 @@ class ServerSettings:
     """Server keepalive ping interval."""
     max_concurrent_rpcs: int = 256
     """Concurrent RPCs before new ones get RESOURCE_EXHAUSTED."""
+    tracing: TracingSettings = TracingSettings()
+    """Optional OpenTelemetry tracing (OTEL_* variables); off by default."""
 
     @classmethod
     def from_env(
@@ -154,6 +246,7 @@ class ServerSettings:
             drain_seconds=env.number(names("DRAIN_SECONDS"), 0.5, minimum=0.0),
             keepalive_seconds=env.integer(names("KEEPALIVE_SECONDS"), 30, minimum=1),
             max_concurrent_rpcs=env.integer(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
+            tracing=TracingSettings.from_env(env),
         )
 
 

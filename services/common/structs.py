@@ -6,6 +6,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
+from services.common import errors
+
 
 def _ints(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
@@ -20,6 +22,18 @@ def _ints(value: Any) -> Any:
 def struct_to_dict(message: struct_pb2.Struct | struct_pb2.Value) -> Any:
     """A Struct as a dict (a Value as its JSON value), whole-number doubles as ints."""
     return _ints(json_format.MessageToDict(message))
+
+
+def request_struct(message: struct_pb2.Struct, field_name: str) -> Any:
+    """`struct_to_dict` of a Struct a caller sent: a NaN or infinite number (gRPC can carry
+    them, JSON cannot) is the caller's INVALID_ARGUMENT naming `field_name`."""
+    try:
+        return struct_to_dict(message)
+    except ValueError:
+        raise errors.InvalidArgumentError(
+            f"{field_name} holds a number JSON cannot represent (NaN or Infinity)",
+            metadata={"field": field_name},
+        ) from None
 
 
 def dict_to_struct(

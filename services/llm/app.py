@@ -12,6 +12,7 @@ from visior.llm.v1 import llm_pb2_grpc
 
 from services.common import errors
 from services.common.channels import open_channel
+from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.llm.chat import ChatRuntime
@@ -60,7 +61,9 @@ def quiet_http_client_logs() -> None:
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     quiet_http_client_logs()
     registry = CollectorRegistry()
-    channel = open_channel(settings.tools_proxy, settings.server.max_message_bytes)
+    channel = open_channel(
+        settings.tools_proxy, settings.server.max_message_bytes, ClientRpcMetrics(registry)
+    )
     runner = GrpcToolRunner(channel)
     http: httpx.AsyncClient | None = None
     runtime: ChatRuntime

@@ -11,7 +11,7 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
 from services.common.context import current_trace_id
-from services.common.structs import struct_to_dict
+from services.common.structs import request_struct
 from services.llm.engine import LlmEngine
 from services.llm.model import (
     Anchor,
@@ -61,7 +61,11 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
             max_tool_steps=_opt(tp, "max_tool_steps"),
             context_token_budget=_opt(tp, "context_token_budget"),
             planned_calls=tuple(
-                PlannedCall(c.tool_name, struct_to_dict(c.arguments)) for c in tp.planned_calls
+                PlannedCall(
+                    c.tool_name,
+                    request_struct(c.arguments, f"tool_policy.planned_calls[{i}].arguments"),
+                )
+                for i, c in enumerate(tp.planned_calls)
             ),
         ),
         model=req.model,

@@ -47,6 +47,9 @@ TOOL_LIMIT_REACHED = "TOOL_LIMIT_REACHED"
 
 MAX_ARGUMENTS_CHARS = 8192
 """Longer argument text is refused before parsing (a runaway generation, not a call)."""
+MAX_ARGUMENTS_DEPTH = 20
+"""Deeper nesting is refused: tool arguments are flat, and ToolsProxy's request (a Struct,
+three protobuf levels per JSON level) must stay within protobuf's 100-level limit."""
 
 _ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
 _RADIUS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
@@ -106,6 +109,8 @@ def _is_type(value: Any, name: str) -> bool:
         return False
     if name == "integer" and isinstance(value, float):
         return math.isfinite(value) and value.is_integer()
+    if name == "number" and isinstance(value, float):
+        return math.isfinite(value)  # NaN would pass every minimum and maximum
     return isinstance(value, _TYPES[name])
 
 
@@ -172,18 +177,67 @@ def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "argument
     return value
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"arguments hold {name}, which is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"arguments hold {text}, too large for a number")
+    return value
+
+
+_MAX_DOUBLE = 1.7976931348623157e308
+
+
+def _double_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > _MAX_DOUBLE:
+        raise ValueError("arguments hold an integer too large for a number")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, `{}` is 1)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level + 1)
+            stack.extend(
+                (v, level + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
 def parse_arguments(text: str) -> dict[str, Any]:
-    """The arguments a model wrote, as a JSON object (empty text is `{}`); raises ValueError."""
+    """The arguments a model wrote, as a JSON object (empty text is `{}`); raises ValueError.
+
+    Only what ToolsProxy's request (a protobuf Struct) can carry passes: no NaN or
+    Infinity, no number beyond a double, no unpaired surrogate escape ("\\ud800"), no
+    nesting deeper than MAX_ARGUMENTS_DEPTH.
+    """
     if len(text) > MAX_ARGUMENTS_CHARS:
         raise ValueError(f"arguments are {len(text)} characters; at most {MAX_ARGUMENTS_CHARS}")
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = json.loads(
+            text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_double_int
+        )
     except json.JSONDecodeError as exc:
         raise ValueError(f"arguments are not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise ValueError("arguments are nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError("arguments must be a JSON object")
+    if _depth(value) > MAX_ARGUMENTS_DEPTH:
+        raise ValueError(f"arguments are nested more than {MAX_ARGUMENTS_DEPTH} levels deep")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("arguments hold an unpaired surrogate (not valid Unicode)") from None
     return value
 
 

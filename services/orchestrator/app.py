@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry
 from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
 from services.common.channels import open_channel
+from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.orchestrator.clients import GrpcGenerator, GrpcRetriever
@@ -19,8 +20,10 @@ SERVICE_NAMES = ("visior.orchestrator.v1.OrchestratorService",)
 
 async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     size = settings.server.max_message_bytes
-    retrieval = open_channel(settings.retrieval, size)
-    llm = open_channel(settings.llm, size)
+    registry = CollectorRegistry()
+    calls = ClientRpcMetrics(registry)
+    retrieval = open_channel(settings.retrieval, size, calls)
+    llm = open_channel(settings.llm, size, calls)
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
     responder = Responder(
         GrpcRetriever(retrieval),
@@ -36,7 +39,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, CollectorRegistry(), domain="visior.orchestrator"
+        settings.server, register, SERVICE_NAMES, registry, domain="visior.orchestrator"
     )
 
     async def close() -> None:

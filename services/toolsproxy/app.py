@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 from visior.toolsproxy.v1 import toolsproxy_pb2_grpc
 
 from services.common.channels import open_channel
+from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.docstore.sqlite_store import SqliteDocumentStore
@@ -26,7 +27,9 @@ SERVICE_NAMES = ("visior.toolsproxy.v1.ToolsProxyService",)
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
     store = SqliteDocumentStore(settings.docstore_path)
-    retrieval = open_channel(settings.retrieval, settings.server.max_message_bytes)
+    retrieval = open_channel(
+        settings.retrieval, settings.server.max_message_bytes, ClientRpcMetrics(registry)
+    )
     # One HTTP client per external service: its own timeouts, no redirects to elsewhere.
     cbr_http = httpx.AsyncClient(timeout=settings.cbr.timeout_s, follow_redirects=False)
     tavily_http = httpx.AsyncClient(timeout=settings.tavily.timeout_s, follow_redirects=False)

@@ -8,6 +8,7 @@ its limit in the schema and past it answers WINDOW_TOO_LARGE, not INVALID_ARGUME
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -39,6 +40,8 @@ def _is_type(value: Any, name: str) -> bool:
         return True  # JSON numbers arrive as floats through google.protobuf.Struct
     if isinstance(value, bool) and name in ("integer", "number"):
         return False
+    if name == "number" and isinstance(value, float) and not math.isfinite(value):
+        return False  # NaN would pass every minimum and maximum
     return isinstance(value, _TYPES[name])
 
 

@@ -8,7 +8,7 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
-from services.common.structs import struct_to_dict
+from services.common.structs import request_struct
 from services.toolsproxy.tools import Caller, ToolExecutor
 
 MAX_TOOL_NAME = 64
@@ -38,7 +38,9 @@ class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
                 metadata={"field": "tool_name"},
             )
         caller = caller_from(request.user, request.trace_id)
-        args = struct_to_dict(request.arguments) if request.HasField("arguments") else {}
+        args = {}
+        if request.HasField("arguments"):
+            args = request_struct(request.arguments, "arguments")
         outcome = await self._executor.execute(request.tool_name, args, caller)
         response = toolsproxy_pb2.ExecuteResponse(status=outcome.status, trace_id=request.trace_id)
         if outcome.result is not None:

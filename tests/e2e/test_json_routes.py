@@ -1004,31 +1004,6 @@ def test_list_tools_unknown_query_parameter_is_400(mesh: Mesh) -> None:
 # --- trace id across every hop ----------------------------------------------------------
 
 
-def test_trace_id_in_every_services_log(mesh: Mesh) -> None:
-    trace = new_trace()
-    r = respond(mesh, {"query": LDAP_QUESTION, "user": USER, "trace_id": trace})
-    assert r.status_code == 200, r.text
-    expected_methods = {
-        "orchestrator": "visior.orchestrator.v1.OrchestratorService/Respond",
-        "retrieval": "visior.retrieval.v1.RetrievalService/Search",
-        "llm": "visior.llm.v1.LlmService/Generate",
-        "toolsproxy": "visior.toolsproxy.v1.ToolsProxyService/Execute",
-    }
-
-    def lines(key: str) -> list[dict[str, Any]]:
-        return [e for e in log_lines(mesh, key) if e.get("trace_id") == trace]
-
-    for key in SERVICE_KEYS:
-        assert wait_for(lambda k=key: bool(lines(k))), f"{key} logged nothing for {trace}"
-        entries = lines(key)
-        assert all(e["service"] == key for e in entries), entries
-        assert expected_methods[key] in {e.get("method") for e in entries}, entries
-    respond_lines = [
-        e for e in lines("orchestrator") if e.get("method") == expected_methods["orchestrator"]
-    ]
-    assert len(respond_lines) == 1 and respond_lines[0]["code"] == "OK", respond_lines
-
-
 def test_trace_id_from_header_in_every_services_log(mesh: Mesh) -> None:
     trace = new_trace()
     r = respond(mesh, {"query": LDAP_QUESTION, "user": USER}, headers={"x-trace-id": trace})
