@@ -12,8 +12,10 @@ from services.common.settings import DownstreamSettings
 
 
 def _service_config(attempts: int) -> str:
-    # Transparent retries by grpc core, and only for UNAVAILABLE: the call never reached a
-    # handler or the server shed it, so repeating it cannot do the work twice.
+    # Transparent retries by grpc core, and only for UNAVAILABLE from the transport (no
+    # connection, the server shutting down): the call never reached a handler, so
+    # repeating it cannot do the work twice. A handler's own UNAVAILABLE carries a negative
+    # grpc-retry-pushback-ms (interceptors.py) and is not retried.
     policy = {
         "methodConfig": [
             {

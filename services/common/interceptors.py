@@ -170,7 +170,13 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             log.exception("unhandled error", extra={"method": method})
             err = errors.InternalError("internal error; see the server log for this trace_id")
         status = to_status(err, self._domain)
-        await context.abort(status.code, status.details, status.trailing_metadata)
+        trailing = tuple(status.trailing_metadata)
+        if err.code == errors.UNAVAILABLE:
+            # The handler ran and already retried its own dependency: a negative pushback
+            # tells the caller's transparent retry (channels.py) not to run it again, so a
+            # hung model costs Respond one runtime timeout, not three.
+            trailing += (("grpc-retry-pushback-ms", "-1"),)
+        await context.abort(status.code, status.details, trailing)
         raise AssertionError("abort returned")  # pragma: no cover
 
     def _span(self, service: str, name: str, traceparent: str) -> ServerSpan | None:

@@ -112,12 +112,15 @@ async def test_caller_deadline_is_visible_to_the_handler_and_absent_without_one(
     assert without is None
 
 
-async def test_downstream_channel_retries_unavailable_only(toy):
+async def test_downstream_channel_never_reruns_a_handler_that_answered(toy):
     servicer, running, _, _ = toy
     channel = open_channel(DownstreamSettings(f"127.0.0.1:{running.port}", 5.0, 3), 1 << 20)
     stub = pbg.ToolsProxyServiceStub(channel)
-    r = await stub.Execute(pb.ExecuteRequest(tool_name="flaky"))
-    assert r.status == "ok" and servicer.calls == 2  # retried once
+    # A handler's UNAVAILABLE means it ran and its own dependency failed after its own
+    # retries: not run again (no retry amplification down the mesh).
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Execute(pb.ExecuteRequest(tool_name="flaky"))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and servicer.calls == 1
     servicer.calls = 0
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.Execute(pb.ExecuteRequest(tool_name="bad_once"))
