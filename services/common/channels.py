@@ -22,8 +22,8 @@ def _service_config(attempts: int) -> str:
                 "name": [{}],
                 "retryPolicy": {
                     "maxAttempts": max(2, min(attempts, 5)),
-                    "initialBackoff": "0.05s",
-                    "maxBackoff": "0.5s",
+                    "initialBackoff": "0.2s",
+                    "maxBackoff": "1s",
                     "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
@@ -46,6 +46,11 @@ def open_channel(
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.enable_retries", 1 if settings.retry_attempts > 1 else 0),
+        # A restarted neighbour is reconnected within ~0.1 s, not grpc's default 1 s+ backoff
+        # (during which every call fails fast); the retry backoff below outlasts it.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 500),
     ]
     if settings.retry_attempts > 1:
         options.append(("grpc.service_config", _service_config(settings.retry_attempts)))
