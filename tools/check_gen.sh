@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fails (exit 1) when gen/ or the Envoy files differ from what `make gen` produces now.
+# Fails (exit 1) when gen/, the Envoy files or the OpenAPI description differ from what
+# `make gen` produces now.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 tmp="$(mktemp -d)"
@@ -7,7 +8,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$here/tools/gen.sh" "$tmp" >/dev/null 2>"$tmp/gen.log" || { cat "$tmp/gen.log" >&2; exit 2; }
 status=0
 diff -r -x __pycache__ "$here/gen/python" "$tmp/gen/python" >"$tmp/diff" || status=1
-for f in envoy/visior.pb envoy/envoy.yaml; do
+for f in envoy/visior.pb envoy/envoy.yaml openapi/visior.openapi.yaml; do
   cmp -s "$here/$f" "$tmp/$f" || { echo "stale: $f" >>"$tmp/diff"; status=1; }
 done
 if [ "$status" -ne 0 ]; then

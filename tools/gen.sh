@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Generates everything under gen/ and the Envoy descriptor set from proto/.
+# Generates everything under gen/, the Envoy descriptor set and config, and the OpenAPI
+# description (openapi/visior.openapi.yaml) from proto/.
 # Reproducible: same protos + same pinned tool versions -> same bytes.
 # Usage: tools/gen.sh [OUT_ROOT]   (OUT_ROOT defaults to the repo; check-gen
 # passes a temp dir and diffs).
@@ -30,6 +31,9 @@ PATH="$bin:$PATH" "$py" -m grpc_tools.protoc -Iproto -Ithird_party \
 "$py" -m grpc_tools.protoc -Iproto -Ithird_party --include_imports \
   --descriptor_set_out="$out/envoy/visior.pb" \
   $protos google/rpc/status.proto google/rpc/error_details.proto
+
+# OpenAPI description of the JSON routes, from the same protos (with their comments).
+PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/openapi.py" --out "$out/openapi/visior.openapi.yaml"
 
 # Envoy config for the default ports.
 PYTHONPATH="$out/gen/python:$here" "$py" -m services.devtools.envoy_config > "$out/envoy/envoy.yaml"
