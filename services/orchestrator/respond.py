@@ -202,6 +202,14 @@ class Responder:
                     metadata={"field": "doc_ids"},
                 )
         decision = await self._decide(req, cfg, selected, sum(sizes.values()) if selected else None)
+        if (
+            decision.intent == "documents"
+            and self._enable_filters
+            and req.filters.source == "knowledge_base"
+        ):
+            # The caller asked for the shared knowledge base by filter: S2, whose tools read
+            # the knowledge base; the user's document tools cannot open its articles.
+            decision = replace(decision, intent="knowledge_base", scenario="S2")
         log.info(
             "scenario_decision",
             extra={"scenario": decision.scenario, "intent": decision.intent,

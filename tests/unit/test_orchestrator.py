@@ -299,3 +299,24 @@ async def test_enable_filters_off_keeps_only_the_id_scopes():
     on, r2, _, _ = make()
     await on.respond(inp(filters=f))
     assert r2.calls[0][2] == f
+
+
+async def test_a_knowledge_base_filter_sends_a_documents_question_to_the_knowledge_base():
+    # The user's document tools cannot open knowledge-base articles (another tenant's
+    # store), so reading them as S1 ended in NOT_FOUND tool errors and a 400.
+    responder, retriever, generator, _ = make()
+    out = await responder.respond(inp(filters=Filters(source="knowledge_base")))
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
+    last = generator.requests[-1]
+    assert [p.tool_name for p in last.planned_calls] == ["search_general_kb"]
+    assert last.allowed_tools == ("search_general_kb",)
+    assert retriever.calls[0][2].source == "knowledge_base"
+    # Any other source stays S1, and with filters disabled the source is not read at all.
+    out = await responder.respond(inp(filters=Filters(source="user")))
+    assert (out.scenario, out.intent) == ("S1", "documents")
+    r, g = FakeRetriever(None), FakeGenerator(None)
+    plain = Responder(
+        r, g, ConfigHolder(RuntimeConfig(), 3), enable_filters=False, today=lambda: TODAY
+    )
+    out = await plain.respond(inp(filters=Filters(source="knowledge_base")))
+    assert (out.scenario, out.intent) == ("S1", "documents")
