@@ -42,7 +42,9 @@ class ContextCandidate:
     text: str
     score: float
     tokens: int = 0
-    """Token count from ingestion; informational (the builder counts with its tokenizer)."""
+    """Token count of `text` from ingestion, counted with the same tokenizer (0 = unknown).
+    The builder takes it as the count of a block of this chunk alone; merged and trimmed
+    blocks it counts itself."""
     page_start: int = 0
     page_end: int = 0
 
@@ -165,11 +167,13 @@ class ContextBuilder:
         """Choose, merge and order blocks so their tokens sum to at most ``token_limit``."""
         if token_limit < 0:
             raise ValueError(f"token_limit must be >= 0, got {token_limit}")
-        counts: dict[str, int] = {}
         overlaps: dict[tuple[str, str], int] = {}
+        priority, capped = self._priority(candidates)
+        # A chunk's own count comes from ingestion (same tokenizer, same text): encoding
+        # each candidate again was a sixth of a search's time after the index.
+        counts = {c.text: c.tokens for c in priority if c.tokens > 0}
         ctx = _Run(self._tok, self._opt, counts, overlaps)
 
-        priority, capped = self._priority(candidates)
         state = _State()
         rejected: list[ContextCandidate] = []
         for cand in priority:

@@ -319,3 +319,33 @@ def test_never_over_the_limit_with_random_input(seed):
             assert set(included) | set(result.dropped_chunk_ids) == {c.chunk_id for c in cands}
             assert not set(included) & set(result.dropped_chunk_ids)
     assert trimmed and merged  # both paths were exercised
+
+
+class CountingTokenizer(WordTokenizer):
+    def __init__(self) -> None:
+        self.counted: list[str] = []
+
+    def count(self, text: str) -> int:
+        self.counted.append(text)
+        return super().count(text)
+
+
+def test_a_chunks_ingestion_count_is_used_and_merged_blocks_are_counted():
+    tok = CountingTokenizer()
+    lone = cand("a", words(0, 10), 0.9, section="s1")
+    first, second = (
+        cand("b1", words(20, 30), 0.8, section="s2", ord=3),
+        cand("b2", words(30, 40), 0.7, section="s2", ord=4),
+    )
+    got = build_context([lone, first, second], 100, tok, ContextOptions(block_overhead_tokens=0))
+    want = build([lone, first, second], 100, block_overhead_tokens=0)
+    assert got == want and got.total_tokens == 30
+    # The lone chunk and each chunk on its own were never encoded again; only the merged
+    # block b1+b2 was.
+    assert tok.counted and all(t not in tok.counted for t in (lone.text, first.text, second.text))
+    assert any(t.startswith(first.text) and t.endswith(second.text) for t in tok.counted)
+    # Without ingestion counts (tokens=0) every text is counted by the tokenizer.
+    tok2 = CountingTokenizer()
+    bare = [ContextCandidate(**{**c.__dict__, "tokens": 0}) for c in (lone, first, second)]
+    assert build_context(bare, 100, tok2, ContextOptions(block_overhead_tokens=0)) == want
+    assert lone.text in tok2.counted
