@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -235,6 +235,8 @@ with these fields vs 0.15 ms without payload, 10k points). Hit texts come from t
 document store for the final hits only.
 """
 
+R = TypeVar("R")
+
 PointId = Hashable
 """A point id as the backend hands it back (uuid.UUID from Edge, str from qdrant-client):
 used as a key and handed back to `candidates`, never converted."""
@@ -366,6 +368,21 @@ class RankQuery:
     limit: int
     vector: np.ndarray | None = None
     text: str = ""
+
+
+def run_ranking_batch(
+    queries: Sequence[RankQuery],
+    build: Callable[[RankQuery], R | None],
+    run: Callable[[list[R]], Sequence[Any]],
+    pairs: Callable[[Any], list[tuple[PointId, float]]],
+) -> list[list[tuple[PointId, float]]]:
+    """A backend's search_ids_batch: `build` each query (None: it cannot match, e.g. no
+    searchable terms or limit 0), `run` the built ones in one call, `pairs` each answer;
+    results in the order of `queries`, [] for the unbuilt."""
+    built = [build(q) for q in queries]
+    requests = [b for b in built if b is not None]
+    answers = iter(run(requests) if requests else ())
+    return [[] if b is None else pairs(next(answers)) for b in built]
 
 
 class VectorIndex(Protocol):

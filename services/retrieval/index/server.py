@@ -38,6 +38,7 @@ from services.retrieval.index.base import (
     idf_corpus,
     point_payload,
     query_vector,
+    run_ranking_batch,
     validate_point,
 )
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
@@ -414,19 +415,12 @@ class QdrantServerIndex:
 
     def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
         """The rankings of `queries` from one query_batch_points call (one round trip)."""
-        requests: list[models.QueryRequest] = []
-        slots: list[int | None] = []
-        for q in queries:
-            built = self._ranking_request(q)
-            slots.append(None if built is None else len(requests))
-            if built is not None:
-                requests.append(built)
-        found = (
-            self._call(lambda c: c.query_batch_points(self.collection, requests=requests))
-            if requests
-            else []
+        return run_ranking_batch(
+            queries,
+            self._ranking_request,
+            lambda reqs: self._call(lambda c: c.query_batch_points(self.collection, requests=reqs)),
+            lambda answer: [(p.id, p.score) for p in answer.points],
         )
-        return [[] if i is None else [(p.id, p.score) for p in found[i].points] for i in slots]
 
     def _ranking_request(self, q: RankQuery) -> models.QueryRequest | None:
         flt = server_filter(q.flt)  # refuses a filter without tenant, whatever the limit
