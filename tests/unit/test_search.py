@@ -14,6 +14,7 @@ from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.embeddings import EmbeddingSettings, build_embedder
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
+from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.ingestion import IngestInput, Ingestor
@@ -450,3 +451,61 @@ async def test_the_knowledge_base_is_chunked_with_the_configured_sizes(tmp_path,
     assert doc is not None and len(doc.chunks) > 1
     assert all(c.tokens <= 32 for c in doc.chunks)
     s.index.close()
+
+
+class FlakyIndex:
+    """A real index that fails every call while `down` (IndexUnavailableError), counting calls."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.down, self.calls = inner, False, 0
+        self.backend, self.dim = inner.backend, inner.dim
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.down:
+                raise IndexUnavailableError("vector store down (test)")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_recovery(
+    tmp_path, embedder
+):
+    now = [0.0]
+    base = make_stack(tmp_path, embedder)
+    await fill(base)
+    flaky = FlakyIndex(base.index)
+    breaker = CircuitBreaker(
+        "vector store", failure_threshold=5, reset_after_s=10, clock=lambda: now[0]
+    )
+    engine = RetrievalEngine(
+        index=flaky, embedder=embedder, visibility=base.visibility, sections=base.sections,
+        chunks=base.store, tokenizer=default_tokenizer(), defaults=SearchDefaults(),
+        settings=EngineSettings(), breaker=breaker,
+    )  # fmt: skip
+    assert (await engine.search(q())).hits
+    flaky.down, flaky.calls = True, 0
+    for _ in range(3):
+        with pytest.raises(BackendUnavailableError):
+            await engine.search(q())
+    # Each search tries 1 + 2 retries; the fifth failure opens the circuit, after which
+    # nothing reaches the store.
+    assert flaky.calls == 5
+    with pytest.raises(BackendUnavailableError) as info:
+        await engine.search(q())
+    assert "circuit open" in info.value.message and flaky.calls == 5
+    # Back up, but the circuit stays open until the reset time has passed...
+    flaky.down = False
+    with pytest.raises(BackendUnavailableError):
+        await engine.search(q())
+    assert flaky.calls == 5
+    # ...then one trial goes through, succeeds and closes it.
+    now[0] += 10.5
+    assert (await engine.search(q())).hits
+    assert (await engine.search(q())).hits and flaky.calls > 5
