@@ -20,7 +20,7 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
-from services.common.metrics import ClientRpcMetrics, RpcMetrics
+from services.common.metrics import ClientRpcMetrics, RpcMetrics, split_method
 from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
 
@@ -32,11 +32,6 @@ log = logging.getLogger("visior.rpc")
 # A caller deadline further away than this counts as "no deadline" (grpc#26236: without a
 # deadline, time_remaining() returns a huge number).
 _NO_DEADLINE_SECONDS = 24 * 3600.0
-
-
-def _split_method(full: str) -> tuple[str, str]:
-    _, service, method = full.split("/", 2)
-    return service, method
 
 
 def _trace_metadata(metadata: Any) -> tuple[str, str]:
@@ -91,18 +86,6 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._domain = domain
         self._metrics = metrics
         self._tracing = tracing
-        # Labelled children resolved once per method (and code): `.labels()` hashes and locks
-        # on every call, which is a measurable share of a cheap RPC (bench/README.md).
-        self._started: dict[tuple[str, str, str], Any] = {}
-        self._handled: dict[tuple[str, str, str, str], Any] = {}
-        self._seconds: dict[tuple[str, str, str], Any] = {}
-
-    def _count_started(self, service: str, name: str, kind: str) -> None:
-        key = (service, name, kind)
-        child = self._started.get(key)
-        if child is None:
-            child = self._started[key] = self._metrics.started.labels(*key)
-        child.inc()
 
     async def intercept_service(
         self,
@@ -113,7 +96,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
-        service, name = _split_method(method)
+        service, name = split_method(method)
         if service.startswith("grpc."):  # health and reflection: no logs, no wrapping
             return handler
         meta_trace, traceparent = _trace_metadata(handler_call_details.invocation_metadata)
@@ -197,16 +180,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if span is not None:
             span.end(code.name, code.value[0])
         elapsed = time.perf_counter() - started
-        hkey = (service, name, kind, code.name)
-        handled = self._handled.get(hkey)
-        if handled is None:
-            handled = self._handled[hkey] = self._metrics.handled.labels(*hkey)
-        handled.inc()
-        skey = (service, name, kind)
-        seconds = self._seconds.get(skey)
-        if seconds is None:
-            seconds = self._seconds[skey] = self._metrics.handling_seconds.labels(*skey)
-        seconds.observe(elapsed)
+        self._metrics.done((service, name, kind), code.name, elapsed)
         level = logging.INFO if code == grpc.StatusCode.OK else logging.WARNING
         log.log(
             level,
@@ -228,7 +202,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
-            self._count_started(service, name, "unary")
+            self._metrics.start((service, name, "unary"))
             code = grpc.StatusCode.OK
             span = None
             try:
@@ -261,7 +235,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
-            self._count_started(service, name, "server_stream")
+            self._metrics.start((service, name, "server_stream"))
             code = grpc.StatusCode.OK
             span = None
             try:
@@ -331,7 +305,8 @@ class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         details = _with_context(client_call_details, self._timeout)
         if self._metrics is None:
             return await continuation(details, request)
-        key, seconds = self._metrics.start(_method_name(details.method), "unary")
+        key = (*split_method(details.method), "unary")
+        self._metrics.start(key)
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
         call = await continuation(details, request)
@@ -344,7 +319,7 @@ class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
             code = grpc.StatusCode.CANCELLED
             raise
         finally:
-            self._metrics.done(key, seconds, code.name, time.perf_counter() - started)
+            self._metrics.done(key, code.name, time.perf_counter() - started)
         return call
 
 
@@ -360,16 +335,13 @@ class ClientStreamContextInterceptor(grpc.aio.UnaryStreamClientInterceptor):
         call = await continuation(details, request)
         metrics = self._metrics
         if metrics is not None:
-            key, seconds = metrics.start(_method_name(details.method), "server_stream")
+            key = (*split_method(details.method), "server_stream")
+            metrics.start(key)
             started = time.perf_counter()
 
             async def record(done: Any) -> None:
                 code = await done.code()
-                metrics.done(key, seconds, code.name, time.perf_counter() - started)
+                metrics.done(key, code.name, time.perf_counter() - started)
 
             call.add_done_callback(lambda done: asyncio.ensure_future(record(done)))
         return call
-
-
-def _method_name(method: str | bytes) -> str:
-    return method.decode() if isinstance(method, bytes) else method
