@@ -322,19 +322,13 @@ class EdgeIndex:
         self, vector: np.ndarray, flt: IndexFilter, limit: int
     ) -> list[tuple[PointId, float]]:
         """search_dense returning (point id, score) only: no payload is read."""
-        if check_limit(limit) == 0:
-            return []
-        query, params = self._dense(vector)
-        return [(p.id.int, p.score) for p in self._query(query, flt, limit, params, False)]
+        return self.search_ids_batch([RankQuery(flt, limit, vector=vector)])[0]
 
     def search_sparse_ids(
         self, query: str, flt: IndexFilter, limit: int
     ) -> list[tuple[PointId, float]]:
         """search_sparse returning (point id, score) only: no payload is read."""
-        q = self._sparse(query, flt)
-        if check_limit(limit) == 0 or q is None:
-            return []
-        return [(p.id.int, p.score) for p in self._query(q[0], flt, limit, q[1], False)]
+        return self.search_ids_batch([RankQuery(flt, limit, text=query)])[0]
 
     def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
         """The rankings of `queries` from one `query_batch` (one planned pass over the

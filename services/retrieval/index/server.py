@@ -396,22 +396,13 @@ class QdrantServerIndex:
         self, vector: np.ndarray, flt: IndexFilter, limit: int
     ) -> list[tuple[PointId, float]]:
         """search_dense returning (point id, score) only: no payload is read."""
-        if check_limit(limit) == 0:
-            return []
-        params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
-        vec = query_vector(vector, self.dim)
-        points = self._search(vec, DENSE_VECTOR, flt, limit, params, False)
-        return [(p.id, p.score) for p in points]
+        return self.search_ids_batch([RankQuery(flt, limit, vector=vector)])[0]
 
     def search_sparse_ids(
         self, query: str, flt: IndexFilter, limit: int
     ) -> list[tuple[PointId, float]]:
         """search_sparse returning (point id, score) only: no payload is read."""
-        q = self._sparse(query, flt)
-        if check_limit(limit) == 0 or q is None:
-            return []
-        points = self._search(q[0], SPARSE_VECTOR, flt, limit, q[1], False)
-        return [(p.id, p.score) for p in points]
+        return self.search_ids_batch([RankQuery(flt, limit, text=query)])[0]
 
     def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
         """The rankings of `queries` from one query_batch_points call (one round trip)."""
