@@ -27,10 +27,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
+
+from tests.fakes.threaded_http import ThreadedHttpFake
 
 CHAT_PATH = "/v1/chat/completions"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -593,7 +595,7 @@ def _malformed(kind: str, a: _Answer, rid: str, created: int, model: str) -> _Ou
     raise ValueError(f"malformed kind {kind!r} does not apply to a non-streamed answer")
 
 
-class FakeChatServer:
+class FakeChatServer(ThreadedHttpFake):
     """An OpenAI-compatible chat-completions server on 127.0.0.1:<free port>, in a thread.
 
     ``POST /v1/chat/completions`` (JSON or SSE) and ``GET /v1/models``. Set `api_key` to
@@ -617,44 +619,9 @@ class FakeChatServer:
         self._faults: deque[Fault] = deque()
         self._responder: Responder | None = None
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(_Handler)
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        """Base URL without /v1, e.g. http://127.0.0.1:41234."""
-        assert self._httpd is not None, "server not started"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> FakeChatServer:
-        """Bind a free port and serve in a daemon thread."""
-        handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Release hanging requests, stop serving and close the socket."""
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeChatServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def transport(self) -> httpx.AsyncBaseTransport:
         """The same server in-process, for ``httpx.AsyncClient(transport=...)``: no socket.

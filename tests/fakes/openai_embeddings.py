@@ -8,10 +8,12 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
+
+from tests.fakes.threaded_http import ThreadedHttpFake
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -48,7 +50,7 @@ class RecordedRequest:
     """The parsed JSON body, or the raw text when it was not JSON."""
 
 
-class FakeEmbeddingsServer:
+class FakeEmbeddingsServer(ThreadedHttpFake):
     """An OpenAI-compatible embeddings server on 127.0.0.1:<free port>, in a background thread.
 
     Speaks `POST /v1/embeddings` as OpenAI documents it (string or list `input`, `model`,
@@ -77,48 +79,13 @@ class FakeEmbeddingsServer:
         self.scale = 1.0
         self.requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. http://127.0.0.1:41234 (clients append /v1/embeddings)."""
-        assert self._httpd is not None, "server not started"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(_Handler)
 
     @property
     def embedding_requests(self) -> list[RecordedRequest]:
         """The POST /v1/embeddings requests received so far."""
         with self._lock:
             return [r for r in self.requests if r.path == "/v1/embeddings"]
-
-    def start(self) -> FakeEmbeddingsServer:
-        """Bind a free port and serve in a daemon thread."""
-        handler = type("Handler", (_Handler,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Release hanging requests, stop serving and close the socket."""
-        self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeEmbeddingsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- used by the handler ------------------------------------------------------------
 
