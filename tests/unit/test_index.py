@@ -32,12 +32,16 @@ from services.retrieval.index import (
 from services.retrieval.index.base import (
     LAYOUT_VERSION,
     SCOPE_FIELD,
+    TENANT_FIELD,
+    FieldMatch,
     IndexLayoutError,
     RankQuery,
+    filter_conditions,
     point_payload,
 )
 from services.retrieval.index.edge import LAYOUT_FILE
 from services.retrieval.index.server import LAYOUT_KEY
+from services.retrieval.index.sparse import in_tenant_space, tenant_salt
 
 DIM = 8
 ENCODER = Bm25Encoder()  # shared: its word cache is thread-safe and stateless otherwise
@@ -615,6 +619,64 @@ def test_idf_is_per_tenant(tmp_path):
         idx.close()
 
 
+def test_the_tenant_condition_is_first_and_covers_all_kinds_with_the_tenant_field():
+    every = filter_conditions(IndexFilter("a", kinds=KINDS, doc_ids=("d",)))
+    assert every[0] == FieldMatch(TENANT_FIELD, ("a",))
+    assert every[1:] == (FieldMatch("doc_id", ("d",)),)
+    some = filter_conditions(IndexFilter("a", kinds=("chunk", "section")))
+    assert some == (FieldMatch(SCOPE_FIELD, ("a#chunk", "a#section")),)
+
+
+def test_an_all_kinds_filter_matches_the_same_points_as_the_kinds_one_by_one(index):
+    index.upsert(CORPUS)
+    for tenant in {p.tenant_id for p in CORPUS}:
+        every = index.count(tenant)
+        assert every == sum(p.tenant_id == tenant for p in CORPUS) > 0
+        assert index.document_generations(tenant) == {
+            d: {"g1"} for d in {p.doc_id for p in CORPUS if p.tenant_id == tenant}
+        }
+
+
+def test_tenant_term_space_is_a_per_tenant_bijection():
+    v = ENCODER.embed_document("договор поставки contract payment terms договор")
+    a, b = in_tenant_space(v, "a"), in_tenant_space(v, "b")
+    assert list(a.indices) == sorted(a.indices) and len(set(a.indices)) == len(v.indices)
+    assert sorted(a.values) == sorted(v.values)
+    assert set(a.indices).isdisjoint(b.indices)  # two tenants, two term spaces
+    back = in_tenant_space(a, "a")  # XOR: applying it twice is the identity
+    assert (back.indices, back.values) == (v.indices, v.values)
+    assert all(0 <= i < 2**32 for i in a.indices)
+    assert tenant_salt("a") == tenant_salt("a") != tenant_salt("b")
+    assert not in_tenant_space(ENCODER.embed_query("и the"), "a")
+
+
+def test_sparse_vectors_are_stored_in_the_tenant_term_space(tmp_path):
+    """A BM25 query in the shared space finds nothing; in the tenant's space it finds the
+    tenant's points only, on both backends."""
+    edge = make_edge(tmp_path)
+    server = QdrantServerIndex(QdrantClient(":memory:"), "c", DIM, encoder=ENCODER)
+    try:
+        for idx in (edge, server):
+            idx.upsert([pt("a", "d", "a1", "ldap guide"), pt("b", "d", "b1", "ldap guide")])
+        raw = ENCODER.embed_query("ldap")
+        assert edge._shard is not None
+        shared = edge._shard.query(
+            qdrant_edge.QueryRequest(
+                limit=5, query=qdrant_edge.Query.Nearest(
+                    qdrant_edge.SparseVector(list(raw.indices), list(raw.values)), using="bm25"
+                ), with_payload=True, with_vector=False,
+            )
+        )  # fmt: skip
+        assert shared == []
+        for idx in (edge, server):
+            for tenant in ("a", "b"):
+                hits = idx.search_sparse("ldap", IndexFilter(tenant), 5)
+                assert [h.chunk_id for h in hits] == [f"{tenant}1"]
+    finally:
+        edge.close()
+        server.close()
+
+
 # -- the BM25 encoder ------------------------------------------------------------------------
 
 
@@ -801,16 +863,17 @@ def test_edge_records_its_layout_and_refuses_another(tmp_path):
     make_edge(tmp_path).close()  # the refusals released the shard's lock
 
 
-def test_edge_without_a_layout_file_is_adopted_or_refused_by_its_points(tmp_path):
+def test_edge_without_a_layout_file_is_adopted_when_empty_else_refused_by_its_points(tmp_path):
+    make_edge(tmp_path).close()
+    marker = tmp_path / "shard" / LAYOUT_FILE
+    marker.unlink()  # an empty shard from before the file existed
     idx = make_edge(tmp_path)
+    assert marker.exists()
     idx.upsert(CORPUS)
     idx.close()
-    marker = tmp_path / "shard" / LAYOUT_FILE
-    marker.unlink()  # a shard written before the file existed, with today's points
-    idx = make_edge(tmp_path)
-    assert idx.count() == len(CORPUS)
-    idx.close()
-    assert marker.exists()
+    marker.unlink()  # points with SCOPE_FIELD and no record: layout 2's sparse vectors
+    with pytest.raises(IndexLayoutError, match="layout 2"):
+        make_edge(tmp_path)
 
     old = tmp_path / "old"
     idx = EdgeIndex(str(old / "shard"), DIM, encoder=ENCODER)
@@ -830,12 +893,16 @@ def test_server_records_its_layout_and_refuses_another():
         QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER).count()
 
 
-def test_server_collection_without_a_marker_is_adopted_or_refused_by_its_points():
+def test_server_collection_without_a_marker_is_adopted_when_empty_else_refused():
     client = QdrantClient(":memory:")
-    QdrantServerIndex(client, "new", DIM, encoder=ENCODER).upsert(CORPUS)
+    assert QdrantServerIndex(client, "new", DIM, encoder=ENCODER).count() == 0
     client.update_collection("new", metadata={LAYOUT_KEY: None})  # as before the marker
-    assert QdrantServerIndex(client, "new", DIM, encoder=ENCODER).count() == len(CORPUS)
+    idx = QdrantServerIndex(client, "new", DIM, encoder=ENCODER)
+    idx.upsert(CORPUS)
     assert client.get_collection("new").config.metadata[LAYOUT_KEY] == LAYOUT_VERSION
+    client.update_collection("new", metadata={LAYOUT_KEY: None})
+    with pytest.raises(IndexLayoutError, match="layout 2"):
+        QdrantServerIndex(client, "new", DIM, encoder=ENCODER).count()
 
     from qdrant_client import models
 

@@ -9,14 +9,21 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-LAYOUT_VERSION = 2
-"""Version of the on-disk point layout (payload fields and what queries filter on).
+LAYOUT_VERSION = 3
+"""Version of the on-disk point layout (payload fields, vectors, what queries filter on).
 
 Bump it whenever a change makes points written by older code invisible or wrong for
 newer queries (2: every query filters on SCOPE_FIELD, which version-1 points lack, so an
-old index would answer every search with nothing). Each backend records it when it creates
-the index and refuses to open one recorded with another version (IndexLayoutError).
+old index would answer every search with nothing; 3: BM25 terms live in each tenant's own
+term space, `sparse.in_tenant_space`, so version-2 sparse vectors would match no query
+term). Each backend records it when it creates the index and refuses to open one recorded
+with another version (IndexLayoutError). An index from before the record (versions 1 and
+2 wrote none) is told apart by its points: without SCOPE_FIELD it is 1, with it 2; an
+empty one is adopted.
 """
+
+PRE_RECORD_LAYOUT = 2
+"""The layout of an index written before layouts were recorded, whose points carry SCOPE_FIELD."""
 
 KINDS = ("chunk", "section", "doc")
 """Point kinds: a chunk, a section summary, a whole document."""
@@ -159,7 +166,13 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     if not kinds or any(k not in KINDS for k in kinds):
         raise InvalidFilterError(f"kinds must be some of {KINDS}")
     # The tenant condition: its values are made from flt.tenant_id only (see SCOPE_FIELD).
-    conds = [FieldMatch(SCOPE_FIELD, tuple(scope_key(flt.tenant_id, k) for k in kinds))]
+    # Every kind is every point of the tenant: one value of TENANT_FIELD, which Edge
+    # checks in less than half the time of three scope values (a BM25 IDF corpus at 100k
+    # points: 0.31 against 0.74 ms per query).
+    if len(kinds) == len(KINDS):
+        conds = [FieldMatch(TENANT_FIELD, (flt.tenant_id,))]
+    else:
+        conds = [FieldMatch(SCOPE_FIELD, tuple(scope_key(flt.tenant_id, k) for k in kinds))]
     for key, values in (
         ("doc_id", flt.doc_ids),
         ("section_id", flt.section_ids),
@@ -185,8 +198,10 @@ def idf_corpus(flt: IndexFilter) -> IndexFilter:
     through) another tenant's scores, and make both backends score alike (both count
     live points matching a corpus filter). All kinds, whatever the query's kinds: one
     cheap population per tenant (section/doc summaries repeat their chunks' words, so
-    the IDF ordering of terms hardly changes). Measured at 100k points: a tenant corpus
-    costs +0.15 ms over collection-wide IDF; one that checked `kind` per point, +3.5 ms.
+    the IDF ordering of terms hardly changes). With tenant term spaces (`sparse.
+    in_tenant_space`) the posting lists hold one tenant's points and this corpus costs
+    +0.15 ms per BM25 list over collection-wide IDF at 100k points and 10 tenants (0.31
+    against 0.16 ms; before term spaces, 1.6 against 0.8 ms).
     """
     return IndexFilter(tenant_id=flt.tenant_id, kinds=KINDS)
 

@@ -19,6 +19,7 @@ from services.retrieval.index.base import (
     KEYWORD_FIELDS,
     KINDS,
     LAYOUT_VERSION,
+    PRE_RECORD_LAYOUT,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -42,7 +43,7 @@ from services.retrieval.index.base import (
     run_ranking_batch,
     validate_point,
 )
-from services.retrieval.index.sparse import Bm25Encoder, SparseVector
+from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant_space
 
 _T = TypeVar("_T")
 _CONFIG_FILE = "edge_config.json"
@@ -172,8 +173,8 @@ class EdgeIndex:
     def _check_layout(self, *, created: bool) -> None:
         """Refuse a shard written with another point layout; record ours in a new one.
 
-        A shard from before the layout file existed is adopted when its points carry
-        SCOPE_FIELD (or it has none) and refused when they lack it (layout 1).
+        A shard from before the layout file existed is adopted when it has no points and
+        otherwise refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
         """
         marker = os.path.join(self.path, LAYOUT_FILE)
         found: object = None
@@ -190,7 +191,8 @@ class EdgeIndex:
             records, _ = self._scroll(
                 qe.ScrollRequest(limit=1, with_payload=[SCOPE_FIELD], with_vector=False)
             )
-            found = 1 if records and SCOPE_FIELD not in (records[0].payload or {}) else None
+            if records:
+                found = PRE_RECORD_LAYOUT if SCOPE_FIELD in (records[0].payload or {}) else 1
         if found is not None and found != LAYOUT_VERSION:
             raise IndexLayoutError(
                 f"Edge shard {self.path} was written with index layout {found}; this version "
@@ -265,7 +267,7 @@ class EdgeIndex:
 
     def _sparse(self, query: str, flt: IndexFilter) -> tuple[Any, Any] | None:
         edge_filter(flt)  # validate the filter even when the query has no terms
-        sparse = self.encoder.embed_query(query)
+        sparse = in_tenant_space(self.encoder.embed_query(query), flt.tenant_id)
         if not sparse:
             return None
         params = None
@@ -283,7 +285,7 @@ class EdgeIndex:
             vectors: dict[str, Any] = {}
             if dense is not None:
                 vectors[DENSE_VECTOR] = dense
-            sparse = self.encoder.embed_document(p.sparse_text)
+            sparse = in_tenant_space(self.encoder.embed_document(p.sparse_text), p.tenant_id)
             if sparse:
                 vectors[SPARSE_VECTOR] = _edge_sparse(sparse)
             batch.append(qe.Point(p.point_id, vectors, point_payload(p)))

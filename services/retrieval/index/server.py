@@ -19,6 +19,7 @@ from services.retrieval.index.base import (
     KEYWORD_FIELDS,
     KINDS,
     LAYOUT_VERSION,
+    PRE_RECORD_LAYOUT,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -41,7 +42,7 @@ from services.retrieval.index.base import (
     run_ranking_batch,
     validate_point,
 )
-from services.retrieval.index.sparse import Bm25Encoder, SparseVector
+from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant_space
 
 _T = TypeVar("_T")
 _CANDIDATE_PAYLOAD = list(CANDIDATE_FIELDS)
@@ -275,16 +276,16 @@ class QdrantServerIndex:
     def _check_layout(self, c: QdrantClient, metadata: dict[str, Any] | None) -> None:
         """Refuse a collection written with another point layout; record ours on an old one.
 
-        A collection from before the marker is adopted when its points carry SCOPE_FIELD
-        (or it has none) and refused when they lack it (layout 1).
+        A collection from before the marker is adopted when it has no points and otherwise
+        refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
         """
         found = (metadata or {}).get(LAYOUT_KEY)
         if found is None:
             records, _ = c.scroll(
                 self.collection, limit=1, with_payload=[SCOPE_FIELD], with_vectors=False
             )
-            if records and SCOPE_FIELD not in (records[0].payload or {}):
-                found = 1
+            if records:
+                found = PRE_RECORD_LAYOUT if SCOPE_FIELD in (records[0].payload or {}) else 1
         if found is not None and found != LAYOUT_VERSION:
             raise IndexLayoutError(
                 f"Qdrant collection {self.collection} was written with index layout {found}; "
@@ -338,7 +339,7 @@ class QdrantServerIndex:
         self, query: str, flt: IndexFilter
     ) -> tuple[models.SparseVector, models.SearchParams | None] | None:
         server_filter(flt)  # validate the filter even when the query has no terms
-        sparse = self.encoder.embed_query(query)
+        sparse = in_tenant_space(self.encoder.embed_query(query), flt.tenant_id)
         if not sparse:
             return None
         params = None
@@ -357,7 +358,7 @@ class QdrantServerIndex:
             vectors: dict[str, Any] = {}
             if dense is not None:
                 vectors[DENSE_VECTOR] = dense
-            sparse = self.encoder.embed_document(p.sparse_text)
+            sparse = in_tenant_space(self.encoder.embed_document(p.sparse_text), p.tenant_id)
             if sparse:
                 vectors[SPARSE_VECTOR] = _client_sparse(sparse)
             batch.append(

