@@ -128,7 +128,6 @@ def run_size(
                         page_start=1,
                         page_end=1,
                         tokens=len(words),
-                        text=text,
                         source="user",
                         product="orion",
                         version="1.0",

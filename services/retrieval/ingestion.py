@@ -351,7 +351,7 @@ class Ingestor:
 
         points = [
             point("chunk", c.chunk_id, section_id=c.section_id, chunk_id=c.chunk_id, ord=c.ord,
-                  page_start=c.page_start, page_end=c.page_end, tokens=c.tokens, text=c.text,
+                  page_start=c.page_start, page_end=c.page_end, tokens=c.tokens,
                   dense=vectors[i], sparse_text=chunk_texts[i])
             for i, c in enumerate(doc.chunks)
         ]  # fmt: skip
@@ -366,13 +366,13 @@ class Ingestor:
             points.append(
                 point("section", s.section_id, section_id=s.section_id, chunk_id="",
                       ord=s.ord, page_start=s.page_start, page_end=s.page_end,
-                      tokens=sum(doc.chunks[i].tokens for i in idx), text=s.summary,
+                      tokens=sum(doc.chunks[i].tokens for i in idx),
                       dense=_unit(vectors[idx].mean(axis=0)), sparse_text=f"{s.title}\n{body}")
             )  # fmt: skip
         outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
         points.append(
             point("doc", "doc", section_id="", chunk_id="", ord=0, page_start=1,
-                  page_end=doc.pages, tokens=0, text=doc.title,
+                  page_end=doc.pages, tokens=0,
                   dense=_unit(vectors.mean(axis=0)), sparse_text=f"{doc.title}\n{outline}")
         )  # fmt: skip
         return points

@@ -81,7 +81,6 @@ def pt(
         page_start=ord + 1,
         page_end=ord + 2,
         tokens=len(text.split()),
-        text=text,
         source=source,
         product=product,
         version=version,
@@ -233,7 +232,6 @@ def test_dense_finds_the_chunk_with_its_payload(ro_index):
         "page_start",
         "page_end",
         "tokens",
-        "text",
         "source",
         "product",
         "version",
@@ -300,7 +298,7 @@ A_NAMED_FILTERS = [
 @pytest.mark.parametrize("extra", A_NAMED_FILTERS)
 def test_tenant_b_never_sees_tenant_a(ro_index, extra):
     flt = IndexFilter("b", **extra)
-    a_texts = [p.text for p in CORPUS if p.tenant_id == "a"]
+    a_texts = [p.sparse_text for p in CORPUS if p.tenant_id == "a"]
     results = [ro_index.search_sparse(t, flt, 50) for t in a_texts]
     results += [ro_index.search_dense(p.dense, flt, 50) for p in CORPUS if p.tenant_id == "a"]
     seen = [h for hits in results for h in hits]
@@ -383,7 +381,7 @@ def test_every_filter_field(ro_index, kw, expected):
     flt = IndexFilter("a", **kw)
     assert chunk_ids(ro_index.search_dense(vec("q"), flt, 50)) == expected
     # sparse obeys the same filter: a query that matches every point's language mix
-    words = " ".join(p.text for p in CORPUS)
+    words = " ".join(p.sparse_text for p in CORPUS)
     assert chunk_ids(ro_index.search_sparse(words, flt, 50)) == expected
 
 
@@ -400,14 +398,14 @@ def test_kinds_default_to_chunks(ro_index):
 def test_reupsert_of_the_same_ids_replaces(index):
     before = index.count()
     changed = dataclasses.replace(
-        CORPUS[0], text="Новый текст про аренду склада", sparse_text="Новый текст про аренду склада"
+        CORPUS[0], sparse_text="Новый текст про аренду склада", tokens=5, page_end=9
     )
     index.upsert([changed, *CORPUS[1:3]])
     assert index.count() == before
     assert index.count("a") == before - 2
     hits = index.search_sparse("склад", IndexFilter("a"), 5)
     assert [h.chunk_id for h in hits] == ["c1"]
-    assert hits[0].text == "Новый текст про аренду склада"
+    assert (hits[0].tokens, hits[0].page_end) == (5, 9)
     assert index.search_sparse("оборудование", IndexFilter("a"), 5) == []
 
 
@@ -635,6 +633,15 @@ def test_an_all_kinds_filter_matches_the_same_points_as_the_kinds_one_by_one(ind
         assert index.document_generations(tenant) == {
             d: {"g1"} for d in {p.doc_id for p in CORPUS if p.tenant_id == tenant}
         }
+
+
+def test_the_index_stores_no_text(index):
+    """Texts live in the document store; the payload carries ids, pages and filter fields."""
+    index.upsert(CORPUS[:1])
+    assert "text" not in point_payload(CORPUS[0])
+    [hit] = index.search_dense(CORPUS[0].dense, IndexFilter("a", doc_ids=(CORPUS[0].doc_id,)), 1)
+    assert not hasattr(hit, "text")
+    assert (hit.chunk_id, hit.tokens) == (CORPUS[0].chunk_id, CORPUS[0].tokens)
 
 
 def test_tenant_term_space_is_a_per_tenant_bijection():

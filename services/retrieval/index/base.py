@@ -97,8 +97,6 @@ class IndexPoint:
     page_start: int
     page_end: int
     tokens: int
-    text: str
-    """Stored in the payload; search returns it."""
     source: str
     """"user" | "knowledge_base"."""
     product: str
@@ -220,7 +218,6 @@ class IndexHit:
     page_start: int
     page_end: int
     tokens: int
-    text: str
     source: str
     product: str
     version: str
@@ -242,12 +239,13 @@ CANDIDATE_FIELDS = (
 )
 """The payload a search candidate carries: what fusion, visibility and shaping need.
 
-No text and no vectors. A search ranks 100+ points per list to keep 10-40: the ranked
-lists carry point ids and scores only (`search_*_ids`), fusion works on ids, and only the
-fused head is read back with these fields (`candidates`, tenant-filtered). Reading any
-payload costs Edge ~5 us a point, whatever fields are selected (1.25 ms for 160 points
-with these fields vs 0.15 ms without payload, 10k points). Hit texts come from the
-document store for the final hits only.
+No vectors, and the index stores no text (the document store does; layout 3 dropped it
+from the payload: 130 points read back in 0.74 ms instead of 1.02, and a much smaller
+payload store). A search ranks 100+ points per list to keep 10-40: the ranked lists carry
+point ids and scores only (`search_*_ids`), fusion works on ids, and only the fused head
+is read back with these fields (`candidates`, tenant-filtered). Reading any payload costs
+Edge ~4 us a point, whatever fields are selected (0.55 ms for 130 points with one field,
+0.16 ms without payload). Hit texts come from the document store for the final hits only.
 """
 
 R = TypeVar("R")
@@ -302,7 +300,6 @@ def point_payload(point: IndexPoint) -> dict[str, Any]:
         "page_start": int(point.page_start),
         "page_end": int(point.page_end),
         "tokens": int(point.tokens),
-        "text": point.text,
         "source": point.source,
         "product": point.product,
         "version": point.version,
@@ -325,7 +322,6 @@ def hit_from_payload(point_id: object, payload: Mapping[str, Any] | None, score:
         page_start=int(p.get("page_start", 0)),
         page_end=int(p.get("page_end", 0)),
         tokens=int(p.get("tokens", 0)),
-        text=str(p.get("text", "")),
         source=str(p.get("source", "")),
         product=str(p.get("product", "")),
         version=str(p.get("version", "")),
