@@ -118,7 +118,7 @@ def run_size(
                 doc = f"doc-{i // 50}"
                 batch.append(
                     IndexPoint(
-                        point_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{t}/{i}")),
+                        point_id=uuid.uuid5(uuid.NAMESPACE_URL, f"{t}/{i}").int >> 64,
                         tenant_id=t,
                         doc_id=doc,
                         section_id=f"{doc}-s{(i % 50) // 10}",

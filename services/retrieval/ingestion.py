@@ -110,11 +110,16 @@ class DocumentSummary:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
-def point_id(tenant_id: str, doc_id: str, kind: str, item_id: str, generation: str) -> str:
-    """Deterministic point id: the same chunk of the same generation is always the same point."""
-    return str(
-        uuid.uuid5(_POINT_NS, f"{tenant_id}\x1f{doc_id}\x1f{kind}\x1f{item_id}\x1f{generation}")
-    )
+def point_id(tenant_id: str, doc_id: str, kind: str, item_id: str, generation: str) -> int:
+    """Deterministic point id: the same chunk of the same generation is always the same point.
+
+    The top 64 bits of a UUIDv5 of the five parts (an unsigned 64-bit id, which both
+    backends take natively): two points of a million share an id with odds of about
+    3e-8. Integer ids come back from Edge as ints; UUID ids came back as uuid.UUID
+    objects, ~600 of them per search (0.5 ms at 100k points).
+    """
+    key = f"{tenant_id}\x1f{doc_id}\x1f{kind}\x1f{item_id}\x1f{generation}"
+    return uuid.uuid5(_POINT_NS, key).int >> 64
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ from services.retrieval.index.base import (
 from services.retrieval.index.edge import LAYOUT_FILE
 from services.retrieval.index.server import LAYOUT_KEY
 from services.retrieval.index.sparse import in_tenant_space, tenant_salt
+from services.retrieval.ingestion import point_id
 
 DIM = 8
 ENCODER = Bm25Encoder()  # shared: its word cache is thread-safe and stateless otherwise
@@ -69,7 +70,7 @@ def pt(
     generation: str = "g1",
     ord: int = 0,
 ) -> IndexPoint:
-    pid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant}/{doc}/{kind}/{chunk}/{generation}"))
+    pid = point_id(tenant, doc, kind, chunk, generation)
     return IndexPoint(
         point_id=pid,
         tenant_id=tenant,
@@ -721,12 +722,22 @@ def test_encoder_stems_each_script_with_its_language():
     )
 
 
-def test_a_non_canonical_point_id_is_refused(index):
-    upper = dataclasses.replace(CORPUS[0], point_id=CORPUS[0].point_id.upper())
-    with pytest.raises(ValueError, match="canonical"):
-        index.upsert([upper])
-    with pytest.raises(ValueError, match="canonical"):
-        index.upsert([dataclasses.replace(CORPUS[0], point_id="c1")])
+@pytest.mark.parametrize("bad", [-1, 2**64, str(CORPUS[0].point_id), True, np.uint64(5), 1.0, None])
+def test_a_point_id_that_is_not_an_unsigned_64_bit_int_is_refused(index, bad):
+    before = index.count()
+    with pytest.raises(ValueError, match="not an integer"):
+        index.upsert([dataclasses.replace(CORPUS[0], point_id=bad)])
+    assert index.count() == before
+
+
+@pytest.mark.parametrize("edge_id", [0, 2**64 - 1])
+def test_point_ids_at_the_ends_of_the_range_round_trip(index, edge_id):
+    index.upsert([dataclasses.replace(CORPUS[0], point_id=edge_id, doc_id="ends")])
+    flt = IndexFilter("a", doc_ids=("ends",))
+    [(found, _)] = index.search_dense_ids(CORPUS[0].dense, flt, 1)
+    assert found == edge_id and type(found) is int
+    assert index.candidates(flt, [edge_id])[edge_id].chunk_id == CORPUS[0].chunk_id
+    assert index.search_dense(CORPUS[0].dense, flt, 1)[0].point_id == edge_id
 
 
 def test_concurrent_searches_and_writes_from_threads(index):

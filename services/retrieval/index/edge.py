@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -62,13 +61,11 @@ def edge_filter(
 ) -> qe.Filter:
     """The only IndexFilter -> Edge filter translation (tenant first, via filter_conditions).
 
-    `ids` (the `int` of point UUIDs, as `search_*_ids` hand them out: UUID objects hash
-    in Python, 2.4M hashes were a tenth of a search) narrows to those points, on top of
-    the tenant conditions, never instead.
+    `ids` narrows to those points, on top of the tenant conditions, never instead.
     """
     must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
     if ids is not None:
-        must.append(qe.HasIdCondition({uuid.UUID(int=i) for i in ids}))  # type: ignore[arg-type]
+        must.append(qe.HasIdCondition(set(ids)))
     return qe.Filter(must=must, must_not=[_condition(c) for c in exclude] or None)
 
 
@@ -340,7 +337,7 @@ class EdgeIndex:
             queries,
             self._ranking_request,
             lambda reqs: self._call(lambda s: s.query_batch(qe.QueryBatchRequest(reqs))),
-            lambda points: [(p.id.int, p.score) for p in points],
+            lambda points: [(p.id, p.score) for p in points],
         )
 
     def _ranking_request(self, q: RankQuery) -> qe.QueryRequest | None:
@@ -375,8 +372,7 @@ class EdgeIndex:
             with_vector=False,
         )
         records, _ = self._scroll(req)
-        # Every point id is a UUID (validate_point), so the bindings' int | str never occur.
-        return {r.id.int: candidate_from_payload(r.payload, 0.0) for r in records}  # type: ignore[union-attr]
+        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}  # type: ignore[misc]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points."""

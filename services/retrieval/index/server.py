@@ -453,7 +453,7 @@ class QdrantServerIndex:
                 with_vectors=False,
             )
         )
-        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}
+        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}  # type: ignore[misc]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points."""
