@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
+from operator import itemgetter, neg
 from typing import TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -72,18 +73,22 @@ def _best_scores(items: Sequence[tuple[K, float]]) -> dict[K, float]:
 def _sort_fused(scores: dict[K, float], best_rank: dict[K, int]) -> list[tuple[K, float]]:
     # Ties: the key ranked higher in any single list first, then its text, so the order
     # never depends on dict or backend iteration order. str(key) only inside runs that tie
-    # on both (rare): for point-id keys (UUIDs) it was a third of the fusion's cost.
-    items = sorted(scores.items(), key=lambda kv: (-kv[1], best_rank[kv[0]]))
-    i, n = 0, len(items)
-    while i < n:
-        j = i + 1
-        head = (items[i][1], best_rank[items[i][0]])
-        while j < n and (items[j][1], best_rank[items[j][0]]) == head:
-            j += 1
-        if j - i > 1:
-            items[i:j] = sorted(items[i:j], key=lambda kv: str(kv[0]))
-        i = j
-    return items
+    # on both (rare): for point-id keys it was a third of the fusion's cost.
+    decorated = sorted(
+        zip(map(neg, scores.values()), map(best_rank.__getitem__, scores), scores, strict=True),
+        key=itemgetter(0, 1),  # keys themselves need not be orderable
+    )
+    n = len(decorated)
+    if n > 1 and len({d[:2] for d in decorated}) < n:  # some run ties on (score, rank)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and decorated[j][:2] == decorated[i][:2]:
+                j += 1
+            if j - i > 1:
+                decorated[i:j] = sorted(decorated[i:j], key=lambda d: str(d[2]))
+            i = j
+    return [(key, -negated) for negated, _, key in decorated]
 
 
 def _check_weights(names: Sequence[str], weights: Mapping[str, float]) -> None:
@@ -114,17 +119,21 @@ def weighted_fusion(
     best_rank: dict[K, int] = {}
     for name, items in ranked.items():
         best = _best_scores(items)
-        keys = list(best)
-        normalised = normalise([best[k] for k in keys], method)
-        order = sorted(range(len(keys)), key=lambda i: -normalised[i])
-        rank = 0
-        for position, i in enumerate(order):
+        weight = weights[name]
+        # Best first; reverse=True keeps equal scores in input order (a stable sort).
+        order = sorted(
+            zip(normalise(list(best.values()), method), best, strict=True),
+            key=itemgetter(0),
+            reverse=True,
+        )
+        rank, previous = 0, None
+        for position, (value, key) in enumerate(order):
             # Competition ranking: equal scores share a rank, so input order cannot matter.
-            if position and normalised[i] < normalised[order[position - 1]]:
-                rank = position
-            key = keys[i]
-            fused[key] = fused.get(key, 0.0) + weights[name] * normalised[i]
-            best_rank[key] = min(best_rank.get(key, rank), rank)
+            if value != previous:
+                rank, previous = position, value
+            fused[key] = fused.get(key, 0.0) + weight * value
+            if best_rank.get(key, rank) >= rank:
+                best_rank[key] = rank
     return _sort_fused(fused, best_rank)
 
 
