@@ -7,9 +7,11 @@ For each embedding profile (e5, fast) and each size, the run:
    SQLite document store and the Qdrant Edge shard with the server's own point layout
    (chunk, section and doc points, `Ingestor._points`), random unit vectors of the
    profile's dimension; then optimize() (HNSW). Keyed by size/dim/seed, so reruns reuse it;
-2. measures the embedder in this process (cache off, one BLAS/OpenMP thread as the server
-   runs it): raw single-query rate (1 thread) and raw passage rate (~200-token passages in
-   the server's batch size, 1 thread);
+2. measures the embedder in this process (cache off): raw single-query rate (one caller,
+   one core per call: the unit the server embeds queries in under load) and raw passage
+   rate (~200-token passages in the server's batch size, one core per batch, as the server
+   runs them); for e5 also lone queries with the server's RETR_EMBEDDING_THREADS (auto:
+   every usable CPU for a query that runs alone), the embedding a c=1 search sees;
 3. copies the data dir, starts the retrieval server on it with the mesh's Envoy in front
    (services.devtools.mesh.Mesh; --full-mesh starts all four servers), checks that searches
    find hits, and drives RetrievalService/Search, hybrid (server default), every request
@@ -363,16 +365,8 @@ def sample_chunk_texts() -> list[str]:
     return out
 
 
-def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[str, Any]:
-    """Raw query/s (batch 1, 1 thread, no cache) and passages/s (~200 tokens, server batch)."""
-    from services.retrieval.embeddings import EmbeddingSettings, build_embedder
-
-    t0 = time.perf_counter()
-    emb = build_embedder(EmbeddingSettings(profile=profile, query_cache_size=0))
-    emb.embed_queries(["warm-up"])
-    load_s = time.perf_counter() - t0
-    out: dict[str, Any] = {"profile": profile, "model": emb.name, "load_s": round(load_s, 2)}
-
+def _query_rate(emb: Any, seconds: float, queries: list[str]) -> tuple[float, list[float]]:
+    """Single queries one after another from one thread: queries/s and sorted latencies (ms)."""
     lat: list[float] = []
     i = 0
     deadline = time.perf_counter() + seconds
@@ -382,10 +376,42 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
         emb.embed_queries([queries[i % len(queries)]])
         lat.append((time.perf_counter() - t) * 1000)
         i += 1
-    out["query_per_s"] = round(i / (time.perf_counter() - start), 1)
+    rate = i / (time.perf_counter() - start)
     lat.sort()
+    return rate, lat
+
+
+def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[str, Any]:
+    """Raw query/s (batch 1, one caller, one core per call, no cache) and passages/s.
+
+    The raw query rate is the embedder's rate per core, the unit the server runs queries in
+    under load (RETR_EMBEDDING_THREADS=auto gives a query more cores only when it runs
+    alone); the lone-query rate and latency with the server's own setting are reported
+    next to it (`lone_*`), as the latency a c=1 search sees.
+    """
+    from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+
+    t0 = time.perf_counter()
+    emb = build_embedder(EmbeddingSettings(profile=profile, query_cache_size=0, threads=1))
+    emb.embed_queries(["warm-up"])
+    load_s = time.perf_counter() - t0
+    out: dict[str, Any] = {"profile": profile, "model": emb.name, "load_s": round(load_s, 2)}
+
+    rate, lat = _query_rate(emb, seconds, queries)
+    out["query_per_s"] = round(rate, 1)
     out["query_ms_p50"] = round(fpercentile(lat, 50), 3)
     out["query_ms_p95"] = round(fpercentile(lat, 95), 3)
+    server = EmbeddingSettings.from_env()  # the server's RETR_EMBEDDING_THREADS (default auto)
+    if server.threads != 1 and profile == "e5":
+        lone = build_embedder(
+            EmbeddingSettings(profile=profile, query_cache_size=0, threads=server.threads)
+        )
+        lone.embed_queries(["warm-up"])
+        rate, lat = _query_rate(lone, seconds, queries)
+        out["lone_threads"] = "auto" if server.threads is None else server.threads
+        out["lone_query_per_s"] = round(rate, 1)
+        out["lone_query_ms_p50"] = round(fpercentile(lat, 50), 3)
+        out["lone_query_ms_p95"] = round(fpercentile(lat, 95), 3)
 
     passages = make_passages(400)
     batch = PROFILE_BATCH[profile]
@@ -1270,6 +1296,16 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _lone(e: dict[str, Any]) -> str:
+    if "lone_query_per_s" not in e:
+        return ""
+    return (
+        f"; lone queries with the server's RETR_EMBEDDING_THREADS={e['lone_threads']}: "
+        f"{e['lone_query_per_s']} queries/s (p50 {e['lone_query_ms_p50']} ms, "
+        f"p95 {e['lone_query_ms_p95']} ms)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
@@ -1279,14 +1315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-retrieval-") as tmp:
         for profile in args.profiles:
-            print(f"\n== embedder {profile}: in-process, 1 thread, no cache", flush=True)
+            print(
+                f"\n== embedder {profile}: in-process, one caller, one core per call, no cache",
+                flush=True,
+            )
             # Queries from the far end of the pool: never sent to a server in this run.
             e = measure_embedder(profile, args.embed_seconds, pool[-5000:])
             embed[profile] = e
             print(
                 f"  {e['model']}: {e['query_per_s']} queries/s (p50 {e['query_ms_p50']} ms), "
                 f"{e['passages_per_s']} passages/s (batch {e['passage_batch']}), "
-                f"{e['sample_chunks_per_s']} sample-doc chunks/s",
+                f"{e['sample_chunks_per_s']} sample-doc chunks/s{_lone(e)}",
                 flush=True,
             )
             sizes = args.fast_sizes if profile == "fast" and args.fast_sizes else args.sizes
@@ -1309,10 +1348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     for prof, e in embed.items():
         summary.append(
-            f"embedder {prof} ({e['model']}), in-process 1 thread: {e['query_per_s']} queries/s "
+            f"embedder {prof} ({e['model']}), in-process, one core per call: {e['query_per_s']} queries/s "
             f"(p50 {e['query_ms_p50']} ms, p95 {e['query_ms_p95']} ms), "
             f"{e['passages_per_s']} passages/s of ~200 tokens (batch {e['passage_batch']}), "
             f"{e['sample_chunks_per_s']} sample-doc chunks/s (what IngestDocument embeds)"
+            f"{_lone(e)}"
         )
     print(f"\n{table}\n\n" + "\n".join(summary) + "\n\n" + "\n".join(lines + warn))
     record = {
