@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,42 +60,6 @@ def runnable_threads(loadavg: str | Path = "/proc/loadavg") -> int:
         return max(1, int(Path(loadavg).read_text().split()[3].partition("/")[0]))
     except (OSError, ValueError, IndexError):
         return 1
-
-
-def own_runnable_threads(tasks: str | Path = "/proc/self/task") -> int:
-    """Threads of this process that are running or ready to run now (state R); 0 if unknown."""
-    count = 0
-    try:
-        names = os.listdir(tasks)
-    except OSError:
-        return 0
-    for name in names:
-        try:
-            with open(os.path.join(tasks, name, "stat"), "rb") as f:
-                stat = f.read()
-        except OSError:  # the thread ended meanwhile
-            continue
-        # "tid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")".
-        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"R":
-            count += 1
-    return count
-
-
-def other_runnable_threads(
-    loadavg: str | Path = "/proc/loadavg", tasks: str | Path = "/proc/self/task"
-) -> int:
-    """Threads of other processes running or ready to run now: the machine's count
-    (`runnable_threads`) minus this process's own (`own_runnable_threads`, the caller
-    included). Our own runnable threads are the caller and leftovers of our own work
-    (Edge's search pool and libgomp's workers spinning for a few ms after a call): the
-    policy already knows when another search of ours is running (its in-flight count)."""
-    # Our own threads change state all the time (a spinning worker sleeps, the lane wakes);
-    # counted before and after the machine's count, the larger of the two, so one that was
-    # running at either moment is not taken for someone else's (37 -> 57 us a call).
-    before = own_runnable_threads(tasks)
-    machine = runnable_threads(loadavg)
-    own = max(1, before, own_runnable_threads(tasks))
-    return max(0, machine - own)
 
 
 class OpenMpRuntime:
@@ -168,14 +133,14 @@ class IntraOpThreads:
     (`gomp_throttled_spin_count_var`): a second such thread made every 2-thread query as
     slow as a 1-thread one (bench/embedders.py). With one lane there is one team.
 
-    A lone call also looks at the machine: it gets only the CPUs no thread of another
-    process wants right now (`other_runnable_threads`), because a team whose threads share
-    a core with any other busy thread waits at every barrier for a descheduled partner:
-    with one core taken by another process, 2-thread queries went from 9 ms to 50-1600 ms
-    (bench/embedders.py --background-load 1). Threads of this process are not counted:
-    right after a search, Edge's search pool and the lane's libgomp workers are still
-    spinning for a few ms, and counting them sent a lone search's query to 1 thread in 3
-    of 4 back-to-back searches (in-process, e5, 10k points: query p50 15.3 ms).
+    A lone call also looks at the machine: it gets only the CPUs no other runnable thread
+    wants right now (`runnable` minus the caller), because a team whose threads share a core
+    with any other busy thread waits at every barrier for a descheduled partner: with one
+    core taken by another process, 2-thread queries went from 9 ms to 50-1600 ms
+    (bench/embedders.py --background-load 1). The lane's own workers keep spinning for a
+    few ms after a call (libgomp's GOMP_SPINCOUNT) and the lane thread itself is still
+    handing the result back; for `lane_spin_s` after a lane call up to that many runnable
+    threads are taken for ours.
 
     `set_threads` applies a count to the calling thread (`OpenMpRuntime.set_num_threads`);
     None, or a setter that raises, leaves the threads as they are (the process's
@@ -189,10 +154,12 @@ class IntraOpThreads:
         *,
         threads: int | None = None,
         cpus: int | None = None,
-        runnable: Callable[[], int] | None = other_runnable_threads,
+        runnable: Callable[[], int] | None = runnable_threads,
+        lane_spin_s: float = 0.02,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`threads` None = adaptive; `cpus` defaults to `usable_cpus()`; `runnable` counts the
-        runnable threads of other processes (None: ignore the rest of the machine)."""
+        machine's runnable threads, caller included (None: ignore the rest of the machine)."""
         self.cpus = cpus or usable_cpus()
         if threads is not None and threads < 1:
             raise ValueError("threads must be at least 1")
@@ -200,6 +167,9 @@ class IntraOpThreads:
         """The fixed count, or None for the adaptive policy."""
         self._set_threads = set_threads
         self._runnable = runnable
+        self._lane_spin_s = lane_spin_s
+        self._clock = clock
+        self._lane_done = (float("-inf"), 1)  # (when the last lane call ended, its threads)
         self._lock = threading.Lock()
         self._in_flight = 0
         self._lane: ThreadPoolExecutor | None = None
@@ -236,11 +206,16 @@ class IntraOpThreads:
                 return self._call(1, fn)
             n = self.cpus
             if self._runnable is not None:
-                n = max(1, self.cpus - self._runnable())
+                ended, last_n = self._lane_done
+                # Shortly after a lane call, up to last_n of the runnable threads are ours:
+                # its libgomp workers still spinning and the lane thread handing back.
+                own = last_n if self._clock() - ended < self._lane_spin_s else 0
+                others = max(0, self._runnable() - 1 - own)
+                n = max(1, self.cpus - others)
             if n == 1:
                 return self._call(1, fn)
             try:
-                future = lane.submit(self._call, n, fn)
+                future = lane.submit(self._lane_call, n, fn)
             except RuntimeError:  # closed meanwhile
                 return self._call(1, fn)
             return future.result()
@@ -253,6 +228,12 @@ class IntraOpThreads:
         lane, self._lane = self._lane, None
         if lane is not None:
             lane.shutdown(wait=True)
+
+    def _lane_call(self, n: int, fn: Callable[[], T]) -> T:
+        try:
+            return self._call(n, fn)
+        finally:
+            self._lane_done = (self._clock(), n)
 
     def _call(self, n: int, fn: Callable[[], T]) -> T:
         setter = self._set_threads

@@ -139,13 +139,13 @@ def test_auto_across_real_threads() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpus", "others", "expected"), [(2, 0, 2), (2, 1, 1), (2, 8, 1), (4, 1, 3), (4, 2, 2)]
+    ("cpus", "runnable", "expected"), [(2, 1, 2), (2, 2, 1), (2, 9, 1), (4, 2, 3), (4, 3, 2)]
 )
-def test_lone_call_leaves_the_cores_other_processes_want(
-    cpus: int, others: int, expected: int
+def test_lone_call_leaves_the_cores_other_threads_want(
+    cpus: int, runnable: int, expected: int
 ) -> None:
     setter = RecordingSetter()
-    policy = IntraOpThreads(setter, cpus=cpus, runnable=lambda: others)
+    policy = IntraOpThreads(setter, cpus=cpus, runnable=lambda: runnable)
     try:
         ran_on = policy.run(threading.get_ident)
     finally:
@@ -154,38 +154,27 @@ def test_lone_call_leaves_the_cores_other_processes_want(
     assert (ran_on == threading.get_ident()) == (expected == 1)  # 1 thread: no lane hop
 
 
-def _task(tasks: Path, tid: int, comm: str, state: str) -> None:
-    (tasks / str(tid)).mkdir()
-    (tasks / str(tid) / "stat").write_text(f"{tid} ({comm}) {state} 1 2 3 4\n")
-
-
-def test_own_runnable_threads_counts_this_process_threads_in_state_r(tmp_path: Path) -> None:
-    tasks = tmp_path / "task"
-    tasks.mkdir()
-    _task(tasks, 1, "python", "R")
-    _task(tasks, 2, "edge) R (pool", "S")  # a name with ") R (" in it is still asleep
-    _task(tasks, 3, "embedding-omp", "R")
-    _task(tasks, 4, "grpc", "D")
-    assert intra_op.own_runnable_threads(tasks) == 2
-    assert intra_op.own_runnable_threads(tmp_path / "missing") == 0
-    assert intra_op.own_runnable_threads() >= 1  # the real directory: at least this thread
-
-
-def test_other_runnable_threads_are_the_machines_minus_ours(tmp_path: Path) -> None:
-    tasks = tmp_path / "task"
-    tasks.mkdir()
-    loadavg = tmp_path / "loadavg"
-    for tid in (1, 2, 3):  # the caller and two spinning workers of our own
-        _task(tasks, tid, "python", "R")
-    loadavg.write_text("0.5 0.4 0.3 3/412 12345\n")
-    assert intra_op.other_runnable_threads(loadavg, tasks) == 0
-    loadavg.write_text("0.5 0.4 0.3 5/412 12345\n")
-    assert intra_op.other_runnable_threads(loadavg, tasks) == 2
-    loadavg.write_text("0.5 0.4 0.3 2/412 12345\n")  # read at another instant: never < 0
-    assert intra_op.other_runnable_threads(loadavg, tasks) == 0
-    empty = tmp_path / "none"
-    empty.mkdir()  # unreadable own count: the caller is still ours
-    assert intra_op.other_runnable_threads(loadavg, empty) == 1
+def test_the_lanes_own_spinning_workers_are_not_other_threads() -> None:
+    now = [100.0]
+    runnable = [1]
+    setter = RecordingSetter()
+    policy = IntraOpThreads(
+        setter, cpus=2, runnable=lambda: runnable[0], lane_spin_s=0.02, clock=lambda: now[0]
+    )
+    try:
+        policy.run(lambda: None)  # a lane call with 2 threads ends at t=100
+        runnable[0] = 3  # the caller + the lane thread + its libgomp worker, still spinning
+        now[0] = 100.01
+        policy.run(lambda: None)
+        runnable[0] = 4  # ... and someone else
+        now[0] = 100.02
+        policy.run(lambda: None)
+        now[0] = 100.05  # long after the last lane call: the others are someone else's
+        runnable[0] = 2
+        policy.run(lambda: None)
+    finally:
+        policy.close()
+    assert setter.counts == [2, 2, 1, 1]
 
 
 def test_runnable_threads_reads_proc_loadavg(tmp_path: Path) -> None:
