@@ -42,6 +42,7 @@ import os
 # measure the embedder in-process the same way. Before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as services/retrieval/__main__.py
 
 import argparse
 import asyncio
