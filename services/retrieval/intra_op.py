@@ -140,10 +140,7 @@ class IntraOpThreads:
     (bench/embedders.py --background-load 1). The lane's own workers keep spinning for a
     few ms after a call (libgomp's GOMP_SPINCOUNT) and the lane thread itself is still
     handing the result back; for `lane_spin_s` after a lane call up to that many runnable
-    threads are taken for ours. A thread seen runnable is looked at again (`rechecks`,
-    `recheck_s` apart): the benchmark's own client, still finishing the previous answer
-    when the next query's embedding starts, sent enough lone queries to 1 thread that the
-    query p95 through the server stayed at ~18 ms against a p50 of ~9.6 ms.
+    threads are taken for ours.
 
     `set_threads` applies a count to the calling thread (`OpenMpRuntime.set_num_threads`);
     None, or a setter that raises, leaves the threads as they are (the process's
@@ -160,9 +157,6 @@ class IntraOpThreads:
         runnable: Callable[[], int] | None = runnable_threads,
         lane_spin_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
-        rechecks: int = 2,
-        recheck_s: float = 0.0002,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`threads` None = adaptive; `cpus` defaults to `usable_cpus()`; `runnable` counts the
         machine's runnable threads, caller included (None: ignore the rest of the machine)."""
@@ -175,9 +169,6 @@ class IntraOpThreads:
         self._runnable = runnable
         self._lane_spin_s = lane_spin_s
         self._clock = clock
-        self._rechecks = rechecks
-        self._recheck_s = recheck_s
-        self._sleep = sleep
         self._lane_done = (float("-inf"), 1)  # (when the last lane call ended, its threads)
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -215,15 +206,11 @@ class IntraOpThreads:
                 return self._call(1, fn)
             n = self.cpus
             if self._runnable is not None:
-                others = self._others()
-                # A thread that is runnable for a moment (a client that has just sent the
-                # next request, a worker about to sleep) is not a core taken: look again
-                # `rechecks` times, `recheck_s` apart, and count the fewest seen.
-                for _ in range(self._rechecks):
-                    if others == 0:
-                        break
-                    self._sleep(self._recheck_s)
-                    others = min(others, self._others())
+                ended, last_n = self._lane_done
+                # Shortly after a lane call, up to last_n of the runnable threads are ours:
+                # its libgomp workers still spinning and the lane thread handing back.
+                own = last_n if self._clock() - ended < self._lane_spin_s else 0
+                others = max(0, self._runnable() - 1 - own)
                 n = max(1, self.cpus - others)
             if n == 1:
                 return self._call(1, fn)
@@ -235,15 +222,6 @@ class IntraOpThreads:
         finally:
             with self._lock:
                 self._in_flight -= 1
-
-    def _others(self) -> int:
-        """Runnable threads that are not the caller's, nor the lane's spinning leftovers."""
-        assert self._runnable is not None
-        ended, last_n = self._lane_done
-        # Shortly after a lane call, up to last_n of the runnable threads are ours:
-        # its libgomp workers still spinning and the lane thread handing back.
-        own = last_n if self._clock() - ended < self._lane_spin_s else 0
-        return max(0, self._runnable() - 1 - own)
 
     def close(self) -> None:
         """Stop the lane thread (calls after this run on their callers, on 1 thread)."""

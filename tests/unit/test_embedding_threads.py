@@ -177,34 +177,6 @@ def test_the_lanes_own_spinning_workers_are_not_other_threads() -> None:
     assert setter.counts == [2, 2, 1, 1]
 
 
-@pytest.mark.parametrize(
-    ("seen", "expected", "sleeps"),
-    [
-        ([1], 2, 0),  # nobody else: no second look
-        ([2, 1], 2, 1),  # someone runnable for a moment only
-        ([2, 2, 1], 2, 2),  # gone at the last look
-        ([2, 2, 2, 1], 1, 2),  # still there after `rechecks` looks: 1 thread
-        ([3, 2, 2], 1, 2),
-    ],
-)
-def test_a_lone_call_looks_again_before_leaving_a_core(
-    seen: list[int], expected: int, sleeps: int
-) -> None:
-    setter = RecordingSetter()
-    looks = iter(seen)
-    slept: list[float] = []
-    policy = IntraOpThreads(
-        setter, cpus=2, runnable=lambda: next(looks), rechecks=2, recheck_s=0.0002,
-        sleep=slept.append,
-    )  # fmt: skip
-    try:
-        policy.run(lambda: None)
-    finally:
-        policy.close()
-    assert setter.counts == [expected]
-    assert slept == [0.0002] * sleeps
-
-
 def test_runnable_threads_reads_proc_loadavg(tmp_path: Path) -> None:
     path = tmp_path / "loadavg"
     path.write_text("0.50 0.40 0.30 3/412 12345\n")
