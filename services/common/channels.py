@@ -47,9 +47,12 @@ def open_channel(
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.enable_retries", 1 if settings.retry_attempts > 1 else 0),
         # A restarted neighbour is reconnected within ~0.1 s, not grpc's default 1 s+ backoff
-        # (during which every call fails fast); the retry backoff below outlasts it.
+        # (during which every call fails fast); the retry backoff below outlasts it. Not
+        # grpc.min_reconnect_backoff_ms: grpc-core takes it as the minimum connect timeout
+        # (default 20 s), and at 100 ms a neighbour that accepted the TCP connection but was
+        # too busy (or stopped) to finish the HTTP/2 handshake in 100 ms failed every call at
+        # once with "failed to connect to all addresses" instead of waiting for it.
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 500),
     ]
     if settings.retry_attempts > 1:

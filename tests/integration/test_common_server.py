@@ -141,6 +141,30 @@ async def test_downstream_channel_puts_a_deadline_on_every_call(toy):
     await channel.close()
 
 
+async def test_a_neighbour_that_accepts_but_never_answers_costs_the_deadline_not_a_fast_fail():
+    """A stopped (SIGSTOP) or overloaded neighbour: the kernel accepts the TCP connection, the
+    HTTP/2 handshake never comes. The call waits for it until its deadline; with a 100 ms
+    connect timeout it failed at once with "failed to connect to all addresses"."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # accepted by the kernel, never read
+    port = listener.getsockname()[1]
+    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 1.5, 3), 1 << 20)
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="ok"))
+        elapsed = time.monotonic() - started
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value
+        assert 1.4 <= elapsed < 5.0
+    finally:
+        await channel.close()
+        listener.close()
+
+
 async def test_message_size_limit(toy):
     _, _, channel, _ = toy
     stub = pbg.ToolsProxyServiceStub(channel)
