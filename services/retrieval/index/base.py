@@ -248,6 +248,7 @@ Edge ~4 us a point, whatever fields are selected (0.55 ms for 130 points with on
 """
 
 R = TypeVar("R")
+Q = TypeVar("Q")
 
 PointId = int
 """A point id: an unsigned 64-bit integer (layout 3; `ingestion.point_id`), as both
@@ -378,6 +379,17 @@ class RankQuery:
     limit: int
     vector: np.ndarray | None = None
     text: str = ""
+
+
+def ranking_query(
+    q: RankQuery,
+    dense: Callable[[np.ndarray], Q],
+    sparse: Callable[[str, IndexFilter], Q | None],
+) -> Q | None:
+    """A backend's query for `q` (its `dense` or `sparse` builder), or None when it cannot
+    match: no searchable terms, or limit 0. A bad limit raises either way."""
+    found = dense(q.vector) if q.vector is not None else sparse(q.text, q.flt)
+    return None if check_limit(q.limit) == 0 or found is None else found
 
 
 def run_ranking_batch(

@@ -39,6 +39,7 @@ from services.retrieval.index.base import (
     idf_corpus,
     point_payload,
     query_vector,
+    ranking_query,
     run_ranking_batch,
     validate_point,
 )
@@ -342,16 +343,10 @@ class EdgeIndex:
 
     def _ranking_request(self, q: RankQuery) -> qe.QueryRequest | None:
         flt = edge_filter(q.flt)  # refuses a filter without tenant, whatever the limit
-        if q.vector is not None:
-            query, params = self._dense(q.vector)
-        else:
-            sparse = self._sparse(q.text, q.flt)
-            if sparse is None:
-                check_limit(q.limit)
-                return None
-            query, params = sparse
-        if check_limit(q.limit) == 0:
+        built = ranking_query(q, self._dense, self._sparse)
+        if built is None:
             return None
+        query, params = built
         return qe.QueryRequest(
             limit=q.limit,
             query=query,

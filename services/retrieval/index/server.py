@@ -39,6 +39,7 @@ from services.retrieval.index.base import (
     idf_corpus,
     point_payload,
     query_vector,
+    ranking_query,
     run_ranking_batch,
     validate_point,
 )
@@ -335,6 +336,10 @@ class QdrantServerIndex:
         )
         return res.points
 
+    def _dense(self, vector: np.ndarray) -> tuple[Any, models.SearchParams | None]:
+        params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
+        return query_vector(vector, self.dim), params
+
     def _sparse(
         self, query: str, flt: IndexFilter
     ) -> tuple[models.SparseVector, models.SearchParams | None] | None:
@@ -381,8 +386,8 @@ class QdrantServerIndex:
         """Cosine nearest neighbours inside the filter, best first, with the full payload."""
         if check_limit(limit) == 0:
             return []
-        params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
-        points = self._search(query_vector(vector, self.dim), DENSE_VECTOR, flt, limit, params)
+        query, params = self._dense(vector)
+        points = self._search(query, DENSE_VECTOR, flt, limit, params)
         return [hit_from_payload(p.id, p.payload, p.score) for p in points]
 
     def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
@@ -416,22 +421,13 @@ class QdrantServerIndex:
 
     def _ranking_request(self, q: RankQuery) -> models.QueryRequest | None:
         flt = server_filter(q.flt)  # refuses a filter without tenant, whatever the limit
-        if q.vector is not None:
-            params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
-            query: Any = query_vector(q.vector, self.dim)
-            using = DENSE_VECTOR
-        else:
-            sparse = self._sparse(q.text, q.flt)
-            if sparse is None:
-                check_limit(q.limit)
-                return None
-            query, params = sparse
-            using = SPARSE_VECTOR
-        if check_limit(q.limit) == 0:
+        built = ranking_query(q, self._dense, self._sparse)
+        if built is None:
             return None
+        query, params = built
         return models.QueryRequest(
             query=query,
-            using=using,
+            using=DENSE_VECTOR if q.vector is not None else SPARSE_VECTOR,
             filter=flt,
             limit=q.limit,
             params=params,
