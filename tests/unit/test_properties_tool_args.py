@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from services.docstore.parsing import ChunkingConfig, parse_document
@@ -66,19 +66,10 @@ from services.toolsproxy.tools import (
     ToolFailure,
     ToolLimits,
 )
-
-# Short, stable runs: no example database, a bounded number of examples per property.
-FAST = settings(
-    max_examples=100,
-    deadline=None,
-    database=None,
-    derandomize=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+from tests.unit.properties import CONTROL, FAST
 
 # --- strategies ---------------------------------------------------------------------------
 
-CONTROL = "".join(chr(c) for c in (*range(0x00, 0x20), 0x7F, 0x85, 0x2028, 0x2029, 0xFEFF))
 any_char = st.one_of(
     st.characters(exclude_categories=()),
     st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),  # unpaired surrogates

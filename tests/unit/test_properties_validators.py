@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import struct_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2
@@ -42,18 +42,10 @@ from services.retrieval.ingestion import MAX_METADATA, MAX_METADATA_VALUE, MAX_T
 from services.retrieval.servicer import IngestionServicer, search_query
 from services.toolsproxy.servicer import MAX_TOOL_NAME, ToolsProxyServicer
 from services.toolsproxy.tools import Outcome
-
-FAST = settings(
-    max_examples=100,
-    deadline=None,
-    database=None,
-    derandomize=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+from tests.unit.properties import CONTROL, FAST
 
 # --- any request a client can send ------------------------------------------------------
 
-CONTROL = "".join(chr(c) for c in (*range(0x00, 0x20), 0x7F, 0x85, 0x2028, 0x2029, 0xFEFF))
 # Protobuf strings are UTF-8: unpaired surrogates cannot be sent (the client library and
 # the server's decoder refuse them), so the text here is every other code point.
 wire_text = st.one_of(
