@@ -63,7 +63,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from transport import machine_cpu_s, percentile, proc_cpu_s  # noqa: E402
+from transport import machine_cpu_s, percentile, proc_cpu_s, write_record  # noqa: E402
 
 TENANT = "bench"
 DOC_FILE = REPO_ROOT / "samples" / "docs" / "orion-x-admin-guide.md"
@@ -1151,23 +1151,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"load average before {load_before}, after {load_after}")
     if profile_lines:
         print("\ncProfile of the LLM process (socket variant):\n" + "\n".join(profile_lines))
-    record = {
-        "benchmark": "llm-overhead",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": environment_info(),
-        "loadavg": {"before": load_before, "after": load_after},
-        "verdict": verdict,
-        "results": summaries,
-        "table": table.splitlines(),
-        "breakdown": breakdown.splitlines(),
-        "notes": lines,
-        "profile": profile_lines,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nresults written to {args.out}")
+    write_record(
+        "llm-overhead",
+        started,
+        args,
+        environment_info(),
+        loadavg={"before": load_before, "after": load_after},
+        verdict=verdict,
+        results=summaries,
+        table=table.splitlines(),
+        breakdown=breakdown.splitlines(),
+        notes=lines,
+        profile=profile_lines,
+    )
     return 0
 
 

@@ -39,7 +39,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import resource
 import shutil
@@ -62,9 +61,9 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from llm_overhead import fetch, free_ports, git_state, loadavg, serve_stats  # noqa: E402
+from llm_overhead import environment_info, fetch, free_ports, loadavg, serve_stats  # noqa: E402
 from respond_overhead import ANSWER, QUESTIONS, STEPS, TENANT, ingest, make_model  # noqa: E402
-from transport import machine_cpu_s, percentile, tool_version  # noqa: E402
+from transport import machine_cpu_s, percentile, tool_version, write_record  # noqa: E402
 
 ME = str(Path(__file__).resolve())
 DOCS_DIR = REPO_ROOT / "samples" / "docs"
@@ -925,34 +924,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(notes))
     print(f"load average before {load_before}, after {load_after}")
 
-    import grpc
     import psutil
 
-    record = {
-        "benchmark": "load",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {
-            "git": git_state(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "grpcio": grpc.__version__,
-            "psutil": psutil.__version__,
-            "h2load": H2load.version(),
-        },
-        "documents": chunks,
-        "ingest_s": ingest_s,
-        "loadavg": {"before": load_before, "after": load_after},
-        "results": results,
-        "table": table.splitlines(),
-        "notes": notes,
-        "exit_status": status,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nresults written to {args.out}")
+    write_record(
+        "load",
+        started,
+        args,
+        {**environment_info(), "psutil": psutil.__version__, "h2load": H2load.version()},
+        documents=chunks,
+        ingest_s=ingest_s,
+        loadavg={"before": load_before, "after": load_after},
+        results=results,
+        table=table.splitlines(),
+        notes=notes,
+        exit_status=status,
+    )
     return status
 
 

@@ -65,8 +65,8 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
         sys.path.insert(0, _p)
 
 import llm_overhead  # noqa: E402
-from llm_overhead import fetch, free_ports, git_state, loadavg, pstats, serve_stats  # noqa: E402
-from transport import machine_cpu_s, percentile, proc_cpu_s  # noqa: E402
+from llm_overhead import environment_info, fetch, free_ports, loadavg, pstats, serve_stats  # noqa: E402
+from transport import machine_cpu_s, percentile, proc_cpu_s, write_record  # noqa: E402
 
 ME = str(Path(__file__).resolve())
 TENANT = "bench"
@@ -733,34 +733,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{table}\n\n" + "\n".join(lines))
     print(f"\nHops and glue, ms p50/p95 per Respond:\n{breakdown}")
     print(f"load average before {load_before}, after {load_after}")
-    import platform
 
-    import grpc
-
-    record = {
-        "benchmark": "respond-overhead",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {
-            "git": git_state(),
-            "cpus": os.cpu_count(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "grpcio": grpc.__version__,
-        },
-        "documents": chunks,
-        "loadavg": {"before": load_before, "after": load_after},
-        "verdict": verdict,
-        "results": summaries,
-        "table": table.splitlines(),
-        "breakdown": breakdown.splitlines(),
-        "notes": lines,
-        "top_sources": TOP_SOURCES,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nresults written to {args.out}")
+    write_record(
+        "respond-overhead",
+        started,
+        args,
+        environment_info(),
+        documents=chunks,
+        loadavg={"before": load_before, "after": load_after},
+        verdict=verdict,
+        results=summaries,
+        table=table.splitlines(),
+        breakdown=breakdown.splitlines(),
+        notes=lines,
+        top_sources=TOP_SOURCES,
+    )
     return 0
 
 

@@ -82,6 +82,7 @@ from transport import (  # noqa: E402
     percentile,
     proc_cpu_s,
     server_handled,
+    write_record,
 )
 
 SERVICE_KEY = "retrieval"
@@ -1356,22 +1357,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{_lone(e)}"
         )
     print(f"\n{table}\n\n" + "\n".join(summary) + "\n\n" + "\n".join(lines + warn))
-    record = {
-        "benchmark": "retrieval_search",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": environment_info(),
-        "embedders": embed,
-        "runs": runs,
-        "checks": checks,
-        "table": table.splitlines(),
-        "summary": summary,
-        "notes": lines + warn,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"\nresults written to {args.out}")
+    write_record(
+        "retrieval_search",
+        started,
+        args,
+        environment_info(),
+        embedders=embed,
+        runs=runs,
+        checks=checks,
+        table=table.splitlines(),
+        summary=summary,
+        notes=lines + warn,
+    )
     return 0
 
 

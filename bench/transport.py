@@ -894,6 +894,24 @@ def verdicts(results: list[Result], args: argparse.Namespace) -> tuple[dict[str,
     return summary, lines
 
 
+def write_record(
+    benchmark: str, started: Any, args: Any, environment: dict[str, Any], **fields: Any
+) -> None:
+    """Write a run's JSON record to args.out (every bench's envelope: what ran, when, with
+    which arguments on which machine, then `fields`) and say where."""
+    record = {
+        "benchmark": benchmark,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": environment,
+        **fields,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n")
+    print(f"\nresults written to {args.out}")
+
+
 def environment_info() -> dict[str, Any]:
     import grpc
 
@@ -1049,21 +1067,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = verify(results, args)
     table = format_table(results)
     print(f"\n{table}\n\n" + "\n".join(lines + checks))
-    record = {
-        "benchmark": "transport",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "rpc": {**asdict(rpc), "grpc_path": rpc.grpc_path},
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": environment_info(),
-        "summary": summary,
-        "results": [{**asdict(r), "rps": round(r.rps, 1)} for r in results],
-        "table": table.splitlines(),
-        "notes": lines + checks,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nresults written to {args.out}")
+    write_record(
+        "transport",
+        started,
+        args,
+        environment_info(),
+        rpc={**asdict(rpc), "grpc_path": rpc.grpc_path},
+        summary=summary,
+        results=[{**asdict(r), "rps": round(r.rps, 1)} for r in results],
+        table=table.splitlines(),
+        notes=lines + checks,
+    )
     return 0
 
 
