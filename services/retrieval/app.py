@@ -20,6 +20,7 @@ from services.retrieval.engine import RetrievalEngine
 from services.retrieval.index.base import IndexUnavailableError, VectorIndex
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
+from services.retrieval.index_maintenance import IndexOptimizer
 from services.retrieval.ingestion import Ingestor
 from services.retrieval.journal import IngestJournal
 from services.retrieval.metrics import RetrievalMetrics
@@ -55,6 +56,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     engine: SearchBackend
     ingestor: Ingestor | None = None
     index: VectorIndex | None = None
+    optimizer: IndexOptimizer | None = None
     if settings.mock_mode:
         engine = MockSearchEngine(settings.defaults)
         backend = "mock"
@@ -89,6 +91,10 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             extra={"backend": backend, "points": points, "recovered": recovered,
                    "embedder": embedder.name},
         )  # fmt: skip
+        if isinstance(index, EdgeIndex) and settings.optimize_quiet_s > 0:
+            # Edge runs no optimizers of its own (HNSW, merges, vacuum): without this a shard
+            # filled through IngestDocument would be searched unindexed for good.
+            optimizer = IndexOptimizer(index, quiet_s=settings.optimize_quiet_s)
         engine = RetrievalEngine(
             index=index,
             embedder=embedder,
@@ -118,6 +124,8 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             state = index.health()
             details.update({f"index_{k}": v for k, v in state.items() if k != "status"})
             details["index"] = state.get("status", "ok")
+            if optimizer is not None:
+                details.update({f"index_{k}": v for k, v in optimizer.details().items()})
             if state.get("status") != "ok" and settings.production:
                 # Production: health fails, so probes and load balancers take this replica out.
                 raise errors.UnavailableError(
@@ -139,7 +147,12 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         settings.server, register, SERVICE_NAMES, registry, domain="visior.retrieval"
     )
 
+    if optimizer is not None:
+        optimizer.start()
+
     async def close() -> None:
+        if optimizer is not None:
+            await optimizer.stop()
         if index is not None:
             index.close()
         store.close()

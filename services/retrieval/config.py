@@ -13,6 +13,7 @@ from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import MAX_RESULTS_LIMIT, SearchDefaults
 
 DEFAULT_PORT = 50053
+MAX_OPTIMIZE_QUIET_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class RetrievalSettings:
     """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
     hnsw_ef: int
     """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
+    optimize_quiet_s: float
+    """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
+    0 = never, e.g. when an operator runs them)."""
     breaker_failures: int
     """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
     breaker_reset_s: float
@@ -117,6 +121,9 @@ class RetrievalSettings:
         if backend == "qdrant" and not qdrant_url:
             raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
         data_dir = Path(env.text("VISIOR_DATA_DIR", "data"))
+        optimize_quiet_s = env.number("RETR_OPTIMIZE_QUIET_S", 10.0, minimum=0.0)
+        if optimize_quiet_s > MAX_OPTIMIZE_QUIET_S:
+            raise SettingsError(f"RETR_OPTIMIZE_QUIET_S must be at most {MAX_OPTIMIZE_QUIET_S:g}")
         chunk_tokens = env.integer("RETR_CHUNK_TOKENS", 200, minimum=32, maximum=2048)
         overlap = env.integer("RETR_CHUNK_OVERLAP_TOKENS", 32, minimum=0, maximum=512)
         if overlap >= chunk_tokens:
@@ -135,6 +142,7 @@ class RetrievalSettings:
             qdrant_collection=env.text("QDRANT_COLLECTION", "visior_chunks"),
             index_timeout_s=env.number("RETR_INDEX_TIMEOUT_S", 2.0, minimum=0.01),
             hnsw_ef=env.integer("RETR_HNSW_EF", 128, minimum=8, maximum=4096),
+            optimize_quiet_s=optimize_quiet_s,
             breaker_failures=env.integer("RETR_BREAKER_FAILURES", 5, minimum=1, maximum=100),
             breaker_reset_s=env.number("RETR_BREAKER_RESET_S", 10.0, minimum=0.1),
             embedding=EmbeddingSettings.from_env(env),

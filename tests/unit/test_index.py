@@ -933,3 +933,17 @@ def test_server_collection_without_a_marker_is_adopted_when_empty_else_refused()
                                              payload=payload)])  # fmt: skip
     with pytest.raises(IndexLayoutError, match="layout 1"):
         QdrantServerIndex(client, "old", DIM, encoder=ENCODER).count()
+
+
+def test_edge_write_count_counts_upserts_and_deletes_not_optimize(tmp_path):
+    idx = make_edge(tmp_path)
+    try:
+        assert idx.write_count == 0
+        idx.upsert(CORPUS)
+        idx.delete_document("a", "contract")
+        assert idx.write_count == 2
+        idx.optimize()  # the background optimizer's own call must not look like a write
+        assert idx.write_count == 2
+        assert idx.search_sparse_ids("договор", IndexFilter("a"), 3) == []  # deleted
+    finally:
+        idx.close()

@@ -131,6 +131,7 @@ class EdgeIndex:
         self.idf_per_tenant = idf_per_tenant
         self._hnsw_on_filter_fields = hnsw_on_filter_fields
         self._write_lock = threading.Lock()
+        self._writes = 0
         config = qe.EdgeConfig(
             vectors={DENSE_VECTOR: qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
             sparse_vectors={SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
@@ -240,11 +241,20 @@ class EdgeIndex:
         return self._call(lambda s: s.scroll(req))
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self, *, counted: bool = True) -> Iterator[None]:
         with self._write_lock:
             if self._shard is None:
                 raise IndexUnavailableError(f"Edge shard {self.path} is closed")
-            yield
+            try:
+                yield
+            finally:
+                if counted:
+                    self._writes += 1
+
+    @property
+    def write_count(self) -> int:
+        """Writes (upserts, deletes) since the shard was opened; `optimize` is not one."""
+        return self._writes
 
     def _query(
         self, query: Any, flt: IndexFilter, limit: int, params: Any, payload: Any
@@ -398,7 +408,7 @@ class EdgeIndex:
 
     def optimize(self) -> None:
         """Run the segment optimizers (HNSW build, merges, vacuum) until done; blocks."""
-        with self._writing():
+        with self._writing(counted=False):
             self._call(lambda s: s.optimize())
 
     def health(self) -> dict[str, str]:
