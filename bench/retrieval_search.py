@@ -6,7 +6,8 @@ For each embedding profile (e5, fast) and each size, the run:
    sections x 8 chunks (~200 BPE tokens each) over --tenants tenants, written to BOTH the
    SQLite document store and the Qdrant Edge shard with the server's own point layout
    (chunk, section and doc points, `Ingestor._points`), random unit vectors of the
-   profile's dimension; then optimize() (HNSW). Keyed by size/dim/seed, so reruns reuse it;
+   profile's dimension; then optimize() (HNSW), as the server's background optimizer does
+   once ingestion pauses (RETR_OPTIMIZE_QUIET_S). Keyed by size/dim/seed, so reruns reuse it;
 2. measures the embedder in this process (cache off): raw single-query rate (one caller,
    one core per call: the unit the server embeds queries in under load) and raw passage
    rate (~200-token passages in the server's batch size, one core per batch, as the server

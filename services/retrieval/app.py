@@ -46,8 +46,15 @@ def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
             api_key=settings.qdrant_api_key or None,
             timeout=settings.index_timeout_s,
             hnsw_ef=settings.hnsw_ef,
+            quantization=settings.quantization,
         )
-    return EdgeIndex(settings.index_path, dim, hnsw_ef=settings.hnsw_ef)
+    return EdgeIndex(
+        settings.index_path,
+        dim,
+        hnsw_ef=settings.hnsw_ef,
+        quantization=settings.quantization,
+        indexing_threshold_kb=settings.indexing_threshold_kb or None,
+    )
 
 
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
@@ -94,7 +101,10 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         if isinstance(index, EdgeIndex) and settings.optimize_quiet_s > 0:
             # Edge runs no optimizers of its own (HNSW, merges, vacuum): without this a shard
             # filled through IngestDocument would be searched unindexed for good.
-            optimizer = IndexOptimizer(index, quiet_s=settings.optimize_quiet_s)
+            ingesting = ingestor
+            optimizer = IndexOptimizer(
+                index, quiet_s=settings.optimize_quiet_s, busy=lambda: ingesting.ingesting > 0
+            )
         engine = RetrievalEngine(
             index=index,
             embedder=embedder,

@@ -9,6 +9,7 @@ from services.common.settings import Env, ServerSettings, SettingsError
 from services.docstore.config import docstore_path
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.engine import FUSIONS, EngineSettings
+from services.retrieval.index.base import QUANTIZATIONS
 from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import MAX_RESULTS_LIMIT, SearchDefaults
 
@@ -46,6 +47,11 @@ class RetrievalSettings:
     """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
     hnsw_ef: int
     """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
+    quantization: str
+    """Dense-vector quantization, "int8" or "none" (RETR_QUANTIZATION; index/base.QUANTIZATIONS)."""
+    indexing_threshold_kb: int
+    """Edge: vector data (KB) above which a segment gets HNSW and the quantized copy when
+    optimized (RETR_INDEXING_THRESHOLD_KB; 0 = the engine's default)."""
     optimize_quiet_s: float
     """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
     0 = never, e.g. when an operator runs them)."""
@@ -121,6 +127,11 @@ class RetrievalSettings:
         if backend == "qdrant" and not qdrant_url:
             raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
         data_dir = Path(env.text("VISIOR_DATA_DIR", "data"))
+        quantization = env.text("RETR_QUANTIZATION", "int8").lower()
+        if quantization not in QUANTIZATIONS:
+            raise SettingsError(
+                f"RETR_QUANTIZATION={quantization!r} must be one of {', '.join(QUANTIZATIONS)}"
+            )
         optimize_quiet_s = env.number("RETR_OPTIMIZE_QUIET_S", 10.0, minimum=0.0)
         if optimize_quiet_s > MAX_OPTIMIZE_QUIET_S:
             raise SettingsError(f"RETR_OPTIMIZE_QUIET_S must be at most {MAX_OPTIMIZE_QUIET_S:g}")
@@ -142,6 +153,10 @@ class RetrievalSettings:
             qdrant_collection=env.text("QDRANT_COLLECTION", "visior_chunks"),
             index_timeout_s=env.number("RETR_INDEX_TIMEOUT_S", 2.0, minimum=0.01),
             hnsw_ef=env.integer("RETR_HNSW_EF", 128, minimum=8, maximum=4096),
+            quantization=quantization,
+            indexing_threshold_kb=env.integer(
+                "RETR_INDEXING_THRESHOLD_KB", 0, minimum=0, maximum=100_000_000
+            ),
             optimize_quiet_s=optimize_quiet_s,
             breaker_failures=env.integer("RETR_BREAKER_FAILURES", 5, minimum=1, maximum=100),
             breaker_reset_s=env.number("RETR_BREAKER_RESET_S", 10.0, minimum=0.1),

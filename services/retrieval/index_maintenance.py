@@ -38,8 +38,10 @@ class Optimizable(Protocol):
 class IndexOptimizer:
     """Runs `index.optimize()` after writes have been quiet for `quiet_s` seconds.
 
-    `poll_s` is how often the write counter is read. A failed optimize is logged and tried
-    again after the next quiet period; it never stops the server.
+    `poll_s` is how often the write counter is read; `busy()` True (an ingest still parsing
+    or embedding, about to write) counts as a write, so a document that takes longer than
+    `quiet_s` to embed does not find its writes queued behind an optimize. A failed optimize
+    is logged and tried again after the next quiet period; it never stops the server.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class IndexOptimizer:
         *,
         quiet_s: float,
         poll_s: float | None = None,
+        busy: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if quiet_s <= 0:
@@ -55,6 +58,7 @@ class IndexOptimizer:
         self._index = index
         self.quiet_s = quiet_s
         self._poll_s = poll_s if poll_s is not None else min(1.0, quiet_s / 4)
+        self._busy_fn = busy
         self._clock = clock
         self._seen = index.write_count
         self._changed_at = clock()
@@ -75,7 +79,7 @@ class IndexOptimizer:
         """Whether an optimize should start now (read the counter, note a change)."""
         count = self._index.write_count
         now = self._clock()
-        if count != self._seen:
+        if count != self._seen or (self._busy_fn is not None and self._busy_fn()):
             self._seen, self._changed_at = count, now
         if self.running or count == self._done:
             return False

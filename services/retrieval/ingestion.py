@@ -165,6 +165,7 @@ class Ingestor:
         # One document at a time per process: the Edge shard is single-writer anyway, and
         # two ingests of the same doc_id must not interleave their steps.
         self._lock = asyncio.Lock()
+        self._ingesting = 0
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -264,7 +265,19 @@ class Ingestor:
                 str(exc), reason="PARSE_ERROR", metadata={"field": "content"}
             ) from None
 
+    @property
+    def ingesting(self) -> int:
+        """IngestDocument calls in progress (parsing, embedding or writing)."""
+        return self._ingesting
+
     async def ingest(self, item: IngestInput) -> IngestOutcome:
+        self._ingesting += 1
+        try:
+            return await self._ingest(item)
+        finally:
+            self._ingesting -= 1
+
+    async def _ingest(self, item: IngestInput) -> IngestOutcome:
         doc_id, fmt = self._validate(item)
         docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
         for doc in docs:

@@ -947,3 +947,93 @@ def test_edge_write_count_counts_upserts_and_deletes_not_optimize(tmp_path):
         assert idx.search_sparse_ids("договор", IndexFilter("a"), 3) == []  # deleted
     finally:
         idx.close()
+
+
+def _random_points(n: int, dim: int, seed: int) -> tuple[np.ndarray, list[IndexPoint]]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    points = [
+        IndexPoint(
+            point_id=i + 1,
+            tenant_id="a",
+            doc_id=f"d{i // 10}",
+            section_id="s",
+            chunk_id=f"c{i}",
+            kind="chunk",
+            ord=i,
+            page_start=1,
+            page_end=1,
+            tokens=10,
+            source="user",
+            product="",
+            version="",
+            tags=(),
+            generation="g",
+            dense=vectors[i],
+            sparse_text=f"word{i % 50}",
+        )
+        for i in range(n)
+    ]
+    return vectors, points
+
+
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_edge_quantization_is_built_by_optimize_and_scores_stay_exact(tmp_path, quantization):
+    dim = 32
+    vectors, points = _random_points(3000, dim, seed=5)
+    idx = EdgeIndex(
+        str(tmp_path / "shard"), dim, encoder=ENCODER, quantization=quantization,
+        indexing_threshold_kb=1,  # index (and quantize) even this small shard
+    )  # fmt: skip
+    try:
+        idx.upsert(points)
+        idx.optimize()
+        quantized = list(
+            (tmp_path / "shard").glob("segments/*/vector_storage-dense/quantized.data")
+        )
+        assert bool(quantized) == (quantization == "int8")
+        overlap = 0
+        for i in range(0, 3000, 150):
+            found = idx.search_dense_ids(vectors[i], IndexFilter("a", kinds=("chunk",)), 5)
+            assert found[0][0] == i + 1 and found[0][1] == pytest.approx(1.0, abs=1e-5)
+            for pid, score in found:  # rescored with the originals: the exact cosine
+                assert score == pytest.approx(float(vectors[pid - 1] @ vectors[i]), abs=1e-5)
+            exact = set(np.argsort(-(vectors @ vectors[i]))[:5] + 1)
+            overlap += len(exact & {pid for pid, _ in found})
+        assert overlap / (20 * 5) >= 0.9
+    finally:
+        idx.close()
+
+
+def test_unknown_quantization_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="quantization"):
+        EdgeIndex(str(tmp_path / "shard"), DIM, quantization="int4")
+    with pytest.raises(ValueError, match="quantization"):
+        QdrantServerIndex(QdrantClient(":memory:"), "chunks", DIM, quantization="pq")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_server_collection_is_created_with_the_quantization(quantization):
+    client = QdrantClient(":memory:")  # local mode accepts but does not keep quantization
+    created: list[dict] = []
+    real_create = client.create_collection
+
+    def create(*args, **kwargs):  # type: ignore[no-untyped-def]
+        created.append(kwargs)
+        return real_create(*args, **kwargs)
+
+    client.create_collection = create  # type: ignore[method-assign]
+    idx = QdrantServerIndex(client, "chunks", DIM, encoder=ENCODER, quantization=quantization)
+    try:
+        idx.upsert(CORPUS)
+        config = created[0]["quantization_config"]
+        if quantization == "int8":
+            assert config.scalar.type == "int8" and config.scalar.always_ram
+        else:
+            assert config is None
+        assert idx._dense_params.quantization.rescore is (quantization == "int8" or None)
+        assert idx._dense_params.quantization.ignore is (quantization == "none")
+        assert idx.search_dense_ids(vec("c1"), IndexFilter("a"), 1)  # still answers
+    finally:
+        idx.close()

@@ -72,6 +72,19 @@ async def test_a_burst_of_writes_is_optimised_once_after_it_ends() -> None:
     assert index.optimized_at == [0, 20]
 
 
+async def test_an_ingest_in_progress_keeps_it_from_starting() -> None:
+    index, clock, ingesting = FakeIndex(), Clock(), [True]
+    opt = IndexOptimizer(index, quiet_s=10, clock=clock, busy=lambda: ingesting[0])
+    for _ in range(5):  # a long document still embedding: no writes, but not quiet either
+        clock.now += 10
+        assert not await _step(opt)
+    ingesting[0] = False
+    clock.now += 9.99
+    assert not await _step(opt)
+    clock.now += 0.01
+    assert await _step(opt)
+
+
 async def test_a_failed_optimize_is_logged_and_retried_after_the_next_quiet_period(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

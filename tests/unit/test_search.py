@@ -509,3 +509,20 @@ async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_rec
     now[0] += 10.5
     assert (await engine.search(q())).hits
     assert (await engine.search(q())).hits and flaky.calls > 5
+
+
+async def test_ingesting_counts_calls_in_progress_and_returns_to_zero(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    seen: list[int] = []
+    real_parse = s.ingestor._parse
+
+    def parse(*args):  # type: ignore[no-untyped-def]
+        seen.append(s.ingestor.ingesting)
+        return real_parse(*args)
+
+    s.ingestor._parse = parse  # type: ignore[method-assign]
+    await s.ingestor.ingest(IngestInput("a", VACATION.encode(), file_name="vacation.md"))
+    with pytest.raises(errors.InvalidArgumentError):
+        await s.ingestor.ingest(IngestInput("a", b"", file_name="empty.md"))
+    assert seen[0] == 1 and s.ingestor.ingesting == 0  # also after the refused one
+    s.index.close()

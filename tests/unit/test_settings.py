@@ -103,3 +103,19 @@ def test_docstore_url_must_be_sqlite():
         RetrievalSettings.from_env(Env({"METADATA_DB_URL": "postgresql://db/visior"}))
     s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": "sqlite:///tmp/x.sqlite"}))
     assert s.docstore_path == "tmp/x.sqlite"
+
+
+def test_retrieval_quantization_setting():
+    assert RetrievalSettings.from_env(Env({})).quantization == "int8"
+    assert RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "None"})).quantization == "none"
+    with pytest.raises(SettingsError, match="RETR_QUANTIZATION"):
+        RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "int4"}))
+
+
+def test_retrieval_indexing_threshold_setting():
+    assert RetrievalSettings.from_env(Env({})).indexing_threshold_kb == 0  # Qdrant's default
+    s = RetrievalSettings.from_env(Env({"RETR_INDEXING_THRESHOLD_KB": "100000000"}))
+    assert s.indexing_threshold_kb == 100_000_000
+    for bad in ("-1", "100000001"):
+        with pytest.raises(SettingsError, match="RETR_INDEXING_THRESHOLD_KB"):
+            RetrievalSettings.from_env(Env({"RETR_INDEXING_THRESHOLD_KB": bad}))

@@ -27,6 +27,10 @@ PRE_RECORD_LAYOUT = 2
 KINDS = ("chunk", "section", "doc")
 """Point kinds: a chunk, a section summary, a whole document."""
 
+QUANTIZATIONS = ("int8", "none")
+"""Dense-vector quantization of both backends (RETR_QUANTIZATION): an int8 scalar copy searched
+first and rescored with the originals, or none."""
+
 DENSE_VECTOR = "dense"
 """Name of the dense (cosine) named vector in both backends."""
 

@@ -19,6 +19,7 @@ from services.retrieval.index.base import (
     KINDS,
     LAYOUT_VERSION,
     PRE_RECORD_LAYOUT,
+    QUANTIZATIONS,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -109,6 +110,8 @@ class EdgeIndex:
         hnsw_on_filter_fields: bool = False,
         max_search_threads: int | None = None,
         idf_per_tenant: bool = True,
+        quantization: str = "int8",
+        indexing_threshold_kb: int | None = None,
     ) -> None:
         """Open (or create) the shard at `path` for `dim`-dimensional dense vectors.
 
@@ -121,13 +124,30 @@ class EdgeIndex:
         `hnsw_ef` is the search-time beam (None = engine default); `max_search_threads`
         the shard's search pool (None = one per CPU); `idf_per_tenant` computes BM25 IDF
         over the querying tenant's points instead of the whole shard.
+
+        `quantization` "int8" (QUANTIZATIONS) keeps an int8 scalar copy of the dense vectors in
+        RAM, built by `optimize` (an existing shard gets it at its next optimize), searched
+        first and rescored with the originals, so scores stay exact cosines (fast profile,
+        100k chunks: the four ranking lists 2.06 -> 1.31 ms p50, the HNSW chunk list
+        1.30 -> 0.54 ms, same recall); "none" searches the originals only.
+        `indexing_threshold_kb`: segments with more vector data than this get HNSW and the
+        quantized copy at `optimize` (None = the engine's default; tests set it low).
         """
         if dim <= 0:
             raise ValueError("dim must be positive")
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         self.path = os.path.abspath(path)
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
         self._hnsw_ef = hnsw_ef
+        self.quantization = quantization
+        self._dense_params = qe.SearchParams(
+            hnsw_ef=hnsw_ef,
+            quantization=qe.QuantizationSearchParams(rescore=True)
+            if quantization == "int8"
+            else qe.QuantizationSearchParams(ignore=True),
+        )
         self.idf_per_tenant = idf_per_tenant
         self._hnsw_on_filter_fields = hnsw_on_filter_fields
         self._write_lock = threading.Lock()
@@ -142,6 +162,14 @@ class EdgeIndex:
                 payload_m=hnsw_payload_m,
             ),
             max_search_threads=max_search_threads,
+            optimizers=None
+            if indexing_threshold_kb is None
+            else qe.EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb),
+            quantization_config=qe.ScalarQuantizationConfig(
+                type=qe.ScalarType.Int8, quantile=0.99, memory=qe.Memory.Cached
+            )
+            if quantization == "int8"
+            else None,
         )
         exists = os.path.exists(os.path.join(self.path, _CONFIG_FILE))
         try:
@@ -271,7 +299,7 @@ class EdgeIndex:
 
     def _dense(self, vector: np.ndarray) -> tuple[Any, Any]:
         query = qe.Query.Nearest(query_vector(vector, self.dim), using=DENSE_VECTOR)
-        return query, qe.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
+        return query, self._dense_params
 
     def _sparse(self, query: str, flt: IndexFilter) -> tuple[Any, Any] | None:
         edge_filter(flt)  # validate the filter even when the query has no terms

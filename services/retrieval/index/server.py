@@ -20,6 +20,7 @@ from services.retrieval.index.base import (
     KINDS,
     LAYOUT_VERSION,
     PRE_RECORD_LAYOUT,
+    QUANTIZATIONS,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -144,21 +145,33 @@ class QdrantServerIndex:
         idf_per_tenant: bool = True,
         shard_number: int | None = None,
         replication_factor: int | None = None,
+        quantization: str = "int8",
     ) -> None:
         """Wrap `client`; nothing is sent to the server until the first call.
 
         A new collection gets Qdrant's multitenant HNSW layout by default (`hnsw_m=0`:
-        no whole-collection graph; `hnsw_payload_m=16`: a graph per tenant and kind).
+        no whole-collection graph; `hnsw_payload_m=16`: a graph per tenant and kind) and, with
+        `quantization` "int8", an int8 scalar copy of the dense vectors in RAM, searched first
+        and rescored with the originals (as the Edge backend); "none" searches the originals.
         """
         if dim <= 0:
             raise ValueError("dim must be positive")
         if not collection:
             raise ValueError("collection name is required")
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         self.client = client
         self.collection = collection
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
         self._hnsw_ef = hnsw_ef
+        self.quantization = quantization
+        self._dense_params = models.SearchParams(
+            hnsw_ef=hnsw_ef,
+            quantization=models.QuantizationSearchParams(rescore=True)
+            if quantization == "int8"
+            else models.QuantizationSearchParams(ignore=True),
+        )
         self._hnsw_m = hnsw_m
         self._hnsw_payload_m = hnsw_payload_m
         self.idf_per_tenant = idf_per_tenant
@@ -248,6 +261,13 @@ class QdrantServerIndex:
                     hnsw_config=models.HnswConfigDiff(
                         m=self._hnsw_m, payload_m=self._hnsw_payload_m
                     ),
+                    quantization_config=models.ScalarQuantization(
+                        scalar=models.ScalarQuantizationConfig(
+                            type=models.ScalarType.INT8, quantile=0.99, always_ram=True
+                        )
+                    )
+                    if self.quantization == "int8"
+                    else None,
                     shard_number=self._shard_number,
                     replication_factor=self._replication_factor,
                     metadata={LAYOUT_KEY: LAYOUT_VERSION},
@@ -337,8 +357,7 @@ class QdrantServerIndex:
         return res.points
 
     def _dense(self, vector: np.ndarray) -> tuple[Any, models.SearchParams | None]:
-        params = models.SearchParams(hnsw_ef=self._hnsw_ef) if self._hnsw_ef else None
-        return query_vector(vector, self.dim), params
+        return query_vector(vector, self.dim), self._dense_params
 
     def _sparse(
         self, query: str, flt: IndexFilter
