@@ -105,6 +105,8 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             optimizer = IndexOptimizer(
                 index, quiet_s=settings.optimize_quiet_s, busy=lambda: ingesting.ingesting > 0
             )
+            if points >= 0:  # the shard opened: index what an earlier run left, then serve
+                optimizer.run_blocking()
         engine = RetrievalEngine(
             index=index,
             embedder=embedder,

@@ -125,6 +125,22 @@ async def test_the_loop_runs_it_in_the_background_and_stop_does_not_wait() -> No
     assert index.optimized_at == [0] and opt.details()["optimizing"] == "false"
 
 
+async def test_a_start_up_run_covers_what_is_there_and_the_loop_waits_for_new_writes() -> None:
+    index, clock = FakeIndex(), Clock()
+    index.write_count = 0
+    opt = IndexOptimizer(index, quiet_s=10, clock=clock)
+    opt.run_blocking()
+    assert index.optimized_at == [0] and opt.runs == 1 and not opt.running
+    clock.now += 100
+    assert not await _step(opt)  # nothing written since the start-up run
+    index.write_count += 1
+    clock.now += 1
+    assert not await _step(opt)
+    clock.now += 10
+    assert await _step(opt)
+    assert index.optimized_at == [0, 1]
+
+
 def test_quiet_period_must_be_positive() -> None:
     with pytest.raises(ValueError):
         IndexOptimizer(FakeIndex(), quiet_s=0)
