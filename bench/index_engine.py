@@ -3,9 +3,14 @@
 Synthetic data: random L2-normalised vectors, texts drawn (Zipf) from a small bilingual
 vocabulary, spread over --tenants tenants. For each size: upsert (points/s, sparse
 encoding included), then dense and BM25 latency p50/p95 with the tenant filter before
-and after optimize() (HNSW build), and dense recall@10 against exact search.
+and after optimize() (HNSW build), and dense recall@10 against exact search. With
+--incremental N, N more points are upserted and a second optimize() is timed while a
+pure-Python thread counts loop turns: "python %" is how much of its normal rate it got
+(qdrant-edge-py holds the GIL during optimize; the retrieval server runs it after ingest
+bursts, services/retrieval/index_maintenance.py).
 
     python bench/index_engine.py [--sizes 10000,100000] [--dim 384] [--queries 300]
+                                 [--quantization int8|none] [--incremental 5000]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -84,6 +90,17 @@ def timed(fn: Any, args: list[Any]) -> list[float]:
     return out
 
 
+def python_turns(seconds: float | None, stop: threading.Event | None = None) -> int:
+    """Pure-Python loop turns in `seconds` (or until `stop` is set)."""
+    t0, turns = time.perf_counter(), 0
+    while (stop is None or not stop.is_set()) and (
+        seconds is None or time.perf_counter() - t0 < seconds
+    ):
+        sum(range(200))
+        turns += 1
+    return turns
+
+
 def run_size(
     n: int, args: argparse.Namespace, rng: np.random.Generator, workdir: Path
 ) -> dict[str, Any]:
@@ -102,19 +119,19 @@ def run_size(
         hnsw_on_filter_fields=args.filter_field_hnsw,
         idf_per_tenant=not args.idf_global,
         hnsw_ef=args.ef,
+        quantization=args.quantization,
     )
     res: dict[str, Any] = {"n": n}
     try:
         texts: list[str] = []
-        upsert_s = 0.0
-        for start in range(0, n, args.batch):
-            stop = min(n, start + args.batch)
+
+        def points(start: int, stop: int) -> list[IndexPoint]:
             batch = []
             for i in range(start, stop):
                 words = rng.choice(len(vocab), int(rng.integers(40, 160)), p=zipf)
                 text = " ".join(vocab[w] for w in words)
                 texts.append(text)
-                t = tenants[tenant_of[i]]
+                t = tenants[tenant_of[i % n]]
                 doc = f"doc-{i // 50}"
                 batch.append(
                     IndexPoint(
@@ -133,10 +150,15 @@ def run_size(
                         version="1.0",
                         tags=("bench",),
                         generation="g1",
-                        dense=vectors[i],
+                        dense=vectors[i % len(vectors)],
                         sparse_text=text,
                     )
                 )
+            return batch
+
+        upsert_s = 0.0
+        for start in range(0, n, args.batch):
+            batch = points(start, min(n, start + args.batch))
             t0 = time.perf_counter()
             idx.upsert(batch)
             upsert_s += time.perf_counter() - t0
@@ -184,6 +206,20 @@ def run_size(
         res["optimize_s"] = time.perf_counter() - t0
         res["health"] = idx.health()
         measure("after")
+        if args.incremental:
+            for start in range(n, n + args.incremental, args.batch):
+                idx.upsert(points(start, min(n + args.incremental, start + args.batch)))
+            baseline = python_turns(1.0)
+            turns: list[int] = []
+            stop = threading.Event()
+            ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
+            ticker.start()
+            t0 = time.perf_counter()
+            idx.optimize()
+            res["optimize_incremental_s"] = elapsed = time.perf_counter() - t0
+            stop.set()
+            ticker.join()
+            res["python_progress"] = turns[0] / max(1.0, baseline * elapsed)
         res["rss_mb"] = rss_mb()
         res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     finally:
@@ -206,6 +242,10 @@ def main() -> None:
     ap.add_argument("--filter-field-hnsw", action="store_true")
     ap.add_argument("--idf-global", action="store_true", help="BM25 IDF over all tenants")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--quantization", default="int8", choices=("int8", "none"))
+    ap.add_argument(
+        "--incremental", type=int, default=0, help="points upserted before a second optimize"
+    )
     ap.add_argument("--out", default="", help="also write the results as JSON here")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
@@ -219,6 +259,7 @@ def main() -> None:
     print(
         f"\nQdrant Edge, dim={args.dim}, {args.tenants} tenants, tenant filter, top-10, "
         f"hnsw m={args.hnsw_m} payload_m={args.payload_m} ef={args.ef} "
+        f"quantization={args.quantization} "
         f"filter-field-hnsw={args.filter_field_hnsw} idf-global={args.idf_global}; latencies in ms (p50 / p95)"
     )
     other = "global" if not args.idf_global else "tenant"
@@ -244,6 +285,11 @@ def main() -> None:
             f"{pp('sparse_other_idf_after'):>13} {r['recall_after']:>6.3f} | "
             f"{r['rss_mb']:>7.0f} {r['peak_rss_mb']:>6.0f}"
         )
+        if "optimize_incremental_s" in r:
+            print(
+                f"{'':>8} +{args.incremental} points: optimize {r['optimize_incremental_s']:.1f} s, "
+                f"a Python thread ran at {100 * r['python_progress']:.0f} % of its rate meanwhile"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 
