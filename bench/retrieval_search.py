@@ -1038,7 +1038,12 @@ def run_size(
             (q, f"tenant-{int(crng.integers(args.tenants)):02d}")
             for q in query_pool(args.seed + 99, args.cached_queries)
         ]
-        result["mean_hits"] = check_hits(grpc_addr, cached_items[:16])
+        # The probe's queries: the cached set's first 16, or 16 of their own without one.
+        probe = cached_items[:16] or [
+            (q, f"tenant-{i % args.tenants:02d}")
+            for i, q in enumerate(query_pool(args.seed + 98, 16))
+        ]
+        result["mean_hits"] = check_hits(grpc_addr, probe)
         print(f"  probe: {result['mean_hits']:.1f} hits per search", flush=True)
         cells: list[Cell] = []
         for c in args.concurrency:
