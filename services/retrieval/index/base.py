@@ -385,6 +385,25 @@ class RankQuery:
     text: str = ""
 
 
+def dense_search_params(
+    search_params: Callable[..., R],
+    quantization_params: Callable[..., Any],
+    hnsw_ef: int | None,
+    quantization: str,
+) -> R:
+    """A backend's SearchParams for dense queries, built with its own classes (qdrant_edge or
+    qdrant_client.models): the HNSW beam, and the int8 copy searched then rescored with the
+    originals, or ignored."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
+    quant = (
+        quantization_params(rescore=True)
+        if quantization == "int8"
+        else quantization_params(ignore=True)
+    )
+    return search_params(hnsw_ef=hnsw_ef, quantization=quant)
+
+
 def ranking_query(
     q: RankQuery,
     dense: Callable[[np.ndarray], Q],

@@ -19,7 +19,6 @@ from services.retrieval.index.base import (
     KINDS,
     LAYOUT_VERSION,
     PRE_RECORD_LAYOUT,
-    QUANTIZATIONS,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -35,6 +34,7 @@ from services.retrieval.index.base import (
     RankQuery,
     candidate_from_payload,
     check_limit,
+    dense_search_params,
     filter_conditions,
     hit_from_payload,
     idf_corpus,
@@ -135,18 +135,13 @@ class EdgeIndex:
         """
         if dim <= 0:
             raise ValueError("dim must be positive")
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         self.path = os.path.abspath(path)
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
         self._hnsw_ef = hnsw_ef
         self.quantization = quantization
-        self._dense_params = qe.SearchParams(
-            hnsw_ef=hnsw_ef,
-            quantization=qe.QuantizationSearchParams(rescore=True)
-            if quantization == "int8"
-            else qe.QuantizationSearchParams(ignore=True),
+        self._dense_params = dense_search_params(
+            qe.SearchParams, qe.QuantizationSearchParams, hnsw_ef, quantization
         )
         self.idf_per_tenant = idf_per_tenant
         self._hnsw_on_filter_fields = hnsw_on_filter_fields

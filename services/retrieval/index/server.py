@@ -20,7 +20,6 @@ from services.retrieval.index.base import (
     KINDS,
     LAYOUT_VERSION,
     PRE_RECORD_LAYOUT,
-    QUANTIZATIONS,
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
@@ -35,6 +34,7 @@ from services.retrieval.index.base import (
     RankQuery,
     candidate_from_payload,
     check_limit,
+    dense_search_params,
     filter_conditions,
     hit_from_payload,
     idf_corpus,
@@ -158,19 +158,14 @@ class QdrantServerIndex:
             raise ValueError("dim must be positive")
         if not collection:
             raise ValueError("collection name is required")
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         self.client = client
         self.collection = collection
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
         self._hnsw_ef = hnsw_ef
         self.quantization = quantization
-        self._dense_params = models.SearchParams(
-            hnsw_ef=hnsw_ef,
-            quantization=models.QuantizationSearchParams(rescore=True)
-            if quantization == "int8"
-            else models.QuantizationSearchParams(ignore=True),
+        self._dense_params = dense_search_params(
+            models.SearchParams, models.QuantizationSearchParams, hnsw_ef, quantization
         )
         self._hnsw_m = hnsw_m
         self._hnsw_payload_m = hnsw_payload_m
