@@ -5,9 +5,10 @@ vocabulary, spread over --tenants tenants. For each size: upsert (points/s, spar
 encoding included), then dense and BM25 latency p50/p95 with the tenant filter before
 and after optimize() (HNSW build), and dense recall@10 against exact search. With
 --incremental N, N more points are upserted and a second optimize() is timed while a
-pure-Python thread counts loop turns: "python %" is how much of its normal rate it got
-(qdrant-edge-py holds the GIL during optimize; the retrieval server runs it after ingest
-bursts, services/retrieval/index_maintenance.py).
+pure-Python thread counts loop turns: how much of its normal rate it got (qdrant-edge-py
+holds the GIL during optimize; the retrieval server runs it after ingest bursts,
+services/retrieval/index_maintenance.py). The same ticker runs while searches loop back to
+back after optimize: how much of a search holds the GIL.
 
     python bench/index_engine.py [--sizes 10000,100000] [--dim 384] [--queries 300]
                                  [--quantization int8|none] [--incremental 5000]
@@ -206,11 +207,24 @@ def run_size(
         res["optimize_s"] = time.perf_counter() - t0
         res["health"] = idx.health()
         measure("after")
+        # Does a search let other Python threads run? A ticker thread while searches loop.
+        baseline = python_turns(1.0)
+        turns: list[int] = []
+        stop = threading.Event()
+        ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
+        ticker.start()
+        t0 = time.perf_counter()
+        timed(idx.search_dense, dense_args)
+        timed(idx.search_sparse, sparse_args)
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        ticker.join()
+        res["python_progress_searching"] = turns[0] / max(1.0, baseline * elapsed)
         if args.incremental:
             for start in range(n, n + args.incremental, args.batch):
                 idx.upsert(points(start, min(n + args.incremental, start + args.batch)))
             baseline = python_turns(1.0)
-            turns: list[int] = []
+            turns = []
             stop = threading.Event()
             ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
             ticker.start()
@@ -284,6 +298,10 @@ def main() -> None:
             f"{pp('dense_after'):>13} {pp('sparse_after'):>13} "
             f"{pp('sparse_other_idf_after'):>13} {r['recall_after']:>6.3f} | "
             f"{r['rss_mb']:>7.0f} {r['peak_rss_mb']:>6.0f}"
+        )
+        print(
+            f"{'':>8} while searches ran back to back, a Python thread ran at "
+            f"{100 * r['python_progress_searching']:.0f} % of its rate"
         )
         if "optimize_incremental_s" in r:
             print(
