@@ -11,9 +11,10 @@ have paused for `quiet_s` (so a bulk ingest is not interrupted after every docum
 runs `optimize()` again on a daemon thread.
 
 qdrant-edge-py 0.9 holds the GIL for the whole `optimize()` call: while it runs the
-process answers nothing (measured at 100k chunks of 512-d: nothing to do after +500 new
-chunks, 18 s after +5,000, 61 s after +20,000). That is the price of an indexed shard
-with this engine; RETR_OPTIMIZE_QUIET_S=0 turns both runs off.
+process answers nothing (bench/index_engine.py --incremental: at 100k chunks of 512-d,
+10 s after +5,000 new chunks, during which another Python thread got 0 % of its rate; a
+few hundred new chunks leave nothing to do). That is the price of an indexed shard with
+this engine; RETR_OPTIMIZE_QUIET_S=0 turns both runs off.
 """
 
 from __future__ import annotations
