@@ -43,6 +43,7 @@ from services.retrieval.index.edge import LAYOUT_FILE
 from services.retrieval.index.server import LAYOUT_KEY
 from services.retrieval.index.sparse import in_tenant_space, tenant_salt
 from services.retrieval.ingestion import point_id
+from tests.index_points import chunk_points
 
 DIM = 8
 ENCODER = Bm25Encoder()  # shared: its word cache is thread-safe and stateless otherwise
@@ -953,29 +954,7 @@ def _random_points(n: int, dim: int, seed: int) -> tuple[np.ndarray, list[IndexP
     rng = np.random.default_rng(seed)
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    points = [
-        IndexPoint(
-            point_id=i + 1,
-            tenant_id="a",
-            doc_id=f"d{i // 10}",
-            section_id="s",
-            chunk_id=f"c{i}",
-            kind="chunk",
-            ord=i,
-            page_start=1,
-            page_end=1,
-            tokens=10,
-            source="user",
-            product="",
-            version="",
-            tags=(),
-            generation="g",
-            dense=vectors[i],
-            sparse_text=f"word{i % 50}",
-        )
-        for i in range(n)
-    ]
-    return vectors, points
+    return vectors, chunk_points(vectors)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "none"])
