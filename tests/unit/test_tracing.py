@@ -107,6 +107,17 @@ def _by_service(exporter: InMemorySpanExporter) -> dict[str, list]:
     return out
 
 
+async def _finished(exporter: InMemorySpanExporter, *services: str) -> dict[str, list]:
+    """_by_service once every named service has ended a span. A failed call's status reaches
+    the caller when the server aborts, a moment before its interceptor ends the span."""
+    for _ in range(200):
+        spans = _by_service(exporter)
+        if all(name in spans for name in services):
+            return spans
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no finished span of {services}: {sorted(_by_service(exporter))}")
+
+
 async def test_a_call_across_two_servers_is_one_trace_with_parent_and_child(two_hops):
     stub, back, exporter = two_hops
     await stub.Execute(pb.ExecuteRequest(tool_name="ok", trace_id=HEX_TRACE))
@@ -191,7 +202,7 @@ async def test_the_status_code_is_an_attribute_and_server_errors_mark_the_span(
     stub, _, exporter = two_hops
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.Execute(pb.ExecuteRequest(tool_name=tool, trace_id=HEX_TRACE))
-    spans = _by_service(exporter)
+    spans = await _finished(exporter, "visior-back", "visior-front")
     child, front = spans["visior-back"][0], spans["visior-front"][0]
     assert child.attributes["rpc.grpc.status_code"] == back_code
     assert child.status.status_code == back_status
