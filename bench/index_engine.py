@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,26 @@ def python_turns(seconds: float | None, stop: threading.Event | None = None) -> 
         sum(range(200))
         turns += 1
     return turns
+
+
+def python_progress(work: Callable[[], None]) -> tuple[float, float]:
+    """(seconds `work` took, the share of its normal rate a pure-Python thread got meanwhile).
+
+    1.0: `work` left the GIL free; ~0: it held the GIL throughout.
+    """
+    baseline = python_turns(1.0)
+    turns: list[int] = []
+    stop = threading.Event()
+    ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
+    ticker.start()
+    t0 = time.perf_counter()
+    try:
+        work()
+    finally:
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        ticker.join()
+    return elapsed, turns[0] / max(1.0, baseline * elapsed)
 
 
 def run_size(
@@ -207,33 +228,17 @@ def run_size(
         res["optimize_s"] = time.perf_counter() - t0
         res["health"] = idx.health()
         measure("after")
+
         # Does a search let other Python threads run? A ticker thread while searches loop.
-        baseline = python_turns(1.0)
-        turns: list[int] = []
-        stop = threading.Event()
-        ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
-        ticker.start()
-        t0 = time.perf_counter()
-        timed(idx.search_dense, dense_args)
-        timed(idx.search_sparse, sparse_args)
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        ticker.join()
-        res["python_progress_searching"] = turns[0] / max(1.0, baseline * elapsed)
+        def search_all() -> None:
+            timed(idx.search_dense, dense_args)
+            timed(idx.search_sparse, sparse_args)
+
+        _, res["python_progress_searching"] = python_progress(search_all)
         if args.incremental:
             for start in range(n, n + args.incremental, args.batch):
                 idx.upsert(points(start, min(n + args.incremental, start + args.batch)))
-            baseline = python_turns(1.0)
-            turns = []
-            stop = threading.Event()
-            ticker = threading.Thread(target=lambda: turns.append(python_turns(None, stop)))
-            ticker.start()
-            t0 = time.perf_counter()
-            idx.optimize()
-            res["optimize_incremental_s"] = elapsed = time.perf_counter() - t0
-            stop.set()
-            ticker.join()
-            res["python_progress"] = turns[0] / max(1.0, baseline * elapsed)
+            res["optimize_incremental_s"], res["python_progress"] = python_progress(idx.optimize)
         res["rss_mb"] = rss_mb()
         res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     finally:
