@@ -88,7 +88,8 @@ class IndexPoint:
     """One indexed item: a chunk, a section summary or a document, with its payload and vectors."""
 
     point_id: int
-    """Deterministic UUID string made by the caller (re-upserting the same id replaces)."""
+    """Deterministic unsigned 64-bit id made by the caller (`ingestion.point_id`);
+    re-upserting the same id replaces the point."""
     tenant_id: str
     doc_id: str
     section_id: str

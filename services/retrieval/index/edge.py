@@ -138,8 +138,6 @@ class EdgeIndex:
         self.path = os.path.abspath(path)
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
-        self._hnsw_ef = hnsw_ef
-        self.quantization = quantization
         self._dense_params = dense_search_params(
             qe.SearchParams, qe.QuantizationSearchParams, hnsw_ef, quantization
         )

@@ -162,7 +162,6 @@ class QdrantServerIndex:
         self.collection = collection
         self.dim = dim
         self.encoder = encoder or Bm25Encoder()
-        self._hnsw_ef = hnsw_ef
         self.quantization = quantization
         self._dense_params = dense_search_params(
             models.SearchParams, models.QuantizationSearchParams, hnsw_ef, quantization
