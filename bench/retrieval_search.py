@@ -202,10 +202,9 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
     from services.docstore.model import Chunk, Document, Section
     from services.docstore.sqlite_store import SqliteDocumentStore
     from services.retrieval.index.edge import EdgeIndex
-    from services.retrieval.ingestion import Ingestor
+    from services.retrieval.ingestion import Ingestor, stored_points
     from services.retrieval.journal import IngestJournal
     from services.retrieval.sections import SectionCatalog
-    from services.retrieval.visibility import Visibility
 
     rng = np.random.default_rng(seed)
     vocab = vocabulary(rng, 3000)
@@ -224,7 +223,6 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
         store=store,
         index=index,
         embedder=SyntheticEmbedder(dim, rng),
-        visibility=Visibility(store),
         sections=SectionCatalog(store),
         journal=IngestJournal(path / "ingest-journal.jsonl"),
         max_document_bytes=1 << 20,
@@ -240,7 +238,7 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
 
     async def build() -> None:
         nonlocal t_gen, t_upsert, t_store, points_total, tokens_total
-        pending_docs: list[Document] = []
+        pending_docs: list[tuple[Document, Any]] = []
         pending_points: list[Any] = []
         made = 0
         d = 0
@@ -286,7 +284,7 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
             )
             points = await ingestor._points(doc)  # the server's own point layout and ids
             t_gen += time.perf_counter() - t0
-            pending_docs.append(doc)
+            pending_docs.append((doc, stored_points(points)))
             pending_points.extend(points)
             made += count
             d += 1
@@ -295,9 +293,9 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
                 t0 = time.perf_counter()
                 index.upsert(pending_points)
                 t1 = time.perf_counter()
-                for doc_ in pending_docs:
-                    store.put(doc_)
-                done_docs = pending_docs
+                for doc_, listed in pending_docs:
+                    store.put(doc_, listed)
+                done_docs = [doc_ for doc_, _ in pending_docs]
                 t_store += time.perf_counter() - t1
                 t_upsert += t1 - t0
                 points_total += len(pending_points)

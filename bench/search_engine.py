@@ -1,7 +1,7 @@
 """In-process micro-benchmark of RetrievalEngine.search on retrieval_search.py's data dirs.
 
 No gRPC, no Envoy: the engine as app.py builds it (Edge shard, SQLite document store, real
-embedder of the profile, visibility, section catalog), searches one after another with
+embedder of the profile, section catalog), searches one after another with
 fresh queries, and prints wall time per search, meta.engine_ms and meta.query_embedding_ms.
 `--profile-out FILE` writes a cProfile of the searches, run in this thread (the engine's
 worker-thread part called directly, since cProfile sees one thread). Meant for iterating on the engine;
@@ -40,7 +40,6 @@ from services.retrieval.engine import EngineSettings, RetrievalEngine, _Timing  
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402
 from services.retrieval.search import SearchDefaults, SearchQuery  # noqa: E402
 from services.retrieval.sections import SectionCatalog  # noqa: E402
-from services.retrieval.visibility import Visibility  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -53,8 +52,8 @@ async def run(args: argparse.Namespace, data: Path) -> None:
     store = SqliteDocumentStore(data / "docstore.sqlite")
     index = EdgeIndex(str(data / "index"), embedder.dim)
     engine = RetrievalEngine(
-        index=index, embedder=embedder, visibility=Visibility(store),
-        sections=SectionCatalog(store), chunks=store, tokenizer=default_tokenizer(),
+        index=index, embedder=embedder, sections=SectionCatalog(store), chunks=store,
+        tokenizer=default_tokenizer(),
         defaults=SearchDefaults(), settings=EngineSettings(candidate_factor=args.factor),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
     )  # fmt: skip

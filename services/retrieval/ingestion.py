@@ -5,8 +5,10 @@ of it visible; running again completes it"):
 
 1. journal entry (tenant, doc, new generation), fsynced;
 2. index points of the new generation (deterministic ids: a rerun overwrites, never duplicates);
-3. the document store commits the new version in one transaction: from here search sees it
-   (search only shows points of the store's generation, services/retrieval/visibility.py);
+3. the document store commits the new version in one transaction, with the list of its
+   points (`StoredPoint`): from here search sees it. Search reads every candidate's fields
+   from that list (services/retrieval/engine.py), so a point the store does not list, of
+   an uncommitted or a replaced generation, is never shown;
 4. the old generation's points are deleted, the journal entry is marked done.
 
 A crash before 3 leaves only invisible points, which `recover()` deletes at the next start;
@@ -28,7 +30,7 @@ import numpy as np
 from services.common import errors
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import parse_knowledge_base_csv
-from services.docstore.model import Document
+from services.docstore.model import Document, StoredPoint
 from services.docstore.parsing import (
     ChunkingConfig,
     UnsupportedFormatError,
@@ -41,7 +43,6 @@ from services.retrieval.index.base import IndexPoint, IndexUnavailableError, Vec
 from services.retrieval.journal import IngestJournal
 from services.retrieval.search import KB_TENANT
 from services.retrieval.sections import SectionCatalog
-from services.retrieval.visibility import Visibility
 
 log = logging.getLogger("visior.retrieval.ingestion")
 
@@ -58,7 +59,15 @@ _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
 class DocumentStore(Protocol):
     """What ingestion needs from the document store (services/docstore/sqlite_store.py)."""
 
-    def put(self, doc: Document) -> bool: ...
+    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
+
+    def put_points(
+        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
+    ) -> bool: ...
+
+    def documents_without_points(self) -> list[tuple[str, str, str]]: ...
+
+    def get_document(self, tenant_id: str, doc_id: str) -> Document | None: ...
 
     def delete(self, tenant_id: str, doc_id: str) -> bool: ...
 
@@ -127,6 +136,76 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / n).astype(np.float32) if n > 0 else v.astype(np.float32)
 
 
+def chunk_texts(doc: Document) -> list[str]:
+    """What each chunk's vectors are made from: its section title, then its text."""
+    titles = {s.section_id: s.title for s in doc.sections}
+    return [f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks]
+
+
+def document_points(doc: Document, vectors: np.ndarray | None) -> list[IndexPoint]:
+    """Chunk points, section points (centroid vector, section text for BM25), a doc point.
+
+    `vectors` are the chunks' passage embeddings, in order; None leaves every dense
+    vector out (the points' fields and ids are the same either way).
+    """
+    texts = chunk_texts(doc)
+    gen, tenant = doc.generation, doc.tenant_id
+
+    def point(kind: str, item_id: str, dense: np.ndarray | None, **kw: object) -> IndexPoint:
+        return IndexPoint(
+            point_id=point_id(tenant, doc.doc_id, kind, item_id, gen),
+            tenant_id=tenant,
+            doc_id=doc.doc_id,
+            kind=kind,
+            source=doc.source,
+            product=doc.product,
+            version=doc.version,
+            tags=tuple(doc.tags),
+            generation=gen,
+            dense=dense,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    points = [
+        point("chunk", c.chunk_id, None if vectors is None else vectors[i],
+              section_id=c.section_id, chunk_id=c.chunk_id, ord=c.ord,
+              page_start=c.page_start, page_end=c.page_end, tokens=c.tokens,
+              sparse_text=texts[i])
+        for i, c in enumerate(doc.chunks)
+    ]  # fmt: skip
+    by_section: dict[str, list[int]] = {}
+    for i, c in enumerate(doc.chunks):
+        by_section.setdefault(c.section_id, []).append(i)
+    for s in doc.sections:
+        idx = by_section.get(s.section_id, [])
+        if not idx:
+            continue
+        body = " ".join(doc.chunks[i].text for i in idx)
+        points.append(
+            point("section", s.section_id,
+                  None if vectors is None else _unit(vectors[idx].mean(axis=0)),
+                  section_id=s.section_id, chunk_id="", ord=s.ord, page_start=s.page_start,
+                  page_end=s.page_end, tokens=sum(doc.chunks[i].tokens for i in idx),
+                  sparse_text=f"{s.title}\n{body}")
+        )  # fmt: skip
+    outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
+    points.append(
+        point("doc", "doc", None if vectors is None else _unit(vectors.mean(axis=0)),
+              section_id="", chunk_id="", ord=0, page_start=1, page_end=doc.pages, tokens=0,
+              sparse_text=f"{doc.title}\n{outline}")
+    )  # fmt: skip
+    return points
+
+
+def stored_points(points: Sequence[IndexPoint]) -> list[StoredPoint]:
+    """What the document store lists of each point (search reads candidates from it)."""
+    return [
+        StoredPoint(p.point_id, p.doc_id, p.section_id, p.chunk_id, p.kind, p.ord,
+                    p.page_start, p.page_end, p.tokens, p.generation)
+        for p in points
+    ]  # fmt: skip
+
+
 def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
     return errors.UnavailableError(
         f"the document store is unavailable: {exc}",
@@ -148,7 +227,6 @@ class Ingestor:
         store: DocumentStore,
         index: VectorIndex,
         embedder: Embedder,
-        visibility: Visibility,
         sections: SectionCatalog,
         journal: IngestJournal,
         max_document_bytes: int,
@@ -157,7 +235,6 @@ class Ingestor:
         self._store = store
         self._index = index
         self._embedder = embedder
-        self._visibility = visibility
         self._sections = sections
         self._journal = journal
         self._max_bytes = max_document_bytes
@@ -185,6 +262,21 @@ class Ingestor:
             )
         self._journal.compact()
         return len(pending)
+
+    def backfill_points(self) -> int:
+        """List the points of stored documents that have no point list (a store written before
+        the list existed); returns the documents listed. Idempotent; run at start."""
+        done = 0
+        for tenant_id, doc_id, generation in self._store.documents_without_points():
+            doc = self._store.get_document(tenant_id, doc_id)
+            if doc is None or doc.generation != generation:
+                continue
+            listed = stored_points(document_points(doc, None))
+            if self._store.put_points(tenant_id, doc_id, generation, listed):
+                done += 1
+        if done:
+            log.info("listed the index points of stored documents", extra={"documents": done})
+        return done
 
     # -- ingest -----------------------------------------------------------------------------
 
@@ -309,7 +401,7 @@ class Ingestor:
         entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation)
         try:
             await asyncio.to_thread(self._index.upsert, points)
-            replaced = await asyncio.to_thread(self._store.put, doc)
+            replaced = await asyncio.to_thread(self._store.put, doc, stored_points(points))
         except IndexUnavailableError as exc:
             raise errors.UnavailableError(
                 f"the vector store is unavailable: {exc}", reason="backend_unavailable"
@@ -319,7 +411,6 @@ class Ingestor:
             # entry stays open, so recovery deletes them at the next start.
             raise _store_unavailable(exc) from None
         # Committed: visible from here on. The rest is cleanup that recovery would redo.
-        self._visibility.set(doc.tenant_id, doc.doc_id, doc.generation)
         self._sections.forget(doc.tenant_id, doc.doc_id)
         try:
             await asyncio.to_thread(
@@ -347,53 +438,8 @@ class Ingestor:
         return np.vstack(parts) if parts else np.zeros((0, self._embedder.dim), np.float32)
 
     async def _points(self, doc: Document) -> list[IndexPoint]:
-        """Chunk points, section points (centroid vector, section text for BM25), a doc point."""
-        titles = {s.section_id: s.title for s in doc.sections}
-        chunk_texts = [f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks]
-        vectors = await self._embed(chunk_texts)
-        gen, tenant = doc.generation, doc.tenant_id
-
-        def point(kind: str, item_id: str, **kw: object) -> IndexPoint:
-            return IndexPoint(
-                point_id=point_id(tenant, doc.doc_id, kind, item_id, gen),
-                tenant_id=tenant,
-                doc_id=doc.doc_id,
-                kind=kind,
-                source=doc.source,
-                product=doc.product,
-                version=doc.version,
-                tags=tuple(doc.tags),
-                generation=gen,
-                **kw,  # type: ignore[arg-type]
-            )
-
-        points = [
-            point("chunk", c.chunk_id, section_id=c.section_id, chunk_id=c.chunk_id, ord=c.ord,
-                  page_start=c.page_start, page_end=c.page_end, tokens=c.tokens,
-                  dense=vectors[i], sparse_text=chunk_texts[i])
-            for i, c in enumerate(doc.chunks)
-        ]  # fmt: skip
-        by_section: dict[str, list[int]] = {}
-        for i, c in enumerate(doc.chunks):
-            by_section.setdefault(c.section_id, []).append(i)
-        for s in doc.sections:
-            idx = by_section.get(s.section_id, [])
-            if not idx:
-                continue
-            body = " ".join(doc.chunks[i].text for i in idx)
-            points.append(
-                point("section", s.section_id, section_id=s.section_id, chunk_id="",
-                      ord=s.ord, page_start=s.page_start, page_end=s.page_end,
-                      tokens=sum(doc.chunks[i].tokens for i in idx),
-                      dense=_unit(vectors[idx].mean(axis=0)), sparse_text=f"{s.title}\n{body}")
-            )  # fmt: skip
-        outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
-        points.append(
-            point("doc", "doc", section_id="", chunk_id="", ord=0, page_start=1,
-                  page_end=doc.pages, tokens=0,
-                  dense=_unit(vectors.mean(axis=0)), sparse_text=f"{doc.title}\n{outline}")
-        )  # fmt: skip
-        return points
+        """The document's points (document_points) with their dense vectors."""
+        return document_points(doc, await self._embed(chunk_texts(doc)))
 
     # -- delete / list ----------------------------------------------------------------------
 
@@ -408,7 +454,6 @@ class Ingestor:
                 deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
             except StoreUnavailableError as exc:
                 raise _store_unavailable(exc) from None
-            self._visibility.set(tenant_id, doc_id, None)
             self._sections.forget(tenant_id, doc_id)
             try:
                 await asyncio.to_thread(self._index.delete_document, tenant_id, doc_id)

@@ -3,7 +3,7 @@ import sqlite3
 
 import pytest
 
-from services.docstore.model import Page
+from services.docstore.model import Page, StoredPoint
 from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 
@@ -79,10 +79,12 @@ def test_a_failed_write_leaves_the_previous_version(tmp_path, broken_part):
         # The pages go in last: the document row, sections and chunks are already written.
         bad = dataclasses.replace(new, page_texts=("ok", object()))  # type: ignore[arg-type]
         error = sqlite3.ProgrammingError
+    store.put(old, points_of(old))
     with pytest.raises(error):
-        store.put(bad)
+        store.put(bad, points_of(bad, ids=(1, 2, 3, 4)))
     assert store.get_document("t1", "guide") == old
     assert store.document_generation("t1", "guide") == old.generation
+    assert set(store.points_by_ids("t1", [0, 1, 2, 3, 4, 2**63])) == {0, 2**63}
 
 
 def test_an_old_store_file_is_migrated(tmp_path):
@@ -102,3 +104,86 @@ def test_an_old_store_file_is_migrated(tmp_path):
     assert store.list_documents("t1")[0].metadata == {}
     store.put(doc())
     assert store.document_generation("t1", "guide") == doc().generation
+
+
+# -- the list of a document's index points (search reads its candidates from it) ------------
+
+
+def points_of(d, ids=(0, 2**63 - 1, 2**63, 2**64 - 1)):
+    """Stored points of document `d` with ids at the ends of the u64 range and the middle
+    (SQLite stores signed 64-bit integers)."""
+    kinds = ("chunk", "chunk", "section", "doc")
+    return [
+        StoredPoint(pid, d.doc_id, f"s{i}", f"c{i}" if kind == "chunk" else "", kind, i, i + 1,
+                    i + 2, 10 * i, d.generation)
+        for i, (pid, kind) in enumerate(zip(ids, kinds, strict=True))
+    ]  # fmt: skip
+
+
+def test_points_are_written_with_the_document_and_read_by_id_under_its_tenant(tmp_path):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    d = doc()
+    listed = points_of(d)
+    store.put(d, listed)
+    ids = [p.point_id for p in listed]
+    got = store.points_by_ids("t1", ids + ids[:1] + [12345])
+    assert got == {p.point_id: p for p in listed}  # every field; u64 ends round-trip
+    assert all(type(k) is int and 0 <= k < 2**64 for k in got)
+    assert store.points_by_ids("t2", ids) == {}  # another tenant: nothing, by any id
+    assert store.points_by_ids("t1", []) == {}
+    assert store.documents_without_points() == []
+    # A new version replaces the list; a delete removes it.
+    new = doc(text="# Guide\n\nNew text.")
+    assert new.generation != d.generation
+    store.put(new, points_of(new, ids=(7, 8, 9, 10)))
+    assert set(store.points_by_ids("t1", [*ids, 7, 8, 9, 10])) == {7, 8, 9, 10}
+    store.delete("t1", "guide")
+    assert store.points_by_ids("t1", [7, 8, 9, 10]) == {}
+
+
+def test_points_by_ids_reads_more_than_one_batch_of_500(tmp_path):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    d = doc()
+    many = [
+        StoredPoint(2**64 - 1 - i, d.doc_id, "s", f"c{i}", "chunk", i, 1, 1, 5, d.generation)
+        for i in range(1201)
+    ]
+    store.put(d, many)
+    wanted = [p.point_id for p in many] + list(range(1, 300))  # 1,500 ids, 299 unknown
+    assert store.points_by_ids("t1", wanted) == {p.point_id: p for p in many}
+
+
+@pytest.mark.parametrize("field", ["doc_id", "generation", "point_id"])
+def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_written(
+    tmp_path, field
+):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    old = doc()
+    store.put(old, points_of(old))
+    new = doc(text="# Guide\n\nNew text.")
+    bad = {"doc_id": "other", "generation": "g-other", "point_id": 2**64}[field]
+    listed = points_of(new, ids=(1, 2, 3, 4))
+    listed[1] = listed[1]._replace(**{field: bad})
+    with pytest.raises(ValueError):
+        store.put(new, listed)
+    assert store.get_document("t1", "guide") == old
+    assert set(store.points_by_ids("t1", [p.point_id for p in points_of(old)])) == {
+        p.point_id for p in points_of(old)
+    }
+
+
+def test_put_points_lists_a_stored_generation_only(tmp_path):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    d, other = doc(), doc(tenant="t2", doc_id="notes")
+    store.put(d)  # as a store written before the points list existed
+    store.put(other)
+    assert store.documents_without_points() == [
+        ("t1", "guide", d.generation), ("t2", "notes", other.generation)
+    ]  # fmt: skip
+    assert store.put_points("t1", "guide", "another-generation", points_of(d)) is False
+    assert store.put_points("t1", "missing", d.generation, points_of(d)) is False
+    assert store.points_by_ids("t1", [0]) == {}
+    assert store.put_points("t1", "guide", d.generation, points_of(d)) is True
+    assert store.put_points("t1", "guide", d.generation, points_of(d)) is True  # idempotent
+    assert len(store.points_by_ids("t1", [p.point_id for p in points_of(d)])) == 4
+    assert store.documents_without_points() == [("t2", "notes", other.generation)]

@@ -737,7 +737,6 @@ def test_point_ids_at_the_ends_of_the_range_round_trip(index, edge_id):
     flt = IndexFilter("a", doc_ids=("ends",))
     [(found, _)] = index.search_dense_ids(CORPUS[0].dense, flt, 1)
     assert found == edge_id and type(found) is int
-    assert index.candidates(flt, [edge_id])[edge_id].chunk_id == CORPUS[0].chunk_id
     assert index.search_dense(CORPUS[0].dense, flt, 1)[0].point_id == edge_id
 
 
@@ -779,7 +778,7 @@ def test_server_index_reuses_an_existing_collection():
     assert again.search_sparse("договоров", IndexFilter("a"), 1)[0].chunk_id == "c1"
 
 
-# -- candidates: ids first, fields of the head only ---------------------------------------
+# -- id-only rankings (the engine reads the fields from the document store) ---------------------------------------
 
 
 def test_id_searches_rank_like_the_full_searches(ro_index):
@@ -787,10 +786,7 @@ def test_id_searches_rank_like_the_full_searches(ro_index):
     full = ro_index.search_dense(vec("a/c2/chunk"), flt, 5)
     ids = ro_index.search_dense_ids(vec("a/c2/chunk"), flt, 5)
     assert [round(s, 5) for _, s in ids] == [round(h.score, 5) for h in full]
-    got = ro_index.candidates(flt, [k for k, _ in ids])
-    assert [(got[k].doc_id, got[k].chunk_id, got[k].kind) for k, _ in ids] == [
-        (h.doc_id, h.chunk_id, h.kind) for h in full
-    ]
+    assert [k for k, _ in ids] == [h.point_id for h in full]
     full = ro_index.search_sparse("payment invoice", flt, 5)
     ids = ro_index.search_sparse_ids("payment invoice", flt, 5)
     assert [round(s, 4) for _, s in ids] == [round(h.score, 4) for h in full]
@@ -799,14 +795,14 @@ def test_id_searches_rank_like_the_full_searches(ro_index):
 
 
 def test_a_batch_ranks_each_query_as_its_own_call_would_in_order(ro_index):
-    chunks_a, sections_b = IndexFilter("a"), IndexFilter("b", kinds=("section",))
+    chunks_a, all_b = IndexFilter("a"), IndexFilter("b", kinds=KINDS)
     queries = [
         RankQuery(chunks_a, 5, vector=vec("a/c2/chunk")),
         RankQuery(chunks_a, 5, text="payment invoice"),
         RankQuery(chunks_a, 5, text="и на the of"),  # no searchable terms
         RankQuery(chunks_a, 0, vector=vec("x")),  # limit 0
-        RankQuery(sections_b, 3, vector=vec("a/c2/chunk")),
-        RankQuery(sections_b, 3, text="payment invoice"),
+        RankQuery(all_b, 3, vector=vec("a/c2/chunk")),
+        RankQuery(all_b, 3, text="ldap integration"),
     ]
     got = ro_index.search_ids_batch(queries)
     want = [
@@ -814,8 +810,8 @@ def test_a_batch_ranks_each_query_as_its_own_call_would_in_order(ro_index):
         ro_index.search_sparse_ids("payment invoice", chunks_a, 5),
         [],
         [],
-        ro_index.search_dense_ids(vec("a/c2/chunk"), sections_b, 3),
-        ro_index.search_sparse_ids("payment invoice", sections_b, 3),
+        ro_index.search_dense_ids(vec("a/c2/chunk"), all_b, 3),
+        ro_index.search_sparse_ids("ldap integration", all_b, 3),
     ]
     assert [[(k, round(s, 4)) for k, s in r] for r in got] == [
         [(k, round(s, 4)) for k, s in r] for r in want
@@ -823,7 +819,8 @@ def test_a_batch_ranks_each_query_as_its_own_call_would_in_order(ro_index):
     assert got[0] and got[1]
     # Tenant b's lists hold only tenant b's points, whatever else the batch asked.
     b_ids = {k for r in got[4:] for k, _ in r}
-    assert set(ro_index.candidates(IndexFilter("b", kinds=KINDS), b_ids)) == b_ids
+    b_points = {p.point_id for p in CORPUS if p.tenant_id == "b"}
+    assert b_ids and b_ids <= b_points
     assert ro_index.search_ids_batch([]) == []
 
 
@@ -834,26 +831,6 @@ def test_a_batch_refuses_a_filter_without_tenant_and_a_negative_limit(ro_index):
         ro_index.search_ids_batch([RankQuery(IndexFilter(" "), 0, vector=vec("x"))])
     with pytest.raises(ValueError):
         ro_index.search_ids_batch([RankQuery(IndexFilter("a"), -1, vector=vec("x"))])
-
-
-def test_candidates_carry_the_fields_fusion_needs_and_no_text(ro_index):
-    ids = ro_index.search_dense_ids(vec("a/c2/chunk"), IndexFilter("a"), 1)
-    (c,) = ro_index.candidates(IndexFilter("a"), [ids[0][0]]).values()
-    want = CORPUS[1]
-    assert (c.doc_id, c.section_id, c.chunk_id, c.kind, c.ord, c.generation) == (
-        want.doc_id, want.section_id, want.chunk_id, want.kind, want.ord, want.generation
-    )  # fmt: skip
-    assert (c.page_start, c.page_end, c.tokens) == (want.page_start, want.page_end, want.tokens)
-    assert not hasattr(c, "text")
-    assert ro_index.candidates(IndexFilter("a"), []) == {}
-
-
-def test_candidates_by_id_never_cross_tenants_or_kinds(ro_index):
-    a_ids = [k for k, _ in ro_index.search_dense_ids(vec("a/c1/chunk"), IndexFilter("a"), 50)]
-    assert len(ro_index.candidates(IndexFilter("a"), a_ids)) == len(a_ids) == len(A_CHUNKS)
-    # The same ids under tenant b's filter: nothing, although the points exist.
-    assert ro_index.candidates(IndexFilter("b", kinds=KINDS), a_ids) == {}
-    assert ro_index.candidates(IndexFilter("a", kinds=("section",)), a_ids) == {}
 
 
 # -- layout version guard -------------------------------------------------------------------

@@ -193,7 +193,7 @@ class _Capture:
 
 
 INGESTOR = Ingestor(
-    store=None, index=None, embedder=None, visibility=None, sections=None, journal=None,  # type: ignore[arg-type]
+    store=None, index=None, embedder=None, sections=None, journal=None,  # type: ignore[arg-type]
     max_document_bytes=MAX_DOCUMENT_BYTES,
 )  # fmt: skip
 LOOP = asyncio.new_event_loop()

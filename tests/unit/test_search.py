@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,10 +15,16 @@ from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.embeddings import EmbeddingSettings, build_embedder
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
-from services.retrieval.index.base import IndexUnavailableError
+from services.retrieval.index.base import KINDS, IndexFilter, IndexUnavailableError
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
-from services.retrieval.ingestion import IngestInput, Ingestor
+from services.retrieval.ingestion import (
+    IngestInput,
+    Ingestor,
+    document_points,
+    point_id,
+    stored_points,
+)
 from services.retrieval.journal import IngestJournal
 from services.retrieval.query import load_synonyms
 from services.retrieval.rerank import RerankSettings, build_reranker
@@ -29,7 +36,6 @@ from services.retrieval.search import (
     SearchQuery,
 )
 from services.retrieval.sections import SectionCatalog
-from services.retrieval.visibility import Visibility
 from tests.fakes.rerank_server import FakeRerankServer
 
 GUIDE = """# Orion X guide
@@ -78,7 +84,6 @@ class Stack:
     ingestor: Ingestor
     engine: RetrievalEngine
     journal: IngestJournal
-    visibility: Visibility
     sections: SectionCatalog
     path: Path
 
@@ -88,20 +93,20 @@ def make_stack(
 ) -> Stack:
     store = SqliteDocumentStore(tmp / "docstore.sqlite")
     index = index or EdgeIndex(str(tmp / "index"), embedder.dim)
-    visibility, sections = Visibility(store), SectionCatalog(store)
+    sections = SectionCatalog(store)
     journal = IngestJournal(tmp / "journal.jsonl")
     ingestor = Ingestor(
-        store=store, index=index, embedder=embedder, visibility=visibility, sections=sections,
+        store=store, index=index, embedder=embedder, sections=sections,
         journal=journal, max_document_bytes=1 << 20,
     )  # fmt: skip
     engine = RetrievalEngine(
-        index=index, embedder=embedder, visibility=visibility, sections=sections, chunks=store,
+        index=index, embedder=embedder, sections=sections, chunks=store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=settings or EngineSettings(),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
         reranker=reranker, synonyms=load_synonyms(None),
     )  # fmt: skip
-    return Stack(store, index, ingestor, engine, journal, visibility, sections, tmp)
+    return Stack(store, index, ingestor, engine, journal, sections, tmp)
 
 
 async def fill(stack: Stack) -> None:
@@ -287,7 +292,7 @@ async def test_a_crash_mid_document_leaves_nothing_visible_and_a_rerun_completes
     await s.ingestor.ingest(IngestInput("a", b"# T\n\nold text here", file_name="d.md"))
     old_count = s.index.count("a")
 
-    def crash(doc):
+    def crash(doc, points=()):
         raise RuntimeError("power cut between the index write and the store commit")
 
     s.store.put = crash  # type: ignore[method-assign]
@@ -378,11 +383,20 @@ async def test_the_qdrant_client_backend_serves_the_same_search(tmp_path, embedd
 
 
 class RecordingChunks:
-    """The document store's chunks_by_ids, recorded; `drop` hides keys (deleted meanwhile)."""
+    """The document store's chunks_by_ids and points_by_ids, recorded; `drop` hides chunk
+    texts (deleted meanwhile), `drop_points` point ids (deleted after they were ranked)."""
 
-    def __init__(self, store: SqliteDocumentStore, drop: frozenset = frozenset()) -> None:
-        self.store, self.drop = store, drop
+    def __init__(
+        self, store: SqliteDocumentStore, drop: frozenset = frozenset(), drop_points=frozenset()
+    ) -> None:
+        self.store, self.drop, self.drop_points = store, drop, drop_points
         self.calls: list[tuple[str, list[tuple[str, str]]]] = []
+        self.point_calls: list[tuple[str, set[int]]] = []
+
+    def points_by_ids(self, tenant_id, ids):
+        self.point_calls.append((tenant_id, set(ids)))
+        found = self.store.points_by_ids(tenant_id, ids)
+        return {k: v for k, v in found.items() if k not in self.drop_points}
 
     def chunks_by_ids(self, tenant_id, keys):
         self.calls.append((tenant_id, list(keys)))
@@ -393,8 +407,7 @@ class RecordingChunks:
 def engine_over(stack: Stack, chunks) -> RetrievalEngine:
     e = stack.engine
     return RetrievalEngine(
-        index=stack.index, embedder=e._embedder, visibility=stack.visibility,
-        sections=stack.sections, chunks=chunks, tokenizer=default_tokenizer(),
+        index=stack.index, embedder=e._embedder, sections=stack.sections, chunks=chunks, tokenizer=default_tokenizer(),
         defaults=SearchDefaults(), settings=EngineSettings(),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
     )  # fmt: skip
@@ -422,6 +435,59 @@ async def test_a_hit_whose_text_is_gone_from_the_store_is_dropped(shared):
     assert all(h.text for h in r.hits + r.chunks)
 
 
+async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_read(shared):
+    # chunk_priority keeps max(max_chunks, max_results) = 2 and reads the head 2 x 2 deep.
+    ask = q(mode="chunk_priority", max_results=2, max_chunks=2)
+    first = await shared.engine.search(ask)
+    assert len(first.hits) == 2
+    gen = shared.store.document_generation("a", first.hits[0].doc_id)
+    top = point_id("a", first.hits[0].doc_id, "chunk", first.hits[0].chunk_id, gen)
+    assert shared.store.points_by_ids("a", [top])[top].chunk_id == first.hits[0].chunk_id
+    # The top point is ranked but gone from the store's list (deleted since it was ranked).
+    rec = RecordingChunks(shared.store, drop_points=frozenset({top}))
+    r = await engine_over(shared, rec).search(ask)
+    assert top in rec.point_calls[0][1]
+    assert len(r.hits) == 2 and r.hits[0].chunk_id == first.hits[1].chunk_id
+    assert first.hits[0].chunk_id not in {h.chunk_id for h in r.hits}
+    # One read of the head (4 ids, one missing), then the next id down the ranking.
+    assert [len(ids) for _, ids in rec.point_calls] == [4, 1]
+    assert all(t == "a" for t, _ in rec.point_calls)
+
+
+async def test_the_store_lists_exactly_the_points_ingestion_wrote(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    out = await s.ingestor.ingest(IngestInput("a", GUIDE.encode(), file_name="guide.md"))
+    doc = s.store.get_document("a", out.doc_id)
+    want = stored_points(document_points(doc, None))
+    assert {p.kind for p in want} == {"chunk", "section", "doc"}
+    assert len(want) == s.index.count("a")
+    assert s.store.points_by_ids("a", [p.point_id for p in want]) == {p.point_id: p for p in want}
+    # Every id a search can rank is one of them.
+    ranked = s.index.search_dense_ids(
+        embedder.embed_queries(["LDAP"])[0], IndexFilter("a", kinds=KINDS), 100
+    )
+    assert {k for k, _ in ranked} == {p.point_id for p in want}
+    s.index.close()
+
+
+async def test_a_store_without_the_points_list_is_backfilled_and_searchable_again(
+    tmp_path, embedder
+):
+    s = make_stack(tmp_path, embedder)
+    await fill(s)
+    conn = sqlite3.connect(s.store.path)
+    before = conn.execute("SELECT * FROM points ORDER BY tenant_id, point_id").fetchall()
+    conn.execute("DELETE FROM points")  # a store written before the list existed
+    conn.commit()
+    assert (await s.engine.search(q())).hits == []  # nothing listed: nothing shown
+    assert s.ingestor.backfill_points() == 5  # guide, notes, vacation, b's secret, the KB row
+    assert conn.execute("SELECT * FROM points ORDER BY tenant_id, point_id").fetchall() == before
+    assert s.ingestor.backfill_points() == 0
+    assert (await s.engine.search(q())).hits[0].doc_id == "guide"
+    conn.close()
+    s.index.close()
+
+
 def test_store_chunks_by_ids_is_tenant_scoped(shared):
     doc = shared.store.get_document("a", "guide")
     keys = [("guide", c.chunk_id) for c in doc.chunks]
@@ -440,8 +506,7 @@ async def test_the_knowledge_base_is_chunked_with_the_configured_sizes(tmp_path,
 
     s = make_stack(tmp_path, embedder)
     small = Ingestor(
-        store=s.store, index=s.index, embedder=embedder, visibility=s.visibility,
-        sections=s.sections, journal=s.journal, max_document_bytes=1 << 20,
+        store=s.store, index=s.index, embedder=embedder, sections=s.sections, journal=s.journal, max_document_bytes=1 << 20,
         chunking=ChunkingConfig(chunk_tokens=32, overlap_tokens=0),
     )  # fmt: skip
     body = " ".join(f"Предложение номер {i} о налоге на добавленную стоимость." for i in range(30))
@@ -485,7 +550,7 @@ async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_rec
         "vector store", failure_threshold=5, reset_after_s=10, clock=lambda: now[0]
     )
     engine = RetrievalEngine(
-        index=flaky, embedder=embedder, visibility=base.visibility, sections=base.sections,
+        index=flaky, embedder=embedder, sections=base.sections,
         chunks=base.store, tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=EngineSettings(), breaker=breaker,
     )  # fmt: skip

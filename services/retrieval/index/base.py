@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -230,28 +230,6 @@ class IndexHit:
     score: float
 
 
-CANDIDATE_FIELDS = (
-    "doc_id",
-    "section_id",
-    "chunk_id",
-    "kind",
-    "ord",
-    "page_start",
-    "page_end",
-    "tokens",
-    "generation",
-)
-"""The payload a search candidate carries: what fusion, visibility and shaping need.
-
-No vectors, and the index stores no text (the document store does; layout 3 dropped it
-from the payload: 130 points read back in 0.74 ms instead of 1.02, and a much smaller
-payload store). A search ranks 100+ points per list to keep 10-40: the ranked lists carry
-point ids and scores only (`search_*_ids`), fusion works on ids, and only the fused head
-is read back with these fields (`candidates`, tenant-filtered). Reading any payload costs
-Edge ~4 us a point, whatever fields are selected (0.55 ms for 130 points with one field,
-0.16 ms without payload). Hit texts come from the document store for the final hits only.
-"""
-
 R = TypeVar("R")
 Q = TypeVar("Q")
 
@@ -261,38 +239,6 @@ backends hand it back."""
 
 MAX_POINT_ID = 2**64 - 1
 """The largest point id both backends store (Qdrant's ids are u64 or UUIDs)."""
-
-
-class Candidate(NamedTuple):
-    """A search candidate: CANDIDATE_FIELDS and the score (a tuple: cheap to build by the 100)."""
-
-    doc_id: str
-    section_id: str
-    chunk_id: str
-    kind: str
-    ord: int
-    page_start: int
-    page_end: int
-    tokens: int
-    generation: str
-    score: float
-
-
-def candidate_from_payload(payload: Mapping[str, Any] | None, score: float) -> Candidate:
-    """Build a Candidate from a payload selected with CANDIDATE_FIELDS (our own writes: typed)."""
-    g = (payload or {}).get
-    return Candidate(
-        g("doc_id", ""),
-        g("section_id", ""),
-        g("chunk_id", ""),
-        g("kind", ""),
-        g("ord", 0),
-        g("page_start", 0),
-        g("page_end", 0),
-        g("tokens", 0),
-        g("generation", ""),
-        score,
-    )
 
 
 def point_payload(point: IndexPoint) -> dict[str, Any]:
@@ -475,11 +421,6 @@ class VectorIndex(Protocol):
     def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
         """Several search_dense_ids / search_sparse_ids as one backend call, results in
         order (a search ranks two to four lists: one round trip, one planned pass)."""
-        ...
-
-    def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:
-        """CANDIDATE_FIELDS of the points among `ids` that match `flt` (tenant first, as
-        always: an id of another tenant's point is simply absent); score 0."""
         ...
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:

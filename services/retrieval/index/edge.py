@@ -13,7 +13,6 @@ import numpy as np
 import qdrant_edge as qe
 
 from services.retrieval.index.base import (
-    CANDIDATE_FIELDS,
     DENSE_VECTOR,
     KEYWORD_FIELDS,
     KINDS,
@@ -22,7 +21,6 @@ from services.retrieval.index.base import (
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
-    Candidate,
     FieldMatch,
     IndexFilter,
     IndexHit,
@@ -32,7 +30,6 @@ from services.retrieval.index.base import (
     IndexUnavailableError,
     PointId,
     RankQuery,
-    candidate_from_payload,
     check_limit,
     dense_search_params,
     filter_conditions,
@@ -50,7 +47,6 @@ _T = TypeVar("_T")
 _CONFIG_FILE = "edge_config.json"
 LAYOUT_FILE = "visior_layout.json"
 """Written into the shard directory: {"layout_version": LAYOUT_VERSION}."""
-_CANDIDATE_PAYLOAD = list(CANDIDATE_FIELDS)
 _UPSERT_BATCH = 512
 _SCROLL_PAGE = 2048
 
@@ -386,19 +382,6 @@ class EdgeIndex:
             with_vector=False,
             params=params,
         )
-
-    def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:
-        """CANDIDATE_FIELDS of the points among `ids` inside `flt` (tenant first); score 0."""
-        if not ids:
-            return {}
-        req = qe.ScrollRequest(
-            limit=len(ids),
-            filter=edge_filter(flt, ids=ids),
-            with_payload=_CANDIDATE_PAYLOAD,
-            with_vector=False,
-        )
-        records, _ = self._scroll(req)
-        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}  # type: ignore[misc]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points."""

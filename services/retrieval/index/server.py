@@ -14,7 +14,6 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from services.retrieval.index.base import (
-    CANDIDATE_FIELDS,
     DENSE_VECTOR,
     KEYWORD_FIELDS,
     KINDS,
@@ -23,7 +22,6 @@ from services.retrieval.index.base import (
     SCOPE_FIELD,
     SPARSE_VECTOR,
     TENANT_FIELD,
-    Candidate,
     FieldMatch,
     IndexFilter,
     IndexHit,
@@ -32,7 +30,6 @@ from services.retrieval.index.base import (
     IndexUnavailableError,
     PointId,
     RankQuery,
-    candidate_from_payload,
     check_limit,
     dense_search_params,
     filter_conditions,
@@ -47,7 +44,6 @@ from services.retrieval.index.base import (
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant_space
 
 _T = TypeVar("_T")
-_CANDIDATE_PAYLOAD = list(CANDIDATE_FIELDS)
 LAYOUT_KEY = "visior_layout_version"
 """Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
@@ -447,22 +443,6 @@ class QdrantServerIndex:
             with_payload=False,
             with_vector=False,
         )
-
-    def candidates(self, flt: IndexFilter, ids: Collection[PointId]) -> dict[PointId, Candidate]:
-        """CANDIDATE_FIELDS of the points among `ids` inside `flt` (tenant first); score 0."""
-        if not ids:
-            return {}
-        qfilter = server_filter(flt, ids=ids)
-        records, _ = self._call(
-            lambda c: c.scroll(
-                self.collection,
-                scroll_filter=qfilter,
-                limit=len(ids),
-                with_payload=_CANDIDATE_PAYLOAD,
-                with_vectors=False,
-            )
-        )
-        return {r.id: candidate_from_payload(r.payload, 0.0) for r in records}  # type: ignore[misc]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points."""
