@@ -86,6 +86,8 @@ class SqliteDocumentStore:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA cache_size = -65536")
+        conn.execute("PRAGMA mmap_size = 268435456")
         if not self._read_only:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
