@@ -4,7 +4,7 @@ token-aware context (retrieval.md §5, DESIGN §2.3-2.4).
 Every index call goes through `_Guarded` (retries on IndexUnavailableError, a circuit
 breaker); every filter is made by `IndexFilter`, which refuses an empty tenant.
 
-Index queries return point ids and scores only. The candidates' fields (`Candidate`: what
+Index queries return point ids and scores only. The candidates' fields (`StoredPoint`: what
 fusion and shaping need) come from the document store's list of each committed document's
 points, read by id under the request's tenant, so a point of an uncommitted or replaced
 generation is never shown; the text of the few that survive is read from the store in one
@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -53,27 +53,11 @@ log = logging.getLogger("visior.retrieval.engine")
 
 T = TypeVar("T")
 Key = tuple[str, str]  # (doc_id, chunk_id | section_id | "")
-Scored = tuple["Candidate", float]
+Scored = tuple[StoredPoint, float]
+"""A candidate and its score in the ranking at hand."""
 
 RANKINGS = ("hybrid", "dense", "sparse")
 FUSIONS = ("weighted", "rrf")
-
-
-class Candidate(NamedTuple):
-    """A search candidate: the fields of its StoredPoint after the id (the document store
-    lists them, services/docstore/model.py) and the score; a tuple: cheap to build by the 100.
-    """
-
-    doc_id: str
-    section_id: str
-    chunk_id: str
-    kind: str
-    ord: int
-    page_start: int
-    page_end: int
-    tokens: int
-    generation: str
-    score: float
 
 
 class BackendUnavailableError(errors.UnavailableError):
@@ -474,10 +458,7 @@ class RetrievalEngine:
                 return outs
             found = points_by_ids(tenant_id, ids)
             for out, part in zip(outs, parts, strict=True):
-                for key, score in part:
-                    p = found.get(key)
-                    if p is not None:
-                        out.append((Candidate(*p[1:], 0.0), score))
+                out.extend((p, score) for key, score in part if (p := found.get(key)) is not None)
 
     def _texts(self, plan: _Plan, items: Sequence[Scored], have: dict[Key, str]) -> dict[Key, str]:
         """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped.
@@ -600,8 +581,9 @@ class RetrievalEngine:
         ]
         sections: dict[tuple[str, str], SectionHit] = {}
         docs: dict[str, DocHit] = {}
-        for h, raw in selected:
-            c = h._replace(score=round(raw, 6))
+        for c, raw in selected:
+            if len(sections) >= plan.max_sections and len(docs) >= plan.max_docs:
+                break
             key = (c.doc_id, c.section_id)
             if key not in sections and len(sections) < plan.max_sections:
                 info = self._sections.get(plan.tenant_id, c.doc_id, c.section_id)
@@ -613,11 +595,11 @@ class RetrievalEngine:
                     page_start=info.page_start if info else c.page_start,
                     page_end=info.page_end if info else c.page_end,
                     anchor_chunk_id=c.chunk_id,
-                    score=c.score,
+                    score=round(raw, 6),
                 )
             if c.doc_id not in docs and len(docs) < plan.max_docs:
                 title = self._sections.doc_title(plan.tenant_id, c.doc_id)
-                docs[c.doc_id] = DocHit(c.doc_id, title, c.score)
+                docs[c.doc_id] = DocHit(c.doc_id, title, round(raw, 6))
         built = build_context(
             [
                 ContextCandidate(
@@ -669,6 +651,6 @@ class RetrievalEngine:
         )
 
 
-def _key(h: Candidate) -> Key:
+def _key(h: StoredPoint) -> Key:
     """The (doc_id, chunk_id) a chunk candidate's text is stored under."""
     return (h.doc_id, h.chunk_id)

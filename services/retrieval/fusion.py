@@ -39,6 +39,14 @@ def normalise(scores: Sequence[float], method: str = "minmax") -> list[float]:
     values = [float(s) for s in scores]
     if method == "none":
         return values
+    if method == "minmax" and values and math.isfinite(sum(values)):
+        # Every score finite (a NaN or an infinity makes the sum non-finite; so does an
+        # overflow, which takes the general path below): no per-score checks.
+        low, high = min(values), max(values)
+        span = high - low
+        if span == 0:
+            return [1.0] * len(values)
+        return [(v - low) / span for v in values]
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return [0.0] * len(values)
@@ -62,6 +70,9 @@ def normalise(scores: Sequence[float], method: str = "minmax") -> list[float]:
 
 def _best_scores(items: Sequence[tuple[K, float]]) -> dict[K, float]:
     """One score per key (the highest when a list repeats a key), in first-seen order."""
+    unique = dict(items)
+    if len(unique) == len(items):  # no key repeats (an index's own list): built in C
+        return unique
     best: dict[K, float] = {}
     for key, score in items:
         value = float(score)
