@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from services.common import errors
 from services.common.breaker import CircuitBreaker
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.retrieval import ingestion
 from services.retrieval.embeddings import EmbeddingSettings, build_embedder
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
 from services.retrieval.index.base import KINDS, IndexFilter, IndexUnavailableError
@@ -471,7 +473,7 @@ async def test_the_store_lists_exactly_the_points_ingestion_wrote(tmp_path, embe
 
 
 async def test_a_store_without_the_points_list_is_backfilled_and_searchable_again(
-    tmp_path, embedder
+    tmp_path, embedder, monkeypatch, caplog
 ):
     s = make_stack(tmp_path, embedder)
     await fill(s)
@@ -480,7 +482,11 @@ async def test_a_store_without_the_points_list_is_backfilled_and_searchable_agai
     conn.execute("DELETE FROM points")  # a store written before the list existed
     conn.commit()
     assert (await s.engine.search(q())).hits == []  # nothing listed: nothing shown
-    assert s.ingestor.backfill_points() == 5  # guide, notes, vacation, b's secret, the KB row
+    monkeypatch.setattr(ingestion, "_PROGRESS_LOG_S", 0.0)  # a progress line per document
+    with caplog.at_level(logging.INFO, logger="visior.retrieval.ingestion"):
+        assert s.ingestor.backfill_points() == 5  # guide, notes, vacation, b's, the KB row
+    progress = [r for r in caplog.records if r.getMessage().startswith("listing")]
+    assert [(r.documents, r.of) for r in progress] == [(n, 5) for n in range(1, 5)]
     assert conn.execute("SELECT * FROM points ORDER BY tenant_id, point_id").fetchall() == before
     assert s.ingestor.backfill_points() == 0
     assert (await s.engine.search(q())).hits[0].doc_id == "guide"
