@@ -425,8 +425,9 @@ async def test_texts_are_read_once_for_the_final_hits_under_the_request_tenant(s
     assert r.hits and len(r.hits) <= 2
     for h in r.hits:
         assert h.text == shared.store.chunk_by_id("a", h.doc_id, h.chunk_id).text
-    await engine.search(q(query="НДФЛ ставка", filters=Filters(source="knowledge_base")))
-    assert rec.calls[-1][0] == KB_TENANT
+    assert {t for t, _ in rec.point_calls} == {"a"}
+    kb = await engine.search(q(query="НДФЛ ставка", filters=Filters(source="knowledge_base")))
+    assert kb.hits and rec.calls[-1][0] == KB_TENANT and rec.point_calls[-1][0] == KB_TENANT
 
 
 async def test_a_hit_whose_text_is_gone_from_the_store_is_dropped(shared):
