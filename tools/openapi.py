@@ -129,6 +129,16 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "maxItems": orch_respond.MAX_HISTORY_TURNS,
         "items": {"properties": {"role": {"enum": ["user", "assistant"]}}},
     },
+    "visior.orchestrator.v1.RespondRequest.doc_ids": {
+        "maxItems": orch_respond.MAX_FILTER_VALUES,
+        "description": f"(With filters.doc_ids: at most {orch_respond.MAX_FILTER_VALUES} "
+        "distinct ids in all.)",
+    },
+    "visior.orchestrator.v1.RespondRequest.section_ids": {
+        "maxItems": orch_respond.MAX_FILTER_VALUES,
+        "description": f"(With filters.section_ids: at most {orch_respond.MAX_FILTER_VALUES} "
+        "distinct ids in all.)",
+    },
     "visior.orchestrator.v1.RespondRequest.trace_id": TRACE_ID,
     "visior.orchestrator.v1.UpdateConfigRequest.default_model": {
         "maxLength": orch_config.MAX_MODEL_NAME,

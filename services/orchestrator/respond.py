@@ -38,6 +38,12 @@ MAX_RESULTS_LIMIT = 50
 DEFAULT_MAX_RESULTS = 10
 MAX_HISTORY_TURNS = 20
 MAX_SOURCES = 5
+MAX_FILTER_VALUES = 100
+"""Values per filter list (tags, doc_ids, section_ids; the attached doc_ids too, which are
+searched as filters.doc_ids): Retrieval's limit (services/retrieval/search.py)."""
+FILTER_SOURCES = ("", "user", "knowledge_base")
+RESERVED_TENANT = "__knowledge_base__"
+"""The knowledge base's own tenant (DESIGN §3): read with filters.source, never a caller's."""
 TOOLS = ("read_chunk_window", "read_doc_section")  # the document scenarios' read tools
 SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer from the user's documents only. "
@@ -101,6 +107,27 @@ def validate(req: RespondInput) -> None:
         if turn.role not in ("user", "assistant"):
             raise errors.InvalidArgumentError(
                 "history roles are 'user' or 'assistant'", metadata={"field": f"history[{i}].role"}
+            )
+    # What Retrieval would refuse is refused here, as the caller's error (400), instead of
+    # reaching Retrieval and coming back as ours (500 DOWNSTREAM_REJECTED).
+    if req.user.tenant_id == RESERVED_TENANT:
+        raise errors.InvalidArgumentError(
+            f"tenant {RESERVED_TENANT!r} is reserved for the knowledge base; "
+            "ask for it with filters.source=knowledge_base",
+            metadata={"field": "tenant_id"},
+        )
+    f = req.filters
+    if f.source not in FILTER_SOURCES:
+        raise errors.InvalidArgumentError(
+            "filters.source must be 'user' or 'knowledge_base'",
+            metadata={"field": "filters.source"},
+        )
+    lists = {f"filters.{n}": getattr(f, n) for n in ("tags", "doc_ids", "section_ids")}
+    for name, values in {**lists, "doc_ids": req.selected_doc_ids}.items():
+        if len(values) > MAX_FILTER_VALUES:
+            raise errors.LimitExceededError(
+                f"{name} has more than {MAX_FILTER_VALUES} values",
+                metadata={"field": name, "limit": str(MAX_FILTER_VALUES)},
             )
 
 

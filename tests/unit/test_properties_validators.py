@@ -504,6 +504,13 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ("respond", _respond(max_results=orch_respond.MAX_RESULTS_LIMIT), _respond(max_results=orch_respond.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
     ("respond", _respond(max_results=1), _respond(max_results=0), INVALID, "max_results"),
     ("respond", _respond(history=orch_respond.MAX_HISTORY_TURNS), _respond(history=orch_respond.MAX_HISTORY_TURNS + 1), LIMIT, "history"),
+    *[
+        ("respond", _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(orch_respond.MAX_FILTER_VALUES)]})),
+         _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(orch_respond.MAX_FILTER_VALUES + 1)]})), LIMIT, f"filters.{n}")
+        for n in ("tags", "doc_ids", "section_ids")
+    ],
+    ("respond", _respond(filters=retrieval_pb2.SearchFilters(source="knowledge_base")),
+     _respond(filters=retrieval_pb2.SearchFilters(source="kb")), INVALID, "filters.source"),
     ("config", _config(prompt_token_budget=131_072), _config(prompt_token_budget=131_073), INVALID, "prompt_token_budget"),
     ("config", _config(prompt_token_budget=1), _config(prompt_token_budget=0), INVALID, "prompt_token_budget"),
     ("config", _config(context_token_budget=1_048_576), _config(context_token_budget=1_048_577), INVALID, "context_token_budget"),
