@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
@@ -80,8 +81,17 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
     return resolved
 
 
+def _has_text(query: str) -> bool:
+    """Anything left once controls, format marks, surrogates, private-use characters and
+    spaces are taken out (what Retrieval's query normalisation removes)."""
+    return any(
+        not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co")
+        for ch in query
+    )
+
+
 def validate(req: RespondInput) -> None:
-    if not req.query.strip():
+    if not _has_text(req.query):
         raise errors.InvalidArgumentError("query is required", metadata={"field": "query"})
     if len(req.query) > MAX_QUERY_CHARS:
         raise errors.LimitExceededError(

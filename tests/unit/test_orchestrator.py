@@ -1,6 +1,8 @@
 from datetime import date
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common import errors
 from services.orchestrator.model import (
@@ -16,11 +18,13 @@ from services.orchestrator.respond import (
     MAX_FILTER_VALUES,
     MAX_HISTORY_TURNS,
     Responder,
+    _has_text,
     radius_schedule,
     resolve_user,
     section_list,
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+from services.retrieval.query import normalise_query
 
 SECTION = SectionCandidate(
     "guide", "sec-ldap", "LDAP", "How to set up LDAP. " * 50, 0.9, 6, 7, "guide:c3"
@@ -143,6 +147,7 @@ async def test_mock_mode_makes_no_calls():
 
 @pytest.mark.parametrize(("kw", "exc"), [
     ({"query": " "}, errors.InvalidArgumentError),
+    ({"query": "\x01\u200e\ue000\u200b\t"}, errors.InvalidArgumentError),  # nothing to search
     ({"query": "x" * 4097}, errors.LimitExceededError),
     ({"max_results": 51}, errors.LimitExceededError),
     ({"max_results": 0}, errors.InvalidArgumentError),
@@ -344,3 +349,10 @@ async def test_a_knowledge_base_filter_sends_a_documents_question_to_the_knowled
     )
     out = await plain.respond(inp(filters=Filters(source="knowledge_base")))
     assert (out.scenario, out.intent) == ("S1", "documents")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet=st.characters(codec=None), max_size=8))
+def test_a_query_has_text_exactly_when_retrieval_finds_something_to_search(text):
+    # The orchestrator refuses a query Retrieval would refuse as having nothing to search.
+    assert _has_text(text) == bool(normalise_query(text))
