@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -51,19 +51,9 @@ _UPSERT_BATCH = 512
 _SCROLL_PAGE = 2048
 
 
-def edge_filter(
-    flt: IndexFilter,
-    *,
-    exclude: Sequence[FieldMatch] = (),
-    ids: Collection[PointId] | None = None,
-) -> qe.Filter:
-    """The only IndexFilter -> Edge filter translation (tenant first, via filter_conditions).
-
-    `ids` narrows to those points, on top of the tenant conditions, never instead.
-    """
+def edge_filter(flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> qe.Filter:
+    """The only IndexFilter -> Edge filter translation (tenant first, via filter_conditions)."""
     must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
-    if ids is not None:
-        must.append(qe.HasIdCondition(set(ids)))
     return qe.Filter(must=must, must_not=[_condition(c) for c in exclude] or None)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -63,19 +63,9 @@ _UNAVAILABLE_GRPC = {
 }
 
 
-def server_filter(
-    flt: IndexFilter,
-    *,
-    exclude: Sequence[FieldMatch] = (),
-    ids: Collection[PointId] | None = None,
-) -> models.Filter:
-    """The only IndexFilter -> qdrant-client filter translation (tenant first).
-
-    `ids` narrows to those point ids, on top of the tenant conditions, never instead.
-    """
+def server_filter(flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
+    """The only IndexFilter -> qdrant-client filter translation (tenant first)."""
     must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
-    if ids is not None:
-        must.append(models.HasIdCondition(has_id=list(ids)))  # type: ignore[arg-type]
     return models.Filter(
         must=must,
         must_not=[_condition(c) for c in exclude] or None,  # type: ignore[misc]
