@@ -82,9 +82,8 @@ class StoredPoint(NamedTuple):
 
     Written with the document in one transaction (the document store's `points` table), so a
     point id the store answers for is one of a committed generation: points of an ingest
-    that never committed, or of a generation replaced since, are simply not found. The
-    fields after `point_id` are those of the search candidate
-    (services/retrieval/index/base.Candidate), in its order.
+    that never committed, or of a generation replaced since, are simply not found. Search
+    uses these tuples as its candidates (services/retrieval/engine.py).
     """
 
     point_id: int

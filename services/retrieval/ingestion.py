@@ -144,13 +144,16 @@ def chunk_texts(doc: Document) -> list[str]:
     return [f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks]
 
 
-def document_points(doc: Document, vectors: np.ndarray | None) -> list[IndexPoint]:
+def document_points(
+    doc: Document, vectors: np.ndarray | None, texts: Sequence[str] | None = None
+) -> list[IndexPoint]:
     """Chunk points, section points (centroid vector, section text for BM25), a doc point.
 
     `vectors` are the chunks' passage embeddings, in order; None leaves every dense
-    vector out (the points' fields and ids are the same either way).
+    vector out (the points' fields and ids are the same either way). `texts` are
+    `chunk_texts(doc)` when the caller has them already.
     """
-    texts = chunk_texts(doc)
+    texts = chunk_texts(doc) if texts is None else texts
     gen, tenant = doc.generation, doc.tenant_id
 
     def point(kind: str, item_id: str, dense: np.ndarray | None, **kw: object) -> IndexPoint:
@@ -449,7 +452,8 @@ class Ingestor:
 
     async def _points(self, doc: Document) -> list[IndexPoint]:
         """The document's points (document_points) with their dense vectors."""
-        return document_points(doc, await self._embed(chunk_texts(doc)))
+        texts = chunk_texts(doc)
+        return document_points(doc, await self._embed(texts), texts)
 
     # -- delete / list ----------------------------------------------------------------------
 
