@@ -243,7 +243,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "maximum": retr_search.MAX_TOPK_PER_DOC,
     },
     "visior.retrieval.v1.SearchParams.min_score": {"minimum": 0, "maximum": 1},
-    "visior.retrieval.v1.SearchFilters.source": _opt("user", "knowledge_base"),
+    "visior.retrieval.v1.SearchFilters.source": _opt(*retr_search.SOURCES),
     **{
         f"visior.retrieval.v1.SearchFilters.{name}": {"maxItems": retr_search.MAX_FILTER_VALUES}
         for name in ("tags", "doc_ids", "section_ids")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
@@ -31,6 +30,8 @@ from services.orchestrator.scenarios import (
     parse_model_decision,
     rule_decision,
 )
+from services.retrieval.query import normalise_query
+from services.retrieval.search import KB_TENANT, MAX_FILTER_VALUES, SOURCES
 
 log = logging.getLogger("visior.orchestrator")
 
@@ -39,12 +40,6 @@ MAX_RESULTS_LIMIT = 50
 DEFAULT_MAX_RESULTS = 10
 MAX_HISTORY_TURNS = 20
 MAX_SOURCES = 5
-MAX_FILTER_VALUES = 100
-"""Values per filter list (tags, doc_ids, section_ids; the attached doc_ids too, which are
-searched as filters.doc_ids): Retrieval's limit (services/retrieval/search.py)."""
-FILTER_SOURCES = ("", "user", "knowledge_base")
-RESERVED_TENANT = "__knowledge_base__"
-"""The knowledge base's own tenant (DESIGN §3): read with filters.source, never a caller's."""
 TOOLS = ("read_chunk_window", "read_doc_section")  # the document scenarios' read tools
 SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer from the user's documents only. "
@@ -81,17 +76,10 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
     return resolved
 
 
-def _has_text(query: str) -> bool:
-    """Anything left once controls, format marks, surrogates, private-use characters and
-    spaces are taken out (what Retrieval's query normalisation removes)."""
-    return any(
-        not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co")
-        for ch in query
-    )
-
-
 def validate(req: RespondInput) -> None:
-    if not _has_text(req.query):
+    # Nothing Retrieval could search (blank, or only controls, format marks, private-use
+    # characters) is the caller's error here, not Retrieval's refusal relayed as ours.
+    if not normalise_query(req.query):
         raise errors.InvalidArgumentError("query is required", metadata={"field": "query"})
     if len(req.query) > MAX_QUERY_CHARS:
         raise errors.LimitExceededError(
@@ -120,18 +108,19 @@ def validate(req: RespondInput) -> None:
             )
     # What Retrieval would refuse is refused here, as the caller's error (400), instead of
     # reaching Retrieval and coming back as ours (500 DOWNSTREAM_REJECTED).
-    if req.user.tenant_id == RESERVED_TENANT:
+    if req.user.tenant_id == KB_TENANT:
         raise errors.InvalidArgumentError(
-            f"tenant {RESERVED_TENANT!r} is reserved for the knowledge base; "
+            f"tenant {KB_TENANT!r} is reserved for the knowledge base; "
             "ask for it with filters.source=knowledge_base",
             metadata={"field": "tenant_id"},
         )
     f = req.filters
-    if f.source not in FILTER_SOURCES:
+    if f.source and f.source not in SOURCES:
         raise errors.InvalidArgumentError(
             "filters.source must be 'user' or 'knowledge_base'",
             metadata={"field": "filters.source"},
         )
+    # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
     lists = {f"filters.{n}": getattr(f, n) for n in ("tags", "doc_ids", "section_ids")}
     for name, values in {**lists, "doc_ids": req.selected_doc_ids}.items():
         if len(values) > MAX_FILTER_VALUES:

@@ -12,6 +12,8 @@ MODES = ("doc_first", "section_first", "chunk_priority", "hybrid_only")
 PARAM_LIMITS = {"max_docs": 100, "max_sections": 200, "max_chunks": 200}
 MAX_CONTEXT_TOKEN_LIMIT = 131_072
 MAX_FILTER_VALUES = 100
+SOURCES = ("user", "knowledge_base")
+"""The values of filters.source (empty: any)."""
 MAX_TOPK_PER_DOC = 50
 
 KB_TENANT = "__knowledge_base__"
@@ -171,7 +173,7 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
         raise _invalid("params.min_score", "params.min_score must be between 0 and 1")
     f = q.filters
-    if f.source and f.source not in ("user", "knowledge_base"):
+    if f.source and f.source not in SOURCES:
         raise _invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
         if len(getattr(f, name)) > MAX_FILTER_VALUES:

@@ -18,10 +18,10 @@ from services.orchestrator.respond import (
     MAX_FILTER_VALUES,
     MAX_HISTORY_TURNS,
     Responder,
-    _has_text,
     radius_schedule,
     resolve_user,
     section_list,
+    validate,
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 from services.retrieval.query import normalise_query
@@ -353,6 +353,12 @@ async def test_a_knowledge_base_filter_sends_a_documents_question_to_the_knowled
 
 @settings(max_examples=2000, deadline=None)
 @given(st.text(alphabet=st.characters(codec=None), max_size=8))
-def test_a_query_has_text_exactly_when_retrieval_finds_something_to_search(text):
+def test_a_query_is_refused_exactly_when_retrieval_finds_nothing_to_search(text):
     # The orchestrator refuses a query Retrieval would refuse as having nothing to search.
-    assert _has_text(text) == bool(normalise_query(text))
+    try:
+        validate(inp(query=text))
+    except errors.InvalidArgumentError:
+        refused = True
+    else:
+        refused = False
+    assert refused == (not normalise_query(text))
