@@ -9,10 +9,8 @@ import pytest
 from visior.retrieval.v1 import retrieval_pb2 as pb
 from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
 
-from services.common.settings import Env
 from services.common.status import error_info
-from services.retrieval import app
-from services.retrieval.config import RetrievalSettings
+from tests.retrieval_server import retrieval_channel
 
 
 def _closed_port() -> int:
@@ -23,17 +21,11 @@ def _closed_port() -> int:
 
 async def _health(tmp_path, production: bool):
     env = {
-        "RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path), "RETR_EMBEDDING_PROFILE": "fast",
         "RETR_INDEX_BACKEND": "qdrant", "QDRANT_URL": f"http://127.0.0.1:{_closed_port()}",
         "RETR_INDEX_TIMEOUT_S": "0.2", "RETR_PRODUCTION": str(production).lower(),
     }  # fmt: skip
-    running, close = await app.start(RetrievalSettings.from_env(Env(env)))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            return await pbg.RetrievalServiceStub(channel).GetHealth(pb.GetHealthRequest())
-    finally:
-        await running.server.stop(0)
-        await close()
+    async with retrieval_channel(tmp_path, **env) as channel:
+        return await pbg.RetrievalServiceStub(channel).GetHealth(pb.GetHealthRequest())
 
 
 async def test_a_down_store_is_reported_but_served_outside_production(tmp_path):

@@ -7,17 +7,12 @@ would never get HNSW graphs, merged segments or vacuum.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 from visior.retrieval.v1 import retrieval_pb2 as pb
 from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
 
-from services.common.settings import Env
-from services.retrieval import app
-from services.retrieval.config import RetrievalSettings
+from tests.retrieval_server import retrieval_channel
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "docs" / "vacation-policy.md"
 
@@ -34,23 +29,8 @@ async def _runs(stub: pbg.RetrievalServiceStub, at_least: int) -> dict[str, str]
     raise AssertionError(f"no optimize run #{at_least}: {details}")
 
 
-@contextlib.asynccontextmanager
-async def _retrieval(tmp_path: Path, quiet_s: str) -> AsyncIterator[grpc.aio.Channel]:
-    env = {
-        "RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path), "RETR_EMBEDDING_PROFILE": "fast",
-        "RETR_OPTIMIZE_QUIET_S": quiet_s,
-    }  # fmt: skip
-    running, close = await app.start(RetrievalSettings.from_env(Env(env)))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield channel
-    finally:
-        await running.server.stop(0)
-        await close()
-
-
 async def test_optimize_runs_at_start_and_after_ingestion_pauses(tmp_path):
-    async with _retrieval(tmp_path, "0.3") as channel:
+    async with retrieval_channel(tmp_path, RETR_OPTIMIZE_QUIET_S="0.3") as channel:
         search = pbg.RetrievalServiceStub(channel)
         first = await _runs(search, 1)  # the start-up run, before serving
         assert "index_optimize_error" not in first
@@ -68,6 +48,6 @@ async def test_optimize_runs_at_start_and_after_ingestion_pauses(tmp_path):
 
 
 async def test_zero_turns_the_optimizer_off(tmp_path):
-    async with _retrieval(tmp_path, "0") as channel:
+    async with retrieval_channel(tmp_path, RETR_OPTIMIZE_QUIET_S="0") as channel:
         health = await pbg.RetrievalServiceStub(channel).GetHealth(pb.GetHealthRequest())
         assert "index_optimize_runs" not in health.details

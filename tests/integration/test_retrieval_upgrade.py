@@ -6,38 +6,26 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import grpc
 from visior.retrieval.v1 import retrieval_pb2 as pb
 from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
 
-from services.common.settings import Env
-from services.retrieval import app
-from services.retrieval.config import RetrievalSettings
+from tests.retrieval_server import retrieval_channel
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "docs" / "vacation-policy.md"
 
 
 async def _serve_and(tmp_path: Path, ingest: bool) -> list[pb.SearchHit]:
-    env = {
-        "RETR_PORT": "0", "VISIOR_DATA_DIR": str(tmp_path), "RETR_EMBEDDING_PROFILE": "fast",
-        "RETR_OPTIMIZE_QUIET_S": "0",
-    }  # fmt: skip
-    running, close = await app.start(RetrievalSettings.from_env(Env(env)))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            if ingest:
-                await pbg.IngestionServiceStub(channel).IngestDocument(
-                    pb.IngestDocumentRequest(
-                        tenant_id="t1", file_name=SAMPLE.name, content=SAMPLE.read_bytes()
-                    )
+    async with retrieval_channel(tmp_path, RETR_OPTIMIZE_QUIET_S="0") as channel:
+        if ingest:
+            await pbg.IngestionServiceStub(channel).IngestDocument(
+                pb.IngestDocumentRequest(
+                    tenant_id="t1", file_name=SAMPLE.name, content=SAMPLE.read_bytes()
                 )
-            found = await pbg.RetrievalServiceStub(channel).Search(
-                pb.SearchRequest(tenant_id="t1", query="vacation days")
             )
-            return list(found.hits)
-    finally:
-        await running.server.stop(0)
-        await close()
+        found = await pbg.RetrievalServiceStub(channel).Search(
+            pb.SearchRequest(tenant_id="t1", query="vacation days")
+        )
+        return list(found.hits)
 
 
 async def test_a_store_from_before_the_points_list_is_listed_at_start(tmp_path):
