@@ -31,12 +31,16 @@ from services.orchestrator.scenarios import (
     rule_decision,
 )
 from services.retrieval.query import normalise_query
-from services.retrieval.search import KB_TENANT, MAX_FILTER_VALUES, SOURCES
+from services.retrieval.search import (
+    KB_TENANT,
+    MAX_FILTER_VALUES,
+    MAX_QUERY_CHARS,
+    MAX_RESULTS_LIMIT,
+    SOURCES,
+)
 
 log = logging.getLogger("visior.orchestrator")
 
-MAX_QUERY_CHARS = 4096
-MAX_RESULTS_LIMIT = 50
 DEFAULT_MAX_RESULTS = 10
 MAX_HISTORY_TURNS = 20
 MAX_SOURCES = 5

@@ -47,7 +47,7 @@ from services.retrieval.search import (
     SectionHit,
     validate,
 )
-from services.retrieval.sections import SectionCatalog
+from services.retrieval.sections import DocSections, SectionCatalog
 
 log = logging.getLogger("visior.retrieval.engine")
 
@@ -581,12 +581,17 @@ class RetrievalEngine:
         ]
         sections: dict[tuple[str, str], SectionHit] = {}
         docs: dict[str, DocHit] = {}
+        entries: dict[str, DocSections | None] = {}  # one catalog lookup per document
         for c, raw in selected:
             if len(sections) >= plan.max_sections and len(docs) >= plan.max_docs:
                 break
             key = (c.doc_id, c.section_id)
+            if c.doc_id in entries:
+                entry = entries[c.doc_id]
+            else:
+                entry = entries[c.doc_id] = self._sections.document(plan.tenant_id, c.doc_id)
             if key not in sections and len(sections) < plan.max_sections:
-                info = self._sections.get(plan.tenant_id, c.doc_id, c.section_id)
+                info = entry[1].get(c.section_id) if entry else None
                 sections[key] = SectionHit(
                     section_id=c.section_id,
                     doc_id=c.doc_id,
@@ -598,8 +603,7 @@ class RetrievalEngine:
                     score=round(raw, 6),
                 )
             if c.doc_id not in docs and len(docs) < plan.max_docs:
-                title = self._sections.doc_title(plan.tenant_id, c.doc_id)
-                docs[c.doc_id] = DocHit(c.doc_id, title, round(raw, 6))
+                docs[c.doc_id] = DocHit(c.doc_id, entry[0] if entry else "", round(raw, 6))
         built = build_context(
             [
                 ContextCandidate(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # embeddings.build_embedder imports this module
 
 
 class _Slot:
-    __slots__ = ("texts", "result", "error", "done")
+    __slots__ = ("done", "error", "result", "texts")
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts

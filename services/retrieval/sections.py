@@ -17,6 +17,10 @@ class DocumentSource(Protocol):
     ) -> Document | None: ...
 
 
+DocSections = tuple[str, dict[str, Section]]
+"""A document's title and its sections by section_id."""
+
+
 class SectionCatalog:
     """An LRU of documents' section lists: search shapes `used_sections` without a store trip."""
 
@@ -26,9 +30,10 @@ class SectionCatalog:
         self._source = source
         self._size = size
         self._lock = threading.Lock()
-        self._docs: OrderedDict[tuple[str, str], tuple[str, dict[str, Section]]] = OrderedDict()
+        self._docs: OrderedDict[tuple[str, str], DocSections] = OrderedDict()
 
-    def _load(self, tenant_id: str, doc_id: str) -> tuple[str, dict[str, Section]] | None:
+    def document(self, tenant_id: str, doc_id: str) -> DocSections | None:
+        """The document's title and sections, None when the store does not have it."""
         key = (tenant_id, doc_id)
         with self._lock:
             found = self._docs.get(key)
@@ -44,14 +49,6 @@ class SectionCatalog:
             while len(self._docs) > self._size:
                 self._docs.popitem(last=False)
         return entry
-
-    def get(self, tenant_id: str, doc_id: str, section_id: str) -> Section | None:
-        entry = self._load(tenant_id, doc_id)
-        return entry[1].get(section_id) if entry else None
-
-    def doc_title(self, tenant_id: str, doc_id: str) -> str:
-        entry = self._load(tenant_id, doc_id)
-        return entry[0] if entry else ""
 
     def forget(self, tenant_id: str, doc_id: str) -> None:
         """Drop a document (re-ingested or deleted by this process)."""
