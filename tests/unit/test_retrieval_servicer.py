@@ -1,0 +1,89 @@
+"""The Search response mapping: every field of a SearchResult reaches the proto."""
+
+from __future__ import annotations
+
+from visior.retrieval.v1 import retrieval_pb2
+
+from services.retrieval.search import ChunkHit, DocHit, SearchResult, SectionHit
+from services.retrieval.servicer import search_response
+
+
+def chunk(n: int) -> ChunkHit:
+    return ChunkHit(
+        doc_id=f"d{n}", section_id=f"s{n}", chunk_id=f"c{n}", text=f"текст {n}",
+        tokens=10 + n, page_start=n, page_end=n + 1, score=0.5 + n / 100, ord=n,
+    )  # fmt: skip
+
+
+RESULT = SearchResult(
+    hits=[chunk(1), chunk(2)],
+    chunks=[chunk(3), chunk(4), chunk(5)],
+    docs=[DocHit("d1", "Guide", 0.9), DocHit("d2", "", 0.4)],
+    sections=[
+        SectionHit("s1", "d1", "Intro", "Summary one", 1, 2, "c1", 0.8),
+        SectionHit("s2", "d2", "", "", 0, 0, "c2", 0.1),
+    ],
+    mode="section_first",
+    hybrid_used=True,
+    rerank_used=True,
+    elapsed_ms=12,
+    backend="edge",
+    language="ru",
+    query_variants=("a", "b"),
+    query_embedding_ms=1.5,
+    engine_ms=3.25,
+    rerank_ms=0.75,
+)
+
+
+def test_every_field_is_mapped() -> None:
+    def hit(c: ChunkHit) -> retrieval_pb2.Hit:
+        return retrieval_pb2.Hit(
+            doc_id=c.doc_id, section_id=c.section_id, chunk_id=c.chunk_id, text=c.text,
+            score=c.score, page_start=c.page_start, page_end=c.page_end,
+        )  # fmt: skip
+
+    def ctx(c: ChunkHit) -> retrieval_pb2.Chunk:
+        return retrieval_pb2.Chunk(
+            chunk_id=c.chunk_id, doc_id=c.doc_id, section_id=c.section_id, text=c.text,
+            tokens=c.tokens, page_start=c.page_start, page_end=c.page_end, score=c.score,
+            mcp_link=retrieval_pb2.McpLink(
+                doc_id=c.doc_id, page_start=c.page_start, page_end=c.page_end
+            ),
+        )  # fmt: skip
+
+    want = retrieval_pb2.SearchResponse(
+        hits=[hit(c) for c in RESULT.hits],
+        chunks=[ctx(c) for c in RESULT.chunks],
+        used_docs=[
+            retrieval_pb2.UsedDoc(doc_id="d1", score=0.9, title="Guide"),
+            retrieval_pb2.UsedDoc(doc_id="d2", score=0.4),
+        ],
+        used_sections=[
+            retrieval_pb2.UsedSection(
+                section_id="s1", doc_id="d1", title="Intro", summary="Summary one",
+                page_start=1, page_end=2, anchor_chunk_id="c1", score=0.8,
+            ),
+            retrieval_pb2.UsedSection(
+                section_id="s2", doc_id="d2", anchor_chunk_id="c2", score=0.1
+            ),
+        ],
+        meta=retrieval_pb2.SearchMeta(
+            retrieval_time_ms=12, mode="section_first", hybrid_used=True, rerank_used=True,
+            trace_id="trace-1", backend="edge", language="ru", query_variants=["a", "b"],
+            query_embedding_ms=1.5, engine_ms=3.25, rerank_ms=0.75,
+        ),
+    )  # fmt: skip
+    got = search_response(RESULT, "trace-1")
+    assert got == want
+    assert got.chunks[2].mcp_link.page_end == 6
+
+
+def test_an_empty_result_still_carries_its_meta() -> None:
+    empty = SearchResult(
+        hits=[], chunks=[], docs=[], sections=[], mode="doc_first", hybrid_used=False,
+        rerank_used=False, elapsed_ms=0, backend="edge",
+    )  # fmt: skip
+    got = search_response(empty, "t")
+    assert not (got.hits or got.chunks or got.used_docs or got.used_sections)
+    assert got.HasField("meta") and got.meta.mode == "doc_first" and got.meta.trace_id == "t"
