@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from operator import itemgetter, neg
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 K = TypeVar("K", bound=Hashable)
 
@@ -126,6 +128,19 @@ def weighted_fusion(
     in any single list, then to ``str(key)``.
     """
     _check_weights(list(ranked), weights)
+    if method == "minmax":
+        fast = _weighted_minmax_ids(ranked, weights)
+        if fast is not None:
+            return fast
+    return _weighted_loop(ranked, weights, method)
+
+
+def _weighted_loop(
+    ranked: Mapping[str, Sequence[tuple[K, float]]],
+    weights: Mapping[str, float],
+    method: str,
+) -> list[tuple[K, float]]:
+    """weighted_fusion for any keys and normaliser (weights already checked)."""
     fused: dict[K, float] = {}
     best_rank: dict[K, int] = {}
     for name, items in ranked.items():
@@ -146,6 +161,71 @@ def weighted_fusion(
             if best_rank.get(key, rank) >= rank:
                 best_rank[key] = rank
     return _sort_fused(fused, best_rank)
+
+
+def _weighted_minmax_ids(
+    ranked: Mapping[str, Sequence[tuple[Any, float]]], weights: Mapping[str, float]
+) -> list[tuple[Any, float]] | None:
+    """weighted_fusion's minmax case in numpy, for lists of unique integer keys (an index's
+    point ids) with finite scores: the same floats in the same order (each key's sum is
+    accumulated list by list, as the loop does), at about a third of the loop's time for two
+    100-entry lists. None, for the loop to answer, when a key repeats within a list or a key
+    or score does not fit (not an int in 0..2^64-1, not finite).
+    """
+    keys_parts, values_parts, ranks_parts = [], [], []
+    for name, items in ranked.items():
+        n = len(items)
+        if n == 0:
+            continue
+        ids, scores = zip(*items, strict=True)
+        if not all(type(k) is int for k in ids):  # numpy would turn 1.5 or "7" into a key
+            return None
+        if len(set(ids)) != n:  # a key repeated within one list: the loop keeps its best
+            return None
+        try:
+            keys = np.fromiter(ids, dtype=np.uint64, count=n)
+            raw = np.array(scores, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):  # outside 0..2^64-1, or not a number
+            return None
+        low, high = raw.min(), raw.max()
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return None
+        span = high - low
+        # normalise()'s minmax, element for element: (v - low) / span, or 1.0 when all equal.
+        values = np.ones(n) if span == 0 else (raw - low) / span
+        # Competition rank in best-first order (a stable sort: equal values keep input order,
+        # and share the rank of the first of them).
+        order = np.argsort(-values, kind="stable")
+        ordered = values[order]
+        starts = np.empty(n, dtype=bool)
+        starts[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+        positions = np.where(starts, np.arange(n), 0)
+        ranks = np.empty(n, dtype=np.int64)
+        ranks[order] = np.maximum.accumulate(positions)
+        keys_parts.append(keys)
+        values_parts.append(weights[name] * values)
+        ranks_parts.append(ranks)
+    if not keys_parts:
+        return []
+    unique, inverse = np.unique(np.concatenate(keys_parts), return_inverse=True)
+    # bincount adds each bin's weights in input order: 0.0 + first list's + second list's.
+    fused = np.bincount(inverse, weights=np.concatenate(values_parts), minlength=len(unique))
+    best = np.full(len(unique), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best, inverse, np.concatenate(ranks_parts))
+    order = np.lexsort((best, -fused))
+    pairs = list(zip(unique[order].tolist(), fused[order].tolist(), strict=True))
+    s, r = fused[order], best[order]
+    tied = np.flatnonzero((s[1:] == s[:-1]) & (r[1:] == r[:-1]))
+    # Runs that tie on score and best rank (the bottom entries of equal-length lists all
+    # score 0.0 at the same rank) go by str(key), as in _sort_fused.
+    i = 0
+    while i < len(tied):
+        start = end = int(tied[i])
+        while i < len(tied) and tied[i] == end:
+            end, i = end + 1, i + 1
+        pairs[start : end + 1] = sorted(pairs[start : end + 1], key=lambda kv: str(kv[0]))
+    return pairs
 
 
 def rrf_fusion(

@@ -130,3 +130,84 @@ def test_rrf_scored_ranks_by_score_first():
 def test_rrf_rejects_negative_k():
     with pytest.raises(ValueError):
         rrf_fusion({"dense": ["a"]}, k=-1)
+
+
+# --- the numpy path for an index's point ids ------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from services.retrieval.fusion import _weighted_loop, _weighted_minmax_ids  # noqa: E402
+from tests.unit.properties import FAST  # noqa: E402
+
+U64 = 2**64 - 1
+# Few distinct keys and scores, so lists overlap, repeat keys and tie on scores.
+point_ids = st.one_of(st.integers(0, 12), st.sampled_from([2**63 - 1, 2**63, U64]))
+scores = st.one_of(
+    st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0]),
+    st.floats(-5, 30, allow_nan=False, allow_infinity=False),
+)
+ranked_lists = st.dictionaries(
+    st.sampled_from(["dense", "sparse", "variant"]),
+    st.lists(st.tuples(point_ids, scores), max_size=12),
+    min_size=1,
+)
+weight_values = st.sampled_from([0.0, 0.3, 0.5, 0.7, 1, 2.5])
+
+
+@settings(FAST, max_examples=600)
+@given(ranked_lists, st.data())
+def test_numpy_path_equals_the_loop_exactly(ranked, data):
+    weights = {name: data.draw(weight_values) for name in ranked}
+    fast = _weighted_minmax_ids(ranked, weights)
+    loop = _weighted_loop(ranked, weights, "minmax")
+    if fast is not None:  # same keys, same floats (not approximately), same order
+        assert fast == loop
+        assert [type(k) for k, _ in fast] == [int] * len(fast)
+    assert weighted_fusion(ranked, weights) == loop
+
+
+def test_numpy_path_answers_an_index_shaped_fusion():
+    """Unique point ids per list, distinct scores: the case the engine sends it, every search."""
+    dense = [(10**18 + i, 0.9 - i / 100) for i in range(100)]
+    sparse = [(10**18 + 2 * i, 14.0 - i / 7) for i in range(100)]
+    ranked = {"dense": dense, "sparse": sparse}
+    weights = {"dense": 0.7, "sparse": 0.3}
+    fast = _weighted_minmax_ids(ranked, weights)
+    assert fast is not None and fast == _weighted_loop(ranked, weights, "minmax")
+    assert len(fast) == 150 and fast[0] == (10**18, 1.0)
+
+
+@pytest.mark.parametrize(
+    "ranked",
+    [
+        {"a": [(1, 0.5), (1, 0.7)]},  # a key repeated within a list
+        {"a": [(-1, 0.5), (2, 0.4)]},  # not an unsigned 64-bit id
+        {"a": [(2**64, 0.5), (2, 0.4)]},
+        {"a": [(1.5, 0.5), (2, 0.4)]},  # not an int at all
+        {"a": [("7", 0.5), (2, 0.4)]},
+        {"a": [(True, 0.5), (2, 0.4)]},
+        {"a": [(("d", "s"), 0.5), (2, 0.4)]},
+        {"a": [(1, math.inf), (2, 0.4)]},  # not finite
+        {"a": [(1, math.nan), (2, 0.4)]},
+    ],
+)
+def test_numpy_path_declines_what_only_the_loop_answers(ranked):
+    weights = {"a": 1.0}
+    assert _weighted_minmax_ids(ranked, weights) is None
+    assert weighted_fusion(ranked, weights) == _weighted_loop(ranked, weights, "minmax")
+
+
+def test_ties_on_score_and_rank_go_by_the_keys_text():
+    # 9 and 10 tie at rank 0 (both 1.0), 100 and 20 at the bottom (0.0, rank 1): "10" < "9"
+    # and "100" < "20" as text, not as numbers.
+    ranked = {"a": [(9, 5.0), (100, 1.0)], "b": [(10, 3.0), (20, 2.0)]}
+    weights = {"a": 1.0, "b": 1.0}
+    want = [(10, 1.0), (9, 1.0), (100, 0.0), (20, 0.0)]
+    assert _weighted_loop(ranked, weights, "minmax") == want
+    assert _weighted_minmax_ids(ranked, weights) == want
+
+
+def test_empty_lists_fuse_to_nothing():
+    assert _weighted_minmax_ids({"a": [], "b": []}, {"a": 1.0, "b": 1.0}) == []
+    assert weighted_fusion({"a": []}, {"a": 1.0}) == []
