@@ -72,6 +72,15 @@ def life(
         m.stop()
 
 
+@pytest.fixture(autouse=True)
+def retrieval_up(life: Mesh) -> Iterator[None]:
+    """Every test starts with retrieval running, whatever the one before left behind (a
+    failed test stops before its own restart, and the next would fail for that alone)."""
+    if not life.alive()["retrieval"]:
+        restart_retrieval(life)
+    yield
+
+
 def restart_retrieval(mesh: Mesh) -> None:
     mesh.stop_service("retrieval")  # reaps the dead process, closes its log
     mesh.start_service("retrieval")
@@ -123,6 +132,12 @@ def search(mesh: Mesh, via: str, query: str) -> Outcome:
                 f"{code.name} {exc.details()}",  # type: ignore[attr-defined]
             )
     return Outcome(via, started, time.monotonic(), True, False, "", len(response.hits))
+
+
+def at_stop(o: Outcome, sigterm_at: float) -> bool:
+    """Whether the call was made around the moment the server stops taking RPCs (the signal,
+    then DRAIN_S of NOT_SERVING; the upper margin covers a loaded machine's late timers)."""
+    return sigterm_at + DRAIN_S - 0.05 <= o.started <= sigterm_at + DRAIN_S + 0.5
 
 
 def in_background(fn: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
@@ -207,8 +222,13 @@ def test_sigterm_under_load_drains_in_flight_and_refuses_new_work(
     # JSON 502 with the error body), never another error, never a hang.
     assert fresh, "no new requests were made"
     for o in fresh:
-        assert o.ok or o.refused, o
         assert o.ended - o.started < CALL_TIMEOUT_S, o
+        if o.via == "grpc" and o.detail == "CANCELLED CANCELLED" and at_stop(o, sigterm_at):
+            # gRPC core answers a call that is pending (arrived, not yet matched to the
+            # handler) at the instant of server.stop() with CANCELLED, not UNAVAILABLE:
+            # grpc/grpc#41785, fix proposed in grpc/grpc#41786. Seen once in many runs.
+            continue
+        assert o.ok or o.refused, o
     last_in_flight = max(o.ended for o in outcomes)
     refused_while_draining = [
         o for o in fresh if o.refused and sigterm_at < o.started < last_in_flight
