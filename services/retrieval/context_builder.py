@@ -24,14 +24,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from services.common.tokenizer import Tokenizer, default_tokenizer
 
 ORDERS = ("document", "score")
 
 
-@dataclass(frozen=True)
-class ContextCandidate:
+class ContextCandidate(NamedTuple):
     """A chunk the search found, with what the builder needs to place it."""
 
     doc_id: str
@@ -49,8 +49,7 @@ class ContextCandidate:
     page_end: int = 0
 
 
-@dataclass(frozen=True)
-class ContextBlock:
+class ContextBlock(NamedTuple):
     """One contiguous passage of the context: one chunk or several adjacent ones merged."""
 
     doc_id: str

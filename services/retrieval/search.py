@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from services.common import errors
 
@@ -71,8 +72,7 @@ class SearchDefaults:
     mode: str = "section_first"
 
 
-@dataclass(frozen=True)
-class ChunkHit:
+class ChunkHit(NamedTuple):
     doc_id: str
     section_id: str
     chunk_id: str
@@ -84,15 +84,13 @@ class ChunkHit:
     ord: int = 0
 
 
-@dataclass(frozen=True)
-class DocHit:
+class DocHit(NamedTuple):
     doc_id: str
     title: str
     score: float
 
 
-@dataclass(frozen=True)
-class SectionHit:
+class SectionHit(NamedTuple):
     section_id: str
     doc_id: str
     title: str

@@ -346,6 +346,6 @@ def test_a_chunks_ingestion_count_is_used_and_merged_blocks_are_counted():
     assert any(t.startswith(first.text) and t.endswith(second.text) for t in tok.counted)
     # Without ingestion counts (tokens=0) every text is counted by the tokenizer.
     tok2 = CountingTokenizer()
-    bare = [ContextCandidate(**{**c.__dict__, "tokens": 0}) for c in (lone, first, second)]
+    bare = [c._replace(tokens=0) for c in (lone, first, second)]
     assert build_context(bare, 100, tok2, ContextOptions(block_overhead_tokens=0)) == want
     assert lone.text in tok2.counted
