@@ -586,11 +586,15 @@ class RetrievalEngine:
             if len(sections) >= plan.max_sections and len(docs) >= plan.max_docs:
                 break
             key = (c.doc_id, c.section_id)
+            new_section = key not in sections and len(sections) < plan.max_sections
+            new_doc = c.doc_id not in docs and len(docs) < plan.max_docs
+            if not (new_section or new_doc):
+                continue
             if c.doc_id in entries:
                 entry = entries[c.doc_id]
             else:
                 entry = entries[c.doc_id] = self._sections.document(plan.tenant_id, c.doc_id)
-            if key not in sections and len(sections) < plan.max_sections:
+            if new_section:
                 info = entry[1].get(c.section_id) if entry else None
                 sections[key] = SectionHit(
                     section_id=c.section_id,
@@ -602,7 +606,7 @@ class RetrievalEngine:
                     anchor_chunk_id=c.chunk_id,
                     score=round(raw, 6),
                 )
-            if c.doc_id not in docs and len(docs) < plan.max_docs:
+            if new_doc:
                 docs[c.doc_id] = DocHit(c.doc_id, entry[0] if entry else "", round(raw, 6))
         built = build_context(
             [
