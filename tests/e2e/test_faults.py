@@ -428,6 +428,15 @@ def test_retrieval_down(faulty: Mesh) -> None:
     finally:
         restart(faulty, "retrieval")
     assert_recovers(faulty)
+    # ToolsProxy's own channel to Retrieval reconnects too. (Checked here, not left to the
+    # next test: a channel that last saw the port refused reports that failure until a new
+    # connection succeeds, so freezing Retrieval before it reconnected made the search tool
+    # fail fast instead of waiting out its deadline.)
+    start = time.monotonic()
+    body = execute_body("search_user_documents", {"query": "LDAP"})
+    while (j := call_json(faulty, EXECUTE, body)).body.get("status") != "ok":
+        assert time.monotonic() - start < RECOVERY_S, j.response.text
+        time.sleep(0.1)
 
 
 def test_retrieval_slow_past_its_deadline(faulty: Mesh) -> None:
