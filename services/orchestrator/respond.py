@@ -36,7 +36,7 @@ from services.retrieval.search import (
     MAX_FILTER_VALUES,
     MAX_QUERY_CHARS,
     MAX_RESULTS_LIMIT,
-    SOURCES,
+    validate_filters,
 )
 
 log = logging.getLogger("visior.orchestrator")
@@ -118,20 +118,13 @@ def validate(req: RespondInput) -> None:
             "ask for it with filters.source=knowledge_base",
             metadata={"field": "tenant_id"},
         )
-    f = req.filters
-    if f.source and f.source not in SOURCES:
-        raise errors.InvalidArgumentError(
-            "filters.source must be 'user' or 'knowledge_base'",
-            metadata={"field": "filters.source"},
-        )
+    validate_filters(req.filters)
     # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
-    lists = {f"filters.{n}": getattr(f, n) for n in ("tags", "doc_ids", "section_ids")}
-    for name, values in {**lists, "doc_ids": req.selected_doc_ids}.items():
-        if len(values) > MAX_FILTER_VALUES:
-            raise errors.LimitExceededError(
-                f"{name} has more than {MAX_FILTER_VALUES} values",
-                metadata={"field": name, "limit": str(MAX_FILTER_VALUES)},
-            )
+    if len(req.selected_doc_ids) > MAX_FILTER_VALUES:
+        raise errors.LimitExceededError(
+            f"doc_ids has more than {MAX_FILTER_VALUES} values",
+            metadata={"field": "doc_ids", "limit": str(MAX_FILTER_VALUES)},
+        )
 
 
 def section_list(sections: tuple[SectionCandidate, ...], budget_chars: int) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from services.common import errors
 
@@ -170,7 +171,25 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
         )
     if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
         raise _invalid("params.min_score", "params.min_score must be between 0 and 1")
-    f = q.filters
+    validate_filters(q.filters)
+
+
+class FilterValues(Protocol):
+    """The filter fields validate_filters reads (this module's Filters, the orchestrator's)."""
+
+    @property
+    def tags(self) -> Sequence[str]: ...
+    @property
+    def doc_ids(self) -> Sequence[str]: ...
+    @property
+    def section_ids(self) -> Sequence[str]: ...
+    @property
+    def source(self) -> str: ...
+
+
+def validate_filters(f: FilterValues) -> None:
+    """filters.source and the filter lists' limits; the orchestrator checks a Respond's
+    filters with it before they reach Retrieval."""
     if f.source and f.source not in SOURCES:
         raise _invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
