@@ -506,12 +506,6 @@ class EmbeddingSettings:
             raise SettingsError(
                 f"RETR_EMBEDDING_DIM={dim} does not match the {profile} profile's {local_dim}"
             )
-        found_batch = env.raw(["RETR_EMBEDDING_BATCH_SIZE"])
-        batch = (
-            env.integer("RETR_EMBEDDING_BATCH_SIZE", 0, minimum=1, maximum=4096)
-            if found_batch
-            else None
-        )
         return cls(
             profile=profile,
             url=url,
@@ -519,15 +513,11 @@ class EmbeddingSettings:
             api_key=found_key[1] if found_key else None,
             dim=dim,
             timeout_s=env.number("RETR_EMBEDDING_TIMEOUT_S", 10.0, minimum=0.001),
-            batch_size=batch,
+            batch_size=_batch_size(env, "RETR_EMBEDDING_BATCH_SIZE"),
             query_cache_size=env.integer(
                 "RETR_QUERY_CACHE_SIZE", 4096, minimum=0, maximum=10_000_000
             ),
-            query_batch_size=(
-                env.integer("RETR_QUERY_BATCH_SIZE", 1, minimum=1, maximum=4096)
-                if env.raw(["RETR_QUERY_BATCH_SIZE"])
-                else None
-            ),
+            query_batch_size=_batch_size(env, "RETR_QUERY_BATCH_SIZE"),
             query_prefix=_prefix(env, "RETR_EMBEDDING_QUERY_PREFIX"),
             passage_prefix=_prefix(env, "RETR_EMBEDDING_PASSAGE_PREFIX"),
             threads=_threads(env, cpus or usable_cpus()),
@@ -550,6 +540,11 @@ def _threads(env: Env, cpus: int) -> int | None:
             f"RETR_EMBEDDING_THREADS={value} is outside 1..{cpus} (the CPUs this process may use)"
         )
     return value
+
+
+def _batch_size(env: Env, name: str) -> int | None:
+    """`name` as 1..4096, or None when unset (the profile's default applies)."""
+    return env.integer(name, 0, minimum=1, maximum=4096) if env.raw([name]) else None
 
 
 def _prefix(env: Env, name: str) -> str:

@@ -214,8 +214,8 @@ def _weighted_minmax_ids(
     best = np.full(len(unique), np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(best, inverse, np.concatenate(ranks_parts))
     order = np.lexsort((best, -fused))
-    pairs = list(zip(unique[order].tolist(), fused[order].tolist(), strict=True))
     s, r = fused[order], best[order]
+    pairs = list(zip(unique[order].tolist(), s.tolist(), strict=True))
     tied = np.flatnonzero((s[1:] == s[:-1]) & (r[1:] == r[:-1]))
     # Runs that tie on score and best rank (the bottom entries of equal-length lists all
     # score 0.0 at the same rank) go by str(key), as in _sort_fused.
