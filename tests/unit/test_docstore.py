@@ -187,3 +187,40 @@ def test_put_points_lists_a_stored_generation_only(tmp_path):
     assert store.put_points("t1", "guide", d.generation, points_of(d)) is True  # idempotent
     assert len(store.points_by_ids("t1", [p.point_id for p in points_of(d)])) == 4
     assert store.documents_without_points() == [("t2", "notes", other.generation)]
+
+
+# -- packed reads: candidates and hit texts come back as one JSON row ------------------------
+
+AWKWARD_TEXTS = [
+    "",
+    "nul \x00 inside",
+    'quotes " and \\ backslashes \\" and /slashes/',
+    "controls \x01\x07\x08\t\n\r\x1f\x7f and \u2028\u2029 separators",
+    "Кириллица, 中文, עברית, emoji 🧭🏳️‍🌈, combining é",
+    "\ufeffbom and \uffff and \U0010ffff",
+    "[1, 2] {\"json\": true} null",
+]
+
+
+@pytest.mark.parametrize("text", AWKWARD_TEXTS)
+def test_chunks_by_ids_returns_any_text_and_id_exactly_as_stored(tmp_path, text):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    d = doc()
+    odd = dataclasses.replace(d.chunks[0], chunk_id=f'guide:"{text}"', text=text)
+    d = dataclasses.replace(d, chunks=(odd, *d.chunks[1:]))
+    store.put(d)
+    got = store.chunks_by_ids("t1", [("guide", odd.chunk_id), ("guide", d.chunks[1].chunk_id)])
+    assert got[("guide", odd.chunk_id)] == odd
+    assert got[("guide", odd.chunk_id)] == store.chunk_by_id("t1", "guide", odd.chunk_id)
+    assert got[("guide", d.chunks[1].chunk_id)] == d.chunks[1]
+    assert type(got[("guide", odd.chunk_id)].tokens) is int
+
+
+@pytest.mark.parametrize("text", AWKWARD_TEXTS)
+def test_points_by_ids_returns_any_id_text_exactly_as_stored(tmp_path, text):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    d = doc()
+    odd = StoredPoint(2**64 - 2, d.doc_id, text, text, "chunk", -(2**63), 0, 2**31, 2**62,
+                      d.generation)  # fmt: skip
+    store.put(d, [odd])
+    assert store.points_by_ids("t1", [odd.point_id]) == {odd.point_id: odd}
