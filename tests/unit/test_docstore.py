@@ -198,7 +198,7 @@ AWKWARD_TEXTS = [
     "controls \x01\x07\x08\t\n\r\x1f\x7f and \u2028\u2029 separators",
     "Кириллица, 中文, עברית, emoji 🧭🏳️‍🌈, combining é",
     "\ufeffbom and \uffff and \U0010ffff",
-    "[1, 2] {\"json\": true} null",
+    '[1, 2] {"json": true} null',
 ]
 
 
