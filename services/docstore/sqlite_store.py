@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
@@ -137,7 +138,7 @@ class SqliteDocumentStore:
 
     def _query_packed(
         self, columns: str, alias: str, source: str, args: tuple[object, ...]
-    ) -> list[list[object]]:
+    ) -> list[list[Any]]:
         """`SELECT columns FROM source`'s rows, read as one JSON array in one row.
 
         For the reads every search makes (its candidates, its hits' texts: 40-200 rows).
