@@ -67,6 +67,18 @@ def _signed(point_id: int) -> int:
     return point_id - _U64 if point_id > _I64_MAX else point_id
 
 
+def require_json_functions(conn: sqlite3.Connection) -> None:
+    """Refuse an SQLite library without its JSON functions (built in since 3.38; search reads
+    its rows packed as JSON, `SqliteDocumentStore._query_packed`)."""
+    try:
+        conn.execute("SELECT json_group_array(json_array(1))").fetchall()
+    except sqlite3.OperationalError as exc:
+        raise StoreUnavailableError(
+            f"document store: SQLite {sqlite3.sqlite_version} has no JSON functions ({exc}); "
+            "it needs SQLite 3.38 or later, or an older one built with JSON1"
+        ) from exc
+
+
 class SqliteDocumentStore:
     """Document store on one SQLite file (WAL), safe to share between threads of one process."""
 
@@ -86,6 +98,7 @@ class SqliteDocumentStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        require_json_functions(conn)
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("PRAGMA mmap_size = 268435456")

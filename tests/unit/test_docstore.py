@@ -3,9 +3,10 @@ import sqlite3
 
 import pytest
 
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Page, StoredPoint
 from services.docstore.parsing import parse_document
-from services.docstore.sqlite_store import SqliteDocumentStore
+from services.docstore.sqlite_store import SqliteDocumentStore, require_json_functions
 
 MD = (
     "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n\f\n"
@@ -224,3 +225,13 @@ def test_points_by_ids_returns_any_id_text_exactly_as_stored(tmp_path, text):
                       d.generation)  # fmt: skip
     store.put(d, [odd])
     assert store.points_by_ids("t1", [odd.point_id]) == {odd.point_id: odd}
+
+
+def test_an_sqlite_without_json_functions_is_refused_with_the_reason():
+    class NoJson:
+        def execute(self, sql, *args):
+            raise sqlite3.OperationalError("no such function: json_array")
+
+    with pytest.raises(StoreUnavailableError, match=r"no JSON functions .*3\.38"):
+        require_json_functions(NoJson())  # type: ignore[arg-type]
+    require_json_functions(sqlite3.connect(":memory:"))  # this one has them
