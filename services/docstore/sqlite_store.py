@@ -157,9 +157,9 @@ class SqliteDocumentStore:
         For the reads every search makes (its candidates, its hits' texts: 40-200 rows).
         The sqlite3 module lets go of the GIL around every step, one per row, and under load
         each step then waits its turn behind the other search threads to take it back: a
-        read of 130 rows packed in one took a quarter of the time with three busy Python
-        threads beside it (in-process), and the server's searches/s at 32 in flight rose
-        by ~25 % (bench/README.md). Alone, both ways cost the same. Integers and text come
+        read of 130 rows packed in one took a third to a quarter of the time with three busy
+        Python threads beside it (in-process), and the server's searches/s at 32 in flight
+        rose by ~25 % (bench/README.md). Alone, both ways cost the same. Integers and text come
         back as they were stored (JSON keeps 64-bit integers and any text exactly).
         """
         cols = ", ".join(f"{alias}.{name}" for name in columns.split(", "))
