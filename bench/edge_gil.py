@@ -14,9 +14,7 @@ The data dir is copied first (opening a shard writes to it), unless --in-place.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from retrieval_search import query_pool  # noqa: E402
+from retrieval_search import query_pool, working_copy  # noqa: E402
 
 from services.retrieval.index.base import IndexFilter, RankQuery  # noqa: E402
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402
@@ -95,16 +93,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--in-place", action="store_true", help="do not copy the data dir")
     args = ap.parse_args()
-    data = Path(args.data)
-    with tempfile.TemporaryDirectory(prefix="edge-gil-") as tmp:
-        if not args.in_place:
-            shutil.copytree(data / "index", Path(tmp) / "index")
-            data = Path(tmp)
+    with working_copy(Path(args.data), args.in_place, "visior-edge-gil-") as data:
         index = EdgeIndex(str(data / "index"), _dim(args.data))
         try:
             work = batches(index.dim, 300, args.tenants, args.seed)
-            for _ in range(20):
-                index.search_ids_batch(work[_])
+            for warm in work[:20]:
+                index.search_ids_batch(warm)
             for r in range(1, args.rounds + 1):
                 idle, _ = measure(None, work, args.seconds)
                 busy, rate = measure(index, work, args.seconds)

@@ -338,6 +338,19 @@ def ensure_dataset(cache: Path, n: int, dim: int, seed: int, tenants: int) -> tu
     return final, {**info, "cached": False}
 
 
+@contextlib.contextmanager
+def working_copy(data: Path, in_place: bool, prefix: str) -> Iterator[Path]:
+    """`data` itself, or a temporary copy of it: opening an Edge shard writes to its directory,
+    and a data dir is a cache other runs reuse."""
+    if in_place:
+        yield data
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        copy = Path(tmp) / data.name
+        shutil.copytree(data, copy)
+        yield copy
+
+
 def dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 

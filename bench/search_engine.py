@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +28,7 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from retrieval_search import query_pool  # noqa: E402
+from retrieval_search import query_pool, working_copy  # noqa: E402
 
 from services.common.breaker import CircuitBreaker  # noqa: E402
 from services.common.tokenizer import default_tokenizer  # noqa: E402
@@ -105,12 +103,7 @@ def main() -> None:
     ap.add_argument("--profile-out", default="", help="write a cProfile of the searches here")
     ap.add_argument("--in-place", action="store_true", help="do not copy the data dir")
     args = ap.parse_args()
-    if args.in_place:
-        asyncio.run(run(args, args.data))
-        return
-    with tempfile.TemporaryDirectory(prefix="visior-search-engine-") as tmp:
-        data = Path(tmp) / args.data.name
-        shutil.copytree(args.data, data)
+    with working_copy(args.data, args.in_place, "visior-search-engine-") as data:
         asyncio.run(run(args, data))
 
 
