@@ -190,7 +190,7 @@ def test_put_points_lists_a_stored_generation_only(tmp_path):
     assert store.documents_without_points() == [("t2", "notes", other.generation)]
 
 
-# -- packed reads: candidates and hit texts come back as one JSON row ------------------------
+# -- any text and id comes back exactly: the candidates packed as JSON, the hit texts by row ------
 
 AWKWARD_TEXTS = [
     "",
