@@ -14,10 +14,12 @@ The data dir is copied first (opening a shard writes to it), unless --in-place.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +96,7 @@ def main() -> None:
     ap.add_argument("--in-place", action="store_true", help="do not copy the data dir")
     args = ap.parse_args()
     with working_copy(Path(args.data), args.in_place, "visior-edge-gil-") as data:
-        index = EdgeIndex(str(data / "index"), _dim(args.data))
+        index = EdgeIndex(str(data / "index"), _dataset(data)["dim"])
         try:
             work = batches(index.dim, 300, args.tenants, args.seed)
             for warm in work[:20]:
@@ -111,12 +113,14 @@ def main() -> None:
             index.close()
 
 
-def _dim(data: str) -> int:
-    """The dense dimension from retrieval_search.py's dir name (…-d512-…)."""
-    for part in Path(data).name.split("-"):
-        if part.startswith("d") and part[1:].isdigit():
-            return int(part[1:])
-    raise SystemExit(f"{data}: no -d<dim>- in the name; is it a retrieval_search.py data dir?")
+def _dataset(data: Path) -> dict[str, Any]:
+    """What retrieval_search.py recorded of the data dir it built (dim, tenants, ...)."""
+    try:
+        return json.loads((data / "dataset.json").read_text())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise SystemExit(
+            f"{data}: no dataset.json; is it a retrieval_search.py data dir?"
+        ) from None
 
 
 if __name__ == "__main__":
