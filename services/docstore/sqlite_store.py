@@ -89,6 +89,7 @@ class SqliteDocumentStore:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._conn = self._connect()
+        require_json_functions(self._conn)  # one library for every connection: checked once
         # Writes get their own connection and lock: a write waiting out busy_timeout for
         # another writer's lock must not stall the reads, which WAL lets go on meanwhile.
         # (":memory:" is one database per connection, so it keeps the one.)
@@ -98,7 +99,6 @@ class SqliteDocumentStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        require_json_functions(conn)
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("PRAGMA mmap_size = 268435456")
