@@ -33,10 +33,16 @@ lint: $(STAMP) ## buf lint + format, ruff, mypy
 	$(VENV)/bin/ruff format --check services tests bench
 	$(VENV)/bin/mypy
 
+# The tests start a real PostgreSQL (tests/pg_server.py: initdb + pg_ctl in a temp dir, never
+# the Debian cluster service); Debian's package puts the binaries in /usr/lib/postgresql/*/bin.
+PG_INSTALL := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; }
+
 test: lint check-gen ## Lint, drift check, then every test (unit, integration, e2e with real Envoy)
+	@$(PG_INSTALL)
 	$(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) ## Unit and integration tests only
+	@$(PG_INSTALL)
 	$(VENV)/bin/pytest -q tests/unit tests/integration
 
 run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them)

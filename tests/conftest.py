@@ -11,3 +11,4 @@ import os
 os.environ.setdefault("RETR_EMBEDDING_PROFILE", "fast")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as services/retrieval/__main__.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+from tests.pg_server import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)

@@ -2,17 +2,72 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from psycopg import conninfo
+
 from services.common.settings import Env, SettingsError
+from services.docstore.store import (
+    DEFAULT_POOL_SIZE,
+    POSTGRES_SCHEMES,
+    SQLITE_SCHEME,
+    is_postgres_url,
+    mask_url,
+)
+
+MAX_POOL_SIZE = 100
 
 
-def docstore_path(env: Env, prefix: str) -> str:
-    """The SQLite path from <prefix>DOCSTORE_URL / METADATA_DB_URL (sqlite:///…) or VISIOR_DATA_DIR."""
+@dataclass(frozen=True)
+class DocstoreSettings:
+    """The document store to open (services/docstore/store.open_document_store)."""
+
+    kind: str
+    """"sqlite" or "postgresql"."""
+    target: str = field(repr=False)
+    """The SQLite path, or the PostgreSQL URL (may hold a password: never logged)."""
+    pool_size: int = DEFAULT_POOL_SIZE
+    """PostgreSQL connections kept open (<prefix>DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE)."""
+
+    @property
+    def display(self) -> str:
+        """`target` with any password masked."""
+        return mask_url(self.target)
+
+    def __repr__(self) -> str:
+        return (
+            f"DocstoreSettings(kind={self.kind!r}, target={self.display!r}, "
+            f"pool_size={self.pool_size})"
+        )
+
+
+def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
+    """<prefix>DOCSTORE_URL / METADATA_DB_URL (sqlite:///PATH, postgresql://…, postgres://…),
+    else VISIOR_DATA_DIR/docstore.sqlite; <prefix>DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE."""
+    pool_size = env.integer(
+        [prefix + "DOCSTORE_POOL_SIZE", "DOCSTORE_POOL_SIZE"],
+        DEFAULT_POOL_SIZE,
+        minimum=1,
+        maximum=MAX_POOL_SIZE,
+    )
     found = env.raw([prefix + "DOCSTORE_URL", "METADATA_DB_URL"])
     if found is None:
-        return str(Path(env.text("VISIOR_DATA_DIR", "data")) / "docstore.sqlite")
+        path = str(Path(env.text("VISIOR_DATA_DIR", "data")) / "docstore.sqlite")
+        return DocstoreSettings("sqlite", path, pool_size)
     name, url = found
-    if url.startswith("sqlite:///"):
-        return url.removeprefix("sqlite:///") or ":memory:"
-    raise SettingsError(f"{name}={url!r}: only sqlite:///PATH is supported so far")
+    if url.startswith(SQLITE_SCHEME):
+        return DocstoreSettings("sqlite", url.removeprefix(SQLITE_SCHEME) or ":memory:", pool_size)
+    if is_postgres_url(url):
+        try:
+            conninfo.conninfo_to_dict(url)
+        except Exception as exc:  # libpq's parser: the message names the bad part, not the password
+            raise SettingsError(
+                f"{name}={mask_url(url)!r} is not a valid PostgreSQL URL: "
+                f"{str(exc).replace(url, mask_url(url))}"
+            ) from None
+        return DocstoreSettings("postgresql", url, pool_size)
+    raise SettingsError(
+        f"{name}={mask_url(url)!r}: the document store takes {SQLITE_SCHEME}PATH or "
+        f"{' / '.join(POSTGRES_SCHEMES)}USER:PASSWORD@HOST:PORT/DATABASE"
+    )

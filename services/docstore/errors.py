@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common import errors
+
 
 class ParseError(ValueError):
     """The input cannot be parsed (undecodable text, a broken PDF, a malformed CSV)."""
@@ -39,6 +41,13 @@ class KnowledgeBaseError(ParseError):
         self.problems = problems
 
 
-class StoreUnavailableError(RuntimeError):
-    """The document store cannot be written now: another writer holds its lock past the busy
-    timeout, or the disk refuses the write. Worth retrying later; not the caller's fault."""
+class StoreUnavailableError(errors.UnavailableError, RuntimeError):
+    """The document store cannot be read or written now: another writer holds the SQLite lock
+    past the busy timeout, the disk refuses the write, the PostgreSQL server cannot be reached.
+    Worth retrying later; not the caller's fault. Uncaught, it is UNAVAILABLE with reason
+    backend_unavailable (502 through Envoy), as the vector store being down is."""
+
+    default_reason = "backend_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, metadata={"backend": "docstore"})

@@ -82,6 +82,8 @@ def require_json_functions(conn: sqlite3.Connection) -> None:
 class SqliteDocumentStore:
     """Document store on one SQLite file (WAL), safe to share between threads of one process."""
 
+    kind = "sqlite"
+
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = str(path)
         self._read_only = read_only
@@ -147,7 +149,7 @@ class SqliteDocumentStore:
             except sqlite3.OperationalError as exc:
                 if "no such table" in str(exc):  # a reader that started before the writer
                     return []
-                raise
+                raise StoreUnavailableError(f"document store: {exc}") from exc
 
     def _query_packed(
         self, columns: str, alias: str, source: str, args: tuple[object, ...]

@@ -89,7 +89,7 @@ def apply_summaries(doc: Document, summarizer: Summarizer, max_chars: int = 400)
 
     The section text given to the summarizer is its chunks, with the repeated overlap removed.
     """
-    texts = _section_texts(doc)
+    texts = section_texts(doc)
     sections = tuple(
         replace(s, summary=summarizer.summarize(s.title, texts.get(s.section_id, ""), max_chars))
         for s in doc.sections
@@ -104,7 +104,8 @@ def mix_generation(generation: str, summarizer_name: str) -> str:
     return digest[: len(generation) or 16]
 
 
-def _section_texts(doc: Document) -> dict[str, str]:
+def section_texts(doc: Document) -> dict[str, str]:
+    """Each section's text by section_id: its chunks in order, the repeated overlap removed."""
     out: dict[str, list[str]] = {}
     prev = ""
     for chunk in doc.chunks:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
+import httpx
 from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2_grpc
 
@@ -13,7 +15,8 @@ from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
 from services.docstore.parsing import ChunkingConfig
-from services.docstore.sqlite_store import SqliteDocumentStore
+from services.docstore.store import open_document_store
+from services.llm.runtime import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.embeddings import build_embedder
 from services.retrieval.engine import RetrievalEngine
@@ -23,6 +26,7 @@ from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.index_maintenance import IndexOptimizer
 from services.retrieval.ingestion import Ingestor
 from services.retrieval.journal import IngestJournal
+from services.retrieval.llm_assist import LlmAssistSettings, LlmQueryExpander, LlmSummarizer
 from services.retrieval.metrics import RetrievalMetrics
 from services.retrieval.mock import MockSearchEngine
 from services.retrieval.query import load_synonyms
@@ -56,13 +60,50 @@ def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
     )
 
 
+def llm_assistants(
+    settings: LlmAssistSettings, http: httpx.AsyncClient
+) -> tuple[LlmSummarizer | None, LlmQueryExpander | None]:
+    """The summarizer and the query expander that are switched on (None for the others).
+
+    Each has its own runtime client and so its own circuit breaker: slow summaries of a
+    big ingest must not open the breaker the searches' expander goes through.
+    """
+    runtime = settings.runtime
+    if runtime is None:
+        return None, None
+    summarizer = expander = None
+    if settings.summaries:
+        summarizer = LlmSummarizer(
+            OpenAiChatRuntime(runtime, http),
+            model=runtime.default_model,
+            timeout_s=runtime.timeout_s,
+            concurrency=settings.summary_concurrency,
+            budget_s=settings.summary_budget_s,
+        )
+    if settings.query_variants:
+        timeout_s = min(runtime.timeout_s, settings.query_variants_timeout_s)
+        expander = LlmQueryExpander(
+            OpenAiChatRuntime(replace(runtime, timeout_s=timeout_s), http),
+            model=runtime.default_model,
+            timeout_s=timeout_s,
+            cache_size=settings.query_variants_cache,
+        )
+    log.info(
+        "llm assistance",
+        extra={"summaries": settings.summaries, "query_variants": settings.query_variants,
+               "model": runtime.default_model},
+    )  # fmt: skip
+    return summarizer, expander
+
+
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
-    store = SqliteDocumentStore(settings.docstore_path)
+    store = open_document_store(settings.docstore.target, pool_size=settings.docstore.pool_size)
     engine: SearchBackend
     ingestor: Ingestor | None = None
     index: VectorIndex | None = None
     optimizer: IndexOptimizer | None = None
+    http: httpx.AsyncClient | None = None
     if settings.mock_mode:
         engine = MockSearchEngine(settings.defaults)
         backend = "mock"
@@ -71,6 +112,10 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         index = open_index(settings, embedder.dim)
         backend = index.backend
         sections = SectionCatalog(store)
+        summarizer, expander = None, None
+        if settings.llm.runtime is not None:
+            http = httpx.AsyncClient(follow_redirects=False)
+            summarizer, expander = llm_assistants(settings.llm, http)
         ingestor = Ingestor(
             store=store,
             index=index,
@@ -81,6 +126,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             chunking=ChunkingConfig(
                 chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
             ),
+            summarizer=summarizer,
         )
         try:
             recovered = ingestor.recover()
@@ -120,11 +166,12 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             ),
             reranker=build_reranker(settings.rerank),
             synonyms=load_synonyms(settings.synonyms_path or None),
+            expander=expander,
             metrics=RetrievalMetrics(registry),
         )
 
     def probe() -> dict[str, str]:
-        details = {"backend": backend, "docstore": "sqlite"}
+        details = {"backend": backend, "docstore": store.kind}
         try:
             store.ping()
         except Exception as exc:  # the health answer must say why, not raise
@@ -164,6 +211,8 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             await optimizer.stop()
         if index is not None:
             index.close()
+        if http is not None:
+            await http.aclose()
         store.close()
 
     return running, close

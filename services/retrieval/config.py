@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.settings import Env, ServerSettings, SettingsError
-from services.docstore.config import docstore_path
+from services.docstore.config import DocstoreSettings, docstore_settings
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.engine import FUSIONS, EngineSettings
 from services.retrieval.index.base import QUANTIZATIONS
+from services.retrieval.llm_assist import LlmAssistSettings
 from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import MAX_RESULTS_LIMIT, SearchDefaults
 
@@ -25,8 +26,9 @@ class RetrievalSettings:
     """gRPC server knobs (RETR_HOST, RETR_PORT, ...)."""
     defaults: SearchDefaults
     """Search defaults (RETR_MAX_RESULTS, DEFAULT_MAX_DOCS, ...)."""
-    docstore_path: str
-    """SQLite document store (RETR_DOCSTORE_URL / METADATA_DB_URL / VISIOR_DATA_DIR)."""
+    docstore: DocstoreSettings
+    """Document store, SQLite or PostgreSQL (RETR_DOCSTORE_URL / METADATA_DB_URL /
+    VISIOR_DATA_DIR, RETR_DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE); repr masks the password."""
     max_document_bytes: int
     """Largest document accepted by IngestDocument (RETR_MAX_DOCUMENT_BYTES)."""
     mock_mode: bool
@@ -65,6 +67,8 @@ class RetrievalSettings:
     """Optional reranker (RERANK_*)."""
     synonyms_path: str
     """Extra synonyms for query expansion (RETR_SYNONYMS_PATH); built-in table when empty."""
+    llm: LlmAssistSettings
+    """Model-written section summaries and query variants (RETR_LLM_*; llm_assist.py)."""
     production: bool
     """Health fails when the backend is down (RETR_PRODUCTION)."""
     journal_path: str
@@ -142,7 +146,7 @@ class RetrievalSettings:
         return cls(
             server=server,
             defaults=defaults,
-            docstore_path=docstore_path(env, "RETR_"),
+            docstore=docstore_settings(env, "RETR_"),
             max_document_bytes=max_doc,
             mock_mode=env.flag("RETR_MOCK_MODE", False),
             engine=engine,
@@ -163,6 +167,7 @@ class RetrievalSettings:
             embedding=EmbeddingSettings.from_env(env),
             rerank=RerankSettings.from_env(env),
             synonyms_path=env.text("RETR_SYNONYMS_PATH", ""),
+            llm=LlmAssistSettings.from_env(env),
             production=env.flag("RETR_PRODUCTION", False),
             journal_path=str(data_dir / "ingest-journal.jsonl"),
             chunk_tokens=chunk_tokens,

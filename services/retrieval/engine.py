@@ -36,7 +36,13 @@ from services.retrieval.index.base import (
     RankQuery,
     VectorIndex,
 )
-from services.retrieval.query import SynonymTable, detect_language, expand_query, normalise_query
+from services.retrieval.query import (
+    QueryExpander,
+    SynonymTable,
+    detect_language,
+    expand_query,
+    normalise_query,
+)
 from services.retrieval.search import (
     KB_TENANT,
     ChunkHit,
@@ -176,6 +182,10 @@ class _Plan:
     text: str
     language: str
     variants: tuple[str, ...]
+    variants_source: str
+    """"synonyms" or "llm" when `variants` came from there; "" when there are none."""
+    expand: bool
+    """Expansion is on for this request and ranking reads BM25 (variants are searched)."""
     mode: str
     ranking: str
     fusion: str
@@ -211,6 +221,7 @@ class RetrievalEngine:
         breaker: CircuitBreaker,
         reranker: Reranker | None = None,
         synonyms: SynonymTable | None = None,
+        expander: QueryExpander | None = None,
         metrics: SearchMetrics | None = None,
     ) -> None:
         self._index = _Guarded(index, breaker, min(2, max(0, settings.retries)))
@@ -222,6 +233,8 @@ class RetrievalEngine:
         self._settings = settings
         self._reranker = reranker
         self._synonyms = synonyms
+        # Model-written variants (llm_assist.LlmQueryExpander); the synonyms are its fallback.
+        self._expander = expander
         self._metrics = metrics
 
     @property
@@ -231,6 +244,8 @@ class RetrievalEngine:
     async def search(self, q: SearchQuery) -> SearchResult:
         started = time.perf_counter()
         plan = self._plan(q)
+        if plan.expand and self._expander is not None:
+            plan = await self._model_variants(plan, self._expander)
         timing = _Timing()
         try:
             if plan.rerank:
@@ -295,9 +310,11 @@ class RetrievalEngine:
         rerank = q.enable_rerank if q.enable_rerank is not None else s.enable_rerank
         rerank = rerank and self._reranker is not None and mode != "hybrid_only"
         expand = q.expand_query if q.expand_query is not None else s.expand_query
+        expand = expand and ranking != "dense" and s.max_query_variants > 0
         variants: tuple[str, ...] = ()
-        if expand and ranking != "dense" and self._synonyms is not None:
-            found = expand_query(text, language, self._synonyms, s.max_query_variants)
+        if expand and self._synonyms is not None:
+            # expand_query counts the query among its variants.
+            found = expand_query(text, language, self._synonyms, s.max_query_variants + 1)
             variants = tuple(v for v in found if v != text)
         f = q.filters
         # The knowledge base is the one shared corpus (DESIGN §3): asked for by source, read
@@ -318,6 +335,8 @@ class RetrievalEngine:
             text=text,
             language=language,
             variants=variants,
+            variants_source="synonyms" if variants else "",
+            expand=expand,
             mode=mode,
             ranking=ranking,
             fusion=q.fusion or s.fusion,
@@ -332,6 +351,22 @@ class RetrievalEngine:
             hard_trim=bool(q.hard_trim),
             base_filter=base,
         )
+
+    async def _model_variants(self, plan: _Plan, expander: QueryExpander) -> _Plan:
+        """`plan` with the model's variants when it gave any; else as it is (synonyms or none).
+        The expander keeps its own (tight) timeout and does not raise; this is a backstop."""
+        try:
+            found = await expander.expand(
+                plan.text, plan.language, self._settings.max_query_variants + 1
+            )
+        except Exception as exc:
+            log.warning("query expander failed; synonyms used", extra={"error": str(exc)})
+            return plan
+        variants = tuple(dict.fromkeys(v for v in found if v and v != plan.text))
+        if not variants:
+            return plan
+        variants = variants[: self._settings.max_query_variants]
+        return replace(plan, variants=variants, variants_source="llm")
 
     def _embed(self, plan: _Plan, timing: _Timing) -> np.ndarray | None:
         if plan.ranking == "sparse":
@@ -653,6 +688,7 @@ class RetrievalEngine:
             backend=self.backend,
             language=plan.language,
             query_variants=plan.variants,
+            query_variants_source=plan.variants_source,
             query_embedding_ms=round(timing.embed_ms, 3),
             engine_ms=round(timing.engine_ms, 3),
             rerank_ms=round(timing.rerank_ms, 3),

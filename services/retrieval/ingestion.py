@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -78,6 +78,20 @@ class DocumentStore(Protocol):
     def list_documents(self, tenant_id: str) -> list[Document]: ...
 
     def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
+
+
+class SectionSummarizer(Protocol):
+    """Rewrites a parsed document's section summaries (services/retrieval/llm_assist.py)."""
+
+    name: str
+
+    def generation(self, doc: Document) -> str:
+        """`doc`'s generation once its summaries are this summarizer's."""
+        ...
+
+    async def summarize_sections(self, doc: Document, max_chars: int) -> Document:
+        """`doc` with its section summaries rewritten (a failed one keeps the parser's)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -236,8 +250,11 @@ class Ingestor:
         journal: IngestJournal,
         max_document_bytes: int,
         chunking: ChunkingConfig | None = None,
+        summarizer: SectionSummarizer | None = None,
     ) -> None:
         self._store = store
+        # None: the parser's extractive summaries are the summaries.
+        self._summarizer = summarizer
         self._index = index
         self._embedder = embedder
         self._sections = sections
@@ -388,6 +405,9 @@ class Ingestor:
         for doc in docs:
             if not doc.chunks:
                 raise _invalid("content", f"document {doc.doc_id!r} has no text")
+        if self._summarizer is not None:
+            # Before the lock: model calls can take a while, and other ingests need not wait.
+            docs = [await self._summarized(doc, self._summarizer) for doc in docs]
         outcomes = []
         async with self._lock:
             for doc in docs:
@@ -403,6 +423,14 @@ class Ingestor:
             doc_ids=tuple(o.doc_id for o in outcomes),
             generation=first.generation if len(outcomes) == 1 else "",
         )
+
+    async def _summarized(self, doc: Document, summarizer: SectionSummarizer) -> Document:
+        """`doc` under the summarizer's generation, its summaries rewritten unless the store
+        already holds that generation (then `_ingest_one` reports it unchanged, no model call)."""
+        doc = replace(doc, generation=summarizer.generation(doc))
+        if self._store.document_generation(doc.tenant_id, doc.doc_id) == doc.generation:
+            return doc
+        return await summarizer.summarize_sections(doc, self._chunking.summary_chars)
 
     async def _ingest_one(self, doc: Document) -> IngestOutcome:
         live = self._store.document_generation(doc.tenant_id, doc.doc_id)

@@ -1,9 +1,10 @@
-"""Optional reranking through a rerank HTTP API (TEI ``/rerank`` or Cohere/Jina ``/v1/rerank``).
+"""Optional reranking through a rerank HTTP API (TEI ``/rerank`` or Cohere/Jina ``/v1/rerank``)
+or a local cross-encoder.
 
-Off unless ``RERANK_MODEL_URL`` is set. Any failure surfaces as :class:`RerankError`; the
-engine then keeps the un-reranked order and reports ``rerank_used=false``. No registry
-package ships cross-encoder weights (DESIGN §5), so a local model would have to load
-files the operator provides; such a model plugs in through the :class:`Reranker` protocol.
+Off unless ``RERANK_MODEL_URL`` or ``RERANK_MODEL_PATH`` is set. Any failure surfaces as
+:class:`RerankError`; the engine then keeps the un-reranked order and reports
+``rerank_used=false``. No registry package ships cross-encoder weights (DESIGN §5), so the
+local model (services/retrieval/local_rerank.py) loads only files the operator provides.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from services.common.settings import Env, SettingsError
 
+if TYPE_CHECKING:
+    from services.retrieval.local_rerank import LocalCrossEncoder
+
 API_STYLES = ("tei", "cohere")
+MODEL_FILES = ("model.onnx", "onnx/model.onnx")
+"""Where the ONNX graph is looked for in RERANK_MODEL_PATH (Hugging Face / Optimum layouts)."""
+MAX_LENGTH_LIMIT = 8192
+THREADS_LIMIT = 256
 _RETRY_PAUSE_S = 0.05
 
 
@@ -61,7 +70,7 @@ class Reranker(Protocol):
 
 @dataclass(frozen=True)
 class RerankSettings:
-    """How to reach the rerank API (RERANK_* / RETR_RERANK_*); disabled without a URL."""
+    """The rerank API or the local model (RERANK_* / RETR_RERANK_*); off without either."""
 
     url: str = ""
     """Base URL (``http://tei:8080``) or full endpoint (``…/rerank``, ``…/v1/rerank``)."""
@@ -78,12 +87,21 @@ class RerankSettings:
     max_candidates: int = 50
     """Candidates sent to the reranker at most; the caller keeps the rest in their order."""
     batch_size: int = 32
-    """Texts per TEI request (TEI refuses more than its ``--max-client-batch-size``, 32)."""
+    """Texts per TEI request (TEI refuses more than its ``--max-client-batch-size``, 32), or
+    pairs per local model run (``from_env`` defaults it to 16 for the local model)."""
+    model_path: str = ""
+    """Directory of a local cross-encoder (ONNX graph + tokenizer.json); excludes ``url``."""
+    model_file: str = ""
+    """The graph inside ``model_path``; empty = ``model.onnx``, else ``onnx/model.onnx``."""
+    max_length: int = 512
+    """Local model: tokens per (query, passage) pair, capped by the model's stated limit."""
+    threads: int = 0
+    """Local model: intra-op threads of one call; 0 = half the usable CPUs, at least 1."""
 
     @property
     def enabled(self) -> bool:
-        """True when a URL is configured."""
-        return bool(self.url)
+        """True when a URL or a local model is configured."""
+        return bool(self.url or self.model_path)
 
     def endpoint(self) -> str:
         """The URL requests go to: the configured one, or its base plus the style's path."""
@@ -96,7 +114,9 @@ class RerankSettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> RerankSettings:
         """RERANK_MODEL_URL, RERANK_API_STYLE, RERANK_MODEL, RERANK_API_KEY, RERANK_TIMEOUT_S,
-        RERANK_TOP_N, RERANK_MAX_CANDIDATES, RERANK_BATCH_SIZE (each also as RETR_RERANK_*)."""
+        RERANK_TOP_N, RERANK_MAX_CANDIDATES, RERANK_BATCH_SIZE, and for a local model
+        RERANK_MODEL_PATH, RERANK_MODEL_FILE, RERANK_MAX_LENGTH, RERANK_THREADS (each also
+        as RETR_RERANK_*). The local model's files must exist (checked here)."""
         env = env or Env()
 
         def names(suffix: str) -> list[str]:
@@ -105,6 +125,17 @@ class RerankSettings:
         url = env.text(names("MODEL_URL"), "")
         if url and urlsplit(url).scheme not in ("http", "https"):
             raise SettingsError(f"RERANK_MODEL_URL={url!r} is not an http(s) URL")
+        model_path = env.text(names("MODEL_PATH"), "")
+        model_file = env.text(names("MODEL_FILE"), "")
+        if url and model_path:
+            raise SettingsError(
+                "RERANK_MODEL_URL and RERANK_MODEL_PATH are both set: "
+                "rerank through the API or the local model, not both"
+            )
+        if model_file and not model_path:
+            raise SettingsError("RERANK_MODEL_FILE is set without RERANK_MODEL_PATH")
+        if model_path:
+            local_model_files(model_path, model_file)
         style = env.text(names("API_STYLE"), "tei").lower()
         if style == "jina":
             style = "cohere"
@@ -118,8 +149,35 @@ class RerankSettings:
             timeout_s=env.number(names("TIMEOUT_S"), 2.0, minimum=0.01),
             top_n=env.integer(names("TOP_N"), 0, minimum=0, maximum=1000),
             max_candidates=env.integer(names("MAX_CANDIDATES"), 50, minimum=1, maximum=1000),
-            batch_size=env.integer(names("BATCH_SIZE"), 32, minimum=1, maximum=1000),
+            batch_size=env.integer(
+                names("BATCH_SIZE"), 16 if model_path else 32, minimum=1, maximum=1000
+            ),
+            model_path=model_path,
+            model_file=model_file,
+            max_length=env.integer(names("MAX_LENGTH"), 512, minimum=8, maximum=MAX_LENGTH_LIMIT),
+            threads=env.integer(names("THREADS"), 0, minimum=1, maximum=THREADS_LIMIT),
         )
+
+
+def local_model_files(model_path: str, model_file: str = "") -> tuple[Path, Path]:
+    """The ONNX graph and the ``tokenizer.json`` in RERANK_MODEL_PATH.
+
+    The graph is ``model_file`` (relative to the directory) when given, else the first of
+    :data:`MODEL_FILES` present; ``tokenizer.json`` is read from the directory, or from the
+    graph's own directory. Raises :class:`SettingsError` naming what is missing.
+    """
+    root = Path(model_path)
+    if not root.is_dir():
+        raise SettingsError(f"RERANK_MODEL_PATH={model_path!r} is not a directory")
+    candidates = [root / model_file] if model_file else [root / name for name in MODEL_FILES]
+    graph = next((path for path in candidates if path.is_file()), None)
+    if graph is None:
+        wanted = " or ".join(str(path) for path in candidates)
+        raise SettingsError(f"RERANK_MODEL_PATH={model_path!r}: no ONNX model at {wanted}")
+    for tokenizer in (root / "tokenizer.json", graph.parent / "tokenizer.json"):
+        if tokenizer.is_file():
+            return graph, tokenizer
+    raise SettingsError(f"RERANK_MODEL_PATH={model_path!r}: no tokenizer.json in {root}")
 
 
 def _number(value: Any) -> float | None:
@@ -165,7 +223,7 @@ class RerankClient:
     """A :class:`Reranker` over HTTP; one retry on 5xx and connection errors, within a budget."""
 
     def __init__(self, settings: RerankSettings, http: httpx.AsyncClient | None = None) -> None:
-        if not settings.enabled:
+        if not settings.url:
             raise ValueError("RerankClient needs RerankSettings.url")
         self._settings = settings
         self._endpoint = settings.endpoint()
@@ -295,6 +353,13 @@ class RerankClient:
 
 def build_reranker(
     settings: RerankSettings, http: httpx.AsyncClient | None = None
-) -> RerankClient | None:
-    """A client when a URL is configured, else None (rerank off)."""
-    return RerankClient(settings, http) if settings.enabled else None
+) -> RerankClient | LocalCrossEncoder | None:
+    """A client when a URL is configured, the loaded local model when a model path is,
+    else None (rerank off). The local model loads here: :class:`SettingsError` when its
+    files are not a usable cross-encoder."""
+    if settings.model_path:
+        # Imported here: onnxruntime and tokenizers load only when a local model is configured.
+        from services.retrieval.local_rerank import LocalCrossEncoder
+
+        return LocalCrossEncoder(settings)
+    return RerankClient(settings, http) if settings.url else None

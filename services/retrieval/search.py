@@ -115,6 +115,8 @@ class SearchResult:
     backend: str
     language: str = ""
     query_variants: tuple[str, ...] = ()
+    query_variants_source: str = ""
+    """Where query_variants came from: "synonyms", "llm", or "" when none were searched."""
     query_embedding_ms: float = 0.0
     engine_ms: float = 0.0
     rerank_ms: float = 0.0

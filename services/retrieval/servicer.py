@@ -110,6 +110,7 @@ def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchRespo
             backend=r.backend,
             language=r.language,
             query_variants=list(r.query_variants),
+            query_variants_source=r.query_variants_source,
             query_embedding_ms=r.query_embedding_ms,
             engine_ms=r.engine_ms,
             rerank_ms=r.rerank_ms,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
-from services.docstore.config import docstore_path
+from services.docstore.config import DocstoreSettings, docstore_settings
 from services.toolsproxy.cbr import CbrSettings
 from services.toolsproxy.mcp_server import McpSettings
 from services.toolsproxy.ratelimit import RateLimits
@@ -37,8 +37,9 @@ class ToolsProxySettings:
     """Window radius, pages per call and result size limits."""
     rate_limits: RateLimits
     """Calls and result tokens per minute, per tenant_id:doc_id and per tenant."""
-    docstore_path: str
-    """SQLite document store (MCP_PROXY_DOCSTORE_URL / METADATA_DB_URL / VISIOR_DATA_DIR)."""
+    docstore: DocstoreSettings
+    """Document store, SQLite or PostgreSQL (MCP_PROXY_DOCSTORE_URL / METADATA_DB_URL /
+    VISIOR_DATA_DIR, MCP_PROXY_DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE)."""
     retrieval: DownstreamSettings
     """RetrievalService for the search tools (MCP_PROXY_RETRIEVAL_URL, _TIMEOUT_SECONDS)."""
     cbr: CbrSettings
@@ -86,7 +87,7 @@ class ToolsProxySettings:
                     "MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN", 200_000, minimum=0
                 ),
             ),
-            docstore_path=docstore_path(env, "MCP_PROXY_"),
+            docstore=docstore_settings(env, "MCP_PROXY_"),
             retrieval=downstream(
                 env,
                 ["MCP_PROXY_RETRIEVAL_URL", "RETRIEVAL_URL"],

@@ -41,8 +41,9 @@ from services.common.tokenizer import count_tokens as default_count_tokens
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document
-from services.docstore.sqlite_store import SqliteDocumentStore
+from services.docstore.store import DocumentStore
 from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation
 from services.toolsproxy.schema import SchemaError, check
 
@@ -283,7 +284,7 @@ class DocumentTools:
     doc_local_search, load_documents_full; `tools` maps their names to `Tool`s.
     """
 
-    def __init__(self, store: SqliteDocumentStore, limits: ToolLimits) -> None:
+    def __init__(self, store: DocumentStore, limits: ToolLimits) -> None:
         self._store = store
         self._limits = limits
         r = limits.max_window_radius
@@ -776,6 +777,9 @@ class ToolExecutor:
                 raw = await raw
         except ToolFailure as exc:
             return _error(exc.code, exc.message), 0
+        except StoreUnavailableError:  # the store's error names its host: not for the model
+            log.warning("document store unavailable", exc_info=True)
+            return _error(UPSTREAM_UNAVAILABLE, "the document store is unavailable right now"), 0
         budget = tool.max_text_bytes or self._limits.max_text_bytes
         shaped = shape_result(raw, budget, tool.content)
         return Outcome("ok", result=shaped.result), self._charge(reservation, shaped)

@@ -1,12 +1,22 @@
+"""The document store's contract, run against both stores: SQLite and a real PostgreSQL
+(tests/pg_server.py). Tests about one store only say so in their name."""
+
 import dataclasses
 import sqlite3
+import threading
+from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Page, StoredPoint
 from services.docstore.parsing import parse_document
+from services.docstore.postgres_store import PostgresDocumentStore
 from services.docstore.sqlite_store import SqliteDocumentStore, require_json_functions
+from services.docstore.store import DocumentStore, open_document_store
+
+Opener = Callable[..., DocumentStore]
 
 MD = (
     "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n\f\n"
@@ -20,8 +30,39 @@ def doc(tenant="t1", doc_id="guide", text=MD, **kw):
     )
 
 
-def test_store_round_trip_replace_and_tenant_isolation(tmp_path):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_store(request, tmp_path) -> Iterator[Opener]:
+    """Opens stores (each call a new one, with its own connections) on one location of the
+    parametrized backend: an SQLite file, or a fresh database on the test PostgreSQL."""
+    where = (
+        str(tmp_path / "s.sqlite")
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    opened: list[DocumentStore] = []
+
+    def opener(**kw) -> DocumentStore:
+        store = open_document_store(where, **kw)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: Opener) -> DocumentStore:
+    return open_store()
+
+
+def is_pg(store: DocumentStore) -> bool:
+    return isinstance(store, PostgresDocumentStore)
+
+
+def test_store_round_trip_replace_and_tenant_isolation(store):
+    assert store.kind == ("postgresql" if is_pg(store) else "sqlite")
+    store.ping()
     assert store.put(doc()) is False
     assert store.put(doc()) is True  # same id replaces, never duplicates
     assert [d.doc_id for d in store.list_documents("t1")] == ["guide"]
@@ -35,17 +76,24 @@ def test_store_round_trip_replace_and_tenant_isolation(tmp_path):
     assert store.pages_text("t2", "guide", 1, 2) == []
     assert store.document_generation("t2", "guide") is None
     assert store.generations("t2") == {}
+    assert store.counts("t2", "guide") == (0, 0, 0)
+    assert store.chunks_by_ids("t2", [("guide", "guide:c00000")]) == {}
+    assert store.list_documents("t1")[0].doc_id == "guide"  # (still there for t1)
+    assert store.tenants() == ["t1"]
+    assert [t for t, _, _, _ in store.all_chunks()] == ["t1"] * len(doc().chunks)
     assert store.delete("t2", "guide") is False
+    assert store.counts("t1", "guide") == (len(doc().sections), len(doc().chunks), doc().chars)
     assert store.delete("t1", "guide") is True
     assert store.get_document("t1", "guide") is None
     assert store.pages_text("t1", "guide", 1, 2) == []
 
 
-def test_generation_metadata_and_pages_are_persisted(tmp_path):
-    path = tmp_path / "s.sqlite"
+def test_generation_metadata_and_pages_are_persisted(open_store):
     d = doc(metadata={"file_name": "guide.md", "topic": "ldap"}, tags=("admin",))
-    SqliteDocumentStore(path).put(d)
-    store = SqliteDocumentStore(path)  # a fresh connection reads what the first wrote
+    writer = open_store()
+    writer.put(d)
+    writer.close()
+    store = open_store()  # a fresh connection reads what the first wrote
     assert store.document_generation("t1", "guide") == d.generation != ""
     assert store.generations("t1") == {"guide": d.generation}
     listed = store.list_documents("t1")[0]
@@ -67,19 +115,20 @@ def test_generation_metadata_and_pages_are_persisted(tmp_path):
 
 
 @pytest.mark.parametrize("broken_part", ["chunks", "page_texts"])
-def test_a_failed_write_leaves_the_previous_version(tmp_path, broken_part):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_a_failed_write_leaves_the_previous_version(store, broken_part):
     old = doc()
     store.put(old)
     new = doc(text="# New\n\nnew text")
     if broken_part == "chunks":
         # A chunk id that collides inside the document makes the insert fail mid-way.
         bad = dataclasses.replace(new, chunks=(new.chunks[0], new.chunks[0]))
-        error: type[Exception] = sqlite3.IntegrityError
+        error: type[Exception] = (
+            psycopg.errors.UniqueViolation if is_pg(store) else sqlite3.IntegrityError
+        )
     else:
         # The pages go in last: the document row, sections and chunks are already written.
         bad = dataclasses.replace(new, page_texts=("ok", object()))  # type: ignore[arg-type]
-        error = sqlite3.ProgrammingError
+        error = TypeError if is_pg(store) else sqlite3.ProgrammingError
     store.put(old, points_of(old))
     with pytest.raises(error):
         store.put(bad, points_of(bad, ids=(1, 2, 3, 4)))
@@ -88,7 +137,107 @@ def test_a_failed_write_leaves_the_previous_version(tmp_path, broken_part):
     assert set(store.points_by_ids("t1", [0, 1, 2, 3, 4, 2**63])) == {0, 2**63}
 
 
-def test_an_old_store_file_is_migrated(tmp_path):
+def test_a_failed_points_insert_leaves_nothing_of_a_new_document(store):
+    d = doc(doc_id="fresh")
+    listed = points_of(d, ids=(5, 6, 7, 8))
+    listed[3] = listed[3]._replace(point_id=5)  # a duplicate key: the points insert fails
+    error = psycopg.errors.UniqueViolation if is_pg(store) else sqlite3.IntegrityError
+    with pytest.raises(error):
+        store.put(d, listed)
+    assert store.get_document("t1", "fresh") is None
+    assert store.list_documents("t1") == [] and store.tenants() == []
+    assert store.points_by_ids("t1", [5, 6, 7, 8]) == {}
+    assert store.chunks_by_ids("t1", [("fresh", c.chunk_id) for c in d.chunks]) == {}
+    store.put(d, points_of(d, ids=(5, 6, 7, 8)))  # the store is fine afterwards
+    assert set(store.points_by_ids("t1", [5, 6, 7, 8])) == {5, 6, 7, 8}
+
+
+def test_readers_see_one_whole_version_while_a_writer_replaces_it(open_store):
+    """Readers in threads (their own store, as the ToolsProxy has) never see part of a
+    version: every read sees the points and chunks of one committed version whole."""
+    writer, reader = open_store(), open_store()
+    versions = [doc(text=f"# Guide\n\nVersion {i} text.\n\n## Part\n\nMore {i}.") for i in range(2)]
+    ids = [tuple(range(100 * i + 1, 100 * i + 5)) for i in range(2)]
+    chunk_lists = [list(v.chunks) for v in versions]
+    writer.put(versions[0], points_of(versions[0], ids=ids[0]))
+    stop = threading.Event()
+    problems: list[str] = []
+    reads = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            found = reader.points_by_ids("t1", [*ids[0], *ids[1]])
+            if set(found) not in (set(ids[0]), set(ids[1])):
+                problems.append(f"points of no one version: {sorted(found)}")
+            if len({p.generation for p in found.values()}) != 1:
+                problems.append("points of two generations")
+            if reader.chunk_range("t1", "guide", 0, 100) not in chunk_lists:
+                problems.append("chunks of no one version")
+            if reader.document_generation("t1", "guide") not in {v.generation for v in versions}:
+                problems.append("no document mid-replace")
+            reads[0] += 1
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(1, 41):
+            writer.put(versions[n % 2], points_of(versions[n % 2], ids=ids[n % 2]))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert problems == []
+    assert reads[0] > 0
+
+
+def test_nul_and_escapes_round_trip_in_every_field(store):
+    """PostgreSQL text cannot hold NUL: its store escapes it (postgres_store._enc); every
+    string field, ids and tenant included, comes back as written on both stores."""
+    odd = "a\x00b\x1b0c\x1b1\x1b"
+    d = doc(tenant=f"t{odd}", doc_id=f"d{odd}", metadata={"k": odd}, tags=(odd,))
+    d = dataclasses.replace(
+        d,
+        title=odd,
+        product=odd,
+        version=odd,
+        source=odd,
+        sections=tuple(dataclasses.replace(s, title=odd, summary=odd) for s in d.sections),
+        chunks=tuple(dataclasses.replace(c, chunk_id=c.chunk_id + odd) for c in d.chunks),
+        page_texts=tuple(p + odd for p in d.page_texts),
+    )
+    listed = points_of(d)
+    store.put(d, listed)
+    t = d.tenant_id
+    assert store.get_document(t, d.doc_id) == d
+    assert store.tenants() == [t]
+    assert store.list_documents(t)[0].doc_id == d.doc_id
+    assert store.generations(t) == {d.doc_id: d.generation}
+    assert store.points_by_ids(t, [p.point_id for p in listed]) == {p.point_id: p for p in listed}
+    keys = [(d.doc_id, c.chunk_id) for c in d.chunks]
+    assert store.chunks_by_ids(t, keys) == dict(zip(keys, d.chunks, strict=True))
+    assert store.chunk_by_id(t, d.doc_id, d.chunks[0].chunk_id) == d.chunks[0]
+    assert {(tt, dd, title) for tt, dd, title, _ in store.all_chunks()} == {(t, d.doc_id, odd)}
+    assert store.pages_text(t, d.doc_id, 1, 1)[0].text == d.page_texts[0]
+    assert store.put_points(t, d.doc_id, d.generation, listed) is True
+    assert store.delete(t, d.doc_id) is True
+    store.put(dataclasses.replace(d, doc_id="plain"))
+    assert store.documents_without_points() == [(t, "plain", d.generation)]
+    # The escaped form is not confused with the characters it stands for.
+    assert store.get_document(t.replace("\x00", "\x1b0"), "plain") is None
+
+
+def test_a_read_only_store_reads_what_a_writer_wrote_even_before_the_schema(open_store):
+    reader = open_store(read_only=True)  # nothing written yet: no tables
+    assert reader.list_documents("t1") == [] and reader.get_document("t1", "guide") is None
+    assert reader.points_by_ids("t1", [1]) == {} and reader.tenants() == []
+    reader.ping()
+    open_store().put(doc(), points_of(doc()))
+    assert reader.get_document("t1", "guide") == doc()
+    assert len(reader.points_by_ids("t1", [p.point_id for p in points_of(doc())])) == 4
+
+
+def test_sqlite_an_old_store_file_is_migrated(tmp_path):
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
     conn.executescript(
@@ -121,8 +270,7 @@ def points_of(d, ids=(0, 2**63 - 1, 2**63, 2**64 - 1)):
     ]  # fmt: skip
 
 
-def test_points_are_written_with_the_document_and_read_by_id_under_its_tenant(tmp_path):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_points_are_written_with_the_document_and_read_by_id_under_its_tenant(store):
     d = doc()
     listed = points_of(d)
     store.put(d, listed)
@@ -142,8 +290,7 @@ def test_points_are_written_with_the_document_and_read_by_id_under_its_tenant(tm
     assert store.points_by_ids("t1", [7, 8, 9, 10]) == {}
 
 
-def test_points_by_ids_reads_more_than_one_batch_of_500(tmp_path):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_points_by_ids_reads_more_than_one_batch_of_500(store):
     d = doc()
     many = [
         StoredPoint(2**64 - 1 - i, d.doc_id, "s", f"c{i}", "chunk", i, 1, 1, 5, d.generation)
@@ -155,10 +302,7 @@ def test_points_by_ids_reads_more_than_one_batch_of_500(tmp_path):
 
 
 @pytest.mark.parametrize("field", ["doc_id", "generation", "point_id"])
-def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_written(
-    tmp_path, field
-):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_written(store, field):
     old = doc()
     store.put(old, points_of(old))
     new = doc(text="# Guide\n\nNew text.")
@@ -173,8 +317,7 @@ def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_wri
     }
 
 
-def test_put_points_lists_a_stored_generation_only(tmp_path):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_put_points_lists_a_stored_generation_only(store):
     d, other = doc(), doc(tenant="t2", doc_id="notes")
     store.put(d)  # as a store written before the points list existed
     store.put(other)
@@ -200,12 +343,12 @@ AWKWARD_TEXTS = [
     "Кириллица, 中文, עברית, emoji 🧭🏳️‍🌈, combining é",
     "\ufeffbom and \uffff and \U0010ffff",
     '[1, 2] {"json": true} null',
+    "escapes \x1b0 \x1b1 \x1b\x00 \x00\x1b \x1b\x1b0",  # the PostgreSQL store's own escape
 ]
 
 
 @pytest.mark.parametrize("text", AWKWARD_TEXTS)
-def test_chunks_by_ids_returns_any_text_and_id_exactly_as_stored(tmp_path, text):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_chunks_by_ids_returns_any_text_and_id_exactly_as_stored(store, text):
     d = doc()
     odd = dataclasses.replace(d.chunks[0], chunk_id=f'guide:"{text}"', text=text)
     d = dataclasses.replace(d, chunks=(odd, *d.chunks[1:]))
@@ -218,8 +361,7 @@ def test_chunks_by_ids_returns_any_text_and_id_exactly_as_stored(tmp_path, text)
 
 
 @pytest.mark.parametrize("text", AWKWARD_TEXTS)
-def test_points_by_ids_returns_any_id_text_exactly_as_stored(tmp_path, text):
-    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+def test_points_by_ids_returns_any_id_text_exactly_as_stored(store, text):
     d = doc()
     odd = StoredPoint(2**64 - 2, d.doc_id, text, text, "chunk", -(2**63), 0, 2**31, 2**62,
                       d.generation)  # fmt: skip
@@ -227,7 +369,7 @@ def test_points_by_ids_returns_any_id_text_exactly_as_stored(tmp_path, text):
     assert store.points_by_ids("t1", [odd.point_id]) == {odd.point_id: odd}
 
 
-def test_an_sqlite_without_json_functions_is_refused_with_the_reason():
+def test_sqlite_without_json_functions_is_refused_with_the_reason():
     class NoJson:
         def execute(self, sql, *args):
             raise sqlite3.OperationalError("no such function: json_array")

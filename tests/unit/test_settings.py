@@ -98,11 +98,56 @@ def test_retrieval_message_size_leaves_room_for_the_largest_document():
     assert s.server.max_message_bytes > s.max_document_bytes
 
 
-def test_docstore_url_must_be_sqlite():
-    with pytest.raises(SettingsError, match="sqlite"):
-        RetrievalSettings.from_env(Env({"METADATA_DB_URL": "postgresql://db/visior"}))
+def test_docstore_url_is_sqlite_or_postgresql():
     s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": "sqlite:///tmp/x.sqlite"}))
-    assert s.docstore_path == "tmp/x.sqlite"
+    assert (s.docstore.kind, s.docstore.target) == ("sqlite", "tmp/x.sqlite")
+    default = RetrievalSettings.from_env(Env({"VISIOR_DATA_DIR": "d"})).docstore
+    assert (default.kind, default.target, default.pool_size) == ("sqlite", "d/docstore.sqlite", 8)
+    for url in ("postgresql://db/visior", "postgres://u@db:5433/visior?sslmode=require"):
+        s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": url}))
+        assert (s.docstore.kind, s.docstore.target) == ("postgresql", url)
+    # The service's own name wins over the shared one; so does its pool size.
+    env = {
+        "METADATA_DB_URL": "sqlite:///shared.sqlite",
+        "MCP_PROXY_DOCSTORE_URL": "postgresql://db/tools",
+        "DOCSTORE_POOL_SIZE": "3",
+        "MCP_PROXY_DOCSTORE_POOL_SIZE": "12",
+    }
+    tools = ToolsProxySettings.from_env(Env(env)).docstore
+    assert (tools.kind, tools.target, tools.pool_size) == (
+        "postgresql",
+        "postgresql://db/tools",
+        12,
+    )
+    retrieval = RetrievalSettings.from_env(Env(env)).docstore
+    assert (retrieval.kind, retrieval.pool_size) == ("sqlite", 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"METADATA_DB_URL": "mysql://u:hunter2@db/visior"}, r"sqlite:///PATH or postgresql://"),
+        ({"RETR_DOCSTORE_URL": "/var/lib/x.sqlite"}, "RETR_DOCSTORE_URL"),
+        ({"METADATA_DB_URL": "postgresql://u:hunter2@db/v?bogus=1"}, "not a valid PostgreSQL URL"),
+        ({"DOCSTORE_POOL_SIZE": "0"}, "DOCSTORE_POOL_SIZE"),
+        ({"RETR_DOCSTORE_POOL_SIZE": "101"}, "RETR_DOCSTORE_POOL_SIZE"),
+    ],
+)
+def test_bad_docstore_settings_are_refused_without_the_password(env, match):
+    with pytest.raises(SettingsError, match=match) as info:
+        RetrievalSettings.from_env(Env(env))
+    assert "hunter2" not in str(info.value)
+
+
+def test_docstore_password_never_shows_in_settings_repr():
+    url = "postgresql://visior:hunter2@db:5432/visior?password=hunter2"
+    s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": url}))
+    assert s.docstore.target == url  # what the store connects with
+    for text in (repr(s), str(s), repr(s.docstore), s.docstore.display):
+        assert "hunter2" not in text
+    assert "postgresql://visior:***@db:5432/visior?password=***" in repr(s)
+    t = ToolsProxySettings.from_env(Env({"METADATA_DB_URL": url}))
+    assert "hunter2" not in repr(t)
 
 
 def test_retrieval_quantization_setting():

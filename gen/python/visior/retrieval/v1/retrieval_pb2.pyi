@@ -153,7 +153,7 @@ class UsedSection(_message.Message):
     def __init__(self, section_id: _Optional[str] = ..., score: _Optional[float] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., summary: _Optional[str] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ..., anchor_chunk_id: _Optional[str] = ...) -> None: ...
 
 class SearchMeta(_message.Message):
-    __slots__ = ("retrieval_time_ms", "mode", "hybrid_used", "rerank_used", "trace_id", "backend", "language", "query_variants", "query_embedding_ms", "engine_ms", "rerank_ms")
+    __slots__ = ("retrieval_time_ms", "mode", "hybrid_used", "rerank_used", "trace_id", "backend", "language", "query_variants", "query_embedding_ms", "engine_ms", "rerank_ms", "query_variants_source")
     RETRIEVAL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     HYBRID_USED_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class SearchMeta(_message.Message):
     QUERY_EMBEDDING_MS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_VARIANTS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     retrieval_time_ms: int
     mode: str
     hybrid_used: bool
@@ -176,7 +177,8 @@ class SearchMeta(_message.Message):
     query_embedding_ms: float
     engine_ms: float
     rerank_ms: float
-    def __init__(self, retrieval_time_ms: _Optional[int] = ..., mode: _Optional[str] = ..., hybrid_used: _Optional[bool] = ..., rerank_used: _Optional[bool] = ..., trace_id: _Optional[str] = ..., backend: _Optional[str] = ..., language: _Optional[str] = ..., query_variants: _Optional[_Iterable[str]] = ..., query_embedding_ms: _Optional[float] = ..., engine_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ...) -> None: ...
+    query_variants_source: str
+    def __init__(self, retrieval_time_ms: _Optional[int] = ..., mode: _Optional[str] = ..., hybrid_used: _Optional[bool] = ..., rerank_used: _Optional[bool] = ..., trace_id: _Optional[str] = ..., backend: _Optional[str] = ..., language: _Optional[str] = ..., query_variants: _Optional[_Iterable[str]] = ..., query_embedding_ms: _Optional[float] = ..., engine_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., query_variants_source: _Optional[str] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "chunks", "used_docs", "used_sections", "meta")

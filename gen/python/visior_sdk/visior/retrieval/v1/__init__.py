@@ -100,7 +100,8 @@ class SearchParams(betterproto.Message):
 
     expand_query: Optional[bool] = betterproto.bool_field(12, optional=True)
     """
-    expand_query also searches synonym variants of the query, merged with RRF.
+    expand_query also searches variants of the query (model-written when
+     RETR_LLM_QUERY_VARIANTS is on, else from the synonym table), merged with RRF.
     """
 
     hard_trim: Optional[bool] = betterproto.bool_field(13, optional=True)
@@ -305,6 +306,13 @@ class SearchMeta(betterproto.Message):
 
     rerank_ms: float = betterproto.double_field(11)
     """rerank_ms is the time spent in the reranker."""
+
+    query_variants_source: str = betterproto.string_field(12)
+    """
+    query_variants_source says where query_variants came from: "llm" (written
+     by the model, RETR_LLM_QUERY_VARIANTS), "synonyms" (the synonym table, also
+     the fallback when the model fails or is slow) or "" when none were searched.
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,128 @@
+"""The document store's interface, shared by its SQLite and PostgreSQL implementations, and
+the factory that opens the configured one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from services.docstore.model import Chunk, Document, Page, StoredPoint
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+"""URL prefixes that select the PostgreSQL store (libpq takes both)."""
+SQLITE_SCHEME = "sqlite:///"
+DEFAULT_POOL_SIZE = 8
+"""Connections a PostgreSQL store keeps open (DOCSTORE_POOL_SIZE)."""
+
+_U64 = 1 << 64
+_I64_MAX = (1 << 63) - 1
+
+
+def to_signed64(point_id: int) -> int:
+    """A u64 point id as a signed 64-bit integer (two's complement), as both stores keep it."""
+    if not 0 <= point_id < _U64:
+        raise ValueError(f"point_id {point_id!r} is not an integer in [0, 2^64)")
+    return point_id - _U64 if point_id > _I64_MAX else point_id
+
+
+class DocumentStore(Protocol):
+    """Full text by document, section, page and chunk position, per tenant.
+
+    Every read takes the tenant: a document of another tenant is simply not found. A
+    document and its index points are written in one transaction. Implemented by
+    `SqliteDocumentStore` (services/docstore/sqlite_store.py) and `PostgresDocumentStore`
+    (services/docstore/postgres_store.py); both raise `StoreUnavailableError` when the store
+    cannot be reached or written now. Methods are blocking: call them from worker threads.
+    """
+
+    @property
+    def kind(self) -> str:
+        """ "sqlite" or "postgresql" (health details)."""
+        ...
+
+    def ping(self) -> None: ...
+
+    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
+
+    def delete(self, tenant_id: str, doc_id: str) -> bool: ...
+
+    def put_points(
+        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
+    ) -> bool: ...
+
+    def documents_without_points(self) -> list[tuple[str, str, str]]: ...
+
+    def points_by_ids(
+        self, tenant_id: str, point_ids: Collection[int]
+    ) -> dict[int, StoredPoint]: ...
+
+    def list_documents(self, tenant_id: str) -> list[Document]: ...
+
+    def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
+
+    def generations(self, tenant_id: str) -> dict[str, str]: ...
+
+    def tenants(self) -> list[str]: ...
+
+    def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]: ...
+
+    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
+
+    def get_document(
+        self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
+    ) -> Document | None: ...
+
+    def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None: ...
+
+    def chunks_by_ids(
+        self, tenant_id: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], Chunk]: ...
+
+    def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]: ...
+
+    def all_chunks(self) -> Iterator[tuple[str, str, str, Chunk]]: ...
+
+    def close(self) -> None: ...
+
+
+_PASSWORD_PARAM = re.compile(r"(?i)(password=)[^&\s]*")
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (user:PASSWORD@ or ?password=) replaced by ***, for logs,
+    errors, reprs and health answers."""
+    try:
+        parts = urlsplit(url)
+        masked = url
+        userinfo, at, host = parts.netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+            masked = urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:  # not even a URL: keep the scheme only
+        masked = url.split("://", 1)[0] + "://***" if "://" in url else "***"
+    return _PASSWORD_PARAM.sub(r"\1***", masked)
+
+
+def is_postgres_url(url_or_path: str | Path) -> bool:
+    """True for a postgresql:// or postgres:// URL."""
+    return isinstance(url_or_path, str) and url_or_path.lower().startswith(POSTGRES_SCHEMES)
+
+
+def open_document_store(
+    url_or_path: str | Path, *, read_only: bool = False, pool_size: int = DEFAULT_POOL_SIZE
+) -> DocumentStore:
+    """The store at `url_or_path`: PostgreSQL for a postgresql:// (postgres://) URL, else
+    SQLite (a path, or sqlite:///PATH; sqlite:/// alone is an in-memory database)."""
+    if is_postgres_url(url_or_path):
+        from services.docstore.postgres_store import PostgresDocumentStore
+
+        return PostgresDocumentStore(str(url_or_path), read_only=read_only, pool_size=pool_size)
+    from services.docstore.sqlite_store import SqliteDocumentStore
+
+    path = str(url_or_path)
+    if path.startswith(SQLITE_SCHEME):
+        path = path.removeprefix(SQLITE_SCHEME) or ":memory:"
+    return SqliteDocumentStore(path, read_only=read_only)

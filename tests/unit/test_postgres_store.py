@@ -1,0 +1,186 @@
+"""What the PostgreSQL document store adds to the shared contract (tests/unit/test_docstore.py):
+its schema and how it keeps ids, a server that goes away and comes back, a password that
+never shows. Against a real server (tests/pg_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from services.docstore.errors import StoreUnavailableError
+from services.docstore.postgres_store import SCHEMA_VERSION, PostgresDocumentStore
+from services.docstore.store import open_document_store
+from tests.pg_server import PgCluster
+from tests.unit.test_docstore import doc, points_of
+
+PASSWORD = "pw-hunter2-do-not-log"
+
+
+def test_the_factory_picks_the_store_by_url(pg_url, tmp_path):
+    for url in (pg_url, pg_url.replace("postgresql://", "postgres://", 1)):
+        store = open_document_store(url, pool_size=1)
+        try:
+            assert isinstance(store, PostgresDocumentStore) and store.kind == "postgresql"
+        finally:
+            store.close()
+    sqlite = open_document_store(f"sqlite:///{tmp_path}/s.sqlite")
+    assert sqlite.kind == "sqlite"
+    sqlite.close()
+
+
+def test_schema_is_versioned_and_ids_are_signed_bigints(pg_url):
+    store = PostgresDocumentStore(pg_url, pool_size=2)
+    d = doc()
+    store.put(d, points_of(d))
+    again = PostgresDocumentStore(pg_url, pool_size=1)  # reopening migrates nothing twice
+    again.close()
+    store.close()
+    with psycopg.connect(pg_url) as conn:
+        versions = conn.execute("SELECT version FROM docstore_schema_version").fetchall()
+        assert versions == [(SCHEMA_VERSION,)]
+        ids = conn.execute("SELECT point_id FROM points ORDER BY point_id").fetchall()
+        # u64 ids 0, 2^63-1, 2^63, 2^64-1 as two's complement BIGINTs, as SQLite keeps them
+        assert [r[0] for r in ids] == [-(2**63), -1, 0, 2**63 - 1]
+        types: dict[str, str] = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_name = 'points'"
+            ).fetchall()
+        )
+        assert types["point_id"] == types["ord"] == "bigint"
+
+
+def test_services_opening_a_fresh_database_at_once_do_not_race_the_schema(pg_url):
+    stores: list[PostgresDocumentStore] = []
+    failures: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            stores.append(PostgresDocumentStore(pg_url, pool_size=1))
+        except BaseException as exc:  # collected: the test reports it
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert failures == [] and len(stores) == 4
+
+
+def test_a_read_only_store_refuses_writes(pg_url):
+    PostgresDocumentStore(pg_url, pool_size=1).close()  # the schema
+    reader = PostgresDocumentStore(pg_url, read_only=True, pool_size=1)
+    try:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            reader.put(doc())
+        assert reader.get_document("t1", "guide") is None
+    finally:
+        reader.close()
+
+
+@pytest.fixture
+def own_server() -> Iterator[PgCluster]:
+    """A server of this test's own, to stop and start (the session's serves other tests)."""
+    cluster = PgCluster()
+    yield cluster
+    cluster.destroy()
+
+
+def test_connection_loss_is_store_unavailable_and_the_store_recovers(own_server):
+    cluster = own_server
+    url = cluster.url(cluster.create_database(), password=PASSWORD)  # trust auth ignores it
+    store = PostgresDocumentStore(url, pool_size=2, timeout_s=1.0)
+    try:
+        d = doc()
+        listed = points_of(d)
+        ids = [p.point_id for p in listed]
+        store.put(d, listed)
+
+        # Every pooled connection is cut (a failover, an idle timeout): the next calls
+        # notice, replace them and answer.
+        with psycopg.connect(cluster.url(), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname <> 'postgres' AND pid <> pg_backend_pid()"
+            )
+        assert len(store.points_by_ids("t1", ids)) == 4
+        assert store.put(d, listed) is True
+
+        # The server is down: reads and writes raise the error callers handle for it,
+        # naming the host but never the password.
+        cluster.stop()
+        for call in (
+            store.ping,
+            lambda: store.points_by_ids("t1", ids),
+            lambda: store.get_document("t1", "guide"),
+            lambda: store.put(d, listed),
+            lambda: store.delete("t1", "guide"),
+        ):
+            with pytest.raises(StoreUnavailableError) as info:
+                call()
+            assert info.value.reason == "backend_unavailable"
+            assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
+            assert "postgres:***@127.0.0.1" in str(info.value)
+
+        # It comes back on the same port: the store serves again without a restart.
+        cluster.start()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                store.ping()
+                break
+            except StoreUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert store.get_document("t1", "guide") == d
+        assert len(store.points_by_ids("t1", ids)) == 4
+        assert store.put(d, listed) is True
+    finally:
+        store.close()
+
+
+def test_an_unreachable_server_at_start_is_store_unavailable_without_the_password(pg_server):
+    url = f"postgresql://visior:{PASSWORD}@127.0.0.1:1/visior"  # nothing listens on port 1
+    with pytest.raises(StoreUnavailableError) as info:
+        PostgresDocumentStore(url, pool_size=1, timeout_s=1.0)
+    assert PASSWORD not in str(info.value)
+    assert "visior:***@127.0.0.1:1/visior" in str(info.value)
+
+
+def test_the_password_never_shows_in_repr(pg_server):
+    name = pg_server.create_database()
+    store = PostgresDocumentStore(pg_server.url(name, password=PASSWORD), pool_size=1)
+    try:
+        assert PASSWORD not in repr(store) and PASSWORD not in store.location
+        assert "postgres:***@" in repr(store)
+    finally:
+        store.close()
+        pg_server.drop_database(name)
+
+
+def test_document_tools_answer_upstream_unavailable_while_the_server_is_down(own_server):
+    from services.toolsproxy.tools import Caller, DocumentTools, ToolExecutor, ToolLimits
+
+    cluster = own_server
+    store = PostgresDocumentStore(cluster.url(cluster.create_database()), timeout_s=1.0)
+    try:
+        store.put(doc(tenant="a"))
+        executor = ToolExecutor(DocumentTools(store, ToolLimits()).tools)
+        caller = Caller("a", "u1")
+        ok = asyncio.run(executor.execute("read_doc_metadata", {"doc_id": "guide"}, caller))
+        assert ok.status == "ok", ok
+        cluster.stop()
+        down = asyncio.run(executor.execute("read_doc_metadata", {"doc_id": "guide"}, caller))
+        assert (down.status, down.error_code) == ("error", "UPSTREAM_UNAVAILABLE"), down
+        assert "127.0.0.1" not in str(down)  # the store's address stays in the log
+    finally:
+        store.close()
