@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails (exit 1) when gen/, the Envoy files or the OpenAPI description differ from what
+# Fails (exit 1) when gen/, the Envoy files (deploy/envoy/ too) or the OpenAPI description differ from what
 # `make gen` produces now.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -11,6 +11,8 @@ diff -r -x __pycache__ "$here/gen/python" "$tmp/gen/python" >"$tmp/diff" || stat
 for f in envoy/visior.pb envoy/envoy.yaml openapi/visior.openapi.yaml; do
   cmp -s "$here/$f" "$tmp/$f" || { echo "stale: $f" >>"$tmp/diff"; status=1; }
 done
+PYTHONPATH="$here/gen/python:$here" "${PYTHON:-$here/.venv/bin/python}" "$here/deploy/render_envoy.py" --check \
+  2>>"$tmp/diff" || status=1
 if [ "$status" -ne 0 ]; then
   echo "generated code is stale; run 'make gen' and commit:" >&2
   head -50 "$tmp/diff" >&2

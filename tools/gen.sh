@@ -37,3 +37,9 @@ PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/openapi.py" --out "$out/op
 
 # Envoy config for the default ports.
 PYTHONPATH="$out/gen/python:$here" "$py" -m services.devtools.envoy_config > "$out/envoy/envoy.yaml"
+
+# The deploy sidecars' configs and descriptor copy (deploy/envoy/), from the files above;
+# rendered into the repo only (check-gen runs deploy/render_envoy.py --check instead).
+if [ "$out" = "$here" ]; then
+  PYTHONPATH="$here/gen/python:$here" "$py" "$here/deploy/render_envoy.py"
+fi

@@ -50,7 +50,11 @@ def run_service(
     configure_logging(settings.server.service, settings.server.log_level)
 
     async def main() -> None:
-        running, close = await start(settings)
+        try:
+            running, close = await start(settings)
+        except SettingsError as exc:  # found while starting: a model file that will not load
+            logging.getLogger("visior").error("bad setting: %s", exc)
+            sys.exit(2)
         freeze_startup_heap()
         try:
             await run_until_signal(

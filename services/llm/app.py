@@ -12,6 +12,7 @@ from visior.llm.v1 import llm_pb2_grpc
 
 from services.common import errors
 from services.common.channels import open_channel
+from services.common.http import quiet_http_client_logs
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
@@ -45,17 +46,6 @@ async def _load_catalogue(runner: GrpcToolRunner, loop: ToolLoop) -> None:
         loop.catalogue = tuple(specs)
         log.info("tool catalogue loaded", extra={"tools": len(specs)})
         return
-
-
-def quiet_http_client_logs() -> None:
-    """httpx logs every request at INFO ("HTTP Request: POST …"): one record per model call,
-    on the event loop, saying less than the tool loop's own lines (the runtime call's
-    outcome and latency are in the DEBUG "llm runtime call" record and in the request's
-    INFO "generate" summary). Unless LOG_LEVEL is DEBUG, or someone set httpx's level, they
-    are kept to warnings."""
-    logger = logging.getLogger("httpx")
-    if logger.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logger.setLevel(logging.WARNING)
 
 
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:

@@ -11,6 +11,7 @@ from visior.retrieval.v1 import retrieval_pb2_grpc
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker
+from services.common.http import quiet_http_client_logs
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
@@ -30,7 +31,7 @@ from services.retrieval.llm_assist import LlmAssistSettings, LlmQueryExpander, L
 from services.retrieval.metrics import RetrievalMetrics
 from services.retrieval.mock import MockSearchEngine
 from services.retrieval.query import load_synonyms
-from services.retrieval.rerank import build_reranker
+from services.retrieval.rerank import RerankClient, build_reranker
 from services.retrieval.sections import SectionCatalog
 from services.retrieval.servicer import IngestionServicer, RetrievalServicer, SearchBackend
 
@@ -97,7 +98,11 @@ def llm_assistants(
 
 
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
+    quiet_http_client_logs()
     registry = CollectorRegistry()
+    # First: a local reranker's model loads here, and files that are not a usable
+    # cross-encoder stop the start (SettingsError) before any store is open.
+    reranker = None if settings.mock_mode else build_reranker(settings.rerank)
     store = open_document_store(settings.docstore.target, pool_size=settings.docstore.pool_size)
     engine: SearchBackend
     ingestor: Ingestor | None = None
@@ -164,14 +169,18 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
                 failure_threshold=settings.breaker_failures,
                 reset_after_s=settings.breaker_reset_s,
             ),
-            reranker=build_reranker(settings.rerank),
+            reranker=reranker,
             synonyms=load_synonyms(settings.synonyms_path or None),
             expander=expander,
             metrics=RetrievalMetrics(registry),
         )
 
+    reranker_kind = "none" if reranker is None else "local-model"
+    if isinstance(reranker, RerankClient):
+        reranker_kind = "http"
+
     def probe() -> dict[str, str]:
-        details = {"backend": backend, "docstore": store.kind}
+        details = {"backend": backend, "docstore": store.kind, "reranker": reranker_kind}
         try:
             store.ping()
         except Exception as exc:  # the health answer must say why, not raise
@@ -213,6 +222,8 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             index.close()
         if http is not None:
             await http.aclose()
+        if isinstance(reranker, RerankClient):
+            await reranker.aclose()
         store.close()
 
     return running, close

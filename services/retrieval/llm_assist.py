@@ -206,6 +206,10 @@ def clean_summary(answer: str) -> str:
     return body
 
 
+_INCOMPLETE = "incomplete"
+"""Mixed into the generation of a document some of whose summaries fell back to extractive."""
+
+
 class LlmSummarizer:
     """A `Summarizer` (services/docstore/summaries.py) that asks the model; extractive fallback.
 
@@ -332,8 +336,10 @@ class LlmSummarizer:
 
     async def summarize_sections(self, doc: Document, max_chars: int = 400) -> Document:
         """`doc` with the model's summary of every section it wrote in time; other sections keep
-        the summary they have (the extractive one from parsing). The generation is left as
-        it is: the caller mixes `name` into it before checking whether the document changed.
+        the summary they have (the extractive one from parsing). The caller has mixed `name`
+        into the generation (`generation`) before checking whether the document changed; when
+        some sections fell back, it is mixed once more, so the stored generation is not the
+        one a complete run gives and ingesting the same file again retries those sections.
         """
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
@@ -370,6 +376,10 @@ class LlmSummarizer:
                    "llm": outcomes["llm"], "extractive": outcomes["extractive"],
                    "seconds": round(self._clock() - started, 2)},
         )  # fmt: skip
+        if outcomes["extractive"]:
+            return replace(
+                doc, sections=sections, generation=mix_generation(doc.generation, _INCOMPLETE)
+            )
         return replace(doc, sections=sections)
 
     def generation(self, doc: Document) -> str:

@@ -44,6 +44,8 @@ async def test_search_reranks_with_the_local_model(tmp_path: Path) -> None:
             )
         plain = await _search(channel, rerank=False)
         reranked = await _search(channel, rerank=True)
+        health = await pbg.RetrievalServiceStub(channel).GetHealth(pb.GetHealthRequest())
+    assert health.details["reranker"] == "local-model"
     assert not plain.meta.rerank_used and reranked.meta.rerank_used
     assert plain.hits[0].doc_id != reranked.hits[0].doc_id  # the model changed the order
     # The order and the scores are the model's own for the hits' texts.
@@ -62,3 +64,5 @@ async def test_a_broken_model_directory_stops_the_server_at_start(tmp_path: Path
     with pytest.raises(SettingsError, match="cannot load the ONNX model"):
         async with retrieval_channel(tmp_path / "data", RERANK_MODEL_PATH=str(model)):
             pass
+    # The model loads before any store opens: nothing was created, nothing is left open.
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

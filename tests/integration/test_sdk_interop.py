@@ -245,6 +245,7 @@ async def test_search_and_health(client: VisiorClient) -> None:
     assert health.status == "ok"
     assert health.service == "visior.retrieval.v1.RetrievalService"
     assert health.details["docstore"] == "sqlite"
+    assert health.details["reranker"] == "none"  # RERANK_MODEL_URL / _PATH unset
     # chunk points plus one per section and one per document
     assert int(health.details["index_points"]) > sum(chunks.values())
     assert health.details["index"] == "ok"

@@ -275,6 +275,25 @@ async def test_a_failing_section_keeps_its_extractive_summary(
     }
     assert fallback["Backup"].startswith("Backups run daily")
 
+    # The stored generation says the summaries are incomplete, so the same file again is
+    # not "unchanged": it is summarized again, and with the model answering it completes.
+    summ = stack.ingestor._summarizer
+    model.empty.clear()
+    model.delay_s.clear()
+    calls = len(server.chat_requests)
+    again = await ingest(stack, GUIDE)
+    assert again.replaced and not again.unchanged
+    assert len(server.chat_requests) == calls + 3
+    assert stored(stack)[1] == {
+        t: summary_for(t) for t in ("LDAP integration", "Backup", "Upgrades")
+    }
+    plain = make_stack(stacks, tmp_path / "plain", embedder)
+    base = await ingest(plain, GUIDE)
+    assert again.generation == mix_generation(base.generation, summ.name)
+    # Complete now: a third run is unchanged and asks the model nothing.
+    third = await ingest(stack, GUIDE)
+    assert third.unchanged and len(server.chat_requests) == calls + 3
+
 
 async def test_unreachable_runtime_or_broken_answers_fall_back_for_every_section(
     server, model, http, stacks, tmp_path, embedder

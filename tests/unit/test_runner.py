@@ -1,7 +1,17 @@
+"""services.common.runner: the start-up heap freeze, and run_service's exit on a bad setting
+(found while loading or while starting: status 2 and one log line, not a traceback)."""
+
+from __future__ import annotations
+
 import gc
 import itertools
+import logging
+from dataclasses import dataclass
 
-from services.common.runner import freeze_startup_heap
+import pytest
+
+from services.common.runner import freeze_startup_heap, run_service
+from services.common.settings import ServerSettings, SettingsError
 
 
 class Node:
@@ -24,3 +34,51 @@ def test_the_startup_heap_is_frozen_so_full_collections_skip_it():
         assert all(gc.is_tracked(n) for n in heap[:3]) and heap[1].peer is heap[2]
     finally:
         gc.unfreeze()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    server: ServerSettings
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging():
+    """run_service configures the root logger (JSON to stderr); put pytest's back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_a_setting_refused_while_loading_exits_2(capfd: pytest.CaptureFixture[str]) -> None:
+    def load() -> _Settings:
+        raise SettingsError("RETR_PORT must be a number")
+
+    async def start(settings: _Settings):  # pragma: no cover - never reached
+        raise AssertionError("started with bad settings")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_service(load, start)
+    assert exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert "bad setting: RETR_PORT must be a number" in err
+    assert "Traceback" not in err
+
+
+def test_a_setting_refused_while_starting_exits_2(capfd: pytest.CaptureFixture[str]) -> None:
+    started = []
+
+    def load() -> _Settings:
+        return _Settings(server=ServerSettings(service="test"))
+
+    async def start(settings: _Settings):
+        started.append(settings)
+        raise SettingsError("RERANK_MODEL_PATH /m: cannot load the ONNX model")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_service(load, start)
+    assert started and exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert "bad setting: RERANK_MODEL_PATH /m: cannot load the ONNX model" in err
+    assert "Traceback" not in err
