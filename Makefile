@@ -35,7 +35,7 @@ lint: $(STAMP) ## buf lint + format, ruff, mypy
 
 # The tests start a real PostgreSQL (tests/pg_server.py: initdb + pg_ctl in a temp dir, never
 # the Debian cluster service); Debian's package puts the binaries in /usr/lib/postgresql/*/bin.
-PG_INSTALL := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; }
+PG_INSTALL := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 test: lint check-gen ## Lint, drift check, then every test (unit, integration, e2e with real Envoy)
 	@$(PG_INSTALL)

@@ -58,7 +58,7 @@ class Config:
     fields: dict[str, object]
     """SearchParams fields to set, e.g. {"ranking": "hybrid", "fusion": "rrf"}."""
     needs_rerank: bool = False
-    """Only meaningful when the server has a reranker (RERANK_MODEL_URL)."""
+    """Only meaningful when the server has a reranker (RERANK_MODEL_URL or RERANK_MODEL_PATH)."""
 
 
 CONFIGS: tuple[Config, ...] = (
@@ -494,8 +494,9 @@ def evaluate(
                     f"WARNING: {len(failed)} documents were not ingested: {', '.join(failed)}; "
                     "queries judged on them count as misses."
                 )
-        rerank_env = bool(
-            args.rerank or os.environ.get("RERANK_MODEL_URL") or extra_env.get("RERANK_MODEL_URL")
+        rerank_env = args.rerank or any(
+            os.environ.get(name) or extra_env.get(name)
+            for name in ("RERANK_MODEL_URL", "RERANK_MODEL_PATH")
         )
         searcher = Searcher(channel, args.tenant, args.max_results, args.timeout)
         table: list[str] = []
@@ -515,7 +516,9 @@ def evaluate(
                 table.append(line)
                 continue
             if cfg.needs_rerank and not rerank_env:
-                line = format_skip(cfg, "*", "not configured (RERANK_MODEL_URL unset)")
+                line = format_skip(
+                    cfg, "*", "not configured (RERANK_MODEL_URL / RERANK_MODEL_PATH unset)"
+                )
                 print(line)
                 table.append(line)
                 continue

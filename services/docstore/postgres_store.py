@@ -31,7 +31,7 @@ from psycopg_pool import ConnectionPool
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
-from services.docstore.store import DEFAULT_POOL_SIZE, mask_url, to_signed64
+from services.docstore.store import DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT_S, mask_url, to_signed64
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -112,7 +112,7 @@ class PostgresDocumentStore:
         *,
         read_only: bool = False,
         pool_size: int = DEFAULT_POOL_SIZE,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Connect, create or migrate the schema (unless `read_only`), open the pool.
 

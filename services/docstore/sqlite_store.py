@@ -18,6 +18,7 @@ from typing import Any
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
+from services.docstore.store import to_signed64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -57,14 +58,6 @@ _POINT_COLUMNS = (
     "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
 )
 _U64 = 1 << 64
-_I64_MAX = (1 << 63) - 1
-
-
-def _signed(point_id: int) -> int:
-    """A u64 point id as SQLite's signed 64-bit INTEGER (two's complement)."""
-    if not 0 <= point_id < _U64:
-        raise ValueError(f"point_id {point_id!r} is not an integer in [0, 2^64)")
-    return point_id - _U64 if point_id > _I64_MAX else point_id
 
 
 def require_json_functions(conn: sqlite3.Connection) -> None:
@@ -249,7 +242,7 @@ class SqliteDocumentStore:
                 )
         conn.executemany(
             f"INSERT INTO points ({_POINT_COLUMNS}, tenant_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            [(_signed(p.point_id), *p[1:], tenant_id) for p in points],
+            [(to_signed64(p.point_id), *p[1:], tenant_id) for p in points],
         )
 
     def put_points(
@@ -286,7 +279,7 @@ class SqliteDocumentStore:
         One primary-key lookup per id, joined against the ids as a VALUES table, 500 a query;
         the rows come back packed in one (`_query_packed`).
         """
-        wanted = [_signed(i) for i in dict.fromkeys(point_ids)]
+        wanted = [to_signed64(i) for i in dict.fromkeys(point_ids)]
         out: dict[int, StoredPoint] = {}
         for i in range(0, len(wanted), 500):
             part = wanted[i : i + 500]

@@ -16,6 +16,8 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 SQLITE_SCHEME = "sqlite:///"
 DEFAULT_POOL_SIZE = 8
 """Connections a PostgreSQL store keeps open (DOCSTORE_POOL_SIZE)."""
+DEFAULT_TIMEOUT_S = 5.0
+"""A PostgreSQL store's longest wait to connect or for a pooled connection (DOCSTORE_TIMEOUT_S)."""
 
 _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
@@ -112,14 +114,20 @@ def is_postgres_url(url_or_path: str | Path) -> bool:
 
 
 def open_document_store(
-    url_or_path: str | Path, *, read_only: bool = False, pool_size: int = DEFAULT_POOL_SIZE
+    url_or_path: str | Path,
+    *,
+    read_only: bool = False,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> DocumentStore:
     """The store at `url_or_path`: PostgreSQL for a postgresql:// (postgres://) URL, else
     SQLite (a path, or sqlite:///PATH; sqlite:/// alone is an in-memory database)."""
     if is_postgres_url(url_or_path):
         from services.docstore.postgres_store import PostgresDocumentStore
 
-        return PostgresDocumentStore(str(url_or_path), read_only=read_only, pool_size=pool_size)
+        return PostgresDocumentStore(
+            str(url_or_path), read_only=read_only, pool_size=pool_size, timeout_s=timeout_s
+        )
     from services.docstore.sqlite_store import SqliteDocumentStore
 
     path = str(url_or_path)

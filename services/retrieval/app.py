@@ -16,7 +16,6 @@ from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
 from services.docstore.parsing import ChunkingConfig
-from services.docstore.store import open_document_store
 from services.llm.runtime import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.embeddings import build_embedder
@@ -103,7 +102,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     # First: a local reranker's model loads here, and files that are not a usable
     # cross-encoder stop the start (SettingsError) before any store is open.
     reranker = None if settings.mock_mode else build_reranker(settings.rerank)
-    store = open_document_store(settings.docstore.target, pool_size=settings.docstore.pool_size)
+    store = settings.docstore.open()
     engine: SearchBackend
     ingestor: Ingestor | None = None
     index: VectorIndex | None = None

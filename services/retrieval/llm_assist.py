@@ -442,7 +442,8 @@ class LlmQueryExpander:
     """A `QueryExpander` (services/retrieval/query.py) asking the model for paraphrases.
 
     Never raises and never waits past `timeout_s`: on any failure the answer is the query
-    alone. Successful answers are cached (LRU, `cache_size` queries).
+    alone. Successful answers are cached (LRU, `cache_size` queries), and searches for a
+    query whose answer is on its way wait for that one call instead of making their own.
     """
 
     source = "llm"
@@ -460,6 +461,7 @@ class LlmQueryExpander:
         self._timeout_s = timeout_s
         self._cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str, int], tuple[str, ...]] = OrderedDict()
+        self._asking: dict[tuple[str, str, int], asyncio.Future[tuple[str, ...] | None]] = {}
         self.calls = 0
         """Model calls made (cache misses), for tests and metrics."""
 
@@ -477,15 +479,25 @@ class LlmQueryExpander:
         if cached is not None:
             self._cache.move_to_end(key)
             return [query, *cached]
-        found = await self._ask(query, lang, limit)
-        if found is None:
-            return [query]
-        variants = tuple(clean_variants(query, found, limit))
-        if self._cache_size > 0:
-            self._cache[key] = variants
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return [query, *variants]
+        asking = self._asking.get(key)
+        if asking is not None:  # the same query is being asked: share that answer
+            shared = await asyncio.shield(asking)
+            return [query, *(v for v in shared or () if v != query)]
+        answer: asyncio.Future[tuple[str, ...] | None] = asyncio.get_running_loop().create_future()
+        self._asking[key] = answer
+        variants: tuple[str, ...] | None = None
+        try:
+            found = await self._ask(query, lang, limit)
+            if found is not None:
+                variants = tuple(clean_variants(query, found, limit))
+                if self._cache_size > 0:
+                    self._cache[key] = variants
+                    while len(self._cache) > self._cache_size:
+                        self._cache.popitem(last=False)
+        finally:  # cancelled too: the searches waiting for it go on without variants
+            del self._asking[key]
+            answer.set_result(variants)
+        return [query, *(variants or ())]
 
     async def _ask(self, query: str, lang: str, limit: int) -> list[str] | None:
         language = (

@@ -10,7 +10,6 @@ from services.common.channels import open_channel
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
-from services.docstore.store import open_document_store
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
 from services.toolsproxy.config import ToolsProxySettings
@@ -26,7 +25,7 @@ SERVICE_NAMES = ("visior.toolsproxy.v1.ToolsProxyService",)
 
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
-    store = open_document_store(settings.docstore.target, pool_size=settings.docstore.pool_size)
+    store = settings.docstore.open()
     retrieval = open_channel(
         settings.retrieval, settings.server.max_message_bytes, ClientRpcMetrics(registry)
     )

@@ -436,6 +436,37 @@ async def test_variants_are_cached_per_query_language_and_max(server, model, htt
     assert len(server.chat_requests) == 4
 
 
+async def test_concurrent_searches_for_one_query_share_one_model_call(server, model, http):
+    model.variants["LDAP setup"] = '["LDAP configuration"]'
+    model.delay_s["LDAP setup"] = 0.3
+    exp = expander(server, http)
+    answers = await asyncio.gather(
+        *(exp.expand(q, "en", 3) for q in ("LDAP setup", "LDAP  setup", "ldap setup"))
+    )
+    assert [a[1:] for a in answers] == [["LDAP configuration"]] * 3
+    assert exp.calls == 1 and len(server.chat_requests) == 1
+    # A failed call is shared too (nothing cached): the waiting searches get no variants.
+    model.variants["VPN"] = "no"
+    failed = await asyncio.gather(exp.expand("VPN", "en", 3), exp.expand("vpn", "en", 3))
+    assert failed == [["VPN"], ["vpn"]] and exp.calls == 2
+
+
+async def test_a_cancelled_first_search_leaves_the_others_without_variants(server, model, http):
+    model.variants["LDAP setup"] = '["LDAP configuration"]'
+    model.delay_s["LDAP setup"] = 0.5
+    exp = expander(server, http)
+    first = asyncio.create_task(exp.expand("LDAP setup", "en", 3))
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(exp.expand("LDAP setup", "en", 3))
+    await asyncio.sleep(0.1)
+    first.cancel()
+    assert await second == ["LDAP setup"]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    del model.delay_s["LDAP setup"]
+    assert await exp.expand("LDAP setup", "en", 3) == ["LDAP setup", "LDAP configuration"]
+
+
 async def test_failures_give_no_variants_and_are_not_cached(server, model, http):
     exp = expander(server, http, timeout_s=0.3)
     model.variants["LDAP setup"] = "I cannot help with that."

@@ -123,6 +123,16 @@ def test_docstore_url_is_sqlite_or_postgresql():
     assert (retrieval.kind, retrieval.pool_size) == ("sqlite", 3)
 
 
+def test_docstore_timeout_at_its_limits():
+    assert RetrievalSettings.from_env(Env({})).docstore.timeout_s == 5.0
+    for value in ("0.5", "60"):
+        s = RetrievalSettings.from_env(Env({"DOCSTORE_TIMEOUT_S": value}))
+        assert s.docstore.timeout_s == float(value)
+    env = {"DOCSTORE_TIMEOUT_S": "9", "MCP_PROXY_DOCSTORE_TIMEOUT_S": "2.5"}
+    assert ToolsProxySettings.from_env(Env(env)).docstore.timeout_s == 2.5
+    assert RetrievalSettings.from_env(Env(env)).docstore.timeout_s == 9.0
+
+
 @pytest.mark.parametrize(
     ("env", "match"),
     [
@@ -131,6 +141,8 @@ def test_docstore_url_is_sqlite_or_postgresql():
         ({"METADATA_DB_URL": "postgresql://u:hunter2@db/v?bogus=1"}, "not a valid PostgreSQL URL"),
         ({"DOCSTORE_POOL_SIZE": "0"}, "DOCSTORE_POOL_SIZE"),
         ({"RETR_DOCSTORE_POOL_SIZE": "101"}, "RETR_DOCSTORE_POOL_SIZE"),
+        ({"DOCSTORE_TIMEOUT_S": "0.4"}, "DOCSTORE_TIMEOUT_S=0.4 is below"),
+        ({"RETR_DOCSTORE_TIMEOUT_S": "60.5"}, "RETR_DOCSTORE_TIMEOUT_S=60.5 is above"),
     ],
 )
 def test_bad_docstore_settings_are_refused_without_the_password(env, match):
