@@ -84,6 +84,9 @@ class SectionSummarizer(Protocol):
     """Rewrites a parsed document's section summaries (services/retrieval/llm_assist.py)."""
 
     name: str
+    concurrency: int
+    """Model calls in flight at once; also how many documents of one file are summarised
+    at a time."""
 
     def generation(self, doc: Document) -> str:
         """`doc`'s generation once its summaries are this summarizer's."""
@@ -407,7 +410,7 @@ class Ingestor:
                 raise _invalid("content", f"document {doc.doc_id!r} has no text")
         if self._summarizer is not None:
             # Before the lock: model calls can take a while, and other ingests need not wait.
-            docs = [await self._summarized(doc, self._summarizer) for doc in docs]
+            docs = await self._summarized_all(docs, self._summarizer)
         outcomes = []
         async with self._lock:
             for doc in docs:
@@ -423,6 +426,22 @@ class Ingestor:
             doc_ids=tuple(o.doc_id for o in outcomes),
             generation=first.generation if len(outcomes) == 1 else "",
         )
+
+    async def _summarized_all(
+        self, docs: Sequence[Document], summarizer: SectionSummarizer
+    ) -> list[Document]:
+        """`_summarized` for every document of one file (a knowledge-base CSV has one per
+        article), `summarizer.concurrency` documents at a time: each document's time budget
+        starts when its turn comes, not while it waits behind the others."""
+        if len(docs) == 1:
+            return [await self._summarized(docs[0], summarizer)]
+        turns = asyncio.Semaphore(max(1, summarizer.concurrency))
+
+        async def one(doc: Document) -> Document:
+            async with turns:
+                return await self._summarized(doc, summarizer)
+
+        return list(await asyncio.gather(*(one(doc) for doc in docs)))
 
     async def _summarized(self, doc: Document, summarizer: SectionSummarizer) -> Document:
         """`doc` under the summarizer's generation, its summaries rewritten unless the store

@@ -37,7 +37,7 @@ from services.retrieval.llm_assist import (
     trim_to,
 )
 from services.retrieval.query import load_synonyms
-from services.retrieval.search import SearchDefaults, SearchQuery
+from services.retrieval.search import KB_TENANT, SearchDefaults, SearchQuery
 from services.retrieval.sections import SectionCatalog
 from tests.fakes.openai_chat import ChatRequest, FakeChatServer, Reply, text
 
@@ -336,6 +336,36 @@ async def test_summaries_run_at_most_concurrency_at_once(
     assert all(s.startswith("Model summary of Part") for s in summaries.values())
     assert len(summaries) == 12
     assert model.max_in_flight == 3
+
+
+async def test_a_csv_s_articles_are_summarised_a_few_at_a_time(
+    server, model, http, stacks, tmp_path, embedder
+):
+    """A knowledge-base CSV is one document per article: they share the call slots instead
+    of waiting for each other, and each one's budget starts when its turn comes."""
+    model.delay_s["*"] = 0.3
+    rows = "".join(
+        f"a{i},Article {i},Body of article {i} about topic {i}. It has a second sentence.,"
+        f"tax,RU,2026-01-10\n"
+        for i in range(8)
+    )
+    csv = "id,title,content,topic,jurisdiction,updated_at\n" + rows
+    summ = summarizer(server, http, concurrency=4, budget_s=1.0)
+    stack = make_stack(stacks, tmp_path, embedder, summ=summ)
+    started = time.monotonic()
+    out = await stack.ingestor.ingest(IngestInput(KB_TENANT, csv.encode(), file_name="kb.csv"))
+    elapsed = time.monotonic() - started
+    docs = stack.store.list_documents(KB_TENANT)
+    assert len(docs) == 8 and len(out.doc_ids) == 8
+    summaries = [
+        s.summary for d in docs for s in stack.store.get_document(KB_TENANT, d.doc_id).sections
+    ]
+    # One after another the file would take 8 x 0.3 s; all eight at once, the later ones'
+    # 1 s budgets would run out while they wait for a slot. Four at a time: every summary
+    # is the model's, four calls in flight, ~2 x 0.3 s.
+    assert summaries and all(s.startswith("Model summary of") for s in summaries)
+    assert model.max_in_flight == 4
+    assert elapsed < 8 * 0.3
 
 
 async def test_the_document_budget_leaves_the_rest_extractive(
