@@ -28,7 +28,9 @@ SAMPLES = REPO_ROOT / "samples" / "docs"
 TENANT = "demo"
 OTHER_TENANT = "other-tenant"
 SECRET_DOC = "secret-plan"
-SECRET_TEXT = "# Secret plan\n\nThe launch code of project Zephyr is 7391.\n"
+# The code has letters no hex id has: a trace_id (32 hex digits) can never contain it, so the
+# leak checks cannot fire on one by chance (one did, with the code "7391").
+SECRET_TEXT = "# Secret plan\n\nThe launch code of project Zephyr is QZ7391.\n"
 LDAP_QUESTION = "Как настроить LDAP интеграцию?"
 LDAP_DOC = "orion-x-admin-guide"
 LDAP_SECTION = "orion-x-admin-guide:s004-настройка-ldap-интеграции"

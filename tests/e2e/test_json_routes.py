@@ -196,12 +196,12 @@ def test_respond_sees_only_the_callers_tenant(mesh: Mesh) -> None:
     mine = respond(mesh, {"query": question, "user": USER})
     assert mine.status_code == 200, mine.text
     assert all(s["doc_id"] != SECRET_DOC for s in mine.json()["sources"])
-    assert "7391" not in mine.json()["answer"]
+    assert "QZ7391" not in mine.json()["answer"]
     # The same question from the owning tenant finds it: the check above can fail.
     theirs = respond(mesh, {"query": question, "user_id": "o", "tenant_id": OTHER_TENANT})
     assert theirs.status_code == 200, theirs.text
     assert theirs.json()["sources"][0]["doc_id"] == SECRET_DOC
-    assert "7391" in theirs.json()["answer"]
+    assert "QZ7391" in theirs.json()["answer"]
 
 
 @pytest.mark.parametrize(
@@ -510,7 +510,7 @@ def test_generate_tools_stay_in_the_users_tenant(mesh: Mesh) -> None:
     ]
     r = post(mesh, "llm", "/internal/llm/generate", body)
     assert r.status_code == 200, r.text
-    assert "7391" not in r.text
+    assert "QZ7391" not in r.text
     assert "NOT_FOUND" in r.json()["tools_called"][0]["result_summary"]
 
 
@@ -925,7 +925,7 @@ def test_execute_other_tenants_document_is_not_found(
     assert body["status"] == "error"
     assert body["error"]["code"] == "NOT_FOUND"
     assert "result" not in body
-    assert "7391" not in r.text and "Zephyr" not in r.text
+    assert "QZ7391" not in r.text and "Zephyr" not in r.text
     # Indistinguishable from a document that does not exist.
     missing = execute(mesh, tool, {**arguments, "doc_id": "no-such-doc"}).json()
     assert missing["error"]["code"] == "NOT_FOUND"

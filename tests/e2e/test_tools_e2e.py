@@ -31,7 +31,7 @@ from tests.e2e.conftest import (
 pytestmark = pytest.mark.e2e
 
 KB_TENANT = "__knowledge_base__"
-SECRET_WORDS = ("Zephyr", "7391", "launch code")
+SECRET_WORDS = ("Zephyr", "QZ7391", "launch code")
 # Every tool that takes a document of the caller's tenant, with arguments naming the other
 # tenant's document (SECRET_DOC belongs to OTHER_TENANT; TENANT asks).
 CROSS_TENANT = [
