@@ -447,12 +447,17 @@ class Ingestor:
         """`doc` under the summarizer's generation, its summaries rewritten unless the store
         already holds that generation (then `_ingest_one` reports it unchanged, no model call)."""
         doc = replace(doc, generation=summarizer.generation(doc))
-        if self._store.document_generation(doc.tenant_id, doc.doc_id) == doc.generation:
+        if await self._live_generation(doc) == doc.generation:
             return doc
         return await summarizer.summarize_sections(doc, self._chunking.summary_chars)
 
+    async def _live_generation(self, doc: Document) -> str | None:
+        """The generation the store holds for `doc`'s id, read off the event loop (a
+        PostgreSQL store answers over the network)."""
+        return await asyncio.to_thread(self._store.document_generation, doc.tenant_id, doc.doc_id)
+
     async def _ingest_one(self, doc: Document) -> IngestOutcome:
-        live = self._store.document_generation(doc.tenant_id, doc.doc_id)
+        live = await self._live_generation(doc)
         counts = (len(doc.sections), len(doc.chunks), doc.pages)
         if live == doc.generation:
             return IngestOutcome(doc.doc_id, *counts, replaced=False, unchanged=True,
@@ -523,9 +528,7 @@ class Ingestor:
                 log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
         return deleted
 
-    def list(self, tenant_id: str) -> list[DocumentSummary]:
-        if not tenant_id.strip():
-            raise _invalid("tenant_id", "tenant_id is required")
+    def _summaries(self, tenant_id: str) -> list[DocumentSummary]:
         out = []
         for doc in self._store.list_documents(tenant_id):
             sections, chunks, chars = self._store.counts(tenant_id, doc.doc_id)
@@ -536,3 +539,10 @@ class Ingestor:
                 )
             )  # fmt: skip
         return out
+
+    async def list(self, tenant_id: str) -> list[DocumentSummary]:
+        """The tenant's documents with their counts, read in a worker thread (a query per
+        document: off the event loop, which a PostgreSQL store's round trips would hold)."""
+        if not tenant_id.strip():
+            raise _invalid("tenant_id", "tenant_id is required")
+        return await asyncio.to_thread(self._summaries, tenant_id)

@@ -188,6 +188,6 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
                     chunks=d.chunks, chars=d.chars, source=d.source, generation=d.generation,
                     metadata=dict(d.metadata),
                 )
-                for d in self._ingestor.list(request.tenant_id)
+                for d in await self._ingestor.list(request.tenant_id)
             ]
         )  # fmt: skip

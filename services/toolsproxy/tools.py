@@ -24,6 +24,7 @@ in a tool propagates (the server turns it into INTERNAL) after being logged and 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -772,9 +773,14 @@ class ToolExecutor:
         except RateLimitExceeded as exc:
             return _error(RATE_LIMIT_EXCEEDED, str(exc), exc.retry_after_s), 0
         try:
-            raw = tool.run(caller, args)
-            if inspect.isawaitable(raw):
-                raw = await raw
+            if inspect.iscoroutinefunction(tool.run):
+                raw = await tool.run(caller, args)
+            else:
+                # A synchronous tool reads the document store, which may answer over the
+                # network (PostgreSQL): in a worker thread, never on the event loop.
+                raw = await asyncio.to_thread(tool.run, caller, args)
+                if inspect.isawaitable(raw):
+                    raw = await raw
         except ToolFailure as exc:
             return _error(exc.code, exc.message), 0
         except StoreUnavailableError:  # the store's error names its host: not for the model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,6 +285,28 @@ async def test_reingest_is_idempotent_and_replacement_hides_the_old_text(tmp_pat
     assert s.index.count("a") == 0 and s.store.document_generation("a", "d") is None
     assert (await s.engine.search(q(query="beta gamma"))).hits == []
     assert not await s.ingestor.delete("a", "d")
+    s.index.close()
+
+
+async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embedder):
+    """The store may answer over the network (PostgreSQL): the ingest's generation checks and
+    the listing's reads run in worker threads, never on the event loop."""
+    s = make_stack(tmp_path, embedder)
+    loop_thread = threading.get_ident()
+    seen: list[tuple[str, int]] = []
+    for name in ("document_generation", "list_documents", "counts"):
+        real = getattr(s.store, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen.append((_name, threading.get_ident()))
+            return _real(*args, **kwargs)
+
+        setattr(s.store, name, spy)
+    await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
+    listed = await s.ingestor.list("a")
+    assert [d.doc_id for d in listed] == ["d"] and listed[0].chunks >= 1
+    assert {name for name, _ in seen} == {"document_generation", "list_documents", "counts"}
+    assert all(thread != loop_thread for _, thread in seen)
     s.index.close()
 
 

@@ -4,6 +4,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 from dataclasses import replace
 
 import pytest
@@ -760,3 +761,40 @@ def test_prometheus_metrics(store, clock):
     assert sample("visior_tool_calls_total", tool="read_doc_pages", outcome="NOT_FOUND") == 1
     assert sample("visior_tool_call_seconds_count", tool="read_doc_pages") == 2
     assert sample("visior_tool_result_tokens_total", tool="read_doc_pages") > 0
+
+
+# --- where tools run ------------------------------------------------------------------------
+
+
+def test_synchronous_tools_run_off_the_event_loop_and_async_ones_on_it(store, clock):
+    """A document tool blocks on the store (over the network with PostgreSQL): it runs in a
+    worker thread, so the event loop keeps serving other calls meanwhile."""
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    threads: dict[str, int] = {}
+
+    def blocking(caller, args):
+        threads["sync"] = threading.get_ident()
+        return {"text": "sync"}
+
+    async def awaiting(caller, args):
+        threads["async"] = threading.get_ident()
+        return {"text": "async"}
+
+    def handing_back(caller, args):  # a sync function returning an awaitable
+        threads["handing_back"] = threading.get_ident()
+        return awaiting(caller, args)
+
+    extra = [Tool("blocking", "", schema, blocking), Tool("awaiting", "", schema, awaiting),
+             Tool("handing_back", "", schema, handing_back)]  # fmt: skip
+    executor = make_executor(store, clock, extra=extra)
+
+    async def main():
+        loop_thread = threading.get_ident()
+        outcomes = [await executor.execute(n, {}, A) for n in ("blocking", "awaiting")]
+        outcomes.append(await executor.execute("handing_back", {}, A))
+        return loop_thread, outcomes
+
+    loop_thread, outcomes = asyncio.run(main())
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok"]
+    assert threads["sync"] != loop_thread and threads["handing_back"] != loop_thread
+    assert threads["async"] == loop_thread
