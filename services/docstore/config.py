@@ -17,6 +17,7 @@ from services.docstore.store import (
     is_postgres_url,
     mask_url,
     open_document_store,
+    sqlite_path,
 )
 
 MAX_POOL_SIZE = 100
@@ -76,8 +77,7 @@ def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
         return DocstoreSettings("sqlite", path, pool_size, timeout_s)
     name, url = found
     if url.startswith(SQLITE_SCHEME):
-        target = url.removeprefix(SQLITE_SCHEME) or ":memory:"
-        return DocstoreSettings("sqlite", target, pool_size, timeout_s)
+        return DocstoreSettings("sqlite", sqlite_path(url), pool_size, timeout_s)
     if is_postgres_url(url):
         try:
             conninfo.conninfo_to_dict(url)

@@ -31,7 +31,17 @@ from psycopg_pool import ConnectionPool
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
-from services.docstore.store import DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT_S, mask_url, to_signed64
+from services.docstore.store import (
+    CHUNK_COLUMNS,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_TIMEOUT_S,
+    DOC_COLUMNS,
+    POINT_COLUMNS,
+    check_points_of,
+    from_signed64,
+    mask_url,
+    to_signed64,
+)
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -72,12 +82,6 @@ CREATE INDEX IF NOT EXISTS points_by_doc ON points (tenant_id, doc_id);
 SCHEMA_VERSION = _MIGRATIONS[-1][0]
 _SCHEMA_LOCK = 0x76697369_6F720001  # advisory lock key of schema migrations ("visior" 1)
 
-_DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
-_CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
-_POINT_COLUMNS = (
-    "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
-)
-_U64 = 1 << 64
 _ESC = "\x1b"
 
 
@@ -299,12 +303,7 @@ class PostgresDocumentStore:
         generation: str,
         points: Sequence[StoredPoint],
     ) -> None:
-        for p in points:
-            if p.doc_id != doc_id or p.generation != generation:
-                raise ValueError(
-                    f"point {p.point_id} is of {p.doc_id!r}/{p.generation!r}, "
-                    f"not of the document written ({doc_id!r}/{generation!r})"
-                )
+        check_points_of(doc_id, generation, points)
         t = _enc(tenant_id)
         rows = [
             (t, to_signed64(p.point_id), _enc(p.doc_id), _enc(p.section_id), _enc(p.chunk_id),
@@ -314,7 +313,7 @@ class PostgresDocumentStore:
         if rows:
             with conn.cursor() as cur:
                 cur.executemany(
-                    f"INSERT INTO points (tenant_id, {_POINT_COLUMNS})"
+                    f"INSERT INTO points (tenant_id, {POINT_COLUMNS})"
                     " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                     rows,
                 )
@@ -360,12 +359,12 @@ class PostgresDocumentStore:
         if not wanted:
             return {}
         rows = self._query(
-            f"SELECT {_POINT_COLUMNS} FROM points WHERE tenant_id=%s AND point_id = ANY(%s)",
+            f"SELECT {POINT_COLUMNS} FROM points WHERE tenant_id=%s AND point_id = ANY(%s)",
             (_enc(tenant_id), wanted),
         )
         out: dict[int, StoredPoint] = {}
         for r in rows:
-            pid = r[0] % _U64
+            pid = from_signed64(r[0])
             out[pid] = StoredPoint(
                 pid, _dec(r[1]), _dec(r[2]), _dec(r[3]), _dec(r[4]), r[5], r[6], r[7], r[8],
                 _dec(r[9]),
@@ -375,7 +374,7 @@ class PostgresDocumentStore:
     def list_documents(self, tenant_id: str) -> list[Document]:
         """The tenant's documents without sections, chunks and page texts, by doc_id."""
         rows = self._query(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=%s ORDER BY doc_id",
+            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=%s ORDER BY doc_id",
             (_enc(tenant_id),),
         )
         return [_document(tenant_id, r) for r in rows]
@@ -428,7 +427,7 @@ class PostgresDocumentStore:
         """One document with its sections (and chunks and page texts unless `with_chunks=False`)."""
         t, d = _enc(tenant_id), _enc(doc_id)
         rows = self._query(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=%s AND doc_id=%s", (t, d)
+            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=%s AND doc_id=%s", (t, d)
         )
         if not rows:
             return None
@@ -454,7 +453,7 @@ class PostgresDocumentStore:
     def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:
         """One chunk by id, or None."""
         rows = self._query(
-            f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE tenant_id=%s AND doc_id=%s AND chunk_id=%s",
+            f"SELECT {CHUNK_COLUMNS} FROM chunks WHERE tenant_id=%s AND doc_id=%s AND chunk_id=%s",
             (_enc(tenant_id), _enc(doc_id), _enc(chunk_id)),
         )
         return _chunk(rows[0]) if rows else None
@@ -470,7 +469,7 @@ class PostgresDocumentStore:
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
-        cols = ", ".join("c." + n for n in _CHUNK_COLUMNS.split(", "))
+        cols = ", ".join("c." + n for n in CHUNK_COLUMNS.split(", "))
         rows = self._query(
             f"SELECT {cols} FROM unnest(%s::text[], %s::text[]) AS k(doc_id, chunk_id)"
             " JOIN chunks c ON c.tenant_id=%s AND c.doc_id=k.doc_id AND c.chunk_id=k.chunk_id",
@@ -485,7 +484,7 @@ class PostgresDocumentStore:
     def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]:
         """Chunks with first <= ord <= last, in order."""
         rows = self._query(
-            f"SELECT {_CHUNK_COLUMNS} FROM chunks "
+            f"SELECT {CHUNK_COLUMNS} FROM chunks "
             "WHERE tenant_id=%s AND doc_id=%s AND ord BETWEEN %s AND %s ORDER BY ord",
             (_enc(tenant_id), _enc(doc_id), first, last),
         )
@@ -507,12 +506,12 @@ class PostgresDocumentStore:
 
 
 def _chunk(r: Row) -> Chunk:
-    """A Chunk from a row of _CHUNK_COLUMNS."""
+    """A Chunk from a row of CHUNK_COLUMNS."""
     return Chunk(_dec(r[0]), _dec(r[1]), _dec(r[2]), r[3], _dec(r[4]), r[5], r[6], r[7])
 
 
 def _document(tenant_id: str, r: Row) -> Document:
-    """A Document (no sections, chunks or pages) from a row of _DOC_COLUMNS."""
+    """A Document (no sections, chunks or pages) from a row of DOC_COLUMNS."""
     return Document(
         tenant_id=tenant_id,
         doc_id=_dec(r[0]),

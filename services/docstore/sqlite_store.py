@@ -18,7 +18,14 @@ from typing import Any
 
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
-from services.docstore.store import to_signed64
+from services.docstore.store import (
+    CHUNK_COLUMNS,
+    DOC_COLUMNS,
+    POINT_COLUMNS,
+    check_points_of,
+    from_signed64,
+    to_signed64,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -52,12 +59,6 @@ _ADDED_DOCUMENT_COLUMNS = (
     ("generation", "TEXT NOT NULL DEFAULT ''"),
     ("metadata", "TEXT NOT NULL DEFAULT '{}'"),
 )
-_DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
-_CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
-_POINT_COLUMNS = (
-    "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
-)
-_U64 = 1 << 64
 
 
 def require_json_functions(conn: sqlite3.Connection) -> None:
@@ -234,14 +235,9 @@ class SqliteDocumentStore:
         generation: str,
         points: Sequence[StoredPoint],
     ) -> None:
-        for p in points:
-            if p.doc_id != doc_id or p.generation != generation:
-                raise ValueError(
-                    f"point {p.point_id} is of {p.doc_id!r}/{p.generation!r}, "
-                    f"not of the document written ({doc_id!r}/{generation!r})"
-                )
+        check_points_of(doc_id, generation, points)
         conn.executemany(
-            f"INSERT INTO points ({_POINT_COLUMNS}, tenant_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO points ({POINT_COLUMNS}, tenant_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             [(to_signed64(p.point_id), *p[1:], tenant_id) for p in points],
         )
 
@@ -284,21 +280,21 @@ class SqliteDocumentStore:
         for i in range(0, len(wanted), 500):
             part = wanted[i : i + 500]
             rows = self._query_packed(
-                _POINT_COLUMNS,
+                POINT_COLUMNS,
                 "p",
                 f"(VALUES {','.join(['(?)'] * len(part))}) AS k "
                 "CROSS JOIN points p ON p.tenant_id=? AND p.point_id=k.column1",
                 (*part, tenant_id),
             )
             for r in rows:
-                pid = r[0] % _U64
+                pid = from_signed64(r[0])
                 out[pid] = StoredPoint(pid, *r[1:])
         return out
 
     def list_documents(self, tenant_id: str) -> list[Document]:
         """The tenant's documents without sections, chunks and page texts, by doc_id."""
         rows = self._query(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=? ORDER BY doc_id",
+            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? ORDER BY doc_id",
             (tenant_id,),
         )
         return [_document(tenant_id, r) for r in rows]
@@ -346,7 +342,7 @@ class SqliteDocumentStore:
     ) -> Document | None:
         """One document with its sections (and chunks and page texts unless `with_chunks=False`)."""
         rows = self._query(
-            f"SELECT {_DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?",
+            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?",
             (tenant_id, doc_id),
         )
         if not rows:
@@ -373,7 +369,7 @@ class SqliteDocumentStore:
     def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:
         """One chunk by id, or None."""
         rows = self._query(
-            f"SELECT {_CHUNK_COLUMNS} FROM chunks WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
+            f"SELECT {CHUNK_COLUMNS} FROM chunks WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
             (tenant_id, doc_id, chunk_id),
         )
         return Chunk(*rows[0]) if rows else None
@@ -394,7 +390,7 @@ class SqliteDocumentStore:
         for i in range(0, len(wanted), 500):
             part = wanted[i : i + 500]
             rows = self._query(
-                f"SELECT {', '.join('c.' + n for n in _CHUNK_COLUMNS.split(', '))} "
+                f"SELECT {', '.join('c.' + n for n in CHUNK_COLUMNS.split(', '))} "
                 f"FROM (VALUES {','.join(['(?,?)'] * len(part))}) AS k CROSS JOIN chunks c "
                 "ON c.tenant_id=? AND c.doc_id=k.column1 AND c.chunk_id=k.column2",
                 (*[v for key in part for v in key], tenant_id),
@@ -406,7 +402,7 @@ class SqliteDocumentStore:
     def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]:
         """Chunks with first <= ord <= last, in order."""
         rows = self._query(
-            f"SELECT {_CHUNK_COLUMNS} FROM chunks "
+            f"SELECT {CHUNK_COLUMNS} FROM chunks "
             "WHERE tenant_id=? AND doc_id=? AND ord BETWEEN ? AND ? ORDER BY ord",
             (tenant_id, doc_id, first, last),
         )
@@ -433,7 +429,7 @@ class SqliteDocumentStore:
 
 
 def _document(tenant_id: str, r: tuple) -> Document:  # type: ignore[type-arg]
-    """A Document (no sections, chunks or pages) from a row of _DOC_COLUMNS."""
+    """A Document (no sections, chunks or pages) from a row of DOC_COLUMNS."""
     return Document(
         tenant_id=tenant_id,
         doc_id=r[0],

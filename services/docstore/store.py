@@ -19,6 +19,15 @@ DEFAULT_POOL_SIZE = 8
 DEFAULT_TIMEOUT_S = 5.0
 """A PostgreSQL store's longest wait to connect or for a pooled connection (DOCSTORE_TIMEOUT_S)."""
 
+DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
+"""The columns both stores read a Document's own fields from, in this order."""
+CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
+"""The columns both stores read a Chunk from, in its fields' order."""
+POINT_COLUMNS = (
+    "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
+)
+"""The columns of a StoredPoint, in its fields' order."""
+
 _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
 
@@ -28,6 +37,29 @@ def to_signed64(point_id: int) -> int:
     if not 0 <= point_id < _U64:
         raise ValueError(f"point_id {point_id!r} is not an integer in [0, 2^64)")
     return point_id - _U64 if point_id > _I64_MAX else point_id
+
+
+def from_signed64(stored: int) -> int:
+    """The u64 point id a stored signed 64-bit integer stands for (`to_signed64`'s inverse)."""
+    return stored % _U64
+
+
+def check_points_of(doc_id: str, generation: str, points: Sequence[StoredPoint]) -> None:
+    """Refuse (ValueError) points of another document or generation than the one written."""
+    for p in points:
+        if p.doc_id != doc_id or p.generation != generation:
+            raise ValueError(
+                f"point {p.point_id} is of {p.doc_id!r}/{p.generation!r}, "
+                f"not of the document written ({doc_id!r}/{generation!r})"
+            )
+
+
+def sqlite_path(target: str) -> str:
+    """The SQLite path of `target`: a plain path, or sqlite:///PATH (sqlite:/// alone is an
+    in-memory database)."""
+    if target.startswith(SQLITE_SCHEME):
+        return target.removeprefix(SQLITE_SCHEME) or ":memory:"
+    return target
 
 
 class DocumentStore(Protocol):
@@ -130,7 +162,4 @@ def open_document_store(
         )
     from services.docstore.sqlite_store import SqliteDocumentStore
 
-    path = str(url_or_path)
-    if path.startswith(SQLITE_SCHEME):
-        path = path.removeprefix(SQLITE_SCHEME) or ":memory:"
-    return SqliteDocumentStore(path, read_only=read_only)
+    return SqliteDocumentStore(sqlite_path(str(url_or_path)), read_only=read_only)
