@@ -20,7 +20,14 @@ from tokenizers import Encoding, Tokenizer
 
 from services.common.settings import SettingsError
 from services.retrieval.intra_op import usable_cpus
-from services.retrieval.rerank import RerankError, RerankResult, RerankSettings, local_model_files
+from services.retrieval.rerank import (
+    RerankError,
+    RerankResult,
+    RerankSettings,
+    best_first,
+    call_terms,
+    local_model_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,15 +215,11 @@ class LocalCrossEncoder:
         included. Raises :class:`RerankError` (``timeout``, or ``bad_response`` when the
         model fails on this input).
         """
-        sent = list(texts[: self._settings.max_candidates])
+        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
         if not sent:
             return []
-        limit = self._settings.top_n if top_n is None else top_n
-        budget = self._settings.timeout_s if timeout_s is None else timeout_s
-        scores = await self._run(query, sent, max(budget, 0.0))
-        results = [RerankResult(i, float(s)) for i, s in enumerate(scores)]
-        results.sort(key=lambda r: (-r.score, r.index))
-        return results[:limit] if limit > 0 else results
+        scores = await self._run(query, sent, budget)
+        return best_first([RerankResult(i, float(s)) for i, s in enumerate(scores)], limit)
 
     async def _run(self, query: str, texts: list[str], budget: float) -> np.ndarray:
         loop = asyncio.get_running_loop()

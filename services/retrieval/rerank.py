@@ -159,6 +159,23 @@ class RerankSettings:
         )
 
 
+def call_terms(
+    settings: RerankSettings, texts: Sequence[str], top_n: int | None, timeout_s: float | None
+) -> tuple[list[str], int, float]:
+    """What one `Reranker.rerank` call works on, for every implementation: the texts sent (the
+    first ``max_candidates``), the cap on results (``top_n``, default the settings'; 0 = all)
+    and the time budget in seconds (``timeout_s``, default the settings', never negative)."""
+    limit = settings.top_n if top_n is None else top_n
+    budget = settings.timeout_s if timeout_s is None else timeout_s
+    return list(texts[: settings.max_candidates]), limit, max(budget, 0.0)
+
+
+def best_first(results: list[RerankResult], limit: int) -> list[RerankResult]:
+    """`results` by score, best first (ties by index), at most `limit` of them (0 = all)."""
+    results.sort(key=lambda r: (-r.score, r.index))
+    return results[:limit] if limit > 0 else results
+
+
 def local_model_files(model_path: str, model_file: str = "") -> tuple[Path, Path]:
     """The ONNX graph and the ``tokenizer.json`` in RERANK_MODEL_PATH.
 
@@ -264,12 +281,10 @@ class RerankClient:
         TEI batches included; pass the caller's remaining deadline here.
         Raises :class:`RerankError`.
         """
-        sent = list(texts[: self._settings.max_candidates])
+        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
         if not sent:
             return []
-        limit = self._settings.top_n if top_n is None else top_n
-        budget = self._settings.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + max(budget, 0.0)
+        deadline = time.monotonic() + budget
         if self._settings.api_style == "tei":
             size = self._settings.batch_size
             batches = [(start, sent[start : start + size]) for start in range(0, len(sent), size)]
@@ -279,8 +294,7 @@ class RerankClient:
             results = [r for part in parts for r in part]
         else:
             results = await self._call_cohere(query, sent, limit, deadline)
-        results.sort(key=lambda r: (-r.score, r.index))
-        return results[:limit] if limit > 0 else results
+        return best_first(results, limit)
 
     async def _call_tei(
         self, query: str, texts: list[str], offset: int, deadline: float
