@@ -43,7 +43,7 @@ from services.common import errors
 from services.common.settings import Env, SettingsError
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
-from services.docstore.summaries import ExtractiveSummarizer, mix_generation, section_texts
+from services.docstore.summaries import mix_generation, section_texts
 from services.llm.chat import ChatMessage, Completion, ToolSpec
 from services.llm.model import GenerationParams
 from services.llm.runtime import RuntimeSettings
@@ -211,10 +211,8 @@ _INCOMPLETE = "incomplete"
 
 
 class LlmSummarizer:
-    """A `Summarizer` (services/docstore/summaries.py) that asks the model; extractive fallback.
-
-    The async `try_summarize` is the real work; the sync `summarize` (the protocol) runs it on
-    the event loop the runtime belongs to and must be called from another thread.
+    """The Ingestor's `SectionSummarizer` (services/retrieval/ingestion.py): asks the model for
+    each section's summary (`try_summarize`); a section it fails keeps its extractive one.
     """
 
     def __init__(
@@ -225,8 +223,6 @@ class LlmSummarizer:
         timeout_s: float = 30.0,
         concurrency: int = 4,
         budget_s: float = 120.0,
-        fallback: ExtractiveSummarizer | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._runtime = runtime
@@ -235,8 +231,6 @@ class LlmSummarizer:
         self._timeout_s = timeout_s
         self.concurrency = concurrency
         self.budget_s = budget_s
-        self._fallback = fallback or ExtractiveSummarizer()
-        self._loop = loop
         self._clock = clock
         # Process-wide: two documents ingested at once share the bound (the runtime's load).
         self._slots: asyncio.Semaphore | None = None
@@ -261,8 +255,6 @@ class LlmSummarizer:
         """The model's summary within `max_chars`, or None (the failure is logged, the text
         is not). Waits for one of the `concurrency` slots first; `deadline` (on `clock`)
         bounds the wait and the call."""
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
         if max_chars <= 0 or not text.strip():
             return None
         async with self._semaphore():
@@ -308,32 +300,6 @@ class LlmSummarizer:
             return None
         return summary
 
-    def summarize(self, title: str, text: str, max_chars: int) -> str:
-        """The Summarizer protocol, for code that summarises in a worker thread."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is not loop:
-                future = asyncio.run_coroutine_threadsafe(
-                    self.try_summarize(title, text, max_chars, language=detect_language(text)),
-                    loop,
-                )
-                try:
-                    found = future.result(self._timeout_s + 5)
-                except Exception as exc:
-                    future.cancel()
-                    log.warning("llm summary failed; extractive kept",
-                                extra={"kind": _failure_kind(exc), "model": self.model})  # fmt: skip
-                    found = None
-                if found:
-                    return found
-        else:
-            log.warning("llm summarizer has no event loop; extractive kept")
-        return self._fallback.summarize(title, text, max_chars)
-
     async def summarize_sections(self, doc: Document, max_chars: int = 400) -> Document:
         """`doc` with the model's summary of every section it wrote in time; other sections keep
         the summary they have (the extractive one from parsing). The caller has mixed `name`
@@ -341,8 +307,6 @@ class LlmSummarizer:
         some sections fell back, it is mixed once more, so the stored generation is not the
         one a complete run gives and ingesting the same file again retries those sections.
         """
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
         texts = section_texts(doc)
         language = detect_language(" ".join([doc.title, *(c.text for c in doc.chunks[:20])]))
         started = self._clock()

@@ -395,18 +395,6 @@ async def test_the_section_is_delimited_data_in_the_documents_language(server, m
     assert user["content"].endswith("\n<<<END DOCUMENT>>>")
 
 
-async def test_the_sync_protocol_runs_on_the_runtimes_loop_from_a_worker_thread(
-    server, model, http
-):
-    summ = summarizer(server, http)
-    summ._loop = asyncio.get_running_loop()
-    got = await asyncio.to_thread(summ.summarize, "Backup", "Backups run daily at 02:00.", 200)
-    assert got == "Model summary of Backup."
-    model.empty.add("Backup")
-    got = await asyncio.to_thread(summ.summarize, "Backup", "Backups run daily at 02:00.", 200)
-    assert got == "Backups run daily at 02:00."  # the extractive one
-
-
 def test_trim_and_clean():
     assert trim_to("One. Two. Three.", 100) == "One. Two. Three."
     assert trim_to("First sentence here. Second sentence is longer.", 30) == "First sentence here."
