@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class Env:
             value = float(text)
         except ValueError:
             raise SettingsError(f"{name}={text!r} is not a number") from None
+        if not math.isfinite(value):  # nan passes every comparison; inf lifts every limit
+            raise SettingsError(f"{name}={text!r} is not a finite number")
         if minimum is not None and value < minimum:
             raise SettingsError(f"{name}={value} is below the minimum {minimum}")
         return value

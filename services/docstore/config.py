@@ -17,6 +17,7 @@ from services.docstore.store import (
     is_postgres_url,
     mask_url,
     open_document_store,
+    scrub,
     sqlite_path,
 )
 
@@ -81,10 +82,11 @@ def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
     if is_postgres_url(url):
         try:
             conninfo.conninfo_to_dict(url)
-        except Exception as exc:  # libpq's parser: the message names the bad part, not the password
+        except (
+            Exception
+        ) as exc:  # libpq's parser: the message quotes the bad part, maybe the password
             raise SettingsError(
-                f"{name}={mask_url(url)!r} is not a valid PostgreSQL URL: "
-                f"{str(exc).replace(url, mask_url(url))}"
+                f"{name}={mask_url(url)!r} is not a valid PostgreSQL URL: {scrub(str(exc), url)}"
             ) from None
         return DocstoreSettings("postgresql", url, pool_size, timeout_s)
     raise SettingsError(

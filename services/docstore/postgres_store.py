@@ -40,6 +40,7 @@ from services.docstore.store import (
     check_points_of,
     from_signed64,
     mask_url,
+    scrub,
     to_signed64,
 )
 
@@ -120,8 +121,12 @@ class PostgresDocumentStore:
     ) -> None:
         """Connect, create or migrate the schema (unless `read_only`), open the pool.
 
-        `timeout_s` bounds a connection attempt and the wait for a pooled connection; past
-        it a call raises StoreUnavailableError (as SQLite's busy timeout does).
+        `timeout_s` bounds a connection attempt, the wait for a pooled connection and a
+        statement's wait for a lock another session holds (lock_timeout); past it a call
+        raises StoreUnavailableError (as SQLite's busy timeout does). A pool slot whose
+        connection broke gives up retrying after timeout_s, and the next call's demand opens
+        a fresh one: after an outage of any length the first call once the server is back
+        finds it.
         """
         self._url = url
         self.location = mask_url(url)
@@ -143,6 +148,11 @@ class PostgresDocumentStore:
             configure=self._configure,
             name="docstore",
             timeout=timeout_s,
+            # psycopg_pool's default (300 s) lets a broken slot back off up to 128 s between
+            # tries while the full pool starts no fresh attempt: the store stayed down ~23 s
+            # after a 40 s outage had ended. Short, the slot gives up and demand regrows the
+            # pool: the retries follow the calls (a refused connect costs a few ms).
+            reconnect_timeout=timeout_s,
             open=False,
         )
         try:
@@ -155,6 +165,11 @@ class PostgresDocumentStore:
         return f"PostgresDocumentStore({self.location!r}, read_only={self._read_only})"
 
     def _configure(self, conn: psycopg.Connection[Row]) -> None:
+        # A lock held elsewhere (a stuck writer, an operator's open transaction, the per-document
+        # advisory lock) fails the statement past timeout_s instead of waiting for ever.
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false)", (f"{round(self._timeout * 1000)}ms",)
+        )
         if self._read_only:
             conn.execute("SET default_transaction_read_only = on")
 
@@ -178,11 +193,9 @@ class PostgresDocumentStore:
                     )
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        if self._url in message:
-            message = message.replace(self._url, self.location)
+        message = scrub(" ".join(str(exc).split()) or type(exc).__name__, self._url)
         password = psycopg.conninfo.conninfo_to_dict(self._url).get("password")
-        if password:
+        if password:  # as libpq decoded it
             message = message.replace(str(password), "***")
         return StoreUnavailableError(f"document store (PostgreSQL {self.location}): {message}")
 
@@ -343,10 +356,10 @@ class PostgresDocumentStore:
         """(tenant_id, doc_id, generation) of every document with no stored points."""
         rows = self._query(
             "SELECT d.tenant_id, d.doc_id, d.generation FROM documents d WHERE NOT EXISTS "
-            "(SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id) "
-            "ORDER BY d.tenant_id, d.doc_id"
+            "(SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id)"
         )
-        return [(_dec(r[0]), _dec(r[1]), _dec(r[2])) for r in rows]
+        # Ordered here, by the decoded ids: the escaped form sorts NUL after U+0001..U+001A.
+        return sorted((_dec(r[0]), _dec(r[1]), _dec(r[2])) for r in rows)
 
     def points_by_ids(self, tenant_id: str, point_ids: Collection[int]) -> dict[int, StoredPoint]:
         """The tenant's stored points among `point_ids`, by id; ids of points the store does
@@ -374,10 +387,10 @@ class PostgresDocumentStore:
     def list_documents(self, tenant_id: str) -> list[Document]:
         """The tenant's documents without sections, chunks and page texts, by doc_id."""
         rows = self._query(
-            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=%s ORDER BY doc_id",
-            (_enc(tenant_id),),
+            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=%s", (_enc(tenant_id),)
         )
-        return [_document(tenant_id, r) for r in rows]
+        # Ordered here, by the decoded id (see documents_without_points).
+        return sorted((_document(tenant_id, r) for r in rows), key=lambda d: d.doc_id)
 
     def document_generation(self, tenant_id: str, doc_id: str) -> str | None:
         """The generation of the stored document, or None when the tenant has no such document."""
@@ -396,7 +409,7 @@ class PostgresDocumentStore:
 
     def tenants(self) -> list[str]:
         """Every tenant that has at least one document."""
-        return [_dec(r[0]) for r in self._query("SELECT DISTINCT tenant_id FROM documents")]
+        return sorted(_dec(r[0]) for r in self._query("SELECT DISTINCT tenant_id FROM documents"))
 
     def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]:
         """Pages first..last (1-based, inclusive) of a document that exist, in order."""
@@ -495,10 +508,12 @@ class PostgresDocumentStore:
         rows = self._query(
             "SELECT c.tenant_id, c.doc_id, d.title, c.doc_id, c.chunk_id, c.section_id, c.ord, "
             "c.text, c.tokens, c.page_start, c.page_end FROM chunks c JOIN documents d "
-            "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id ORDER BY c.tenant_id, c.doc_id, c.ord"
+            "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id"
         )
-        for r in rows:
-            yield _dec(r[0]), _dec(r[1]), _dec(r[2]), _chunk(r[3:])
+        # Ordered here, by the decoded ids (see documents_without_points).
+        out = [(_dec(r[0]), _dec(r[1]), _dec(r[2]), _chunk(r[3:])) for r in rows]
+        out.sort(key=lambda row: (row[0], row[1], row[3].ord))
+        yield from out
 
     def close(self) -> None:
         """Close the pool and its connections."""

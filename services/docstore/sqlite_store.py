@@ -315,7 +315,10 @@ class SqliteDocumentStore:
 
     def tenants(self) -> list[str]:
         """Every tenant that has at least one document."""
-        return [str(r[0]) for r in self._query("SELECT DISTINCT tenant_id FROM documents", ())]
+        return [
+            str(r[0])
+            for r in self._query("SELECT DISTINCT tenant_id FROM documents ORDER BY tenant_id", ())
+        ]
 
     def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]:
         """Pages first..last (1-based, inclusive) of a document that exist, in order."""

@@ -3,11 +3,10 @@ the factory that opens the configured one."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from services.docstore.model import Chunk, Document, Page, StoredPoint
 
@@ -122,22 +121,73 @@ class DocumentStore(Protocol):
     def close(self) -> None: ...
 
 
-_PASSWORD_PARAM = re.compile(r"(?i)(password=)[^&\s]*")
+def _split_url(url: str) -> tuple[str, str, str, str, str, str] | None:
+    """(scheme, userinfo, "@" or "", host part, path, query) as libpq reads a URL; None
+    without "://".
+
+    libpq takes the credentials up to the '@' before the first '/', so a '?' or '#' in a
+    password stays in it (urllib ends the host part there and would see no password at
+    all). The last such '@' is used: a stray one is masked with the password, not shown.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    authority, slash, tail = rest.partition("/")
+    if slash:
+        path, qmark, query = tail.partition("?")
+        path = "/" + path
+    else:  # no path: a query may follow the authority directly
+        authority, qmark, query = authority.partition("?")
+        path = ""
+    userinfo, at, host = authority.rpartition("@")
+    return scheme, userinfo, at, host, path, qmark + query
+
+
+def _is_password_key(key: str) -> bool:
+    """A URL parameter naming the password, percent-encoded or not (libpq decodes keys)."""
+    return unquote(key).strip().lower() == "password"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password(s) a connection URL carries, as written and percent-decoded, longest
+    first: for scrubbing messages that quote them (libpq's parse errors quote the bad token)."""
+    parts = _split_url(url)
+    if parts is None:
+        return []
+    _, userinfo, _, _, _, query = parts
+    found = [userinfo.split(":", 1)[1]] if ":" in userinfo else []
+    for pair in query[1:].split("&"):
+        key, eq, value = pair.partition("=")
+        if eq and _is_password_key(key):
+            found.append(value)
+    return sorted({v for raw in found for v in (raw, unquote(raw)) if v}, key=len, reverse=True)
 
 
 def mask_url(url: str) -> str:
-    """`url` with its password (user:PASSWORD@ or ?password=) replaced by ***, for logs,
-    errors, reprs and health answers."""
-    try:
-        parts = urlsplit(url)
-        masked = url
-        userinfo, at, host = parts.netloc.rpartition("@")
-        if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-            masked = urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:  # not even a URL: keep the scheme only
-        masked = url.split("://", 1)[0] + "://***" if "://" in url else "***"
-    return _PASSWORD_PARAM.sub(r"\1***", masked)
+    """`url` with its password (user:PASSWORD@, or a password= parameter however spelled)
+    replaced by ***, for logs, errors, reprs and health answers. A string that is not a URL
+    but looks as if it could hold a secret comes back as ***."""
+    parts = _split_url(url)
+    if parts is None:
+        return "***" if any(ch in url for ch in "@=:") else url
+    scheme, userinfo, at, host, path, query = parts
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    if query:
+        pairs = []
+        for pair in query[1:].split("&"):
+            key, eq, _ = pair.partition("=")
+            pairs.append(f"{key}=***" if eq and _is_password_key(key) else pair)
+        query = "?" + "&".join(pairs)
+    return f"{scheme}://{userinfo}{at}{host}{path}{query}"
+
+
+def scrub(message: str, url: str) -> str:
+    """`message` with `url` masked and every password the URL carries replaced by ***."""
+    message = message.replace(url, mask_url(url))
+    for secret in url_secrets(url):
+        message = message.replace(secret, "***")
+    return message
 
 
 def is_postgres_url(url_or_path: str | Path) -> bool:

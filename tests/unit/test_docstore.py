@@ -377,3 +377,20 @@ def test_sqlite_without_json_functions_is_refused_with_the_reason():
     with pytest.raises(StoreUnavailableError, match=r"no JSON functions .*3\.38"):
         require_json_functions(NoJson())  # type: ignore[arg-type]
     require_json_functions(sqlite3.connect(":memory:"))  # this one has them
+
+
+def test_listings_are_in_code_point_order_whatever_the_ids_hold(store):
+    # PostgreSQL keeps NUL escaped (ESC '0'); sorting the escaped form put "a\0" after "a\x1a".
+    ids = ["ab", "a\x1b\x00", "a\x1a", "a\x00", "a\x1b", "a\x01"]
+    for doc_id in ids:
+        store.put(doc(doc_id=doc_id))
+    tenants = ["t\x05", "t1", "t\x00", "t"]
+    for tenant in tenants:
+        store.put(doc(tenant=tenant, doc_id="x"))
+    assert [d.doc_id for d in store.list_documents("t1")] == sorted([*ids, "x"])
+    expected = sorted([("t1", d) for d in [*ids, "x"]] + [(t, "x") for t in tenants if t != "t1"])
+    assert [(t, d) for t, d, _ in store.documents_without_points()] == expected
+    assert list(dict.fromkeys((t, d) for t, d, _, _ in store.all_chunks())) == expected
+    ords = [c.ord for t, d, _, c in store.all_chunks() if (t, d) == ("t1", "ab")]
+    assert ords == sorted(ords) and len(ords) > 1
+    assert store.tenants() == sorted(tenants)

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.postgres_store import SCHEMA_VERSION, PostgresDocumentStore
+from services.docstore.postgres_store import SCHEMA_VERSION, PostgresDocumentStore, _lock_key
 from services.docstore.store import open_document_store
 from tests.pg_server import PgCluster
 from tests.unit.test_docstore import doc, points_of
@@ -182,5 +182,84 @@ def test_document_tools_answer_upstream_unavailable_while_the_server_is_down(own
         down = asyncio.run(executor.execute("read_doc_metadata", {"doc_id": "guide"}, caller))
         assert (down.status, down.error_code) == ("error", "UPSTREAM_UNAVAILABLE"), down
         assert "127.0.0.1" not in str(down)  # the store's address stays in the log
+    finally:
+        store.close()
+
+
+def _finishes_within(seconds: float, fn):
+    """Run `fn` in a thread; (finished in time, its result or exception)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # the test reads it
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive(), box.get("error", box.get("result")), thread
+
+
+@pytest.mark.parametrize("held", ["document write lock", "table lock"])
+def test_a_lock_held_elsewhere_is_store_unavailable_past_the_timeout(pg_url, held):
+    # A stuck writer or an operator's open transaction: SQLite gives up after its busy
+    # timeout, and so must this store (DOCSTORE_TIMEOUT_S), not wait for ever.
+    store = PostgresDocumentStore(pg_url, pool_size=2, timeout_s=1.0)
+    d = doc()
+    store.put(d)
+    holder = psycopg.connect(pg_url)
+    try:
+        if held == "document write lock":
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("t1", "guide"),))
+            call = lambda: store.put(d)  # noqa: E731
+        else:
+            holder.execute("LOCK TABLE chunks IN ACCESS EXCLUSIVE MODE")  # a migration's ALTER
+            call = lambda: store.get_document("t1", "guide")  # noqa: E731
+        started = time.monotonic()
+        finished, outcome, thread = _finishes_within(10.0, call)
+        waited = time.monotonic() - started
+    finally:
+        holder.rollback()
+        holder.close()
+    thread.join(30)
+    try:
+        assert finished, "the call still waited on the lock after 10 s"
+        assert isinstance(outcome, StoreUnavailableError) and "lock timeout" in str(outcome)
+        assert 0.9 <= waited < 5.0
+        assert store.get_document("t1", "guide") == d  # lock gone: it answers again
+        assert store.put(d) is True
+    finally:
+        store.close()
+
+
+def test_the_store_answers_soon_after_a_long_outage_ends(own_server):
+    # psycopg_pool's default reconnect_timeout (300 s) left each broken slot backing off
+    # (1, 2, 4, 8, 16 s ...) with no fresh attempt: the store stayed down for seconds after
+    # the server was back (tens of seconds after longer outages). Slots give up after
+    # timeout_s now and the next call opens a fresh connection.
+    cluster = own_server
+    store = PostgresDocumentStore(
+        cluster.url(cluster.create_database()), pool_size=2, timeout_s=0.5
+    )
+    try:
+        store.ping()
+        cluster.stop()
+        down = time.monotonic()
+        while time.monotonic() - down < 12:  # callers keep trying meanwhile
+            with pytest.raises(StoreUnavailableError):
+                store.ping()
+            time.sleep(1.0)
+        cluster.start()
+        back = time.monotonic()
+        while True:
+            try:
+                store.ping()
+                break
+            except StoreUnavailableError:
+                assert time.monotonic() - back < 60, "still down a minute after the server"
+                time.sleep(0.1)
+        assert time.monotonic() - back < 1.0
     finally:
         store.close()

@@ -23,6 +23,34 @@ def test_bad_integers_name_the_variable(raw, error):
     assert error in str(info.value)
 
 
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "Infinity"])
+def test_numbers_must_be_finite(raw):
+    # nan passes every minimum check and inf lifts every limit (a timeout of inf never fires)
+    with pytest.raises(SettingsError, match=f"N={raw!r} is not a finite number"):
+        Env({"N": raw}).number("N", 1.0, minimum=0.01)
+
+
+LLM = {"RETR_LLM_RUNTIME_URL": "http://127.0.0.1:9", "RETR_LLM_MODEL_NAME": "m"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "env"),
+    [
+        ("rerank", {"RERANK_MODEL_URL": "http://127.0.0.1:9/rerank", "RERANK_TIMEOUT_S": "nan"}),
+        ("rerank", {"RERANK_MODEL_URL": "http://127.0.0.1:9/rerank", "RERANK_TIMEOUT_S": "inf"}),
+        ("llm", {**LLM, "RETR_LLM_RUNTIME_TIMEOUT_S": "nan"}),
+        ("llm", {**LLM, "RETR_SUMMARY_BUDGET_S": "nan"}),
+    ],
+)
+def test_retrieval_refuses_non_finite_timeouts_at_start(settings, env):
+    from services.retrieval.llm_assist import LlmAssistSettings
+    from services.retrieval.rerank import RerankSettings
+
+    load = {"rerank": RerankSettings.from_env, "llm": LlmAssistSettings.from_env}[settings]
+    with pytest.raises(SettingsError, match="is not a finite number"):
+        load(Env(env))
+
+
 def test_flags():
     assert Env({"F": "yes"}).flag("F", False) is True
     assert Env({"F": "0"}).flag("F", True) is False
@@ -160,6 +188,42 @@ def test_docstore_password_never_shows_in_settings_repr():
     assert "postgresql://visior:***@db:5432/visior?password=***" in repr(s)
     t = ToolsProxySettings.from_env(Env({"METADATA_DB_URL": url}))
     assert "hunter2" not in repr(t)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # libpq reads the credentials up to the '@' before the first '/': '#' and '?' included
+        "postgresql://visior:hun#ter2@db:5432/visior",
+        "postgresql://visior:hun?ter2@db/visior",
+        "postgres://visior:hunter2@db",
+        "postgresql://db/visior?sslmode=require&password=hunter2",
+        "postgresql://db/visior?%70assword=hunter2",  # a percent-encoded keyword
+        "postgresql://visior:hunter2%21@db/visior",
+    ],
+)
+def test_docstore_password_is_masked_however_the_url_spells_it(url):
+    from psycopg import conninfo
+
+    password = conninfo.conninfo_to_dict(url)["password"]  # what libpq sends
+    assert "ter2" in password
+    s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": url}))
+    for text in (repr(s), s.docstore.display):
+        assert "ter2" not in text and "***" in text
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://visior:my hunter2 pw@db/visior",  # libpq quotes the token with spaces
+        "postgresql://visior:50%hunter2@db/visior",  # ... and a bad percent escape
+        "postgresql://db/visior?password=50%hunter2",
+    ],
+)
+def test_a_url_libpq_refuses_is_reported_without_its_password(url):
+    with pytest.raises(SettingsError, match="not a valid PostgreSQL URL") as info:
+        RetrievalSettings.from_env(Env({"METADATA_DB_URL": url}))
+    assert "hunter2" not in str(info.value)
 
 
 def test_retrieval_quantization_setting():
