@@ -116,7 +116,10 @@ class RetrievalSettings:
             sparse_weight=env.number("RETR_SPARSE_WEIGHT", 0.3, minimum=0.0),
             rrf_k=env.integer("RETR_RRF_K", 60, minimum=1, maximum=1000),
             candidate_factor=env.integer("RETR_CANDIDATE_FACTOR", 2, minimum=1, maximum=20),
-            rerank_candidates=env.integer("RERANK_MAX_CANDIDATES", 40, minimum=1, maximum=200),
+            # The reranker's own setting (rerank.py reads both spellings): one value for both.
+            rerank_candidates=env.integer(
+                ["RETR_RERANK_MAX_CANDIDATES", "RERANK_MAX_CANDIDATES"], 40, minimum=1, maximum=200
+            ),
             expand_query=env.flag("RETR_EXPAND_QUERY", False),
             max_query_variants=env.integer("RETR_MAX_QUERY_VARIANTS", 3, minimum=0, maximum=10),
             retries=env.integer("RETR_BACKEND_RETRIES", 2, minimum=0, maximum=2),

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import takewhile
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -125,7 +126,7 @@ class EngineSettings:
     candidate_factor: int = 2
     """Candidates fetched per list = factor x what the stage keeps (RETR_CANDIDATE_FACTOR)."""
     rerank_candidates: int = 40
-    """Chunks sent to the reranker (RERANK_MAX_CANDIDATES)."""
+    """Chunks sent to the reranker (RERANK_MAX_CANDIDATES / RETR_RERANK_MAX_CANDIDATES)."""
     expand_query: bool = False
     """Search synonym variants too when the request does not say (RETR_EXPAND_QUERY)."""
     max_query_variants: int = 3
@@ -546,7 +547,13 @@ class RetrievalEngine:
         self, plan: _Plan, chunks: list[Scored], texts: Mapping[Key, str], timing: _Timing
     ) -> tuple[list[Scored], bool]:
         assert self._reranker is not None
-        head = chunks[: self._settings.rerank_candidates]
+        # Only the leading candidates whose texts `_find` read: past a dropped one (its text
+        # gone from the store) the tail moved up, and its texts were never read.
+        head = list(
+            takewhile(lambda hs: _key(hs[0]) in texts, chunks[: self._settings.rerank_candidates])
+        )
+        if not head:
+            return chunks, False
         t0 = time.perf_counter()
         try:
             order = await self._reranker.rerank(plan.text, [texts[_key(h)] for h, _ in head])
@@ -562,8 +569,15 @@ class RetrievalEngine:
             if 0 <= i < len(head) and i not in seen:
                 seen.add(i)
                 out.append((head[i][0], max(0.0, min(1.0, float(score)))))
-        out.extend(head[i] for i in range(len(head)) if i not in seen)
-        return out + chunks[len(head) :], True
+        rest = [head[i] for i in range(len(head)) if i not in seen] + chunks[len(head) :]
+        if out:
+            # What the reranker did not score (past RERANK_TOP_N, its max_candidates or
+            # rerank_candidates) keeps its order after all it did: hybrid scores are on another
+            # scale, and sorted with the cross-encoder's they would interleave. Scaled under
+            # the lowest reranked score, they keep their order and stay within [0, 1].
+            under = min(score for _, score in out) * 0.999
+            rest = [(h, score * under) for h, score in rest]
+        return out + rest, True
 
     # -- shaping (worker thread) ------------------------------------------------------------
 

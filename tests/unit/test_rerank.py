@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from services.common.settings import Env, SettingsError
+from services.retrieval.config import RetrievalSettings
 from services.retrieval.rerank import (
     RerankClient,
     Reranker,
@@ -264,6 +265,12 @@ def test_settings_from_env():
         RerankSettings.from_env(Env({"RERANK_MODEL_URL": "tei:8080"}))
     with pytest.raises(SettingsError):
         RerankSettings.from_env(Env({"RERANK_MODEL_URL": "http://x", "RERANK_API_STYLE": "x"}))
+
+
+@pytest.mark.parametrize("name", ["RETR_RERANK_MAX_CANDIDATES", "RERANK_MAX_CANDIDATES"])
+def test_the_engine_sends_the_reranker_as_many_candidates_as_it_takes(name):
+    s = RetrievalSettings.from_env(Env({"RERANK_MODEL_URL": "http://tei:8080", name: "10"}))
+    assert s.engine.rerank_candidates == s.rerank.max_candidates == 10
 
 
 async def test_client_is_a_reranker(server):

@@ -30,7 +30,7 @@ from services.retrieval.ingestion import (
 )
 from services.retrieval.journal import IngestJournal
 from services.retrieval.query import load_synonyms
-from services.retrieval.rerank import RerankSettings, build_reranker
+from services.retrieval.rerank import RerankResult, RerankSettings, build_reranker
 from services.retrieval.search import (
     KB_TENANT,
     MAX_QUERY_CHARS,
@@ -429,13 +429,30 @@ class RecordingChunks:
         return {k: v for k, v in found.items() if k not in self.drop}
 
 
-def engine_over(stack: Stack, chunks) -> RetrievalEngine:
+def engine_over(
+    stack: Stack, chunks, *, settings: EngineSettings | None = None, reranker=None
+) -> RetrievalEngine:
     e = stack.engine
     return RetrievalEngine(
         index=stack.index, embedder=e._embedder, sections=stack.sections, chunks=chunks, tokenizer=default_tokenizer(),
-        defaults=SearchDefaults(), settings=EngineSettings(),
+        defaults=SearchDefaults(), settings=settings or EngineSettings(),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        reranker=reranker,
     )  # fmt: skip
+
+
+class Reverse:
+    """A reranker preferring the candidates the hybrid ranking put last, with low scores (far
+    under the hybrid ones); `top_n` > 0 keeps only its best `top_n`. Records what it got."""
+
+    def __init__(self, top_n: int = 0) -> None:
+        self.top_n = top_n
+        self.calls: list[list[str]] = []
+
+    async def rerank(self, query: str, texts: list[str]) -> list[RerankResult]:
+        self.calls.append(list(texts))
+        found = [RerankResult(i, 0.01 * (i + 1)) for i in reversed(range(len(texts)))]
+        return found[: self.top_n] if self.top_n else found
 
 
 async def test_texts_are_read_once_for_the_final_hits_under_the_request_tenant(shared):
@@ -478,6 +495,36 @@ async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_
     # One read of the head (4 ids, one missing), then the next id down the ranking.
     assert [len(ids) for _, ids in rec.point_calls] == [4, 1]
     assert all(t == "a" for t, _ in rec.point_calls)
+
+
+@pytest.mark.parametrize(("top_n", "candidates"), [(2, 40), (0, 2)])
+async def test_candidates_the_reranker_did_not_score_follow_those_it_did(shared, top_n, candidates):
+    # Unscored: past RERANK_TOP_N, or past rerank_candidates. Their hybrid scores are on
+    # another scale than the reranker's: they keep their order, after its picks.
+    rr = Reverse(top_n)
+    engine = engine_over(shared, shared.store, reranker=rr,
+                         settings=EngineSettings(rerank_candidates=candidates))  # fmt: skip
+    plain = await engine.search(q(mode="chunk_priority"))
+    r = await engine.search(q(mode="chunk_priority", enable_rerank=True))
+    assert r.rerank_used and len(rr.calls[0]) >= 2
+    picks = list(reversed(rr.calls[0]))[:2]
+    assert [h.text for h in r.hits[:2]] == picks
+    rest = [h.text for h in plain.hits if h.text not in picks]
+    assert [h.text for h in r.hits[2:]] == rest[: len(r.hits) - 2] and len(r.hits) > 2
+    assert all(h.score < r.hits[1].score for h in r.hits[2:])
+
+
+async def test_a_head_candidate_whose_text_is_gone_leaves_the_rest_reranked(shared):
+    first = (await shared.engine.search(q(mode="chunk_priority"))).hits
+    gone = (first[0].doc_id, first[0].chunk_id)
+    rr = Reverse()
+    engine = engine_over(shared, RecordingChunks(shared.store, frozenset({gone})), reranker=rr,
+                         settings=EngineSettings(rerank_candidates=2))  # fmt: skip
+    r = await engine.search(q(mode="chunk_priority", enable_rerank=True))
+    # The head's survivor alone is reranked, not the tail item that moved up (no text read).
+    assert r.rerank_used and len(rr.calls) == 1 and len(rr.calls[0]) == 1
+    assert r.hits[0].text == rr.calls[0][0]
+    assert gone not in {(h.doc_id, h.chunk_id) for h in r.hits}
 
 
 async def test_the_store_lists_exactly_the_points_ingestion_wrote(tmp_path, embedder):
