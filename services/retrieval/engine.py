@@ -302,7 +302,7 @@ class RetrievalEngine:
             raise errors.InvalidArgumentError(
                 "query has no searchable characters", metadata={"field": "query"}
             )
-        language = q.language or detect_language(text)
+        language = detect_language(text, q.language)  # a hint as its primary subtag; auto detects
         mode = q.mode or d.mode
         hybrid = q.enable_hybrid if q.enable_hybrid is not None else s.enable_hybrid
         ranking = q.ranking or ("hybrid" if hybrid else "dense")
@@ -384,7 +384,9 @@ class RetrievalEngine:
         try:
             keep = max(plan.max_chunks, plan.max_results)
             flt = plan.base_filter
-            if plan.mode == "doc_first":
+            # Sections named by the caller pick their documents: ranking documents on the query
+            # first could leave those sections' documents out of the top max_docs.
+            if plan.mode == "doc_first" and not flt.section_ids:
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
                 docs = self._level(plan, vector, doc_filter, plan.max_docs)
                 if not docs:
@@ -582,15 +584,29 @@ class RetrievalEngine:
     # -- shaping (worker thread) ------------------------------------------------------------
 
     def _select(self, plan: _Plan, chunks: list[Scored]) -> list[Scored]:
-        """Best first, min_score and topk_per_doc applied."""
+        """Best first, min_score, topk_per_doc, max_docs and max_sections applied.
+
+        The caps hold the chunks to the documents and sections `used_docs` / `used_sections`
+        can list, in every mode: chunk_priority and hybrid_only rank chunks alone, and a
+        section_first shortlist of max_sections sections may span more than max_docs
+        documents."""
         per_doc: dict[str, int] = {}
+        sections: set[tuple[str, str]] = set()
         kept: list[Scored] = []
         for h, score in sorted(chunks, key=lambda hs: (-hs[1], hs[0].doc_id, hs[0].ord)):
             if score < plan.min_score:
                 continue
-            if plan.topk_per_doc and per_doc.get(h.doc_id, 0) >= plan.topk_per_doc:
+            n = per_doc.get(h.doc_id, 0)
+            if (n == 0 and len(per_doc) >= plan.max_docs) or (
+                plan.topk_per_doc and n >= plan.topk_per_doc
+            ):
                 continue
-            per_doc[h.doc_id] = per_doc.get(h.doc_id, 0) + 1
+            section = (h.doc_id, h.section_id)
+            if section not in sections:
+                if len(sections) >= plan.max_sections:
+                    continue
+                sections.add(section)
+            per_doc[h.doc_id] = n + 1
             kept.append((h, score))
         return kept
 
@@ -610,8 +626,9 @@ class RetrievalEngine:
             t0 = time.perf_counter()
             texts = self._texts(plan, head, texts)
             timing.engine_ms += (time.perf_counter() - t0) * 1000
-            if len(texts) < len(head):
-                gone = {_key(h) for h, _ in head if _key(h) not in texts}
+            # By key, not by count: `texts` may hold texts of candidates _select dropped.
+            gone = {_key(h) for h, _ in head if _key(h) not in texts}
+            if gone:
                 selected = [hs for hs in selected if _key(hs[0]) not in gone]
                 head = selected[: max(plan.max_results, plan.max_chunks)]
         kept = [

@@ -72,6 +72,38 @@ def test_find_overlap():
     assert find_overlap("aaaa-aaaa-aaaa", "aaaa-aaaa-aaaa-b", min_chars=4) == 14
 
 
+def test_a_short_overlap_counts_only_when_it_is_whole_sentences():
+    # The chunker carries whole trailing sentences; the last may be shorter than min_chars.
+    assert find_overlap("Nightly at two. Yes, done.", "Yes, done. Then the bind") == 10
+    assert find_overlap("Yes, done.", "Yes, done. Then") == 10  # the whole left chunk
+    assert find_overlap("Готово. Да.", "Да. Дальше") == 3
+    # Not whole sentences: a coincidence, joined instead.
+    assert find_overlap("read in the", "the directory") == 0
+    assert find_overlap("it was done.", "done. Then") == 0  # starts mid-sentence on the left
+    assert find_overlap("Yes, done.", "Yes, done.x") == 0  # ends mid-word on the right
+
+
+def test_a_short_carried_sentence_appears_once_in_the_merged_block():
+    from services.docstore.chunking import ChunkingConfig, Paragraph, chunk_paragraphs
+
+    tok = default_tokenizer()
+    sentence = (
+        "The bind account needs read access to the user directory and the group tree so "
+        "that synchronisation of large groups finishes within the nightly window number {}."
+    )
+    text = " ".join([*(sentence.format(i) for i in range(8)), "Yes, done.", sentence.format(9)])
+    chunks = chunk_paragraphs(
+        [Paragraph(text, 3)], ChunkingConfig(chunk_tokens=256, overlap_tokens=32), tok
+    )
+    assert len(chunks) == 2 and chunks[1].text.startswith("Yes, done.")
+    cands = [
+        ContextCandidate("d", "s", f"d:c{i}", i, c.text, 1.0 - i / 10, c.tokens, 3, 3)
+        for i, c in enumerate(chunks)
+    ]
+    built = build_context(cands, 4096, tok)
+    assert len(built.blocks) == 1 and built.blocks[0].text == text
+
+
 # -- limits ----------------------------------------------------------------------------
 
 

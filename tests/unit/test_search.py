@@ -34,6 +34,7 @@ from services.retrieval.rerank import RerankResult, RerankSettings, build_rerank
 from services.retrieval.search import (
     KB_TENANT,
     MAX_QUERY_CHARS,
+    MODES,
     Filters,
     SearchDefaults,
     SearchQuery,
@@ -668,3 +669,52 @@ async def test_ingesting_counts_calls_in_progress_and_returns_to_zero(tmp_path, 
         await s.ingestor.ingest(IngestInput("a", b"", file_name="empty.md"))
     assert seen[0] == 1 and s.ingestor.ingesting == 0  # also after the refused one
     s.index.close()
+
+
+# -- from a review of the search path ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", ["notes", "vacation"])
+async def test_doc_first_honours_section_ids_outside_the_top_documents(shared, doc):
+    sid = (await shared.engine.search(q(filters=Filters(doc_ids=(doc,))))).sections[0].section_id
+    for mode in MODES:
+        r = await shared.engine.search(
+            q(mode=mode, max_docs=1, filters=Filters(section_ids=(sid,)))
+        )
+        assert r.hits and {h.section_id for h in r.hits} == {sid}, mode
+
+
+async def test_a_gone_text_past_the_rerank_head_is_dropped_not_an_error(shared):
+    # The rerank path's texts also hold candidates _select drops (topk_per_doc): a gone
+    # text was missed when counted instead of looked up, and the search failed (KeyError).
+    plain = (await shared.engine.search(q(mode="chunk_priority"))).hits
+    head_docs = {h.doc_id for h in plain[:3]}
+    victim = next(h for h in plain[3:] if h.doc_id not in head_docs)
+    gone = (victim.doc_id, victim.chunk_id)
+    engine = engine_over(
+        shared,
+        RecordingChunks(shared.store, frozenset({gone})),
+        reranker=Reverse(),
+        settings=EngineSettings(rerank_candidates=3),
+    )
+    r = await engine.search(q(mode="chunk_priority", enable_rerank=True, topk_per_doc=1))
+    assert r.hits and gone not in {(h.doc_id, h.chunk_id) for h in r.hits}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_used_docs_and_sections_cover_every_returned_chunk(shared, mode):
+    for caps in ({"max_docs": 1, "max_sections": 1}, {"max_docs": 2}, {"max_sections": 2}):
+        r = await shared.engine.search(q(mode=mode, **caps))
+        returned = r.hits + r.chunks
+        assert returned
+        assert {h.doc_id for h in returned} <= {d.doc_id for d in r.docs}
+        assert {(h.doc_id, h.section_id) for h in returned} <= {
+            (s.doc_id, s.section_id) for s in r.sections
+        }
+        assert len(r.docs) <= caps.get("max_docs", 20)
+        assert len(r.sections) <= caps.get("max_sections", 50)
+
+
+@pytest.mark.parametrize(("hint", "language"), [("auto", "en"), ("en-US", "en"), ("RU", "ru")])
+async def test_the_language_hint_is_read_as_its_primary_subtag(shared, hint, language):
+    assert (await shared.engine.search(q(language=hint))).language == language

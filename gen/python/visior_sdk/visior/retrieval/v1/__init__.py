@@ -51,10 +51,16 @@ class SearchParams(betterproto.Message):
     """SearchParams are the full spec's knobs (retrieval.md §4.1)."""
 
     max_docs: Optional[int] = betterproto.int32_field(1, optional=True)
-    """max_docs caps doc-level candidates."""
+    """
+    max_docs caps doc-level candidates and, in every mode, the documents the
+     answer's hits and chunks come from (all listed in used_docs).
+    """
 
     max_sections: Optional[int] = betterproto.int32_field(2, optional=True)
-    """max_sections caps section-level candidates."""
+    """
+    max_sections caps section-level candidates and, in every mode, the sections the
+     answer's hits and chunks come from (all listed in used_sections).
+    """
 
     max_chunks: Optional[int] = betterproto.int32_field(3, optional=True)
     """max_chunks caps the chunks returned."""
