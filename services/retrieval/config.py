@@ -105,6 +105,8 @@ class RetrievalSettings:
             topk_per_doc=env.integer("RETR_TOPK_PER_DOC", 0, minimum=0),
             min_score=env.number("RETR_MIN_SCORE", 0.0, minimum=0.0),
         )
+        if defaults.min_score > 1.0:  # scores are in [0, 1]: every search would come back empty
+            raise SettingsError(f"RETR_MIN_SCORE={defaults.min_score} is above the maximum 1.0")
         fusion = env.text("RETR_FUSION", "weighted")
         if fusion not in FUSIONS:
             raise SettingsError(f"RETR_FUSION={fusion!r} must be one of {', '.join(FUSIONS)}")

@@ -226,6 +226,15 @@ def test_a_url_libpq_refuses_is_reported_without_its_password(url):
     assert "hunter2" not in str(info.value)
 
 
+def test_retrieval_min_score_at_its_limits():
+    for value in ("0", "1"):
+        s = RetrievalSettings.from_env(Env({"RETR_MIN_SCORE": value}))
+        assert s.defaults.min_score == float(value)
+    for value, error in (("1.01", "above the maximum 1.0"), ("-0.1", "below the minimum")):
+        with pytest.raises(SettingsError, match=f"RETR_MIN_SCORE={value} is {error}"):
+            RetrievalSettings.from_env(Env({"RETR_MIN_SCORE": value}))
+
+
 def test_retrieval_quantization_setting():
     assert RetrievalSettings.from_env(Env({})).quantization == "int8"
     assert RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "None"})).quantization == "none"
