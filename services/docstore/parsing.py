@@ -158,7 +158,8 @@ def parse_document(
         else:
             sections = _text_sections(page_texts)
             title = title or _first_line(page_texts) or doc_id
-    meta = {"format": fmt, **(metadata or {})}
+    # The parsed format last: caller metadata cannot claim a PDF is Markdown.
+    meta = {**(metadata or {}), "format": fmt}
     generation = document_generation(
         raw, fmt=fmt, title=title, product=product, version=version, tags=tags,
         source=source, metadata=meta, config=cfg, summarizer=summ.name,

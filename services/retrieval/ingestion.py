@@ -22,9 +22,9 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -53,9 +53,15 @@ _TENANT_ID = re.compile(r"^[\w.:-]{1,128}$")
 MAX_TAGS = 32
 MAX_METADATA = 32
 MAX_METADATA_VALUE = 1024
+MAX_TAG_CHARS = 128
+MAX_TITLE_CHARS = 1024
+MAX_PRODUCT_CHARS = 256
+"""Also the limit of `version`. Tags, product and version are payload of every point of the
+document and filter values; the title is in every doc point's BM25 text and every answer."""
 EMBED_BATCH = 32
 _PROGRESS_LOG_S = 5.0
 _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
+_T = TypeVar("_T")
 
 
 class DocumentStore(Protocol):
@@ -268,24 +274,37 @@ class Ingestor:
         # two ingests of the same doc_id must not interleave their steps.
         self._lock = asyncio.Lock()
         self._ingesting = 0
+        # Locked work whose caller was cancelled, still running (asyncio keeps weak refs).
+        self._abandoned: set[asyncio.Task[Any]] = set()
 
     # -- recovery ---------------------------------------------------------------------------
 
     def recover(self) -> int:
         """Delete index points left by interrupted ingests/deletes; returns entries handled."""
         pending = self._journal.pending()
-        for entry in pending:
-            live = self._store.document_generation(entry.tenant_id, entry.doc_id)
-            if live is None:
-                self._index.delete_document(entry.tenant_id, entry.doc_id)
-            else:
-                self._index.delete_document(entry.tenant_id, entry.doc_id, except_generation=live)
-            self._journal.finish(entry)
-            log.info(
-                "recovered an interrupted ingest",
-                extra={"tenant_id": entry.tenant_id, "doc_id": entry.doc_id, "live": live},
-            )
-        self._journal.compact()
+        try:
+            for entry in pending:
+                live = self._store.document_generation(entry.tenant_id, entry.doc_id)
+                if entry.replaces is not None:
+                    # Only the generations this entry wrote or was replacing: the others may
+                    # be another process's ingest in flight (replicas on one Qdrant server).
+                    for gen in {entry.generation, entry.replaces} - {live, ""}:
+                        self._index.delete_document(entry.tenant_id, entry.doc_id, generation=gen)
+                elif live is None:  # an entry from before `replaces` was journaled
+                    self._index.delete_document(entry.tenant_id, entry.doc_id)
+                else:
+                    self._index.delete_document(
+                        entry.tenant_id, entry.doc_id, except_generation=live
+                    )
+                self._journal.finish(entry)
+                log.info(
+                    "recovered an interrupted ingest",
+                    extra={"tenant_id": entry.tenant_id, "doc_id": entry.doc_id, "live": live},
+                )
+        finally:
+            # Also when the index is down at start (the service serves anyway): compaction
+            # keeps every unfinished entry, and the journal does not grow run after run.
+            self._journal.compact()
         return len(pending)
 
     def backfill_points(self) -> int:
@@ -331,6 +350,17 @@ class Ingestor:
             raise errors.LimitExceededError(
                 f"at most {MAX_TAGS} tags", metadata={"field": "tags", "limit": str(MAX_TAGS)}
             )
+        for name, values, most in (
+            ("tags", item.tags, MAX_TAG_CHARS),
+            ("title", (item.title,), MAX_TITLE_CHARS),
+            ("product", (item.product,), MAX_PRODUCT_CHARS),
+            ("version", (item.version,), MAX_PRODUCT_CHARS),
+        ):
+            if any(len(v) > most for v in values):
+                raise errors.LimitExceededError(
+                    f"{'a tag' if name == 'tags' else name} is longer than {most} characters",
+                    metadata={"field": name, "limit": str(most)},
+                )
         if len(item.metadata) > MAX_METADATA or any(
             len(k) > 128 or len(v) > MAX_METADATA_VALUE for k, v in item.metadata.items()
         ):
@@ -405,16 +435,21 @@ class Ingestor:
     async def _ingest(self, item: IngestInput) -> IngestOutcome:
         doc_id, fmt = self._validate(item)
         docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
+        if not docs:  # a knowledge-base CSV with a header and no rows
+            raise _invalid("content", "the knowledge-base CSV has no rows")
         for doc in docs:
             if not doc.chunks:
                 raise _invalid("content", f"document {doc.doc_id!r} has no text")
+        # Each document with whether its summaries are final (see _summarized).
+        todo = [(doc, True) for doc in docs]
         if self._summarizer is not None:
             # Before the lock: model calls can take a while, and other ingests need not wait.
-            docs = await self._summarized_all(docs, self._summarizer)
-        outcomes = []
-        async with self._lock:
-            for doc in docs:
-                outcomes.append(await self._ingest_one(doc))
+            todo = await self._summarized_all(docs, self._summarizer)
+
+        async def write_all() -> list[IngestOutcome]:
+            return [await self._ingest_one(doc, final) for doc, final in todo]
+
+        outcomes = await self._locked(write_all)
         first = outcomes[0]
         return IngestOutcome(
             doc_id=first.doc_id if len(outcomes) == 1 else "",
@@ -429,7 +464,7 @@ class Ingestor:
 
     async def _summarized_all(
         self, docs: Sequence[Document], summarizer: SectionSummarizer
-    ) -> list[Document]:
+    ) -> list[tuple[Document, bool]]:
         """`_summarized` for every document of one file (a knowledge-base CSV has one per
         article), `summarizer.concurrency` documents at a time: each document's time budget
         starts when its turn comes, not while it waits behind the others."""
@@ -437,33 +472,51 @@ class Ingestor:
             return [await self._summarized(docs[0], summarizer)]
         turns = asyncio.Semaphore(max(1, summarizer.concurrency))
 
-        async def one(doc: Document) -> Document:
+        async def one(doc: Document) -> tuple[Document, bool]:
             async with turns:
                 return await self._summarized(doc, summarizer)
 
         return list(await asyncio.gather(*(one(doc) for doc in docs)))
 
-    async def _summarized(self, doc: Document, summarizer: SectionSummarizer) -> Document:
+    async def _summarized(
+        self, doc: Document, summarizer: SectionSummarizer
+    ) -> tuple[Document, bool]:
         """`doc` under the summarizer's generation, its summaries rewritten unless the store
-        already holds that generation (then `_ingest_one` reports it unchanged, no model call)."""
+        already holds that generation (then `_ingest_one` reports it unchanged, no model call),
+        and whether they were rewritten."""
         doc = replace(doc, generation=summarizer.generation(doc))
         if await self._live_generation(doc) == doc.generation:
+            return doc, False
+        return await summarizer.summarize_sections(doc, self._chunking.summary_chars), True
+
+    async def _final_summaries(self, doc: Document, live: str | None) -> Document:
+        """`doc` (its summaries skipped by `_summarized`) with its summaries made final, now
+        that it is to be written after all: written under the summarizer's generation, the
+        parser's summaries would stay for good (the next ingest answers unchanged)."""
+        if live == doc.generation:  # its points are missing: the store has the summaries
+            stored = await asyncio.to_thread(self._store.get_document, doc.tenant_id, doc.doc_id)
+            if stored is not None and stored.generation == doc.generation:
+                return stored
+        if self._summarizer is None:  # only a summarizer's run leaves summaries to do
             return doc
-        return await summarizer.summarize_sections(doc, self._chunking.summary_chars)
+        # The store moved on since `_summarized` looked (another ingest of this id).
+        return await self._summarizer.summarize_sections(doc, self._chunking.summary_chars)
 
     async def _live_generation(self, doc: Document) -> str | None:
         """The generation the store holds for `doc`'s id, read off the event loop (a
         PostgreSQL store answers over the network)."""
         return await asyncio.to_thread(self._store.document_generation, doc.tenant_id, doc.doc_id)
 
-    async def _ingest_one(self, doc: Document) -> IngestOutcome:
+    async def _ingest_one(self, doc: Document, summarized: bool = True) -> IngestOutcome:
         live = await self._live_generation(doc)
         counts = (len(doc.sections), len(doc.chunks), doc.pages)
-        if live == doc.generation:
+        if live == doc.generation and await self._indexed(doc):
             return IngestOutcome(doc.doc_id, *counts, replaced=False, unchanged=True,
                                  doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
+        if not summarized:
+            doc = await self._final_summaries(doc, live)
         points = await self._points(doc)
-        entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation)
+        entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, live or "")
         try:
             await asyncio.to_thread(self._index.upsert, points)
             replaced = await asyncio.to_thread(self._store.put, doc, stored_points(points))
@@ -478,12 +531,13 @@ class Ingestor:
         # Committed: visible from here on. The rest is cleanup that recovery would redo.
         self._sections.forget(doc.tenant_id, doc.doc_id)
         try:
-            await asyncio.to_thread(
-                self._index.delete_document,
-                doc.tenant_id,
-                doc.doc_id,
-                except_generation=doc.generation,
-            )
+            # Only the generation replaced, not "every one but mine": another process
+            # ingesting this document into the same Qdrant server may have written its
+            # points and not yet committed them.
+            if live and live != doc.generation:
+                await asyncio.to_thread(
+                    self._index.delete_document, doc.tenant_id, doc.doc_id, generation=live
+                )
             self._journal.finish(entry)
         except IndexUnavailableError:
             log.warning("old points not deleted; recovery will", extra={"doc_id": doc.doc_id})
@@ -494,6 +548,20 @@ class Ingestor:
         )  # fmt: skip
         return IngestOutcome(doc.doc_id, *counts, replaced=replaced,
                              doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
+
+    async def _indexed(self, doc: Document) -> bool:
+        """Whether the index holds every point of `doc`'s generation. The store holding it is
+        not enough: after a lost index (IndexLayoutError tells operators to delete it and
+        re-ingest) a re-ingest must write the points again, not answer unchanged."""
+        try:
+            have = await asyncio.to_thread(
+                self._index.count_document, doc.tenant_id, doc.doc_id, doc.generation
+            )
+        except IndexUnavailableError as exc:
+            raise errors.UnavailableError(
+                f"the vector store is unavailable: {exc}", reason="backend_unavailable"
+            ) from None
+        return have >= len(document_points(doc, None))
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
         parts = []
@@ -507,6 +575,30 @@ class Ingestor:
         texts = chunk_texts(doc)
         return document_points(doc, await self._embed(texts), texts)
 
+    async def _locked(self, work: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+        """`work()` under the lock, in a task of its own that a cancelled caller (a client's
+        deadline or cancel: grpc.aio cancels the handler) stops waiting for but does not stop.
+        Its worker threads cannot be stopped mid-write: releasing the lock while they still
+        write let the next ingest of the same document interleave with them (a stored
+        generation with no points). The lock is released when the work has finished."""
+        await self._lock.acquire()
+        task = asyncio.create_task(work())
+        task.add_done_callback(self._locked_done)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                self._abandoned.add(task)
+            raise
+
+    def _locked_done(self, task: asyncio.Task[Any]) -> None:
+        self._lock.release()
+        if task in self._abandoned:
+            self._abandoned.discard(task)
+            # Nobody awaits it any more: its failure is logged here or not at all.
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.warning("a cancelled call's write failed", exc_info=exc)
+
     # -- delete / list ----------------------------------------------------------------------
 
     async def delete(self, tenant_id: str, doc_id: str) -> bool:
@@ -514,18 +606,23 @@ class Ingestor:
             raise _invalid("tenant_id", "tenant_id is required")
         if not doc_id.strip():
             raise _invalid("doc_id", "doc_id is required")
-        async with self._lock:
-            entry = self._journal.begin(tenant_id, doc_id, "")
-            try:
-                deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
-            except StoreUnavailableError as exc:
-                raise _store_unavailable(exc) from None
-            self._sections.forget(tenant_id, doc_id)
-            try:
-                await asyncio.to_thread(self._index.delete_document, tenant_id, doc_id)
-                self._journal.finish(entry)
-            except IndexUnavailableError:
-                log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
+        return await self._locked(lambda: self._delete(tenant_id, doc_id))
+
+    async def _delete(self, tenant_id: str, doc_id: str) -> bool:
+        try:
+            live = await asyncio.to_thread(self._store.document_generation, tenant_id, doc_id)
+            entry = self._journal.begin(tenant_id, doc_id, "", live or "")
+            deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
+        except StoreUnavailableError as exc:
+            raise _store_unavailable(exc) from None
+        self._sections.forget(tenant_id, doc_id)
+        try:
+            # Every generation's points: the document is gone, and so are strays an earlier
+            # crash left (an ingest of it racing this delete in another process loses anyway).
+            await asyncio.to_thread(self._index.delete_document, tenant_id, doc_id)
+            self._journal.finish(entry)
+        except IndexUnavailableError:
+            log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
         return deleted
 
     def _summaries(self, tenant_id: str) -> list[DocumentSummary]:

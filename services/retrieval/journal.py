@@ -23,6 +23,9 @@ class JournalEntry:
     tenant_id: str
     doc_id: str
     generation: str  # "" for a delete
+    replaces: str | None = None
+    """The generation the store held when the entry began ("" none), whose points are deleted
+    once the new one is committed; None in entries written before it was recorded."""
 
 
 class IngestJournal:
@@ -32,7 +35,22 @@ class IngestJournal:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._drop_torn_tail()
         self._seq = max((e.seq for e in self._read()[0]), default=0)
+
+    def _drop_torn_tail(self) -> None:
+        """Cut a last line a crash left without its newline: the next append would join it
+        and both would be unreadable, losing that entry. Nothing relied on the torn one: its
+        `begin()` never returned (and a lost done marker only makes recovery redo cleanup)."""
+        if not self._path.exists():
+            return
+        with open(self._path, "r+b") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return
+            f.truncate(data.rfind(b"\n") + 1)
+            f.flush()
+            os.fsync(f.fileno())
 
     def _read(self) -> tuple[list[JournalEntry], set[int]]:
         started: list[JournalEntry] = []
@@ -48,7 +66,9 @@ class IngestJournal:
                 done.add(int(obj["done"]))
             else:
                 started.append(
-                    JournalEntry(int(obj["seq"]), obj["tenant_id"], obj["doc_id"], obj["gen"])
+                    JournalEntry(
+                        int(obj["seq"]), obj["tenant_id"], obj["doc_id"], obj["gen"], obj.get("old")
+                    )
                 )
         return started, done
 
@@ -58,13 +78,13 @@ class IngestJournal:
             f.flush()
             os.fsync(f.fileno())
 
-    def begin(self, tenant_id: str, doc_id: str, generation: str) -> JournalEntry:
+    def begin(
+        self, tenant_id: str, doc_id: str, generation: str, replaces: str | None = None
+    ) -> JournalEntry:
         with self._lock:
             self._seq += 1
-            entry = JournalEntry(self._seq, tenant_id, doc_id, generation)
-            self._append(
-                {"seq": entry.seq, "tenant_id": tenant_id, "doc_id": doc_id, "gen": generation}
-            )
+            entry = JournalEntry(self._seq, tenant_id, doc_id, generation, replaces)
+            self._append(_line(entry))
             return entry
 
     def finish(self, entry: JournalEntry) -> None:
@@ -85,13 +105,19 @@ class IngestJournal:
             tmp = self._path.with_suffix(".tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 for e in keep:
-                    f.write(
-                        json.dumps(
-                            {"seq": e.seq, "tenant_id": e.tenant_id, "doc_id": e.doc_id,
-                             "gen": e.generation},
-                            ensure_ascii=False,
-                        ) + "\n"
-                    )  # fmt: skip
+                    f.write(json.dumps(_line(e), ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._path)
+
+
+def _line(e: JournalEntry) -> dict[str, object]:
+    obj: dict[str, object] = {
+        "seq": e.seq,
+        "tenant_id": e.tenant_id,
+        "doc_id": e.doc_id,
+        "gen": e.generation,
+    }
+    if e.replaces is not None:
+        obj["old"] = e.replaces
+    return obj

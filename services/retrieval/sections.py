@@ -31,6 +31,13 @@ class SectionCatalog:
         self._size = size
         self._lock = threading.Lock()
         self._docs: OrderedDict[tuple[str, str], DocSections] = OrderedDict()
+        # A read that began before a forget() may hold the old version (a search reading while
+        # a re-ingest commits): it must not refill the cache with it. forget() stamps the key
+        # with a new epoch; a read caches only when its key has no stamp newer than the epoch
+        # it began in. Stamps are needed only while reads are in flight, so they go then.
+        self._epoch = 0
+        self._forgotten: dict[tuple[str, str], int] = {}
+        self._reads = 0
 
     def document(self, tenant_id: str, doc_id: str) -> DocSections | None:
         """The document's title and sections, None when the store does not have it."""
@@ -40,17 +47,33 @@ class SectionCatalog:
             if found is not None:
                 self._docs.move_to_end(key)
                 return found
-        doc = self._source.get_document(tenant_id, doc_id, with_chunks=False)
-        if doc is None:
-            return None
-        entry = (doc.title, {s.section_id: s for s in doc.sections})
+            began = self._epoch
+            self._reads += 1
+        try:
+            doc = self._source.get_document(tenant_id, doc_id, with_chunks=False)
+        except BaseException:
+            with self._lock:
+                self._read_done()
+            raise
+        entry = None if doc is None else (doc.title, {s.section_id: s for s in doc.sections})
         with self._lock:
-            self._docs[key] = entry
-            while len(self._docs) > self._size:
-                self._docs.popitem(last=False)
+            fresh = self._forgotten.get(key, began) <= began
+            self._read_done()
+            if entry is not None and fresh:
+                self._docs[key] = entry
+                while len(self._docs) > self._size:
+                    self._docs.popitem(last=False)
         return entry
+
+    def _read_done(self) -> None:
+        self._reads -= 1
+        if not self._reads:
+            self._forgotten.clear()
 
     def forget(self, tenant_id: str, doc_id: str) -> None:
         """Drop a document (re-ingested or deleted by this process)."""
         with self._lock:
             self._docs.pop((tenant_id, doc_id), None)
+            if self._reads:
+                self._epoch += 1
+                self._forgotten[(tenant_id, doc_id)] = self._epoch

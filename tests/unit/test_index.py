@@ -434,6 +434,21 @@ def test_delete_document_except_generation_keeps_the_new_one(index):
     assert index.document_generations("b") == {"contract": {"g1"}, "other": {"g1"}}
 
 
+def test_count_document_counts_one_generation_of_one_tenants_document(index):
+    a_contract = sum(p.tenant_id == "a" and p.doc_id == "contract" for p in CORPUS)
+    assert a_contract > 0
+    assert index.count_document("a", "contract", "g1") == a_contract
+    index.upsert([pt("a", "contract", "n1", "Новая редакция", generation="g2", **CONTRACT)])
+    assert index.count_document("a", "contract", "g2") == 1
+    assert index.count_document("a", "contract", "g1") == a_contract
+    # Tenant b has a document of the same id and generation: not counted for a.
+    b_contract = sum(p.tenant_id == "b" and p.doc_id == "contract" for p in CORPUS)
+    assert index.count_document("b", "contract", "g1") == b_contract != a_contract
+    assert index.count_document("a", "contract", "g3") == 0
+    with pytest.raises(InvalidFilterError):
+        index.count_document("", "contract", "g1")
+
+
 def test_document_generations_pages_through_many_points(tmp_path):
     idx = make_edge(tmp_path)
     try:

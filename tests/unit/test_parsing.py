@@ -61,6 +61,11 @@ def test_markdown_heading_paths_pages_and_bom():
     assert d.metadata == {"format": "markdown"}
 
 
+def test_caller_metadata_does_not_override_the_parsed_format():
+    d = parse(b"# T\n\nalpha.", "markdown", metadata={"format": "pdf", "topic": "x"})
+    assert d.metadata == {"format": "markdown", "topic": "x"}
+
+
 def test_markdown_ignores_headings_in_code_fences():
     md = "# A\n\ntext\n\n```\n# not a heading\n```\n\n## B\n\nmore"
     d = parse(md.encode(), "markdown")

@@ -38,7 +38,15 @@ from services.orchestrator.runtime_config import LIMITS as CONFIG_LIMITS
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.orchestrator.servicer import config_update, respond_input, safety_verdict
 from services.retrieval import search as retr_search
-from services.retrieval.ingestion import MAX_METADATA, MAX_METADATA_VALUE, MAX_TAGS, Ingestor
+from services.retrieval.ingestion import (
+    MAX_METADATA,
+    MAX_METADATA_VALUE,
+    MAX_PRODUCT_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    Ingestor,
+)
 from services.retrieval.servicer import IngestionServicer, search_query
 from services.toolsproxy.servicer import MAX_TOOL_NAME, ToolsProxyServicer
 from services.toolsproxy.tools import Outcome
@@ -498,6 +506,12 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
      _ingest(metadata={f"k{i}": "v" for i in range(MAX_METADATA + 1)}), LIMIT, "metadata"),
     ("ingest", _ingest(metadata={"k": "v" * MAX_METADATA_VALUE}), _ingest(metadata={"k": "v" * (MAX_METADATA_VALUE + 1)}), LIMIT, "metadata"),
     ("ingest", _ingest(metadata={"k" * 128: "v"}), _ingest(metadata={"k" * 129: "v"}), LIMIT, "metadata"),
+    ("ingest", _ingest(tags=["a", "t" * MAX_TAG_CHARS]), _ingest(tags=["a", "t" * (MAX_TAG_CHARS + 1)]), LIMIT, "tags"),
+    ("ingest", _ingest(title="t" * MAX_TITLE_CHARS), _ingest(title="t" * (MAX_TITLE_CHARS + 1)), LIMIT, "title"),
+    *[
+        ("ingest", _ingest(**{n: "v" * MAX_PRODUCT_CHARS}), _ingest(**{n: "v" * (MAX_PRODUCT_CHARS + 1)}), LIMIT, n)
+        for n in ("product", "version")
+    ],
     ("ingest", _ingest(tenant_id="t" * 128), _ingest(tenant_id="t" * 129), INVALID, "tenant_id"),
     ("ingest", _ingest(doc_id="d" * 128), _ingest(doc_id="d" * 129), INVALID, "doc_id"),
     ("respond", _respond(query="q" * orch_respond.MAX_QUERY_CHARS), _respond(query="q" * (orch_respond.MAX_QUERY_CHARS + 1)), LIMIT, "query"),

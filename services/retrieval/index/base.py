@@ -131,6 +131,8 @@ class IndexFilter:
     tags: tuple[str, ...] = ()
     """Any-of: a point matches when it carries at least one of these tags."""
     source: str = ""
+    generation: str = ""
+    """One ingest generation's points only (ingestion checks a document's are all there)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant_id, str) or not self.tenant_id.strip():
@@ -182,7 +184,12 @@ def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     ):
         if values:
             conds.append(FieldMatch(key, tuple(values)))
-    for key, value in (("product", flt.product), ("version", flt.version), ("source", flt.source)):
+    for key, value in (
+        ("product", flt.product),
+        ("version", flt.version),
+        ("source", flt.source),
+        ("generation", flt.generation),
+    ):
         if value:
             conds.append(FieldMatch(key, (value,)))
     return tuple(conds)
@@ -393,9 +400,15 @@ class VectorIndex(Protocol):
         ...
 
     def delete_document(
-        self, tenant_id: str, doc_id: str, *, except_generation: str | None = None
+        self,
+        tenant_id: str,
+        doc_id: str,
+        *,
+        except_generation: str | None = None,
+        generation: str | None = None,
     ) -> None:
-        """Delete every point of one document, optionally keeping one generation's points."""
+        """Delete every point of one document, optionally keeping one generation's points,
+        or only one generation's (`generation`)."""
         ...
 
     def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
@@ -429,6 +442,10 @@ class VectorIndex(Protocol):
 
     def count(self, tenant_id: str | None = None) -> int:
         """Number of points, of one tenant or of all."""
+        ...
+
+    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
+        """Number of one document's points of one generation (every kind)."""
         ...
 
     def optimize(self) -> None:

@@ -310,10 +310,18 @@ class EdgeIndex:
                 self._update(op)
 
     def delete_document(
-        self, tenant_id: str, doc_id: str, *, except_generation: str | None = None
+        self,
+        tenant_id: str,
+        doc_id: str,
+        *,
+        except_generation: str | None = None,
+        generation: str | None = None,
     ) -> None:
-        """Delete all points of a document (every kind), keeping `except_generation`'s."""
-        flt = IndexFilter(tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,))
+        """Delete all points of a document (every kind), keeping `except_generation`'s, or
+        only `generation`'s."""
+        flt = IndexFilter(
+            tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation or ""
+        )
         exclude = [FieldMatch("generation", (except_generation,))] if except_generation else []
         op = qe.UpdateOperation.delete_points_by_filter(edge_filter(flt, exclude=exclude))
         with self._writing():
@@ -399,6 +407,11 @@ class EdgeIndex:
         """Exact number of points, of one tenant (all kinds) or of the whole shard."""
         flt = None if tenant_id is None else edge_filter(IndexFilter(tenant_id, kinds=KINDS))
         return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=flt)))
+
+    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
+        """Exact number of one document's points of one generation (every kind)."""
+        flt = IndexFilter(tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation)
+        return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=edge_filter(flt))))
 
     def optimize(self) -> None:
         """Run the segment optimizers (HNSW build, merges, vacuum) until done; blocks."""

@@ -373,10 +373,18 @@ class QdrantServerIndex:
             self._upsert_batch(part)
 
     def delete_document(
-        self, tenant_id: str, doc_id: str, *, except_generation: str | None = None
+        self,
+        tenant_id: str,
+        doc_id: str,
+        *,
+        except_generation: str | None = None,
+        generation: str | None = None,
     ) -> None:
-        """Delete all points of a document (every kind), keeping `except_generation`'s."""
-        flt = IndexFilter(tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,))
+        """Delete all points of a document (every kind), keeping `except_generation`'s, or
+        only `generation`'s."""
+        flt = IndexFilter(
+            tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation or ""
+        )
         exclude = [FieldMatch("generation", (except_generation,))] if except_generation else []
         selector = models.FilterSelector(filter=server_filter(flt, exclude=exclude))
         self._call(lambda c: c.delete(self.collection, points_selector=selector, wait=True))
@@ -452,6 +460,14 @@ class QdrantServerIndex:
     def count(self, tenant_id: str | None = None) -> int:
         """Exact number of points, of one tenant (all kinds) or of the whole collection."""
         flt = None if tenant_id is None else server_filter(IndexFilter(tenant_id, kinds=KINDS))
+        res = self._call(lambda c: c.count(self.collection, count_filter=flt, exact=True))
+        return int(res.count)
+
+    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
+        """Exact number of one document's points of one generation (every kind)."""
+        flt = server_filter(
+            IndexFilter(tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation)
+        )
         res = self._call(lambda c: c.count(self.collection, count_filter=flt, exact=True))
         return int(res.count)
 

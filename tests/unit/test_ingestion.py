@@ -1,0 +1,329 @@
+"""Ingestion edge cases from a review: empty input, crash and cancel safety, lost indexes,
+races with searches and with other ingests (real SQLite store, Edge shard, fast embedder)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+
+import pytest
+from qdrant_client import QdrantClient
+
+from services.common import errors
+from services.docstore.model import Document
+from services.docstore.sqlite_store import SqliteDocumentStore
+from services.docstore.summaries import mix_generation
+from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.index.base import IndexUnavailableError
+from services.retrieval.index.server import QdrantServerIndex
+from services.retrieval.ingestion import IngestInput, Ingestor, document_points
+from services.retrieval.journal import IngestJournal
+from services.retrieval.search import KB_TENANT, SearchQuery
+from services.retrieval.sections import SectionCatalog
+from tests.unit.test_search import FlakyIndex, make_stack
+
+V1 = b"# Guide\n\n## Backup\n\nBackups run daily at two and are kept for thirty days.\n"
+V2 = b"# Guide\n\n## Backup\n\nBackups run hourly and are kept for ninety days.\n"
+V3 = b"# Guide\n\n## Backup\n\nSnapshots replace backups; they are kept for ninety weeks.\n"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return build_embedder(EmbeddingSettings(profile="fast"))
+
+
+def guide(content: bytes) -> IngestInput:
+    return IngestInput("a", content, file_name="guide.md")
+
+
+def sparse(query: str) -> SearchQuery:
+    return SearchQuery(query=query, tenant_id="a", ranking="sparse")
+
+
+async def test_a_knowledge_base_csv_without_rows_is_invalid_content(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    header = b"id,title,content,topic,jurisdiction,updated_at\n"
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await s.ingestor.ingest(IngestInput(KB_TENANT, header, file_name="train_data.csv"))
+    assert info.value.metadata["field"] == "content"
+    assert s.ingestor.ingesting == 0
+    s.index.close()
+
+
+# -- the journal -----------------------------------------------------------------------------
+
+
+def test_an_entry_begun_after_a_torn_last_line_is_kept(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    j = IngestJournal(path)
+    j.finish(j.begin("a", "d1", "g1"))
+    with open(path, "a", encoding="utf-8") as f:  # a crash in the middle of an append
+        f.write('{"seq": 2, "tenant_id": "a", "doc')
+    j = IngestJournal(path)  # restart, no recovery (the index was down)
+    entry = j.begin("a", "d2", "g2")
+    assert j.pending() == [entry]
+    assert IngestJournal(path).pending() == [entry]
+
+
+async def test_recovery_compacts_the_journal_even_when_the_index_is_down(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    for n in range(3):
+        s.journal.finish(s.journal.begin("a", f"done{n}", "g"))
+    open_entry = s.journal.begin("a", "d", "g", "g0")
+    flaky = FlakyIndex(s.index)
+    flaky.down = True
+    restarted = make_stack(tmp_path, embedder, index=flaky)
+    with pytest.raises(IndexUnavailableError):
+        restarted.ingestor.recover()
+    # Finished entries are gone; the one recovery could not handle is still to do.
+    assert len((tmp_path / "journal.jsonl").read_text().splitlines()) == 1
+    assert restarted.journal.pending() == [open_entry]
+    s.index.close()
+
+
+# -- a cancelled caller ----------------------------------------------------------------------
+
+
+async def test_a_cancelled_ingest_holds_the_lock_until_its_write_is_done(tmp_path, embedder):
+    """grpc.aio cancels the handler on a client's deadline; the worker thread writing the
+    store cannot be stopped. The next ingest of the same document must wait for it, or its
+    cleanup and that late commit leave a stored generation without index points."""
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(guide(V1))
+    real_put = s.store.put
+    in_put, release = threading.Event(), threading.Event()
+
+    def slow_put(doc, points=()):
+        if any("hourly" in c.text for c in doc.chunks):
+            in_put.set()
+            release.wait(10)  # a slow commit (a big document, a busy PostgreSQL)
+        return real_put(doc, points)
+
+    s.store.put = slow_put  # type: ignore[method-assign]
+    v2 = asyncio.create_task(s.ingestor.ingest(guide(V2)))
+    await asyncio.to_thread(in_put.wait, 10)
+    v2.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await v2
+    assert s.ingestor._lock.locked()  # the write goes on under the lock
+    v3 = asyncio.create_task(s.ingestor.ingest(guide(V3)))
+    done, _ = await asyncio.wait([v3], timeout=1.0)
+    assert not done  # waits for the cancelled ingest's write
+    release.set()
+    out = await v3
+    gen = s.store.document_generation("a", "guide")
+    assert gen == out.generation
+    assert s.index.document_generations("a") == {"guide": {gen}}
+    assert (await s.engine.search(sparse("snapshots ninety weeks"))).hits
+    assert s.journal.pending() == []
+    s.index.close()
+
+
+async def test_a_cancelled_delete_finishes_before_the_next_call(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(guide(V1))
+    real_delete = s.store.delete
+    in_delete, release = threading.Event(), threading.Event()
+
+    def slow_delete(tenant_id, doc_id):
+        in_delete.set()
+        release.wait(10)
+        return real_delete(tenant_id, doc_id)
+
+    s.store.delete = slow_delete  # type: ignore[method-assign]
+    gone = asyncio.create_task(s.ingestor.delete("a", "guide"))
+    await asyncio.to_thread(in_delete.wait, 10)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert s.ingestor._lock.locked()
+    again = asyncio.create_task(s.ingestor.ingest(guide(V2)))
+    done, _ = await asyncio.wait([again], timeout=1.0)
+    assert not done
+    release.set()
+    out = await again
+    # The delete finished first (its index cleanup too); the new version is whole.
+    assert s.store.document_generation("a", "guide") == out.generation and not out.unchanged
+    assert s.index.document_generations("a") == {"guide": {out.generation}}
+    assert s.journal.pending() == []
+    s.index.close()
+
+
+# -- a lost index ----------------------------------------------------------------------------
+
+
+async def test_reingest_after_the_index_lost_a_document_writes_its_points_again(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    first = await s.ingestor.ingest(guide(V1))
+    assert (await s.ingestor.ingest(guide(V1))).unchanged
+    s.index.delete_document("a", "guide")  # the index deleted or rebuilt, the store kept
+    assert (await s.engine.search(sparse("backups thirty days"))).hits == []
+    again = await s.ingestor.ingest(guide(V1))
+    assert not again.unchanged and again.generation == first.generation
+    doc = s.store.get_document("a", "guide")
+    assert s.index.count("a") == len(document_points(doc, None))
+    assert (await s.engine.search(sparse("backups thirty days"))).hits
+    assert (await s.ingestor.ingest(guide(V1))).unchanged
+    s.index.close()
+
+
+# -- races with searches and other ingests ---------------------------------------------------
+
+
+async def test_a_search_reading_during_a_reingest_does_not_cache_the_old_sections(
+    tmp_path, embedder
+):
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(guide(V1))
+    real = s.store.get_document
+    reading, go_on = threading.Event(), threading.Event()
+
+    def slow_get(tenant_id, doc_id, *, with_chunks=True):
+        doc = real(tenant_id, doc_id, with_chunks=with_chunks)
+        if not with_chunks and not go_on.is_set():
+            reading.set()
+            go_on.wait(10)  # the old version read, not yet cached
+        return doc
+
+    s.store.get_document = slow_get  # type: ignore[method-assign]
+    search = asyncio.create_task(s.engine.search(SearchQuery(query="backups", tenant_id="a")))
+    await asyncio.to_thread(reading.wait, 10)
+    await s.ingestor.ingest(guide(V3))  # commits, then forgets the cached sections
+    go_on.set()
+    await search
+    s.store.get_document = real  # type: ignore[method-assign]
+    _, sections = s.sections.document("a", "guide") or ("", {})
+    assert all("thirty days" not in x.summary for x in sections.values())
+    assert any("ninety weeks" in x.summary for x in sections.values())
+    s.index.close()
+
+
+class ModelSummaries:
+    """A summarizer that marks every summary it writes."""
+
+    name = "fake-llm"
+    concurrency = 2
+
+    def generation(self, doc: Document) -> str:
+        return mix_generation(doc.generation, self.name)
+
+    async def summarize_sections(self, doc: Document, max_chars: int) -> Document:
+        sections = tuple(replace(x, summary=f"MODEL: {x.title}") for x in doc.sections)
+        return replace(doc, sections=sections)
+
+
+async def test_an_ingest_whose_summaries_were_skipped_summarises_if_the_store_moved_on(
+    tmp_path, embedder
+):
+    """Y skips the model because the store holds its summarized generation; X then commits
+    another version before Y takes the lock. Y must not store the parser's summaries under
+    the model's generation (the next ingest of that file would answer unchanged)."""
+    s = make_stack(tmp_path, embedder)
+    s.ingestor._summarizer = ModelSummaries()
+    first = await s.ingestor.ingest(guide(V1))
+    real_upsert, real_gen = s.index.upsert, s.store.document_generation
+    x_writing, gate, y_checked = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_upsert(points):
+        x_writing.set()
+        gate.wait(10)
+        return real_upsert(points)
+
+    def generation(tenant_id, doc_id):
+        found = real_gen(tenant_id, doc_id)
+        if x_writing.is_set():  # X writes under the lock: this is Y's check before it
+            y_checked.set()
+        return found
+
+    s.index.upsert = slow_upsert  # type: ignore[method-assign]
+    s.store.document_generation = generation  # type: ignore[method-assign]
+    x = asyncio.create_task(s.ingestor.ingest(guide(V2)))
+    await asyncio.to_thread(x_writing.wait, 10)
+    y = asyncio.create_task(s.ingestor.ingest(guide(V1)))
+    await asyncio.to_thread(y_checked.wait, 10)
+    gate.set()
+    await x
+    await y
+    s.index.upsert, s.store.document_generation = real_upsert, real_gen  # type: ignore[method-assign]
+    doc = s.store.get_document("a", "guide")
+    assert doc is not None and doc.generation == first.generation
+    assert all(x.summary.startswith("MODEL") for x in doc.sections)
+    s.index.close()
+
+
+async def test_reingest_after_a_lost_index_keeps_the_model_summaries(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    s.ingestor._summarizer = ModelSummaries()
+    first = await s.ingestor.ingest(guide(V1))
+    s.index.delete_document("a", "guide")
+    again = await s.ingestor.ingest(guide(V1))
+    assert not again.unchanged and again.generation == first.generation
+    doc = s.store.get_document("a", "guide")
+    assert doc is not None and all(x.summary.startswith("MODEL") for x in doc.sections)
+    s.index.close()
+
+
+# -- several processes on one Qdrant server --------------------------------------------------
+
+
+def replica(tmp_path, name: str, embedder, index) -> tuple[SqliteDocumentStore, Ingestor]:
+    """Another process's ingestor: the shared store and index, a journal of its own."""
+    store = SqliteDocumentStore(tmp_path / "docstore.sqlite")
+    return store, Ingestor(
+        store=store, index=index, embedder=embedder, sections=SectionCatalog(store),
+        journal=IngestJournal(tmp_path / f"journal-{name}.jsonl"), max_document_bytes=1 << 20,
+    )  # fmt: skip
+
+
+async def test_replicas_reingesting_one_document_keep_each_others_points(tmp_path, embedder):
+    """X commits after Y wrote its points, Y commits after X's cleanup: X's cleanup must not
+    delete Y's points (it deleted every generation but its own)."""
+    index = QdrantServerIndex(QdrantClient(":memory:"), "chunks", embedder.dim)
+    view = make_stack(tmp_path, embedder, index=index)
+    await view.ingestor.ingest(guide(V1))
+    store_x, x = replica(tmp_path, "x", embedder, index)
+    store_y, y = replica(tmp_path, "y", embedder, index)
+    y_wrote, x_done = threading.Event(), threading.Event()
+    put_x, put_y, real_upsert = store_x.put, store_y.put, index.upsert
+
+    def upsert(points):
+        real_upsert(points)
+        if any("Snapshots" in p.sparse_text for p in points):
+            y_wrote.set()
+
+    def late_put_x(doc, points=()):
+        y_wrote.wait(10)
+        return put_x(doc, points)
+
+    def late_put_y(doc, points=()):
+        x_done.wait(10)
+        return put_y(doc, points)
+
+    store_x.put, store_y.put, index.upsert = late_put_x, late_put_y, upsert  # type: ignore[method-assign]
+
+    async def run_x() -> None:
+        await x.ingest(guide(V2))
+        x_done.set()
+
+    await asyncio.gather(run_x(), y.ingest(guide(V3)))
+    gen = view.store.document_generation("a", "guide")
+    assert gen in index.document_generations("a")["guide"]
+    assert (await view.engine.search(sparse("snapshots ninety weeks"))).hits
+    # Recovery at X's restart deletes only what X's entries wrote or replaced.
+    assert x.recover() == 0 and gen in index.document_generations("a")["guide"]
+
+
+async def test_recovery_leaves_another_processs_uncommitted_points(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    first = await s.ingestor.ingest(guide(V1))
+    # This process crashed writing V2; another one has written V3's points, not committed.
+    mine = s.journal.begin("a", "guide", "g-mine", first.generation)
+    doc = s.store.get_document("a", "guide")
+    assert doc is not None
+    s.index.upsert(document_points(replace(doc, generation="g-mine"), None))
+    s.index.upsert(document_points(replace(doc, generation="g-other"), None))
+    assert s.ingestor.recover() == 1
+    assert s.index.document_generations("a") == {"guide": {first.generation, "g-other"}}
+    assert mine not in s.journal.pending()
+    s.index.close()
