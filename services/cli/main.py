@@ -131,18 +131,29 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     return 1 if failed else 0
 
 
-def list_documents(url: str, tenant: str, timeout: float) -> int:
-    try:
-        response = httpx.get(
-            f"{url}/internal/retrieval/documents", params={"tenant_id": tenant}, timeout=timeout
-        )
-    except httpx.HTTPError as exc:
-        return _fail(f"cannot reach retrieval at {url}: {exc}")
-    if response.status_code != 200:
-        return _fail(_error_text(response))
-    for d in response.json().get("documents", []):
-        print(f"{d['doc_id']}\t{d['title']}\t{d['pages']} pages\t{d['chunks']} chunks")
-    return 0
+def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) -> int:
+    """Every document of the tenant, page after page (ListDocuments' next_page_token)."""
+    token = ""
+    while True:
+        params = {"tenant_id": tenant}
+        if page_size:
+            params["page_size"] = str(page_size)
+        if token:
+            params["page_token"] = token
+        try:
+            response = httpx.get(
+                f"{url}/internal/retrieval/documents", params=params, timeout=timeout
+            )
+        except httpx.HTTPError as exc:
+            return _fail(f"cannot reach retrieval at {url}: {exc}")
+        if response.status_code != 200:
+            return _fail(_error_text(response))
+        body = response.json()
+        for d in body.get("documents", []):
+            print(f"{d['doc_id']}\t{d['title']}\t{d['pages']} pages\t{d['chunks']} chunks")
+        token = body.get("next_page_token", "")
+        if not token:
+            return 0
 
 
 def _print_where(mesh: Mesh) -> None:
@@ -249,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenant", required=True)
     p.add_argument("--url", default=DEFAULT_RETR_URL)
     p.add_argument("--timeout", type=float, default=30)
+    p.add_argument("--page-size", type=int, default=0, help="documents per request (1-1000)")
     a = parser.parse_args(argv)
     if a.command == "run":
         return run(a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank)
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return ask(a.url, a.question, a.tenant, a.user, a.json, a.timeout)
     if a.command == "ingest":
         return ingest(a.url, a.paths, KB_TENANT if a.knowledge_base else a.tenant, a.timeout)
-    return list_documents(a.url, a.tenant, a.timeout)
+    return list_documents(a.url, a.tenant, a.timeout, a.page_size)
 
 
 if __name__ == "__main__":

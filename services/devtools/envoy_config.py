@@ -197,6 +197,11 @@ def _route(
         "name": f"{spec.key}:{rule.method or ''}{rule.path}" if rule else f"{spec.key}:{prefix}",
         "match": match,
         "route": action,
+        # The transcoder keeps the JSON request's whole URL in this header, and gRPC would
+        # carry it as metadata: a GET with a long query string (ListDocuments' doc_ids)
+        # passed grpc's 8 KiB metadata soft limit and came back 429 RESOURCE_EXHAUSTED.
+        # Nothing upstream reads it; the access log has the path.
+        "request_headers_to_remove": ["x-envoy-original-path"],
     }
     if timeout_s > 0:
         # JSON callers send no gRPC deadline; give the server Envoy's own budget so its

@@ -291,13 +291,33 @@ class SqliteDocumentStore:
                 out[pid] = StoredPoint(pid, *r[1:])
         return out
 
-    def list_documents(self, tenant_id: str) -> list[Document]:
-        """The tenant's documents without sections, chunks and page texts, by doc_id."""
-        rows = self._query(
-            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? ORDER BY doc_id",
-            (tenant_id,),
-        )
-        return [_document(tenant_id, r) for r in rows]
+    def list_documents(
+        self,
+        tenant_id: str,
+        *,
+        after: str = "",
+        limit: int | None = None,
+        doc_ids: Collection[str] | None = None,
+    ) -> list[Document]:
+        """The tenant's documents without sections, chunks and page texts, by doc_id (code
+        point order): only those after `after` when it is given, only `doc_ids` when they are
+        given, at most `limit`."""
+        sql = f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=?"
+        args: list[object] = [tenant_id]
+        if after:
+            sql += " AND doc_id > ?"  # BINARY collation: UTF-8 bytes, so code point order
+            args.append(after)
+        if doc_ids is not None:
+            wanted = sorted(set(doc_ids))
+            if not wanted:
+                return []
+            sql += f" AND doc_id IN ({','.join(['?'] * len(wanted))})"
+            args.extend(wanted)
+        sql += " ORDER BY doc_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(max(0, limit))
+        return [_document(tenant_id, r) for r in self._query(sql, tuple(args))]
 
     def document_generation(self, tenant_id: str, doc_id: str) -> str | None:
         """The generation of the stored document, or None when the tenant has no such document."""

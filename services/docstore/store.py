@@ -92,7 +92,14 @@ class DocumentStore(Protocol):
         self, tenant_id: str, point_ids: Collection[int]
     ) -> dict[int, StoredPoint]: ...
 
-    def list_documents(self, tenant_id: str) -> list[Document]: ...
+    def list_documents(
+        self,
+        tenant_id: str,
+        *,
+        after: str = "",
+        limit: int | None = None,
+        doc_ids: Collection[str] | None = None,
+    ) -> list[Document]: ...
 
     def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
 

@@ -30,9 +30,15 @@ class GrpcRetriever:
         self._ingestion = retrieval_pb2_grpc.IngestionServiceStub(channel)
 
     async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
+        if not doc_ids:
+            return {}
         try:
+            # Only the documents asked about: one page holds them all (doc_ids come from a
+            # Respond's filters, at most MAX_FILTER_VALUES, below ListDocuments' page limit).
             response = await self._ingestion.ListDocuments(
-                retrieval_pb2.ListDocumentsRequest(tenant_id=user.tenant_id)
+                retrieval_pb2.ListDocumentsRequest(
+                    tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
+                )
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "retrieval") from None

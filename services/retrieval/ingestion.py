@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -42,6 +42,7 @@ from services.docstore.parsing import (
 from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError, VectorIndex
 from services.retrieval.journal import IngestJournal
+from services.retrieval.listing import ListPage, list_page, page_token
 from services.retrieval.search import KB_TENANT
 from services.retrieval.sections import SectionCatalog
 
@@ -81,7 +82,14 @@ class DocumentStore(Protocol):
 
     def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
 
-    def list_documents(self, tenant_id: str) -> list[Document]: ...
+    def list_documents(
+        self,
+        tenant_id: str,
+        *,
+        after: str = "",
+        limit: int | None = None,
+        doc_ids: Collection[str] | None = None,
+    ) -> list[Document]: ...
 
     def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
 
@@ -625,9 +633,14 @@ class Ingestor:
             log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
         return deleted
 
-    def _summaries(self, tenant_id: str) -> list[DocumentSummary]:
+    def _summaries(self, tenant_id: str, page: ListPage) -> tuple[list[DocumentSummary], str]:
+        # One row more than the page holds tells whether another page follows.
+        docs = self._store.list_documents(
+            tenant_id, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids
+        )
+        more = len(docs) > page.size
         out = []
-        for doc in self._store.list_documents(tenant_id):
+        for doc in docs[: page.size]:
             sections, chunks, chars = self._store.counts(tenant_id, doc.doc_id)
             out.append(
                 DocumentSummary(
@@ -635,11 +648,14 @@ class Ingestor:
                     doc.generation, dict(doc.metadata),
                 )
             )  # fmt: skip
-        return out
+        return out, page_token(out[-1].doc_id) if more else ""
 
-    async def list(self, tenant_id: str) -> list[DocumentSummary]:
-        """The tenant's documents with their counts, read in a worker thread (a query per
-        document: off the event loop, which a PostgreSQL store's round trips would hold)."""
+    async def list(
+        self, tenant_id: str, page: ListPage | None = None
+    ) -> tuple[list[DocumentSummary], str]:
+        """One page of the tenant's documents with their counts, and the token of the next
+        page ("" after the last). Read in a worker thread (a query per document: off the
+        event loop, which a PostgreSQL store's round trips would hold)."""
         if not tenant_id.strip():
             raise _invalid("tenant_id", "tenant_id is required")
-        return await asyncio.to_thread(self._summaries, tenant_id)
+        return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

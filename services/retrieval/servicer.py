@@ -8,6 +8,7 @@ import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.retrieval.ingestion import IngestInput, Ingestor
+from services.retrieval.listing import list_page
 from services.retrieval.search import Filters, SearchQuery, SearchResult
 
 
@@ -181,6 +182,8 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
     async def ListDocuments(
         self, request: retrieval_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.ListDocumentsResponse:
+        page = list_page(request.page_size, request.page_token, tuple(request.doc_ids))
+        documents, next_token = await self._ingestor.list(request.tenant_id, page)
         return retrieval_pb2.ListDocumentsResponse(
             documents=[
                 retrieval_pb2.DocumentInfo(
@@ -188,6 +191,7 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
                     chunks=d.chunks, chars=d.chars, source=d.source, generation=d.generation,
                     metadata=dict(d.metadata),
                 )
-                for d in await self._ingestor.list(request.tenant_id)
-            ]
+                for d in documents
+            ],
+            next_page_token=next_token,
         )  # fmt: skip

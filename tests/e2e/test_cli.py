@@ -100,7 +100,15 @@ def test_list_demo(mesh: Mesh) -> None:
     done = visior("list", "--tenant", TENANT, "--url", mesh.json_url("retrieval"))
     assert done.returncode == 0, done.stderr
     ids = [line.split("\t")[0] for line in done.stdout.splitlines()]
-    assert ids == sorted(ids) and LDAP_DOC in ids
+    assert ids == sorted(ids) and LDAP_DOC in ids and len(ids) >= 3
+    # A page at a time, every page followed: the same listing.
+    paged = visior("list", "--tenant", TENANT, "--url", mesh.json_url("retrieval"),
+                   "--page-size", "1")  # fmt: skip
+    assert paged.returncode == 0, paged.stderr
+    assert paged.stdout == done.stdout
+    bad = visior("list", "--tenant", TENANT, "--url", mesh.json_url("retrieval"),
+                 "--page-size", "1001")  # fmt: skip
+    assert bad.returncode == 1 and "LIMIT_EXCEEDED" in bad.stderr
 
 
 def test_ask_server_error_exits_1(mesh: Mesh) -> None:

@@ -737,6 +737,58 @@ def test_list_documents(mesh: Mesh) -> None:
     assert list_docs(mesh, "e2e-nobody") == []
 
 
+def test_list_documents_page_by_page(mesh: Mesh) -> None:
+    everything = [d["doc_id"] for d in list_docs(mesh, TENANT)]
+    assert len(everything) >= 3 and everything == sorted(everything)
+    seen: list[str] = []
+    params: dict[str, Any] = {"tenant_id": TENANT, "page_size": 1}
+    while True:
+        r = get(mesh, "retrieval", DOCS, params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["documents"]) == 1
+        seen.append(body["documents"][0]["doc_id"])
+        if not body.get("next_page_token"):
+            break
+        params["page_token"] = body["next_page_token"]
+    assert seen == everything
+    # The last page says so; a full listing that fits one page has no token either.
+    whole = get(mesh, "retrieval", DOCS, params={"tenant_id": TENANT}).json()
+    assert whole["next_page_token"] == "" and len(whole["documents"]) == len(everything)
+    # Only the documents asked for, inside the caller's tenant: another tenant's id is left out.
+    r = get(mesh, "retrieval", DOCS,
+            params={"tenant_id": TENANT, "doc_ids": [LDAP_DOC, SECRET_DOC, "nope"]})  # fmt: skip
+    assert r.status_code == 200 and [d["doc_id"] for d in r.json()["documents"]] == [LDAP_DOC]
+    # A token is a position, not a grant: with another tenant it lists that tenant's only.
+    first = get(mesh, "retrieval", DOCS, params={"tenant_id": TENANT, "page_size": 1}).json()
+    other = get(mesh, "retrieval", DOCS,
+                params={"tenant_id": OTHER_TENANT, "page_token": first["next_page_token"]})  # fmt: skip
+    assert other.status_code == 200
+    assert SECRET_DOC not in str(first) and everything[0] not in str(other.json())
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"page_size": 1000}, None),
+        ({"page_size": 1001}, ("LIMIT_EXCEEDED", "page_size")),
+        ({"page_size": -1}, ("INVALID_ARGUMENT", "page_size")),
+        ({"page_token": "guide"}, ("INVALID_ARGUMENT", "page_token")),
+        ({"doc_ids": [f"d{i}" for i in range(1000)]}, None),
+        ({"doc_ids": [f"d{i}" for i in range(1001)]}, ("LIMIT_EXCEEDED", "doc_ids")),
+        ({"tenant_id": ""}, ("INVALID_ARGUMENT", "tenant_id")),
+    ],
+)
+def test_list_documents_limits(
+    mesh: Mesh, params: dict[str, Any], error: tuple[str, str] | None
+) -> None:
+    r = get(mesh, "retrieval", DOCS, params={"tenant_id": TENANT, **params})
+    if error is None:
+        assert r.status_code == 200, r.text
+    else:
+        assert assert_error(r, 400, error[0])["metadata"]["field"] == error[1]
+
+
 def test_document_lifecycle(mesh: Mesh) -> None:
     tenant = "e2e-lifecycle"
     body = ingest_body(tenant, "k8s.md", NEW_DOC, tags=["infra"], product="k8s")

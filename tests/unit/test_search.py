@@ -304,8 +304,8 @@ async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embed
 
         setattr(s.store, name, spy)
     await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
-    listed = await s.ingestor.list("a")
-    assert [d.doc_id for d in listed] == ["d"] and listed[0].chunks >= 1
+    listed, next_token = await s.ingestor.list("a")
+    assert [d.doc_id for d in listed] == ["d"] and listed[0].chunks >= 1 and next_token == ""
     assert {name for name, _ in seen} == {"document_generation", "list_documents", "counts"}
     assert all(thread != loop_thread for _, thread in seen)
     s.index.close()

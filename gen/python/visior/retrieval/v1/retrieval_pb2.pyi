@@ -285,12 +285,18 @@ class DeleteDocumentResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class ListDocumentsRequest(_message.Message):
-    __slots__ = ("tenant_id", "trace_id")
+    __slots__ = ("tenant_id", "trace_id", "page_size", "page_token", "doc_ids")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     trace_id: str
-    def __init__(self, tenant_id: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DocumentInfo(_message.Message):
     __slots__ = ("doc_id", "title", "pages", "sections", "chunks", "chars", "source", "generation", "metadata")
@@ -322,7 +328,9 @@ class DocumentInfo(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., title: _Optional[str] = ..., pages: _Optional[int] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., chars: _Optional[int] = ..., source: _Optional[str] = ..., generation: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListDocumentsResponse(_message.Message):
-    __slots__ = ("documents",)
+    __slots__ = ("documents", "next_page_token")
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     documents: _containers.RepeatedCompositeFieldContainer[DocumentInfo]
-    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentInfo, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, documents: _Optional[_Iterable[_Union[DocumentInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -473,13 +473,36 @@ class DeleteDocumentResponse(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class ListDocumentsRequest(betterproto.Message):
-    """ListDocumentsRequest names the tenant whose documents to list."""
+    """
+    ListDocumentsRequest names the tenant whose documents to list, one page at a
+     time, in doc_id order.
+    """
 
     tenant_id: str = betterproto.string_field(1)
     """tenant_id owns the documents. Required."""
 
     trace_id: str = betterproto.string_field(2)
     """trace_id ties this request to the caller's logs."""
+
+    page_size: int = betterproto.int32_field(3)
+    """
+    page_size is the most documents one response carries: 1-1000; 0 or unset
+     means 100. More than 1000 is LIMIT_EXCEEDED.
+    """
+
+    page_token: str = betterproto.string_field(4)
+    """
+    page_token continues a listing: the next_page_token of the previous
+     response, with the same tenant_id and doc_ids. Empty starts at the first
+     document. A token that is not one is INVALID_ARGUMENT.
+    """
+
+    doc_ids: List[str] = betterproto.string_field(5)
+    """
+    doc_ids lists only these documents (at most 1000; still inside the
+     tenant); ids the tenant does not hold are left out. Empty lists every
+     document.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -523,7 +546,12 @@ class ListDocumentsResponse(betterproto.Message):
     """ListDocumentsResponse lists a tenant's documents."""
 
     documents: List["DocumentInfo"] = betterproto.message_field(1)
-    """documents are the tenant's documents, by doc_id."""
+    """documents are the page's documents, by doc_id."""
+
+    next_page_token: str = betterproto.string_field(2)
+    """
+    next_page_token asks for the next page; empty when this page is the last.
+    """
 
 
 class RetrievalServiceStub(betterproto.ServiceStub):
