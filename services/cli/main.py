@@ -122,6 +122,8 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
             note = (
                 " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
             )
+            if r.get("removed_doc_ids"):
+                note += f", {len(r['removed_doc_ids'])} articles no longer in it removed"
             ids = r.get("doc_ids") or [r.get("doc_id", "")]
             name = ids[0] if len(ids) == 1 else f"{len(ids)} documents"
             print(f"\r{prefix} -> {name}: {r.get('sections', 0)} sections, "

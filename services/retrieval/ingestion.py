@@ -137,6 +137,9 @@ class IngestOutcome:
     unchanged: bool = False
     doc_ids: tuple[str, ...] = ()
     generation: str = ""
+    removed_doc_ids: tuple[str, ...] = ()
+    """Knowledge-base articles an earlier version of the same CSV held and this one does
+    not: deleted."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,12 @@ def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
         reason="backend_unavailable",
         metadata={"backend": "docstore"},
     )
+
+
+def kb_file_key(file_name: str) -> str:
+    """Which knowledge-base CSV a file is, by its base name: re-ingesting it replaces the
+    articles an earlier version of it wrote (the spec's train_data.csv when unnamed)."""
+    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or "train_data.csv"
 
 
 def _invalid(name: str, message: str) -> errors.InvalidArgumentError:
@@ -401,8 +410,9 @@ class Ingestor:
         try:
             if fmt == "csv":
                 return parse_knowledge_base_csv(
-                    item.content, tenant_id=item.tenant_id, config=self._chunking
-                )
+                    item.content, tenant_id=item.tenant_id, config=self._chunking,
+                    file_name=kb_file_key(item.file_name),
+                )  # fmt: skip
             return [
                 parse_document(
                     tenant_id=item.tenant_id,
@@ -454,10 +464,14 @@ class Ingestor:
             # Before the lock: model calls can take a while, and other ingests need not wait.
             todo = await self._summarized_all(docs, self._summarizer)
 
-        async def write_all() -> list[IngestOutcome]:
-            return [await self._ingest_one(doc, final) for doc, final in todo]
+        async def write_all() -> tuple[list[IngestOutcome], tuple[str, ...]]:
+            written = [await self._ingest_one(doc, final) for doc, final in todo]
+            # Only once every article is in: a failure above leaves the old ones where they
+            # were, and running the file again completes it.
+            removed = await self._prune_articles(docs) if fmt == "csv" else ()
+            return written, removed
 
-        outcomes = await self._locked(write_all)
+        outcomes, removed = await self._locked(write_all)
         first = outcomes[0]
         return IngestOutcome(
             doc_id=first.doc_id if len(outcomes) == 1 else "",
@@ -465,10 +479,30 @@ class Ingestor:
             chunks=sum(o.chunks for o in outcomes),
             pages=sum(o.pages for o in outcomes),
             replaced=any(o.replaced for o in outcomes),
-            unchanged=all(o.unchanged for o in outcomes),
+            unchanged=all(o.unchanged for o in outcomes) and not removed,
             doc_ids=tuple(o.doc_id for o in outcomes),
             generation=first.generation if len(outcomes) == 1 else "",
+            removed_doc_ids=removed,
         )
+
+    async def _prune_articles(self, articles: Sequence[Document]) -> tuple[str, ...]:
+        """Delete the knowledge-base articles that an earlier ingest of the CSV these
+        `articles` come from (the same file name) wrote and it no longer holds; their ids.
+        Articles another CSV wrote, or that moved to another CSV since, stay."""
+        file_key = articles[0].metadata.get("file_name", "")
+        keep = {a.doc_id for a in articles}
+        try:
+            stored = await asyncio.to_thread(self._store.list_documents, KB_TENANT)
+        except StoreUnavailableError as exc:
+            raise _store_unavailable(exc) from None
+        gone = [d.doc_id for d in stored
+                if d.metadata.get("file_name") == file_key and d.doc_id not in keep]  # fmt: skip
+        for doc_id in gone:
+            await self._delete(KB_TENANT, doc_id)
+        if gone:
+            log.info("articles no longer in the CSV deleted",
+                     extra={"file_name": file_key, "removed": len(gone)})  # fmt: skip
+        return tuple(gone)
 
     async def _summarized_all(
         self, docs: Sequence[Document], summarizer: SectionSummarizer

@@ -169,7 +169,7 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
         return retrieval_pb2.IngestDocumentResponse(
             doc_id=out.doc_id, sections=out.sections, chunks=out.chunks, pages=out.pages,
             replaced=out.replaced, unchanged=out.unchanged, doc_ids=list(out.doc_ids),
-            generation=out.generation,
+            generation=out.generation, removed_doc_ids=list(out.removed_doc_ids),
         )  # fmt: skip
 
     async def DeleteDocument(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.devtools.envoy import REPO_ROOT
@@ -134,3 +135,30 @@ def test_list_dead_port_exits_1() -> None:
     assert done.returncode == 1
     assert "error: cannot reach retrieval at" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_knowledge_base_csv_ingested_again_drops_what_it_no_longer_holds(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    url = mesh.json_url("retrieval")
+    header = "id,title,content,topic,jurisdiction,updated_at\n"
+    row = "{0},Capybara rule {0},Capybara rule {0} governs numbat filings.,misc,RU,2026-01-10\n"
+    csv = tmp_path / "e2e-capybara.csv"
+    csv.write_text(header + "".join(row.format(i) for i in ("cap1", "cap2")), encoding="utf-8")
+    first = visior("ingest", str(csv), "--knowledge-base", "--url", url)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "-> 2 documents" in first.stdout and "removed" not in first.stdout
+    csv.write_text(header + row.format("cap1"), encoding="utf-8")
+    second = visior("ingest", str(csv), "--knowledge-base", "--url", url)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "1 articles no longer in it removed" in second.stdout
+    hits = httpx.post(
+        f"{url}/internal/retrieval/search",
+        json={"query": "capybara rule numbat filings", "tenant_id": TENANT,
+              "filters": {"source": "knowledge_base"}},
+        timeout=30,
+    ).json()["hits"]  # fmt: skip
+    assert {h["doc_id"] for h in hits} == {"kb-cap1"}
+    csv.write_text(header, encoding="utf-8")  # a CSV with no rows is refused, not a wipe
+    empty = visior("ingest", str(csv), "--knowledge-base", "--url", url)
+    assert empty.returncode == 1 and "INVALID_ARGUMENT" in empty.stdout

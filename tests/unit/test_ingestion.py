@@ -11,6 +11,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from services.common import errors
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
@@ -48,6 +49,73 @@ async def test_a_knowledge_base_csv_without_rows_is_invalid_content(tmp_path, em
         await s.ingestor.ingest(IngestInput(KB_TENANT, header, file_name="train_data.csv"))
     assert info.value.metadata["field"] == "content"
     assert s.ingestor.ingesting == 0
+    s.index.close()
+
+
+KB_HEADER = "id,title,content,topic,jurisdiction,updated_at\n"
+
+
+def kb_csv(*ids: str) -> bytes:
+    rows = "".join(f"{i},Article {i},The {i} article is about tax rule {i}.,tax,RU,2026-01-10\n"
+                   for i in ids)  # fmt: skip
+    return (KB_HEADER + rows).encode()
+
+
+def kb_ids(s) -> list[str]:
+    return [d.doc_id for d in s.store.list_documents(KB_TENANT)]
+
+
+def kb_search(s, text: str):
+    query = SearchQuery(query=text, tenant_id="a", ranking="sparse")
+    return s.engine.search(replace(query, filters=replace(query.filters, source="knowledge_base")))
+
+
+async def test_a_knowledge_base_csv_ingested_again_removes_the_articles_it_dropped(
+    tmp_path, embedder
+):
+    s = make_stack(tmp_path, embedder)
+    first = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1", "a2", "a3"),
+                                                file_name="kb/train_data.csv"))  # fmt: skip
+    assert first.removed_doc_ids == () and kb_ids(s) == ["kb-a1", "kb-a2", "kb-a3"]
+    other = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("b1"), file_name="extra.csv"))
+    assert other.removed_doc_ids == ()  # another file's articles are not this one's to drop
+    a2_generation = s.store.document_generation(KB_TENANT, "kb-a2")
+    again = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1", "a3"),
+                                                file_name="train_data.csv"))  # fmt: skip
+    assert again.removed_doc_ids == ("kb-a2",) and not again.unchanged
+    assert kb_ids(s) == ["kb-a1", "kb-a3", "kb-b1"]
+    assert s.index.count_document(KB_TENANT, "kb-a2", a2_generation) == 0  # out of the index
+    assert all(h.doc_id != "kb-a2" for h in (await kb_search(s, "article a2 tax rule")).hits)
+    # The same file once more: nothing to do, nothing removed.
+    same = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1", "a3"),
+                                               file_name="train_data.csv"))  # fmt: skip
+    assert same.unchanged and same.removed_doc_ids == ()
+    # An article that moved to another file belongs to that file now.
+    moved = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a3"), file_name="extra.csv"))
+    assert moved.removed_doc_ids == ("kb-b1",) and kb_ids(s) == ["kb-a1", "kb-a3"]
+    last = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1"), file_name="train_data.csv"))
+    assert last.removed_doc_ids == () and kb_ids(s) == ["kb-a1", "kb-a3"]
+    s.index.close()
+
+
+async def test_articles_are_removed_only_after_every_new_one_is_written(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1", "a2"), file_name="t.csv"))
+    real_put = s.store.put
+
+    def failing_put(doc, points=()):
+        if doc.doc_id == "kb-a4":
+            raise StoreUnavailableError("disk gone")
+        return real_put(doc, points)
+
+    s.store.put = failing_put  # type: ignore[method-assign]
+    with pytest.raises(errors.UnavailableError):
+        await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a3", "a4"), file_name="t.csv"))
+    assert kb_ids(s) == ["kb-a1", "kb-a2", "kb-a3"]  # nothing of the old file lost
+    s.store.put = real_put  # type: ignore[method-assign]
+    done = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a3", "a4"), file_name="t.csv"))
+    assert sorted(done.removed_doc_ids) == ["kb-a1", "kb-a2"]
+    assert kb_ids(s) == ["kb-a3", "kb-a4"]
     s.index.close()
 
 

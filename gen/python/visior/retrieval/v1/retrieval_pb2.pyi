@@ -249,7 +249,7 @@ class IngestDocumentRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., file_name: _Optional[str] = ..., content_type: _Optional[str] = ..., content: _Optional[bytes] = ..., title: _Optional[str] = ..., product: _Optional[str] = ..., version: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., trace_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class IngestDocumentResponse(_message.Message):
-    __slots__ = ("doc_id", "sections", "chunks", "pages", "replaced", "unchanged", "doc_ids", "generation")
+    __slots__ = ("doc_id", "sections", "chunks", "pages", "replaced", "unchanged", "doc_ids", "generation", "removed_doc_ids")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     SECTIONS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class IngestDocumentResponse(_message.Message):
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     sections: int
     chunks: int
@@ -266,7 +267,8 @@ class IngestDocumentResponse(_message.Message):
     unchanged: bool
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
     generation: str
-    def __init__(self, doc_id: _Optional[str] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., replaced: _Optional[bool] = ..., unchanged: _Optional[bool] = ..., doc_ids: _Optional[_Iterable[str]] = ..., generation: _Optional[str] = ...) -> None: ...
+    removed_doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, doc_id: _Optional[str] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., pages: _Optional[int] = ..., replaced: _Optional[bool] = ..., unchanged: _Optional[bool] = ..., doc_ids: _Optional[_Iterable[str]] = ..., generation: _Optional[str] = ..., removed_doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteDocumentRequest(_message.Message):
     __slots__ = ("tenant_id", "doc_id", "trace_id")

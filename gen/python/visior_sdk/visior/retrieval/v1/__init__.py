@@ -448,6 +448,13 @@ class IngestDocumentResponse(betterproto.Message):
     generation identifies the indexed content (a hash of content and chunking).
     """
 
+    removed_doc_ids: List[str] = betterproto.string_field(9)
+    """
+    removed_doc_ids lists the knowledge-base articles that an earlier ingest of a
+     CSV with the same file name wrote and this one no longer holds: deleted, once
+     every article of this CSV was written.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class DeleteDocumentRequest(betterproto.Message):
