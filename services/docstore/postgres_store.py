@@ -238,9 +238,14 @@ class PostgresDocumentStore:
     def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool:
         """Write (or replace) a document atomically, with its index `points` (the ones search
         may show: StoredPoint); True when an older version was replaced."""
+        return self.replace(doc, points) is not None
+
+    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None:
+        """`put`, answering the generation it replaced (None when there was none), read in
+        the same transaction: another writer may have committed since the caller looked."""
         t, d = _enc(doc.tenant_id), _enc(doc.doc_id)
 
-        def work(conn: psycopg.Connection[Row]) -> bool:
+        def work(conn: psycopg.Connection[Row]) -> str | None:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(t, d),))
             replaced = self._delete(conn, t, d)
             self._insert_points(conn, doc.tenant_id, doc.doc_id, doc.generation, points)
@@ -295,18 +300,20 @@ class PostgresDocumentStore:
 
         def work(conn: psycopg.Connection[Row]) -> bool:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(t, d),))
-            return self._delete(conn, t, d)
+            return self._delete(conn, t, d) is not None
 
         return self._run(work, write=True)
 
     @staticmethod
-    def _delete(conn: psycopg.Connection[Row], t: str, d: str) -> bool:
-        """Delete one document (tenant and doc id already `_enc`oded); True when it existed."""
-        cur = conn.execute("DELETE FROM documents WHERE tenant_id=%s AND doc_id=%s", (t, d))
-        existed = cur.rowcount > 0
+    def _delete(conn: psycopg.Connection[Row], t: str, d: str) -> str | None:
+        """Delete one document (tenant and doc id already `_enc`oded); the generation it had,
+        None when there was none."""
+        gone = conn.execute(
+            "DELETE FROM documents WHERE tenant_id=%s AND doc_id=%s RETURNING generation", (t, d)
+        ).fetchall()
         for table in ("sections", "chunks", "pages", "points"):
             conn.execute(f"DELETE FROM {table} WHERE tenant_id=%s AND doc_id=%s", (t, d))  # type: ignore[arg-type]
-        return existed
+        return _dec(gone[0][0]) if gone else None
 
     @staticmethod
     def _insert_points(
@@ -459,6 +466,23 @@ class PostgresDocumentStore:
             return 0, 0, 0
         s, c, chars = rows[0]
         return int(s), int(c), int(chars or 0)
+
+    def counts_many(
+        self, tenant_id: str, doc_ids: Collection[str]
+    ) -> dict[str, tuple[int, int, int]]:
+        """`counts` of each of the tenant's documents among `doc_ids`, in one query (one round
+        trip); ids the tenant does not hold are absent."""
+        wanted = sorted({_enc(d) for d in doc_ids})
+        if not wanted:
+            return {}
+        rows = self._query(
+            "SELECT d.doc_id,"
+            " (SELECT count(*) FROM sections s WHERE s.tenant_id=d.tenant_id AND s.doc_id=d.doc_id),"
+            " (SELECT count(*) FROM chunks c WHERE c.tenant_id=d.tenant_id AND c.doc_id=d.doc_id),"
+            " d.chars FROM documents d WHERE d.tenant_id=%s AND d.doc_id = ANY(%s)",
+            (_enc(tenant_id), wanted),
+        )
+        return {_dec(r[0]): (int(r[1]), int(r[2]), int(r[3] or 0)) for r in rows}
 
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True

@@ -169,6 +169,11 @@ class SqliteDocumentStore:
     def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool:
         """Write (or replace) a document atomically, with its index `points` (the ones search
         may show: StoredPoint); True when an older version was replaced."""
+        return self.replace(doc, points) is not None
+
+    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None:
+        """`put`, answering the generation it replaced (None when there was none), read in
+        the same transaction: another writer may have committed since the caller looked."""
         with self._tx() as conn:
             replaced = self._delete(conn, doc.tenant_id, doc.doc_id)
             self._insert_points(conn, doc.tenant_id, doc.doc_id, doc.generation, points)
@@ -214,18 +219,20 @@ class SqliteDocumentStore:
     def delete(self, tenant_id: str, doc_id: str) -> bool:
         """Delete a document with its sections, chunks and pages; True when it existed."""
         with self._tx() as conn:
-            return self._delete(conn, tenant_id, doc_id)
+            return self._delete(conn, tenant_id, doc_id) is not None
 
     @staticmethod
-    def _delete(conn: sqlite3.Connection, tenant_id: str, doc_id: str) -> bool:
-        cur = conn.execute(
-            "DELETE FROM documents WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id)
-        )
+    def _delete(conn: sqlite3.Connection, tenant_id: str, doc_id: str) -> str | None:
+        """Delete one document; the generation it had, None when there was none."""
+        gone = conn.execute(
+            "DELETE FROM documents WHERE tenant_id=? AND doc_id=? RETURNING generation",
+            (tenant_id, doc_id),
+        ).fetchall()
         conn.execute("DELETE FROM sections WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM chunks WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM pages WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
         conn.execute("DELETE FROM points WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-        return cur.rowcount > 0
+        return str(gone[0][0]) if gone else None
 
     @staticmethod
     def _insert_points(
@@ -359,6 +366,23 @@ class SqliteDocumentStore:
         )
         s, c, chars = rows[0]
         return int(s), int(c), int(chars or 0)
+
+    def counts_many(
+        self, tenant_id: str, doc_ids: Collection[str]
+    ) -> dict[str, tuple[int, int, int]]:
+        """`counts` of each of the tenant's documents among `doc_ids`, in one query; ids the
+        tenant does not hold are absent."""
+        wanted = sorted(set(doc_ids))
+        if not wanted:
+            return {}
+        rows = self._query(
+            "SELECT d.doc_id,"
+            " (SELECT count(*) FROM sections s WHERE s.tenant_id=d.tenant_id AND s.doc_id=d.doc_id),"
+            " (SELECT count(*) FROM chunks c WHERE c.tenant_id=d.tenant_id AND c.doc_id=d.doc_id),"
+            f" d.chars FROM documents d WHERE d.tenant_id=? AND d.doc_id IN ({','.join(['?'] * len(wanted))})",
+            (tenant_id, *wanted),
+        )
+        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3] or 0)) for r in rows}
 
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True

@@ -80,6 +80,8 @@ class DocumentStore(Protocol):
 
     def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
 
+    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None: ...
+
     def delete(self, tenant_id: str, doc_id: str) -> bool: ...
 
     def put_points(
@@ -110,6 +112,10 @@ class DocumentStore(Protocol):
     def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]: ...
 
     def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
+
+    def counts_many(
+        self, tenant_id: str, doc_ids: Collection[str]
+    ) -> dict[str, tuple[int, int, int]]: ...
 
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True

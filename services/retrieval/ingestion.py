@@ -70,6 +70,8 @@ class DocumentStore(Protocol):
 
     def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
 
+    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None: ...
+
     def put_points(
         self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
     ) -> bool: ...
@@ -92,6 +94,10 @@ class DocumentStore(Protocol):
     ) -> list[Document]: ...
 
     def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
+
+    def counts_many(
+        self, tenant_id: str, doc_ids: Collection[str]
+    ) -> dict[str, tuple[int, int, int]]: ...
 
 
 class SectionSummarizer(Protocol):
@@ -561,7 +567,7 @@ class Ingestor:
         entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, live or "")
         try:
             await asyncio.to_thread(self._index.upsert, points)
-            replaced = await asyncio.to_thread(self._store.put, doc, stored_points(points))
+            previous = await asyncio.to_thread(self._store.replace, doc, stored_points(points))
         except IndexUnavailableError as exc:
             raise errors.UnavailableError(
                 f"the vector store is unavailable: {exc}", reason="backend_unavailable"
@@ -572,15 +578,27 @@ class Ingestor:
             raise _store_unavailable(exc) from None
         # Committed: visible from here on. The rest is cleanup that recovery would redo.
         self._sections.forget(doc.tenant_id, doc.doc_id)
+        replaced = previous is not None
         try:
             # Only the generation replaced, not "every one but mine": another process
             # ingesting this document into the same Qdrant server may have written its
-            # points and not yet committed them.
-            if live and live != doc.generation:
+            # points and not yet committed them. The one the commit replaced, not `live`:
+            # another process may have committed its own generation since `live` was read,
+            # and its points would then stay in the index, invisible, for good.
+            # The entry names `live` as replaced; if another commit came between, recovery must
+            # know the generation actually replaced too, should this process stop here.
+            raced = (
+                self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, previous)
+                if previous and previous != live
+                else None
+            )
+            if previous and previous != doc.generation:
                 await asyncio.to_thread(
-                    self._index.delete_document, doc.tenant_id, doc.doc_id, generation=live
+                    self._index.delete_document, doc.tenant_id, doc.doc_id, generation=previous
                 )
             self._journal.finish(entry)
+            if raced is not None:
+                self._journal.finish(raced)
         except IndexUnavailableError:
             log.warning("old points not deleted; recovery will", extra={"doc_id": doc.doc_id})
         log.info(
@@ -673,9 +691,11 @@ class Ingestor:
             tenant_id, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids
         )
         more = len(docs) > page.size
+        docs = docs[: page.size]
+        counts = self._store.counts_many(tenant_id, [d.doc_id for d in docs])
         out = []
-        for doc in docs[: page.size]:
-            sections, chunks, chars = self._store.counts(tenant_id, doc.doc_id)
+        for doc in docs:
+            sections, chunks, chars = counts.get(doc.doc_id, (0, 0, 0))
             out.append(
                 DocumentSummary(
                     doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source,
@@ -688,8 +708,8 @@ class Ingestor:
         self, tenant_id: str, page: ListPage | None = None
     ) -> tuple[list[DocumentSummary], str]:
         """One page of the tenant's documents with their counts, and the token of the next
-        page ("" after the last). Read in a worker thread (a query per document: off the
-        event loop, which a PostgreSQL store's round trips would hold)."""
+        page ("" after the last). Read in a worker thread (two queries: off the event loop,
+        which a PostgreSQL store's round trips would hold)."""
         if not tenant_id.strip():
             raise _invalid("tenant_id", "tenant_id is required")
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

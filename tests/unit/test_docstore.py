@@ -426,3 +426,25 @@ def test_list_documents_pages_in_doc_id_order_inside_the_tenant(store):
     assert [d.doc_id for d in store.list_documents("t2", after="a")] == ["bb"]
     listed = store.list_documents("t1", doc_ids=["a"])[0]
     assert listed == store.list_documents("t1", after="Z")[0]  # the same fields either way
+
+
+def test_replace_answers_the_generation_it_replaced(store):
+    v1 = doc()
+    v2 = doc(text=MD + "\n\nOne more line.\n")
+    assert v1.generation != v2.generation
+    assert store.replace(v1) is None  # nothing there before
+    assert store.replace(v2) == v1.generation
+    assert store.replace(v2) == v2.generation  # the same again: replaced itself
+    assert store.document_generation("t1", "guide") == v2.generation
+    assert store.replace(doc(tenant="t2")) is None  # another tenant's id is another document
+    assert store.delete("t1", "guide") is True and store.replace(v1) is None
+
+
+def test_counts_many_reads_what_counts_reads_for_each_document(store):
+    store.put(doc())
+    store.put(doc(doc_id="other", text="# Other\n\nShort.\n"))
+    store.put(doc(tenant="t2", doc_id="theirs"))
+    many = store.counts_many("t1", ["guide", "other", "theirs", "missing", "guide"])
+    assert many == {"guide": store.counts("t1", "guide"), "other": store.counts("t1", "other")}
+    assert many["guide"] != many["other"] and many["guide"][1] == len(doc().chunks)
+    assert store.counts_many("t1", []) == {} and store.counts_many("t2", ["guide"]) == {}

@@ -101,21 +101,64 @@ async def test_a_knowledge_base_csv_ingested_again_removes_the_articles_it_dropp
 async def test_articles_are_removed_only_after_every_new_one_is_written(tmp_path, embedder):
     s = make_stack(tmp_path, embedder)
     await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a1", "a2"), file_name="t.csv"))
-    real_put = s.store.put
+    real_put = s.store.replace
 
     def failing_put(doc, points=()):
         if doc.doc_id == "kb-a4":
             raise StoreUnavailableError("disk gone")
         return real_put(doc, points)
 
-    s.store.put = failing_put  # type: ignore[method-assign]
+    s.store.replace = failing_put  # type: ignore[method-assign]
     with pytest.raises(errors.UnavailableError):
         await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a3", "a4"), file_name="t.csv"))
     assert kb_ids(s) == ["kb-a1", "kb-a2", "kb-a3"]  # nothing of the old file lost
-    s.store.put = real_put  # type: ignore[method-assign]
+    s.store.replace = real_put  # type: ignore[method-assign]
     done = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("a3", "a4"), file_name="t.csv"))
     assert sorted(done.removed_doc_ids) == ["kb-a1", "kb-a2"]
     assert kb_ids(s) == ["kb-a3", "kb-a4"]
+    s.index.close()
+
+
+class GatedEmbedder:
+    """The real embedder, whose passage calls wait for `go` once `hold` is set."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.hold, self.inside, self.go = False, threading.Event(), threading.Event()
+
+    def embed_queries(self, texts):
+        return self.inner.embed_queries(texts)
+
+    def embed_passages(self, texts):
+        if self.hold:
+            self.inside.set()
+            assert self.go.wait(30)
+        return self.inner.embed_passages(texts)
+
+
+async def test_a_commit_deletes_the_generation_it_replaced_not_the_one_it_first_read(
+    tmp_path, embedder
+):
+    # Two processes on one store and one index (here: two Ingestors, each with its own lock
+    # and journal). A reads the live generation (V1's), B commits V2 meanwhile, A commits V3:
+    # V2's points must go, or they stay in the index, invisible, for good.
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(guide(V1))
+    gated = GatedEmbedder(embedder)
+    a = Ingestor(store=s.store, index=s.index, embedder=gated, sections=s.sections,
+                 journal=IngestJournal(tmp_path / "a.jsonl"), max_document_bytes=1 << 20)  # fmt: skip
+    gated.hold = True
+    task = asyncio.create_task(a.ingest(guide(V3)))
+    assert await asyncio.to_thread(gated.inside.wait, 30)  # A read V1 as live and is embedding
+    v2 = await s.ingestor.ingest(guide(V2))  # B: commits V2, deletes V1's points
+    gated.go.set()
+    v3 = await task
+    assert v3.replaced and s.store.document_generation("a", "guide") == v3.generation
+    assert s.index.count_document("a", "guide", v2.generation) == 0
+    assert s.index.count_document("a", "guide", v3.generation) > 0
+    # Had A stopped between its commit and that delete, its journal names V2 for recovery.
+    replaced = {e.replaces for e in IngestJournal(tmp_path / "a.jsonl")._read()[0]}
+    assert v2.generation in replaced
     s.index.close()
 
 
@@ -159,7 +202,7 @@ async def test_a_cancelled_ingest_holds_the_lock_until_its_write_is_done(tmp_pat
     cleanup and that late commit leave a stored generation without index points."""
     s = make_stack(tmp_path, embedder)
     await s.ingestor.ingest(guide(V1))
-    real_put = s.store.put
+    real_put = s.store.replace
     in_put, release = threading.Event(), threading.Event()
 
     def slow_put(doc, points=()):
@@ -168,7 +211,7 @@ async def test_a_cancelled_ingest_holds_the_lock_until_its_write_is_done(tmp_pat
             release.wait(10)  # a slow commit (a big document, a busy PostgreSQL)
         return real_put(doc, points)
 
-    s.store.put = slow_put  # type: ignore[method-assign]
+    s.store.replace = slow_put  # type: ignore[method-assign]
     v2 = asyncio.create_task(s.ingestor.ingest(guide(V2)))
     await asyncio.to_thread(in_put.wait, 10)
     v2.cancel()

@@ -295,7 +295,7 @@ async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embed
     s = make_stack(tmp_path, embedder)
     loop_thread = threading.get_ident()
     seen: list[tuple[str, int]] = []
-    for name in ("document_generation", "list_documents", "counts"):
+    for name in ("document_generation", "list_documents", "counts_many"):
         real = getattr(s.store, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
@@ -306,7 +306,7 @@ async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embed
     await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
     listed, next_token = await s.ingestor.list("a")
     assert [d.doc_id for d in listed] == ["d"] and listed[0].chunks >= 1 and next_token == ""
-    assert {name for name, _ in seen} == {"document_generation", "list_documents", "counts"}
+    assert {name for name, _ in seen} == {"document_generation", "list_documents", "counts_many"}
     assert all(thread != loop_thread for _, thread in seen)
     s.index.close()
 
@@ -321,7 +321,7 @@ async def test_a_crash_mid_document_leaves_nothing_visible_and_a_rerun_completes
     def crash(doc, points=()):
         raise RuntimeError("power cut between the index write and the store commit")
 
-    s.store.put = crash  # type: ignore[method-assign]
+    s.store.replace = crash  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         await s.ingestor.ingest(IngestInput("a", b"# T\n\nnew words zebra", file_name="d.md"))
     assert s.index.count("a") > old_count  # the new points were written ...
