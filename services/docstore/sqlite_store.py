@@ -8,6 +8,7 @@ nothing) visible, never half of it.
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Sequence
@@ -73,6 +74,10 @@ def require_json_functions(conn: sqlite3.Connection) -> None:
         ) from exc
 
 
+READERS = 4
+"""Read connections of one store at most (searches read concurrently from worker threads)."""
+
+
 class SqliteDocumentStore:
     """Document store on one SQLite file (WAL), safe to share between threads of one process."""
 
@@ -92,13 +97,20 @@ class SqliteDocumentStore:
         shared = read_only or self.path == ":memory:"
         self._write_conn = self._conn if shared else self._connect()
         self._write_lock = self._lock if shared else threading.Lock()
+        # Reads take a connection of their own from a pool (WAL readers do not block each
+        # other): with one, concurrent searches queued behind the thread holding it, which
+        # itself waited for the GIL between the rows it stepped through.
+        self._max_readers = 1 if self.path == ":memory:" else READERS
+        self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
+        self._readers.put(self._conn)
+        self._all_readers = [self._conn]
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, reader: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("PRAGMA mmap_size = 268435456")
-        if not self._read_only:
+        if not self._read_only and not reader:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
             self._migrate(conn)
@@ -136,14 +148,39 @@ class SqliteDocumentStore:
                     raise StoreUnavailableError(f"document store: {exc}") from exc
                 raise
 
-    def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+    def _reader(self) -> sqlite3.Connection:
+        try:
+            return self._readers.get_nowait()
+        except queue.Empty:
+            pass
         with self._lock:
-            try:
-                return self._conn.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):  # a reader that started before the writer
-                    return []
-                raise StoreUnavailableError(f"document store: {exc}") from exc
+            if len(self._all_readers) < self._max_readers:
+                try:
+                    conn = self._connect(reader=True)
+                except sqlite3.Error as exc:
+                    raise StoreUnavailableError(f"document store: {exc}") from exc
+                self._all_readers.append(conn)
+                return conn
+        return self._readers.get()
+
+    def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+        if self._write_lock is self._lock:  # one connection for everything (":memory:")
+            with self._lock:
+                return self._run_query(self._conn, sql, args)
+        conn = self._reader()
+        try:
+            return self._run_query(conn, sql, args)
+        finally:
+            self._readers.put(conn)
+
+    @staticmethod
+    def _run_query(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+        try:
+            return conn.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a reader that started before the writer
+                return []
+            raise StoreUnavailableError(f"document store: {exc}") from exc
 
     def _query_packed(
         self, columns: str, alias: str, source: str, args: tuple[object, ...]
@@ -472,7 +509,8 @@ class SqliteDocumentStore:
             if self._write_conn is not self._conn:
                 self._write_conn.close()
         with self._lock:
-            self._conn.close()
+            for conn in self._all_readers:
+                conn.close()
 
 
 def _document(tenant_id: str, r: tuple) -> Document:  # type: ignore[type-arg]

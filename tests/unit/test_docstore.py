@@ -448,3 +448,25 @@ def test_counts_many_reads_what_counts_reads_for_each_document(store):
     assert many == {"guide": store.counts("t1", "guide"), "other": store.counts("t1", "other")}
     assert many["guide"] != many["other"] and many["guide"][1] == len(doc().chunks)
     assert store.counts_many("t1", []) == {} and store.counts_many("t2", ["guide"]) == {}
+
+
+def test_sqlite_reads_do_not_queue_behind_one_connection(tmp_path):
+    from services.docstore import sqlite_store
+
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    store.put(doc())
+    held = [store._reader() for _ in range(sqlite_store.READERS - 1)]  # slow reads in flight
+    assert len({id(c) for c in held}) == len(held)
+    assert store.document_generation("t1", "guide") == doc().generation  # one more: served
+    held.append(store._reader())  # every connection busy now: the next read waits for one
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (store.list_documents("t1"), done.set()))
+    waiter.start()
+    assert not done.wait(0.2)
+    store._readers.put(held.pop())
+    assert done.wait(10)
+    waiter.join()
+    for conn in held:
+        store._readers.put(conn)
+    assert len(store._all_readers) == sqlite_store.READERS  # bounded
+    store.close()
