@@ -100,6 +100,27 @@ def _dec(text: str) -> str:
     return text
 
 
+def tcp_settings(url: str, timeout_s: float) -> dict[str, int]:
+    """libpq TCP settings that bound a call on a dead peer, unless the URL sets its own.
+
+    Without them a call on a connection whose server froze or whose network dropped every
+    packet waits for the kernel's defaults (keepalive after two hours; unacknowledged data
+    retried for ~15 minutes). Keepalive probes start after `timeout_s` idle and end the
+    connection three unanswered probes later; `tcp_user_timeout` ends it when data it sent
+    stays unacknowledged for `timeout_s` (minimum 1 s). The pool then reconnects.
+    """
+    seconds = max(1, round(timeout_s))
+    wanted = {
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, round(seconds / 3)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": seconds * 1000,
+    }
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 def _lock_key(tenant_id: str, doc_id: str) -> int:
     """A signed 64-bit advisory lock key for one document."""
     digest = hashlib.blake2b(f"{tenant_id}\x00{doc_id}".encode(), digest_size=8).digest()
@@ -135,14 +156,17 @@ class PostgresDocumentStore:
         self._timeout = timeout_s
         connect_timeout = max(1, round(timeout_s))
         try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout) as conn:
+            tcp = tcp_settings(url, timeout_s)
+            with psycopg.connect(
+                url, autocommit=True, connect_timeout=connect_timeout, **tcp
+            ) as conn:
                 if not read_only:
                     self._migrate(conn)
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc) from None
         self._pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
             url,
-            kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+            kwargs={"autocommit": True, "connect_timeout": connect_timeout, **tcp},
             min_size=pool_size,
             max_size=pool_size,
             configure=self._configure,

@@ -803,6 +803,7 @@ def test_document_lifecycle(mesh: Mesh) -> None:
         "unchanged": False,
         "doc_ids": ["k8s"],
         "generation": r.json()["generation"],
+        "removed_doc_ids": [],
     }
     again = post(mesh, "retrieval", DOCS, body)
     assert again.status_code == 200 and again.json()["unchanged"] is True  # same bytes: no work

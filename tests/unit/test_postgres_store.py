@@ -13,7 +13,12 @@ import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.postgres_store import SCHEMA_VERSION, PostgresDocumentStore, _lock_key
+from services.docstore.postgres_store import (
+    SCHEMA_VERSION,
+    PostgresDocumentStore,
+    _lock_key,
+    tcp_settings,
+)
 from services.docstore.store import open_document_store
 from tests.pg_server import PgCluster
 from tests.unit.test_docstore import doc, points_of
@@ -261,5 +266,26 @@ def test_the_store_answers_soon_after_a_long_outage_ends(own_server):
                 assert time.monotonic() - back < 60, "still down a minute after the server"
                 time.sleep(0.1)
         assert time.monotonic() - back < 1.0
+    finally:
+        store.close()
+
+
+def test_connections_bound_a_dead_peer_with_tcp_keepalives_unless_the_url_says(pg_server):
+    # A frozen server or a network that drops every packet is not reproduced here (no
+    # packet filter in the sandbox); what is checked is that libpq gets the settings.
+    url = pg_server.url(pg_server.create_database())
+    assert tcp_settings(url, 5.0) == {
+        "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+        "tcp_user_timeout": 5000,
+    }  # fmt: skip
+    assert tcp_settings(url, 0.5)["tcp_user_timeout"] == 1000  # at least a second
+    sep = "&" if "?" in url else "?"
+    assert "keepalives_idle" not in tcp_settings(f"{url}{sep}keepalives_idle=60", 5.0)
+    store = PostgresDocumentStore(f"{url}{sep}keepalives_idle=60", pool_size=1, timeout_s=2.0)
+    try:
+        with store._pool.connection() as conn:
+            params = conn.info.get_parameters()
+        assert params.get("keepalives_idle") == "60"  # the operator's own value
+        assert params.get("tcp_user_timeout") == "2000" and params.get("keepalives") == "1"
     finally:
         store.close()
