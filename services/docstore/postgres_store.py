@@ -100,7 +100,7 @@ def _dec(text: str) -> str:
     return text
 
 
-def tcp_settings(url: str, timeout_s: float) -> dict[str, int]:
+def tcp_settings(url: str, timeout_s: float) -> dict[str, Any]:
     """libpq TCP settings that bound a call on a dead peer, unless the URL sets its own.
 
     Without them a call on a connection whose server froze or whose network dropped every
