@@ -28,7 +28,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
-from services.retrieval.embeddings import Embedder
+from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
 from services.retrieval.fusion import rrf_fusion, weighted_fusion
 from services.retrieval.index.base import (
     IndexFilter,
@@ -227,6 +227,8 @@ class RetrievalEngine:
     ) -> None:
         self._index = _Guarded(index, breaker, min(2, max(0, settings.retries)))
         self._embedder = embedder
+        # Its query cache kept apart per caller's tenant (CachedQueryEmbedder), looked up once.
+        self._scoped = embedder if isinstance(embedder, ScopedQueryEmbedder) else None
         self._sections = sections
         self._chunks = chunks
         self._tokenizer = tokenizer
@@ -358,8 +360,9 @@ class RetrievalEngine:
         The expander keeps its own (tight) timeout and does not raise; this is a backstop."""
         try:
             found = await expander.expand(
-                plan.text, plan.language, self._settings.max_query_variants + 1
-            )
+                plan.text, plan.language, self._settings.max_query_variants + 1,
+                scope=plan.q.tenant_id,
+            )  # fmt: skip
         except Exception as exc:
             log.warning("query expander failed; synonyms used", extra={"error": str(exc)})
             return plan
@@ -373,7 +376,12 @@ class RetrievalEngine:
         if plan.ranking == "sparse":
             return None
         t0 = time.perf_counter()
-        matrix = self._embedder.embed_queries([plan.text])
+        # The caller's tenant, not the searched one: knowledge-base searches by two tenants
+        # must not share cache entries either.
+        if self._scoped is not None:
+            matrix = self._scoped.embed_queries_in(plan.q.tenant_id, [plan.text])
+        else:
+            matrix = self._embedder.embed_queries([plan.text])
         timing.embed_ms = (time.perf_counter() - t0) * 1000
         return np.asarray(matrix[0], dtype=np.float32)
 

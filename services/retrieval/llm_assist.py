@@ -437,21 +437,24 @@ class LlmQueryExpander:
         self.model = model
         self._timeout_s = timeout_s
         self._cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str, int], tuple[str, ...]] = OrderedDict()
-        self._asking: dict[tuple[str, str, int], asyncio.Future[tuple[str, ...] | None]] = {}
+        self._cache: OrderedDict[tuple[str, str, str, int], tuple[str, ...]] = OrderedDict()
+        self._asking: dict[tuple[str, str, str, int], asyncio.Future[tuple[str, ...] | None]] = {}
         self.calls = 0
         """Model calls made (cache misses), for tests and metrics."""
 
     def __repr__(self) -> str:
         return f"LlmQueryExpander(model={self.model!r}, timeout_s={self._timeout_s})"
 
-    async def expand(self, query: str, lang: str, max_variants: int) -> list[str]:
-        """The query followed by at most ``max_variants - 1`` model-written variants."""
+    async def expand(
+        self, query: str, lang: str, max_variants: int, *, scope: str = ""
+    ) -> list[str]:
+        """The query followed by at most ``max_variants - 1`` model-written variants. The
+        cache and the sharing of a call in flight stay inside `scope` (the caller's tenant)."""
         query = normalise_query(query)
         limit = max_variants - 1
         if limit < 1 or not query:
             return [query]
-        key = (keyword_form(query), lang, limit)
+        key = (scope, keyword_form(query), lang, limit)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)

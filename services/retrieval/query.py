@@ -327,8 +327,12 @@ def expand_query(query: str, lang: str, synonyms: SynonymTable, max_variants: in
 class QueryExpander(Protocol):
     """Turns one query into search variants (the original first); async so a model can do it."""
 
-    async def expand(self, query: str, lang: str, max_variants: int) -> list[str]:
-        """The query followed by at most ``max_variants - 1`` variants."""
+    async def expand(
+        self, query: str, lang: str, max_variants: int, *, scope: str = ""
+    ) -> list[str]:
+        """The query followed by at most ``max_variants - 1`` variants. `scope` (the caller's
+        tenant) keeps what one scope's searches leave behind (a cache, a call in flight) from
+        answering another's: a cache hit is faster, and its timing would tell."""
         ...
 
 
@@ -338,7 +342,9 @@ class SynonymExpander:
     def __init__(self, table: SynonymTable) -> None:
         self._table = table
 
-    async def expand(self, query: str, lang: str, max_variants: int) -> list[str]:
+    async def expand(
+        self, query: str, lang: str, max_variants: int, *, scope: str = ""
+    ) -> list[str]:
         """See :func:`expand_query`."""
         return expand_query(query, lang, self._table, max_variants)
 

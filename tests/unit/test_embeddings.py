@@ -143,6 +143,19 @@ def test_cache_hits_misses_and_normalised_keys() -> None:
     assert normalize_query(" a\t\nb ") == "a b"
 
 
+def test_cache_is_kept_apart_per_scope() -> None:
+    inner = CountingEmbedder()
+    cache = CachedQueryEmbedder(inner, size=8)
+    a = cache.embed_queries_in("tenant-a", ["merger with acme"])
+    b = cache.embed_queries_in("tenant-b", ["merger  with acme"])
+    np.testing.assert_array_equal(a, b)  # the same vector, computed for each
+    assert inner.query_calls == [["merger with acme"], ["merger with acme"]]
+    cache.embed_queries_in("tenant-a", ["merger with acme"])
+    assert (cache.hits, cache.misses) == (1, 2)
+    cache.embed_queries(["merger with acme"])  # the unscoped callers' own scope
+    assert (cache.hits, cache.misses) == (1, 3) and len(cache) == 3
+
+
 def test_cache_duplicates_in_one_batch_embed_once() -> None:
     inner = CountingEmbedder()
     cache = CachedQueryEmbedder(inner, size=8)

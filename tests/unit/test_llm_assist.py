@@ -527,6 +527,24 @@ async def test_variants_are_cached_per_query_language_and_max(server, model, htt
     assert len(server.chat_requests) == 4
 
 
+async def test_variants_are_kept_apart_per_tenant(server, model, http):
+    # A cached answer comes back at once and a miss takes a model call: shared across
+    # tenants, the timing would tell one tenant what another had searched.
+    model.variants["LDAP setup"] = '["LDAP configuration"]'
+    model.delay_s["LDAP setup"] = 0.2
+    exp = expander(server, http)
+    a, b = await asyncio.gather(
+        exp.expand("LDAP setup", "en", 2, scope="tenant-a"),
+        exp.expand("LDAP setup", "en", 2, scope="tenant-b"),
+    )
+    assert a == b == ["LDAP setup", "LDAP configuration"]
+    assert exp.calls == 2  # no call in flight shared across tenants either
+    await exp.expand("LDAP setup", "en", 2, scope="tenant-a")
+    assert exp.calls == 2  # the same tenant's cache answers
+    await exp.expand("LDAP setup", "en", 2, scope="tenant-c")
+    assert exp.calls == 3
+
+
 async def test_concurrent_searches_for_one_query_share_one_model_call(server, model, http):
     model.variants["LDAP setup"] = '["LDAP configuration"]'
     model.delay_s["LDAP setup"] = 0.3

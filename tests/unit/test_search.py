@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from services.common.breaker import CircuitBreaker
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import ingestion
-from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings, build_embedder
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
 from services.retrieval.index.base import KINDS, IndexFilter, IndexUnavailableError
 from services.retrieval.index.edge import EdgeIndex
@@ -718,3 +718,17 @@ async def test_used_docs_and_sections_cover_every_returned_chunk(shared, mode):
 @pytest.mark.parametrize(("hint", "language"), [("auto", "en"), ("en-US", "en"), ("RU", "ru")])
 async def test_the_language_hint_is_read_as_its_primary_subtag(shared, hint, language):
     assert (await shared.engine.search(q(language=hint))).language == language
+
+
+async def test_the_query_cache_is_kept_apart_per_calling_tenant(shared, embedder):
+    assert isinstance(embedder, CachedQueryEmbedder)
+    text = "quokka migration timetable for tenant caches"
+    before = (embedder.hits, embedder.misses)
+    await shared.engine.search(q(query=text, tenant_id="a"))
+    await shared.engine.search(q(query=text, tenant_id="a"))  # the same tenant: a hit
+    assert (embedder.hits - before[0], embedder.misses - before[1]) == (1, 1)
+    await shared.engine.search(q(query=text, tenant_id="b"))  # another tenant: its own miss
+    kb = q(query=text, tenant_id="b")
+    await shared.engine.search(replace(kb, filters=replace(kb.filters, source="knowledge_base")))
+    # b's knowledge-base search is b's too (a hit), never a's or the KB tenant's.
+    assert (embedder.hits - before[0], embedder.misses - before[1]) == (2, 2)
