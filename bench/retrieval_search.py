@@ -931,11 +931,19 @@ def measure_ingestion(grpc_addr: str, rounds: int, tag: str) -> dict[str, Any]:
 
 
 def proc_status_mb(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM, and Pss: RSS counts a file page once per mapping of it, and the
+    document store maps its file once per read connection (up to four), so RSS grows with
+    them while the memory used does not; Pss counts each page once."""
     out = {}
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, rest = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
+                out[key] = round(int(rest.split()[0]) / 1024, 1)
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key == "Pss":
                 out[key] = round(int(rest.split()[0]) / 1024, 1)
     return out
 
@@ -1362,7 +1370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{run['profile']:<5} {run['chunks']:>7} chunks: retrieval RSS start "
             f"{run['rss_start_mb'].get('VmRSS')} MB, after search "
             f"{run['rss_after_search_mb'].get('VmRSS')} MB, end {run['rss_end_mb'].get('VmRSS')}"
-            f" MB (peak {run['rss_end_mb'].get('VmHWM')} MB); ingestion "
+            f" MB (peak {run['rss_end_mb'].get('VmHWM')} MB; Pss after search "
+            f"{run['rss_after_search_mb'].get('Pss')} MB); ingestion "
             f"{ing.get('chunks_per_s', '-')} chunks/s ({ing.get('chunks', 0)} chunks, "
             f"server {ing.get('server_cores', '-')} cores); data "
             f"{run['dataset']['size_mb']} MB, {run['dataset'].get('points')} points"
