@@ -243,8 +243,12 @@ def test_k8s_secrets_come_from_secrets():
         }
 
     assert secret_env("llm") == {"LLM_RUNTIME_API_KEY": "visior-llm-runtime"}
-    assert secret_env("toolsproxy") == {"TAVILY_API_KEY": "visior-tavily"}
-    assert secret_env("retrieval") == {"QDRANT_API_KEY": "visior-qdrant"}
+    assert secret_env("toolsproxy") == {
+        "TAVILY_API_KEY": "visior-tavily", "METADATA_DB_URL": "visior-docstore",
+    }  # fmt: skip
+    assert secret_env("retrieval") == {
+        "QDRANT_API_KEY": "visior-qdrant", "METADATA_DB_URL": "visior-docstore",
+    }  # fmt: skip
     for doc in _k8s():
         assert doc["kind"] != "Secret"
         if doc["kind"] == "ConfigMap":
@@ -288,7 +292,9 @@ def _k8s_env(key: str) -> dict[str, str]:
     maps = {d["metadata"]["name"]: d["data"] for d in _k8s() if d["kind"] == "ConfigMap"}
     env = {**maps["visior-common"], **maps[f"{key}-env"]}
     app = next(c for c in _deployments()[key]["spec"]["template"]["spec"]["containers"])
-    env.update({e["name"]: "secret" for e in app.get("env", [])})
+    # What the Secrets would hold (each of a shape its setting accepts).
+    examples = {"METADATA_DB_URL": "postgresql://visior:secret@db:5432/visior"}
+    env.update({e["name"]: examples.get(e["name"], "secret") for e in app.get("env", [])})
     return env
 
 
