@@ -100,7 +100,6 @@ class SqliteDocumentStore:
         # Reads take a connection of their own from a pool (WAL readers do not block each
         # other): with one, concurrent searches queued behind the thread holding it, which
         # itself waited for the GIL between the rows it stepped through.
-        self._max_readers = 1 if self.path == ":memory:" else READERS
         self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
         self._readers.put(self._conn)
         self._all_readers = [self._conn]
@@ -154,7 +153,7 @@ class SqliteDocumentStore:
         except queue.Empty:
             pass
         with self._lock:
-            if len(self._all_readers) < self._max_readers:
+            if len(self._all_readers) < READERS:
                 try:
                     conn = self._connect(reader=True)
                 except sqlite3.Error as exc:
@@ -164,7 +163,7 @@ class SqliteDocumentStore:
         return self._readers.get()
 
     def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
-        if self._write_lock is self._lock:  # one connection for everything (":memory:")
+        if self._write_lock is self._lock:  # one connection for everything (read-only, ":memory:")
             with self._lock:
                 return self._run_query(self._conn, sql, args)
         conn = self._reader()

@@ -68,8 +68,6 @@ _T = TypeVar("_T")
 class DocumentStore(Protocol):
     """What ingestion needs from the document store (services/docstore/sqlite_store.py)."""
 
-    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
-
     def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None: ...
 
     def put_points(
@@ -92,8 +90,6 @@ class DocumentStore(Protocol):
         limit: int | None = None,
         doc_ids: Collection[str] | None = None,
     ) -> list[Document]: ...
-
-    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
 
     def counts_many(
         self, tenant_id: str, doc_ids: Collection[str]
