@@ -133,6 +133,10 @@ def _status_body(code: int, reason: str) -> dict[str, Any]:
     }
 
 
+GRPC_REFUSED_STATUS = 418
+"""The direct response of _grpc_route, turned into 404 / UNIMPLEMENTED by _local_reply_config."""
+
+
 def _local_reply_config() -> dict[str, Any]:
     mappers = [
         {
@@ -152,8 +156,32 @@ def _local_reply_config() -> dict[str, Any]:
         }
         for produced, sent, code, reason in _LOCAL_REPLY_CODES
     ]
+    # _grpc_route's refusal of a gRPC call. Envoy answers a gRPC request's local reply in
+    # gRPC (trailers-only, grpc-message = the body) and maps 404 to UNIMPLEMENTED (no such
+    # method here; not retried, unlike UNAVAILABLE). The route answers GRPC_REFUSED_STATUS,
+    # which nothing else sends, so this mapper tells it apart without reading request
+    # headers (the transcoder has rewritten those by now), and sends it on as a 404 with
+    # the plain message: a JSON document in grpc-message helps nobody.
+    grpc_refusal = {
+        "filter": {
+            "status_code_filter": {
+                "comparison": {
+                    "op": "EQ",
+                    "value": {
+                        "default_value": GRPC_REFUSED_STATUS,
+                        "runtime_key": f"visior.local_reply.{GRPC_REFUSED_STATUS}",
+                    },
+                }
+            }
+        },
+        "status_code": 404,
+        "body_format_override": {"text_format": "%LOCAL_REPLY_BODY%"},
+    }
     # Anything not listed still answers JSON in the same shape.
-    return {"mappers": mappers, "body_format": {"json_format": _status_body(2, "UNKNOWN")}}
+    return {
+        "mappers": [grpc_refusal, *mappers],
+        "body_format": {"json_format": _status_body(2, "UNKNOWN")},
+    }
 
 
 GRPC_TIMEOUT_MARGIN_S = 0.25
@@ -227,6 +255,40 @@ def _route(
     return route
 
 
+def _grpc_route(spec: ServiceSpec, grpc_port: int) -> dict[str, Any]:
+    """Refuses gRPC on this JSON listener, before any other route.
+
+    The transcoder passes a gRPC request (content-type application/grpc or
+    application/grpc+...) through untouched. Routed on, a JSON body sent with that type
+    came back as the server's stream reset, which a caller reads as UNAVAILABLE and
+    retries as an outage; a gRPC-framed message came back UNIMPLEMENTED, naming nothing.
+    Here both get UNIMPLEMENTED with a message naming the service's gRPC port. Other
+    types are not looked at (the transcoder reads any non-gRPC body as JSON).
+    """
+    return {
+        "name": f"{spec.key}:grpc-on-json-listener",
+        "match": {
+            "prefix": "/",
+            "headers": [
+                {
+                    "name": "content-type",
+                    # What Envoy itself takes for gRPC (case-sensitive, as Envoy reads it).
+                    "string_match": {"safe_regex": {"regex": r"application/grpc(\+.*)?"}},
+                }
+            ],
+        },
+        "direct_response": {
+            "status": GRPC_REFUSED_STATUS,
+            "body": {
+                "inline_string": (
+                    "this listener takes JSON (content-type application/json); gRPC goes "
+                    f"to the service's own port {grpc_port} ({', '.join(spec.grpc_services)})"
+                )
+            },
+        },
+    }
+
+
 def _cluster_name(spec: ServiceSpec) -> str:
     return f"{spec.key}_grpc"
 
@@ -252,7 +314,8 @@ def _listener(
     timeouts: Mapping[str, float],
 ) -> dict[str, Any]:
     rules = _rules_for(spec, timeouts)
-    routes = [
+    routes = [_grpc_route(spec, ports.grpc[spec.key])]
+    routes += [
         _route(spec, rule=r, timeout_s=r.timeout_s, fault_injection=fault_injection) for r in rules
     ]
     routes.append(

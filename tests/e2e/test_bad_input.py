@@ -12,7 +12,8 @@ What the transcoder is lenient about is pinned here too (documented in envoy/REA
 and the README): unknown body fields are dropped (servers validate what they need), a
 single value where a list is expected is a one-item list, numbers may be JSON strings,
 `null` is "unset", bools accept "true"/"yes"/"1"-style strings, and the Content-Type
-header is not looked at: any body that is not gRPC is read as JSON.
+header is not looked at: any body that is not gRPC is read as JSON. A request whose
+Content-Type says gRPC (application/grpc...) is refused: the JSON listener takes no gRPC.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from services.devtools.mesh import Mesh
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
 from services.toolsproxy.config import ToolsProxySettings
-from tests.e2e.conftest import LDAP_DOC, SERVICE_KEYS, TENANT, assert_error, log_lines
+from tests.e2e.conftest import GRPC_SERVICE, LDAP_DOC, SERVICE_KEYS, TENANT, assert_error, log_lines
 
 pytestmark = pytest.mark.e2e
 
@@ -240,8 +241,11 @@ def test_empty_config_update_changes_nothing(mesh: Mesh) -> None:
 
 
 @pytest.mark.parametrize(
-    "content_type", ["text/plain", "application/xml", "application/json; charset=latin-1", None]
-)
+    "content_type",
+    # The last two look like gRPC but are not to Envoy: read as JSON like the rest.
+    ["text/plain", "application/xml", "application/json; charset=latin-1", None,
+     "application/grpc-web", "Application/GRPC"],
+)  # fmt: skip
 @pytest.mark.parametrize("name", ["retrieval/search", "mcp/execute", "llm/generate"])
 def test_content_type_is_not_looked_at(mesh: Mesh, name: str, content_type: str | None) -> None:
     route = ROUTES[name]
@@ -257,14 +261,26 @@ def test_a_form_body_is_400(mesh: Mesh) -> None:
     assert_envoy_400(r)
 
 
-def test_a_json_body_claiming_to_be_grpc_gets_a_grpc_error_not_a_5xx(mesh: Mesh) -> None:
-    # A body sent as application/grpc is passed through as gRPC, not transcoded. JSON is
-    # not gRPC framing: the server resets the stream and the caller reads a gRPC error
-    # status (Envoy says UNAVAILABLE for the reset; see the report of issue 7).
-    r = post(mesh, "retrieval/search", json.dumps(ROUTES["retrieval/search"].good).encode(),
-             {"content-type": "application/grpc"})  # fmt: skip
-    assert r.status_code == 200 and r.headers["content-type"] == "application/grpc"
-    assert r.headers["grpc-status"] not in ("", "0"), r.headers
+GRPC_TYPES = ["application/grpc", "application/grpc+proto", "application/grpc+json"]
+"""What Envoy takes for a gRPC request: refused in gRPC, as UNIMPLEMENTED."""
+
+
+def assert_grpc_refused(mesh: Mesh, r: httpx.Response, key: str) -> None:
+    """A gRPC trailers-only UNIMPLEMENTED naming the service's gRPC port; never passed on."""
+    assert r.status_code == 200 and r.headers["content-type"] == "application/grpc", r.headers
+    assert r.headers["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), r.headers
+    assert f"own port {mesh.ports.grpc[key]} " in r.headers["grpc-message"], r.headers
+
+
+@pytest.mark.parametrize("content_type", GRPC_TYPES)
+@pytest.mark.parametrize("name", ["retrieval/search", "mcp/execute", "llm/generate"])
+def test_a_json_body_claiming_to_be_grpc_is_unimplemented_not_unavailable(
+    mesh: Mesh, name: str, content_type: str
+) -> None:
+    # The transcoder passes application/grpc* through as gRPC. Routed on, JSON in it made
+    # the server reset the stream, read by the caller as UNAVAILABLE (retried: an outage).
+    r = post(mesh, name, json.dumps(ROUTES[name].good).encode(), {"content-type": content_type})
+    assert_grpc_refused(mesh, r, ROUTES[name].key)
 
 
 def test_a_grpc_message_on_a_json_path_is_unimplemented(mesh: Mesh) -> None:
@@ -273,8 +289,25 @@ def test_a_grpc_message_on_a_json_path_is_unimplemented(mesh: Mesh) -> None:
     r = post(
         mesh, "retrieval/search", frame, {"content-type": "application/grpc", "te": "trailers"}
     )
-    assert r.status_code == 200 and r.headers["content-type"] == "application/grpc"
-    assert r.headers["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0]), r.headers
+    assert_grpc_refused(mesh, r, "retrieval")
+
+
+@pytest.mark.parametrize("key", SERVICE_KEYS)
+def test_a_grpc_client_pointed_at_the_json_listener_is_told_where_to_go(
+    mesh: Mesh, key: str
+) -> None:
+    """A real gRPC client (grpcio, HTTP/2) calling GetHealth on the sidecar's port instead
+    of the service's: UNIMPLEMENTED at once, naming the port, not an outage."""
+    with grpc.insecure_channel(f"127.0.0.1:{mesh.ports.http[key]}") as channel:
+        call = channel.unary_unary(
+            f"/{GRPC_SERVICE[key]}/GetHealth",
+            request_serializer=lambda _: b"",  # every GetHealthRequest is empty
+            response_deserializer=lambda b: b,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            call(None, timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, err.value
+    assert f"own port {mesh.ports.grpc[key]} " in (err.value.details() or ""), err.value
 
 
 # --- wrong types --------------------------------------------------------------------------
