@@ -35,6 +35,7 @@ from tests.e2e.conftest import (
     log_lines,
     wait_for,
 )
+from tests.fakes.otlp_collector import OtlpCollector, ReceivedSpan
 
 pytestmark = pytest.mark.e2e
 
@@ -364,3 +365,55 @@ def test_opt_in_tracing_makes_one_trace_of_a_respond_across_every_hop(
     assert {s["parent_id"] for s in spans["retrieval"] + spans["llm"]} == {respond_id}
     generate_ids = {s["context"]["span_id"] for s in spans["llm"]}
     assert spans["toolsproxy"] and {s["parent_id"] for s in spans["toolsproxy"]} <= generate_ids
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
+    make_mesh: MeshFactory, protocol: str
+) -> None:
+    """The real OTLP exporters (opentelemetry-exporter-otlp-proto-grpc / -http) in all four
+    servers, sending to a collector that speaks OTLP (tests/fakes/otlp_collector.py)."""
+    with OtlpCollector() as collector:
+        m = make_mesh(
+            {
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
+                "OTEL_EXPORTER_OTLP_ENDPOINT": (
+                    collector.grpc_endpoint if protocol == "grpc" else collector.url
+                ),
+                "OTEL_BSP_SCHEDULE_DELAY": "50",
+            }
+        )
+        guide = SAMPLES / "orion-x-admin-guide.md"
+        ingest(m, TENANT, guide.name, guide.read_bytes())
+        trace = f"e2e-{uuid.uuid4().hex}"
+        caller_span = "00f067aa0ba902b7"
+        otel_id = f"{otel_trace_id(trace):032x}"
+        r = respond(
+            m,
+            {**RESPOND, "trace_id": trace},
+            headers={"traceparent": f"00-{otel_id}-{caller_span}-01"},
+        )
+        assert r.status_code == 200, r.text
+
+        def served(key: str) -> list[ReceivedSpan]:
+            name = f"{GRPC_SERVICE[key]}/{RESPOND_METHODS[key]}"
+            return [s for s in collector.spans() if s.trace_id == otel_id and s.name == name]
+
+        for key in SERVICE_KEYS:
+            assert wait_for(lambda k=key: bool(served(k)), timeout=15), f"{key}: nothing received"
+        spans = {key: served(key) for key in SERVICE_KEYS}
+    transport = "grpc" if protocol == "grpc" else "http"
+    for key, found in spans.items():
+        for span in found:
+            assert span.service == f"visior-{key}", span
+            assert span.transport == transport, span
+            assert span.kind == 2, span  # SPAN_KIND_SERVER
+            assert span.attributes["visior.trace_id"] == trace, span
+            assert span.attributes["rpc.grpc.status_code"] == 0, span
+    # The caller's span -> Respond -> Search and Generate -> Execute, as the collector got it.
+    [respond_span] = spans["orchestrator"]
+    assert respond_span.parent_span_id == caller_span
+    assert {s.parent_span_id for s in spans["retrieval"] + spans["llm"]} == {respond_span.span_id}
+    generate_ids = {s.span_id for s in spans["llm"]}
+    assert spans["toolsproxy"] and {s.parent_span_id for s in spans["toolsproxy"]} <= generate_ids
