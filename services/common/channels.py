@@ -9,6 +9,7 @@ import grpc
 from services.common.interceptors import ClientContextInterceptor, ClientStreamContextInterceptor
 from services.common.metrics import ClientRpcMetrics
 from services.common.settings import DownstreamSettings
+from services.common.tracing import Tracing
 
 
 def _service_config(attempts: int) -> str:
@@ -34,12 +35,16 @@ def _service_config(attempts: int) -> str:
 
 
 def open_channel(
-    settings: DownstreamSettings, max_message_bytes: int, metrics: ClientRpcMetrics | None = None
+    settings: DownstreamSettings,
+    max_message_bytes: int,
+    metrics: ClientRpcMetrics | None = None,
+    tracing: Tracing | None = None,
 ) -> grpc.aio.Channel:
     """An insecure channel to settings.target (the mesh is loopback / sidecar-local).
 
     Every call carries the trace id (x-trace-id, and traceparent when tracing is on) and a
-    deadline; with `metrics`, calls are counted in the grpc_client_* metrics."""
+    deadline; with `metrics`, calls are counted in the grpc_client_* metrics; with
+    `tracing`, each call is a CLIENT span."""
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -61,7 +66,9 @@ def open_channel(
         settings.target,
         options=options,
         interceptors=[
-            ClientContextInterceptor(settings.timeout_seconds, metrics),
-            ClientStreamContextInterceptor(settings.timeout_seconds, metrics),
+            ClientContextInterceptor(settings.timeout_seconds, metrics, tracing, settings.target),
+            ClientStreamContextInterceptor(
+                settings.timeout_seconds, metrics, tracing, settings.target
+            ),
         ],
     )

@@ -25,7 +25,7 @@ from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
 
 if TYPE_CHECKING:  # pragma: no cover
-    from services.common.tracing import ServerSpan, Tracing
+    from services.common.tracing import ClientSpan, ServerSpan, Tracing
 
 log = logging.getLogger("visior.rpc")
 
@@ -177,12 +177,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         started: float,
         span: ServerSpan | None,
     ) -> None:
-        if span is not None:
-            span.end(code.name, code.value[0])
         elapsed = time.perf_counter() - started
         self._metrics.done((service, name, kind), code.name, elapsed)
         level = logging.INFO if code == grpc.StatusCode.OK else logging.WARNING
-        log.log(
+        log.log(  # before the span ends: the line carries its span_id
             level,
             "rpc",
             extra={
@@ -191,6 +189,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 "latency_ms": round(elapsed * 1000, 2),
             },
         )
+        if span is not None:
+            span.end(code.name, code.value[0])
 
     def _wrap_unary(
         self,
@@ -273,44 +273,83 @@ class _ClientDetails(grpc.aio.ClientCallDetails):
     pass
 
 
-def _with_context(details: grpc.aio.ClientCallDetails, default_timeout: float) -> Any:
+def _method_name(details: grpc.aio.ClientCallDetails) -> str:
+    method = details.method
+    return method.decode() if isinstance(method, bytes) else str(method)
+
+
+def _client_span(
+    tracing: Tracing | None, details: grpc.aio.ClientCallDetails, target: str
+) -> ClientSpan | None:
+    if tracing is None:
+        return None
+    return tracing.start_client_span(_method_name(details), current_trace_id(), target)
+
+
+def _with_context(
+    details: grpc.aio.ClientCallDetails, default_timeout: float, span: ClientSpan | None = None
+) -> Any:
+    """The call's details with the trace id, traceparent and deadline in. Raises
+    DeadlineExceededError (ending `span` so) when the caller's deadline has passed."""
     metadata = grpc.aio.Metadata(*(details.metadata or ()))
     trace = current_trace_id()
     if trace and TRACE_METADATA_KEY not in metadata:
         metadata.add(TRACE_METADATA_KEY, trace)
-    parent = traceparent_var.get()  # '' unless tracing is on and a span is being served
+    # The call's own span, else the span being served ('' when tracing is off).
+    parent = span.traceparent if span is not None else traceparent_var.get()
     if parent and TRACEPARENT_METADATA_KEY not in metadata:
         metadata.add(TRACEPARENT_METADATA_KEY, parent)
     timeout = call_timeout(details.timeout if details.timeout is not None else default_timeout)
     if timeout <= 0:
+        if span is not None:
+            span.end(
+                grpc.StatusCode.DEADLINE_EXCEEDED.name,
+                _code_number(grpc.StatusCode.DEADLINE_EXCEEDED),
+            )
         raise errors.DeadlineExceededError("the caller's deadline passed before this call")
     return _ClientDetails(
         details.method, timeout, metadata, details.credentials, details.wait_for_ready
     )
 
 
+def _code_number(code: grpc.StatusCode) -> int:
+    return int(code.value[0])
+
+
 class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     """Puts the trace id (and, when tracing, the W3C traceparent) in metadata and a deadline
-    (clamped to the caller's) on every unary call; with `metrics`, counts and times it.
+    (clamped to the caller's) on every unary call; with `metrics`, counts and times it; with
+    `tracing`, makes a CLIENT span of it (`target` names the server in it).
 
     grpc.aio files an interceptor under its first matching kind only (unary-unary before
     unary-stream), so server-streaming calls need their own: ClientStreamContextInterceptor.
     """
 
-    def __init__(self, default_timeout: float, metrics: ClientRpcMetrics | None = None) -> None:
+    def __init__(
+        self,
+        default_timeout: float,
+        metrics: ClientRpcMetrics | None = None,
+        tracing: Tracing | None = None,
+        target: str = "",
+    ) -> None:
         self._timeout = default_timeout
         self._metrics = metrics
+        self._tracing = tracing
+        self._target = target
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        details = _with_context(client_call_details, self._timeout)
-        if self._metrics is None:
+        span = _client_span(self._tracing, client_call_details, self._target)
+        details = _with_context(client_call_details, self._timeout, span)
+        metrics = self._metrics
+        if metrics is None and span is None:
             return await continuation(details, request)
         key = (*split_method(details.method), "unary")
-        self._metrics.start(key)
+        if metrics is not None:
+            metrics.start(key)
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
-        call = await continuation(details, request)
         try:
+            call = await continuation(details, request)
             await call  # the caller awaits the same finished call: its response or its error
             code = grpc.StatusCode.OK
         except grpc.aio.AioRpcError as exc:
@@ -319,29 +358,52 @@ class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
             code = grpc.StatusCode.CANCELLED
             raise
         finally:
-            self._metrics.done(key, code.name, time.perf_counter() - started)
+            if metrics is not None:
+                metrics.done(key, code.name, time.perf_counter() - started)
+            if span is not None:
+                span.end(code.name, _code_number(code))
         return call
 
 
 class ClientStreamContextInterceptor(grpc.aio.UnaryStreamClientInterceptor):
-    """ClientContextInterceptor's work for server-streaming calls."""
+    """ClientContextInterceptor's work for server-streaming calls: the span ends with the
+    stream."""
 
-    def __init__(self, default_timeout: float, metrics: ClientRpcMetrics | None = None) -> None:
+    def __init__(
+        self,
+        default_timeout: float,
+        metrics: ClientRpcMetrics | None = None,
+        tracing: Tracing | None = None,
+        target: str = "",
+    ) -> None:
         self._timeout = default_timeout
         self._metrics = metrics
+        self._tracing = tracing
+        self._target = target
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
-        details = _with_context(client_call_details, self._timeout)
-        call = await continuation(details, request)
+        span = _client_span(self._tracing, client_call_details, self._target)
+        details = _with_context(client_call_details, self._timeout, span)
+        try:
+            call = await continuation(details, request)
+        except BaseException:
+            if span is not None:
+                span.end(grpc.StatusCode.UNKNOWN.name, _code_number(grpc.StatusCode.UNKNOWN))
+            raise
         metrics = self._metrics
+        if metrics is None and span is None:
+            return call
+        key = (*split_method(details.method), "server_stream")
         if metrics is not None:
-            key = (*split_method(details.method), "server_stream")
             metrics.start(key)
-            started = time.perf_counter()
+        started = time.perf_counter()
 
-            async def record(done: Any) -> None:
-                code = await done.code()
+        async def record(done: Any) -> None:
+            code = await done.code()
+            if metrics is not None:
                 metrics.done(key, code.name, time.perf_counter() - started)
+            if span is not None:
+                span.end(code.name, _code_number(code))
 
-            call.add_done_callback(lambda done: asyncio.ensure_future(record(done)))
+        call.add_done_callback(lambda done: asyncio.ensure_future(record(done)))
         return call

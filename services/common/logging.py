@@ -10,12 +10,14 @@ import traceback
 from typing import Any
 
 from services.common.context import current_trace_id
+from services.common.tracing import traceparent_var
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object: ts, level, service, logger, msg, trace_id, extras."""
+    """Formats a record as one JSON object: ts, level, service, logger, msg, trace_id,
+    span_id (tracing on, in an RPC), extras."""
 
     def __init__(self, service: str) -> None:
         super().__init__()
@@ -36,6 +38,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
             "trace_id": getattr(record, "trace_id", None) or current_trace_id() or None,
         }
+        # With tracing on, inside an RPC: the id of its SERVER span ("00-<trace>-<span>-<flags>").
+        traceparent = traceparent_var.get()
+        if traceparent:
+            entry["span_id"] = traceparent[36:52]
         for key, value in record.__dict__.items():
             if key not in _RESERVED and key not in entry:
                 entry[key] = value

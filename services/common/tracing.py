@@ -11,8 +11,10 @@ When on:
   logs (trace_id) and spans (trace id, attribute visior.trace_id) name the same request;
 - an incoming W3C `traceparent` with that trace id is the span's parent; one with another
   trace id (the caller sent an x-trace-id that disagrees) becomes a span link;
-- the span is current while the handler runs, and the client interceptor sends its
-  `traceparent` on every outgoing call, so the next hop's span is its child.
+- the span is current while the handler runs; each outgoing call on a mesh channel opened
+  with the Tracing gets a CLIENT span, its child, whose `traceparent` goes out with the
+  call, so the next hop's SERVER span is the CLIENT span's child (a channel opened without
+  it sends the SERVER span's own traceparent, and the hop is its child).
 """
 
 from __future__ import annotations
@@ -96,8 +98,28 @@ class ServerSpan:
             pass
 
 
+class ClientSpan:
+    """One outgoing call's span. Its traceparent goes out in the call's metadata, so the
+    next hop's SERVER span is its child; it is never made current (nothing runs inside)."""
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+        sc = span.get_span_context()
+        self.traceparent = format_traceparent(sc.trace_id, sc.span_id, int(sc.trace_flags))
+
+    def end(self, code_name: str, code_number: int) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self._span
+        span.set_attribute("rpc.grpc.status_code", code_number)
+        if code_name != "OK":
+            span.set_status(Status(StatusCode.ERROR, code_name))
+        span.end()
+
+
 class Tracing:
-    """A TracerProvider of the mesh's own (ids tied to trace_id) and its SERVER spans."""
+    """A TracerProvider of the mesh's own (ids tied to trace_id): SERVER spans of the RPCs
+    served, CLIENT spans of the calls made to other services."""
 
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
@@ -143,6 +165,30 @@ class Tracing:
         )
         otel_token = otel_context.attach(trace.set_span_in_context(span))
         return ServerSpan(span, (otel_token, var_token))
+
+    def start_client_span(self, full_method: str, mesh_trace_id: str, target: str) -> ClientSpan:
+        """A CLIENT span for a call of `full_method` ("/pkg.Service/Method") to `target`,
+        the child of the span being served (OpenTelemetry's current context); outside any
+        RPC (start-up work), a root span of the mesh trace id, when there is one."""
+        from opentelemetry import trace
+
+        service, _, method = full_method.lstrip("/").rpartition("/")
+        forced = _forced_trace_id.set(otel_trace_id(mesh_trace_id) if mesh_trace_id else 0)
+        try:
+            span = self._tracer.start_span(
+                f"{service}/{method}",
+                kind=trace.SpanKind.CLIENT,
+                attributes={
+                    "rpc.system": "grpc",
+                    "rpc.service": service,
+                    "rpc.method": method,
+                    "server.address": target,
+                    "visior.trace_id": mesh_trace_id,
+                },
+            )
+        finally:
+            _forced_trace_id.reset(forced)
+        return ClientSpan(span)
 
     def shutdown(self) -> None:
         self.provider.shutdown()

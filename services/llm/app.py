@@ -16,6 +16,7 @@ from services.common.http import quiet_http_client_logs
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.tracing import install_tracing
 from services.llm.chat import ChatRuntime
 from services.llm.config import LlmSettings
 from services.llm.engine import Budgets, LlmEngine
@@ -51,8 +52,12 @@ async def _load_catalogue(runner: GrpcToolRunner, loop: ToolLoop) -> None:
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     quiet_http_client_logs()
     registry = CollectorRegistry()
+    tracing = install_tracing(settings.server.tracing, settings.server.service)
     channel = open_channel(
-        settings.tools_proxy, settings.server.max_message_bytes, ClientRpcMetrics(registry)
+        settings.tools_proxy,
+        settings.server.max_message_bytes,
+        ClientRpcMetrics(registry),
+        tracing,
     )
     runner = GrpcToolRunner(channel)
     http: httpx.AsyncClient | None = None
@@ -90,7 +95,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, runtime.name), server)
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, registry, domain="visior.llm"
+        settings.server, register, SERVICE_NAMES, registry, domain="visior.llm", tracing=tracing
     )
 
     async def close() -> None:

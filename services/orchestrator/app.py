@@ -9,6 +9,7 @@ from services.common.channels import open_channel
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.tracing import install_tracing
 from services.orchestrator.clients import GrpcGenerator, GrpcRetriever
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.respond import Responder
@@ -22,8 +23,9 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     size = settings.server.max_message_bytes
     registry = CollectorRegistry()
     calls = ClientRpcMetrics(registry)
-    retrieval = open_channel(settings.retrieval, size, calls)
-    llm = open_channel(settings.llm, size, calls)
+    tracing = install_tracing(settings.server.tracing, settings.server.service)
+    retrieval = open_channel(settings.retrieval, size, calls, tracing)
+    llm = open_channel(settings.llm, size, calls, tracing)
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
     responder = Responder(
         GrpcRetriever(retrieval),
@@ -39,7 +41,12 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, registry, domain="visior.orchestrator"
+        settings.server,
+        register,
+        SERVICE_NAMES,
+        registry,
+        domain="visior.orchestrator",
+        tracing=tracing,
     )
 
     async def close() -> None:

@@ -10,6 +10,7 @@ from services.common.channels import open_channel
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.tracing import install_tracing
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
 from services.toolsproxy.config import ToolsProxySettings
@@ -25,9 +26,13 @@ SERVICE_NAMES = ("visior.toolsproxy.v1.ToolsProxyService",)
 
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
+    tracing = install_tracing(settings.server.tracing, settings.server.service)
     store = settings.docstore.open()
     retrieval = open_channel(
-        settings.retrieval, settings.server.max_message_bytes, ClientRpcMetrics(registry)
+        settings.retrieval,
+        settings.server.max_message_bytes,
+        ClientRpcMetrics(registry),
+        tracing,
     )
     # One HTTP client per external service: its own timeouts, no redirects to elsewhere.
     cbr_http = httpx.AsyncClient(timeout=settings.cbr.timeout_s, follow_redirects=False)
@@ -50,7 +55,12 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, registry, domain="visior.toolsproxy"
+        settings.server,
+        register,
+        SERVICE_NAMES,
+        registry,
+        domain="visior.toolsproxy",
+        tracing=tracing,
     )
     endpoint: McpEndpoint | None = None
     if settings.mcp.enabled:

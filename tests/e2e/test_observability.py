@@ -358,13 +358,32 @@ def test_opt_in_tracing_makes_one_trace_of_a_respond_across_every_hop(
             assert span["attributes"]["visior.trace_id"] == trace
             assert span["attributes"]["rpc.grpc.status_code"] == 0
             assert span["resource"]["attributes"]["service.name"] == f"visior-{key}"
-    # The caller's span -> Respond -> Search and Generate -> Execute.
+    # The caller's span -> Respond -> its CLIENT spans of Search and Generate -> their
+    # SERVER spans -> Generate's CLIENT spans of Execute -> toolsproxy's SERVER spans.
     [respond_span] = spans["orchestrator"]
     assert respond_span["parent_id"] == f"0x{caller_span}"
     respond_id = respond_span["context"]["span_id"]
-    assert {s["parent_id"] for s in spans["retrieval"] + spans["llm"]} == {respond_id}
+
+    def clients(key: str, method: str) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in _spans(m, key)
+            if s["kind"] == "SpanKind.CLIENT"
+            and s["name"].endswith(f"/{method}")
+            and s["context"]["trace_id"] == f"0x{otel_id:032x}"
+        ]
+
+    searches = clients("orchestrator", "Search")
+    generates = clients("orchestrator", "Generate")
+    assert searches and generates
+    assert {s["parent_id"] for s in searches + generates} == {respond_id}
+    outgoing = {s["context"]["span_id"] for s in searches + generates}
+    assert {s["parent_id"] for s in spans["retrieval"] + spans["llm"]} <= outgoing
     generate_ids = {s["context"]["span_id"] for s in spans["llm"]}
-    assert spans["toolsproxy"] and {s["parent_id"] for s in spans["toolsproxy"]} <= generate_ids
+    executes = clients("llm", "Execute")
+    assert executes and {s["parent_id"] for s in executes} <= generate_ids
+    execute_ids = {s["context"]["span_id"] for s in executes}
+    assert spans["toolsproxy"] and {s["parent_id"] for s in spans["toolsproxy"]} <= execute_ids
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -398,7 +417,11 @@ def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
 
         def served(key: str) -> list[ReceivedSpan]:
             name = f"{GRPC_SERVICE[key]}/{RESPOND_METHODS[key]}"
-            return [s for s in collector.spans() if s.trace_id == otel_id and s.name == name]
+            return [
+                s
+                for s in collector.spans()
+                if s.trace_id == otel_id and s.name == name and s.service == f"visior-{key}"
+            ]
 
         for key in SERVICE_KEYS:
             assert wait_for(lambda k=key: bool(served(k)), timeout=15), f"{key}: nothing received"
@@ -411,9 +434,26 @@ def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
             assert span.kind == 2, span  # SPAN_KIND_SERVER
             assert span.attributes["visior.trace_id"] == trace, span
             assert span.attributes["rpc.grpc.status_code"] == 0, span
-    # The caller's span -> Respond -> Search and Generate -> Execute, as the collector got it.
+    # As the collector got it: the caller's span -> Respond -> its CLIENT spans of Search
+    # and Generate (kind 3) -> their SERVER spans -> Generate's CLIENT spans of Execute ->
+    # toolsproxy's SERVER spans.
+    received = [s for s in collector.spans() if s.trace_id == otel_id]
+    by_id = {s.span_id: s for s in received}
     [respond_span] = spans["orchestrator"]
     assert respond_span.parent_span_id == caller_span
-    assert {s.parent_span_id for s in spans["retrieval"] + spans["llm"]} == {respond_span.span_id}
-    generate_ids = {s.span_id for s in spans["llm"]}
-    assert spans["toolsproxy"] and {s.parent_span_id for s in spans["toolsproxy"]} <= generate_ids
+    callers = {"retrieval": "orchestrator", "llm": "orchestrator", "toolsproxy": "llm"}
+    for key, caller_service in callers.items():
+        for span in spans[key]:
+            client = by_id[span.parent_span_id]
+            assert client.kind == 3 and client.name == span.name, client  # SPAN_KIND_CLIENT
+            assert client.service == f"visior-{caller_service}", client
+            assert client.attributes["rpc.grpc.status_code"] == 0, client
+            grandparent = by_id[client.parent_span_id]
+            assert grandparent.kind == 2 and grandparent.service == client.service, grandparent
+            if caller_service == "orchestrator":
+                assert grandparent.span_id == respond_span.span_id
+    # Each service's "rpc" log lines of the request name its SERVER spans.
+    for key in SERVICE_KEYS:
+        server_ids = {s.span_id for s in received if s.service == f"visior-{key}" and s.kind == 2}
+        lines = [e for e in log_lines(m, key) if e["msg"] == "rpc" and e["trace_id"] == trace]
+        assert lines and {e.get("span_id") for e in lines} <= server_ids, (key, lines)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import grpc
 import pytest
@@ -24,7 +26,8 @@ from visior.toolsproxy.v1 import toolsproxy_pb2_grpc as pbg
 
 from services.common import errors, settings
 from services.common.channels import open_channel
-from services.common.context import current_trace_id
+from services.common.context import current_trace_id, deadline_var, trace_id_var
+from services.common.logging import JsonFormatter
 from services.common.metrics import ClientRpcMetrics
 from services.common.server import start_server
 from services.common.settings import DownstreamSettings, Env, ServerSettings, SettingsError
@@ -33,6 +36,7 @@ from services.common.tracing import (
     installed_tracing,
     otel_trace_id,
     parse_traceparent,
+    traceparent_var,
 )
 from services.devtools.envoy import REPO_ROOT
 
@@ -94,6 +98,24 @@ async def two_hops():
     front.channel = open_channel(DownstreamSettings(f"127.0.0.1:{back_server.port}", 5.0), 1 << 20)
     client = grpc.aio.insecure_channel(f"127.0.0.1:{front_server.port}")
     yield pbg.ToolsProxyServiceStub(client), back, exporter
+    await client.close()
+    await front.channel.close()
+    await front_server.stop(0)
+    await back_server.stop(0)
+
+
+@pytest.fixture
+async def traced_hops():
+    """two_hops with Front's channel opened with Front's Tracing: its calls are CLIENT spans."""
+    exporter = InMemorySpanExporter()
+    back, front = Back(), Front()
+    back_server = await _start(back, create_tracing("back", exporter))
+    front_tracing = create_tracing("front", exporter)
+    front_server = await _start(front, front_tracing)
+    target = f"127.0.0.1:{back_server.port}"
+    front.channel = open_channel(DownstreamSettings(target, 5.0), 1 << 20, None, front_tracing)
+    client = grpc.aio.insecure_channel(f"127.0.0.1:{front_server.port}")
+    yield pbg.ToolsProxyServiceStub(client), back, exporter, front_tracing, back_server.port
     await client.close()
     await front.channel.close()
     await front_server.stop(0)
@@ -431,3 +453,117 @@ async def test_server_streaming_calls_through_a_mesh_channel_get_the_deadline_to
     labels = {"grpc_service": "grpc.health.v1.Health", "grpc_method": "Watch"}
     labels |= {"grpc_type": "server_stream", "grpc_code": "DEADLINE_EXCEEDED"}
     assert registry.get_sample_value("grpc_client_handled_total", labels) == 1
+
+
+# --- CLIENT spans of the calls a service makes --------------------------------------------
+
+
+def _kinds(spans: list, kind: SpanKind) -> list:
+    return [s for s in spans if s.kind == kind]
+
+
+async def test_a_traced_channel_makes_a_client_span_between_the_two_server_spans(traced_hops):
+    stub, back, exporter, _, back_port = traced_hops
+    await stub.Execute(pb.ExecuteRequest(tool_name="ok", trace_id=HEX_TRACE))
+    spans = await _finished(exporter, "visior-back", "visior-front")
+    [server] = _kinds(spans["visior-front"], SpanKind.SERVER)
+    [client] = _kinds(spans["visior-front"], SpanKind.CLIENT)
+    [child] = spans["visior-back"]
+    # Front's SERVER span -> its CLIENT span -> Back's SERVER span, one trace.
+    assert server.context.trace_id == client.context.trace_id == child.context.trace_id
+    assert client.parent is not None and client.parent.span_id == server.context.span_id
+    assert child.parent is not None and child.parent.span_id == client.context.span_id
+    assert parse_traceparent(back.seen[0][1])[1] == client.context.span_id
+    assert client.name == METHOD
+    assert client.attributes["rpc.system"] == "grpc"
+    assert client.attributes["rpc.service"] == NAME
+    assert client.attributes["rpc.method"] == "Execute"
+    assert client.attributes["rpc.grpc.status_code"] == 0
+    assert client.attributes["server.address"] == f"127.0.0.1:{back_port}"
+    assert client.attributes["visior.trace_id"] == HEX_TRACE
+    assert client.status.status_code == StatusCode.UNSET
+    # The client span lies inside the server span, and the callee's inside it.
+    assert server.start_time <= client.start_time <= child.start_time
+    assert child.end_time <= client.end_time <= server.end_time
+
+
+@pytest.mark.parametrize(("tool", "code"), [("bug", 13), ("bad", 3)])
+async def test_a_failed_call_is_an_error_client_span_whatever_the_code(traced_hops, tool, code):
+    # Unlike a SERVER span, a CLIENT span is an error for every code but OK (the caller's
+    # INVALID_ARGUMENT here is the callee's verdict on the call it made).
+    stub, _, exporter, _, _ = traced_hops
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.Execute(pb.ExecuteRequest(tool_name=tool, trace_id=HEX_TRACE))
+    spans = await _finished(exporter, "visior-back", "visior-front")
+    [client] = _kinds(spans["visior-front"], SpanKind.CLIENT)
+    assert client.attributes["rpc.grpc.status_code"] == code
+    assert client.status.status_code == StatusCode.ERROR
+
+
+async def test_a_call_made_outside_any_rpc_is_a_root_client_span_of_the_mesh_trace(traced_hops):
+    _, _, exporter, tracing, back_port = traced_hops
+    channel = open_channel(
+        DownstreamSettings(f"127.0.0.1:{back_port}", 5.0), 1 << 20, None, tracing
+    )
+    token = trace_id_var.set(HEX_TRACE)
+    try:
+        await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="ok"))
+    finally:
+        trace_id_var.reset(token)
+        await channel.close()
+    spans = await _finished(exporter, "visior-back", "visior-front")
+    [client] = spans["visior-front"]
+    assert client.kind == SpanKind.CLIENT and client.parent is None
+    assert client.context.trace_id == int(HEX_TRACE, 16)
+    [child] = spans["visior-back"]
+    assert child.parent is not None and child.parent.span_id == client.context.span_id
+
+
+async def test_a_call_past_the_callers_deadline_ends_its_client_span(traced_hops):
+    _, _, exporter, tracing, back_port = traced_hops
+    channel = open_channel(
+        DownstreamSettings(f"127.0.0.1:{back_port}", 5.0), 1 << 20, None, tracing
+    )
+    token = deadline_var.set(time.monotonic() - 1)
+    try:
+        with pytest.raises(errors.DeadlineExceededError):
+            await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="ok"))
+    finally:
+        deadline_var.reset(token)
+        await channel.close()
+    [client] = _by_service(exporter)["visior-front"]
+    assert client.kind == SpanKind.CLIENT
+    assert client.attributes["rpc.grpc.status_code"] == 4  # DEADLINE_EXCEEDED
+    assert client.status.status_code == StatusCode.ERROR
+
+
+async def test_a_server_stream_call_is_a_client_span_that_ends_with_the_stream(traced_hops):
+    _, _, exporter, tracing, back_port = traced_hops
+    channel = open_channel(
+        DownstreamSettings(f"127.0.0.1:{back_port}", 5.0), 1 << 20, None, tracing
+    )
+    watch = HealthStub(channel).Watch(HealthCheckRequest(service=NAME), timeout=0.5)
+    first = await watch.read()
+    assert first.status == HealthCheckResponse.SERVING
+    assert not _by_service(exporter).get("visior-front")  # still streaming: not ended
+    with pytest.raises(grpc.aio.AioRpcError):
+        while True:
+            await watch.read()  # ends at the 0.5 s deadline
+    spans = await _finished(exporter, "visior-front")
+    await channel.close()
+    [client] = spans["visior-front"]
+    assert client.kind == SpanKind.CLIENT and client.name == "grpc.health.v1.Health/Watch"
+    assert client.attributes["rpc.grpc.status_code"] == 4  # DEADLINE_EXCEEDED
+    assert client.status.status_code == StatusCode.ERROR
+
+
+def test_log_lines_carry_the_span_id_of_the_rpc_being_served():
+    formatter = JsonFormatter("toy")
+    record = logging.LogRecord("visior.toy", logging.INFO, __file__, 1, "hello", None, None)
+    assert "span_id" not in json.loads(formatter.format(record))
+    token = traceparent_var.set(f"00-{HEX_TRACE}-00f067aa0ba902b7-01")
+    try:
+        line = json.loads(formatter.format(record))
+    finally:
+        traceparent_var.reset(token)
+    assert line["span_id"] == "00f067aa0ba902b7"
