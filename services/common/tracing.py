@@ -99,22 +99,36 @@ class ServerSpan:
 
 
 class ClientSpan:
-    """One outgoing call's span. Its traceparent goes out in the call's metadata, so the
-    next hop's SERVER span is its child; it is never made current (nothing runs inside)."""
+    """One outgoing call's span. Its traceparent goes out with the call, so the next hop's
+    SERVER span is its child; it is never made current (nothing runs inside). Ends once:
+    later ends are ignored."""
 
     def __init__(self, span: Any) -> None:
         self._span = span
+        self._ended = False
         sc = span.get_span_context()
         self.traceparent = format_traceparent(sc.trace_id, sc.span_id, int(sc.trace_flags))
 
-    def end(self, code_name: str, code_number: int) -> None:
-        from opentelemetry.trace import Status, StatusCode
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._span.set_attribute(key, value)
 
-        span = self._span
-        span.set_attribute("rpc.grpc.status_code", code_number)
-        if code_name != "OK":
-            span.set_status(Status(StatusCode.ERROR, code_name))
-        span.end()
+    def finish(self, error_type: str | None) -> None:
+        """End the span; `error_type` (a status or exception name) marks it an error."""
+        if self._ended:
+            return
+        self._ended = True
+        if error_type is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self._span.set_attribute("error.type", error_type)
+            self._span.set_status(Status(StatusCode.ERROR, error_type))
+        self._span.end()
+
+    def end(self, code_name: str, code_number: int) -> None:
+        """End a gRPC call's span with its status (an error unless OK)."""
+        if not self._ended:
+            self._span.set_attribute("rpc.grpc.status_code", code_number)
+        self.finish(None if code_name == "OK" else code_name)
 
 
 class Tracing:
@@ -167,24 +181,32 @@ class Tracing:
         return ServerSpan(span, (otel_token, var_token))
 
     def start_client_span(self, full_method: str, mesh_trace_id: str, target: str) -> ClientSpan:
-        """A CLIENT span for a call of `full_method` ("/pkg.Service/Method") to `target`,
-        the child of the span being served (OpenTelemetry's current context); outside any
-        RPC (start-up work), a root span of the mesh trace id, when there is one."""
+        """A CLIENT span for a gRPC call of `full_method` ("/pkg.Service/Method") to
+        `target` (start_span's parent rules)."""
+        service, _, method = full_method.lstrip("/").rpartition("/")
+        return self.start_span(
+            f"{service}/{method}",
+            mesh_trace_id,
+            {
+                "rpc.system": "grpc",
+                "rpc.service": service,
+                "rpc.method": method,
+                "server.address": target,
+            },
+        )
+
+    def start_span(self, name: str, mesh_trace_id: str, attributes: dict[str, Any]) -> ClientSpan:
+        """A CLIENT span, the child of the span being served (OpenTelemetry's current
+        context); outside any RPC (start-up work), a root span of the mesh trace id, when
+        there is one. `visior.trace_id` is added to `attributes`."""
         from opentelemetry import trace
 
-        service, _, method = full_method.lstrip("/").rpartition("/")
         forced = _forced_trace_id.set(otel_trace_id(mesh_trace_id) if mesh_trace_id else 0)
         try:
             span = self._tracer.start_span(
-                f"{service}/{method}",
+                name,
                 kind=trace.SpanKind.CLIENT,
-                attributes={
-                    "rpc.system": "grpc",
-                    "rpc.service": service,
-                    "rpc.method": method,
-                    "server.address": target,
-                    "visior.trace_id": mesh_trace_id,
-                },
+                attributes={**attributes, "visior.trace_id": mesh_trace_id},
             )
         finally:
             _forced_trace_id.reset(forced)

@@ -13,6 +13,7 @@ from visior.llm.v1 import llm_pb2_grpc
 from services.common import errors
 from services.common.channels import open_channel
 from services.common.http import quiet_http_client_logs
+from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
@@ -63,7 +64,9 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     http: httpx.AsyncClient | None = None
     runtime: ChatRuntime
     if settings.runtime is not None:
-        http = httpx.AsyncClient(follow_redirects=False)
+        http = traced_async_client(
+            tracing, peer="llm-runtime", propagate=True, follow_redirects=False
+        )
         runtime = OpenAiChatRuntime(settings.runtime, http)
     else:
         runtime = ExtractiveRuntime()

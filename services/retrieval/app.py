@@ -12,9 +12,11 @@ from visior.retrieval.v1 import retrieval_pb2_grpc
 from services.common import errors
 from services.common.breaker import CircuitBreaker
 from services.common.http import quiet_http_client_logs
+from services.common.http_tracing import traced_async_client, traced_client
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
+from services.common.tracing import install_tracing
 from services.docstore.parsing import ChunkingConfig
 from services.llm.runtime import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
@@ -99,9 +101,17 @@ def llm_assistants(
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     quiet_http_client_logs()
     registry = CollectorRegistry()
+    tracing = install_tracing(settings.server.tracing, settings.server.service)
+    # The reranker's HTTP calls as spans: a traced client of ours (closed below), else the
+    # client's own.
+    rerank_http = (
+        traced_async_client(tracing, peer="reranker", propagate=True)
+        if tracing is not None and settings.rerank.url and not settings.rerank.model_path
+        else None
+    )
     # First: a local reranker's model loads here, and files that are not a usable
     # cross-encoder stop the start (SettingsError) before any store is open.
-    reranker = None if settings.mock_mode else build_reranker(settings.rerank)
+    reranker = None if settings.mock_mode else build_reranker(settings.rerank, rerank_http)
     store = settings.docstore.open()
     engine: SearchBackend
     ingestor: Ingestor | None = None
@@ -112,13 +122,22 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         engine = MockSearchEngine(settings.defaults)
         backend = "mock"
     else:
-        embedder = build_embedder(settings.embedding)
+        embedder = build_embedder(
+            settings.embedding,
+            traced_client(
+                tracing, peer="embeddings", propagate=True, timeout=settings.embedding.timeout_s
+            )
+            if tracing is not None and settings.embedding.profile == "remote"
+            else None,
+        )
         index = open_index(settings, embedder.dim)
         backend = index.backend
         sections = SectionCatalog(store)
         summarizer, expander = None, None
         if settings.llm.runtime is not None:
-            http = httpx.AsyncClient(follow_redirects=False)
+            http = traced_async_client(
+                tracing, peer="llm-runtime", propagate=True, follow_redirects=False
+            )
             summarizer, expander = llm_assistants(settings.llm, http)
         ingestor = Ingestor(
             store=store,
@@ -208,7 +227,12 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             )
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, registry, domain="visior.retrieval"
+        settings.server,
+        register,
+        SERVICE_NAMES,
+        registry,
+        domain="visior.retrieval",
+        tracing=tracing,
     )
 
     if optimizer is not None:
@@ -223,6 +247,8 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
             await http.aclose()
         if isinstance(reranker, RerankClient):
             await reranker.aclose()
+        if rerank_http is not None:
+            await rerank_http.aclose()
         store.close()
 
     return running, close

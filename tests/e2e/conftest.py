@@ -160,10 +160,12 @@ class MeshFactory:
         self.root = root
         self.meshes: list[Mesh] = []
 
-    def __call__(self, env: dict[str, str] | None = None) -> Mesh:
+    def __call__(self, env: dict[str, str] | None = None, *, bank: bool = False) -> Mesh:
         # These meshes exist to have servers stopped: no drain period before they stop.
         m = _start(
-            self.root / f"mesh{len(self.meshes)}", {"VISIOR_DRAIN_SECONDS": "0", **(env or {})}
+            self.root / f"mesh{len(self.meshes)}",
+            {"VISIOR_DRAIN_SECONDS": "0", **(env or {})},
+            bank=bank,
         )
         self.meshes.append(m)
         return m

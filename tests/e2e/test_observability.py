@@ -13,7 +13,7 @@ import json
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -386,46 +386,52 @@ def test_opt_in_tracing_makes_one_trace_of_a_respond_across_every_hop(
     assert spans["toolsproxy"] and {s["parent_id"] for s in spans["toolsproxy"]} <= execute_ids
 
 
+@pytest.fixture
+def collector() -> Iterator[OtlpCollector]:
+    with OtlpCollector() as c:
+        yield c
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
-    make_mesh: MeshFactory, protocol: str
+    collector: OtlpCollector, make_mesh: MeshFactory, protocol: str
 ) -> None:
     """The real OTLP exporters (opentelemetry-exporter-otlp-proto-grpc / -http) in all four
     servers, sending to a collector that speaks OTLP (tests/fakes/otlp_collector.py)."""
-    with OtlpCollector() as collector:
-        m = make_mesh(
-            {
-                "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
-                "OTEL_EXPORTER_OTLP_ENDPOINT": (
-                    collector.grpc_endpoint if protocol == "grpc" else collector.url
-                ),
-                "OTEL_BSP_SCHEDULE_DELAY": "50",
-            }
-        )
-        guide = SAMPLES / "orion-x-admin-guide.md"
-        ingest(m, TENANT, guide.name, guide.read_bytes())
-        trace = f"e2e-{uuid.uuid4().hex}"
-        caller_span = "00f067aa0ba902b7"
-        otel_id = f"{otel_trace_id(trace):032x}"
-        r = respond(
-            m,
-            {**RESPOND, "trace_id": trace},
-            headers={"traceparent": f"00-{otel_id}-{caller_span}-01"},
-        )
-        assert r.status_code == 200, r.text
+    m = make_mesh(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": (
+                collector.grpc_endpoint if protocol == "grpc" else collector.url
+            ),
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        },
+        bank=True,
+    )
+    guide = SAMPLES / "orion-x-admin-guide.md"
+    ingest(m, TENANT, guide.name, guide.read_bytes())
+    trace = f"e2e-{uuid.uuid4().hex}"
+    caller_span = "00f067aa0ba902b7"
+    otel_id = f"{otel_trace_id(trace):032x}"
+    r = respond(
+        m,
+        {**RESPOND, "trace_id": trace},
+        headers={"traceparent": f"00-{otel_id}-{caller_span}-01"},
+    )
+    assert r.status_code == 200, r.text
 
-        def served(key: str) -> list[ReceivedSpan]:
-            name = f"{GRPC_SERVICE[key]}/{RESPOND_METHODS[key]}"
-            return [
-                s
-                for s in collector.spans()
-                if s.trace_id == otel_id and s.name == name and s.service == f"visior-{key}"
-            ]
+    def served(key: str) -> list[ReceivedSpan]:
+        name = f"{GRPC_SERVICE[key]}/{RESPOND_METHODS[key]}"
+        return [
+            s
+            for s in collector.spans()
+            if s.trace_id == otel_id and s.name == name and s.service == f"visior-{key}"
+        ]
 
-        for key in SERVICE_KEYS:
-            assert wait_for(lambda k=key: bool(served(k)), timeout=15), f"{key}: nothing received"
-        spans = {key: served(key) for key in SERVICE_KEYS}
+    for key in SERVICE_KEYS:
+        assert wait_for(lambda k=key: bool(served(k)), timeout=15), f"{key}: nothing received"
+    spans = {key: served(key) for key in SERVICE_KEYS}
     transport = "grpc" if protocol == "grpc" else "http"
     for key, found in spans.items():
         for span in found:
@@ -452,6 +458,30 @@ def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
             assert grandparent.kind == 2 and grandparent.service == client.service, grandparent
             if caller_service == "orchestrator":
                 assert grandparent.span_id == respond_span.span_id
+    # A call to a third party (the bank, over HTTP) is a CLIENT span of toolsproxy's Execute.
+    rate_trace = f"e2e-{uuid.uuid4().hex}"
+    r = respond(m, {"query": "Какой курс доллара сегодня?", "user": USER, "trace_id": rate_trace})
+    assert r.status_code == 200, r.text
+    rate_id = f"{otel_trace_id(rate_trace):032x}"
+
+    def bank_calls() -> list[ReceivedSpan]:
+        return [
+            s for s in collector.spans() if s.trace_id == rate_id and s.attributes.get("visior.peer") == "cbr"
+        ]  # fmt: skip
+
+    assert wait_for(lambda: bool(bank_calls()), timeout=15), "no span of the bank call"
+    assert wait_for(
+        lambda: any(s.name.endswith("/Execute") and s.service == "visior-toolsproxy" and s.kind == 2
+                    for s in collector.spans() if s.trace_id == rate_id),
+        timeout=15,
+    )  # fmt: skip
+    rate_spans = {s.span_id: s for s in collector.spans() if s.trace_id == rate_id}
+    for call in bank_calls():
+        assert call.kind == 3 and call.name == "POST" and call.service == "visior-toolsproxy"
+        assert call.attributes["http.response.status_code"] == 200, call
+        assert call.attributes["url.full"].endswith("/DailyInfoWebServ/DailyInfo.asmx"), call
+        parent = rate_spans[call.parent_span_id]
+        assert parent.kind == 2 and parent.name.endswith("ToolsProxyService/Execute"), parent
     # Each service's "rpc" log lines of the request name its SERVER spans.
     for key in SERVICE_KEYS:
         server_ids = {s.span_id for s in received if s.service == f"visior-{key}" and s.kind == 2}

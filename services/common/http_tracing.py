@@ -1,0 +1,169 @@
+"""CLIENT spans of the HTTP calls a service makes (model runtime, embeddings, rerank, the
+bank, Tavily): httpx transports that wrap the real one.
+
+Only built when tracing is on (`traced_async_client` / `traced_client` return plain
+clients otherwise), so nothing here runs or imports opentelemetry by default. A span is
+named by the HTTP method (OpenTelemetry's HTTP conventions, no route template known) and
+carries `http.request.method`, `server.address`, `server.port`, `url.full` (without query,
+fragment or credentials: they may hold keys), `http.response.status_code`, `error.type`
+(the status code from 400 up, or the exception's class), `visior.peer` (what the service
+is: "llm-runtime", "cbr", ...) and `visior.trace_id`. It lasts until the response body is
+read or closed, so a streamed answer (SSE) is timed whole.
+
+`propagate` sends the span's W3C `traceparent` with the request: for the operator's own
+services (runtime, embeddings, reranker), not for third parties (the bank, Tavily), who
+have no use for the mesh's trace ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from services.common.context import current_trace_id
+from services.common.tracing import TRACEPARENT_METADATA_KEY, ClientSpan, Tracing
+
+
+def _safe_url(url: httpx.URL) -> str:
+    return str(url.copy_with(query=None, fragment=None, username=None, password=None))
+
+
+def _start(tracing: Tracing, request: httpx.Request, peer: str, propagate: bool) -> ClientSpan:
+    url = request.url
+    span = tracing.start_span(
+        request.method,
+        current_trace_id(),
+        {
+            "http.request.method": request.method,
+            "server.address": url.host,
+            "server.port": url.port or (443 if url.scheme == "https" else 80),
+            "url.full": _safe_url(url),
+            "visior.peer": peer,
+        },
+    )
+    if propagate:
+        request.headers[TRACEPARENT_METADATA_KEY] = span.traceparent
+    return span
+
+
+def _end_status(span: ClientSpan, status: int) -> None:
+    span.set_attribute("http.response.status_code", status)
+    span.finish(str(status) if status >= 400 else None)
+
+
+class _AsyncStream(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, span: ClientSpan, status: int) -> None:
+        self._inner = inner
+        self._span = span
+        self._status = status
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except BaseException as exc:
+            self._span.finish(type(exc).__name__)
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            _end_status(self._span, self._status)
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, inner: httpx.SyncByteStream, span: ClientSpan, status: int) -> None:
+        self._inner = inner
+        self._span = span
+        self._status = status
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._inner
+        except BaseException as exc:
+            self._span.finish(type(exc).__name__)
+            raise
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            _end_status(self._span, self._status)
+
+
+class TracedAsyncTransport(httpx.AsyncBaseTransport):
+    """An async transport whose every request is a CLIENT span."""
+
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, tracing: Tracing, *, peer: str, propagate: bool
+    ) -> None:
+        self._inner = inner
+        self._tracing = tracing
+        self._peer = peer
+        self._propagate = propagate
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        span = _start(self._tracing, request, self._peer, self._propagate)
+        try:
+            response = await self._inner.handle_async_request(request)
+        except BaseException as exc:
+            span.finish(type(exc).__name__)
+            raise
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        response.stream = _AsyncStream(stream, span, response.status_code)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class TracedTransport(httpx.BaseTransport):
+    """A sync transport whose every request is a CLIENT span (the remote embedder's)."""
+
+    def __init__(
+        self, inner: httpx.BaseTransport, tracing: Tracing, *, peer: str, propagate: bool
+    ) -> None:
+        self._inner = inner
+        self._tracing = tracing
+        self._peer = peer
+        self._propagate = propagate
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        span = _start(self._tracing, request, self._peer, self._propagate)
+        try:
+            response = self._inner.handle_request(request)
+        except BaseException as exc:
+            span.finish(type(exc).__name__)
+            raise
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)
+        response.stream = _SyncStream(stream, span, response.status_code)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def traced_async_client(
+    tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
+) -> httpx.AsyncClient:
+    """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given."""
+    if tracing is None:
+        return httpx.AsyncClient(**kwargs)
+    inner = httpx.AsyncHTTPTransport()
+    transport = TracedAsyncTransport(inner, tracing, peer=peer, propagate=propagate)
+    return httpx.AsyncClient(transport=transport, **kwargs)
+
+
+def traced_client(
+    tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
+) -> httpx.Client:
+    """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given."""
+    if tracing is None:
+        return httpx.Client(**kwargs)
+    transport = TracedTransport(httpx.HTTPTransport(), tracing, peer=peer, propagate=propagate)
+    return httpx.Client(transport=transport, **kwargs)
