@@ -38,15 +38,11 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
         sys.path.insert(0, p)
 
 from retrieval_search import query_pool, running_mesh, working_copy  # noqa: E402
+from search_engine import pct  # noqa: E402
 
 from services.retrieval.index.base import IndexFilter, RankQuery  # noqa: E402
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402
 from services.retrieval.search import SearchDefaults  # noqa: E402
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def edge(args: argparse.Namespace, data: Path) -> None:

@@ -316,14 +316,9 @@ def _code_number(code: grpc.StatusCode) -> int:
     return int(code.value[0])
 
 
-class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Puts the trace id (and, when tracing, the W3C traceparent) in metadata and a deadline
-    (clamped to the caller's) on every unary call; with `metrics`, counts and times it; with
-    `tracing`, makes a CLIENT span of it (`target` names the server in it).
-
-    grpc.aio files an interceptor under its first matching kind only (unary-unary before
-    unary-stream), so server-streaming calls need their own: ClientStreamContextInterceptor.
-    """
+class _ClientContext:
+    """What both client interceptors hold: the default deadline, the client metrics and
+    the tracing (None: off) of one channel to `target`."""
 
     def __init__(
         self,
@@ -336,6 +331,16 @@ class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         self._metrics = metrics
         self._tracing = tracing
         self._target = target
+
+
+class ClientContextInterceptor(_ClientContext, grpc.aio.UnaryUnaryClientInterceptor):
+    """Puts the trace id (and, when tracing, the W3C traceparent) in metadata and a deadline
+    (clamped to the caller's) on every unary call; with `metrics`, counts and times it; with
+    `tracing`, makes a CLIENT span of it (`target` names the server in it).
+
+    grpc.aio files an interceptor under its first matching kind only (unary-unary before
+    unary-stream), so server-streaming calls need their own: ClientStreamContextInterceptor.
+    """
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         span = _client_span(self._tracing, client_call_details, self._target)
@@ -365,21 +370,9 @@ class ClientContextInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return call
 
 
-class ClientStreamContextInterceptor(grpc.aio.UnaryStreamClientInterceptor):
+class ClientStreamContextInterceptor(_ClientContext, grpc.aio.UnaryStreamClientInterceptor):
     """ClientContextInterceptor's work for server-streaming calls: the span ends with the
     stream."""
-
-    def __init__(
-        self,
-        default_timeout: float,
-        metrics: ClientRpcMetrics | None = None,
-        tracing: Tracing | None = None,
-        target: str = "",
-    ) -> None:
-        self._timeout = default_timeout
-        self._metrics = metrics
-        self._tracing = tracing
-        self._target = target
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         span = _client_span(self._tracing, client_call_details, self._target)
