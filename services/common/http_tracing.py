@@ -48,9 +48,12 @@ def _start(tracing: Tracing, request: httpx.Request, peer: str, propagate: bool)
     return span
 
 
-def _end_status(span: ClientSpan, status: int) -> None:
-    span.set_attribute("http.response.status_code", status)
-    span.finish(str(status) if status >= 400 else None)
+def _end_status(span: ClientSpan, status: int, error_type: str | None = None) -> None:
+    """End the span of a response whose status arrived: an error from 400 up, or when
+    reading its body failed (`error_type`). Once: a later end is ignored."""
+    if not span.ended:
+        span.set_attribute("http.response.status_code", status)
+    span.finish(error_type or (str(status) if status >= 400 else None))
 
 
 class _AsyncStream(httpx.AsyncByteStream):
@@ -63,8 +66,12 @@ class _AsyncStream(httpx.AsyncByteStream):
         try:
             async for chunk in self._inner:
                 yield chunk
+        except GeneratorExit:
+            # Abandoned by its reader (the runtime stops at "[DONE]"): no verdict on the
+            # call; aclose() ends the span.
+            raise
         except BaseException as exc:
-            self._span.finish(type(exc).__name__)
+            _end_status(self._span, self._status, type(exc).__name__)
             raise
 
     async def aclose(self) -> None:
@@ -83,8 +90,10 @@ class _SyncStream(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._inner
+        except GeneratorExit:  # abandoned by its reader: close() ends the span
+            raise
         except BaseException as exc:
-            self._span.finish(type(exc).__name__)
+            _end_status(self._span, self._status, type(exc).__name__)
             raise
 
     def close(self) -> None:
@@ -109,7 +118,7 @@ class TracedAsyncTransport(httpx.AsyncBaseTransport):
         span = _start(self._tracing, request, self._peer, self._propagate)
         try:
             response = await self._inner.handle_async_request(request)
-        except BaseException as exc:
+        except BaseException as exc:  # no response: the exception names the failure
             span.finish(type(exc).__name__)
             raise
         stream = response.stream
@@ -136,7 +145,7 @@ class TracedTransport(httpx.BaseTransport):
         span = _start(self._tracing, request, self._peer, self._propagate)
         try:
             response = self._inner.handle_request(request)
-        except BaseException as exc:
+        except BaseException as exc:  # no response: the exception names the failure
             span.finish(type(exc).__name__)
             raise
         stream = response.stream
@@ -151,19 +160,33 @@ class TracedTransport(httpx.BaseTransport):
 def traced_async_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.AsyncClient:
-    """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given."""
-    if tracing is None:
-        return httpx.AsyncClient(**kwargs)
-    inner = httpx.AsyncHTTPTransport()
-    transport = TracedAsyncTransport(inner, tracing, peer=peer, propagate=propagate)
-    return httpx.AsyncClient(transport=transport, **kwargs)
+    """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given.
+
+    The client is built as usual and its own transports are wrapped (the default one and
+    each mount's: proxies from the environment, `proxy=`, `verify`, `limits` all kept);
+    passing `transport=` instead would make httpx skip HTTP(S)_PROXY / ALL_PROXY."""
+    client = httpx.AsyncClient(**kwargs)
+    if tracing is not None:
+
+        def wrap(inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+            return TracedAsyncTransport(inner, tracing, peer=peer, propagate=propagate)
+
+        client._transport = wrap(client._transport)
+        client._mounts = {k: None if t is None else wrap(t) for k, t in client._mounts.items()}
+    return client
 
 
 def traced_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.Client:
-    """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given."""
-    if tracing is None:
-        return httpx.Client(**kwargs)
-    transport = TracedTransport(httpx.HTTPTransport(), tracing, peer=peer, propagate=propagate)
-    return httpx.Client(transport=transport, **kwargs)
+    """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given (built as
+    traced_async_client is)."""
+    client = httpx.Client(**kwargs)
+    if tracing is not None:
+
+        def wrap(inner: httpx.BaseTransport) -> httpx.BaseTransport:
+            return TracedTransport(inner, tracing, peer=peer, propagate=propagate)
+
+        client._transport = wrap(client._transport)
+        client._mounts = {k: None if t is None else wrap(t) for k, t in client._mounts.items()}
+    return client

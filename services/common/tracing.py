@@ -109,6 +109,10 @@ class ClientSpan:
         sc = span.get_span_context()
         self.traceparent = format_traceparent(sc.trace_id, sc.span_id, int(sc.trace_flags))
 
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
     def set_attribute(self, key: str, value: Any) -> None:
         self._span.set_attribute(key, value)
 

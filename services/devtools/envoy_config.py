@@ -277,6 +277,14 @@ def _grpc_route(spec: ServiceSpec, grpc_port: int) -> dict[str, Any]:
                 }
             ],
         },
+        # Refused on its headers: without this the buffer filter read the whole body first,
+        # and one over its limit got 413 (gRPC UNKNOWN with a JSON document) instead.
+        "typed_per_filter_config": {
+            "envoy.filters.http.buffer": {
+                "@type": _type("envoy.extensions.filters.http.buffer.v3.BufferPerRoute"),
+                "disabled": True,
+            }
+        },
         "direct_response": {
             "status": GRPC_REFUSED_STATUS,
             "body": {

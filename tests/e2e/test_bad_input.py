@@ -292,6 +292,25 @@ def test_a_grpc_message_on_a_json_path_is_unimplemented(mesh: Mesh) -> None:
     assert_grpc_refused(mesh, r, "retrieval")
 
 
+@pytest.mark.parametrize("size", [1024, DEFAULT_MAX_REQUEST_BYTES + 1])
+def test_a_grpc_call_on_the_json_listener_is_refused_on_its_headers_whatever_its_size(
+    mesh: Mesh, size: int
+) -> None:
+    """Past the JSON body limit too: the refusal does not read the body (the buffer filter
+    is off for it), so no 413, which a gRPC caller would read as UNKNOWN."""
+    options = [("grpc.max_send_message_length", 8 << 20)]
+    with grpc.insecure_channel(f"127.0.0.1:{mesh.ports.http['retrieval']}", options) as channel:
+        call = channel.unary_unary(
+            f"/{GRPC_SERVICE['retrieval']}/Search",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            call(b"\x0a" + b"x" * size, timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, err.value
+    assert f"own port {mesh.ports.grpc['retrieval']} " in (err.value.details() or ""), err.value
+
+
 @pytest.mark.parametrize("key", SERVICE_KEYS)
 def test_a_grpc_client_pointed_at_the_json_listener_is_told_where_to_go(
     mesh: Mesh, key: str

@@ -3,6 +3,10 @@ HTTP server, with an in-memory span exporter."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -16,9 +20,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.common.context import trace_id_var
 from services.common.http_tracing import traced_async_client, traced_client
 from services.common.tracing import Tracing, create_tracing, parse_traceparent
+from services.llm.chat import ChatMessage, Completion
+from services.llm.model import GenerationParams
+from services.llm.runtime import OpenAiChatRuntime, RuntimeSettings
+from tests.fakes.openai_chat import FakeChatServer, text
 from tests.fakes.threaded_http import ThreadedHttpFake
 
 HEX_TRACE = "0af7651916cd43dd8448eb211c80319c"
+KEY = "sk-test-runtime-0123456789abcdef"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -169,3 +178,115 @@ async def test_without_tracing_the_clients_are_plain(server):
     with traced_client(None, peer="embeddings", propagate=True) as sync:
         sync.get(f"{server.url}/ok")
     assert all("traceparent" not in {k.lower() for k in seen} for seen in server.seen)
+
+
+# --- a body its reader leaves, or that fails midway; proxies ------------------------------
+
+
+def _no_ended_span_warning(caplog: pytest.LogCaptureFixture) -> None:
+    assert not [r for r in caplog.records if "ended span" in r.getMessage()]
+
+
+def test_a_sync_reader_that_stops_early_is_no_error(server, traced, caplog):
+    # An abandoned body iterator is closed with GeneratorExit: that is no verdict on the call.
+    tracing, exporter = traced
+    caplog.set_level(logging.WARNING)
+    with traced_client(tracing, peer="embeddings", propagate=True) as http:
+        with http.stream("GET", f"{server.url}/stream") as r:
+            for _line in r.iter_lines():
+                break
+    [client] = _clients(exporter)
+    assert client.attributes["http.response.status_code"] == 200
+    assert "error.type" not in client.attributes
+    assert client.status.status_code == StatusCode.UNSET
+    _no_ended_span_warning(caplog)
+
+
+async def test_the_runtimes_stream_that_stops_at_done_is_no_error(traced, caplog):
+    # OpenAiChatRuntime leaves the SSE loop at [DONE], yields to its consumer (the handler
+    # writing the message), and closes the response after: the span is a success, timed whole.
+    tracing, exporter = traced
+    caplog.set_level(logging.WARNING)
+    with FakeChatServer(api_key=KEY) as fake:
+        fake.script(text("one two three four five six seven eight"))
+        async with traced_async_client(tracing, peer="llm-runtime", propagate=True) as http:
+            runtime = OpenAiChatRuntime(
+                RuntimeSettings(url=fake.url, default_model="m", api_key=KEY), http
+            )
+            events = []
+            async for event in runtime.stream(
+                [ChatMessage("user", "hi")], (), GenerationParams(), timeout_s=5
+            ):
+                events.append(event)
+                await asyncio.sleep(0.005)
+    assert isinstance(events[-1], Completion)
+    [client] = _clients(exporter)
+    assert client.attributes["http.response.status_code"] == 200
+    assert client.status.status_code == StatusCode.UNSET, dict(client.attributes)
+    _no_ended_span_warning(caplog)
+
+
+async def test_a_body_that_fails_midway_is_an_error_with_its_status(traced, caplog):
+    tracing, exporter = traced
+    caplog.set_level(logging.WARNING)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    release = threading.Event()
+
+    def serve() -> None:  # 7 of the 100 bytes it announces, then nothing
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        release.wait(5)
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        async with traced_async_client(
+            tracing, peer="llm-runtime", propagate=True, timeout=0.3
+        ) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.get(f"http://127.0.0.1:{port}/x")
+    finally:
+        release.set()
+        thread.join(5)
+        listener.close()
+    [client] = _clients(exporter)
+    assert client.attributes["http.response.status_code"] == 200
+    assert client.attributes["error.type"] == "ReadTimeout"
+    assert client.status.status_code == StatusCode.ERROR
+    _no_ended_span_warning(caplog)
+
+
+@pytest.fixture
+def proxy_env(server, monkeypatch):
+    """HTTP_PROXY pointing at the local server (which answers any path)."""
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    return server
+
+
+ONLY_BY_PROXY = "http://bank.example.invalid/ok"
+
+
+@pytest.mark.parametrize("on", [False, True])
+async def test_tracing_keeps_the_proxy_from_the_environment(proxy_env, traced, on):
+    tracing, exporter = traced
+    async with traced_async_client(tracing if on else None, peer="cbr", propagate=False) as http:
+        r = await http.get(ONLY_BY_PROXY)
+    assert r.status_code == 200 and len(proxy_env.seen) == 1
+    if on:
+        [client] = _clients(exporter)
+        assert client.attributes["url.full"] == ONLY_BY_PROXY
+        assert client.attributes["server.address"] == "bank.example.invalid"
+
+
+def test_the_sync_client_keeps_the_proxy_too(proxy_env, traced):
+    tracing, exporter = traced
+    with traced_client(tracing, peer="embeddings", propagate=True) as http:
+        assert http.get(ONLY_BY_PROXY).status_code == 200
+    assert len(proxy_env.seen) == 1 and len(_clients(exporter)) == 1
