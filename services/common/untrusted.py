@@ -11,7 +11,12 @@ import re
 from collections.abc import Mapping
 
 # "<<<" and look-alikes (fullwidth, small form) in data: a marker can only start with "<<<".
-_MARKER_RUN = re.compile("[<\uff1c\ufe64]{3,}")
+# Invisible format characters (soft hyphen, zero-width space/joiners, word joiner, bidi
+# controls, BOM, ...) between them render as nothing, so "<\u200b<\u200b<" reads as "<<<":
+# they are part of the run.
+_LT = "[<\uff1c\ufe64]"
+_INVISIBLE = "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]"
+_MARKER_RUN = re.compile(f"{_LT}(?:{_INVISIBLE}*{_LT}){{2,}}")
 _ATTR_UNSAFE = re.compile('[<>"\\\\\x00-\x1f\x7f\uff1c\uff1e\ufe64\ufe65]')
 _WRAPPED = re.compile(r"\A<<<([A-Z]+)[^\n]*>>>\n(.*)\n<<<END \1>>>\Z", re.DOTALL)
 

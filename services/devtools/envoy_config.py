@@ -36,6 +36,9 @@ HTTP_PREFIX: Mapping[str, str] = {
 }
 """The `/internal/...` path prefix each service's HTTP bindings live under."""
 
+MAX_REQUEST_HEADERS_KB = 1024
+"""The retrieval listener's request-line-and-headers limit (ListDocuments' doc_ids, GET)."""
+
 DEFAULT_ROUTE = "default"
 """Key of `timeouts` for the catch-all route of a service's prefix."""
 
@@ -432,6 +435,10 @@ def _listener(
         "preserve_external_request_id": True,
         "always_set_request_id_in_response": True,
         "normalize_path": True,
+        # Request line and headers: Envoy's default 60 KiB refused (431) a ListDocuments GET
+        # with its allowed 1,000 doc_ids of up to 128 characters (~140 KB of query string;
+        # ~780 KB percent-encoded when the ids are Cyrillic). Other listeners keep the default.
+        **({"max_request_headers_kb": MAX_REQUEST_HEADERS_KB} if spec.key == "retrieval" else {}),
         "merge_slashes": True,
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "common_http_protocol_options": {"idle_timeout": "300s"},

@@ -662,6 +662,9 @@ class CbrTool:
             check_day(day, "date", today)
             return day, day
         date_to = parse_date(args["date_to"], "date_to") if "date_to" in args else today
+        # Checked before the default start is counted back from it: from 0001-01-01 that
+        # subtraction overflowed (INTERNAL) before check_range could refuse the date.
+        check_day(date_to, "date_to", today)
         if "date_from" in args:
             date_from = parse_date(args["date_from"], "date_from")
         else:

@@ -47,6 +47,7 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.settings import Env, SettingsError
+from services.retrieval.search import KB_TENANT
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
 
 log = logging.getLogger("visior.toolsproxy.mcp")
@@ -183,6 +184,9 @@ class IdentityGate:
         user = _single(headers.get(self._user))
         if tenant is None or user is None:
             await _refuse(send, "caller identity missing or malformed")
+            return
+        if tenant == KB_TENANT:  # read through search_general_kb only (DESIGN §3)
+            await _refuse(send, "the knowledge-base tenant is reserved")
             return
         trace = _single(headers.get(self._trace))
         trace_id = trace if trace is not None and valid_trace_id(trace) else new_trace_id()

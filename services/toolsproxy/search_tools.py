@@ -115,6 +115,10 @@ class SearchTools:
         }
 
     async def _run(self, call: SearchCall, threshold: float) -> dict[str, Any]:
+        # Retrieval refuses a query of spaces; refused there it would come back as our own
+        # error (DOWNSTREAM_REJECTED) and reach the model as an outage to wait out.
+        if not call.query.strip():
+            raise ToolFailure("INVALID_ARGUMENT", "query must hold a word, not only spaces")
         try:
             hits = await self._searcher.search(call)
         except errors.InvalidArgumentError as exc:

@@ -9,6 +9,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
 from services.common.structs import request_struct
+from services.retrieval.search import KB_TENANT
 from services.toolsproxy.tools import Caller, ToolExecutor
 
 MAX_TOOL_NAME = 64
@@ -20,6 +21,14 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
         raise errors.InvalidArgumentError(
             "user.tenant_id is required",
             reason="MISSING_USER_CONTEXT",
+            metadata={"field": "user.tenant_id"},
+        )
+    if user.tenant_id == KB_TENANT:
+        # The knowledge base is read through search_general_kb only (DESIGN §3), never as a
+        # caller's own documents.
+        raise errors.InvalidArgumentError(
+            f"tenant {KB_TENANT!r} is reserved for the knowledge base; "
+            "search it with search_general_kb",
             metadata={"field": "user.tenant_id"},
         )
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)

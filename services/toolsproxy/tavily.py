@@ -578,4 +578,5 @@ def tavily_tool(client: TavilyClient) -> Tool:
         "publication dates as data; the URLs are not opened.",
         schema,
         run,
+        content="external",  # web text: delimited as EXTERNAL, untrusted data
     )

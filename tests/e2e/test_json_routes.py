@@ -6,8 +6,11 @@ Errors are checked on the HTTP status and `details[0].reason` of the documented 
 
 from __future__ import annotations
 
+import http.client
+import json
 import uuid
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import pytest
@@ -787,6 +790,36 @@ def test_list_documents_limits(
         assert r.status_code == 200, r.text
     else:
         assert assert_error(r, 400, error[0])["metadata"]["field"] == error[1]
+
+
+def _raw_get(mesh: Mesh, path: str, params: dict[str, Any]) -> tuple[int, str]:
+    """GET with http.client: httpx refuses URLs over 64 KiB itself."""
+    u = urlsplit(mesh.json_url("retrieval"))
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=30)
+    try:
+        conn.request("GET", f"{path}?{urlencode(params, doseq=True)}")
+        r = conn.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "doc_id",
+    [
+        lambda i: f"{i:04d}" + "x" * 124,  # 128 characters each: ~140 KB of query string
+        lambda i: f"{i:04d}" + "д" * 124,  # Cyrillic, percent-encoded: ~760 KB
+    ],
+    ids=["ascii", "cyrillic"],
+)
+def test_list_documents_takes_its_1000_longest_doc_ids_over_json(mesh: Mesh, doc_id: Any) -> None:
+    """Past Envoy's default 60 KiB of request line and headers (431 before the server)."""
+    ids = [doc_id(i) for i in range(1000)]
+    status, body = _raw_get(mesh, DOCS, {"tenant_id": TENANT, "doc_ids": [*ids, LDAP_DOC][1:]})
+    assert status == 200, body[:300]
+    assert [d["doc_id"] for d in json.loads(body)["documents"]] == [LDAP_DOC]
+    status, body = _raw_get(mesh, DOCS, {"tenant_id": TENANT, "doc_ids": [*ids, LDAP_DOC]})
+    assert status == 400 and json.loads(body)["details"][0]["reason"] == "LIMIT_EXCEEDED", body
 
 
 def test_document_lifecycle(mesh: Mesh) -> None:
