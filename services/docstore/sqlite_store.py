@@ -103,6 +103,11 @@ class SqliteDocumentStore:
         self._readers: queue.LifoQueue[sqlite3.Connection] = queue.LifoQueue()
         self._readers.put(self._conn)
         self._all_readers = [self._conn]
+        # Reads in flight, so close() can wait for them instead of closing a connection under
+        # one (sqlite3.ProgrammingError, an INTERNAL at the edge during a graceful stop).
+        self._reads = threading.Condition(threading.Lock())
+        self._in_use = 0
+        self._closed = False
 
     def _connect(self, *, reader: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -148,6 +153,27 @@ class SqliteDocumentStore:
                 raise
 
     def _reader(self) -> sqlite3.Connection:
+        """A pooled read connection, counted in use until _release (refused once closed)."""
+        with self._reads:
+            if self._closed:
+                raise StoreUnavailableError("document store: closed")
+            self._in_use += 1
+        try:
+            return self._pooled()
+        except BaseException:
+            self._done_reading()
+            raise
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        self._readers.put(conn)
+        self._done_reading()
+
+    def _done_reading(self) -> None:
+        with self._reads:
+            self._in_use -= 1
+            self._reads.notify_all()
+
+    def _pooled(self) -> sqlite3.Connection:
         try:
             return self._readers.get_nowait()
         except queue.Empty:
@@ -170,7 +196,7 @@ class SqliteDocumentStore:
         try:
             return self._run_query(conn, sql, args)
         finally:
-            self._readers.put(conn)
+            self._release(conn)
 
     @staticmethod
     def _run_query(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
@@ -179,6 +205,8 @@ class SqliteDocumentStore:
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):  # a reader that started before the writer
                 return []
+            raise StoreUnavailableError(f"document store: {exc}") from exc
+        except sqlite3.ProgrammingError as exc:  # the store was closed (one-connection modes)
             raise StoreUnavailableError(f"document store: {exc}") from exc
 
     def _query_packed(
@@ -502,8 +530,12 @@ class SqliteDocumentStore:
         for r in rows:
             yield r[0], r[1], r[2], Chunk(*r[3:])
 
-    def close(self) -> None:
-        """Close the connections."""
+    def close(self, wait_s: float = 30.0) -> None:
+        """Close the connections, once the reads in flight have ended (up to `wait_s`); later
+        reads raise StoreUnavailableError."""
+        with self._reads:
+            self._closed = True
+            self._reads.wait_for(lambda: self._in_use == 0, timeout=wait_s)
         with self._write_lock:
             if self._write_conn is not self._conn:
                 self._write_conn.close()

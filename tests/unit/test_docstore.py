@@ -4,6 +4,7 @@
 import dataclasses
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -463,10 +464,48 @@ def test_sqlite_reads_do_not_queue_behind_one_connection(tmp_path):
     waiter = threading.Thread(target=lambda: (store.list_documents("t1"), done.set()))
     waiter.start()
     assert not done.wait(0.2)
-    store._readers.put(held.pop())
+    store._release(held.pop())
     assert done.wait(10)
     waiter.join()
     for conn in held:
-        store._readers.put(conn)
+        store._release(conn)
     assert len(store._all_readers) == sqlite_store.READERS  # bounded
     store.close()
+
+
+_MANY_ROWS = (
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<2000000) SELECT x FROM c"
+)
+
+
+def test_sqlite_close_waits_for_a_read_in_flight_and_refuses_later_ones(tmp_path):
+    # close() closed the pooled connections under a read stepping through its rows:
+    # sqlite3.ProgrammingError, an INTERNAL at the gRPC edge during a graceful stop.
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    store.put(doc())
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(len(store._query(_MANY_ROWS, ())))
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.2)  # the read is stepping
+    store.close()
+    reader.join(60)
+    assert outcome == [2_000_000]
+    with pytest.raises(StoreUnavailableError):
+        store.list_documents("t1")
+
+
+def test_sqlite_close_does_not_wait_for_ever(tmp_path):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    held = store._reader()  # a read that never ends
+    started = time.monotonic()
+    store.close(wait_s=0.2)
+    assert time.monotonic() - started < 5
+    with pytest.raises(StoreUnavailableError):
+        store._run_query(held, "SELECT 1", ())
