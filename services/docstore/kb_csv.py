@@ -157,6 +157,10 @@ def _article(
         "jurisdiction": cells["jurisdiction"],
         "updated_at": updated_at,
         "file_name": file_name,
+        # Which CSV wrote the article, for pruning on its re-ingest. A key of its own: articles
+        # written before pruning existed carry file_name "train_data.csv" whatever their
+        # file, and must never be taken for that file's.
+        "kb_file": file_name,
         "line": str(line),
     }
     if cells.get("url"):

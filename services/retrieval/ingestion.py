@@ -490,15 +490,16 @@ class Ingestor:
     async def _prune_articles(self, articles: Sequence[Document]) -> tuple[str, ...]:
         """Delete the knowledge-base articles that an earlier ingest of the CSV these
         `articles` come from (the same file name) wrote and it no longer holds; their ids.
-        Articles another CSV wrote, or that moved to another CSV since, stay."""
-        file_key = articles[0].metadata.get("file_name", "")
+        Articles another CSV wrote, or that moved to another CSV since, stay; so do articles
+        written before pruning existed (no `kb_file`), until their CSV is ingested again."""
+        file_key = articles[0].metadata.get("kb_file", "")
         keep = {a.doc_id for a in articles}
         try:
             stored = await asyncio.to_thread(self._store.list_documents, KB_TENANT)
         except StoreUnavailableError as exc:
             raise _store_unavailable(exc) from None
         gone = [d.doc_id for d in stored
-                if d.metadata.get("file_name") == file_key and d.doc_id not in keep]  # fmt: skip
+                if d.metadata.get("kb_file") == file_key and d.doc_id not in keep]  # fmt: skip
         for doc_id in gone:
             await self._delete(KB_TENANT, doc_id)
         if gone:

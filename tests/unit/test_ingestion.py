@@ -12,6 +12,7 @@ from qdrant_client import QdrantClient
 
 from services.common import errors
 from services.docstore.errors import StoreUnavailableError
+from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
@@ -63,6 +64,29 @@ def kb_csv(*ids: str) -> bytes:
 
 def kb_ids(s) -> list[str]:
     return [d.doc_id for d in s.store.list_documents(KB_TENANT)]
+
+
+async def test_articles_written_before_pruning_are_never_taken_for_train_data_csvs(
+    tmp_path, embedder
+):
+    # Before pruning existed every article of every CSV was written with file_name
+    # "train_data.csv" and no kb_file: re-ingesting train_data.csv must not delete faq.csv's.
+    s = make_stack(tmp_path, embedder)
+    for content in (kb_csv("t1", "t2"), kb_csv("f1", "f2")):
+        for doc in parse_knowledge_base_csv(content, tenant_id=KB_TENANT):
+            legacy = {k: v for k, v in doc.metadata.items() if k != "kb_file"}
+            # (its generation then differed too: the metadata is part of it)
+            old = mix_generation(doc.generation, "before-kb_file")
+            await s.ingestor._ingest_one(replace(doc, metadata=legacy, generation=old))
+    assert kb_ids(s) == ["kb-f1", "kb-f2", "kb-t1", "kb-t2"]
+    out = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("t1"), file_name="train_data.csv"))
+    assert out.removed_doc_ids == ()  # the legacy kb-t2 stays too: nothing says whose it is
+    assert kb_ids(s) == ["kb-f1", "kb-f2", "kb-t1", "kb-t2"]
+    # Rewritten with the mark, train_data.csv's articles are pruned from then on.
+    await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("t1", "t2"), file_name="train_data.csv"))
+    out = await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("t1"), file_name="train_data.csv"))
+    assert out.removed_doc_ids == ("kb-t2",) and kb_ids(s) == ["kb-f1", "kb-f2", "kb-t1"]
+    s.index.close()
 
 
 def kb_search(s, text: str):
