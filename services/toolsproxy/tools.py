@@ -111,6 +111,9 @@ class ToolFailure(Exception):
 
 ToolResult = dict[str, Any]
 
+MAX_METADATA_SECTIONS = 500
+"""Sections one read_doc_metadata result lists at most."""
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -344,7 +347,8 @@ class DocumentTools:
                 Tool(
                     "read_doc_metadata",
                     "Read a document's title, page count, tags and sections with their page "
-                    "ranges.",
+                    f"ranges (at most {MAX_METADATA_SECTIONS} sections, titles within the text "
+                    "limit; sections_total and truncated say when some were left out).",
                     _object({"doc_id": _ID}, ["doc_id"]),
                     self.read_doc_metadata,
                 ),
@@ -495,8 +499,24 @@ class DocumentTools:
         }
 
     def read_doc_metadata(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
-        """Title, pages, tags, product, version and sections with their page ranges."""
+        """Title, pages, tags, product, version and sections with their page ranges: the
+        first MAX_METADATA_SECTIONS sections whose titles fit in max_text_bytes (a document
+        of thousands of headings made a result of megabytes, past the gRPC message limit)."""
         doc = self._doc(caller, args["doc_id"])
+        budget = self._limits.max_text_bytes
+        sections = []
+        for s in doc.sections[:MAX_METADATA_SECTIONS]:
+            budget -= len(s.title.encode("utf-8"))
+            if budget < 0:
+                break
+            sections.append(
+                {
+                    "section_id": s.section_id,
+                    "title": s.title,
+                    "page_start": s.page_start,
+                    "page_end": s.page_end,
+                }
+            )
         return {
             "doc_id": doc.doc_id,
             "title": doc.title,
@@ -504,15 +524,9 @@ class DocumentTools:
             "tags": list(doc.tags),
             "product": doc.product,
             "version": doc.version,
-            "sections": [
-                {
-                    "section_id": s.section_id,
-                    "title": s.title,
-                    "page_start": s.page_start,
-                    "page_end": s.page_end,
-                }
-                for s in doc.sections
-            ],
+            "sections": sections,
+            "sections_total": len(doc.sections),
+            "truncated": len(sections) < len(doc.sections),
         }
 
     def doc_local_search(self, caller: Caller, args: dict[str, Any]) -> ToolResult:

@@ -1,12 +1,13 @@
 """ToolsProxy's edges found by a review (2026-11-25), each through the real servicer and
 server interceptor where the caller's view matters: ancient bank dates, invisible characters
 forging a closing marker, the reserved knowledge-base tenant as a caller (gRPC and MCP), web
-results labelled as external, a blank search query."""
+results labelled as external, a blank search query, read_doc_metadata's size."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,7 +34,13 @@ from services.toolsproxy.mcp_server import McpEndpoint, McpSettings
 from services.toolsproxy.search_tools import SearchTools
 from services.toolsproxy.servicer import ToolsProxyServicer
 from services.toolsproxy.tavily import TavilyClient, TavilySettings, tavily_tool
-from services.toolsproxy.tools import Caller, DocumentTools, ToolExecutor, ToolLimits
+from services.toolsproxy.tools import (
+    MAX_METADATA_SECTIONS,
+    Caller,
+    DocumentTools,
+    ToolExecutor,
+    ToolLimits,
+)
 
 
 @contextlib.asynccontextmanager
@@ -226,3 +233,40 @@ async def test_a_blank_query_is_invalid_argument(tool: str) -> None:
         await channel.close()
         await running.server.stop(0)
     assert (out.status, out.error_code) == ("error", "INVALID_ARGUMENT"), out
+
+
+# --- read_doc_metadata is bounded ---------------------------------------------------------------
+
+
+def _headings(n: int, title_chars: int) -> str:
+    return "# Handbook\n\n" + "".join(
+        f"## {'h' * (title_chars - 6)}{i:05d}\n\nbody {i}\n\n" for i in range(n)
+    )
+
+
+def _metadata(store: Any, limits: ToolLimits, text: str) -> dict[str, Any]:
+    store.put(parse_document(tenant_id="a", doc_id="big", text=text, fmt="markdown"))
+    ex = ToolExecutor(DocumentTools(store, limits).tools, limits=limits)
+    out = asyncio.run(ex.execute("read_doc_metadata", {"doc_id": "big"}, Caller("a", "u")))
+    assert out.status == "ok", out
+    return out.result
+
+
+def test_read_doc_metadata_lists_at_most_its_section_cap(store: Any) -> None:
+    limits = ToolLimits(max_text_bytes=1 << 20)  # titles far inside the text budget
+    at = _metadata(store, limits, _headings(MAX_METADATA_SECTIONS, 20))
+    assert at["sections_total"] == MAX_METADATA_SECTIONS == len(at["sections"])
+    assert at["truncated"] is False
+    past = _metadata(store, limits, _headings(MAX_METADATA_SECTIONS + 1, 20))
+    assert past["sections_total"] == MAX_METADATA_SECTIONS + 1
+    assert len(past["sections"]) == MAX_METADATA_SECTIONS and past["truncated"] is True
+
+
+def test_read_doc_metadata_titles_stay_within_the_text_budget(store: Any) -> None:
+    # 4,000 headings of ~1 KB: a 4 MB result before, past the gRPC message limit.
+    limits = ToolLimits()
+    result = _metadata(store, limits, _headings(4000, 1000))
+    titles = sum(len(s["title"].encode()) for s in result["sections"])
+    assert 0 < titles <= limits.max_text_bytes
+    assert result["truncated"] is True and result["sections_total"] == 4000
+    assert len(json.dumps(result).encode()) < 4 * limits.max_text_bytes
