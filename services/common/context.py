@@ -56,3 +56,28 @@ def call_timeout(configured: float) -> float:
     if left is None:
         return configured
     return max(0.0, min(configured, left))
+
+
+CALLER_MARGIN_S = 0.25
+"""How long before the caller's deadline a call to an outside service is given up."""
+MIN_VERDICT_S = 1.0
+"""A timeout cut shorter than this by the caller's deadline says nothing about the service."""
+
+
+def upstream_timeout(configured: float) -> tuple[float, bool]:
+    """(timeout, says_nothing) for one call to an outside service (the bank, Tavily) made
+    for the current request.
+
+    The timeout is the configured one, cut to end CALLER_MARGIN_S before the caller's
+    deadline: the call's own timeout then fires first and is reported (and counted by the
+    service's breaker) before the caller gives up, which would be a cancellation, no verdict;
+    with the services' timeouts (9-10 s) above the LLM's 5 s per tool call, a service that
+    hung never opened its breaker. `says_nothing` is True when the caller's deadline cut the
+    timeout below MIN_VERDICT_S: a timeout then must not count against the service (a
+    caller with tiny deadlines could otherwise open the breaker for everyone).
+    """
+    left = remaining_seconds()
+    if left is None or left - CALLER_MARGIN_S >= configured:
+        return configured, False
+    cut = max(0.001, left - CALLER_MARGIN_S)
+    return cut, cut < MIN_VERDICT_S

@@ -34,6 +34,7 @@ from xml.sax.saxutils import escape
 import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.context import upstream_timeout
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
@@ -192,6 +193,10 @@ class _Retryable(Exception):
 
 class _Fatal(Exception):
     """One attempt failed in a way a second attempt will not fix (timeout, bad answer)."""
+
+
+class _NoVerdict(Exception):
+    """The attempt ran out of the caller's time, which was too short to judge the bank by."""
 
 
 # -- argument validation ------------------------------------------------------------------
@@ -485,6 +490,9 @@ class CbrClient:
         except CbrRequestError:
             self.breaker.record_success()  # the bank answered; the request was wrong
             raise
+        except _NoVerdict as exc:  # the caller's deadline, not the bank, ran out
+            self.breaker.release()
+            raise CbrUnavailableError(1, str(exc)) from None
         except _Fatal as exc:
             self.breaker.record_failure()
             log.warning(
@@ -541,13 +549,14 @@ class CbrClient:
             "SOAPAction": f'"{CBR_NS}{operation}"',
         }
         self.upstream_calls += 1
+        timeout_s, says_nothing = upstream_timeout(self.settings.timeout_s)
         try:
             async with self._http.stream(
                 "POST",
                 self.settings.url,
                 content=envelope,
                 headers=headers,
-                timeout=self.settings.timeout_s,
+                timeout=timeout_s,
             ) as response:
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
@@ -559,7 +568,9 @@ class CbrClient:
             raise _Retryable(f"cannot connect: {type(exc).__name__}") from None
         except httpx.TimeoutException:
             # A bank that hangs is not asked twice: the caller has waited long enough.
-            raise _Fatal(f"no answer within {self.settings.timeout_s:g} s") from None
+            if says_nothing:
+                raise _NoVerdict(f"no answer within the caller's {timeout_s:.2g} s") from None
+            raise _Fatal(f"no answer within {timeout_s:.3g} s") from None
         except httpx.HTTPError as exc:
             raise _Fatal(f"transport error: {type(exc).__name__}") from None
         root = self._xml(bytes(body))

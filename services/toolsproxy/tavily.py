@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.context import upstream_timeout
 from services.common.http import retry_after_seconds
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
@@ -142,13 +143,20 @@ class _Attempt(Exception):
     """One failed attempt: the error to raise if it is the last, and whether to retry."""
 
     def __init__(
-        self, error: TavilyError, *, retry: bool, outage: bool, delay: float | None = None
+        self,
+        error: TavilyError,
+        *,
+        retry: bool,
+        outage: bool,
+        delay: float | None = None,
+        verdict: bool = True,
     ) -> None:
         super().__init__(error.message)
         self.error = error
         self.retry = retry
         self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
         self.delay = delay
+        self.verdict = verdict  # False: the caller's time ran out, too short to judge Tavily
 
 
 def _unavailable(detail: str) -> TavilyError:
@@ -265,7 +273,9 @@ class TavilyClient:
             self.breaker.record_success()
             recorded = True
         except _Attempt as failed:
-            if failed.outage:
+            if not failed.verdict:
+                self.breaker.release()
+            elif failed.outage:
                 self.breaker.record_failure()
             else:  # Tavily answered (it refused us): it is up
                 self.breaker.record_success()
@@ -298,10 +308,10 @@ class TavilyClient:
         while True:
             attempt += 1
             remaining = s.deadline_s - (self._clock() - start)
+            # Cut to end before the caller's deadline (services.common.context).
+            timeout_s, says_nothing = upstream_timeout(max(0.001, min(s.timeout_s, remaining)))
             try:
-                return await self._once(
-                    body, headers, max(0.001, min(s.timeout_s, remaining))
-                ), attempt
+                return await self._once(body, headers, timeout_s, says_nothing), attempt
             except _Attempt as failed:
                 delay = failed.delay
                 if delay is None:
@@ -328,7 +338,7 @@ class TavilyClient:
                 await self._sleep(delay)
 
     async def _once(
-        self, body: dict[str, Any], headers: dict[str, str], timeout_s: float
+        self, body: dict[str, Any], headers: dict[str, str], timeout_s: float, says_nothing: bool
     ) -> dict[str, Any]:
         try:
             response = await self._http.post(
@@ -337,7 +347,10 @@ class TavilyClient:
         except httpx.TimeoutException:
             # Not retried: one more full timeout would blow the caller's budget.
             raise _Attempt(
-                _unavailable("Tavily did not answer in time"), retry=False, outage=True
+                _unavailable("Tavily did not answer in time"),
+                retry=False,
+                outage=True,
+                verdict=not says_nothing,
             ) from None
         except httpx.TransportError:
             raise _Attempt(

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import threading
 import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -270,3 +272,91 @@ def test_read_doc_metadata_titles_stay_within_the_text_budget(store: Any) -> Non
     assert 0 < titles <= limits.max_text_bytes
     assert result["truncated"] is True and result["sections_total"] == 4000
     assert len(json.dumps(result).encode()) < 4 * limits.max_text_bytes
+
+
+# --- a hung bank or Tavily opens its breaker, whatever the caller's deadline ------------------
+
+
+@pytest.fixture
+def silent_server() -> Any:
+    """http://127.0.0.1:<port>: takes connections and requests, never answers (httpx's
+    MockTransport would not time out: timeouts live in the real transport)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def _hung_tavily(url: str) -> tuple[Any, Any]:
+    settings = TavilySettings(
+        api_key="k", base_url=url, allow_http=True, timeout_s=3.0, breaker_failures=2
+    )
+    client = TavilyClient(settings, httpx.AsyncClient())
+    return client, ToolExecutor({"fetch_finance_news": tavily_tool(client)})
+
+
+def _hung_bank(url: str) -> tuple[Any, Any]:
+    settings = CbrSettings(url=f"{url}/x", timeout_s=3.0, retries=0, breaker_failures=2)
+    client = CbrClient(httpx.AsyncClient(), settings)
+    return client, ToolExecutor({"fetch_cbr_data": cbr_tool(client)})
+
+
+HUNG = {
+    "tavily": (_hung_tavily, "fetch_finance_news", {"query": "key rate"}),
+    "bank": (_hung_bank, "fetch_cbr_data", {"operation": "key_rate"}),
+}
+
+
+@pytest.mark.parametrize("upstream", list(HUNG))
+async def test_a_hung_upstream_opens_its_breaker_within_the_callers_deadline(
+    silent_server: str, upstream: str
+) -> None:
+    # The services' own timeouts (9-10 s) were longer than the LLM's 5 s per tool call: every
+    # call was cancelled first, which is no verdict, and the breaker never opened. Scaled
+    # down: a 3 s timeout, a 1.5 s caller deadline.
+    make, tool, args = HUNG[upstream]
+    client, executor = make(silent_server)
+    async with grpc_proxy(executor) as stub:
+        for _ in range(2):
+            started = asyncio.get_running_loop().time()
+            resp = await stub.Execute(request(tool, args), timeout=1.5)
+            assert asyncio.get_running_loop().time() - started < 1.5
+            assert resp.status == "error" and resp.error.code == "UPSTREAM_UNAVAILABLE", resp
+        assert client.breaker.state == "open"
+        started = asyncio.get_running_loop().time()
+        resp = await stub.Execute(request(tool, args), timeout=1.5)  # refused at once now
+        assert resp.error.code == "UPSTREAM_UNAVAILABLE"
+        assert asyncio.get_running_loop().time() - started < 0.5
+
+
+@pytest.mark.parametrize("upstream", list(HUNG))
+async def test_a_callers_tiny_deadline_is_no_verdict_on_the_upstream(
+    silent_server: str, upstream: str
+) -> None:
+    # Cut below MIN_VERDICT_S by the caller, a timeout says nothing about the service: a
+    # caller sending tiny deadlines must not open the breaker for everyone.
+    make, tool, args = HUNG[upstream]
+    client, executor = make(silent_server)
+    async with grpc_proxy(executor) as stub:
+        for _ in range(3):
+            resp = await stub.Execute(request(tool, args), timeout=0.6)
+            assert resp.status == "error" and resp.error.code == "UPSTREAM_UNAVAILABLE", resp
+    assert client.breaker.state == "closed"
