@@ -273,17 +273,13 @@ class _ClientDetails(grpc.aio.ClientCallDetails):
     pass
 
 
-def _method_name(details: grpc.aio.ClientCallDetails) -> str:
-    method = details.method
-    return method.decode() if isinstance(method, bytes) else str(method)
-
-
 def _client_span(
     tracing: Tracing | None, details: grpc.aio.ClientCallDetails, target: str
 ) -> ClientSpan | None:
     if tracing is None:
         return None
-    return tracing.start_client_span(_method_name(details), current_trace_id(), target)
+    service, method = split_method(details.method)
+    return tracing.start_client_span(service, method, current_trace_id(), target)
 
 
 def _with_context(

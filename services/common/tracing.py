@@ -184,10 +184,11 @@ class Tracing:
         otel_token = otel_context.attach(trace.set_span_in_context(span))
         return ServerSpan(span, (otel_token, var_token))
 
-    def start_client_span(self, full_method: str, mesh_trace_id: str, target: str) -> ClientSpan:
-        """A CLIENT span for a gRPC call of `full_method` ("/pkg.Service/Method") to
-        `target` (start_span's parent rules)."""
-        service, _, method = full_method.lstrip("/").rpartition("/")
+    def start_client_span(
+        self, service: str, method: str, mesh_trace_id: str, target: str
+    ) -> ClientSpan:
+        """A CLIENT span for a gRPC call of `service`/`method` to `target` (start_span's
+        parent rules)."""
         return self.start_span(
             f"{service}/{method}",
             mesh_trace_id,
