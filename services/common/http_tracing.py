@@ -17,8 +17,8 @@ have no use for the mesh's trace ids.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 
@@ -103,19 +103,24 @@ class _SyncStream(httpx.SyncByteStream):
             _end_status(self._span, self._status)
 
 
-class TracedAsyncTransport(httpx.AsyncBaseTransport):
-    """An async transport whose every request is a CLIENT span."""
+class _Traced:
+    """What both transports hold: the wrapped one and how its requests are traced."""
 
-    def __init__(
-        self, inner: httpx.AsyncBaseTransport, tracing: Tracing, *, peer: str, propagate: bool
-    ) -> None:
+    def __init__(self, inner: Any, tracing: Tracing, *, peer: str, propagate: bool) -> None:
         self._inner = inner
         self._tracing = tracing
         self._peer = peer
         self._propagate = propagate
 
+    def _span(self, request: httpx.Request) -> ClientSpan:
+        return _start(self._tracing, request, self._peer, self._propagate)
+
+
+class TracedAsyncTransport(_Traced, httpx.AsyncBaseTransport):
+    """An async transport whose every request is a CLIENT span."""
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        span = _start(self._tracing, request, self._peer, self._propagate)
+        span = self._span(request)
         try:
             response = await self._inner.handle_async_request(request)
         except BaseException as exc:  # no response: the exception names the failure
@@ -130,19 +135,11 @@ class TracedAsyncTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-class TracedTransport(httpx.BaseTransport):
+class TracedTransport(_Traced, httpx.BaseTransport):
     """A sync transport whose every request is a CLIENT span (the remote embedder's)."""
 
-    def __init__(
-        self, inner: httpx.BaseTransport, tracing: Tracing, *, peer: str, propagate: bool
-    ) -> None:
-        self._inner = inner
-        self._tracing = tracing
-        self._peer = peer
-        self._propagate = propagate
-
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        span = _start(self._tracing, request, self._peer, self._propagate)
+        span = self._span(request)
         try:
             response = self._inner.handle_request(request)
         except BaseException as exc:  # no response: the exception names the failure
@@ -157,36 +154,37 @@ class TracedTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+_C = TypeVar("_C", httpx.Client, httpx.AsyncClient)
+
+
+def _wrap_transports(client: _C, wrap: Callable[[Any], Any]) -> _C:
+    """`client` with its own transports wrapped: the default one and each mount's (proxies
+    from the environment, `proxy=`, `verify`, `limits` all kept). Passing `transport=` to
+    the constructor instead would make httpx skip HTTP(S)_PROXY / ALL_PROXY."""
+    client._transport = wrap(client._transport)
+    client._mounts = {k: None if t is None else wrap(t) for k, t in client._mounts.items()}
+    return client
+
+
 def traced_async_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.AsyncClient:
-    """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given.
-
-    The client is built as usual and its own transports are wrapped (the default one and
-    each mount's: proxies from the environment, `proxy=`, `verify`, `limits` all kept);
-    passing `transport=` instead would make httpx skip HTTP(S)_PROXY / ALL_PROXY."""
+    """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given."""
     client = httpx.AsyncClient(**kwargs)
-    if tracing is not None:
-
-        def wrap(inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
-            return TracedAsyncTransport(inner, tracing, peer=peer, propagate=propagate)
-
-        client._transport = wrap(client._transport)
-        client._mounts = {k: None if t is None else wrap(t) for k, t in client._mounts.items()}
-    return client
+    if tracing is None:
+        return client
+    return _wrap_transports(
+        client, lambda t: TracedAsyncTransport(t, tracing, peer=peer, propagate=propagate)
+    )
 
 
 def traced_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.Client:
-    """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given (built as
-    traced_async_client is)."""
+    """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given."""
     client = httpx.Client(**kwargs)
-    if tracing is not None:
-
-        def wrap(inner: httpx.BaseTransport) -> httpx.BaseTransport:
-            return TracedTransport(inner, tracing, peer=peer, propagate=propagate)
-
-        client._transport = wrap(client._transport)
-        client._mounts = {k: None if t is None else wrap(t) for k, t in client._mounts.items()}
-    return client
+    if tracing is None:
+        return client
+    return _wrap_transports(
+        client, lambda t: TracedTransport(t, tracing, peer=peer, propagate=propagate)
+    )
