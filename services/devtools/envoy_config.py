@@ -140,20 +140,22 @@ GRPC_REFUSED_STATUS = 418
 """The direct response of _grpc_route, turned into 404 / UNIMPLEMENTED by _local_reply_config."""
 
 
+def _status_is(status: int) -> dict[str, Any]:
+    """A local-reply mapper filter matching the HTTP status Envoy produced."""
+    return {
+        "status_code_filter": {
+            "comparison": {
+                "op": "EQ",
+                "value": {"default_value": status, "runtime_key": f"visior.local_reply.{status}"},
+            }
+        }
+    }
+
+
 def _local_reply_config() -> dict[str, Any]:
     mappers = [
         {
-            "filter": {
-                "status_code_filter": {
-                    "comparison": {
-                        "op": "EQ",
-                        "value": {
-                            "default_value": produced,
-                            "runtime_key": f"visior.local_reply.{produced}",
-                        },
-                    }
-                }
-            },
+            "filter": _status_is(produced),
             **({"status_code": sent} if sent != produced else {}),
             "body_format_override": {"json_format": _status_body(code, reason)},
         }
@@ -166,17 +168,7 @@ def _local_reply_config() -> dict[str, Any]:
     # headers (the transcoder has rewritten those by now), and sends it on as a 404 with
     # the plain message: a JSON document in grpc-message helps nobody.
     grpc_refusal = {
-        "filter": {
-            "status_code_filter": {
-                "comparison": {
-                    "op": "EQ",
-                    "value": {
-                        "default_value": GRPC_REFUSED_STATUS,
-                        "runtime_key": f"visior.local_reply.{GRPC_REFUSED_STATUS}",
-                    },
-                }
-            }
-        },
+        "filter": _status_is(GRPC_REFUSED_STATUS),
         "status_code": 404,
         "body_format_override": {"text_format": "%LOCAL_REPLY_BODY%"},
     }
