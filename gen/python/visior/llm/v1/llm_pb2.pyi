@@ -29,20 +29,22 @@ class ContextChunk(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section_id: _Optional[str] = ..., text: _Optional[str] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ..., chunk_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class GenerationParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty", "stop")
+    __slots__ = ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "response_schema")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
     presence_penalty: float
     frequency_penalty: float
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    response_schema: _struct_pb2.Struct
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., response_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class AnchorChunk(_message.Message):
     __slots__ = ("doc_id", "section_id", "anchor_chunk_id")
@@ -101,26 +103,34 @@ class GenerateRequest(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., system_prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., context_chunks: _Optional[_Iterable[_Union[ContextChunk, _Mapping]]] = ..., generation_params: _Optional[_Union[GenerationParams, _Mapping]] = ..., trace_id: _Optional[str] = ..., user: _Optional[_Union[_common_pb2.UserContext, _Mapping]] = ..., tool_policy: _Optional[_Union[ToolPolicy, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class UsedTokens(_message.Message):
-    __slots__ = ("prompt", "completion")
+    __slots__ = ("prompt", "completion", "prompt_cached", "final_prompt")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_PROMPT_FIELD_NUMBER: _ClassVar[int]
     prompt: int
     completion: int
-    def __init__(self, prompt: _Optional[int] = ..., completion: _Optional[int] = ...) -> None: ...
+    prompt_cached: int
+    final_prompt: int
+    def __init__(self, prompt: _Optional[int] = ..., completion: _Optional[int] = ..., prompt_cached: _Optional[int] = ..., final_prompt: _Optional[int] = ...) -> None: ...
 
 class GenerateMeta(_message.Message):
-    __slots__ = ("model_name", "latency_ms", "tool_steps", "trace_id", "extractive")
+    __slots__ = ("model_name", "latency_ms", "tool_steps", "trace_id", "extractive", "runtime_ms", "model_calls")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     EXTRACTIVE_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     latency_ms: int
     tool_steps: int
     trace_id: str
     extractive: bool
-    def __init__(self, model_name: _Optional[str] = ..., latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., trace_id: _Optional[str] = ..., extractive: _Optional[bool] = ...) -> None: ...
+    runtime_ms: int
+    model_calls: int
+    def __init__(self, model_name: _Optional[str] = ..., latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., trace_id: _Optional[str] = ..., extractive: _Optional[bool] = ..., runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("answer", "used_tokens", "tools_called", "meta")

@@ -61,7 +61,7 @@ class Safety(_message.Message):
     def __init__(self, input: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps", "scenario", "intent", "decided_by")
+    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps", "scenario", "intent", "decided_by", "llm_runtime_ms", "model_calls", "prompt_tokens", "prompt_tokens_cached", "final_prompt_tokens")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     LLM_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,11 @@ class Telemetry(_message.Message):
     SCENARIO_FIELD_NUMBER: _ClassVar[int]
     INTENT_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    LLM_RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     retrieval_latency_ms: int
     llm_latency_ms: int
@@ -76,7 +81,12 @@ class Telemetry(_message.Message):
     scenario: str
     intent: str
     decided_by: str
-    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., scenario: _Optional[str] = ..., intent: _Optional[str] = ..., decided_by: _Optional[str] = ...) -> None: ...
+    llm_runtime_ms: int
+    model_calls: int
+    prompt_tokens: int
+    prompt_tokens_cached: int
+    final_prompt_tokens: int
+    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., scenario: _Optional[str] = ..., intent: _Optional[str] = ..., decided_by: _Optional[str] = ..., llm_runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_cached: _Optional[int] = ..., final_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class RespondResponse(_message.Message):
     __slots__ = ("answer", "sources", "tools", "safety", "telemetry")

@@ -78,6 +78,16 @@ class GenerationParams(betterproto.Message):
     stop: List[str] = betterproto.string_field(6)
     """stop are stop sequences, at most 4."""
 
+    response_schema: "betterproto_lib_google_protobuf.Struct" = (
+        betterproto.message_field(7)
+    )
+    """
+    response_schema asks for an answer that is one JSON object matching this
+     JSON schema (the runtime's constrained output, `response_format`
+     json_schema, where it offers it); only without tools. At most 16 KiB as
+     JSON. The extractive responder ignores it.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class AnchorChunk(betterproto.Message):
@@ -191,6 +201,16 @@ class UsedTokens(betterproto.Message):
     completion: int = betterproto.int32_field(2)
     """completion is the completion tokens over all runtime calls."""
 
+    prompt_cached: int = betterproto.int32_field(3)
+    """
+    prompt_cached is how many of `prompt` the runtime reported it took from
+     its prompt cache (`usage.prompt_tokens_details.cached_tokens`); prompt -
+     prompt_cached is what it had to process.
+    """
+
+    final_prompt: int = betterproto.int32_field(4)
+    """final_prompt is the prompt tokens of the last runtime call."""
+
 
 @dataclass(eq=False, repr=False)
 class GenerateMeta(betterproto.Message):
@@ -213,6 +233,15 @@ class GenerateMeta(betterproto.Message):
     extractive is true when no runtime was configured and the built-in
      extractive responder composed the answer (DESIGN §2.9).
     """
+
+    runtime_ms: int = betterproto.int32_field(6)
+    """
+    runtime_ms is the time spent waiting for the model runtime, over all its
+     calls (0 for the extractive responder).
+    """
+
+    model_calls: int = betterproto.int32_field(7)
+    """model_calls is how many times the runtime was called."""
 
 
 @dataclass(eq=False, repr=False)

@@ -132,6 +132,29 @@ class Telemetry(betterproto.Message):
     decided_by is "model" (the model's JSON decision) or "rules" (the fallback).
     """
 
+    llm_runtime_ms: int = betterproto.int32_field(8)
+    """
+    llm_runtime_ms is the time the LLM service spent waiting for the model
+     runtime, over every Generate of this request (routing included).
+    """
+
+    model_calls: int = betterproto.int32_field(9)
+    """model_calls is how many model runtime calls the request made."""
+
+    prompt_tokens: int = betterproto.int32_field(10)
+    """prompt_tokens is the prompt tokens sent over all model calls."""
+
+    prompt_tokens_cached: int = betterproto.int32_field(11)
+    """
+    prompt_tokens_cached is how many of prompt_tokens the runtime took from its
+     prompt cache; prompt_tokens - prompt_tokens_cached is what it processed.
+    """
+
+    final_prompt_tokens: int = betterproto.int32_field(12)
+    """
+    final_prompt_tokens is the prompt tokens of the answer's last model call.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RespondResponse(betterproto.Message):
