@@ -245,6 +245,19 @@ class RetrievalEngine:
         return self._index.index.backend
 
     async def search(self, q: SearchQuery) -> SearchResult:
+        try:
+            return await self._search(q)
+        except errors.ServiceError as exc:
+            # retrieval_errors_total{reason}: every failed search, by its error's reason.
+            if self._metrics is not None:
+                self._metrics.failed(exc.reason)
+            raise
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.failed("INTERNAL")
+            raise
+
+    async def _search(self, q: SearchQuery) -> SearchResult:
         started = time.perf_counter()
         plan = self._plan(q)
         if plan.expand and self._expander is not None:
@@ -262,10 +275,10 @@ class RetrievalEngine:
             else:
                 result = await asyncio.to_thread(self._search_sync, plan, timing, started)
         except BackendUnavailableError as exc:
-            if self._metrics is not None:
-                self._metrics.failed("backend_unavailable")
             if not self._settings.empty_on_backend_error:
-                raise
+                raise  # counted by search()
+            if self._metrics is not None:
+                self._metrics.failed(exc.reason)
             log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=exc)
             result = self._shape(plan, [], {}, False, timing, started)
         if self._metrics is not None:

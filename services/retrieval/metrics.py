@@ -54,6 +54,7 @@ class RetrievalMetrics:
         self.hits.inc(len(result.hits))
 
     def failed(self, reason: str) -> None:
+        """A failed search, under its error's reason (INVALID_ARGUMENT, backend_unavailable, …)."""
         self.errors.labels(reason).inc()
         if reason == "backend_unavailable":
             self.backend_unavailable.inc()
