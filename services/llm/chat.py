@@ -52,6 +52,9 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    cached_prompt_tokens: int = 0
+    """Of prompt_tokens, those the runtime took from its prompt cache
+    (``usage.prompt_tokens_details.cached_tokens``; 0 when it does not say)."""
 
 
 @dataclass(frozen=True)

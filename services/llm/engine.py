@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from services.common import errors
 from services.common.context import remaining_seconds
@@ -29,6 +32,24 @@ class Budgets:
 
 def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(message, metadata={"field": field_name})
+
+
+MAX_RESPONSE_SCHEMA_BYTES = 16 * 1024
+
+
+def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None:
+    field_name = "generation_params.response_schema"
+    size = len(json.dumps(schema, ensure_ascii=False).encode())
+    if size > MAX_RESPONSE_SCHEMA_BYTES:
+        raise errors.LimitExceededError(
+            f"{field_name} is {size} bytes as JSON; the limit is {MAX_RESPONSE_SCHEMA_BYTES}",
+            reason="LLM_LIMIT_EXCEEDED",
+            metadata={"field": field_name, "limit": str(MAX_RESPONSE_SCHEMA_BYTES)},
+        )
+    if not schema:
+        raise _invalid(field_name, "response_schema must not be empty")
+    if allowed_tools:
+        raise _invalid(field_name, "response_schema cannot be combined with allowed_tools")
 
 
 def validate(req: GenerateInput, budgets: Budgets) -> None:
@@ -79,6 +100,8 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
             raise _invalid(f"generation_params.{name}", f"{name} must be within {lo}..{hi}")
     if len(p.stop) > MAX_STOP_SEQUENCES:
         raise _invalid("generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences")
+    if p.response_schema is not None:
+        _validate_response_schema(p.response_schema, req.policy.allowed_tools)
     if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
         raise _invalid("user.tenant_id", "tools need the user's tenant_id")
     steps = req.policy.max_tool_steps

@@ -789,7 +789,7 @@ class ExtractiveRuntime:
         model: str = "",
     ) -> Completion:
         """The next move: a tool call, or the answer."""
-        return self.respond(messages, tools)
+        return self.respond(messages, tools if params.tool_choice != "none" else ())
 
     async def stream(
         self,
@@ -801,7 +801,7 @@ class ExtractiveRuntime:
         model: str = "",
     ) -> AsyncIterator[StreamEvent]:
         """`complete`, with the answer handed out word by word first."""
-        completion = self.respond(messages, tools)
+        completion = self.respond(messages, tools if params.tool_choice != "none" else ())
         for piece in _PIECE.findall(completion.content):
             yield StreamDelta(piece)
         yield completion

@@ -188,6 +188,10 @@ class _Run:
         """Each model call's latency (ms), for the request's summary log line."""
         self.tool_ms: list[int] = []
         """Each tool call's latency (ms), likewise."""
+        self.prompt_cached = 0
+        """Prompt tokens the runtime took from its cache, over all calls."""
+        self.final_prompt = 0
+        """The last call's prompt tokens, as the runtime reported them."""
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -212,6 +216,8 @@ class _Run:
                     "outcome": outcome,
                     "tool_steps": self.steps,
                     "model_calls": self.budget.calls,
+                    "prompt_tokens": self.budget.prompt_used,
+                    "prompt_cached": self.prompt_cached,
                     "step_ms": self.step_ms,
                     "tool_ms": self.tool_ms,
                     "latency_ms": round((self.loop.clock() - self.started) * 1000),
@@ -230,13 +236,20 @@ class _Run:
                 messages.append(note)
                 self.budget.add(note)
                 noted = True
-            tools = () if self.closed else self.offered
+            # Withdrawn tools stay in the prompt (tool_choice "none"): each step then extends
+            # the previous prompt, and the runtime's prompt cache covers all but the new turns.
             max_tokens = self.budget.before_call()
-            params = replace(self.req.params, max_tokens=max_tokens)
+            params = replace(
+                self.req.params,
+                max_tokens=max_tokens,
+                tool_choice="none" if self.closed else "auto",
+            )
             step_started = self.loop.clock()
-            completion = await self._call(messages, tools, params)
+            completion = await self._call(messages, self.offered, params)
             step_ms = round((self.loop.clock() - step_started) * 1000)
             self.step_ms.append(step_ms)
+            self.prompt_cached += completion.cached_prompt_tokens
+            self.final_prompt = completion.prompt_tokens
             # Our own count of the answer is needed only when the runtime reports none.
             estimate = 0
             if completion.completion_tokens <= 0:
@@ -547,4 +560,8 @@ class _Run:
             latency_ms=round((self.loop.clock() - self.started) * 1000),
             extractive=bool(getattr(self.loop.runtime, "extractive", False)),
             trace_id=self.req.trace_id,
+            prompt_cached=self.prompt_cached,
+            final_prompt_tokens=self.final_prompt,
+            runtime_ms=sum(self.step_ms),
+            model_calls=self.budget.calls,
         )

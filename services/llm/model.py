@@ -60,6 +60,12 @@ class GenerationParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: tuple[str, ...] = ()
+    response_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    """Ask for one JSON object matching this JSON schema (constrained output); no tools."""
+    tool_choice: str = "auto"
+    """"auto": the offered tools may be called; "none": they stay in the prompt (so its
+    prefix is unchanged and the runtime's prompt cache still holds) but the model must
+    answer."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,13 @@ class GenerateOutput:
     latency_ms: int
     extractive: bool
     trace_id: str
+    prompt_cached: int = 0
+    """Prompt tokens the runtime reported it took from its prompt cache, over all calls."""
+    final_prompt_tokens: int = 0
+    """The last runtime call's prompt tokens."""
+    runtime_ms: int = 0
+    """Time spent waiting for the runtime, over all calls."""
+    model_calls: int = 0
 
 
 class ToolRunner(Protocol):

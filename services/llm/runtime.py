@@ -45,6 +45,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -96,6 +97,10 @@ class RuntimeSettings:
     """Bearer key (LLM_RUNTIME_API_KEY, OPENAI_API_KEY or their *_FILE); None sends none."""
     enable_json_mode: bool = False
     """Tools through the JSON-mode instruction instead of native ``tools`` (ENABLE_JSON_MODE)."""
+    json_schema: bool = True
+    """In JSON mode, constrain the answer with ``response_format`` ``json_schema`` (a schema
+    naming the offered tools and their arguments, or the answer) instead of ``json_object``
+    (LLM_RUNTIME_JSON_SCHEMA; off for runtimes that offer only ``json_object``)."""
     timeout_s: float = 30.0
     """Longest one call may take, the retry included (LLM_RUNTIME_TIMEOUT_S); callers'
     shorter timeouts win."""
@@ -153,6 +158,7 @@ class RuntimeSettings:
             default_model=env.text(names("DEFAULT_MODEL_NAME"), ""),
             api_key=_api_key(env),
             enable_json_mode=env.flag(names("ENABLE_JSON_MODE"), False),
+            json_schema=env.flag(names("LLM_RUNTIME_JSON_SCHEMA"), True),
             timeout_s=env.number(names("LLM_RUNTIME_TIMEOUT_S"), 30.0, minimum=0.01),
             connect_timeout_s=env.number(names("LLM_RUNTIME_CONNECT_TIMEOUT_S"), 3.0, minimum=0.01),
             retries=env.integer(names("LLM_RUNTIME_RETRIES"), 1, minimum=0, maximum=3),
@@ -209,6 +215,58 @@ def json_mode_instruction(tools: Sequence[ToolSpec]) -> str:
         for t in tools
     )
     return JSON_MODE_INSTRUCTIONS.format(tools=listing)
+
+
+_KEPT_KEYWORDS = frozenset(
+    {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "description"}
+)
+_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def _constrainable(schema: Any) -> Any:
+    """`schema` with only the keywords a runtime's grammar needs to shape the JSON (types,
+    properties, required, items, enum, const, anyOf): length, range and pattern limits are
+    left to the tool loop's own check (grammars of `maxLength: 2000` grow large), and unknown
+    properties are refused so the model cannot invent arguments."""
+    if isinstance(schema, list):
+        return [_constrainable(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _constrainable(v) for k, v in schema.items() if k in _KEPT_KEYWORDS}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _constrainable(v) for k, v in schema["properties"].items()}
+        out["additionalProperties"] = False
+    out.pop("description", None)
+    return out
+
+
+def step_schema(tools: Sequence[ToolSpec], *, allow_tools: bool = True) -> dict[str, Any]:
+    """The JSON schema of one JSON-mode step: a call of one of `tools` (its name as a
+    constant, its arguments by its own schema) or the final answer."""
+    if not tools or not allow_tools:
+        return _ANSWER_SCHEMA
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "tool_name": {"const": t.name},
+                "arguments": _constrainable(_schema(t)),
+            },
+            "required": ["tool_name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    return {"anyOf": [*calls, _ANSWER_SCHEMA]}
+
+
+def _json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 def _check_roles(messages: Sequence[ChatMessage]) -> None:
@@ -283,15 +341,31 @@ def build_request(
     *,
     model: str,
     json_mode: bool,
+    json_schema: bool = False,
     stream: bool = False,
     stream_usage: bool = True,
 ) -> dict[str, Any]:
-    """The chat-completions body: only the generation params that are set are sent."""
+    """The chat-completions body: only the generation params that are set are sent.
+
+    With `params.response_schema` the answer is constrained to that schema (no tools). In
+    JSON mode `json_schema` constrains each step to `step_schema` (else ``json_object``).
+    With `params.tool_choice` "none" the tools stay in the prompt, unchanged, so the
+    runtime's prompt cache still covers it, but the answer may not call them.
+    """
     _check_roles(messages)
     body: dict[str, Any] = {"model": model}
-    if json_mode:
+    allow_tools = params.tool_choice != "none"
+    if params.response_schema is not None:
+        body["messages"] = _native_messages(messages)
+        body["response_format"] = _json_schema_format("response", params.response_schema)
+    elif json_mode:
         body["messages"] = _json_mode_messages(messages, tools)
-        body["response_format"] = {"type": "json_object"}
+        if json_schema:
+            body["response_format"] = _json_schema_format(
+                "visior_step", step_schema(tools, allow_tools=allow_tools)
+            )
+        else:
+            body["response_format"] = {"type": "json_object"}
     else:
         body["messages"] = _native_messages(messages)
         if tools:
@@ -306,6 +380,8 @@ def build_request(
                 }
                 for t in tools
             ]
+            if not allow_tools:
+                body["tool_choice"] = "none"
     for name in ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if value is not None:
@@ -361,15 +437,16 @@ def encode_request(
     *,
     model: str,
     json_mode: bool,
+    json_schema: bool = False,
     stream: bool = False,
     stream_usage: bool = True,
 ) -> bytes:
     """`build_request`'s body as the JSON bytes sent (what httpx's `json=` would send),
     built from per-message encodings that are reused from one model call to the next."""
-    if json_mode:
+    if json_mode or params.response_schema is not None:
         body = build_request(
-            messages, tools, params, model=model, json_mode=True, stream=stream,
-            stream_usage=stream_usage,
+            messages, tools, params, model=model, json_mode=json_mode, json_schema=json_schema,
+            stream=stream, stream_usage=stream_usage,
         )  # fmt: skip
         return _dumps(body).encode()
     _check_roles(messages)
@@ -382,6 +459,8 @@ def encode_request(
     parts.append("]")
     if tools:
         parts += [',"tools":', _tools_json(tools)]
+        if params.tool_choice == "none":
+            parts.append(',"tool_choice":"none"')
     if rest:
         parts += [",", _dumps(rest)[1:-1]]
     parts.append("}")
@@ -440,6 +519,59 @@ def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     raise BadResponse('the model\'s JSON-mode answer has neither "tool_name" nor a string "answer"')
 
 
+_TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
+
+
+def _written_call(body: str, offered: frozenset[str]) -> ToolCall | None:
+    """One ``{"name"|"tool_name": <offered tool>, "arguments"|"parameters": {...}}``."""
+    try:
+        value, end = json.JSONDecoder().raw_decode(body.strip())
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or body.strip()[end:].strip():
+        return None
+    fn = value.get("function")
+    if isinstance(fn, dict):  # {"function": {"name": ..., "arguments": ...}}
+        value = fn
+    name = value.get("name", value.get("tool_name"))
+    if not isinstance(name, str) or name.strip() not in offered:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        text = arguments
+    elif isinstance(arguments, dict):
+        text = json.dumps(arguments, ensure_ascii=False)
+    else:
+        return None
+    return ToolCall(id=new_call_id(), name=name.strip(), arguments=text)
+
+
+def content_tool_calls(content: str, offered: frozenset[str]) -> tuple[ToolCall, ...]:
+    """Tool calls a model wrote into its message text instead of ``tool_calls``.
+
+    Small models offered native tools often answer with the call as JSON: the whole text, a
+    Markdown ```json block, or Hermes-style ``<tool_call>…</tool_call>`` tags. It is taken as
+    a call only when it names one of the `offered` tools and nothing but the call is written
+    (prose around a fenced block is allowed); anything else stays the answer.
+    """
+    text = content.strip()
+    if not offered or not text:
+        return ()
+    tagged = _TAGGED_CALL.findall(text)
+    if tagged:
+        calls = [_written_call(body, offered) for body in tagged]
+        return tuple(c for c in calls if c is not None) if all(calls) else ()
+    fenced = _FENCED_JSON.findall(text)
+    if len(fenced) == 1:
+        call = _written_call(fenced[0], offered)
+        return (call,) if call else ()
+    if text.startswith("{"):
+        call = _written_call(text, offered)
+        return (call,) if call else ()
+    return ()
+
+
 def _tool_call(raw: Any, index: int) -> ToolCall:
     if not isinstance(raw, dict):
         raise BadResponse(f"tool_calls[{index}] is not an object")
@@ -466,6 +598,11 @@ def _tokens(usage: Any, name: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def _cached_tokens(usage: Any) -> int:
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return _tokens(details, "cached_tokens")
+
+
 def _finish(
     content: str,
     calls: tuple[ToolCall, ...],
@@ -473,9 +610,14 @@ def _finish(
     usage: Any,
     model: str,
     json_mode: bool,
+    offered: frozenset[str] = frozenset(),
 ) -> Completion:
     if json_mode and not calls:
         content, calls = parse_json_mode(content)
+    elif offered and not calls:
+        calls = content_tool_calls(content, offered)
+        if calls:
+            content = ""
     reason = finish_reason if isinstance(finish_reason, str) and finish_reason else "stop"
     if calls and reason == "stop":
         reason = "tool_calls"
@@ -486,10 +628,13 @@ def _finish(
         prompt_tokens=_tokens(usage, "prompt_tokens"),
         completion_tokens=_tokens(usage, "completion_tokens"),
         model=model,
+        cached_prompt_tokens=_cached_tokens(usage),
     )
 
 
-def parse_completion(payload: Any, *, model: str, json_mode: bool) -> Completion:
+def parse_completion(
+    payload: Any, *, model: str, json_mode: bool, offered: frozenset[str] = frozenset()
+) -> Completion:
     """A Completion from a ``chat.completion`` object; raises BadResponse when unreadable."""
     if not isinstance(payload, dict):
         raise BadResponse("the answer is not a JSON object")
@@ -514,6 +659,7 @@ def parse_completion(payload: Any, *, model: str, json_mode: bool) -> Completion
         payload.get("usage"),
         answered if isinstance(answered, str) and answered else model,
         json_mode,
+        offered,
     )
 
 
@@ -534,6 +680,8 @@ class StreamAssembler:
 
     model: str
     json_mode: bool = False
+    offered: frozenset[str] = frozenset()
+    """Tools offered in native mode: text that is a call of one of them is taken as one."""
     content: list[str] = field(default_factory=list)
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -602,6 +750,7 @@ class StreamAssembler:
             self.usage,
             self.model,
             self.json_mode,
+            self.offered,
         )
 
 
@@ -735,8 +884,11 @@ class OpenAiChatRuntime:
         DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime failure,
         ValueError for messages the port does not allow (unknown role, tool without id)."""
         model = model or self.settings.default_model
-        json_mode = self.settings.enable_json_mode
-        body = encode_request(messages, tools, params, model=model, json_mode=json_mode)
+        json_mode, tools, offered = self._wire_form(tools, params)
+        body = encode_request(
+            messages, tools, params, model=model, json_mode=json_mode,
+            json_schema=self.settings.json_schema,
+        )  # fmt: skip
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -744,7 +896,9 @@ class OpenAiChatRuntime:
         try:
             _, content, attempts = await self._send(body, deadline, stream=False)
             try:
-                completion = parse_completion(self._json(content), model=model, json_mode=json_mode)
+                completion = parse_completion(
+                    self._json(content), model=model, json_mode=json_mode, offered=offered
+                )
             except BadResponse as exc:
                 raise _Failure(
                     "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
@@ -790,13 +944,14 @@ class OpenAiChatRuntime:
         the answer is yielded as one delta once the whole object has arrived.
         """
         model = model or self.settings.default_model
-        json_mode = self.settings.enable_json_mode
+        json_mode, tools, offered = self._wire_form(tools, params)
         body = encode_request(
             messages,
             tools,
             params,
             model=model,
             json_mode=json_mode,
+            json_schema=self.settings.json_schema,
             stream=True,
             stream_usage=self.settings.stream_usage,
         )
@@ -807,11 +962,14 @@ class OpenAiChatRuntime:
         response: httpx.Response | None = None
         try:
             response, _, attempts = await self._send(body, deadline, stream=True)
-            assembler = StreamAssembler(model=model, json_mode=json_mode)
+            assembler = StreamAssembler(model=model, json_mode=json_mode, offered=offered)
             done = False
+            # Text that may turn out to be a tool call written as JSON is held back until
+            # it plainly is not one (or the answer is complete).
+            held: list[str] | None = [] if offered else None
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
-                completion = await self._unstreamed(response, deadline, model, json_mode)
+                completion = await self._unstreamed(response, deadline, model, json_mode, offered)
                 self._record(outage=False)
                 self._log("ok", model, start, attempts, stream=False)
                 if completion.content:
@@ -833,6 +991,12 @@ class OpenAiChatRuntime:
                 except BadResponse as exc:
                     raise _Failure("bad_response", f"LLM runtime stream failed: {exc}") from None
                 if piece and not json_mode:
+                    if held is not None:
+                        held.append(piece)
+                        start_of = "".join(held).lstrip()
+                        if not start_of or start_of[0] in "{`<":
+                            continue
+                        piece, held = "".join(held), None
                     yield StreamDelta(piece)
             if not done and assembler.finish_reason is None:
                 raise _Failure("unreachable", "LLM runtime stream ended before it finished")
@@ -853,7 +1017,7 @@ class OpenAiChatRuntime:
                 completion_tokens=completion.completion_tokens,
                 tool_calls=len(completion.tool_calls),
             )
-            if json_mode and completion.content:
+            if (json_mode or held) and completion.content:
                 yield StreamDelta(completion.content)
             yield completion
         except _Failure as failed:
@@ -878,6 +1042,20 @@ class OpenAiChatRuntime:
                 await response.aclose()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _wire_form(
+        self, tools: Sequence[ToolSpec], params: GenerationParams
+    ) -> tuple[bool, Sequence[ToolSpec], frozenset[str]]:
+        """(JSON mode?, the tools to send, the tool names a written call may name)."""
+        if params.response_schema is not None:
+            return False, (), frozenset()
+        allow = params.tool_choice != "none"
+        json_mode = self.settings.enable_json_mode
+        if json_mode and not self.settings.json_schema and not allow:
+            # json_object cannot forbid a call: the answer-only instruction must.
+            tools = ()
+        offered = frozenset(t.name for t in tools) if allow and not json_mode else frozenset()
+        return json_mode, tools, offered
 
     def _enter(self, timeout_s: float) -> None:
         if not timeout_s > 0:
@@ -986,11 +1164,18 @@ class OpenAiChatRuntime:
         return b"".join(parts)
 
     async def _unstreamed(
-        self, response: httpx.Response, deadline: float, model: str, json_mode: bool
+        self,
+        response: httpx.Response,
+        deadline: float,
+        model: str,
+        json_mode: bool,
+        offered: frozenset[str],
     ) -> Completion:
         content = await self._read_body(response, deadline)
         try:
-            return parse_completion(self._json(content), model=model, json_mode=json_mode)
+            return parse_completion(
+                self._json(content), model=model, json_mode=json_mode, offered=offered
+            )
         except BadResponse as exc:
             raise _Failure(
                 "bad_response", f"LLM runtime sent an unreadable answer: {exc}"

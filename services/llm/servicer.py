@@ -50,6 +50,9 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
             presence_penalty=_opt(p, "presence_penalty"),
             frequency_penalty=_opt(p, "frequency_penalty"),
             stop=tuple(p.stop),
+            response_schema=request_struct(p.response_schema, "generation_params.response_schema")
+            if p.HasField("response_schema")
+            else None,
         ),
         user=User(req.user.tenant_id, req.user.user_id, tuple(req.user.roles))
         if req.HasField("user")
@@ -82,7 +85,12 @@ def _tool_call(r: ToolCallRecord) -> common_pb2.ToolCall:
 def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
     return llm_pb2.GenerateResponse(
         answer=out.answer,
-        used_tokens=llm_pb2.UsedTokens(prompt=out.prompt_tokens, completion=out.completion_tokens),
+        used_tokens=llm_pb2.UsedTokens(
+            prompt=out.prompt_tokens,
+            completion=out.completion_tokens,
+            prompt_cached=out.prompt_cached,
+            final_prompt=out.final_prompt_tokens,
+        ),
         tools_called=[_tool_call(r) for r in out.tools_called],
         meta=llm_pb2.GenerateMeta(
             model_name=out.model_name,
@@ -90,6 +98,8 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
             tool_steps=len(out.tools_called),
             trace_id=out.trace_id,
             extractive=out.extractive,
+            runtime_ms=out.runtime_ms,
+            model_calls=out.model_calls,
         ),
     )
 

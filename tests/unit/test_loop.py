@@ -429,7 +429,8 @@ async def test_a_repeated_call_stops_the_tools_and_asks_for_the_answer():
     out = await loop(rt, tools, max_tool_steps=5).run(req())
     assert len(tools.calls) == 1 and out.answer == "answer"
     last = rt.calls[2]
-    assert last["tools"] == []  # withdrawn
+    # Withdrawn: still in the prompt (its prefix unchanged), but the model must answer.
+    assert last["params"].tool_choice == "none" and last["tools"] == rt.calls[0]["tools"]
     assert last["messages"][-1].content == FINAL_ANSWER_NOTE
     assert tool_messages(last["messages"])[-1]["tool_error"]["code"] == "REPEATED_CALL"
 
@@ -444,7 +445,8 @@ async def test_step_limit_at_the_limit_then_a_final_answer_without_tools():
     out = await loop(rt, tools, max_tool_steps=2).run(req())
     assert [c[1]["radius"] for c in tools.calls] == [1, 2]
     assert out.answer == "final" and len(out.tools_called) == 2
-    assert rt.calls[1]["tools"] != [] and rt.calls[2]["tools"] == []
+    assert rt.calls[1]["params"].tool_choice == "auto"
+    assert rt.calls[2]["params"].tool_choice == "none" and rt.calls[2]["tools"] != []
     # Past the limit: the model insists on a tool after the tools were withdrawn.
     rt = ScriptedRuntime([read(1), read(2), read(3)])
     with pytest.raises(errors.LimitExceededError) as info:
@@ -485,7 +487,7 @@ async def test_the_policy_may_lower_the_step_limit_never_raise_it(
     )
     out = await loop(rt, tools, max_tool_steps=server_steps).run(req(policy=policy))
     assert len(tools.calls) == executed and out.answer == "fin"
-    assert rt.calls[-1]["tools"] == []
+    assert rt.calls[-1]["params"].tool_choice == "none"
 
 
 async def test_no_tools_without_a_user_or_with_zero_steps():

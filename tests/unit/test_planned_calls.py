@@ -112,7 +112,7 @@ async def test_planned_calls_run_first_in_order_and_reach_the_model_as_tool_resu
     assert out.tools_called[0].arguments == RATES.arguments
     assert events.tools == list(out.tools_called)
     # One step is left of the three: the model may still call a tool.
-    assert rt.calls[0]["tools"] != []
+    assert rt.calls[0]["tools"] != [] and rt.calls[0]["params"].tool_choice == "auto"
     assert "at most 1 tool call(s)" in sent[0].content
 
 
@@ -123,11 +123,11 @@ async def test_planned_calls_count_as_steps():
     out = await loop(rt, tools, max_tool_steps=3).run(req((RATES, KEY_RATE)))
     assert [c[0] for c in tools.calls] == [CBR, CBR, "read_doc_section"]
     assert len(out.tools_called) == 3 and out.answer == "done"
-    assert rt.calls[1]["tools"] == []  # the third step was the last
+    assert rt.calls[1]["params"].tool_choice == "none"  # the third step was the last
     # Planned calls that take every step: the model answers without tools at once.
     rt = ScriptedRuntime([says("answer")])
     await loop(rt, FakeTools(default=OK), max_tool_steps=2).run(req((RATES, KEY_RATE)))
-    assert rt.calls[0]["tools"] == []
+    assert rt.calls[0]["params"].tool_choice == "none"
     assert rt.calls[0]["messages"][-1].content == FINAL_ANSWER_NOTE
 
 

@@ -385,7 +385,9 @@ async def test_json_mode_request_lists_tools_in_the_system_message(h: Harness) -
         ChatMessage("assistant", "", tool_calls=(call,)),
         ChatMessage("tool", "section text", tool_call_id="call_1"),
     ]
-    out = await complete(h.runtime(enable_json_mode=True), messages, (READ_SECTION, READ_WINDOW))
+    out = await complete(
+        h.runtime(enable_json_mode=True, json_schema=False), messages, (READ_SECTION, READ_WINDOW)
+    )
     assert out.content == "Готово." and out.tool_calls == ()
     body = h.fake.chat_requests[0].json
     assert "tools" not in body
