@@ -517,18 +517,99 @@ class LocalModel:
         self.stop()
 
 
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def check(url: str, model: str, pid: int | None = None) -> None:
+    """Exercise a running server the way the mesh uses it and print what it measured:
+    /health, /v1/models, /tokenize, a json_schema answer sent twice (the second from the
+    prompt cache), a streamed answer, and the server's RSS."""
+    c = httpx.Client(base_url=url, timeout=600)
+    print("GET /health", c.get("/health").json())
+    print("GET /v1/models ids", [m["id"] for m in c.get("/v1/models").json()["data"]])
+    toks = c.post("/tokenize", json={"content": "Как настроить LDAP интеграцию?"}).json()
+    print("POST /tokenize", len(toks["tokens"]), "tokens")
+    text = (
+        "Orion X поддерживает интеграцию с LDAP. Откройте Администрирование → Каталоги, укажите "
+        "адрес ldaps://ldap.example.com:636, базовый DN и учётную запись для привязки. "
+    ) * 8
+    schema = {
+        "type": "object",
+        "properties": {
+            "tool_name": {"type": "string", "enum": ["read_chunk_window", "answer"]},
+            "arguments": {"type": "object"},
+            "answer": {"type": "string"},
+        },
+        "required": ["tool_name", "arguments"],
+    }
+    body = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "Answer from the text. Reply in JSON."},
+            {"role": "user", "content": text + "\nКакой порт у LDAP-сервера?"},
+        ],
+        "max_tokens": 64,
+        "temperature": 0,
+        "cache_prompt": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    }
+    for label in ("cold", "cached"):
+        t = time.monotonic()
+        r = c.post("/v1/chat/completions", json=body).json()
+        tm = r["timings"]
+        json.loads(r["choices"][0]["message"]["content"])  # the schema held
+        print(
+            f"json_schema {label}: {time.monotonic() - t:.1f} s, prompt {r['usage']['prompt_tokens']}"
+            f" tokens ({tm['cache_n']} from cache, {tm['prompt_n']} processed at "
+            f"{tm['prompt_per_second']:.0f}/s), {tm['predicted_n']} generated at "
+            f"{tm['predicted_per_second']:.1f}/s"
+        )
+    t, first, chunks = time.monotonic(), 0.0, 0
+    stream = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name three planets."}],
+        "max_tokens": 48,
+        "stream": True,
+        "temperature": 0,
+    }
+    with c.stream("POST", "/v1/chat/completions", json=stream) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                chunks += 1
+                first = first or time.monotonic() - t
+    print(
+        f"stream: first token after {first:.2f} s, {chunks} chunks in {time.monotonic() - t:.1f} s"
+    )
+    if pid is not None and (rss := _rss_mib(pid)) is not None:
+        print(f"server RSS {rss:,.0f} MiB")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m services.devtools.local_model [data_dir]``: install, assemble, serve until
-    Ctrl-C (a manual check of the real server)."""
+    """``python -m services.devtools.local_model [serve|check] [data_dir]``: install, assemble
+    and start the server; ``serve`` keeps it up until Ctrl-C, ``check`` runs `check` on it
+    and stops it (a manual check of the real server on the real weights)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    mode = args.pop(0) if args and args[0] in ("serve", "check") else "serve"
     model = LocalModel(args[0] if args else None)
     try:
         url = model.start()
     except LocalModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"{url}  model {model.alias!r} (GGUF name {model.gguf_name!r}); Ctrl-C stops it")
+    print(f"{url}  model {model.alias!r} (GGUF name {model.gguf_name!r}), "
+          f"load {model.load_seconds:.1f} s")  # fmt: skip
     try:
+        if mode == "check":
+            check(url, model.alias, model.pid)
+            return 0
+        print("Ctrl-C stops it")
         while model.alive():
             time.sleep(1)
     except KeyboardInterrupt:
