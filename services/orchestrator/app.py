@@ -33,6 +33,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         config,
         model_routing=settings.model_routing,
         enable_filters=settings.enable_filters,
+        llm_prompt_limit=settings.llm_prompt_limit,
     )
 
     def register(server):  # type: ignore[no-untyped-def]

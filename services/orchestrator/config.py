@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.prompt_limits import llm_prompt_limit
 from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
 from services.orchestrator.runtime_config import RuntimeConfig
 from services.toolsproxy.config import window_radius
@@ -29,6 +30,10 @@ class OrchestratorSettings:
     """Pass the request's metadata filters (product, version, tags, source) to Retrieval
     (ORCH_ENABLE_FILTERS, orchestrator.md §3.2); off, only the tenant and doc/section ids
     scope the search."""
+    llm_prompt_limit: int
+    """The LLM service's first-prompt limit in tokens, read from its own setting
+    (LLM_SERVICE_MAX_PROMPT_TOKENS / MAX_PROMPT_TOKENS, services/common/prompt_limits.py):
+    every first prompt is shaped to fit it."""
     model_routing: bool
     """Ask the model for the scenario decision (JSON with `intent`) before the rules
     (ORCH_MODEL_ROUTING); with an extractive LLM service the rules decide anyway."""
@@ -74,4 +79,5 @@ class OrchestratorSettings:
             max_window_radius=proxy_max,
             enable_filters=env.flag("ORCH_ENABLE_FILTERS", True),
             model_routing=env.flag("ORCH_MODEL_ROUTING", True),
+            llm_prompt_limit=llm_prompt_limit(env),
         )

@@ -9,6 +9,8 @@ from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
 from services.common import errors
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.orchestrator.model import (
     Filters,
     Generator,
@@ -23,6 +25,7 @@ from services.orchestrator.model import (
     Turn,
     User,
 )
+from services.orchestrator.prompt_budget import FirstPrompt, PromptFitter
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.orchestrator.scenarios import (
     Decision,
@@ -127,23 +130,20 @@ def validate(req: RespondInput) -> None:
         )
 
 
-def section_list(sections: tuple[SectionCandidate, ...], budget_chars: int) -> str:
+def section_list(
+    sections: tuple[SectionCandidate, ...], budget_tokens: int, tokenizer: Tokenizer | None = None
+) -> str:
     """The first prompt's section list: ids, pages, score and summaries, never raw text.
 
-    Summaries share `budget_chars` (prompt_token_budget*4); each is cut to its share.
+    The list is at most `budget_tokens` (prompt_token_budget) of the shared tokenizer, the
+    lowest-scored summaries shortened first (services/orchestrator/prompt_budget.py).
     """
-    if not sections:
-        return "No document sections matched the question."
-    share = max(40, budget_chars // len(sections))
-    lines = []
-    for i, s in enumerate(sections, 1):
-        summary = s.summary if len(s.summary) <= share else s.summary[: share - 1] + "…"
-        lines.append(
-            f"{i}. doc_id={s.doc_id} section_id={s.section_id} anchor_chunk_id={s.anchor_chunk_id} "
-            f"pages={s.page_start}-{s.page_end} score={s.score:.3f}\n   title: {s.title}\n"
-            f"   summary: {summary}"
-        )
-    return "\n".join(lines)
+    fitter = PromptFitter(tokenizer or default_tokenizer(), 1 << 30, reserve=0)
+    fitted = fitter.fit(
+        system="", history=(), query="", context_token_budget=1 << 30,
+        sections=sections, list_budget=budget_tokens,
+    )  # fmt: skip
+    return fitted.question.partition("Sections found:\n")[2]
 
 
 def radius_schedule(radius: int) -> tuple[int, ...]:
@@ -196,6 +196,8 @@ class Responder:
         today: Callable[[], date] = _today,
         model_routing: bool = True,
         enable_filters: bool = True,
+        llm_prompt_limit: int = DEFAULT_LLM_PROMPT_TOKENS,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self._retriever = retriever
         self._generator = generator
@@ -204,6 +206,9 @@ class Responder:
         self._today = today
         self._model_routing = model_routing
         self._enable_filters = enable_filters
+        # Every first prompt is shaped to the LLM service's own limit, counted with the same
+        # tokenizer, so the LLM never refuses an ordinary question (README, Prompt budgets).
+        self._fitter = PromptFitter(tokenizer or default_tokenizer(), llm_prompt_limit)
         # When the LLM service answers extractively (no model), asking it to route is a
         # wasted hop: the rules decide until this time.
         self._rules_only_until = 0.0
@@ -264,12 +269,12 @@ class Responder:
         )  # fmt: skip
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
+        system = decision_prompt(req.query, selected_doc_ids=selected, selected_chars=chars)
+        fitted = self._fit(req, cfg, system)
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=decision_prompt(
-                    req.query, selected_doc_ids=selected, selected_chars=chars
-                ),
-                messages=(*req.history, Turn("user", req.query)),
+                system_prompt=system,
+                messages=(*fitted.history, Turn("user", fitted.question)),
                 context=(),
                 user=req.user,
                 allowed_tools=(),
@@ -290,6 +295,20 @@ class Responder:
         )  # fmt: skip
         return decided or rules
 
+    def _fit(
+        self,
+        req: RespondInput,
+        cfg: RuntimeConfig,
+        system: str,
+        sections: tuple[SectionCandidate, ...] | None = None,
+    ) -> FirstPrompt:
+        """The first prompt shaped to the LLM's limit (and the caller's context budget)."""
+        return self._fitter.fit(
+            system=system, history=req.history, query=req.query,
+            context_token_budget=cfg.context_token_budget, sections=sections,
+            list_budget=cfg.prompt_token_budget,
+        )  # fmt: skip
+
     # -- scenarios ----------------------------------------------------------------------------
 
     async def _documents(
@@ -308,16 +327,13 @@ class Responder:
             expand_query=decision.intent == "selected_search",
         )  # fmt: skip
         # Retrieval may return up to max_sections sections; the prompt shows max_results.
-        sections = found.sections[:max_results]
-        prompt = section_list(sections, cfg.prompt_token_budget * 4)
-        messages = (
-            *req.history,
-            Turn("user", f"Question: {req.query}\n\nSections found:\n{prompt}"),
-        )
+        system = SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
+        fitted = self._fit(req, cfg, system, found.sections[:max_results])
+        sections = fitted.sections
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, ""),
-                messages=messages,
+                system_prompt=system,
+                messages=(*fitted.history, Turn("user", fitted.question)),
                 context=sections,
                 user=req.user,
                 allowed_tools=TOOLS,
@@ -343,10 +359,12 @@ class Responder:
         decision: Decision,
     ) -> RespondOutput:
         """S3: the selected documents fit in 50,000 characters: all of them, no vector search."""
+        system = FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
+        fitted = self._fit(req, cfg, system)
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, ""),
-                messages=(*req.history, Turn("user", req.query)),
+                system_prompt=system,
+                messages=(*fitted.history, Turn("user", fitted.question)),
                 context=(),
                 user=req.user,
                 allowed_tools=FULL_TOOLS,
@@ -409,10 +427,12 @@ class Responder:
             system = CLARIFY_SYSTEM_PROMPT + "\n".join(f"- {q}" for q in questions)
         else:  # small talk
             system = SMALL_TALK_SYSTEM_PROMPT
+        system += LANGUAGE_NOTE.get(decision.language, "")
+        fitted = self._fit(req, cfg, system)
         outcome = await self._generator.generate(
             LlmRequest(
-                system_prompt=system + LANGUAGE_NOTE.get(decision.language, ""),
-                messages=(*req.history, Turn("user", req.query)),
+                system_prompt=system,
+                messages=(*fitted.history, Turn("user", fitted.question)),
                 context=(),
                 user=req.user,
                 allowed_tools=tuple(p.tool_name for p in planned),

@@ -1,0 +1,47 @@
+"""The first prompt's size, as the orchestrator and the LLM service both count it.
+
+The LLM service refuses a first prompt past its `max_prompt_tokens` (LLM_LIMIT_EXCEEDED);
+the orchestrator shapes every first prompt to fit under that same limit, so an ordinary
+question is trimmed, never refused. Both read the limit from the same environment names
+and count with the same tokenizer (services/common/tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.common.settings import Env
+
+LLM_PROMPT_LIMIT_NAMES = ("LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS")
+"""Where the LLM service's prompt limit is set; the orchestrator reads the same names."""
+DEFAULT_LLM_PROMPT_TOKENS = 4096
+MIN_LLM_PROMPT_TOKENS = 256
+MESSAGE_TOKENS = 4
+"""Tokens the LLM service counts around one chat message (its budget's MESSAGE_OVERHEAD)."""
+REPLY_TOKENS = 3
+"""Tokens the LLM service counts for the reply opener (its budget's REPLY_OVERHEAD)."""
+LLM_PROMPT_RESERVE_TOKENS = 1024
+"""What the LLM service adds to the caller's system prompt and messages, anchors aside:
+its rules, answer format and data rule, the tool-use block and the tool definitions.
+Measured at most ≈ 800 for the tools any scenario offers (tests/unit/
+test_orchestrator_budget.py checks real requests against the LLM's own count)."""
+ANCHOR_LINE_SLACK = 1
+"""Tokens each anchor line of the tool-use block adds besides its text (the line break)."""
+MAX_LISTED_ANCHORS = 20
+"""The LLM service lists at most this many anchors in the tool-use block."""
+
+
+def llm_prompt_limit(env: Env) -> int:
+    """The LLM service's first-prompt limit in tokens (LLM_SERVICE_MAX_PROMPT_TOKENS)."""
+    return env.integer(
+        list(LLM_PROMPT_LIMIT_NAMES), DEFAULT_LLM_PROMPT_TOKENS, minimum=MIN_LLM_PROMPT_TOKENS
+    )
+
+
+def anchor_line(doc_id: str, section_id: str, anchor_chunk_id: str) -> str:
+    """One anchor as the LLM service's tool-use block lists it."""
+    return (
+        f"- doc_id={json.dumps(doc_id, ensure_ascii=False)} "
+        f"section_id={json.dumps(section_id, ensure_ascii=False)} "
+        f"anchor_chunk_id={json.dumps(anchor_chunk_id, ensure_ascii=False)}"
+    )

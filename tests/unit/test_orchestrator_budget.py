@@ -1,0 +1,314 @@
+"""The orchestrator's first prompts fit the LLM service's limit, counted the LLM's own way.
+
+Every request the orchestrator builds is turned into the LLM service's GenerateInput and
+priced with the LLM's prompt builder, its real tool definitions (ToolsProxy's catalogue) and
+its budget (services/llm/budget.py): the LLM must never refuse it with LLM_LIMIT_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from services.common import errors
+from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS, llm_prompt_limit
+from services.common.settings import Env
+from services.common.tokenizer import default_tokenizer
+from services.llm import budget as llm_budget
+from services.llm import prompt as llm_prompt
+from services.llm.chat import ToolSpec
+from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy
+from services.llm.model import User as LlmUser
+from services.orchestrator.config import OrchestratorSettings
+from services.orchestrator.model import (
+    LlmOutcome,
+    RespondInput,
+    RetrievalOutcome,
+    SectionCandidate,
+    Turn,
+    User,
+)
+from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter
+from services.orchestrator.respond import Responder
+from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
+from services.toolsproxy.search_tools import SearchTools
+from services.toolsproxy.tavily import TavilyClient, TavilySettings, tavily_tool
+from services.toolsproxy.tools import DocumentTools, ToolLimits
+
+TOK = default_tokenizer()
+RU = (
+    "Сервер управления хранит конфигурацию кластера, журналирует изменения и раздаёт "
+    "политики агентам; при отказе основного узла роль переходит к резервному, а клиенты "
+    "переподключаются автоматически без потери сессий. "
+)
+
+
+def _catalogue() -> dict[str, ToolSpec]:
+    http = httpx.AsyncClient()
+    tools = {
+        **DocumentTools(None, ToolLimits()).tools,  # type: ignore[arg-type]
+        **SearchTools(None).tools,  # type: ignore[arg-type]
+        "fetch_cbr_data": cbr_tool(CbrClient(http, CbrSettings())),
+        "fetch_finance_news": tavily_tool(TavilyClient(TavilySettings(), http)),
+    }
+    return {n: ToolSpec(t.name, t.description, t.schema) for n, t in tools.items()}
+
+
+CATALOGUE = _catalogue()
+
+
+def _section(i: int, summary: str, score: float, ids: str = "") -> SectionCandidate:
+    return SectionCandidate(
+        f"doc-{ids}{i:02d}", f"sec-{ids}{i:02d}", f"Раздел {i}: настройка кластера", summary,
+        score, i, i + 1, f"doc-{ids}{i:02d}:c{i}",
+    )  # fmt: skip
+
+
+class Retriever:
+    def __init__(self, sections):
+        self.sections = tuple(sections)
+
+    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
+        return RetrievalOutcome(self.sections, 1)
+
+    async def document_sizes(self, user, doc_ids):
+        return {d: 1000 for d in doc_ids}
+
+
+class Generator:
+    def __init__(self):
+        self.requests = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return LlmOutcome("ответ", (), 0, 1)
+
+
+def llm_count(request, *, max_prompt_tokens: int) -> int:
+    """What the LLM service counts for `request`'s first prompt; raises as the LLM would."""
+    offered = [CATALOGUE[t] for t in request.allowed_tools] if request.max_tool_steps else []
+    anchors = tuple(Anchor(s.doc_id, s.section_id, s.anchor_chunk_id) for s in request.context)
+    req = GenerateInput(
+        messages=tuple(Message(m.role, m.content) for m in request.messages),
+        mode=request.mode,
+        system_prompt=request.system_prompt,
+        user=LlmUser(request.user.tenant_id, request.user.user_id),
+        policy=ToolPolicy(
+            allowed_tools=request.allowed_tools,
+            anchors=anchors,
+            max_tool_steps=request.max_tool_steps,
+            context_token_budget=request.context_token_budget,
+            planned_calls=tuple(
+                PlannedCall(p.tool_name, p.arguments) for p in request.planned_calls
+            ),
+        ),
+    )
+    budget = llm_budget.TokenBudget(
+        TOK, max_prompt_tokens=max_prompt_tokens, max_completion_tokens=512,
+        max_total_tokens=max(32_768, max_prompt_tokens + 512),
+        context_token_budget=request.context_token_budget,
+    )  # fmt: skip
+
+    def build(chunks):
+        return llm_prompt.build_prompt(
+            req, chunks, tools=offered, anchors=anchors if offered else (), max_tool_calls=3
+        )
+
+    messages, _ = llm_budget.fit_prompt(
+        build, (), tools=offered, limit=budget.prompt_limit, tokenizer=TOK,
+        render_chunk=llm_prompt.render_chunk,
+    )  # fmt: skip
+    return budget.start(messages, offered)
+
+
+async def respond(sections, *, limit=4096, config=None, routing=False, **kw):
+    generator = Generator()
+    responder = Responder(
+        Retriever(sections), generator, ConfigHolder(config or RuntimeConfig(), 3),
+        model_routing=routing, llm_prompt_limit=limit,
+    )  # fmt: skip
+    req = RespondInput(**{"query": "Что делает сервер управления?", "user": User("t", "u"), **kw})
+    out = await responder.respond(req)
+    return out, generator.requests
+
+
+def _old_section_list(sections, budget_chars):
+    """The list as it was built before: prompt_token_budget*4 characters."""
+    share = max(40, budget_chars // len(sections))
+    return "\n".join(
+        f"{i}. doc_id={s.doc_id} section_id={s.section_id} anchor_chunk_id={s.anchor_chunk_id} "
+        f"pages={s.page_start}-{s.page_end} score={s.score:.3f}\n   title: {s.title}\n"
+        f"   summary: {s.summary[:share]}"
+        for i, s in enumerate(sections, 1)
+    )
+
+
+TEN_RUSSIAN = [_section(i, RU * 8, 0.9 - i / 100) for i in range(10)]
+
+
+async def test_ten_russian_summaries_at_budget_times_four_characters_overflowed_the_llm():
+    """The issue's reproduction: 2048 x 4 characters of Cyrillic (~2 a token) as the list
+    made the LLM refuse an ordinary question (400 "the prompt is N tokens without context")."""
+    _, requests = await respond(TEN_RUSSIAN)
+    listing = _old_section_list(TEN_RUSSIAN, 2048 * 4)
+    old = replace(
+        requests[0],
+        messages=(Turn("user", f"Question: Что делает сервер?\n\nSections found:\n{listing}"),),
+        context=tuple(TEN_RUSSIAN),
+    )
+    assert TOK.count(listing) > 4096 - LLM_PROMPT_RESERVE_TOKENS
+    with pytest.raises(errors.LimitExceededError, match="without context"):
+        llm_count(old, max_prompt_tokens=4096)
+
+
+async def test_ten_long_russian_summaries_fit_the_llm_prompt_limit():
+    out, requests = await respond(TEN_RUSSIAN)
+    (request,) = requests
+    assert llm_count(request, max_prompt_tokens=4096) <= 4096
+    # Trimmed, not refused: the best section is listed whole-ish, the worst went first.
+    prompt = request.messages[-1].content
+    assert "doc-00" in prompt and len(request.context) >= 1
+    assert out.sources[0].doc_id == "doc-00"
+
+
+@pytest.mark.parametrize("limit", [2048, 3000, 4096, 8192])
+@pytest.mark.parametrize("n", [1, 10, 50])
+async def test_s1_first_prompts_fit_whatever_the_sections(limit, n):
+    rng = random.Random(n * limit)
+    sections = [
+        _section(i, RU * rng.randint(1, 12), rng.random(), ids="x" * rng.randint(0, 60))
+        for i in range(n)
+    ]
+    _, requests = await respond(sections, limit=limit, max_results=50)
+    assert llm_count(requests[-1], max_prompt_tokens=limit) <= limit
+
+
+@pytest.mark.parametrize(("budget", "dropped"), [(1200, False), (600, True)])
+async def test_lowest_scored_summaries_are_shortened_then_dropped_first(budget, dropped):
+    sections = [_section(i, RU * 8, 1.0 - i / 10) for i in range(10)]
+    fitter = PromptFitter(TOK, 4096)
+    fitted = fitter.fit(
+        system="s", history=(), query="q", context_token_budget=8192,
+        sections=sections, list_budget=budget,
+    )  # fmt: skip
+    kept = fitted.sections
+    assert kept == tuple(sections[: len(kept)])  # the best ones stay, in order
+    assert (len(kept) < len(sections)) == dropped
+    lines = [ln for ln in fitted.question.split("\n") if ln.startswith("   summary: ")]
+    sizes = [TOK.count(ln) for ln in lines]
+    assert sizes == sorted(sizes, reverse=True)  # the best summaries are the longest
+    assert sizes[0] > sizes[-1] or dropped  # dropping starts once all are at the minimum
+    listing = fitted.question.partition("Sections found:\n")[2]
+    assert TOK.count(listing) <= budget
+
+
+async def test_a_list_at_its_budget_is_kept_whole_and_one_token_less_trims_it():
+    sections = [_section(i, RU, 1.0 - i / 10) for i in range(3)]
+    fitter = PromptFitter(TOK, 1 << 20, reserve=0)
+    whole = fitter.fit(
+        system="", history=(), query="q", context_token_budget=1 << 20, sections=sections,
+        list_budget=1 << 20,
+    )  # fmt: skip
+    size = TOK.count(whole.question.partition("Sections found:\n")[2])
+    at = fitter.fit(
+        system="", history=(), query="q", context_token_budget=1 << 20, sections=sections,
+        list_budget=size,
+    )  # fmt: skip
+    assert at.question == whole.question
+    past = fitter.fit(
+        system="", history=(), query="q", context_token_budget=1 << 20, sections=sections,
+        list_budget=size - 1,
+    )  # fmt: skip
+    assert past.question != whole.question
+    assert TOK.count(past.question.partition("Sections found:\n")[2]) <= size - 1
+
+
+async def test_the_best_section_stays_even_past_a_tiny_list_budget():
+    _, requests = await respond(TEN_RUSSIAN, config=RuntimeConfig(prompt_token_budget=1))
+    assert [s.doc_id for s in requests[0].context] == ["doc-00"]
+    summary = requests[0].messages[-1].content.split("summary: ")[1]
+    assert TOK.count(summary) <= MIN_SUMMARY_TOKENS + 1
+
+
+async def test_long_history_is_trimmed_oldest_first_in_every_scenario():
+    history = tuple(
+        Turn("user" if i % 2 == 0 else "assistant", f"turn {i}: " + RU * 6) for i in range(20)
+    )
+    cases = [
+        {},  # S1
+        {"selected_doc_ids": ("d1",)},  # S3 (1,000 characters)
+        {"query": "Что такое НДС?"},  # S2 knowledge base
+        {"query": "курс доллара"},  # S2 rates
+        {"query": "помоги"},  # S5
+    ]
+    for kw in cases:
+        _, requests = await respond(TEN_RUSSIAN, history=history, **kw)
+        request = requests[-1]
+        assert llm_count(request, max_prompt_tokens=4096) <= 4096, kw
+        kept = [m for m in request.messages[:-1]]
+        assert kept == list(history[len(history) - len(kept) :]), kw  # the newest turns
+
+
+async def test_the_routing_prompt_fits_too():
+    history = tuple(Turn("user", RU * 10) for _ in range(20))
+    _, requests = await respond(TEN_RUSSIAN, history=history, routing=True)
+    routing = requests[0]
+    assert routing.system_prompt.startswith("You route")
+    assert llm_count(routing, max_prompt_tokens=4096) <= 4096
+
+
+async def test_a_lower_context_budget_lowers_the_room():
+    config = RuntimeConfig(context_token_budget=2500)
+    _, requests = await respond(TEN_RUSSIAN, config=config)
+    assert llm_count(requests[0], max_prompt_tokens=4096) <= 2500
+
+
+async def test_a_question_that_alone_cannot_fit_is_the_callers_400():
+    # 4,000 characters is within the query limit (4,096) but ~4,000 tokens of emoji-like text.
+    with pytest.raises(errors.LimitExceededError) as info:
+        await respond(TEN_RUSSIAN, query="䷀" * 4000)
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert info.value.metadata["field"] == "query"
+
+
+async def test_a_question_at_the_room_passes_and_one_token_more_is_refused():
+    fitter = PromptFitter(TOK, 1000, reserve=0)
+    fixed = fitter.fit(system="", history=(), query="", context_token_budget=1000).tokens
+    words = 1000 - fixed  # "word word …" is one token a word
+    at = " ".join(["word"] * words)
+    assert TOK.count(at) == words
+    assert fitter.fit(system="", history=(), query=at, context_token_budget=1000).tokens == 1000
+    with pytest.raises(errors.LimitExceededError) as info:
+        fitter.fit(system="", history=(), query=at + " word", context_token_budget=1000)
+    assert info.value.metadata["field"] == "query"
+
+
+def test_the_limit_is_read_from_the_llm_services_own_setting():
+    assert llm_prompt_limit(Env({})) == 4096
+    assert llm_prompt_limit(Env({"MAX_PROMPT_TOKENS": "8192"})) == 8192
+    assert llm_prompt_limit(Env({"LLM_SERVICE_MAX_PROMPT_TOKENS": "3000"})) == 3000
+    assert (
+        OrchestratorSettings.from_env(Env({"MAX_PROMPT_TOKENS": "6000"})).llm_prompt_limit == 6000
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"selected_doc_ids": ("d1",)}, {"query": "Что такое НДС?"}, {"query": "курс доллара"},
+     {"query": "новости рынка"}, {"query": "помоги"}],
+)  # fmt: skip
+async def test_what_the_llm_adds_stays_within_the_reserve(kw):
+    """The reserve covers the LLM's rules, format and tool definitions for every scenario's
+    tools: a tool whose schema grows past it fails here, not in production."""
+    _, requests = await respond(TEN_RUSSIAN, **kw)
+    request = requests[-1]
+    fitter = PromptFitter(TOK, 4096)
+    own = fitter.fit(
+        system=request.system_prompt, history=request.messages[:-1],
+        query=request.messages[-1].content, context_token_budget=8192,
+    ).tokens + fitter._anchors(request.context)  # fmt: skip
+    assert llm_count(request, max_prompt_tokens=4096) - own <= LLM_PROMPT_RESERVE_TOKENS
