@@ -102,6 +102,8 @@ class Reply:
     """Default: `count_tokens` over the content and tool arguments."""
     chunk_chars: int = 8
     """Streaming: characters of content or arguments per chunk."""
+    cached_tokens: int | None = None
+    """Reported as ``usage.prompt_tokens_details.cached_tokens`` when set (a prompt cache)."""
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -419,6 +421,20 @@ def validate(body: Any) -> _Outcome | None:
                 "response_format.type",
                 "invalid_value",
             )
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                return _bad(
+                    "Missing required parameter: 'response_format.json_schema.name'.",
+                    "response_format.json_schema.name",
+                    "missing_required_parameter",
+                )
+            if not isinstance(spec.get("schema"), dict):
+                return _bad(
+                    "Invalid type for 'response_format.json_schema.schema': expected an object.",
+                    "response_format.json_schema.schema",
+                    "invalid_type",
+                )
         if kind == "json_object" and not any(
             "json" in _message_text(m.get("content")).lower() for m in messages
         ):
@@ -447,6 +463,7 @@ class _Answer:
     prompt_tokens: int
     completion_tokens: int
     chunk_chars: int
+    cached_tokens: int | None = None
 
 
 def _resolve(reply: Reply, body: dict[str, Any]) -> _Answer:
@@ -477,15 +494,19 @@ def _resolve(reply: Reply, body: dict[str, Any]) -> _Answer:
         prompt_tokens=prompt,
         completion_tokens=completion,
         chunk_chars=max(1, reply.chunk_chars),
+        cached_tokens=reply.cached_tokens,
     )
 
 
-def _usage(a: _Answer) -> dict[str, int]:
-    return {
+def _usage(a: _Answer) -> dict[str, Any]:
+    usage: dict[str, Any] = {
         "prompt_tokens": a.prompt_tokens,
         "completion_tokens": a.completion_tokens,
         "total_tokens": a.prompt_tokens + a.completion_tokens,
     }
+    if a.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": a.cached_tokens}
+    return usage
 
 
 def _completion_object(a: _Answer, rid: str, created: int, model: str) -> dict[str, Any]:

@@ -1,0 +1,320 @@
+"""The runtime client's constrained output and prompt-cache support, against the fake server.
+
+JSON mode with ``json_schema`` steps, tool calls a model writes into its text, withdrawn tools
+kept in the prompt (``tool_choice`` none), ``response_schema`` answers, cached prompt tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from services.common import errors
+from services.llm.chat import ChatMessage, Completion, StreamDelta, ToolSpec
+from services.llm.engine import MAX_RESPONSE_SCHEMA_BYTES, Budgets, validate
+from services.llm.model import GenerateInput, GenerationParams, Message, ToolPolicy, User
+from services.llm.runtime import (
+    OpenAiChatRuntime,
+    RuntimeSettings,
+    build_request,
+    content_tool_calls,
+    encode_request,
+    step_schema,
+)
+from tests.fakes.openai_chat import FakeChatServer, Reply, json_answer, json_tool_call, text
+
+MODEL = "fake-qwen"
+USER = [ChatMessage("system", "You are Visior."), ChatMessage("user", "Как настроить LDAP?")]
+READ_SECTION = ToolSpec(
+    "read_doc_section",
+    "Read a section of a document.",
+    {
+        "type": "object",
+        "properties": {
+            "doc_id": {"type": "string", "maxLength": 128},
+            "section_id": {"type": "string", "pattern": "^[a-z0-9:-]+$"},
+        },
+        "required": ["doc_id", "section_id"],
+    },
+)
+READ_WINDOW = ToolSpec(
+    "read_chunk_window",
+    "Read the chunks around an anchor.",
+    {
+        "type": "object",
+        "properties": {
+            "doc_id": {"type": "string"},
+            "anchor_chunk_id": {"type": "string"},
+            "radius": {"type": "integer", "minimum": 0, "maximum": 3},
+        },
+        "required": ["doc_id", "anchor_chunk_id"],
+    },
+)
+TOOLS = (READ_SECTION, READ_WINDOW)
+OFFERED = frozenset(t.name for t in TOOLS)
+ROUTE_SCHEMA = {
+    "type": "object",
+    "properties": {"intent": {"enum": ["documents", "knowledge_base"]}},
+    "required": ["intent"],
+}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeChatServer]:
+    with FakeChatServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+def runtime(fake: FakeChatServer, http: httpx.AsyncClient, **kw: Any) -> OpenAiChatRuntime:
+    return OpenAiChatRuntime(RuntimeSettings(url=fake.url, default_model=MODEL, **kw), http)
+
+
+async def complete(
+    rt: OpenAiChatRuntime, tools: tuple[ToolSpec, ...] = TOOLS, **params: Any
+) -> Completion:
+    return await rt.complete(USER, tools, GenerationParams(**params), timeout_s=5.0)
+
+
+async def stream(
+    rt: OpenAiChatRuntime, tools: tuple[ToolSpec, ...] = TOOLS
+) -> tuple[list[str], Completion]:
+    events = [e async for e in rt.stream(USER, tools, GenerationParams(), timeout_s=5.0)]
+    assert isinstance(events[-1], Completion)
+    deltas = [e.text for e in events[:-1] if isinstance(e, StreamDelta)]
+    return deltas, events[-1]
+
+
+# -- the step schema ---------------------------------------------------------------------
+
+
+def test_step_schema_names_each_offered_tool_with_its_arguments_or_the_answer() -> None:
+    schema = step_schema(TOOLS)
+    calls, answer = schema["anyOf"][:-1], schema["anyOf"][-1]
+    assert [c["properties"]["tool_name"] for c in calls] == [
+        {"const": "read_doc_section"},
+        {"const": "read_chunk_window"},
+    ]
+    assert answer["required"] == ["answer"] and answer["additionalProperties"] is False
+    args = calls[0]["properties"]["arguments"]
+    # Shape kept (types, required), limits left to the loop's check, no invented arguments.
+    assert args["required"] == ["doc_id", "section_id"]
+    assert args["properties"]["doc_id"] == {"type": "string"}
+    assert args["properties"]["section_id"] == {"type": "string"}
+    assert args["additionalProperties"] is False
+    assert calls[1]["properties"]["arguments"]["properties"]["radius"] == {"type": "integer"}
+    # The tool's own schema is left as it was.
+    assert READ_SECTION.parameters["properties"]["doc_id"]["maxLength"] == 128
+
+
+def test_without_tools_or_with_tools_withdrawn_the_step_schema_is_the_answer_alone() -> None:
+    assert step_schema(()) == step_schema(TOOLS, allow_tools=False)
+    assert step_schema(())["required"] == ["answer"]
+
+
+async def test_json_mode_sends_the_step_schema_and_reads_the_call(fake, http) -> None:
+    fake.script(json_tool_call("read_chunk_window", {"doc_id": "g", "anchor_chunk_id": "g:c1"}))
+    out = await complete(runtime(fake, http, enable_json_mode=True))
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("read_chunk_window", {"doc_id": "g", "anchor_chunk_id": "g:c1"})
+    ]
+    body = fake.chat_requests[0].json
+    assert "tools" not in body
+    fmt = body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == step_schema(TOOLS)
+
+
+async def test_withdrawn_tools_keep_the_prompt_and_allow_only_the_answer(fake, http) -> None:
+    fake.script(json_answer("first"), json_answer("Готово."))
+    rt = runtime(fake, http, enable_json_mode=True)
+    await complete(rt)
+    out = await complete(rt, tool_choice="none")
+    assert out.content == "Готово." and out.tool_calls == ()
+    auto, none = (r.json for r in fake.chat_requests)
+    assert none["messages"] == auto["messages"]  # the same prefix for the prompt cache
+    assert none["response_format"]["json_schema"]["schema"] == step_schema(())
+
+
+async def test_json_object_mode_withdraws_tools_from_the_instruction(fake, http) -> None:
+    # json_object cannot forbid a call: there the answer-only instruction must.
+    fake.script(json_answer("ok"))
+    await complete(
+        runtime(fake, http, enable_json_mode=True, json_schema=False), tool_choice="none"
+    )
+    body = fake.chat_requests[0].json
+    assert body["response_format"] == {"type": "json_object"}
+    assert "read_doc_section" not in body["messages"][0]["content"]
+
+
+async def test_native_mode_withdrawn_tools_are_sent_with_tool_choice_none(fake, http) -> None:
+    fake.script(text("the answer"))
+    out = await complete(runtime(fake, http), tool_choice="none")
+    assert out.content == "the answer"
+    body = fake.chat_requests[0].json
+    assert [t["function"]["name"] for t in body["tools"]] == [
+        "read_doc_section",
+        "read_chunk_window",
+    ]
+    assert body["tool_choice"] == "none"
+    params = GenerationParams(tool_choice="none")
+    encoded = encode_request(USER, TOOLS, params, model=MODEL, json_mode=False)
+    assert json.loads(encoded) == build_request(USER, TOOLS, params, model=MODEL, json_mode=False)
+    assert "tool_choice" not in build_request(USER, TOOLS, GenerationParams(), model=MODEL,
+                                              json_mode=False)  # fmt: skip
+
+
+# -- calls written into the text -------------------------------------------------------------
+
+CALL = {"name": "read_doc_section", "arguments": {"doc_id": "g", "section_id": "s2"}}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps(CALL),
+        f"```json\n{json.dumps(CALL)}\n```",
+        f"I will read the section.\n```json\n{json.dumps(CALL)}\n```",
+        f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>",
+        json.dumps({"tool_name": "read_doc_section", "arguments": CALL["arguments"]}),
+        json.dumps({"function": CALL}),
+        json.dumps({"name": "read_doc_section", "arguments": json.dumps(CALL["arguments"])}),
+    ],
+)
+def test_a_call_written_as_json_is_taken_as_a_call(content: str) -> None:
+    (call,) = content_tool_calls(content, OFFERED)
+    assert call.name == "read_doc_section"
+    assert json.loads(call.arguments) == CALL["arguments"]
+    assert call.id.startswith("call_")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "Настройте LDAP в разделе Settings.",
+        json.dumps({"name": "delete_everything", "arguments": {}}),  # not offered
+        json.dumps(CALL) + " and then I answer",  # text after the object
+        '{"name": "read_doc_section", "arguments": [1]}',  # arguments not an object
+        "```json\n{broken\n```",
+        json.dumps({"answer": 42}),
+        "",
+    ],
+)
+def test_text_that_is_not_a_call_of_an_offered_tool_stays_the_answer(content: str) -> None:
+    assert content_tool_calls(content, OFFERED) == ()
+
+
+def test_nothing_offered_nothing_taken() -> None:
+    assert content_tool_calls(json.dumps(CALL), frozenset()) == ()
+
+
+async def test_native_mode_takes_a_written_call_when_tools_were_offered(fake, http) -> None:
+    fake.script(text(f"```json\n{json.dumps(CALL)}\n```"), text(json.dumps(CALL)))
+    rt = runtime(fake, http)
+    out = await complete(rt)
+    assert [c.name for c in out.tool_calls] == ["read_doc_section"] and out.content == ""
+    assert out.finish_reason == "tool_calls"
+    # Withdrawn tools: the same text is the answer, not a call.
+    out = await complete(rt, tool_choice="none")
+    assert out.tool_calls == () and out.content == json.dumps(CALL)
+
+
+async def test_a_streamed_written_call_is_not_streamed_as_text(fake, http) -> None:
+    fake.script(Reply(content=json.dumps(CALL), chunk_chars=5))
+    deltas, out = await stream(runtime(fake, http))
+    assert deltas == [] and [c.name for c in out.tool_calls] == ["read_doc_section"]
+
+
+async def test_a_streamed_answer_that_looks_like_json_arrives_whole(fake, http) -> None:
+    answer = '{"status": "ok"} is what the API returns.'
+    fake.script(Reply(content=answer, chunk_chars=4))
+    deltas, out = await stream(runtime(fake, http))
+    assert "".join(deltas) == answer and out.content == answer and out.tool_calls == ()
+
+
+async def test_a_streamed_plain_answer_still_streams_piece_by_piece(fake, http) -> None:
+    answer = "Откройте Settings, затем Directory."
+    fake.script(Reply(content=answer, chunk_chars=4))
+    deltas, out = await stream(runtime(fake, http))
+    assert "".join(deltas) == answer == out.content and len(deltas) > 3
+
+
+# -- response_schema and cached tokens -------------------------------------------------------
+
+
+@pytest.mark.parametrize("json_mode", [False, True])
+async def test_a_response_schema_constrains_the_answer_and_returns_it_raw(
+    fake, http, json_mode: bool
+) -> None:
+    fake.script(text('{"intent": "documents"}'))
+    out = await complete(
+        runtime(fake, http, enable_json_mode=json_mode), (), response_schema=ROUTE_SCHEMA
+    )
+    assert json.loads(out.content) == {"intent": "documents"} and out.tool_calls == ()
+    body = fake.chat_requests[0].json
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": ROUTE_SCHEMA, "strict": True},
+    }
+    assert [m["content"] for m in body["messages"]] == [m.content for m in USER]
+
+
+async def test_cached_prompt_tokens_are_read_from_the_usage(fake, http) -> None:
+    fake.script(Reply(content="a", prompt_tokens=900, cached_tokens=850), text("b"))
+    rt = runtime(fake, http)
+    first = await complete(rt, ())
+    assert (first.prompt_tokens, first.cached_prompt_tokens) == (900, 850)
+    second = await complete(rt, ())
+    assert second.cached_prompt_tokens == 0  # not reported: nothing assumed
+
+
+# -- the request's response_schema is checked ------------------------------------------------
+
+
+def _input(schema: Any, tools: tuple[str, ...] = ()) -> GenerateInput:
+    return GenerateInput(
+        messages=(Message("user", "q"),),
+        mode="chat",
+        params=GenerationParams(response_schema=schema),
+        user=User("t", "u"),
+        policy=ToolPolicy(allowed_tools=tools),
+    )
+
+
+BUDGETS = Budgets(max_tool_steps=5, max_prompt_tokens=4096, max_completion_tokens=512)
+
+
+def test_a_response_schema_at_the_size_limit_passes_one_byte_past_it_does_not() -> None:
+    def schema_of(size: int) -> dict[str, Any]:
+        base = {"description": ""}
+        pad = size - len(json.dumps(base).encode())
+        return {"description": "x" * pad}
+
+    at = schema_of(MAX_RESPONSE_SCHEMA_BYTES)
+    assert len(json.dumps(at).encode()) == MAX_RESPONSE_SCHEMA_BYTES
+    validate(_input(at), BUDGETS)
+    with pytest.raises(errors.LimitExceededError) as info:
+        validate(_input(schema_of(MAX_RESPONSE_SCHEMA_BYTES + 1)), BUDGETS)
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert info.value.metadata["field"] == "generation_params.response_schema"
+
+
+@pytest.mark.parametrize(("schema", "tools"), [({}, ()), (ROUTE_SCHEMA, ("read_doc_section",))])
+def test_an_empty_response_schema_or_one_with_tools_is_refused(schema, tools) -> None:
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        validate(_input(schema, tools), BUDGETS)
+    assert info.value.metadata["field"] == "generation_params.response_schema"
+
+
+def test_params_with_a_schema_still_replace_cleanly() -> None:
+    params = GenerationParams(response_schema=ROUTE_SCHEMA)
+    assert replace(params, max_tokens=5).response_schema == ROUTE_SCHEMA
