@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+from collections.abc import Sequence
 
 import httpx
 from prometheus_client import CollectorRegistry
 from visior.llm.v1 import llm_pb2_grpc
 
-from services.common import errors
 from services.common.channels import open_channel
 from services.common.http import quiet_http_client_logs
 from services.common.http_tracing import traced_async_client
@@ -18,7 +17,7 @@ from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tracing import install_tracing
-from services.llm.chat import ChatRuntime
+from services.llm.chat import ChatRuntime, ToolSpec
 from services.llm.config import LlmSettings
 from services.llm.engine import Budgets, LlmEngine
 from services.llm.extractive import ExtractiveRuntime
@@ -27,27 +26,13 @@ from services.llm.metrics import LlmMetrics
 from services.llm.runtime import OpenAiChatRuntime
 from services.llm.servicer import LlmServicer
 from services.llm.toolcalls import READ_TOOL_SPECS
-from services.llm.tools_client import GrpcToolRunner
-
-log = logging.getLogger("visior.llm")
+from services.llm.tools_client import GrpcToolRunner, ToolCatalogue
 
 SERVICE_NAMES = ("visior.llm.v1.LlmService",)
 CATALOGUE_RETRY_S = 1.0
-
-
-async def _load_catalogue(runner: GrpcToolRunner, loop: ToolLoop) -> None:
-    """Take the proxy's catalogue (schemas with their limits) once it answers; until then the
-    loop offers the two read tools with built-in schemas."""
-    while True:
-        try:
-            specs = await runner.list_tools()
-        except errors.ServiceError as exc:
-            log.info("tool catalogue not available yet", extra={"error": exc.message})
-            await asyncio.sleep(CATALOGUE_RETRY_S)
-            continue
-        loop.catalogue = tuple(specs)
-        log.info("tool catalogue loaded", extra={"tools": len(specs)})
-        return
+"""Until ToolsProxy first answers, its catalogue is asked for this often."""
+CATALOGUE_REFRESH_S = 60.0
+"""Then this often, and on a request needing a tool it lacks at most this often."""
 
 
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
@@ -85,14 +70,23 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
             default_model=settings.default_model,
         ),
     )
+
+    def offer(specs: Sequence[ToolSpec]) -> None:
+        loop.catalogue = tuple(specs)
+
+    # Until ToolsProxy answers, the loop offers the two read tools with built-in schemas.
+    catalogue = ToolCatalogue(
+        runner, offer, READ_TOOL_SPECS, refresh_s=CATALOGUE_REFRESH_S, retry_s=CATALOGUE_RETRY_S
+    )
     engine = LlmEngine(
         loop,
         Budgets(
             settings.max_tool_steps, settings.max_prompt_tokens, settings.max_completion_tokens
         ),
         LlmMetrics(registry),
+        catalogue=catalogue,
     )
-    catalogue_task = asyncio.create_task(_load_catalogue(runner, loop))
+    catalogue_task = asyncio.create_task(catalogue.keep_loaded())
 
     def register(server):  # type: ignore[no-untyped-def]
         llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, runtime.name), server)

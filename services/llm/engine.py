@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from services.common import errors
 from services.common.context import remaining_seconds
 from services.llm.loop import ToolLoop
-from services.llm.metrics import LlmMetrics
+from services.llm.metrics import OK, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 
 MODES = ("rag", "chat")
@@ -104,6 +106,9 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
         _validate_response_schema(p.response_schema, req.policy.allowed_tools)
     if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
         raise _invalid("user.tenant_id", "tools need the user's tenant_id")
+    if req.policy.allowed_tools and (req.user is None or not req.user.user_id.strip()):
+        # ToolsProxy runs a tool for a tenant and a user, both required (DESIGN §4).
+        raise _invalid("user.user_id", "tools need the user's user_id")
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
         raise _invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
@@ -111,26 +116,72 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
         raise _invalid("tool_policy.window_radius_schedule", "radii must not be negative")
 
 
+class Catalogue(Protocol):
+    """The tool catalogue the loop offers (services.llm.tools_client.ToolCatalogue)."""
+
+    async def require(self, names: Collection[str]) -> None: ...
+
+
+def needed_tools(req: GenerateInput) -> tuple[str, ...]:
+    """The tools a request may use, which the catalogue must list (planned calls are among
+    them: a planned tool outside allowed_tools is the caller's error, found by the loop)."""
+    if req.policy.max_tool_steps == 0:
+        return ()
+    return req.policy.allowed_tools
+
+
 class LlmEngine:
     """Runs one generation: validate, then the tool loop over the configured chat runtime
-    (the OpenAI-compatible runtime, or the extractive responder when none is configured)."""
+    (the OpenAI-compatible runtime, or the extractive responder when none is configured).
+    With `metrics`, the loop's runtime and tool runner are wrapped so that every request is
+    counted with what it used, whatever its outcome; with `catalogue`, a request that needs
+    tools the catalogue lacks has it loaded again first (a missing ToolsProxy is a 502)."""
 
-    def __init__(self, loop: ToolLoop, budgets: Budgets, metrics: LlmMetrics | None = None) -> None:
+    def __init__(
+        self,
+        loop: ToolLoop,
+        budgets: Budgets,
+        metrics: LlmMetrics | None = None,
+        *,
+        catalogue: Catalogue | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._loop = loop
         self._budgets = budgets
         self._metrics = metrics
+        self._catalogue = catalogue
+        self._clock = clock
+        if metrics is not None:
+            loop.runtime = metrics.metered_runtime(loop.runtime)
+            loop.tools = metrics.metered_tools(loop.tools)
 
     async def generate(self, req: GenerateInput, sink: EventSink | None = None) -> GenerateOutput:
+        if self._metrics is None:
+            return await self._generate(req, sink)
+        started = self._clock()
+        usage, token = begin_request()
+        outcome = "INTERNAL"
+        out: GenerateOutput | None = None
+        try:
+            out = await self._generate(req, sink)
+            outcome = OK
+            return out
+        except errors.ServiceError as exc:
+            outcome = exc.reason or "error"
+            raise
+        except asyncio.CancelledError:
+            outcome = "CANCELLED"
+            raise
+        finally:
+            end_request(token)
+            latency_ms = (self._clock() - started) * 1000
+            self._metrics.record(outcome, latency_ms, usage, self._loop.tokenizer, out)
+
+    async def _generate(self, req: GenerateInput, sink: EventSink | None) -> GenerateOutput:
         validate(req, self._budgets)
         if not req.policy.allowed_tools:
             # No tools allowed: the loop offers none.
             req = replace(req, policy=replace(req.policy, max_tool_steps=0))
-        try:
-            out = await self._loop.run(req, sink, timeout_s=remaining_seconds())
-        except errors.ServiceError as exc:
-            if self._metrics is not None:
-                self._metrics.failed(exc.reason)
-            raise
-        if self._metrics is not None:
-            self._metrics.observe(out)
-        return out
+        elif self._catalogue is not None:
+            await self._catalogue.require(needed_tools(req))
+        return await self._loop.run(req, sink, timeout_s=remaining_seconds())

@@ -1,19 +1,28 @@
-"""The ToolsProxy client: ToolRunner over gRPC, downstream errors turned into ServiceErrors."""
+"""The ToolsProxy client: ToolRunner over gRPC (downstream errors turned into ServiceErrors) and
+the tool catalogue the loop offers, kept current."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
-from typing import Any
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import struct_pb2
 from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
+from services.common import errors
 from services.common.status import from_rpc_error
 from services.common.structs import struct_to_dict
 from services.llm.chat import ToolSpec
 from services.llm.model import ToolResult, User
+
+log = logging.getLogger("visior.llm")
 
 
 def _value(v: struct_pb2.Value) -> Any:
@@ -81,3 +90,106 @@ class GrpcToolRunner:
         return [
             ToolSpec(t.name, t.description, struct_to_dict(t.input_schema)) for t in response.tools
         ]
+
+
+class CatalogueSource(Protocol):
+    """Where the catalogue comes from (GrpcToolRunner.list_tools)."""
+
+    async def list_tools(self) -> list[ToolSpec]: ...
+
+
+class ToolCatalogue:
+    """The tools the loop may offer, as ToolsProxy lists them (schemas with their limits).
+
+    Until ToolsProxy first answers, the loop has the built-in read-tool schemas only. A
+    request that needs a tool the catalogue lacks (allowed, or planned by the caller) asks
+    ToolsProxy again first, so a proxy that came up after this service, or restarted with
+    more tools, is seen at once; once the proxy has answered, at most every `refresh_s` (a
+    tool it does not offer stays unoffered until then). Requests waiting meanwhile share
+    that one answer. If ToolsProxy has never answered and still cannot be reached, such a
+    request fails as a missing dependency: UnavailableError (UPSTREAM_UNAVAILABLE, HTTP
+    502), never the caller's INVALID_ARGUMENT.
+    """
+
+    def __init__(
+        self,
+        source: CatalogueSource,
+        on_load: Callable[[Sequence[ToolSpec]], None],
+        initial: Sequence[ToolSpec],
+        *,
+        refresh_s: float = 60.0,
+        retry_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._on_load = on_load
+        self._names = frozenset(t.name for t in initial)
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._loaded_at: float | None = None
+        self._failure: errors.ServiceError | None = None
+        self._attempts = 0
+
+    @property
+    def loaded(self) -> bool:
+        """Whether ToolsProxy has answered at least once."""
+        return self._loaded_at is not None
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self._names
+
+    def _fresh(self) -> bool:
+        return self._loaded_at is not None and self._clock() - self._loaded_at < self.refresh_s
+
+    async def load(self) -> None:
+        """Ask ToolsProxy for its catalogue and hand it to the loop; raises its ServiceError."""
+        async with self._lock:
+            await self._load()
+
+    async def _load(self) -> None:
+        try:
+            specs = await self._source.list_tools()
+        except errors.ServiceError as exc:
+            self._failure = exc
+            raise
+        finally:
+            self._attempts += 1
+        names = frozenset(t.name for t in specs)
+        if names != self._names or not self.loaded:
+            log.info("tool catalogue loaded", extra={"tools": sorted(names)})
+        self._on_load(specs)
+        self._names = names
+        self._loaded_at, self._failure = self._clock(), None
+
+    async def require(self, names: Collection[str]) -> None:
+        """Make sure the catalogue is current for a request that needs `names`."""
+        if not set(names) - self._names or self._fresh():
+            return
+        seen = self._attempts
+        async with self._lock:
+            if self._attempts == seen:  # no answer came while this request waited: ask
+                with contextlib.suppress(errors.ServiceError):
+                    await self._load()
+        missing = set(names) - self._names
+        if not missing or self.loaded:
+            return  # a tool the proxy does not offer is not offered (a planned one: 400)
+        cause = self._failure.message if self._failure is not None else "no answer"
+        raise errors.UnavailableError(
+            f"toolsproxy: the tool catalogue is not available ({cause}); "
+            f"needed: {', '.join(sorted(missing))}",
+            metadata={"downstream": "toolsproxy", "tools": ",".join(sorted(missing))},
+        )
+
+    async def keep_loaded(self) -> None:
+        """Load at start (every `retry_s` until ToolsProxy answers), then every `refresh_s`."""
+        while True:
+            try:
+                await self.load()
+            except errors.ServiceError as exc:
+                log.info("tool catalogue not available yet", extra={"error": exc.message})
+                await asyncio.sleep(self.retry_s)
+                continue
+            await asyncio.sleep(self.refresh_s)

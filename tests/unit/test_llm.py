@@ -135,6 +135,8 @@ async def test_context_is_cut_to_the_prompt_budget_lowest_score_first():
         ({"params": GenerationParams(temperature=2.5)}, "generation_params.temperature"),
         ({"params": GenerationParams(stop=("a",) * 5)}, "generation_params.stop"),
         ({"user": None}, "user.tenant_id"),
+        ({"user": User("t1", "")}, "user.user_id"),
+        ({"user": User("t1", " ")}, "user.user_id"),
     ],
 )
 async def test_bad_requests_name_the_field(kw, field):

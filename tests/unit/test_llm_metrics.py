@@ -1,0 +1,114 @@
+"""Every Generate counts in the LLM metrics, whatever its outcome (issue 21 item 1): the
+request, its latency, the tokens and tool calls it used, the tool errors; read from the
+/metrics text."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.common import errors
+from services.llm.engine import Budgets, LlmEngine
+from services.llm.extractive import ExtractiveRuntime
+from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.metrics import LlmMetrics
+from services.llm.model import Anchor, ToolPolicy, ToolResult
+from services.llm.toolcalls import READ_TOOL_SPECS
+from tests.unit.test_llm import WINDOW, FakeTools, req
+
+
+def metered(tools, registry: CollectorRegistry) -> LlmEngine:
+    b = Budgets()
+    settings = LoopSettings(
+        max_tool_steps=b.max_tool_steps, max_prompt_tokens=b.max_prompt_tokens,
+        max_completion_tokens=b.max_completion_tokens, default_model="extractive",
+    )  # fmt: skip
+    loop = ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings)
+    return LlmEngine(loop, b, LlmMetrics(registry))
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The sum of `name` over the series whose labels include `labels`, as /metrics prints."""
+    total = 0.0
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+class DownTools:
+    """ToolsProxy unreachable: every call raises, as GrpcToolRunner does."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def execute(self, name, arguments, user, trace_id):
+        self.calls += 1
+        raise errors.UnavailableError("toolsproxy failed: UNAVAILABLE")
+
+
+NOT_FOUND = ToolResult("error", error_code="NOT_FOUND", error_message="gone")
+TWO_READS = ToolPolicy(
+    allowed_tools=("read_chunk_window", "read_doc_section"),
+    anchors=(Anchor("guide", "s1", "guide:c1"), Anchor("guide", "s2", "")),
+)
+"""The extractive responder reads the window, then (after an error) the next section."""
+LIMIT = "LLM_LIMIT_EXCEEDED"
+
+
+async def test_two_tool_errors_in_a_row_count_everywhere():
+    registry = CollectorRegistry()
+    tools = FakeTools([NOT_FOUND, NOT_FOUND])
+    with pytest.raises(errors.LimitExceededError) as info:
+        await metered(tools, registry).generate(req(policy=TWO_READS))
+    assert info.value.reason == LIMIT and len(tools.calls) == 2
+    assert sample(registry, "llm_requests_total", outcome=LIMIT) == 1
+    assert sample(registry, "llm_requests_total", outcome="ok") == 0
+    assert sample(registry, "llm_latency_ms_count", outcome=LIMIT) == 1
+    assert sample(registry, "llm_mcp_errors_total", code="NOT_FOUND") == 2
+    assert sample(registry, "llm_tool_call_count_total", outcome=LIMIT) == 2
+    # Two model calls were made before the abort: their tokens count (estimated, as the
+    # extractive responder reports none).
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=LIMIT) > 0
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=LIMIT) > 0
+
+
+async def test_a_proxy_that_is_down_counts_as_a_tool_error_and_a_failed_request():
+    registry = CollectorRegistry()
+    tools = DownTools()
+    with pytest.raises(errors.UnavailableError):
+        await metered(tools, registry).generate(req())
+    assert tools.calls == 1
+    reason = "UPSTREAM_UNAVAILABLE"
+    assert sample(registry, "llm_requests_total", outcome=reason) == 1
+    assert sample(registry, "llm_latency_ms_count", outcome=reason) == 1
+    assert sample(registry, "llm_mcp_errors_total", tool="read_chunk_window", code=reason) == 1
+    assert sample(registry, "llm_tool_call_count_total", tool="read_chunk_window") == 1
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=reason) > 0
+
+
+async def test_a_refused_request_counts_with_its_reason():
+    registry = CollectorRegistry()
+    with pytest.raises(errors.InvalidArgumentError):
+        await metered(FakeTools([]), registry).generate(req(mode="poem"))
+    assert sample(registry, "llm_requests_total", outcome="INVALID_ARGUMENT") == 1
+    assert sample(registry, "llm_latency_ms_count", outcome="INVALID_ARGUMENT") == 1
+    assert sample(registry, "llm_token_usage_total") == 0
+
+
+async def test_an_answered_request_counts_what_the_caller_was_told():
+    registry = CollectorRegistry()
+    tools = FakeTools([NOT_FOUND, WINDOW])
+    out = await metered(tools, registry).generate(req(policy=TWO_READS))
+    assert sample(registry, "llm_requests_total", outcome="ok") == 1
+    assert sample(registry, "llm_latency_ms_count", outcome="ok") == 1
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome="ok") == (
+        out.prompt_tokens
+    )
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome="ok") == (
+        out.completion_tokens
+    )
+    assert sample(registry, "llm_tool_call_count_total", outcome="ok") == len(out.tools_called)
+    assert sample(registry, "llm_mcp_errors_total") == 1
