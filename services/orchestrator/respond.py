@@ -19,6 +19,7 @@ from services.orchestrator.model import (
     PlannedCall,
     RespondInput,
     RespondOutput,
+    RetrievalOutcome,
     Retriever,
     SectionCandidate,
     Source,
@@ -244,7 +245,14 @@ class Responder:
                    "decided_by": decision.decided_by, "trace_id": req.trace_id},
         )  # fmt: skip
         if decision.intent in ("documents", "selected_search"):
-            out = await self._documents(req, cfg, decision)
+            found = await self._search_documents(req, decision)
+            if not found.sections and decision.knowledge_base_fallback:
+                # A definitional question the user's documents have nothing on (a tenant
+                # without documents): the knowledge base answers (DESIGN §2.12).
+                decision = replace(decision, intent="knowledge_base", scenario="S2")
+                out = await self._general(req, cfg, decision)
+            else:
+                out = await self._documents(req, cfg, decision, found)
         elif decision.intent == "selected_full":
             out = await self._full(req, cfg, selected, decision)
         else:
@@ -311,21 +319,26 @@ class Responder:
 
     # -- scenarios ----------------------------------------------------------------------------
 
-    async def _documents(
-        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision
-    ) -> RespondOutput:
-        """S1 (all the user's documents) and S4 (selected documents, searched by their ids
-        with query expansion merged by RRF)."""
+    async def _search_documents(self, req: RespondInput, decision: Decision) -> RetrievalOutcome:
+        """S1 searches all the user's documents, S4 the selected ones by their ids (with query
+        expansion merged by RRF)."""
         max_results = req.max_results or DEFAULT_MAX_RESULTS
         filters = req.filters
         if not self._enable_filters:
             filters = Filters(doc_ids=filters.doc_ids, section_ids=filters.section_ids)
         if decision.intent == "selected_search":
             filters = replace(filters, doc_ids=req.selected_doc_ids)
-        found = await self._retriever.search(
+        return await self._retriever.search(
             req.query, req.user, filters, max_results, req.trace_id,
             expand_query=decision.intent == "selected_search",
         )  # fmt: skip
+
+    async def _documents(
+        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, found: RetrievalOutcome
+    ) -> RespondOutput:
+        """S1 (all the user's documents) and S4 (selected documents): the summaries-only
+        first prompt and the read tools."""
+        max_results = req.max_results or DEFAULT_MAX_RESULTS
         # Retrieval may return up to max_sections sections; the prompt shows max_results.
         system = SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system, found.sections[:max_results])

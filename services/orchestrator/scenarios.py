@@ -63,6 +63,9 @@ class Decision:
     """finance_news: the search query for the news API."""
     language: str = "ru"
     """"ru" or "en": the language to answer in (Russian unless the query is Latin-dominant)."""
+    knowledge_base_fallback: bool = False
+    """S1 for a definitional question: the user's documents first; when their search finds
+    nothing (a tenant without documents), the knowledge base answers (S2)."""
 
 
 # -- text helpers -----------------------------------------------------------------------------
@@ -102,16 +105,26 @@ DEFINITION = _rx(
     r"что так(?:ое|ая|ой|ие)",
     r"что означа\w*",
     r"что значит",
+    r"что это за",
+    r"(?:дай|дайте) определени\w*",
     r"определени\w*",
     r"термин(?:а|у|ом|е|ы|ов|ам|ами|ах)?",
+    r"расшифр\w*",
     r"what is an?",
     r"what are \w+s",
-    r"what does \w+(?: \w+)? mean",
+    r"what does \w+(?: \w+)? (?:mean|stand for)",
+    r"what do \w+(?: \w+)? (?:mean|stand for)",
     r"define",
-    r"definition\w*",
+    r"definition\w*( of)?",
     r"meaning of",
+    r"explain the term",
 )
-"""Definitional questions: the knowledge base, even when a document word is in them."""
+"""Definitional questions («что такое», "what is a", "define"): the user's documents first
+(DESIGN §2.12), the knowledge base when they have nothing; checked before everything else."""
+
+WHAT_IS = _rx(r"what(?:'s| is| are)")
+""""What is …" without an article: definitional unless something more specific (a rate, the
+key rate, news) applies, so it is checked after those."""
 
 DOCUMENT_WORDS = _rx(
     r"документ\w*",
@@ -550,10 +563,26 @@ def _size_decision(selected_chars: int | None, max_context_chars: int, language:
     return Decision("S4", "selected_search", "rules", language=language)
 
 
+DEFINITION_MARKERS = _rx(
+    r"так(?:ое|ая|ой|ие)", r"означа\w*", r"значит", r"определени\w*", r"термин\w*",
+    r"расшифр\w*", r"дайте?", r"mean\w*", r"stand for", r"define\w*", r"definitions?",
+    r"explain", r"term",
+)  # fmt: skip
+"""The words that make a question definitional; what is left is the term asked about."""
+
+
+def _definition_subject(text: str) -> list[str]:
+    """The content words a definitional question asks about (none: «что такое?», "what is
+    it?")."""
+    return _content_words(_strip(DEFINITION_MARKERS, text))
+
+
 def _general_intent(text: str) -> str:
-    """The intent of a query without selected documents, or "" when nothing matches."""
+    """The intent of a query without selected documents, or "" when nothing matches.
+
+    "definition" is a documents question that falls back to the knowledge base."""
     if DEFINITION.search(text):
-        return "knowledge_base"
+        return "definition" if _definition_subject(text) else "clarify"
     if DOCUMENT_WORDS.search(text):
         return "documents"
     if NEWS_WORDS.search(text):
@@ -562,6 +591,8 @@ def _general_intent(text: str) -> str:
         return "key_rate"
     if _asks_currency_rate(text):
         return "currency_rates"
+    if WHAT_IS.search(text):
+        return "definition" if _definition_subject(text) else "clarify"
     if SEARCH_WORDS.search(text):
         return "documents"
     if KNOWLEDGE_WORDS.search(text):
@@ -571,6 +602,11 @@ def _general_intent(text: str) -> str:
     if len(_content_words(_without_dates(text))) < MIN_CONTENT_WORDS:
         return "clarify"
     return ""
+
+
+def is_definitional(query: str) -> bool:
+    """Whether the query asks what a term is and names the term (the rules' "definition")."""
+    return _general_intent(_norm(query)) == "definition"
 
 
 def _asks_currency_rate(text: str) -> bool:
@@ -598,6 +634,11 @@ def _without_dates(text: str) -> str:
 
 def _complete(intent: str, query: str, *, today: date, language: str, by: str) -> Decision:
     """A Decision for `intent` with what that route needs, extracted from the query."""
+    if intent == "definition":
+        return replace(
+            _complete("documents", query, today=today, language=language, by=by),
+            knowledge_base_fallback=True,
+        )
     return Decision(
         scenario=SCENARIO_OF_INTENT[intent],
         intent=intent,
@@ -632,10 +673,11 @@ def rule_decision(
 
     1. Selected documents: S3 selected_full when their total size is known and
        ≤ `max_context_chars`, else S4 selected_search.
-    2. Without a selection: a definitional question («что такое», "what is a") → S2
-       knowledge_base; a document word («договор», «файл», "contract") → S1 documents;
+    2. Without a selection: a definitional question («что такое», "what is a", "define")
+       naming its term → S1 documents with the knowledge base as the fallback (DESIGN
+       §2.12), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
        news → S2 finance_news; key rate → S2 key_rate; a currency rate → S2 currency_rates;
-       a search verb («найди», "find") → S1; tax/law/regulation → S2 knowledge_base;
+       "what is …" as for definitions; a search verb («найди», "find") → S1; tax/law/regulation → S2 knowledge_base;
        greetings and thanks alone → S2 small_talk; fewer than two content words → S5
        clarify, unless the previous user turn (in `history`) gives the follow-up its
        route ("а на вчера?" after "курс доллара"); anything else → S1 documents.
@@ -805,7 +847,8 @@ def parse_model_decision(
     type, `currency` an ISO 4217 code other than RUB, `date` a real YYYY-MM-DD. Empty optional
     fields are filled from the query as the rules would; a date the query itself names wins
     over the model's (the model does not know today's date). The answer language always
-    comes from the query.
+    comes from the query. For a definitional question naming its term only "documents" is
+    usable (the user's documents come first, DESIGN §2.12).
     """
     data = _first_json_object(text)
     if data is None:
@@ -818,6 +861,9 @@ def parse_model_decision(
         return None
     if not _consistent(intent, selected_doc_ids, selected_chars, max_context_chars):
         return None
+    definitional = not selected_doc_ids and is_definitional(query)
+    if definitional and intent != "documents":
+        return None  # the user's documents come first (DESIGN §2.12): the rules' S1
     clarifications = _strings(data.get("clarifications"))
     currency = _optional_str(data, "currency")
     model_date = _optional_str(data, "date")
@@ -847,4 +893,5 @@ def parse_model_decision(
         if intent == "finance_news"
         else "",
         language=language,
+        knowledge_base_fallback=definitional,
     )

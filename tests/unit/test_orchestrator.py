@@ -263,8 +263,8 @@ async def test_a_selected_document_that_does_not_exist_is_404():
         ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data",
          {"operation": "key_rate", "date_from": "2026-10-22", "date_to": "2026-11-22"}),
         ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
-        ("Что такое НДС?", "knowledge_base", "search_general_kb", {"query": "Что такое НДС?",
-                                                                   "top_k": 5}),
+        ("Какая ставка НДС на услуги?", "knowledge_base", "search_general_kb",
+         {"query": "Какая ставка НДС на услуги?", "top_k": 5}),
     ],
 )  # fmt: skip
 async def test_s2_general_questions_plan_the_right_tool(query, intent, tool, args):
@@ -362,3 +362,52 @@ def test_a_query_is_refused_exactly_when_retrieval_finds_nothing_to_search(text)
     else:
         refused = False
     assert refused == (not normalise_query(text))
+
+
+class _EmptyRetriever(FakeRetriever):
+    """A tenant without documents: its own search finds nothing; the knowledge base does."""
+
+    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
+        self.calls.append((query, user, filters, max_results, trace_id))
+        if filters.source == "knowledge_base":
+            return RetrievalOutcome((SectionCandidate("kb-vat", "s", "VAT", "VAT is…", 0.8, 1, 1,
+                                                      "kb-vat:c0"),), 2)  # fmt: skip
+        return RetrievalOutcome((), 2)
+
+
+@pytest.mark.parametrize(
+    "query", ["Что такое ВЦОД?", "Что означает RPO?", "What is LDAP?", "Define thin provisioning"]
+)
+async def test_a_definitional_question_reads_the_users_documents_and_cites_them(query):
+    responder, retriever, generator, _ = make()
+    out = await responder.respond(inp(query=query))
+    assert (out.scenario, out.intent) == ("S1", "documents")
+    assert retriever.calls[0][2].source == ""  # the user's own documents were searched
+    last = generator.requests[-1]
+    assert last.allowed_tools == ("read_chunk_window", "read_doc_section")
+    assert [s.doc_id for s in out.sources] == ["guide"]
+
+
+@pytest.mark.parametrize("query", ["Что такое НДС?", "What is a VAT invoice?"])
+async def test_a_definition_the_users_documents_lack_comes_from_the_knowledge_base(query):
+    r, g = _EmptyRetriever(), FakeGenerator()
+    responder = Responder(r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False)
+    out = await responder.respond(inp(query=query))
+    assert [c[2].source for c in r.calls] == ["", "knowledge_base"]  # documents first
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
+    assert [p.tool_name for p in g.requests[-1].planned_calls] == ["search_general_kb"]
+    assert [s.doc_id for s in out.sources] == ["kb-vat"]
+
+
+async def test_an_ordinary_documents_question_does_not_fall_back_to_the_knowledge_base():
+    r, g = _EmptyRetriever(), FakeGenerator()
+    responder = Responder(r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False)
+    out = await responder.respond(inp(query="Как настроить LDAP в Orion X?"))
+    assert (out.scenario, out.intent) == ("S1", "documents") and len(r.calls) == 1
+
+
+@pytest.mark.parametrize("query", ["Что это?", "Что такое?", "What is it?"])
+async def test_a_question_with_nothing_to_search_is_clarified(query):
+    responder, retriever, _, _ = make()
+    out = await responder.respond(inp(query=query))
+    assert (out.scenario, out.intent) == ("S5", "clarify") and retriever.calls == []

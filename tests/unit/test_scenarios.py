@@ -15,6 +15,7 @@ from services.orchestrator.scenarios import (
     detect_language,
     extract_currency,
     extract_date,
+    is_definitional,
     parse_model_decision,
     rule_decision,
 )
@@ -142,16 +143,11 @@ ROUTES = {
         "headlines about Gazprom",
     ],
     "knowledge_base": [
-        "Что такое НДС?",
-        "Что такое договор аренды?",
-        "Что означает амортизация?",
         "Какая ставка НДС на услуги?",
         "налоговый вычет за лечение",
         "Какие требования закона о персональных данных?",
         "Что говорит НК РФ о пенях?",
-        "What is a VAT invoice?",
         "tax deduction rules for IT companies",
-        "What does IFRS 16 mean?",
         "regulations on currency control",
     ],
     "small_talk": [
@@ -405,7 +401,85 @@ def test_without_a_useful_history_a_vague_query_is_clarified():
 
 def test_history_does_not_override_a_clear_query():
     d = decide("Что такое НДС?", history=[("user", "Курс доллара")])
-    assert d.intent == "knowledge_base"
+    assert (d.intent, d.knowledge_base_fallback) == ("documents", True)
+
+
+DEFINITIONAL = [
+    # Russian
+    "Что такое НДС?",
+    "Что такое договор аренды?",
+    "Что означает амортизация?",
+    "Что такое ВЦОД?",
+    "что такое сервер управления",
+    "Что означает статус «деградирован» в консоли?",
+    "Что значит RPO?",
+    "Что это за параметр max_connections?",
+    "Дай определение снапшота",
+    "Расшифруй аббревиатуру СХД",
+    "Что такое ключевая ставка?",
+    # English
+    "What is LDAP?",
+    "What is a VAT invoice?",
+    "What does IFRS 16 mean?",
+    "What does RPO stand for?",
+    "What's a snapshot?",
+    "What are storage policies?",
+    "Define thin provisioning",
+    "definition of a failover cluster",
+    "meaning of quorum",
+    "What is the management server?",
+]
+
+
+@pytest.mark.parametrize("query", DEFINITIONAL)
+def test_a_definitional_question_searches_the_users_documents_first(query):
+    """DESIGN §2.12: S1 (the user's documents), the knowledge base as the fallback."""
+    d = decide(query)
+    assert (d.scenario, d.intent, d.knowledge_base_fallback) == ("S1", "documents", True), query
+    assert is_definitional(query)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["Что это?", "Что такое?", "Что это такое?", "Что означает?", "What is it?", "What is this?",
+     "Define", "what's that?"],
+)  # fmt: skip
+def test_a_definitional_question_with_nothing_to_search_asks_back(query):
+    d = decide(query)
+    assert (d.scenario, d.intent) == ("S5", "clarify"), query
+    assert not is_definitional(query)
+
+
+@pytest.mark.parametrize(
+    ("query", "intent"),
+    [
+        ("What is the exchange rate of the euro?", "currency_rates"),
+        ("What is the key rate today?", "key_rate"),
+        ("What's new in the news about Gazprom?", "finance_news"),
+        ("Какая ставка НДС на услуги?", "knowledge_base"),
+        ("Найди договор аренды", "documents"),
+    ],
+)
+def test_what_is_a_rate_or_the_news_is_not_a_definition(query, intent):
+    d = decide(query)
+    assert d.intent == intent and not d.knowledge_base_fallback, query
+
+
+def test_only_a_definition_carries_the_knowledge_base_fallback():
+    assert not decide("Как настроить LDAP в Orion X?").knowledge_base_fallback
+    assert not decide(
+        "Что такое НДС?", selected_doc_ids=("d1",), selected_chars=10
+    ).knowledge_base_fallback
+
+
+@pytest.mark.parametrize("intent", ["knowledge_base", "clarify", "currency_rates"])
+def test_a_models_other_route_for_a_definition_gives_way_to_the_documents(intent):
+    scenario = "S5" if intent == "clarify" else "S2"
+    assert parse(model_json(scenario=scenario, intent=intent), query="Что такое ВЦОД?") is None
+    d = parse(model_json(scenario="S1", intent="documents"), query="What is LDAP?")
+    assert d is not None and (d.intent, d.knowledge_base_fallback, d.decided_by) == (
+        "documents", True, "model",
+    )  # fmt: skip
 
 
 # -- the prompt -----------------------------------------------------------------------------------
