@@ -188,10 +188,14 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "then": {
             "required": ["user"],
             "properties": {
-                "user": {"required": ["tenant_id"], "properties": {"tenant_id": NOT_BLANK}}
+                "user": {
+                    "required": ["tenant_id", "user_id"],
+                    "properties": {"tenant_id": NOT_BLANK, "user_id": NOT_BLANK},
+                }
             },
         },
-        "description": "`user.tenant_id` is required when `tool_policy.allowed_tools` is "
+        "description": "`user.tenant_id` and `user.user_id` are required when "
+        "`tool_policy.allowed_tools` is "
         "not empty; every `planned_calls` tool must be in `allowed_tools`.",
     },
     "visior.llm.v1.GenerationParams.max_tokens": {
@@ -331,8 +335,8 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         'status "error", not an HTTP error',
     },
     "visior.toolsproxy.v1.ExecuteRequest.user": {
-        "required": ["tenant_id"],
-        "properties": {"tenant_id": NOT_BLANK},
+        "required": ["tenant_id", "user_id"],
+        "properties": {"tenant_id": NOT_BLANK, "user_id": NOT_BLANK},
     },
     "visior.toolsproxy.v1.ExecuteRequest.trace_id": TRACE_ID,
 }

@@ -16,12 +16,21 @@ MAX_TOOL_NAME = 64
 
 
 def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
-    """The caller from the request's user context; a missing tenant is the caller's error."""
+    """The caller from the request's user context; a missing tenant or user is the caller's
+    error."""
     if not user.tenant_id.strip():
         raise errors.InvalidArgumentError(
             "user.tenant_id is required",
             reason="MISSING_USER_CONTEXT",
             metadata={"field": "user.tenant_id"},
+        )
+    if not user.user_id.strip():
+        # Both ids are the caller's identity (DESIGN §4): the rate limits and the logs name
+        # the user, and no tool runs for an anonymous one.
+        raise errors.InvalidArgumentError(
+            "user.user_id is required",
+            reason="MISSING_USER_CONTEXT",
+            metadata={"field": "user.user_id"},
         )
     if user.tenant_id == KB_TENANT:
         # The knowledge base is read through search_general_kb only (DESIGN §3), never as a

@@ -402,18 +402,24 @@ def test_generate_needs_a_user_message(doc: dict[str, Any]) -> None:
         "tool_policy": {"allowed_tools": ["x"]},
     }
     assert not _valid(doc, path, tools)  # tools run for a tenant
-    assert not _valid(doc, path, {**tools, "user": {"tenant_id": " "}})
-    assert _valid(doc, path, {**tools, "user": {"tenant_id": "t"}})
+    assert not _valid(doc, path, {**tools, "user": {"tenant_id": " ", "user_id": "u"}})
+    assert not _valid(doc, path, {**tools, "user": {"tenant_id": "t"}})  # and for a user
+    assert not _valid(doc, path, {**tools, "user": {"tenant_id": "t", "user_id": " "}})
+    assert _valid(doc, path, {**tools, "user": {"tenant_id": "t", "user_id": "u"}})
     stream = request_schema(doc, "post", "/internal/llm/generate:stream")
     assert validator(doc, stream).is_valid({"messages": [{"role": "user", "content": "hi"}]})
 
 
-def test_execute_needs_a_tool_and_a_tenant(doc: dict[str, Any]) -> None:
+def test_execute_needs_a_tool_a_tenant_and_a_user(doc: dict[str, Any]) -> None:
     path = "/internal/mcp/execute"
-    assert _valid(doc, path, {"tool_name": "read_doc_metadata", "user": {"tenant_id": "t"}})
-    assert _valid(doc, path, {"tool_name": "t" * 64, "user": {"tenant_id": "t"}})
-    assert not _valid(doc, path, {"tool_name": "t" * 65, "user": {"tenant_id": "t"}})
+    user = {"tenant_id": "t", "user_id": "u"}
+    assert _valid(doc, path, {"tool_name": "read_doc_metadata", "user": user})
+    assert _valid(doc, path, {"tool_name": "t" * 64, "user": user})
+    assert not _valid(doc, path, {"tool_name": "t" * 65, "user": user})
     assert not _valid(doc, path, {"tool_name": "read_doc_metadata", "user": {"user_id": "u"}})
+    assert not _valid(doc, path, {"tool_name": "read_doc_metadata", "user": {"tenant_id": "t"}})
+    blank = {"tenant_id": "t", "user_id": " "}
+    assert not _valid(doc, path, {"tool_name": "read_doc_metadata", "user": blank})
     assert not _valid(doc, path, {"tool_name": "read_doc_metadata"})
 
 
