@@ -171,7 +171,10 @@ SMALL_TALK_SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer the user's small talk briefly and "
     "offer help with their documents, the knowledge base, exchange rates or finance news."
 )
-LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Отвечай на русском языке."}
+LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
+"""The one language instruction of every answering prompt: the request's `locale` when it
+names a language, else the question's (DESIGN §2.12). The LLM service adds none of its own
+when the caller gives a system prompt (services/llm/prompt.py)."""
 KEY_RATE_DAYS = 31
 FULL_CONTEXT_TOKENS = 28_000
 """S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
@@ -273,7 +276,7 @@ class Responder:
         today = self._today()
         rules = rule_decision(
             req.query, selected_doc_ids=selected, selected_chars=chars, history=history,
-            today=today,
+            today=today, locale=req.locale,
         )  # fmt: skip
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
@@ -299,7 +302,7 @@ class Responder:
             return rules
         decided = parse_model_decision(
             outcome.answer, query=req.query, selected_doc_ids=selected, selected_chars=chars,
-            today=today,
+            today=today, locale=req.locale,
         )  # fmt: skip
         return decided or rules
 

@@ -92,6 +92,17 @@ _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 
 
+LANGUAGES = ("ru", "en")
+"""The languages answers are given in (DESIGN §2.12: the callers are bilingual)."""
+
+
+def locale_language(locale: str) -> str:
+    """The answer language a request's `locale` names ("ru-RU" -> "ru", "en_US" -> "en"), or
+    "" when it names none of LANGUAGES (then the question's language decides)."""
+    primary = re.split(r"[-_.@]", locale.strip(), maxsplit=1)[0].lower()
+    return primary if primary in LANGUAGES else ""
+
+
 def detect_language(text: str) -> str:
     """ "en" when Latin letters outnumber Cyrillic ones, else "ru" (agent.md §8's default)."""
     latin = len(_LATIN.findall(text))
@@ -668,6 +679,7 @@ def rule_decision(
     history: Sequence[tuple[str, str]] = (),
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    locale: str = "",
 ) -> Decision:
     """The rule-based decision (agent.md §4's `rule_guess_scenario`), in this order:
 
@@ -682,10 +694,12 @@ def rule_decision(
        clarify, unless the previous user turn (in `history`) gives the follow-up its
        route ("а на вчера?" after "курс доллара"); anything else → S1 documents.
     `history` is (role, content) pairs, oldest first; roles "user" / "assistant".
+    The answer language is the `locale`'s when it names one, else the question's.
     """
     language = detect_language(query)
     if not query.strip() and history:
         language = detect_language(_last_user_turn(history))
+    language = locale_language(locale) or language
     if selected_doc_ids:
         return _size_decision(selected_chars, max_context_chars, language)
     text = _norm(query)
@@ -837,6 +851,7 @@ def parse_model_decision(
     selected_chars: int | None = None,
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    locale: str = "",
 ) -> Decision | None:
     """The model's decision, or None when it is not usable and the rules should decide.
 
@@ -847,7 +862,7 @@ def parse_model_decision(
     type, `currency` an ISO 4217 code other than RUB, `date` a real YYYY-MM-DD. Empty optional
     fields are filled from the query as the rules would; a date the query itself names wins
     over the model's (the model does not know today's date). The answer language always
-    comes from the query. For a definitional question naming its term only "documents" is
+    comes from the `locale` when it names one, else from the query. For a definitional question naming its term only "documents" is
     usable (the user's documents come first, DESIGN §2.12).
     """
     data = _first_json_object(text)
@@ -878,7 +893,7 @@ def parse_model_decision(
         and _make_date(*(int(p) for p in model_date.split("-")))
     ):
         return None
-    language = detect_language(query)
+    language = locale_language(locale) or detect_language(query)
     filled = _complete(intent, query, today=today, language=language, by="model")
     return Decision(
         scenario=filled.scenario,

@@ -169,7 +169,7 @@ def test_every_prompt_carries_the_answer_format():
     for mode in ("rag", "chat"):
         system = build_prompt(req(mode=mode))[0].content
         assert ANSWER_FORMAT in system
-    assert "Russian" in ANSWER_FORMAT and "[Источник: cbr.ru]" in ANSWER_FORMAT
+    assert "[Источник: cbr.ru]" in ANSWER_FORMAT
     assert "conclusion" in ANSWER_FORMAT and "list of sources" in ANSWER_FORMAT
     for section in ("General Facts", "User Documents", "Knowledge Base", "External Data"):
         assert section in ANSWER_FORMAT
