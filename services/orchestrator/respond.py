@@ -394,7 +394,31 @@ class Responder:
                 ),
             )
         )
-        return self._output(req, outcome, tuple(Source(d, "", 1, 1, 1.0) for d in selected), 0)
+        sources, latency = await self._answer_sources(req, selected, outcome.answer)
+        return self._output(req, outcome, sources, latency)
+
+    async def _answer_sources(
+        self, req: RespondInput, selected: tuple[str, ...], answer: str
+    ) -> tuple[tuple[Source, ...], int]:
+        """S3's sources: the sections (and their pages) of the selected documents the answer
+        drew on. The model read them whole, without page boundaries, so they are found by
+        searching the selected documents for the answer's own text (for the question when
+        that finds nothing); a document nothing was found in is cited without pages (0-0)."""
+        latency = 0
+        for text in (answer, req.query):
+            query = normalise_query(text)[:MAX_QUERY_CHARS].strip()
+            if not query:
+                continue
+            found = await self._retriever.search(
+                query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
+            )
+            latency += found.latency_ms
+            if found.sections:
+                return tuple(
+                    Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
+                    for s in found.sections[:MAX_SOURCES]
+                ), latency
+        return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES]), latency
 
     async def _general(
         self, req: RespondInput, cfg: RuntimeConfig, decision: Decision

@@ -235,11 +235,12 @@ async def test_selected_documents_switch_at_50000_characters(chars, scenario):
     assert out.scenario == scenario
     last = generator.requests[-1]
     if scenario == "S3":
-        # Full documents in context, no vector search.
-        assert retriever.calls == []
+        # Full documents in context; the only search is the one finding what the answer
+        # drew on, after the answer, inside the selected documents.
         assert [p.tool_name for p in last.planned_calls] == ["load_documents_full"]
         assert last.planned_calls[0].arguments == {"document_ids": ["a", "b"]}
-        assert {s.doc_id for s in out.sources} == {"a", "b"}
+        assert generator.requests.index(last) == len(generator.requests) - 1
+        assert [(c[0], c[2].doc_ids) for c in retriever.calls] == [("answer", ("a", "b"))]
     else:
         # Targeted search by their ids, with query expansion merged by RRF.
         assert retriever.calls[0][2].doc_ids == ("a", "b") and retriever.expanded == [True]
@@ -411,3 +412,61 @@ async def test_a_question_with_nothing_to_search_is_clarified(query):
     responder, retriever, _, _ = make()
     out = await responder.respond(inp(query=query))
     assert (out.scenario, out.intent) == ("S5", "clarify") and retriever.calls == []
+
+
+class _PageRetriever(FakeRetriever):
+    """Sections of the selected documents, found by what the search text says."""
+
+    def __init__(self, hits):
+        super().__init__({"manual": 40_000, "faq": 2_000})
+        self.hits = hits
+
+    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
+        self.calls.append((query, user, filters, max_results, trace_id))
+        return RetrievalOutcome(self.hits.get(query, ()), 4)
+
+
+class _AnsweringGenerator(FakeGenerator):
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return LlmOutcome(self.answer, (), 1, 7)
+
+
+async def test_s3_sources_name_the_pages_the_answer_drew_on():
+    answer = "Порт по умолчанию — 8443, его меняют в файле server.conf."
+    page_12 = SectionCandidate("manual", "s-ports", "Порты", "", 0.8, 12, 13, "manual:c40")
+    retriever = _PageRetriever({answer: (page_12,)})
+    generator = _AnsweringGenerator(answer)
+    responder = Responder(retriever, generator, ConfigHolder(RuntimeConfig(), 3),
+                          model_routing=False)  # fmt: skip
+    out = await responder.respond(inp(query="Какой порт?", selected_doc_ids=("manual", "faq")))
+    assert out.scenario == "S3"
+    assert [(s.doc_id, s.section_id, s.page_start, s.page_end) for s in out.sources] == [
+        ("manual", "s-ports", 12, 13)
+    ]
+    (call,) = retriever.calls
+    assert call[2].doc_ids == ("manual", "faq") and call[2].source == ""  # the selection only
+    assert out.retrieval_latency_ms == 4
+
+
+async def test_s3_sources_fall_back_to_the_question_then_to_pageless_documents():
+    hit = SectionCandidate("faq", "s-q", "Q", "", 0.5, 3, 3, "faq:c2")
+    retriever = _PageRetriever({"Какой порт?": (hit,)})
+    responder = Responder(retriever, _AnsweringGenerator("Ответа нет."),
+                          ConfigHolder(RuntimeConfig(), 3), model_routing=False)  # fmt: skip
+    out = await responder.respond(inp(query="Какой порт?", selected_doc_ids=("manual", "faq")))
+    assert [(s.doc_id, s.page_start, s.page_end) for s in out.sources] == [("faq", 3, 3)]
+    assert [c[0] for c in retriever.calls] == ["Ответа нет.", "Какой порт?"]
+
+    nothing = _PageRetriever({})
+    responder = Responder(nothing, _AnsweringGenerator("Ответа нет."),
+                          ConfigHolder(RuntimeConfig(), 3), model_routing=False)  # fmt: skip
+    out = await responder.respond(inp(query="Какой порт?", selected_doc_ids=("manual", "faq")))
+    # Never a made-up "pages 1-1": without a match the pages are unknown (0-0).
+    assert [(s.doc_id, s.page_start, s.page_end) for s in out.sources] == [
+        ("manual", 0, 0), ("faq", 0, 0),
+    ]  # fmt: skip
