@@ -722,8 +722,13 @@ def rule_decision(
 # -- the model's decision ---------------------------------------------------------------------
 
 _INTENT_HELP = (
-    ("documents", "S1", "search all of the user's documents (no documents selected)"),
-    ("knowledge_base", "S2", "terms, regulation, taxes, laws: the shared knowledge base"),
+    (
+        "documents",
+        "S1",
+        "search all of the user's documents (no documents selected), also for "
+        'what a term means («что такое …», "what is …"): the user\'s documents come first',
+    ),
+    ("knowledge_base", "S2", "regulation, taxes, laws: the shared knowledge base"),
     ("currency_rates", "S2", "Bank of Russia exchange rates (курс доллара, USD/RUB)"),
     ("key_rate", "S2", "the Bank of Russia key rate"),
     ("finance_news", "S2", "finance news from the web"),

@@ -312,3 +312,15 @@ async def test_what_the_llm_adds_stays_within_the_reserve(kw):
         query=request.messages[-1].content, context_token_budget=8192,
     ).tokens + fitter._anchors(request.context)  # fmt: skip
     assert llm_count(request, max_prompt_tokens=4096) - own <= LLM_PROMPT_RESERVE_TOKENS
+
+
+async def test_s3_leaves_room_for_50000_characters_of_russian_beside_a_long_history():
+    """The selected documents come back as a planned tool result the LLM cuts to the room
+    left: with the longest history the orchestrator sends, 50,000 characters still fit."""
+    history = tuple(Turn("user", RU * 10) for _ in range(20))
+    _, requests = await respond(TEN_RUSSIAN, history=history, selected_doc_ids=("d1",))
+    request = requests[-1]
+    first = llm_count(request, max_prompt_tokens=4096)
+    full_text = TOK.count((RU * 400)[:50_000])
+    call_and_result_framing = 200
+    assert first + full_text + call_and_result_framing <= request.context_token_budget
