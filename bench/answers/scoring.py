@@ -28,17 +28,22 @@ def normalize(text: str) -> str:
 
 
 def _fact_pattern(alternative: str) -> re.Pattern[str]:
-    """The alternative as a literal; a word character at either end must not touch another."""
+    """The alternative as a literal; a word character at either end must not touch another.
+
+    A trailing ``*`` makes it a prefix (a Russian stem: "подавля*" matches "подавляются").
+    """
     alt = normalize(alternative)
+    prefix = alt.endswith("*")
+    alt = alt.rstrip("*").rstrip()
     head = r"(?<![\w])" if alt[:1].isalnum() or alt[:1] == "_" else ""
-    tail = r"(?![\w])" if alt[-1:].isalnum() or alt[-1:] == "_" else ""
+    tail = r"(?![\w])" if (alt[-1:].isalnum() or alt[-1:] == "_") and not prefix else ""
     return re.compile(head + re.escape(alt).replace(r"\ ", r"\s*") + tail)
 
 
 def fact_present(alternatives: Sequence[str], answer: str) -> bool:
     """True when any alternative occurs in the answer (case-insensitive, whole words at ends)."""
     text = normalize(answer)
-    return any(_fact_pattern(a).search(text) for a in alternatives if a.strip())
+    return any(_fact_pattern(a).search(text) for a in alternatives if a.strip(" *"))
 
 
 def facts_found(facts: Sequence[Sequence[str]], answer: str) -> int:
