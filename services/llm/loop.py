@@ -240,9 +240,7 @@ class _Run:
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
             max_tokens = self.budget.before_call()
             params = replace(
-                self.req.params,
-                max_tokens=max_tokens,
-                tool_choice="none" if self.closed else "auto",
+                self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
             step_started = self.loop.clock()
             completion = await self._call(messages, self.offered, params)
@@ -291,6 +289,13 @@ class _Run:
                 self.budget.add(messages[-1])
             if self.steps >= self.max_steps:
                 self.closed = True
+
+    def _tool_choice(self) -> str:
+        if self.closed:
+            return "none"
+        # Only the first step, and only when the model has read nothing yet.
+        first = self.budget.calls == 0 and not self.req.policy.planned_calls
+        return "required" if first and self.req.policy.require_tool_call else "auto"
 
     def _prompt(self) -> list[ChatMessage]:
         anchors = self.req.policy.anchors if self.offered else ()

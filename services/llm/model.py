@@ -50,6 +50,9 @@ class ToolPolicy:
     planned_calls: tuple[PlannedCall, ...] = ()
     """Run first, in order, before the model is asked; each counts as a tool step and each
     must be in `allowed_tools`. Their results reach the model as tool results."""
+    require_tool_call: bool = False
+    """The model's first step must be a tool call (it reads before it answers); ignored when
+    nothing is offered or planned calls ran."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,9 @@ class GenerationParams:
     response_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     """Ask for one JSON object matching this JSON schema (constrained output); no tools."""
     tool_choice: str = "auto"
-    """"auto": the offered tools may be called; "none": they stay in the prompt (so its
-    prefix is unchanged and the runtime's prompt cache still holds) but the model must
-    answer."""
+    """"auto": the offered tools may be called; "required": one must be; "none": they stay
+    in the prompt (so its prefix is unchanged and the runtime's prompt cache still holds) but
+    the model must answer."""
 
 
 @dataclass(frozen=True)

@@ -245,9 +245,11 @@ def _constrainable(schema: Any) -> Any:
     return out
 
 
-def step_schema(tools: Sequence[ToolSpec], *, allow_tools: bool = True) -> dict[str, Any]:
+def step_schema(
+    tools: Sequence[ToolSpec], *, allow_tools: bool = True, require_call: bool = False
+) -> dict[str, Any]:
     """The JSON schema of one JSON-mode step: a call of one of `tools` (its name as a
-    constant, its arguments by its own schema) or the final answer."""
+    constant, its arguments by its own schema) or, unless `require_call`, the final answer."""
     if not tools or not allow_tools:
         return _ANSWER_SCHEMA
     calls = [
@@ -262,7 +264,7 @@ def step_schema(tools: Sequence[ToolSpec], *, allow_tools: bool = True) -> dict[
         }
         for t in tools
     ]
-    return {"anyOf": [*calls, _ANSWER_SCHEMA]}
+    return {"anyOf": calls if require_call else [*calls, _ANSWER_SCHEMA]}
 
 
 def _json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -362,7 +364,10 @@ def build_request(
         body["messages"] = _json_mode_messages(messages, tools)
         if json_schema:
             body["response_format"] = _json_schema_format(
-                "visior_step", step_schema(tools, allow_tools=allow_tools)
+                "visior_step",
+                step_schema(
+                    tools, allow_tools=allow_tools, require_call=params.tool_choice == "required"
+                ),
             )
         else:
             body["response_format"] = {"type": "json_object"}
@@ -380,8 +385,8 @@ def build_request(
                 }
                 for t in tools
             ]
-            if not allow_tools:
-                body["tool_choice"] = "none"
+            if params.tool_choice in ("none", "required"):
+                body["tool_choice"] = params.tool_choice
     for name in ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if value is not None:
@@ -459,8 +464,8 @@ def encode_request(
     parts.append("]")
     if tools:
         parts += [',"tools":', _tools_json(tools)]
-        if params.tool_choice == "none":
-            parts.append(',"tool_choice":"none"')
+        if params.tool_choice in ("none", "required"):
+            parts.append(f',"tool_choice":"{params.tool_choice}"')
     if rest:
         parts += [",", _dumps(rest)[1:-1]]
     parts.append("}")

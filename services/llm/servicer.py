@@ -70,6 +70,7 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
                 )
                 for i, c in enumerate(tp.planned_calls)
             ),
+            require_tool_call=tp.require_tool_call,
         ),
         model=req.model,
         trace_id=req.trace_id,

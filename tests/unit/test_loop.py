@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from services.llm.model import (
     GenerateInput,
     GenerationParams,
     Message,
+    PlannedCall,
     ToolCallRecord,
     ToolPolicy,
     ToolResult,
@@ -673,3 +676,56 @@ def test_a_summary_reuses_the_texts_the_rendering_split():
     rendered = render_result("read_chunk_window", result.result or {}, TOK, 200)
     assert summarise(result, rendered.truncated, rendered.texts) == summarise(result)
     assert rendered.texts and "<<<DOCUMENT" in rendered.texts[0]
+
+
+# -- the runtime's prompt cache and the first read ---------------------------------------------
+
+
+async def test_each_step_extends_the_previous_prompt():
+    read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
+    rt = ScriptedRuntime([asks(read), asks(call("read_doc_section", {"doc_id": "faq",
+                          "section_id": "f1"}, "c2")), says("done")])  # fmt: skip
+    await loop(rt, FakeTools(default=window()), max_tool_steps=2).run(req())
+    sent = [c["messages"] for c in rt.calls]
+    for before, after in itertools.pairwise(sent):
+        assert after[: len(before)] == before  # a stable prefix: only new turns at the end
+    assert [c["tools"] for c in rt.calls[1:]] == [rt.calls[0]["tools"]] * 2
+
+
+async def test_require_tool_call_forces_the_first_step_only():
+    policy = replace(POLICY, require_tool_call=True)
+    read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
+    rt = ScriptedRuntime([asks(read), says("LDAP: Settings.")])
+    out = await loop(rt, FakeTools(default=window())).run(req(policy=policy))
+    assert [c["params"].tool_choice for c in rt.calls] == ["required", "auto"]
+    assert out.answer == "LDAP: Settings."
+    # Without the flag the model may answer at once.
+    rt = ScriptedRuntime([says("plain")])
+    await loop(rt, FakeTools(default=window())).run(req())
+    assert rt.calls[0]["params"].tool_choice == "auto"
+
+
+async def test_require_tool_call_yields_to_planned_calls_and_a_closed_loop():
+    planned = replace(
+        POLICY,
+        require_tool_call=True,
+        planned_calls=(PlannedCall("read_doc_section", {"doc_id": "faq", "section_id": "f1"}),),
+    )
+    rt = ScriptedRuntime([says("from the planned read")])
+    await loop(rt, FakeTools(default=window())).run(req(policy=planned))
+    assert rt.calls[0]["params"].tool_choice == "auto"
+    rt = ScriptedRuntime([says("no tools")])
+    await loop(rt, FakeTools()).run(req(policy=replace(POLICY, require_tool_call=True,
+                                                        max_tool_steps=0)))  # fmt: skip
+    assert rt.calls[0]["params"].tool_choice == "none" and rt.calls[0]["tools"] == []
+
+
+async def test_the_output_reports_cached_tokens_runtime_time_and_calls():
+    clock = FakeClock()
+    read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
+    first = replace(asks(read), prompt_tokens=1000, cached_prompt_tokens=0)
+    second = says("done", prompt_tokens=1300, cached_prompt_tokens=990)
+    rt = ScriptedRuntime([first, second], clock=clock, tick=2.5)
+    out = await loop(rt, FakeTools(default=window()), clock=clock).run(req())
+    assert (out.prompt_cached, out.final_prompt_tokens) == (990, 1300)
+    assert out.model_calls == 2 and out.runtime_ms == 5000

@@ -318,3 +318,18 @@ def test_an_empty_response_schema_or_one_with_tools_is_refused(schema, tools) ->
 def test_params_with_a_schema_still_replace_cleanly() -> None:
     params = GenerationParams(response_schema=ROUTE_SCHEMA)
     assert replace(params, max_tokens=5).response_schema == ROUTE_SCHEMA
+
+
+async def test_a_required_call_leaves_the_answer_out_of_the_step_schema(fake, http) -> None:
+    fake.script(json_tool_call("read_doc_section", {"doc_id": "g", "section_id": "s1"}))
+    await complete(runtime(fake, http, enable_json_mode=True), tool_choice="required")
+    schema = fake.chat_requests[0].json["response_format"]["json_schema"]["schema"]
+    assert schema == step_schema(TOOLS, require_call=True)
+    assert all("tool_name" in option["properties"] for option in schema["anyOf"])
+
+
+async def test_a_required_call_is_asked_natively_with_tool_choice_required(fake, http) -> None:
+    fake.script(text(json.dumps(CALL)))
+    out = await complete(runtime(fake, http), tool_choice="required")
+    assert fake.chat_requests[0].json["tool_choice"] == "required"
+    assert [c.name for c in out.tool_calls] == ["read_doc_section"]

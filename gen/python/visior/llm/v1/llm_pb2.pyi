@@ -57,20 +57,22 @@ class AnchorChunk(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section_id: _Optional[str] = ..., anchor_chunk_id: _Optional[str] = ...) -> None: ...
 
 class ToolPolicy(_message.Message):
-    __slots__ = ("allowed_tools", "anchors", "window_radius_schedule", "max_tool_steps", "context_token_budget", "planned_calls")
+    __slots__ = ("allowed_tools", "anchors", "window_radius_schedule", "max_tool_steps", "context_token_budget", "planned_calls", "require_tool_call")
     ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
     ANCHORS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_RADIUS_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PLANNED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     allowed_tools: _containers.RepeatedScalarFieldContainer[str]
     anchors: _containers.RepeatedCompositeFieldContainer[AnchorChunk]
     window_radius_schedule: _containers.RepeatedScalarFieldContainer[int]
     max_tool_steps: int
     context_token_budget: int
     planned_calls: _containers.RepeatedCompositeFieldContainer[PlannedCall]
-    def __init__(self, allowed_tools: _Optional[_Iterable[str]] = ..., anchors: _Optional[_Iterable[_Union[AnchorChunk, _Mapping]]] = ..., window_radius_schedule: _Optional[_Iterable[int]] = ..., max_tool_steps: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., planned_calls: _Optional[_Iterable[_Union[PlannedCall, _Mapping]]] = ...) -> None: ...
+    require_tool_call: bool
+    def __init__(self, allowed_tools: _Optional[_Iterable[str]] = ..., anchors: _Optional[_Iterable[_Union[AnchorChunk, _Mapping]]] = ..., window_radius_schedule: _Optional[_Iterable[int]] = ..., max_tool_steps: _Optional[int] = ..., context_token_budget: _Optional[int] = ..., planned_calls: _Optional[_Iterable[_Union[PlannedCall, _Mapping]]] = ..., require_tool_call: _Optional[bool] = ...) -> None: ...
 
 class PlannedCall(_message.Message):
     __slots__ = ("tool_name", "arguments")

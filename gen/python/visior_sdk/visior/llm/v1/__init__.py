@@ -140,6 +140,14 @@ class ToolPolicy(betterproto.Message):
      each counts as a tool step; their results reach the model as tool results.
     """
 
+    require_tool_call: bool = betterproto.bool_field(7)
+    """
+    require_tool_call makes the model's first step a tool call (runtime
+     `tool_choice` "required", or a JSON-mode schema without the answer): the
+     summaries-only first prompt is not the text, so the model reads before it
+     answers. Ignored when no tool is offered or planned calls ran.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class PlannedCall(betterproto.Message):
