@@ -67,6 +67,11 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         "ORCH_LLM_TIMEOUT_SECONDS": respond,
         # Prompt + completion + tool results must fit the server's context.
         "LLM_SERVICE_MAX_TOTAL_TOKENS": str(n_ctx),
+        # The model writes no native tool_calls: tools go through JSON mode, each step
+        # constrained by a json_schema (services/llm/runtime.py); greedy decoding makes its
+        # answers repeatable.
+        "ENABLE_JSON_MODE": "true",
+        "LLM_RUNTIME_TEMPERATURE": "0",
     }
 
 

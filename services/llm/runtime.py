@@ -49,7 +49,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -116,6 +116,9 @@ class RuntimeSettings:
     """Consecutive failed calls that open the breaker (LLM_RUNTIME_BREAKER_FAILURES)."""
     breaker_reset_s: float = 30.0
     """How long the open breaker refuses calls before a trial (LLM_RUNTIME_BREAKER_RESET_S)."""
+    temperature: float | None = None
+    """Sampling temperature when the request sets none (LLM_RUNTIME_TEMPERATURE, 0..2);
+    unset leaves it to the runtime. 0 makes a local model's answers repeatable."""
     stream_usage: bool = True
     """Ask streams for a final usage chunk, ``stream_options.include_usage``
     (LLM_RUNTIME_STREAM_USAGE; turn off for servers that refuse stream_options)."""
@@ -134,6 +137,8 @@ class RuntimeSettings:
             raise SettingsError("LLM_RUNTIME_RETRIES must be within 0..3")
         if self.breaker_failures < 1:
             raise SettingsError("LLM_RUNTIME_BREAKER_FAILURES must be at least 1")
+        if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
+            raise SettingsError("LLM_RUNTIME_TEMPERATURE must be within 0..2")
 
     @property
     def endpoint(self) -> str:
@@ -169,12 +174,24 @@ class RuntimeSettings:
             ),
             breaker_reset_s=env.number(names("LLM_RUNTIME_BREAKER_RESET_S"), 30.0, minimum=0.0),
             stream_usage=env.flag(names("LLM_RUNTIME_STREAM_USAGE"), True),
+            temperature=_optional_number(env, names("LLM_RUNTIME_TEMPERATURE")),
         )
 
     @staticmethod
     def configured_in(env: Env) -> bool:
         """True when LLM_RUNTIME_URL (or LLM_SERVICE_RUNTIME_URL) is set."""
         return env.raw(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"]) is not None
+
+
+def _optional_number(env: Env, names: list[str]) -> float | None:
+    found = env.raw(names)
+    if found is None:
+        return None
+    name, raw = found
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
 
 
 def _api_key(env: Env) -> str | None:
@@ -889,6 +906,8 @@ class OpenAiChatRuntime:
         DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime failure,
         ValueError for messages the port does not allow (unknown role, tool without id)."""
         model = model or self.settings.default_model
+        if params.temperature is None and self.settings.temperature is not None:
+            params = replace(params, temperature=self.settings.temperature)
         json_mode, tools, offered = self._wire_form(tools, params)
         body = encode_request(
             messages, tools, params, model=model, json_mode=json_mode,
@@ -949,6 +968,8 @@ class OpenAiChatRuntime:
         the answer is yielded as one delta once the whole object has arrived.
         """
         model = model or self.settings.default_model
+        if params.temperature is None and self.settings.temperature is not None:
+            params = replace(params, temperature=self.settings.temperature)
         json_mode, tools, offered = self._wire_form(tools, params)
         body = encode_request(
             messages,

@@ -255,6 +255,8 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["ORCH_LLM_TIMEOUT_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_WATCHDOG_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "4096"
+    # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
+    assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"
     timeouts = mesh.envoy_timeouts()
     assert timeouts is not None
     assert timeouts["/internal/orchestrator/respond"] > LOCAL_RESPOND_TIMEOUT_S

@@ -333,3 +333,24 @@ async def test_a_required_call_is_asked_natively_with_tool_choice_required(fake,
     out = await complete(runtime(fake, http), tool_choice="required")
     assert fake.chat_requests[0].json["tool_choice"] == "required"
     assert [c.name for c in out.tool_calls] == ["read_doc_section"]
+
+
+async def test_the_default_temperature_applies_when_the_request_sets_none(fake, http) -> None:
+    fake.script(text("a"), text("b"))
+    rt = runtime(fake, http, temperature=0.0)
+    await complete(rt, ())
+    await complete(rt, (), temperature=0.7)
+    assert [r.json["temperature"] for r in fake.chat_requests] == [0.0, 0.7]
+
+
+def test_the_default_temperature_comes_from_the_environment_within_0_to_2() -> None:
+    from services.common.settings import Env, SettingsError
+
+    base = {"LLM_RUNTIME_URL": "http://127.0.0.1:1", "DEFAULT_MODEL_NAME": "m"}
+    assert RuntimeSettings.from_env(Env(base)).temperature is None
+    for value, expected in (("0", 0.0), ("2", 2.0)):
+        env = Env({**base, "LLM_RUNTIME_TEMPERATURE": value})
+        assert RuntimeSettings.from_env(env).temperature == expected
+    for bad in ("2.01", "-0.1", "warm"):
+        with pytest.raises(SettingsError):
+            RuntimeSettings.from_env(Env({**base, "LLM_RUNTIME_TEMPERATURE": bad}))
