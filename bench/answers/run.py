@@ -77,6 +77,8 @@ class Outcome:
     tools: list[str] = field(default_factory=list)
     page_hit: bool | None = None
     """Answerable only: the gold page (or an alternative) within a source's range."""
+    page_hit_first: bool | None = None
+    """Answerable only: ... within the first source's range."""
     facts_total: int = 0
     facts_found: int = 0
     not_in_documents: bool = False
@@ -148,11 +150,12 @@ def score(out: Outcome, q: Question, doc_ids: dict[str, str]) -> None:
     """Fill in the scores of an answer (an error scores as a miss everywhere)."""
     out.facts_total = len(q.facts)
     if out.error:
-        out.page_hit = False if q.answerable else None
+        out.page_hit = out.page_hit_first = False if q.answerable else None
         return
     if q.answerable:
         locations = [(doc_ids.get(d, d), p) for d, p in q.locations()]
         out.page_hit = page_in_sources(out.sources, locations)
+        out.page_hit_first = page_in_sources(out.sources[:1], locations)
         out.facts_found = facts_found(q.facts, out.answer)
     out.not_in_documents = says_not_in_documents(out.answer)
     out.answer_lang = detect_language(out.answer)
@@ -182,6 +185,21 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "errors": len(outcomes) - len(ok),
         "errors_by_kind": dict(Counter(o.error for o in outcomes if o.error)),
         "page_among_sources": sum(1 for o in answerable if o.page_hit),
+        "page_in_first_source": sum(1 for o in answerable if o.page_hit_first),
+        "source_pages_mean": (
+            round(
+                statistics.fmean(
+                    max(int(s.get("page_end") or 0), int(s.get("page_start") or 0))
+                    - int(s.get("page_start") or 0)
+                    + 1
+                    for o in ok
+                    for s in o.sources
+                ),
+                2,
+            )
+            if any(o.sources for o in ok)
+            else 0
+        ),
         "all_key_facts": sum(
             1 for o in answerable if o.facts_total and o.facts_found == o.facts_total
         ),
@@ -220,6 +238,8 @@ def print_summary(responder: str, split: str, s: dict[str, Any]) -> None:
     kinds = ", ".join(f"{k}: {n}" for k, n in s["errors_by_kind"].items())
     print(f"errors                               {s['errors']}" + (f" ({kinds})" if kinds else ""))
     print(f"answer's page among sources          {_pct(s['page_among_sources'], a)}")
+    print(f"  ... in the first source            {_pct(s['page_in_first_source'], a)}"
+          f"  (pages per source: mean {s['source_pages_mean']})")  # fmt: skip
     print(f"all key facts present                {_pct(s['all_key_facts'], a)}")
     print(
         f"key facts present (share of facts)   {_pct(s['key_facts_found'], s['key_facts_total'])}"
