@@ -180,6 +180,10 @@ FULL_CONTEXT_TOKENS = 28_000
 """S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
 plus the prompt must fit, whatever the configured context_token_budget is."""
 ROUTER_CACHE_S = 60.0
+ANSWER_QUERY_CHARS = 1000
+"""S3 looks up the pages an answer drew on by its first this many characters (the
+conclusion and the first details; the embedding reads ~512 tokens anyway, and a longer
+query costs search time without finding other pages)."""
 
 
 def _today() -> date:
@@ -406,7 +410,7 @@ class Responder:
         that finds nothing); a document nothing was found in is cited without pages (0-0)."""
         latency = 0
         for text in (answer, req.query):
-            query = normalise_query(text)[:MAX_QUERY_CHARS].strip()
+            query = normalise_query(text)[:ANSWER_QUERY_CHARS].strip()
             if not query:
                 continue
             found = await self._retriever.search(

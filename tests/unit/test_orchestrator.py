@@ -15,6 +15,7 @@ from services.orchestrator.model import (
     User,
 )
 from services.orchestrator.respond import (
+    ANSWER_QUERY_CHARS,
     MAX_FILTER_VALUES,
     MAX_HISTORY_TURNS,
     Responder,
@@ -470,3 +471,14 @@ async def test_s3_sources_fall_back_to_the_question_then_to_pageless_documents()
     assert [(s.doc_id, s.page_start, s.page_end) for s in out.sources] == [
         ("manual", 0, 0), ("faq", 0, 0),
     ]  # fmt: skip
+
+
+async def test_s3_looks_up_a_long_answer_by_its_beginning():
+    answer = "Порт по умолчанию — 8443. " * 200
+    retriever = _PageRetriever({})
+    responder = Responder(retriever, _AnsweringGenerator(answer),
+                          ConfigHolder(RuntimeConfig(), 3), model_routing=False)  # fmt: skip
+    await responder.respond(inp(query="Какой порт?", selected_doc_ids=("manual",)))
+    first = retriever.calls[0][0]
+    assert len(first) == ANSWER_QUERY_CHARS
+    assert answer.startswith(first)
