@@ -20,6 +20,7 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
+from services.common.logging import bind_trace_id
 from services.common.metrics import ClientRpcMetrics, RpcMetrics, split_method
 from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
@@ -118,14 +119,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def _enter(self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str) -> None:
         if isinstance(request, _Undecodable):
-            trace_id_var.set(new_trace_id())
+            bind_trace_id(new_trace_id())
             raise errors.InvalidArgumentError(f"the request could not be decoded: {request.reason}")
         # A trace id travels in metadata and logs: a bad one in the request is the caller's
         # error; a bad one in metadata is ignored (a fresh one is generated).
         body_trace = getattr(request, "trace_id", "")
         body_ok = valid_trace_id(body_trace) if body_trace else False
         if body_trace and not body_ok:
-            trace_id_var.set(new_trace_id())  # so the refusal is logged under some id
+            bind_trace_id(new_trace_id())  # so the refusal is logged under some id
             raise errors.InvalidArgumentError(
                 "trace_id must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
                 metadata={"field": "trace_id"},
@@ -134,7 +135,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         trace = trace or new_trace_id()
         if hasattr(request, "trace_id") and not request.trace_id:
             request.trace_id = trace
-        trace_id_var.set(trace)
+        bind_trace_id(trace)
         remaining = context.time_remaining()
         deadline_var.set(
             None

@@ -1,57 +1,161 @@
-"""Structured JSON logs, one object per line, every line carrying the request's trace_id."""
+"""Structured JSON logs through structlog, one object per line, every line carrying the
+request's trace_id.
+
+Two ways in, one JSON shape out:
+
+- ``get_logger(name).info("external_call", service="cbr", ...)``: structlog's bound logger;
+  the event name is the line's ``msg``, the keywords its fields.
+- ``logging.getLogger(name).info("rpc", extra={...})``: the standard library; the message is
+  ``msg``, the extras are fields.
+
+Both end as stdlib records on the root handler `configure_logging` installs, whose
+`JsonFormatter` (structlog's ProcessorFormatter) runs the same processors on either:
+the request's ``trace_id`` and, inside a traced RPC, its ``span_id``, bound through
+``structlog.contextvars`` (`bind_trace_id`, `trace_id_bound`, `bind_span_id`); structlog's
+JSON renderer writes the line. Field order: ts, level, service, logger, msg, trace_id,
+span_id (when bound), then the event's own fields; ``exc`` holds a traceback.
+"""
 
 from __future__ import annotations
 
-import json
+import contextvars
 import logging
 import sys
 import time
-import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from services.common.context import current_trace_id
-from services.common.tracing import traceparent_var
+import structlog
+from structlog.contextvars import bind_contextvars, merge_contextvars, reset_contextvars
+from structlog.processors import JSONRenderer, format_exc_info
+from structlog.typing import EventDict, WrappedLogger
 
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+from services.common.context import trace_id_var
+
+# LogRecord attributes that are not a caller's extras ("message"/"asctime" appear once a
+# formatter ran; "_logger"/"_name" are structlog's, on records it wrapped).
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "_logger",
+    "_name",
+}
 
 
-class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object: ts, level, service, logger, msg, trace_id,
-    span_id (tracing on, in an RPC), extras."""
+def _extras(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+    """A stdlib record's ``extra={...}`` as fields (structlog's ExtraAdder, less the
+    attributes a formatter adds)."""
+    for key, value in event["_record"].__dict__.items():
+        if key not in _RESERVED:
+            event[key] = value
+    return event
+
+
+class _Envelope:
+    """ts, level, service, logger, msg, trace_id (null outside a request), span_id (when
+    bound), then the event's fields, in that order (a field named like an envelope key is
+    dropped); the stamp is strftime'd once a second."""
 
     def __init__(self, service: str) -> None:
-        super().__init__()
         self._service = service
         self._second = -1
         self._stamp = ""
 
-    def format(self, record: logging.LogRecord) -> str:
+    def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> EventDict:
+        record: logging.LogRecord = event.pop("_record")
+        event.pop("_from_structlog", None)
         second = int(record.created)
-        if second != self._second:  # strftime once per second, not once per line
+        if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        entry: dict[str, Any] = {
+        out: dict[str, Any] = {
             "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "service": self._service,
             "logger": record.name,
-            "msg": record.getMessage(),
-            "trace_id": getattr(record, "trace_id", None) or current_trace_id() or None,
+            "msg": event.pop("event", ""),
+            "trace_id": event.pop("trace_id", None) or None,
         }
-        # With tracing on, inside an RPC: the id of its SERVER span ("00-<trace>-<span>-<flags>").
-        traceparent = traceparent_var.get()
-        if traceparent:
-            entry["span_id"] = traceparent[36:52]
-        for key, value in record.__dict__.items():
-            if key not in _RESERVED and key not in entry:
-                entry[key] = value
-        if record.exc_info:
-            entry["exc"] = "".join(traceback.format_exception(*record.exc_info))
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        span_id = event.pop("span_id", None)
+        if span_id:
+            out["span_id"] = span_id
+        exc = event.pop("exception", None)
+        for key, value in event.items():
+            out.setdefault(key, value)  # a field never replaces the envelope's
+        if exc:
+            out["exc"] = exc
+        return out
+
+
+class JsonFormatter(structlog.stdlib.ProcessorFormatter):
+    """Formats stdlib records and structlog events alike as one JSON object per line."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(
+            foreign_pre_chain=[_extras],  # stdlib records only
+            processors=[
+                # After the extras: a trace_id passed explicitly wins over the bound one.
+                merge_contextvars,
+                format_exc_info,
+                _Envelope(service),
+                JSONRenderer(ensure_ascii=False, default=str),
+            ],
+        )
+
+
+def _configure_structlog() -> None:
+    """structlog's events become stdlib records (levels, handlers, pytest's caplog), whose
+    formatter (JsonFormatter) renders them."""
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,  # a disabled level costs no processing
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
+_configure_structlog()
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A structlog logger over the stdlib logger `name`: ``log.info("event", key=value)``."""
+    return structlog.stdlib.get_logger(name)  # type: ignore[no-any-return]
+
+
+def bind_trace_id(trace_id: str) -> None:
+    """Make `trace_id` the current request's: outgoing calls read it (trace_id_var), log
+    lines carry it (bound through structlog.contextvars). For the rest of this context."""
+    trace_id_var.set(trace_id)
+    bind_contextvars(trace_id=trace_id)
+
+
+@contextmanager
+def trace_id_bound(trace_id: str) -> Iterator[None]:
+    """`bind_trace_id` for the block only."""
+    token = trace_id_var.set(trace_id)
+    tokens = bind_contextvars(trace_id=trace_id)
+    try:
+        yield
+    finally:
+        reset_contextvars(**tokens)
+        trace_id_var.reset(token)
+
+
+def bind_span_id(span_id: str) -> Mapping[str, contextvars.Token[Any]]:
+    """Log lines carry `span_id` until `unbind_span_id` with the returned tokens."""
+    return bind_contextvars(span_id=span_id)
+
+
+def unbind_span_id(tokens: Mapping[str, contextvars.Token[Any]]) -> None:
+    reset_contextvars(**tokens)
 
 
 def configure_logging(service: str, level: str = "INFO") -> None:
-    """Send every log record to stderr as JSON."""
+    """Send every log record, stdlib's and structlog's, to stderr as JSON."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()

@@ -23,8 +23,10 @@ import contextvars
 import hashlib
 import re
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from services.common.logging import bind_span_id, unbind_span_id
 from services.common.settings import TracingSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +79,9 @@ def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
 class ServerSpan:
     """One RPC's span: current (OpenTelemetry context and traceparent_var) until `end`."""
 
-    def __init__(self, span: Any, tokens: tuple[Any, contextvars.Token[str]]) -> None:
+    def __init__(
+        self, span: Any, tokens: tuple[Any, contextvars.Token[str], Mapping[str, Any]]
+    ) -> None:
         self._span = span
         self._tokens = tokens
 
@@ -90,8 +94,9 @@ class ServerSpan:
         if code_name in _SERVER_ERROR_CODES:
             span.set_status(Status(StatusCode.ERROR, code_name))
         span.end()
-        otel_token, var_token = self._tokens
+        otel_token, var_token, span_tokens = self._tokens
         try:
+            unbind_span_id(span_tokens)
             traceparent_var.reset(var_token)
             otel_context.detach(otel_token)
         except ValueError:  # ended in another context (a cancelled stream): nothing to undo
@@ -181,8 +186,9 @@ class Tracing:
         var_token = traceparent_var.set(
             format_traceparent(sc.trace_id, sc.span_id, int(sc.trace_flags))
         )
+        span_tokens = bind_span_id(f"{sc.span_id:016x}")  # log lines name the SERVER span
         otel_token = otel_context.attach(trace.set_span_in_context(span))
-        return ServerSpan(span, (otel_token, var_token))
+        return ServerSpan(span, (otel_token, var_token, span_tokens))
 
     def start_client_span(
         self, service: str, method: str, mesh_trace_id: str, target: str

@@ -43,9 +43,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.common.context import (
     TRACE_METADATA_KEY,
     new_trace_id,
-    trace_id_var,
     valid_trace_id,
 )
+from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.retrieval.search import KB_TENANT
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
@@ -258,15 +258,13 @@ def build_mcp_server(executor: ToolExecutor) -> Server[Any]:
         caller = _caller(ctx)
         if schema_of(params.name) is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
-        token = trace_id_var.set(caller.trace_id)
         started = time.monotonic()
-        try:
-            outcome = await executor.execute(params.name, dict(params.arguments or {}), caller)
-        except Exception:
-            log.exception("mcp tool %s failed", params.name)
-            raise MCPError(types.INTERNAL_ERROR, "internal error") from None
-        finally:
-            trace_id_var.reset(token)
+        with trace_id_bound(caller.trace_id):
+            try:
+                outcome = await executor.execute(params.name, dict(params.arguments or {}), caller)
+            except Exception:
+                log.exception("mcp tool %s failed", params.name)
+                raise MCPError(types.INTERNAL_ERROR, "internal error") from None
         log.info(
             "mcp tool call",
             extra={

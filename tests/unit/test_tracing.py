@@ -27,7 +27,6 @@ from visior.toolsproxy.v1 import toolsproxy_pb2_grpc as pbg
 from services.common import errors, settings
 from services.common.channels import open_channel
 from services.common.context import current_trace_id, deadline_var, trace_id_var
-from services.common.logging import JsonFormatter
 from services.common.metrics import ClientRpcMetrics
 from services.common.server import start_server
 from services.common.settings import DownstreamSettings, Env, ServerSettings, SettingsError
@@ -36,9 +35,9 @@ from services.common.tracing import (
     installed_tracing,
     otel_trace_id,
     parse_traceparent,
-    traceparent_var,
 )
 from services.devtools.envoy import REPO_ROOT
+from tests.unit.json_logs import json_lines
 
 NAME = "visior.toolsproxy.v1.ToolsProxyService"
 METHOD = f"{NAME}/Execute"
@@ -557,13 +556,18 @@ async def test_a_server_stream_call_is_a_client_span_that_ends_with_the_stream(t
     assert client.status.status_code == StatusCode.ERROR
 
 
-def test_log_lines_carry_the_span_id_of_the_rpc_being_served():
-    formatter = JsonFormatter("toy")
-    record = logging.LogRecord("visior.toy", logging.INFO, __file__, 1, "hello", None, None)
-    assert "span_id" not in json.loads(formatter.format(record))
-    token = traceparent_var.set(f"00-{HEX_TRACE}-00f067aa0ba902b7-01")
-    try:
-        line = json.loads(formatter.format(record))
-    finally:
-        traceparent_var.reset(token)
-    assert line["span_id"] == "00f067aa0ba902b7"
+async def test_log_lines_carry_the_span_id_of_the_rpc_being_served(two_hops):
+    stub, _, exporter = two_hops
+    with json_lines("toy") as logs:
+        logging.getLogger("visior.toy").info("before")
+        await stub.Execute(pb.ExecuteRequest(tool_name="ok", trace_id=HEX_TRACE))
+        logging.getLogger("visior.toy").info("after")
+    spans = await _finished(exporter, "visior-back", "visior-front")
+    ids = {f"{s.context.span_id:016x}" for v in spans.values() for s in v}
+    rpc = logs.events("rpc")
+    assert len(rpc) == 2  # one per hop, each inside its SERVER span
+    assert {line["span_id"] for line in rpc} == ids
+    assert {line["trace_id"] for line in rpc} == {HEX_TRACE}
+    # Outside an RPC: no span, no trace (the ids were bound for the RPC's context only).
+    for line in logs.events("before") + logs.events("after"):
+        assert "span_id" not in line and line["trace_id"] is None
