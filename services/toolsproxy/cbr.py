@@ -35,10 +35,12 @@ import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
+from services.common.logging import get_logger
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 log = logging.getLogger(__name__)
+events = get_logger(__name__)
 
 DEFAULT_URL = "https://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"
 SOURCE = "Bank of Russia DailyInfo"
@@ -474,56 +476,66 @@ class CbrClient:
         self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str
     ) -> DataSet:
         key = (operation, params)
+        started = time.perf_counter()
         hit = self._cache.get(key)
         if hit is not None:
             stored_at, data = hit
             if self._clock() - stored_at < self.settings.cache_ttl_s:
+                self._event(operation, "ok", started, cache_hit=True, rows=len(data.rows))
                 return data
             del self._cache[key]
         try:
             self.breaker.before_call()
         except CircuitOpenError as exc:
+            self._event(operation, "breaker_open", started)
             raise CbrUnavailableError(max(1, math.ceil(exc.retry_in))) from None
-        started = time.perf_counter()
         try:
             data = await self._attempts(operation, params, row_tag)
-        except CbrRequestError:
+        except CbrRequestError as exc:
             self.breaker.record_success()  # the bank answered; the request was wrong
+            self._event(operation, "bad_request", started, reason=str(exc))
             raise
         except _NoVerdict as exc:  # the caller's deadline, not the bank, ran out
             self.breaker.release()
+            self._event(operation, "deadline", started, reason=str(exc))
             raise CbrUnavailableError(1, str(exc)) from None
         except _Fatal as exc:
             self.breaker.record_failure()
-            log.warning(
-                "cbr call failed",
-                extra={"operation": operation, "reason": str(exc), "outcome": "unavailable"},
-            )
+            self._event(operation, "unavailable", started, reason=str(exc))
             raise CbrUnavailableError(
                 max(1, math.ceil(self.settings.breaker_reset_s)), str(exc)
             ) from None
         except asyncio.CancelledError:
             # The caller went away: no verdict on the bank, but a half-open trial is freed.
             self.breaker.release()
+            self._event(operation, "cancelled", started)
             raise
         except BaseException:
             self.breaker.record_failure()  # never leave a half-open trial hanging
+            self._event(operation, "error", started)
             raise
         self.breaker.record_success()
-        log.info(
-            "cbr call",
-            extra={
-                "operation": operation,
-                "rows": len(data.rows),
-                "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-                "outcome": "ok",
-            },
-        )
+        self._event(operation, "ok", started, rows=len(data.rows))
         if self.settings.cache_ttl_s > 0:
             self._cache[key] = (self._clock(), data)
             while len(self._cache) > self.settings.cache_max_entries:
                 self._cache.popitem(last=False)
         return data
+
+    def _event(self, operation: str, status: str, started: float, **fields: Any) -> None:
+        """agent.md §9's ``external_call``: one per call to the bank, a cache hit included
+        (INFO when it answered, WARNING otherwise)."""
+        emit = events.info if status == "ok" else events.warning
+        emit(
+            "external_call",
+            upstream="cbr",
+            operation=operation,
+            status=status,
+            latency_ms=round((time.perf_counter() - started) * 1000, 1),
+            cache_hit=fields.pop("cache_hit", False),
+            breaker=self.breaker.state,
+            **fields,
+        )
 
     async def _attempts(
         self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str

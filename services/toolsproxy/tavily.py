@@ -26,14 +26,22 @@ import httpx
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.http import retry_after_seconds
+from services.common.logging import get_logger
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 log = logging.getLogger(__name__)
+events = get_logger(__name__)
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
+_STATUS = {
+    INVALID_ARGUMENT: "bad_request",
+    UPSTREAM_UNAVAILABLE: "unavailable",
+    RATE_LIMIT_EXCEEDED: "rate_limited",
+}
+"""external_call's status of a search that failed with each error code."""
 
 TOOL_NAME = "fetch_finance_news"
 DEFAULT_BASE_URL = "https://api.tavily.com"
@@ -157,6 +165,7 @@ class _Attempt(Exception):
         self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
         self.delay = delay
         self.verdict = verdict  # False: the caller's time ran out, too short to judge Tavily
+        self.attempts = 0  # set when it is the last: the attempts the search made
 
 
 def _unavailable(detail: str) -> TavilyError:
@@ -242,15 +251,16 @@ class TavilyClient:
             raise _not_configured()
 
         key = (tenant_id, user_id, text, count, time_range)
+        started = time.perf_counter()
         cached = self._cache_get(key)
         if cached is not None:
-            self._log("cache_hit", tenant_id, attempts=0)
+            self._log("ok", tenant_id, started, attempts=0, cache_hit=True)
             return {**copy.deepcopy(cached), "cached": True}
 
         try:
             self.breaker.before_call()
         except CircuitOpenError as exc:
-            self._log("breaker_open", tenant_id, attempts=0)
+            self._log("breaker_open", tenant_id, started, attempts=0)
             raise _unavailable(
                 f"too many recent failures; try again in {math.ceil(exc.retry_in)} s"
             ) from None
@@ -268,7 +278,7 @@ class TavilyClient:
             body["time_range"] = time_range
         recorded = False
         try:
-            payload, attempts = await self._post(body, tenant_id)
+            payload, attempts = await self._post(body)
             result = normalise(text, payload, count, self._settings.max_snippet_chars)
             self.breaker.record_success()
             recorded = True
@@ -280,22 +290,31 @@ class TavilyClient:
             else:  # Tavily answered (it refused us): it is up
                 self.breaker.record_success()
             recorded = True
+            self._log(
+                _STATUS.get(failed.error.code, "error"),
+                tenant_id,
+                started,
+                attempts=failed.attempts,
+                code=failed.error.code,
+                reason=str(failed),
+            )
             raise failed.error from None
         except asyncio.CancelledError:
             # The caller went away: no verdict on Tavily, but a half-open trial is freed.
             self.breaker.release()
             recorded = True
+            self._log("cancelled", tenant_id, started, attempts=0)
             raise
         finally:
             if not recorded:  # a bug: never leave a half-open trial hanging
                 self.breaker.record_failure()
         self._cache_put(key, result)
-        self._log("ok", tenant_id, attempts=attempts, results=len(result["results"]))
+        self._log("ok", tenant_id, started, attempts=attempts, results=len(result["results"]))
         return {**copy.deepcopy(result), "cached": False}  # callers may mutate theirs
 
     # -- HTTP with retries --------------------------------------------------------------
 
-    async def _post(self, body: dict[str, Any], tenant_id: str) -> tuple[dict[str, Any], int]:
+    async def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """The parsed 200 body and the attempts it took, or raises the last _Attempt."""
         s = self._settings
         headers = {
@@ -318,13 +337,7 @@ class TavilyClient:
                     delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
                 elapsed = self._clock() - start
                 if not failed.retry or attempt >= s.max_attempts or elapsed + delay >= s.deadline_s:
-                    self._log(
-                        "error",
-                        tenant_id,
-                        attempts=attempt,
-                        code=failed.error.code,
-                        reason=str(failed),
-                    )
+                    failed.attempts = attempt
                     raise
                 log.warning(
                     "tavily search attempt failed; retrying",
@@ -430,18 +443,22 @@ class TavilyClient:
         while len(self._cache) > self._settings.cache_max_entries:
             self._cache.popitem(last=False)
 
-    def _log(self, outcome: str, tenant_id: str, *, attempts: int, **extra: Any) -> None:
-        # The query is the user's text: its length is logged, not the text; never the key.
-        log.info(
-            "tavily search",
-            extra={
-                "tool": TOOL_NAME,
-                "outcome": outcome,
-                "tenant_id": tenant_id,
-                "attempts": attempts,
-                "breaker": self.breaker.state,
-                **extra,
-            },
+    def _log(self, status: str, tenant_id: str, started: float, **fields: Any) -> None:
+        """agent.md §9's ``external_call``: one per search, a cache hit included (INFO when
+        it answered, WARNING otherwise). The query is the user's text: never logged; nor
+        the key."""
+        emit = events.info if status == "ok" else events.warning
+        emit(
+            "external_call",
+            upstream="tavily",
+            operation="search",
+            status=status,
+            latency_ms=round((time.perf_counter() - started) * 1000, 1),
+            cache_hit=fields.pop("cache_hit", False),
+            tool=TOOL_NAME,
+            tenant_id=tenant_id,
+            breaker=self.breaker.state,
+            **fields,
         )
 
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from services.common.breaker import CLOSED, OPEN
+from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.cbr import (
     DEFAULT_URL,
@@ -27,6 +28,7 @@ from tests.fakes.cbr_server import (
     key_rate_on,
     rate_for,
 )
+from tests.unit.json_logs import json_lines
 
 CALLER = Caller(tenant_id="t1", user_id="u1", trace_id="tr")
 NOW = datetime(2025, 8, 1, 9, 0, tzinfo=UTC)  # 12:00 in Moscow: today is 2025-08-01
@@ -658,3 +660,40 @@ def test_settings_defaults_and_env() -> None:
 def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         CbrSettings.from_env(Env(env))
+
+
+# -- external_call events (agent.md §9) -------------------------------------------------
+
+
+async def test_every_call_to_the_bank_is_one_external_call_event(
+    fake: FakeCbrServer, make: Factory
+) -> None:
+    _, tool = make(breaker_failures=1, breaker_reset_s=30.0, retries=0)
+    with json_lines("toolsproxy") as logs:
+        with trace_id_bound("tr-cbr"):
+            await call(tool, operation="key_rate")  # the bank answers
+            await call(tool, operation="key_rate")  # the cache does
+        fake.fault_next(1, code="soap:Client", message="bad request")
+        await failure(tool, operation="news", date="2025-07-01")
+        fake.fail_next(1)
+        await failure(tool, operation="news")  # opens the breaker
+        await failure(tool, operation="news")  # refused without calling the bank
+    events = logs.events("external_call")
+    got = [(e["level"], e["operation"], e["status"], e["cache_hit"]) for e in events]
+    assert got == [
+        ("info", "KeyRate", "ok", False),
+        ("info", "KeyRate", "ok", True),
+        ("warning", "NewsInfo", "bad_request", False),
+        ("warning", "NewsInfo", "unavailable", False),
+        ("warning", "NewsInfo", "breaker_open", False),
+    ]
+    for e in events:
+        assert (e["service"], e["upstream"], e["logger"]) == (
+            "toolsproxy", "cbr", "services.toolsproxy.cbr",
+        )  # fmt: skip
+        assert isinstance(e["latency_ms"], float) and e["latency_ms"] >= 0
+    assert [e["trace_id"] for e in events] == ["tr-cbr", "tr-cbr", None, None, None]
+    assert events[0]["rows"] == events[1]["rows"] > 0
+    assert "bad request" in events[2]["reason"]
+    assert (events[3]["breaker"], events[4]["breaker"]) == (OPEN, OPEN)
+    assert len(fake.requests) == 3

@@ -13,6 +13,7 @@ import pytest
 import requests
 import tavily as official
 
+from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.toolsproxy.schema import SchemaError, check
 from services.toolsproxy.tavily import (
@@ -27,6 +28,7 @@ from services.toolsproxy.tavily import (
 )
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from tests.fakes.tavily_server import FakeTavilyServer
+from tests.unit.json_logs import json_lines
 
 KEY = "tvly-SECRET-0123456789abcdef"
 ALICE = Caller(tenant_id="t1", user_id="alice", trace_id="tr-1")
@@ -540,7 +542,7 @@ async def test_key_never_in_logs_errors_or_repr(
     messages.append(f"{info.value.message} {info.value!r}")
     assert len(messages) == 4
     logged = [f"{r.getMessage()} {r.__dict__!r}" for r in caplog.records]
-    assert any("tavily search" in line for line in logged)
+    assert any("external_call" in line for line in logged)
     for text in [*messages, *logged, repr(h.client()), repr(TavilySettings(api_key=KEY))]:
         assert KEY not in text
     # and the key did reach Tavily, in the header only
@@ -620,3 +622,42 @@ def test_odd_base_urls_refused(url: str) -> None:
 def test_bad_settings_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         TavilySettings.from_env(Env(env))
+
+
+# -- external_call events (agent.md §9) ----------------------------------------------------
+
+
+async def test_every_search_is_one_external_call_event_without_the_query(h: Harness) -> None:
+    client = h.client(max_attempts=1, breaker_failures=1)
+    with json_lines("toolsproxy") as logs:
+        with trace_id_bound("tr-tavily"):
+            await client.search("private words a", tenant_id="t1", user_id="u")
+            await client.search("private words a", tenant_id="t1", user_id="u")  # cached
+        h.fake.fail_next(1, 400)
+        h.fake.rate_limit_next(1, retry_after="60")
+        h.fake.fail_next(1, 500)  # opens the breaker
+        for query in ("private words b", "private words c", "private words d", "private e"):
+            with pytest.raises(TavilyError):
+                await client.search(query, tenant_id="t1", user_id="u")
+    events = logs.events("external_call")
+    got = [(e["level"], e["status"], e["cache_hit"], e["attempts"]) for e in events]
+    assert got == [
+        ("info", "ok", False, 1),
+        ("info", "ok", True, 0),
+        ("warning", "bad_request", False, 1),
+        ("warning", "rate_limited", False, 1),
+        ("warning", "unavailable", False, 1),
+        ("warning", "breaker_open", False, 0),
+    ]
+    for e in events:
+        assert (e["service"], e["upstream"], e["operation"], e["tenant_id"]) == (
+            "toolsproxy", "tavily", "search", "t1",
+        )  # fmt: skip
+        assert isinstance(e["latency_ms"], float) and e["latency_ms"] >= 0
+    assert [e["trace_id"] for e in events[:3]] == ["tr-tavily", "tr-tavily", None]
+    assert events[0]["results"] == 5
+    assert [e["breaker"] for e in events[2:]] == ["closed", "closed", "open", "open"]
+    assert [e["code"] for e in events[2:5]] == [
+        INVALID_ARGUMENT, "RATE_LIMIT_EXCEEDED", UPSTREAM_UNAVAILABLE,
+    ]  # fmt: skip
+    assert not [line for line in logs.raw if "private" in line or KEY in line]
