@@ -54,6 +54,7 @@ from services.retrieval.search import (
     SectionHit,
     validate,
 )
+from services.retrieval.search_log import count_candidates, log_search
 from services.retrieval.sections import DocSections, SectionCatalog
 
 log = logging.getLogger("visior.retrieval.engine")
@@ -135,6 +136,8 @@ class EngineSettings:
     """Retries of a failed index call, at most 2 (retrieval.md §7.2; RETR_BACKEND_RETRIES)."""
     empty_on_backend_error: bool = False
     """Answer an empty result instead of 502 when the index is down (RETR_EMPTY_ON_BACKEND_ERROR)."""
+    slow_search_ms: float = 300.0
+    """A search's log line is a WARNING above this many ms; 0: never (RETR_SLOW_SEARCH_MS)."""
 
 
 @dataclass
@@ -142,6 +145,10 @@ class _Timing:
     embed_ms: float = 0.0
     engine_ms: float = 0.0
     rerank_ms: float = 0.0
+    doc_candidates: int | None = None  # per stage, for the search's log line (search_log.py)
+    section_candidates: int = 0
+    chunk_candidates: int = 0
+    rerank_candidates: int | None = None
 
 
 class _Guarded:
@@ -283,16 +290,19 @@ class RetrievalEngine:
             result = self._shape(plan, [], {}, False, timing, started)
         if self._metrics is not None:
             self._metrics.observe(result)
+        log_search(plan, result, timing, self._settings.slow_search_ms)
         return result
 
     def _search_sync(self, plan: _Plan, timing: _Timing, started: float) -> SearchResult:
         """A search without rerank, start to end in the worker thread."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
+        count_candidates(timing, chunks)
         return self._shape(plan, chunks, {}, False, timing, started)
 
     def _find(self, plan: _Plan, timing: _Timing) -> tuple[list[Scored], dict[Key, str]]:
         """Candidates for rerank, with the texts of the head the reranker reads."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
+        count_candidates(timing, chunks)
         texts = self._texts(plan, chunks[: self._settings.rerank_candidates], {})
         head = [hs for hs in chunks[: self._settings.rerank_candidates] if _key(hs[0]) in texts]
         return head + chunks[self._settings.rerank_candidates :], texts
@@ -410,6 +420,7 @@ class RetrievalEngine:
             if plan.mode == "doc_first" and not flt.section_ids:
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
                 docs = self._level(plan, vector, doc_filter, plan.max_docs)
+                timing.doc_candidates = len(docs)
                 if not docs:
                     return []
                 flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
@@ -577,6 +588,7 @@ class RetrievalEngine:
         )
         if not head:
             return chunks, False
+        timing.rerank_candidates = len(head)
         t0 = time.perf_counter()
         try:
             order = await self._reranker.rerank(plan.text, [texts[_key(h)] for h, _ in head])

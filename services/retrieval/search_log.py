@@ -1,0 +1,104 @@
+"""One structured log line per search (retrieval-v1 §7, retrieval.md §7.4).
+
+Event ``search``: tenant_id, max_results, filters, mode, hits_count, backend, the candidates
+each stage produced and the time each stage took. A search slower than
+``RETR_SLOW_SEARCH_MS`` is logged at WARNING with ``slow: true``, otherwise at INFO. The
+query's text is the user's: it is never logged (its variants are counted only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from services.common.logging import get_logger
+from services.retrieval.search import Filters, SearchQuery, SearchResult
+
+log = get_logger("visior.retrieval.search")
+
+MAX_FILTER_VALUES = 20
+"""A list filter (doc_ids, section_ids, tags) is logged up to this many values."""
+
+
+class _Plan(Protocol):
+    """What the engine's plan tells: read only."""
+
+    @property
+    def q(self) -> SearchQuery: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def max_results(self) -> int: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def ranking(self) -> str: ...
+    @property
+    def variants(self) -> tuple[str, ...]: ...
+    @property
+    def variants_source(self) -> str: ...
+
+
+class _Timing(Protocol):
+    embed_ms: float
+    engine_ms: float
+    rerank_ms: float
+    doc_candidates: int | None
+    section_candidates: int
+    chunk_candidates: int
+    rerank_candidates: int | None
+
+
+def count_candidates(timing: _Timing, chunks: Sequence[tuple[Any, float]]) -> None:
+    """The chunk stage's candidates and the sections they fall in (points with
+    doc_id and section_id), recorded on `timing`."""
+    timing.chunk_candidates = len(chunks)
+    timing.section_candidates = len({(h.doc_id, h.section_id) for h, _ in chunks})
+
+
+def filters_logged(filters: Filters) -> dict[str, Any]:
+    """The filters the caller set (empty ones left out); lists cut to MAX_FILTER_VALUES."""
+    out: dict[str, Any] = {}
+    for name in ("product", "version", "source"):
+        value = getattr(filters, name)
+        if value:
+            out[name] = value
+    for name in ("tags", "doc_ids", "section_ids"):
+        values = getattr(filters, name)
+        if values:
+            out[name] = list(values[:MAX_FILTER_VALUES])
+            if len(values) > MAX_FILTER_VALUES:
+                out[f"{name}_count"] = len(values)
+    return out
+
+
+def log_search(plan: _Plan, result: SearchResult, timing: _Timing, slow_ms: float) -> None:
+    """The search's line; WARNING when it took more than `slow_ms` (0: never)."""
+    slow = 0 < slow_ms < result.elapsed_ms
+    fields: dict[str, Any] = {
+        "tenant_id": plan.tenant_id,
+        "max_results": plan.max_results,
+        "filters": filters_logged(plan.q.filters),
+        "mode": plan.mode,
+        "ranking": plan.ranking,
+        "hits_count": len(result.hits),
+        "backend": result.backend,
+        "doc_candidates": timing.doc_candidates,
+        "section_candidates": timing.section_candidates,
+        "chunk_candidates": timing.chunk_candidates,
+        "rerank_candidates": timing.rerank_candidates,
+        "docs_count": len(result.docs),
+        "sections_count": len(result.sections),
+        "context_chunks": len(result.chunks),
+        "rerank_used": result.rerank_used,
+        "query_variants": len(plan.variants),
+        "query_variants_source": plan.variants_source,
+        "latency_ms": result.elapsed_ms,
+        "embed_ms": round(timing.embed_ms, 3),
+        "engine_ms": round(timing.engine_ms, 3),
+        "rerank_ms": round(timing.rerank_ms, 3),
+    }
+    if slow:
+        log.warning("search", slow=True, slow_search_ms=slow_ms, **fields)
+    else:
+        log.info("search", **fields)
