@@ -126,6 +126,7 @@ class RetrievalSettings:
             max_query_variants=env.integer("RETR_MAX_QUERY_VARIANTS", 3, minimum=0, maximum=10),
             retries=env.integer("RETR_BACKEND_RETRIES", 2, minimum=0, maximum=2),
             empty_on_backend_error=env.flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
+            cross_language=env.flag("RETR_CROSS_LANGUAGE", True),
             slow_search_ms=env.number("RETR_SLOW_SEARCH_MS", 300.0, minimum=0.0),
         )
         if engine.dense_weight + engine.sparse_weight <= 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +30,7 @@ from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
-from services.retrieval.fusion import rrf_fusion, weighted_fusion
+from services.retrieval.fusion import impute_cross_language, rrf_fusion, weighted_fusion
 from services.retrieval.index.base import (
     IndexFilter,
     IndexUnavailableError,
@@ -43,6 +44,7 @@ from services.retrieval.query import (
     detect_language,
     expand_query,
     normalise_query,
+    passage_language,
 )
 from services.retrieval.search import (
     KB_TENANT,
@@ -65,6 +67,8 @@ Scored = tuple[StoredPoint, float]
 """A candidate and its score in the ranking at hand."""
 
 RANKINGS = ("hybrid", "dense", "sparse")
+CHUNK_LANGUAGES_CACHED = 200_000
+"""Chunk languages the engine keeps (point id -> language, ~100 bytes each)."""
 FUSIONS = ("weighted", "rrf")
 
 
@@ -136,6 +140,9 @@ class EngineSettings:
     """Retries of a failed index call, at most 2 (retrieval.md §7.2; RETR_BACKEND_RETRIES)."""
     empty_on_backend_error: bool = False
     """Answer an empty result instead of 502 when the index is down (RETR_EMPTY_ON_BACKEND_ERROR)."""
+    cross_language: bool = True
+    """Hybrid: a dense candidate written in the other language than a ru/en query gets its
+    keyword evidence from its dense score (fusion.impute_cross_language; RETR_CROSS_LANGUAGE)."""
     slow_search_ms: float = 300.0
     """A search's log line is a WARNING above this many ms; 0: never (RETR_SLOW_SEARCH_MS)."""
 
@@ -246,6 +253,10 @@ class RetrievalEngine:
         # Model-written variants (llm_assist.LlmQueryExpander); the synonyms are its fallback.
         self._expander = expander
         self._metrics = metrics
+        # Chunk languages by point id (an id names one generation's chunk, so its text never
+        # changes), for impute_cross_language; bounded, oldest first out.
+        self._languages: dict[PointId, str] = {}
+        self._languages_lock = threading.Lock()
 
     @property
     def backend(self) -> str:
@@ -501,7 +512,37 @@ class RetrievalEngine:
         queries = [q for lists in named for _, q in lists]
         index = self._index
         found = iter(index.call(index.index.search_ids_batch, queries) if queries else [])
-        return [self._fuse(plan, {name: next(found) for name, _ in lists}) for lists in named]
+        results = [{name: next(found) for name, _ in lists} for lists in named]
+        languages: Mapping[PointId, str] = {}
+        if (
+            self._settings.cross_language
+            and plan.ranking == "hybrid"
+            and plan.language
+            in (
+                "ru",
+                "en",
+            )
+        ):
+            languages = self._chunk_languages(
+                plan.tenant_id, {k for r in results for k, _ in r.get("dense", ())}
+            )
+        return [self._fuse(plan, r, languages) for r in results]
+
+    def _chunk_languages(self, tenant_id: str, ids: Collection[PointId]) -> dict[PointId, str]:
+        """passage_language of the chunks among `ids` (section and document points, and points
+        the store does not list, are left out); two store reads for those not cached."""
+        cache = self._languages
+        missing = [i for i in ids if i not in cache]
+        if missing:
+            points = self._chunks.points_by_ids(tenant_id, missing)
+            keys = {(p.doc_id, p.chunk_id): i for i, p in points.items() if p.kind == "chunk"}
+            texts = self._chunks.chunks_by_ids(tenant_id, list(keys)) if keys else {}
+            found = {keys[k]: passage_language(c.text) for k, c in texts.items() if k in keys}
+            with self._languages_lock:
+                cache.update(found)
+                for _ in range(len(cache) - CHUNK_LANGUAGES_CACHED):
+                    del cache[next(iter(cache))]
+        return {i: lang for i in ids if (lang := cache.get(i)) is not None}
 
     def _resolve(
         self, tenant_id: str, rankings: list[tuple[list[tuple[PointId, float]], int]]
@@ -544,7 +585,10 @@ class RetrievalEngine:
         return have
 
     def _fuse(
-        self, plan: _Plan, lists: dict[str, list[tuple[PointId, float]]]
+        self,
+        plan: _Plan,
+        lists: dict[str, list[tuple[PointId, float]]],
+        languages: Mapping[PointId, str] | None = None,
     ) -> list[tuple[PointId, float]]:
         s = self._settings
         if plan.ranking == "dense":
@@ -561,6 +605,8 @@ class RetrievalEngine:
             top = sparse[0][1] if sparse else 1.0
             return [(k, v / top if top > 0 else 0.0) for k, v in sparse]
         dense = lists.get("dense", [])
+        if languages:
+            sparse = impute_cross_language(dense, sparse, languages, plan.language)
         if plan.fusion == "rrf":
             fused = rrf_fusion(
                 {"dense": [k for k, _ in dense], "sparse": [k for k, _ in sparse]},

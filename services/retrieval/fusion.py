@@ -274,3 +274,50 @@ def rrf_fusion_scored(
         best = _best_scores(items)
         ordered[name] = sorted(best, key=lambda key: -best[key])
     return rrf_fusion(ordered, k=k, weights=weights)
+
+
+def impute_cross_language(
+    dense: Sequence[tuple[K, float]],
+    sparse: Sequence[tuple[K, float]],
+    languages: Mapping[K, str],
+    query_language: str,
+) -> list[tuple[K, float]]:
+    """The keyword (BM25) list with evidence filled in for the dense list's candidates written
+    in the other language than the query, best first.
+
+    BM25 matches words, so a Russian question scores an English passage only on the Latin
+    words they share (a command, a version), however well the passage answers it: next to
+    passages in the query's language it loses the keyword share of every fusion by
+    construction, not on its merits. Such a candidate's keyword score becomes the larger of
+    its own and its dense score mapped onto the keyword list's range (``low + d * (high -
+    low)``, ``d`` its min-max normalised dense score), so after min-max normalisation its
+    keyword share is ``max(s, d)``: the dense list, which sees across languages, speaks for
+    it. Candidates in the query's language, of mixed or unknown language, and every
+    candidate when the query is neither ``ru`` nor ``en`` keep their scores, so a
+    monolingual corpus ranks exactly as before. An empty keyword list stays empty: there is
+    no keyword evidence for anyone to be compared with.
+
+    ``languages`` maps a key to ``ru``/``en``/``mixed``/``other`` (missing: unknown).
+    """
+    if query_language not in ("ru", "en") or not dense or not sparse:
+        return list(sparse)
+    other = "en" if query_language == "ru" else "ru"
+    best = _best_scores(sparse)
+    finite = [v for v in best.values() if math.isfinite(v)]
+    if not finite:
+        return list(sparse)
+    low, high = min(finite), max(finite)
+    if high <= low:  # one score for all: fill in below it, in proportion
+        low = min(0.0, low)
+    dense_best = _best_scores(dense)
+    changed = False
+    for key, d in zip(dense_best, normalise(list(dense_best.values())), strict=True):
+        if languages.get(key) != other:
+            continue
+        imputed = low + d * (high - low)
+        if imputed > best.get(key, -math.inf):
+            best[key] = imputed
+            changed = True
+    if not changed:
+        return list(sparse)
+    return sorted(best.items(), key=lambda kv: -kv[1])  # stable: ties keep list order

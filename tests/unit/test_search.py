@@ -458,7 +458,8 @@ class Reverse:
 
 async def test_texts_are_read_once_for_the_final_hits_under_the_request_tenant(shared):
     rec = RecordingChunks(shared.store)
-    engine = engine_over(shared, rec)
+    # The candidates' language read (RETR_CROSS_LANGUAGE) is counted in test_cross_language.py.
+    engine = engine_over(shared, rec, settings=EngineSettings(cross_language=False))
     r = await engine.search(q(max_results=2, max_chunks=3))
     assert len(rec.calls) == 1
     tenant, keys = rec.calls[0]
@@ -489,7 +490,8 @@ async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_
     assert shared.store.points_by_ids("a", [top])[top].chunk_id == first.hits[0].chunk_id
     # The top point is ranked but gone from the store's list (deleted since it was ranked).
     rec = RecordingChunks(shared.store, drop_points=frozenset({top}))
-    r = await engine_over(shared, rec).search(ask)
+    # Without the candidates' language read (RETR_CROSS_LANGUAGE), which lists points too.
+    r = await engine_over(shared, rec, settings=EngineSettings(cross_language=False)).search(ask)
     assert top in rec.point_calls[0][1]
     assert len(r.hits) == 2 and r.hits[0].chunk_id == first.hits[1].chunk_id
     assert first.hits[0].chunk_id not in {h.chunk_id for h in r.hits}
