@@ -30,6 +30,9 @@ class GoldQuery:
     split: str = ""
     cross_lingual: bool = False
     """No judged document is in the query's language."""
+    mixed_language: bool = False
+    """The judged document is in the query's language but the passage that answers it is not
+    (an untranslated English paragraph of a Russian man page)."""
 
 
 def corpus_files() -> list[Path]:
@@ -60,6 +63,7 @@ def load_queries(split: str) -> list[GoldQuery]:
                     relevant,
                     split,
                     bool(row.get("cross_lingual", False)),
+                    bool(row.get("mixed_language", False)),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 for extra in (REPO, REPO / "gen" / "python"):
@@ -115,8 +116,8 @@ def ask(
     return 0, hits
 
 
-def summarise(outcomes: Sequence[Outcome]) -> list[dict[str, object]]:
-    rows = []
+def summarise(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     for split in sorted({o.split for o in outcomes}):
         for group in ("all", "ru", "en", "mixed"):
             part = [o for o in outcomes if o.split == split and group in groups_of(o)]

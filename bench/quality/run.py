@@ -314,10 +314,13 @@ class Searcher:
 
 
 def groups_of(q: GoldQuery) -> list[str]:
-    """Table groups a query belongs to: all, its language, and cross-lingual when it is."""
+    """Table groups a query belongs to: all, its language, cross-lingual and mixed-language
+    when it is."""
     out = ["all", q.lang]
     if q.cross_lingual:
         out.append("cross")
+    if q.mixed_language:
+        out.append("mixed")
     return out
 
 
@@ -353,7 +356,7 @@ def score_runs(
         note_parts.append(f"p50 {statistics.median(lat):.1f} ms")
     note = "; ".join(note_parts)
     for split in splits:
-        for group in ("all", "ru", "en", "cross"):
+        for group in ("all", "ru", "en", "cross", "mixed"):
             scores = scored.get((split, group), [])
             if not scores:
                 continue
