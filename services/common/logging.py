@@ -3,17 +3,18 @@ request's trace_id.
 
 Two ways in, one JSON shape out:
 
-- ``get_logger(name).info("external_call", service="cbr", ...)``: structlog's bound logger;
-  the event name is the line's ``msg``, the keywords its fields.
+- ``get_logger(name).info("external_call", upstream="cbr", ...)``: structlog's bound
+  logger; the event name is the line's ``msg``, the keywords its fields.
 - ``logging.getLogger(name).info("rpc", extra={...})``: the standard library; the message is
   ``msg``, the extras are fields.
 
 Both end as stdlib records on the root handler `configure_logging` installs, whose
-`JsonFormatter` (structlog's ProcessorFormatter) runs the same processors on either:
+`JsonFormatter` (a structlog ProcessorFormatter) runs the same processors on either:
 the request's ``trace_id`` and, inside a traced RPC, its ``span_id``, bound through
 ``structlog.contextvars`` (`bind_trace_id`, `trace_id_bound`, `bind_span_id`); structlog's
 JSON renderer writes the line. Field order: ts, level, service, logger, msg, trace_id,
-span_id (when bound), then the event's own fields; ``exc`` holds a traceback.
+span_id (when bound), then the event's own fields (one named like an envelope key is
+dropped); ``exc`` holds a traceback.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def _extras(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
     return event
 
 
+def _drop_empty_trace_id(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+    if "trace_id" in event and not event["trace_id"]:
+        del event["trace_id"]
+    return event
+
+
 class _Envelope:
     """ts, level, service, logger, msg, trace_id (null outside a request), span_id (when
     bound), then the event's fields, in that order (a field named like an envelope key is
@@ -64,7 +71,6 @@ class _Envelope:
 
     def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> EventDict:
         record: logging.LogRecord = event.pop("_record")
-        event.pop("_from_structlog", None)
         second = int(record.created)
         if second != self._second:
             self._second = second
@@ -95,7 +101,9 @@ class JsonFormatter(structlog.stdlib.ProcessorFormatter):
         super().__init__(
             foreign_pre_chain=[_extras],  # stdlib records only
             processors=[
-                # After the extras: a trace_id passed explicitly wins over the bound one.
+                # After the extras: a trace_id passed explicitly wins over the bound one
+                # (an empty one does not).
+                _drop_empty_trace_id,
                 merge_contextvars,
                 format_exc_info,
                 _Envelope(service),

@@ -79,11 +79,13 @@ def test_trace_and_span_ids_are_bound_for_their_context_only():
     assert list(logs.lines[1])[:7] == [*ENVELOPE, "span_id"]
 
 
-def test_a_trace_id_passed_with_the_event_wins_over_the_bound_one():
+def test_a_trace_id_passed_with_the_event_wins_over_the_bound_one_unless_empty():
     with json_lines() as logs, trace_id_bound("bound"):
         logging.getLogger("x").info("a", extra={"trace_id": "explicit"})
         get_logger("x").info("b", trace_id="explicit")
-    assert [line["trace_id"] for line in logs.lines] == ["explicit", "explicit"]
+        logging.getLogger("x").info("c", extra={"trace_id": ""})
+        get_logger("x").info("d", trace_id="")
+    assert [line["trace_id"] for line in logs.lines] == ["explicit", "explicit", "bound", "bound"]
 
 
 def test_a_field_named_like_the_envelope_never_replaces_it():
