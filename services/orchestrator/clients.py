@@ -15,6 +15,7 @@ from services.orchestrator.model import (
     Filters,
     LlmOutcome,
     LlmRequest,
+    ModelUsage,
     RetrievalOutcome,
     SectionCandidate,
     ToolCallRecord,
@@ -121,9 +122,14 @@ class GrpcGenerator:
                 window_radius_schedule=req.radius_schedule,
                 max_tool_steps=req.max_tool_steps,
                 context_token_budget=req.context_token_budget,
+                require_tool_call=req.require_tool_call,
             ),
             model=req.model,
         )  # fmt: skip
+        if req.max_tokens is not None:
+            request.generation_params.max_tokens = req.max_tokens
+        if req.response_schema is not None:
+            request.generation_params.response_schema.update(req.response_schema)
         for planned in req.planned_calls:
             call = request.tool_policy.planned_calls.add(tool_name=planned.tool_name)
             call.arguments.update(planned.arguments)
@@ -141,4 +147,11 @@ class GrpcGenerator:
             tool_steps=response.meta.tool_steps,
             latency_ms=round((time.perf_counter() - started) * 1000),
             extractive=response.meta.extractive,
+            usage=ModelUsage(
+                runtime_ms=response.meta.runtime_ms,
+                calls=response.meta.model_calls,
+                prompt_tokens=response.used_tokens.prompt,
+                prompt_cached=response.used_tokens.prompt_cached,
+                final_prompt=response.used_tokens.final_prompt,
+            ),
         )

@@ -100,6 +100,33 @@ class LlmRequest:
     trace_id: str
     planned_calls: tuple[PlannedCall, ...] = ()
     mode: str = "rag"
+    response_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    """The answer must be one JSON object matching this schema (routing); no tools."""
+    max_tokens: int | None = None
+    """Caps the answer (routing needs a short one)."""
+    require_tool_call: bool = False
+    """The model's first step must be a tool call: it reads before it answers."""
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """What the model runtime did for a request, over every Generate it made."""
+
+    runtime_ms: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    prompt_cached: int = 0
+    final_prompt: int = 0
+    """The prompt tokens of the last call (the answer's)."""
+
+    def __add__(self, other: ModelUsage) -> ModelUsage:
+        return ModelUsage(
+            runtime_ms=self.runtime_ms + other.runtime_ms,
+            calls=self.calls + other.calls,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            prompt_cached=self.prompt_cached + other.prompt_cached,
+            final_prompt=other.final_prompt or self.final_prompt,
+        )
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,7 @@ class LlmOutcome:
     tool_steps: int
     latency_ms: int
     extractive: bool = False
+    usage: ModelUsage = field(default_factory=ModelUsage)
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,7 @@ class RespondOutput:
     scenario: str = ""
     intent: str = ""
     decided_by: str = ""
+    model_usage: ModelUsage = field(default_factory=ModelUsage)
 
 
 class Retriever(Protocol):

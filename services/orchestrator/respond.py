@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
@@ -16,6 +17,7 @@ from services.orchestrator.model import (
     Generator,
     LlmOutcome,
     LlmRequest,
+    ModelUsage,
     PlannedCall,
     RespondInput,
     RespondOutput,
@@ -31,6 +33,7 @@ from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.orchestrator.scenarios import (
     Decision,
     decision_prompt,
+    decision_schema,
     parse_model_decision,
     rule_decision,
 )
@@ -180,6 +183,10 @@ FULL_CONTEXT_TOKENS = 28_000
 """S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
 plus the prompt must fit, whatever the configured context_token_budget is."""
 ROUTER_CACHE_S = 60.0
+DECISION_MAX_TOKENS = 200
+"""The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap)."""
+_USAGE: ContextVar[list[ModelUsage] | None] = ContextVar("visior_model_usage", default=None)
+"""The model usage of each Generate the current Respond made (one list per request)."""
 ANSWER_QUERY_CHARS = 1000
 """S3 looks up the pages an answer drew on by its first this many characters (the
 conclusion and the first details; the embedding reads ~512 tokens anyway, and a longer
@@ -237,6 +244,32 @@ class Responder:
                     reason="NOT_FOUND",
                     metadata={"field": "doc_ids"},
                 )
+        usage: list[ModelUsage] = []
+        token = _USAGE.set(usage)
+        try:
+            out, decision = await self._answer(req, cfg, selected, sizes)
+        finally:
+            _USAGE.reset(token)
+        return replace(
+            out,
+            scenario=decision.scenario,
+            intent=decision.intent,
+            decided_by=decision.decided_by,
+            model_usage=sum(usage, ModelUsage()),
+        )
+
+    async def _generate(self, request: LlmRequest) -> LlmOutcome:
+        """One Generate; its model usage counts toward the request's telemetry."""
+        outcome = await self._generator.generate(request)
+        usage = _USAGE.get()
+        if usage is not None:
+            usage.append(outcome.usage)
+        return outcome
+
+    async def _answer(
+        self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...],
+        sizes: dict[str, int],
+    ) -> tuple[RespondOutput, Decision]:  # fmt: skip
         decision = await self._decide(req, cfg, selected, sum(sizes.values()) if selected else None)
         if (
             decision.intent == "documents"
@@ -264,12 +297,7 @@ class Responder:
             out = await self._full(req, cfg, selected, decision)
         else:
             out = await self._general(req, cfg, decision)
-        return replace(
-            out,
-            scenario=decision.scenario,
-            intent=decision.intent,
-            decided_by=decision.decided_by,
-        )
+        return out, decision
 
     # -- deciding -----------------------------------------------------------------------------
 
@@ -286,7 +314,7 @@ class Responder:
             return rules
         system = decision_prompt(req.query, selected_doc_ids=selected, selected_chars=chars)
         fitted = self._fit(req, cfg, system)
-        outcome = await self._generator.generate(
+        outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
                 messages=(*fitted.history, Turn("user", fitted.question)),
@@ -299,6 +327,8 @@ class Responder:
                 model=cfg.default_model,
                 trace_id=req.trace_id,
                 mode="chat",
+                response_schema=decision_schema(selected_doc_ids=selected, selected_chars=chars),
+                max_tokens=DECISION_MAX_TOKENS,
             )
         )
         if outcome.extractive:
@@ -350,7 +380,7 @@ class Responder:
         system = SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system, found.sections[:max_results])
         sections = fitted.sections
-        outcome = await self._generator.generate(
+        outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
                 messages=(*fitted.history, Turn("user", fitted.question)),
@@ -362,6 +392,8 @@ class Responder:
                 context_token_budget=cfg.context_token_budget,
                 model=cfg.default_model,
                 trace_id=req.trace_id,
+                # The first prompt holds summaries, not the text: read before answering.
+                require_tool_call=bool(sections),
             )
         )
         return self._output(
@@ -381,7 +413,7 @@ class Responder:
         """S3: the selected documents fit in 50,000 characters: all of them, no vector search."""
         system = FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system)
-        outcome = await self._generator.generate(
+        outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
                 messages=(*fitted.history, Turn("user", fitted.question)),
@@ -473,7 +505,7 @@ class Responder:
             system = SMALL_TALK_SYSTEM_PROMPT
         system += LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system)
-        outcome = await self._generator.generate(
+        outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
                 messages=(*fitted.history, Turn("user", fitted.question)),

@@ -784,6 +784,33 @@ def decision_prompt(
     )
 
 
+def decision_schema(
+    *, selected_doc_ids: Sequence[str], selected_chars: int | None
+) -> dict[str, Any]:
+    """The JSON schema of `decision_prompt`'s answer, for runtimes with constrained output:
+    one object per intent the facts allow (its scenario fixed), so the model can only pick
+    among them; `parse_model_decision` still checks what comes back."""
+    text = {"type": "string"}
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "scenario": {"const": SCENARIO_OF_INTENT[intent]},
+                "intent": {"const": intent},
+                "clarifications": {"type": "array", "items": text},
+                "currency": text,
+                "date": text,
+                "news_query": text,
+            },
+            "required": ["scenario", "intent", "clarifications", "currency", "date", "news_query"],
+            "additionalProperties": False,
+        }
+        for intent in INTENTS
+        if _consistent(intent, selected_doc_ids, selected_chars, MAX_CONTEXT_CHARS)
+    ]
+    return {"anyOf": options}
+
+
 def _first_json_object(text: str) -> dict[str, Any] | None:
     """The first JSON object in the text that speaks of a scenario or an intent (models wrap
     it in prose or ``` fences, and sometimes put other JSON before it)."""

@@ -74,6 +74,11 @@ def respond_response(out: RespondOutput) -> pb.RespondResponse:
         scenario=out.scenario,
         intent=out.intent,
         decided_by=out.decided_by,
+        llm_runtime_ms=out.model_usage.runtime_ms,
+        model_calls=out.model_usage.calls,
+        prompt_tokens=out.model_usage.prompt_tokens,
+        prompt_tokens_cached=out.model_usage.prompt_cached,
+        final_prompt_tokens=out.model_usage.final_prompt,
     )
     if out.llm_latency_ms is not None:
         telemetry.llm_latency_ms = out.llm_latency_ms

@@ -1,0 +1,137 @@
+"""The orchestrator's side of a real model: constrained routing, the first read, telemetry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from visior.orchestrator.v1 import orchestrator_pb2 as pb
+
+from services.orchestrator.model import LlmOutcome, ModelUsage
+from services.orchestrator.respond import DECISION_MAX_TOKENS
+from services.orchestrator.scenarios import (
+    INTENTS,
+    MAX_CONTEXT_CHARS,
+    SCENARIO_OF_INTENT,
+    decision_schema,
+    parse_model_decision,
+)
+from services.orchestrator.servicer import respond_response
+from tests.unit.test_orchestrator import TODAY, FakeGenerator, inp, make
+
+ROUTE = {
+    "scenario": "S1",
+    "intent": "documents",
+    "clarifications": [],
+    "currency": "",
+    "date": "",
+    "news_query": "",
+}
+
+
+def _intents(schema: dict) -> list[str]:
+    return [o["properties"]["intent"]["const"] for o in schema["anyOf"]]
+
+
+def test_the_decision_schema_offers_only_the_intents_the_facts_allow() -> None:
+    free = decision_schema(selected_doc_ids=(), selected_chars=None)
+    assert _intents(free) == [i for i in INTENTS if not i.startswith("selected_")]
+    fits = decision_schema(selected_doc_ids=("d",), selected_chars=MAX_CONTEXT_CHARS)
+    assert _intents(fits) == ["selected_full", "clarify"]
+    big = decision_schema(selected_doc_ids=("d",), selected_chars=MAX_CONTEXT_CHARS + 1)
+    assert _intents(big) == ["selected_search", "clarify"]
+    for option in free["anyOf"]:
+        props = option["properties"]
+        assert props["scenario"]["const"] == SCENARIO_OF_INTENT[props["intent"]["const"]]
+        assert set(option["required"]) == set(ROUTE)
+
+
+def test_an_answer_shaped_by_the_schema_is_a_usable_decision() -> None:
+    decided = parse_model_decision(
+        json.dumps({**ROUTE, "scenario": "S2", "intent": "currency_rates", "currency": "EUR"}),
+        query="Какой курс евро?",
+        today=TODAY,
+    )
+    assert decided is not None and (decided.intent, decided.currency) == ("currency_rates", "EUR")
+
+
+async def test_routing_asks_for_the_schema_and_a_short_answer() -> None:
+    responder, _, gen, _ = make(routing=True, routing_answer=json.dumps(ROUTE))
+    await responder.respond(inp())
+    route, answer = gen.requests
+    assert route.response_schema == decision_schema(selected_doc_ids=(), selected_chars=None)
+    assert route.max_tokens == DECISION_MAX_TOKENS and route.allowed_tools == ()
+    assert answer.response_schema is None and answer.max_tokens is None
+
+
+async def test_s1_asks_the_model_to_read_before_it_answers() -> None:
+    responder, _, gen, _ = make()
+    await responder.respond(inp())
+    (answer,) = gen.requests
+    assert answer.context and answer.require_tool_call is True
+
+
+async def test_general_questions_do_not_force_a_read() -> None:
+    responder, _, gen, _ = make()
+    await responder.respond(inp(query="Какой курс доллара сегодня?"))
+    assert [r.require_tool_call for r in gen.requests] == [False]
+
+
+class _MeteredGenerator(FakeGenerator):
+    """Each Generate reports its own model usage, as the LLM service's response does."""
+
+    def __init__(self, routing_answer: str) -> None:
+        super().__init__(routing_answer)
+        self.usages = [
+            ModelUsage(
+                runtime_ms=900, calls=1, prompt_tokens=600, prompt_cached=0, final_prompt=600
+            ),
+            ModelUsage(
+                runtime_ms=4000, calls=2, prompt_tokens=2600, prompt_cached=1150, final_prompt=1450
+            ),
+        ]
+
+    async def generate(self, request):  # type: ignore[no-untyped-def]
+        outcome = await super().generate(request)
+        return LlmOutcome(
+            outcome.answer, outcome.tools, outcome.tool_steps, outcome.latency_ms,
+            usage=self.usages.pop(0),
+        )  # fmt: skip
+
+
+async def test_telemetry_sums_the_model_usage_of_every_generate() -> None:
+    responder, _, _, _ = make(routing=True, routing_answer=json.dumps(ROUTE))
+    gen = _MeteredGenerator(json.dumps(ROUTE))
+    responder._generator = gen  # the routing call and the answer, each with its usage
+    out = await responder.respond(inp())
+    assert out.model_usage == ModelUsage(
+        runtime_ms=4900, calls=3, prompt_tokens=3200, prompt_cached=1150, final_prompt=1450
+    )
+    telemetry = respond_response(out).telemetry
+    assert (
+        telemetry.llm_runtime_ms,
+        telemetry.model_calls,
+        telemetry.prompt_tokens,
+        telemetry.prompt_tokens_cached,
+        telemetry.final_prompt_tokens,
+    ) == (4900, 3, 3200, 1150, 1450)
+
+
+async def test_requests_do_not_share_their_usage() -> None:
+    responder, _, _, _ = make()
+    first = await responder.respond(inp())
+    second = await responder.respond(inp())
+    assert first.model_usage == second.model_usage == ModelUsage()
+    assert isinstance(respond_response(second).telemetry, pb.Telemetry)
+
+
+@pytest.mark.parametrize("kept", [0, 700])
+def test_usage_adds_up_and_keeps_the_last_calls_prompt(kept: int) -> None:
+    total = ModelUsage(1, 1, 10, 0, 10) + ModelUsage(2, 1, 30, 5, kept)
+    assert (total.runtime_ms, total.calls, total.prompt_tokens, total.prompt_cached) == (
+        3,
+        2,
+        40,
+        5,
+    )
+    assert total.final_prompt == (kept or 10)
