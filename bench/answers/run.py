@@ -269,12 +269,20 @@ def print_summary(responder: str, split: str, s: dict[str, Any]) -> None:
 
 
 def _git_commit() -> str:
+    """HEAD's short hash, with "+dirty" when services/ has uncommitted changes."""
     try:
-        return subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "services"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except OSError:
         return ""
+    return head + ("+dirty" if dirty else "")
 
 
 def run_responder(
