@@ -34,6 +34,13 @@ class Question:
     facts: tuple[tuple[str, ...], ...]
     also: tuple[tuple[str, int], ...] = ()
     select: tuple[str, ...] = field(default=())
+    passage: str = ""
+    """The language of the passage that answers, when it is not the question's (an
+    untranslated English paragraph of a Russian page, or the other way round)."""
+
+    @property
+    def cross_language(self) -> bool:
+        return bool(self.passage) and self.passage != self.lang
 
     @property
     def answerable(self) -> bool:
@@ -67,6 +74,7 @@ def parse(record: Mapping[str, object]) -> Question:
             facts=facts,
             also=also,
             select=tuple(str(s) for s in r.get("select") or []),  # type: ignore[attr-defined]
+            passage=str(r.get("passage") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise GoldError(f"{r.get('id', '?')}: {exc!r}") from None
@@ -99,6 +107,10 @@ def validate(questions: Sequence[Question], pages: Mapping[str, Sequence[str]]) 
         ):
             if getattr(q, attr) not in allowed:
                 problems.append(f"{where}: {attr} {getattr(q, attr)!r} not in {allowed}")
+        if q.passage and (q.passage not in LANGS or not q.answerable):
+            problems.append(
+                f"{where}: passage {q.passage!r} needs an answerable question, ru or en"
+            )
         if not q.question.strip():
             problems.append(f"{where}: empty question")
         for name in q.select:

@@ -66,6 +66,8 @@ class Outcome:
     kind: str
     split: str
     question: str
+    cross_language: bool = False
+    """The answering passage is in the other language than the question."""
     status: int = 0
     error: str = ""
     """Empty when the answer came back 200; else the kind: HTTP <status> <reason>, timeout, ..."""
@@ -120,7 +122,7 @@ def ingest(client: httpx.Client, url: str, tenant: str, paths: dict[str, Path]) 
 def ask(
     client: httpx.Client, url: str, q: Question, doc_ids: dict[str, str], timeout: float
 ) -> Outcome:
-    out = Outcome(q.id, q.lang, q.scenario, q.kind, q.split, q.question)
+    out = Outcome(q.id, q.lang, q.scenario, q.kind, q.split, q.question, q.cross_language)
     payload: dict[str, Any] = {"query": q.question, "user": {"user_id": USER, "tenant_id": TENANT}}
     if q.select:
         payload["doc_ids"] = [doc_ids[name] for name in q.select]
@@ -411,6 +413,15 @@ def main(argv: list[str] | None = None) -> int:
             if part:
                 summaries[split] = summarize(part)
                 print_summary(responder, split, summaries[split])
+        cross = [o for o in outcomes if o.cross_language]
+        if cross:
+            s = summarize(cross)
+            print(f"  cross-language (answering passage in the other language): {len(cross)} q, "
+                  f"page {_pct(s['page_among_sources'], s['answerable'])}, "
+                  f"first source {_pct(s['page_in_first_source'], s['answerable'])}, "
+                  f"all facts {_pct(s['all_key_facts'], s['answerable'])}; "
+                  f"page missed: {' '.join(s['page_missed_ids']) or '-'}")  # fmt: skip
+            summaries["cross_language"] = s
         for lang in ("ru", "en"):
             for sc in ("S1", "S3", "S4"):
                 part = [o for o in outcomes if o.lang == lang and o.scenario == sc]

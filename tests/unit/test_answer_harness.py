@@ -230,3 +230,12 @@ def test_paginate_cuts_at_paragraph_ends() -> None:
     assert len(pages) == 4
     assert all(p.endswith("\n") for p in pages)
     assert "".join(pages).replace("\n", "") == text.replace("\n", "")
+
+
+def test_validate_checks_the_passage_language() -> None:
+    pages = {"d.pdf": ["a", "dupload"]}
+    assert validate([_q(passage="ru")], pages) == []
+    assert _q(passage="ru").cross_language and not _q(passage="en").cross_language
+    assert any("passage" in p for p in validate([_q(passage="de")], pages))
+    unanswerable = _q(kind="unanswerable", doc=None, page=None, facts=(), passage="ru")
+    assert any("passage" in p for p in validate([unanswerable], pages))
