@@ -27,6 +27,8 @@ MAX_RESPONSE_BYTES = 32 * MiB
 """Largest unary response the transcoder will buffer and turn into JSON."""
 STREAM_IDLE_TIMEOUT_S = 60.0
 """How long a streaming route (no overall timeout) may stay silent before Envoy ends it."""
+HCM_STREAM_IDLE_TIMEOUT_S = 300.0
+"""Envoy's default stream idle timeout of the HTTP connection manager (not set here)."""
 
 HTTP_PREFIX: Mapping[str, str] = {
     "orchestrator": "/internal/orchestrator/",
@@ -206,6 +208,11 @@ def _route(
     action: dict[str, Any] = {"cluster": _cluster_name(spec), "timeout": _seconds(timeout_s)}
     if timeout_s == 0:
         action["idle_timeout"] = _seconds(STREAM_IDLE_TIMEOUT_S)
+    elif timeout_s > HCM_STREAM_IDLE_TIMEOUT_S:
+        # A unary answer sends nothing until it is done: past the connection manager's
+        # stream idle timeout (Envoy's 300 s) a slow answer (a CPU model's) would be cut
+        # off with 504 before its route timeout; the route's own idle timeout matches it.
+        action["idle_timeout"] = _seconds(timeout_s)
     elif fault_injection:
         # An injected delay runs before the router, so the route timeout (which starts when
         # the router gets the request) would never see it. The stream's whole duration

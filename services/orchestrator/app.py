@@ -34,6 +34,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         model_routing=settings.model_routing,
         enable_filters=settings.enable_filters,
         llm_prompt_limit=settings.llm_prompt_limit,
+        default_top_k=settings.default_top_k,
     )
 
     def register(server):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.common.prompt_limits import llm_prompt_limit
 from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
 from services.orchestrator.runtime_config import RuntimeConfig
+from services.retrieval.search import MAX_RESULTS_LIMIT
 from services.toolsproxy.config import window_radius
 
 DEFAULT_PORT = 50051
@@ -37,6 +38,9 @@ class OrchestratorSettings:
     model_routing: bool
     """Ask the model for the scenario decision (JSON with `intent`) before the rules
     (ORCH_MODEL_ROUTING); with an extractive LLM service the rules decide anyway."""
+    default_top_k: int = 10
+    """Sections in the first prompt when the request gives no max_results (ORCH_DEFAULT_TOP_K,
+    agent.md §10's default_top_k; 1..50). Fewer make a CPU model's first prompt shorter."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
@@ -79,5 +83,8 @@ class OrchestratorSettings:
             max_window_radius=proxy_max,
             enable_filters=env.flag("ORCH_ENABLE_FILTERS", True),
             model_routing=env.flag("ORCH_MODEL_ROUTING", True),
+            default_top_k=env.integer(
+                "ORCH_DEFAULT_TOP_K", 10, minimum=1, maximum=MAX_RESULTS_LIMIT
+            ),
             llm_prompt_limit=llm_prompt_limit(env),
         )

@@ -214,6 +214,7 @@ class Responder:
         enable_filters: bool = True,
         llm_prompt_limit: int = DEFAULT_LLM_PROMPT_TOKENS,
         tokenizer: Tokenizer | None = None,
+        default_top_k: int = DEFAULT_MAX_RESULTS,
     ) -> None:
         self._retriever = retriever
         self._generator = generator
@@ -222,6 +223,7 @@ class Responder:
         self._today = today
         self._model_routing = model_routing
         self._enable_filters = enable_filters
+        self._default_top_k = default_top_k
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (README, Prompt budgets).
         self._fitter = PromptFitter(tokenizer or default_tokenizer(), llm_prompt_limit)
@@ -360,7 +362,7 @@ class Responder:
     async def _search_documents(self, req: RespondInput, decision: Decision) -> RetrievalOutcome:
         """S1 searches all the user's documents, S4 the selected ones by their ids (with query
         expansion merged by RRF)."""
-        max_results = req.max_results or DEFAULT_MAX_RESULTS
+        max_results = req.max_results or self._default_top_k
         filters = req.filters
         if not self._enable_filters:
             filters = Filters(doc_ids=filters.doc_ids, section_ids=filters.section_ids)
@@ -376,7 +378,7 @@ class Responder:
     ) -> RespondOutput:
         """S1 (all the user's documents) and S4 (selected documents): the summaries-only
         first prompt and the read tools."""
-        max_results = req.max_results or DEFAULT_MAX_RESULTS
+        max_results = req.max_results or self._default_top_k
         # Retrieval may return up to max_sections sections; the prompt shows max_results.
         system = SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system, found.sections[:max_results])

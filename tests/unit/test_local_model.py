@@ -257,6 +257,7 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "4096"
     # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
     assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"
+    assert env["ORCH_DEFAULT_TOP_K"] == "5" and env["ORCH_MODEL_ROUTING"] == "false"
     timeouts = mesh.envoy_timeouts()
     assert timeouts is not None
     assert timeouts["/internal/orchestrator/respond"] > LOCAL_RESPOND_TIMEOUT_S

@@ -17,7 +17,7 @@ from services.orchestrator.scenarios import (
     parse_model_decision,
 )
 from services.orchestrator.servicer import respond_response
-from tests.unit.test_orchestrator import TODAY, FakeGenerator, inp, make
+from tests.unit.test_orchestrator import TODAY, FakeGenerator, _many_sections, inp, make
 
 ROUTE = {
     "scenario": "S1",
@@ -135,3 +135,27 @@ def test_usage_adds_up_and_keeps_the_last_calls_prompt(kept: int) -> None:
         5,
     )
     assert total.final_prompt == (kept or 10)
+
+
+async def test_the_default_top_k_sets_the_sections_when_the_request_gives_none() -> None:
+    responder, retriever, gen, _ = make()
+    retriever.search = _many_sections(retriever.search)
+    responder._default_top_k = 2
+    await responder.respond(inp())
+    assert len(gen.requests[-1].context) == 2
+    await responder.respond(inp(max_results=3))
+    assert len(gen.requests[-1].context) == 3
+
+
+@pytest.mark.parametrize(("value", "ok"), [("1", True), ("50", True), ("0", False), ("51", False)])
+def test_orch_default_top_k_from_the_environment(value: str, ok: bool) -> None:
+    from services.common.settings import Env, SettingsError
+    from services.orchestrator.config import OrchestratorSettings
+
+    env = Env({"ORCH_DEFAULT_TOP_K": value})
+    if ok:
+        assert OrchestratorSettings.from_env(env).default_top_k == int(value)
+    else:
+        with pytest.raises(SettingsError):
+            OrchestratorSettings.from_env(env)
+    assert OrchestratorSettings.from_env(Env({})).default_top_k == 10

@@ -1,0 +1,35 @@
+"""Route timeouts past Envoy's stream idle timeout (a CPU model's slow answers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from services.devtools.envoy_config import HCM_STREAM_IDLE_TIMEOUT_S, render
+from services.devtools.topology import Ports
+
+RESPOND = "/internal/orchestrator/respond"
+
+
+def _routes(timeouts: dict[str, float]) -> dict[str, dict[str, Any]]:
+    config = yaml.safe_load(render(Ports(), "visior.pb", timeouts=timeouts))
+    out = {}
+    for listener in config["static_resources"]["listeners"]:
+        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        for host in hcm["route_config"]["virtual_hosts"]:
+            for route in host["routes"]:
+                if "path" in route["match"]:
+                    out[route["match"]["path"]] = route["route"]
+    return out
+
+
+def test_a_route_longer_than_the_idle_timeout_gets_its_own_idle_timeout() -> None:
+    long = _routes({RESPOND: 930.0})[RESPOND]
+    assert long["timeout"] == "930s" and long["idle_timeout"] == "930s"
+
+
+def test_a_route_at_the_idle_timeout_keeps_envoys_default() -> None:
+    at = _routes({RESPOND: HCM_STREAM_IDLE_TIMEOUT_S})[RESPOND]
+    assert at["timeout"] == f"{HCM_STREAM_IDLE_TIMEOUT_S:g}s" and "idle_timeout" not in at
+    assert "idle_timeout" not in _routes({})[RESPOND]
