@@ -22,15 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from services.common import errors
+from services.common.prompt_limits import MESSAGE_TOKENS, REPLY_TOKENS
 from services.common.tokenizer import Tokenizer
 from services.llm.chat import ChatMessage, ToolSpec
 from services.llm.model import ContextChunk
 
 LIMIT_REASON = "LLM_LIMIT_EXCEEDED"
-MESSAGE_OVERHEAD = 4
-"""Tokens a chat template adds around one message (role marker, start and end tokens)."""
-REPLY_OVERHEAD = 3
-"""Tokens of the assistant turn the runtime opens for the answer."""
+MESSAGE_OVERHEAD = MESSAGE_TOKENS
+"""Tokens a chat template adds around one message (role marker, start and end tokens);
+shared with the orchestrator, which shapes first prompts to this count."""
+REPLY_OVERHEAD = REPLY_TOKENS
+"""Tokens of the assistant turn the runtime opens for the answer (shared likewise)."""
 TOOL_CALL_OVERHEAD = 6
 """Tokens around one tool call of an assistant message (id, type, function wrapper)."""
 TOOL_SPEC_OVERHEAD = 8
