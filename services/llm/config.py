@@ -11,6 +11,7 @@ from services.common.settings import (
     SettingsError,
     downstream,
 )
+from services.common.prompt_limits import llm_prompt_limit
 from services.llm.runtime import RuntimeSettings
 
 DEFAULT_PORT = 50052
@@ -52,9 +53,8 @@ class LlmSettings:
         env = env or Env()
         runtime_url = env.text(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
         runtime = RuntimeSettings.from_env(env) if RuntimeSettings.configured_in(env) else None
-        max_prompt = env.integer(
-            ["LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS"], 4096, minimum=256
-        )
+        # Declared once, read by the orchestrator too (it shapes first prompts to fit).
+        max_prompt = llm_prompt_limit(env)
         max_completion = env.integer(
             ["LLM_SERVICE_MAX_COMPLETION_TOKENS", "MAX_COMPLETION_TOKENS"], 512, minimum=16
         )
