@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.prompt_limits import llm_prompt_limit
 from services.common.settings import (
     DownstreamSettings,
     Env,
@@ -11,7 +12,6 @@ from services.common.settings import (
     SettingsError,
     downstream,
 )
-from services.common.prompt_limits import llm_prompt_limit
 from services.llm.runtime import RuntimeSettings
 
 DEFAULT_PORT = 50052
