@@ -239,9 +239,23 @@ async def test_another_tenant_reads_nothing_of_the_first(corpus):
 # -- settings -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, True), ("false", False), ("true", True)])
-def test_retr_cross_language_setting(value, expected):
+@pytest.mark.parametrize(
+    ("profile", "value", "expected"),
+    [
+        (None, None, True),  # e5, the default profile
+        ("e5", "false", False),
+        ("remote", None, True),
+        ("fast", None, False),  # USE: off unless asked for
+        ("fast", "true", True),
+    ],
+)
+def test_retr_cross_language_setting(profile, value, expected):
     env = {} if value is None else {"RETR_CROSS_LANGUAGE": value}
+    if profile is not None:
+        env["RETR_EMBEDDING_PROFILE"] = profile
+    if profile == "remote":
+        env["RETR_EMBEDDING_URL"] = "http://127.0.0.1:9/v1"
+        env["RETR_EMBEDDING_MODEL"] = "e5"
     assert RetrievalSettings.from_env(Env(env)).engine.cross_language is expected
 
 
