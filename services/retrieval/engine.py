@@ -529,20 +529,26 @@ class RetrievalEngine:
         return [self._fuse(plan, r, languages) for r in results]
 
     def _chunk_languages(self, tenant_id: str, ids: Collection[PointId]) -> dict[PointId, str]:
-        """passage_language of the chunks among `ids` (section and document points, and points
-        the store does not list, are left out); two store reads for those not cached."""
+        """passage_language of the chunks among `ids`; two store reads for the ids not cached.
+
+        Section and document points are cached as "" (no language: not imputed), so they are
+        not read again; a point the store does not list (yet), or a chunk whose text is gone,
+        is left out and not cached."""
         cache = self._languages
         missing = [i for i in ids if i not in cache]
+        found: dict[PointId, str] = {}
         if missing:
             points = self._chunks.points_by_ids(tenant_id, missing)
             keys = {(p.doc_id, p.chunk_id): i for i, p in points.items() if p.kind == "chunk"}
-            texts = self._chunks.chunks_by_ids(tenant_id, list(keys)) if keys else {}
-            found = {keys[k]: passage_language(c.text) for k, c in texts.items() if k in keys}
+            found = {i: "" for i, p in points.items() if p.kind != "chunk"}
+            if keys:
+                texts = self._chunks.chunks_by_ids(tenant_id, list(keys))
+                found.update((keys[k], passage_language(c.text)) for k, c in texts.items())
             with self._languages_lock:
                 cache.update(found)
                 for _ in range(len(cache) - CHUNK_LANGUAGES_CACHED):
                     del cache[next(iter(cache))]
-        return {i: lang for i in ids if (lang := cache.get(i)) is not None}
+        return {i: lang for i in ids if (lang := found.get(i) or cache.get(i))}
 
     def _resolve(
         self, tenant_id: str, rankings: list[tuple[list[tuple[PointId, float]], int]]

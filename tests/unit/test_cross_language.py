@@ -15,6 +15,7 @@ from services.common.breaker import CircuitBreaker
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.retrieval import engine as engine_module
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.fusion import impute_cross_language, weighted_fusion
@@ -149,8 +150,10 @@ class CountingStore:
     def __init__(self, store: SqliteDocumentStore) -> None:
         self.store = store
         self.chunk_reads: list[int] = []
+        self.point_reads: list[int] = []
 
     def points_by_ids(self, tenant_id, ids):
+        self.point_reads.append(len(ids))
         return self.store.points_by_ids(tenant_id, ids)
 
     def chunks_by_ids(self, tenant_id, keys):
@@ -224,8 +227,29 @@ async def test_chunk_languages_are_read_once_then_cached(corpus):
     # The languages of the chunk list's dense candidates (keep 1 x candidate factor 2), then
     # the hit's text; section points have no chunk text and are not read.
     assert first == [2, 1]
+    point_reads = len(counting.point_reads)
     await e.search(ask)
     assert counting.chunk_reads[len(first) :] == [1]  # the hit's text only
+    # The candidates' fields only: section points, which have no language, are cached too.
+    assert len(counting.point_reads) == point_reads + 1
+
+
+async def test_the_language_cache_is_bounded_at_its_limit(corpus, monkeypatch):
+    ask = SearchQuery(query=QUESTION, tenant_id="t")
+    e = engine(corpus, cross_language=True)
+    await e.search(ask)
+    seen = len(e._languages)  # chunk and section points of the search's dense lists
+    assert seen > 2
+    for limit, kept in ((seen, seen), (seen - 1, seen - 1)):  # at the limit, one past it
+        monkeypatch.setattr(engine_module, "CHUNK_LANGUAGES_CACHED", limit)
+        counting = CountingStore(corpus[0])
+        e = engine(corpus, cross_language=True, store=counting)
+        await e.search(ask)
+        assert len(e._languages) == kept
+        reads = len(counting.point_reads)
+        await e.search(ask)
+        # Everything cached: only the candidates' fields are read; one evicted: it is read again.
+        assert len(counting.point_reads) - reads == (1 if kept == seen else 2)
 
 
 async def test_another_tenant_reads_nothing_of_the_first(corpus):
