@@ -175,6 +175,10 @@ SMALL_TALK_SYSTEM_PROMPT = (
     "offer help with their documents, the knowledge base, exchange rates or finance news."
 )
 LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
+LANGUAGE_REMINDER = {"en": "\n\n(Answer in English.)", "ru": "\n\n(Ответь на русском языке.)"}
+"""The same instruction, in its own language, closing the user's turn: a small model follows
+the language of the text nearest its answer (an English tool result or system prompt) over
+an instruction at the top."""
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (DESIGN §2.12). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
@@ -386,7 +390,10 @@ class Responder:
         outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
-                messages=(*fitted.history, Turn("user", fitted.question)),
+                messages=(
+                    *fitted.history,
+                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                ),
                 context=sections,
                 user=req.user,
                 allowed_tools=TOOLS,
@@ -419,7 +426,10 @@ class Responder:
         outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
-                messages=(*fitted.history, Turn("user", fitted.question)),
+                messages=(
+                    *fitted.history,
+                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                ),
                 context=(),
                 user=req.user,
                 allowed_tools=FULL_TOOLS,
@@ -511,7 +521,10 @@ class Responder:
         outcome = await self._generate(
             LlmRequest(
                 system_prompt=system,
-                messages=(*fitted.history, Turn("user", fitted.question)),
+                messages=(
+                    *fitted.history,
+                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                ),
                 context=(),
                 user=req.user,
                 allowed_tools=tuple(p.tool_name for p in planned),

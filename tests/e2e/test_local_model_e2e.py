@@ -41,6 +41,9 @@ def model_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         Ports.free(),
         root / "data",
         root / "run",
+        # One read per answer keeps the tier to a few minutes on 2 cores (the harness,
+        # bench/answers, runs the product's defaults).
+        env={"ORCH_MAX_TOOL_STEPS": "1"},
         bank_standin=True,
         local_model=LocalModelConfig(data_dir=MODEL_DATA, n_ctx=8192),
     )
@@ -80,7 +83,9 @@ def test_the_local_model_is_the_runtime(model_mesh: Mesh) -> None:
 
 
 def test_s1_reads_the_section_and_answers_in_russian_with_its_pages(model_mesh: Mesh) -> None:
-    out = respond(model_mesh, "Как подключить LDAP в Orion X? Какой адрес сервера указать?")
+    out = respond(
+        model_mesh, "Как подключить LDAP в Orion X? Какой адрес сервера указать?", max_results=3
+    )
     telemetry = out["telemetry"]
     assert telemetry["scenario"] == "S1"
     reads = [t for t in out["tools"] if t["name"] in ("read_chunk_window", "read_doc_section")]
@@ -91,7 +96,7 @@ def test_s1_reads_the_section_and_answers_in_russian_with_its_pages(model_mesh: 
     assert russian(out["answer"]), out["answer"]
     assert re.search(r"ldaps|636", out["answer"], re.IGNORECASE), out["answer"]
     # A real model answered, not the extractive responder, and each step reused the last.
-    assert telemetry["model_calls"] >= 2 and telemetry["llm_runtime_ms"] > 0
+    assert telemetry["model_calls"] == 2 and telemetry["llm_runtime_ms"] > 0
     processed = telemetry["prompt_tokens"] - telemetry["prompt_tokens_cached"]
     assert telemetry["prompt_tokens_cached"] > 0
     assert processed < telemetry["prompt_tokens"]

@@ -159,3 +159,21 @@ def test_orch_default_top_k_from_the_environment(value: str, ok: bool) -> None:
         with pytest.raises(SettingsError):
             OrchestratorSettings.from_env(env)
     assert OrchestratorSettings.from_env(Env({})).default_top_k == 10
+
+
+@pytest.mark.parametrize(
+    ("query", "locale", "reminder"),
+    [
+        ("Как настроить LDAP?", "", "(Ответь на русском языке.)"),
+        ("How to set up LDAP?", "", "(Answer in English.)"),
+        ("How to set up LDAP?", "ru-RU", "(Ответь на русском языке.)"),
+        ("Какой курс доллара сегодня?", "", "(Ответь на русском языке.)"),
+        ("Какой курс доллара сегодня?", "en", "(Answer in English.)"),
+    ],
+)
+async def test_the_users_turn_ends_with_the_answer_language(query, locale, reminder) -> None:
+    responder, _, gen, _ = make()
+    await responder.respond(inp(query=query, locale=locale))
+    last = gen.requests[-1].messages[-1]
+    assert last.role == "user" and last.content.endswith(reminder)
+    assert last.content.count("(Ответь") + last.content.count("(Answer in") == 1
