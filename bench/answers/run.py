@@ -397,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.split in ("heldout", "all"):
         print("held-out questions: report the figures, do not tune on their per-question results")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d-%H%M%S")
+    commit = _git_commit()  # the code the mesh starts with, before the run
     rc = 0
     for responder in responders:
         a.timeout = a.timeout or (960.0 if responder == "local" else 120.0)
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             "responder": responder,
             "split": a.split,
             "questions": len(questions),
-            "commit": _git_commit(),
+            "commit": commit,
             "when": stamp,
             "command": " ".join(
                 ["bench/answers/run.py", *(argv if argv is not None else sys.argv[1:])]
