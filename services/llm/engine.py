@@ -14,6 +14,7 @@ from services.common.context import remaining_seconds
 from services.llm.loop import ToolLoop
 from services.llm.metrics import OK, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
+from services.llm.prompt import ANSWER_LANGUAGES
 
 MODES = ("rag", "chat")
 ROLES = ("system", "user", "assistant", "tool")
@@ -104,6 +105,10 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
         raise _invalid("generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences")
     if p.response_schema is not None:
         _validate_response_schema(p.response_schema, req.policy.allowed_tools)
+    if req.answer_language and req.answer_language not in ANSWER_LANGUAGES:
+        raise _invalid(
+            "answer_language", f"answer_language must be one of {', '.join(ANSWER_LANGUAGES)}"
+        )
     if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
         raise _invalid("user.tenant_id", "tools need the user's tenant_id")
     if req.policy.allowed_tools and (req.user is None or not req.user.user_id.strip()):

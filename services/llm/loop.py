@@ -190,6 +190,11 @@ class _Run:
         """Each tool call's latency (ms), likewise."""
         self.prompt_cached = 0
         """Prompt tokens the runtime took from its cache, over all calls."""
+        self.language_note = prompts.language_note(req.answer_language)
+        """Sent as the last message of every call, never kept in the conversation."""
+        self.note_tokens = (
+            message_tokens(loop.tokenizer, self.language_note) if self.language_note else 0
+        )
         self.final_prompt = 0
         """The last call's prompt tokens, as the runtime reported them."""
 
@@ -238,7 +243,9 @@ class _Run:
                 noted = True
             # Withdrawn tools stay in the prompt (tool_choice "none"): each step then extends
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
-            max_tokens = self.budget.before_call()
+            # The language note rides on top of the conversation: its tokens come out of the
+            # answer's share, so the whole call still fits the total budget.
+            max_tokens = max(1, self.budget.before_call() - self.note_tokens)
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
@@ -341,6 +348,8 @@ class _Run:
     ) -> Completion:
         left = self._left()
         runtime = self.loop.runtime
+        if self.language_note is not None:
+            messages = [*messages, self.language_note]
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:

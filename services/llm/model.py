@@ -89,6 +89,8 @@ class GenerateInput:
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     model: str = ""
     trace_id: str = ""
+    answer_language: str = ""
+    """"ru" or "en": every model call ends with that instruction, in that language."""
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,23 @@ def build_prompt(
     return out
 
 
+ANSWER_LANGUAGES = ("ru", "en")
+LANGUAGE_NOTES = {
+    "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке.",
+    "en": f"{SERVICE_NOTE_PREFIX} Answer in English.",
+}
+"""The last message of every model call when the caller names the answer's language: a small
+model answers in the language of the text it read last (a tool result, an English prompt)
+unless the instruction comes after it. Sent, never kept: the next call's prompt still extends
+the previous one up to this note, so the runtime's prompt cache loses only its few tokens."""
+
+
+def language_note(language: str) -> ChatMessage | None:
+    """The closing instruction for `language` ("ru", "en"), or None for ""."""
+    text = LANGUAGE_NOTES.get(language)
+    return ChatMessage("user", text) if text else None
+
+
 def final_answer_note() -> ChatMessage:
     """The user turn that asks for the final answer once the tools are withdrawn."""
     return ChatMessage("user", FINAL_ANSWER_NOTE)

@@ -74,6 +74,7 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
         ),
         model=req.model,
         trace_id=req.trace_id,
+        answer_language=req.answer_language,
     )
 
 

@@ -125,6 +125,7 @@ class GrpcGenerator:
                 require_tool_call=req.require_tool_call,
             ),
             model=req.model,
+            answer_language=req.answer_language,
         )  # fmt: skip
         if req.max_tokens is not None:
             request.generation_params.max_tokens = req.max_tokens

@@ -106,6 +106,8 @@ class LlmRequest:
     """Caps the answer (routing needs a short one)."""
     require_tool_call: bool = False
     """The model's first step must be a tool call: it reads before it answers."""
+    answer_language: str = ""
+    """"ru" or "en": the LLM service closes every model call with that instruction."""
 
 
 @dataclass(frozen=True)

@@ -175,10 +175,7 @@ SMALL_TALK_SYSTEM_PROMPT = (
     "offer help with their documents, the knowledge base, exchange rates or finance news."
 )
 LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
-LANGUAGE_REMINDER = {"en": "\n\n(Answer in English.)", "ru": "\n\n(Ответь на русском языке.)"}
-"""The same instruction, in its own language, closing the user's turn: a small model follows
-the language of the text nearest its answer (an English tool result or system prompt) over
-an instruction at the top."""
+
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (DESIGN §2.12). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
@@ -392,7 +389,7 @@ class Responder:
                 system_prompt=system,
                 messages=(
                     *fitted.history,
-                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                    Turn("user", fitted.question),
                 ),
                 context=sections,
                 user=req.user,
@@ -402,6 +399,7 @@ class Responder:
                 context_token_budget=cfg.context_token_budget,
                 model=cfg.default_model,
                 trace_id=req.trace_id,
+                answer_language=decision.language,
                 # The first prompt holds summaries, not the text: read before answering.
                 require_tool_call=bool(sections),
             )
@@ -428,7 +426,7 @@ class Responder:
                 system_prompt=system,
                 messages=(
                     *fitted.history,
-                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                    Turn("user", fitted.question),
                 ),
                 context=(),
                 user=req.user,
@@ -438,6 +436,7 @@ class Responder:
                 context_token_budget=max(cfg.context_token_budget, FULL_CONTEXT_TOKENS),
                 model=cfg.default_model,
                 trace_id=req.trace_id,
+                answer_language=decision.language,
                 planned_calls=(
                     PlannedCall("load_documents_full", {"document_ids": list(selected)}),
                 ),
@@ -523,7 +522,7 @@ class Responder:
                 system_prompt=system,
                 messages=(
                     *fitted.history,
-                    Turn("user", fitted.question + LANGUAGE_REMINDER.get(decision.language, "")),
+                    Turn("user", fitted.question),
                 ),
                 context=(),
                 user=req.user,
@@ -533,6 +532,7 @@ class Responder:
                 context_token_budget=cfg.context_token_budget,
                 model=cfg.default_model,
                 trace_id=req.trace_id,
+                answer_language=decision.language,
                 planned_calls=planned,
                 mode="chat",
             )

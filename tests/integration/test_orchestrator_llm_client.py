@@ -81,9 +81,9 @@ async def test_an_answer_request_asks_for_the_first_read_and_no_schema(llm) -> N
     )  # fmt: skip
     await client.generate(
         _request(context=(section,), allowed_tools=("read_chunk_window",), max_tool_steps=3,
-                 require_tool_call=True)
+                 require_tool_call=True, answer_language="ru")
     )  # fmt: skip
     (sent,) = servicer.requests
-    assert sent.tool_policy.require_tool_call
+    assert sent.tool_policy.require_tool_call and sent.answer_language == "ru"
     assert not sent.generation_params.HasField("response_schema")
     assert not sent.generation_params.HasField("max_tokens")

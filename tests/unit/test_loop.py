@@ -729,3 +729,28 @@ async def test_the_output_reports_cached_tokens_runtime_time_and_calls():
     out = await loop(rt, FakeTools(default=window()), clock=clock).run(req())
     assert (out.prompt_cached, out.final_prompt_tokens) == (990, 1300)
     assert out.model_calls == 2 and out.runtime_ms == 5000
+
+
+@pytest.mark.parametrize(
+    ("language", "note"),
+    [
+        ("ru", "[Visior service] Ответь на русском языке."),
+        ("en", "[Visior service] Answer in English."),
+    ],
+)
+async def test_the_answer_language_closes_every_call_and_is_never_kept(language, note):
+    read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
+    rt = ScriptedRuntime([asks(read), says("ответ")])
+    out = await loop(rt, FakeTools(default=window())).run(req(answer_language=language))
+    assert out.answer == "ответ"
+    first, second = (c["messages"] for c in rt.calls)
+    assert first[-1] == second[-1] == ChatMessage("user", note)
+    # The next call extends the previous one up to the note: the prompt cache keeps it all.
+    assert second[: len(first) - 1] == first[:-1]
+    assert sum(m.content == note for m in second) == 1
+
+
+async def test_without_an_answer_language_no_note_is_sent():
+    rt = ScriptedRuntime([says("plain")])
+    await loop(rt, FakeTools()).run(req())
+    assert not rt.calls[0]["messages"][-1].content.startswith("[Visior service]")

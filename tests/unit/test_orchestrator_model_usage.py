@@ -162,18 +162,27 @@ def test_orch_default_top_k_from_the_environment(value: str, ok: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("query", "locale", "reminder"),
+    ("query", "locale", "language"),
     [
-        ("Как настроить LDAP?", "", "(Ответь на русском языке.)"),
-        ("How to set up LDAP?", "", "(Answer in English.)"),
-        ("How to set up LDAP?", "ru-RU", "(Ответь на русском языке.)"),
-        ("Какой курс доллара сегодня?", "", "(Ответь на русском языке.)"),
-        ("Какой курс доллара сегодня?", "en", "(Answer in English.)"),
+        ("Как настроить LDAP?", "", "ru"),
+        ("How to set up LDAP?", "", "en"),
+        ("How to set up LDAP?", "ru-RU", "ru"),
+        ("Какой курс доллара сегодня?", "", "ru"),
+        ("Какой курс доллара сегодня?", "en", "en"),
+        ("Что это?", "", "ru"),
     ],
 )
-async def test_the_users_turn_ends_with_the_answer_language(query, locale, reminder) -> None:
+async def test_every_answering_generate_names_the_answer_language(query, locale, language) -> None:
     responder, _, gen, _ = make()
     await responder.respond(inp(query=query, locale=locale))
-    last = gen.requests[-1].messages[-1]
-    assert last.role == "user" and last.content.endswith(reminder)
-    assert last.content.count("(Ответь") + last.content.count("(Answer in") == 1
+    assert [r.answer_language for r in gen.requests] == [language]
+    # The user's own words are sent as they are.
+    assert gen.requests[-1].messages[-1].content.startswith(query) or "Sections" in (
+        gen.requests[-1].messages[-1].content
+    )
+
+
+async def test_the_routing_call_names_no_answer_language() -> None:
+    responder, _, gen, _ = make(routing=True, routing_answer=json.dumps(ROUTE))
+    await responder.respond(inp())
+    assert [r.answer_language for r in gen.requests] == ["", "en"]

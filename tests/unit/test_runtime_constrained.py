@@ -354,3 +354,16 @@ def test_the_default_temperature_comes_from_the_environment_within_0_to_2() -> N
     for bad in ("2.01", "-0.1", "warm"):
         with pytest.raises(SettingsError):
             RuntimeSettings.from_env(Env({**base, "LLM_RUNTIME_TEMPERATURE": bad}))
+
+
+@pytest.mark.parametrize(
+    ("language", "ok"), [("", True), ("ru", True), ("en", True), ("de", False)]
+)
+def test_the_answer_language_is_ru_en_or_unset(language: str, ok: bool) -> None:
+    request = GenerateInput(messages=(Message("user", "q"),), answer_language=language)
+    if ok:
+        validate(request, BUDGETS)
+    else:
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            validate(request, BUDGETS)
+        assert info.value.metadata["field"] == "answer_language"

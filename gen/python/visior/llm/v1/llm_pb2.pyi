@@ -83,7 +83,7 @@ class PlannedCall(_message.Message):
     def __init__(self, tool_name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("mode", "system_prompt", "messages", "context_chunks", "generation_params", "trace_id", "user", "tool_policy", "model")
+    __slots__ = ("mode", "system_prompt", "messages", "context_chunks", "generation_params", "trace_id", "user", "tool_policy", "model", "answer_language")
     MODE_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class GenerateRequest(_message.Message):
     USER_FIELD_NUMBER: _ClassVar[int]
     TOOL_POLICY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     mode: str
     system_prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
@@ -102,7 +103,8 @@ class GenerateRequest(_message.Message):
     user: _common_pb2.UserContext
     tool_policy: ToolPolicy
     model: str
-    def __init__(self, mode: _Optional[str] = ..., system_prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., context_chunks: _Optional[_Iterable[_Union[ContextChunk, _Mapping]]] = ..., generation_params: _Optional[_Union[GenerationParams, _Mapping]] = ..., trace_id: _Optional[str] = ..., user: _Optional[_Union[_common_pb2.UserContext, _Mapping]] = ..., tool_policy: _Optional[_Union[ToolPolicy, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    answer_language: str
+    def __init__(self, mode: _Optional[str] = ..., system_prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., context_chunks: _Optional[_Iterable[_Union[ContextChunk, _Mapping]]] = ..., generation_params: _Optional[_Union[GenerationParams, _Mapping]] = ..., trace_id: _Optional[str] = ..., user: _Optional[_Union[_common_pb2.UserContext, _Mapping]] = ..., tool_policy: _Optional[_Union[ToolPolicy, _Mapping]] = ..., model: _Optional[str] = ..., answer_language: _Optional[str] = ...) -> None: ...
 
 class UsedTokens(_message.Message):
     __slots__ = ("prompt", "completion", "prompt_cached", "final_prompt")

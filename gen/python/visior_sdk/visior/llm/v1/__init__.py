@@ -198,6 +198,14 @@ class GenerateRequest(betterproto.Message):
     model: str = betterproto.string_field(9)
     """model overrides DEFAULT_MODEL_NAME."""
 
+    answer_language: str = betterproto.string_field(10)
+    """
+    answer_language is the language the answer must be in ("ru" or "en");
+     every model call then ends with that instruction in that language, where
+     a small model heeds it over the language of the text it just read. Empty:
+     whatever the system prompt says.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class UsedTokens(betterproto.Message):
