@@ -41,6 +41,8 @@ RUNTIME_URL_NAMES = ("LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL")
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
 prefill on 2 cores, plus decoding at 15-18 tokens/s."""
+LOCAL_CONTEXT_MARGIN = 1024
+"""Tokens of the model's context the LLM service's budget leaves free (see local_model_env)."""
 LOCAL_RESPOND_TIMEOUT_S = 900.0
 """A whole Respond with the local model: a few tool steps, each a model call."""
 
@@ -65,8 +67,10 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         # deadline for it (services/orchestrator/config.py).
         "LLM_SERVICE_WATCHDOG_SECONDS": respond,
         "ORCH_LLM_TIMEOUT_SECONDS": respond,
-        # Prompt + completion + tool results must fit the server's context.
-        "LLM_SERVICE_MAX_TOTAL_TOKENS": str(n_ctx),
+        # Prompt + completion + tool results must fit the server's context. The budget counts
+        # cl100k tokens (the model's own count is 0.87-1.02 of it on the harness documents)
+        # and not JSON mode's tool instruction: LOCAL_CONTEXT_MARGIN tokens are kept for both.
+        "LLM_SERVICE_MAX_TOTAL_TOKENS": str(max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)),
         # The model writes no native tool_calls: tools go through JSON mode, each step
         # constrained by a json_schema (services/llm/runtime.py); greedy decoding makes its
         # answers repeatable.
@@ -76,6 +80,8 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         # answer cites five at most), and the rules route (they route every question of the
         # answer harness's gold set as it expects; a routing call costs 11-40 s here).
         "ORCH_DEFAULT_TOP_K": "5",
+        # One read and one follow-up: each read costs 15-40 s of prefill and decoding here.
+        "ORCH_MAX_TOOL_STEPS": "2",
         "ORCH_MODEL_ROUTING": "false",
     }
 

@@ -254,7 +254,8 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["LLM_RUNTIME_TIMEOUT_S"] == f"{LOCAL_CALL_TIMEOUT_S:g}"
     assert env["ORCH_LLM_TIMEOUT_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_WATCHDOG_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
-    assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "4096"
+    assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "3072"  # 4096 less the margin
+    assert env["ORCH_MAX_TOOL_STEPS"] == "2"
     # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
     assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"
     assert env["ORCH_DEFAULT_TOP_K"] == "5" and env["ORCH_MODEL_ROUTING"] == "false"
