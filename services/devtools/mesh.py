@@ -23,6 +23,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
@@ -41,6 +42,8 @@ RUNTIME_URL_NAMES = ("LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL")
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
 prefill on 2 cores, plus decoding at 15-18 tokens/s."""
+LOCAL_COMPLETION_TOKENS = 512
+"""The LLM service's default MAX_COMPLETION_TOKENS."""
 LOCAL_CONTEXT_MARGIN = 1024
 """Tokens of the model's context the LLM service's budget leaves free (see local_model_env)."""
 LOCAL_RESPOND_TIMEOUT_S = 900.0
@@ -57,6 +60,9 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
     token ceiling inside its context. Set by the mesh unless the caller's env names them
     (the URL and model name always)."""
     call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
+    total = max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)
+    # The first prompt and one answer must fit the total (the LLM service checks it).
+    prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - LOCAL_COMPLETION_TOKENS)
     return {
         # services/llm/runtime.py; Retrieval's RETR_LLM_* fall back to these two when its
         # summaries or query variants are switched on (services/retrieval/llm_assist.py).
@@ -70,7 +76,8 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         # Prompt + completion + tool results must fit the server's context. The budget counts
         # cl100k tokens (the model's own count is 0.87-1.02 of it on the harness documents)
         # and not JSON mode's tool instruction: LOCAL_CONTEXT_MARGIN tokens are kept for both.
-        "LLM_SERVICE_MAX_TOTAL_TOKENS": str(max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)),
+        "LLM_SERVICE_MAX_TOTAL_TOKENS": str(total),
+        "LLM_SERVICE_MAX_PROMPT_TOKENS": str(prompt),
         # The model writes no native tool_calls: tools go through JSON mode, each step
         # constrained by a json_schema (services/llm/runtime.py); greedy decoding makes its
         # answers repeatable.

@@ -255,6 +255,7 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["ORCH_LLM_TIMEOUT_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_WATCHDOG_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "3072"  # 4096 less the margin
+    assert env["LLM_SERVICE_MAX_PROMPT_TOKENS"] == "2560"  # and room for one answer
     assert env["ORCH_MAX_TOOL_STEPS"] == "2"
     # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
     assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"
@@ -343,3 +344,13 @@ def test_the_server_command_carries_the_config(tmp_path: Path) -> None:
         "--alias": lm.QWEN_CODER_1_5B.alias,
     }
     assert model.config.data_dir == tmp_path
+
+
+@pytest.mark.parametrize("n_ctx", [2048, 4096, 8192, 32768])
+def test_the_local_budgets_are_ones_the_llm_service_accepts(n_ctx: int) -> None:
+    from services.common.settings import Env
+    from services.llm.config import LlmSettings
+
+    settings = LlmSettings.from_env(Env(local_model_env("http://127.0.0.1:1", "m", n_ctx)))
+    assert settings.max_total_tokens <= n_ctx - 1024 or n_ctx <= 2048
+    assert settings.max_prompt_tokens + settings.max_completion_tokens <= settings.max_total_tokens
