@@ -594,6 +594,26 @@ def content_tool_calls(content: str, offered: frozenset[str]) -> tuple[ToolCall,
     return ()
 
 
+_ANSWER_OPENING = re.compile(r'^\{\s*"answer"\s*:\s*"')
+
+
+def truncated_answer(text: str) -> str | None:
+    """The answer text of a JSON-mode ``{"answer": "...`` that max_tokens cut off, or None
+    when the text is not one (a cut tool call stays unreadable: its arguments are lost)."""
+    body = _strip_fence(text)
+    opening = _ANSWER_OPENING.match(body)
+    if opening is None:
+        return None
+    rest = body[opening.end() :]
+    for end in range(len(rest), max(len(rest) - 8, -1), -1):
+        try:  # drop a cut escape sequence (\u04, a lone backslash) at the end
+            value = json.loads(f'"{rest[:end]}"')
+        except ValueError:
+            continue
+        return value.rstrip() + "…" if value.strip() else None
+    return None
+
+
 def _tool_call(raw: Any, index: int) -> ToolCall:
     if not isinstance(raw, dict):
         raise BadResponse(f"tool_calls[{index}] is not an object")
@@ -635,7 +655,13 @@ def _finish(
     offered: frozenset[str] = frozenset(),
 ) -> Completion:
     if json_mode and not calls:
-        content, calls = parse_json_mode(content)
+        try:
+            content, calls = parse_json_mode(content)
+        except BadResponse:
+            cut = truncated_answer(content) if finish_reason == "length" else None
+            if cut is None:
+                raise
+            content = cut
     elif offered and not calls:
         calls = content_tool_calls(content, offered)
         if calls:

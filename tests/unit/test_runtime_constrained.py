@@ -25,6 +25,7 @@ from services.llm.runtime import (
     content_tool_calls,
     encode_request,
     step_schema,
+    truncated_answer,
 )
 from tests.fakes.openai_chat import FakeChatServer, Reply, json_answer, json_tool_call, text
 
@@ -367,3 +368,44 @@ def test_the_answer_language_is_ru_en_or_unset(language: str, ok: bool) -> None:
         with pytest.raises(errors.InvalidArgumentError) as info:
             validate(request, BUDGETS)
         assert info.value.metadata["field"] == "answer_language"
+
+
+# -- a JSON-mode answer cut by max_tokens ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '{"answer": "Используйте dpkg-buildpackage -us -uc, чтобы',
+            "Используйте dpkg-buildpackage -us -uc, чтобы…",
+        ),
+        ('{"answer": "abc \\u04', "abc…"),
+        ('{\n  "answer": "line\\nnext', "line\nnext…"),
+        ('```json\n{"answer": "fenced', "fenced…"),
+    ],
+)
+def test_a_cut_answer_keeps_what_was_written(text: str, expected: str) -> None:
+    assert truncated_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ['{"tool_name": "read_doc_section", "argu', '{"answer": "', "plain"]
+)
+def test_a_cut_call_or_an_empty_answer_is_not_an_answer(text: str) -> None:
+    assert truncated_answer(text) is None
+
+
+async def test_a_json_mode_answer_cut_by_max_tokens_is_the_answer_so_far(fake, http) -> None:
+    fake.script(
+        Reply(content='{"answer": "Настройте LDAP в разделе Settings и', finish_reason="length")
+    )
+    out = await complete(runtime(fake, http, enable_json_mode=True), ())
+    assert out.content == "Настройте LDAP в разделе Settings и…" and out.finish_reason == "length"
+
+
+async def test_unreadable_json_that_was_not_cut_is_still_a_bad_response(fake, http) -> None:
+    fake.script(Reply(content='{"answer": "Настройте LDAP в разделе', finish_reason="stop"))
+    with pytest.raises(errors.UnavailableError) as info:
+        await complete(runtime(fake, http, enable_json_mode=True), ())
+    assert info.value.metadata["kind"] == "bad_response"
