@@ -239,3 +239,45 @@ def test_validate_checks_the_passage_language() -> None:
     assert any("passage" in p for p in validate([_q(passage="de")], pages))
     unanswerable = _q(kind="unanswerable", doc=None, page=None, facts=(), passage="ru")
     assert any("passage" in p for p in validate([unanswerable], pages))
+
+
+# -- model costs per Respond (bench/answers/model_costs.py) ----------------------------------
+
+
+def _outcome(seconds: float, **telemetry: int) -> dict:
+    return {"seconds": seconds, "error": "", "telemetry": telemetry}
+
+
+def test_costs_of_a_respond_with_a_warm_prompt_cache() -> None:
+    from bench.answers.model_costs import costs
+
+    c = costs(_outcome(40.0, model_calls=3, prompt_tokens=5000, prompt_tokens_cached=3200,
+                       final_prompt_tokens=1900, llm_runtime_ms=39000))  # fmt: skip
+    assert c is not None
+    assert c["processed"] == 1800 and round(c["processed_ratio"], 4) == round(1800 / 1900, 4)
+    assert round(c["overhead"], 4) == 0.025
+
+
+def test_no_model_call_or_an_error_has_no_costs() -> None:
+    from bench.answers.model_costs import costs, summarize
+
+    assert costs(_outcome(0.1, model_calls=0)) is None
+    failed = _outcome(3.0, model_calls=2, prompt_tokens=10, final_prompt_tokens=5)
+    failed["error"] = "HTTP 502"
+    assert costs(failed) is None
+    assert summarize([failed]) == {"respond_calls": 0}
+
+
+def test_the_summary_counts_responds_within_the_goals() -> None:
+    from bench.answers.model_costs import summarize
+
+    rows = [
+        _outcome(10.0, model_calls=2, prompt_tokens=2000, prompt_tokens_cached=900,
+                 final_prompt_tokens=1000, llm_runtime_ms=9800),  # 1.1x, 2 %
+        _outcome(10.0, model_calls=2, prompt_tokens=3000, prompt_tokens_cached=0,
+                 final_prompt_tokens=1500, llm_runtime_ms=9000),  # 2.0x, 10 %
+    ]  # fmt: skip
+    s = summarize(rows)
+    assert s["processed_ratio_within_goal"] == 1 and s["overhead_within_goal"] == 1
+    assert s["processed_over_final_total"] == round(4100 / 2500, 3)
+    assert s["overhead_total"] == round(1 - 18.8 / 20.0, 4)
