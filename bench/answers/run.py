@@ -173,6 +173,35 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, round(q * len(s) + 0.5) - 1))] if s else 0.0
 
 
+def _model_figures(ok: Sequence[Outcome]) -> dict[str, Any]:
+    """From the telemetry of answers that called a model: prompt tokens the runtime processed
+    (prompt - cached) over the final prompt's tokens, and the share of the Respond time spent
+    outside the runtime (mesh overhead)."""
+    used = [o for o in ok if int(o.telemetry.get("model_calls") or 0) > 0]
+    ratios = [
+        (
+            int(o.telemetry.get("prompt_tokens") or 0)
+            - int(o.telemetry.get("prompt_tokens_cached") or 0)
+        )
+        / int(o.telemetry["final_prompt_tokens"])
+        for o in used
+        if int(o.telemetry.get("final_prompt_tokens") or 0) > 0
+    ]
+    overhead = [
+        max(0.0, 1 - int(o.telemetry.get("llm_runtime_ms") or 0) / (1000 * o.seconds))
+        for o in used
+        if o.seconds > 0
+    ]
+    return {
+        "model_calls_mean": (
+            round(statistics.fmean(int(o.telemetry["model_calls"]) for o in used), 2) if used else 0
+        ),
+        "processed_over_final_prompt_mean": round(statistics.fmean(ratios), 2) if ratios else None,
+        "processed_over_final_prompt_max": round(max(ratios), 2) if ratios else None,
+        "outside_runtime_share_mean": round(statistics.fmean(overhead), 3) if overhead else None,
+    }
+
+
 def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """The figures of one responder on one set of questions."""
     answerable = [o for o in outcomes if o.kind != "unanswerable"]
@@ -221,6 +250,7 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
             if ok
             else 0
         ),
+        **_model_figures(ok),
         "seconds_mean": round(statistics.fmean(secs), 3) if secs else 0,
         "seconds_p50": round(_quantile(secs, 0.5), 3),
         "seconds_p95": round(_quantile(secs, 0.95), 3),
@@ -258,6 +288,11 @@ def print_summary(responder: str, split: str, s: dict[str, Any]) -> None:
         print(f"intents                              {s['intents']}")
     print(f"tool calls per answer                mean {s['tool_calls_mean']}  "
           f"(telemetry tool_steps mean {s['tool_steps_mean']})")  # fmt: skip
+    if s["processed_over_final_prompt_mean"] is not None:
+        print(f"model calls per answer               mean {s['model_calls_mean']}; prompt tokens "
+              f"processed / final prompt: mean {s['processed_over_final_prompt_mean']}, "
+              f"max {s['processed_over_final_prompt_max']}; time outside the runtime: "
+              f"{100 * (s['outside_runtime_share_mean'] or 0):.1f} % of a Respond")  # fmt: skip
     for key, label in (
         ("error_ids", "errors"),
         ("page_missed_ids", "gold page not among sources"),
@@ -367,7 +402,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--check", action="store_true", help="fetch and check the documents and gold pages only"
     )
+    p.add_argument(
+        "--resummarize", type=Path, default=None, metavar="FULL_JSON",
+        help="print the figures of a saved run (--out file) again; no mesh",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    if a.resummarize:
+        saved = json.loads(a.resummarize.read_text())
+        outs = [Outcome(**o) for o in saved["outcomes"]]
+        for split in ("dev", "heldout"):
+            part = [o for o in outs if o.split == split]
+            if part:
+                print_summary(saved.get("responder", "?"), split, summarize(part))
+        return 0
     responders = [r.strip() for r in a.responder.split(",") if r.strip()]
     if bad := [r for r in responders if r not in RESPONDERS]:
         p.error(f"unknown responder {bad}; choose from {RESPONDERS}")
