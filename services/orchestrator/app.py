@@ -12,6 +12,7 @@ from services.common.server import RunningServer, start_server
 from services.common.tracing import install_tracing
 from services.orchestrator.clients import GrpcGenerator, GrpcRetriever
 from services.orchestrator.config import OrchestratorSettings
+from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.respond import Responder
 from services.orchestrator.runtime_config import ConfigHolder
 from services.orchestrator.servicer import OrchestratorServicer
@@ -28,13 +29,15 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     llm = open_channel(settings.llm, size, calls, tracing)
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
     responder = Responder(
-        GrpcRetriever(retrieval),
+        GrpcRetriever(retrieval, min_score=settings.score_threshold),
         GrpcGenerator(llm),
         config,
         model_routing=settings.model_routing,
         enable_filters=settings.enable_filters,
         llm_prompt_limit=settings.llm_prompt_limit,
         default_top_k=settings.default_top_k,
+        max_context_chars=settings.max_context_chars,
+        mock=(MockRetriever(min_score=settings.score_threshold), MockGenerator()),
     )
 
     def register(server):  # type: ignore[no-untyped-def]

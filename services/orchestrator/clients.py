@@ -24,9 +24,11 @@ from services.orchestrator.model import (
 
 
 class GrpcRetriever:
-    """Retriever over RetrievalService.Search."""
+    """Retriever over RetrievalService.Search; `min_score` (ORCH_SCORE_THRESHOLD) goes with
+    every search as params.min_score, None leaves Retrieval's default."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, min_score: float | None = None) -> None:
+        self._min_score = min_score
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
         self._ingestion = retrieval_pb2_grpc.IngestionServiceStub(channel)
 
@@ -72,6 +74,8 @@ class GrpcRetriever:
         )
         if expand_query:
             request.params.expand_query = True
+        if self._min_score is not None:
+            request.params.min_score = self._min_score
         started = time.perf_counter()
         try:
             response = await self._stub.Search(request)

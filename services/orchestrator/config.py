@@ -5,12 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.prompt_limits import llm_prompt_limit
-from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
+from services.common.settings import (
+    DownstreamSettings,
+    Env,
+    ServerSettings,
+    SettingsError,
+    downstream,
+)
 from services.orchestrator.runtime_config import RuntimeConfig
+from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 from services.retrieval.search import MAX_RESULTS_LIMIT
 from services.toolsproxy.config import window_radius
 
 DEFAULT_PORT = 50051
+MAX_CONTEXT_CHARS_LIMIT = 786_432
+"""ORCH_MAX_CONTEXT_CHARS's ceiling: what ToolsProxy's largest load_documents_full result
+(MCP_PROXY_MAX_FULL_TEXT_BYTES, at most 3 MiB) holds at 4 UTF-8 bytes a character."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,13 @@ class OrchestratorSettings:
     default_top_k: int = 10
     """Sections in the first prompt when the request gives no max_results (ORCH_DEFAULT_TOP_K,
     agent.md §10's default_top_k; 1..50). Fewer make a CPU model's first prompt shorter."""
+    max_context_chars: int = MAX_CONTEXT_CHARS
+    """Selected documents up to this many characters in total are read whole (S3), above it
+    searched (S4) (ORCH_MAX_CONTEXT_CHARS, agent.md §10's max_context_chars)."""
+    score_threshold: float | None = None
+    """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
+    (ORCH_SCORE_THRESHOLD, agent.md §10's score_threshold); None leaves Retrieval's own
+    default (RETR_MIN_SCORE)."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
@@ -87,4 +104,19 @@ class OrchestratorSettings:
                 "ORCH_DEFAULT_TOP_K", 10, minimum=1, maximum=MAX_RESULTS_LIMIT
             ),
             llm_prompt_limit=llm_prompt_limit(env),
-        )
+            max_context_chars=env.integer(
+                "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, minimum=1,
+                maximum=MAX_CONTEXT_CHARS_LIMIT,
+            ),
+            score_threshold=_score_threshold(env),
+        )  # fmt: skip
+
+
+def _score_threshold(env: Env) -> float | None:
+    """ORCH_SCORE_THRESHOLD: a relevance score in 0..1, or None when unset."""
+    if env.raw(["ORCH_SCORE_THRESHOLD"]) is None:
+        return None
+    value = env.number("ORCH_SCORE_THRESHOLD", 0.0, minimum=0.0)
+    if value > 1.0:  # scores are in [0, 1]: every search would come back empty
+        raise SettingsError(f"ORCH_SCORE_THRESHOLD={value} is above the maximum 1.0")
+    return value

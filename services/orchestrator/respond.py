@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 from services.common import errors
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.model import (
     Filters,
     Generator,
@@ -31,6 +32,7 @@ from services.orchestrator.model import (
 from services.orchestrator.prompt_budget import FirstPrompt, PromptFitter
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.orchestrator.scenarios import (
+    MAX_CONTEXT_CHARS,
     Decision,
     decision_prompt,
     decision_schema,
@@ -183,6 +185,14 @@ KEY_RATE_DAYS = 31
 FULL_CONTEXT_TOKENS = 28_000
 """S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
 plus the prompt must fit, whatever the configured context_token_budget is."""
+
+
+def full_context_tokens(max_context_chars: int) -> int:
+    """S3's budget for `max_context_chars` (ORCH_MAX_CONTEXT_CHARS): FULL_CONTEXT_TOKENS
+    scaled from MAX_CONTEXT_CHARS, rounded up."""
+    return -(-max_context_chars * FULL_CONTEXT_TOKENS // MAX_CONTEXT_CHARS)
+
+
 ROUTER_CACHE_S = 60.0
 DECISION_MAX_TOKENS = 200
 """The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap)."""
@@ -216,7 +226,11 @@ class Responder:
         llm_prompt_limit: int = DEFAULT_LLM_PROMPT_TOKENS,
         tokenizer: Tokenizer | None = None,
         default_top_k: int = DEFAULT_MAX_RESULTS,
+        max_context_chars: int = MAX_CONTEXT_CHARS,
+        mock: tuple[Retriever, Generator] | None = None,
     ) -> None:
+        """`mock`: the Retriever and Generator mock_mode answers with (orchestrator.md §3.6),
+        by default the in-process stand-ins of services/orchestrator/mock.py."""
         self._retriever = retriever
         self._generator = generator
         self._config = config
@@ -225,6 +239,15 @@ class Responder:
         self._model_routing = model_routing
         self._enable_filters = enable_filters
         self._default_top_k = default_top_k
+        self._max_context_chars = max_context_chars
+        self._mock_ports = mock
+        self._mock: Responder | None = None
+        self._options = {
+            "clock": clock, "today": today, "model_routing": model_routing,
+            "enable_filters": enable_filters, "llm_prompt_limit": llm_prompt_limit,
+            "tokenizer": tokenizer, "default_top_k": default_top_k,
+            "max_context_chars": max_context_chars,
+        }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (README, Prompt budgets).
         self._fitter = PromptFitter(tokenizer or default_tokenizer(), llm_prompt_limit)
@@ -236,7 +259,21 @@ class Responder:
         validate(req)
         cfg = self._config.current
         if cfg.mock_mode:
-            return self._mock(req)
+            # The same Respond path over the stand-ins; mock_mode is read per request, so
+            # UpdateConfig switches it at runtime.
+            return await self._mock_responder()._respond(req, cfg)
+        return await self._respond(req, cfg)
+
+    def _mock_responder(self) -> Responder:
+        """A Responder over the mock ports with this one's settings, made on first use. It
+        keeps its own routing state: its extractive stand-in never silences model routing
+        for the real path."""
+        if self._mock is None:
+            retriever, generator = self._mock_ports or (MockRetriever(), MockGenerator())
+            self._mock = Responder(retriever, generator, self._config, **self._options)  # type: ignore[arg-type]
+        return self._mock
+
+    async def _respond(self, req: RespondInput, cfg: RuntimeConfig) -> RespondOutput:
         selected = req.selected_doc_ids
         sizes: dict[str, int] = {}
         if selected:
@@ -312,11 +349,14 @@ class Responder:
         today = self._today()
         rules = rule_decision(
             req.query, selected_doc_ids=selected, selected_chars=chars, history=history,
-            today=today, locale=req.locale,
+            today=today, locale=req.locale, max_context_chars=self._max_context_chars,
         )  # fmt: skip
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
-        system = decision_prompt(req.query, selected_doc_ids=selected, selected_chars=chars)
+        limit = self._max_context_chars
+        system = decision_prompt(
+            req.query, selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
+        )
         fitted = self._fit(req, cfg, system)
         outcome = await self._generate(
             LlmRequest(
@@ -331,7 +371,9 @@ class Responder:
                 model=cfg.default_model,
                 trace_id=req.trace_id,
                 mode="chat",
-                response_schema=decision_schema(selected_doc_ids=selected, selected_chars=chars),
+                response_schema=decision_schema(
+                    selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
+                ),
                 max_tokens=DECISION_MAX_TOKENS,
             )
         )
@@ -340,7 +382,7 @@ class Responder:
             return rules
         decided = parse_model_decision(
             outcome.answer, query=req.query, selected_doc_ids=selected, selected_chars=chars,
-            today=today, locale=req.locale,
+            today=today, locale=req.locale, max_context_chars=limit,
         )  # fmt: skip
         return decided or rules
 
@@ -418,7 +460,7 @@ class Responder:
         selected: tuple[str, ...],
         decision: Decision,
     ) -> RespondOutput:
-        """S3: the selected documents fit in 50,000 characters: all of them, no vector search."""
+        """S3: the selected documents fit in max_context_chars: all of them, no vector search."""
         system = FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system)
         outcome = await self._generate(
@@ -433,7 +475,9 @@ class Responder:
                 allowed_tools=FULL_TOOLS,
                 radius_schedule=(0,),
                 max_tool_steps=max(1, cfg.max_tool_steps),
-                context_token_budget=max(cfg.context_token_budget, FULL_CONTEXT_TOKENS),
+                context_token_budget=max(
+                    cfg.context_token_budget, full_context_tokens(self._max_context_chars)
+                ),
                 model=cfg.default_model,
                 trace_id=req.trace_id,
                 answer_language=decision.language,
@@ -553,21 +597,6 @@ class Responder:
             retrieval_latency_ms=retrieval_ms,
             llm_latency_ms=outcome.latency_ms,
             tool_steps=outcome.tool_steps,
-        )
-
-    @staticmethod
-    def _mock(req: RespondInput) -> RespondOutput:
-        """mock_mode (orchestrator.md §3.6): a fixed answer, no network calls."""
-        return RespondOutput(
-            answer=f"[mock] {req.query}",
-            sources=(Source("doc_1", "sec_intro", 1, 2, 0.9),),
-            tools=(),
-            safety_input=req.safety_input,
-            safety_output="allowed",
-            trace_id=req.trace_id,
-            retrieval_latency_ms=0,
-            llm_latency_ms=None,
-            tool_steps=0,
         )
 
 

@@ -10,7 +10,9 @@ from datetime import date, timedelta
 from typing import Any
 
 MAX_CONTEXT_CHARS = 50_000
-"""Selected documents up to this many characters in total go to the model whole (S3)."""
+"""Selected documents up to this many characters in total go to the model whole (S3): the
+default of ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars), which the Responder
+passes to every function here that takes `max_context_chars`."""
 
 INTENTS = (
     "documents",
@@ -740,21 +742,25 @@ _INTENT_HELP = (
 
 
 def decision_prompt(
-    query: str, *, selected_doc_ids: Sequence[str], selected_chars: int | None
+    query: str,
+    *,
+    selected_doc_ids: Sequence[str],
+    selected_chars: int | None,
+    max_context_chars: int = MAX_CONTEXT_CHARS,
 ) -> str:
     """Instructions asking the model for ONE JSON object deciding the scenario.
 
     The facts the rules own (whether documents are selected and whether they fit in
-    MAX_CONTEXT_CHARS) are stated, so the model's choice can agree with them;
+    `max_context_chars`) are stated, so the model's choice can agree with them;
     `parse_model_decision` rejects one that does not.
     """
     intents = "\n".join(f'- "{i}" ({s}): {help_}' for i, s, help_ in _INTENT_HELP)
     if selected_doc_ids:
         size = "unknown" if selected_chars is None else f"{selected_chars} characters"
-        fits = selected_chars is not None and selected_chars <= MAX_CONTEXT_CHARS
+        fits = selected_chars is not None and selected_chars <= max_context_chars
         facts = (
             f"The user selected {len(selected_doc_ids)} document(s); total size: {size}; "
-            f"the limit for reading them whole is {MAX_CONTEXT_CHARS} characters. "
+            f"the limit for reading them whole is {max_context_chars} characters. "
             f'Choose "{"selected_full" if fits else "selected_search"}", '
             'or "clarify" if the request cannot be acted on.'
         )
@@ -785,7 +791,10 @@ def decision_prompt(
 
 
 def decision_schema(
-    *, selected_doc_ids: Sequence[str], selected_chars: int | None
+    *,
+    selected_doc_ids: Sequence[str],
+    selected_chars: int | None,
+    max_context_chars: int = MAX_CONTEXT_CHARS,
 ) -> dict[str, Any]:
     """The JSON schema of `decision_prompt`'s answer, for runtimes with constrained output:
     one object per intent the facts allow (its scenario fixed), so the model can only pick
@@ -806,7 +815,7 @@ def decision_schema(
             "additionalProperties": False,
         }
         for intent in INTENTS
-        if _consistent(intent, selected_doc_ids, selected_chars, MAX_CONTEXT_CHARS)
+        if _consistent(intent, selected_doc_ids, selected_chars, max_context_chars)
     ]
     return {"anyOf": options}
 

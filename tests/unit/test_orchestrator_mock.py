@@ -1,0 +1,358 @@
+"""Mock mode (orchestrator.md §3.6) runs the real Respond path over the in-process stand-ins;
+agent.md §10's thresholds (max_context_chars, score_threshold, default_top_k) from settings."""
+
+from datetime import date
+
+import pytest
+
+from services.common.settings import Env, SettingsError
+from services.orchestrator.config import MAX_CONTEXT_CHARS_LIMIT, OrchestratorSettings
+from services.orchestrator.mock import (
+    BASE_SCORE,
+    SAMPLE_DOCUMENTS,
+    MockGenerator,
+    MockRetriever,
+    MockTools,
+)
+from services.orchestrator.model import Filters, LlmOutcome, RespondInput, User
+from services.orchestrator.respond import (
+    FULL_CONTEXT_TOKENS,
+    Responder,
+    full_context_tokens,
+)
+from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+from services.orchestrator.scenarios import (
+    MAX_CONTEXT_CHARS,
+    decision_prompt,
+    decision_schema,
+    rule_decision,
+)
+
+TODAY = date(2026, 11, 22)
+USER = User("t1", "u1")
+
+
+class Unreachable:
+    """The real ports: mock mode must never touch them."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def search(self, *args, **kwargs):
+        self.calls += 1
+        raise AssertionError("retrieval called in mock mode")
+
+    async def document_sizes(self, *args, **kwargs):
+        self.calls += 1
+        raise AssertionError("retrieval called in mock mode")
+
+    async def generate(self, request):
+        self.calls += 1
+        return LlmOutcome("live answer", (), 0, 5)
+
+
+def make(mock_mode=True, **kw):
+    live = Unreachable()
+    holder = ConfigHolder(RuntimeConfig(mock_mode=mock_mode), 3)
+    responder = Responder(live, live, holder, today=lambda: TODAY, **kw)
+    return responder, live, holder
+
+
+def ask(query, **kw):
+    return RespondInput(query=query, user=USER, trace_id="tr-1", **kw)
+
+
+async def test_s1_reads_the_best_section_and_cites_it_with_pages():
+    responder, live, _ = make()
+    out = await responder.respond(ask("How do I set up LDAP integration?"))
+    assert live.calls == 0
+    assert out.scenario == "S1" and out.intent == "documents" and out.decided_by == "rules"
+    top = out.sources[0]
+    assert (top.doc_id, top.section_id, top.page_start, top.page_end) == ("doc_1", "sec_ldap", 6, 7)
+    assert top.score > BASE_SCORE
+    assert [s.score for s in out.sources] == sorted((s.score for s in out.sources), reverse=True)
+    (tool,) = out.tools
+    assert tool.name == "read_chunk_window"
+    assert tool.arguments == {"doc_id": "doc_1", "anchor_chunk_id": "doc_1:c3", "radius": 1}
+    assert tool.result_summary.startswith("read ") and "of doc_1 (pp. 2–6)" in tool.result_summary
+    assert out.tool_steps == 1 and out.trace_id == "tr-1"
+    assert "Settings > Auth > LDAP" in out.answer and "Mock mode" in out.answer
+
+
+async def test_the_tool_loop_follows_the_configured_window_radius():
+    responder, _, holder = make()
+    holder.update(ConfigUpdate(window_radius=0))  # the anchor alone
+    out = await responder.respond(ask("How do I set up LDAP integration?"))
+    assert out.tools[0].arguments["radius"] == 0
+    assert out.tools[0].result_summary == "read 56 characters of doc_1 (pp. 6–6)"
+
+
+async def test_no_tool_steps_means_no_read():
+    responder, _, holder = make()
+    holder.update(ConfigUpdate(max_tool_steps=0))
+    out = await responder.respond(ask("How do I set up LDAP integration?"))
+    assert out.tools == () and out.tool_steps == 0 and out.sources
+
+
+async def test_answers_follow_the_question_language():
+    responder, _, _ = make()
+    out = await responder.respond(ask("Какая стоимость лицензий по договору поставки?"))
+    assert out.scenario == "S1" and out.sources[0].doc_id == "doc_2"
+    assert "1 200 000 рублей" in out.answer and "Демо-режим" in out.answer
+
+
+async def test_s3_loads_the_selected_documents_whole():
+    responder, _, _ = make()
+    out = await responder.respond(ask("Какие сроки оплаты?", selected_doc_ids=("doc_2",)))
+    assert out.scenario == "S3" and out.intent == "selected_full"
+    assert [t.name for t in out.tools] == ["load_documents_full"]
+    assert out.tools[0].arguments == {"document_ids": ["doc_2"]}
+    assert out.sources and all(s.doc_id == "doc_2" for s in out.sources)
+    assert "10 рабочих дней" in out.answer
+
+
+async def test_s4_when_the_selection_is_over_the_configured_limit():
+    size = len(SAMPLE_DOCUMENTS[1].text)
+    responder, _, _ = make(max_context_chars=size - 1)
+    out = await responder.respond(ask("Какие сроки оплаты?", selected_doc_ids=("doc_2",)))
+    assert out.scenario == "S4" and out.intent == "selected_search"
+    assert {s.doc_id for s in out.sources} == {"doc_2"}
+    assert out.tools[0].name == "read_chunk_window"
+
+
+async def test_an_unknown_selected_document_is_not_found():
+    from services.common import errors
+
+    responder, _, _ = make()
+    with pytest.raises(errors.NotFoundError):
+        await responder.respond(ask("Что в нём?", selected_doc_ids=("nope",)))
+
+
+@pytest.mark.parametrize(
+    ("query", "intent", "tool", "fact"),
+    [
+        ("Какой курс доллара сегодня?", "currency_rates", "fetch_cbr_data", "USD/RUB"),
+        ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data", "Key rate"),
+        ("Последние новости рынка облигаций", "finance_news", "fetch_finance_news", "Demo"),
+        ("Какая ставка НДС?", "knowledge_base", "search_general_kb", "20 процентов"),
+    ],
+)
+async def test_s2_runs_the_planned_tool_on_demo_data(query, intent, tool, fact):
+    responder, live, _ = make()
+    out = await responder.respond(ask(query))
+    assert live.calls == 0
+    assert out.scenario == "S2" and out.intent == intent
+    assert [t.name for t in out.tools] == [tool]
+    assert not out.tools[0].result_summary.startswith("tool_error")
+    assert fact in out.answer
+
+
+async def test_s5_asks_the_clarifying_questions():
+    responder, _, _ = make()
+    out = await responder.respond(ask("помоги"))
+    assert out.scenario == "S5" and out.tools == ()
+    assert "?" in out.answer
+
+
+async def test_update_config_switches_mock_mode_at_runtime():
+    responder, live, holder = make(mock_mode=False, model_routing=False)
+    holder.update(ConfigUpdate(mock_mode=True))
+    mocked = await responder.respond(ask("How do I set up LDAP integration?"))
+    assert live.calls == 0 and mocked.tools
+    holder.update(ConfigUpdate(mock_mode=False))
+    with pytest.raises(AssertionError, match="retrieval called"):
+        await responder.respond(ask("How do I set up LDAP integration?"))
+
+
+async def test_mock_routing_never_silences_the_live_model_routing():
+    """The stand-in answers routing extractively; the live Responder still asks its model."""
+
+    class Live(Unreachable):
+        def __init__(self):
+            super().__init__()
+            self.routing = 0
+
+        async def generate(self, request):
+            if request.response_schema is not None:
+                self.routing += 1
+                return LlmOutcome('{"scenario": "S2", "intent": "small_talk"}', (), 0, 1)
+            return LlmOutcome("hi", (), 0, 1)
+
+    live = Live()
+    holder = ConfigHolder(RuntimeConfig(mock_mode=True), 3)
+    responder = Responder(live, live, holder, today=lambda: TODAY, model_routing=True)
+    await responder.respond(ask("Привет!"))
+    holder.update(ConfigUpdate(mock_mode=False))
+    out = await responder.respond(ask("Привет!"))
+    assert live.routing == 1 and out.decided_by == "model"
+
+
+async def test_injected_mock_ports_are_used():
+    retriever = MockRetriever(min_score=0.99)
+    responder, _, _ = make(mock=(retriever, MockGenerator()))
+    out = await responder.respond(ask("How do I set up LDAP integration?"))
+    assert out.sources == () and out.tools == ()
+
+
+# -- the stand-ins ---------------------------------------------------------------------------
+
+
+async def test_mock_retriever_is_deterministic_and_applies_filters():
+    r = MockRetriever()
+    a = await r.search("backup restore", USER, Filters(), 10, "t")
+    b = await r.search("backup restore", USER, Filters(), 10, "t")
+    assert a == b and a.sections[0].section_id == "sec_backup"
+    only = await r.search("backup", USER, Filters(doc_ids=("doc_2",)), 10, "t")
+    assert {s.doc_id for s in only.sections} == {"doc_2"}
+    kb = await r.search("НДС", USER, Filters(source="knowledge_base"), 10, "t")
+    assert kb.sections[0].doc_id == "kb_vat"
+    assert len((await r.search("backup", USER, Filters(), 2, "t")).sections) == 2
+
+
+@pytest.mark.parametrize("limit", [BASE_SCORE, BASE_SCORE + 0.0001])
+async def test_mock_retriever_min_score_at_the_limit_and_past_it(limit):
+    r = MockRetriever(min_score=limit)
+    found = await r.search("zzzz qqqq", USER, Filters(), 50, "t")  # shares no word: BASE_SCORE
+    assert bool(found.sections) == (limit == BASE_SCORE)
+
+
+def test_mock_tools_report_errors_as_the_llm_service_does():
+    tools = MockTools()
+    assert tools.call("read_chunk_window", {"doc_id": "x", "anchor_chunk_id": "x:c0"}).summary == (
+        "tool_error NOT_FOUND: document 'x' not found"
+    )
+    assert not tools.call("read_doc_pages", {}).ok
+    assert tools.call("fetch_cbr_data", {"mode": "currency", "code": "XXX"}).ok is False
+    ok = tools.call("read_doc_section", {"doc_id": "doc_1", "section_id": "sec_backup"})
+    assert ok.summary.endswith("of doc_1 (pp. 9–10)")
+
+
+# -- agent.md §10 thresholds ------------------------------------------------------------------
+
+
+def settings(**env):
+    return OrchestratorSettings.from_env(Env(env))
+
+
+def test_thresholds_default_to_the_spec_values():
+    s = settings()
+    assert s.max_context_chars == MAX_CONTEXT_CHARS == 50_000
+    assert s.score_threshold is None and s.default_top_k == 10
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("ORCH_MAX_CONTEXT_CHARS", "1", True),
+        ("ORCH_MAX_CONTEXT_CHARS", "0", False),
+        ("ORCH_MAX_CONTEXT_CHARS", str(MAX_CONTEXT_CHARS_LIMIT), True),
+        ("ORCH_MAX_CONTEXT_CHARS", str(MAX_CONTEXT_CHARS_LIMIT + 1), False),
+        ("ORCH_SCORE_THRESHOLD", "0", True),
+        ("ORCH_SCORE_THRESHOLD", "1", True),
+        ("ORCH_SCORE_THRESHOLD", "1.0001", False),
+        ("ORCH_SCORE_THRESHOLD", "-0.1", False),
+        ("ORCH_SCORE_THRESHOLD", "nan", False),
+        ("ORCH_DEFAULT_TOP_K", "50", True),
+        ("ORCH_DEFAULT_TOP_K", "51", False),
+        ("ORCH_DEFAULT_TOP_K", "0", False),
+    ],
+)
+def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
+    if ok:
+        s = settings(**{name: value})
+        field = {"ORCH_MAX_CONTEXT_CHARS": "max_context_chars",
+                 "ORCH_SCORE_THRESHOLD": "score_threshold",
+                 "ORCH_DEFAULT_TOP_K": "default_top_k"}[name]  # fmt: skip
+        assert getattr(s, field) == type(getattr(s, field))(float(value))
+    else:
+        with pytest.raises(SettingsError, match=name):
+            settings(**{name: value})
+
+
+@pytest.mark.parametrize(("limit", "scenario"), [(60, "S3"), (59, "S4")])
+def test_rule_decision_uses_the_configured_limit(limit, scenario):
+    d = rule_decision("q", selected_doc_ids=("a",), selected_chars=60, today=TODAY,
+                      max_context_chars=limit)  # fmt: skip
+    assert d.scenario == scenario
+
+
+def test_the_routing_prompt_and_schema_state_the_configured_limit():
+    prompt = decision_prompt("q", selected_doc_ids=("a",), selected_chars=60, max_context_chars=59)
+    assert "limit for reading them whole is 59 characters" in prompt
+    assert '"selected_search"' in prompt
+    schema = decision_schema(selected_doc_ids=("a",), selected_chars=60, max_context_chars=60)
+    intents = {o["properties"]["intent"]["const"] for o in schema["anyOf"]}
+    assert "selected_full" in intents and "selected_search" not in intents
+
+
+@pytest.mark.parametrize(("delta", "scenario"), [(0, "S3"), (1, "S4")])
+async def test_responder_switches_at_the_configured_limit(delta, scenario):
+    size = len(SAMPLE_DOCUMENTS[1].text)
+    responder, _, _ = make(max_context_chars=size - delta)
+    out = await responder.respond(ask("Какие сроки оплаты?", selected_doc_ids=("doc_2",)))
+    assert out.scenario == scenario
+
+
+def test_s3_token_budget_scales_with_the_limit():
+    assert full_context_tokens(MAX_CONTEXT_CHARS) == FULL_CONTEXT_TOKENS
+    assert full_context_tokens(2 * MAX_CONTEXT_CHARS) == 2 * FULL_CONTEXT_TOKENS
+    assert full_context_tokens(1) == 1
+
+
+async def test_s3_asks_the_budget_of_the_configured_limit():
+    class Recorder(Unreachable):
+        def __init__(self):
+            super().__init__()
+            self.requests = []
+
+        async def document_sizes(self, user, doc_ids):
+            return {d: 10 for d in doc_ids}
+
+        async def search(self, *args, **kwargs):
+            from services.orchestrator.model import RetrievalOutcome
+
+            return RetrievalOutcome((), 0)
+
+        async def generate(self, request):
+            self.requests.append(request)
+            return LlmOutcome("answer", (), 1, 1)
+
+    live = Recorder()
+    holder = ConfigHolder(RuntimeConfig(), 3)
+    responder = Responder(live, live, holder, today=lambda: TODAY, model_routing=False,
+                          max_context_chars=200_000)  # fmt: skip
+    out = await responder.respond(ask("Что там?", selected_doc_ids=("d",)))
+    assert out.scenario == "S3"
+    assert live.requests[-1].context_token_budget == full_context_tokens(200_000) == 112_000
+
+
+class FakeChannel:
+    """Records the requests the generated stubs send."""
+
+    def __init__(self):
+        self.requests = []
+
+    def unary_unary(self, method, *args, **kwargs):
+        async def call(request, **_):
+            from visior.retrieval.v1 import retrieval_pb2
+
+            self.requests.append(request)
+            return retrieval_pb2.SearchResponse()
+
+        return call
+
+    def unary_stream(self, method, *args, **kwargs):
+        return self.unary_unary(method)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.0, 0.42, 1.0])
+async def test_the_score_threshold_goes_to_retrieval_as_min_score(threshold):
+    from services.orchestrator.clients import GrpcRetriever
+
+    channel = FakeChannel()
+    retriever = GrpcRetriever(channel, min_score=threshold)  # type: ignore[arg-type]
+    await retriever.search("q", USER, Filters(), 5, "t")
+    (request,) = channel.requests
+    assert request.params.HasField("min_score") == (threshold is not None)
+    if threshold is not None:
+        assert request.params.min_score == threshold
