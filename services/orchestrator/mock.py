@@ -304,11 +304,12 @@ class ToolResult:
 
 
 def _read(doc: SampleDocument, chunks: tuple[SampleChunk, ...]) -> ToolResult:
-    text = " ".join(c.text for c in chunks)
+    """The chunks' text, one passage per chunk (so a quote cites its own page)."""
+    size = len(" ".join(c.text for c in chunks))
     first, last = chunks[0].page, chunks[-1].page
     return ToolResult(
-        f"read {len(text)} characters of {doc.doc_id} (pp. {first}–{last})",
-        (Passage(doc.doc_id, doc.title, text, first, last),),
+        f"read {size} characters of {doc.doc_id} (pp. {first}–{last})",
+        tuple(Passage(doc.doc_id, doc.title, c.text, c.page, c.page) for c in chunks),
     )
 
 
@@ -451,15 +452,19 @@ def compose_answer(
             if s.strip():
                 quotes.append((overlap_score(question, s), -i, s.strip(), p))
     quotes.sort(key=lambda q: (-q[0], -q[1]))
-    best = quotes[:MAX_QUOTES]
+    # The sentences sharing a word with the question; the first one read when none does.
+    best = [q for q in quotes if q[0] > BASE_SCORE][:MAX_QUOTES] or quotes[:1]
     lines = [f"{t['conclusion']} {best[0][2] if best else facts[0]}", "", t["details"]]
-    lines += [f"- «{s}» — {p.title}, {t['pages']} {p.page_start}–{p.page_end}"
-              for _, _, s, p in best]  # fmt: skip
+    lines += [f"- «{s}» — {p.title}, {t['pages']} {_pages(p)}" for _, _, s, p in best]
     lines += [f"- {f}" for f in facts]
     cited = dict.fromkeys(f"{p.title} ({p.doc_id})" for _, _, _, p in best)
     if cited:
         lines += ["", f"{t['sources']} {'; '.join(cited)}"]
     return "\n".join([*lines, "", t["marker"]])
+
+
+def _pages(p: Passage) -> str:
+    return str(p.page_start) if p.page_start == p.page_end else f"{p.page_start}–{p.page_end}"
 
 
 class MockGenerator:

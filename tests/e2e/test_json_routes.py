@@ -438,8 +438,13 @@ def test_config_mock_mode(mesh: Mesh, restore_config: dict[str, Any]) -> None:
     assert set_config(mesh, {"mock_mode": True}).json()["mock_mode"] is True
     r = respond(mesh, {"query": LDAP_QUESTION, "user": USER})
     assert r.status_code == 200, r.text
-    assert r.json()["answer"].startswith("[mock]")
-    assert r.json()["tools"] == []
+    # The real Respond path over the in-process stand-ins (services/orchestrator/mock.py).
+    body = r.json()
+    assert "Демо-режим (mock)" in body["answer"]
+    assert body["telemetry"]["scenario"] == "S1" and body["telemetry"]["tool_steps"] == 1
+    assert [t["name"] for t in body["tools"]] == ["read_chunk_window"]
+    best = body["sources"][0]
+    assert (best["doc_id"], best["section_id"], best["page_start"]) == ("doc_1", "sec_ldap", 6)
 
 
 def test_config_max_tool_steps_at_limit_still_answers(
