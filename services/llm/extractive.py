@@ -518,16 +518,18 @@ class _Composer:
         url = str(result.get("source_url") or "")
         demo = self._demo = _is_demo(result)
         footnote = self.t["footnote"].format(self.t["cbr_demo" if demo else "cbr"])
-        operation = str(result.get("operation") or "")
+        mode = str(result.get("mode") or "")
+        if mode == "currency":
+            mode = "dynamic" if result.get("series") == "dynamic" else "on_date"
         handler: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-            "rates_on_date": self._rates,
-            "rates_dynamic": self._dynamic,
+            "on_date": self._rates,
+            "dynamic": self._dynamic,
             "key_rate": self._key_rate,
             "news": self._cbr_news,
         }
-        if operation in handler:
-            lines = handler[operation](result)
-        else:  # the header was cut, or an operation this responder does not know
+        if mode in handler:
+            lines = handler[mode](result)
+        else:  # the header was cut, or a mode this responder does not know
             text = str(result.get("text") or "")
             lines = [" ".join(text.split())] if text.strip() else []
         if not lines:
@@ -646,8 +648,8 @@ class _Composer:
         listed = []
         for i in items[:MAX_LISTED]:
             line = f"- {_link(str(i.get('title') or ''), str(i['url']))}"
-            if i.get("published_date"):
-                line += f" — {_date(i['published_date'], self.lang)}"
+            if i.get("published_at"):
+                line += f" — {_date(i['published_at'], self.lang)}"
             snippet = " ".join(str(i.get("snippet") or "").split())
             if snippet:
                 if len(snippet) > MAX_SNIPPET_CHARS:

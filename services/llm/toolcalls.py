@@ -119,7 +119,9 @@ def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "argument
 
     The subset tool schemas use: type (a name or a list), enum, const, minimum, maximum,
     exclusiveMinimum, exclusiveMaximum, minLength, maxLength, items, minItems, maxItems,
-    properties, required, additionalProperties (false or a schema). Raises ArgumentError.
+    properties, required, additionalProperties (false or a schema), and ToolsProxy's
+    `x-renamed` (an argument name the tool does not take -> the one to use). Raises
+    ArgumentError.
     """
     kinds = schema.get("type")
     if kinds is not None:
@@ -158,6 +160,14 @@ def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "argument
             ]
     if isinstance(value, dict):
         props: Mapping[str, Any] = schema.get("properties", {})
+        # ToolsProxy's extension: argument names a tool does not take -> the ones it does.
+        renamed = schema.get("x-renamed")
+        if isinstance(renamed, Mapping):
+            old = sorted(set(value) & set(renamed) - set(props))
+            if old:
+                raise ArgumentError(
+                    f"{path}.{old[0]} is not accepted: use {path}.{renamed[old[0]]}"
+                )
         for name in schema.get("required", ()):
             if name not in value:
                 raise ArgumentError(f"{path}.{name} is required")

@@ -533,17 +533,17 @@ class Responder:
             )
         elif decision.intent == "currency_rates":
             args: dict[str, object] = {
-                "operation": "rates_on_date",
+                "mode": "currency",
                 "date": decision.date or today.isoformat(),
             }
             if decision.currency:
-                args["currency"] = decision.currency
+                args["code"] = decision.currency
             planned = (PlannedCall("fetch_cbr_data", args),)
         elif decision.intent == "key_rate":
             planned = (
                 PlannedCall(
                     "fetch_cbr_data",
-                    {"operation": "key_rate",
+                    {"mode": "key_rate",
                      "date_from": (today - timedelta(days=KEY_RATE_DAYS)).isoformat(),
                      "date_to": today.isoformat()},
                 ),
@@ -551,7 +551,12 @@ class Responder:
         elif decision.intent == "finance_news":
             planned = (
                 PlannedCall(
-                    "fetch_finance_news", {"query": decision.news_query or req.query[:400]}
+                    "fetch_finance_news",
+                    {
+                        "query": decision.news_query or req.query[:400],
+                        "max_results": 5,
+                        "search_depth": "advanced",
+                    },
                 ),
             )
         elif decision.intent == "clarify":

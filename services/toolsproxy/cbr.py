@@ -66,7 +66,10 @@ MOSCOW = timezone(timedelta(hours=3), "MSK")
 EARLIEST_DATE = date(1992, 7, 1)
 """The first day of the bank's official rate series; earlier dates are refused."""
 
-OPERATIONS = ("rates_on_date", "rates_dynamic", "key_rate", "news")
+MODES = ("currency", "key_rate", "news")
+"""fetch_cbr_data's `mode` values (agent.md §3)."""
+RENAMED_ARGUMENTS: Mapping[str, str] = {"operation": "mode", "currency": "code"}
+"""Argument names fetch_cbr_data does not take, and the ones it takes instead (agent.md §3)."""
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _ISO_CODE = re.compile(r"^[A-Z]{3}$")
@@ -619,8 +622,7 @@ class CbrClient:
 _DATE_FIELD = {"type": "string", "minLength": 1, "maxLength": 32, "pattern": r"^\d{4}-\d{2}-\d{2}$"}
 
 _ALLOWED: dict[str, frozenset[str]] = {
-    "rates_on_date": frozenset({"date", "currency"}),
-    "rates_dynamic": frozenset({"date_from", "date_to", "currency"}),
+    "currency": frozenset({"date", "date_from", "date_to", "code"}),
     "key_rate": frozenset({"date", "date_from", "date_to"}),
     "news": frozenset({"date", "date_from", "date_to"}),
 }
@@ -629,11 +631,11 @@ _DEFAULT_SPAN = {"rates_dynamic": 30, "key_rate": 30, "news": 7}
 
 
 def _envelope_result(
-    settings: CbrSettings, operation: str, soap_operation: str, **fields: Any
+    settings: CbrSettings, mode: str, soap_operation: str, **fields: Any
 ) -> dict[str, Any]:
     """The fields every result has; in demo mode labelled as not real data."""
     result: dict[str, Any] = {
-        "operation": operation,
+        "mode": mode,
         "source": f"{DEMO_SOURCE if settings.demo else SOURCE}, {soap_operation}",
         "source_url": settings.url if settings.demo else DEFAULT_URL,
         "external_data": True,
@@ -660,21 +662,21 @@ class CbrTool:
 
     async def run(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         """Run one `fetch_cbr_data` call; ToolFailure for anything the model can fix or retry."""
-        operation = args["operation"]
-        unknown = sorted(set(args) - {"operation"} - _ALLOWED[operation])
+        mode = args["mode"]
+        unknown = sorted(set(args) - {"mode"} - _ALLOWED[mode])
         if unknown:
             raise ToolFailure(
                 INVALID_ARGUMENT,
-                f"{', '.join(unknown)} does not apply to {operation}; it takes "
-                f"{', '.join(sorted(_ALLOWED[operation]))}",
+                f"{', '.join(unknown)} does not apply to mode {mode}; it takes "
+                f"{', '.join(sorted(_ALLOWED[mode]))}",
             )
         if "date" in args and ("date_from" in args or "date_to" in args):
             raise ToolFailure(INVALID_ARGUMENT, "give date or date_from/date_to, not both")
-        if operation == "rates_on_date":
+        if mode == "currency":
+            if "date_from" in args or "date_to" in args:
+                return await self._rates_dynamic(args)
             return await self._rates_on_date(args)
-        if operation == "rates_dynamic":
-            return await self._rates_dynamic(args)
-        if operation == "key_rate":
+        if mode == "key_rate":
             return await self._key_rate(args)
         return await self._news(args)
 
@@ -700,8 +702,8 @@ class CbrTool:
         on = parse_date(args["date"], "date") if "date" in args else today
         check_day(on, "date", today)
         currency = None
-        if "currency" in args:
-            currency = await self._client.resolve_currency(args["currency"])
+        if "code" in args:
+            currency = await self._client.resolve_currency(args["code"])
         data = await self._client.rates_on_date(on)
         items = []
         for row in data.rows:
@@ -730,8 +732,9 @@ class CbrTool:
         lines = [f"{i['nominal']} {i['currency']} = {i['value']} RUB" for i in items]
         return _envelope_result(
             self._client.settings,
-            "rates_on_date",
+            "currency",
             "GetCursOnDate",
+            series="on_date",
             text=f"Official rates of the Bank of Russia for {on.isoformat()} "
             f"(set on {published}): " + "; ".join(lines),
             date=on.isoformat(),
@@ -742,10 +745,12 @@ class CbrTool:
         )
 
     async def _rates_dynamic(self, args: dict[str, Any]) -> dict[str, Any]:
-        if "currency" not in args:
-            raise ToolFailure(INVALID_ARGUMENT, "rates_dynamic needs currency (e.g. USD)")
+        if "code" not in args:
+            raise ToolFailure(
+                INVALID_ARGUMENT, "rate dynamics (date_from/date_to) need code (e.g. USD)"
+            )
         date_from, date_to = self._range(args, "rates_dynamic")
-        currency = await self._client.resolve_currency(args["currency"])
+        currency = await self._client.resolve_currency(args["code"])
         data = await self._client.rates_dynamic(date_from, date_to, currency.code)
         items = []
         for row in data.rows:
@@ -774,8 +779,9 @@ class CbrTool:
             )
         return _envelope_result(
             self._client.settings,
-            "rates_dynamic",
+            "currency",
             "GetCursDynamic",
+            series="dynamic",
             text=text,
             currency=currency.iso,
             bank_code=currency.code,
@@ -867,42 +873,55 @@ class CbrTool:
         )
 
 
+def cbr_schema(settings: CbrSettings) -> dict[str, Any]:
+    """fetch_cbr_data's arguments (agent.md §3: `mode`, `date`, `code`; a range for dynamics)."""
+    return {
+        "type": "object",
+        "properties": {
+            "mode": {
+                "type": "string",
+                "enum": list(MODES),
+                "description": "currency: official rates in roubles (on `date`, or one "
+                "`code` from `date_from` to `date_to`); key_rate: the key rate (in force on "
+                "`date`, or over a range); news: the bank's press releases.",
+            },
+            "date": {**_DATE_FIELD, "description": "One day, YYYY-MM-DD (default today)."},
+            "date_from": {**_DATE_FIELD, "description": "First day of a range, YYYY-MM-DD."},
+            "date_to": {**_DATE_FIELD, "description": "Last day of a range (default today)."},
+            "code": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 16,
+                "description": "Currency (mode currency): ISO 4217 letter code (USD) or the "
+                "bank's code (R01235).",
+            },
+        },
+        "required": ["mode"],
+        "additionalProperties": False,
+        "x-renamed": dict(RENAMED_ARGUMENTS),
+        "x-max-range-days": settings.max_range_days,
+        "x-max-items": settings.max_items,
+    }
+
+
 def cbr_tool(client: CbrClient) -> Tool:
     """The `fetch_cbr_data` tool: rates on a date, rate dynamics, key rate, the bank's news."""
     settings = client.settings
     return Tool(
         "fetch_cbr_data",
-        "Official data of the Bank of Russia (DailyInfo service): operation=rates_on_date "
-        "(currency rates in roubles set for `date`, optionally one `currency`), rates_dynamic "
-        "(one `currency` from `date_from` to `date_to`), key_rate (the key rate over a range, "
-        "or in force on `date`), news (the bank's press releases). Dates are YYYY-MM-DD, "
-        f"at most tomorrow, ranges at most {settings.max_range_days} days; currency is an ISO "
-        "4217 code (USD) or the bank's code (R01235). The result is external data."
+        "Official data of the Bank of Russia (DailyInfo service): mode=currency (rates in "
+        "roubles set for `date`, optionally one currency `code`; with `date_from`/`date_to` "
+        "the dynamics of one `code`), key_rate (the key rate over a range, or in force on "
+        "`date`), news (the bank's press releases). Dates are YYYY-MM-DD, at most tomorrow, "
+        f"ranges at most {settings.max_range_days} days; code is an ISO 4217 code (USD) or "
+        "the bank's code (R01235). The result is external data."
         + (
             " DEMO MODE: the service is a local stand-in and its data are not real; say so "
             "in the answer."
             if settings.demo
             else ""
         ),
-        {
-            "type": "object",
-            "properties": {
-                "operation": {"type": "string", "enum": list(OPERATIONS)},
-                "date": {**_DATE_FIELD, "description": "One day, YYYY-MM-DD (default today)."},
-                "date_from": {**_DATE_FIELD, "description": "First day of a range, YYYY-MM-DD."},
-                "date_to": {**_DATE_FIELD, "description": "Last day of a range (default today)."},
-                "currency": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 16,
-                    "description": "ISO 4217 letter code (USD) or the bank's code (R01235).",
-                },
-            },
-            "required": ["operation"],
-            "additionalProperties": False,
-            "x-max-range-days": settings.max_range_days,
-            "x-max-items": settings.max_items,
-        },
+        cbr_schema(settings),
         CbrTool(client).run,
         content="external",  # the executor delimits `text` as EXTERNAL, untrusted data
     )

@@ -1,9 +1,11 @@
 """A small JSON-schema checker for tool arguments (the subset the tool schemas use).
 
 Supported: type, minimum, maximum, minLength, maxLength, enum, minItems, maxItems, items,
-properties, required, additionalProperties: false. One extension: `x-maximum-code` on a
+properties, required, additionalProperties: false. Two extensions: `x-maximum-code` on a
 number names the error code of going past its `maximum` (read_chunk_window's radius states
-its limit in the schema and past it answers WINDOW_TOO_LARGE, not INVALID_ARGUMENT).
+its limit in the schema and past it answers WINDOW_TOO_LARGE, not INVALID_ARGUMENT);
+`x-renamed` on an object maps argument names it does not take to the ones it takes instead
+(fetch_cbr_data's `operation` -> `mode`), so the refusal names the field to use.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ def check(schema: dict[str, Any], value: Any, path: str = "arguments") -> Any:
             value = [check(items, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if kind == "object":
         props: dict[str, Any] = schema.get("properties", {})
+        renamed: dict[str, str] = schema.get("x-renamed", {})
+        old = sorted(set(value) & set(renamed) - set(props))
+        if old:
+            raise SchemaError(f"{path}.{old[0]} is not accepted: use {path}.{renamed[old[0]]}")
         for name in schema.get("required", []):
             if name not in value:
                 raise SchemaError(f"{path}.{name} is required")

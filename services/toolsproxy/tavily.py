@@ -50,6 +50,9 @@ MAX_RESULTS = 5
 MAX_QUERY_CHARS = 400
 """Tavily advises queries under 400 characters; longer ones are refused, not cut."""
 TIME_RANGES = ("day", "week", "month", "year")
+SEARCH_DEPTHS = ("basic", "advanced")
+"""Tavily's search_depth values; agent.md §5.3 asks for advanced, the default."""
+DEFAULT_SEARCH_DEPTH = "advanced"
 MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 MAX_URL_CHARS = 2048
 
@@ -227,12 +230,13 @@ class TavilyClient:
         user_id: str,
         max_results: int = MAX_RESULTS,
         time_range: str | None = None,
+        search_depth: str = DEFAULT_SEARCH_DEPTH,
     ) -> dict[str, Any]:
-        """Finance news for ``query``: ``{source, query, results[{title, url, snippet,
-        published_date}], cached}``. ``max_results`` is clamped to 3..5.
+        """Finance news for ``query``: ``{source, query, search_depth, results[{title, url,
+        snippet, published_at}], cached}``. ``max_results`` is clamped to 3..5.
 
-        Raises TavilyError: INVALID_ARGUMENT (empty or too long query, unknown time_range,
-        Tavily's 400), RATE_LIMIT_EXCEEDED (Tavily's 429 after retries), UPSTREAM_UNAVAILABLE
+        Raises TavilyError: INVALID_ARGUMENT (empty or too long query, unknown time_range or
+        search_depth, Tavily's 400), RATE_LIMIT_EXCEEDED (Tavily's 429 after retries), UPSTREAM_UNAVAILABLE
         (not configured, key refused, unreachable, 5xx after retries, breaker open).
         """
         text = " ".join(query.split())
@@ -246,11 +250,15 @@ class TavilyClient:
             raise TavilyError(
                 INVALID_ARGUMENT, f"time_range must be one of {', '.join(TIME_RANGES)}"
             )
+        if search_depth not in SEARCH_DEPTHS:
+            raise TavilyError(
+                INVALID_ARGUMENT, f"search_depth must be one of {', '.join(SEARCH_DEPTHS)}"
+            )
         count = min(MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
         if not self.configured:
             raise _not_configured()
 
-        key = (tenant_id, user_id, text, count, time_range)
+        key = (tenant_id, user_id, text, count, time_range, search_depth)
         started = time.perf_counter()
         cached = self._cache_get(key)
         if cached is not None:
@@ -268,7 +276,7 @@ class TavilyClient:
         body: dict[str, Any] = {
             "query": text,
             "topic": "finance",
-            "search_depth": "advanced",
+            "search_depth": search_depth,
             "max_results": count,
             "include_answer": False,
             "include_raw_content": False,
@@ -280,6 +288,7 @@ class TavilyClient:
         try:
             payload, attempts = await self._post(body)
             result = normalise(text, payload, count, self._settings.max_snippet_chars)
+            result["search_depth"] = search_depth
             self.breaker.record_success()
             recorded = True
         except _Attempt as failed:
@@ -508,7 +517,8 @@ def _published(value: Any) -> str | None:
 def normalise(
     query: str, payload: dict[str, Any], max_results: int, max_snippet_chars: int
 ) -> dict[str, Any]:
-    """Tavily's response as ``{source, query, results[{title, url, snippet, published_date}]}``.
+    """Tavily's response as ``{source, query, results[{title, url, snippet, published_at}]}``
+    (agent.md §3's names; Tavily's own field is ``published_date``).
 
     Results without an http(s) URL are dropped; whitespace is collapsed; snippets are cut
     at ``max_snippet_chars``.
@@ -531,7 +541,7 @@ def normalise(
                 "title": title,
                 "url": url,
                 "snippet": snippet,
-                "published_date": _published(item.get("published_date")),
+                "published_at": _published(item.get("published_date")),
             }
         )
     return {"source": "Tavily", "query": query, "results": results}
@@ -551,9 +561,9 @@ def days_to_time_range(days: int) -> str:
     return "year"
 
 
-def tavily_tool(client: TavilyClient) -> Tool:
-    """The ``fetch_finance_news`` tool over ``client``; tenant and user come from the caller."""
-    schema: dict[str, Any] = {
+def tavily_schema() -> dict[str, Any]:
+    """fetch_finance_news's arguments (agent.md §3: `query`, `max_results`, `search_depth`)."""
+    return {
         "type": "object",
         "properties": {
             "query": {
@@ -568,6 +578,12 @@ def tavily_tool(client: TavilyClient) -> Tool:
                 "maximum": MAX_RESULTS,
                 "description": f"Results to return ({MIN_RESULTS}..{MAX_RESULTS}, "
                 f"default {MAX_RESULTS}).",
+            },
+            "search_depth": {
+                "type": "string",
+                "enum": list(SEARCH_DEPTHS),
+                "description": f"Tavily's search depth (default {DEFAULT_SEARCH_DEPTH}): basic "
+                "is faster, advanced finds more relevant snippets.",
             },
             "time_range": {
                 "type": "string",
@@ -585,6 +601,11 @@ def tavily_tool(client: TavilyClient) -> Tool:
         "additionalProperties": False,
     }
 
+
+def tavily_tool(client: TavilyClient) -> Tool:
+    """The ``fetch_finance_news`` tool over ``client``; tenant and user come from the caller."""
+    schema = tavily_schema()
+
     async def run(caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
         if "days" in args and "time_range" in args:
             raise ToolFailure(INVALID_ARGUMENT, "give days or time_range, not both")
@@ -598,6 +619,7 @@ def tavily_tool(client: TavilyClient) -> Tool:
                 user_id=caller.user_id,
                 max_results=args.get("max_results", MAX_RESULTS),
                 time_range=time_range,
+                search_depth=args.get("search_depth", DEFAULT_SEARCH_DEPTH),
             )
         except TavilyError as exc:
             raise ToolFailure(exc.code, exc.message) from None
@@ -605,7 +627,7 @@ def tavily_tool(client: TavilyClient) -> Tool:
     return Tool(
         TOOL_NAME,
         "Search recent finance news on the web (Tavily). Returns titles, URLs, snippets and "
-        "publication dates as data; the URLs are not opened.",
+        "publication dates (published_at) as data; the URLs are not opened.",
         schema,
         run,
         content="external",  # web text: delimited as EXTERNAL, untrusted data

@@ -558,7 +558,7 @@ def test_numbers_past_the_field_type_are_400_from_envoy(
         ("search_user_documents", {"query": "LDAP", "top_k": 10**30}, "INVALID_ARGUMENT"),
         ("search_user_documents", {"query": "LDAP", "score_threshold": "NaN"}, "INVALID_ARGUMENT"),
         ("fetch_finance_news", {"query": "rates", "days": 2**53 + 1}, "INVALID_ARGUMENT"),
-        ("fetch_cbr_data", {"operation": "key_rate", "date": "99999-01-01"}, "INVALID_ARGUMENT"),
+        ("fetch_cbr_data", {"mode": "key_rate", "date": "99999-01-01"}, "INVALID_ARGUMENT"),
     ],
 )  # fmt: skip
 def test_huge_tool_arguments_are_tool_errors(

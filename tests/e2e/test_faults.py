@@ -611,36 +611,36 @@ def test_document_store_locked_by_another_writer(faulty: Mesh) -> None:
 
 
 def test_bank_down(faulty: Mesh, bank: FakeCbrServer) -> None:
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
     bank.drop_next(4)  # each call: the first try and its one retry
-    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"operation": "key_rate"}):
+    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"mode": "key_rate"}):
         assert_within(seconds, 1.0)
     bank.fail_next(4, status=503)
-    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"operation": "key_rate"}):
+    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"mode": "key_rate"}):
         assert_within(seconds, 1.0)
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
 
 
 def test_bank_slow_past_its_deadline(faulty: Mesh, bank: FakeCbrServer) -> None:
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
     bank.hang_next(2)  # a bank that hangs is not asked twice
-    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"operation": "key_rate"}):
+    for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"mode": "key_rate"}):
         assert seconds >= 0.5  # MCP_PROXY_CBR_TIMEOUT_S
         assert_within(seconds, 0.5)
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
 
 
 def test_bank_breaker_opens_and_closes(faulty: Mesh, bank: FakeCbrServer) -> None:
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
     bank.fail_next(2 * BREAKER_FAILURES)
     for i in range(BREAKER_FAILURES):
-        j = call_json(faulty, EXECUTE, execute_body("fetch_cbr_data", {"operation": "key_rate"}))
+        j = call_json(faulty, EXECUTE, execute_body("fetch_cbr_data", {"mode": "key_rate"}))
         assert j.body["error"]["code"] == "UPSTREAM_UNAVAILABLE", (i, j.body)
     seen = len(bank.requests)
-    tool_error_both_ways(faulty, "fetch_cbr_data", {"operation": "key_rate"})
+    tool_error_both_ways(faulty, "fetch_cbr_data", {"mode": "key_rate"})
     assert len(bank.requests) == seen  # open: the bank is not called
-    wait_tool_ok(faulty, "fetch_cbr_data", lambda: {"operation": "key_rate"})
-    tool_ok(faulty, "fetch_cbr_data", {"operation": "key_rate"}, grpc_call=True)
+    wait_tool_ok(faulty, "fetch_cbr_data", lambda: {"mode": "key_rate"})
+    tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"}, grpc_call=True)
     assert len(bank.requests) == seen + 2  # the trial call, then closed
 
 

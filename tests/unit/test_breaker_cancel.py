@@ -169,7 +169,7 @@ async def test_a_cancelled_bank_call_does_not_open_its_breaker() -> None:
             tool = cbr_tool(client)
 
             async def key_rate() -> object:
-                result = tool.run(caller, check(tool.schema, {"operation": "key_rate"}))
+                result = tool.run(caller, check(tool.schema, {"mode": "key_rate"}))
                 assert not isinstance(result, dict)
                 return await result
 

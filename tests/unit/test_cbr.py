@@ -20,7 +20,7 @@ from services.toolsproxy.cbr import (
     cbr_tool,
 )
 from services.toolsproxy.schema import SchemaError, check
-from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
 from tests.fakes.cbr_server import (
     CURRENCIES,
     FakeCbrServer,
@@ -101,9 +101,10 @@ async def failure(tool: Tool, **args: Any) -> ToolFailure:
 async def test_rates_on_date_parses_every_currency(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
     day = date(2025, 7, 30)  # a Wednesday: rates set that day
-    result = await call(tool, operation="rates_on_date", date="2025-07-30")
+    result = await call(tool, mode="currency", date="2025-07-30")
 
     assert result["source"] == "Bank of Russia DailyInfo, GetCursOnDate"
+    assert (result["mode"], result["series"]) == ("currency", "on_date")
     assert result["external_data"] is True
     assert result["date"] == "2025-07-30"
     assert result["published"] == "2025-07-30"
@@ -130,7 +131,7 @@ async def test_rates_on_date_one_currency_with_nominal_and_publication_day(
 ) -> None:
     _, tool = make()
     # Monday 2025-07-28: the rates in force were set on Saturday 2025-07-26.
-    result = await call(tool, operation="rates_on_date", date="2025-07-28", currency="jpy")
+    result = await call(tool, mode="currency", date="2025-07-28", code="jpy")
     [jpy] = result["items"]
     assert result["published"] == "2025-07-26"
     assert jpy["nominal"] == 100
@@ -142,7 +143,7 @@ async def test_rates_on_date_defaults_to_today_and_accepts_the_bank_code(
     fake: FakeCbrServer, make: Factory
 ) -> None:
     _, tool = make()
-    result = await call(tool, operation="rates_on_date", currency="R01239")
+    result = await call(tool, mode="currency", code="R01239")
     assert result["date"] == "2025-08-01"
     assert [i["currency"] for i in result["items"]] == ["EUR"]
     assert fake.operations() == ["GetCursOnDate"]  # R01239 is in the built-in table
@@ -150,7 +151,7 @@ async def test_rates_on_date_defaults_to_today_and_accepts_the_bank_code(
 
 async def test_rates_on_date_currency_the_bank_does_not_quote_that_day(make: Factory) -> None:
     _, tool = make()
-    err = await failure(tool, operation="rates_on_date", date="2025-07-30", currency="GBP")
+    err = await failure(tool, mode="currency", date="2025-07-30", code="GBP")
     assert err.code == "NOT_FOUND"
     assert "GBP" in err.message
 
@@ -159,8 +160,8 @@ async def test_rates_dynamic(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
     result = await call(
         tool,
-        operation="rates_dynamic",
-        currency="USD",
+        mode="currency",
+        code="USD",
         date_from="2025-07-01",
         date_to="2025-07-31",
     )
@@ -170,6 +171,7 @@ async def test_rates_dynamic(fake: FakeCbrServer, make: Factory) -> None:
         if is_rate_day(date(2025, 7, 1) + timedelta(days=i))
     ]
     assert result["source"] == "Bank of Russia DailyInfo, GetCursDynamic"
+    assert (result["mode"], result["series"]) == ("currency", "dynamic")
     assert (result["currency"], result["bank_code"]) == ("USD", "R01235")
     assert [i["date"] for i in result["items"]] == [d.isoformat() for d in days]
     assert [i["value"] for i in result["items"]] == [rate_for(USD, d) for d in days]
@@ -189,8 +191,8 @@ async def test_rates_dynamic_resolves_other_currencies_through_enum_valutes(
     _, tool = make()
     result = await call(
         tool,
-        operation="rates_dynamic",
-        currency="PLN",
+        mode="currency",
+        code="PLN",
         date_from="2025-07-29",
         date_to="2025-07-29",
     )
@@ -199,13 +201,13 @@ async def test_rates_dynamic_resolves_other_currencies_through_enum_valutes(
     assert fake.operations() == ["EnumValutes", "GetCursDynamic"]
     assert fake.requests[0].params == {"Seld": "false"}
     # The bank code works too, and the currency list is cached.
-    await call(tool, operation="rates_dynamic", currency="R01565", date_from="2025-07-30")
+    await call(tool, mode="currency", code="R01565", date_from="2025-07-30")
     assert fake.operations() == ["EnumValutes", "GetCursDynamic", "GetCursDynamic"]
 
 
 async def test_key_rate_range(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
-    result = await call(tool, operation="key_rate", date_from="2025-07-21", date_to="2025-08-01")
+    result = await call(tool, mode="key_rate", date_from="2025-07-21", date_to="2025-08-01")
     assert result["source"] == "Bank of Russia DailyInfo, KeyRate"
     assert result["unit"] == "percent per annum"
     dates = [i["date"] for i in result["items"]]
@@ -224,14 +226,14 @@ async def test_key_rate_range(fake: FakeCbrServer, make: Factory) -> None:
 
 async def test_key_rate_in_force_on_a_sunday(make: Factory) -> None:
     _, tool = make()
-    result = await call(tool, operation="key_rate", date="2025-07-27")
+    result = await call(tool, mode="key_rate", date="2025-07-27")
     assert result["latest"] == {"date": "2025-07-25", "value": 20.0}
     assert result["items"] == [result["latest"]]
 
 
 async def test_news(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
-    result = await call(tool, operation="news", date_from="2025-07-26", date_to="2025-08-01")
+    result = await call(tool, mode="news", date_from="2025-07-26", date_to="2025-08-01")
     assert result["source"] == "Bank of Russia DailyInfo, NewsInfo"
     assert [i["id"] for i in result["items"]] == ["40003", "40002"]  # newest first
     assert result["items"][1] == {
@@ -246,7 +248,7 @@ async def test_news(fake: FakeCbrServer, make: Factory) -> None:
 
 async def test_news_defaults_to_the_last_week(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
-    result = await call(tool, operation="news")
+    result = await call(tool, mode="news")
     assert (result["date_from"], result["date_to"]) == ("2025-07-25", "2025-08-01")
     assert result["count"] == 3
 
@@ -257,15 +259,15 @@ async def test_news_defaults_to_the_last_week(fake: FakeCbrServer, make: Factory
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        ({"operation": "rates_on_date", "date": "2025-02-29"}, "not a calendar date"),
-        ({"operation": "rates_on_date", "date": "2025-7-1"}, "YYYY-MM-DD"),
-        ({"operation": "rates_on_date", "date": "01.07.2025"}, "YYYY-MM-DD"),
-        ({"operation": "rates_on_date", "date": "2025-08-03"}, "in the future"),  # today + 2
-        ({"operation": "rates_on_date", "date": "1992-06-30"}, "start of the bank's data"),
+        ({"mode": "currency", "date": "2025-02-29"}, "not a calendar date"),
+        ({"mode": "currency", "date": "2025-7-1"}, "YYYY-MM-DD"),
+        ({"mode": "currency", "date": "01.07.2025"}, "YYYY-MM-DD"),
+        ({"mode": "currency", "date": "2025-08-03"}, "in the future"),  # today + 2
+        ({"mode": "currency", "date": "1992-06-30"}, "start of the bank's data"),
         (
             {
-                "operation": "rates_dynamic",
-                "currency": "USD",
+                "mode": "currency",
+                "code": "USD",
                 "date_from": "2025-07-02",
                 "date_to": "2025-07-01",
             },
@@ -273,23 +275,24 @@ async def test_news_defaults_to_the_last_week(fake: FakeCbrServer, make: Factory
         ),
         (
             {
-                "operation": "rates_dynamic",
-                "currency": "USD",
+                "mode": "currency",
+                "code": "USD",
                 "date_from": "2024-07-29",
                 "date_to": "2025-07-31",
             },
             "367 days; at most 366",
         ),
-        ({"operation": "key_rate", "date_to": "2025-08-03"}, "in the future"),
-        ({"operation": "news", "date_from": "1992-06-30", "date_to": "1992-07-01"}, "start"),
-        ({"operation": "rates_on_date", "currency": "US"}, "ISO 4217"),
-        ({"operation": "rates_on_date", "currency": "USDX"}, "ISO 4217"),
-        ({"operation": "rates_on_date", "currency": "R1235"}, "ISO 4217"),
-        ({"operation": "rates_on_date", "currency": "RUB"}, "roubles"),
-        ({"operation": "rates_dynamic", "date_from": "2025-07-01"}, "needs currency"),
-        ({"operation": "key_rate", "currency": "USD"}, "does not apply to key_rate"),
-        ({"operation": "rates_on_date", "date_from": "2025-07-01"}, "does not apply"),
-        ({"operation": "news", "date": "2025-07-01", "date_to": "2025-07-02"}, "not both"),
+        ({"mode": "key_rate", "date_to": "2025-08-03"}, "in the future"),
+        ({"mode": "news", "date_from": "1992-06-30", "date_to": "1992-07-01"}, "start"),
+        ({"mode": "currency", "code": "US"}, "ISO 4217"),
+        ({"mode": "currency", "code": "USDX"}, "ISO 4217"),
+        ({"mode": "currency", "code": "R1235"}, "ISO 4217"),
+        ({"mode": "currency", "code": "RUB"}, "roubles"),
+        ({"mode": "currency", "date_from": "2025-07-01"}, "need code"),
+        ({"mode": "currency", "date_to": "2025-07-01"}, "need code"),
+        ({"mode": "key_rate", "code": "USD"}, "does not apply to mode key_rate"),
+        ({"mode": "news", "code": "USD"}, "does not apply to mode news"),
+        ({"mode": "news", "date": "2025-07-01", "date_to": "2025-07-02"}, "not both"),
     ],
 )
 async def test_invalid_arguments_never_reach_the_bank(
@@ -305,18 +308,18 @@ async def test_invalid_arguments_never_reach_the_bank(
 @pytest.mark.parametrize(
     "args",
     [
-        {"operation": "rates_on_date", "date": "2025-08-02"},  # tomorrow: the limit
-        {"operation": "rates_on_date", "date": "1992-07-01"},  # the first day of data
-        {"operation": "rates_on_date", "date": "2024-02-29"},  # a leap day
+        {"mode": "currency", "date": "2025-08-02"},  # tomorrow: the limit
+        {"mode": "currency", "date": "1992-07-01"},  # the first day of data
+        {"mode": "currency", "date": "2024-02-29"},  # a leap day
         {
-            "operation": "rates_dynamic",
-            "currency": "usd",
+            "mode": "currency",
+            "code": "usd",
             "date_from": "2024-07-30",
             "date_to": "2025-07-31",
         },  # 366 days: the limit
         {
-            "operation": "rates_dynamic",
-            "currency": "EUR",
+            "mode": "currency",
+            "code": "EUR",
             "date_from": "2025-07-01",
             "date_to": "2025-07-01",
         },  # from == to
@@ -331,8 +334,8 @@ async def test_arguments_at_the_limits_are_accepted(make: Factory, args: dict[st
 async def test_today_is_the_moscow_day(make: Factory) -> None:
     # 22:30 UTC on 31 July is 01:30 on 1 August in Moscow: 2 August is "tomorrow".
     _, tool = make(now=datetime(2025, 7, 31, 22, 30, tzinfo=UTC))
-    assert (await call(tool, operation="rates_on_date", date="2025-08-02"))["date"] == "2025-08-02"
-    err = await failure(tool, operation="rates_on_date", date="2025-08-03")
+    assert (await call(tool, mode="currency", date="2025-08-02"))["date"] == "2025-08-02"
+    err = await failure(tool, mode="currency", date="2025-08-03")
     assert err.code == "INVALID_ARGUMENT"
 
 
@@ -341,7 +344,7 @@ async def test_unknown_currency_is_checked_against_the_bank_list(
 ) -> None:
     _, tool = make()
     for code in ("XYZ", "R09999"):
-        err = await failure(tool, operation="rates_dynamic", currency=code, date_from="2025-07-01")
+        err = await failure(tool, mode="currency", code=code, date_from="2025-07-01")
         assert err.code == "INVALID_ARGUMENT"
         assert "unknown currency" in err.message
     assert fake.operations() == ["EnumValutes"]  # asked once, then cached
@@ -350,11 +353,12 @@ async def test_unknown_currency_is_checked_against_the_bank_list(
 @pytest.mark.parametrize(
     "args",
     [
-        {"operation": "bogus"},
+        {"mode": "bogus"},
         {},
-        {"operation": "key_rate", "mode": "key_rate"},
-        {"operation": "rates_on_date", "date": 20250701},
-        {"operation": "rates_on_date", "currency": ""},
+        {"mode": "key_rate", "operation": "key_rate"},
+        {"mode": "rates_on_date"},
+        {"mode": "currency", "date": 20250701},
+        {"mode": "currency", "code": ""},
     ],
 )
 def test_schema_refuses_malformed_arguments(make: Factory, args: dict[str, Any]) -> None:
@@ -363,16 +367,36 @@ def test_schema_refuses_malformed_arguments(make: Factory, args: dict[str, Any])
         check(tool.schema, args)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"operation": "key_rate"}, "arguments.operation is not accepted: use arguments.mode"),
+        (
+            {"mode": "currency", "currency": "USD"},
+            "arguments.currency is not accepted: use arguments.code",
+        ),
+        (
+            {"operation": "rates_on_date", "currency": "USD"},
+            "arguments.currency is not accepted: use arguments.code",
+        ),
+    ],
+)
+async def test_the_old_argument_names_are_refused_naming_the_new_ones(
+    fake: FakeCbrServer, make: Factory, args: dict[str, Any], message: str
+) -> None:
+    _, tool = make()
+    outcome = await ToolExecutor({tool.name: tool}).execute(tool.name, args, CALLER)
+    assert (outcome.status, outcome.error_code) == ("error", "INVALID_ARGUMENT")
+    assert outcome.error_message == message
+    assert fake.requests == []
+
+
 def test_tool_declaration(make: Factory) -> None:
     _, tool = make()
     assert tool.name == "fetch_cbr_data"
-    assert tool.schema["properties"]["operation"]["enum"] == [
-        "rates_on_date",
-        "rates_dynamic",
-        "key_rate",
-        "news",
-    ]
-    assert tool.schema["required"] == ["operation"]
+    assert tool.schema["properties"]["mode"]["enum"] == ["currency", "key_rate", "news"]
+    assert set(tool.schema["properties"]) == {"mode", "date", "code", "date_from", "date_to"}
+    assert tool.schema["required"] == ["mode"]
     assert tool.schema["x-max-range-days"] == 366
     assert tool.content == "external"  # the executor delimits `text` as untrusted external data
 
@@ -381,8 +405,8 @@ async def test_long_results_keep_the_newest_items(make: Factory) -> None:
     _, tool = make(max_items=5)
     result = await call(
         tool,
-        operation="rates_dynamic",
-        currency="USD",
+        mode="currency",
+        code="USD",
         date_from="2025-07-01",
         date_to="2025-07-31",
     )
@@ -399,7 +423,7 @@ async def test_long_results_keep_the_newest_items(make: Factory) -> None:
 
 async def test_an_oversized_answer_is_refused(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(max_response_bytes=2048)
-    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    err = await failure(tool, mode="currency", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "too large" in err.message
     assert len(fake.requests) == 1
@@ -410,31 +434,31 @@ async def test_an_oversized_answer_is_refused(fake: FakeCbrServer, make: Factory
 
 async def test_cache_hit_and_expiry(fake: FakeCbrServer, make: Factory, clock: FakeClock) -> None:
     _, tool = make(cache_ttl_s=900.0)
-    first = await call(tool, operation="key_rate", date_from="2025-07-01")
-    assert await call(tool, operation="key_rate", date_from="2025-07-01") == first
+    first = await call(tool, mode="key_rate", date_from="2025-07-01")
+    assert await call(tool, mode="key_rate", date_from="2025-07-01") == first
     assert len(fake.requests) == 1
-    await call(tool, operation="key_rate", date_from="2025-07-02")  # other params: a miss
+    await call(tool, mode="key_rate", date_from="2025-07-02")  # other params: a miss
     assert len(fake.requests) == 2
     clock.t += 899.9
-    await call(tool, operation="key_rate", date_from="2025-07-01")
+    await call(tool, mode="key_rate", date_from="2025-07-01")
     assert len(fake.requests) == 2
     clock.t += 0.1  # 900 s old: expired
-    await call(tool, operation="key_rate", date_from="2025-07-01")
+    await call(tool, mode="key_rate", date_from="2025-07-01")
     assert len(fake.requests) == 3
 
 
 async def test_cache_keeps_at_most_max_entries(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(cache_max_entries=1)
     for day in ("2025-07-01", "2025-07-02", "2025-07-01"):
-        await call(tool, operation="news", date=day)
+        await call(tool, mode="news", date=day)
     assert len(fake.requests) == 3
 
 
 async def test_failures_are_not_cached(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(retries=0)
     fake.fail_next(1)
-    assert (await failure(tool, operation="news")).code == "UPSTREAM_UNAVAILABLE"
-    assert (await call(tool, operation="news"))["count"] == 3
+    assert (await failure(tool, mode="news")).code == "UPSTREAM_UNAVAILABLE"
+    assert (await call(tool, mode="news"))["count"] == 3
     assert len(fake.requests) == 2
 
 
@@ -444,7 +468,7 @@ async def test_failures_are_not_cached(fake: FakeCbrServer, make: Factory) -> No
 async def test_one_retry_on_5xx_then_success(fake: FakeCbrServer, make: Factory) -> None:
     client, tool = make()
     fake.fail_next(1, status=503)
-    result = await call(tool, operation="rates_on_date", date="2025-07-30")
+    result = await call(tool, mode="currency", date="2025-07-30")
     assert result["count"] == len(CURRENCIES)
     assert len(fake.requests) == 2
     assert client.breaker.state == CLOSED
@@ -453,7 +477,7 @@ async def test_one_retry_on_5xx_then_success(fake: FakeCbrServer, make: Factory)
 async def test_only_one_retry(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(breaker_reset_s=30.0)
     fake.fail_next(2, status=502)
-    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    err = await failure(tool, mode="currency", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert err.message.startswith("the Bank of Russia service is unavailable right now")
     assert "try again in 30 s" in err.message
@@ -463,14 +487,14 @@ async def test_only_one_retry(fake: FakeCbrServer, make: Factory) -> None:
 async def test_retry_after_a_dropped_connection(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
     fake.drop_next(1)
-    assert (await call(tool, operation="news"))["count"] == 3
+    assert (await call(tool, mode="news"))["count"] == 3
     assert len(fake.requests) == 2
 
 
 async def test_a_hanging_bank_times_out_without_a_retry(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(timeout_s=0.2)
     fake.hang_next(1)
-    err = await failure(tool, operation="key_rate")
+    err = await failure(tool, mode="key_rate")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "no answer within 0.2 s" in err.message
     assert len(fake.requests) == 1
@@ -479,7 +503,7 @@ async def test_a_hanging_bank_times_out_without_a_retry(fake: FakeCbrServer, mak
 async def test_an_answer_that_is_not_soap(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
     fake.garbage_next(1)
-    err = await failure(tool, operation="key_rate")
+    err = await failure(tool, mode="key_rate")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "not XML" in err.message
     assert len(fake.requests) == 1  # a 200 with a wrong body is not retried
@@ -491,7 +515,7 @@ async def test_soap_client_fault_is_invalid_argument_and_not_a_bank_failure(
     client, tool = make(breaker_failures=2)
     for day in ("2025-07-01", "2025-07-02", "2025-07-03"):
         fake.fault_next(1, code="soap:Client", message="Server was unable to read request.")
-        err = await failure(tool, operation="news", date=day)
+        err = await failure(tool, mode="news", date=day)
         assert err.code == "INVALID_ARGUMENT"
         assert "Server was unable to read request." in err.message
     assert len(fake.requests) == 3  # never retried
@@ -503,9 +527,9 @@ async def test_soap_server_fault_is_retried_then_unavailable(
 ) -> None:
     _, tool = make()
     fake.fault_next(1, code="soap:Server")
-    assert (await call(tool, operation="news"))["count"] == 3
+    assert (await call(tool, mode="news"))["count"] == 3
     fake.fault_next(2, code="soap:Server", message="Server was unable to process request.")
-    err = await failure(tool, operation="news", date="2025-07-30")
+    err = await failure(tool, mode="news", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "soap:Server" in err.message
     assert len(fake.requests) == 4
@@ -520,23 +544,23 @@ async def test_breaker_opens_after_the_configured_failures_and_recovers(
     client, tool = make(breaker_failures=3, breaker_reset_s=30.0, retries=0)
     fake.fail_next(100)
     for _ in range(3):
-        assert (await failure(tool, operation="key_rate")).code == "UPSTREAM_UNAVAILABLE"
+        assert (await failure(tool, mode="key_rate")).code == "UPSTREAM_UNAVAILABLE"
     assert client.breaker.state == OPEN
     assert len(fake.requests) == 3
 
-    err = await failure(tool, operation="key_rate")
+    err = await failure(tool, mode="key_rate")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "try again in 30 s" in err.message
     clock.t += 29.5
-    assert "try again in 1 s" in (await failure(tool, operation="key_rate")).message
+    assert "try again in 1 s" in (await failure(tool, mode="key_rate")).message
     assert len(fake.requests) == 3  # open: the bank is not called
 
     fake.clear_faults()  # the bank recovers
     clock.t += 0.5
-    assert (await call(tool, operation="key_rate"))["latest"]["value"] == 18.0
+    assert (await call(tool, mode="key_rate"))["latest"]["value"] == 18.0
     assert client.breaker.state == CLOSED
     assert len(fake.requests) == 4
-    await call(tool, operation="news")
+    await call(tool, mode="news")
     assert len(fake.requests) == 5
 
 
@@ -545,12 +569,12 @@ async def test_a_failed_trial_opens_the_breaker_again(
 ) -> None:
     client, tool = make(breaker_failures=1, breaker_reset_s=10.0, retries=0)
     fake.fail_next(2)
-    await failure(tool, operation="news")
+    await failure(tool, mode="news")
     clock.t += 10
-    await failure(tool, operation="news")  # the trial
+    await failure(tool, mode="news")  # the trial
     assert client.breaker.state == OPEN
     assert len(fake.requests) == 2
-    assert "try again in 10 s" in (await failure(tool, operation="news")).message
+    assert "try again in 10 s" in (await failure(tool, mode="news")).message
 
 
 # -- unreachable ------------------------------------------------------------------------
@@ -564,7 +588,7 @@ def _closed_port() -> int:
 
 async def test_unreachable_host_is_upstream_unavailable(make: Factory) -> None:
     client, tool = make(url=f"http://127.0.0.1:{_closed_port()}/DailyInfoWebServ/DailyInfo.asmx")
-    err = await failure(tool, operation="rates_on_date", date="2025-07-30")
+    err = await failure(tool, mode="currency", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "cannot connect" in err.message
     assert "try again in" in err.message
@@ -573,9 +597,9 @@ async def test_unreachable_host_is_upstream_unavailable(make: Factory) -> None:
 
 async def test_a_stopped_bank_is_upstream_unavailable(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
-    assert (await call(tool, operation="news"))["count"] == 3
+    assert (await call(tool, mode="news"))["count"] == 3
     fake.stop()
-    err = await failure(tool, operation="news", date="2025-07-30")
+    err = await failure(tool, mode="news", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
 
 
@@ -671,13 +695,13 @@ async def test_every_call_to_the_bank_is_one_external_call_event(
     _, tool = make(breaker_failures=1, breaker_reset_s=30.0, retries=0)
     with json_lines("toolsproxy") as logs:
         with trace_id_bound("tr-cbr"):
-            await call(tool, operation="key_rate")  # the bank answers
-            await call(tool, operation="key_rate")  # the cache does
+            await call(tool, mode="key_rate")  # the bank answers
+            await call(tool, mode="key_rate")  # the cache does
         fake.fault_next(1, code="soap:Client", message="bad request")
-        await failure(tool, operation="news", date="2025-07-01")
+        await failure(tool, mode="news", date="2025-07-01")
         fake.fail_next(1)
-        await failure(tool, operation="news")  # opens the breaker
-        await failure(tool, operation="news")  # refused without calling the bank
+        await failure(tool, mode="news")  # opens the breaker
+        await failure(tool, mode="news")  # refused without calling the bank
     events = logs.events("external_call")
     got = [(e["level"], e["operation"], e["status"], e["cache_hit"]) for e in events]
     assert got == [

@@ -224,7 +224,7 @@ def rates(url: str = CBR_URL, source: str = "Bank of Russia DailyInfo, GetCursOn
     ]  # fmt: skip
     return ToolResult(
         "ok",
-        {"operation": "rates_on_date", "source": source, "source_url": url,
+        {"mode": "currency", "series": "on_date", "source": source, "source_url": url,
          "external_data": True, "text": doc("Official rates …", "EXTERNAL", source=source),
          "date": "2025-01-10", "published": "2025-01-10", "base_currency": "RUB",
          "items": items, "count": len(items)},
@@ -233,7 +233,7 @@ def rates(url: str = CBR_URL, source: str = "Bank of Russia DailyInfo, GetCursOn
 
 KEY_RATE = ToolResult(
     "ok",
-    {"operation": "key_rate", "source": "Bank of Russia DailyInfo, KeyRate", "source_url": CBR_URL,
+    {"mode": "key_rate", "source": "Bank of Russia DailyInfo, KeyRate", "source_url": CBR_URL,
      "external_data": True, "text": doc("Key rate …", "EXTERNAL"),
      "unit": "percent per annum", "latest": {"date": "2024-10-28", "value": 21.0},
      "items": [{"date": "2024-09-16", "value": 19.0}, {"date": "2024-10-27", "value": 19.0},
@@ -247,9 +247,9 @@ NEWS = ToolResult(
          {"title": "ЦБ повысил ставку до 21%", "url": "https://news.example/a",
           "snippet": doc("Банк России повысил ключевую ставку.", "EXTERNAL",
                          url="https://news.example/a"),
-          "published_date": "2024-10-25T10:00:00"},
+          "published_at": "2024-10-25T10:00:00"},
          {"title": "Рубль укрепился", "url": "https://news.example/b",
-          "snippet": doc("Курс рубля вырос.", "EXTERNAL"), "published_date": None},
+          "snippet": doc("Курс рубля вырос.", "EXTERNAL"), "published_at": None},
      ]},
 )  # fmt: skip
 DATA_POLICY = ToolPolicy(allowed_tools=ALL_TOOLS)
@@ -340,7 +340,7 @@ async def test_knowledge_base_answers_say_they_rest_on_it():
 
 
 async def test_currency_rates_from_the_bank_in_russian_and_english():
-    usd = (PlannedCall("fetch_cbr_data", {"operation": "rates_on_date"}),)
+    usd = (PlannedCall("fetch_cbr_data", {"mode": "currency"}),)
     out, tools = await planned("Какой курс доллара сегодня?", usd, [rates()])
     a = out.answer
     assert len(tools.calls) == 1
@@ -366,7 +366,7 @@ async def test_currency_rates_from_the_bank_in_russian_and_english():
      (DEMO_URL, "Bank of Russia DailyInfo (DEMO stand-in, not real data), GetCursOnDate")],
 )  # fmt: skip
 async def test_rates_from_a_demo_stand_in_are_labelled(url, source):
-    usd = (PlannedCall("fetch_cbr_data", {"operation": "rates_on_date", "currency": "USD"}),)
+    usd = (PlannedCall("fetch_cbr_data", {"mode": "currency", "code": "USD"}),)
     out, _ = await planned("Курс USD?", usd, [rates(url, source)])
     assert f"- {source}" in out.answer
     assert out.answer.startswith(
@@ -381,7 +381,7 @@ async def test_rates_from_a_demo_stand_in_are_labelled(url, source):
 
 
 async def test_the_proxys_demo_flag_labels_the_data_and_its_absence_does_not():
-    usd = (PlannedCall("fetch_cbr_data", {"operation": "rates_on_date", "currency": "USD"}),)
+    usd = (PlannedCall("fetch_cbr_data", {"mode": "currency", "code": "USD"}),)
     flagged = rates()
     assert flagged.result is not None
     flagged.result["demo"] = True
@@ -393,7 +393,7 @@ async def test_the_proxys_demo_flag_labels_the_data_and_its_absence_does_not():
 
 
 async def test_key_rate_gives_the_latest_value_and_its_date():
-    key = (PlannedCall("fetch_cbr_data", {"operation": "key_rate"}),)
+    key = (PlannedCall("fetch_cbr_data", {"mode": "key_rate"}),)
     out, _ = await planned("Какая сейчас ключевая ставка?", key, [KEY_RATE])
     a = out.answer
     assert a.startswith(
@@ -423,7 +423,7 @@ async def test_news_are_listed_with_links_and_dates():
 
 
 async def test_a_failed_planned_call_is_reported_in_the_answer():
-    key = (PlannedCall("fetch_cbr_data", {"operation": "key_rate"}),)
+    key = (PlannedCall("fetch_cbr_data", {"mode": "key_rate"}),)
     failed = ToolResult("error", error_code="UPSTREAM_UNAVAILABLE", error_message="cbr is down")
     out, _ = await planned("Какая ключевая ставка?", key, [failed])
     assert out.answer.startswith("Не удалось получить данные (fetch_cbr_data): cbr is down.")

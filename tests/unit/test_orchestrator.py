@@ -260,11 +260,11 @@ async def test_a_selected_document_that_does_not_exist_is_404():
     ("query", "intent", "tool", "args"),
     [
         ("Какой курс доллара сегодня?", "currency_rates", "fetch_cbr_data",
-         {"operation": "rates_on_date", "date": "2026-11-22", "currency": "USD"}),
+         {"mode": "currency", "date": "2026-11-22", "code": "USD"}),
         ("курс евро на 01.02.2025", "currency_rates", "fetch_cbr_data",
-         {"operation": "rates_on_date", "date": "2025-02-01", "currency": "EUR"}),
+         {"mode": "currency", "date": "2025-02-01", "code": "EUR"}),
         ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data",
-         {"operation": "key_rate", "date_from": "2026-10-22", "date_to": "2026-11-22"}),
+         {"mode": "key_rate", "date_from": "2026-10-22", "date_to": "2026-11-22"}),
         ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
         ("Какая ставка НДС на услуги?", "knowledge_base", "search_general_kb",
          {"query": "Какая ставка НДС на услуги?", "top_k": 5}),
@@ -279,6 +279,10 @@ async def test_s2_general_questions_plan_the_right_tool(query, intent, tool, arg
     assert last.allowed_tools == (tool,) and last.max_tool_steps == 1 and last.mode == "chat"
     if args is not None:
         assert last.planned_calls[0].arguments == args
+    if tool == "fetch_finance_news":  # agent.md §3's arguments; §5.3: 3-5 results, advanced
+        news = last.planned_calls[0].arguments
+        assert set(news) == {"query", "max_results", "search_depth"}
+        assert (news["max_results"], news["search_depth"]) == (5, "advanced") and news["query"]
     if intent == "knowledge_base":
         assert retriever.calls[0][2].source == "knowledge_base"  # sources from the KB
     else:

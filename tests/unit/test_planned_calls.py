@@ -16,6 +16,8 @@ from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, Tool
 from services.llm.prompt import FINAL_ANSWER_NOTE
 from services.llm.servicer import generate_input
 from services.llm.toolcalls import READ_TOOL_SPECS
+from services.toolsproxy.cbr import CbrSettings, cbr_schema
+from services.toolsproxy.tavily import tavily_schema
 from tests.unit.test_loop import (
     NOT_FOUND,
     TOK,
@@ -34,20 +36,7 @@ CBR = "fetch_cbr_data"
 LOAD = "load_documents_full"
 KB = "search_general_kb"
 DATA_TOOL_SPECS = (
-    ToolSpec(
-        CBR,
-        "Official data of the Bank of Russia.",
-        {
-            "type": "object",
-            "properties": {
-                "operation": {"type": "string", "enum": ["rates_on_date", "key_rate", "news"]},
-                "currency": {"type": "string"},
-                "date": {"type": "string"},
-            },
-            "required": ["operation"],
-            "additionalProperties": False,
-        },
-    ),
+    ToolSpec(CBR, "Official data of the Bank of Russia.", cbr_schema(CbrSettings())),
     ToolSpec(
         LOAD,
         "Whole documents.",
@@ -60,12 +49,12 @@ DATA_TOOL_SPECS = (
     ),
     ToolSpec(KB, "Search the knowledge base.", {"type": "object", "required": ["query"]}),
     ToolSpec("search_user_documents", "Search the user's documents.", {"type": "object"}),
-    ToolSpec("fetch_finance_news", "Finance news (Tavily).", {"type": "object"}),
+    ToolSpec("fetch_finance_news", "Finance news (Tavily).", tavily_schema()),
 )
 CATALOGUE = (*READ_TOOL_SPECS, *DATA_TOOL_SPECS)
 ALL_TOOLS = tuple(t.name for t in CATALOGUE)
-RATES = PlannedCall(CBR, {"operation": "rates_on_date", "currency": "USD"})
-KEY_RATE = PlannedCall(CBR, {"operation": "key_rate"})
+RATES = PlannedCall(CBR, {"mode": "currency", "code": "USD"})
+KEY_RATE = PlannedCall(CBR, {"mode": "key_rate"})
 OK = window()  # any ok result: the loop does not look inside
 
 
@@ -92,8 +81,8 @@ async def test_planned_calls_run_first_in_order_and_reach_the_model_as_tool_resu
     out = await loop(rt, tools).run(req((RATES, KEY_RATE)), events)
     # Executed in order, on the request's user, before the model was asked.
     assert [(c[0], c[1]) for c in tools.calls] == [
-        (CBR, {"operation": "rates_on_date", "currency": "USD"}),
-        (CBR, {"operation": "key_rate"}),
+        (CBR, {"mode": "currency", "code": "USD"}),
+        (CBR, {"mode": "key_rate"}),
     ]
     assert all(c[2] == User("t1", "u1") and c[3] == "tr" for c in tools.calls)
     assert len(rt.calls) == 1
@@ -136,9 +125,24 @@ async def test_planned_calls_count_as_steps():
     [
         ((RATES,), {"allowed_tools": ("read_doc_section",)}, "not in tool_policy.allowed_tools"),
         ((PlannedCall("delete_all", {}),), {"allowed_tools": ("delete_all",)}, "no such tool"),
-        ((PlannedCall(CBR, {"operation": "bribe"}),), {}, "INVALID_ARGUMENT"),
-        ((PlannedCall(CBR, {"tenant_id": "other", "operation": "news"}),), {}, "unknown field"),
+        ((PlannedCall(CBR, {"mode": "bribe"}),), {}, "INVALID_ARGUMENT"),
+        ((PlannedCall(CBR, {"tenant_id": "other", "mode": "news"}),), {}, "unknown field"),
         ((RATES, RATES), {}, "planned twice"),
+        (
+            (PlannedCall(CBR, {"operation": "key_rate"}),),
+            {},
+            "arguments.operation is not accepted: use arguments.mode",
+        ),
+        (
+            (PlannedCall(CBR, {"mode": "currency", "currency": "USD"}),),
+            {},
+            "arguments.currency is not accepted: use arguments.code",
+        ),
+        (
+            (PlannedCall("fetch_finance_news", {"query": "rates", "search_depth": "deep"}),),
+            {},
+            "search_depth must be one of basic, advanced",
+        ),
     ],
 )
 async def test_a_planned_call_the_request_may_not_make_refuses_the_request(planned, policy, says_):
@@ -155,7 +159,7 @@ async def test_a_planned_call_the_request_may_not_make_refuses_the_request(plann
 @pytest.mark.parametrize(("server", "policy"), [(2, None), (3, 2), (3, 0)])
 async def test_more_planned_calls_than_steps_is_a_limit_error(server, policy):
     tools = FakeTools(default=OK)
-    three = (RATES, KEY_RATE, PlannedCall(CBR, {"operation": "news"}))
+    three = (RATES, KEY_RATE, PlannedCall(CBR, {"mode": "news"}))
     with pytest.raises(errors.LimitExceededError) as info:
         await loop(ScriptedRuntime([]), tools, max_tool_steps=server).run(
             req(three, max_tool_steps=policy)
@@ -194,7 +198,7 @@ async def test_a_toolsproxy_outage_during_planned_calls_propagates():
 
 
 async def test_the_model_repeating_a_planned_call_is_stopped_as_a_runaway():
-    again = call(CBR, {"operation": "rates_on_date", "currency": "USD"})
+    again = call(CBR, {"mode": "currency", "code": "USD"})
     rt = ScriptedRuntime([asks(again), says("answer")])
     tools = FakeTools(default=OK)
     out = await loop(rt, tools).run(req((RATES,)))

@@ -173,11 +173,11 @@ async def test_tool_returns_normalised_results(h: Harness) -> None:
     assert result["cached"] is False
     assert len(result["results"]) == 5
     first = result["results"][0]
-    assert set(first) == {"title", "url", "snippet", "published_date"}
+    assert set(first) == {"title", "url", "snippet", "published_at"}
     assert first["title"] == "ключевая ставка — market report 1"
     assert first["url"] == "https://news.example.com/finance/ключевая-ставка/1"
     assert first["snippet"].startswith("Report 1 on ключевая ставка")
-    assert first["published_date"] == "2025-03-10T09:30:00+00:00"
+    assert first["published_at"] == "2025-03-10T09:30:00+00:00"
     assert h.fake.requests[-1].body["query"] == "ключевая ставка"
 
 
@@ -202,11 +202,11 @@ async def test_normalisation_drops_unsafe_urls_and_trims(h: Harness) -> None:
     ]
     assert rows[0]["title"] == "Long one"
     assert len(rows[0]["snippet"]) == 100 and rows[0]["snippet"].endswith("…")
-    assert rows[0]["published_date"] is None
+    assert rows[0]["published_at"] is None
     assert rows[1]["title"] == "https://b.example/2"
-    assert rows[1]["published_date"] == "2025-03-01T00:00:00"
+    assert rows[1]["published_at"] == "2025-03-01T00:00:00"
     assert rows[2]["snippet"] == ""
-    assert rows[2]["published_date"] == "last Tuesday"
+    assert rows[2]["published_at"] == "last Tuesday"
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -246,6 +246,9 @@ async def test_query_length_limit(h: Harness) -> None:
     "args",
     [
         {"query": "rates", "time_range": "decade"},
+        {"query": "rates", "search_depth": "deep"},
+        {"query": "rates", "search_depth": ""},
+        {"query": "rates", "published_date": "2025-03-10"},
         {"query": "rates", "days": 0},
         {"query": "rates", "days": 366},
         {"query": "rates", "days": 3, "time_range": "week"},
@@ -265,6 +268,33 @@ async def test_client_refuses_unknown_time_range(h: Harness) -> None:
     with pytest.raises(TavilyError) as info:
         await h.client().search("rates", tenant_id="t1", user_id="u", time_range="decade")
     assert info.value.code == INVALID_ARGUMENT
+
+
+async def test_client_refuses_unknown_search_depth(h: Harness) -> None:
+    with pytest.raises(TavilyError) as info:
+        await h.client().search("rates", tenant_id="t1", user_id="u", search_depth="deep")
+    assert info.value.code == INVALID_ARGUMENT
+    assert h.fake.requests == []
+
+
+@pytest.mark.parametrize("depth", ["basic", "advanced"])
+async def test_search_depth_is_sent_and_reported(h: Harness, depth: str) -> None:
+    result = await call(h.tool(), ALICE, {"query": "rates", "search_depth": depth})
+    assert h.fake.requests[-1].body["search_depth"] == depth
+    assert result["search_depth"] == depth
+
+
+async def test_search_depth_defaults_to_advanced(h: Harness) -> None:
+    result = await call(h.tool(), ALICE, {"query": "rates"})
+    assert h.fake.requests[-1].body["search_depth"] == "advanced"
+    assert result["search_depth"] == "advanced"
+
+
+def test_tool_schema_states_the_agent_md_arguments(h: Harness) -> None:
+    schema = h.tool().schema
+    assert {"query", "max_results", "search_depth"} <= set(schema["properties"])
+    assert schema["properties"]["search_depth"]["enum"] == ["basic", "advanced"]
+    assert schema["required"] == ["query"]
 
 
 async def test_days_and_time_range_are_sent(h: Harness) -> None:
@@ -290,8 +320,9 @@ async def test_cache_is_per_query_and_user(h: Harness) -> None:
     await call(tool, BOB, {"query": "rates"})  # another user misses
     await call(tool, Caller("t2", "alice"), {"query": "rates"})  # same user id, other tenant
     await call(tool, ALICE, {"query": "rates", "max_results": 3})  # other options
+    await call(tool, ALICE, {"query": "rates", "search_depth": "basic"})  # other depth
     await call(tool, ALICE, {"query": "oil"})  # other query
-    assert len(h.fake.requests) == 5
+    assert len(h.fake.requests) == 6
 
 
 async def test_cache_expires_after_ttl(h: Harness) -> None:

@@ -90,9 +90,9 @@ def _never_called(req: httpx.Request) -> httpx.Response:
 @pytest.mark.parametrize(
     "args",
     [
-        {"operation": "news", "date_to": "0001-01-01"},
-        {"operation": "key_rate", "date_to": "0001-01-20"},
-        {"operation": "rates_dynamic", "currency": "USD", "date_to": "0001-01-01"},
+        {"mode": "news", "date_to": "0001-01-01"},
+        {"mode": "key_rate", "date_to": "0001-01-20"},
+        {"mode": "currency", "code": "USD", "date_to": "0001-01-01"},
     ],
 )
 async def test_an_ancient_date_to_is_invalid_argument_not_internal(args: dict[str, Any]) -> None:
@@ -321,7 +321,7 @@ def _hung_bank(url: str) -> tuple[Any, Any]:
 
 HUNG = {
     "tavily": (_hung_tavily, "fetch_finance_news", {"query": "key rate"}),
-    "bank": (_hung_bank, "fetch_cbr_data", {"operation": "key_rate"}),
+    "bank": (_hung_bank, "fetch_cbr_data", {"mode": "key_rate"}),
 }
 
 
