@@ -110,6 +110,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "marker": "_Ответ составлен без языковой модели (extractive)._",
         "not_found": "В доступных документах не нашлось ответа на этот вопрос.",
         "no_match": "Прямого ответа в найденных фрагментах нет; вот самые близкие из них.",
+        "missing_term": "В документах нет ответа на этот вопрос: {} в прочитанном тексте не "
+        "встречается. Самые близкие фрагменты:",
         "from_doc": "Из документа «{}»{}:",
         "from_kb": "Из базы знаний, «{}»{}:",
         "kb_note": "_Основывается на корпоративной базе знаний._",
@@ -156,6 +158,8 @@ _TEXT: dict[str, dict[str, str]] = {
         "marker": "_Composed without a language model (extractive)._",
         "not_found": "The available documents do not answer this question.",
         "no_match": "The passages found do not answer this directly; here are the closest.",
+        "missing_term": "The documents do not answer this: {} does not occur in the text read. "
+        "The closest passages:",
         "from_doc": "From “{}”{}:",
         "from_kb": "From the knowledge base, “{}”{}:",
         "kb_note": "_Based on the corporate knowledge base._",
@@ -196,6 +200,37 @@ _TEXT: dict[str, dict[str, str]] = {
 }
 NOT_FOUND = f"{_TEXT[RU]['not_found']}\n\n{_TEXT[RU]['marker']}"
 NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
+
+
+_NAMED = re.compile(r"%\w|[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
+
+
+def named_terms(question: str, lang: str) -> list[str]:
+    """The names a question is about, which an answer's text must contain: in a Russian
+    question every Latin-script word of three letters or more (PostgreSQL, rpmbuild, snap) or
+    in capitals (RPM); in an English one the words written as names or identifiers: a capital
+    inside the sentence (Redis, Kubernetes), capitals (TCP), digits, ``_``, ``%``, ``.``."""
+    out = []
+    for i, m in enumerate(_NAMED.finditer(question)):
+        w = m.group(0).rstrip(".")
+        if lang == RU:
+            keep = len(w) >= 3 or (w.isupper() and len(w) >= 2)
+        else:
+            first = i == 0 or question[: m.start()].rstrip().endswith((".", "?", "!"))
+            keep = (
+                (w[0].isupper() and not first and len(w) >= 2)
+                or (w.isupper() and len(w) >= 2)
+                or any(c.isdigit() or c in "_%." for c in w)
+            )
+        if keep and w.lower() not in out:
+            out.append(w.lower())
+    return out
+
+
+def missing_terms(question: str, lang: str, texts: Sequence[str]) -> list[str]:
+    """The question's named terms that occur in none of `texts` (case-insensitive)."""
+    read = "\n".join(texts).lower()
+    return [t for t in named_terms(question, lang) if t not in read]
 
 
 def not_found(lang: str) -> str:
@@ -485,7 +520,13 @@ class _Composer:
             return
         chosen = sorted(scored, key=lambda x: (-x[0], x[1]))[:MAX_PASSAGES]
         top = chosen[0]
-        if top[0] > 0:
+        absent = missing_terms(self.question, self.lang, [r.text for r in readings])
+        if absent:
+            # The question names something the text read never mentions: whatever sentence
+            # scores best, it does not answer the question.
+            names = ", ".join(f"«{t}»" if self.lang == RU else f"“{t}”" for t in absent[:3])
+            self.answer.summary.append(self.t["missing_term"].format(names))
+        elif top[0] > 0:
             # Passages sharing no word with the question are not worth quoting beside it.
             chosen = [c for c in chosen if c[0] > 0]
             self.answer.conclude(max(top[3], key=scorer))
