@@ -67,6 +67,8 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
             max_tool_result_tokens=settings.max_tool_result_tokens,
             max_consecutive_tool_errors=settings.max_consecutive_tool_errors,
             watchdog_s=settings.watchdog_s,
+            tool_timeout_s=settings.tools_proxy.timeout_seconds,
+            external_tool_timeout_s=settings.external_tool_timeout_s,
             default_model=settings.default_model,
         ),
     )

@@ -47,6 +47,9 @@ class LlmSettings:
     """Tool errors in a row that abort (LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS)."""
     watchdog_s: float
     """The whole Generate, every model and tool call (LLM_SERVICE_WATCHDOG_SECONDS)."""
+    external_tool_timeout_s: float = 10.0
+    """One call of fetch_cbr_data or fetch_finance_news (LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S);
+    the other tools' is tools_proxy.timeout_seconds (LLM_SERVICE_MCP_TIMEOUT_SECONDS)."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> LlmSettings:
@@ -98,4 +101,7 @@ class LlmSettings:
                 "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, minimum=1, maximum=10
             ),
             watchdog_s=env.number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, minimum=0.1),
+            external_tool_timeout_s=env.number(
+                "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", 10.0, minimum=0.1
+            ),
         )

@@ -60,6 +60,7 @@ from services.llm.model import (
     ToolRunner,
 )
 from services.llm.toolcalls import (
+    EXTERNAL_TOOLS,
     REPEATED_CALL,
     TOOL_LIMIT_REACHED,
     UNKNOWN_TOOL,
@@ -98,6 +99,11 @@ class LoopSettings:
     """Tool errors in a row that abort the request (llm-service.md §9.2)."""
     watchdog_s: float = 60.0
     """The whole request, every model and tool call included."""
+    tool_timeout_s: float = 5.0
+    """Deadline of one call of a document or search tool (LLM_SERVICE_MCP_TIMEOUT_SECONDS)."""
+    external_tool_timeout_s: float = 10.0
+    """Deadline of one call of a tool over an outside service, toolcalls.EXTERNAL_TOOLS
+    (LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S)."""
     default_model: str = ""
     """Reported as model_name when the runtime names none."""
 
@@ -514,15 +520,24 @@ class _Run:
         if self.steps >= self.max_steps:
             self.closed = True
 
+    def tool_timeout(self, name: str) -> float:
+        """The deadline of one call of tool `name`: the external tools' own (the bank,
+        Tavily: 8-10 s, agent.md §7.2) or the other tools', never past the request's time
+        left. ToolsProxy ends its outside calls a little before it (services.common.context)."""
+        s = self.s
+        own = s.external_tool_timeout_s if name in EXTERNAL_TOOLS else s.tool_timeout_s
+        return min(own, self._left())
+
     async def _execute(self, call: Approved, *, planned: bool = False) -> ToolResult:
         user = self.req.user
         assert user is not None  # tools are offered only with a user
         left = self._left()
+        timeout = self.tool_timeout(call.name)
         started = self.loop.clock()
         try:
             async with asyncio.timeout(left):
                 result = await self.loop.tools.execute(
-                    call.name, call.arguments, user, self.req.trace_id
+                    call.name, call.arguments, user, self.req.trace_id, timeout_s=timeout
                 )
         except TimeoutError:
             raise self._timeout() from None

@@ -128,11 +128,17 @@ class MeteredTools:
         return getattr(self.inner, attr)
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], user: User, trace_id: str
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        user: User,
+        trace_id: str,
+        *,
+        timeout_s: float | None = None,
     ) -> ToolResult:
         usage = _USAGE.get()
         try:
-            result = await self.inner.execute(name, arguments, user, trace_id)
+            result = await self.inner.execute(name, arguments, user, trace_id, timeout_s=timeout_s)
         except errors.ServiceError as exc:
             if usage is not None:
                 usage.tool_calls.append((name, exc.reason or "error"))

@@ -133,8 +133,16 @@ class ToolRunner(Protocol):
     """Executes a tool through ToolsProxy on the user's behalf."""
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], user: User, trace_id: str
-    ) -> ToolResult: ...
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        user: User,
+        trace_id: str,
+        *,
+        timeout_s: float | None = None,
+    ) -> ToolResult:
+        """`timeout_s`: the call's deadline (None: the runner's default)."""
+        ...
 
 
 class EventSink(Protocol):

@@ -33,6 +33,9 @@ from services.llm.prompt import DelimitedText, delimited_blocks
 READ_CHUNK_WINDOW = "read_chunk_window"
 READ_DOC_SECTION = "read_doc_section"
 READ_TOOLS = (READ_CHUNK_WINDOW, READ_DOC_SECTION)
+EXTERNAL_TOOLS = frozenset({"fetch_cbr_data", "fetch_finance_news"})
+"""Tools over services outside the mesh (the Bank of Russia, Tavily): their own deadline
+(LoopSettings.external_tool_timeout_s, agent.md §7.2's 8-10 s), not the document tools'."""
 TEXT_FIELDS = ("text", "content", "snippet")
 """Result fields holding untrusted text (as ToolsProxy's shaper names them)."""
 

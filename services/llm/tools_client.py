@@ -61,8 +61,16 @@ class GrpcToolRunner:
         self._stub = toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel)
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], user: User, trace_id: str
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        user: User,
+        trace_id: str,
+        *,
+        timeout_s: float | None = None,
     ) -> ToolResult:
+        """One tool call; `timeout_s` is its deadline (None: the channel's default), cut
+        to the caller's own remaining time by the channel."""
         request = toolsproxy_pb2.ExecuteRequest(
             tool_name=name,
             user=common_pb2.UserContext(
@@ -72,7 +80,7 @@ class GrpcToolRunner:
         )
         request.arguments.update(arguments)
         try:
-            response = await self._stub.Execute(request)
+            response = await self._stub.Execute(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "toolsproxy") from None
         if response.status == "ok":

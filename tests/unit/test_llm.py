@@ -25,7 +25,7 @@ class FakeTools:
         self.results = results
         self.calls: list[tuple[str, dict[str, Any], User]] = []
 
-    async def execute(self, name, arguments, user, trace_id):
+    async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
         self.calls.append((name, arguments, user))
         return self.results.pop(0)
 

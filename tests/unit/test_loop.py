@@ -99,9 +99,12 @@ class FakeTools:
         self.results = list(results or [])
         self.default = default
         self.calls: list[tuple[str, dict[str, Any], User, str]] = []
+        self.timeouts: list[float | None] = []
+        """The deadline each call was given."""
 
-    async def execute(self, name, arguments, user, trace_id):
+    async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
         self.calls.append((name, arguments, user, trace_id))
+        self.timeouts.append(timeout_s)
         r = self.results.pop(0) if self.results else self.default
         if isinstance(r, Exception):
             raise r
@@ -530,7 +533,7 @@ async def test_watchdog_stops_a_hanging_tool():
     clock = FakeClock()
 
     class Hanging:
-        async def execute(self, name, arguments, user, trace_id):
+        async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
             await asyncio.Event().wait()
 
     rt = ScriptedRuntime(

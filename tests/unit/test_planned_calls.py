@@ -244,3 +244,52 @@ async def test_planned_results_share_the_room_so_each_is_fed():
     sizes = [TOK.count(m.content) for m in fed]
     assert len(fed) == 2 and min(sizes) >= 0.8 * max(sizes)
     assert all(r.result_summary.endswith("truncated to the token budget") for r in out.tools_called)
+
+
+# --- per-tool deadlines ---------------------------------------------------------------------
+
+NEWS = PlannedCall("fetch_finance_news", {"query": "ставка", "search_depth": "advanced"})
+READ = call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})
+
+
+async def test_external_tools_get_their_own_deadline_and_document_tools_keep_theirs():
+    rt = ScriptedRuntime([asks(READ), says("done")])
+    tools = FakeTools(default=OK)
+    settings = {"tool_timeout_s": 5.0, "external_tool_timeout_s": 10.0, "watchdog_s": 60.0}
+    await loop(rt, tools, max_tool_steps=3, **settings).run(req((NEWS, KEY_RATE)))
+    assert [c[0] for c in tools.calls] == ["fetch_finance_news", CBR, "read_doc_section"]
+    assert tools.timeouts == [10.0, 10.0, 5.0]
+
+
+@pytest.mark.parametrize(
+    ("request_s", "external", "document"),
+    [(60.0, 10.0, 5.0), (10.0, 10.0, 5.0), (7.0, 7.0, 5.0), (3.0, 3.0, 3.0)],
+)
+async def test_a_tools_deadline_never_passes_the_requests_time_left(request_s, external, document):
+    rt = ScriptedRuntime([asks(READ), says("done")])
+    tools = FakeTools(default=OK)
+    settings = {"tool_timeout_s": 5.0, "external_tool_timeout_s": 10.0, "watchdog_s": 60.0}
+    await loop(rt, tools, **settings).run(req((NEWS,)), timeout_s=request_s)
+    assert tools.timeouts == [external, document]
+
+
+async def test_the_deadline_shrinks_with_the_time_the_request_has_spent():
+    clock = FakeClock()
+
+    class Slow(FakeTools):
+        async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
+            clock.now += 4.0  # each call takes 4 s
+            return await super().execute(name, arguments, user, trace_id, timeout_s=timeout_s)
+
+    tools = Slow(default=OK)
+    run = ToolLoop(
+        ScriptedRuntime([says("done")]),
+        tools,
+        CATALOGUE,
+        LoopSettings(tool_timeout_s=5.0, external_tool_timeout_s=10.0, watchdog_s=13.0),
+        clock=clock,
+        tokenizer=TOK,
+    )
+    await run.run(req((NEWS, KEY_RATE, RATES)))
+    # 13 s for the request: 10 s (the tool's own), then 9 s left, then 5 s left.
+    assert tools.timeouts == [10.0, 9.0, 5.0]
