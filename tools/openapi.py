@@ -45,9 +45,13 @@ from services.retrieval import ingestion as retr_ingestion  # noqa: E402
 from services.retrieval import search as retr_search  # noqa: E402
 from services.retrieval.engine import FUSIONS, RANKINGS  # noqa: E402
 from services.toolsproxy import servicer as tools_servicer  # noqa: E402
+from services.toolsproxy.cbr import CbrSettings, cbr_schema  # noqa: E402
 from services.toolsproxy.config import DEFAULT_WINDOW_RADIUS  # noqa: E402
+from services.toolsproxy.tavily import tavily_schema  # noqa: E402
 
 OPENAPI_VERSION = "3.1.0"
+TOOL_ARGUMENTS_PREFIX = "visior.toolsproxy.tools.arguments."
+"""Components holding a tool's argument schema (ToolsProxy's own, as ListTools states it)."""
 FDP = descriptor_pb2.FieldDescriptorProto
 COMPONENT_PREFIX = "#/components/schemas/"
 
@@ -834,6 +838,9 @@ def build(fds: descriptor_pb2.FileDescriptorSet, ports: Ports | None = None) -> 
     components = dict(sorted(builder.components.items()))
     components["google.rpc.Status"] = STATUS_SCHEMA
     components["google.rpc.ErrorInfo"] = ERROR_INFO_SCHEMA
+    # The external tools' arguments as agent.md §3 names them, with the default limits.
+    components[TOOL_ARGUMENTS_PREFIX + "fetch_cbr_data"] = cbr_schema(CbrSettings())
+    components[TOOL_ARGUMENTS_PREFIX + "fetch_finance_news"] = tavily_schema()
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

@@ -457,3 +457,14 @@ def test_what_the_transcoder_or_the_servers_refuse_is_not_valid(doc: dict[str, A
     # Python's str.strip() (the servers) strips \x1c-\x1f and \x85; ECMA's \s does not.
     for blank in ("\x1f", "\x85", " \t\u3000"):
         assert not _valid(doc, path, {**base, "query": blank}), repr(blank)
+
+
+def test_the_external_tools_arguments_are_the_ones_agent_md_names(doc: dict[str, Any]) -> None:
+    schemas = doc["components"]["schemas"]
+    cbr = schemas["visior.toolsproxy.tools.arguments.fetch_cbr_data"]
+    assert set(cbr["properties"]) == {"mode", "date", "code", "date_from", "date_to"}
+    assert cbr["properties"]["mode"]["enum"] == ["currency", "key_rate", "news"]
+    assert cbr["required"] == ["mode"] and cbr["additionalProperties"] is False
+    news = schemas["visior.toolsproxy.tools.arguments.fetch_finance_news"]
+    assert {"query", "max_results", "search_depth"} <= set(news["properties"])
+    assert news["properties"]["search_depth"]["enum"] == ["basic", "advanced"]
