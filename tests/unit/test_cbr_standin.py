@@ -144,10 +144,10 @@ async def test_every_result_is_labelled_in_demo_mode(
     tool = cbr_tool(_client(http, bank.url, demo=True))
     assert "DEMO MODE" in tool.description
     results = [
-        await _call(tool, operation="rates_on_date", currency="USD"),
-        await _call(tool, operation="rates_dynamic", currency="USD"),
-        await _call(tool, operation="key_rate"),
-        await _call(tool, operation="news"),
+        await _call(tool, mode="currency", code="USD"),
+        await _call(tool, mode="currency", code="USD", date_from=str(TODAY - timedelta(days=7))),
+        await _call(tool, mode="key_rate"),
+        await _call(tool, mode="news"),
     ]
     for result in results:
         assert result["demo"] is True
@@ -164,8 +164,8 @@ async def test_no_label_without_demo_mode(http: httpx.AsyncClient) -> None:
         tool = cbr_tool(_client(http, fake.url))
         assert "DEMO" not in tool.description
         for args in (
-            {"operation": "rates_on_date", "currency": "USD", "date": "2025-07-30"},
-            {"operation": "key_rate", "date": "2025-07-30"},
+            {"mode": "currency", "code": "USD", "date": "2025-07-30"},
+            {"mode": "key_rate", "date": "2025-07-30"},
         ):
             result = await _call(tool, **args)
             assert result["demo"] is False
