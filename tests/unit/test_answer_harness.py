@@ -239,4 +239,3 @@ def test_validate_checks_the_passage_language() -> None:
     assert any("passage" in p for p in validate([_q(passage="de")], pages))
     unanswerable = _q(kind="unanswerable", doc=None, page=None, facts=(), passage="ru")
     assert any("passage" in p for p in validate([unanswerable], pages))
-
