@@ -115,7 +115,14 @@ def detect_language(text: str, hint: str | None = None) -> str:
         if script:
             counts[script] += 1
     cyr, lat, oth = counts["cyrillic"], counts["latin"], counts["other"]
-    if cyr + lat == 0 or oth > cyr + lat:
+    if oth > cyr + lat:
+        return "other"
+    return _language_by_share(cyr, lat)
+
+
+def _language_by_share(cyr: int, lat: int) -> str:
+    """``ru``/``en``/``mixed`` by the Cyrillic share of the letters; ``other`` without any."""
+    if cyr + lat == 0:
         return "other"
     share = cyr / (cyr + lat)
     if share >= _RU_SHARE:
@@ -143,14 +150,7 @@ def passage_language(text: str) -> str:
     raw = text.encode("utf-8", "surrogatepass")
     cyr = len(raw) - len(raw.translate(None, _CYRILLIC_LEAD_BYTES))
     lat = len(raw) - len(raw.translate(None, _LATIN_BYTES))
-    if cyr + lat == 0:
-        return "other"
-    share = cyr / (cyr + lat)
-    if share >= _RU_SHARE:
-        return "ru"
-    if share <= _EN_SHARE:
-        return "en"
-    return "mixed"
+    return _language_by_share(cyr, lat)
 
 
 # --- synonyms -------------------------------------------------------------------------
