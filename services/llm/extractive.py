@@ -210,13 +210,16 @@ def named_terms(question: str, lang: str) -> list[str]:
     question every Latin-script word of three letters or more (PostgreSQL, rpmbuild, snap) or
     in capitals (RPM); in an English one the words written as names or identifiers: a capital
     inside the sentence (Redis, Kubernetes), capitals (TCP), digits, ``_``, ``%``, ``.``."""
+    # The question alone: a caller's turn may go on with a listing after a blank line
+    # ("Question: …\n\nSections found: …").
+    question = question.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
     out = []
     for i, m in enumerate(_NAMED.finditer(question)):
         w = m.group(0).rstrip(".")
         if lang == RU:
             keep = len(w) >= 3 or (w.isupper() and len(w) >= 2)
         else:
-            first = i == 0 or question[: m.start()].rstrip().endswith((".", "?", "!"))
+            first = i == 0 or question[: m.start()].rstrip().endswith((".", "?", "!", ":"))
             keep = (
                 (w[0].isupper() and not first and len(w) >= 2)
                 or (w.isupper() and len(w) >= 2)

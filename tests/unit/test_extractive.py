@@ -474,6 +474,11 @@ def test_answer_language_follows_the_question_script_or_the_instructions():
         ("Как собрать RPM-пакет с помощью rpmbuild?", "ru", ["rpm", "rpmbuild"]),
         ("Как настроить потоковую репликацию в PostgreSQL?", "ru", ["postgresql"]),
         ("Как включить шифрование?", "ru", []),
+        (
+            "Question: What is the Orion budget?\n\nSections found:\n1. doc_id=a section_id=b",
+            "en",
+            ["orion"],
+        ),
     ],
 )
 def test_the_named_terms_of_a_question(question: str, lang: str, terms: list[str]) -> None:
