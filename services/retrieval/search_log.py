@@ -102,3 +102,13 @@ def log_search(plan: _Plan, result: SearchResult, timing: _Timing, slow_ms: floa
         log.warning("search", slow=True, slow_search_ms=slow_ms, **fields)
     else:
         log.info("search", **fields)
+    if plan.variants:
+        # agent.md §9's event: the search ran extra phrasings of the query (their count and
+        # where they came from: the synonym table or the model), never their text.
+        log.info(
+            "query_expansion",
+            tenant_id=plan.tenant_id,
+            variants=len(plan.variants),
+            source=plan.variants_source,
+            language=plan.language,
+        )

@@ -31,6 +31,7 @@ class Plan:
     ranking: str = "hybrid"
     variants: tuple[str, ...] = ("v1", "v2")
     variants_source: str = "synonyms"
+    language: str = "ru"
 
 
 @dataclass
@@ -185,3 +186,24 @@ async def test_a_reranked_search_logs_the_candidates_sent_to_the_reranker(tmp_pa
     assert r.rerank_used and line["rerank_used"] is True
     assert 0 < line["rerank_candidates"] <= line["chunk_candidates"]
     assert line["rerank_ms"] == round(r.rerank_ms, 3)
+
+
+def test_a_search_with_query_variants_writes_a_query_expansion_event():
+    plan = Plan(SearchQuery("secret question", "t1"))
+    with json_lines("retrieval") as logs:
+        log_search(plan, result(5), Timing(), 0)
+    [event] = logs.events("query_expansion")
+    assert (event["tenant_id"], event["variants"], event["source"], event["language"]) == (
+        "t1",
+        2,
+        "synonyms",
+        "ru",
+    )
+    assert not any("v1" in line or "secret question" in line for line in logs.raw)
+
+
+def test_no_query_expansion_event_without_variants():
+    plan = Plan(SearchQuery("q", "t1"), variants=(), variants_source="")
+    with json_lines("retrieval") as logs:
+        log_search(plan, result(5), Timing(), 0)
+    assert logs.events("query_expansion") == [] and len(logs.events("search")) == 1
