@@ -1085,6 +1085,14 @@ def test_list_tools(mesh: Mesh) -> None:
     assert set(window["required"]) == {"doc_id", "anchor_chunk_id"}
     # The proxy's per-side limit and the orchestrator's radius agree (DESIGN §2.6).
     assert window["properties"]["radius"]["maximum"] == get_config(mesh)["window_radius"] == 3
+    # The external tools' arguments as agent.md names them; the old names are not offered.
+    cbr = tools["fetch_cbr_data"]["input_schema"]
+    assert {"mode", "date", "code"} <= set(cbr["properties"]) and cbr["required"] == ["mode"]
+    assert set(cbr["properties"]["mode"]["enum"]) == {"currency", "key_rate", "news"}
+    news = tools["fetch_finance_news"]["input_schema"]
+    assert {"query", "max_results", "search_depth"} <= set(news["properties"])
+    for schema in (cbr, news):
+        assert not {"operation", "currency"} & set(schema["properties"])
 
 
 def test_list_tools_unknown_query_parameter_is_400(mesh: Mesh) -> None:
