@@ -112,3 +112,33 @@ def test_the_gateways_input_verdict_is_passed_through(mesh: Mesh) -> None:
     assert r.json()["safety"]["input"] == "allowed"
     r = httpx.post(url, json=body, headers={"x-visior-safety-input": "maybe"}, timeout=60)
     assert r.status_code == 400 and "x-visior-safety-input" in r.text
+
+
+# -- definitions from the user's document; S3 pages (issue 20, §4 items 2 and 3) ------------
+
+
+@pytest.mark.parametrize(
+    ("query", "page"),
+    [
+        ("Что такое окно обслуживания?", 1),  # «1.1. Термины» defines it on page 1
+        ("Что означает критичный инцидент?", 1),
+    ],
+)
+def test_a_definitional_question_is_answered_from_the_users_document(
+    mesh: Mesh, manual, query: str, page: int
+) -> None:
+    body = respond_json(mesh, query)
+    assert (body["telemetry"]["scenario"], body["telemetry"]["intent"]) == ("S1", "documents")
+    top = body["sources"][0]
+    assert (top["doc_id"], top["page_start"]) == (DOC, page), body["sources"]
+
+
+def test_s3_sources_name_the_page_the_answer_came_from(mesh: Mesh, manual) -> None:
+    # "по субботам с 01:00 до 05:00" stands on page 4 of the 4-page manual.
+    body = respond_json(mesh, "Когда проводятся плановые работы?", doc_ids=[DOC])
+    assert body["telemetry"]["scenario"] == "S3"
+    assert "суббот" in body["answer"].lower()
+    top = body["sources"][0]
+    assert top["doc_id"] == DOC
+    assert top["page_start"] <= 4 <= top["page_end"], body["sources"]
+    assert (top["page_start"], top["page_end"]) != (1, 1)
