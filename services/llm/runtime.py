@@ -234,9 +234,7 @@ def json_mode_instruction(tools: Sequence[ToolSpec]) -> str:
     return JSON_MODE_INSTRUCTIONS.format(tools=listing)
 
 
-_KEPT_KEYWORDS = frozenset(
-    {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "description"}
-)
+_KEPT_KEYWORDS = frozenset({"type", "required", "items", "enum", "const", "anyOf", "oneOf"})
 _ANSWER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"answer": {"type": "string"}},
@@ -255,10 +253,13 @@ def _constrainable(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _constrainable(v) for k, v in schema.items() if k in _KEPT_KEYWORDS}
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: _constrainable(v) for k, v in schema["properties"].items()}
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        # Property names are the arguments themselves, not keywords: each value is a schema.
+        out["properties"] = {k: _constrainable(v) for k, v in properties.items()}
         out["additionalProperties"] = False
-    out.pop("description", None)
+    elif properties is not None:
+        out["properties"] = properties
     return out
 
 
