@@ -372,11 +372,11 @@ class MockTools:
         return ToolResult(f"read {size} characters of the knowledge base", passages)
 
     def _fetch_cbr_data(self, args: dict[str, Any]) -> ToolResult:
-        kind = str(args.get("mode") or args.get("operation") or "currency")
+        kind = str(args.get("mode") or "currency")
         if kind == "key_rate":
             facts: tuple[str, ...] = (f"Key rate on {MOCK_DATE}: 16.00% (demo data, mock mode)",)
         else:
-            code = str(args.get("code") or args.get("currency") or "USD").upper()
+            code = str(args.get("code") or "USD").upper()
             rate = DEMO_RATES.get(code)
             if rate is None:
                 return _error("NOT_FOUND", f"no demo rate for {code!r}")
