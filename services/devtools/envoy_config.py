@@ -314,16 +314,14 @@ def _rules_for(spec: ServiceSpec, timeouts: Mapping[str, float]) -> list[RouteRu
     return rules
 
 
-def _listener(
+def _routes(
     spec: ServiceSpec,
     ports: Ports,
-    descriptor_path: str,
+    rules: list[RouteRule],
     *,
-    access_log: bool,
     fault_injection: bool,
     timeouts: Mapping[str, float],
-) -> dict[str, Any]:
-    rules = _rules_for(spec, timeouts)
+) -> list[dict[str, Any]]:
     routes = [_grpc_route(spec, ports.grpc[spec.key])]
     routes += [
         _route(spec, rule=r, timeout_s=r.timeout_s, fault_injection=fault_injection) for r in rules
@@ -338,7 +336,64 @@ def _listener(
     )
     # Nothing else is routed: an unknown path is a 404 (the transcoder answers first for
     # JSON requests; the router's "no route" covers the rest, gRPC included).
+    return routes
 
+
+def _fault_filter() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.fault",
+        "typed_config": {
+            "@type": _type("envoy.extensions.filters.http.fault.v3.HTTPFault"),
+            "abort": {
+                "header_abort": {},
+                "percentage": {"numerator": 100, "denominator": "HUNDRED"},
+            },
+            "delay": {
+                "header_delay": {},
+                "percentage": {"numerator": 100, "denominator": "HUNDRED"},
+            },
+            "max_active_faults": 1000,
+        },
+    }
+
+
+def _transcoder_filter(spec: ServiceSpec, descriptor_path: str, max_body: int) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.grpc_json_transcoder",
+        "typed_config": {
+            "@type": _type(
+                "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
+            ),
+            "proto_descriptor": descriptor_path,
+            "services": list(spec.grpc_services),
+            # Routes match the incoming /internal/... path, not the rewritten
+            # /pkg.Service/Method one, so per-route timeouts and limits apply.
+            "match_incoming_request_route": True,
+            "auto_mapping": False,
+            "convert_grpc_status": True,
+            "print_options": {
+                "add_whitespace": False,
+                "preserve_proto_field_names": True,
+                "always_print_primitive_fields": True,
+                "always_print_enums_as_ints": False,
+            },
+            "request_validation_options": {
+                # Unknown path or method: 404 here instead of passing a JSON request on.
+                "reject_unknown_method": True,
+                # A misspelt query parameter is a 400, not silently dropped.
+                "reject_unknown_query_parameters": True,
+            },
+            # The transcoder holds a whole message; without these it would stop at
+            # the connection buffer limit (1 MiB) below the ingestion limit.
+            "max_request_body_size": max_body,
+            "max_response_body_size": MAX_RESPONSE_BYTES,
+        },
+    }
+
+
+def _http_filters(
+    spec: ServiceSpec, descriptor_path: str, rules: list[RouteRule], *, fault_injection: bool
+) -> list[dict[str, Any]]:
     max_body = max([DEFAULT_MAX_REQUEST_BYTES] + [r.max_request_bytes or 0 for r in rules])
     http_filters: list[dict[str, Any]] = [
         # Encoding runs the chain backwards, so the Lua filter sees the transcoder's
@@ -357,23 +412,7 @@ def _listener(
         # <http status>, x-envoy-fault-delay-request: <ms>. The abort is a local reply, so
         # it gets the JSON error body from local_reply_config (503 -> 502 like a real
         # outage). Before the buffer filter, so an abort does not wait for the body.
-        http_filters.append(
-            {
-                "name": "envoy.filters.http.fault",
-                "typed_config": {
-                    "@type": _type("envoy.extensions.filters.http.fault.v3.HTTPFault"),
-                    "abort": {
-                        "header_abort": {},
-                        "percentage": {"numerator": 100, "denominator": "HUNDRED"},
-                    },
-                    "delay": {
-                        "header_delay": {},
-                        "percentage": {"numerator": 100, "denominator": "HUNDRED"},
-                    },
-                    "max_active_faults": 1000,
-                },
-            }
-        )
+        http_filters.append(_fault_filter())
     http_filters += [
         # Reads the whole body and answers 413 past the limit, before any transcoding
         # work; the ingestion route raises the limit per route.
@@ -384,44 +423,19 @@ def _listener(
                 "max_request_bytes": DEFAULT_MAX_REQUEST_BYTES,
             },
         },
-        {
-            "name": "envoy.filters.http.grpc_json_transcoder",
-            "typed_config": {
-                "@type": _type(
-                    "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
-                ),
-                "proto_descriptor": descriptor_path,
-                "services": list(spec.grpc_services),
-                # Routes match the incoming /internal/... path, not the rewritten
-                # /pkg.Service/Method one, so per-route timeouts and limits apply.
-                "match_incoming_request_route": True,
-                "auto_mapping": False,
-                "convert_grpc_status": True,
-                "print_options": {
-                    "add_whitespace": False,
-                    "preserve_proto_field_names": True,
-                    "always_print_primitive_fields": True,
-                    "always_print_enums_as_ints": False,
-                },
-                "request_validation_options": {
-                    # Unknown path or method: 404 here instead of passing a JSON request on.
-                    "reject_unknown_method": True,
-                    # A misspelt query parameter is a 400, not silently dropped.
-                    "reject_unknown_query_parameters": True,
-                },
-                # The transcoder holds a whole message; without these it would stop at
-                # the connection buffer limit (1 MiB) below the ingestion limit.
-                "max_request_body_size": max_body,
-                "max_response_body_size": MAX_RESPONSE_BYTES,
-            },
-        },
+        _transcoder_filter(spec, descriptor_path, max_body),
         {
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": _type("envoy.extensions.filters.http.router.v3.Router")},
         },
     ]
+    return http_filters
 
-    hcm: dict[str, Any] = {
+
+def _connection_manager(
+    spec: ServiceSpec, routes: list[dict[str, Any]], http_filters: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
         "@type": _type(
             "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
         ),
@@ -448,6 +462,21 @@ def _listener(
         "local_reply_config": _local_reply_config(),
         "http_filters": http_filters,
     }
+
+
+def _listener(
+    spec: ServiceSpec,
+    ports: Ports,
+    descriptor_path: str,
+    *,
+    access_log: bool,
+    fault_injection: bool,
+    timeouts: Mapping[str, float],
+) -> dict[str, Any]:
+    rules = _rules_for(spec, timeouts)
+    routes = _routes(spec, ports, rules, fault_injection=fault_injection, timeouts=timeouts)
+    http_filters = _http_filters(spec, descriptor_path, rules, fault_injection=fault_injection)
+    hcm = _connection_manager(spec, routes, http_filters)
     if access_log:
         hcm["access_log"] = [_access_log(spec)]
     return {
