@@ -745,8 +745,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         type=Path,
-        default=REPO_ROOT / "bench" / "results" / f"llm-overhead-{stamp}.json",
-        help="JSON record (bench/results/llm-overhead-<date>-<time>.json)",
+        default=REPO_ROOT / "bench" / "out" / f"llm-overhead-{stamp}.json",
+        help="JSON record (bench/out/llm-overhead-<date>-<time>.json, ignored by git)",
     )
     # internal: the child processes
     ap.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)

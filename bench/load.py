@@ -822,8 +822,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for every process of the mesh (repeatable)")  # fmt: skip
     ap.add_argument(
-        "--out", type=Path, default=REPO_ROOT / "bench" / "results" / f"load-{stamp}.json",
-        help="JSON record (bench/results/load-<date>-<time>.json)",
+        "--out", type=Path, default=REPO_ROOT / "bench" / "out" / f"load-{stamp}.json",
+        help="JSON record (bench/out/load-<date>-<time>.json, ignored by git)",
     )  # fmt: skip
     ap.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stats-port", type=int, default=0, help=argparse.SUPPRESS)

@@ -676,8 +676,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--busy-threshold", type=float, default=0.25, help="warn above (cores)")
     ap.add_argument(
         "--out", type=Path,
-        default=REPO_ROOT / "bench" / "results" / f"respond-overhead-{stamp}.json",
-        help="JSON record (bench/results/respond-overhead-<date>-<time>.json)",
+        default=REPO_ROOT / "bench" / "out" / f"respond-overhead-{stamp}.json",
+        help="JSON record (bench/out/respond-overhead-<date>-<time>.json, ignored by git)",
     )  # fmt: skip
     ap.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve-orch", action="store_true", help=argparse.SUPPRESS)

@@ -1305,7 +1305,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         type=Path,
-        default=REPO_ROOT / "bench" / "results" / f"retrieval-search-{stamp}.json",
+        default=REPO_ROOT / "bench" / "out" / f"retrieval-search-{stamp}.json",
     )
     args = ap.parse_args(argv)
     args.profiles = [p for p in args.profiles.split(",") if p]

@@ -980,8 +980,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--out",
         type=Path,
-        default=REPO_ROOT / "bench" / "results" / f"transport-{stamp}.json",
-        help="JSON results file (bench/results/transport-<date>-<time>.json)",
+        default=REPO_ROOT / "bench" / "out" / f"transport-{stamp}.json",
+        help="JSON results file (bench/out/transport-<date>-<time>.json, ignored by git)",
     )
     args = ap.parse_args(argv)
     if args.breakdown:

@@ -48,7 +48,7 @@ from services.devtools.mesh import (  # noqa: E402
 from services.devtools.topology import Ports  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = HERE / "results"  # *.full.json ignored by git (bench/answers/.gitignore)
 TENANT = "answers"
 USER = "answers-bench"
 KB_DIR = REPO / "samples" / "knowledge_base"

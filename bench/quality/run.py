@@ -44,7 +44,7 @@ from bench.quality.metrics import (  # noqa: E402
     score_query,
 )
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "out" / "quality"  # ignored by git
 MODES = ("section_first", "doc_first", "chunk_priority", "hybrid_only")
 DEFAULT_TARGET = "127.0.0.1:50053"
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -422,7 +422,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rerank", action="store_true", help="run the rerank row without checking env")
     p.add_argument("--timeout", type=float, default=30.0, help="Search deadline, seconds")
     p.add_argument("--ingest-timeout", type=float, default=900.0, help="per document, seconds")
-    p.add_argument("--out", type=Path, help="results JSON (default bench/quality/results/…)")
+    p.add_argument("--out", type=Path, help="results JSON (default bench/out/quality/…)")
     p.add_argument("--check", action="store_true", help="validate the gold set and exit")
     return p.parse_args(argv)
 
