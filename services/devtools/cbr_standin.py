@@ -396,97 +396,108 @@ class BankStandIn:
 
     def answer(self, operation: str, params: dict[str, str]) -> bytes:
         """The SOAP answer to one well-formed call; SoapFault for a bad parameter."""
-        if operation == "GetCursOnDate":
-            on = _xsd_date(params, "On_date")
-            day = rate_day_on(on)
-            rows = [
-                {
-                    "Vname": c.name + " " * 20,  # the bank pads names with spaces
-                    "Vnom": str(c.nominal),
-                    "Vcurs": f"{rate_for(c, day):.4f}",
-                    "Vcode": str(c.numeric),
-                    "VchCode": c.iso,
-                    "VunitRate": repr(round(rate_for(c, day) / c.nominal, 8)),
-                }
-                for c in self.currencies
-            ]
-            cols = [
-                ("Vname", "string"),
-                ("Vnom", "decimal"),
-                ("Vcurs", "decimal"),
-                ("Vcode", "int"),
-                ("VchCode", "string"),
-                ("VunitRate", "double"),
-            ]
-            return _dataset(
-                operation,
-                "ValuteData",
-                "ValuteCursOnDate",
-                cols,
-                rows,
-                on_date=day.strftime("%Y%m%d"),
+        answers = {
+            "GetCursOnDate": self._curs_on_date,
+            "GetCursDynamic": self._curs_dynamic,
+            "KeyRate": self._key_rate,
+            "NewsInfo": self._news_info,
+        }
+        return answers.get(operation, self._enum_valutes)(operation, params)
+
+    def _curs_on_date(self, operation: str, params: dict[str, str]) -> bytes:
+        on = _xsd_date(params, "On_date")
+        day = rate_day_on(on)
+        rows = [
+            {
+                "Vname": c.name + " " * 20,  # the bank pads names with spaces
+                "Vnom": str(c.nominal),
+                "Vcurs": f"{rate_for(c, day):.4f}",
+                "Vcode": str(c.numeric),
+                "VchCode": c.iso,
+                "VunitRate": repr(round(rate_for(c, day) / c.nominal, 8)),
+            }
+            for c in self.currencies
+        ]
+        cols = [
+            ("Vname", "string"),
+            ("Vnom", "decimal"),
+            ("Vcurs", "decimal"),
+            ("Vcode", "int"),
+            ("VchCode", "string"),
+            ("VunitRate", "double"),
+        ]
+        return _dataset(
+            operation,
+            "ValuteData",
+            "ValuteCursOnDate",
+            cols,
+            rows,
+            on_date=day.strftime("%Y%m%d"),
+        )
+
+    def _curs_dynamic(self, operation: str, params: dict[str, str]) -> bytes:
+        start, end = _xsd_date(params, "FromDate"), _xsd_date(params, "ToDate")
+        if "ValutaCode" not in params:
+            raise SoapFault(
+                "soap:Server",
+                "Server was unable to process request. ---> Value cannot be null.",
             )
-        if operation == "GetCursDynamic":
-            start, end = _xsd_date(params, "FromDate"), _xsd_date(params, "ToDate")
-            if "ValutaCode" not in params:
-                raise SoapFault(
-                    "soap:Server",
-                    "Server was unable to process request. ---> Value cannot be null.",
-                )
-            code = params["ValutaCode"].strip()
-            currency = next((c for c in self.currencies if c.code == code), None)
-            rows = []
-            if currency is not None:
-                for day in _days(start, end):
-                    if is_rate_day(day):
-                        value = rate_for(currency, day)
-                        rows.append(
-                            {
-                                "CursDate": _dt(day),
-                                "Vcode": currency.code,
-                                "Vnom": str(currency.nominal),
-                                "Vcurs": f"{value:.4f}",
-                                "VunitRate": repr(round(value / currency.nominal, 8)),
-                            }
-                        )
-            cols = [
-                ("CursDate", "dateTime"),
-                ("Vcode", "string"),
-                ("Vnom", "decimal"),
-                ("Vcurs", "decimal"),
-                ("VunitRate", "double"),
-            ]
-            return _dataset(operation, "ValuteData", "ValuteCursDynamic", cols, rows)
-        if operation == "KeyRate":
-            start, end = _xsd_date(params, "fromDate"), _xsd_date(params, "ToDate")
-            rows = []
-            for day in reversed(_days(start, end)):  # the bank lists the newest first
-                rate = key_rate_on(day, self.key_rate_changes)
-                if day.weekday() < 5 and rate is not None:
-                    rows.append({"DT": _dt(day), "Rate": f"{rate:.2f}"})
-            return _dataset(
-                operation, "KeyRate", "KR", [("DT", "dateTime"), ("Rate", "decimal")], rows
-            )
-        if operation == "NewsInfo":
-            start, end = _xsd_date(params, "fromDate"), _xsd_date(params, "ToDate")
-            rows = [
-                {
-                    "Doc_id": str(n.doc_id),
-                    "DocDate": n.when.isoformat() + "+03:00",
-                    "Title": n.title,
-                    "Url": n.url,
-                }
-                for n in sorted(self.current_news(), key=lambda n: n.when, reverse=True)
-                if start <= n.when.date() <= end
-            ]
-            cols = [
-                ("Doc_id", "int"),
-                ("DocDate", "dateTime"),
-                ("Title", "string"),
-                ("Url", "string"),
-            ]
-            return _dataset(operation, "NewsInfo", "News", cols, rows)
-        # EnumValutes(Seld): the daily-quoted currencies (Seld=false) with all their codes.
+        code = params["ValutaCode"].strip()
+        currency = next((c for c in self.currencies if c.code == code), None)
+        rows = []
+        if currency is not None:
+            for day in _days(start, end):
+                if is_rate_day(day):
+                    value = rate_for(currency, day)
+                    rows.append(
+                        {
+                            "CursDate": _dt(day),
+                            "Vcode": currency.code,
+                            "Vnom": str(currency.nominal),
+                            "Vcurs": f"{value:.4f}",
+                            "VunitRate": repr(round(value / currency.nominal, 8)),
+                        }
+                    )
+        cols = [
+            ("CursDate", "dateTime"),
+            ("Vcode", "string"),
+            ("Vnom", "decimal"),
+            ("Vcurs", "decimal"),
+            ("VunitRate", "double"),
+        ]
+        return _dataset(operation, "ValuteData", "ValuteCursDynamic", cols, rows)
+
+    def _key_rate(self, operation: str, params: dict[str, str]) -> bytes:
+        start, end = _xsd_date(params, "fromDate"), _xsd_date(params, "ToDate")
+        rows = []
+        for day in reversed(_days(start, end)):  # the bank lists the newest first
+            rate = key_rate_on(day, self.key_rate_changes)
+            if day.weekday() < 5 and rate is not None:
+                rows.append({"DT": _dt(day), "Rate": f"{rate:.2f}"})
+        return _dataset(operation, "KeyRate", "KR", [("DT", "dateTime"), ("Rate", "decimal")], rows)
+
+    def _news_info(self, operation: str, params: dict[str, str]) -> bytes:
+        start, end = _xsd_date(params, "fromDate"), _xsd_date(params, "ToDate")
+        rows = [
+            {
+                "Doc_id": str(n.doc_id),
+                "DocDate": n.when.isoformat() + "+03:00",
+                "Title": n.title,
+                "Url": n.url,
+            }
+            for n in sorted(self.current_news(), key=lambda n: n.when, reverse=True)
+            if start <= n.when.date() <= end
+        ]
+        cols = [
+            ("Doc_id", "int"),
+            ("DocDate", "dateTime"),
+            ("Title", "string"),
+            ("Url", "string"),
+        ]
+        return _dataset(operation, "NewsInfo", "News", cols, rows)
+
+    def _enum_valutes(self, operation: str, params: dict[str, str]) -> bytes:
+        """EnumValutes(Seld): the daily-quoted currencies (Seld=false) with all their codes."""
         seld = params.get("Seld", "false").strip().lower()
         if seld not in ("true", "false", "1", "0"):
             raise SoapFault(
@@ -523,113 +534,127 @@ class BankStandIn:
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         """The request handler bound to this server: parses the envelope, answers or faults."""
-        bank = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
-                return
-
-            def setup(self) -> None:
-                super().setup()
-                with bank._lock:
-                    bank._connections.add(self.connection)
-
-            def finish(self) -> None:
-                with bank._lock:
-                    bank._connections.discard(self.connection)
-                super().finish()
-
-            def _send(self, status: int, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _xml(self, status: int, body: bytes) -> None:
-                self._send(status, body, "text/xml; charset=utf-8")
-
-            def do_GET(self) -> None:
-                page = f"<html><body>DailyInfo: {escape(DEMO_BANNER)}</body></html>"
-                self._send(200, page.encode(), "text/html; charset=utf-8")
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                raw = self.rfile.read(length) if length else b""
-                action = (self.headers.get("SOAPAction") or "").strip().strip('"')
-                content_type = self.headers.get("Content-Type", "")
-                operation, params = "", {}
-                root = None
-                try:
-                    root = ET.fromstring(raw)
-                    body = root.find(f"{{{SOAP_NS}}}Body")
-                    call = body[0] if body is not None and len(body) else None
-                    if call is not None and call.tag.startswith(f"{{{CBR_NS}}}"):
-                        operation = call.tag.split("}", 1)[1]
-                        params = {
-                            child.tag.split("}", 1)[-1]: (child.text or "").strip()
-                            for child in call
-                        }
-                except ET.ParseError:
-                    root = None
-                with bank._lock:
-                    bank.requests.append(
-                        RecordedRequest(self.path, action, content_type, operation, params)
-                    )
-                if self.path.split("?")[0].lower() != PATH.lower():
-                    self._send(404, b"<html><body>Not Found</body></html>", "text/html")
-                    return
-                fault = bank._next_fault()
-                if fault is not None:
-                    kind, arg = fault
-                    if kind == "hang":
-                        bank._release.wait()
-                        self.close_connection = True
-                        return
-                    if kind == "drop":
-                        self.close_connection = True
-                        return
-                    if kind == "garbage":
-                        self._send(200, b"<html><body>maintenance<br></body></html>", "text/html")
-                        return
-                    if kind == "fail":
-                        self._send(
-                            arg,
-                            b"<html><body><h1>Service Unavailable</h1></body></html>",
-                            "text/html; charset=us-ascii",
-                        )
-                        return
-                    self._xml(500, fault_envelope(*arg))
-                    return
-                if not content_type.lower().startswith("text/xml"):
-                    self._send(415, b"Unsupported Media Type", "text/plain")
-                    return
-                try:
-                    if root is None:
-                        raise SoapFault(
-                            "soap:Client",
-                            "Server was unable to read request. ---> There is an error in "
-                            "XML document (1, 1). ---> Root element is missing.",
-                        )
-                    prefix = CBR_NS
-                    if (
-                        not action.startswith(prefix)
-                        or action[len(prefix) :] not in bank.OPERATIONS
-                    ):
-                        raise SoapFault(
-                            "soap:Client",
-                            f"Server did not recognize the value of HTTP Header SOAPAction: {action}.",
-                        )
-                    if root.tag != f"{{{SOAP_NS}}}Envelope" or operation != action[len(prefix) :]:
-                        raise SoapFault(
-                            "soap:Client",
-                            "Server was unable to read request. ---> The body does not hold "
-                            f"the element {action[len(prefix) :]} in {CBR_NS}.",
-                        )
-                    self._xml(200, bank.answer(operation, params))
-                except SoapFault as exc:
-                    self._xml(500, fault_envelope(exc.code, exc.message))
+        class Handler(_DailyInfoHandler):
+            bank = self
 
         return Handler
+
+
+def _parse_call(raw: bytes) -> tuple[ET.Element | None, str, dict[str, str]]:
+    """The envelope's root (None when it does not parse), its DailyInfo operation and
+    parameters ("" and {} when the body holds no DailyInfo call)."""
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError:
+        return None, "", {}
+    body = root.find(f"{{{SOAP_NS}}}Body")
+    call = body[0] if body is not None and len(body) else None
+    if call is None or not call.tag.startswith(f"{{{CBR_NS}}}"):
+        return root, "", {}
+    params = {child.tag.split("}", 1)[-1]: (child.text or "").strip() for child in call}
+    return root, call.tag.split("}", 1)[1], params
+
+
+def _check_call(root: ET.Element | None, action: str, operation: str) -> None:
+    """SoapFault, as the bank words it, for an envelope or SOAPAction it would not run."""
+    if root is None:
+        raise SoapFault(
+            "soap:Client",
+            "Server was unable to read request. ---> There is an error in "
+            "XML document (1, 1). ---> Root element is missing.",
+        )
+    prefix = CBR_NS
+    if not action.startswith(prefix) or action[len(prefix) :] not in BankStandIn.OPERATIONS:
+        raise SoapFault(
+            "soap:Client",
+            f"Server did not recognize the value of HTTP Header SOAPAction: {action}.",
+        )
+    if root.tag != f"{{{SOAP_NS}}}Envelope" or operation != action[len(prefix) :]:
+        raise SoapFault(
+            "soap:Client",
+            "Server was unable to read request. ---> The body does not hold "
+            f"the element {action[len(prefix) :]} in {CBR_NS}.",
+        )
+
+
+class _DailyInfoHandler(BaseHTTPRequestHandler):
+    """One HTTP connection to a `BankStandIn` (`bank` is set on a subclass per server)."""
+
+    protocol_version = "HTTP/1.1"
+    bank: BankStandIn
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    def setup(self) -> None:
+        super().setup()
+        with self.bank._lock:
+            self.bank._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.bank._lock:
+            self.bank._connections.discard(self.connection)
+        super().finish()
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _xml(self, status: int, body: bytes) -> None:
+        self._send(status, body, "text/xml; charset=utf-8")
+
+    def do_GET(self) -> None:
+        page = f"<html><body>DailyInfo: {escape(DEMO_BANNER)}</body></html>"
+        self._send(200, page.encode(), "text/html; charset=utf-8")
+
+    def do_POST(self) -> None:
+        bank = self.bank
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length) if length else b""
+        action = (self.headers.get("SOAPAction") or "").strip().strip('"')
+        content_type = self.headers.get("Content-Type", "")
+        root, operation, params = _parse_call(raw)
+        with bank._lock:
+            bank.requests.append(
+                RecordedRequest(self.path, action, content_type, operation, params)
+            )
+        if self.path.split("?")[0].lower() != PATH.lower():
+            self._send(404, b"<html><body>Not Found</body></html>", "text/html")
+            return
+        fault = bank._next_fault()
+        if fault is not None:
+            self._serve_fault(*fault)
+            return
+        if not content_type.lower().startswith("text/xml"):
+            self._send(415, b"Unsupported Media Type", "text/plain")
+            return
+        try:
+            _check_call(root, action, operation)
+            self._xml(200, bank.answer(operation, params))
+        except SoapFault as exc:
+            self._xml(500, fault_envelope(exc.code, exc.message))
+
+    def _serve_fault(self, kind: str, arg: Any) -> None:
+        """Misbehave as the injected fault says (see tests/fakes/cbr_server.py)."""
+        if kind == "hang":
+            self.bank._release.wait()
+            self.close_connection = True
+            return
+        if kind == "drop":
+            self.close_connection = True
+            return
+        if kind == "garbage":
+            self._send(200, b"<html><body>maintenance<br></body></html>", "text/html")
+            return
+        if kind == "fail":
+            self._send(
+                arg,
+                b"<html><body><h1>Service Unavailable</h1></body></html>",
+                "text/html; charset=us-ascii",
+            )
+            return
+        self._xml(500, fault_envelope(*arg))
