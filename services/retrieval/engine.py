@@ -26,6 +26,7 @@ import numpy as np
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.search_contract import KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
@@ -43,11 +44,9 @@ from services.retrieval.query import (
     SynonymTable,
     detect_language,
     expand_query,
-    normalise_query,
     passage_language,
 )
 from services.retrieval.search import (
-    KB_TENANT,
     ChunkHit,
     DocHit,
     SearchDefaults,
@@ -704,18 +703,7 @@ class RetrievalEngine:
         timing: _Timing,
         started: float,
     ) -> SearchResult:
-        selected = self._select(plan, chunks)
-        # Texts only for what the response carries (hits and context candidates).
-        head = selected[: max(plan.max_results, plan.max_chunks)]
-        if head:
-            t0 = time.perf_counter()
-            texts = self._texts(plan, head, texts)
-            timing.engine_ms += (time.perf_counter() - t0) * 1000
-            # By key, not by count: `texts` may hold texts of candidates _select dropped.
-            gone = {_key(h) for h, _ in head if _key(h) not in texts}
-            if gone:
-                selected = [hs for hs in selected if _key(hs[0]) not in gone]
-                head = selected[: max(plan.max_results, plan.max_chunks)]
+        selected, head, texts = self._with_texts(plan, self._select(plan, chunks), texts, timing)
         kept = [
             ChunkHit(
                 doc_id=h.doc_id,
@@ -730,6 +718,47 @@ class RetrievalEngine:
             )
             for h, score in head
         ]
+        sections, docs = self._sections_and_docs(plan, selected)
+        return SearchResult(
+            hits=kept[: plan.max_results],
+            chunks=self._context(plan, kept),
+            docs=docs,
+            sections=sections,
+            mode=plan.mode,
+            hybrid_used=plan.ranking == "hybrid",
+            rerank_used=rerank_used,
+            elapsed_ms=round((time.perf_counter() - started) * 1000),
+            backend=self.backend,
+            language=plan.language,
+            query_variants=plan.variants,
+            query_variants_source=plan.variants_source,
+            query_embedding_ms=round(timing.embed_ms, 3),
+            engine_ms=round(timing.engine_ms, 3),
+            rerank_ms=round(timing.rerank_ms, 3),
+        )
+
+    def _with_texts(
+        self, plan: _Plan, selected: list[Scored], texts: dict[Key, str], timing: _Timing
+    ) -> tuple[list[Scored], list[Scored], dict[Key, str]]:
+        """The selection without chunks whose text is gone, its head (what the response
+        carries: hits and context candidates) and the texts of that head."""
+        head = selected[: max(plan.max_results, plan.max_chunks)]
+        if head:
+            t0 = time.perf_counter()
+            texts = self._texts(plan, head, texts)
+            timing.engine_ms += (time.perf_counter() - t0) * 1000
+            # By key, not by count: `texts` may hold texts of candidates _select dropped.
+            gone = {_key(h) for h, _ in head if _key(h) not in texts}
+            if gone:
+                selected = [hs for hs in selected if _key(hs[0]) not in gone]
+                head = selected[: max(plan.max_results, plan.max_chunks)]
+        return selected, head, texts
+
+    def _sections_and_docs(
+        self, plan: _Plan, selected: list[Scored]
+    ) -> tuple[list[SectionHit], list[DocHit]]:
+        """The best sections and documents of the selection, in score order, with their
+        catalog titles and summaries."""
         sections: dict[tuple[str, str], SectionHit] = {}
         docs: dict[str, DocHit] = {}
         entries: dict[str, DocSections | None] = {}  # one catalog lookup per document
@@ -759,6 +788,10 @@ class RetrievalEngine:
                 )
             if new_doc:
                 docs[c.doc_id] = DocHit(c.doc_id, entry[0] if entry else "", round(raw, 6))
+        return list(sections.values()), list(docs.values())
+
+    def _context(self, plan: _Plan, kept: list[ChunkHit]) -> list[ChunkHit]:
+        """The context blocks built from the best `plan.max_chunks` hits."""
         built = build_context(
             [
                 ContextCandidate(
@@ -778,7 +811,7 @@ class RetrievalEngine:
             tokenizer=self._tokenizer,
             options=ContextOptions(hard_trim=plan.hard_trim),
         )
-        context = [
+        return [
             ChunkHit(
                 doc_id=b.doc_id,
                 section_id=b.section_id,
@@ -792,23 +825,6 @@ class RetrievalEngine:
             )
             for b in built.blocks
         ]
-        return SearchResult(
-            hits=kept[: plan.max_results],
-            chunks=context,
-            docs=list(docs.values()),
-            sections=list(sections.values()),
-            mode=plan.mode,
-            hybrid_used=plan.ranking == "hybrid",
-            rerank_used=rerank_used,
-            elapsed_ms=round((time.perf_counter() - started) * 1000),
-            backend=self.backend,
-            language=plan.language,
-            query_variants=plan.variants,
-            query_variants_source=plan.variants_source,
-            query_embedding_ms=round(timing.embed_ms, 3),
-            engine_ms=round(timing.engine_ms, 3),
-            rerank_ms=round(timing.rerank_ms, 3),
-        )
 
 
 def _key(h: StoredPoint) -> Key:
