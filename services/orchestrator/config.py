@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.prompt_limits import llm_prompt_limit
+from services.common.search_contract import MAX_RESULTS_LIMIT, window_radius
 from services.common.settings import (
     DownstreamSettings,
     Env,
@@ -14,8 +15,6 @@ from services.common.settings import (
 )
 from services.orchestrator.runtime_config import RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
-from services.retrieval.search import MAX_RESULTS_LIMIT
-from services.toolsproxy.config import window_radius
 
 DEFAULT_PORT = 50051
 MAX_CONTEXT_CHARS_LIMIT = 786_432

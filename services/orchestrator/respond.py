@@ -11,6 +11,14 @@ from datetime import UTC, date, datetime, timedelta
 
 from services.common import errors
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.search_contract import (
+    KB_TENANT,
+    MAX_FILTER_VALUES,
+    check_max_results,
+    check_query_length,
+    normalise_query,
+    validate_filters,
+)
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.model import (
@@ -38,14 +46,6 @@ from services.orchestrator.scenarios import (
     decision_schema,
     parse_model_decision,
     rule_decision,
-)
-from services.retrieval.query import normalise_query
-from services.retrieval.search import (
-    KB_TENANT,
-    MAX_FILTER_VALUES,
-    MAX_QUERY_CHARS,
-    MAX_RESULTS_LIMIT,
-    validate_filters,
 )
 
 log = logging.getLogger("visior.orchestrator")
@@ -94,21 +94,8 @@ def validate(req: RespondInput) -> None:
     # characters) is the caller's error here, not Retrieval's refusal relayed as ours.
     if not normalise_query(req.query):
         raise errors.InvalidArgumentError("query is required", metadata={"field": "query"})
-    if len(req.query) > MAX_QUERY_CHARS:
-        raise errors.LimitExceededError(
-            f"query is {len(req.query)} characters; the limit is {MAX_QUERY_CHARS}",
-            metadata={"field": "query", "limit": str(MAX_QUERY_CHARS)},
-        )
-    if req.max_results is not None:
-        if req.max_results < 1:
-            raise errors.InvalidArgumentError(
-                "max_results must be at least 1", metadata={"field": "max_results"}
-            )
-        if req.max_results > MAX_RESULTS_LIMIT:
-            raise errors.LimitExceededError(
-                f"max_results is {req.max_results}; the limit is {MAX_RESULTS_LIMIT}",
-                metadata={"field": "max_results", "limit": str(MAX_RESULTS_LIMIT)},
-            )
+    check_query_length(req.query)
+    check_max_results(req.max_results)
     if len(req.history) > MAX_HISTORY_TURNS:
         raise errors.LimitExceededError(
             f"at most {MAX_HISTORY_TURNS} history turns",

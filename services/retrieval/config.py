@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.search_contract import MAX_RESULTS_LIMIT
 from services.common.settings import Env, ServerSettings, SettingsError
 from services.docstore.config import DocstoreSettings, docstore_settings
 from services.retrieval.embeddings import EmbeddingSettings
@@ -12,7 +13,7 @@ from services.retrieval.engine import FUSIONS, EngineSettings
 from services.retrieval.index.base import QUANTIZATIONS
 from services.retrieval.llm_assist import LlmAssistSettings
 from services.retrieval.rerank import RerankSettings
-from services.retrieval.search import MAX_RESULTS_LIMIT, SearchDefaults
+from services.retrieval.search import SearchDefaults
 
 DEFAULT_PORT = 50053
 MAX_OPTIMIZE_QUIET_S = 86_400.0

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
+from services.common.search_contract import KB_TENANT
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
@@ -43,7 +44,6 @@ from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError, VectorIndex
 from services.retrieval.journal import IngestJournal
 from services.retrieval.listing import ListPage, list_page, page_token
-from services.retrieval.search import KB_TENANT
 from services.retrieval.sections import SectionCatalog
 
 log = logging.getLogger("visior.retrieval.ingestion")

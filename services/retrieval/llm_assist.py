@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
+from services.common.search_contract import normalise_query
 from services.common.settings import Env, SettingsError
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
@@ -47,7 +48,7 @@ from services.docstore.summaries import mix_generation, section_texts
 from services.llm.chat import ChatMessage, Completion, ToolSpec
 from services.llm.model import GenerationParams
 from services.llm.runtime import RuntimeSettings
-from services.retrieval.query import detect_language, keyword_form, normalise_query
+from services.retrieval.query import detect_language, keyword_form
 
 log = logging.getLogger("visior.retrieval.llm_assist")
 

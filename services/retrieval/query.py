@@ -1,5 +1,8 @@
 """Query processing (retrieval.md §5.1): normalisation, language detection, synonym expansion.
 
+The normalisation itself (:func:`normalise_query`) is shared with the Orchestrator and
+lives in services.common.search_contract.
+
 Normalisation keeps case and ``ё`` for the text the dense embedder sees (e5 is cased, and
 folding there buys nothing), and offers :func:`keyword_form` — lowercased, ``ё`` folded
 to ``е`` — for keyword (BM25) matching. Folding only helps when the index side folds the
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from services.common.search_contract import fold_yo, normalise_query
+
 LANGUAGES = ("ru", "en", "mixed", "other")
 
 # Cyrillic share of the Cyrillic+Latin letters at or above which a query is Russian.
@@ -29,43 +34,7 @@ _RU_SHARE = 0.6
 # ... and at or below which it is English.
 _EN_SHARE = 0.1
 
-_ZERO_WIDTH_SPACES = {"\u200b", "\u2060", "\u180e"}
 _WORD = re.compile(r"\w+(?:[-'’]\w+)*", re.UNICODE)
-
-
-def fold_yo(text: str) -> str:
-    """``ё``/``Ё`` replaced by ``е``/``Е``."""
-    return text.replace("ё", "е").replace("Ё", "Е")
-
-
-def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -> str:
-    """Unicode NFKC, control and format characters removed, whitespace collapsed and trimmed.
-
-    NFKC turns full-width letters, ligatures and no-break spaces into their plain forms;
-    soft hyphens, zero-width joiners, BOMs and bidi marks (category Cf), controls (Cc,
-    tabs and newlines become spaces), surrogates and private-use characters go; zero-width
-    spaces count as spaces. ``lowercase`` and ``fold`` (``ё`` → ``е``) are opt-in: see the
-    module docstring and :func:`keyword_form`.
-    """
-    text = unicodedata.normalize("NFKC", text)
-    out: list[str] = []
-    for ch in text:
-        if ch in _ZERO_WIDTH_SPACES:
-            out.append(" ")
-            continue
-        category = unicodedata.category(ch)
-        if category == "Cc":
-            out.append(" " if ch.isspace() else "")
-        elif category in ("Cf", "Cs", "Co"):
-            continue
-        else:
-            out.append(ch)
-    result = " ".join("".join(out).split())
-    if lowercase:
-        result = result.lower()
-    if fold:
-        result = fold_yo(result)
-    return result
 
 
 def keyword_form(text: str) -> str:

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from services.common import errors
+from services.common.search_contract import (
+    KB_TENANT,
+    check_max_results,
+    check_query_length,
+    invalid,
+    validate_filters,
+)
 
-MAX_QUERY_CHARS = 4096
-MAX_RESULTS_LIMIT = 50
 MODES = ("doc_first", "section_first", "chunk_priority", "hybrid_only")
 PARAM_LIMITS = {"max_docs": 100, "max_sections": 200, "max_chunks": 200}
 MAX_CONTEXT_TOKEN_LIMIT = 131_072
-MAX_FILTER_VALUES = 100
-SOURCES = ("user", "knowledge_base")
-"""The values of filters.source (empty: any)."""
 MAX_TOPK_PER_DOC = 50
-
-KB_TENANT = "__knowledge_base__"
-"""The reserved tenant that holds the shared knowledge base (DESIGN §3, agent.md §6)."""
 
 
 @dataclass(frozen=True)
@@ -122,35 +120,20 @@ class SearchResult:
     rerank_ms: float = 0.0
 
 
-def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
-    return errors.InvalidArgumentError(message, metadata={"field": field_name})
-
-
 def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service must refuse."""
     if not q.tenant_id.strip():
-        raise _invalid("tenant_id", "tenant_id is required")
+        raise invalid("tenant_id", "tenant_id is required")
     if q.tenant_id == KB_TENANT:
-        raise _invalid(
+        raise invalid(
             "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
         )
     if not q.query.strip():
-        raise _invalid("query", "query is required")
-    if len(q.query) > MAX_QUERY_CHARS:
-        raise errors.LimitExceededError(
-            f"query is {len(q.query)} characters; the limit is {MAX_QUERY_CHARS}",
-            metadata={"field": "query", "limit": str(MAX_QUERY_CHARS)},
-        )
-    if q.max_results is not None:
-        if q.max_results < 1:
-            raise _invalid("max_results", "max_results must be at least 1")
-        if q.max_results > MAX_RESULTS_LIMIT:
-            raise errors.LimitExceededError(
-                f"max_results is {q.max_results}; the limit is {MAX_RESULTS_LIMIT}",
-                metadata={"field": "max_results", "limit": str(MAX_RESULTS_LIMIT)},
-            )
+        raise invalid("query", "query is required")
+    check_query_length(q.query)
+    check_max_results(q.max_results)
     if q.mode and q.mode not in MODES:
-        raise _invalid("params.retrieval_mode", f"retrieval_mode must be one of {', '.join(MODES)}")
+        raise invalid("params.retrieval_mode", f"retrieval_mode must be one of {', '.join(MODES)}")
     for name, limit in PARAM_LIMITS.items():
         value = getattr(q, name)
         if value is not None and not 1 <= value <= limit:
@@ -172,31 +155,5 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
             metadata={"field": "params.topk_per_doc", "limit": str(MAX_TOPK_PER_DOC)},
         )
     if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
-        raise _invalid("params.min_score", "params.min_score must be between 0 and 1")
+        raise invalid("params.min_score", "params.min_score must be between 0 and 1")
     validate_filters(q.filters)
-
-
-class FilterValues(Protocol):
-    """The filter fields validate_filters reads (this module's Filters, the orchestrator's)."""
-
-    @property
-    def tags(self) -> Sequence[str]: ...
-    @property
-    def doc_ids(self) -> Sequence[str]: ...
-    @property
-    def section_ids(self) -> Sequence[str]: ...
-    @property
-    def source(self) -> str: ...
-
-
-def validate_filters(f: FilterValues) -> None:
-    """filters.source and the filter lists' limits; the orchestrator checks a Respond's
-    filters with it before they reach Retrieval."""
-    if f.source and f.source not in SOURCES:
-        raise _invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
-    for name in ("tags", "doc_ids", "section_ids"):
-        if len(getattr(f, name)) > MAX_FILTER_VALUES:
-            raise errors.LimitExceededError(
-                f"filters.{name} has more than {MAX_FILTER_VALUES} values",
-                metadata={"field": f"filters.{name}", "limit": str(MAX_FILTER_VALUES)},
-            )

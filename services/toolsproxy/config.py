@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.search_contract import window_radius
 from services.common.settings import DownstreamSettings, Env, ServerSettings, downstream
 from services.docstore.config import DocstoreSettings, docstore_settings
 from services.toolsproxy.cbr import CbrSettings
@@ -13,18 +14,6 @@ from services.toolsproxy.tavily import TavilySettings
 from services.toolsproxy.tools import ToolLimits
 
 DEFAULT_PORT = 50054
-DEFAULT_WINDOW_RADIUS = 3
-
-
-def window_radius(env: Env, primary: list[str], legacy: list[str]) -> int:
-    """Per-side radius R (DESIGN §2.6): R from `primary`, else legacy total N -> floor((N-1)/2)."""
-    found = env.raw(primary)
-    if found is not None:
-        return env.integer(primary, DEFAULT_WINDOW_RADIUS, minimum=0, maximum=50)
-    if env.raw(legacy) is not None:
-        total = env.integer(legacy, 2 * DEFAULT_WINDOW_RADIUS + 1, minimum=1, maximum=101)
-        return (total - 1) // 2
-    return DEFAULT_WINDOW_RADIUS
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.logging import trace_id_bound
+from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
-from services.retrieval.search import KB_TENANT
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
 
 log = logging.getLogger("visior.toolsproxy.mcp")

@@ -8,8 +8,8 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
+from services.common.search_contract import KB_TENANT
 from services.common.structs import request_struct
-from services.retrieval.search import KB_TENANT
 from services.toolsproxy.tools import Caller, ToolExecutor
 
 MAX_TOOL_NAME = 64

@@ -11,6 +11,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from services.common import errors
+from services.common.search_contract import KB_TENANT
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document
@@ -21,7 +22,7 @@ from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.ingestion import IngestInput, Ingestor, document_points
 from services.retrieval.journal import IngestJournal
-from services.retrieval.search import KB_TENANT, SearchQuery
+from services.retrieval.search import SearchQuery
 from services.retrieval.sections import SectionCatalog
 from tests.unit.test_search import FlakyIndex, make_stack
 

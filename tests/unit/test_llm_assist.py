@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from services.common.breaker import CircuitBreaker
+from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
 from services.docstore.parsing import TITLE_SEPARATOR, parse_document
@@ -38,7 +39,7 @@ from services.retrieval.llm_assist import (
     trim_to,
 )
 from services.retrieval.query import load_synonyms
-from services.retrieval.search import KB_TENANT, SearchDefaults, SearchQuery
+from services.retrieval.search import SearchDefaults, SearchQuery
 from services.retrieval.sections import SectionCatalog
 from tests.fakes.openai_chat import ChatRequest, FakeChatServer, Reply, text
 

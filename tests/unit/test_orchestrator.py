@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
+from services.common.search_contract import normalise_query
 from services.orchestrator.model import (
     Filters,
     LlmOutcome,
@@ -25,7 +26,6 @@ from services.orchestrator.respond import (
     validate,
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
-from services.retrieval.query import normalise_query
 
 SECTION = SectionCandidate(
     "guide", "sec-ldap", "LDAP", "How to set up LDAP. " * 50, 0.9, 6, 7, "guide:c3"

@@ -31,6 +31,7 @@ from visior.retrieval.v1 import retrieval_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common import errors
+from services.common import search_contract as contract
 from services.llm import engine as llm_engine
 from services.llm.servicer import generate_input
 from services.orchestrator import respond as orch_respond
@@ -323,7 +324,7 @@ queries = st.text(
 def valid_search(draw: st.DrawFn) -> retrieval_pb2.SearchRequest:
     req = retrieval_pb2.SearchRequest(query=draw(queries), tenant_id=draw(ids))
     if draw(st.booleans()):
-        req.max_results = draw(st.integers(1, retr_search.MAX_RESULTS_LIMIT))
+        req.max_results = draw(st.integers(1, contract.MAX_RESULTS_LIMIT))
     p = req.params
     for name, limit in retr_search.PARAM_LIMITS.items():
         if draw(st.booleans()):
@@ -336,7 +337,7 @@ def valid_search(draw: st.DrawFn) -> retrieval_pb2.SearchRequest:
         p.min_score = draw(st.floats(0.0, 1.0))
     p.retrieval_mode = draw(st.sampled_from(("", *retr_search.MODES)))
     req.filters.source = draw(st.sampled_from(["", "user", "knowledge_base"]))
-    req.filters.doc_ids.extend(draw(st.lists(ids, max_size=retr_search.MAX_FILTER_VALUES)))
+    req.filters.doc_ids.extend(draw(st.lists(ids, max_size=contract.MAX_FILTER_VALUES)))
     return req
 
 
@@ -348,7 +349,7 @@ def valid_respond(draw: st.DrawFn) -> orchestrator_pb2.RespondRequest:
     else:
         req.user_id, req.tenant_id = draw(ids), draw(ids)
     if draw(st.booleans()):
-        req.max_results = draw(st.integers(1, orch_respond.MAX_RESULTS_LIMIT))
+        req.max_results = draw(st.integers(1, contract.MAX_RESULTS_LIMIT))
     turns = draw(st.lists(st.sampled_from(["user", "assistant"]),
                           max_size=orch_respond.MAX_HISTORY_TURNS))  # fmt: skip
     for role in turns:
@@ -482,9 +483,9 @@ up = math.nextafter
 R = retr_search
 # (validator, request at the limit, request one past it, reason, field named)
 LIMITS: list[tuple[str, Any, Any, str, str]] = [
-    ("search", _search(max_results=R.MAX_RESULTS_LIMIT), _search(max_results=R.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
+    ("search", _search(max_results=contract.MAX_RESULTS_LIMIT), _search(max_results=contract.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
     ("search", _search(max_results=1), _search(max_results=0), INVALID, "max_results"),
-    ("search", _search(query="q" * R.MAX_QUERY_CHARS), _search(query="q" * (R.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
+    ("search", _search(query="q" * contract.MAX_QUERY_CHARS), _search(query="q" * (contract.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
     *[
         ("search", _search(**{f"params.{n}": lim}), _search(**{f"params.{n}": lim + 1}), LIMIT, f"params.{n}")
         for n, lim in R.PARAM_LIMITS.items()
@@ -499,8 +500,8 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ("search", _search(**{"params.min_score": 0.0}), _search(**{"params.min_score": -5e-324}), INVALID, "params.min_score"),
     ("search", _search(**{"params.min_score": 0.5}), _search(**{"params.min_score": math.nan}), INVALID, "params.min_score"),
     *[
-        ("search", _search(**{f"filters.{n}": ["v"] * R.MAX_FILTER_VALUES}),
-         _search(**{f"filters.{n}": ["v"] * (R.MAX_FILTER_VALUES + 1)}), LIMIT, f"filters.{n}")
+        ("search", _search(**{f"filters.{n}": ["v"] * contract.MAX_FILTER_VALUES}),
+         _search(**{f"filters.{n}": ["v"] * (contract.MAX_FILTER_VALUES + 1)}), LIMIT, f"filters.{n}")
         for n in ("tags", "doc_ids", "section_ids")
     ],
     ("ingest", _ingest(content=b"x" * MAX_DOCUMENT_BYTES), _ingest(content=b"x" * (MAX_DOCUMENT_BYTES + 1)), LIMIT, "content"),
@@ -518,13 +519,13 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ],
     ("ingest", _ingest(tenant_id="t" * 128), _ingest(tenant_id="t" * 129), INVALID, "tenant_id"),
     ("ingest", _ingest(doc_id="d" * 128), _ingest(doc_id="d" * 129), INVALID, "doc_id"),
-    ("respond", _respond(query="q" * orch_respond.MAX_QUERY_CHARS), _respond(query="q" * (orch_respond.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
-    ("respond", _respond(max_results=orch_respond.MAX_RESULTS_LIMIT), _respond(max_results=orch_respond.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
+    ("respond", _respond(query="q" * contract.MAX_QUERY_CHARS), _respond(query="q" * (contract.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
+    ("respond", _respond(max_results=contract.MAX_RESULTS_LIMIT), _respond(max_results=contract.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
     ("respond", _respond(max_results=1), _respond(max_results=0), INVALID, "max_results"),
     ("respond", _respond(history=orch_respond.MAX_HISTORY_TURNS), _respond(history=orch_respond.MAX_HISTORY_TURNS + 1), LIMIT, "history"),
     *[
-        ("respond", _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(orch_respond.MAX_FILTER_VALUES)]})),
-         _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(orch_respond.MAX_FILTER_VALUES + 1)]})), LIMIT, f"filters.{n}")
+        ("respond", _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(contract.MAX_FILTER_VALUES)]})),
+         _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(contract.MAX_FILTER_VALUES + 1)]})), LIMIT, f"filters.{n}")
         for n in ("tags", "doc_ids", "section_ids")
     ],
     ("respond", _respond(filters=retrieval_pb2.SearchFilters(source="knowledge_base")),
@@ -577,7 +578,7 @@ def test_limits_are_exact(name: str, at: Any, past: Any, reason: str, field: str
     [
         ("search", retrieval_pb2.SearchRequest(query="q"), INVALID, "tenant_id"),
         ("search", retrieval_pb2.SearchRequest(query=" \t", tenant_id="demo"), INVALID, "query"),
-        ("search", retrieval_pb2.SearchRequest(query="q", tenant_id=R.KB_TENANT), INVALID, "tenant_id"),
+        ("search", retrieval_pb2.SearchRequest(query="q", tenant_id=contract.KB_TENANT), INVALID, "tenant_id"),
         ("search", _search(**{"params.retrieval_mode": "nope"}), INVALID, "params.retrieval_mode"),
         ("ingest", _ingest(tenant_id="a b"), INVALID, "tenant_id"),
         ("ingest", _ingest(doc_id="../x"), INVALID, "doc_id"),

@@ -4,16 +4,15 @@ import json
 
 import pytest
 
+from services.common.search_contract import fold_yo, normalise_query
 from services.retrieval.query import (
     QueryExpander,
     SynonymExpander,
     SynonymTable,
     detect_language,
     expand_query,
-    fold_yo,
     keyword_form,
     load_synonyms,
-    normalise_query,
     prepare_query,
 )
 

@@ -13,6 +13,7 @@ import pytest
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker
+from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import ingestion
@@ -32,8 +33,6 @@ from services.retrieval.journal import IngestJournal
 from services.retrieval.query import load_synonyms
 from services.retrieval.rerank import RerankResult, RerankSettings, build_reranker
 from services.retrieval.search import (
-    KB_TENANT,
-    MAX_QUERY_CHARS,
     MODES,
     Filters,
     SearchDefaults,

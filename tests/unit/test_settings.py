@@ -1,10 +1,11 @@
 import pytest
 
+from services.common.search_contract import window_radius
 from services.common.settings import Env, SettingsError, grpc_target
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
 from services.retrieval.config import RetrievalSettings
-from services.toolsproxy.config import ToolsProxySettings, window_radius
+from services.toolsproxy.config import ToolsProxySettings
 
 
 def test_first_present_name_wins_and_blank_counts_as_absent():

@@ -24,11 +24,12 @@ from visior.common.v1 import common_pb2
 from visior.retrieval.v1 import retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
+from services.common.search_contract import KB_TENANT
 from services.common.server import start_server
 from services.common.settings import ServerSettings
 from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
-from services.retrieval.search import KB_TENANT, SearchDefaults, validate
+from services.retrieval.search import SearchDefaults, validate
 from services.retrieval.servicer import RetrievalServicer
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher

@@ -1,0 +1,132 @@
+"""What Retrieval, ToolsProxy and the Orchestrator must agree on about a search request.
+
+The reserved knowledge-base tenant, the request limits, filter validation, query
+normalisation and the window-radius rule (DESIGN §2.6, §2.13, §3). Each service checks a
+request with these before it calls the next one, so a caller's mistake is refused where it
+is made and never comes back from a downstream service as that service's own failure.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from typing import Protocol
+
+from services.common import errors
+from services.common.settings import Env
+
+KB_TENANT = "__knowledge_base__"
+"""The reserved tenant that holds the shared knowledge base (DESIGN §3, agent.md §6)."""
+
+MAX_QUERY_CHARS = 4096
+MAX_RESULTS_LIMIT = 50
+MAX_FILTER_VALUES = 100
+SOURCES = ("user", "knowledge_base")
+"""The values of filters.source (empty: any)."""
+
+DEFAULT_WINDOW_RADIUS = 3
+
+_ZERO_WIDTH_SPACES = {"\u200b", "\u2060", "\u180e"}
+
+
+def invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
+    """INVALID_ARGUMENT naming the request field at fault."""
+    return errors.InvalidArgumentError(message, metadata={"field": field_name})
+
+
+def check_query_length(query: str) -> None:
+    """LimitExceededError for a query longer than MAX_QUERY_CHARS."""
+    if len(query) > MAX_QUERY_CHARS:
+        raise errors.LimitExceededError(
+            f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}",
+            metadata={"field": "query", "limit": str(MAX_QUERY_CHARS)},
+        )
+
+
+def check_max_results(max_results: int | None) -> None:
+    """max_results, when given, is between 1 and MAX_RESULTS_LIMIT."""
+    if max_results is None:
+        return
+    if max_results < 1:
+        raise invalid("max_results", "max_results must be at least 1")
+    if max_results > MAX_RESULTS_LIMIT:
+        raise errors.LimitExceededError(
+            f"max_results is {max_results}; the limit is {MAX_RESULTS_LIMIT}",
+            metadata={"field": "max_results", "limit": str(MAX_RESULTS_LIMIT)},
+        )
+
+
+class FilterValues(Protocol):
+    """The filter fields validate_filters reads (Retrieval's Filters, the orchestrator's)."""
+
+    @property
+    def tags(self) -> Sequence[str]: ...
+    @property
+    def doc_ids(self) -> Sequence[str]: ...
+    @property
+    def section_ids(self) -> Sequence[str]: ...
+    @property
+    def source(self) -> str: ...
+
+
+def validate_filters(f: FilterValues) -> None:
+    """filters.source and the filter lists' limits; the orchestrator checks a Respond's
+    filters with it before they reach Retrieval."""
+    if f.source and f.source not in SOURCES:
+        raise invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
+    for name in ("tags", "doc_ids", "section_ids"):
+        if len(getattr(f, name)) > MAX_FILTER_VALUES:
+            raise errors.LimitExceededError(
+                f"filters.{name} has more than {MAX_FILTER_VALUES} values",
+                metadata={"field": f"filters.{name}", "limit": str(MAX_FILTER_VALUES)},
+            )
+
+
+def fold_yo(text: str) -> str:
+    """``ё``/``Ё`` replaced by ``е``/``Е``."""
+    return text.replace("ё", "е").replace("Ё", "Е")
+
+
+def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -> str:
+    """Unicode NFKC, control and format characters removed, whitespace collapsed and trimmed.
+
+    NFKC turns full-width letters, ligatures and no-break spaces into their plain forms;
+    soft hyphens, zero-width joiners, BOMs and bidi marks (category Cf), controls (Cc,
+    tabs and newlines become spaces), surrogates and private-use characters go; zero-width
+    spaces count as spaces. ``lowercase`` and ``fold`` (``ё`` → ``е``) are opt-in: see
+    services.retrieval.query and its ``keyword_form``. A query that normalises to nothing
+    is refused by every service as a missing query.
+    """
+    text = unicodedata.normalize("NFKC", text)
+    out: list[str] = []
+    for ch in text:
+        if ch in _ZERO_WIDTH_SPACES:
+            out.append(" ")
+            continue
+        category = unicodedata.category(ch)
+        if category == "Cc":
+            out.append(" " if ch.isspace() else "")
+        elif category in ("Cf", "Cs", "Co"):
+            continue
+        else:
+            out.append(ch)
+    result = " ".join("".join(out).split())
+    if lowercase:
+        result = result.lower()
+    if fold:
+        result = fold_yo(result)
+    return result
+
+
+def window_radius(env: Env, primary: list[str], legacy: list[str]) -> int:
+    """Per-side radius R (DESIGN §2.6): R from `primary`, else legacy total N -> floor((N-1)/2).
+
+    The Orchestrator's radius schedule and ToolsProxy's cap both come from this rule, so the
+    largest window one asks for is never one the other refuses."""
+    found = env.raw(primary)
+    if found is not None:
+        return env.integer(primary, DEFAULT_WINDOW_RADIUS, minimum=0, maximum=50)
+    if env.raw(legacy) is not None:
+        total = env.integer(legacy, 2 * DEFAULT_WINDOW_RADIUS + 1, minimum=1, maximum=101)
+        return (total - 1) // 2
+    return DEFAULT_WINDOW_RADIUS
