@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.tokenizer import Tokenizer
+from services.common.tool_args import ArgumentError, check_arguments
 from services.common.untrusted import neutralise_markers, unwrap_untrusted, wrap_untrusted
 from services.llm.budget import count_tokens
-from services.llm.chat import ChatMessage, ToolCall, ToolSpec
 from services.llm.model import Anchor, ToolPolicy, ToolResult
 from services.llm.prompt import DelimitedText, delimited_blocks
+from services.model_runtime.chat import ChatMessage, ToolCall, ToolSpec
 
 READ_CHUNK_WINDOW = "read_chunk_window"
 READ_DOC_SECTION = "read_doc_section"
@@ -87,107 +88,7 @@ READ_TOOL_SPECS = (
 """The two read tools, for when ToolsProxy's own catalogue (ListTools) is not at hand."""
 
 
-# --- arguments against a JSON schema ------------------------------------------------------------
-
-
-class ArgumentError(ValueError):
-    """Arguments do not match the tool's schema; the message names the field."""
-
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "object": (dict,),
-    "null": (type(None),),
-}
-
-
-def _is_type(value: Any, name: str) -> bool:
-    if name not in _TYPES:
-        return True  # a type this checker does not know: the proxy checks it
-    if isinstance(value, bool) and name in ("integer", "number"):
-        return False
-    if name == "integer" and isinstance(value, float):
-        return math.isfinite(value) and value.is_integer()
-    if name == "number" and isinstance(value, float):
-        return math.isfinite(value)  # NaN would pass every minimum and maximum
-    return isinstance(value, _TYPES[name])
-
-
-def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "arguments") -> Any:
-    """`value` checked against `schema`; integers written as 2.0 come back as 2.
-
-    The subset tool schemas use: type (a name or a list), enum, const, minimum, maximum,
-    exclusiveMinimum, exclusiveMaximum, minLength, maxLength, items, minItems, maxItems,
-    properties, required, additionalProperties (false or a schema), and ToolsProxy's
-    `x-renamed` (an argument name the tool does not take -> the one to use). Raises
-    ArgumentError.
-    """
-    kinds = schema.get("type")
-    if kinds is not None:
-        names = [kinds] if isinstance(kinds, str) else list(kinds)
-        matched = next((k for k in names if _is_type(value, k)), None)
-        if matched is None:
-            raise ArgumentError(f"{path} must be {' or '.join(names)}")
-        if matched == "integer" and isinstance(value, float):
-            value = int(value)
-    if "enum" in schema and value not in schema["enum"]:
-        raise ArgumentError(f"{path} must be one of {', '.join(map(str, schema['enum']))}")
-    if "const" in schema and value != schema["const"]:
-        raise ArgumentError(f"{path} must be {schema['const']!r}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            raise ArgumentError(f"{path} must be >= {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            raise ArgumentError(f"{path} must be <= {schema['maximum']}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            raise ArgumentError(f"{path} must be > {schema['exclusiveMinimum']}")
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            raise ArgumentError(f"{path} must be < {schema['exclusiveMaximum']}")
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            raise ArgumentError(f"{path} must be at least {schema['minLength']} character(s)")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            raise ArgumentError(f"{path} must be at most {schema['maxLength']} characters")
-    if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            raise ArgumentError(f"{path} must have at least {schema['minItems']} item(s)")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise ArgumentError(f"{path} must have at most {schema['maxItems']} item(s)")
-        if isinstance(schema.get("items"), Mapping):
-            value = [
-                check_arguments(schema["items"], v, f"{path}[{i}]") for i, v in enumerate(value)
-            ]
-    if isinstance(value, dict):
-        props: Mapping[str, Any] = schema.get("properties", {})
-        # ToolsProxy's extension: argument names a tool does not take -> the ones it does.
-        renamed = schema.get("x-renamed")
-        if isinstance(renamed, Mapping):
-            old = sorted(set(value) & set(renamed) - set(props))
-            if old:
-                raise ArgumentError(
-                    f"{path}.{old[0]} is not accepted: use {path}.{renamed[old[0]]}"
-                )
-        for name in schema.get("required", ()):
-            if name not in value:
-                raise ArgumentError(f"{path}.{name} is required")
-        extra = schema.get("additionalProperties", True)
-        unknown = sorted(set(value) - set(props))
-        if extra is False and unknown:
-            raise ArgumentError(f"{path} has unknown field(s): {', '.join(unknown)}")
-        out = {}
-        for k, v in value.items():
-            if k in props:
-                out[k] = check_arguments(props[k], v, f"{path}.{k}")
-            elif isinstance(extra, Mapping):
-                out[k] = check_arguments(extra, v, f"{path}.{k}")
-            else:
-                out[k] = v
-        value = out
-    return value
+# --- arguments as the model wrote them ----------------------------------------------------------
 
 
 def _no_constant(name: str) -> Any:

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
 from services.common.tokenizer import count_tokens as default_count_tokens
+from services.common.tool_args import ArgumentError, check_arguments
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
@@ -46,7 +47,6 @@ from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document
 from services.docstore.store import DocumentStore
 from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation
-from services.toolsproxy.schema import SchemaError, check
 
 ACCESS_DENIED = "ACCESS_DENIED"
 WINDOW_TOO_LARGE = "WINDOW_TOO_LARGE"
@@ -291,6 +291,10 @@ class DocumentTools:
     def __init__(self, store: DocumentStore, limits: ToolLimits) -> None:
         self._store = store
         self._limits = limits
+        self.tools = {t.name: t for t in (*self._read_tools(limits), *self._search_tools(limits))}
+
+    def _read_tools(self, limits: ToolLimits) -> tuple[Tool, ...]:
+        """read_chunk_window, read_doc_section, read_doc_pages, read_doc_metadata."""
         r = limits.max_window_radius
         per_side = {
             "type": "integer",
@@ -299,98 +303,100 @@ class DocumentTools:
             "x-maximum-code": WINDOW_TOO_LARGE,
         }
         page = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_NUMBER}
+        return (
+            Tool(
+                "read_chunk_window",
+                "Read the chunks around an anchor chunk of a document: `radius` chunks on "
+                f"each side (at most {r}, so at most {2 * r + 1} chunks; fewer at the "
+                "document's edges), or window_before/window_after. Default radius "
+                f"{min(1, r)}.",
+                _object(
+                    {
+                        "doc_id": _ID,
+                        "anchor_chunk_id": _ID,
+                        "radius": per_side,
+                        "window_before": per_side,
+                        "window_after": per_side,
+                    },
+                    ["doc_id", "anchor_chunk_id"],
+                ),
+                self.read_chunk_window,
+            ),
+            Tool(
+                "read_doc_section",
+                "Read the full text of one section of a document.",
+                _object({"doc_id": _ID, "section_id": _ID}, ["doc_id", "section_id"]),
+                self.read_doc_section,
+            ),
+            Tool(
+                "read_doc_pages",
+                "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
+                f"{limits.max_pages_per_call} pages per call; page_to defaults to "
+                "page_from and is clamped to the last page.",
+                _object(
+                    {"doc_id": _ID, "page_from": page, "page_to": page},
+                    ["doc_id", "page_from"],
+                    {"x-max-pages-per-call": limits.max_pages_per_call},
+                ),
+                self.read_doc_pages,
+            ),
+            Tool(
+                "read_doc_metadata",
+                "Read a document's title, page count, tags and sections with their page "
+                f"ranges (at most {MAX_METADATA_SECTIONS} sections, titles within the text "
+                "limit; sections_total and truncated say when some were left out).",
+                _object({"doc_id": _ID}, ["doc_id"]),
+                self.read_doc_metadata,
+            ),
+        )
+
+    def _search_tools(self, limits: ToolLimits) -> tuple[Tool, ...]:
+        """doc_local_search, load_documents_full."""
         ids = {
             "type": "array",
             "items": _ID,
             "minItems": 1,
             "maxItems": limits.max_full_documents,
         }
-        self.tools = {
-            t.name: t
-            for t in (
-                Tool(
-                    "read_chunk_window",
-                    "Read the chunks around an anchor chunk of a document: `radius` chunks on "
-                    f"each side (at most {r}, so at most {2 * r + 1} chunks; fewer at the "
-                    "document's edges), or window_before/window_after. Default radius "
-                    f"{min(1, r)}.",
-                    _object(
-                        {
-                            "doc_id": _ID,
-                            "anchor_chunk_id": _ID,
-                            "radius": per_side,
-                            "window_before": per_side,
-                            "window_after": per_side,
+        return (
+            Tool(
+                "doc_local_search",
+                "Keyword search (BM25) inside one document: the best chunks with their "
+                f"section, pages and a snippet; at most {MAX_LOCAL_SEARCH_RESULTS} results.",
+                _object(
+                    {
+                        "doc_id": _ID,
+                        "query": {"type": "string", "minLength": 1, "maxLength": 500},
+                        "max_results": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LOCAL_SEARCH_RESULTS,
                         },
-                        ["doc_id", "anchor_chunk_id"],
-                    ),
-                    self.read_chunk_window,
+                    },
+                    ["doc_id", "query"],
                 ),
-                Tool(
-                    "read_doc_section",
-                    "Read the full text of one section of a document.",
-                    _object({"doc_id": _ID, "section_id": _ID}, ["doc_id", "section_id"]),
-                    self.read_doc_section,
+                self.doc_local_search,
+            ),
+            Tool(
+                "load_documents_full",
+                "Load the whole text of the given documents (at most "
+                f"{limits.max_full_documents}) for answering from full context, with each "
+                "document's size in characters and `total_chars` (full context suits up to "
+                "50,000 characters in all). Give document_ids (alias doc_ids); "
+                "include_content=false returns the sizes only.",
+                _object(
+                    {
+                        "document_ids": ids,
+                        "doc_ids": ids,
+                        "include_content": {"type": "boolean"},
+                    },
+                    [],
+                    {"x-max-text-bytes": limits.max_full_text_bytes},
                 ),
-                Tool(
-                    "read_doc_pages",
-                    "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
-                    f"{limits.max_pages_per_call} pages per call; page_to defaults to "
-                    "page_from and is clamped to the last page.",
-                    _object(
-                        {"doc_id": _ID, "page_from": page, "page_to": page},
-                        ["doc_id", "page_from"],
-                        {"x-max-pages-per-call": limits.max_pages_per_call},
-                    ),
-                    self.read_doc_pages,
-                ),
-                Tool(
-                    "read_doc_metadata",
-                    "Read a document's title, page count, tags and sections with their page "
-                    f"ranges (at most {MAX_METADATA_SECTIONS} sections, titles within the text "
-                    "limit; sections_total and truncated say when some were left out).",
-                    _object({"doc_id": _ID}, ["doc_id"]),
-                    self.read_doc_metadata,
-                ),
-                Tool(
-                    "doc_local_search",
-                    "Keyword search (BM25) inside one document: the best chunks with their "
-                    f"section, pages and a snippet; at most {MAX_LOCAL_SEARCH_RESULTS} results.",
-                    _object(
-                        {
-                            "doc_id": _ID,
-                            "query": {"type": "string", "minLength": 1, "maxLength": 500},
-                            "max_results": {
-                                "type": "integer",
-                                "minimum": 1,
-                                "maximum": MAX_LOCAL_SEARCH_RESULTS,
-                            },
-                        },
-                        ["doc_id", "query"],
-                    ),
-                    self.doc_local_search,
-                ),
-                Tool(
-                    "load_documents_full",
-                    "Load the whole text of the given documents (at most "
-                    f"{limits.max_full_documents}) for answering from full context, with each "
-                    "document's size in characters and `total_chars` (full context suits up to "
-                    "50,000 characters in all). Give document_ids (alias doc_ids); "
-                    "include_content=false returns the sizes only.",
-                    _object(
-                        {
-                            "document_ids": ids,
-                            "doc_ids": ids,
-                            "include_content": {"type": "boolean"},
-                        },
-                        [],
-                        {"x-max-text-bytes": limits.max_full_text_bytes},
-                    ),
-                    self.load_documents_full,
-                    max_text_bytes=limits.max_full_text_bytes,
-                ),
-            )
-        }
+                self.load_documents_full,
+                max_text_bytes=limits.max_full_text_bytes,
+            ),
+        )
 
     def _doc(self, caller: Caller, doc_id: str) -> Document:
         doc = self._store.get_document(caller.tenant_id, doc_id, with_chunks=False)
@@ -779,8 +785,8 @@ class ToolExecutor:
                     f"{', '.join(named)} cannot be a tool argument: it comes from the request",
                 ), 0
         try:
-            args = check(tool.schema, arguments)
-        except SchemaError as exc:
+            args = check_arguments(tool.schema, arguments)
+        except ArgumentError as exc:
             return _error(exc.code, str(exc)), 0
         try:
             reservation = self._limiter.acquire(caller.tenant_id, _named_documents(args))

@@ -18,11 +18,10 @@ import httpx
 import pytest
 
 from services.common.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
-from services.llm.chat import ChatMessage
-from services.llm.model import GenerationParams
-from services.llm.runtime import OpenAiChatRuntime, RuntimeSettings
+from services.common.tool_args import check_arguments
+from services.model_runtime.chat import ChatMessage, GenerationParams
+from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
-from services.toolsproxy.schema import check
 from services.toolsproxy.tavily import TavilyClient, TavilySettings
 from services.toolsproxy.tools import Caller
 from tests.fakes.cbr_server import FakeCbrServer
@@ -169,7 +168,7 @@ async def test_a_cancelled_bank_call_does_not_open_its_breaker() -> None:
             tool = cbr_tool(client)
 
             async def key_rate() -> object:
-                result = tool.run(caller, check(tool.schema, {"mode": "key_rate"}))
+                result = tool.run(caller, check_arguments(tool.schema, {"mode": "key_rate"}))
                 assert not isinstance(result, dict)
                 return await result
 

@@ -13,13 +13,13 @@ import pytest
 from services.common.breaker import CLOSED, OPEN
 from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
+from services.common.tool_args import ArgumentError, check_arguments
 from services.toolsproxy.cbr import (
     DEFAULT_URL,
     CbrClient,
     CbrSettings,
     cbr_tool,
 )
-from services.toolsproxy.schema import SchemaError, check
 from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
 from tests.fakes.cbr_server import (
     CURRENCIES,
@@ -83,8 +83,12 @@ async def make(fake: FakeCbrServer, clock: FakeClock) -> AsyncIterator[Factory]:
 
 
 async def call(tool: Tool, **args: Any) -> dict[str, Any]:
-    """What the executor does: check the schema, then run."""
-    result = tool.run(CALLER, check(tool.schema, args))
+    """What the executor does: check the schema (-> its code), then run."""
+    try:
+        checked = check_arguments(tool.schema, args)
+    except ArgumentError as exc:
+        raise ToolFailure(exc.code, str(exc)) from None
+    result = tool.run(CALLER, checked)
     assert not isinstance(result, dict)
     return await result
 
@@ -260,8 +264,8 @@ async def test_news_defaults_to_the_last_week(fake: FakeCbrServer, make: Factory
     ("args", "fragment"),
     [
         ({"mode": "currency", "date": "2025-02-29"}, "not a calendar date"),
-        ({"mode": "currency", "date": "2025-7-1"}, "YYYY-MM-DD"),
-        ({"mode": "currency", "date": "01.07.2025"}, "YYYY-MM-DD"),
+        ({"mode": "currency", "date": "2025-7-1"}, "arguments.date must match the pattern"),
+        ({"mode": "currency", "date": "01.07.2025"}, "arguments.date must match the pattern"),
         ({"mode": "currency", "date": "2025-08-03"}, "in the future"),  # today + 2
         ({"mode": "currency", "date": "1992-06-30"}, "start of the bank's data"),
         (
@@ -363,8 +367,8 @@ async def test_unknown_currency_is_checked_against_the_bank_list(
 )
 def test_schema_refuses_malformed_arguments(make: Factory, args: dict[str, Any]) -> None:
     _, tool = make()
-    with pytest.raises(SchemaError):
-        check(tool.schema, args)
+    with pytest.raises(ArgumentError):
+        check_arguments(tool.schema, args)
 
 
 @pytest.mark.parametrize(

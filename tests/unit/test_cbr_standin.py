@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from services.common.settings import Env
+from services.common.tool_args import check_arguments
 from services.devtools.cbr_standin import (
     DEMO_CURRENCIES,
     DEMO_KEY_RATE_CHANGES,
@@ -32,7 +33,6 @@ from services.toolsproxy.cbr import (
     CbrSettings,
     cbr_tool,
 )
-from services.toolsproxy.schema import check
 from services.toolsproxy.tools import Caller, Tool
 from tests.fakes.cbr_server import FakeCbrServer
 
@@ -60,7 +60,7 @@ def _client(http: httpx.AsyncClient, url: str, **fields: Any) -> CbrClient:
 
 async def _call(tool: Tool, **args: Any) -> dict[str, Any]:
     """What the executor does: check the schema, then run."""
-    result = tool.run(CALLER, check(tool.schema, args))
+    result = tool.run(CALLER, check_arguments(tool.schema, args))
     assert not isinstance(result, dict)
     return await result
 

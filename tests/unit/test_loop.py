@@ -13,12 +13,11 @@ import pytest
 
 from services.common import errors
 from services.common.tokenizer import default_tokenizer
-from services.llm.chat import ChatMessage, Completion, StreamDelta, ToolCall, ToolSpec
+from services.common.tool_args import ArgumentError, check_arguments
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
     Anchor,
     GenerateInput,
-    GenerationParams,
     Message,
     PlannedCall,
     ToolCallRecord,
@@ -35,12 +34,18 @@ from services.llm.toolcalls import (
     TOOL_NOT_ALLOWED,
     UNKNOWN_TOOL,
     Approved,
-    ArgumentError,
     CallGate,
     Rejected,
-    check_arguments,
     parse_tool_content,
     render_result,
+)
+from services.model_runtime.chat import (
+    ChatMessage,
+    Completion,
+    GenerationParams,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
 )
 
 TOK = default_tokenizer()

@@ -1,10 +1,11 @@
-"""Property tests of the tool-argument parser and of ToolsProxy's argument validation.
+"""Property tests of the tool-argument parser and of the argument checks on both sides.
 
 Two sides check a tool call's arguments: the LLM service parses what the model wrote
-(`toolcalls.parse_arguments`, `check_arguments`, `CallGate.review`) and ToolsProxy checks
-what arrives in the request (`schema.check`, then each tool in `ToolExecutor.execute`).
-Whatever the input, each may only answer with its documented refusal: a `ValueError` /
-`ArgumentError`, a `Rejected` tool_error, a `SchemaError`, an error `Outcome`. Valid
+(`toolcalls.parse_arguments`, then `CallGate.review`) and ToolsProxy checks what arrives in
+the request (each tool in `ToolExecutor.execute`); both check against the tool's schema
+with `services.common.tool_args.check_arguments`. Whatever the input, each may only answer
+with its documented refusal: a `ValueError` / `ArgumentError`, a `Rejected` tool_error, an
+error `Outcome`. Valid
 arguments pass, every limit a schema states holds exactly, errors name the field, and the
 same input always gets the same answer.
 """
@@ -23,9 +24,9 @@ from google.protobuf import struct_pb2
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.common.tool_args import ArgumentError, check_arguments
 from services.docstore.parsing import ChunkingConfig, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
-from services.llm.chat import ToolCall, ToolSpec
 from services.llm.model import Anchor, ToolPolicy
 from services.llm.toolcalls import (
     INVALID_ARGUMENT as LLM_INVALID_ARGUMENT,
@@ -41,15 +42,13 @@ from services.llm.toolcalls import (
     TOOL_NOT_ALLOWED,
     UNKNOWN_TOOL,
     Approved,
-    ArgumentError,
     CallGate,
     Rejected,
-    check_arguments,
     parse_arguments,
 )
+from services.model_runtime.chat import ToolCall, ToolSpec
 from services.toolsproxy.cbr import CbrSettings, cbr_tool
 from services.toolsproxy.ratelimit import RateLimiter, RateLimits
-from services.toolsproxy.schema import SchemaError, check
 from services.toolsproxy.search_tools import SearchCall, SearchHitView, SearchTools
 from services.toolsproxy.tavily import tavily_tool
 from services.toolsproxy.tools import (
@@ -139,6 +138,10 @@ def valid_for(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     """Values `schema` accepts (within the subset the tool schemas use)."""
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
+    if "pattern" in schema:
+        return st.from_regex(schema["pattern"]).filter(
+            lambda v: schema.get("minLength", 0) <= len(v) <= schema.get("maxLength", len(v))
+        )
     kind = schema.get("type")
     if kind == "string":
         low, high = schema.get("minLength", 0), schema.get("maxLength", 50)
@@ -354,7 +357,7 @@ def test_parse_arguments_refuses_what_cannot_travel(text: str, says: str) -> Non
         parse_arguments(text)
 
 
-# --- the LLM side: check_arguments against every schema -------------------------------------
+# --- check_arguments against every schema -------------------------------------------------
 
 LLM_SCHEMAS = {
     **{f"fallback:{s.name}": s.parameters for s in READ_TOOL_SPECS},
@@ -370,10 +373,11 @@ def test_check_arguments_answers_a_value_or_argument_error(data: st.DataObject) 
     try:
         out = check_arguments(schema, value)
     except ArgumentError as exc:
+        assert exc.code in (INVALID_ARGUMENT, WINDOW_TOO_LARGE)
         assert _field_named(str(exc), value, schema), str(exc)
         with pytest.raises(ArgumentError) as again:
             check_arguments(schema, value)
-        assert str(again.value) == str(exc)
+        assert (again.value.code, str(again.value)) == (exc.code, str(exc))
         return
     assert isinstance(out, dict)
     assert set(schema.get("required", ())) <= set(out) <= set(schema["properties"])
@@ -386,6 +390,9 @@ def test_check_arguments_accepts_valid_arguments(data: st.DataObject) -> None:
     schema = LLM_SCHEMAS[data.draw(st.sampled_from(sorted(LLM_SCHEMAS)))]
     value = data.draw(valid_for(schema))
     assert check_arguments(schema, value) == value
+    # As it arrives through google.protobuf.Struct: every number a double.
+    as_doubles = json.loads(json.dumps(value), parse_int=float)
+    assert check_arguments(schema, as_doubles) == value
 
 
 def _limit_cases() -> list[tuple[str, str, dict[str, Any], Any, Any]]:
@@ -394,6 +401,8 @@ def _limit_cases() -> list[tuple[str, str, dict[str, Any], Any, Any]]:
     for tool, schema in sorted(LLM_SCHEMAS.items()):
         for prop, sub in schema["properties"].items():
             item = sub.get("items", {})
+            if "pattern" in sub:
+                continue  # its pattern binds the length more tightly than the limits
             if "maxLength" in sub:
                 cases.append(
                     (tool, prop, sub, "x" * sub["maxLength"], "x" * (sub["maxLength"] + 1))
@@ -455,8 +464,21 @@ def test_check_arguments_limits_are_exact(
 ) -> None:
     schema = LLM_SCHEMAS[tool]
     assert check_arguments(schema, _args_with(tool, prop, at))[prop] == at
-    with pytest.raises(ArgumentError, match=rf"^arguments\.{prop}\b"):
+    with pytest.raises(ArgumentError, match=rf"^arguments\.{prop}\b") as refused:
         check_arguments(schema, _args_with(tool, prop, past))
+    over_max = isinstance(past, int | float) and past > at
+    expected = sub.get("x-maximum-code", INVALID_ARGUMENT) if over_max else INVALID_ARGUMENT
+    assert refused.value.code == expected
+
+
+def test_window_past_the_radius_is_window_too_large() -> None:
+    # The one limit with its own code (DESIGN §4); pinned so the table above cannot go empty.
+    assert any(c[0] == "read_chunk_window" and c[1] == "radius" for c in LIMIT_CASES)
+    with pytest.raises(ArgumentError) as refused:
+        check_arguments(
+            SCHEMAS["read_chunk_window"], {"doc_id": "d", "anchor_chunk_id": "c", "radius": 3}
+        )
+    assert refused.value.code == WINDOW_TOO_LARGE
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -494,73 +516,6 @@ def test_gate_review_answers_approved_or_rejected(policy: ToolPolicy, name: str,
     struct_safe(verdict.arguments)  # the runner can build ToolsProxy's request from it
     executed = {s.name: s.parameters for s in OFFERED}[verdict.name]
     check_arguments(executed, verdict.arguments)  # and the proxy's schema accepts it
-
-
-# --- ToolsProxy: schema.check ---------------------------------------------------------------
-
-
-@FAST
-@given(st.data())
-def test_proxy_schema_answers_a_value_or_schema_error(data: st.DataObject) -> None:
-    schema = SCHEMAS[data.draw(st.sampled_from(sorted(SCHEMAS)))]
-    value = data.draw(arguments_for(schema, any_text))
-    try:
-        out = check(schema, value)
-    except SchemaError as exc:
-        assert exc.code in (INVALID_ARGUMENT, WINDOW_TOO_LARGE)
-        assert _field_named(str(exc), value, schema), str(exc)
-        with pytest.raises(SchemaError) as again:
-            check(schema, value)
-        assert (again.value.code, str(again.value)) == (exc.code, str(exc))
-        return
-    assert isinstance(out, dict)
-    assert set(schema.get("required", ())) <= set(out) <= set(schema["properties"])
-
-
-@FAST
-@given(st.data())
-def test_proxy_schema_accepts_valid_arguments(data: st.DataObject) -> None:
-    schema = SCHEMAS[data.draw(st.sampled_from(sorted(SCHEMAS)))]
-    value = data.draw(valid_for(schema))
-    assert check(schema, value) == value
-    # As it arrives through google.protobuf.Struct: every number a double.
-    as_doubles = json.loads(json.dumps(value), parse_int=float)
-    assert check(schema, as_doubles) == value
-
-
-PROXY_LIMITS = [c for c in LIMIT_CASES if not c[0].startswith("fallback:")]
-
-
-@pytest.mark.parametrize(
-    ("tool", "prop", "sub", "at", "past"),
-    PROXY_LIMITS,
-    ids=[f"{c[0]}.{c[1]}" for c in PROXY_LIMITS],
-)
-def test_proxy_schema_limits_are_exact_with_the_documented_code(
-    tool: str, prop: str, sub: dict[str, Any], at: Any, past: Any
-) -> None:
-    schema = SCHEMAS[tool]
-    assert check(schema, _args_with(tool, prop, at))[prop] == at
-    with pytest.raises(SchemaError, match=rf"^arguments\.{prop}\b") as refused:
-        check(schema, _args_with(tool, prop, past))
-    over_max = isinstance(past, int | float) and past > at
-    expected = sub.get("x-maximum-code", INVALID_ARGUMENT) if over_max else INVALID_ARGUMENT
-    assert refused.value.code == expected
-
-
-def test_window_past_the_radius_is_window_too_large() -> None:
-    # The one limit with its own code (DESIGN §4); pinned so the table above cannot go empty.
-    assert any(c[0] == "read_chunk_window" and c[1] == "radius" for c in PROXY_LIMITS)
-    with pytest.raises(SchemaError) as refused:
-        check(SCHEMAS["read_chunk_window"], {"doc_id": "d", "anchor_chunk_id": "c", "radius": 3})
-    assert refused.value.code == WINDOW_TOO_LARGE
-
-
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_proxy_schema_refuses_non_finite_numbers(bad: float) -> None:
-    # NaN compared false with both bounds, so score_threshold: NaN used to pass 0..1.
-    with pytest.raises(SchemaError, match=r"^arguments\.score_threshold must be number"):
-        check(SCHEMAS["search_general_kb"], {"query": "q", "score_threshold": bad})
 
 
 # --- ToolsProxy: every tool, through the executor -------------------------------------------

@@ -15,7 +15,7 @@ import tavily as official
 
 from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
-from services.toolsproxy.schema import SchemaError, check
+from services.common.tool_args import ArgumentError, check_arguments
 from services.toolsproxy.tavily import (
     INVALID_ARGUMENT,
     RATE_LIMIT_EXCEEDED,
@@ -70,8 +70,8 @@ class Harness:
 async def call(tool: Tool, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
     """What the executor does: check the schema (-> INVALID_ARGUMENT), then run."""
     try:
-        checked = check(tool.schema, args)
-    except SchemaError as exc:
+        checked = check_arguments(tool.schema, args)
+    except ArgumentError as exc:
         raise ToolFailure(INVALID_ARGUMENT, str(exc)) from None
     result = tool.run(caller, checked)
     assert not isinstance(result, dict)

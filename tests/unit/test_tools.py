@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from services.common.logging import JsonFormatter
 from services.common.settings import Env, SettingsError
+from services.common.tool_args import ArgumentError, check_arguments
 from services.docstore.parsing import ChunkingConfig, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.toolsproxy.config import ToolsProxySettings
 from services.toolsproxy.ratelimit import RateLimiter, RateLimits
-from services.toolsproxy.schema import SchemaError, check
 from services.toolsproxy.tools import (
     Caller,
     DocumentTools,
@@ -523,16 +523,16 @@ def test_unknown_tool(executor, metrics):
 
 
 def test_schema_integers_arrive_as_doubles_through_struct():
-    assert check({"type": "integer"}, 2.0) == 2
-    with pytest.raises(SchemaError):
-        check({"type": "integer"}, 2.5)
-    with pytest.raises(SchemaError):
-        check({"type": "integer"}, True)
-    with pytest.raises(SchemaError) as exc:
-        check({"type": "integer", "maximum": 2, "x-maximum-code": "WINDOW_TOO_LARGE"}, 3)
+    assert check_arguments({"type": "integer"}, 2.0) == 2
+    with pytest.raises(ArgumentError):
+        check_arguments({"type": "integer"}, 2.5)
+    with pytest.raises(ArgumentError):
+        check_arguments({"type": "integer"}, True)
+    with pytest.raises(ArgumentError) as exc:
+        check_arguments({"type": "integer", "maximum": 2, "x-maximum-code": "WINDOW_TOO_LARGE"}, 3)
     assert exc.value.code == "WINDOW_TOO_LARGE"
-    with pytest.raises(SchemaError) as exc:
-        check({"type": "integer", "minimum": 0, "x-maximum-code": "WINDOW_TOO_LARGE"}, -1)
+    with pytest.raises(ArgumentError) as exc:
+        check_arguments({"type": "integer", "minimum": 0, "x-maximum-code": "WINDOW_TOO_LARGE"}, -1)
     assert exc.value.code == "INVALID_ARGUMENT"
 
 
