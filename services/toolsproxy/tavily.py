@@ -183,6 +183,25 @@ def _not_configured() -> TavilyError:
     )
 
 
+def _checked(
+    query: str, max_results: int, time_range: str | None, search_depth: str
+) -> tuple[str, int]:
+    """The query with its white space folded and the result count clamped to 3..5;
+    TavilyError INVALID_ARGUMENT for an empty or too long query or an unknown option."""
+    text = " ".join(query.split())
+    if not text:
+        raise TavilyError(INVALID_ARGUMENT, "query must not be empty")
+    if len(text) > MAX_QUERY_CHARS:
+        raise TavilyError(INVALID_ARGUMENT, f"query must be at most {MAX_QUERY_CHARS} characters")
+    if time_range is not None and time_range not in TIME_RANGES:
+        raise TavilyError(INVALID_ARGUMENT, f"time_range must be one of {', '.join(TIME_RANGES)}")
+    if search_depth not in SEARCH_DEPTHS:
+        raise TavilyError(
+            INVALID_ARGUMENT, f"search_depth must be one of {', '.join(SEARCH_DEPTHS)}"
+        )
+    return text, min(MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
+
+
 class TavilyClient:
     """Searches Tavily for finance news: ``POST {base_url}/search``, topic finance, advanced.
 
@@ -239,22 +258,7 @@ class TavilyClient:
         search_depth, Tavily's 400), RATE_LIMIT_EXCEEDED (Tavily's 429 after retries), UPSTREAM_UNAVAILABLE
         (not configured, key refused, unreachable, 5xx after retries, breaker open).
         """
-        text = " ".join(query.split())
-        if not text:
-            raise TavilyError(INVALID_ARGUMENT, "query must not be empty")
-        if len(text) > MAX_QUERY_CHARS:
-            raise TavilyError(
-                INVALID_ARGUMENT, f"query must be at most {MAX_QUERY_CHARS} characters"
-            )
-        if time_range is not None and time_range not in TIME_RANGES:
-            raise TavilyError(
-                INVALID_ARGUMENT, f"time_range must be one of {', '.join(TIME_RANGES)}"
-            )
-        if search_depth not in SEARCH_DEPTHS:
-            raise TavilyError(
-                INVALID_ARGUMENT, f"search_depth must be one of {', '.join(SEARCH_DEPTHS)}"
-            )
-        count = min(MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
+        text, count = _checked(query, max_results, time_range, search_depth)
         if not self.configured:
             raise _not_configured()
 
@@ -284,11 +288,21 @@ class TavilyClient:
         }
         if time_range is not None:
             body["time_range"] = time_range
+        result, attempts = await self._search_once(body, count, tenant_id, started)
+        self._cache_put(key, result)
+        self._log("ok", tenant_id, started, attempts=attempts, results=len(result["results"]))
+        return {**copy.deepcopy(result), "cached": False}  # callers may mutate theirs
+
+    async def _search_once(
+        self, body: dict[str, Any], count: int, tenant_id: str, started: float
+    ) -> tuple[dict[str, Any], int]:
+        """One search past the breaker's gate: the normalised result and the attempts it
+        took; the breaker gets its verdict whatever happens."""
         recorded = False
         try:
             payload, attempts = await self._post(body)
-            result = normalise(text, payload, count, self._settings.max_snippet_chars)
-            result["search_depth"] = search_depth
+            result = normalise(body["query"], payload, count, self._settings.max_snippet_chars)
+            result["search_depth"] = body["search_depth"]
             self.breaker.record_success()
             recorded = True
         except _Attempt as failed:
@@ -317,9 +331,7 @@ class TavilyClient:
         finally:
             if not recorded:  # a bug: never leave a half-open trial hanging
                 self.breaker.record_failure()
-        self._cache_put(key, result)
-        self._log("ok", tenant_id, started, attempts=attempts, results=len(result["results"]))
-        return {**copy.deepcopy(result), "cached": False}  # callers may mutate theirs
+        return result, attempts
 
     # -- HTTP with retries --------------------------------------------------------------
 
