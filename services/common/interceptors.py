@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -193,6 +194,40 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if span is not None:
             span.end(code.name, code.value[0])
 
+    @contextlib.asynccontextmanager
+    async def _observed(
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        rpc: tuple[str, str, str],
+        meta_trace: str,
+        traceparent: str,
+    ) -> AsyncIterator[None]:
+        """One RPC (service, name, kind) from start to finish: trace id, deadline, span,
+        metrics and the "rpc" line; an exception becomes the caller's status."""
+        service, name, kind = rpc
+        started = time.perf_counter()
+        self._metrics.start(rpc)
+        code = grpc.StatusCode.OK
+        span = None
+        try:
+            try:
+                self._enter(request, context, meta_trace)
+            finally:
+                span = self._span(service, name, traceparent)
+            yield
+        except grpc.aio.AbortError:
+            code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
+            raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            code = _code_of(exc)
+            await self._fail(context, exc, f"{service}/{name}")
+        finally:
+            self._finish(service, name, kind, code, started, span)
+
     def _wrap_unary(
         self,
         behavior: Callable[..., Awaitable[Any]],
@@ -201,28 +236,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         meta_trace: str,
         traceparent: str,
     ) -> Callable[..., Awaitable[Any]]:
+        rpc = (service, name, "unary")
+
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = time.perf_counter()
-            self._metrics.start((service, name, "unary"))
-            code = grpc.StatusCode.OK
-            span = None
-            try:
-                try:
-                    self._enter(request, context, meta_trace)
-                finally:
-                    span = self._span(service, name, traceparent)
+            async with self._observed(request, context, rpc, meta_trace, traceparent):
                 return await behavior(request, context)
-            except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
-                raise
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code = _code_of(exc)
-                await self._fail(context, exc, f"{service}/{name}")
-            finally:
-                self._finish(service, name, "unary", code, started, span)
 
         return wrapper
 
@@ -234,29 +252,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         meta_trace: str,
         traceparent: str,
     ) -> Callable[..., AsyncIterator[Any]]:
+        rpc = (service, name, "server_stream")
+
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            started = time.perf_counter()
-            self._metrics.start((service, name, "server_stream"))
-            code = grpc.StatusCode.OK
-            span = None
-            try:
-                try:
-                    self._enter(request, context, meta_trace)
-                finally:
-                    span = self._span(service, name, traceparent)
+            async with self._observed(request, context, rpc, meta_trace, traceparent):
                 async for item in behavior(request, context):
                     yield item
-            except grpc.aio.AbortError:
-                code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
-                raise
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code = _code_of(exc)
-                await self._fail(context, exc, f"{service}/{name}")
-            finally:
-                self._finish(service, name, "server_stream", code, started, span)
 
         return wrapper
 
