@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import IO
 
 import yaml
+
+from services.devtools.processes import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Where the committed envoy/envoy.yaml is run from (its descriptor path is relative)."""
@@ -191,16 +192,7 @@ class EnvoyProcess:
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM, wait up to `grace` seconds, then SIGKILL. Returns the exit code."""
         proc, self._proc = self._proc, None
-        rc = None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            rc = proc.returncode
+        rc = terminate(proc, grace) if proc is not None else None
         for f in self._files:
             f.close()
         self._files = []

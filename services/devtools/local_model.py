@@ -24,7 +24,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import IO, BinaryIO
 
 import httpx
+
+from services.devtools.processes import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -499,13 +500,8 @@ class LocalModel:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the server and wait (SIGKILL after `grace`); safe to call twice."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            terminate(proc, grace)
         if self._log is not None:
             self._log.close()
             self._log = None
