@@ -11,7 +11,6 @@ Retrieval's model features, when switched on) at it, unless a remote runtime is 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
+from services.devtools.processes import terminate
 from services.devtools.topology import SERVICES, Ports
 
 
@@ -280,17 +280,11 @@ class Mesh:
         proc = self._procs.pop(key, None)
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace + 5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        rc = terminate(proc, grace + 5)
         log = self._logs.pop(key, None)
         if log:
             log.close()
-        return proc.returncode
+        return rc
 
     def stop(self) -> None:
         """Envoy, the servers, the local model, then the bank stand-in; safe to call twice."""
