@@ -11,16 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # gRPC status codes by number (google.rpc.Code), so domain code needs no grpc import.
-OK = 0
-CANCELLED = 1
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
 NOT_FOUND = 5
 PERMISSION_DENIED = 7
 RESOURCE_EXHAUSTED = 8
-FAILED_PRECONDITION = 9
-UNIMPLEMENTED = 12
 INTERNAL = 13
 UNAVAILABLE = 14
 
@@ -82,13 +78,6 @@ class ResourceExhaustedError(ServiceError):
     default_reason = "RATE_LIMIT_EXCEEDED"
 
 
-class FailedPreconditionError(ServiceError):
-    """The system is not in a state to do this (HTTP 400)."""
-
-    code = FAILED_PRECONDITION
-    default_reason = "FAILED_PRECONDITION"
-
-
 class UnavailableError(ServiceError):
     """A dependency is down or failed (HTTP 502 through Envoy). Safe to retry."""
 
@@ -108,31 +97,3 @@ class InternalError(ServiceError):
 
     code = INTERNAL
     default_reason = "INTERNAL"
-
-
-class UnimplementedError(ServiceError):
-    """Not built yet (HTTP 501)."""
-
-    code = UNIMPLEMENTED
-    default_reason = "UNIMPLEMENTED"
-
-
-_BY_CODE: dict[int, type[ServiceError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidArgumentError,
-        NotFoundError,
-        PermissionDeniedError,
-        ResourceExhaustedError,
-        FailedPreconditionError,
-        UnavailableError,
-        DeadlineExceededError,
-        InternalError,
-        UnimplementedError,
-    )
-}
-
-
-def error_for_code(code: int) -> type[ServiceError]:
-    """The ServiceError class for a gRPC status code (InternalError when unknown)."""
-    return _BY_CODE.get(code, InternalError)

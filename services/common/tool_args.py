@@ -75,6 +75,21 @@ _RANK = {"type": 0, "x-renamed": 1, "required": 2, "additionalProperties": 3}
 """Which fault of one value is named first (others follow in keyword order)."""
 
 
+_RULES = {
+    "const": "must be {limit!r}",
+    "minimum": "must be >= {limit} (it is {shown})",
+    "maximum": "must be <= {limit} (it is {shown})",
+    "exclusiveMinimum": "must be > {limit} (it is {shown})",
+    "exclusiveMaximum": "must be < {limit} (it is {shown})",
+    "minLength": "must be at least {limit} characters",
+    "maxLength": "must be at most {limit} characters (it has {size})",
+    "minItems": "must have at least {limit} item(s)",
+    "maxItems": "must have at most {limit} item(s) (it has {size})",
+    "pattern": "must match the pattern {limit} (got {shown})",
+}
+"""The message of each bound a value broke, after its path."""
+
+
 def _path(root: str, parts: Any) -> str:
     return root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
 
@@ -98,22 +113,11 @@ def _message(error: ValidationError, path: str) -> str:
         return f"{path} has unknown field(s): {', '.join(unknown)}"
     if kw == "enum":
         return f"{path} must be one of {', '.join(map(str, limit))}"
-    simple = {
-        "const": f"must be {limit!r}",
-        "minimum": f"must be >= {limit} (it is {_shown(value)})",
-        "maximum": f"must be <= {limit} (it is {_shown(value)})",
-        "exclusiveMinimum": f"must be > {limit} (it is {_shown(value)})",
-        "exclusiveMaximum": f"must be < {limit} (it is {_shown(value)})",
-        "minLength": "must not be empty (at least 1 character)"
-        if limit == 1
-        else f"must be at least {limit} characters",
-        "maxLength": f"must be at most {limit} characters (it has {len(value)})",
-        "minItems": f"must have at least {limit} item(s)",
-        "maxItems": f"must have at most {limit} item(s) (it has {len(value)})",
-        "pattern": f"must match the pattern {limit} (got {_shown(value)})",
-    }
-    if kw in simple:
-        return f"{path} {simple[kw]}"
+    if kw == "minLength" and limit == 1:
+        return f"{path} must not be empty (at least 1 character)"
+    if kw in _RULES:
+        size = len(value) if isinstance(value, str | list | dict) else 0
+        return f"{path} " + _RULES[kw].format(limit=limit, shown=_shown(value), size=size)
     return f"{path}: {error.message}"
 
 

@@ -47,7 +47,7 @@ from services.common.context import (
 )
 from services.common.logging import trace_id_bound
 from services.common.search_contract import KB_TENANT
-from services.common.settings import Env, SettingsError
+from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
 
 log = logging.getLogger("visior.toolsproxy.mcp")
@@ -109,28 +109,6 @@ class McpSettings:
                 raise SettingsError(f"{name}={value!r} is not a usable header name")
         if self.tenant_header.lower() == self.user_header.lower():
             raise SettingsError("the tenant and user headers must differ")
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> McpSettings:
-        """Read MCP_PROXY_MCP_* settings; a bad value raises SettingsError."""
-        env = env or Env()
-        hosts = env.text("MCP_PROXY_MCP_ALLOWED_HOSTS", "")
-        return cls(
-            enabled=env.flag("MCP_PROXY_MCP_ENABLED", False),
-            host=env.text("MCP_PROXY_MCP_HOST", "127.0.0.1"),
-            port=env.integer("MCP_PROXY_MCP_PORT", DEFAULT_MCP_PORT, minimum=0, maximum=65535),
-            path=env.text("MCP_PROXY_MCP_PATH", "/mcp"),
-            tenant_header=env.text("MCP_PROXY_MCP_TENANT_HEADER", "X-Visior-Tenant-Id"),
-            user_header=env.text("MCP_PROXY_MCP_USER_HEADER", "X-Visior-User-Id"),
-            token=env.text("MCP_PROXY_MCP_TOKEN", ""),
-            stateless=env.flag("MCP_PROXY_MCP_STATELESS", True),
-            json_response=env.flag("MCP_PROXY_MCP_JSON_RESPONSE", True),
-            allowed_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
-            max_body_bytes=env.integer(
-                "MCP_PROXY_MCP_MAX_BODY_BYTES", 1024 * 1024, minimum=1024, maximum=64 << 20
-            ),
-            grace_seconds=env.number("MCP_PROXY_MCP_GRACE_SECONDS", 5.0, minimum=0.0),
-        )
 
 
 class GatewayUser(AuthenticatedUser):
@@ -320,15 +298,11 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def build_mcp_app(executor: ToolExecutor, settings: McpSettings) -> Starlette:
-    """The ASGI app: `settings.path` serves MCP behind `IdentityGate`; its lifespan runs the
-    SDK's session manager, so the app must be served with lifespan on (uvicorn does)."""
-    return _build_app(executor, settings, None)
-
-
 def _build_app(
     executor: ToolExecutor, settings: McpSettings, started: asyncio.Event | None
 ) -> Starlette:
+    """The ASGI app: `settings.path` serves MCP behind `IdentityGate`; its lifespan runs the
+    SDK's session manager (and sets `started`), so it is served with lifespan on."""
     manager = StreamableHTTPSessionManager(
         app=build_mcp_server(executor),
         json_response=settings.json_response,
