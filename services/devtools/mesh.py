@@ -37,7 +37,7 @@ class MeshError(RuntimeError):
 
 
 RUNTIME_URL_NAMES = ("LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL")
-"""Where the LLM service reads its runtime's URL (services/llm/runtime.py)."""
+"""Where the LLM service reads its runtime's URL (services/model_runtime/client.py)."""
 
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
@@ -64,7 +64,7 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
     # The first prompt and one answer must fit the total (the LLM service checks it).
     prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - LOCAL_COMPLETION_TOKENS)
     return {
-        # services/llm/runtime.py; Retrieval's RETR_LLM_* fall back to these two when its
+        # services/model_runtime/client.py; Retrieval's RETR_LLM_* fall back to these two when its
         # summaries or query variants are switched on (services/retrieval/llm_assist.py).
         "LLM_RUNTIME_URL": base_url,
         "DEFAULT_MODEL_NAME": model_name,
@@ -79,7 +79,7 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         "LLM_SERVICE_MAX_TOTAL_TOKENS": str(total),
         "LLM_SERVICE_MAX_PROMPT_TOKENS": str(prompt),
         # The model writes no native tool_calls: tools go through JSON mode, each step
-        # constrained by a json_schema (services/llm/runtime.py); greedy decoding makes its
+        # constrained by a json_schema (services/model_runtime/client.py); greedy decoding makes its
         # answers repeatable.
         "ENABLE_JSON_MODE": "true",
         "LLM_RUNTIME_TEMPERATURE": "0",

@@ -17,16 +17,16 @@ from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tracing import install_tracing
-from services.llm.chat import ChatRuntime, ToolSpec
 from services.llm.config import LlmSettings
 from services.llm.engine import Budgets, LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
-from services.llm.runtime import OpenAiChatRuntime
 from services.llm.servicer import LlmServicer
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.tools_client import GrpcToolRunner, ToolCatalogue
+from services.model_runtime.chat import ChatRuntime, ToolSpec
+from services.model_runtime.client import OpenAiChatRuntime
 
 SERVICE_NAMES = ("visior.llm.v1.LlmService",)
 CATALOGUE_RETRY_S = 1.0

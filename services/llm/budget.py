@@ -24,8 +24,8 @@ from dataclasses import replace
 from services.common import errors
 from services.common.prompt_limits import MESSAGE_TOKENS, REPLY_TOKENS
 from services.common.tokenizer import Tokenizer
-from services.llm.chat import ChatMessage, ToolSpec
 from services.llm.model import ContextChunk
+from services.model_runtime.chat import ChatMessage, ToolSpec
 
 LIMIT_REASON = "LLM_LIMIT_EXCEEDED"
 MESSAGE_OVERHEAD = MESSAGE_TOKENS

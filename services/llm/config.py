@@ -12,7 +12,7 @@ from services.common.settings import (
     SettingsError,
     downstream,
 )
-from services.llm.runtime import RuntimeSettings
+from services.model_runtime.client import RuntimeSettings
 
 DEFAULT_PORT = 50052
 

@@ -32,11 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.common.untrusted import unwrap_untrusted
-from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
-from services.llm.model import (
-    Anchor,
-    GenerationParams,
-)
+from services.llm.model import Anchor
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
     CONTEXT_KIND,
@@ -53,6 +49,15 @@ from services.llm.toolcalls import (
     READ_TOOLS,
     ToolContent,
     parse_tool_content,
+)
+from services.model_runtime.chat import (
+    ChatMessage,
+    Completion,
+    GenerationParams,
+    StreamDelta,
+    StreamEvent,
+    ToolCall,
+    ToolSpec,
 )
 
 EXTRACTIVE = "extractive"

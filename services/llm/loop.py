@@ -42,14 +42,6 @@ from services.llm.budget import (
     limit_exceeded,
     message_tokens,
 )
-from services.llm.chat import (
-    ChatMessage,
-    ChatRuntime,
-    Completion,
-    StreamDelta,
-    ToolCall,
-    ToolSpec,
-)
 from services.llm.model import (
     EventSink,
     GenerateInput,
@@ -70,6 +62,14 @@ from services.llm.toolcalls import (
     render_result,
     result_message,
     summarise,
+)
+from services.model_runtime.chat import (
+    ChatMessage,
+    ChatRuntime,
+    Completion,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
 )
 
 log = logging.getLogger("visior.llm.loop")

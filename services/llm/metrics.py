@@ -19,8 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.common import errors
 from services.common.tokenizer import Tokenizer
 from services.llm.budget import message_tokens
-from services.llm.chat import ChatMessage, ChatRuntime, Completion, ToolSpec
-from services.llm.model import GenerateOutput, GenerationParams, ToolResult, ToolRunner, User
+from services.llm.model import GenerateOutput, ToolResult, ToolRunner, User
+from services.model_runtime.chat import (
+    ChatMessage,
+    ChatRuntime,
+    Completion,
+    GenerationParams,
+    ToolSpec,
+)
 
 _MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 OK = "ok"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.model_runtime.chat import GenerationParams
+
 
 @dataclass(frozen=True)
 class Message:
@@ -53,22 +55,6 @@ class ToolPolicy:
     require_tool_call: bool = False
     """The model's first step must be a tool call (it reads before it answers); ignored when
     nothing is offered or planned calls ran."""
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    response_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
-    """Ask for one JSON object matching this JSON schema (constrained output); no tools."""
-    tool_choice: str = "auto"
-    """"auto": the offered tools may be called; "required": one must be; "none": they stay
-    in the prompt (so its prefix is unchanged and the runtime's prompt cache still holds) but
-    the model must answer."""
 
 
 @dataclass(frozen=True)

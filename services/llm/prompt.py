@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common.untrusted import neutralise_markers, wrap_untrusted
-from services.llm.chat import ChatMessage, ToolSpec
 from services.llm.model import Anchor, ContextChunk, GenerateInput
+from services.model_runtime.chat import ChatMessage, ToolSpec
 
 RAG = "rag"
 CHAT = "chat"
@@ -108,7 +108,7 @@ def tool_instructions(
     """The tool-use block (§5.1): the tools and the sections they may read.
 
     The call format is the runtime client's business: native `tools`, or in JSON mode the
-    `{"tool_name": …, "arguments": …}` instruction services/llm/runtime.py adds itself.
+    `{"tool_name": …, "arguments": …}` instruction services/model_runtime/client.py adds itself.
     """
     lines = [TOOLS_HEADER]
     lines += [f"- {t.name}: {' '.join(t.description.split())}" for t in tools]

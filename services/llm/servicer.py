@@ -18,13 +18,13 @@ from services.llm.model import (
     ContextChunk,
     GenerateInput,
     GenerateOutput,
-    GenerationParams,
     Message,
     PlannedCall,
     ToolCallRecord,
     ToolPolicy,
     User,
 )
+from services.model_runtime.chat import GenerationParams
 
 
 def _opt(msg: object, name: str):  # type: ignore[no-untyped-def]

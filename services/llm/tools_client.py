@@ -19,8 +19,8 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 from services.common import errors
 from services.common.status import from_rpc_error
 from services.common.structs import struct_to_dict
-from services.llm.chat import ToolSpec
 from services.llm.model import ToolResult, User
+from services.model_runtime.chat import ToolSpec
 
 log = logging.getLogger("visior.llm")
 

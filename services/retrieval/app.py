@@ -18,7 +18,7 @@ from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
 from services.common.tracing import install_tracing
 from services.docstore.parsing import ChunkingConfig
-from services.llm.runtime import OpenAiChatRuntime
+from services.model_runtime.client import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.embeddings import build_embedder
 from services.retrieval.engine import RetrievalEngine

@@ -1,6 +1,6 @@
 """The model's help to retrieval, when a runtime is configured: section summaries and query variants.
 
-Both talk to an OpenAI-compatible runtime through `services.llm.runtime.OpenAiChatRuntime`
+Both talk to an OpenAI-compatible runtime through `services.model_runtime.client.OpenAiChatRuntime`
 (timeouts, one retry, a circuit breaker; every failure is an `UnavailableError`) and both
 degrade instead of failing:
 
@@ -45,9 +45,8 @@ from services.common.settings import Env, SettingsError
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
 from services.docstore.summaries import mix_generation, section_texts
-from services.llm.chat import ChatMessage, Completion, ToolSpec
-from services.llm.model import GenerationParams
-from services.llm.runtime import RuntimeSettings
+from services.model_runtime.chat import ChatMessage, Completion, GenerationParams, ToolSpec
+from services.model_runtime.client import RuntimeSettings
 from services.retrieval.query import detect_language, keyword_form
 
 log = logging.getLogger("visior.retrieval.llm_assist")

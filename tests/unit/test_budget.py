@@ -16,10 +16,10 @@ from services.llm.budget import (
     prompt_tokens,
     tools_tokens,
 )
-from services.llm.chat import ChatMessage, ToolCall
 from services.llm.model import ContextChunk, GenerateInput, Message
 from services.llm.prompt import build_prompt, render_chunk
 from services.llm.toolcalls import READ_TOOL_SPECS
+from services.model_runtime.chat import ChatMessage, ToolCall
 
 TOK = default_tokenizer()
 

@@ -9,7 +9,6 @@ import pytest
 from services.common import errors
 from services.common.tokenizer import default_tokenizer
 from services.common.untrusted import wrap_untrusted
-from services.llm.chat import ChatMessage
 from services.llm.extractive import (
     NOT_FOUND_EN,
     ExtractiveRuntime,
@@ -30,6 +29,7 @@ from services.llm.model import (
     User,
 )
 from services.llm.toolcalls import READ_TOOL_SPECS, render_result
+from services.model_runtime.chat import ChatMessage
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
 from tests.unit.test_loop import Events, FakeClock, FakeTools, window
 from tests.unit.test_planned_calls import ALL_TOOLS, CATALOGUE

@@ -20,9 +20,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.common.context import trace_id_var
 from services.common.http_tracing import traced_async_client, traced_client
 from services.common.tracing import Tracing, create_tracing, parse_traceparent
-from services.llm.chat import ChatMessage, Completion
-from services.llm.model import GenerationParams
-from services.llm.runtime import OpenAiChatRuntime, RuntimeSettings
+from services.model_runtime.chat import ChatMessage, Completion, GenerationParams
+from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from tests.fakes.openai_chat import FakeChatServer, text
 from tests.fakes.threaded_http import ThreadedHttpFake
 

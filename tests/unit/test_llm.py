@@ -10,7 +10,6 @@ from services.llm.model import (
     Anchor,
     ContextChunk,
     GenerateInput,
-    GenerationParams,
     Message,
     ToolPolicy,
     ToolResult,
@@ -18,6 +17,7 @@ from services.llm.model import (
 )
 from services.llm.prompt import ANSWER_FORMAT, build_prompt
 from services.llm.toolcalls import READ_TOOL_SPECS
+from services.model_runtime.chat import GenerationParams
 
 
 class FakeTools:

@@ -23,8 +23,8 @@ from services.common.tokenizer import default_tokenizer
 from services.docstore.parsing import TITLE_SEPARATOR, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
-from services.llm.chat import Completion
-from services.llm.runtime import OpenAiChatRuntime, RuntimeSettings
+from services.model_runtime.chat import Completion
+from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from services.retrieval.embeddings import EmbeddingSettings, build_embedder
 from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.index.edge import EdgeIndex

@@ -8,13 +8,13 @@ import asyncio
 import pytest
 
 from services.common import errors
-from services.llm.chat import ToolSpec
 from services.llm.engine import Budgets, LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import PlannedCall, ToolPolicy, ToolResult
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.tools_client import ToolCatalogue
+from services.model_runtime.chat import ToolSpec
 from tests.unit.test_llm import FakeTools, req
 
 CBR = ToolSpec(

@@ -20,9 +20,9 @@ from services.common.settings import Env
 from services.common.tokenizer import default_tokenizer
 from services.llm import budget as llm_budget
 from services.llm import prompt as llm_prompt
-from services.llm.chat import ToolSpec
 from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy
 from services.llm.model import User as LlmUser
+from services.model_runtime.chat import ToolSpec
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import (
     LlmOutcome,

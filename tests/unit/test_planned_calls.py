@@ -9,13 +9,13 @@ import pytest
 from visior.llm.v1 import llm_pb2
 
 from services.common import errors
-from services.llm.chat import ToolSpec
 from services.llm.engine import Budgets, LlmEngine
 from services.llm.loop import PLANNED_FIELD, LoopSettings, ToolLoop
 from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy, User
 from services.llm.prompt import FINAL_ANSWER_NOTE
 from services.llm.servicer import generate_input
 from services.llm.toolcalls import READ_TOOL_SPECS
+from services.model_runtime.chat import ToolSpec
 from services.toolsproxy.cbr import CbrSettings, cbr_schema
 from services.toolsproxy.tavily import tavily_schema
 from tests.unit.test_loop import (

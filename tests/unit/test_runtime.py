@@ -16,9 +16,15 @@ from openai import AsyncOpenAI
 from services.common import errors
 from services.common.breaker import CLOSED, OPEN
 from services.common.settings import Env, SettingsError
-from services.llm.chat import ChatMessage, Completion, StreamDelta, ToolCall, ToolSpec
-from services.llm.model import GenerationParams
-from services.llm.runtime import (
+from services.model_runtime.chat import (
+    ChatMessage,
+    Completion,
+    GenerationParams,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
+)
+from services.model_runtime.client import (
     LLM_RUNTIME_ERROR,
     BadResponse,
     OpenAiChatRuntime,

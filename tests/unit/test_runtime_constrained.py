@@ -15,10 +15,16 @@ import httpx
 import pytest
 
 from services.common import errors
-from services.llm.chat import ChatMessage, Completion, StreamDelta, ToolSpec
 from services.llm.engine import MAX_RESPONSE_SCHEMA_BYTES, Budgets, validate
-from services.llm.model import GenerateInput, GenerationParams, Message, ToolPolicy, User
-from services.llm.runtime import (
+from services.llm.model import GenerateInput, Message, ToolPolicy, User
+from services.model_runtime.chat import (
+    ChatMessage,
+    Completion,
+    GenerationParams,
+    StreamDelta,
+    ToolSpec,
+)
+from services.model_runtime.client import (
     OpenAiChatRuntime,
     RuntimeSettings,
     build_request,

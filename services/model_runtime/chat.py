@@ -1,7 +1,8 @@
-"""The chat-model port: messages, tool calls and completions as the LLM service sees them.
+"""The chat-model port: messages, tool calls, generation params and completions.
 
-Implemented by the OpenAI-compatible runtime client (services/llm/runtime.py) and by the
-built-in extractive responder; driven by the tool loop (services/llm/loop.py).
+Implemented by the OpenAI-compatible runtime client (services/model_runtime/client.py) and
+by the LLM service's built-in extractive responder; driven by the LLM service's tool loop
+and by Retrieval's summaries and query variants.
 """
 
 from __future__ import annotations
@@ -10,7 +11,21 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.llm.model import GenerationParams
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    response_schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    """Ask for one JSON object matching this JSON schema (constrained output); no tools."""
+    tool_choice: str = "auto"
+    """"auto": the offered tools may be called; "required": one must be; "none": they stay
+    in the prompt (so its prefix is unchanged and the runtime's prompt cache still holds) but
+    the model must answer."""
 
 
 @dataclass(frozen=True)

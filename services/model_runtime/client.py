@@ -1,6 +1,6 @@
 """The OpenAI-compatible chat runtime client (vLLM, OpenRouter, ...): tools, JSON mode, SSE, resilience.
 
-`OpenAiChatRuntime` implements the `ChatRuntime` port of services/llm/chat.py over
+`OpenAiChatRuntime` implements the `ChatRuntime` port of services/model_runtime/chat.py over
 ``POST {LLM_RUNTIME_URL}/v1/chat/completions``.
 
 Tool calling has two wire forms:
@@ -59,8 +59,15 @@ from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.http import retry_after_seconds
 from services.common.settings import Env, SettingsError
-from services.llm.chat import ChatMessage, Completion, StreamDelta, StreamEvent, ToolCall, ToolSpec
-from services.llm.model import GenerationParams
+from services.model_runtime.chat import (
+    ChatMessage,
+    Completion,
+    GenerationParams,
+    StreamDelta,
+    StreamEvent,
+    ToolCall,
+    ToolSpec,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,6 @@
+"""The model-runtime client shared by the LLM service and Retrieval (DESIGN §2.13).
+
+`chat` holds the chat-model port (messages, tool calls, completions, generation params);
+`client` the OpenAI-compatible client that implements it: wire format, settings,
+transport, retries and the circuit breaker.
+"""
