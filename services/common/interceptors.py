@@ -22,7 +22,7 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.logging import bind_trace_id
-from services.common.metrics import ClientRpcMetrics, RpcMetrics, split_method
+from services.common.metrics import ClientRpcMetrics, RpcKey, RpcMetrics, split_method
 from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
 
@@ -104,15 +104,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         meta_trace, traceparent = _trace_metadata(handler_call_details.invocation_metadata)
         if not meta_trace and traceparent:  # a W3C caller's trace id names the request
             meta_trace = _trace_of_traceparent(traceparent)
+        trace = (meta_trace, traceparent)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, service, name, meta_trace, traceparent),
+                self._wrap_unary(handler.unary_unary, (service, name, "unary"), trace),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, service, name, meta_trace, traceparent),
+                self._wrap_stream(handler.unary_stream, (service, name, "server_stream"), trace),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -199,7 +200,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self,
         request: Any,
         context: grpc.aio.ServicerContext,
-        rpc: tuple[str, str, str],
+        rpc: RpcKey,
         meta_trace: str,
         traceparent: str,
     ) -> AsyncIterator[None]:
@@ -229,33 +230,19 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             self._finish(service, name, kind, code, started, span)
 
     def _wrap_unary(
-        self,
-        behavior: Callable[..., Awaitable[Any]],
-        service: str,
-        name: str,
-        meta_trace: str,
-        traceparent: str,
+        self, behavior: Callable[..., Awaitable[Any]], rpc: RpcKey, trace: tuple[str, str]
     ) -> Callable[..., Awaitable[Any]]:
-        rpc = (service, name, "unary")
-
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with self._observed(request, context, rpc, meta_trace, traceparent):
+            async with self._observed(request, context, rpc, *trace):
                 return await behavior(request, context)
 
         return wrapper
 
     def _wrap_stream(
-        self,
-        behavior: Callable[..., AsyncIterator[Any]],
-        service: str,
-        name: str,
-        meta_trace: str,
-        traceparent: str,
+        self, behavior: Callable[..., AsyncIterator[Any]], rpc: RpcKey, trace: tuple[str, str]
     ) -> Callable[..., AsyncIterator[Any]]:
-        rpc = (service, name, "server_stream")
-
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async with self._observed(request, context, rpc, meta_trace, traceparent):
+            async with self._observed(request, context, rpc, *trace):
                 async for item in behavior(request, context):
                     yield item
 
