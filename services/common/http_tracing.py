@@ -17,6 +17,7 @@ have no use for the mesh's trace ids.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -115,20 +116,26 @@ class _Traced:
     def _span(self, request: httpx.Request) -> ClientSpan:
         return _start(self._tracing, request, self._peer, self._propagate)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _until_response(span: ClientSpan) -> Iterator[None]:
+        """No response: the exception names the failure and ends the span."""
+        try:
+            yield
+        except BaseException as exc:
+            span.finish(type(exc).__name__)
+            raise
+
 
 class TracedAsyncTransport(_Traced, httpx.AsyncBaseTransport):
     """An async transport whose every request is a CLIENT span."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         span = self._span(request)
-        try:
+        with self._until_response(span):
             response = await self._inner.handle_async_request(request)
-        except BaseException as exc:  # no response: the exception names the failure
-            span.finish(type(exc).__name__)
-            raise
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-        response.stream = _AsyncStream(stream, span, response.status_code)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _AsyncStream(response.stream, span, response.status_code)
         return response
 
     async def aclose(self) -> None:
@@ -140,14 +147,10 @@ class TracedTransport(_Traced, httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         span = self._span(request)
-        try:
+        with self._until_response(span):
             response = self._inner.handle_request(request)
-        except BaseException as exc:  # no response: the exception names the failure
-            span.finish(type(exc).__name__)
-            raise
-        stream = response.stream
-        assert isinstance(stream, httpx.SyncByteStream)
-        response.stream = _SyncStream(stream, span, response.status_code)
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream = _SyncStream(response.stream, span, response.status_code)
         return response
 
     def close(self) -> None:
@@ -166,25 +169,23 @@ def _wrap_transports(client: _C, wrap: Callable[[Any], Any]) -> _C:
     return client
 
 
+def _traced(
+    client: _C, transport: type[_Traced], tracing: Tracing | None, peer: str, propagate: bool
+) -> _C:
+    if tracing is None:
+        return client
+    return _wrap_transports(client, lambda t: transport(t, tracing, peer=peer, propagate=propagate))
+
+
 def traced_async_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.AsyncClient:
     """httpx.AsyncClient(**kwargs), its requests CLIENT spans when `tracing` is given."""
-    client = httpx.AsyncClient(**kwargs)
-    if tracing is None:
-        return client
-    return _wrap_transports(
-        client, lambda t: TracedAsyncTransport(t, tracing, peer=peer, propagate=propagate)
-    )
+    return _traced(httpx.AsyncClient(**kwargs), TracedAsyncTransport, tracing, peer, propagate)
 
 
 def traced_client(
     tracing: Tracing | None, *, peer: str, propagate: bool, **kwargs: Any
 ) -> httpx.Client:
     """httpx.Client(**kwargs), its requests CLIENT spans when `tracing` is given."""
-    client = httpx.Client(**kwargs)
-    if tracing is None:
-        return client
-    return _wrap_transports(
-        client, lambda t: TracedTransport(t, tracing, peer=peer, propagate=propagate)
-    )
+    return _traced(httpx.Client(**kwargs), TracedTransport, tracing, peer, propagate)
