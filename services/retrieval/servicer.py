@@ -24,6 +24,13 @@ def _opt(msg: object, name: str) -> int | bool | float | None:
     return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
 
 
+_OPTIONAL_PARAMS = (
+    "max_docs max_sections max_chunks context_token_limit enable_hybrid enable_rerank "
+    "topk_per_doc min_score expand_query hard_trim"
+).split()
+"""SearchParams fields that keep "not given" (None) apart from zero, named as in SearchQuery."""
+
+
 def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
     f, p = req.filters, req.params
     return SearchQuery(
@@ -40,19 +47,10 @@ def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
         ),
         language=req.language,
         mode=p.retrieval_mode,
-        max_docs=_opt(p, "max_docs"),  # type: ignore[arg-type]
-        max_sections=_opt(p, "max_sections"),  # type: ignore[arg-type]
-        max_chunks=_opt(p, "max_chunks"),  # type: ignore[arg-type]
-        context_token_limit=_opt(p, "context_token_limit"),  # type: ignore[arg-type]
-        enable_hybrid=_opt(p, "enable_hybrid"),  # type: ignore[arg-type]
-        enable_rerank=_opt(p, "enable_rerank"),  # type: ignore[arg-type]
         trace_id=req.trace_id,
         ranking=p.ranking,
         fusion=p.fusion,
-        topk_per_doc=_opt(p, "topk_per_doc"),  # type: ignore[arg-type]
-        min_score=_opt(p, "min_score"),  # type: ignore[arg-type]
-        expand_query=_opt(p, "expand_query"),  # type: ignore[arg-type]
-        hard_trim=_opt(p, "hard_trim"),  # type: ignore[arg-type]
+        **{name: _opt(p, name) for name in _OPTIONAL_PARAMS},  # type: ignore[arg-type]
     )
 
 
