@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -16,11 +17,12 @@ from services.common.http_tracing import traced_async_client, traced_client
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
-from services.common.tracing import install_tracing
+from services.common.tracing import Tracing, install_tracing
 from services.docstore.parsing import ChunkingConfig
+from services.docstore.store import DocumentStore
 from services.model_runtime.client import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
-from services.retrieval.embeddings import build_embedder
+from services.retrieval.embeddings import Embedder, build_embedder
 from services.retrieval.engine import RetrievalEngine
 from services.retrieval.index.base import IndexUnavailableError, VectorIndex
 from services.retrieval.index.edge import EdgeIndex
@@ -32,7 +34,7 @@ from services.retrieval.llm_assist import LlmAssistSettings, LlmQueryExpander, L
 from services.retrieval.metrics import RetrievalMetrics
 from services.retrieval.mock import MockSearchEngine
 from services.retrieval.query import load_synonyms
-from services.retrieval.rerank import RerankClient, build_reranker
+from services.retrieval.rerank import RerankClient, Reranker, build_reranker
 from services.retrieval.sections import SectionCatalog
 from services.retrieval.servicer import IngestionServicer, RetrievalServicer, SearchBackend
 
@@ -98,117 +100,182 @@ def llm_assistants(
     return summarizer, expander
 
 
-async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
-    quiet_http_client_logs()
-    registry = CollectorRegistry()
-    tracing = install_tracing(settings.server.tracing, settings.server.service)
-    # The reranker's HTTP calls as spans: a traced client of ours (closed below), else the
-    # client's own.
+@dataclass
+class _Stack:
+    """What `start` assembled: the search backend and what it holds open."""
+
+    engine: SearchBackend
+    backend: str
+    reranker: Reranker | None = None
+    rerank_http: httpx.AsyncClient | None = None
+    ingestor: Ingestor | None = None
+    index: VectorIndex | None = None
+    optimizer: IndexOptimizer | None = None
+    http: httpx.AsyncClient | None = None
+
+    @property
+    def reranker_kind(self) -> str:
+        if isinstance(self.reranker, RerankClient):
+            return "http"
+        return "none" if self.reranker is None else "local-model"
+
+    async def close(self) -> None:
+        if self.optimizer is not None:
+            await self.optimizer.stop()
+        if self.index is not None:
+            self.index.close()
+        if self.http is not None:
+            await self.http.aclose()
+        if isinstance(self.reranker, RerankClient):
+            await self.reranker.aclose()
+        if self.rerank_http is not None:
+            await self.rerank_http.aclose()
+
+
+def _open_reranker(
+    settings: RetrievalSettings, tracing: Tracing | None
+) -> tuple[Reranker | None, httpx.AsyncClient | None]:
+    """The reranker and, when tracing, the traced HTTP client it calls through."""
+    # The reranker's HTTP calls as spans: a traced client of ours (closed with the stack),
+    # else the client's own.
     rerank_http = (
         traced_async_client(tracing, peer="reranker", propagate=True)
         if tracing is not None and settings.rerank.url and not settings.rerank.model_path
         else None
     )
-    # First: a local reranker's model loads here, and files that are not a usable
-    # cross-encoder stop the start (SettingsError) before any store is open.
+    # A local reranker's model loads here, and files that are not a usable cross-encoder
+    # stop the start (SettingsError) before any store is open.
     reranker = None if settings.mock_mode else build_reranker(settings.rerank, rerank_http)
-    store = settings.docstore.open()
-    engine: SearchBackend
-    ingestor: Ingestor | None = None
-    index: VectorIndex | None = None
-    optimizer: IndexOptimizer | None = None
-    http: httpx.AsyncClient | None = None
-    if settings.mock_mode:
-        engine = MockSearchEngine(settings.defaults)
-        backend = "mock"
-    else:
-        embedder = build_embedder(
-            settings.embedding,
-            traced_client(
-                tracing, peer="embeddings", propagate=True, timeout=settings.embedding.timeout_s
-            )
-            if tracing is not None and settings.embedding.profile == "remote"
-            else None,
-        )
-        index = open_index(settings, embedder.dim)
-        backend = index.backend
-        sections = SectionCatalog(store)
-        summarizer, expander = None, None
-        if settings.llm.runtime is not None:
-            http = traced_async_client(
-                tracing, peer="llm-runtime", propagate=True, follow_redirects=False
-            )
-            summarizer, expander = llm_assistants(settings.llm, http)
-        ingestor = Ingestor(
-            store=store,
-            index=index,
-            embedder=embedder,
-            sections=sections,
-            journal=IngestJournal(settings.journal_path),
-            max_document_bytes=settings.max_document_bytes,
-            chunking=ChunkingConfig(
-                chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
-            ),
-            summarizer=summarizer,
-        )
-        try:
-            recovered = ingestor.recover()
-            ingestor.backfill_points()
-            points = index.count()
-        except IndexUnavailableError as exc:
-            # Serve anyway: searches answer backend_unavailable (502) until the store is back,
-            # health says so, and the journal keeps what recovery still has to do.
-            log.warning("index unavailable at start", extra={"error": str(exc)})
-            recovered, points = 0, -1
-        log.info(
-            "index open",
-            extra={"backend": backend, "points": points, "recovered": recovered,
-                   "embedder": embedder.name},
-        )  # fmt: skip
-        if isinstance(index, EdgeIndex) and settings.optimize_quiet_s > 0:
-            # Edge runs no optimizers of its own (HNSW, merges, vacuum): without this a shard
-            # filled through IngestDocument would be searched unindexed for good.
-            ingesting = ingestor
-            optimizer = IndexOptimizer(
-                index, quiet_s=settings.optimize_quiet_s, busy=lambda: ingesting.ingesting > 0
-            )
-            if points >= 0:  # the shard opened: index what an earlier run left, then serve
-                optimizer.run_blocking()
-        engine = RetrievalEngine(
-            index=index,
-            embedder=embedder,
-            sections=sections,
-            chunks=store,
-            tokenizer=default_tokenizer(),
-            defaults=settings.defaults,
-            settings=settings.engine,
-            breaker=CircuitBreaker(
-                "vector store",
-                failure_threshold=settings.breaker_failures,
-                reset_after_s=settings.breaker_reset_s,
-            ),
-            reranker=reranker,
-            synonyms=load_synonyms(settings.synonyms_path or None),
-            expander=expander,
-            metrics=RetrievalMetrics(registry),
-        )
+    return reranker, rerank_http
 
-    reranker_kind = "none" if reranker is None else "local-model"
-    if isinstance(reranker, RerankClient):
-        reranker_kind = "http"
+
+def _open_ingestor(
+    settings: RetrievalSettings,
+    store: DocumentStore,
+    index: VectorIndex,
+    embedder: Embedder,
+    sections: SectionCatalog,
+    summarizer: LlmSummarizer | None,
+) -> tuple[Ingestor, int]:
+    """The ingestor, after recovering what the journal left; and the index's point count
+    (-1 when the index is unavailable)."""
+    ingestor = Ingestor(
+        store=store,
+        index=index,
+        embedder=embedder,
+        sections=sections,
+        journal=IngestJournal(settings.journal_path),
+        max_document_bytes=settings.max_document_bytes,
+        chunking=ChunkingConfig(
+            chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
+        ),
+        summarizer=summarizer,
+    )
+    try:
+        recovered = ingestor.recover()
+        ingestor.backfill_points()
+        points = index.count()
+    except IndexUnavailableError as exc:
+        # Serve anyway: searches answer backend_unavailable (502) until the store is back,
+        # health says so, and the journal keeps what recovery still has to do.
+        log.warning("index unavailable at start", extra={"error": str(exc)})
+        recovered, points = 0, -1
+    log.info(
+        "index open",
+        extra={"backend": index.backend, "points": points, "recovered": recovered,
+               "embedder": embedder.name},
+    )  # fmt: skip
+    return ingestor, points
+
+
+def _optimizer(
+    settings: RetrievalSettings, index: VectorIndex, ingestor: Ingestor, points: int
+) -> IndexOptimizer | None:
+    """Edge runs no optimizers of its own (HNSW, merges, vacuum): without this a shard
+    filled through IngestDocument would be searched unindexed for good."""
+    if not isinstance(index, EdgeIndex) or settings.optimize_quiet_s <= 0:
+        return None
+    optimizer = IndexOptimizer(
+        index, quiet_s=settings.optimize_quiet_s, busy=lambda: ingestor.ingesting > 0
+    )
+    if points >= 0:  # the shard opened: index what an earlier run left, then serve
+        optimizer.run_blocking()
+    return optimizer
+
+
+def _search_stack(
+    settings: RetrievalSettings,
+    store: DocumentStore,
+    tracing: Tracing | None,
+    registry: CollectorRegistry,
+    reranker: Reranker | None,
+) -> _Stack:
+    """The real search stack: embedder, index, ingestion, optional LLM assistance, engine."""
+    embedder = build_embedder(
+        settings.embedding,
+        traced_client(
+            tracing, peer="embeddings", propagate=True, timeout=settings.embedding.timeout_s
+        )
+        if tracing is not None and settings.embedding.profile == "remote"
+        else None,
+    )
+    index = open_index(settings, embedder.dim)
+    sections = SectionCatalog(store)
+    http, summarizer, expander = None, None, None
+    if settings.llm.runtime is not None:
+        http = traced_async_client(
+            tracing, peer="llm-runtime", propagate=True, follow_redirects=False
+        )
+        summarizer, expander = llm_assistants(settings.llm, http)
+    ingestor, points = _open_ingestor(settings, store, index, embedder, sections, summarizer)
+    engine = RetrievalEngine(
+        index=index,
+        embedder=embedder,
+        sections=sections,
+        chunks=store,
+        tokenizer=default_tokenizer(),
+        defaults=settings.defaults,
+        settings=settings.engine,
+        breaker=CircuitBreaker(
+            "vector store",
+            failure_threshold=settings.breaker_failures,
+            reset_after_s=settings.breaker_reset_s,
+        ),
+        reranker=reranker,
+        synonyms=load_synonyms(settings.synonyms_path or None),
+        expander=expander,
+        metrics=RetrievalMetrics(registry),
+    )
+    return _Stack(
+        engine,
+        index.backend,
+        reranker=reranker,
+        ingestor=ingestor,
+        index=index,
+        optimizer=_optimizer(settings, index, ingestor, points),
+        http=http,
+    )
+
+
+def _health_probe(
+    settings: RetrievalSettings, store: DocumentStore, stack: _Stack
+) -> Callable[[], dict[str, str]]:
+    """The health answer: backend, docstore, reranker and index state; in production a
+    down vector store fails it (backend_unavailable)."""
 
     def probe() -> dict[str, str]:
-        details = {"backend": backend, "docstore": store.kind, "reranker": reranker_kind}
+        details = {"backend": stack.backend, "docstore": store.kind,
+                   "reranker": stack.reranker_kind}  # fmt: skip
         try:
             store.ping()
         except Exception as exc:  # the health answer must say why, not raise
             return {"status": "down", **details, "docstore": f"error: {exc}"}
-        if index is not None:
-            state = index.health()
+        if stack.index is not None:
+            state = stack.index.health()
             details.update({f"index_{k}": v for k, v in state.items() if k != "status"})
             details["index"] = state.get("status", "ok")
-            if optimizer is not None:
-                details.update({f"index_{k}": v for k, v in optimizer.details().items()})
+            if stack.optimizer is not None:
+                details.update({f"index_{k}": v for k, v in stack.optimizer.details().items()})
             if state.get("status") != "ok" and settings.production:
                 # Production: health fails, so probes and load balancers take this replica out.
                 raise errors.UnavailableError(
@@ -217,13 +284,29 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         details["production"] = str(settings.production).lower()
         return {"status": "ok", **details}
 
+    return probe
+
+
+async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
+    quiet_http_client_logs()
+    registry = CollectorRegistry()
+    tracing = install_tracing(settings.server.tracing, settings.server.service)
+    reranker, rerank_http = _open_reranker(settings, tracing)
+    store = settings.docstore.open()
+    if settings.mock_mode:
+        stack = _Stack(MockSearchEngine(settings.defaults), "mock")
+    else:
+        stack = _search_stack(settings, store, tracing, registry, reranker)
+    stack.rerank_http = rerank_http
+    probe = _health_probe(settings, store, stack)
+
     def register(server):  # type: ignore[no-untyped-def]
         retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
-            RetrievalServicer(engine, probe), server
+            RetrievalServicer(stack.engine, probe), server
         )
-        if ingestor is not None:
+        if stack.ingestor is not None:
             retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(
-                IngestionServicer(ingestor), server
+                IngestionServicer(stack.ingestor), server
             )
 
     running = await start_server(
@@ -234,21 +317,11 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         domain="visior.retrieval",
         tracing=tracing,
     )
-
-    if optimizer is not None:
-        optimizer.start()
+    if stack.optimizer is not None:
+        stack.optimizer.start()
 
     async def close() -> None:
-        if optimizer is not None:
-            await optimizer.stop()
-        if index is not None:
-            index.close()
-        if http is not None:
-            await http.aclose()
-        if isinstance(reranker, RerankClient):
-            await reranker.aclose()
-        if rerank_http is not None:
-            await rerank_http.aclose()
+        await stack.close()
         store.close()
 
     return running, close

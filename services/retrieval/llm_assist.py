@@ -1,8 +1,8 @@
 """The model's help to retrieval, when a runtime is configured: section summaries and query variants.
 
-Both talk to an OpenAI-compatible runtime through `services.model_runtime.client.OpenAiChatRuntime`
-(timeouts, one retry, a circuit breaker; every failure is an `UnavailableError`) and both
-degrade instead of failing:
+Both talk to the shared chat-model port (`services.model_runtime`: the OpenAI-compatible
+`OpenAiChatRuntime` with timeouts, one retry, a circuit breaker; every failure is an
+`UnavailableError`) and both degrade instead of failing:
 
 * `LlmSummarizer` writes a section's summary (the orchestrator's first prompt shows only
   summaries). Any failure -- timeout, open breaker, an empty or unusable answer -- keeps
@@ -37,7 +37,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from services.common import errors
 from services.common.search_contract import normalise_query
@@ -45,7 +45,7 @@ from services.common.settings import Env, SettingsError
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
 from services.docstore.summaries import mix_generation, section_texts
-from services.model_runtime.chat import ChatMessage, Completion, GenerationParams, ToolSpec
+from services.model_runtime.chat import ChatMessage, ChatRuntime, GenerationParams
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.query import detect_language, keyword_form
 
@@ -61,20 +61,6 @@ LANGUAGE_NAMES = {"ru": "Russian", "en": "English"}
 _PROGRESS_LOG_S = 5.0
 _BACKSTOP_MARGIN_S = 0.1
 """How much sooner than the expander's backstop timeout the runtime's own deadline is."""
-
-
-class ChatCompleter(Protocol):
-    """The part of `OpenAiChatRuntime` used here."""
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> Completion: ...
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -221,7 +207,7 @@ class LlmSummarizer:
 
     def __init__(
         self,
-        runtime: ChatCompleter,
+        runtime: ChatRuntime,
         *,
         model: str,
         timeout_s: float = 30.0,
@@ -427,7 +413,7 @@ class LlmQueryExpander:
 
     def __init__(
         self,
-        runtime: ChatCompleter,
+        runtime: ChatRuntime,
         *,
         model: str,
         timeout_s: float = 1.5,
