@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from prometheus_client import CollectorRegistry
 from visior.toolsproxy.v1 import toolsproxy_pb2_grpc
 
@@ -34,22 +35,16 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         ClientRpcMetrics(registry),
         tracing,
     )
-    # One HTTP client per external service: its own timeouts, no redirects to elsewhere.
-    # Third parties: spans of their calls (tracing on), but no traceparent sent to them.
-    cbr_http = traced_async_client(
-        tracing,
-        peer="cbr",
-        propagate=False,
-        timeout=settings.cbr.timeout_s,
-        follow_redirects=False,
-    )
-    tavily_http = traced_async_client(
-        tracing,
-        peer="tavily",
-        propagate=False,
-        timeout=settings.tavily.timeout_s,
-        follow_redirects=False,
-    )
+
+    def third_party(peer: str, timeout_s: float) -> httpx.AsyncClient:
+        # One HTTP client per external service: its own timeouts, no redirects to elsewhere;
+        # spans of its calls (tracing on), but no traceparent sent to a third party.
+        return traced_async_client(
+            tracing, peer=peer, propagate=False, timeout=timeout_s, follow_redirects=False
+        )
+
+    cbr_http = third_party("cbr", settings.cbr.timeout_s)
+    tavily_http = third_party("tavily", settings.tavily.timeout_s)
     executor = ToolExecutor(
         {
             **DocumentTools(store, settings.limits).tools,
