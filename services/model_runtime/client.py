@@ -885,6 +885,30 @@ def _detail(content: bytes, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+class _Holdback:
+    """Streamed text that may turn out to be a tool call written as JSON is held back until
+    it plainly is not one; when the answer completes first, the caller yields it whole."""
+
+    def __init__(self, active: bool) -> None:
+        self._held: list[str] | None = [] if active else None
+
+    @property
+    def holding(self) -> bool:
+        """Text is still held back."""
+        return bool(self._held)
+
+    def release(self, piece: str) -> str:
+        """What of the text so far can go out now ("" while it is held)."""
+        if self._held is None:
+            return piece
+        self._held.append(piece)
+        start_of = "".join(self._held).lstrip()
+        if not start_of or start_of[0] in "{`<":
+            return ""
+        piece, self._held = "".join(self._held), None
+        return piece
+
+
 class OpenAiChatRuntime:
     """`ChatRuntime` over an OpenAI-compatible ``/v1/chat/completions`` (see module docstring).
 
@@ -939,14 +963,7 @@ class OpenAiChatRuntime:
         """One completion. `timeout_s` bounds the call including its retry; `model` overrides
         DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime failure,
         ValueError for messages the port does not allow (unknown role, tool without id)."""
-        model = model or self.settings.default_model
-        if params.temperature is None and self.settings.temperature is not None:
-            params = replace(params, temperature=self.settings.temperature)
-        json_mode, tools, offered = self._wire_form(tools, params)
-        body = encode_request(
-            messages, tools, params, model=model, json_mode=json_mode,
-            json_schema=self.settings.json_schema,
-        )  # fmt: skip
+        model, body, json_mode, offered = self._prepare(messages, tools, params, model, False)
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -1001,20 +1018,7 @@ class OpenAiChatRuntime:
         UnavailableError(LLM_RUNTIME_ERROR). In JSON mode the deltas would be JSON text, so
         the answer is yielded as one delta once the whole object has arrived.
         """
-        model = model or self.settings.default_model
-        if params.temperature is None and self.settings.temperature is not None:
-            params = replace(params, temperature=self.settings.temperature)
-        json_mode, tools, offered = self._wire_form(tools, params)
-        body = encode_request(
-            messages,
-            tools,
-            params,
-            model=model,
-            json_mode=json_mode,
-            json_schema=self.settings.json_schema,
-            stream=True,
-            stream_usage=self.settings.stream_usage,
-        )
+        model, body, json_mode, offered = self._prepare(messages, tools, params, model, True)
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -1022,11 +1026,6 @@ class OpenAiChatRuntime:
         response: httpx.Response | None = None
         try:
             response, _, attempts = await self._send(body, deadline, stream=True)
-            assembler = StreamAssembler(model=model, json_mode=json_mode, offered=offered)
-            done = False
-            # Text that may turn out to be a tool call written as JSON is held back until
-            # it plainly is not one (or the answer is complete).
-            held: list[str] | None = [] if offered else None
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
@@ -1036,30 +1035,11 @@ class OpenAiChatRuntime:
                     yield StreamDelta(completion.content)
                 yield completion
                 return
-            async for data in self._events(response, deadline):
-                if data == "[DONE]":
-                    done = True
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise _Failure(
-                        "bad_response", "LLM runtime sent an unreadable stream chunk"
-                    ) from None
-                try:
-                    piece = assembler.feed(chunk)
-                except BadResponse as exc:
-                    raise _Failure("bad_response", f"LLM runtime stream failed: {exc}") from None
-                if piece and not json_mode:
-                    if held is not None:
-                        held.append(piece)
-                        start_of = "".join(held).lstrip()
-                        if not start_of or start_of[0] in "{`<":
-                            continue
-                        piece, held = "".join(held), None
+            assembler = StreamAssembler(model=model, json_mode=json_mode, offered=offered)
+            holdback = _Holdback(bool(offered))
+            async for piece in self._stream_text(response, deadline, assembler):
+                if not json_mode and (piece := holdback.release(piece)):
                     yield StreamDelta(piece)
-            if not done and assembler.finish_reason is None:
-                raise _Failure("unreachable", "LLM runtime stream ended before it finished")
             try:
                 completion = assembler.completion()
             except BadResponse as exc:
@@ -1077,7 +1057,7 @@ class OpenAiChatRuntime:
                 completion_tokens=completion.completion_tokens,
                 tool_calls=len(completion.tool_calls),
             )
-            if (json_mode or held) and completion.content:
+            if (json_mode or holdback.holding) and completion.content:
                 yield StreamDelta(completion.content)
             yield completion
         except _Failure as failed:
@@ -1102,6 +1082,56 @@ class OpenAiChatRuntime:
                 await response.aclose()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: GenerationParams,
+        model: str,
+        stream: bool,
+    ) -> tuple[str, bytes, bool, frozenset[str]]:
+        """(the model, the request body, JSON mode?, the tool names a written call may name)."""
+        model = model or self.settings.default_model
+        if params.temperature is None and self.settings.temperature is not None:
+            params = replace(params, temperature=self.settings.temperature)
+        json_mode, tools, offered = self._wire_form(tools, params)
+        body = encode_request(
+            messages,
+            tools,
+            params,
+            model=model,
+            json_mode=json_mode,
+            json_schema=self.settings.json_schema,
+            stream=stream,
+            stream_usage=self.settings.stream_usage,
+        )
+        return model, body, json_mode, offered
+
+    async def _stream_text(
+        self, response: httpx.Response, deadline: float, assembler: StreamAssembler
+    ) -> AsyncIterator[str]:
+        """The answer text of each SSE chunk as it arrives; `assembler` collects the rest.
+        Raises _Failure for an unreadable chunk or a stream that ends before it finished."""
+        done = False
+        async for data in self._events(response, deadline):
+            if data == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise _Failure(
+                    "bad_response", "LLM runtime sent an unreadable stream chunk"
+                ) from None
+            try:
+                piece = assembler.feed(chunk)
+            except BadResponse as exc:
+                raise _Failure("bad_response", f"LLM runtime stream failed: {exc}") from None
+            if piece:
+                yield piece
+        if not done and assembler.finish_reason is None:
+            raise _Failure("unreachable", "LLM runtime stream ended before it finished")
 
     def _wire_form(
         self, tools: Sequence[ToolSpec], params: GenerationParams
