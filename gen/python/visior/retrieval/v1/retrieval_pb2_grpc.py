@@ -28,7 +28,7 @@ if _version_not_supported:
 class RetrievalServiceStub:
     """RetrievalService finds the passages of a tenant's documents that answer a
     query: doc -> section -> chunk, dense + sparse hybrid, rerank, token-aware
-    context. One Search RPC serves both retrieval specs (DESIGN §2.3).
+    context. One Search RPC serves both retrieval specs (docs/architecture.md §5).
     """
 
     def __init__(self, channel):
@@ -52,7 +52,7 @@ class RetrievalServiceStub:
 class RetrievalServiceServicer:
     """RetrievalService finds the passages of a tenant's documents that answer a
     query: doc -> section -> chunk, dense + sparse hybrid, rerank, token-aware
-    context. One Search RPC serves both retrieval specs (DESIGN §2.3).
+    context. One Search RPC serves both retrieval specs (docs/architecture.md §5).
     """
 
     def Search(self, request, context):
@@ -94,7 +94,7 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
 class RetrievalService:
     """RetrievalService finds the passages of a tenant's documents that answer a
     query: doc -> section -> chunk, dense + sparse hybrid, rerank, token-aware
-    context. One Search RPC serves both retrieval specs (DESIGN §2.3).
+    context. One Search RPC serves both retrieval specs (docs/architecture.md §5).
     """
 
     @staticmethod
@@ -155,7 +155,7 @@ class RetrievalService:
 class IngestionServiceStub:
     """IngestionService puts documents into the index and the document store. It
     is co-hosted with RetrievalService because an embedded index belongs to one
-    process (DESIGN §2.1).
+    process (docs/architecture.md §3).
     """
 
     def __init__(self, channel):
@@ -184,7 +184,7 @@ class IngestionServiceStub:
 class IngestionServiceServicer:
     """IngestionService puts documents into the index and the document store. It
     is co-hosted with RetrievalService because an embedded index belongs to one
-    process (DESIGN §2.1).
+    process (docs/architecture.md §3).
     """
 
     def IngestDocument(self, request, context):
@@ -238,7 +238,7 @@ def add_IngestionServiceServicer_to_server(servicer, server):
 class IngestionService:
     """IngestionService puts documents into the index and the document store. It
     is co-hosted with RetrievalService because an embedded index belongs to one
-    process (DESIGN §2.1).
+    process (docs/architecture.md §3).
     """
 
     @staticmethod

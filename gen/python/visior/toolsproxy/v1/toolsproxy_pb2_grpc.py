@@ -27,8 +27,8 @@ if _version_not_supported:
 
 class ToolsProxyServiceStub:
     """ToolsProxyService executes the tools the model may call, with tenant checks,
-    limits and rate limits (DESIGN §4). It is the only way the model touches
-    data.
+    limits and rate limits (docs/architecture.md §16). It is the only way the
+    model touches data.
     """
 
     def __init__(self, channel):
@@ -56,8 +56,8 @@ class ToolsProxyServiceStub:
 
 class ToolsProxyServiceServicer:
     """ToolsProxyService executes the tools the model may call, with tenant checks,
-    limits and rate limits (DESIGN §4). It is the only way the model touches
-    data.
+    limits and rate limits (docs/architecture.md §16). It is the only way the
+    model touches data.
     """
 
     def Execute(self, request, context):
@@ -111,8 +111,8 @@ def add_ToolsProxyServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ToolsProxyService:
     """ToolsProxyService executes the tools the model may call, with tenant checks,
-    limits and rate limits (DESIGN §4). It is the only way the model touches
-    data.
+    limits and rate limits (docs/architecture.md §16). It is the only way the
+    model touches data.
     """
 
     @staticmethod

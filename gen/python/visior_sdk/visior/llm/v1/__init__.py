@@ -109,8 +109,9 @@ class AnchorChunk(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class ToolPolicy(betterproto.Message):
     """
-    ToolPolicy is the caller's per-request rule for the tool loop (DESIGN
-     §2.5): whatever the model names, the policy decides what is executed.
+    ToolPolicy is the caller's per-request rule for the tool loop
+     (docs/architecture.md §7): whatever the model names, the policy decides what
+     is executed.
     """
 
     allowed_tools: List[str] = betterproto.string_field(1)
@@ -247,7 +248,7 @@ class GenerateMeta(betterproto.Message):
     extractive: bool = betterproto.bool_field(5)
     """
     extractive is true when no runtime was configured and the built-in
-     extractive responder composed the answer (DESIGN §2.9).
+     extractive responder composed the answer (docs/architecture.md §11).
     """
 
     runtime_ms: int = betterproto.int32_field(6)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False, repr=False)
 class ExecuteRequest(betterproto.Message):
-    """ExecuteRequest is one tool call (DESIGN §4)."""
+    """ExecuteRequest is one tool call (docs/architecture.md §16)."""
 
     tool_name: str = betterproto.string_field(1)
     """tool_name names the tool. Required."""
