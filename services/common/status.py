@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -81,3 +83,16 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     if code == grpc.StatusCode.CANCELLED:
         return errors.UnavailableError(message, reason="CANCELLED", metadata=meta)
     return errors.UnavailableError(message, reason=reason or "UPSTREAM_UNAVAILABLE", metadata=meta)
+
+
+_R = TypeVar("_R")
+
+
+async def call_downstream(
+    rpc: Callable[..., Awaitable[_R]], request: Any, downstream: str, **kwargs: Any
+) -> _R:
+    """`rpc(request, **kwargs)` on a neighbour; its failure as `from_rpc_error` types it."""
+    try:
+        return await rpc(request, **kwargs)
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc, downstream) from None

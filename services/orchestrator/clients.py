@@ -9,7 +9,7 @@ from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.status import from_rpc_error
+from services.common.status import call_downstream
 from services.common.structs import struct_to_dict
 from services.orchestrator.model import (
     Filters,
@@ -35,16 +35,12 @@ class GrpcRetriever:
     async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
         if not doc_ids:
             return {}
-        try:
-            # Only the documents asked about: one page holds them all (doc_ids come from a
-            # Respond's filters, at most MAX_FILTER_VALUES, below ListDocuments' page limit).
-            response = await self._ingestion.ListDocuments(
-                retrieval_pb2.ListDocumentsRequest(
-                    tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
-                )
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "retrieval") from None
+        # Only the documents asked about: one page holds them all (doc_ids come from a
+        # Respond's filters, at most MAX_FILTER_VALUES, below ListDocuments' page limit).
+        request = retrieval_pb2.ListDocumentsRequest(
+            tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
+        )
+        response = await call_downstream(self._ingestion.ListDocuments, request, "retrieval")
         wanted = set(doc_ids)
         return {d.doc_id: d.chars for d in response.documents if d.doc_id in wanted}
 
@@ -77,10 +73,7 @@ class GrpcRetriever:
         if self._min_score is not None:
             request.params.min_score = self._min_score
         started = time.perf_counter()
-        try:
-            response = await self._stub.Search(request)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "retrieval") from None
+        response = await call_downstream(self._stub.Search, request, "retrieval")
         # The hits' text is dropped (orchestrator.md §3.2): only section summaries go on.
         return RetrievalOutcome(
             sections=tuple(
@@ -139,10 +132,7 @@ class GrpcGenerator:
             call = request.tool_policy.planned_calls.add(tool_name=planned.tool_name)
             call.arguments.update(planned.arguments)
         started = time.perf_counter()
-        try:
-            response = await self._stub.Generate(request)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "llm") from None
+        response = await call_downstream(self._stub.Generate, request, "llm")
         return LlmOutcome(
             answer=response.answer,
             tools=tuple(

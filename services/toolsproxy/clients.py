@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.status import from_rpc_error
+from services.common.status import call_downstream
 from services.toolsproxy.search_tools import SearchCall, SearchHitView
 
 
@@ -26,10 +26,7 @@ class GrpcSearcher:
             ),
             trace_id=call.trace_id,
         )
-        try:
-            response = await self._stub.Search(request)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, "retrieval") from None
+        response = await call_downstream(self._stub.Search, request, "retrieval")
         titles = {(s.doc_id, s.section_id): s.title for s in response.used_sections}
         return [
             SearchHitView(
