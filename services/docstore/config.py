@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from psycopg import conninfo
 
-from services.common.settings import Env, SettingsError
+from services.common.settings import Env, Fields, SettingsError, integer, number, text
+from services.common.shared_config import data_dir
+from services.docstore.factory import open_document_store
 from services.docstore.store import (
     DEFAULT_POOL_SIZE,
     DEFAULT_TIMEOUT_S,
@@ -16,7 +17,6 @@ from services.docstore.store import (
     DocumentStore,
     is_postgres_url,
     mask_url,
-    open_document_store,
     scrub,
     sqlite_path,
 )
@@ -27,17 +27,17 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.5, 60.0
 
 @dataclass(frozen=True)
 class DocstoreSettings:
-    """The document store to open (services/docstore/store.open_document_store)."""
+    """The document store to open (services/docstore/factory.open_document_store)."""
 
     kind: str
     """"sqlite" or "postgresql"."""
     target: str = field(repr=False)
     """The SQLite path, or the PostgreSQL URL (may hold a password: never logged)."""
     pool_size: int = DEFAULT_POOL_SIZE
-    """PostgreSQL connections kept open (<prefix>DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE)."""
+    """PostgreSQL connections this process keeps open (<prefix>DOCSTORE_POOL_SIZE)."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     """PostgreSQL: longest wait to connect or for a pooled connection before a call fails
-    with StoreUnavailableError (<prefix>DOCSTORE_TIMEOUT_S / DOCSTORE_TIMEOUT_S)."""
+    with StoreUnavailableError (<prefix>DOCSTORE_TIMEOUT_S)."""
 
     @property
     def display(self) -> str:
@@ -57,24 +57,29 @@ class DocstoreSettings:
         )
 
 
+DOCSTORE_URL = text(
+    "METADATA_DB_URL", default_doc="sqlite under VISIOR_DATA_DIR (docstore.sqlite)",
+    doc="The document store (retrieval.md §8.1's metadata DB): sqlite:///PATH, or "
+    "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (postgres:// too). Retrieval writes it, "
+    "ToolsProxy reads it: give both the same URL. The password is never logged.",
+)  # fmt: skip
+
+
 def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
-    """<prefix>DOCSTORE_URL / METADATA_DB_URL (sqlite:///PATH, postgresql://…, postgres://…),
-    else VISIOR_DATA_DIR/docstore.sqlite; <prefix>DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE and
-    <prefix>DOCSTORE_TIMEOUT_S / DOCSTORE_TIMEOUT_S (PostgreSQL only)."""
-    pool_size = env.integer(
-        [prefix + "DOCSTORE_POOL_SIZE", "DOCSTORE_POOL_SIZE"],
-        DEFAULT_POOL_SIZE,
-        minimum=1,
-        maximum=MAX_POOL_SIZE,
-    )
-    timeout_names = [prefix + "DOCSTORE_TIMEOUT_S", "DOCSTORE_TIMEOUT_S"]
-    timeout_s = env.number(timeout_names, DEFAULT_TIMEOUT_S, minimum=MIN_TIMEOUT_S)
-    if timeout_s > MAX_TIMEOUT_S:
-        name = (env.raw(timeout_names) or ("DOCSTORE_TIMEOUT_S", ""))[0]
-        raise SettingsError(f"{name}={timeout_s} is above the maximum {MAX_TIMEOUT_S}")
-    found = env.raw([prefix + "DOCSTORE_URL", "METADATA_DB_URL"])
+    """METADATA_DB_URL (sqlite:///PATH, postgresql://…, postgres://…), else
+    VISIOR_DATA_DIR/docstore.sqlite; <prefix>DOCSTORE_POOL_SIZE and <prefix>DOCSTORE_TIMEOUT_S
+    (PostgreSQL only)."""
+    pool = Fields(
+        DocstoreSettings,
+        pool_size=integer(prefix + "DOCSTORE_POOL_SIZE", DEFAULT_POOL_SIZE, 1, MAX_POOL_SIZE),
+        timeout_s=number(
+            prefix + "DOCSTORE_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S
+        ),
+    ).values(env)
+    pool_size, timeout_s = pool["pool_size"], pool["timeout_s"]
+    found = DOCSTORE_URL.found(env)
     if found is None:
-        path = str(Path(env.text("VISIOR_DATA_DIR", "data")) / "docstore.sqlite")
+        path = str(data_dir(env) / "docstore.sqlite")
         return DocstoreSettings("sqlite", path, pool_size, timeout_s)
     name, url = found
     if url.startswith(SQLITE_SCHEME):

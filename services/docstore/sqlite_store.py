@@ -11,19 +11,19 @@ import json
 import queue
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
-from services.docstore.store import (
+from services.docstore.model import Chunk, StoredPoint
+from services.docstore.sql_store import (
     CHUNK_COLUMNS,
-    DOC_COLUMNS,
     POINT_COLUMNS,
-    check_points_of,
+    Row,
+    SqlDocumentStore,
+    T,
     from_signed64,
     to_signed64,
 )
@@ -78,7 +78,7 @@ READERS = 4
 """Read connections of one store at most (searches read concurrently from worker threads)."""
 
 
-class SqliteDocumentStore:
+class SqliteDocumentStore(SqlDocumentStore):
     """Document store on one SQLite file (WAL), safe to share between threads of one process."""
 
     kind = "sqlite"
@@ -188,7 +188,7 @@ class SqliteDocumentStore:
                 return conn
         return self._readers.get()
 
-    def _query(self, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+    def _query(self, sql: str, args: Sequence[object] = ()) -> list[Row]:
         if self._write_lock is self._lock:  # one connection for everything (read-only, ":memory:")
             with self._lock:
                 return self._run_query(self._conn, sql, args)
@@ -199,7 +199,7 @@ class SqliteDocumentStore:
             self._release(conn)
 
     @staticmethod
-    def _run_query(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> list[tuple]:  # type: ignore[type-arg]
+    def _run_query(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Row]:
         try:
             return conn.execute(sql, args).fetchall()
         except sqlite3.OperationalError as exc:
@@ -226,118 +226,9 @@ class SqliteDocumentStore:
         rows = self._query(f"SELECT json_group_array(json_array({cols})) FROM {source}", args)
         return json.loads(rows[0][0]) if rows else []  # type: ignore[no-any-return]
 
-    def ping(self) -> None:
-        """Raise if the store cannot be read."""
-        self._query("SELECT 1", ())
-
-    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool:
-        """Write (or replace) a document atomically, with its index `points` (the ones search
-        may show: StoredPoint); True when an older version was replaced."""
-        return self.replace(doc, points) is not None
-
-    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None:
-        """`put`, answering the generation it replaced (None when there was none), read in
-        the same transaction: another writer may have committed since the caller looked."""
+    def _write(self, tenant_id: str, doc_id: str, work: Callable[[Any], T]) -> T:
         with self._tx() as conn:
-            replaced = self._delete(conn, doc.tenant_id, doc.doc_id)
-            self._insert_points(conn, doc.tenant_id, doc.doc_id, doc.generation, points)
-            conn.execute(
-                "INSERT INTO documents (tenant_id, doc_id, title, source, product, version, tags,"
-                " pages, chars, generation, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    doc.tenant_id, doc.doc_id, doc.title, doc.source, doc.product, doc.version,
-                    json.dumps(list(doc.tags)), doc.pages, doc.chars, doc.generation,
-                    json.dumps(dict(doc.metadata), ensure_ascii=False, sort_keys=True),
-                ),
-            )  # fmt: skip
-            conn.executemany(
-                "INSERT INTO sections VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        doc.tenant_id, doc.doc_id, s.section_id, s.ord, s.title, s.summary,
-                        s.page_start, s.page_end, s.first_chunk_ord, s.last_chunk_ord,
-                    )
-                    for s in doc.sections
-                ],
-            )  # fmt: skip
-            conn.executemany(
-                "INSERT INTO chunks (tenant_id, doc_id, ord, chunk_id, section_id, text, tokens,"
-                " page_start, page_end) VALUES (?,?,?,?,?,?,?,?,?)",
-                [
-                    (
-                        doc.tenant_id, doc.doc_id, c.ord, c.chunk_id, c.section_id, c.text,
-                        c.tokens, c.page_start, c.page_end,
-                    )
-                    for c in doc.chunks
-                ],
-            )  # fmt: skip
-            conn.executemany(
-                "INSERT INTO pages VALUES (?,?,?,?)",
-                [
-                    (doc.tenant_id, doc.doc_id, number, text)
-                    for number, text in enumerate(doc.page_texts, start=1)
-                ],
-            )
-        return replaced
-
-    def delete(self, tenant_id: str, doc_id: str) -> bool:
-        """Delete a document with its sections, chunks and pages; True when it existed."""
-        with self._tx() as conn:
-            return self._delete(conn, tenant_id, doc_id) is not None
-
-    @staticmethod
-    def _delete(conn: sqlite3.Connection, tenant_id: str, doc_id: str) -> str | None:
-        """Delete one document; the generation it had, None when there was none."""
-        gone = conn.execute(
-            "DELETE FROM documents WHERE tenant_id=? AND doc_id=? RETURNING generation",
-            (tenant_id, doc_id),
-        ).fetchall()
-        conn.execute("DELETE FROM sections WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-        conn.execute("DELETE FROM chunks WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-        conn.execute("DELETE FROM pages WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-        conn.execute("DELETE FROM points WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-        return str(gone[0][0]) if gone else None
-
-    @staticmethod
-    def _insert_points(
-        conn: sqlite3.Connection,
-        tenant_id: str,
-        doc_id: str,
-        generation: str,
-        points: Sequence[StoredPoint],
-    ) -> None:
-        check_points_of(doc_id, generation, points)
-        conn.executemany(
-            f"INSERT INTO points ({POINT_COLUMNS}, tenant_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            [(to_signed64(p.point_id), *p[1:], tenant_id) for p in points],
-        )
-
-    def put_points(
-        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
-    ) -> bool:
-        """Replace the stored points of a document whose stored generation is `generation`
-        (a store written before the points table: the retrieval service backfills it at
-        start); False, writing nothing, when the store holds another generation or none."""
-        with self._tx() as conn:
-            row = conn.execute(
-                "SELECT generation FROM documents WHERE tenant_id=? AND doc_id=?",
-                (tenant_id, doc_id),
-            ).fetchone()
-            if row is None or row[0] != generation:
-                return False
-            conn.execute("DELETE FROM points WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id))
-            self._insert_points(conn, tenant_id, doc_id, generation, points)
-        return True
-
-    def documents_without_points(self) -> list[tuple[str, str, str]]:
-        """(tenant_id, doc_id, generation) of every document with no stored points."""
-        rows = self._query(
-            "SELECT d.tenant_id, d.doc_id, d.generation FROM documents d WHERE NOT EXISTS "
-            "(SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id) "
-            "ORDER BY d.tenant_id, d.doc_id",
-            (),
-        )
-        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+            return work(conn)
 
     def points_by_ids(self, tenant_id: str, point_ids: Collection[int]) -> dict[int, StoredPoint]:
         """The tenant's stored points among `point_ids`, by id; ids of points the store does
@@ -361,129 +252,6 @@ class SqliteDocumentStore:
                 pid = from_signed64(r[0])
                 out[pid] = StoredPoint(pid, *r[1:])
         return out
-
-    def list_documents(
-        self,
-        tenant_id: str,
-        *,
-        after: str = "",
-        limit: int | None = None,
-        doc_ids: Collection[str] | None = None,
-    ) -> list[Document]:
-        """The tenant's documents without sections, chunks and page texts, by doc_id (code
-        point order): only those after `after` when it is given, only `doc_ids` when they are
-        given, at most `limit`."""
-        sql = f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=?"
-        args: list[object] = [tenant_id]
-        if after:
-            sql += " AND doc_id > ?"  # BINARY collation: UTF-8 bytes, so code point order
-            args.append(after)
-        if doc_ids is not None:
-            wanted = sorted(set(doc_ids))
-            if not wanted:
-                return []
-            sql += f" AND doc_id IN ({','.join(['?'] * len(wanted))})"
-            args.extend(wanted)
-        sql += " ORDER BY doc_id"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(max(0, limit))
-        return [_document(tenant_id, r) for r in self._query(sql, tuple(args))]
-
-    def document_generation(self, tenant_id: str, doc_id: str) -> str | None:
-        """The generation of the stored document, or None when the tenant has no such document."""
-        rows = self._query(
-            "SELECT generation FROM documents WHERE tenant_id=? AND doc_id=?", (tenant_id, doc_id)
-        )
-        return str(rows[0][0]) if rows else None
-
-    def generations(self, tenant_id: str) -> dict[str, str]:
-        """doc_id -> generation for every document of the tenant."""
-        rows = self._query(
-            "SELECT doc_id, generation FROM documents WHERE tenant_id=?", (tenant_id,)
-        )
-        return {str(r[0]): str(r[1]) for r in rows}
-
-    def tenants(self) -> list[str]:
-        """Every tenant that has at least one document."""
-        return [
-            str(r[0])
-            for r in self._query("SELECT DISTINCT tenant_id FROM documents ORDER BY tenant_id", ())
-        ]
-
-    def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]:
-        """Pages first..last (1-based, inclusive) of a document that exist, in order."""
-        rows = self._query(
-            "SELECT page, text FROM pages WHERE tenant_id=? AND doc_id=? AND page BETWEEN ? AND ?"
-            " ORDER BY page",
-            (tenant_id, doc_id, first, last),
-        )
-        return [Page(int(r[0]), str(r[1])) for r in rows]
-
-    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]:
-        """(sections, chunks, chars) of one document."""
-        rows = self._query(
-            "SELECT (SELECT count(*) FROM sections WHERE tenant_id=?1 AND doc_id=?2),"
-            " (SELECT count(*) FROM chunks WHERE tenant_id=?1 AND doc_id=?2),"
-            " (SELECT chars FROM documents WHERE tenant_id=?1 AND doc_id=?2)",
-            (tenant_id, doc_id),
-        )
-        s, c, chars = rows[0]
-        return int(s), int(c), int(chars or 0)
-
-    def counts_many(
-        self, tenant_id: str, doc_ids: Collection[str]
-    ) -> dict[str, tuple[int, int, int]]:
-        """`counts` of each of the tenant's documents among `doc_ids`, in one query; ids the
-        tenant does not hold are absent."""
-        wanted = sorted(set(doc_ids))
-        if not wanted:
-            return {}
-        rows = self._query(
-            "SELECT d.doc_id,"
-            " (SELECT count(*) FROM sections s WHERE s.tenant_id=d.tenant_id AND s.doc_id=d.doc_id),"
-            " (SELECT count(*) FROM chunks c WHERE c.tenant_id=d.tenant_id AND c.doc_id=d.doc_id),"
-            f" d.chars FROM documents d WHERE d.tenant_id=? AND d.doc_id IN ({','.join(['?'] * len(wanted))})",
-            (tenant_id, *wanted),
-        )
-        return {str(r[0]): (int(r[1]), int(r[2]), int(r[3] or 0)) for r in rows}
-
-    def get_document(
-        self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
-    ) -> Document | None:
-        """One document with its sections (and chunks and page texts unless `with_chunks=False`)."""
-        rows = self._query(
-            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?",
-            (tenant_id, doc_id),
-        )
-        if not rows:
-            return None
-        sections = tuple(
-            Section(*s)
-            for s in self._query(
-                "SELECT section_id, ord, title, summary, page_start, page_end, first_chunk_ord, "
-                "last_chunk_ord FROM sections WHERE tenant_id=? AND doc_id=? ORDER BY ord",
-                (tenant_id, doc_id),
-            )
-        )
-        if not with_chunks:
-            return replace(_document(tenant_id, rows[0]), sections=sections)
-        chunks = self.chunk_range(tenant_id, doc_id, 0, 1 << 30)
-        pages = self.pages_text(tenant_id, doc_id, 1, 1 << 30)
-        return replace(
-            _document(tenant_id, rows[0]),
-            sections=sections,
-            chunks=tuple(chunks),
-            page_texts=tuple(p.text for p in pages),
-        )
-
-    def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:
-        """One chunk by id, or None."""
-        rows = self._query(
-            f"SELECT {CHUNK_COLUMNS} FROM chunks WHERE tenant_id=? AND doc_id=? AND chunk_id=?",
-            (tenant_id, doc_id, chunk_id),
-        )
-        return Chunk(*rows[0]) if rows else None
 
     def chunks_by_ids(
         self, tenant_id: str, keys: Sequence[tuple[str, str]]
@@ -510,26 +278,6 @@ class SqliteDocumentStore:
                 out[(r[0], r[1])] = Chunk(*r)
         return out
 
-    def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]:
-        """Chunks with first <= ord <= last, in order."""
-        rows = self._query(
-            f"SELECT {CHUNK_COLUMNS} FROM chunks "
-            "WHERE tenant_id=? AND doc_id=? AND ord BETWEEN ? AND ? ORDER BY ord",
-            (tenant_id, doc_id, first, last),
-        )
-        return [Chunk(*r) for r in rows]
-
-    def all_chunks(self) -> Iterator[tuple[str, str, str, Chunk]]:
-        """(tenant_id, doc_id, title, chunk) for every chunk, to rebuild an index at start-up."""
-        rows = self._query(
-            "SELECT c.tenant_id, c.doc_id, d.title, c.doc_id, c.chunk_id, c.section_id, c.ord, c.text, "
-            "c.tokens, c.page_start, c.page_end FROM chunks c JOIN documents d "
-            "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id ORDER BY c.tenant_id, c.doc_id, c.ord",
-            (),
-        )
-        for r in rows:
-            yield r[0], r[1], r[2], Chunk(*r[3:])
-
     def close(self, wait_s: float = 30.0) -> None:
         """Close the connections, once the reads in flight have ended (up to `wait_s`); later
         reads raise StoreUnavailableError."""
@@ -542,19 +290,3 @@ class SqliteDocumentStore:
         with self._lock:
             for conn in self._all_readers:
                 conn.close()
-
-
-def _document(tenant_id: str, r: tuple) -> Document:  # type: ignore[type-arg]
-    """A Document (no sections, chunks or pages) from a row of DOC_COLUMNS."""
-    return Document(
-        tenant_id=tenant_id,
-        doc_id=r[0],
-        title=r[1],
-        source=r[2],
-        product=r[3],
-        version=r[4],
-        tags=tuple(json.loads(r[5])),
-        pages=r[6],
-        generation=r[7],
-        metadata=json.loads(r[8]),
-    )

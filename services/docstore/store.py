@@ -1,5 +1,6 @@
 """The document store's interface, shared by its SQLite and PostgreSQL implementations, and
-the factory that opens the configured one."""
+what reading its location takes (URL schemes, masking a password); the factory that opens
+one is services/docstore/factory.py."""
 
 from __future__ import annotations
 
@@ -17,40 +18,6 @@ DEFAULT_POOL_SIZE = 8
 """Connections a PostgreSQL store keeps open (DOCSTORE_POOL_SIZE)."""
 DEFAULT_TIMEOUT_S = 5.0
 """A PostgreSQL store's longest wait to connect or for a pooled connection (DOCSTORE_TIMEOUT_S)."""
-
-DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
-"""The columns both stores read a Document's own fields from, in this order."""
-CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
-"""The columns both stores read a Chunk from, in its fields' order."""
-POINT_COLUMNS = (
-    "point_id, doc_id, section_id, chunk_id, kind, ord, page_start, page_end, tokens, generation"
-)
-"""The columns of a StoredPoint, in its fields' order."""
-
-_U64 = 1 << 64
-_I64_MAX = (1 << 63) - 1
-
-
-def to_signed64(point_id: int) -> int:
-    """A u64 point id as a signed 64-bit integer (two's complement), as both stores keep it."""
-    if not 0 <= point_id < _U64:
-        raise ValueError(f"point_id {point_id!r} is not an integer in [0, 2^64)")
-    return point_id - _U64 if point_id > _I64_MAX else point_id
-
-
-def from_signed64(stored: int) -> int:
-    """The u64 point id a stored signed 64-bit integer stands for (`to_signed64`'s inverse)."""
-    return stored % _U64
-
-
-def check_points_of(doc_id: str, generation: str, points: Sequence[StoredPoint]) -> None:
-    """Refuse (ValueError) points of another document or generation than the one written."""
-    for p in points:
-        if p.doc_id != doc_id or p.generation != generation:
-            raise ValueError(
-                f"point {p.point_id} is of {p.doc_id!r}/{p.generation!r}, "
-                f"not of the document written ({doc_id!r}/{generation!r})"
-            )
 
 
 def sqlite_path(target: str) -> str:
@@ -206,23 +173,3 @@ def scrub(message: str, url: str) -> str:
 def is_postgres_url(url_or_path: str | Path) -> bool:
     """True for a postgresql:// or postgres:// URL."""
     return isinstance(url_or_path, str) and url_or_path.lower().startswith(POSTGRES_SCHEMES)
-
-
-def open_document_store(
-    url_or_path: str | Path,
-    *,
-    read_only: bool = False,
-    pool_size: int = DEFAULT_POOL_SIZE,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> DocumentStore:
-    """The store at `url_or_path`: PostgreSQL for a postgresql:// (postgres://) URL, else
-    SQLite (a path, or sqlite:///PATH; sqlite:/// alone is an in-memory database)."""
-    if is_postgres_url(url_or_path):
-        from services.docstore.postgres_store import PostgresDocumentStore
-
-        return PostgresDocumentStore(
-            str(url_or_path), read_only=read_only, pool_size=pool_size, timeout_s=timeout_s
-        )
-    from services.docstore.sqlite_store import SqliteDocumentStore
-
-    return SqliteDocumentStore(sqlite_path(str(url_or_path)), read_only=read_only)

@@ -11,11 +11,12 @@ import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
+from services.docstore.factory import open_document_store
 from services.docstore.model import Page, StoredPoint
 from services.docstore.parsing import parse_document
 from services.docstore.postgres_store import PostgresDocumentStore
 from services.docstore.sqlite_store import SqliteDocumentStore, require_json_functions
-from services.docstore.store import DocumentStore, open_document_store
+from services.docstore.store import DocumentStore
 
 Opener = Callable[..., DocumentStore]
 

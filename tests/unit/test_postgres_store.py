@@ -13,13 +13,13 @@ import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
+from services.docstore.factory import open_document_store
 from services.docstore.postgres_store import (
     SCHEMA_VERSION,
     PostgresDocumentStore,
     _lock_key,
     tcp_settings,
 )
-from services.docstore.store import open_document_store
 from tests.pg_server import PgCluster
 from tests.unit.test_docstore import doc, points_of
 
