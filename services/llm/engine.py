@@ -37,6 +37,12 @@ def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(message, metadata={"field": field_name})
 
 
+def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
+    return errors.LimitExceededError(
+        message, reason="LLM_LIMIT_EXCEEDED", metadata={"field": field_name, "limit": str(limit)}
+    )
+
+
 MAX_RESPONSE_SCHEMA_BYTES = 16 * 1024
 
 
@@ -44,10 +50,10 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
     field_name = "generation_params.response_schema"
     size = len(json.dumps(schema, ensure_ascii=False).encode())
     if size > MAX_RESPONSE_SCHEMA_BYTES:
-        raise errors.LimitExceededError(
+        raise _over_limit(
+            field_name,
             f"{field_name} is {size} bytes as JSON; the limit is {MAX_RESPONSE_SCHEMA_BYTES}",
-            reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": field_name, "limit": str(MAX_RESPONSE_SCHEMA_BYTES)},
+            MAX_RESPONSE_SCHEMA_BYTES,
         )
     if not schema:
         raise _invalid(field_name, "response_schema must not be empty")
@@ -61,35 +67,28 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
     if not req.messages:
         raise _invalid("messages", "messages must hold at least the user's question")
     if len(req.messages) > MAX_MESSAGES:
-        raise errors.LimitExceededError(
-            f"at most {MAX_MESSAGES} messages", reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": "messages", "limit": str(MAX_MESSAGES)},
-        )  # fmt: skip
+        raise _over_limit("messages", f"at most {MAX_MESSAGES} messages", MAX_MESSAGES)
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
             raise _invalid(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}")
         if len(m.content) > MAX_MESSAGE_CHARS:
-            raise errors.LimitExceededError(
+            raise _over_limit(
+                f"messages[{i}].content",
                 f"messages[{i}] is longer than {MAX_MESSAGE_CHARS} characters",
-                reason="LLM_LIMIT_EXCEEDED",
-                metadata={"field": f"messages[{i}].content", "limit": str(MAX_MESSAGE_CHARS)},
+                MAX_MESSAGE_CHARS,
             )
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
         raise _invalid("messages", "no user message with content")
     if len(req.context_chunks) > MAX_CONTEXT_CHUNKS:
-        raise errors.LimitExceededError(
-            f"at most {MAX_CONTEXT_CHUNKS} context chunks", reason="LLM_LIMIT_EXCEEDED",
-            metadata={"field": "context_chunks", "limit": str(MAX_CONTEXT_CHUNKS)},
-        )  # fmt: skip
+        raise _over_limit(
+            "context_chunks", f"at most {MAX_CONTEXT_CHUNKS} context chunks", MAX_CONTEXT_CHUNKS
+        )
     p = req.params
     if p.max_tokens is not None and not 1 <= p.max_tokens <= budgets.max_completion_tokens:
-        raise errors.LimitExceededError(
+        raise _over_limit(
+            "generation_params.max_tokens",
             f"generation_params.max_tokens must be 1..{budgets.max_completion_tokens}",
-            reason="LLM_LIMIT_EXCEEDED",
-            metadata={
-                "field": "generation_params.max_tokens",
-                "limit": str(budgets.max_completion_tokens),
-            },
+            budgets.max_completion_tokens,
         )
     ranges = {
         "temperature": (0.0, 2.0),
@@ -112,7 +111,7 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
     if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
         raise _invalid("user.tenant_id", "tools need the user's tenant_id")
     if req.policy.allowed_tools and (req.user is None or not req.user.user_id.strip()):
-        # ToolsProxy runs a tool for a tenant and a user, both required (DESIGN §4).
+        # ToolsProxy runs a tool for a tenant and a user, both required (docs/architecture.md §16).
         raise _invalid("user.user_id", "tools need the user's user_id")
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
