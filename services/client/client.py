@@ -78,7 +78,7 @@ class Target:
 TargetLike = Target | str | int | tuple[str, int]
 
 # The topology's service keys, plus "ingestion": it is co-hosted with retrieval in the
-# embedded setup (DESIGN §2.1) but may run standalone against a Qdrant server.
+# embedded setup (docs/architecture.md §3) but may run standalone against a Qdrant server.
 TARGET_KEYS = (*SERVICE_BY_KEY, "ingestion")
 
 

@@ -1,7 +1,7 @@
 """What Retrieval, ToolsProxy and the Orchestrator must agree on about a search request.
 
 The reserved knowledge-base tenant, the request limits, filter validation, query
-normalisation and the window-radius rule (DESIGN §2.6, §2.13, §3). Each service checks a
+normalisation and the window-radius rule (docs/architecture.md §8, §2, §15). Each service checks a
 request with these before it calls the next one, so a caller's mistake is refused where it
 is made and never comes back from a downstream service as that service's own failure.
 """
@@ -16,7 +16,7 @@ from services.common import errors
 from services.common.settings import Env
 
 KB_TENANT = "__knowledge_base__"
-"""The reserved tenant that holds the shared knowledge base (DESIGN §3, agent.md §6)."""
+"""The reserved tenant that holds the shared knowledge base (docs/architecture.md §15, agent.md §6)."""
 
 MAX_QUERY_CHARS = 4096
 MAX_RESULTS_LIMIT = 50
@@ -119,7 +119,7 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
 
 
 def window_radius(env: Env, primary: list[str], legacy: list[str]) -> int:
-    """Per-side radius R (DESIGN §2.6): R from `primary`, else legacy total N -> floor((N-1)/2).
+    """Per-side radius R (docs/architecture.md §8): R from `primary`, else legacy total N -> floor((N-1)/2).
 
     The Orchestrator's radius schedule and ToolsProxy's cap both come from this rule, so the
     largest window one asks for is never one the other refuses."""

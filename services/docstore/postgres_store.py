@@ -1,5 +1,5 @@
 """The PostgreSQL document store: the store's contract (services/docstore/store.py) on a
-server, for deployments where retrieval.md's metadata DB is wanted (DESIGN §2.2). The queries
+server, for deployments where retrieval.md's metadata DB is wanted (docs/architecture.md §4). The queries
 and writes are the shared SQL core's (services/docstore/sql_store.py); this is the dialect.
 
 Same tables and keys as the SQLite store, tenant_id first in every key and in every WHERE;

@@ -1,4 +1,4 @@
-"""The built-in extractive responder (DESIGN §2.9): a ChatRuntime without a model.
+"""The built-in extractive responder (docs/architecture.md §11): a ChatRuntime without a model.
 
 `ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would. While
 it has read no document text and the prompt lists a section it has not tried, it asks to

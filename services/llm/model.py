@@ -42,7 +42,7 @@ class PlannedCall:
 
 @dataclass(frozen=True)
 class ToolPolicy:
-    """What the caller allows the tool loop to do (DESIGN §2.5)."""
+    """What the caller allows the tool loop to do (docs/architecture.md §7)."""
 
     allowed_tools: tuple[str, ...] = ()
     anchors: tuple[Anchor, ...] = ()

@@ -4,7 +4,7 @@ A model's tool call goes through `CallGate.review`:
 
 1. the tool must be offered (in the catalogue and in `policy.allowed_tools`);
 2. its arguments must be a JSON object matching the tool's JSON schema;
-3. the policy decides what is executed (DESIGN §2.5, orchestrator.md §3.4–3.5): a read of a
+3. the policy decides what is executed (docs/architecture.md §7, orchestrator.md §3.4–3.5): a read of a
    section (`read_chunk_window` or `read_doc_section`) goes to the policy's anchor for that
    section, as `read_chunk_window` when the anchor chunk is known and allowed, else as
    `read_doc_section`; the window radius follows `policy.radius_schedule` (1 → 2 → … → R,
@@ -273,7 +273,7 @@ class CallGate:
         schedule = self.policy.radius_schedule or (1,)
         reads = self._reads.get((anchor.doc_id, anchor.anchor_chunk_id), 0)
         radius = schedule[min(reads, len(schedule) - 1)]
-        # Never ask more than the proxy allows (DESIGN §2.6): its schema states the maximum.
+        # Never ask more than the proxy allows (docs/architecture.md §8): its schema states the maximum.
         props = self._specs[READ_CHUNK_WINDOW].parameters.get("properties", {})
         cap = props.get("radius", {}).get("maximum")
         return min(radius, int(cap)) if isinstance(cap, int | float) else radius

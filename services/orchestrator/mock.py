@@ -8,7 +8,7 @@ telemetry with the scenario.
 
 The stand-ins live here rather than reusing the LLM service's tool loop and extractive
 responder (services/llm/loop.py, services/llm/extractive.py): services meet on the wire and
-never import one another's packages (DESIGN §2.13). `MockGenerator` follows what the LLM
+never import one another's packages (docs/architecture.md §2). `MockGenerator` follows what the LLM
 service does without a model: the planned calls first, then one read of the first listed
 section (read_chunk_window on its anchor at the first radius of the schedule, else
 read_doc_section), then an answer quoting the sentences that share the most words with the

@@ -140,7 +140,7 @@ def section_list(
 
 
 def radius_schedule(radius: int) -> tuple[int, ...]:
-    """1 -> 2 -> ... -> R per side (DESIGN §2.6); R = 0 reads the anchor alone."""
+    """1 -> 2 -> ... -> R per side (docs/architecture.md §8); R = 0 reads the anchor alone."""
     return tuple(range(1, radius + 1)) or (0,)
 
 
@@ -166,7 +166,7 @@ SMALL_TALK_SYSTEM_PROMPT = (
 LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
 
 """The one language instruction of every answering prompt: the request's `locale` when it
-names a language, else the question's (DESIGN §2.12). The LLM service adds none of its own
+names a language, else the question's (docs/architecture.md §14). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
 KEY_RATE_DAYS = 31
 FULL_CONTEXT_TOKENS = 28_000
@@ -316,7 +316,7 @@ class Responder:
             found = await self._search_documents(req, decision)
             if not found.sections and decision.knowledge_base_fallback:
                 # A definitional question the user's documents have nothing on (a tenant
-                # without documents): the knowledge base answers (DESIGN §2.12).
+                # without documents): the knowledge base answers (docs/architecture.md §14).
                 decision = replace(decision, intent="knowledge_base", scenario="S2")
                 out = await self._general(req, cfg, decision)
             else:

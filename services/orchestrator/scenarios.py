@@ -95,7 +95,7 @@ _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 
 
 LANGUAGES = ("ru", "en")
-"""The languages answers are given in (DESIGN §2.12: the callers are bilingual)."""
+"""The languages answers are given in (docs/architecture.md §14: the callers are bilingual)."""
 
 
 def locale_language(locale: str) -> str:
@@ -133,7 +133,7 @@ DEFINITION = _rx(
     r"explain the term",
 )
 """Definitional questions («что такое», "what is a", "define"): the user's documents first
-(DESIGN §2.12), the knowledge base when they have nothing; checked before everything else."""
+(docs/architecture.md §14), the knowledge base when they have nothing; checked before everything else."""
 
 WHAT_IS = _rx(r"what(?:'s| is| are)")
 """"What is …" without an article: definitional unless something more specific (a rate, the
@@ -688,8 +688,8 @@ def rule_decision(
     1. Selected documents: S3 selected_full when their total size is known and
        ≤ `max_context_chars`, else S4 selected_search.
     2. Without a selection: a definitional question («что такое», "what is a", "define")
-       naming its term → S1 documents with the knowledge base as the fallback (DESIGN
-       §2.12), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
+       naming its term → S1 documents with the knowledge base as the fallback (docs/architecture.md
+       §14), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
        news → S2 finance_news; key rate → S2 key_rate; a currency rate → S2 currency_rates;
        "what is …" as for definitions; a search verb («найди», "find") → S1; tax/law/regulation → S2 knowledge_base;
        greetings and thanks alone → S2 small_talk; fewer than two content words → S5
@@ -904,7 +904,7 @@ def parse_model_decision(
     fields are filled from the query as the rules would; a date the query itself names wins
     over the model's (the model does not know today's date). The answer language always
     comes from the `locale` when it names one, else from the query. For a definitional question naming its term only "documents" is
-    usable (the user's documents come first, DESIGN §2.12).
+    usable (the user's documents come first, docs/architecture.md §14).
     """
     data = _first_json_object(text)
     if data is None:
@@ -919,7 +919,7 @@ def parse_model_decision(
         return None
     definitional = not selected_doc_ids and is_definitional(query)
     if definitional and intent != "documents":
-        return None  # the user's documents come first (DESIGN §2.12): the rules' S1
+        return None  # the user's documents come first (docs/architecture.md §14): the rules' S1
     clarifications = _strings(data.get("clarifications"))
     currency = _optional_str(data, "currency")
     model_date = _optional_str(data, "date")

@@ -1,5 +1,5 @@
 """The multi-stage search: query processing, doc -> section -> chunk retrieval, fusion, rerank,
-token-aware context (retrieval.md §5, DESIGN §2.3-2.4).
+token-aware context (retrieval.md §5, docs/architecture.md §5-6).
 
 Every index call goes through `_Guarded` (retries on IndexUnavailableError, a circuit
 breaker); every filter is made by `IndexFilter`, which refuses an empty tenant.
@@ -353,7 +353,7 @@ class RetrievalEngine:
             found = expand_query(text, language, self._synonyms, s.max_query_variants + 1)
             variants = tuple(v for v in found if v != text)
         f = q.filters
-        # The knowledge base is the one shared corpus (DESIGN §3): asked for by source, read
+        # The knowledge base is the one shared corpus (docs/architecture.md §15): asked for by source, read
         # under its reserved tenant, never mixed into the caller's own documents.
         tenant = KB_TENANT if f.source == "knowledge_base" else q.tenant_id
         base = IndexFilter(

@@ -1,7 +1,7 @@
 """Hybrid score fusion: per-list score normalisation, weighted sums and reciprocal rank fusion.
 
 Dense (cosine) and BM25 scores live on different scales, so a weighted sum of raw scores
-lets whichever list has the larger numbers win (DESIGN §2.4). Each list is normalised on
+lets whichever list has the larger numbers win (docs/architecture.md §6). Each list is normalised on
 its own first; RRF, which ignores scores and uses ranks only, is offered as the
 alternative. Keys are anything hashable (chunk ids, section ids, ...).
 """

@@ -3,7 +3,7 @@
 Qdrant Edge runs no optimizers of its own: HNSW graphs, the quantized copy, segment merges
 and vacuum happen only when `optimize()` is called, and it blocks until it is done.
 Without this module a shard filled through IngestDocument would be searched unindexed
-forever (a plain scan per tenant, ~5x slower at 100k chunks, DESIGN §2.1).
+forever (a plain scan per tenant, ~5x slower at 100k chunks, docs/architecture.md §3).
 
 `IndexOptimizer` runs `optimize()` once at start-up, before the server serves (instant
 when there is nothing to do), and then watches the index's write counter: once writes

@@ -1,6 +1,6 @@
 """A local cross-encoder reranker: an ONNX graph and a ``tokenizer.json`` from RERANK_MODEL_PATH.
 
-Nothing is downloaded: the operator provides the files (DESIGN §5), in the Hugging Face /
+Nothing is downloaded: the operator provides the files (docs/architecture.md §18), in the Hugging Face /
 Optimum export layout (``model.onnx`` or ``onnx/model.onnx`` next to ``tokenizer.json``).
 The model is loaded and run once at start-up, so a bad directory stops the service there.
 """

@@ -163,7 +163,7 @@ class IdentityGate:
         if tenant is None or user is None:
             await _refuse(send, "caller identity missing or malformed")
             return
-        if tenant == KB_TENANT:  # read through search_general_kb only (DESIGN §3)
+        if tenant == KB_TENANT:  # read through search_general_kb only (docs/architecture.md §15)
             await _refuse(send, "the knowledge-base tenant is reserved")
             return
         trace = _single(headers.get(self._trace))
@@ -199,7 +199,7 @@ async def _refuse(send: Send, message: str) -> None:
 
 
 def _envelope(outcome: Outcome, trace_id: str) -> dict[str, Any]:
-    """The DESIGN §4 result shape: {status, result | error{code, message}, trace_id}."""
+    """The result shape of docs/architecture.md §16: {status, result | error{code, message}, trace_id}."""
     if outcome.status == "ok":
         return {"status": "ok", "result": outcome.result or {}, "trace_id": trace_id}
     return {

@@ -25,7 +25,7 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
             metadata={"field": "user.tenant_id"},
         )
     if not user.user_id.strip():
-        # Both ids are the caller's identity (DESIGN §4): the rate limits and the logs name
+        # Both ids are the caller's identity (docs/architecture.md §16): the rate limits and the logs name
         # the user, and no tool runs for an anonymous one.
         raise errors.InvalidArgumentError(
             "user.user_id is required",
@@ -33,7 +33,7 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
             metadata={"field": "user.user_id"},
         )
     if user.tenant_id == KB_TENANT:
-        # The knowledge base is read through search_general_kb only (DESIGN §3), never as a
+        # The knowledge base is read through search_general_kb only (docs/architecture.md §15), never as a
         # caller's own documents.
         raise errors.InvalidArgumentError(
             f"tenant {KB_TENANT!r} is reserved for the knowledge base; "

@@ -45,7 +45,7 @@ def _error_status(code: int, message: str, reason: str) -> grpc.Status:
 
 
 def _health(response_cls: Any, service: str) -> Any:
-    # GET /health is the health details themselves (DESIGN §2.11); works whether the
+    # GET /health is the health details themselves (docs/architecture.md §13); works whether the
     # response holds them in a `health` field or carries them at top level.
     fields = response_cls.DESCRIPTOR.fields_by_name
     if "health" in fields:

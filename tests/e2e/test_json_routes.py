@@ -1083,7 +1083,7 @@ def test_list_tools(mesh: Mesh) -> None:
         assert t["input_schema"]["type"] == "object"
     window = tools["read_chunk_window"]["input_schema"]
     assert set(window["required"]) == {"doc_id", "anchor_chunk_id"}
-    # The proxy's per-side limit and the orchestrator's radius agree (DESIGN §2.6).
+    # The proxy's per-side limit and the orchestrator's radius agree (docs/architecture.md §8).
     assert window["properties"]["radius"]["maximum"] == get_config(mesh)["window_radius"] == 3
     # The external tools' arguments as agent.md names them; the old names are not offered.
     cbr = tools["fetch_cbr_data"]["input_schema"]

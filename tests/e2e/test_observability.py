@@ -63,7 +63,7 @@ SPEC_METRICS: dict[str, dict[str, str]] = {
         "retrieval_errors_total": "counter",
         "backend_unavailable_total": "counter",
     },
-    "toolsproxy": {},  # DESIGN §4 names none; visior_tool_* are the proxy's own
+    "toolsproxy": {},  # no spec names any; visior_tool_* are the proxy's own
 }
 RPC_METRICS = {
     "grpc_server_started_total": "counter",

@@ -420,7 +420,7 @@ def test_respond_as_tenant_variant(mesh: Mesh, world, variant: str) -> None:
         assert r.status_code == 200, r.text
         body = r.json()
         # A definition the tenant's own (here: no) documents lack is answered from the shared
-        # knowledge base, which every tenant may read (DESIGN §2.12, §3); nothing else.
+        # knowledge base, which every tenant may read (docs/architecture.md §14, §15); nothing else.
         if body["telemetry"]["intent"] != "knowledge_base":
             assert body.get("sources", []) == [], body
 

@@ -1,4 +1,4 @@
-"""The extractive responder as a ChatRuntime, driven by the real tool loop (DESIGN §2.9)."""
+"""The extractive responder as a ChatRuntime, driven by the real tool loop (docs/architecture.md §11)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One language instruction per prompt: the request's locale, else the question's language.
 
 The orchestrator names the language (LANGUAGE_NOTE); the LLM service's prompt adds no other
-language rule when the caller sends a system prompt (DESIGN §2.12).
+language rule when the caller sends a system prompt (docs/architecture.md §14).
 """
 
 from __future__ import annotations

@@ -472,7 +472,7 @@ def test_check_arguments_limits_are_exact(
 
 
 def test_window_past_the_radius_is_window_too_large() -> None:
-    # The one limit with its own code (DESIGN §4); pinned so the table above cannot go empty.
+    # The one limit with its own code (docs/architecture.md §16); pinned so the table above cannot go empty.
     assert any(c[0] == "read_chunk_window" and c[1] == "radius" for c in LIMIT_CASES)
     with pytest.raises(ArgumentError) as refused:
         check_arguments(

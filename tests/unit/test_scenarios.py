@@ -433,7 +433,7 @@ DEFINITIONAL = [
 
 @pytest.mark.parametrize("query", DEFINITIONAL)
 def test_a_definitional_question_searches_the_users_documents_first(query):
-    """DESIGN §2.12: S1 (the user's documents), the knowledge base as the fallback."""
+    """docs/architecture.md §14: S1 (the user's documents), the knowledge base as the fallback."""
     d = decide(query)
     assert (d.scenario, d.intent, d.knowledge_base_fallback) == ("S1", "documents", True), query
     assert is_definitional(query)

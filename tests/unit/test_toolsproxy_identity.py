@@ -1,4 +1,4 @@
-"""ToolsProxy runs a tool for a tenant and a user: both ids are required (DESIGN §4)."""
+"""ToolsProxy runs a tool for a tenant and a user: both ids are required (docs/architecture.md §16)."""
 
 from __future__ import annotations
 

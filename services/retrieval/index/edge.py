@@ -76,7 +76,7 @@ class EdgeIndex:
     raises IndexLockedError.
 
     Thread-safety: safe to share between threads. Searches, counts and scrolls take no
-    lock here (the shard synchronises itself; DESIGN §2.1 measured no throughput gain
+    lock here (the shard synchronises itself; docs/architecture.md §3 measured no throughput gain
     from a second thread); writes, `optimize` and `close` are serialised by a lock; calls
     after `close` raise IndexUnavailableError.
     """
