@@ -44,34 +44,21 @@ SERVICES: tuple[ServiceSpec, ...] = (
 SERVICE_BY_KEY = {s.key: s for s in SERVICES}
 
 
+def _numbered(first: int) -> dict[str, int]:
+    """The services' default ports in SERVICES order from `first` on."""
+    return {spec.key: first + i for i, spec in enumerate(SERVICES)}
+
+
 @dataclass(frozen=True)
 class Ports:
     """Ports of one mesh instance: gRPC, Envoy sidecar (JSON) and Prometheus per service."""
 
-    grpc: dict[str, int] = field(
-        default_factory=lambda: {
-            "orchestrator": 50051,
-            "llm": 50052,
-            "retrieval": 50053,
-            "toolsproxy": 50054,
-        }
-    )
-    http: dict[str, int] = field(
-        default_factory=lambda: {
-            "orchestrator": 8081,
-            "llm": 8082,
-            "retrieval": 8083,
-            "toolsproxy": 8084,
-        }
-    )
-    metrics: dict[str, int] = field(
-        default_factory=lambda: {
-            "orchestrator": 9181,
-            "llm": 9182,
-            "retrieval": 9183,
-            "toolsproxy": 9184,
-        }
-    )
+    grpc: dict[str, int] = field(default_factory=lambda: _numbered(50051))
+    """orchestrator 50051, llm 50052, retrieval 50053, toolsproxy 50054."""
+    http: dict[str, int] = field(default_factory=lambda: _numbered(8081))
+    """The Envoy listeners: 8081..8084 in the same order."""
+    metrics: dict[str, int] = field(default_factory=lambda: _numbered(9181))
+    """Prometheus: 9181..9184 in the same order."""
     envoy_admin: int = 9901
 
     @classmethod
