@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -237,9 +237,6 @@ class IndexHit:
     score: float
 
 
-R = TypeVar("R")
-Q = TypeVar("Q")
-
 PointId = int
 """A point id: an unsigned 64-bit integer (layout 3; `ingestion.point_id`), as both
 backends hand it back."""
@@ -337,51 +334,6 @@ class RankQuery:
     limit: int
     vector: np.ndarray | None = None
     text: str = ""
-
-
-def dense_search_params(
-    search_params: Callable[..., R],
-    quantization_params: Callable[..., Any],
-    hnsw_ef: int | None,
-    quantization: str,
-) -> R:
-    """A backend's SearchParams for dense queries, built with its own classes (qdrant_edge or
-    qdrant_client.models): the HNSW beam, and the int8 copy searched then rescored with the
-    originals, or ignored."""
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
-    quant = (
-        quantization_params(rescore=True)
-        if quantization == "int8"
-        else quantization_params(ignore=True)
-    )
-    return search_params(hnsw_ef=hnsw_ef, quantization=quant)
-
-
-def ranking_query(
-    q: RankQuery,
-    dense: Callable[[np.ndarray], Q],
-    sparse: Callable[[str, IndexFilter], Q | None],
-) -> Q | None:
-    """A backend's query for `q` (its `dense` or `sparse` builder), or None when it cannot
-    match: no searchable terms, or limit 0. A bad limit raises either way."""
-    found = dense(q.vector) if q.vector is not None else sparse(q.text, q.flt)
-    return None if check_limit(q.limit) == 0 or found is None else found
-
-
-def run_ranking_batch(
-    queries: Sequence[RankQuery],
-    build: Callable[[RankQuery], R | None],
-    run: Callable[[list[R]], Sequence[Any]],
-    pairs: Callable[[Any], list[tuple[PointId, float]]],
-) -> list[list[tuple[PointId, float]]]:
-    """A backend's search_ids_batch: `build` each query (None: it cannot match, e.g. no
-    searchable terms or limit 0), `run` the built ones in one call, `pairs` each answer;
-    results in the order of `queries`, [] for the unbuilt."""
-    built = [build(q) for q in queries]
-    requests = [b for b in built if b is not None]
-    answers = iter(run(requests) if requests else ())
-    return [[] if b is None else pairs(next(answers)) for b in built]
 
 
 class VectorIndex(Protocol):

@@ -9,39 +9,30 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import numpy as np
 import qdrant_edge as qe
 
 from services.retrieval.index.base import (
     DENSE_VECTOR,
-    KEYWORD_FIELDS,
-    KINDS,
     LAYOUT_VERSION,
-    PRE_RECORD_LAYOUT,
     SCOPE_FIELD,
     SPARSE_VECTOR,
-    TENANT_FIELD,
     FieldMatch,
     IndexFilter,
-    IndexHit,
     IndexLayoutError,
     IndexLockedError,
-    IndexPoint,
     IndexUnavailableError,
-    PointId,
-    RankQuery,
-    check_limit,
-    dense_search_params,
     filter_conditions,
-    hit_from_payload,
-    idf_corpus,
-    point_payload,
-    query_vector,
-    ranking_query,
-    run_ranking_batch,
-    validate_point,
 )
-from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant_space
+from services.retrieval.index.qdrant_common import (
+    QdrantIndex,
+    Ranking,
+    dense_search_params,
+    payload_indexes,
+    ranking,
+    refuse_other_layout,
+    unrecorded_layout,
+)
+from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
 _T = TypeVar("_T")
 _CONFIG_FILE = "edge_config.json"
@@ -63,11 +54,50 @@ def _condition(c: FieldMatch) -> qe.FieldCondition:
     return qe.FieldCondition(c.key, match=qe.MatchAny(list(c.values)))
 
 
-def _edge_sparse(v: SparseVector) -> qe.SparseVector:
-    return qe.SparseVector(list(v.indices), list(v.values))
+def _edge_config(
+    dim: int,
+    hnsw: qe.HnswIndexConfig,
+    max_search_threads: int | None,
+    quantization: str,
+    indexing_threshold_kb: int | None,
+) -> qe.EdgeConfig:
+    """A shard's configuration (EdgeIndex's arguments of the same names)."""
+    return qe.EdgeConfig(
+        vectors={DENSE_VECTOR: qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
+        sparse_vectors={SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+        hnsw_config=hnsw,
+        max_search_threads=max_search_threads,
+        optimizers=None
+        if indexing_threshold_kb is None
+        else qe.EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb),
+        quantization_config=qe.ScalarQuantizationConfig(
+            type=qe.ScalarType.Int8, quantile=0.99, memory=qe.Memory.Cached
+        )
+        if quantization == "int8"
+        else None,
+    )
 
 
-class EdgeIndex:
+def _open_shard(path: str, config: qe.EdgeConfig, exists: bool) -> qe.EdgeShard:
+    """Load the shard at `path` (`exists`) or create it; IndexLockedError when another
+    owner has it open, IndexUnavailableError when it cannot be opened or created."""
+    try:
+        if exists:
+            return qe.EdgeShard.load(path, config)
+        os.makedirs(path, exist_ok=True)
+        return qe.EdgeShard.create(path, config)
+    except Exception as exc:
+        msg = str(exc)
+        if "WAL" in msg or "WouldBlock" in msg or "lock" in msg.lower():
+            raise IndexLockedError(
+                f"Qdrant Edge shard {path} is already open (in this or another "
+                f"process); an Edge shard belongs to one process: {msg}"
+            ) from exc
+        verb = "open" if exists else "create"
+        raise IndexUnavailableError(f"cannot {verb} Edge shard {path}: {msg}") from exc
+
+
+class EdgeIndex(QdrantIndex):
     """A VectorIndex over one Qdrant Edge shard directory, created on first open.
 
     Named vectors: `dense` (cosine, `dim`) and `bm25` (sparse, IDF modifier); keyword
@@ -131,42 +161,20 @@ class EdgeIndex:
         self._hnsw_on_filter_fields = hnsw_on_filter_fields
         self._write_lock = threading.Lock()
         self._writes = 0
-        config = qe.EdgeConfig(
-            vectors={DENSE_VECTOR: qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine)},
-            sparse_vectors={SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-            hnsw_config=qe.HnswIndexConfig(
+        config = _edge_config(
+            dim,
+            qe.HnswIndexConfig(
                 m=hnsw_m,
                 ef_construct=hnsw_ef_construct,
                 full_scan_threshold=10_000,
                 payload_m=hnsw_payload_m,
             ),
-            max_search_threads=max_search_threads,
-            optimizers=None
-            if indexing_threshold_kb is None
-            else qe.EdgeOptimizersConfig(indexing_threshold=indexing_threshold_kb),
-            quantization_config=qe.ScalarQuantizationConfig(
-                type=qe.ScalarType.Int8, quantile=0.99, memory=qe.Memory.Cached
-            )
-            if quantization == "int8"
-            else None,
+            max_search_threads,
+            quantization,
+            indexing_threshold_kb,
         )
         exists = os.path.exists(os.path.join(self.path, _CONFIG_FILE))
-        try:
-            if exists:
-                self._shard: qe.EdgeShard | None = qe.EdgeShard.load(self.path, config)
-            else:
-                os.makedirs(self.path, exist_ok=True)
-                self._shard = qe.EdgeShard.create(self.path, config)
-        except Exception as exc:
-            msg = str(exc)
-            if "WAL" in msg or "WouldBlock" in msg or "lock" in msg.lower():
-                raise IndexLockedError(
-                    f"Qdrant Edge shard {self.path} is already open (in this or another "
-                    f"process); an Edge shard belongs to one process: {msg}"
-                ) from exc
-            if exists:
-                raise IndexUnavailableError(f"cannot open Edge shard {self.path}: {msg}") from exc
-            raise IndexUnavailableError(f"cannot create Edge shard {self.path}: {msg}") from exc
+        self._shard: qe.EdgeShard | None = _open_shard(self.path, config, exists)
         try:
             self._check_layout(created=not exists)
             self._ensure_payload_indexes()
@@ -197,15 +205,13 @@ class EdgeIndex:
             records, _ = self._scroll(
                 qe.ScrollRequest(limit=1, with_payload=[SCOPE_FIELD], with_vector=False)
             )
-            if records:
-                found = PRE_RECORD_LAYOUT if SCOPE_FIELD in (records[0].payload or {}) else 1
-        if found is not None and found != LAYOUT_VERSION:
-            raise IndexLayoutError(
-                f"Edge shard {self.path} was written with index layout {found}; this version "
-                f"reads layout {LAYOUT_VERSION} and would find nothing in it. Delete the index "
-                "directory (RETR_INDEX_PATH) and re-ingest the documents (the document store "
-                "keeps them: `visior ingest PATH... --tenant T`)"
-            )
+            found = unrecorded_layout([r.payload for r in records])
+        refuse_other_layout(
+            found,
+            f"Edge shard {self.path}",
+            "Delete the index directory (RETR_INDEX_PATH) and re-ingest the documents (the "
+            "document store keeps them: `visior ingest PATH... --tenant T`)",
+        )
         if found is None:
             tmp = f"{marker}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -216,17 +222,10 @@ class EdgeIndex:
 
     def _ensure_payload_indexes(self) -> None:
         have = set(self._call(lambda s: s.info().payload_schema))
-        # HNSW per-value graphs on the scope (tenant + kind) only: every search filters on it.
-        wanted: list[tuple[str, Any]] = [
-            (SCOPE_FIELD, qe.KeywordIndexParams(is_tenant=True)),
-            (TENANT_FIELD, qe.KeywordIndexParams(is_tenant=True, enable_hnsw=False)),
-        ]
-        other = qe.KeywordIndexParams(enable_hnsw=self._hnsw_on_filter_fields)
-        wanted += [(name, other) for name in KEYWORD_FIELDS]
-        for name, params in wanted:
+        for name, options in payload_indexes(self._hnsw_on_filter_fields):
             if name not in have:
-                op = qe.UpdateOperation.create_field_index(name, params)
-                self._update(op)
+                params = qe.KeywordIndexParams(**options)
+                self._update(qe.UpdateOperation.create_field_index(name, params))
 
     def _call(self, fn: Callable[[qe.EdgeShard], _T]) -> _T:
         shard = self._shard
@@ -263,155 +262,80 @@ class EdgeIndex:
         """Writes (upserts, deletes) since the shard was opened; `optimize` is not one."""
         return self._writes
 
-    def _query(
-        self, query: Any, flt: IndexFilter, limit: int, params: Any, payload: Any
-    ) -> list[Any]:
-        req = qe.QueryRequest(
+    # -- the backend (QdrantIndex) ---------------------------------------------------------
+
+    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> qe.Filter:
+        return edge_filter(flt, exclude=exclude)
+
+    def _sparse_vector(self, v: SparseVector) -> qe.SparseVector:
+        return qe.SparseVector(list(v.indices), list(v.values))
+
+    def _nearest(self, vector: Any, using: str) -> Any:
+        return qe.Query.Nearest(vector, using=using)
+
+    def _idf_params(self, corpus: qe.Filter) -> qe.SearchParams:
+        return qe.SearchParams(idf=qe.IdfParams(corpus=corpus))
+
+    def _point(self, point_id: int, vectors: dict[str, Any], payload: dict[str, Any]) -> Any:
+        return qe.Point(point_id, vectors, payload)
+
+    def _write_points(self, batch: list[Any]) -> None:
+        """In the WAL when it returns (survives a process crash)."""
+        with self._writing():
+            for i in range(0, len(batch), _UPSERT_BATCH):
+                self._update(qe.UpdateOperation.upsert_points(batch[i : i + _UPSERT_BATCH]))
+
+    def _delete_where(self, filter_: qe.Filter) -> None:
+        op = qe.UpdateOperation.delete_points_by_filter(filter_)
+        with self._writing():
+            self._update(op)
+
+    def _search(
+        self, query: Any, using: str, filter_: qe.Filter, limit: int, params: Any
+    ) -> Sequence[Any]:
+        req = self._request(query, using, filter_, limit, params, payload=True)
+        return self._call(lambda s: s.query(req))
+
+    def _request(
+        self,
+        query: Any,
+        using: str,
+        filter_: qe.Filter,
+        limit: int,
+        params: Any,
+        *,
+        payload: bool = False,
+    ) -> qe.QueryRequest:
+        # `using` is in the query (qe.Query.Nearest).
+        return qe.QueryRequest(
             limit=limit,
             query=query,
-            filter=edge_filter(flt),
+            filter=filter_,
             with_payload=payload,
             with_vector=False,
             params=params,
         )
-        return self._call(lambda s: s.query(req))
 
-    def _dense(self, vector: np.ndarray) -> tuple[Any, Any]:
-        query = qe.Query.Nearest(query_vector(vector, self.dim), using=DENSE_VECTOR)
-        return query, self._dense_params
+    def _run_batch(self, requests: list[Any]) -> list[Ranking]:
+        """One `query_batch`: one planned pass over the segments."""
+        answers = self._call(lambda s: s.query_batch(qe.QueryBatchRequest(requests)))
+        return [ranking(points) for points in answers]
 
-    def _sparse(self, query: str, flt: IndexFilter) -> tuple[Any, Any] | None:
-        edge_filter(flt)  # validate the filter even when the query has no terms
-        sparse = in_tenant_space(self.encoder.embed_query(query), flt.tenant_id)
-        if not sparse:
-            return None
-        params = None
-        if self.idf_per_tenant:
-            params = qe.SearchParams(idf=qe.IdfParams(corpus=edge_filter(idf_corpus(flt))))
-        return qe.Query.Nearest(_edge_sparse(sparse), using=SPARSE_VECTOR), params
-
-    # -- VectorIndex -----------------------------------------------------------------------
-
-    def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by id; in the WAL when it returns (survives a process crash)."""
-        batch: list[qe.Point] = []
-        for p in points:
-            dense = validate_point(p, self.dim)
-            vectors: dict[str, Any] = {}
-            if dense is not None:
-                vectors[DENSE_VECTOR] = dense
-            sparse = in_tenant_space(self.encoder.embed_document(p.sparse_text), p.tenant_id)
-            if sparse:
-                vectors[SPARSE_VECTOR] = _edge_sparse(sparse)
-            batch.append(qe.Point(p.point_id, vectors, point_payload(p)))
-        with self._writing():
-            for i in range(0, len(batch), _UPSERT_BATCH):
-                op = qe.UpdateOperation.upsert_points(batch[i : i + _UPSERT_BATCH])
-                self._update(op)
-
-    def delete_document(
-        self,
-        tenant_id: str,
-        doc_id: str,
-        *,
-        except_generation: str | None = None,
-        generation: str | None = None,
-    ) -> None:
-        """Delete all points of a document (every kind), keeping `except_generation`'s, or
-        only `generation`'s."""
-        flt = IndexFilter(
-            tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation or ""
-        )
-        exclude = [FieldMatch("generation", (except_generation,))] if except_generation else []
-        op = qe.UpdateOperation.delete_points_by_filter(edge_filter(flt, exclude=exclude))
-        with self._writing():
-            self._update(op)
-
-    def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """Cosine nearest neighbours inside the filter, best first, with the full payload."""
-        if check_limit(limit) == 0:
-            return []
-        query, params = self._dense(vector)
-        points = self._query(query, flt, limit, params, True)
-        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
-
-    def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """BM25 inside the filter; IDF over the tenant's points of the same kinds."""
-        q = self._sparse(query, flt)
-        if check_limit(limit) == 0 or q is None:
-            return []
-        points = self._query(q[0], flt, limit, q[1], True)
-        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
-
-    def search_dense_ids(
-        self, vector: np.ndarray, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_dense returning (point id, score) only: no payload is read."""
-        return self.search_ids_batch([RankQuery(flt, limit, vector=vector)])[0]
-
-    def search_sparse_ids(
-        self, query: str, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_sparse returning (point id, score) only: no payload is read."""
-        return self.search_ids_batch([RankQuery(flt, limit, text=query)])[0]
-
-    def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
-        """The rankings of `queries` from one `query_batch` (one planned pass over the
-        segments: 4.3 ms for a section_first search's four lists at 100k points, against
-        5.5 ms as four calls)."""
-        return run_ranking_batch(
-            queries,
-            self._ranking_request,
-            lambda reqs: self._call(lambda s: s.query_batch(qe.QueryBatchRequest(reqs))),
-            lambda points: [(p.id, p.score) for p in points],
-        )
-
-    def _ranking_request(self, q: RankQuery) -> qe.QueryRequest | None:
-        flt = edge_filter(q.flt)  # refuses a filter without tenant, whatever the limit
-        built = ranking_query(q, self._dense, self._sparse)
-        if built is None:
-            return None
-        query, params = built
-        return qe.QueryRequest(
-            limit=q.limit,
-            query=query,
-            filter=flt,
-            with_payload=False,
-            with_vector=False,
-            params=params,
-        )
-
-    def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
-        """doc_id -> generations present in the tenant's points."""
-        flt = edge_filter(IndexFilter(tenant_id=tenant_id, kinds=KINDS))
-        out: dict[str, set[str]] = {}
-        offset: Any = None
-        while True:
-            req = qe.ScrollRequest(
+    def _scroll_page(self, filter_: qe.Filter, offset: Any) -> tuple[Sequence[Any], Any]:
+        return self._scroll(
+            qe.ScrollRequest(
                 offset=offset,
                 limit=_SCROLL_PAGE,
-                filter=flt,
+                filter=filter_,
                 with_payload=["doc_id", "generation"],
                 with_vector=False,
             )
-            records, offset = self._scroll(req)
-            for r in records:
-                payload = r.payload or {}
-                out.setdefault(str(payload.get("doc_id", "")), set()).add(
-                    str(payload.get("generation", ""))
-                )
-            if offset is None:
-                return out
+        )
 
-    def count(self, tenant_id: str | None = None) -> int:
-        """Exact number of points, of one tenant (all kinds) or of the whole shard."""
-        flt = None if tenant_id is None else edge_filter(IndexFilter(tenant_id, kinds=KINDS))
-        return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=flt)))
+    def _count(self, filter_: qe.Filter | None) -> int:
+        return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=filter_)))
 
-    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
-        """Exact number of one document's points of one generation (every kind)."""
-        flt = IndexFilter(tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation)
-        return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=edge_filter(flt))))
+    # -- VectorIndex (the rest: QdrantIndex) ------------------------------------------------
 
     def optimize(self) -> None:
         """Run the segment optimizers (HNSW build, merges, vacuum) until done; blocks."""

@@ -9,39 +9,29 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
-import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from services.retrieval.index.base import (
     DENSE_VECTOR,
-    KEYWORD_FIELDS,
-    KINDS,
     LAYOUT_VERSION,
-    PRE_RECORD_LAYOUT,
     SCOPE_FIELD,
     SPARSE_VECTOR,
-    TENANT_FIELD,
     FieldMatch,
     IndexFilter,
-    IndexHit,
-    IndexLayoutError,
-    IndexPoint,
     IndexUnavailableError,
-    PointId,
-    RankQuery,
-    check_limit,
-    dense_search_params,
     filter_conditions,
-    hit_from_payload,
-    idf_corpus,
-    point_payload,
-    query_vector,
-    ranking_query,
-    run_ranking_batch,
-    validate_point,
 )
-from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant_space
+from services.retrieval.index.qdrant_common import (
+    QdrantIndex,
+    Ranking,
+    dense_search_params,
+    payload_indexes,
+    ranking,
+    refuse_other_layout,
+    unrecorded_layout,
+)
+from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
 _T = TypeVar("_T")
 LAYOUT_KEY = "visior_layout_version"
@@ -78,10 +68,6 @@ def _condition(c: FieldMatch) -> models.FieldCondition:
     return models.FieldCondition(key=c.key, match=models.MatchAny(any=list(c.values)))
 
 
-def _client_sparse(v: SparseVector) -> models.SparseVector:
-    return models.SparseVector(indices=list(v.indices), values=list(v.values))
-
-
 def is_unavailable(exc: BaseException) -> bool:
     """True when a qdrant-client error means the server cannot be reached or cannot serve."""
     if isinstance(exc, ResponseHandlingException | httpx.TransportError):
@@ -104,7 +90,7 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
-class QdrantServerIndex:
+class QdrantServerIndex(QdrantIndex):
     """A VectorIndex over one collection of a Qdrant server or cluster.
 
     The collection (named vectors `dense` cosine and `bm25` sparse with the IDF
@@ -253,17 +239,9 @@ class QdrantServerIndex:
                     metadata={LAYOUT_KEY: LAYOUT_VERSION},
                 )
             kw = models.KeywordIndexType.KEYWORD
-            # HNSW per-value graphs on the scope (tenant + kind) only: every search filters on it.
-            indexes: list[tuple[str, models.KeywordIndexParams]] = [
-                (SCOPE_FIELD, models.KeywordIndexParams(type=kw, is_tenant=True)),
-                (
-                    TENANT_FIELD,
-                    models.KeywordIndexParams(type=kw, is_tenant=True, enable_hnsw=False),
-                ),
-            ]
-            indexes += [
-                (name, models.KeywordIndexParams(type=kw, enable_hnsw=False))
-                for name in KEYWORD_FIELDS
+            indexes = [
+                (name, models.KeywordIndexParams(type=kw, **options))
+                for name, options in payload_indexes(hnsw_on_filter_fields=False)
             ]
             with warnings.catch_warnings():
                 # Local mode warns that payload indexes do nothing there; the server uses them.
@@ -285,26 +263,85 @@ class QdrantServerIndex:
             records, _ = c.scroll(
                 self.collection, limit=1, with_payload=[SCOPE_FIELD], with_vectors=False
             )
-            if records:
-                found = PRE_RECORD_LAYOUT if SCOPE_FIELD in (records[0].payload or {}) else 1
-        if found is not None and found != LAYOUT_VERSION:
-            raise IndexLayoutError(
-                f"Qdrant collection {self.collection} was written with index layout {found}; "
-                f"this version reads layout {LAYOUT_VERSION} and would find nothing in it. "
-                "Delete the collection (or point QDRANT_COLLECTION at a new one) and re-ingest "
-                "the documents (`visior ingest PATH... --tenant T`)"
-            )
+            found = unrecorded_layout([r.payload for r in records])
+        refuse_other_layout(
+            found,
+            f"Qdrant collection {self.collection}",
+            "Delete the collection (or point QDRANT_COLLECTION at a new one) and re-ingest "
+            "the documents (`visior ingest PATH... --tenant T`)",
+        )
         if found is None:
             c.update_collection(self.collection, metadata={LAYOUT_KEY: LAYOUT_VERSION})
 
-    def _upsert_batch(self, part: list[models.PointStruct]) -> None:
+    # -- the backend (QdrantIndex) ---------------------------------------------------------
+
+    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
+        return server_filter(flt, exclude=exclude)
+
+    def _sparse_vector(self, v: SparseVector) -> models.SparseVector:
+        return models.SparseVector(indices=list(v.indices), values=list(v.values))
+
+    def _nearest(self, vector: Any, using: str) -> Any:
+        return vector  # the named vector goes with the request (`using`)
+
+    def _idf_params(self, corpus: models.Filter) -> models.SearchParams:
+        return models.SearchParams(idf=models.IdfCorpusParams(corpus=corpus))
+
+    def _point(self, point_id: int, vectors: dict[str, Any], payload: dict[str, Any]) -> Any:
+        return models.PointStruct(id=point_id, vector=vectors, payload=payload)
+
+    def _write_points(self, batch: list[Any]) -> None:
+        """Returns when the server has applied them."""
+        for i in range(0, len(batch), _UPSERT_BATCH):
+            self._upsert_part(batch[i : i + _UPSERT_BATCH])
+
+    def _upsert_part(self, part: list[Any]) -> None:
         self._call(lambda c: c.upsert(self.collection, points=part, wait=True))
 
-    def _scroll(self, flt: models.Filter, offset: Any) -> tuple[list[models.Record], Any]:
+    def _delete_where(self, filter_: models.Filter) -> None:
+        selector = models.FilterSelector(filter=filter_)
+        self._call(lambda c: c.delete(self.collection, points_selector=selector, wait=True))
+
+    def _search(
+        self, query: Any, using: str, filter_: models.Filter, limit: int, params: Any
+    ) -> Sequence[Any]:
+        res = self._call(
+            lambda c: c.query_points(
+                self.collection,
+                query=query,
+                using=using,
+                query_filter=filter_,
+                limit=limit,
+                with_payload=True,
+                with_vectors=False,
+                search_params=params,
+            )
+        )
+        return res.points
+
+    def _request(
+        self, query: Any, using: str, filter_: models.Filter, limit: int, params: Any
+    ) -> models.QueryRequest:
+        return models.QueryRequest(
+            query=query,
+            using=using,
+            filter=filter_,
+            limit=limit,
+            params=params,
+            with_payload=False,
+            with_vector=False,
+        )
+
+    def _run_batch(self, requests: list[Any]) -> list[Ranking]:
+        """One query_batch_points call: one round trip."""
+        answers = self._call(lambda c: c.query_batch_points(self.collection, requests=requests))
+        return [ranking(answer.points) for answer in answers]
+
+    def _scroll_page(self, filter_: models.Filter, offset: Any) -> tuple[Sequence[Any], Any]:
         return self._call(
             lambda c: c.scroll(
                 self.collection,
-                scroll_filter=flt,
+                scroll_filter=filter_,
                 limit=_SCROLL_PAGE,
                 offset=offset,
                 with_payload=["doc_id", "generation"],
@@ -312,164 +349,11 @@ class QdrantServerIndex:
             )
         )
 
-    def _search(
-        self,
-        query: Any,
-        using: str,
-        flt: IndexFilter,
-        limit: int,
-        params: models.SearchParams | None,
-        payload: bool | list[str] = True,
-    ) -> list[models.ScoredPoint]:
-        qfilter = server_filter(flt)
-        res = self._call(
-            lambda c: c.query_points(
-                self.collection,
-                query=query,
-                using=using,
-                query_filter=qfilter,
-                limit=limit,
-                with_payload=payload,
-                with_vectors=False,
-                search_params=params,
-            )
-        )
-        return res.points
-
-    def _dense(self, vector: np.ndarray) -> tuple[Any, models.SearchParams | None]:
-        return query_vector(vector, self.dim), self._dense_params
-
-    def _sparse(
-        self, query: str, flt: IndexFilter
-    ) -> tuple[models.SparseVector, models.SearchParams | None] | None:
-        server_filter(flt)  # validate the filter even when the query has no terms
-        sparse = in_tenant_space(self.encoder.embed_query(query), flt.tenant_id)
-        if not sparse:
-            return None
-        params = None
-        if self.idf_per_tenant:
-            corpus = server_filter(idf_corpus(flt))
-            params = models.SearchParams(idf=models.IdfCorpusParams(corpus=corpus))
-        return _client_sparse(sparse), params
-
-    # -- VectorIndex -----------------------------------------------------------------------
-
-    def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by id; returns when the server has applied them."""
-        batch: list[models.PointStruct] = []
-        for p in points:
-            dense = validate_point(p, self.dim)
-            vectors: dict[str, Any] = {}
-            if dense is not None:
-                vectors[DENSE_VECTOR] = dense
-            sparse = in_tenant_space(self.encoder.embed_document(p.sparse_text), p.tenant_id)
-            if sparse:
-                vectors[SPARSE_VECTOR] = _client_sparse(sparse)
-            batch.append(
-                models.PointStruct(id=p.point_id, vector=vectors, payload=point_payload(p))
-            )
-        for i in range(0, len(batch), _UPSERT_BATCH):
-            part = batch[i : i + _UPSERT_BATCH]
-            self._upsert_batch(part)
-
-    def delete_document(
-        self,
-        tenant_id: str,
-        doc_id: str,
-        *,
-        except_generation: str | None = None,
-        generation: str | None = None,
-    ) -> None:
-        """Delete all points of a document (every kind), keeping `except_generation`'s, or
-        only `generation`'s."""
-        flt = IndexFilter(
-            tenant_id=tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation or ""
-        )
-        exclude = [FieldMatch("generation", (except_generation,))] if except_generation else []
-        selector = models.FilterSelector(filter=server_filter(flt, exclude=exclude))
-        self._call(lambda c: c.delete(self.collection, points_selector=selector, wait=True))
-
-    def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """Cosine nearest neighbours inside the filter, best first, with the full payload."""
-        if check_limit(limit) == 0:
-            return []
-        query, params = self._dense(vector)
-        points = self._search(query, DENSE_VECTOR, flt, limit, params)
-        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
-
-    def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """BM25 inside the filter; IDF over the tenant's points of the same kinds."""
-        q = self._sparse(query, flt)
-        if check_limit(limit) == 0 or q is None:
-            return []
-        points = self._search(q[0], SPARSE_VECTOR, flt, limit, q[1])
-        return [hit_from_payload(p.id, p.payload, p.score) for p in points]
-
-    def search_dense_ids(
-        self, vector: np.ndarray, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_dense returning (point id, score) only: no payload is read."""
-        return self.search_ids_batch([RankQuery(flt, limit, vector=vector)])[0]
-
-    def search_sparse_ids(
-        self, query: str, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_sparse returning (point id, score) only: no payload is read."""
-        return self.search_ids_batch([RankQuery(flt, limit, text=query)])[0]
-
-    def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
-        """The rankings of `queries` from one query_batch_points call (one round trip)."""
-        return run_ranking_batch(
-            queries,
-            self._ranking_request,
-            lambda reqs: self._call(lambda c: c.query_batch_points(self.collection, requests=reqs)),
-            lambda answer: [(p.id, p.score) for p in answer.points],
-        )
-
-    def _ranking_request(self, q: RankQuery) -> models.QueryRequest | None:
-        flt = server_filter(q.flt)  # refuses a filter without tenant, whatever the limit
-        built = ranking_query(q, self._dense, self._sparse)
-        if built is None:
-            return None
-        query, params = built
-        return models.QueryRequest(
-            query=query,
-            using=DENSE_VECTOR if q.vector is not None else SPARSE_VECTOR,
-            filter=flt,
-            limit=q.limit,
-            params=params,
-            with_payload=False,
-            with_vector=False,
-        )
-
-    def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
-        """doc_id -> generations present in the tenant's points."""
-        flt = server_filter(IndexFilter(tenant_id=tenant_id, kinds=KINDS))
-        out: dict[str, set[str]] = {}
-        offset: Any = None
-        while True:
-            records, offset = self._scroll(flt, offset)
-            for r in records:
-                payload = r.payload or {}
-                out.setdefault(str(payload.get("doc_id", "")), set()).add(
-                    str(payload.get("generation", ""))
-                )
-            if offset is None:
-                return out
-
-    def count(self, tenant_id: str | None = None) -> int:
-        """Exact number of points, of one tenant (all kinds) or of the whole collection."""
-        flt = None if tenant_id is None else server_filter(IndexFilter(tenant_id, kinds=KINDS))
-        res = self._call(lambda c: c.count(self.collection, count_filter=flt, exact=True))
+    def _count(self, filter_: models.Filter | None) -> int:
+        res = self._call(lambda c: c.count(self.collection, count_filter=filter_, exact=True))
         return int(res.count)
 
-    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
-        """Exact number of one document's points of one generation (every kind)."""
-        flt = server_filter(
-            IndexFilter(tenant_id, kinds=KINDS, doc_ids=(doc_id,), generation=generation)
-        )
-        res = self._call(lambda c: c.count(self.collection, count_filter=flt, exact=True))
-        return int(res.count)
+    # -- VectorIndex (the rest: QdrantIndex) ------------------------------------------------
 
     def optimize(self) -> None:
         """No-op: the server's optimizers build HNSW and merge segments on their own."""
