@@ -403,7 +403,8 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
     alone); the lone-query rate and latency with the server's own setting are reported
     next to it (`lone_*`), as the latency a c=1 search sees.
     """
-    from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+    from services.retrieval.embeddings import EmbeddingSettings
+    from services.retrieval.factories import build_embedder
 
     t0 = time.perf_counter()
     emb = build_embedder(

@@ -33,8 +33,9 @@ from retrieval_search import query_pool, working_copy  # noqa: E402
 from services.common.breaker import CircuitBreaker  # noqa: E402
 from services.common.tokenizer import default_tokenizer  # noqa: E402
 from services.docstore.sqlite_store import SqliteDocumentStore  # noqa: E402
-from services.retrieval.embeddings import EmbeddingSettings, build_embedder  # noqa: E402
+from services.retrieval.embeddings import EmbeddingSettings  # noqa: E402
 from services.retrieval.engine import EngineSettings, RetrievalEngine, _Timing  # noqa: E402
+from services.retrieval.factories import build_embedder  # noqa: E402
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402
 from services.retrieval.search import SearchDefaults, SearchQuery  # noqa: E402
 from services.retrieval.sections import SectionCatalog  # noqa: E402

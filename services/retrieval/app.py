@@ -22,8 +22,9 @@ from services.docstore.parsing import ChunkingConfig
 from services.docstore.store import DocumentStore
 from services.model_runtime.client import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
-from services.retrieval.embeddings import Embedder, build_embedder
+from services.retrieval.embeddings import Embedder
 from services.retrieval.engine import RetrievalEngine
+from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.index.base import IndexUnavailableError, VectorIndex
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
@@ -34,7 +35,7 @@ from services.retrieval.llm_assist import LlmAssistSettings, LlmQueryExpander, L
 from services.retrieval.metrics import RetrievalMetrics
 from services.retrieval.mock import MockSearchEngine
 from services.retrieval.query import load_synonyms
-from services.retrieval.rerank import RerankClient, Reranker, build_reranker
+from services.retrieval.rerank import RerankClient, Reranker
 from services.retrieval.sections import SectionCatalog
 from services.retrieval.servicer import IngestionServicer, RetrievalServicer, SearchBackend
 

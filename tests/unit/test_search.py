@@ -17,8 +17,9 @@ from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import ingestion
-from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings, build_embedder
+from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
+from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.index.base import KINDS, IndexFilter, IndexUnavailableError
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.index.server import QdrantServerIndex
@@ -31,7 +32,7 @@ from services.retrieval.ingestion import (
 )
 from services.retrieval.journal import IngestJournal
 from services.retrieval.query import load_synonyms
-from services.retrieval.rerank import RerankResult, RerankSettings, build_reranker
+from services.retrieval.rerank import RerankResult, RerankSettings
 from services.retrieval.search import (
     MODES,
     Filters,
