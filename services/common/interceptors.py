@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -195,45 +194,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if span is not None:
             span.end(code.name, code.value[0])
 
-    @contextlib.asynccontextmanager
-    async def _observed(
-        self,
-        request: Any,
-        context: grpc.aio.ServicerContext,
-        rpc: RpcKey,
-        meta_trace: str,
-        traceparent: str,
-    ) -> AsyncIterator[None]:
-        """One RPC (service, name, kind) from start to finish: trace id, deadline, span,
-        metrics and the "rpc" line; an exception becomes the caller's status."""
-        service, name, kind = rpc
-        started = time.perf_counter()
-        self._metrics.start(rpc)
-        code = grpc.StatusCode.OK
-        span = None
-        try:
-            try:
-                self._enter(request, context, meta_trace)
-            finally:
-                span = self._span(service, name, traceparent)
-            yield
-        except grpc.aio.AbortError:
-            code = context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
-            raise
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception as exc:
-            code = _code_of(exc)
-            await self._fail(context, exc, f"{service}/{name}")
-        finally:
-            self._finish(service, name, kind, code, started, span)
-
     def _wrap_unary(
         self, behavior: Callable[..., Awaitable[Any]], rpc: RpcKey, trace: tuple[str, str]
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with self._observed(request, context, rpc, *trace):
+            async with _Rpc(self, context, rpc) as scope:
+                scope.enter(request, trace)
                 return await behavior(request, context)
 
         return wrapper
@@ -242,11 +208,60 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self, behavior: Callable[..., AsyncIterator[Any]], rpc: RpcKey, trace: tuple[str, str]
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async with self._observed(request, context, rpc, *trace):
+            async with _Rpc(self, context, rpc) as scope:
+                scope.enter(request, trace)
                 async for item in behavior(request, context):
                     yield item
 
         return wrapper
+
+
+class _Rpc:
+    """One RPC (service, name, kind) from start to finish, unary or streamed: trace id and
+    deadline (`enter`), span, metrics and the "rpc" line; an exception becomes the caller's
+    status. A class, not @asynccontextmanager: it runs on every call (~2 µs less)."""
+
+    __slots__ = ("_context", "_owner", "_rpc", "_span", "_started")
+
+    def __init__(
+        self, owner: ServerInterceptor, context: grpc.aio.ServicerContext, rpc: RpcKey
+    ) -> None:
+        self._owner = owner
+        self._context = context
+        self._rpc = rpc
+        self._span: ServerSpan | None = None
+
+    async def __aenter__(self) -> _Rpc:
+        self._started = time.perf_counter()
+        self._owner._metrics.start(self._rpc)
+        return self
+
+    def enter(self, request: Any, trace: tuple[str, str]) -> None:
+        """Bind the request's trace id and deadline, then open its span (even when the
+        request is refused here: the refusal is traced too)."""
+        meta_trace, traceparent = trace
+        try:
+            self._owner._enter(request, self._context, meta_trace)
+        finally:
+            self._span = self._owner._span(self._rpc[0], self._rpc[1], traceparent)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        service, name, kind = self._rpc
+        code = grpc.StatusCode.OK
+        try:
+            if isinstance(exc, grpc.aio.AbortError):
+                code = self._context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
+            elif isinstance(exc, asyncio.CancelledError):
+                code = grpc.StatusCode.CANCELLED
+            elif isinstance(exc, Exception):
+                code = _code_of(exc)
+                await self._owner._fail(self._context, exc, f"{service}/{name}")
+                return True
+            return False
+        finally:
+            self._owner._finish(service, name, kind, code, self._started, self._span)
 
 
 _CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
