@@ -6,7 +6,6 @@ import hashlib
 import math
 import re
 from collections import Counter
-from dataclasses import replace
 from typing import Protocol
 
 from services.docstore.chunking import split_sentences
@@ -82,20 +81,6 @@ def _clip(text: str, limit: int) -> str:
 def extractive_summary(text: str, limit: int) -> str:
     """The default extractive summary of `text` within `limit` characters."""
     return ExtractiveSummarizer().summarize("", text, limit)
-
-
-def apply_summaries(doc: Document, summarizer: Summarizer, max_chars: int = 400) -> Document:
-    """`doc` with every section summary rewritten by `summarizer`, and a generation that says so.
-
-    The section text given to the summarizer is its chunks, with the repeated overlap removed.
-    """
-    texts = section_texts(doc)
-    sections = tuple(
-        replace(s, summary=summarizer.summarize(s.title, texts.get(s.section_id, ""), max_chars))
-        for s in doc.sections
-    )
-    generation = mix_generation(doc.generation, summarizer.name)
-    return replace(doc, sections=sections, generation=generation)
 
 
 def mix_generation(generation: str, summarizer_name: str) -> str:
