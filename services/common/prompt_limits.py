@@ -2,18 +2,15 @@
 
 The LLM service refuses a first prompt past its `max_prompt_tokens` (LLM_LIMIT_EXCEEDED);
 the orchestrator shapes every first prompt to fit under that same limit, so an ordinary
-question is trimmed, never refused. Both read the limit from the same environment names
-and count with the same tokenizer (services/common/tokenizer.py).
+question is trimmed, never refused. Both read the limit from the same environment variable
+(MAX_PROMPT_TOKENS, services/common/shared_config.py) and count with the same tokenizer
+(services/common/tokenizer.py).
 """
 
 from __future__ import annotations
 
 import json
 
-from services.common.settings import Env
-
-LLM_PROMPT_LIMIT_NAMES = ("LLM_SERVICE_MAX_PROMPT_TOKENS", "MAX_PROMPT_TOKENS")
-"""Where the LLM service's prompt limit is set; the orchestrator reads the same names."""
 DEFAULT_LLM_PROMPT_TOKENS = 4096
 MIN_LLM_PROMPT_TOKENS = 256
 MESSAGE_TOKENS = 4
@@ -29,13 +26,6 @@ ANCHOR_LINE_SLACK = 1
 """Tokens each anchor line of the tool-use block adds besides its text (the line break)."""
 MAX_LISTED_ANCHORS = 20
 """The LLM service lists at most this many anchors in the tool-use block."""
-
-
-def llm_prompt_limit(env: Env) -> int:
-    """The LLM service's first-prompt limit in tokens (LLM_SERVICE_MAX_PROMPT_TOKENS)."""
-    return env.integer(
-        list(LLM_PROMPT_LIMIT_NAMES), DEFAULT_LLM_PROMPT_TOKENS, minimum=MIN_LLM_PROMPT_TOKENS
-    )
 
 
 def anchor_line(doc_id: str, section_id: str, anchor_chunk_id: str) -> str:

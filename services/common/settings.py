@@ -1,4 +1,9 @@
-"""Reading settings from the environment: typed getters with fallbacks across the specs' names."""
+"""Reading settings from the environment: each variable declared once (`Var`), read by typed getters.
+
+A `Var` names one setting's environment variable with its type, default and limits; `Fields`
+binds Vars to the fields of a settings dataclass, whose field docstrings describe them.
+docs/configuration.md is generated from these declarations (tools/config_docs.py).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,11 @@ import importlib.util
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class SettingsError(ValueError):
@@ -19,8 +27,13 @@ class Env:
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._env = dict(os.environ if environ is None else environ)
+        self.asked: list[tuple[str, ...]] = []
+        """Every lookup, in order (tools/config_docs.py checks each name is declared)."""
+        self.declared: dict[str, Var] = {}
+        """The Vars read through `Var.read`, by name."""
 
     def raw(self, names: Sequence[str]) -> tuple[str, str] | None:
+        self.asked.append(tuple(names))
         for name in names:
             value = self._env.get(name)
             if value is not None and value.strip() != "":
@@ -104,6 +117,137 @@ class Env:
         raise SettingsError(f"{name}={text!r} is not a boolean (true/false)")
 
 
+_UNSET: Any = object()
+DECLARED: dict[str, Var] = {}
+"""Every Var declared so far, by name (one declaration per name)."""
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: name, type, default and limits, declared once.
+
+    The description is the docstring of the settings field it fills (`owner`, set by
+    `Fields`), or `doc` for a Var that fills no field of its own.
+    """
+
+    name: str
+    kind: str
+    """text, integer, number, flag or secret."""
+    default: Any = None
+    """None for integer/number: unset means None (the consumer's own default)."""
+    minimum: float | None = None
+    maximum: float | None = None
+    also: tuple[str, ...] = ()
+    """Alternative names a spec documents itself, read when `name` is unset."""
+    choices: tuple[str, ...] = ()
+    """Allowed text values (compared lower-cased when `lower`)."""
+    lower: bool = False
+    default_doc: str = ""
+    """What the docs show as the default when it is computed at start."""
+    doc: str = field(default="", compare=False)
+    owner: tuple[type, str] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        known = DECLARED.get(self.name)
+        if known is not None and known != self:
+            raise SettingsError(f"{self.name} is declared twice, differently")
+        if known is None or self.owner is not None or self.doc:
+            DECLARED[self.name] = self
+
+    @property
+    def names(self) -> list[str]:
+        return [self.name, *self.also]
+
+    def found(self, env: Env) -> tuple[str, str] | None:
+        """(name, value) of the first of `names` set, for settings parsed by their reader."""
+        env.declared[self.name] = self
+        return env.raw(self.names)
+
+    def read(self, env: Env, default: Any = _UNSET) -> Any:
+        """The value from `env` (`default` overrides the declared one, e.g. a computed one)."""
+        env.declared[self.name] = self
+        value = self.default if default is _UNSET else default
+        names = self.names
+        if self.kind == "secret":
+            return env.secret(names)
+        if self.kind == "flag":
+            return env.flag(names, bool(value))
+        if self.kind == "text":
+            text = env.text(names, value)
+            if self.lower:
+                text = text.lower()
+            found = env.raw(names) if self.choices and text not in self.choices else None
+            if found is not None:
+                raise SettingsError(f"{found[0]}={text!r} must be one of {', '.join(self.choices)}")
+            return text
+        if value is None and env.raw(names) is None:
+            return None
+        if self.kind == "integer":
+            lo, hi = self.minimum, self.maximum
+            return env.integer(
+                names,
+                0 if value is None else value,
+                minimum=None if lo is None else int(lo),
+                maximum=None if hi is None else int(hi),
+            )
+        number = env.number(names, 0.0 if value is None else value, minimum=self.minimum)
+        if self.maximum is not None and number > self.maximum:
+            found = env.raw(names)
+            raise SettingsError(
+                f"{found[0] if found else self.name}={number} is above the maximum {self.maximum}"
+            )
+        return number
+
+
+def text(name: str, default: str = "", **more: Any) -> Var:
+    return Var(name, "text", default, **more)
+
+
+def integer(
+    name: str, default: int | None, minimum: int | None = None, maximum: int | None = None,
+    **more: Any,
+) -> Var:  # fmt: skip
+    return Var(name, "integer", default, minimum, maximum, **more)
+
+
+def number(
+    name: str, default: float | None, minimum: float | None = None,
+    maximum: float | None = None, **more: Any,
+) -> Var:  # fmt: skip
+    return Var(name, "number", default, minimum, maximum, **more)
+
+
+def flag(name: str, default: bool, **more: Any) -> Var:
+    return Var(name, "flag", default, **more)
+
+
+def secret(name: str, **more: Any) -> Var:
+    """A secret: NAME, or NAME_FILE naming a file that holds it (e.g. a mounted Secret)."""
+    return Var(name, "secret", None, **more)
+
+
+class Fields(Generic[T]):
+    """Vars bound to the fields of settings dataclass `cls`: one Var per field, read together."""
+
+    def __init__(self, cls: type[T], **fields: Var) -> None:
+        self.cls = cls
+        self.vars = {f: replace(v, owner=(cls, f)) for f, v in fields.items()}
+
+    def values(self, env: Env, **defaults: Any) -> dict[str, Any]:
+        """Each field's value; `defaults` replace declared defaults computed at start."""
+        return {f: v.read(env, defaults.get(f, _UNSET)) for f, v in self.vars.items()}
+
+    def read(self, env: Env, computed: Mapping[str, Any] | None = None, /, **given: Any) -> T:
+        """`cls` from the environment; `computed` replaces declared defaults computed at start,
+        `given` are fields the caller reads (or computes) itself."""
+        values = {
+            f: v.read(env, (computed or {}).get(f, _UNSET))
+            for f, v in self.vars.items()
+            if f not in given
+        }
+        return self.cls(**values, **given)
+
+
 def _module_available(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -145,17 +289,17 @@ class TracingSettings:
 
     @classmethod
     def from_env(cls, env: Env) -> TracingSettings:
-        if env.flag("OTEL_SDK_DISABLED", False):
+        if OTEL_SDK_DISABLED.read(env):
             return cls()
-        found = env.raw(["OTEL_TRACES_EXPORTER"])
+        exporters = TRACING.vars["exporters"].read(env)
         names: list[str] = []
-        for item in (found[1] if found else "").split(","):
+        for item in exporters.split(","):
             name = item.strip().lower()
             if name in ("", "none"):
                 continue
             if name not in TRACE_EXPORTERS:
                 raise SettingsError(
-                    f"OTEL_TRACES_EXPORTER={found[1] if found else ''!r}: {name!r} is not one "
+                    f"OTEL_TRACES_EXPORTER={exporters!r}: {name!r} is not one "
                     f"of none, {', '.join(TRACE_EXPORTERS)}"
                 )
             if name not in names:
@@ -170,11 +314,11 @@ class TracingSettings:
         protocol = ""
         if "otlp" in names:
             protocol = cls._otlp_protocol(env)
-        return cls(tuple(names), protocol, env.text("OTEL_SERVICE_NAME", ""))
+        return cls(tuple(names), protocol, TRACING.vars["service_name"].read(env))
 
     @staticmethod
     def _otlp_protocol(env: Env) -> str:
-        found = env.raw(["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"])
+        found = TRACING.vars["otlp_protocol"].found(env)
         if found is not None:
             if found[1] not in _OTLP_MODULES:
                 raise SettingsError(f"{found[0]}={found[1]!r} is not grpc or http/protobuf")
@@ -191,6 +335,22 @@ class TracingSettings:
             f"OTEL_TRACES_EXPORTER=otlp needs {package}, which is not installed "
             "(install it, or use OTEL_TRACES_EXPORTER=console)"
         )
+
+
+TRACING = Fields(
+    TracingSettings,
+    exporters=text("OTEL_TRACES_EXPORTER", "", default_doc="none (tracing off)"),
+    otlp_protocol=text(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        also=("OTEL_EXPORTER_OTLP_PROTOCOL",),
+        choices=tuple(_OTLP_MODULES),
+        default_doc="the OTLP exporter package installed, grpc first",
+    ),
+    service_name=text("OTEL_SERVICE_NAME", default_doc="visior-<service>"),
+)
+OTEL_SDK_DISABLED = flag(
+    "OTEL_SDK_DISABLED", False, doc="true turns tracing off whatever OTEL_TRACES_EXPORTER says."
+)
 
 
 @dataclass(frozen=True)
@@ -230,27 +390,32 @@ class ServerSettings:
         *,
         default_max_message_bytes: int = 4 * 1024 * 1024,
     ) -> ServerSettings:
-        def names(suffix: str) -> list[str]:
-            return [prefix + suffix, "VISIOR_" + suffix]
+        """The server knobs under `prefix` (ORCH_, LLM_SERVICE_, RETR_, MCP_PROXY_)."""
+        fields = server_fields(prefix, default_port)
+        values = fields.values(env, max_message_bytes=default_max_message_bytes)
+        values["log_level"] = values["log_level"].upper()
+        return cls(service=service, tracing=TracingSettings.from_env(env), **values)
 
-        return cls(
-            service=service,
-            host=env.text(prefix + "HOST", "127.0.0.1"),
-            port=env.integer(prefix + "PORT", default_port, minimum=0, maximum=65535),
-            metrics_port=env.integer(prefix + "METRICS_PORT", 0, minimum=0, maximum=65535),
-            log_level=env.text([prefix + "LOG_LEVEL", "LOG_LEVEL"], "INFO").upper(),
-            max_message_bytes=env.integer(
-                names("MAX_MESSAGE_BYTES"),
-                default_max_message_bytes,
-                minimum=1024,
-                maximum=300 * 1024 * 1024,
-            ),
-            grace_seconds=env.number(names("GRACE_SECONDS"), 10.0, minimum=0.0),
-            drain_seconds=env.number(names("DRAIN_SECONDS"), 0.5, minimum=0.0),
-            keepalive_seconds=env.integer(names("KEEPALIVE_SECONDS"), 30, minimum=1),
-            max_concurrent_rpcs=env.integer(names("MAX_CONCURRENT_RPCS"), 256, minimum=1),
-            tracing=TracingSettings.from_env(env),
-        )
+
+def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
+    """The Vars of ServerSettings under one service's prefix."""
+    return Fields(
+        ServerSettings,
+        host=text(prefix + "HOST", "127.0.0.1"),
+        port=integer(prefix + "PORT", default_port, 0, 65535),
+        metrics_port=integer(prefix + "METRICS_PORT", 0, 0, 65535),
+        # LOG_LEVEL: the specs' mesh-wide name (llm-service.md §11, retrieval.md §8.1).
+        log_level=text(prefix + "LOG_LEVEL", "INFO", also=("LOG_LEVEL",)),
+        max_message_bytes=integer(
+            prefix + "MAX_MESSAGE_BYTES", 4 * 1024 * 1024, 1024, 300 * 1024 * 1024,
+            default_doc="4194304 (Retrieval: RETR_MAX_DOCUMENT_BYTES + 1 MiB)"
+            if prefix == "RETR_" else "",
+        ),
+        grace_seconds=number(prefix + "GRACE_SECONDS", 10.0, 0.0),
+        drain_seconds=number(prefix + "DRAIN_SECONDS", 0.5, 0.0),
+        keepalive_seconds=integer(prefix + "KEEPALIVE_SECONDS", 30, 1),
+        max_concurrent_rpcs=integer(prefix + "MAX_CONCURRENT_RPCS", 256, 1),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -278,17 +443,20 @@ def grpc_target(value: str, name: str) -> str:
 
 
 def downstream(
-    env: Env,
-    names: Sequence[str],
-    default_target: str,
-    timeout_names: Sequence[str],
-    timeout: float,
+    env: Env, url: Var, timeout: Var, attempts: Var, *, default_target: str
 ) -> DownstreamSettings:
-    """A DownstreamSettings from the first of `names` (a URL or host:port) and a timeout."""
-    found = env.raw(names)
-    target = grpc_target(found[1], found[0]) if found else default_target
+    """A DownstreamSettings from `url` (a URL or host:port), a timeout and retry attempts."""
+    found = url.found(env)
     return DownstreamSettings(
-        target=target,
-        timeout_seconds=env.number(timeout_names, timeout, minimum=0.001),
-        retry_attempts=env.integer(["VISIOR_RETRY_ATTEMPTS"], 3, minimum=1, maximum=5),
+        target=grpc_target(found[1], found[0]) if found else default_target,
+        timeout_seconds=timeout.read(env),
+        retry_attempts=attempts.read(env),
     )
+
+
+def retry_attempts(prefix: str) -> Var:
+    """`<prefix>RETRY_ATTEMPTS`: one count for every downstream gRPC call of a service."""
+    return integer(
+        prefix + "RETRY_ATTEMPTS", 3, 1, 5,
+        doc="Attempts in all of a downstream gRPC call on UNAVAILABLE (1 = no retry).",
+    )  # fmt: skip

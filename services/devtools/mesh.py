@@ -23,13 +23,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.topology import SERVICES, Ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
-from services.devtools.topology import SERVICES, Ports
 
 
 class MeshError(RuntimeError):
@@ -77,7 +77,7 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
         # cl100k tokens (the model's own count is 0.87-1.02 of it on the harness documents)
         # and not JSON mode's tool instruction: LOCAL_CONTEXT_MARGIN tokens are kept for both.
         "LLM_SERVICE_MAX_TOTAL_TOKENS": str(total),
-        "LLM_SERVICE_MAX_PROMPT_TOKENS": str(prompt),
+        "MAX_PROMPT_TOKENS": str(prompt),
         # The model writes no native tool_calls: tools go through JSON mode, each step
         # constrained by a json_schema (services/model_runtime/client.py); greedy decoding makes its
         # answers repeatable.

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.prompt_limits import llm_prompt_limit
 from services.common.settings import (
     DownstreamSettings,
     Env,
+    Fields,
     ServerSettings,
     SettingsError,
     downstream,
+    integer,
+    number,
+    retry_attempts,
+    text,
 )
+from services.common.shared_config import llm_prompt_limit
 from services.model_runtime.client import RuntimeSettings
+from services.model_runtime.config import JSON_MODE, URL, runtime_settings
 
 DEFAULT_PORT = 50052
 
@@ -36,11 +42,13 @@ class LlmSettings:
     enable_json_mode: bool
     """JSON-mode tool calls for runtimes without native tools (ENABLE_JSON_MODE)."""
     tools_proxy: DownstreamSettings
-    """Where ToolsProxyService listens (MCP_PROXY_URL) and the per-call deadline."""
+    """Where ToolsProxyService listens (MCP_PROXY_URL), the per-call deadline
+    (LLM_SERVICE_MCP_TIMEOUT_SECONDS) and retries (LLM_SERVICE_RETRY_ATTEMPTS)."""
     runtime: RuntimeSettings | None
     """The OpenAI-compatible runtime (LLM_RUNTIME_*); None -> the extractive responder."""
     max_total_tokens: int
-    """The conversation at any step incl. tool results and the answer (MAX_TOTAL_TOKENS)."""
+    """The conversation at any step incl. tool results and the answer
+    (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_tool_result_tokens: int
     """One tool result as the model sees it (LLM_SERVICE_MAX_TOOL_RESULT_TOKENS)."""
     max_consecutive_tool_errors: int
@@ -54,54 +62,75 @@ class LlmSettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> LlmSettings:
         env = env or Env()
-        runtime_url = env.text(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
-        runtime = RuntimeSettings.from_env(env) if RuntimeSettings.configured_in(env) else None
+        runtime = runtime_settings(env)
         # Declared once, read by the orchestrator too (it shapes first prompts to fit).
         max_prompt = llm_prompt_limit(env)
-        max_completion = env.integer(
-            ["LLM_SERVICE_MAX_COMPLETION_TOKENS", "MAX_COMPLETION_TOKENS"], 512, minimum=16
-        )
-        max_total = env.integer(
-            ["LLM_SERVICE_MAX_TOTAL_TOKENS", "MAX_TOTAL_TOKENS"],
-            # Room for the agent's full-context scenario (S3: up to 50,000 characters of
-            # selected documents, ~22k cl100k tokens of Russian text).
-            max(32_768, max_prompt + max_completion + 2048),
-            minimum=512,
-        )
+        max_completion = MAX_COMPLETION.read(env)
+        # Room for the agent's full-context scenario (S3: up to 50,000 characters of
+        # selected documents, ~22k cl100k tokens of Russian text).
+        max_total = MAX_TOTAL.read(env, max(32_768, max_prompt + max_completion + 2048))
         if max_total < max_prompt + max_completion:
             raise SettingsError(
-                "MAX_TOTAL_TOKENS must be at least MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS"
+                "LLM_SERVICE_MAX_TOTAL_TOKENS must be at least MAX_PROMPT_TOKENS + "
+                "MAX_COMPLETION_TOKENS"
             )
-        return cls(
+        result_tokens = SETTINGS.vars["max_tool_result_tokens"].read(
+            env, min(24_576, max_total - max_prompt - max_completion)
+        )
+        if result_tokens > max_total:
+            raise SettingsError(
+                f"LLM_SERVICE_MAX_TOOL_RESULT_TOKENS={result_tokens} is above the maximum "
+                f"{max_total} (LLM_SERVICE_MAX_TOTAL_TOKENS)"
+            )
+        return SETTINGS.read(
+            env,
+            max_tool_result_tokens=result_tokens,
             server=ServerSettings.from_env("llm", "LLM_SERVICE_", env, DEFAULT_PORT),
-            runtime_url=runtime_url,
+            runtime_url=URL.read(env),
             default_model=runtime.default_model if runtime else "extractive",
-            max_tool_steps=env.integer(
-                ["LLM_SERVICE_MAX_TOOL_STEPS", "MAX_TOOL_STEPS"], 3, minimum=0, maximum=20
-            ),
             max_prompt_tokens=max_prompt,
             max_completion_tokens=max_completion,
-            enable_json_mode=env.flag(["LLM_SERVICE_ENABLE_JSON_MODE", "ENABLE_JSON_MODE"], False),
+            enable_json_mode=JSON_MODE.read(env),
             tools_proxy=downstream(
                 env,
-                ["LLM_SERVICE_MCP_PROXY_URL", "MCP_PROXY_URL"],
-                "127.0.0.1:50054",
-                ["LLM_SERVICE_MCP_TIMEOUT_SECONDS"],
-                5.0,
+                MCP_PROXY_URL,
+                MCP_TIMEOUT,
+                retry_attempts("LLM_SERVICE_"),
+                default_target="127.0.0.1:50054",
             ),
             runtime=runtime,
             max_total_tokens=max_total,
-            max_tool_result_tokens=env.integer(
-                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS",
-                min(24_576, max_total - max_prompt - max_completion),
-                minimum=64,
-                maximum=max_total,
-            ),
-            max_consecutive_tool_errors=env.integer(
-                "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, minimum=1, maximum=10
-            ),
-            watchdog_s=env.number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, minimum=0.1),
-            external_tool_timeout_s=env.number(
-                "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", 10.0, minimum=0.1
-            ),
         )
+
+
+TOKENS = Fields(
+    LlmSettings,
+    max_completion_tokens=integer("MAX_COMPLETION_TOKENS", 512, 16),
+    max_total_tokens=integer(
+        "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,
+        default_doc="max(32768, MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 2048)",
+    ),
+)  # fmt: skip
+MAX_COMPLETION, MAX_TOTAL = TOKENS.vars["max_completion_tokens"], TOKENS.vars["max_total_tokens"]
+MCP_PROXY_URL = text(
+    "MCP_PROXY_URL", default_doc="127.0.0.1:50054",
+    doc="ToolsProxyService (llm-service.md §11): host:port or a grpc:// / http:// URL.",
+)  # fmt: skip
+MCP_TIMEOUT = number(
+    "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, 0.001,
+    doc="Deadline of one call of a document or search tool (ToolsProxy).",
+)  # fmt: skip
+SETTINGS = Fields(
+    LlmSettings,
+    max_tool_steps=integer("MAX_TOOL_STEPS", 3, 0, 20),
+    max_tool_result_tokens=integer(
+        "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS",
+        0,
+        64,
+        default_doc="min(24576, LLM_SERVICE_MAX_TOTAL_TOKENS - MAX_PROMPT_TOKENS - "
+        "MAX_COMPLETION_TOKENS)",
+    ),
+    max_consecutive_tool_errors=integer("LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, 1, 10),
+    watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, 0.1),
+    external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", 10.0, 0.1),
+)

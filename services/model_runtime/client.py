@@ -58,7 +58,7 @@ import httpx
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.http import retry_after_seconds
-from services.common.settings import Env, SettingsError
+from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     ChatMessage,
     Completion,
@@ -101,7 +101,8 @@ class RuntimeSettings:
     default_model: str
     """Model name when the request names none (DEFAULT_MODEL_NAME); required."""
     api_key: str | None = field(default=None, repr=False)
-    """Bearer key (LLM_RUNTIME_API_KEY, OPENAI_API_KEY or their *_FILE); None sends none."""
+    """Bearer key (LLM_RUNTIME_API_KEY, or LLM_RUNTIME_API_KEY_FILE naming a file holding it);
+    None sends none."""
     enable_json_mode: bool = False
     """Tools through the JSON-mode instruction instead of native ``tools`` (ENABLE_JSON_MODE)."""
     json_schema: bool = True
@@ -151,59 +152,6 @@ class RuntimeSettings:
     def endpoint(self) -> str:
         """The chat-completions URL."""
         return normalise_base_url(self.url) + CHAT_PATH
-
-    @classmethod
-    def from_env(cls, env: Env) -> RuntimeSettings:
-        """Read the runtime settings; LLM_SERVICE_-prefixed names win over the spec's names.
-
-        Raises SettingsError when LLM_RUNTIME_URL is unset (check `configured_in` first).
-        """
-
-        def names(name: str) -> list[str]:
-            return ["LLM_SERVICE_" + name.removeprefix("LLM_"), name]
-
-        url = env.text(names("LLM_RUNTIME_URL"), "")
-        if not url:
-            raise SettingsError("LLM_RUNTIME_URL is not set")
-        return cls(
-            url=url,
-            default_model=env.text(names("DEFAULT_MODEL_NAME"), ""),
-            api_key=_api_key(env),
-            enable_json_mode=env.flag(names("ENABLE_JSON_MODE"), False),
-            json_schema=env.flag(names("LLM_RUNTIME_JSON_SCHEMA"), True),
-            timeout_s=env.number(names("LLM_RUNTIME_TIMEOUT_S"), 30.0, minimum=0.01),
-            connect_timeout_s=env.number(names("LLM_RUNTIME_CONNECT_TIMEOUT_S"), 3.0, minimum=0.01),
-            retries=env.integer(names("LLM_RUNTIME_RETRIES"), 1, minimum=0, maximum=3),
-            retry_backoff_s=env.number(names("LLM_RUNTIME_RETRY_BACKOFF_S"), 0.2, minimum=0.0),
-            max_retry_after_s=env.number(names("LLM_RUNTIME_MAX_RETRY_AFTER_S"), 2.0, minimum=0.0),
-            breaker_failures=env.integer(
-                names("LLM_RUNTIME_BREAKER_FAILURES"), 5, minimum=1, maximum=100
-            ),
-            breaker_reset_s=env.number(names("LLM_RUNTIME_BREAKER_RESET_S"), 30.0, minimum=0.0),
-            stream_usage=env.flag(names("LLM_RUNTIME_STREAM_USAGE"), True),
-            temperature=_optional_number(env, names("LLM_RUNTIME_TEMPERATURE")),
-        )
-
-    @staticmethod
-    def configured_in(env: Env) -> bool:
-        """True when LLM_RUNTIME_URL (or LLM_SERVICE_RUNTIME_URL) is set."""
-        return env.raw(["LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL"]) is not None
-
-
-def _optional_number(env: Env, names: list[str]) -> float | None:
-    found = env.raw(names)
-    if found is None:
-        return None
-    name, raw = found
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-
-
-def _api_key(env: Env) -> str | None:
-    """The key from the first of the variables set; *_FILE names a file holding it."""
-    return env.secret(["LLM_SERVICE_RUNTIME_API_KEY", "LLM_RUNTIME_API_KEY", "OPENAI_API_KEY"])
 
 
 # -- request building ------------------------------------------------------------------------

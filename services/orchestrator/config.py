@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.prompt_limits import llm_prompt_limit
-from services.common.search_contract import MAX_RESULTS_LIMIT, window_radius
+from services.common.search_contract import MAX_RESULTS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
     Env,
+    Fields,
     ServerSettings,
-    SettingsError,
     downstream,
+    flag,
+    integer,
+    number,
+    retry_attempts,
+    text,
 )
+from services.common.shared_config import llm_prompt_limit, proxy_max_window_radius, radius
 from services.orchestrator.runtime_config import RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
@@ -35,14 +40,14 @@ class OrchestratorSettings:
     runtime: RuntimeConfig
     """Initial runtime config (ORCH_DEFAULT_MODEL, ORCH_PROMPT_TOKEN_BUDGET, ...)."""
     max_window_radius: int
-    """The tools proxy's per-side limit (MCP_PROXY_MAX_WINDOW_RADIUS / RAG_WINDOW_RADIUS)."""
+    """The tools proxy's per-side limit (MCP_PROXY_MAX_WINDOW_RADIUS, services/common/shared_config.py)."""
     enable_filters: bool
     """Pass the request's metadata filters (product, version, tags, source) to Retrieval
     (ORCH_ENABLE_FILTERS, orchestrator.md §3.2); off, only the tenant and doc/section ids
     scope the search."""
     llm_prompt_limit: int
     """The LLM service's first-prompt limit in tokens, read from its own setting
-    (LLM_SERVICE_MAX_PROMPT_TOKENS / MAX_PROMPT_TOKENS, services/common/prompt_limits.py):
+    (MAX_PROMPT_TOKENS, services/common/shared_config.py):
     every first prompt is shaped to fit it."""
     model_routing: bool
     """Ask the model for the scenario decision (JSON with `intent`) before the rules
@@ -61,61 +66,59 @@ class OrchestratorSettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
         env = env or Env()
-        proxy_max = window_radius(
+        proxy_max = proxy_max_window_radius(env)
+        attempts = retry_attempts("ORCH_")
+        runtime = RUNTIME.read(env, window_radius=min(radius(env, WINDOW_RADIUS), proxy_max))
+        return SETTINGS.read(
             env,
-            ["MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"],
-            ["MCP_PROXY_MAX_CHUNK_WINDOW"],
-        )
-        radius = min(
-            window_radius(
-                env, ["ORCH_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"],
-                ["ORCH_WINDOW_MAX", "MCP_PROXY_MAX_CHUNK_WINDOW"],
-            ),
-            proxy_max,
-        )  # fmt: skip
-        attempts = env.integer("ORCH_RETRY_ATTEMPTS", 3, minimum=1, maximum=5)
-        retrieval = downstream(
-            env, ["ORCH_RETRIEVAL_URL"], "127.0.0.1:50053", ["ORCH_RETRIEVAL_TIMEOUT_SECONDS"], 5.0
-        )
-        llm = downstream(
-            env, ["ORCH_LLM_SERVICE_URL"], "127.0.0.1:50052", ["ORCH_LLM_TIMEOUT_SECONDS"], 60.0
-        )
-        return cls(
             server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
-            retrieval=DownstreamSettings(retrieval.target, retrieval.timeout_seconds, attempts),
-            llm=DownstreamSettings(llm.target, llm.timeout_seconds, attempts),
-            runtime=RuntimeConfig(
-                default_model=env.text("ORCH_DEFAULT_MODEL", ""),
-                prompt_token_budget=env.integer(
-                    "ORCH_PROMPT_TOKEN_BUDGET", 2048, minimum=1, maximum=131_072
-                ),
-                context_token_budget=env.integer(
-                    "ORCH_CONTEXT_TOKEN_BUDGET", 8192, minimum=1, maximum=1_048_576
-                ),
-                max_tool_steps=env.integer("ORCH_MAX_TOOL_STEPS", 3, minimum=0, maximum=20),
-                window_radius=radius,
-                mock_mode=env.flag("ORCH_MOCK_MODE", False),
+            retrieval=downstream(
+                env, RETRIEVAL_URL, RETRIEVAL_TIMEOUT, attempts, default_target="127.0.0.1:50053"
             ),
+            llm=downstream(env, LLM_URL, LLM_TIMEOUT, attempts, default_target="127.0.0.1:50052"),
+            runtime=runtime,
             max_window_radius=proxy_max,
-            enable_filters=env.flag("ORCH_ENABLE_FILTERS", True),
-            model_routing=env.flag("ORCH_MODEL_ROUTING", True),
-            default_top_k=env.integer(
-                "ORCH_DEFAULT_TOP_K", 10, minimum=1, maximum=MAX_RESULTS_LIMIT
-            ),
             llm_prompt_limit=llm_prompt_limit(env),
-            max_context_chars=env.integer(
-                "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, minimum=1,
-                maximum=MAX_CONTEXT_CHARS_LIMIT,
-            ),
-            score_threshold=_score_threshold(env),
-        )  # fmt: skip
+        )
 
 
-def _score_threshold(env: Env) -> float | None:
-    """ORCH_SCORE_THRESHOLD: a relevance score in 0..1, or None when unset."""
-    if env.raw(["ORCH_SCORE_THRESHOLD"]) is None:
-        return None
-    value = env.number("ORCH_SCORE_THRESHOLD", 0.0, minimum=0.0)
-    if value > 1.0:  # scores are in [0, 1]: every search would come back empty
-        raise SettingsError(f"ORCH_SCORE_THRESHOLD={value} is above the maximum 1.0")
-    return value
+WINDOW_RADIUS = integer(
+    "ORCH_WINDOW_RADIUS", 3, 0, 50, also=("RAG_WINDOW_RADIUS",),
+    default_doc="3, or from MCP_PROXY_MAX_CHUNK_WINDOW; at most MCP_PROXY_MAX_WINDOW_RADIUS",
+    doc="The largest window radius R per side the model's reads grow to (1 → 2 → … → R; "
+    "orchestrator.md §5): a window is 2R+1 chunks.",
+)  # fmt: skip
+RETRIEVAL_URL = text(
+    "ORCH_RETRIEVAL_URL", default_doc="127.0.0.1:50053",
+    doc="RetrievalService: host:port or a grpc:// / http:// URL.",
+)  # fmt: skip
+RETRIEVAL_TIMEOUT = number(
+    "ORCH_RETRIEVAL_TIMEOUT_SECONDS", 5.0, 0.001,
+    doc="Deadline of one Retrieval call when the caller's own deadline is longer or absent.",
+)  # fmt: skip
+LLM_URL = text(
+    "ORCH_LLM_SERVICE_URL", default_doc="127.0.0.1:50052",
+    doc="LlmService: host:port or a grpc:// / http:// URL.",
+)  # fmt: skip
+LLM_TIMEOUT = number(
+    "ORCH_LLM_TIMEOUT_SECONDS", 60.0, 0.001,
+    doc="Deadline of one LLM call when the caller's own deadline is longer or absent.",
+)  # fmt: skip
+RUNTIME = Fields(
+    RuntimeConfig,
+    default_model=text("ORCH_DEFAULT_MODEL"),
+    prompt_token_budget=integer("ORCH_PROMPT_TOKEN_BUDGET", 2048, 1, 131_072),
+    context_token_budget=integer("ORCH_CONTEXT_TOKEN_BUDGET", 8192, 1, 1_048_576),
+    max_tool_steps=integer("ORCH_MAX_TOOL_STEPS", 3, 0, 20),
+    mock_mode=flag("ORCH_MOCK_MODE", False),
+)
+SETTINGS = Fields(
+    OrchestratorSettings,
+    enable_filters=flag("ORCH_ENABLE_FILTERS", True),
+    model_routing=flag("ORCH_MODEL_ROUTING", True),
+    default_top_k=integer("ORCH_DEFAULT_TOP_K", 10, 1, MAX_RESULTS_LIMIT),
+    max_context_chars=integer(
+        "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT
+    ),
+    score_threshold=number("ORCH_SCORE_THRESHOLD", None, 0.0, 1.0),
+)

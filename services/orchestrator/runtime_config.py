@@ -23,11 +23,17 @@ class RuntimeConfig:
     """orchestrator.md §2's configuration."""
 
     default_model: str = ""
+    """Model name sent to the LLM service; empty = the LLM service's own DEFAULT_MODEL_NAME."""
     prompt_token_budget: int = 2048
+    """Tokens of the first prompt the Orchestrator asks the LLM service to keep to."""
     context_token_budget: int = 8192
+    """Tokens of retrieved context a request may carry in all."""
     max_tool_steps: int = 3
+    """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it)."""
     window_radius: int = 3
+    """Largest per-side radius of read_chunk_window (the schedule grows 1 → 2 → … → R)."""
     mock_mode: bool = False
+    """Answer from deterministic in-process stand-ins instead of Retrieval and the LLM."""
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from urllib.parse import urlsplit
 
 from services.common.search_contract import MAX_RESULTS_LIMIT
-from services.common.settings import Env, ServerSettings, SettingsError
+from services.common.settings import (
+    Env,
+    Fields,
+    ServerSettings,
+    SettingsError,
+    flag,
+    integer,
+    number,
+    secret,
+    text,
+)
+from services.common.shared_config import data_dir
 from services.docstore.config import DocstoreSettings, docstore_settings
-from services.retrieval.embeddings import EmbeddingSettings
+from services.model_runtime import config as runtime_config
+from services.model_runtime.client import RuntimeSettings
+from services.retrieval.embeddings import E5_DIM, PROFILES, USE_DIM, EmbeddingSettings
 from services.retrieval.engine import FUSIONS, EngineSettings
 from services.retrieval.index.base import QUANTIZATIONS
+from services.retrieval.intra_op import AUTO, usable_cpus
 from services.retrieval.llm_assist import LlmAssistSettings
-from services.retrieval.rerank import RerankSettings
+from services.retrieval.rerank import (
+    API_STYLES,
+    MAX_LENGTH_LIMIT,
+    THREADS_LIMIT,
+    RerankSettings,
+    local_model_files,
+)
 from services.retrieval.search import SearchDefaults
 
 DEFAULT_PORT = 50053
@@ -28,8 +48,8 @@ class RetrievalSettings:
     defaults: SearchDefaults
     """Search defaults (RETR_MAX_RESULTS, DEFAULT_MAX_DOCS, ...)."""
     docstore: DocstoreSettings
-    """Document store, SQLite or PostgreSQL (RETR_DOCSTORE_URL / METADATA_DB_URL /
-    VISIOR_DATA_DIR, RETR_DOCSTORE_POOL_SIZE / DOCSTORE_POOL_SIZE); repr masks the password."""
+    """Document store, SQLite or PostgreSQL (METADATA_DB_URL / VISIOR_DATA_DIR,
+    RETR_DOCSTORE_POOL_SIZE, RETR_DOCSTORE_TIMEOUT_S); repr masks the password."""
     max_document_bytes: int
     """Largest document accepted by IngestDocument (RETR_MAX_DOCUMENT_BYTES)."""
     mock_mode: bool
@@ -82,105 +102,318 @@ class RetrievalSettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> RetrievalSettings:
         env = env or Env()
-        max_doc = env.integer(
-            "RETR_MAX_DOCUMENT_BYTES", 32 * 1024 * 1024, minimum=1024, maximum=256 * 1024 * 1024
-        )
-        # A document travels in one message: leave room for it plus the envelope.
-        server = ServerSettings.from_env(
-            "retrieval", "RETR_", env, DEFAULT_PORT, default_max_message_bytes=max_doc + (1 << 20)
-        )
-        defaults = SearchDefaults(
-            max_results=env.integer("RETR_MAX_RESULTS", 10, minimum=1, maximum=MAX_RESULTS_LIMIT),
-            max_docs=env.integer(
-                ["RETR_DEFAULT_MAX_DOCS", "DEFAULT_MAX_DOCS"], 20, minimum=1, maximum=100
+        max_doc = MAX_DOCUMENT_BYTES.read(env)
+        embedding = embedding_settings(env)
+        root = data_dir(env)
+        return SETTINGS.read(
+            env,
+            {"index_path": str(root / "index")},
+            # A document travels in one message: leave room for it plus the envelope.
+            server=ServerSettings.from_env(
+                "retrieval", "RETR_", env, DEFAULT_PORT,
+                default_max_message_bytes=max_doc + (1 << 20),
             ),
-            max_sections=env.integer(
-                ["RETR_DEFAULT_MAX_SECTIONS", "DEFAULT_MAX_SECTIONS"], 50, minimum=1, maximum=200
-            ),
-            max_chunks=env.integer(
-                ["RETR_DEFAULT_MAX_CHUNKS", "DEFAULT_MAX_CHUNKS"], 40, minimum=1, maximum=200
-            ),
-            context_token_limit=env.integer(
-                ["RETR_DEFAULT_TOKEN_LIMIT", "DEFAULT_TOKEN_LIMIT"], 4096, minimum=1
-            ),
-            topk_per_doc=env.integer("RETR_TOPK_PER_DOC", 0, minimum=0),
-            min_score=env.number("RETR_MIN_SCORE", 0.0, minimum=0.0),
-        )
-        if defaults.min_score > 1.0:  # scores are in [0, 1]: every search would come back empty
-            raise SettingsError(f"RETR_MIN_SCORE={defaults.min_score} is above the maximum 1.0")
-        embedding = EmbeddingSettings.from_env(env)
-        fusion = env.text("RETR_FUSION", "weighted")
-        if fusion not in FUSIONS:
-            raise SettingsError(f"RETR_FUSION={fusion!r} must be one of {', '.join(FUSIONS)}")
-        engine = EngineSettings(
-            enable_hybrid=env.flag(["RETR_ENABLE_HYBRID", "ENABLE_HYBRID"], True),
-            enable_rerank=env.flag(["RETR_ENABLE_RERANK", "ENABLE_RERANK"], False),
-            fusion=fusion,
-            dense_weight=env.number("RETR_DENSE_WEIGHT", 0.7, minimum=0.0),
-            sparse_weight=env.number("RETR_SPARSE_WEIGHT", 0.3, minimum=0.0),
-            rrf_k=env.integer("RETR_RRF_K", 60, minimum=1, maximum=1000),
-            candidate_factor=env.integer("RETR_CANDIDATE_FACTOR", 2, minimum=1, maximum=20),
-            # The reranker's own setting (rerank.py reads both spellings): one value for both.
-            rerank_candidates=env.integer(
-                ["RETR_RERANK_MAX_CANDIDATES", "RERANK_MAX_CANDIDATES"], 40, minimum=1, maximum=200
-            ),
-            expand_query=env.flag("RETR_EXPAND_QUERY", False),
-            max_query_variants=env.integer("RETR_MAX_QUERY_VARIANTS", 3, minimum=0, maximum=10),
-            retries=env.integer("RETR_BACKEND_RETRIES", 2, minimum=0, maximum=2),
-            empty_on_backend_error=env.flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
-            # On the quality set it helped e5's hybrid ranking everywhere, while USE's weaker
-            # dense list lost as much on English queries as it won on mixed-language ones.
-            cross_language=env.flag("RETR_CROSS_LANGUAGE", embedding.profile != "fast"),
-            slow_search_ms=env.number("RETR_SLOW_SEARCH_MS", 300.0, minimum=0.0),
-        )
-        if engine.dense_weight + engine.sparse_weight <= 0:
-            raise SettingsError("RETR_DENSE_WEIGHT + RETR_SPARSE_WEIGHT must be above 0")
-        backend = env.text("RETR_INDEX_BACKEND", "edge")
-        if backend not in ("edge", "qdrant"):
-            raise SettingsError(f"RETR_INDEX_BACKEND={backend!r} must be 'edge' or 'qdrant'")
-        qdrant_url = env.text(["QDRANT_URL", "VECTOR_DB_URL"], "")
-        if backend == "qdrant" and not qdrant_url:
-            raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
-        data_dir = Path(env.text("VISIOR_DATA_DIR", "data"))
-        quantization = env.text("RETR_QUANTIZATION", "int8").lower()
-        if quantization not in QUANTIZATIONS:
-            raise SettingsError(
-                f"RETR_QUANTIZATION={quantization!r} must be one of {', '.join(QUANTIZATIONS)}"
-            )
-        optimize_quiet_s = env.number("RETR_OPTIMIZE_QUIET_S", 10.0, minimum=0.0)
-        if optimize_quiet_s > MAX_OPTIMIZE_QUIET_S:
-            raise SettingsError(f"RETR_OPTIMIZE_QUIET_S must be at most {MAX_OPTIMIZE_QUIET_S:g}")
-        chunk_tokens = env.integer("RETR_CHUNK_TOKENS", 200, minimum=32, maximum=2048)
-        overlap = env.integer("RETR_CHUNK_OVERLAP_TOKENS", 32, minimum=0, maximum=512)
-        if overlap >= chunk_tokens:
-            raise SettingsError("RETR_CHUNK_OVERLAP_TOKENS must be below RETR_CHUNK_TOKENS")
-        return cls(
-            server=server,
-            defaults=defaults,
+            defaults=search_defaults(env),
             docstore=docstore_settings(env, "RETR_"),
             max_document_bytes=max_doc,
-            mock_mode=env.flag("RETR_MOCK_MODE", False),
-            engine=engine,
-            index_backend=backend,
-            index_path=env.text("RETR_INDEX_PATH", str(data_dir / "index")),
-            qdrant_url=qdrant_url,
-            qdrant_api_key=env.text("QDRANT_API_KEY", ""),
-            qdrant_collection=env.text("QDRANT_COLLECTION", "visior_chunks"),
-            index_timeout_s=env.number("RETR_INDEX_TIMEOUT_S", 2.0, minimum=0.01),
-            hnsw_ef=env.integer("RETR_HNSW_EF", 128, minimum=8, maximum=4096),
-            quantization=quantization,
-            indexing_threshold_kb=env.integer(
-                "RETR_INDEXING_THRESHOLD_KB", 0, minimum=0, maximum=100_000_000
-            ),
-            optimize_quiet_s=optimize_quiet_s,
-            breaker_failures=env.integer("RETR_BREAKER_FAILURES", 5, minimum=1, maximum=100),
-            breaker_reset_s=env.number("RETR_BREAKER_RESET_S", 10.0, minimum=0.1),
+            engine=engine_settings(env, embedding.profile),
             embedding=embedding,
-            rerank=RerankSettings.from_env(env),
-            synonyms_path=env.text("RETR_SYNONYMS_PATH", ""),
-            llm=LlmAssistSettings.from_env(env),
-            production=env.flag("RETR_PRODUCTION", False),
-            journal_path=str(data_dir / "ingest-journal.jsonl"),
-            chunk_tokens=chunk_tokens,
-            chunk_overlap_tokens=overlap,
+            rerank=rerank_settings(env),
+            llm=llm_assist_settings(env),
+            journal_path=str(root / "ingest-journal.jsonl"),
+            **index_settings(env),
+            **chunking(env),
+        )  # fmt: skip
+
+
+def search_defaults(env: Env) -> SearchDefaults:
+    """What a search uses when the request does not say (retrieval.md §8.1, retrieval-v1 §6)."""
+    return SEARCH.read(env)
+
+
+def engine_settings(env: Env, profile: str) -> EngineSettings:
+    """How searches rank. Cross-language imputation helped e5's hybrid ranking on the quality
+    set everywhere, while USE's weaker dense list lost as much on English queries as it won on
+    mixed-language ones: on by default except with the fast profile."""
+    engine = ENGINE.read(env, {"cross_language": profile != "fast"})
+    if engine.dense_weight + engine.sparse_weight <= 0:
+        raise SettingsError("RETR_DENSE_WEIGHT + RETR_SPARSE_WEIGHT must be above 0")
+    return engine
+
+
+def index_settings(env: Env) -> dict[str, object]:
+    """The index backend's fields of RetrievalSettings (RETR_INDEX_*, QDRANT_*, HNSW, ...)."""
+    values = INDEX.values(env)
+    if values["index_backend"] == "qdrant" and not values["qdrant_url"]:
+        raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
+    return values
+
+
+def chunking(env: Env) -> dict[str, int]:
+    """Chunk size and overlap in tokens."""
+    values = CHUNKS.values(env)
+    if values["chunk_overlap_tokens"] >= values["chunk_tokens"]:
+        raise SettingsError("RETR_CHUNK_OVERLAP_TOKENS must be below RETR_CHUNK_TOKENS")
+    return values
+
+
+def embedding_settings(env: Env, *, cpus: int | None = None) -> EmbeddingSettings:
+    """The embedder's settings (RETR_EMBEDDING_*); errors name the variable. `cpus` bounds
+    RETR_EMBEDDING_THREADS (default: the CPUs this process may use)."""
+    var = EMBEDDING.vars
+    profile = var["profile"].read(env)
+    url = var["url"].read(env) or None
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise SettingsError(f"RETR_EMBEDDING_URL={url!r} is not an http(s) URL")
+    model = var["model"].read(env) or None
+    for name, value in (("RETR_EMBEDDING_URL", url), ("RETR_EMBEDDING_MODEL", model)):
+        if profile == "remote" and value is None:
+            raise SettingsError(f"{name} is required when RETR_EMBEDDING_PROFILE=remote")
+    dim = var["dim"].read(env)
+    local_dim = {"e5": E5_DIM, "fast": USE_DIM}.get(profile)
+    if dim is not None and local_dim is not None and dim != local_dim:
+        raise SettingsError(
+            f"RETR_EMBEDDING_DIM={dim} does not match the {profile} profile's {local_dim}"
         )
+    # Env strips values, so "query: " arrives as "query:"; the separating space is restored.
+    prefixes = {f: var[f].read(env) for f in ("query_prefix", "passage_prefix")}
+    return EMBEDDING.read(
+        env,
+        profile=profile,
+        url=url,
+        model=model,
+        api_key=var["api_key"].read(env) or None,
+        dim=dim,
+        threads=_threads(env, cpus or usable_cpus()),
+        **{f: p + " " if p else "" for f, p in prefixes.items()},
+    )
+
+
+def _threads(env: Env, cpus: int) -> int | None:
+    found = EMBEDDING.vars["threads"].found(env)
+    if found is None or found[1].lower() == AUTO:
+        return None
+    try:
+        value = int(found[1])
+    except ValueError:
+        raise SettingsError(
+            f"RETR_EMBEDDING_THREADS={found[1]!r} is neither {AUTO!r} nor an integer"
+        ) from None
+    if not 1 <= value <= cpus:
+        raise SettingsError(
+            f"RETR_EMBEDDING_THREADS={value} is outside 1..{cpus} (the CPUs this process may use)"
+        )
+    return value
+
+
+def rerank_settings(env: Env) -> RerankSettings:
+    """The rerank API or the local model (RERANK_*); the local model's files must exist."""
+    var = RERANK.vars
+    url = var["url"].read(env)
+    if url and urlsplit(url).scheme not in ("http", "https"):
+        raise SettingsError(f"RERANK_MODEL_URL={url!r} is not an http(s) URL")
+    model_path, model_file = var["model_path"].read(env), var["model_file"].read(env)
+    if url and model_path:
+        raise SettingsError(
+            "RERANK_MODEL_URL and RERANK_MODEL_PATH are both set: "
+            "rerank through the API or the local model, not both"
+        )
+    if model_file and not model_path:
+        raise SettingsError("RERANK_MODEL_FILE is set without RERANK_MODEL_PATH")
+    if model_path:
+        local_model_files(model_path, model_file)
+    style = var["api_style"].read(env)
+    style = "cohere" if style == "jina" else style
+    if style not in API_STYLES:
+        raise SettingsError(f"RERANK_API_STYLE={style!r}: expected one of {API_STYLES}")
+    # One setting with the engine's candidates; the reranker's own cap when unset is 50.
+    candidates = RERANK_CANDIDATES.read(env) if RERANK_CANDIDATES.found(env) else 50
+    return RERANK.read(
+        env,
+        {"batch_size": 16 if model_path else 32},
+        url=url,
+        api_style=style,
+        model_path=model_path,
+        model_file=model_file,
+        max_candidates=candidates,
+    )
+
+
+def llm_assist_settings(env: Env) -> LlmAssistSettings:
+    """Model-written section summaries and query variants (RETR_LLM_*, RETR_SUMMARY_*,
+    RETR_QUERY_VARIANTS_*). The switches default to on only when RETR_LLM_RUNTIME_URL itself is
+    set: every service of the mesh sees LLM_RUNTIME_URL, and a model call per section of every
+    ingested document is a cost an operator should opt into."""
+    own_url = env.raw([ASSIST_URL.name]) is not None
+    var = ASSIST.vars
+    summaries = var["summaries"].read(env, own_url)
+    variants = var["query_variants"].read(env, own_url)
+    runtime = None
+    if summaries or variants:
+        runtime = _assist_runtime(env, summaries, variants)
+    return ASSIST.read(
+        env,
+        runtime=runtime,
+        summaries=summaries,
+        query_variants=variants,
+        query_variants_timeout_s=var["query_variants_timeout_s"].read(env) / 1000,
+    )
+
+
+def _assist_runtime(env: Env, summaries: bool, variants: bool) -> RuntimeSettings:
+    on = ", ".join(
+        n for n, v in (("RETR_LLM_SUMMARIES", summaries), ("RETR_LLM_QUERY_VARIANTS", variants)) if v
+    )  # fmt: skip
+    url = ASSIST_URL.read(env)
+    if not url:
+        raise SettingsError(f"{on} needs RETR_LLM_RUNTIME_URL (or LLM_RUNTIME_URL)")
+    model = ASSIST_MODEL.read(env)
+    if not model:
+        raise SettingsError(f"{on} needs RETR_LLM_MODEL_NAME (or DEFAULT_MODEL_NAME)")
+    try:
+        return RuntimeSettings(
+            url=url,
+            default_model=model,
+            api_key=ASSIST_KEY.read(env),
+            timeout_s=ASSIST_TIMEOUT.read(env),
+        )
+    except SettingsError as exc:
+        raise SettingsError(f"retrieval's LLM runtime (RETR_LLM_*): {exc}") from None
+
+
+SETTINGS = Fields(
+    RetrievalSettings,
+    max_document_bytes=integer("RETR_MAX_DOCUMENT_BYTES", 32 << 20, 1024, 256 << 20),
+    mock_mode=flag("RETR_MOCK_MODE", False),
+    index_path=text("RETR_INDEX_PATH", default_doc="VISIOR_DATA_DIR/index"),
+    synonyms_path=text("RETR_SYNONYMS_PATH"),
+    production=flag("RETR_PRODUCTION", False),
+)
+MAX_DOCUMENT_BYTES = SETTINGS.vars["max_document_bytes"]
+INDEX = Fields(
+    RetrievalSettings,
+    index_backend=text("RETR_INDEX_BACKEND", "edge", choices=("edge", "qdrant")),
+    qdrant_url=text("QDRANT_URL", also=("VECTOR_DB_URL",)),
+    qdrant_api_key=text("QDRANT_API_KEY"),
+    qdrant_collection=text("QDRANT_COLLECTION", "visior_chunks"),
+    index_timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01),
+    hnsw_ef=integer("RETR_HNSW_EF", 128, 8, 4096),
+    quantization=text("RETR_QUANTIZATION", "int8", choices=QUANTIZATIONS, lower=True),
+    indexing_threshold_kb=integer("RETR_INDEXING_THRESHOLD_KB", 0, 0, 100_000_000),
+    optimize_quiet_s=number("RETR_OPTIMIZE_QUIET_S", 10.0, 0.0, MAX_OPTIMIZE_QUIET_S),
+    breaker_failures=integer("RETR_BREAKER_FAILURES", 5, 1, 100),
+    breaker_reset_s=number("RETR_BREAKER_RESET_S", 10.0, 0.1),
+)
+CHUNKS = Fields(
+    RetrievalSettings,
+    chunk_tokens=integer("RETR_CHUNK_TOKENS", 200, 32, 2048),
+    chunk_overlap_tokens=integer("RETR_CHUNK_OVERLAP_TOKENS", 32, 0, 512),
+)
+SEARCH = Fields(
+    SearchDefaults,
+    max_results=integer(
+        "RETR_MAX_RESULTS", 10, 1, MAX_RESULTS_LIMIT,
+        doc="Hits per search when the request gives no max_results (retrieval-v1 §6).",
+    ),
+    max_docs=integer(
+        "DEFAULT_MAX_DOCS", 20, 1, 100, doc="Documents a search keeps at most (retrieval.md §8.1)."
+    ),
+    max_sections=integer(
+        "DEFAULT_MAX_SECTIONS", 50, 1, 200,
+        doc="Sections a search keeps at most (retrieval.md §8.1).",
+    ),
+    max_chunks=integer(
+        "DEFAULT_MAX_CHUNKS", 40, 1, 200, doc="Chunks a search keeps at most (retrieval.md §8.1)."
+    ),
+    context_token_limit=integer(
+        "DEFAULT_TOKEN_LIMIT", 4096, 1,
+        doc="Tokens of the context a search assembles (retrieval.md §8.1's context_token_limit).",
+    ),
+    topk_per_doc=integer(
+        "RETR_TOPK_PER_DOC", 0, 0, doc="Chunks per document at most; 0 = no limit (retrieval-v1 §6)."
+    ),
+    min_score=number(
+        "RETR_MIN_SCORE", 0.0, 0.0, 1.0,
+        doc="Hits scoring below this (0..1) are dropped (retrieval-v1 §6).",
+    ),
+)  # fmt: skip
+RERANK_CANDIDATES = integer(
+    "RERANK_MAX_CANDIDATES", 40, 1, 200, default_doc="40 (the reranker's own cap: 50)"
+)
+ENGINE = Fields(
+    EngineSettings,
+    enable_hybrid=flag("ENABLE_HYBRID", True),
+    enable_rerank=flag("ENABLE_RERANK", False),
+    fusion=text("RETR_FUSION", "weighted", choices=FUSIONS),
+    dense_weight=number("RETR_DENSE_WEIGHT", 0.7, 0.0),
+    sparse_weight=number("RETR_SPARSE_WEIGHT", 0.3, 0.0),
+    rrf_k=integer("RETR_RRF_K", 60, 1, 1000),
+    candidate_factor=integer("RETR_CANDIDATE_FACTOR", 2, 1, 20),
+    rerank_candidates=RERANK_CANDIDATES,
+    expand_query=flag("RETR_EXPAND_QUERY", False),
+    max_query_variants=integer("RETR_MAX_QUERY_VARIANTS", 3, 0, 10),
+    retries=integer("RETR_BACKEND_RETRIES", 2, 0, 2),
+    empty_on_backend_error=flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
+    cross_language=flag(
+        "RETR_CROSS_LANGUAGE", True, default_doc="true; false with RETR_EMBEDDING_PROFILE=fast"
+    ),
+    slow_search_ms=number("RETR_SLOW_SEARCH_MS", 300.0, 0.0),
+)
+EMBEDDING = Fields(
+    EmbeddingSettings,
+    profile=text("RETR_EMBEDDING_PROFILE", "e5", choices=PROFILES, lower=True),
+    url=text("RETR_EMBEDDING_URL"),
+    model=text("RETR_EMBEDDING_MODEL"),
+    api_key=text("RETR_EMBEDDING_API_KEY"),
+    dim=integer("RETR_EMBEDDING_DIM", None, 1, 65536),
+    timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", 10.0, 0.001),
+    batch_size=integer("RETR_EMBEDDING_BATCH_SIZE", None, 1, 4096),
+    query_cache_size=integer("RETR_QUERY_CACHE_SIZE", 4096, 0, 10_000_000),
+    query_batch_size=integer("RETR_QUERY_BATCH_SIZE", None, 1, 4096),
+    query_prefix=text("RETR_EMBEDDING_QUERY_PREFIX"),
+    passage_prefix=text("RETR_EMBEDDING_PASSAGE_PREFIX"),
+    threads=text("RETR_EMBEDDING_THREADS", AUTO),
+)
+RERANK = Fields(
+    RerankSettings,
+    url=text("RERANK_MODEL_URL"),
+    api_style=text("RERANK_API_STYLE", "tei", lower=True),
+    model=text("RERANK_MODEL"),
+    api_key=text("RERANK_API_KEY"),
+    timeout_s=number("RERANK_TIMEOUT_S", 2.0, 0.01),
+    top_n=integer("RERANK_TOP_N", 0, 0, 1000),
+    batch_size=integer("RERANK_BATCH_SIZE", 32, 1, 1000, default_doc="32; 16 for a local model"),
+    model_path=text("RERANK_MODEL_PATH"),
+    model_file=text("RERANK_MODEL_FILE"),
+    max_length=integer("RERANK_MAX_LENGTH", 512, 8, MAX_LENGTH_LIMIT),
+    threads=integer("RERANK_THREADS", 0, 1, THREADS_LIMIT),
+)
+ASSIST = Fields(
+    LlmAssistSettings,
+    summaries=flag(
+        "RETR_LLM_SUMMARIES", False, default_doc="true when RETR_LLM_RUNTIME_URL is set"
+    ),
+    query_variants=flag(
+        "RETR_LLM_QUERY_VARIANTS", False, default_doc="true when RETR_LLM_RUNTIME_URL is set"
+    ),
+    summary_concurrency=integer("RETR_SUMMARY_CONCURRENCY", 4, 1, 32),
+    summary_budget_s=number("RETR_SUMMARY_BUDGET_S", 120.0, 1.0, 3600.0),
+    query_variants_timeout_s=integer("RETR_QUERY_VARIANTS_TIMEOUT_MS", 1500, 50, 30_000),
+    query_variants_cache=integer("RETR_QUERY_VARIANTS_CACHE_SIZE", 1024, 0, 100_000),
+)
+ASSIST_URL = text(
+    "RETR_LLM_RUNTIME_URL", also=(runtime_config.URL.name,),
+    doc="The runtime Retrieval's summaries and query variants use (an OpenAI-compatible URL).",
+)  # fmt: skip
+ASSIST_MODEL = text(
+    "RETR_LLM_MODEL_NAME", also=(runtime_config.DEFAULT_MODEL.name,),
+    doc="The model Retrieval's summaries and query variants ask for.",
+)  # fmt: skip
+ASSIST_KEY = secret(
+    "RETR_LLM_RUNTIME_API_KEY", also=(runtime_config.API_KEY.name,),
+    doc="Bearer key for Retrieval's runtime.",
+)  # fmt: skip
+ASSIST_TIMEOUT = number(
+    "RETR_LLM_RUNTIME_TIMEOUT_S", 30.0, 0.01, also=(runtime_config.TIMEOUT.name,),
+    doc="Longest one call to Retrieval's runtime may take.",
+)  # fmt: skip

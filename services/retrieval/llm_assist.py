@@ -18,9 +18,9 @@ Both talk to the shared chat-model port (`services.model_runtime`: the OpenAI-co
 Section text and queries are data: they go to the model inside `<<<DOCUMENT>>>` /
 `<<<QUERY>>>` delimiters (services/common/untrusted.py), and nothing of them is logged.
 
-Settings (`LlmAssistSettings.from_env`): ``RETR_LLM_RUNTIME_URL``, ``RETR_LLM_MODEL_NAME``,
-``RETR_LLM_RUNTIME_API_KEY``, ``RETR_LLM_RUNTIME_TIMEOUT_S`` fall back to the mesh-wide
-``LLM_RUNTIME_URL``, ``DEFAULT_MODEL_NAME``, ``LLM_RUNTIME_API_KEY`` (``OPENAI_API_KEY``) and
+Settings (read in services/retrieval/config.py): ``RETR_LLM_RUNTIME_URL``,
+``RETR_LLM_MODEL_NAME``, ``RETR_LLM_RUNTIME_API_KEY``, ``RETR_LLM_RUNTIME_TIMEOUT_S`` fall back
+to the mesh-wide ``LLM_RUNTIME_URL``, ``DEFAULT_MODEL_NAME``, ``LLM_RUNTIME_API_KEY`` and
 ``LLM_RUNTIME_TIMEOUT_S``. The switches ``RETR_LLM_SUMMARIES`` and ``RETR_LLM_QUERY_VARIANTS``
 default to on only when ``RETR_LLM_RUNTIME_URL`` itself is set: every service of the mesh
 sees ``LLM_RUNTIME_URL``, and a model call per section of every ingested document is a cost
@@ -41,7 +41,6 @@ from typing import Any
 
 from services.common import errors
 from services.common.search_contract import normalise_query
-from services.common.settings import Env, SettingsError
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
 from services.docstore.summaries import mix_generation, section_texts
@@ -86,52 +85,6 @@ class LlmAssistSettings:
     query_variants_cache: int = 1024
     """Queries whose variants are kept in the LRU cache; 0 = no cache
     (RETR_QUERY_VARIANTS_CACHE_SIZE)."""
-
-    @classmethod
-    def from_env(cls, env: Env) -> LlmAssistSettings:
-        own_url = env.raw(["RETR_LLM_RUNTIME_URL"]) is not None
-        summaries = env.flag("RETR_LLM_SUMMARIES", own_url)
-        variants = env.flag("RETR_LLM_QUERY_VARIANTS", own_url)
-        concurrency = env.integer("RETR_SUMMARY_CONCURRENCY", 4, minimum=1, maximum=32)
-        budget = env.number("RETR_SUMMARY_BUDGET_S", 120.0, minimum=1.0)
-        if budget > 3600:
-            raise SettingsError("RETR_SUMMARY_BUDGET_S must be at most 3600")
-        timeout_ms = env.integer("RETR_QUERY_VARIANTS_TIMEOUT_MS", 1500, minimum=50, maximum=30_000)
-        cache = env.integer("RETR_QUERY_VARIANTS_CACHE_SIZE", 1024, minimum=0, maximum=100_000)
-        runtime = None
-        if summaries or variants:
-            url = env.text(["RETR_LLM_RUNTIME_URL", "LLM_RUNTIME_URL"], "")
-            on = ", ".join(
-                n for n, v in (("RETR_LLM_SUMMARIES", summaries),
-                               ("RETR_LLM_QUERY_VARIANTS", variants)) if v
-            )  # fmt: skip
-            if not url:
-                raise SettingsError(f"{on} needs RETR_LLM_RUNTIME_URL (or LLM_RUNTIME_URL)")
-            model = env.text(["RETR_LLM_MODEL_NAME", "DEFAULT_MODEL_NAME"], "")
-            if not model:
-                raise SettingsError(f"{on} needs RETR_LLM_MODEL_NAME (or DEFAULT_MODEL_NAME)")
-            try:
-                runtime = RuntimeSettings(
-                    url=url,
-                    default_model=model,
-                    api_key=env.secret(
-                        ["RETR_LLM_RUNTIME_API_KEY", "LLM_RUNTIME_API_KEY", "OPENAI_API_KEY"]
-                    ),
-                    timeout_s=env.number(
-                        ["RETR_LLM_RUNTIME_TIMEOUT_S", "LLM_RUNTIME_TIMEOUT_S"], 30.0, minimum=0.01
-                    ),
-                )
-            except SettingsError as exc:
-                raise SettingsError(f"retrieval's LLM runtime (RETR_LLM_*): {exc}") from None
-        return cls(
-            runtime=runtime,
-            summaries=summaries,
-            query_variants=variants,
-            summary_concurrency=concurrency,
-            summary_budget_s=budget,
-            query_variants_timeout_s=timeout_ms / 1000,
-            query_variants_cache=cache,
-        )
 
 
 def _failure_kind(exc: BaseException) -> str:

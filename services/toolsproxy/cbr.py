@@ -36,7 +36,7 @@ import httpx
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.logging import get_logger
-from services.common.settings import Env, SettingsError
+from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 log = logging.getLogger(__name__)
@@ -140,31 +140,6 @@ class CbrSettings:
             )
         if not 1 <= self.breaker_failures <= 5:
             raise SettingsError("MCP_PROXY_CBR_BREAKER_FAILURES must be between 1 and 5")
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> CbrSettings:
-        """Read MCP_PROXY_CBR_* (defaults as the fields say)."""
-        env = env or Env()
-        return cls(
-            url=env.text("MCP_PROXY_CBR_URL", DEFAULT_URL),
-            timeout_s=env.number("MCP_PROXY_CBR_TIMEOUT_S", 10.0, minimum=0.01),
-            cache_ttl_s=env.number("MCP_PROXY_CBR_CACHE_TTL_S", 900.0, minimum=0.0),
-            cache_max_entries=env.integer(
-                "MCP_PROXY_CBR_CACHE_MAX_ENTRIES", 512, minimum=1, maximum=100_000
-            ),
-            retries=env.integer("MCP_PROXY_CBR_RETRIES", 1, minimum=0, maximum=3),
-            retry_delay_s=env.number("MCP_PROXY_CBR_RETRY_DELAY_S", 0.2, minimum=0.0),
-            breaker_failures=env.integer("MCP_PROXY_CBR_BREAKER_FAILURES", 3, minimum=1, maximum=5),
-            breaker_reset_s=env.number("MCP_PROXY_CBR_BREAKER_RESET_S", 30.0, minimum=0.0),
-            max_range_days=env.integer(
-                "MCP_PROXY_CBR_MAX_RANGE_DAYS", 366, minimum=1, maximum=3660
-            ),
-            max_items=env.integer("MCP_PROXY_CBR_MAX_ITEMS", 400, minimum=1, maximum=10_000),
-            max_response_bytes=env.integer(
-                "MCP_PROXY_CBR_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, minimum=1024
-            ),
-            demo=env.flag("MCP_PROXY_CBR_DEMO", False),
-        )
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.http import retry_after_seconds
 from services.common.logging import get_logger
-from services.common.settings import Env, SettingsError
+from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 log = logging.getLogger(__name__)
@@ -113,32 +113,6 @@ class TavilySettings:
     def configured(self) -> bool:
         """True when an API key is set."""
         return bool(self.api_key)
-
-    @classmethod
-    def from_env(cls, env: Env) -> TavilySettings:
-        """Read MCP_PROXY_TAVILY_* (and TAVILY_API_KEY / TAVILY_API_KEY_FILE)."""
-        p = "MCP_PROXY_TAVILY_"
-        return cls(
-            api_key=_api_key(env),
-            base_url=env.text(p + "URL", DEFAULT_BASE_URL).rstrip("/"),
-            allow_http=env.flag(p + "ALLOW_HTTP", False),
-            timeout_s=env.number(p + "TIMEOUT_S", 9.0, minimum=0.1),
-            deadline_s=env.number(p + "DEADLINE_S", 20.0, minimum=0.1),
-            max_attempts=env.integer(p + "MAX_ATTEMPTS", 3, minimum=1, maximum=5),
-            backoff_s=env.number(p + "BACKOFF_S", 0.5, minimum=0.0),
-            backoff_max_s=env.number(p + "BACKOFF_MAX_S", 4.0, minimum=0.0),
-            max_retry_after_s=env.number(p + "MAX_RETRY_AFTER_S", 5.0, minimum=0.0),
-            cache_ttl_s=env.number(p + "CACHE_TTL_S", 300.0, minimum=0.0),
-            cache_max_entries=env.integer(p + "CACHE_MAX_ENTRIES", 1024, minimum=1),
-            breaker_failures=env.integer(p + "BREAKER_FAILURES", 5, minimum=1),
-            breaker_reset_s=env.number(p + "BREAKER_RESET_S", 30.0, minimum=0.0),
-            max_snippet_chars=env.integer(p + "MAX_SNIPPET_CHARS", 1000, minimum=50),
-        )
-
-
-def _api_key(env: Env) -> str | None:
-    """The key from the first of the variables set; *_FILE names a file holding it."""
-    return env.secret(["MCP_PROXY_TAVILY_API_KEY", "TAVILY_API_KEY"])
 
 
 class TavilyError(Exception):

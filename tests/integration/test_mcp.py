@@ -24,6 +24,7 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from services.common.settings import Env, SettingsError
 from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.toolsproxy.config import mcp_settings
 from services.toolsproxy.mcp_server import McpEndpoint, McpSettings
 from services.toolsproxy.tools import Caller, DocumentTools, ToolExecutor, ToolLimits
 
@@ -434,7 +435,7 @@ async def test_a_foreign_host_header_is_refused_on_loopback(stateless):
 
 
 def test_settings_from_env():
-    default = McpSettings.from_env(Env({}))
+    default = mcp_settings(Env({}))
     assert (default.enabled, default.port, default.path) == (False, 8090, "/mcp")
     assert (default.tenant_header, default.user_header) == (
         "X-Visior-Tenant-Id",
@@ -442,7 +443,7 @@ def test_settings_from_env():
     )
     assert default.token == "" and default.stateless
 
-    custom = McpSettings.from_env(
+    custom = mcp_settings(
         Env(
             {
                 "MCP_PROXY_MCP_ENABLED": "true",
@@ -473,7 +474,7 @@ def test_settings_from_env():
 )
 def test_bad_settings_are_refused(env):
     with pytest.raises(SettingsError):
-        McpSettings.from_env(Env(env))
+        mcp_settings(Env(env))
 
 
 async def test_configured_header_names_are_the_ones_read(executor):

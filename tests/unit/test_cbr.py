@@ -20,6 +20,7 @@ from services.toolsproxy.cbr import (
     CbrSettings,
     cbr_tool,
 )
+from services.toolsproxy.config import cbr_settings
 from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
 from tests.fakes.cbr_server import (
     CURRENCIES,
@@ -657,11 +658,11 @@ async def test_fake_answers_malformed_requests_with_soap_client_faults(
 
 
 def test_settings_defaults_and_env() -> None:
-    default = CbrSettings.from_env(Env({}))
+    default = cbr_settings(Env({}))
     assert default.url == DEFAULT_URL
     assert (default.timeout_s, default.cache_ttl_s) == (10.0, 900.0)
     assert default.breaker_failures <= 5
-    custom = CbrSettings.from_env(
+    custom = cbr_settings(
         Env(
             {
                 "MCP_PROXY_CBR_URL": "http://127.0.0.1:8080/DailyInfo.asmx",
@@ -687,7 +688,7 @@ def test_settings_defaults_and_env() -> None:
 )
 def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
-        CbrSettings.from_env(Env(env))
+        cbr_settings(Env(env))
 
 
 # -- external_call events (agent.md §9) -------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from services.common.settings import Env
 from services.common.tool_args import check_arguments
+from services.common.topology import Ports
 from services.devtools.cbr_standin import (
     DEMO_CURRENCIES,
     DEMO_KEY_RATE_CHANGES,
@@ -23,7 +24,6 @@ from services.devtools.cbr_standin import (
     rate_for,
 )
 from services.devtools.mesh import Mesh
-from services.devtools.topology import Ports
 from services.toolsproxy.cbr import (
     COMMON_CURRENCIES,
     DEFAULT_URL,
@@ -33,6 +33,7 @@ from services.toolsproxy.cbr import (
     CbrSettings,
     cbr_tool,
 )
+from services.toolsproxy.config import cbr_settings
 from services.toolsproxy.tools import Caller, Tool
 from tests.fakes.cbr_server import FakeCbrServer
 
@@ -176,9 +177,9 @@ async def test_no_label_without_demo_mode(http: httpx.AsyncClient) -> None:
 
 
 def test_demo_setting_from_env() -> None:
-    assert CbrSettings.from_env(Env({})).demo is False
-    assert CbrSettings.from_env(Env({})).url == DEFAULT_URL
-    settings = CbrSettings.from_env(
+    assert cbr_settings(Env({})).demo is False
+    assert cbr_settings(Env({})).url == DEFAULT_URL
+    settings = cbr_settings(
         Env({"MCP_PROXY_CBR_DEMO": "true", "MCP_PROXY_CBR_URL": "http://127.0.0.1:1" + PATH})
     )
     assert settings.demo is True
@@ -197,7 +198,7 @@ def test_mesh_points_the_proxy_at_the_standin(
     assert env["MCP_PROXY_CBR_URL"] == f"http://127.0.0.1:{mesh.bank_port}{PATH}"
     assert env["MCP_PROXY_CBR_URL"] == mesh.bank_url
     assert env["MCP_PROXY_CBR_DEMO"] == "true"
-    assert CbrSettings.from_env(Env(env)).demo is True
+    assert cbr_settings(Env(env)).demo is True
     assert mesh.bank is None  # nothing runs before start()
 
 
@@ -211,7 +212,7 @@ def test_mesh_without_the_standin_leaves_the_bank_alone(
     assert mesh.bank_url is None
     assert "MCP_PROXY_CBR_URL" not in env
     assert "MCP_PROXY_CBR_DEMO" not in env
-    assert CbrSettings.from_env(Env(env)).url == DEFAULT_URL
+    assert cbr_settings(Env(env)).url == DEFAULT_URL
 
 
 def test_mesh_stop_stops_the_standin(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common.topology import Ports
 from services.devtools import local_model as lm
 from services.devtools.local_model import (
     GgufError,
@@ -27,7 +28,6 @@ from services.devtools.mesh import (
     Mesh,
     local_model_env,
 )
-from services.devtools.topology import Ports
 
 CHUNKS = [b"alpha-" * 100, b"beta-" * 77, b"gamma"]
 
@@ -255,7 +255,7 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["ORCH_LLM_TIMEOUT_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_WATCHDOG_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "3072"  # 4096 less the margin
-    assert env["LLM_SERVICE_MAX_PROMPT_TOKENS"] == "2560"  # and room for one answer
+    assert env["MAX_PROMPT_TOKENS"] == "2560"  # and room for one answer
     assert env["ORCH_MAX_TOOL_STEPS"] == "2"
     # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
     assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"

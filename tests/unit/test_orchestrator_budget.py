@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from services.common import errors
-from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS, llm_prompt_limit
+from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS
 from services.common.settings import Env
+from services.common.shared_config import llm_prompt_limit
 from services.common.tokenizer import default_tokenizer
 from services.llm import budget as llm_budget
 from services.llm import prompt as llm_prompt
@@ -291,7 +292,6 @@ async def test_a_question_at_the_room_passes_and_one_token_more_is_refused():
 def test_the_limit_is_read_from_the_llm_services_own_setting():
     assert llm_prompt_limit(Env({})) == 4096
     assert llm_prompt_limit(Env({"MAX_PROMPT_TOKENS": "8192"})) == 8192
-    assert llm_prompt_limit(Env({"LLM_SERVICE_MAX_PROMPT_TOKENS": "3000"})) == 3000
     assert (
         OrchestratorSettings.from_env(Env({"MAX_PROMPT_TOKENS": "6000"})).llm_prompt_limit == 6000
     )

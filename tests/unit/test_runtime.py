@@ -34,6 +34,7 @@ from services.model_runtime.client import (
     json_mode_instruction,
     parse_json_mode,
 )
+from services.model_runtime.config import RUNTIME, runtime_settings
 from tests.fakes.openai_chat import (
     FakeChatServer,
     Reply,
@@ -156,17 +157,15 @@ def closed_port() -> int:
 # -- settings -------------------------------------------------------------------------------
 
 
-def test_settings_from_env_reads_spec_and_prefixed_names(tmp_path: Path) -> None:
+def test_settings_from_env_read_the_spec_names(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
-    s = RuntimeSettings.from_env(
+    s = RUNTIME.read(
         Env(
             {
-                "LLM_RUNTIME_URL": "http://spec:8000",
-                "LLM_SERVICE_RUNTIME_URL": "http://vllm:8000/v1",
+                "LLM_RUNTIME_URL": "http://vllm:8000/v1",
                 "DEFAULT_MODEL_NAME": MODEL,
                 "LLM_RUNTIME_API_KEY_FILE": str(key_file),
-                "OPENAI_API_KEY": "sk-other",
                 "ENABLE_JSON_MODE": "true",
                 "LLM_RUNTIME_TIMEOUT_S": "12.5",
                 "LLM_RUNTIME_RETRIES": "0",
@@ -183,12 +182,12 @@ def test_settings_from_env_reads_spec_and_prefixed_names(tmp_path: Path) -> None
     assert KEY not in repr(s)
 
 
-def test_settings_openai_api_key_is_the_last_fallback() -> None:
+def test_settings_api_key_and_no_runtime_without_its_url() -> None:
     env = {"LLM_RUNTIME_URL": "https://openrouter.ai/api/v1", "DEFAULT_MODEL_NAME": "m"}
-    assert RuntimeSettings.from_env(Env(env)).api_key is None
-    assert RuntimeSettings.from_env(Env({**env, "OPENAI_API_KEY": "sk-o"})).api_key == "sk-o"
-    assert RuntimeSettings.configured_in(Env(env))
-    assert not RuntimeSettings.configured_in(Env({}))
+    assert RUNTIME.read(Env(env)).api_key is None
+    assert RUNTIME.read(Env({**env, "LLM_RUNTIME_API_KEY": "sk-o"})).api_key == "sk-o"
+    assert runtime_settings(Env(env)) is not None
+    assert runtime_settings(Env({})) is None
 
 
 @pytest.mark.parametrize(
@@ -216,19 +215,23 @@ def test_base_url_with_or_without_v1(url: str, endpoint: str) -> None:
         {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "LLM_RUNTIME_RETRIES": "9"},
         {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "LLM_RUNTIME_TIMEOUT_S": "x"},
         {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "ENABLE_JSON_MODE": "maybe"},
-        {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "OPENAI_API_KEY_FILE": "/nx"},
+        {
+            "LLM_RUNTIME_URL": "http://h:1",
+            "DEFAULT_MODEL_NAME": "m",
+            "LLM_RUNTIME_API_KEY_FILE": "/nx",
+        },
     ],
 )
 def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
-        RuntimeSettings.from_env(Env(env))
+        RUNTIME.read(Env(env))
 
 
 def test_settings_refuse_an_empty_key_file(tmp_path: Path) -> None:
     (tmp_path / "k").write_text("  \n")
     env = {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m"}
     with pytest.raises(SettingsError, match="empty"):
-        RuntimeSettings.from_env(Env({**env, "LLM_RUNTIME_API_KEY_FILE": str(tmp_path / "k")}))
+        RUNTIME.read(Env({**env, "LLM_RUNTIME_API_KEY_FILE": str(tmp_path / "k")}))
 
 
 # -- request shape --------------------------------------------------------------------------

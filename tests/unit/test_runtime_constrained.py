@@ -352,15 +352,16 @@ async def test_the_default_temperature_applies_when_the_request_sets_none(fake, 
 
 def test_the_default_temperature_comes_from_the_environment_within_0_to_2() -> None:
     from services.common.settings import Env, SettingsError
+    from services.model_runtime.config import RUNTIME
 
     base = {"LLM_RUNTIME_URL": "http://127.0.0.1:1", "DEFAULT_MODEL_NAME": "m"}
-    assert RuntimeSettings.from_env(Env(base)).temperature is None
+    assert RUNTIME.read(Env(base)).temperature is None
     for value, expected in (("0", 0.0), ("2", 2.0)):
         env = Env({**base, "LLM_RUNTIME_TEMPERATURE": value})
-        assert RuntimeSettings.from_env(env).temperature == expected
+        assert RUNTIME.read(env).temperature == expected
     for bad in ("2.01", "-0.1", "warm"):
         with pytest.raises(SettingsError):
-            RuntimeSettings.from_env(Env({**base, "LLM_RUNTIME_TEMPERATURE": bad}))
+            RUNTIME.read(Env({**base, "LLM_RUNTIME_TEMPERATURE": bad}))
 
 
 @pytest.mark.parametrize(

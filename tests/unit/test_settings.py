@@ -4,7 +4,7 @@ from services.common.search_contract import window_radius
 from services.common.settings import Env, SettingsError, grpc_target
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
-from services.retrieval.config import RetrievalSettings
+from services.retrieval.config import RetrievalSettings, llm_assist_settings, rerank_settings
 from services.toolsproxy.config import ToolsProxySettings
 
 
@@ -44,10 +44,8 @@ LLM = {"RETR_LLM_RUNTIME_URL": "http://127.0.0.1:9", "RETR_LLM_MODEL_NAME": "m"}
     ],
 )
 def test_retrieval_refuses_non_finite_timeouts_at_start(settings, env):
-    from services.retrieval.llm_assist import LlmAssistSettings
-    from services.retrieval.rerank import RerankSettings
 
-    load = {"rerank": RerankSettings.from_env, "llm": LlmAssistSettings.from_env}[settings]
+    load = {"rerank": rerank_settings, "llm": llm_assist_settings}[settings]
     with pytest.raises(SettingsError, match="is not a finite number"):
         load(Env(env))
 
@@ -80,7 +78,7 @@ def test_grpc_target_rejects_what_is_not_host_port(value):
 def test_window_radius_primary_and_legacy_total():
     primary, legacy = ["R"], ["N"]
     assert window_radius(Env({"R": "2"}), primary, legacy) == 2
-    # legacy total window N -> floor((N-1)/2) per side (DESIGN §2.6)
+    # legacy total window N -> floor((N-1)/2) per side (docs/architecture.md §8)
     assert window_radius(Env({"N": "7"}), primary, legacy) == 3
     assert window_radius(Env({"N": "6"}), primary, legacy) == 2
     assert window_radius(Env({"R": "1", "N": "9"}), primary, legacy) == 1
@@ -135,11 +133,10 @@ def test_docstore_url_is_sqlite_or_postgresql():
     for url in ("postgresql://db/visior", "postgres://u@db:5433/visior?sslmode=require"):
         s = RetrievalSettings.from_env(Env({"METADATA_DB_URL": url}))
         assert (s.docstore.kind, s.docstore.target) == ("postgresql", url)
-    # The service's own name wins over the shared one; so does its pool size.
+    # One URL for both services; each keeps its own pool size.
     env = {
-        "METADATA_DB_URL": "sqlite:///shared.sqlite",
-        "MCP_PROXY_DOCSTORE_URL": "postgresql://db/tools",
-        "DOCSTORE_POOL_SIZE": "3",
+        "METADATA_DB_URL": "postgresql://db/tools",
+        "RETR_DOCSTORE_POOL_SIZE": "3",
         "MCP_PROXY_DOCSTORE_POOL_SIZE": "12",
     }
     tools = ToolsProxySettings.from_env(Env(env)).docstore
@@ -149,15 +146,15 @@ def test_docstore_url_is_sqlite_or_postgresql():
         12,
     )
     retrieval = RetrievalSettings.from_env(Env(env)).docstore
-    assert (retrieval.kind, retrieval.pool_size) == ("sqlite", 3)
+    assert (retrieval.kind, retrieval.pool_size) == ("postgresql", 3)
 
 
 def test_docstore_timeout_at_its_limits():
     assert RetrievalSettings.from_env(Env({})).docstore.timeout_s == 5.0
     for value in ("0.5", "60"):
-        s = RetrievalSettings.from_env(Env({"DOCSTORE_TIMEOUT_S": value}))
+        s = RetrievalSettings.from_env(Env({"RETR_DOCSTORE_TIMEOUT_S": value}))
         assert s.docstore.timeout_s == float(value)
-    env = {"DOCSTORE_TIMEOUT_S": "9", "MCP_PROXY_DOCSTORE_TIMEOUT_S": "2.5"}
+    env = {"RETR_DOCSTORE_TIMEOUT_S": "9", "MCP_PROXY_DOCSTORE_TIMEOUT_S": "2.5"}
     assert ToolsProxySettings.from_env(Env(env)).docstore.timeout_s == 2.5
     assert RetrievalSettings.from_env(Env(env)).docstore.timeout_s == 9.0
 
@@ -166,11 +163,11 @@ def test_docstore_timeout_at_its_limits():
     ("env", "match"),
     [
         ({"METADATA_DB_URL": "mysql://u:hunter2@db/visior"}, r"sqlite:///PATH or postgresql://"),
-        ({"RETR_DOCSTORE_URL": "/var/lib/x.sqlite"}, "RETR_DOCSTORE_URL"),
+        ({"METADATA_DB_URL": "/var/lib/x.sqlite"}, "METADATA_DB_URL"),
         ({"METADATA_DB_URL": "postgresql://u:hunter2@db/v?bogus=1"}, "not a valid PostgreSQL URL"),
-        ({"DOCSTORE_POOL_SIZE": "0"}, "DOCSTORE_POOL_SIZE"),
+        ({"RETR_DOCSTORE_POOL_SIZE": "0"}, "RETR_DOCSTORE_POOL_SIZE"),
         ({"RETR_DOCSTORE_POOL_SIZE": "101"}, "RETR_DOCSTORE_POOL_SIZE"),
-        ({"DOCSTORE_TIMEOUT_S": "0.4"}, "DOCSTORE_TIMEOUT_S=0.4 is below"),
+        ({"RETR_DOCSTORE_TIMEOUT_S": "0.4"}, "RETR_DOCSTORE_TIMEOUT_S=0.4 is below"),
         ({"RETR_DOCSTORE_TIMEOUT_S": "60.5"}, "RETR_DOCSTORE_TIMEOUT_S=60.5 is above"),
     ],
 )

@@ -16,6 +16,7 @@ import tavily as official
 from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.common.tool_args import ArgumentError, check_arguments
+from services.toolsproxy.config import tavily_settings
 from services.toolsproxy.tavily import (
     INVALID_ARGUMENT,
     RATE_LIMIT_EXCEEDED,
@@ -584,18 +585,17 @@ async def test_key_never_in_logs_errors_or_repr(
 
 
 def test_settings_defaults_from_env() -> None:
-    s = TavilySettings.from_env(Env({}))
+    s = tavily_settings(Env({}))
     assert s.base_url == "https://api.tavily.com"
     assert s.configured is False
     assert (s.timeout_s, s.cache_ttl_s, s.allow_http) == (9.0, 300.0, False)
 
 
 def test_settings_read_key_and_knobs() -> None:
-    s = TavilySettings.from_env(
+    s = tavily_settings(
         Env(
             {
                 "MCP_PROXY_TAVILY_API_KEY": KEY,
-                "TAVILY_API_KEY": "tvly-other",
                 "MCP_PROXY_TAVILY_TIMEOUT_S": "8",
                 "MCP_PROXY_TAVILY_CACHE_TTL_S": "60",
                 "MCP_PROXY_TAVILY_URL": "https://tavily.internal/",
@@ -605,29 +605,28 @@ def test_settings_read_key_and_knobs() -> None:
     assert s.api_key == KEY and s.timeout_s == 8.0 and s.cache_ttl_s == 60.0
     assert s.base_url == "https://tavily.internal"
     assert KEY not in repr(s)
-    assert TavilySettings.from_env(Env({"TAVILY_API_KEY": "tvly-plain"})).api_key == "tvly-plain"
+    assert tavily_settings(Env({"TAVILY_API_KEY": "tvly-other"})).api_key is None
 
 
 def test_settings_read_key_from_file(tmp_path: Path) -> None:
     secret = tmp_path / "tavily.key"
     secret.write_text(KEY + "\n", encoding="utf-8")
-    for name in ("MCP_PROXY_TAVILY_API_KEY_FILE", "TAVILY_API_KEY_FILE"):
-        assert TavilySettings.from_env(Env({name: str(secret)})).api_key == KEY
+    assert tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(secret)})).api_key == KEY
     missing = tmp_path / "nope.key"
     with pytest.raises(SettingsError, match="cannot read"):
-        TavilySettings.from_env(Env({"TAVILY_API_KEY_FILE": str(missing)}))
+        tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(missing)}))
     empty = tmp_path / "empty.key"
     empty.write_text("\n", encoding="utf-8")
     with pytest.raises(SettingsError, match="empty"):
-        TavilySettings.from_env(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(empty)}))
+        tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(empty)}))
 
 
 def test_http_base_url_refused_without_override() -> None:
     with pytest.raises(SettingsError, match="ALLOW_HTTP"):
         TavilySettings(api_key=KEY, base_url="http://127.0.0.1:9")
     with pytest.raises(SettingsError, match="ALLOW_HTTP"):
-        TavilySettings.from_env(Env({"MCP_PROXY_TAVILY_URL": "http://tavily.local"}))
-    allowed = TavilySettings.from_env(
+        tavily_settings(Env({"MCP_PROXY_TAVILY_URL": "http://tavily.local"}))
+    allowed = tavily_settings(
         Env({"MCP_PROXY_TAVILY_URL": "http://127.0.0.1:9", "MCP_PROXY_TAVILY_ALLOW_HTTP": "1"})
     )
     assert allowed.base_url == "http://127.0.0.1:9"
@@ -652,7 +651,7 @@ def test_odd_base_urls_refused(url: str) -> None:
 )
 def test_bad_settings_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
-        TavilySettings.from_env(Env(env))
+        tavily_settings(Env(env))
 
 
 # -- external_call events (agent.md §9) ----------------------------------------------------

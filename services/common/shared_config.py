@@ -1,0 +1,62 @@
+"""Settings that more than one service reads, declared once (see services/common/settings.py).
+
+Two services that must agree on a value read it under the same name: the window radius
+limit (the Orchestrator and ToolsProxy), the LLM service's first-prompt limit (the LLM
+service and the Orchestrator, which shapes first prompts to fit), the data directory and
+the document store (Retrieval and ToolsProxy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
+from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
+from services.common.settings import Env, Var, integer, text
+
+MAX_RADIUS, MAX_TOTAL_WINDOW = 50, 101
+
+PROXY_MAX_WINDOW_RADIUS = integer(
+    "MCP_PROXY_MAX_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS,
+    also=("RAG_WINDOW_RADIUS",),
+    default_doc=f"{DEFAULT_WINDOW_RADIUS}, or from MCP_PROXY_MAX_CHUNK_WINDOW",
+    doc="ToolsProxy's largest window radius R per side (a window is 2R+1 chunks); the "
+    "Orchestrator's radius never exceeds it.",
+)  # fmt: skip
+LEGACY_CHUNK_WINDOW = integer(
+    "MCP_PROXY_MAX_CHUNK_WINDOW", None, 1, MAX_TOTAL_WINDOW,
+    doc="Legacy total window N (orchestrator.md §5): read as R = floor((N-1)/2) where no "
+    "radius is set, for both the Orchestrator's radius and ToolsProxy's limit.",
+)  # fmt: skip
+MAX_PROMPT_TOKENS = integer(
+    "MAX_PROMPT_TOKENS", DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS,
+    doc="The LLM service's first prompt, context included, in tokens (llm-service.md §11): "
+    "a longer one is refused with LLM_LIMIT_EXCEEDED. The Orchestrator reads it too and "
+    "shapes every first prompt to fit.",
+)  # fmt: skip
+DATA_DIR = text(
+    "VISIOR_DATA_DIR", "data",
+    doc="Where the local data lives: the Qdrant Edge shard (index/), the SQLite document "
+    "store (docstore.sqlite) and the ingest journal, unless set otherwise.",
+)  # fmt: skip
+
+
+def radius(env: Env, primary: Var) -> int:
+    """`primary` (a per-side radius), else the legacy total window (docs/architecture.md §8)."""
+    primary.found(env)
+    LEGACY_CHUNK_WINDOW.found(env)
+    return window_radius(env, primary.names, LEGACY_CHUNK_WINDOW.names)
+
+
+def proxy_max_window_radius(env: Env) -> int:
+    """ToolsProxy's per-side radius limit, as both ToolsProxy and the Orchestrator read it."""
+    return radius(env, PROXY_MAX_WINDOW_RADIUS)
+
+
+def llm_prompt_limit(env: Env) -> int:
+    """The LLM service's first-prompt limit in tokens (MAX_PROMPT_TOKENS)."""
+    return int(MAX_PROMPT_TOKENS.read(env))
+
+
+def data_dir(env: Env) -> Path:
+    return Path(DATA_DIR.read(env))
