@@ -351,7 +351,7 @@ def serve_llm(args: argparse.Namespace) -> None:
 
 
 def free_ports(n: int) -> list[int]:
-    from services.devtools.topology import free_ports as fp
+    from services.common.topology import free_ports as fp
 
     return fp(n)
 

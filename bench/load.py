@@ -680,8 +680,8 @@ def format_holds(holds: list[dict[str, Any]]) -> str:
 @contextlib.contextmanager
 def running(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Any, int | None, dict]]:
     """The fake runtime (when Respond is loaded) and the mesh; stopped on exit."""
+    from services.common.topology import Ports
     from services.devtools.mesh import Mesh
-    from services.devtools.topology import Ports
 
     env = {
         "RETR_EMBEDDING_PROFILE": args.profile,

@@ -200,8 +200,8 @@ def serve_llm(args: argparse.Namespace) -> None:
 
 
 def bench_mesh_class():  # type: ignore[no-untyped-def]
+    from services.common.topology import SERVICES
     from services.devtools.mesh import Mesh
-    from services.devtools.topology import SERVICES
 
     class BenchMesh(Mesh):
         """Mesh whose orchestrator and LLM service run from this file (instrumented)."""
@@ -596,7 +596,7 @@ def verdicts(summaries: list[dict[str, Any]], args: argparse.Namespace) -> tuple
 
 @contextlib.contextmanager
 def running(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Any, dict[str, Any]]]:
-    from services.devtools.topology import Ports
+    from services.common.topology import Ports
 
     py = sys.executable
     fake_stats, orch_stats, llm_stats = free_ports(3)

@@ -954,10 +954,10 @@ def running_mesh(
     data_dir: Path, workdir: Path, env: dict[str, str], envoy_concurrency: int, full: bool
 ) -> Iterator[Any]:
     """The retrieval server and the Envoy sidecar (all four servers with `full`); stopped on exit."""
+    from services.common.topology import Ports
     from services.devtools.envoy import REPO_ROOT as ENVOY_CWD
     from services.devtools.envoy_config import render
     from services.devtools.mesh import Mesh
-    from services.devtools.topology import Ports
 
     mesh = Mesh(Ports.free(), data_dir, workdir, env=env, envoy_concurrency=envoy_concurrency)
     try:

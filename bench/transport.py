@@ -1001,10 +1001,10 @@ def _terminate(signum: int, _frame: Any) -> None:
 @contextlib.contextmanager
 def running_mesh(args: argparse.Namespace, tmpdir: Path) -> Iterator[tuple[Any, Pids, dict]]:
     """The real mesh, plus the probe Envoy when a breakdown path needs it; stopped on exit."""
+    from services.common.topology import Ports, free_ports
     from services.devtools.envoy import REPO_ROOT as ENVOY_CWD
     from services.devtools.envoy import EnvoyProcess
     from services.devtools.mesh import Mesh
-    from services.devtools.topology import Ports, free_ports
 
     env = dict(kv.split("=", 1) for kv in args.server_env)
     mesh = Mesh(

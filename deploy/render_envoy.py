@@ -29,8 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gen" / "python")]
 
+from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools.envoy_config import render  # noqa: E402
-from services.devtools.topology import SERVICES, Ports  # noqa: E402
 
 OUT = ROOT / "deploy" / "envoy"
 DESCRIPTOR = "/etc/envoy/visior.pb"

@@ -35,9 +35,11 @@ import yaml  # noqa: E402
 from google.api import annotations_pb2, field_behavior_pb2  # noqa: E402
 from google.protobuf import descriptor_pb2  # noqa: E402
 
+from services.common import search_contract as contract  # noqa: E402
 from services.common.context import _TRACE_ID  # noqa: E402
+from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
+from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
-from services.devtools.topology import SERVICES, Ports  # noqa: E402
 from services.llm import engine as llm_engine  # noqa: E402
 from services.orchestrator import respond as orch_respond  # noqa: E402
 from services.orchestrator import runtime_config as orch_config  # noqa: E402
@@ -46,7 +48,6 @@ from services.retrieval import search as retr_search  # noqa: E402
 from services.retrieval.engine import FUSIONS, RANKINGS  # noqa: E402
 from services.toolsproxy import servicer as tools_servicer  # noqa: E402
 from services.toolsproxy.cbr import CbrSettings, cbr_schema  # noqa: E402
-from services.toolsproxy.config import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.toolsproxy.tavily import tavily_schema  # noqa: E402
 
 OPENAPI_VERSION = "3.1.0"
@@ -123,24 +124,24 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     },
     "visior.orchestrator.v1.RespondRequest.query": {
         **NOT_BLANK,
-        "maxLength": orch_respond.MAX_QUERY_CHARS,
+        "maxLength": contract.MAX_QUERY_CHARS,
     },
     "visior.orchestrator.v1.RespondRequest.max_results": {
         "minimum": 1,
-        "maximum": orch_respond.MAX_RESULTS_LIMIT,
+        "maximum": contract.MAX_RESULTS_LIMIT,
     },
     "visior.orchestrator.v1.RespondRequest.history": {
         "maxItems": orch_respond.MAX_HISTORY_TURNS,
         "items": {"properties": {"role": {"enum": ["user", "assistant"]}}},
     },
     "visior.orchestrator.v1.RespondRequest.doc_ids": {
-        "maxItems": orch_respond.MAX_FILTER_VALUES,
-        "description": f"(With filters.doc_ids: at most {orch_respond.MAX_FILTER_VALUES} "
+        "maxItems": contract.MAX_FILTER_VALUES,
+        "description": f"(With filters.doc_ids: at most {contract.MAX_FILTER_VALUES} "
         "distinct ids in all.)",
     },
     "visior.orchestrator.v1.RespondRequest.section_ids": {
-        "maxItems": orch_respond.MAX_FILTER_VALUES,
-        "description": f"(With filters.section_ids: at most {orch_respond.MAX_FILTER_VALUES} "
+        "maxItems": contract.MAX_FILTER_VALUES,
+        "description": f"(With filters.section_ids: at most {contract.MAX_FILTER_VALUES} "
         "distinct ids in all.)",
     },
     "visior.orchestrator.v1.RespondRequest.trace_id": TRACE_ID,
@@ -224,15 +225,15 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     # Retrieval (services/retrieval/search.py, engine.py, ingestion.py)
     "visior.retrieval.v1.SearchRequest.query": {
         **NOT_BLANK,
-        "maxLength": retr_search.MAX_QUERY_CHARS,
+        "maxLength": contract.MAX_QUERY_CHARS,
     },
     "visior.retrieval.v1.SearchRequest.tenant_id": {
         **NOT_BLANK,
-        "not": {"const": retr_search.KB_TENANT},
+        "not": {"const": contract.KB_TENANT},
     },
     "visior.retrieval.v1.SearchRequest.max_results": {
         "minimum": 1,
-        "maximum": retr_search.MAX_RESULTS_LIMIT,
+        "maximum": contract.MAX_RESULTS_LIMIT,
     },
     "visior.retrieval.v1.SearchRequest.trace_id": TRACE_ID,
     "visior.retrieval.v1.SearchParams.retrieval_mode": _opt(*retr_search.MODES),
@@ -251,9 +252,9 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "maximum": retr_search.MAX_TOPK_PER_DOC,
     },
     "visior.retrieval.v1.SearchParams.min_score": {"minimum": 0, "maximum": 1},
-    "visior.retrieval.v1.SearchFilters.source": _opt(*retr_search.SOURCES),
+    "visior.retrieval.v1.SearchFilters.source": _opt(*contract.SOURCES),
     **{
-        f"visior.retrieval.v1.SearchFilters.{name}": {"maxItems": retr_search.MAX_FILTER_VALUES}
+        f"visior.retrieval.v1.SearchFilters.{name}": {"maxItems": contract.MAX_FILTER_VALUES}
         for name in ("tags", "doc_ids", "section_ids")
     },
     "visior.retrieval.v1.IngestDocumentRequest.tenant_id": {
@@ -300,7 +301,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         },
         "then": {
             "required": ["tenant_id"],
-            "properties": {"tenant_id": {"const": retr_search.KB_TENANT}},
+            "properties": {"tenant_id": {"const": contract.KB_TENANT}},
         },
         "description": "`doc_id`, or a `file_name` it can be made from, is required; the format "
         "comes from `content_type`, else from the file name's extension (.md, .markdown, .txt, "

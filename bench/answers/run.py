@@ -38,6 +38,7 @@ from bench.answers.scoring import (  # noqa: E402
     page_in_sources,
     says_not_in_documents,
 )
+from services.common.topology import Ports  # noqa: E402
 from services.devtools.local_model import LocalModelConfig  # noqa: E402
 from services.devtools.mesh import (  # noqa: E402
     Mesh,
@@ -45,7 +46,6 @@ from services.devtools.mesh import (  # noqa: E402
     local_envoy_timeouts,
     local_model_env,
 )
-from services.devtools.topology import Ports  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"  # *.full.json ignored by git (bench/answers/.gitignore)

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
+from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import LOCAL_RESPOND_TIMEOUT_S, Mesh, MeshError
-from services.devtools.topology import SERVICES, Ports
 
 DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
 DEFAULT_RETR_URL = "http://127.0.0.1:8083"

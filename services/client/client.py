@@ -40,7 +40,7 @@ from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRe
 from services.client.errors import from_exception
 from services.client.structs import from_value, to_struct
 from services.common.context import TRACE_METADATA_KEY, call_timeout, current_trace_id
-from services.devtools.topology import SERVICE_BY_KEY, Ports
+from services.common.topology import SERVICE_BY_KEY, Ports
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 """Deadline of a call that names none; generous because Respond runs the whole tool loop."""
@@ -248,7 +248,7 @@ class VisiorClient:
 
     `targets` maps service keys (orchestrator, llm, retrieval, toolsproxy and, when it runs
     apart from retrieval, ingestion) to a Target, "host:port" or a bare port on `host`; a
-    `Ports` value (services.devtools.topology) names all four. Only the services named get a
+    `Ports` value (services.common.topology) names all four. Only the services named get a
     channel. Every call carries a deadline (`timeout` unless the call passes its own) and
     `x-trace-id` metadata (`trace_id`; without one, the trace id of the request being served
     when used inside one of our servers, whose remaining deadline also caps the timeout).

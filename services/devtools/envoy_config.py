@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from services.devtools.topology import SERVICES, Ports, ServiceSpec
+from services.common.topology import SERVICES, Ports, ServiceSpec
 
 MiB = 1 << 20
 

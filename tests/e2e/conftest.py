@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
-from services.devtools.topology import SERVICES, Ports
 
 SAMPLES = REPO_ROOT / "samples" / "docs"
 TENANT = "demo"

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.common.topology import free_ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
-from services.devtools.topology import free_ports
 from tests.e2e.conftest import LDAP_DOC, LDAP_QUESTION, LDAP_SECTION, SAMPLES, TENANT
 
 pytestmark = pytest.mark.e2e

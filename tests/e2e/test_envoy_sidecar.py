@@ -21,9 +21,9 @@ from visior.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
+from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess, validate
 from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, GRPC_TIMEOUT_MARGIN_S, render
-from services.devtools.topology import SERVICE_BY_KEY, SERVICES, Ports
 
 pytestmark = pytest.mark.e2e
 

@@ -38,9 +38,9 @@ from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common.status import error_info
+from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
-from services.devtools.topology import SERVICES, Ports
 from tests.e2e.conftest import LDAP_DOC, LDAP_QUESTION, SAMPLES, assert_error, ingest, log_lines
 from tests.fakes.cbr_server import FakeCbrServer
 from tests.fakes.openai_chat import FakeChatServer

@@ -25,8 +25,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
+from services.common.topology import Ports
 from services.devtools.mesh import Mesh
-from services.devtools.topology import Ports
 from tests.e2e.conftest import LDAP_DOC, SAMPLES, assert_error, ingest, log_lines, wait_for
 from tests.fakes.openai_embeddings import FakeEmbeddingsServer
 

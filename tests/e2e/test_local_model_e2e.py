@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.topology import Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import LOCAL_RESPOND_TIMEOUT_S, Mesh
-from services.devtools.topology import Ports
 from tests.e2e.conftest import LDAP_DOC, SAMPLES, TENANT, ingest, log_lines
 
 pytestmark = pytest.mark.e2e

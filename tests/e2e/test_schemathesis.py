@@ -30,9 +30,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from services.common.topology import SERVICES
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
-from services.devtools.topology import SERVICES
 from tests.e2e.conftest import LDAP_DOC, LDAP_QUESTION, SAMPLES, TENANT, assert_error
 
 pytestmark = pytest.mark.e2e

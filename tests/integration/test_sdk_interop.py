@@ -51,8 +51,8 @@ from services.client import (
 from services.common.context import deadline_var, trace_id_var
 from services.common.settings import Env
 from services.common.structs import dict_to_struct, struct_to_dict
+from services.common.topology import Ports, free_ports
 from services.devtools.inprocess import InProcessMesh
-from services.devtools.topology import Ports, free_ports
 from services.retrieval import app as retrieval_app
 from services.retrieval.config import RetrievalSettings
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from services.common.settings import Env
+from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import validate
-from services.devtools.topology import SERVICES, Ports
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

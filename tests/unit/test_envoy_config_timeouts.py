@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
+from services.common.topology import Ports
 from services.devtools.envoy_config import HCM_STREAM_IDLE_TIMEOUT_S, render
-from services.devtools.topology import Ports
 
 RESPOND = "/internal/orchestrator/respond"
 

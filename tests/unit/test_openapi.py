@@ -25,7 +25,7 @@ from visior.orchestrator.v1 import orchestrator_pb2
 from visior.retrieval.v1 import retrieval_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
-from services.devtools.topology import SERVICES
+from services.common.topology import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAPI_PATH = ROOT / "openapi" / "visior.openapi.yaml"
