@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar, overload
 
 import betterproto
 from grpclib.client import Channel
@@ -209,6 +208,45 @@ class ToolsProxyStub(_TypedStub, ToolsProxyServiceStub):
     """ToolsProxyService: Execute, ListTools, GetHealth."""
 
 
+STUB_TYPES: dict[str, type[_TypedStub]] = {
+    "orchestrator": OrchestratorStub,
+    "llm": LlmStub,
+    "retrieval": RetrievalStub,
+    "ingestion": IngestionStub,
+    "toolsproxy": ToolsProxyStub,
+}
+"""The stub each target key gets."""
+
+HEALTH_REQUESTS: dict[str, type[Any]] = {
+    "orchestrator": OrchestratorGetHealthRequest,
+    "llm": LlmGetHealthRequest,
+    "retrieval": RetrievalGetHealthRequest,
+    "toolsproxy": ToolsGetHealthRequest,
+}
+"""Each service's own GetHealthRequest type."""
+
+S = TypeVar("S", bound=_TypedStub)
+
+
+class _StubOf(Generic[S]):
+    """A VisiorClient attribute: the stub of one target key, typed (its class says the RPCs).
+    LookupError when the client has no target for it, RuntimeError before it is opened."""
+
+    def __init__(self, key: str, stub_type: type[S]) -> None:
+        self.key = key
+        self.__doc__ = stub_type.__doc__
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, client: VisiorClient, owner: type[Any]) -> S: ...
+    def __get__(self, client: VisiorClient | None, owner: type[Any]) -> S | Self:
+        if client is None:
+            return self
+        stub: S = client._stub(self.key)
+        return stub
+
+
 @dataclass(frozen=True)
 class ServiceHealth:
     """A service's GetHealth answer; each service has its own response type with these fields."""
@@ -289,23 +327,11 @@ class VisiorClient:
         self.open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
     def open(self) -> None:
         """Create the channels (grpclib connects on the first call). Needs a running loop."""
-        stub_types: dict[str, type[_TypedStub]] = {
-            "orchestrator": OrchestratorStub,
-            "llm": LlmStub,
-            "retrieval": RetrievalStub,
-            "ingestion": IngestionStub,
-            "toolsproxy": ToolsProxyStub,
-        }
         for key, target in self.targets.items():
             channel = self._channels.get(target)
             if channel is None:
@@ -315,7 +341,7 @@ class VisiorClient:
                     target.host, target.port, status_details_codec=ProtoStatusDetailsCodec()
                 )
                 self._channels[target] = channel
-            self._stubs[key] = stub_types[key](
+            self._stubs[key] = STUB_TYPES[key](
                 channel, timeout=self.timeout, metadata=self._metadata
             )
 
@@ -334,35 +360,11 @@ class VisiorClient:
             raise RuntimeError("VisiorClient is not open; use `async with VisiorClient(...)`")
         return stub
 
-    @property
-    def orchestrator(self) -> OrchestratorStub:
-        """OrchestratorService stub (Respond, GetConfig, UpdateConfig, GetHealth)."""
-        stub: OrchestratorStub = self._stub("orchestrator")
-        return stub
-
-    @property
-    def llm(self) -> LlmStub:
-        """LlmService stub (Generate, GenerateStream, GetHealth)."""
-        stub: LlmStub = self._stub("llm")
-        return stub
-
-    @property
-    def retrieval(self) -> RetrievalStub:
-        """RetrievalService stub (Search, GetHealth)."""
-        stub: RetrievalStub = self._stub("retrieval")
-        return stub
-
-    @property
-    def ingestion(self) -> IngestionStub:
-        """IngestionService stub (IngestDocument, DeleteDocument, ListDocuments)."""
-        stub: IngestionStub = self._stub("ingestion")
-        return stub
-
-    @property
-    def tools(self) -> ToolsProxyStub:
-        """ToolsProxyService stub (Execute, ListTools, GetHealth)."""
-        stub: ToolsProxyStub = self._stub("toolsproxy")
-        return stub
+    orchestrator = _StubOf("orchestrator", OrchestratorStub)
+    llm = _StubOf("llm", LlmStub)
+    retrieval = _StubOf("retrieval", RetrievalStub)
+    ingestion = _StubOf("ingestion", IngestionStub)
+    tools = _StubOf("toolsproxy", ToolsProxyStub)
 
     async def respond(
         self,
@@ -447,17 +449,8 @@ class VisiorClient:
         timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
     ) -> ServiceHealth:
         """GetHealth of one service: orchestrator, llm, retrieval or toolsproxy."""
-        response: Any
-        if service == "orchestrator":
-            response = await self.orchestrator.get_health(
-                OrchestratorGetHealthRequest(), timeout=timeout
-            )
-        elif service == "llm":
-            response = await self.llm.get_health(LlmGetHealthRequest(), timeout=timeout)
-        elif service == "retrieval":
-            response = await self.retrieval.get_health(RetrievalGetHealthRequest(), timeout=timeout)
-        elif service == "toolsproxy":
-            response = await self.tools.get_health(ToolsGetHealthRequest(), timeout=timeout)
-        else:
+        request_type = HEALTH_REQUESTS.get(service)
+        if request_type is None:
             raise ValueError(f"no GetHealth for {service!r}; use one of {tuple(SERVICE_BY_KEY)}")
+        response = await self._stub(service).get_health(request_type(), timeout=timeout)
         return ServiceHealth(response.status, response.service, dict(response.details))
