@@ -30,12 +30,13 @@ gen: $(STAMP) ## Regenerate gen/ and envoy/{visior.pb,envoy.yaml} from proto/
 check-gen: $(STAMP) ## Fail if gen/ or the Envoy files are stale
 	PYTHON=$(PY) tools/check_gen.sh
 
-lint: $(STAMP) ## buf lint + format, ruff, mypy
+lint: $(STAMP) ## buf lint + format, ruff, mypy, import contracts (lint-imports)
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	$(VENV)/bin/ruff check services tests bench
 	$(VENV)/bin/ruff format --check services tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The tests start a real PostgreSQL (tests/pg_server.py: initdb + pg_ctl in a temp dir, never
 # the Debian cluster service); Debian's package puts the binaries in /usr/lib/postgresql/*/bin.
