@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install the project with dev tools (PyPI only)
 
-gen: $(STAMP) ## Regenerate gen/ and envoy/{visior.pb,envoy.yaml} from proto/
+gen: $(STAMP) ## Regenerate gen/, envoy/{visior.pb,envoy.yaml} from proto/ and docs/configuration.md
 	PYTHON=$(PY) tools/gen.sh
 
-check-gen: $(STAMP) ## Fail if gen/ or the Envoy files are stale
+check-gen: $(STAMP) ## Fail if gen/, the Envoy files or docs/configuration.md are stale
 	PYTHON=$(PY) tools/check_gen.sh
 
 lint: $(STAMP) ## buf lint + format, ruff, mypy, import contracts (lint-imports)

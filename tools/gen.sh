@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Generates everything under gen/, the Envoy descriptor set and config, and the OpenAPI
-# description (openapi/visior.openapi.yaml) from proto/.
+# description (openapi/visior.openapi.yaml) from proto/, and docs/configuration.md from the
+# settings' declarations (tools/config_docs.py).
 # Reproducible: same protos + same pinned tool versions -> same bytes.
 # Usage: tools/gen.sh [OUT_ROOT]   (OUT_ROOT defaults to the repo; check-gen
 # passes a temp dir and diffs).
@@ -34,6 +35,10 @@ PATH="$bin:$PATH" "$py" -m grpc_tools.protoc -Iproto -Ithird_party \
 
 # OpenAPI description of the JSON routes, from the same protos (with their comments).
 PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/openapi.py" --out "$out/openapi/visior.openapi.yaml"
+
+# The configuration page, from the settings' declarations and their docstrings.
+mkdir -p "$out/docs"
+PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/config_docs.py" --out "$out/docs/configuration.md"
 
 # Envoy config for the default ports.
 PYTHONPATH="$out/gen/python:$here" "$py" -m services.devtools.envoy_config > "$out/envoy/envoy.yaml"

@@ -36,8 +36,8 @@ class MeshError(RuntimeError):
     """A process of the mesh did not start or did not become healthy."""
 
 
-RUNTIME_URL_NAMES = ("LLM_SERVICE_RUNTIME_URL", "LLM_RUNTIME_URL")
-"""Where the LLM service reads its runtime's URL (services/model_runtime/client.py)."""
+RUNTIME_URL_NAMES = ("LLM_RUNTIME_URL",)
+"""Where the LLM service reads its runtime's URL (services/model_runtime/config.py)."""
 
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
@@ -121,8 +121,8 @@ class Mesh:
     `fault_injection=True` gives Envoy the header-driven fault filter (fault tests only; see
     services/devtools/envoy_config.render).
     `local_model` starts the local model before the services (log ``<workdir>/model.log``)
-    and gives them `local_model_env`; with ``LLM_RUNTIME_URL`` (or
-    ``LLM_SERVICE_RUNTIME_URL``) in the environment or `env`, nothing local starts.
+    and gives them `local_model_env`; with ``LLM_RUNTIME_URL`` in the environment or `env`,
+    nothing local starts.
     """
 
     def __init__(

@@ -36,6 +36,8 @@ LDAP_DOC = "orion-x-admin-guide"
 LDAP_SECTION = "orion-x-admin-guide:s004-настройка-ldap-интеграции"
 LDAP_ANCHOR = "orion-x-admin-guide:c00002"
 SERVICE_KEYS = tuple(s.key for s in SERVICES)
+NO_DRAIN = {s.env_prefix + "DRAIN_SECONDS": "0" for s in SERVICES}
+"""Every service stops without a drain period (meshes that exist to have servers stopped)."""
 GRPC_SERVICE = {
     "orchestrator": "visior.orchestrator.v1.OrchestratorService",
     "llm": "visior.llm.v1.LlmService",
@@ -164,7 +166,7 @@ class MeshFactory:
         # These meshes exist to have servers stopped: no drain period before they stop.
         m = _start(
             self.root / f"mesh{len(self.meshes)}",
-            {"VISIOR_DRAIN_SECONDS": "0", **(env or {})},
+            {**NO_DRAIN, **(env or {})},
             bank=bank,
         )
         self.meshes.append(m)

@@ -41,7 +41,15 @@ from services.common.status import error_info
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
-from tests.e2e.conftest import LDAP_DOC, LDAP_QUESTION, SAMPLES, assert_error, ingest, log_lines
+from tests.e2e.conftest import (
+    LDAP_DOC,
+    LDAP_QUESTION,
+    NO_DRAIN,
+    SAMPLES,
+    assert_error,
+    ingest,
+    log_lines,
+)
 from tests.fakes.cbr_server import FakeCbrServer
 from tests.fakes.openai_chat import FakeChatServer
 from tests.fakes.tavily_server import FakeTavilyServer
@@ -273,7 +281,7 @@ def faulty(
     deadline = str(DEADLINE_S)
     breaker = {"failures": str(BREAKER_FAILURES), "reset": str(BREAKER_RESET_S)}
     env = {
-        "VISIOR_DRAIN_SECONDS": "0",
+        **NO_DRAIN,
         "ORCH_MODEL_ROUTING": "false",  # the scenario by rules: the runtime sees Generate only
         "ORCH_RETRIEVAL_TIMEOUT_SECONDS": deadline,
         "ORCH_RETRY_ATTEMPTS": str(ORCH_ATTEMPTS),
@@ -726,7 +734,7 @@ def hanging_store_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mes
     root: Path = tmp_path_factory.mktemp("hung-store")
     with SilentServer() as qdrant:
         env = {
-            "VISIOR_DRAIN_SECONDS": "0",
+            **NO_DRAIN,
             "RETR_INDEX_BACKEND": "qdrant",
             "QDRANT_URL": f"http://127.0.0.1:{qdrant.port}",
             "RETR_INDEX_TIMEOUT_S": str(INDEX_TIMEOUT_S),

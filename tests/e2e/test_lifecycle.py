@@ -27,7 +27,15 @@ from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.common.topology import Ports
 from services.devtools.mesh import Mesh
-from tests.e2e.conftest import LDAP_DOC, SAMPLES, assert_error, ingest, log_lines, wait_for
+from tests.e2e.conftest import (
+    LDAP_DOC,
+    NO_DRAIN,
+    SAMPLES,
+    assert_error,
+    ingest,
+    log_lines,
+    wait_for,
+)
 from tests.fakes.openai_embeddings import FakeEmbeddingsServer
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +61,7 @@ def life(
 ) -> Iterator[Mesh]:
     root: Path = tmp_path_factory.mktemp("lifecycle")
     env = {
-        "VISIOR_DRAIN_SECONDS": "0",
+        **NO_DRAIN,
         "RETR_DRAIN_SECONDS": str(DRAIN_S),
         "RETR_GRACE_SECONDS": "10",
         "RETR_EMBEDDING_PROFILE": "remote",

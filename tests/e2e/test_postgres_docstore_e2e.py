@@ -32,7 +32,13 @@ def test_ingest_search_and_tools_on_the_postgresql_store(
     name = pg_server.create_database()
     url = pg_server.url(name, password=PASSWORD)  # trust auth: accepted, must never show
     try:
-        m = make_mesh({"METADATA_DB_URL": url, "DOCSTORE_POOL_SIZE": "3"})
+        m = make_mesh(
+            {
+                "METADATA_DB_URL": url,
+                "RETR_DOCSTORE_POOL_SIZE": "3",
+                "MCP_PROXY_DOCSTORE_POOL_SIZE": "3",
+            }
+        )
         guide = SAMPLES / f"{LDAP_DOC}.md"
         out = ingest(m, TENANT, guide.name, guide.read_bytes())
         assert out["doc_id"] == LDAP_DOC and out["chunks"] > 0, out

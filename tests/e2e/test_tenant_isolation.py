@@ -47,7 +47,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.devtools.mesh import Mesh, Ports
 from tests.e2e import isolation_cases as C
-from tests.e2e.conftest import MCP_PORT, MCP_TOKEN, ingest, ingest_body
+from tests.e2e.conftest import MCP_PORT, MCP_TOKEN, NO_DRAIN, ingest, ingest_body
 from tests.fakes.openai_chat import ChatRequest, FakeChatServer, Reply, text, tool_call
 
 pytestmark = pytest.mark.e2e
@@ -815,7 +815,7 @@ def runtime() -> Iterator[FakeChatServer]:
 def model_mesh(tmp_path_factory: pytest.TempPathFactory, runtime: FakeChatServer) -> Iterator[Mesh]:
     root: Path = tmp_path_factory.mktemp("isolation-model")
     env = {"LLM_RUNTIME_URL": runtime.url, "LLM_RUNTIME_API_KEY": "sk-iso",
-           "DEFAULT_MODEL_NAME": "fake-model", "VISIOR_DRAIN_SECONDS": "0"}  # fmt: skip
+           "DEFAULT_MODEL_NAME": "fake-model", **NO_DRAIN}  # fmt: skip
     m = Mesh(Ports.free(), root / "data", root / "run", env=env)
     m.start()
     try:

@@ -244,7 +244,7 @@ def test_k8s_secrets_come_from_secrets():
 
     assert secret_env("llm") == {"LLM_RUNTIME_API_KEY": "visior-llm-runtime"}
     assert secret_env("toolsproxy") == {
-        "TAVILY_API_KEY": "visior-tavily", "METADATA_DB_URL": "visior-docstore",
+        "MCP_PROXY_TAVILY_API_KEY": "visior-tavily", "METADATA_DB_URL": "visior-docstore",
     }  # fmt: skip
     assert secret_env("retrieval") == {
         "QDRANT_API_KEY": "visior-qdrant", "METADATA_DB_URL": "visior-docstore",
@@ -307,38 +307,30 @@ def _compose_env(key: str) -> dict[str, str]:
 @pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("source", ["compose", "k8s"])
 def test_every_setting_read_is_set_or_documented(key, source):
-    """Start-up settings load from the deploy env, and each name read is set there or in README."""
+    """Start-up settings load from the deploy env, and each name read is set there or has its
+    row in docs/configuration.md (generated from the settings' declarations)."""
     env = _compose_env(key) if source == "compose" else _k8s_env(key)
     if key == "llm":
         # Also walk the runtime branch (taken when the operator sets LLM_RUNTIME_URL).
         env = {**env, "LLM_RUNTIME_URL": "http://runtime/v1", "DEFAULT_MODEL_NAME": "m"}
     recording = RecordingEnv(env)
     _settings_classes()[key].from_env(recording)
-    readme = (ROOT / "README.md").read_text()
-    missing = sorted(n for n in recording.read if n not in env and not _documented(n, readme))
-    assert not missing, f"{key} reads settings neither set in {source} nor in README: {missing}"
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    missing = sorted(n for n in recording.read if n not in env and not _documented(n, docs))
+    assert not missing, f"{key} reads settings neither set in {source} nor documented: {missing}"
 
 
-def _documented(name: str, readme: str) -> bool:
-    """`NAME` in README, or a shorthand it uses: `P` + `HOST`, `LLM_RUNTIME_API_KEY` (`_FILE`),
-    or a sibling list such as `RETR_EMBEDDING_URL` / `_MODEL` (same prefix, `_SUFFIX`)."""
-    if f"`{name}`" in readme:
+def test_the_deploy_files_set_only_settings_that_exist():
+    """A name in a ConfigMap, the compose file or a Secret reference is one a service reads."""
+    docs = (ROOT / "docs" / "configuration.md").read_text()
+    for key in KEYS:
+        for env in (_compose_env(key), _k8s_env(key)):
+            unknown = sorted(n for n in env if not _documented(n, docs))
+            assert not unknown, f"{key}: deploy sets names no service reads: {unknown}"
+
+
+def _documented(name: str, docs: str) -> bool:
+    """`NAME` has its row in docs/configuration.md (a secret's `NAME_FILE` is in its row)."""
+    if f"| `{name}` |" in docs:
         return True
-    if name.startswith("LLM_SERVICE_") and "each also as `LLM_SERVICE_<NAME>`" in readme:
-        rest = name.removeprefix("LLM_SERVICE_")  # LLM_SERVICE_RUNTIME_URL = LLM_RUNTIME_URL
-        return _documented(rest, readme) or _documented("LLM_" + rest, readme)
-    if name.startswith("RETR_RERANK_") and "`RETR_RERANK_*` spellings also read" in readme:
-        return _documented(name.removeprefix("RETR_"), readme)
-    if name.endswith("_FILE") and f"`{name[: -len('_FILE')]}` (`_FILE`)" in readme:
-        return True
-    for spec in SERVICES:
-        for prefix in (spec.env_prefix, "VISIOR_"):
-            if name.startswith(prefix) and f"`{name[len(prefix) :]}` |" in readme:
-                return True  # the common table: `P` + `HOST`, `P` / `VISIOR_` + `GRACE_SECONDS`
-    for line in readme.splitlines():
-        parts = name.split("_")
-        for i in range(1, len(parts)):
-            head, tail = "_".join(parts[:i]), "_".join(parts[i:])
-            if f"`_{tail}`" in line and re.search(rf"`{re.escape(head)}_[A-Z0-9_]+`", line):
-                return True
-    return False
+    return name.endswith("_FILE") and f"| `{name.removesuffix('_FILE')}` | secret" in docs

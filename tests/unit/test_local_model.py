@@ -236,7 +236,7 @@ class _RunningModel:
 
 
 def _clear_runtime_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*local_model_env("u", "m", 1), "LLM_SERVICE_RUNTIME_URL"):
+    for name in local_model_env("u", "m", 1):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -290,7 +290,7 @@ def test_the_callers_settings_win_except_the_url_and_name(
     }
 
 
-@pytest.mark.parametrize("name", ["LLM_RUNTIME_URL", "LLM_SERVICE_RUNTIME_URL"])
+@pytest.mark.parametrize("name", ["LLM_RUNTIME_URL"])
 def test_a_remote_runtime_starts_nothing_local(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:

@@ -247,3 +247,87 @@ def test_retrieval_indexing_threshold_setting():
     for bad in ("-1", "100000001"):
         with pytest.raises(SettingsError, match="RETR_INDEXING_THRESHOLD_KB"):
             RetrievalSettings.from_env(Env({"RETR_INDEXING_THRESHOLD_KB": bad}))
+
+
+# -- declarations and the generated configuration page ---------------------------------------
+
+
+def _config_docs():
+    """tools/config_docs.py, the generator of docs/configuration.md."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "config_docs" in sys.modules:
+        return sys.modules["config_docs"]
+    path = Path(__file__).resolve().parents[2] / "tools" / "config_docs.py"
+    spec = importlib.util.spec_from_file_location("config_docs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["config_docs"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_name_a_service_reads_is_declared_and_documented_once():
+    docs = _config_docs()
+    reads = docs.collect()
+    assert reads.undeclared == {}
+    page = (docs.ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert page == docs.render(reads), "docs/configuration.md is stale: run make gen"
+    rows = [line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(set(rows))
+    assert "`ORCH_RETRY_ATTEMPTS`" in rows and "`MCP_PROXY_RETRY_ATTEMPTS`" in rows
+    for dropped in ("VISIOR_RETRY_ATTEMPTS", "VISIOR_GRACE_SECONDS", "RETRIEVAL_URL",
+                    "ORCH_WINDOW_MAX", "RETR_RERANK_MODEL_URL", "LLM_SERVICE_RUNTIME_URL"):  # fmt: skip
+        assert f"`{dropped}`" not in rows
+
+
+def test_an_undeclared_read_is_reported(monkeypatch):
+    docs = _config_docs()
+    real = OrchestratorSettings.from_env
+
+    def sneaky(env):
+        env.text("ORCH_SOMETHING_NEW", "")
+        return real(env)
+
+    monkeypatch.setattr(docs, "loaders", lambda: {"orchestrator": sneaky})
+    assert docs.collect().undeclared == {"ORCH_SOMETHING_NEW": {"orchestrator"}}
+
+
+def test_a_name_declared_twice_differently_is_refused():
+    from services.common.settings import integer
+
+    integer("TEST_ONLY_LIMIT", 3, 0, 5)
+    integer("TEST_ONLY_LIMIT", 3, 0, 5)  # the same declaration again is the same setting
+    with pytest.raises(SettingsError, match="declared twice"):
+        integer("TEST_ONLY_LIMIT", 4, 0, 5)
+
+
+def test_the_retry_count_has_one_name_per_service():
+    env = {"ORCH_RETRY_ATTEMPTS": "5", "LLM_SERVICE_RETRY_ATTEMPTS": "1"}
+    orch = OrchestratorSettings.from_env(Env(env))
+    assert orch.retrieval.retry_attempts == orch.llm.retry_attempts == 5
+    assert LlmSettings.from_env(Env(env)).tools_proxy.retry_attempts == 1
+    assert ToolsProxySettings.from_env(Env(env)).retrieval.retry_attempts == 3
+    with pytest.raises(SettingsError, match="MCP_PROXY_RETRY_ATTEMPTS=6 is above"):
+        ToolsProxySettings.from_env(Env({"MCP_PROXY_RETRY_ATTEMPTS": "6"}))
+    assert (
+        OrchestratorSettings.from_env(Env({"VISIOR_RETRY_ATTEMPTS": "1"})).llm.retry_attempts == 3
+    )
+
+
+@pytest.mark.parametrize(("value", "ok"), [("50", True), ("51", False), ("1", True), ("0", False)])
+def test_orchestrator_default_top_k_at_its_limits(value, ok):
+    env = Env({"ORCH_DEFAULT_TOP_K": value})
+    if ok:
+        assert OrchestratorSettings.from_env(env).default_top_k == int(value)
+    else:
+        with pytest.raises(SettingsError, match="ORCH_DEFAULT_TOP_K"):
+            OrchestratorSettings.from_env(env)
+
+
+def test_text_choices_name_the_variable():
+    with pytest.raises(SettingsError, match="RETR_INDEX_BACKEND='chroma' must be one of edge"):
+        RetrievalSettings.from_env(Env({"RETR_INDEX_BACKEND": "chroma"}))
+    assert RetrievalSettings.from_env(Env({"RETR_FUSION": "rrf"})).engine.fusion == "rrf"
