@@ -987,7 +987,7 @@ AREAS = (
             "prompt.py",
             "budget.py",
             "toolcalls.py",
-            "runtime.py",
+            "model_runtime/",
             "engine.py",
             "model.py",
             "chat.py",

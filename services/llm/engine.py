@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from services.common import errors
 from services.common.context import remaining_seconds
 from services.llm.loop import ToolLoop
-from services.llm.metrics import OK, LlmMetrics, begin_request, end_request
+from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 from services.llm.prompt import ANSWER_LANGUAGES
 
@@ -137,8 +137,8 @@ def needed_tools(req: GenerateInput) -> tuple[str, ...]:
 class LlmEngine:
     """Runs one generation: validate, then the tool loop over the configured chat runtime
     (the OpenAI-compatible runtime, or the extractive responder when none is configured).
-    With `metrics`, the loop's runtime and tool runner are wrapped so that every request is
-    counted with what it used, whatever its outcome; with `catalogue`, a request that needs
+    With `metrics`, the loop tells the metrics' observer of each model and tool call so that
+    every request is counted with what it used, whatever its outcome; with `catalogue`, a request that needs
     tools the catalogue lacks has it loaded again first (a missing ToolsProxy is a 502)."""
 
     def __init__(
@@ -156,8 +156,7 @@ class LlmEngine:
         self._catalogue = catalogue
         self._clock = clock
         if metrics is not None:
-            loop.runtime = metrics.metered_runtime(loop.runtime)
-            loop.tools = metrics.metered_tools(loop.tools)
+            loop.observer = USAGE
 
     async def generate(self, req: GenerateInput, sink: EventSink | None = None) -> GenerateOutput:
         if self._metrics is None:

@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from services.common import errors
 from services.common.tokenizer import Tokenizer, default_tokenizer
@@ -50,6 +50,7 @@ from services.llm.model import (
     ToolCallRecord,
     ToolResult,
     ToolRunner,
+    User,
 )
 from services.llm.toolcalls import (
     EXTERNAL_TOOLS,
@@ -108,6 +109,26 @@ class LoopSettings:
     """Reported as model_name when the runtime names none."""
 
 
+class LoopObserver(Protocol):
+    """Told of every model call that completed and every tool call the loop made (the LLM
+    metrics count what each request used, whatever its outcome)."""
+
+    def model_call(self, messages: tuple[ChatMessage, ...], completion: Completion) -> None:
+        """`messages`: what was sent, the closing language note included."""
+
+    def tool_call(self, name: str, code: str) -> None:
+        """`code`: "" when the tool answered ok, else its error code (the exception's reason
+        when the call raised; DEADLINE_EXCEEDED when it timed out)."""
+
+
+class _NoObserver:
+    def model_call(self, messages: tuple[ChatMessage, ...], completion: Completion) -> None:
+        pass
+
+    def tool_call(self, name: str, code: str) -> None:
+        pass
+
+
 class _Sink:
     """Forwards to the caller's EventSink, if any."""
 
@@ -136,9 +157,11 @@ class ToolLoop:
         *,
         clock: Callable[[], float] = time.monotonic,
         tokenizer: Tokenizer | None = None,
+        observer: LoopObserver | None = None,
     ) -> None:
         self.runtime = runtime
         self.tools = tools
+        self.observer: LoopObserver = observer or _NoObserver()
         self.catalogue = tuple(catalogue)
         self.settings = settings
         self.clock = clock
@@ -356,13 +379,15 @@ class _Run:
         runtime = self.loop.runtime
         if self.language_note is not None:
             messages = [*messages, self.language_note]
+        final: Completion | None = None
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
-                    return await runtime.complete(
+                    final = await runtime.complete(
                         messages, tools, params, timeout_s=left, model=self.req.model
                     )
-                final: Completion | None = None
+                    self.loop.observer.model_call(tuple(messages), final)
+                    return final
                 async for event in runtime.stream(
                     messages, tools, params, timeout_s=left, model=self.req.model
                 ):
@@ -370,6 +395,7 @@ class _Run:
                         await self.sink.delta(event.text)
                     else:
                         final = event
+                        self.loop.observer.model_call(tuple(messages), final)
         except TimeoutError:
             raise self._timeout() from None
         if final is None:
@@ -536,9 +562,7 @@ class _Run:
         started = self.loop.clock()
         try:
             async with asyncio.timeout(left):
-                result = await self.loop.tools.execute(
-                    call.name, call.arguments, user, self.req.trace_id, timeout_s=timeout
-                )
+                result = await self._observed(call, user, timeout)
         except TimeoutError:
             raise self._timeout() from None
         except (errors.UnavailableError, errors.DeadlineExceededError):
@@ -567,6 +591,22 @@ class _Run:
                     "trace_id": self.req.trace_id,
                 },
             )
+        return result
+
+    async def _observed(self, call: Approved, user: User, timeout_s: float) -> ToolResult:
+        """ToolsProxy's answer to `call`, told to the loop's observer with its error code."""
+        observer = self.loop.observer
+        try:
+            result = await self.loop.tools.execute(
+                call.name, call.arguments, user, self.req.trace_id, timeout_s=timeout_s
+            )
+        except errors.ServiceError as exc:
+            observer.tool_call(call.name, exc.reason or "error")
+            raise
+        except TimeoutError:  # the runner's own deadline, not the request's (that cancels)
+            observer.tool_call(call.name, "DEADLINE_EXCEEDED")
+            raise
+        observer.tool_call(call.name, "" if result.status == "ok" else result.error_code or "error")
         return result
 
     # --- the answer -----------------------------------------------------------------------

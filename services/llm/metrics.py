@@ -2,31 +2,22 @@
 
 Every Generate counts, whatever its outcome (`ok`, or the error's reason): its latency, the
 tokens its model calls used and the tool calls it made are recorded when it ends, under the
-request's outcome. The runtime and the tool runner are wrapped (MeteredRuntime,
-MeteredTools) so that what a failed request used is known too: each wrapper adds to the
-current request's RequestUsage (a contextvar the engine sets per request).
+request's outcome. The tool loop tells `USAGE` (its LoopObserver) of every model call that
+completed and every tool call it made, so that what a failed request used is known too:
+each adds to the current request's RequestUsage (a contextvar the engine sets per request).
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.common import errors
 from services.common.tokenizer import Tokenizer
 from services.llm.budget import message_tokens
-from services.llm.model import GenerateOutput, ToolResult, ToolRunner, User
-from services.model_runtime.chat import (
-    ChatMessage,
-    ChatRuntime,
-    Completion,
-    GenerationParams,
-    ToolSpec,
-)
+from services.llm.model import GenerateOutput
+from services.model_runtime.chat import ChatMessage, Completion
 
 _MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 OK = "ok"
@@ -75,88 +66,22 @@ def end_request(token: contextvars.Token[RequestUsage | None]) -> None:
     _USAGE.reset(token)
 
 
-class MeteredRuntime:
-    """A ChatRuntime that records each completed call in the current request's usage."""
+class UsageObserver:
+    """The tool loop's observer that adds each call to the current request's usage (none
+    outside a request begun with begin_request)."""
 
-    def __init__(self, inner: ChatRuntime) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)  # extractive, and whatever else the loop reads
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> Completion:
-        sent = tuple(messages)
-        out = await self.inner.complete(messages, tools, params, timeout_s=timeout_s, model=model)
-        _record_model_call(sent, out)
-        return out
-
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> AsyncIterator[Any]:
-        sent = tuple(messages)
-        async for event in self.inner.stream(
-            messages, tools, params, timeout_s=timeout_s, model=model
-        ):
-            if isinstance(event, Completion):
-                _record_model_call(sent, event)
-            yield event
-
-
-def _record_model_call(messages: tuple[ChatMessage, ...], completion: Completion) -> None:
-    usage = _USAGE.get()
-    if usage is not None:
-        usage.model_calls.append(_ModelCall(messages, completion))
-
-
-class MeteredTools:
-    """A ToolRunner that records each executed call (and its error code) in the request's
-    usage; a call that raised (ToolsProxy down, timeout) counts as an error too."""
-
-    def __init__(self, inner: ToolRunner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    async def execute(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        user: User,
-        trace_id: str,
-        *,
-        timeout_s: float | None = None,
-    ) -> ToolResult:
+    def model_call(self, messages: tuple[ChatMessage, ...], completion: Completion) -> None:
         usage = _USAGE.get()
-        try:
-            result = await self.inner.execute(name, arguments, user, trace_id, timeout_s=timeout_s)
-        except errors.ServiceError as exc:
-            if usage is not None:
-                usage.tool_calls.append((name, exc.reason or "error"))
-            raise
-        except TimeoutError:
-            if usage is not None:
-                usage.tool_calls.append((name, "DEADLINE_EXCEEDED"))
-            raise
         if usage is not None:
-            code = "" if result.status == "ok" else (result.error_code or "error")
+            usage.model_calls.append(_ModelCall(messages, completion))
+
+    def tool_call(self, name: str, code: str) -> None:
+        usage = _USAGE.get()
+        if usage is not None:
             usage.tool_calls.append((name, code))
-        return result
+
+
+USAGE = UsageObserver()
 
 
 class LlmMetrics:
@@ -187,12 +112,6 @@ class LlmMetrics:
             "Tool calls that came back as errors or failed to reach ToolsProxy, by tool and code.",
             ["tool", "code"], registry=registry,
         )  # fmt: skip
-
-    def metered_runtime(self, runtime: ChatRuntime) -> ChatRuntime:
-        return runtime if isinstance(runtime, MeteredRuntime) else MeteredRuntime(runtime)
-
-    def metered_tools(self, tools: ToolRunner) -> ToolRunner:
-        return tools if isinstance(tools, MeteredTools) else MeteredTools(tools)
 
     def record(
         self,
