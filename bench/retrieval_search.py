@@ -403,6 +403,8 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
     alone); the lone-query rate and latency with the server's own setting are reported
     next to it (`lone_*`), as the latency a c=1 search sees.
     """
+    from services.common.settings import Env
+    from services.retrieval.config import embedding_settings
     from services.retrieval.embeddings import EmbeddingSettings
     from services.retrieval.factories import build_embedder
 
@@ -418,7 +420,7 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
     out["query_per_s"] = round(rate, 1)
     out["query_ms_p50"] = round(fpercentile(lat, 50), 3)
     out["query_ms_p95"] = round(fpercentile(lat, 95), 3)
-    server = EmbeddingSettings.from_env()  # the server's RETR_EMBEDDING_THREADS (default auto)
+    server = embedding_settings(Env())  # the server's RETR_EMBEDDING_THREADS (default auto)
     if server.threads != 1 and profile == "e5":
         lone = build_embedder(
             EmbeddingSettings(profile=profile, query_cache_size=0, threads=server.threads)

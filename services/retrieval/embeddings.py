@@ -16,8 +16,7 @@ import httpx
 import numpy as np
 
 from services.common import errors
-from services.common.settings import Env, SettingsError
-from services.retrieval.intra_op import AUTO, IntraOpThreads, usable_cpus
+from services.retrieval.intra_op import IntraOpThreads
 
 log = logging.getLogger(__name__)
 
@@ -484,83 +483,3 @@ class EmbeddingSettings:
     query that starts while no other embedding call runs gets every usable CPU (on one
     dedicated thread), any other call 1; passage batches always 1. N (1..CPUs): every call
     N threads on its caller (1 = one core per call, the behaviour before)."""
-
-    @classmethod
-    def from_env(cls, env: Env | None = None, *, cpus: int | None = None) -> EmbeddingSettings:
-        """Read and validate the RETR_EMBEDDING_* variables; errors name the variable.
-
-        `cpus` bounds RETR_EMBEDDING_THREADS (default: the CPUs this process may use).
-        """
-        env = env or Env()
-        profile = env.text("RETR_EMBEDDING_PROFILE", "e5").lower()
-        if profile not in PROFILES:
-            raise SettingsError(
-                f"RETR_EMBEDDING_PROFILE={profile!r} is not one of {', '.join(PROFILES)}"
-            )
-        found_url = env.raw(["RETR_EMBEDDING_URL"])
-        url = found_url[1] if found_url else None
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise SettingsError(f"RETR_EMBEDDING_URL={url!r} is not an http(s) URL")
-        found_model = env.raw(["RETR_EMBEDDING_MODEL"])
-        model = found_model[1] if found_model else None
-        if profile == "remote":
-            if url is None:
-                raise SettingsError(
-                    "RETR_EMBEDDING_URL is required when RETR_EMBEDDING_PROFILE=remote"
-                )
-            if model is None:
-                raise SettingsError(
-                    "RETR_EMBEDDING_MODEL is required when RETR_EMBEDDING_PROFILE=remote"
-                )
-        found_key = env.raw(["RETR_EMBEDDING_API_KEY"])
-        dim = env.integer("RETR_EMBEDDING_DIM", 0, minimum=1, maximum=65536) or None
-        local_dim = {"e5": E5_DIM, "fast": USE_DIM}.get(profile)
-        if dim is not None and local_dim is not None and dim != local_dim:
-            raise SettingsError(
-                f"RETR_EMBEDDING_DIM={dim} does not match the {profile} profile's {local_dim}"
-            )
-        return cls(
-            profile=profile,
-            url=url,
-            model=model,
-            api_key=found_key[1] if found_key else None,
-            dim=dim,
-            timeout_s=env.number("RETR_EMBEDDING_TIMEOUT_S", 10.0, minimum=0.001),
-            batch_size=_batch_size(env, "RETR_EMBEDDING_BATCH_SIZE"),
-            query_cache_size=env.integer(
-                "RETR_QUERY_CACHE_SIZE", 4096, minimum=0, maximum=10_000_000
-            ),
-            query_batch_size=_batch_size(env, "RETR_QUERY_BATCH_SIZE"),
-            query_prefix=_prefix(env, "RETR_EMBEDDING_QUERY_PREFIX"),
-            passage_prefix=_prefix(env, "RETR_EMBEDDING_PASSAGE_PREFIX"),
-            threads=_threads(env, cpus or usable_cpus()),
-        )
-
-
-def _threads(env: Env, cpus: int) -> int | None:
-    found = env.raw(["RETR_EMBEDDING_THREADS"])
-    if found is None or found[1].lower() == AUTO:
-        return None
-    text = found[1]
-    try:
-        value = int(text)
-    except ValueError:
-        raise SettingsError(
-            f"RETR_EMBEDDING_THREADS={text!r} is neither {AUTO!r} nor an integer"
-        ) from None
-    if not 1 <= value <= cpus:
-        raise SettingsError(
-            f"RETR_EMBEDDING_THREADS={value} is outside 1..{cpus} (the CPUs this process may use)"
-        )
-    return value
-
-
-def _batch_size(env: Env, name: str) -> int | None:
-    """`name` as 1..4096, or None when unset (the profile's default applies)."""
-    return env.integer(name, 0, minimum=1, maximum=4096) if env.raw([name]) else None
-
-
-def _prefix(env: Env, name: str) -> str:
-    # Env strips values, so "query: " arrives as "query:"; the separating space is restored.
-    text = env.text(name, "")
-    return text + " " if text else ""

