@@ -9,8 +9,7 @@ is made and never comes back from a downstream service as that service's own fai
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 from services.common import errors
 from services.common.settings import Env
@@ -56,20 +55,21 @@ def check_max_results(max_results: int | None) -> None:
         )
 
 
-class FilterValues(Protocol):
-    """The filter fields validate_filters reads (Retrieval's Filters, the orchestrator's)."""
+@dataclass(frozen=True)
+class Filters:
+    """Metadata filters of a search (retrieval-v1 §3), as Retrieval and the Orchestrator
+    both take them."""
 
-    @property
-    def tags(self) -> Sequence[str]: ...
-    @property
-    def doc_ids(self) -> Sequence[str]: ...
-    @property
-    def section_ids(self) -> Sequence[str]: ...
-    @property
-    def source(self) -> str: ...
+    product: str = ""
+    version: str = ""
+    tags: tuple[str, ...] = ()
+    doc_ids: tuple[str, ...] = ()
+    section_ids: tuple[str, ...] = ()
+    source: str = ""
+    """"user", "knowledge_base", or "" for any (SOURCES)."""
 
 
-def validate_filters(f: FilterValues) -> None:
+def validate_filters(f: Filters) -> None:
     """filters.source and the filter lists' limits; the orchestrator checks a Respond's
     filters with it before they reach Retrieval."""
     if f.source and f.source not in SOURCES:

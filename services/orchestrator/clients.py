@@ -9,10 +9,10 @@ from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
+from services.common.search_contract import Filters
 from services.common.status import call_downstream
 from services.common.structs import struct_to_dict
 from services.orchestrator.model import (
-    Filters,
     LlmOutcome,
     LlmRequest,
     ModelUsage,

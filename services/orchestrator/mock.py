@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.search_contract import Filters
 from services.orchestrator.model import (
-    Filters,
     LlmOutcome,
     LlmRequest,
     RetrievalOutcome,

@@ -5,22 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.common.search_contract import Filters
+
 
 @dataclass(frozen=True)
 class User:
     tenant_id: str
     user_id: str
     roles: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Filters:
-    product: str = ""
-    version: str = ""
-    tags: tuple[str, ...] = ()
-    doc_ids: tuple[str, ...] = ()
-    section_ids: tuple[str, ...] = ()
-    source: str = ""
 
 
 @dataclass(frozen=True)

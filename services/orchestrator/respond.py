@@ -14,6 +14,7 @@ from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.search_contract import (
     KB_TENANT,
     MAX_FILTER_VALUES,
+    Filters,
     check_max_results,
     check_query_length,
     normalise_query,
@@ -22,7 +23,6 @@ from services.common.search_contract import (
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.model import (
-    Filters,
     Generator,
     LlmOutcome,
     LlmRequest,

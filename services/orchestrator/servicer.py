@@ -11,7 +11,8 @@ from visior.orchestrator.v1 import orchestrator_pb2 as pb
 from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
 from services.common import errors
-from services.orchestrator.model import Filters, RespondInput, RespondOutput, Turn, User
+from services.common.search_contract import Filters
+from services.orchestrator.model import RespondInput, RespondOutput, Turn, User
 from services.orchestrator.respond import Responder, resolve_user
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from services.common import errors
 from services.common.search_contract import (
     KB_TENANT,
+    Filters,
     check_max_results,
     check_query_length,
     invalid,
@@ -18,18 +19,6 @@ MODES = ("doc_first", "section_first", "chunk_priority", "hybrid_only")
 PARAM_LIMITS = {"max_docs": 100, "max_sections": 200, "max_chunks": 200}
 MAX_CONTEXT_TOKEN_LIMIT = 131_072
 MAX_TOPK_PER_DOC = 50
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Metadata filters (retrieval-v1 §3)."""
-
-    product: str = ""
-    version: str = ""
-    tags: tuple[str, ...] = ()
-    doc_ids: tuple[str, ...] = ()
-    section_ids: tuple[str, ...] = ()
-    source: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from services.common.logging import get_logger
-from services.retrieval.search import Filters, SearchQuery, SearchResult
+from services.common.search_contract import Filters
+from services.retrieval.search import SearchQuery, SearchResult
 
 log = get_logger("visior.retrieval.search")
 

@@ -7,9 +7,10 @@ from typing import Protocol
 import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
+from services.common.search_contract import Filters
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.listing import list_page
-from services.retrieval.search import Filters, SearchQuery, SearchResult
+from services.retrieval.search import SearchQuery, SearchResult
 
 
 class SearchBackend(Protocol):

@@ -5,9 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
-from services.common.search_contract import normalise_query
+from services.common.search_contract import Filters, normalise_query
 from services.orchestrator.model import (
-    Filters,
     LlmOutcome,
     RespondInput,
     RetrievalOutcome,

@@ -5,6 +5,7 @@ from datetime import date
 
 import pytest
 
+from services.common.search_contract import Filters
 from services.common.settings import Env, SettingsError
 from services.orchestrator.config import MAX_CONTEXT_CHARS_LIMIT, OrchestratorSettings
 from services.orchestrator.mock import (
@@ -14,7 +15,7 @@ from services.orchestrator.mock import (
     MockRetriever,
     MockTools,
 )
-from services.orchestrator.model import Filters, LlmOutcome, RespondInput, User
+from services.orchestrator.model import LlmOutcome, RespondInput, User
 from services.orchestrator.respond import (
     FULL_CONTEXT_TOKENS,
     Responder,

@@ -13,7 +13,7 @@ import pytest
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker
-from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS
+from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS, Filters
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import ingestion
@@ -33,12 +33,7 @@ from services.retrieval.ingestion import (
 from services.retrieval.journal import IngestJournal
 from services.retrieval.query import load_synonyms
 from services.retrieval.rerank import RerankResult, RerankSettings
-from services.retrieval.search import (
-    MODES,
-    Filters,
-    SearchDefaults,
-    SearchQuery,
-)
+from services.retrieval.search import MODES, SearchDefaults, SearchQuery
 from services.retrieval.sections import SectionCatalog
 from tests.fakes.rerank_server import FakeRerankServer
 

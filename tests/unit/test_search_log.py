@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from services.common.logging import trace_id_bound
+from services.common.search_contract import Filters
 from services.common.settings import Env, SettingsError
 from services.retrieval import engine as engine_module
 from services.retrieval.config import RetrievalSettings
@@ -16,7 +17,7 @@ from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.engine import EngineSettings
 from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.rerank import RerankSettings
-from services.retrieval.search import Filters, SearchQuery, SearchResult
+from services.retrieval.search import SearchQuery, SearchResult
 from services.retrieval.search_log import MAX_FILTER_VALUES, filters_logged, log_search
 from tests.fakes.rerank_server import FakeRerankServer
 from tests.unit.json_logs import json_lines
