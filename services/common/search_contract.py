@@ -12,7 +12,6 @@ import unicodedata
 from dataclasses import dataclass
 
 from services.common import errors
-from services.common.settings import Env
 
 KB_TENANT = "__knowledge_base__"
 """The reserved tenant that holds the shared knowledge base (docs/architecture.md §15, agent.md §6)."""
@@ -118,15 +117,14 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
     return result
 
 
-def window_radius(env: Env, primary: list[str], legacy: list[str]) -> int:
-    """Per-side radius R (docs/architecture.md §8): R from `primary`, else legacy total N -> floor((N-1)/2).
+def window_radius(radius: int | None, legacy_total: int | None) -> int:
+    """Per-side radius R (docs/architecture.md §8): R when set, else the legacy total window N ->
+    floor((N-1)/2), else the default.
 
     The Orchestrator's radius schedule and ToolsProxy's cap both come from this rule, so the
     largest window one asks for is never one the other refuses."""
-    found = env.raw(primary)
-    if found is not None:
-        return env.integer(primary, DEFAULT_WINDOW_RADIUS, minimum=0, maximum=50)
-    if env.raw(legacy) is not None:
-        total = env.integer(legacy, 2 * DEFAULT_WINDOW_RADIUS + 1, minimum=1, maximum=101)
-        return (total - 1) // 2
+    if radius is not None:
+        return radius
+    if legacy_total is not None:
+        return (legacy_total - 1) // 2
     return DEFAULT_WINDOW_RADIUS

@@ -43,9 +43,7 @@ DATA_DIR = text(
 
 def radius(env: Env, primary: Var) -> int:
     """`primary` (a per-side radius), else the legacy total window (docs/architecture.md §8)."""
-    primary.found(env)
-    LEGACY_CHUNK_WINDOW.found(env)
-    return window_radius(env, primary.names, LEGACY_CHUNK_WINDOW.names)
+    return window_radius(primary.read(env, None), LEGACY_CHUNK_WINDOW.read(env))
 
 
 def proxy_max_window_radius(env: Env) -> int:

@@ -76,12 +76,21 @@ def test_grpc_target_rejects_what_is_not_host_port(value):
 
 
 def test_window_radius_primary_and_legacy_total():
-    primary, legacy = ["R"], ["N"]
-    assert window_radius(Env({"R": "2"}), primary, legacy) == 2
-    # legacy total window N -> floor((N-1)/2) per side (docs/architecture.md §8)
-    assert window_radius(Env({"N": "7"}), primary, legacy) == 3
-    assert window_radius(Env({"N": "6"}), primary, legacy) == 2
-    assert window_radius(Env({"R": "1", "N": "9"}), primary, legacy) == 1
+    assert window_radius(2, None) == 2
+    # legacy total window N -> floor((N-1)/2) per side (DESIGN §2.6)
+    assert window_radius(None, 7) == 3
+    assert window_radius(None, 6) == 2
+    assert window_radius(1, 9) == 1
+    assert window_radius(None, None) == 3
+    limits = ToolsProxySettings.from_env(Env({"MCP_PROXY_MAX_CHUNK_WINDOW": "9"})).limits
+    assert limits.max_window_radius == 4
+    for name in ("MCP_PROXY_MAX_WINDOW_RADIUS", "RAG_WINDOW_RADIUS"):
+        env = Env({name: "50", "MCP_PROXY_MAX_CHUNK_WINDOW": "9"})
+        assert ToolsProxySettings.from_env(env).limits.max_window_radius == 50
+    with pytest.raises(SettingsError, match="RAG_WINDOW_RADIUS=51 is above"):
+        ToolsProxySettings.from_env(Env({"RAG_WINDOW_RADIUS": "51"}))
+    with pytest.raises(SettingsError, match="MCP_PROXY_MAX_CHUNK_WINDOW=102 is above"):
+        OrchestratorSettings.from_env(Env({"MCP_PROXY_MAX_CHUNK_WINDOW": "102"}))
 
 
 def test_orchestrator_radius_never_exceeds_the_proxy_limit():
