@@ -9,7 +9,7 @@ does, naming the field), 413 past the body limit, INVALID_ARGUMENT or RESOURCE_E
 gRPC. At the end every process is alive and no server logged an error.
 
 What the transcoder is lenient about is pinned here too (documented in envoy/README.md
-and the README): unknown body fields are dropped (servers validate what they need), a
+and docs/transcoding.md): unknown body fields are dropped (servers validate what they need), a
 single value where a list is expected is a one-item list, numbers may be JSON strings,
 `null` is "unset", bools accept "true"/"yes"/"1"-style strings, and the Content-Type
 header is not looked at: any body that is not gRPC is read as JSON. A request whose
