@@ -77,7 +77,7 @@ def test_grpc_target_rejects_what_is_not_host_port(value):
 
 def test_window_radius_primary_and_legacy_total():
     assert window_radius(2, None) == 2
-    # legacy total window N -> floor((N-1)/2) per side (DESIGN §2.6)
+    # legacy total window N -> floor((N-1)/2) per side (docs/architecture.md §8)
     assert window_radius(None, 7) == 3
     assert window_radius(None, 6) == 2
     assert window_radius(1, 9) == 1
