@@ -34,7 +34,7 @@ class RpcMetrics:
     service makes to the next hop (one instance per registry and side, shared by its users).
 
     Labelled children are resolved once per method (and code): `.labels()` hashes and locks
-    on every call, which is a measurable share of a cheap RPC (bench/README.md).
+    on every call, which is a measurable share of a cheap RPC (bench/transport.py).
     """
 
     def __init__(self, registry: CollectorRegistry, side: str = "server") -> None:

@@ -1,7 +1,7 @@
 """Fitting the first prompt to the LLM service's limit, in tokens of the shared tokenizer.
 
 The LLM service refuses a first prompt past its limit; the orchestrator shapes what it sends
-so that never happens for an ordinary question (README, "Prompt budgets"):
+so that never happens for an ordinary question (docs/architecture.md §17):
 
 - the section list (S1, S4) is at most `prompt_token_budget` tokens, and with everything
   else it must fit `limit` (the LLM's prompt limit, lowered by the caller's context budget)

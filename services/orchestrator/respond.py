@@ -236,7 +236,7 @@ class Responder:
             "max_context_chars": max_context_chars,
         }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
-        # tokenizer, so the LLM never refuses an ordinary question (README, Prompt budgets).
+        # tokenizer, so the LLM never refuses an ordinary question (docs/architecture.md §17).
         self._fitter = PromptFitter(tokenizer or default_tokenizer(), llm_prompt_limit)
         # When the LLM service answers extractively (no model), asking it to route is a
         # wasted hop: the rules decide until this time.

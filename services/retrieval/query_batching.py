@@ -2,8 +2,8 @@
 
 A model that streams its weights once per call (the fast profile's USE: 13.5 MB of dense
 layers for one query or for thirty) spends most of a lone query's time on that stream, so
-queries that arrive together are cheaper embedded together (bench/README.md, Retrieval
-search, "Earlier figures (query batching ...)": 1.54 ms a query alone, 0.60 at 32 a call).
+queries that arrive together are cheaper embedded together (measured with
+bench/retrieval_search.py: 1.54 ms a query alone, 0.60 at 32 a call).
 
 No timer and no extra thread: a caller that finds no model call running makes one at once
 with every query waiting (a search alone is never delayed); callers that arrive while a
