@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -52,35 +52,41 @@ class Env:
         minimum: int | None = None,
         maximum: int | None = None,
     ) -> int:
-        found = self.raw([names] if isinstance(names, str) else names)
-        if found is None:
-            return default
-        name, text = found
-        try:
-            value = int(text)
-        except ValueError:
-            raise SettingsError(f"{name}={text!r} is not an integer") from None
-        if minimum is not None and value < minimum:
-            raise SettingsError(f"{name}={value} is below the minimum {minimum}")
-        if maximum is not None and value > maximum:
-            raise SettingsError(f"{name}={value} is above the maximum {maximum}")
-        return value
+        return self._parsed(names, default, int, "an integer", minimum, maximum)
 
     def number(
-        self, names: Sequence[str] | str, default: float, *, minimum: float | None = None
+        self,
+        names: Sequence[str] | str,
+        default: float,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
     ) -> float:
+        return self._parsed(names, default, float, "a number", minimum, maximum)
+
+    def _parsed(
+        self,
+        names: Sequence[str] | str,
+        default: Any,
+        parse: Callable[[str], Any],
+        what: str,
+        minimum: float | None,
+        maximum: float | None,
+    ) -> Any:
         found = self.raw([names] if isinstance(names, str) else names)
         if found is None:
             return default
         name, text = found
         try:
-            value = float(text)
+            value = parse(text)
         except ValueError:
-            raise SettingsError(f"{name}={text!r} is not a number") from None
+            raise SettingsError(f"{name}={text!r} is not {what}") from None
         if not math.isfinite(value):  # nan passes every comparison; inf lifts every limit
             raise SettingsError(f"{name}={text!r} is not a finite number")
         if minimum is not None and value < minimum:
             raise SettingsError(f"{name}={value} is below the minimum {minimum}")
+        if maximum is not None and value > maximum:
+            raise SettingsError(f"{name}={value} is above the maximum {maximum}")
         return value
 
     def secret(self, names: Sequence[str]) -> str | None:
@@ -190,13 +196,8 @@ class Var:
                 minimum=None if lo is None else int(lo),
                 maximum=None if hi is None else int(hi),
             )
-        number = env.number(names, 0.0 if value is None else value, minimum=self.minimum)
-        if self.maximum is not None and number > self.maximum:
-            found = env.raw(names)
-            raise SettingsError(
-                f"{found[0] if found else self.name}={number} is above the maximum {self.maximum}"
-            )
-        return number
+        default = 0.0 if value is None else value
+        return env.number(names, default, minimum=self.minimum, maximum=self.maximum)
 
 
 def text(name: str, default: str = "", **more: Any) -> Var:
@@ -442,16 +443,40 @@ def grpc_target(value: str, name: str) -> str:
     return target
 
 
+@dataclass(frozen=True)
+class Downstream:
+    """Where one downstream gRPC service is (a URL or host:port) and its call deadline."""
+
+    url: Var
+    timeout: Var
+    default_target: str
+
+    def read(self, env: Env, attempts: Var) -> DownstreamSettings:
+        found = self.url.found(env)
+        return DownstreamSettings(
+            target=grpc_target(found[1], found[0]) if found else self.default_target,
+            timeout_seconds=self.timeout.read(env),
+            retry_attempts=attempts.read(env),
+        )
+
+
 def downstream(
-    env: Env, url: Var, timeout: Var, attempts: Var, *, default_target: str
-) -> DownstreamSettings:
-    """A DownstreamSettings from `url` (a URL or host:port), a timeout and retry attempts."""
-    found = url.found(env)
-    return DownstreamSettings(
-        target=grpc_target(found[1], found[0]) if found else default_target,
-        timeout_seconds=timeout.read(env),
-        retry_attempts=attempts.read(env),
-    )
+    url: str, timeout: str, seconds: float, service: str, default_target: str, **url_doc: str
+) -> Downstream:
+    """The Vars of one downstream: `url` (doc in `url_doc`, or a generic one) and `timeout`."""
+    return Downstream(
+        text(
+            url,
+            default_doc=default_target,
+            doc=url_doc.get("doc", f"{service}: host:port or a grpc:// / http:// URL."),
+        ),
+        number(
+            timeout, seconds, 0.001,
+            doc=f"Deadline of one {service} call when the caller's own deadline is longer "
+            "or absent.",
+        ),
+        default_target,
+    )  # fmt: skip
 
 
 def retry_attempts(prefix: str) -> Var:

@@ -14,7 +14,6 @@ from services.common.settings import (
     integer,
     number,
     retry_attempts,
-    text,
 )
 from services.common.shared_config import llm_prompt_limit
 from services.model_runtime.client import RuntimeSettings
@@ -91,13 +90,7 @@ class LlmSettings:
             max_prompt_tokens=max_prompt,
             max_completion_tokens=max_completion,
             enable_json_mode=JSON_MODE.read(env),
-            tools_proxy=downstream(
-                env,
-                MCP_PROXY_URL,
-                MCP_TIMEOUT,
-                retry_attempts("LLM_SERVICE_"),
-                default_target="127.0.0.1:50054",
-            ),
+            tools_proxy=TOOLS_PROXY.read(env, retry_attempts("LLM_SERVICE_")),
             runtime=runtime,
             max_total_tokens=max_total,
         )
@@ -112,13 +105,10 @@ TOKENS = Fields(
     ),
 )  # fmt: skip
 MAX_COMPLETION, MAX_TOTAL = TOKENS.vars["max_completion_tokens"], TOKENS.vars["max_total_tokens"]
-MCP_PROXY_URL = text(
-    "MCP_PROXY_URL", default_doc="127.0.0.1:50054",
+TOOLS_PROXY = downstream(
+    "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "ToolsProxyService",
+    "127.0.0.1:50054",
     doc="ToolsProxyService (llm-service.md §11): host:port or a grpc:// / http:// URL.",
-)  # fmt: skip
-MCP_TIMEOUT = number(
-    "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, 0.001,
-    doc="Deadline of one call of a document or search tool (ToolsProxy).",
 )  # fmt: skip
 SETTINGS = Fields(
     LlmSettings,

@@ -72,10 +72,8 @@ class OrchestratorSettings:
         return SETTINGS.read(
             env,
             server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
-            retrieval=downstream(
-                env, RETRIEVAL_URL, RETRIEVAL_TIMEOUT, attempts, default_target="127.0.0.1:50053"
-            ),
-            llm=downstream(env, LLM_URL, LLM_TIMEOUT, attempts, default_target="127.0.0.1:50052"),
+            retrieval=RETRIEVAL.read(env, attempts),
+            llm=LLM.read(env, attempts),
             runtime=runtime,
             max_window_radius=proxy_max,
             llm_prompt_limit=llm_prompt_limit(env),
@@ -88,22 +86,13 @@ WINDOW_RADIUS = integer(
     doc="The largest window radius R per side the model's reads grow to (1 → 2 → … → R; "
     "orchestrator.md §5): a window is 2R+1 chunks.",
 )  # fmt: skip
-RETRIEVAL_URL = text(
-    "ORCH_RETRIEVAL_URL", default_doc="127.0.0.1:50053",
-    doc="RetrievalService: host:port or a grpc:// / http:// URL.",
+RETRIEVAL = downstream(
+    "ORCH_RETRIEVAL_URL", "ORCH_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "RetrievalService",
+    "127.0.0.1:50053",
 )  # fmt: skip
-RETRIEVAL_TIMEOUT = number(
-    "ORCH_RETRIEVAL_TIMEOUT_SECONDS", 5.0, 0.001,
-    doc="Deadline of one Retrieval call when the caller's own deadline is longer or absent.",
-)  # fmt: skip
-LLM_URL = text(
-    "ORCH_LLM_SERVICE_URL", default_doc="127.0.0.1:50052",
-    doc="LlmService: host:port or a grpc:// / http:// URL.",
-)  # fmt: skip
-LLM_TIMEOUT = number(
-    "ORCH_LLM_TIMEOUT_SECONDS", 60.0, 0.001,
-    doc="Deadline of one LLM call when the caller's own deadline is longer or absent.",
-)  # fmt: skip
+LLM = downstream(
+    "ORCH_LLM_SERVICE_URL", "ORCH_LLM_TIMEOUT_SECONDS", 60.0, "LlmService", "127.0.0.1:50052"
+)
 RUNTIME = Fields(
     RuntimeConfig,
     default_model=text("ORCH_DEFAULT_MODEL"),

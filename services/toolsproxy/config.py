@@ -60,13 +60,7 @@ class ToolsProxySettings:
             limits=LIMITS.read(env, max_window_radius=proxy_max_window_radius(env)),
             rate_limits=RATE_LIMITS.read(env),
             docstore=docstore_settings(env, "MCP_PROXY_"),
-            retrieval=downstream(
-                env,
-                RETRIEVAL_URL,
-                RETRIEVAL_TIMEOUT,
-                retry_attempts("MCP_PROXY_"),
-                default_target="127.0.0.1:50053",
-            ),
+            retrieval=RETRIEVAL.read(env, retry_attempts("MCP_PROXY_")),
             cbr=cbr_settings(env),
             tavily=tavily_settings(env),
             mcp=mcp_settings(env),
@@ -93,17 +87,11 @@ def mcp_settings(env: Env) -> McpSettings:
     )
 
 
-RETRIEVAL_URL = text(
-    "MCP_PROXY_RETRIEVAL_URL",
-    default_doc="127.0.0.1:50053",
+RETRIEVAL = downstream(
+    "MCP_PROXY_RETRIEVAL_URL", "MCP_PROXY_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "RetrievalService",
+    "127.0.0.1:50053",
     doc="RetrievalService for the search tools: host:port or a grpc:// / http:// URL.",
-)
-RETRIEVAL_TIMEOUT = number(
-    "MCP_PROXY_RETRIEVAL_TIMEOUT_SECONDS",
-    5.0,
-    0.001,
-    doc="Deadline of one Retrieval call when the caller's own deadline is longer or absent.",
-)
+)  # fmt: skip
 LIMITS = Fields(
     ToolLimits,
     max_text_bytes=integer("MCP_PROXY_MAX_TEXT_BYTES", 16_384, 256, 1 << 20),
@@ -115,9 +103,7 @@ RATE_LIMITS = Fields(
     RateLimits,
     calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN", 60, 0, 1_000_000),
     tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN", 100_000, 0),
-    tenant_calls_per_minute=integer(
-        "MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN", 120, 0, 1_000_000
-    ),
+    tenant_calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN", 120, 0, 1_000_000),
     tenant_tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN", 200_000, 0),
 )
 CBR = Fields(
