@@ -46,22 +46,22 @@ SERVICE_NAMES = ("visior.retrieval.v1.RetrievalService", "visior.retrieval.v1.In
 
 def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
     """The configured index backend (Edge in-process by default, or a Qdrant server)."""
-    if settings.index_backend == "qdrant":
+    if settings.index.backend == "qdrant":
         return QdrantServerIndex.from_url(
-            settings.qdrant_url,
-            settings.qdrant_collection,
+            settings.index.qdrant_url,
+            settings.index.qdrant_collection,
             dim,
-            api_key=settings.qdrant_api_key or None,
-            timeout=settings.index_timeout_s,
-            hnsw_ef=settings.hnsw_ef,
-            quantization=settings.quantization,
+            api_key=settings.index.qdrant_api_key or None,
+            timeout=settings.index.timeout_s,
+            hnsw_ef=settings.index.hnsw_ef,
+            quantization=settings.index.quantization,
         )
     return EdgeIndex(
-        settings.index_path,
+        settings.index.path,
         dim,
-        hnsw_ef=settings.hnsw_ef,
-        quantization=settings.quantization,
-        indexing_threshold_kb=settings.indexing_threshold_kb or None,
+        hnsw_ef=settings.index.hnsw_ef,
+        quantization=settings.index.quantization,
+        indexing_threshold_kb=settings.index.indexing_threshold_kb or None,
     )
 
 
@@ -194,10 +194,10 @@ def _optimizer(
 ) -> IndexOptimizer | None:
     """Edge runs no optimizers of its own (HNSW, merges, vacuum): without this a shard
     filled through IngestDocument would be searched unindexed for good."""
-    if not isinstance(index, EdgeIndex) or settings.optimize_quiet_s <= 0:
+    if not isinstance(index, EdgeIndex) or settings.index.optimize_quiet_s <= 0:
         return None
     optimizer = IndexOptimizer(
-        index, quiet_s=settings.optimize_quiet_s, busy=lambda: ingestor.ingesting > 0
+        index, quiet_s=settings.index.optimize_quiet_s, busy=lambda: ingestor.ingesting > 0
     )
     if points >= 0:  # the shard opened: index what an earlier run left, then serve
         optimizer.run_blocking()
@@ -239,8 +239,8 @@ def _search_stack(
         settings=settings.engine,
         breaker=CircuitBreaker(
             "vector store",
-            failure_threshold=settings.breaker_failures,
-            reset_after_s=settings.breaker_reset_s,
+            failure_threshold=settings.index.breaker_failures,
+            reset_after_s=settings.index.breaker_reset_s,
         ),
         reranker=reranker,
         synonyms=load_synonyms(settings.synonyms_path or None),

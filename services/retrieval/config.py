@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from services.common.search_contract import MAX_RESULTS_LIMIT
@@ -40,6 +41,38 @@ MAX_OPTIMIZE_QUIET_S = 86_400.0
 
 
 @dataclass(frozen=True)
+class IndexSettings:
+    """The vector index Retrieval searches and ingestion writes (services/retrieval/index/)."""
+
+    backend: str
+    """"edge" (Qdrant Edge in-process, default) or "qdrant" (server; RETR_INDEX_BACKEND)."""
+    path: str
+    """Qdrant Edge shard directory (RETR_INDEX_PATH; default VISIOR_DATA_DIR/index)."""
+    qdrant_url: str
+    """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL)."""
+    qdrant_api_key: str
+    """Qdrant server API key (QDRANT_API_KEY); never logged."""
+    qdrant_collection: str
+    """Collection name on the Qdrant server (QDRANT_COLLECTION)."""
+    timeout_s: float
+    """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
+    hnsw_ef: int
+    """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
+    quantization: str
+    """Dense-vector quantization, "int8" or "none" (RETR_QUANTIZATION; index/base.QUANTIZATIONS)."""
+    indexing_threshold_kb: int
+    """Edge: vector data (KB) above which a segment gets HNSW and the quantized copy when
+    optimized (RETR_INDEXING_THRESHOLD_KB; 0 = the engine's default)."""
+    optimize_quiet_s: float
+    """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
+    0 = never, e.g. when an operator runs them)."""
+    breaker_failures: int
+    """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
+    breaker_reset_s: float
+    """Seconds the breaker stays open before a trial call (RETR_BREAKER_RESET_S)."""
+
+
+@dataclass(frozen=True)
 class RetrievalSettings:
     """Everything the retrieval process reads from the environment, validated at start-up."""
 
@@ -56,32 +89,8 @@ class RetrievalSettings:
     """Serve fixed hits from memory (RETR_MOCK_MODE), as retrieval-v1 §5 defines."""
     engine: EngineSettings
     """Ranking knobs: hybrid, fusion, weights, retries, fallback (see EngineSettings)."""
-    index_backend: str
-    """"edge" (Qdrant Edge in-process, default) or "qdrant" (server; RETR_INDEX_BACKEND)."""
-    index_path: str
-    """Qdrant Edge shard directory (RETR_INDEX_PATH; default VISIOR_DATA_DIR/index)."""
-    qdrant_url: str
-    """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL)."""
-    qdrant_api_key: str
-    """Qdrant server API key (QDRANT_API_KEY); never logged."""
-    qdrant_collection: str
-    """Collection name on the Qdrant server (QDRANT_COLLECTION)."""
-    index_timeout_s: float
-    """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
-    hnsw_ef: int
-    """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
-    quantization: str
-    """Dense-vector quantization, "int8" or "none" (RETR_QUANTIZATION; index/base.QUANTIZATIONS)."""
-    indexing_threshold_kb: int
-    """Edge: vector data (KB) above which a segment gets HNSW and the quantized copy when
-    optimized (RETR_INDEXING_THRESHOLD_KB; 0 = the engine's default)."""
-    optimize_quiet_s: float
-    """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
-    0 = never, e.g. when an operator runs them)."""
-    breaker_failures: int
-    """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
-    breaker_reset_s: float
-    """Seconds the breaker stays open before a trial call (RETR_BREAKER_RESET_S)."""
+    index: IndexSettings
+    """The vector index: backend, where it is, search beam, quantization, breaker."""
     embedding: EmbeddingSettings
     """Dense embedder (RETR_EMBEDDING_*)."""
     rerank: RerankSettings
@@ -107,7 +116,7 @@ class RetrievalSettings:
         root = data_dir(env)
         return SETTINGS.read(
             env,
-            {"index_path": str(root / "index")},
+
             # A document travels in one message: leave room for it plus the envelope.
             server=ServerSettings.from_env(
                 "retrieval", "RETR_", env, DEFAULT_PORT,
@@ -121,7 +130,7 @@ class RetrievalSettings:
             rerank=rerank_settings(env),
             llm=llm_assist_settings(env),
             journal_path=str(root / "ingest-journal.jsonl"),
-            **index_settings(env),
+            index=index_settings(env, root),
             **chunking(env),
         )  # fmt: skip
 
@@ -141,12 +150,12 @@ def engine_settings(env: Env, profile: str) -> EngineSettings:
     return engine
 
 
-def index_settings(env: Env) -> dict[str, object]:
-    """The index backend's fields of RetrievalSettings (RETR_INDEX_*, QDRANT_*, HNSW, ...)."""
-    values = INDEX.values(env)
-    if values["index_backend"] == "qdrant" and not values["qdrant_url"]:
+def index_settings(env: Env, data: Path) -> IndexSettings:
+    """The vector index (RETR_INDEX_*, QDRANT_*, HNSW, quantization, optimizers, breaker)."""
+    index = INDEX.read(env, {"path": str(data / "index")})
+    if index.backend == "qdrant" and not index.qdrant_url:
         raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
-    return values
+    return index
 
 
 def chunking(env: Env) -> dict[str, int]:
@@ -285,18 +294,18 @@ SETTINGS = Fields(
     RetrievalSettings,
     max_document_bytes=integer("RETR_MAX_DOCUMENT_BYTES", 32 << 20, 1024, 256 << 20),
     mock_mode=flag("RETR_MOCK_MODE", False),
-    index_path=text("RETR_INDEX_PATH", default_doc="VISIOR_DATA_DIR/index"),
     synonyms_path=text("RETR_SYNONYMS_PATH"),
     production=flag("RETR_PRODUCTION", False),
 )
 MAX_DOCUMENT_BYTES = SETTINGS.vars["max_document_bytes"]
 INDEX = Fields(
-    RetrievalSettings,
-    index_backend=text("RETR_INDEX_BACKEND", "edge", choices=("edge", "qdrant")),
+    IndexSettings,
+    backend=text("RETR_INDEX_BACKEND", "edge", choices=("edge", "qdrant")),
+    path=text("RETR_INDEX_PATH", default_doc="VISIOR_DATA_DIR/index"),
     qdrant_url=text("QDRANT_URL", also=("VECTOR_DB_URL",)),
     qdrant_api_key=text("QDRANT_API_KEY"),
     qdrant_collection=text("QDRANT_COLLECTION", "visior_chunks"),
-    index_timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01),
+    timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01),
     hnsw_ef=integer("RETR_HNSW_EF", 128, 8, 4096),
     quantization=text("RETR_QUANTIZATION", "int8", choices=QUANTIZATIONS, lower=True),
     indexing_threshold_kb=integer("RETR_INDEXING_THRESHOLD_KB", 0, 0, 100_000_000),

@@ -147,10 +147,12 @@ def test_quiet_period_must_be_positive() -> None:
 
 
 def test_setting_default_off_and_limits() -> None:
-    assert RetrievalSettings.from_env(Env({})).optimize_quiet_s == 10.0
-    assert RetrievalSettings.from_env(Env({"RETR_OPTIMIZE_QUIET_S": "0"})).optimize_quiet_s == 0
+    assert RetrievalSettings.from_env(Env({})).index.optimize_quiet_s == 10.0
+    assert (
+        RetrievalSettings.from_env(Env({"RETR_OPTIMIZE_QUIET_S": "0"})).index.optimize_quiet_s == 0
+    )
     at_limit = RetrievalSettings.from_env(Env({"RETR_OPTIMIZE_QUIET_S": "86400"}))
-    assert at_limit.optimize_quiet_s == 86400
+    assert at_limit.index.optimize_quiet_s == 86400
     for bad in ("-1", "86401", "soon"):
         with pytest.raises(SettingsError, match="RETR_OPTIMIZE_QUIET_S"):
             RetrievalSettings.from_env(Env({"RETR_OPTIMIZE_QUIET_S": bad}))

@@ -243,16 +243,18 @@ def test_retrieval_min_score_at_its_limits():
 
 
 def test_retrieval_quantization_setting():
-    assert RetrievalSettings.from_env(Env({})).quantization == "int8"
-    assert RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "None"})).quantization == "none"
+    assert RetrievalSettings.from_env(Env({})).index.quantization == "int8"
+    assert (
+        RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "None"})).index.quantization == "none"
+    )
     with pytest.raises(SettingsError, match="RETR_QUANTIZATION"):
         RetrievalSettings.from_env(Env({"RETR_QUANTIZATION": "int4"}))
 
 
 def test_retrieval_indexing_threshold_setting():
-    assert RetrievalSettings.from_env(Env({})).indexing_threshold_kb == 0  # Qdrant's default
+    assert RetrievalSettings.from_env(Env({})).index.indexing_threshold_kb == 0  # Qdrant's default
     s = RetrievalSettings.from_env(Env({"RETR_INDEXING_THRESHOLD_KB": "100000000"}))
-    assert s.indexing_threshold_kb == 100_000_000
+    assert s.index.indexing_threshold_kb == 100_000_000
     for bad in ("-1", "100000001"):
         with pytest.raises(SettingsError, match="RETR_INDEXING_THRESHOLD_KB"):
             RetrievalSettings.from_env(Env({"RETR_INDEXING_THRESHOLD_KB": bad}))
