@@ -15,9 +15,9 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """URL prefixes that select the PostgreSQL store (libpq takes both)."""
 SQLITE_SCHEME = "sqlite:///"
 DEFAULT_POOL_SIZE = 8
-"""Connections a PostgreSQL store keeps open (DOCSTORE_POOL_SIZE)."""
+"""Connections a PostgreSQL store keeps open (<prefix>DOCSTORE_POOL_SIZE)."""
 DEFAULT_TIMEOUT_S = 5.0
-"""A PostgreSQL store's longest wait to connect or for a pooled connection (DOCSTORE_TIMEOUT_S)."""
+"""A PostgreSQL store's longest wait for a connection (<prefix>DOCSTORE_TIMEOUT_S)."""
 
 
 def sqlite_path(target: str) -> str:

@@ -130,7 +130,7 @@ class EngineSettings:
     candidate_factor: int = 2
     """Candidates fetched per list = factor x what the stage keeps (RETR_CANDIDATE_FACTOR)."""
     rerank_candidates: int = 40
-    """Chunks sent to the reranker (RERANK_MAX_CANDIDATES / RETR_RERANK_MAX_CANDIDATES)."""
+    """Chunks sent to the reranker (RERANK_MAX_CANDIDATES)."""
     expand_query: bool = False
     """Search synonym variants too when the request does not say (RETR_EXPAND_QUERY)."""
     max_query_variants: int = 3

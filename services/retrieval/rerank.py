@@ -67,7 +67,7 @@ class Reranker(Protocol):
 
 @dataclass(frozen=True)
 class RerankSettings:
-    """The rerank API or the local model (RERANK_* / RETR_RERANK_*); off without either."""
+    """The rerank API or the local model (RERANK_*); off without either."""
 
     url: str = ""
     """Base URL (``http://tei:8080``) or full endpoint (``…/rerank``, ``…/v1/rerank``)."""
