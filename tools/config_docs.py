@@ -6,7 +6,7 @@ what is read. Every name read must be declared as a `Var`; each Var gives its ty
 default, and its description is the docstring of the settings field it fills (parsed with
 ast), or its own `doc`. One row per environment name.
 
-Usage: tools/config_docs.py [--out PATH] [--check]
+Usage: tools/config_docs.py [--out PATH] [--check | --list]
 """
 
 from __future__ import annotations
@@ -197,15 +197,36 @@ def render(reads: Reads) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_names(reads: Reads) -> None:
+    """Every environment name the services read (a secret's NAME_FILE too), then the settings
+    read under more than one name."""
+    names = {n for var, _ in reads.vars.values() for n in var.names}
+    names |= {
+        n + "_FILE" for var, _ in reads.vars.values() if var.kind == "secret" for n in var.names
+    }
+    for name in sorted(names):
+        print(name)
+    several = sorted(var.names for var, _ in reads.vars.values() if var.also)
+    print(f"{len(names)} names; {len(several)} settings read under more than one name:")
+    for group in several:
+        print("  " + " / ".join(group))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "configuration.md")
     parser.add_argument("--check", action="store_true", help="fail when --out is stale")
+    parser.add_argument(
+        "--list", action="store_true", help="print every name read and the lookups under 2+ names"
+    )
     args = parser.parse_args(argv)
     reads = collect()
     if reads.undeclared:
         print(f"config_docs: read but not declared as a Var: {reads.undeclared}", file=sys.stderr)
         return 1
+    if args.list:
+        print_names(reads)
+        return 0
     text = render(reads)
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
