@@ -159,13 +159,13 @@ def rows(reads: Reads) -> Iterable[tuple[str, str, str, str, str]]:
         table[name] = (name, type_range(var), default(var), description(var) + also, _who(services))
     for name, owners in alternatives.items():
         services = set().union(*(reads.vars[v.name][1] for v in owners))
-        primary = " and ".join(f"`{v.name}`" for v in owners)
+        primary = ", ".join(f"`{v.name}`" for v in owners)
         if name in table:  # a setting of its own that another falls back to
             row = table[name]
             text = f"{row[3]} Also read where {primary} is unset."
             table[name] = (*row[:3], text, _who(services | set(row[4].split(", "))))
             continue
-        text = f"The specs' name for {primary}; when both are set, {primary} wins."
+        text = f"Read in place of {primary} when that is unset (the same setting)."
         table[name] = (name, "as " + primary, "unset", text, _who(services))
     return [table[n] for n in sorted(table)]
 
@@ -185,8 +185,10 @@ def render(reads: Reads) -> str:
         "",
         "Every service reads its settings from environment variables at start and refuses to",
         "start on a value it cannot use (the error names the variable). Unset or blank means",
-        "the default. Each variable has one name; where a spec names a setting, the spec's",
-        "name is the one read (a second name is read only where a spec documents it).",
+        "the default. Each setting has one name, the spec's where a spec names it. A few rows",
+        "say where another name is read when that one is unset: the specs' own alternatives",
+        "(`LOG_LEVEL`, `RAG_WINDOW_RADIUS`, `VECTOR_DB_URL`), OpenTelemetry's general protocol",
+        "variable, and Retrieval's model settings falling back to the LLM runtime's.",
         f"{len(table)} variables.",
         "",
         "| variable | type / range | default | what it does | read by |",
