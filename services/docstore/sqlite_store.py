@@ -2,7 +2,9 @@
 
 Every read takes the tenant; a document of another tenant is simply not found. A document
 is written in one transaction, so a crash mid-document leaves the previous version (or
-nothing) visible, never half of it.
+nothing) visible, never half of it. The queries and writes are the shared SQL core's
+(services/docstore/sql_store.py); this is the dialect: one file in WAL mode, a write
+connection and a pool of read connections.
 """
 
 from __future__ import annotations
