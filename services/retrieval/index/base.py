@@ -84,8 +84,8 @@ class InvalidFilterError(ValueError):
 
 
 @dataclass(frozen=True)
-class IndexPoint:
-    """One indexed item: a chunk, a section summary or a document, with its payload and vectors."""
+class IndexPayload:
+    """What the index stores of an item besides its vectors, and hands back with a hit."""
 
     point_id: int
     """Deterministic unsigned 64-bit id made by the caller (`ingestion.point_id`);
@@ -108,6 +108,12 @@ class IndexPoint:
     tags: tuple[str, ...]
     generation: str
     """Ingest generation of the document (content hash), for crash recovery."""
+
+
+@dataclass(frozen=True)
+class IndexPoint(IndexPayload):
+    """One indexed item: a chunk, a section summary or a document, with its payload and vectors."""
+
     dense: np.ndarray | None
     """float32, L2-normalised, `dim` long; None for a point found only by BM25."""
     sparse_text: str
@@ -216,24 +222,9 @@ def idf_corpus(flt: IndexFilter) -> IndexFilter:
 
 
 @dataclass(frozen=True)
-class IndexHit:
+class IndexHit(IndexPayload):
     """A search result: the payload of an IndexPoint (no vectors) and its score."""
 
-    point_id: int
-    tenant_id: str
-    doc_id: str
-    section_id: str
-    chunk_id: str
-    kind: str
-    ord: int
-    page_start: int
-    page_end: int
-    tokens: int
-    source: str
-    product: str
-    version: str
-    tags: tuple[str, ...]
-    generation: str
     score: float
 
 
