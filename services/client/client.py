@@ -108,29 +108,25 @@ class _TypedStub(betterproto.ServiceStub):
         self.timeout: float = timeout
         self._base_metadata = _pairs(metadata)
 
-    def _call_options(self, timeout: float | None, metadata: Metadata | None) -> dict[str, Any]:
-        pairs = _pairs(metadata)
+    def _call_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The generated stub's call options with our deadline and merged metadata."""
+        timeout: float | None = options.pop("timeout", None)
+        pairs = _pairs(options.pop("metadata", None))
         given = {key for key, _ in pairs}
         merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
         if not any(key == TRACE_METADATA_KEY for key, _ in merged) and current_trace_id():
             merged.append((TRACE_METADATA_KEY, current_trace_id()))
         own = self.timeout if timeout is None else timeout
         # grpclib turns a deadline already passed into asyncio.TimeoutError -> DeadlineExceeded.
-        return {"timeout": call_timeout(own), "metadata": merged}
+        return {**options, "timeout": call_timeout(own), "metadata": merged}
 
     async def _unary_unary(  # type: ignore[override]
-        self,
-        route: str,
-        request: Any,
-        response_type: Any,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
-        metadata: Metadata | None = None,
-        **kwargs: Any,
+        self, route: str, request: Any, response_type: Any, **options: Any
     ) -> Any:
+        """`options`: timeout (sent as grpc-timeout), deadline, metadata."""
         try:
             return await super()._unary_unary(
-                route, request, response_type, **self._call_options(timeout, metadata), **kwargs
+                route, request, response_type, **self._call_options(options)
             )
         except Exception as exc:
             typed = from_exception(exc)
@@ -139,17 +135,10 @@ class _TypedStub(betterproto.ServiceStub):
             raise typed from exc
 
     async def _unary_stream(  # type: ignore[override]
-        self,
-        route: str,
-        request: Any,
-        response_type: Any,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
-        metadata: Metadata | None = None,
-        **kwargs: Any,
+        self, route: str, request: Any, response_type: Any, **options: Any
     ) -> AsyncIterator[Any]:
         stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
-            route, request, response_type, **self._call_options(timeout, metadata), **kwargs
+            route, request, response_type, **self._call_options(options)
         )
         # aclosing: when the caller closes this generator (contextlib.aclosing at the call site),
         # the inner one and its HTTP/2 stream close at once instead of whenever GC finalises it.
