@@ -119,6 +119,8 @@ def _num(value: float | None) -> str:
 
 
 def type_range(var: Var) -> str:
+    if var.range_doc:
+        return var.range_doc
     if var.kind == "flag":
         return "true/false"
     if var.kind == "secret":

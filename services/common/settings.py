@@ -150,6 +150,8 @@ class Var:
     lower: bool = False
     default_doc: str = ""
     """What the docs show as the default when it is computed at start."""
+    range_doc: str = ""
+    """What the docs show as type and range when the reader parses the value itself."""
     doc: str = field(default="", compare=False)
     owner: tuple[type, str] | None = field(default=None, compare=False)
 

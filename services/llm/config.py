@@ -49,7 +49,8 @@ class LlmSettings:
     """The conversation at any step incl. tool results and the answer
     (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_tool_result_tokens: int
-    """One tool result as the model sees it (LLM_SERVICE_MAX_TOOL_RESULT_TOKENS)."""
+    """One tool result as the model sees it (LLM_SERVICE_MAX_TOOL_RESULT_TOKENS; at most
+    LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_consecutive_tool_errors: int
     """Tool errors in a row that abort (LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS)."""
     watchdog_s: float

@@ -381,7 +381,7 @@ EMBEDDING = Fields(
     query_batch_size=integer("RETR_QUERY_BATCH_SIZE", None, 1, 4096),
     query_prefix=text("RETR_EMBEDDING_QUERY_PREFIX"),
     passage_prefix=text("RETR_EMBEDDING_PASSAGE_PREFIX"),
-    threads=text("RETR_EMBEDDING_THREADS", AUTO),
+    threads=text("RETR_EMBEDDING_THREADS", AUTO, range_doc="auto, or integer 1..the CPUs usable"),
 )
 RERANK = Fields(
     RerankSettings,

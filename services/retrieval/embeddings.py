@@ -482,4 +482,4 @@ class EmbeddingSettings:
     """RETR_EMBEDDING_THREADS: e5 only, OpenMP threads per engine call. None ("auto"): a
     query that starts while no other embedding call runs gets every usable CPU (on one
     dedicated thread), any other call 1; passage batches always 1. N (1..CPUs): every call
-    N threads on its caller (1 = one core per call, the behaviour before)."""
+    N threads on its caller (1 = one core per call)."""
