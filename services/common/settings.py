@@ -23,7 +23,8 @@ class SettingsError(ValueError):
 
 
 class Env:
-    """A view of environment variables; the first name present wins, so spec and legacy names coexist."""
+    """A view of environment variables: of the names a setting is read under, the first set wins
+    (its one name, then any name read in its place; see `Var.also`)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._env = dict(os.environ if environ is None else environ)
@@ -144,7 +145,8 @@ class Var:
     minimum: float | None = None
     maximum: float | None = None
     also: tuple[str, ...] = ()
-    """Alternative names a spec documents itself, read when `name` is unset."""
+    """Names read when `name` is unset: a spec's own alternative (LOG_LEVEL, RAG_WINDOW_RADIUS,
+    VECTOR_DB_URL), or the setting this one falls back to (Retrieval's runtime settings)."""
     choices: tuple[str, ...] = ()
     """Allowed text values (compared lower-cased when `lower`)."""
     lower: bool = False
