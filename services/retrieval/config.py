@@ -116,7 +116,6 @@ class RetrievalSettings:
         root = data_dir(env)
         return SETTINGS.read(
             env,
-
             # A document travels in one message: leave room for it plus the envelope.
             server=ServerSettings.from_env(
                 "retrieval", "RETR_", env, DEFAULT_PORT,
