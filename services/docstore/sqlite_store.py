@@ -221,7 +221,7 @@ class SqliteDocumentStore(SqlDocumentStore):
         each step then waits its turn behind the other search threads to take it back: a
         read of 130 rows packed in one took a third to a quarter of the time with three busy
         Python threads beside it (in-process), and the server's searches/s at 32 in flight
-        rose by ~25 % (bench/README.md). Alone, both ways cost the same. Integers and text come
+        rose by ~25 % (bench/retrieval_search.py). Alone, both ways cost the same. Integers and text come
         back as they were stored (JSON keeps 64-bit integers and any text exactly).
         """
         cols = ", ".join(f"{alias}.{name}" for name in columns.split(", "))
