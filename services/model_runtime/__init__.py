@@ -2,5 +2,6 @@
 
 `chat` holds the chat-model port (messages, tool calls, completions, generation params);
 `client` the OpenAI-compatible client that implements it: wire format, settings,
-transport, retries and the circuit breaker.
+transport, retries and the circuit breaker; `config` reads its settings from the
+environment (LLM_RUNTIME_*).
 """
