@@ -29,7 +29,8 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from retrieval_search import query_pool, working_copy  # noqa: E402
+from index_engine import query_pool  # noqa: E402
+from retrieval_search import working_copy  # noqa: E402
 
 from services.retrieval.index.base import IndexFilter, RankQuery  # noqa: E402
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402

@@ -200,7 +200,7 @@ def threads_section(
     mixed_batch: int,
 ) -> dict[str, Any]:
     """Latency of lone queries, query rate by caller threads, queries during ingestion."""
-    from retrieval_search import query_pool  # lazy: it imports this module
+    from index_engine import query_pool
 
     pool = query_pool(11, 20_000)
     used = [0]

@@ -317,5 +317,56 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 
 
+# ---------------------------------------------------------------------------------------
+# Queries: realistic-looking bilingual questions over the corpus vocabulary (index_engine's
+# real stems and inflections, so BM25 matches), combinatorially many, all distinct.
+
+RU_TEMPLATES = (
+    "как настроить {a} {b}",
+    "что делать если {a} {b} не работает",
+    "почему {a} {b} {c}",
+    "где найти {a} по {b}",
+    "сроки {a} {b} {c}",
+    "порядок {a} {b} для {c}",
+    "можно ли {a} {b} без {c}",
+    "ошибка {a} при {b} {c}",
+    "{a} {b} {c} инструкция",
+    "какие требования к {a} {b}",
+    "как изменить {a} {b} в версии {n}",
+    "кто отвечает за {a} {b}",
+)
+EN_TEMPLATES = (
+    "how to configure {a} {b}",
+    "what happens if {a} {b} fails",
+    "why is {a} {b} {c} slow",
+    "where can I find the {a} {b}",
+    "{a} {b} {c} requirements",
+    "how do I {a} the {b} {c}",
+    "is {a} required for {b} {c}",
+    "{a} {b} limit per {c}",
+    "steps to {a} {b} after {c}",
+    "difference between {a} and {b} {c}",
+    "{a} {b} in version {n}",
+    "who approves the {a} {b}",
+)
+
+
+def query_pool(seed: int, count: int) -> list[str]:
+    """`count` distinct queries, 4-12 words, ~2/3 Russian; deterministic for a seed."""
+    rng = np.random.default_rng(seed)
+    ru = [w + e for w in RU_WORDS for e in RU_ENDINGS]
+    en = [w + e for w in EN_WORDS for e in EN_ENDINGS]
+    seen: dict[str, None] = {}
+    while len(seen) < count:
+        if rng.random() < 0.66:
+            words, template = ru, RU_TEMPLATES[int(rng.integers(len(RU_TEMPLATES)))]
+        else:
+            words, template = en, EN_TEMPLATES[int(rng.integers(len(EN_TEMPLATES)))]
+        a, b, c = (words[int(i)] for i in rng.integers(0, len(words), 3))
+        n = f"{int(rng.integers(1, 9))}.{int(rng.integers(0, 20))}"
+        seen.setdefault(template.format(a=a, b=b, c=c, n=n))
+    return list(seen)
+
+
 if __name__ == "__main__":
     main()

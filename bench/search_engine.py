@@ -28,7 +28,8 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from retrieval_search import query_pool, working_copy  # noqa: E402
+from index_engine import query_pool  # noqa: E402
+from retrieval_search import working_copy  # noqa: E402
 
 from services.common.breaker import CircuitBreaker  # noqa: E402
 from services.common.tokenizer import default_tokenizer  # noqa: E402

@@ -37,7 +37,8 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from retrieval_search import query_pool, running_mesh, working_copy  # noqa: E402
+from index_engine import query_pool  # noqa: E402
+from retrieval_search import running_mesh, working_copy  # noqa: E402
 from search_engine import pct  # noqa: E402
 
 from services.retrieval.index.base import IndexFilter, RankQuery  # noqa: E402
