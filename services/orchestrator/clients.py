@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import grpc
 from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.search_contract import Filters
 from services.common.status import call_downstream
 from services.common.structs import struct_to_dict
 from services.orchestrator.model import (
@@ -17,6 +17,7 @@ from services.orchestrator.model import (
     LlmRequest,
     ModelUsage,
     RetrievalOutcome,
+    RetrievalRequest,
     SectionCandidate,
     ToolCallRecord,
     User,
@@ -44,31 +45,16 @@ class GrpcRetriever:
         wanted = set(doc_ids)
         return {d.doc_id: d.chars for d in response.documents if d.doc_id in wanted}
 
-    async def search(
-        self,
-        query: str,
-        user: User,
-        filters: Filters,
-        max_results: int,
-        trace_id: str,
-        *,
-        expand_query: bool = False,
-    ) -> RetrievalOutcome:
+    async def search(self, req: RetrievalRequest) -> RetrievalOutcome:
         request = retrieval_pb2.SearchRequest(
-            query=query,
-            tenant_id=user.tenant_id,
-            max_results=max_results,
-            filters=retrieval_pb2.SearchFilters(
-                product=filters.product,
-                version=filters.version,
-                tags=filters.tags,
-                doc_ids=filters.doc_ids,
-                section_ids=filters.section_ids,
-                source=filters.source,
-            ),
-            trace_id=trace_id,
+            query=req.query,
+            tenant_id=req.user.tenant_id,
+            max_results=req.max_results,
+            # Filters has SearchFilters' fields, name for name.
+            filters=retrieval_pb2.SearchFilters(**asdict(req.filters)),
+            trace_id=req.trace_id,
         )
-        if expand_query:
+        if req.expand_query:
             request.params.expand_query = True
         if self._min_score is not None:
             request.params.min_score = self._min_score

@@ -29,6 +29,7 @@ from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
     RetrievalOutcome,
+    RetrievalRequest,
     SectionCandidate,
     ToolCallRecord,
     User,
@@ -253,23 +254,15 @@ class MockRetriever:
     def __init__(self, *, min_score: float | None = None) -> None:
         self._min_score = min_score or 0.0
 
-    async def search(
-        self,
-        query: str,
-        user: User,
-        filters: Filters,
-        max_results: int,
-        trace_id: str,
-        *,
-        expand_query: bool = False,
-    ) -> RetrievalOutcome:
+    async def search(self, request: RetrievalRequest) -> RetrievalOutcome:
+        filters = request.filters
         found: list[SectionCandidate] = []
         for doc in _documents(filters):
             for s in doc.sections:
                 if filters.section_ids and s.section_id not in filters.section_ids:
                     continue
                 text = " ".join((doc.title, s.title, *(c.text for c in s.chunks)))
-                score = overlap_score(query, text)
+                score = overlap_score(request.query, text)
                 if score < self._min_score:
                     continue
                 found.append(
@@ -277,7 +270,7 @@ class MockRetriever:
                                      s.page_start, s.page_end, s.chunks[0].chunk_id)
                 )  # fmt: skip
         found.sort(key=lambda c: (-c.score, c.doc_id, c.section_id))
-        return RetrievalOutcome(tuple(found[: max(0, max_results)]), 0)
+        return RetrievalOutcome(tuple(found[: max(0, request.max_results)]), 0)
 
     async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
         return {d.doc_id: len(d.text) for d in SAMPLE_DOCUMENTS if d.doc_id in doc_ids}

@@ -54,6 +54,19 @@ class SectionCandidate:
 
 
 @dataclass(frozen=True)
+class RetrievalRequest:
+    """What the orchestrator asks Retrieval for: one search over the user's sections."""
+
+    query: str
+    user: User
+    filters: Filters
+    max_results: int
+    trace_id: str
+    expand_query: bool = False
+    """Search the query's expansion variants too, merged by RRF (S4)."""
+
+
+@dataclass(frozen=True)
 class RetrievalOutcome:
     sections: tuple[SectionCandidate, ...]
     latency_ms: int
@@ -160,16 +173,7 @@ class RespondOutput:
 
 
 class Retriever(Protocol):
-    async def search(
-        self,
-        query: str,
-        user: User,
-        filters: Filters,
-        max_results: int,
-        trace_id: str,
-        *,
-        expand_query: bool = False,
-    ) -> RetrievalOutcome: ...
+    async def search(self, request: RetrievalRequest) -> RetrievalOutcome: ...
 
     async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
         """Characters of each of the user's documents among `doc_ids` (absent: not found)."""

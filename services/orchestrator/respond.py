@@ -31,6 +31,7 @@ from services.orchestrator.model import (
     RespondInput,
     RespondOutput,
     RetrievalOutcome,
+    RetrievalRequest,
     Retriever,
     SectionCandidate,
     Source,
@@ -344,19 +345,9 @@ class Responder:
         system = decision_prompt(
             req.query, selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
         )
-        fitted = self._fit(req, cfg, system)
         outcome = await self._generate(
-            LlmRequest(
-                system_prompt=system,
-                messages=(*fitted.history, Turn("user", fitted.question)),
-                context=(),
-                user=req.user,
-                allowed_tools=(),
-                radius_schedule=(0,),
-                max_tool_steps=0,
-                context_token_budget=cfg.context_token_budget,
-                model=cfg.default_model,
-                trace_id=req.trace_id,
+            replace(
+                self._request(req, cfg, system, self._fit(req, cfg, system)),
                 mode="chat",
                 response_schema=decision_schema(
                     selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
@@ -372,6 +363,26 @@ class Responder:
             today=today, locale=req.locale, max_context_chars=limit,
         )  # fmt: skip
         return decided or rules
+
+    @staticmethod
+    def _request(
+        req: RespondInput, cfg: RuntimeConfig, system: str, fitted: FirstPrompt, language: str = ""
+    ) -> LlmRequest:
+        """What every Generate of a Respond carries: the fitted prompt, the caller, the model.
+        No context and no tools: each scenario adds its own with `replace`."""
+        return LlmRequest(
+            system_prompt=system,
+            messages=(*fitted.history, Turn("user", fitted.question)),
+            context=(),
+            user=req.user,
+            allowed_tools=(),
+            radius_schedule=(0,),
+            max_tool_steps=0,
+            context_token_budget=cfg.context_token_budget,
+            model=cfg.default_model,
+            trace_id=req.trace_id,
+            answer_language=language,
+        )
 
     def _fit(
         self,
@@ -399,8 +410,10 @@ class Responder:
         if decision.intent == "selected_search":
             filters = replace(filters, doc_ids=req.selected_doc_ids)
         return await self._retriever.search(
-            req.query, req.user, filters, max_results, req.trace_id,
-            expand_query=decision.intent == "selected_search",
+            RetrievalRequest(
+                req.query, req.user, filters, max_results, req.trace_id,
+                expand_query=decision.intent == "selected_search",
+            )
         )  # fmt: skip
 
     async def _documents(
@@ -414,21 +427,12 @@ class Responder:
         fitted = self._fit(req, cfg, system, found.sections[:max_results])
         sections = fitted.sections
         outcome = await self._generate(
-            LlmRequest(
-                system_prompt=system,
-                messages=(
-                    *fitted.history,
-                    Turn("user", fitted.question),
-                ),
+            replace(
+                self._request(req, cfg, system, fitted, decision.language),
                 context=sections,
-                user=req.user,
                 allowed_tools=TOOLS,
                 radius_schedule=radius_schedule(cfg.window_radius),
                 max_tool_steps=cfg.max_tool_steps,
-                context_token_budget=cfg.context_token_budget,
-                model=cfg.default_model,
-                trace_id=req.trace_id,
-                answer_language=decision.language,
                 # The first prompt holds summaries, not the text: read before answering.
                 require_tool_call=bool(sections),
             )
@@ -451,23 +455,13 @@ class Responder:
         system = FULL_SYSTEM_PROMPT + LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system)
         outcome = await self._generate(
-            LlmRequest(
-                system_prompt=system,
-                messages=(
-                    *fitted.history,
-                    Turn("user", fitted.question),
-                ),
-                context=(),
-                user=req.user,
+            replace(
+                self._request(req, cfg, system, fitted, decision.language),
                 allowed_tools=FULL_TOOLS,
-                radius_schedule=(0,),
                 max_tool_steps=max(1, cfg.max_tool_steps),
                 context_token_budget=max(
                     cfg.context_token_budget, full_context_tokens(self._max_context_chars)
                 ),
-                model=cfg.default_model,
-                trace_id=req.trace_id,
-                answer_language=decision.language,
                 planned_calls=(
                     PlannedCall("load_documents_full", {"document_ids": list(selected)}),
                 ),
@@ -489,7 +483,9 @@ class Responder:
             if not query:
                 continue
             found = await self._retriever.search(
-                query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
+                RetrievalRequest(
+                    query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
+                )
             )
             latency += found.latency_ms
             if found.sections:
@@ -511,7 +507,9 @@ class Responder:
         if decision.intent == "knowledge_base":
             planned = (PlannedCall("search_general_kb", {"query": req.query, "top_k": 5}),)
             found = await self._retriever.search(
-                req.query, req.user, Filters(source="knowledge_base"), MAX_SOURCES, req.trace_id
+                RetrievalRequest(
+                    req.query, req.user, Filters(source="knowledge_base"), MAX_SOURCES, req.trace_id
+                )
             )
             latency = found.latency_ms
             sources = tuple(
@@ -554,21 +552,10 @@ class Responder:
         system += LANGUAGE_NOTE.get(decision.language, "")
         fitted = self._fit(req, cfg, system)
         outcome = await self._generate(
-            LlmRequest(
-                system_prompt=system,
-                messages=(
-                    *fitted.history,
-                    Turn("user", fitted.question),
-                ),
-                context=(),
-                user=req.user,
+            replace(
+                self._request(req, cfg, system, fitted, decision.language),
                 allowed_tools=tuple(p.tool_name for p in planned),
-                radius_schedule=(0,),
                 max_tool_steps=len(planned),
-                context_token_budget=cfg.context_token_budget,
-                model=cfg.default_model,
-                trace_id=req.trace_id,
-                answer_language=decision.language,
                 planned_calls=planned,
                 mode="chat",
             )

@@ -37,9 +37,11 @@ class FakeRetriever:
         self.expanded = []
         self.sizes = sizes or {}
 
-    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
-        self.calls.append((query, user, filters, max_results, trace_id))
-        self.expanded.append(expand_query)
+    async def search(self, request):
+        self.calls.append(
+            (request.query, request.user, request.filters, request.max_results, request.trace_id)
+        )
+        self.expanded.append(request.expand_query)
         return RetrievalOutcome((SECTION,), 3)
 
     async def document_sizes(self, user, doc_ids):
@@ -132,7 +134,7 @@ async def test_sections_are_capped_at_max_results():
 
 
 def _many_sections(_orig):
-    async def search(query, user, filters, max_results, trace_id, *, expand_query=False):
+    async def search(request):
         return RetrievalOutcome(tuple(SECTION for _ in range(30)), 1)
 
     return search
@@ -373,9 +375,11 @@ def test_a_query_is_refused_exactly_when_retrieval_finds_nothing_to_search(text)
 class _EmptyRetriever(FakeRetriever):
     """A tenant without documents: its own search finds nothing; the knowledge base does."""
 
-    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
-        self.calls.append((query, user, filters, max_results, trace_id))
-        if filters.source == "knowledge_base":
+    async def search(self, request):
+        self.calls.append(
+            (request.query, request.user, request.filters, request.max_results, request.trace_id)
+        )
+        if request.filters.source == "knowledge_base":
             return RetrievalOutcome((SectionCandidate("kb-vat", "s", "VAT", "VAT is…", 0.8, 1, 1,
                                                       "kb-vat:c0"),), 2)  # fmt: skip
         return RetrievalOutcome((), 2)
@@ -426,9 +430,11 @@ class _PageRetriever(FakeRetriever):
         super().__init__({"manual": 40_000, "faq": 2_000})
         self.hits = hits
 
-    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
-        self.calls.append((query, user, filters, max_results, trace_id))
-        return RetrievalOutcome(self.hits.get(query, ()), 4)
+    async def search(self, request):
+        self.calls.append(
+            (request.query, request.user, request.filters, request.max_results, request.trace_id)
+        )
+        return RetrievalOutcome(self.hits.get(request.query, ()), 4)
 
 
 class _AnsweringGenerator(FakeGenerator):

@@ -30,7 +30,7 @@ SECTION = SectionCandidate("d", "s", "T", "summary", 0.9, 1, 2, "d:c1")
 
 
 class Retriever:
-    async def search(self, query, user, filters, max_results, trace_id, *, expand_query=False):
+    async def search(self, request):
         return RetrievalOutcome((SECTION,), 1)
 
     async def document_sizes(self, user, doc_ids):

@@ -15,7 +15,7 @@ from services.orchestrator.mock import (
     MockRetriever,
     MockTools,
 )
-from services.orchestrator.model import LlmOutcome, RespondInput, User
+from services.orchestrator.model import LlmOutcome, RespondInput, RetrievalRequest, User
 from services.orchestrator.respond import (
     FULL_CONTEXT_TOKENS,
     Responder,
@@ -200,20 +200,22 @@ async def test_injected_mock_ports_are_used():
 
 async def test_mock_retriever_is_deterministic_and_applies_filters():
     r = MockRetriever()
-    a = await r.search("backup restore", USER, Filters(), 10, "t")
-    b = await r.search("backup restore", USER, Filters(), 10, "t")
+    a = await r.search(RetrievalRequest("backup restore", USER, Filters(), 10, "t"))
+    b = await r.search(RetrievalRequest("backup restore", USER, Filters(), 10, "t"))
     assert a == b and a.sections[0].section_id == "sec_backup"
-    only = await r.search("backup", USER, Filters(doc_ids=("doc_2",)), 10, "t")
+    only = await r.search(RetrievalRequest("backup", USER, Filters(doc_ids=("doc_2",)), 10, "t"))
     assert {s.doc_id for s in only.sections} == {"doc_2"}
-    kb = await r.search("НДС", USER, Filters(source="knowledge_base"), 10, "t")
+    kb = await r.search(RetrievalRequest("НДС", USER, Filters(source="knowledge_base"), 10, "t"))
     assert kb.sections[0].doc_id == "kb_vat"
-    assert len((await r.search("backup", USER, Filters(), 2, "t")).sections) == 2
+    assert len((await r.search(RetrievalRequest("backup", USER, Filters(), 2, "t"))).sections) == 2
 
 
 @pytest.mark.parametrize("limit", [BASE_SCORE, BASE_SCORE + 0.0001])
 async def test_mock_retriever_min_score_at_the_limit_and_past_it(limit):
     r = MockRetriever(min_score=limit)
-    found = await r.search("zzzz qqqq", USER, Filters(), 50, "t")  # shares no word: BASE_SCORE
+    found = await r.search(
+        RetrievalRequest("zzzz qqqq", USER, Filters(), 50, "t")
+    )  # shares no word: BASE_SCORE
     assert bool(found.sections) == (limit == BASE_SCORE)
 
 
@@ -352,7 +354,7 @@ async def test_the_score_threshold_goes_to_retrieval_as_min_score(threshold):
 
     channel = FakeChannel()
     retriever = GrpcRetriever(channel, min_score=threshold)  # type: ignore[arg-type]
-    await retriever.search("q", USER, Filters(), 5, "t")
+    await retriever.search(RetrievalRequest("q", USER, Filters(), 5, "t"))
     (request,) = channel.requests
     assert request.params.HasField("min_score") == (threshold is not None)
     if threshold is not None:
