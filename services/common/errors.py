@@ -9,6 +9,7 @@ whose `reason` is the spec's code string (`LLM_RUNTIME_ERROR`, `backend_unavaila
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 # gRPC status codes by number (google.rpc.Code), so domain code needs no grpc import.
 UNKNOWN = 2
@@ -39,61 +40,48 @@ class ServiceError(Exception):
         self.reason = reason or self.default_reason
         self.metadata: dict[str, str] = dict(metadata or {})
 
+    def __init_subclass__(
+        cls, *, code: int | None = None, reason: str | None = None, **kwargs: Any
+    ) -> None:
+        """`class X(ServiceError, code=..., reason=...)`: the status X carries and its reason
+        when the raiser names none; a subclass that names neither keeps its parent's."""
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if reason is not None:
+            cls.default_reason = reason
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.reason}: {self.message})"
 
 
-class InvalidArgumentError(ServiceError):
+class InvalidArgumentError(ServiceError, code=INVALID_ARGUMENT, reason="INVALID_ARGUMENT"):
     """Bad input from the caller (HTTP 400)."""
 
-    code = INVALID_ARGUMENT
-    default_reason = "INVALID_ARGUMENT"
 
-
-class LimitExceededError(InvalidArgumentError):
+class LimitExceededError(InvalidArgumentError, reason="LIMIT_EXCEEDED"):
     """The request asks for more than a limit allows (HTTP 400, as the specs say)."""
 
-    code = INVALID_ARGUMENT
-    default_reason = "LIMIT_EXCEEDED"
 
-
-class NotFoundError(ServiceError):
+class NotFoundError(ServiceError, code=NOT_FOUND, reason="NOT_FOUND"):
     """The named thing does not exist for this tenant (HTTP 404)."""
 
-    code = NOT_FOUND
-    default_reason = "NOT_FOUND"
 
-
-class PermissionDeniedError(ServiceError):
+class PermissionDeniedError(ServiceError, code=PERMISSION_DENIED, reason="ACCESS_DENIED"):
     """The caller may not touch this (HTTP 403)."""
 
-    code = PERMISSION_DENIED
-    default_reason = "ACCESS_DENIED"
 
-
-class ResourceExhaustedError(ServiceError):
+class ResourceExhaustedError(ServiceError, code=RESOURCE_EXHAUSTED, reason="RATE_LIMIT_EXCEEDED"):
     """A rate limit or size limit of the server was hit (HTTP 429)."""
 
-    code = RESOURCE_EXHAUSTED
-    default_reason = "RATE_LIMIT_EXCEEDED"
 
-
-class UnavailableError(ServiceError):
+class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILABLE"):
     """A dependency is down or failed (HTTP 502 through Envoy). Safe to retry."""
 
-    code = UNAVAILABLE
-    default_reason = "UPSTREAM_UNAVAILABLE"
 
-
-class DeadlineExceededError(ServiceError):
+class DeadlineExceededError(ServiceError, code=DEADLINE_EXCEEDED, reason="DEADLINE_EXCEEDED"):
     """The caller's deadline ran out (HTTP 504)."""
 
-    code = DEADLINE_EXCEEDED
-    default_reason = "DEADLINE_EXCEEDED"
 
-
-class InternalError(ServiceError):
+class InternalError(ServiceError, code=INTERNAL, reason="INTERNAL"):
     """A bug. The message never carries internals; the log has the traceback."""
-
-    code = INTERNAL
-    default_reason = "INTERNAL"
