@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from typing import Any
@@ -594,22 +594,11 @@ def _general_intent(text: str) -> str:
     """The intent of a query without selected documents, or "" when nothing matches.
 
     "definition" is a documents question that falls back to the knowledge base."""
-    if DEFINITION.search(text):
-        return "definition" if _definition_subject(text) else "clarify"
-    if DOCUMENT_WORDS.search(text):
-        return "documents"
-    if NEWS_WORDS.search(text):
-        return "finance_news"
-    if KEY_RATE_WORDS.search(text):
-        return "key_rate"
-    if _asks_currency_rate(text):
-        return "currency_rates"
-    if WHAT_IS.search(text):
-        return "definition" if _definition_subject(text) else "clarify"
-    if SEARCH_WORDS.search(text):
-        return "documents"
-    if KNOWLEDGE_WORDS.search(text):
-        return "knowledge_base"
+    for matches, intent in _TRIGGERS:
+        if matches(text):
+            if intent == "definition" and not _definition_subject(text):
+                return "clarify"  # it asks what something is but names no term
+            return intent
     if SMALL_TALK.search(text) and len(_content_words(_strip(SMALL_TALK, text))) <= 1:
         return "small_talk"
     if len(_content_words(_without_dates(text))) < MIN_CONTENT_WORDS:
@@ -636,6 +625,19 @@ def _asks_currency_rate(text: str) -> bool:
     for _, rx in _CURRENCY_PATTERNS:
         rest = _strip(rx, rest)
     return not _content_words(_without_dates(_strip(CURRENCY_FILLER, rest)))
+
+
+_TRIGGERS: tuple[tuple[Callable[[str], object], str], ...] = (
+    (DEFINITION.search, "definition"),
+    (DOCUMENT_WORDS.search, "documents"),
+    (NEWS_WORDS.search, "finance_news"),
+    (KEY_RATE_WORDS.search, "key_rate"),
+    (_asks_currency_rate, "currency_rates"),
+    (WHAT_IS.search, "definition"),
+    (SEARCH_WORDS.search, "documents"),
+    (KNOWLEDGE_WORDS.search, "knowledge_base"),
+)
+"""The rules' triggers in the order they are tried: the first that matches decides."""
 
 
 def _without_dates(text: str) -> str:
