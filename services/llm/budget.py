@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from services.common import errors
 from services.common.prompt_limits import MESSAGE_TOKENS, REPLY_TOKENS
@@ -195,6 +195,7 @@ def fit_prompt(
         del selected[worst]
 
 
+@dataclass(eq=False)
 class TokenBudget:
     """The token account of one request, updated by the tool loop as the conversation grows.
 
@@ -202,25 +203,17 @@ class TokenBudget:
     add up every runtime call (the runtime's own counts when it reports them).
     """
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        *,
-        max_prompt_tokens: int,
-        max_completion_tokens: int,
-        max_total_tokens: int,
-        context_token_budget: int | None = None,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.max_prompt_tokens = max_prompt_tokens
-        self.max_completion_tokens = max_completion_tokens
-        self.max_total_tokens = max_total_tokens
-        self.context_token_budget = context_token_budget
-        self.conversation = 0
-        self.prompt_used = 0
-        self.completion_used = 0
-        self.tool_result_tokens = 0
-        self.calls = 0
+    tokenizer: Tokenizer
+    _: KW_ONLY
+    max_prompt_tokens: int
+    max_completion_tokens: int
+    max_total_tokens: int
+    context_token_budget: int | None = None
+    conversation: int = field(default=0, init=False)
+    prompt_used: int = field(default=0, init=False)
+    completion_used: int = field(default=0, init=False)
+    tool_result_tokens: int = field(default=0, init=False)
+    calls: int = field(default=0, init=False)
 
     @property
     def conversation_limit(self) -> int:
