@@ -1,4 +1,5 @@
-"""The document store's SQL, once for both databases (services/docstore/store.py's contract).
+"""The document store's SQL and interface, once for both databases (`DocumentStore` in
+services/docstore/store.py names this class).
 
 `SqlDocumentStore` holds every query and write; a subclass supplies the dialect and the
 connections: how a query runs and a write transaction is taken (`_query`, `_write`,
@@ -72,6 +73,7 @@ class SqlDocumentStore(ABC):
     """The queries and writes of a document store; a subclass is one database's dialect."""
 
     kind: str
+    """ "sqlite" or "postgresql" (health details)."""
     ID_ORDER = ""
     """What follows an id column in ORDER BY and comparisons for code point order."""
     _enc: Callable[[str], str] = staticmethod(_same)

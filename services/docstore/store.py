@@ -1,15 +1,13 @@
-"""The document store's interface, shared by its SQLite and PostgreSQL implementations, and
-what reading its location takes (URL schemes, masking a password); the factory that opens
-one is services/docstore/factory.py."""
+"""The document store's interface (`DocumentStore`: the SQL core whose dialects the SQLite
+and PostgreSQL stores are) and what reading its location takes (URL schemes, masking a
+password); the factory that opens one is services/docstore/factory.py."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import unquote
 
-from services.docstore.model import Chunk, Document, Page, StoredPoint
+from services.docstore.sql_store import SqlDocumentStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """URL prefixes that select the PostgreSQL store (libpq takes both)."""
@@ -28,77 +26,16 @@ def sqlite_path(target: str) -> str:
     return target
 
 
-class DocumentStore(Protocol):
-    """Full text by document, section, page and chunk position, per tenant.
+DocumentStore = SqlDocumentStore
+"""Full text by document, section, page and chunk position, per tenant: the interface is
+`SqlDocumentStore`'s (services/docstore/sql_store.py), the SQL core both stores share.
 
-    Every read takes the tenant: a document of another tenant is simply not found. A
-    document and its index points are written in one transaction. Implemented by
-    `SqliteDocumentStore` (services/docstore/sqlite_store.py) and `PostgresDocumentStore`
-    (services/docstore/postgres_store.py); both raise `StoreUnavailableError` when the store
-    cannot be reached or written now. Methods are blocking: call them from worker threads.
-    """
-
-    @property
-    def kind(self) -> str:
-        """ "sqlite" or "postgresql" (health details)."""
-        ...
-
-    def ping(self) -> None: ...
-
-    def put(self, doc: Document, points: Sequence[StoredPoint] = ()) -> bool: ...
-
-    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None: ...
-
-    def delete(self, tenant_id: str, doc_id: str) -> bool: ...
-
-    def put_points(
-        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
-    ) -> bool: ...
-
-    def documents_without_points(self) -> list[tuple[str, str, str]]: ...
-
-    def points_by_ids(
-        self, tenant_id: str, point_ids: Collection[int]
-    ) -> dict[int, StoredPoint]: ...
-
-    def list_documents(
-        self,
-        tenant_id: str,
-        *,
-        after: str = "",
-        limit: int | None = None,
-        doc_ids: Collection[str] | None = None,
-    ) -> list[Document]: ...
-
-    def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
-
-    def generations(self, tenant_id: str) -> dict[str, str]: ...
-
-    def tenants(self) -> list[str]: ...
-
-    def pages_text(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Page]: ...
-
-    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]: ...
-
-    def counts_many(
-        self, tenant_id: str, doc_ids: Collection[str]
-    ) -> dict[str, tuple[int, int, int]]: ...
-
-    def get_document(
-        self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
-    ) -> Document | None: ...
-
-    def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None: ...
-
-    def chunks_by_ids(
-        self, tenant_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], Chunk]: ...
-
-    def chunk_range(self, tenant_id: str, doc_id: str, first: int, last: int) -> list[Chunk]: ...
-
-    def all_chunks(self) -> Iterator[tuple[str, str, str, Chunk]]: ...
-
-    def close(self) -> None: ...
+Every read takes the tenant: a document of another tenant is simply not found. A
+document and its index points are written in one transaction. Implemented by
+`SqliteDocumentStore` (services/docstore/sqlite_store.py) and `PostgresDocumentStore`
+(services/docstore/postgres_store.py); both raise `StoreUnavailableError` when the store
+cannot be reached or written now. Methods are blocking: call them from worker threads.
+"""
 
 
 def _split_url(url: str) -> tuple[str, str, str, str, str, str] | None:

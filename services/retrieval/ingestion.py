@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -40,6 +40,7 @@ from services.docstore.parsing import (
     parse_document,
     slugify,
 )
+from services.docstore.store import DocumentStore
 from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError, VectorIndex
 from services.retrieval.journal import IngestJournal
@@ -63,37 +64,6 @@ EMBED_BATCH = 32
 _PROGRESS_LOG_S = 5.0
 _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
 _T = TypeVar("_T")
-
-
-class DocumentStore(Protocol):
-    """What ingestion needs from the document store (services/docstore/sqlite_store.py)."""
-
-    def replace(self, doc: Document, points: Sequence[StoredPoint] = ()) -> str | None: ...
-
-    def put_points(
-        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
-    ) -> bool: ...
-
-    def documents_without_points(self) -> list[tuple[str, str, str]]: ...
-
-    def get_document(self, tenant_id: str, doc_id: str) -> Document | None: ...
-
-    def delete(self, tenant_id: str, doc_id: str) -> bool: ...
-
-    def document_generation(self, tenant_id: str, doc_id: str) -> str | None: ...
-
-    def list_documents(
-        self,
-        tenant_id: str,
-        *,
-        after: str = "",
-        limit: int | None = None,
-        doc_ids: Collection[str] | None = None,
-    ) -> list[Document]: ...
-
-    def counts_many(
-        self, tenant_id: str, doc_ids: Collection[str]
-    ) -> dict[str, tuple[int, int, int]]: ...
 
 
 class SectionSummarizer(Protocol):
