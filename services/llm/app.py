@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from dataclasses import fields
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -18,7 +19,7 @@ from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tracing import install_tracing
 from services.llm.config import LlmSettings
-from services.llm.engine import Budgets, LlmEngine
+from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
@@ -33,6 +34,16 @@ CATALOGUE_RETRY_S = 1.0
 """Until ToolsProxy first answers, its catalogue is asked for this often."""
 CATALOGUE_REFRESH_S = 60.0
 """Then this often, and on a request needing a tool it lacks at most this often."""
+
+
+def loop_settings(settings: LlmSettings) -> LoopSettings:
+    """The tool loop's limits: the LlmSettings fields of the same names, and ToolsProxy's
+    per-call deadline as the tool timeout."""
+    shared = {f.name for f in fields(LoopSettings)} & {f.name for f in fields(LlmSettings)}
+    return LoopSettings(
+        **{name: getattr(settings, name) for name in shared},
+        tool_timeout_s=settings.tools_proxy.timeout_seconds,
+    )
 
 
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
@@ -59,18 +70,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         runtime,
         runner,
         READ_TOOL_SPECS,
-        LoopSettings(
-            max_tool_steps=settings.max_tool_steps,
-            max_prompt_tokens=settings.max_prompt_tokens,
-            max_completion_tokens=settings.max_completion_tokens,
-            max_total_tokens=settings.max_total_tokens,
-            max_tool_result_tokens=settings.max_tool_result_tokens,
-            max_consecutive_tool_errors=settings.max_consecutive_tool_errors,
-            watchdog_s=settings.watchdog_s,
-            tool_timeout_s=settings.tools_proxy.timeout_seconds,
-            external_tool_timeout_s=settings.external_tool_timeout_s,
-            default_model=settings.default_model,
-        ),
+        loop_settings(settings),
     )
 
     def offer(specs: Sequence[ToolSpec]) -> None:
@@ -80,14 +80,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     catalogue = ToolCatalogue(
         runner, offer, READ_TOOL_SPECS, refresh_s=CATALOGUE_REFRESH_S, retry_s=CATALOGUE_RETRY_S
     )
-    engine = LlmEngine(
-        loop,
-        Budgets(
-            settings.max_tool_steps, settings.max_prompt_tokens, settings.max_completion_tokens
-        ),
-        LlmMetrics(registry),
-        catalogue=catalogue,
-    )
+    engine = LlmEngine(loop, LlmMetrics(registry), catalogue=catalogue)
     catalogue_task = asyncio.create_task(catalogue.keep_loaded())
 
     def register(server):  # type: ignore[no-untyped-def]

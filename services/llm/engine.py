@@ -6,12 +6,12 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from services.common import errors
 from services.common.context import remaining_seconds
-from services.llm.loop import ToolLoop
+from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 from services.llm.prompt import ANSWER_LANGUAGES
@@ -22,15 +22,6 @@ MAX_MESSAGES = 64
 MAX_MESSAGE_CHARS = 32_768
 MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """The service's own limits (llm-service.md §7)."""
-
-    max_tool_steps: int = 3
-    max_prompt_tokens: int = 4096
-    max_completion_tokens: int = 512
 
 
 def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
@@ -61,7 +52,9 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
         raise _invalid(field_name, "response_schema cannot be combined with allowed_tools")
 
 
-def validate(req: GenerateInput, budgets: Budgets) -> None:
+def validate(req: GenerateInput, limits: LoopSettings) -> None:
+    """Raise InvalidArgumentError / LimitExceededError for a request the service refuses;
+    `limits` are the service's own (the tool loop's settings)."""
     if req.mode not in MODES:
         raise _invalid("mode", "mode must be 'rag' or 'chat'")
     if not req.messages:
@@ -84,11 +77,11 @@ def validate(req: GenerateInput, budgets: Budgets) -> None:
             "context_chunks", f"at most {MAX_CONTEXT_CHUNKS} context chunks", MAX_CONTEXT_CHUNKS
         )
     p = req.params
-    if p.max_tokens is not None and not 1 <= p.max_tokens <= budgets.max_completion_tokens:
+    if p.max_tokens is not None and not 1 <= p.max_tokens <= limits.max_completion_tokens:
         raise _over_limit(
             "generation_params.max_tokens",
-            f"generation_params.max_tokens must be 1..{budgets.max_completion_tokens}",
-            budgets.max_completion_tokens,
+            f"generation_params.max_tokens must be 1..{limits.max_completion_tokens}",
+            limits.max_completion_tokens,
         )
     ranges = {
         "temperature": (0.0, 2.0),
@@ -144,14 +137,12 @@ class LlmEngine:
     def __init__(
         self,
         loop: ToolLoop,
-        budgets: Budgets,
         metrics: LlmMetrics | None = None,
         *,
         catalogue: Catalogue | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._loop = loop
-        self._budgets = budgets
         self._metrics = metrics
         self._catalogue = catalogue
         self._clock = clock
@@ -181,7 +172,7 @@ class LlmEngine:
             self._metrics.record(outcome, latency_ms, usage, self._loop.tokenizer, out)
 
     async def _generate(self, req: GenerateInput, sink: EventSink | None) -> GenerateOutput:
-        validate(req, self._budgets)
+        validate(req, self._loop.settings)
         if not req.policy.allowed_tools:
             # No tools allowed: the loop offers none.
             req = replace(req, policy=replace(req.policy, max_tool_steps=0))

@@ -1,9 +1,13 @@
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
 
 from services.common import errors
-from services.llm.engine import MAX_MESSAGES, Budgets, LlmEngine
+from services.common.settings import Env
+from services.llm.app import loop_settings
+from services.llm.config import LlmSettings
+from services.llm.engine import MAX_MESSAGES, LlmEngine
 from services.llm.extractive import ExtractiveRuntime, best_sentences
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
@@ -37,16 +41,14 @@ WINDOW = ToolResult(
 )  # fmt: skip
 
 
-def engine(tools, **budgets):
-    b = Budgets(**budgets)
-    settings = LoopSettings(
-        max_tool_steps=b.max_tool_steps,
-        max_prompt_tokens=b.max_prompt_tokens,
-        max_completion_tokens=b.max_completion_tokens,
+def engine(tools, **limits):
+    b = LoopSettings(**limits)
+    settings = replace(
+        b,
         max_total_tokens=b.max_prompt_tokens + b.max_completion_tokens + 2048,
         default_model="extractive",
     )
-    return LlmEngine(ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings), b)
+    return LlmEngine(ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings))
 
 
 def req(**kw):
@@ -195,3 +197,41 @@ def test_tool_results_convert_as_struct_to_dict_does() -> None:
     response.result.number_value = float("nan")
     with pytest.raises(ValueError):
         result_to_dict(response.result)
+
+
+def test_the_loop_takes_every_limit_from_the_service_settings() -> None:
+    """app.loop_settings matches fields by name: a renamed setting must not fall back to the
+    loop's default silently."""
+    settings = LlmSettings.from_env(
+        Env(
+            {
+                "MAX_TOOL_STEPS": "7",
+                "MAX_PROMPT_TOKENS": "3001",
+                "MAX_COMPLETION_TOKENS": "301",
+                "LLM_SERVICE_MAX_TOTAL_TOKENS": "9001",
+                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS": "1001",
+                "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS": "4",
+                "LLM_SERVICE_WATCHDOG_SECONDS": "41",
+                "LLM_SERVICE_MCP_TIMEOUT_SECONDS": "3.5",
+                "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S": "11",
+            }
+        )
+    )
+    got = loop_settings(settings)
+    defaults = LoopSettings()
+    assert got == LoopSettings(
+        max_tool_steps=7,
+        max_prompt_tokens=3001,
+        max_completion_tokens=301,
+        max_total_tokens=9001,
+        max_tool_result_tokens=1001,
+        max_consecutive_tool_errors=4,
+        watchdog_s=41.0,
+        tool_timeout_s=3.5,
+        external_tool_timeout_s=11.0,
+        default_model="extractive",
+    )
+    left_default = {
+        f.name for f in fields(LoopSettings) if getattr(got, f.name) == getattr(defaults, f.name)
+    }
+    assert left_default == {"min_tool_result_tokens"}

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from services.common import errors
-from services.llm.engine import Budgets, LlmEngine
+from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import PlannedCall, ToolPolicy, ToolResult
@@ -114,7 +114,7 @@ def engine_with(source: Source, tools: FakeTools) -> LlmEngine:
         loop.catalogue = tuple(specs)
 
     catalogue = ToolCatalogue(source, offer, READ_TOOL_SPECS)
-    return LlmEngine(loop, Budgets(), catalogue=catalogue)
+    return LlmEngine(loop, catalogue=catalogue)
 
 
 PLANNED = ToolPolicy(

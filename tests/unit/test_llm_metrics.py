@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import errors
-from services.llm.engine import Budgets, LlmEngine
+from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
@@ -19,13 +19,9 @@ from tests.unit.test_llm import WINDOW, FakeTools, req
 
 
 def metered(tools, registry: CollectorRegistry) -> LlmEngine:
-    b = Budgets()
-    settings = LoopSettings(
-        max_tool_steps=b.max_tool_steps, max_prompt_tokens=b.max_prompt_tokens,
-        max_completion_tokens=b.max_completion_tokens, default_model="extractive",
-    )  # fmt: skip
+    settings = LoopSettings(default_model="extractive")
     loop = ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings)
-    return LlmEngine(loop, b, LlmMetrics(registry))
+    return LlmEngine(loop, LlmMetrics(registry))
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:

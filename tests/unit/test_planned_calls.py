@@ -9,7 +9,7 @@ import pytest
 from visior.llm.v1 import llm_pb2
 
 from services.common import errors
-from services.llm.engine import Budgets, LlmEngine
+from services.llm.engine import LlmEngine
 from services.llm.loop import PLANNED_FIELD, LoopSettings, ToolLoop
 from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy, User
 from services.llm.prompt import FINAL_ANSWER_NOTE
@@ -215,7 +215,7 @@ async def test_planned_reads_follow_the_policy_like_the_models_reads():
 
 
 async def test_the_engine_refuses_planned_calls_without_allowed_tools():
-    engine = LlmEngine(loop(ScriptedRuntime([says("x")]), FakeTools(default=OK)), Budgets())
+    engine = LlmEngine(loop(ScriptedRuntime([says("x")]), FakeTools(default=OK)))
     with pytest.raises(errors.InvalidArgumentError) as info:
         await engine.generate(req((RATES,), allowed_tools=()))
     assert info.value.metadata["field"] == PLANNED_FIELD

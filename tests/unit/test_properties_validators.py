@@ -33,6 +33,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2
 from services.common import errors
 from services.common import search_contract as contract
 from services.llm import engine as llm_engine
+from services.llm.loop import LoopSettings
 from services.llm.servicer import generate_input
 from services.orchestrator import respond as orch_respond
 from services.orchestrator.runtime_config import LIMITS as CONFIG_LIMITS
@@ -223,7 +224,7 @@ def validate_config(req: orchestrator_pb2.UpdateConfigRequest) -> None:
     ConfigHolder(RuntimeConfig(), max_window_radius=3).update(config_update(req))
 
 
-BUDGETS = llm_engine.Budgets()
+BUDGETS = LoopSettings()
 
 
 def validate_generate(req: llm_pb2.GenerateRequest) -> None:

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from services.common import errors
-from services.llm.engine import MAX_RESPONSE_SCHEMA_BYTES, Budgets, validate
+from services.llm.engine import MAX_RESPONSE_SCHEMA_BYTES, validate
+from services.llm.loop import LoopSettings
 from services.llm.model import GenerateInput, Message, ToolPolicy, User
 from services.model_runtime.chat import (
     ChatMessage,
@@ -297,7 +298,7 @@ def _input(schema: Any, tools: tuple[str, ...] = ()) -> GenerateInput:
     )
 
 
-BUDGETS = Budgets(max_tool_steps=5, max_prompt_tokens=4096, max_completion_tokens=512)
+BUDGETS = LoopSettings(max_tool_steps=5, max_prompt_tokens=4096, max_completion_tokens=512)
 
 
 def test_a_response_schema_at_the_size_limit_passes_one_byte_past_it_does_not() -> None:
