@@ -32,6 +32,24 @@ def invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(message, metadata={"field": field_name})
 
 
+def missing_user_context(field_name: str, message: str) -> errors.InvalidArgumentError:
+    """INVALID_ARGUMENT with reason MISSING_USER_CONTEXT: the caller's tenant or user is
+    blank. Both ids are the caller's identity (docs/architecture.md §16)."""
+    return errors.InvalidArgumentError(
+        message, reason="MISSING_USER_CONTEXT", metadata={"field": field_name}
+    )
+
+
+def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> None:
+    """INVALID_ARGUMENT when a caller names KB_TENANT as its own tenant: the knowledge base
+    is asked for the way `instead` says (docs/architecture.md §15), never as a caller's own
+    documents."""
+    if tenant_id == KB_TENANT:
+        raise invalid(
+            field_name, f"tenant {KB_TENANT!r} is reserved for the knowledge base; {instead}"
+        )
+
+
 def check_query_length(query: str) -> None:
     """LimitExceededError for a query longer than MAX_QUERY_CHARS."""
     if len(query) > MAX_QUERY_CHARS:

@@ -12,12 +12,13 @@ from datetime import UTC, date, datetime, timedelta
 from services.common import errors
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.search_contract import (
-    KB_TENANT,
     MAX_FILTER_VALUES,
     Filters,
     check_max_results,
     check_query_length,
+    missing_user_context,
     normalise_query,
+    refuse_reserved_tenant,
     validate_filters,
 )
 from services.common.tokenizer import Tokenizer, default_tokenizer
@@ -76,16 +77,12 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
     else:
         resolved = User(tenant_id=tenant_id, user_id=user_id)
     if not resolved.tenant_id.strip():
-        raise errors.InvalidArgumentError(
-            "user context is required: user.tenant_id (or tenant_id) is missing",
-            reason="MISSING_USER_CONTEXT",
-            metadata={"field": "tenant_id"},
+        raise missing_user_context(
+            "tenant_id", "user context is required: user.tenant_id (or tenant_id) is missing"
         )
     if not resolved.user_id.strip():
-        raise errors.InvalidArgumentError(
-            "user context is required: user.user_id (or user_id) is missing",
-            reason="MISSING_USER_CONTEXT",
-            metadata={"field": "user_id"},
+        raise missing_user_context(
+            "user_id", "user context is required: user.user_id (or user_id) is missing"
         )
     return resolved
 
@@ -109,12 +106,9 @@ def validate(req: RespondInput) -> None:
             )
     # What Retrieval would refuse is refused here, as the caller's error (400), instead of
     # reaching Retrieval and coming back as ours (500 DOWNSTREAM_REJECTED).
-    if req.user.tenant_id == KB_TENANT:
-        raise errors.InvalidArgumentError(
-            f"tenant {KB_TENANT!r} is reserved for the knowledge base; "
-            "ask for it with filters.source=knowledge_base",
-            metadata={"field": "tenant_id"},
-        )
+    refuse_reserved_tenant(
+        req.user.tenant_id, "tenant_id", "ask for it with filters.source=knowledge_base"
+    )
     validate_filters(req.filters)
     # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
     if len(req.selected_doc_ids) > MAX_FILTER_VALUES:

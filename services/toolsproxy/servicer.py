@@ -8,7 +8,7 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
-from services.common.search_contract import KB_TENANT
+from services.common.search_contract import missing_user_context, refuse_reserved_tenant
 from services.common.structs import request_struct
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -19,27 +19,11 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     """The caller from the request's user context; a missing tenant or user is the caller's
     error."""
     if not user.tenant_id.strip():
-        raise errors.InvalidArgumentError(
-            "user.tenant_id is required",
-            reason="MISSING_USER_CONTEXT",
-            metadata={"field": "user.tenant_id"},
-        )
+        raise missing_user_context("user.tenant_id", "user.tenant_id is required")
     if not user.user_id.strip():
-        # Both ids are the caller's identity (docs/architecture.md §16): the rate limits and the logs name
-        # the user, and no tool runs for an anonymous one.
-        raise errors.InvalidArgumentError(
-            "user.user_id is required",
-            reason="MISSING_USER_CONTEXT",
-            metadata={"field": "user.user_id"},
-        )
-    if user.tenant_id == KB_TENANT:
-        # The knowledge base is read through search_general_kb only (docs/architecture.md §15), never as a
-        # caller's own documents.
-        raise errors.InvalidArgumentError(
-            f"tenant {KB_TENANT!r} is reserved for the knowledge base; "
-            "search it with search_general_kb",
-            metadata={"field": "user.tenant_id"},
-        )
+        # The rate limits and the logs name the user: no tool runs for an anonymous one.
+        raise missing_user_context("user.user_id", "user.user_id is required")
+    refuse_reserved_tenant(user.tenant_id, "user.tenant_id", "search it with search_general_kb")
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 
 
