@@ -46,6 +46,7 @@ from services.retrieval.query import (
     expand_query,
     passage_language,
 )
+from services.retrieval.rerank import Reranker
 from services.retrieval.search import (
     ChunkHit,
     DocHit,
@@ -75,12 +76,6 @@ class BackendUnavailableError(errors.UnavailableError):
     """The vector store cannot be reached (retrieval.md §7.2); 502 through Envoy."""
 
     default_reason = "backend_unavailable"
-
-
-class Reranker(Protocol):
-    """Scores (query, text) pairs best first (services/retrieval/rerank.py)."""
-
-    async def rerank(self, query: str, texts: Sequence[str]) -> Sequence[Any]: ...
 
 
 class ChunkText(Protocol):

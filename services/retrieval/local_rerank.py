@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,10 @@ from tokenizers import Encoding, Tokenizer
 from services.common.settings import SettingsError
 from services.retrieval.intra_op import usable_cpus
 from services.retrieval.rerank import (
+    Reranker,
     RerankError,
     RerankResult,
     RerankSettings,
-    best_first,
-    call_terms,
     local_model_files,
 )
 
@@ -89,7 +87,7 @@ class _Stopped(Exception):
     """The call was given up (timeout or cancellation) before its batches were done."""
 
 
-class LocalCrossEncoder:
+class LocalCrossEncoder(Reranker):
     """A :class:`~services.retrieval.rerank.Reranker` running a cross-encoder in-process.
 
     Each (query, passage) pair goes through the tokenizer's pair template (``[CLS] q [SEP]
@@ -200,26 +198,13 @@ class LocalCrossEncoder:
 
     # -- scoring ----------------------------------------------------------------------------
 
-    async def rerank(
-        self,
-        query: str,
-        texts: Sequence[str],
-        *,
-        top_n: int | None = None,
-        timeout_s: float | None = None,
+    async def _score(
+        self, query: str, texts: list[str], limit: int, budget: float
     ) -> list[RerankResult]:
-        """Scores of the first ``max_candidates`` texts, best first (ties by index).
-
-        ``top_n`` (default: the settings'; 0 = all) caps the results. ``timeout_s``
-        (default: RERANK_TIMEOUT_S) bounds the whole call, the wait for a running call
-        included. Raises :class:`RerankError` (``timeout``, or ``bad_response`` when the
-        model fails on this input).
-        """
-        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
-        if not sent:
-            return []
-        scores = await self._run(query, sent, budget)
-        return best_first([RerankResult(i, float(s)) for i, s in enumerate(scores)], limit)
+        """The budget covers the wait for a running call; ``bad_response`` when the model
+        fails on this input."""
+        scores = await self._run(query, texts, budget)
+        return [RerankResult(i, float(s)) for i, s in enumerate(scores)]
 
     async def _run(self, query: str, texts: list[str], budget: float) -> np.ndarray:
         loop = asyncio.get_running_loop()

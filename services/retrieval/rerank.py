@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -53,16 +54,6 @@ class RerankResult:
 
     index: int
     score: float
-
-
-class Reranker(Protocol):
-    """Scores texts against a query; results best first, indices into ``texts``."""
-
-    async def rerank(
-        self, query: str, texts: Sequence[str], *, top_n: int | None = None
-    ) -> list[RerankResult]:
-        """Scores of ``texts`` (all of them, or the best ``top_n``), highest first."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -187,7 +178,44 @@ def _error_text(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
-class RerankClient:
+class Reranker(ABC):
+    """Scores texts against a query; results best first, indices into ``texts``.
+
+    `rerank` does what every implementation shares (`call_terms`, `best_first`); a subclass
+    scores the texts sent (`_score`): the HTTP API (`RerankClient`) or the local model
+    (services/retrieval/local_rerank.py).
+    """
+
+    _settings: RerankSettings
+
+    async def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        top_n: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[RerankResult]:
+        """Scores of the first ``max_candidates`` texts, best first (ties by index).
+
+        ``top_n`` (default: the settings' ``top_n``; 0 = all) caps the results.
+        ``timeout_s`` (default: the settings', RERANK_TIMEOUT_S) bounds the whole call;
+        pass the caller's remaining deadline here. Raises :class:`RerankError`.
+        """
+        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
+        if not sent:
+            return []
+        return best_first(await self._score(query, sent, limit, budget), limit)
+
+    @abstractmethod
+    async def _score(
+        self, query: str, texts: list[str], limit: int, budget: float
+    ) -> list[RerankResult]:
+        """Scores of ``texts`` (indices into it; at least the best ``limit`` when it is
+        above 0) within ``budget`` seconds, in any order."""
+
+
+class RerankClient(Reranker):
     """A :class:`Reranker` over HTTP; one retry on 5xx and connection errors, within a budget."""
 
     def __init__(self, settings: RerankSettings, http: httpx.AsyncClient | None = None) -> None:
@@ -217,35 +245,19 @@ class RerankClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def rerank(
-        self,
-        query: str,
-        texts: Sequence[str],
-        *,
-        top_n: int | None = None,
-        timeout_s: float | None = None,
+    async def _score(
+        self, query: str, texts: list[str], limit: int, budget: float
     ) -> list[RerankResult]:
-        """Scores of the first ``max_candidates`` texts, best first (ties by index).
-
-        ``top_n`` (default: the settings' ``top_n``; 0 = all) caps the results.
-        ``timeout_s`` (default: the settings') bounds the whole call, the retry and any
-        TEI batches included; pass the caller's remaining deadline here.
-        Raises :class:`RerankError`.
-        """
-        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
-        if not sent:
-            return []
+        """The budget covers the retry and any TEI batches."""
         deadline = time.monotonic() + budget
-        if self._settings.api_style == "tei":
-            size = self._settings.batch_size
-            batches = [(start, sent[start : start + size]) for start in range(0, len(sent), size)]
-            parts = await asyncio.gather(
-                *(self._call_tei(query, batch, start, deadline) for start, batch in batches)
-            )
-            results = [r for part in parts for r in part]
-        else:
-            results = await self._call_cohere(query, sent, limit, deadline)
-        return best_first(results, limit)
+        if self._settings.api_style != "tei":
+            return await self._call_cohere(query, texts, limit, deadline)
+        size = self._settings.batch_size
+        batches = [(start, texts[start : start + size]) for start in range(0, len(texts), size)]
+        parts = await asyncio.gather(
+            *(self._call_tei(query, batch, start, deadline) for start, batch in batches)
+        )
+        return [r for part in parts for r in part]
 
     async def _call_tei(
         self, query: str, texts: list[str], offset: int, deadline: float
