@@ -25,8 +25,9 @@ from services.retrieval.config import RetrievalSettings
 from services.retrieval.embeddings import Embedder
 from services.retrieval.engine import RetrievalEngine
 from services.retrieval.factories import build_embedder, build_reranker
-from services.retrieval.index.base import IndexUnavailableError, VectorIndex
+from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.edge import EdgeIndex
+from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.index_maintenance import IndexOptimizer
 from services.retrieval.ingestion import Ingestor

@@ -37,8 +37,8 @@ from services.retrieval.index.base import (
     IndexUnavailableError,
     PointId,
     RankQuery,
-    VectorIndex,
 )
+from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.query import (
     QueryExpander,
     SynonymTable,

@@ -42,7 +42,8 @@ from services.docstore.parsing import (
 )
 from services.docstore.store import DocumentStore
 from services.retrieval.embeddings import Embedder
-from services.retrieval.index.base import IndexPoint, IndexUnavailableError, VectorIndex
+from services.retrieval.index.base import IndexPoint, IndexUnavailableError
+from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.journal import IngestJournal
 from services.retrieval.listing import ListPage, list_page, page_token
 from services.retrieval.sections import SectionCatalog

@@ -8,9 +8,9 @@ from services.retrieval.index.base import (
     IndexPoint,
     IndexUnavailableError,
     InvalidFilterError,
-    VectorIndex,
 )
 from services.retrieval.index.edge import EdgeIndex
+from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.index.server import QdrantServerIndex
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -325,80 +325,3 @@ class RankQuery:
     limit: int
     vector: np.ndarray | None = None
     text: str = ""
-
-
-class VectorIndex(Protocol):
-    """A tenant-scoped hybrid (dense + BM25) index of chunks, section summaries and documents.
-
-    Every method is synchronous (the engine calls them through asyncio.to_thread)
-    and raises IndexUnavailableError when the backend cannot be reached.
-    """
-
-    backend: str
-    """"qdrant-edge" | "qdrant"."""
-    dim: int
-
-    def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by point_id; visible and crash-safe when it returns."""
-        ...
-
-    def delete_document(
-        self,
-        tenant_id: str,
-        doc_id: str,
-        *,
-        except_generation: str | None = None,
-        generation: str | None = None,
-    ) -> None:
-        """Delete every point of one document, optionally keeping one generation's points,
-        or only one generation's (`generation`)."""
-        ...
-
-    def search_dense(self, vector: np.ndarray, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """Cosine nearest neighbours inside the filter, best first."""
-        ...
-
-    def search_sparse(self, query: str, flt: IndexFilter, limit: int) -> list[IndexHit]:
-        """BM25 (IDF over the tenant's points of the filter's kinds) inside the filter."""
-        ...
-
-    def search_dense_ids(
-        self, vector: np.ndarray, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_dense returning (point id, score) only: no payload is read."""
-        ...
-
-    def search_sparse_ids(
-        self, query: str, flt: IndexFilter, limit: int
-    ) -> list[tuple[PointId, float]]:
-        """search_sparse returning (point id, score) only: no payload is read."""
-        ...
-
-    def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[list[tuple[PointId, float]]]:
-        """Several search_dense_ids / search_sparse_ids as one backend call, results in
-        order (a search ranks two to four lists: one round trip, one planned pass)."""
-        ...
-
-    def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
-        """doc_id -> generations present, for recovery after a crash mid-ingest."""
-        ...
-
-    def count(self, tenant_id: str | None = None) -> int:
-        """Number of points, of one tenant or of all."""
-        ...
-
-    def count_document(self, tenant_id: str, doc_id: str, generation: str) -> int:
-        """Number of one document's points of one generation (every kind)."""
-        ...
-
-    def optimize(self) -> None:
-        """Build HNSW / merge segments where the backend needs it (blocking)."""
-        ...
-
-    def health(self) -> dict[str, str]:
-        """{"status": "ok"|"down", "backend": ..., ...}; never raises."""
-        ...
-
-    def close(self) -> None:
-        """Release the backend; later calls raise IndexUnavailableError. Idempotent."""
-        ...

@@ -24,8 +24,8 @@ from services.retrieval.index.base import (
     filter_conditions,
 )
 from services.retrieval.index.qdrant_common import (
-    QdrantIndex,
     Ranking,
+    VectorIndex,
     dense_search_params,
     payload_indexes,
     ranking,
@@ -97,7 +97,7 @@ def _open_shard(path: str, config: qe.EdgeConfig, exists: bool) -> qe.EdgeShard:
         raise IndexUnavailableError(f"cannot {verb} Edge shard {path}: {msg}") from exc
 
 
-class EdgeIndex(QdrantIndex):
+class EdgeIndex(VectorIndex):
     """A VectorIndex over one Qdrant Edge shard directory, created on first open.
 
     Named vectors: `dense` (cosine, `dim`) and `bm25` (sparse, IDF modifier); keyword
@@ -262,7 +262,7 @@ class EdgeIndex(QdrantIndex):
         """Writes (upserts, deletes) since the shard was opened; `optimize` is not one."""
         return self._writes
 
-    # -- the backend (QdrantIndex) ---------------------------------------------------------
+    # -- the backend (VectorIndex) ---------------------------------------------------------
 
     def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> qe.Filter:
         return edge_filter(flt, exclude=exclude)
@@ -335,7 +335,7 @@ class EdgeIndex(QdrantIndex):
     def _count(self, filter_: qe.Filter | None) -> int:
         return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=filter_)))
 
-    # -- VectorIndex (the rest: QdrantIndex) ------------------------------------------------
+    # -- VectorIndex (the rest: qdrant_common) -----------------------------------------------
 
     def optimize(self) -> None:
         """Run the segment optimizers (HNSW build, merges, vacuum) until done; blocks."""

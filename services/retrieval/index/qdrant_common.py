@@ -1,6 +1,7 @@
-"""What both Qdrant backends (Edge in-process, server through qdrant-client) do alike.
+"""The vector index's interface, and what both Qdrant backends (Edge in-process, server
+through qdrant-client) do alike.
 
-`QdrantIndex` holds the VectorIndex methods once: point building, deletes by filter, dense
+`VectorIndex` states the interface and holds its methods once: point building, deletes by filter, dense
 and BM25 searches with and without payload, batched id rankings, generation scrolls, counts.
 A backend supplies the calls in its own client's classes (the `# --- the backend` hooks):
 its filter, its query and request objects, and how a write, search, batch, scroll and
@@ -100,10 +101,17 @@ def refuse_other_layout(found: object, where: str, remedy: str) -> None:
         )
 
 
-class QdrantIndex(ABC):
-    """The VectorIndex methods both Qdrant backends share; a subclass is one client."""
+class VectorIndex(ABC):
+    """A tenant-scoped hybrid (dense + BM25) index of chunks, section summaries and documents.
+
+    Every method is synchronous (the engine calls them through asyncio.to_thread) and raises
+    IndexUnavailableError when the backend cannot be reached. A subclass is one Qdrant
+    client (services/retrieval/index/edge.py, server.py): it supplies the backend hooks and
+    `optimize`, `health` and `close`.
+    """
 
     backend: str
+    """"qdrant-edge" | "qdrant"."""
     dim: int
     encoder: Bm25Encoder
     idf_per_tenant: bool
@@ -185,10 +193,22 @@ class QdrantIndex(ABC):
         using = DENSE_VECTOR if q.vector is not None else SPARSE_VECTOR
         return self._request(built[0], using, filter_, q.limit, built[1])
 
-    # --- VectorIndex ------------------------------------------------------------------------
+    # --- the interface ----------------------------------------------------------------------
+
+    @abstractmethod
+    def optimize(self) -> None:
+        """Build HNSW / merge segments where the backend needs it (blocking)."""
+
+    @abstractmethod
+    def health(self) -> dict[str, str]:
+        """{"status": "ok"|"down", "backend": ..., ...}; never raises."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the backend; later calls raise IndexUnavailableError. Idempotent."""
 
     def upsert(self, points: Sequence[IndexPoint]) -> None:
-        """Insert or replace points by id; durable when it returns."""
+        """Insert or replace points by point_id; visible and crash-safe when it returns."""
         batch: list[Any] = []
         for p in points:
             dense = validate_point(p, self.dim)
@@ -242,7 +262,8 @@ class QdrantIndex(ABC):
         return self.search_ids_batch([RankQuery(flt, limit, text=query)])[0]
 
     def search_ids_batch(self, queries: Sequence[RankQuery]) -> list[Ranking]:
-        """The rankings of `queries` from one backend call (one round trip, one planned pass
+        """Several search_dense_ids / search_sparse_ids as one backend call, results in
+        order: the rankings of `queries` from one backend call (one round trip, one planned pass
         over the segments: 4.3 ms for a section_first search's four lists at 100k points in
         Edge, against 5.5 ms as four calls); [] for a query that cannot match."""
         built = [self._ranking_request(q) for q in queries]
@@ -251,7 +272,8 @@ class QdrantIndex(ABC):
         return [[] if b is None else next(answers) for b in built]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
-        """doc_id -> generations present in the tenant's points."""
+        """doc_id -> generations present in the tenant's points, for recovery after a crash
+        mid-ingest."""
         filter_ = self._filter(IndexFilter(tenant_id=tenant_id, kinds=KINDS))
         out: dict[str, set[str]] = {}
         offset: Any = None

@@ -23,8 +23,8 @@ from services.retrieval.index.base import (
     filter_conditions,
 )
 from services.retrieval.index.qdrant_common import (
-    QdrantIndex,
     Ranking,
+    VectorIndex,
     dense_search_params,
     payload_indexes,
     ranking,
@@ -90,7 +90,7 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
-class QdrantServerIndex(QdrantIndex):
+class QdrantServerIndex(VectorIndex):
     """A VectorIndex over one collection of a Qdrant server or cluster.
 
     The collection (named vectors `dense` cosine and `bm25` sparse with the IDF
@@ -273,7 +273,7 @@ class QdrantServerIndex(QdrantIndex):
         if found is None:
             c.update_collection(self.collection, metadata={LAYOUT_KEY: LAYOUT_VERSION})
 
-    # -- the backend (QdrantIndex) ---------------------------------------------------------
+    # -- the backend (VectorIndex) ---------------------------------------------------------
 
     def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
         return server_filter(flt, exclude=exclude)
@@ -353,7 +353,7 @@ class QdrantServerIndex(QdrantIndex):
         res = self._call(lambda c: c.count(self.collection, count_filter=filter_, exact=True))
         return int(res.count)
 
-    # -- VectorIndex (the rest: QdrantIndex) ------------------------------------------------
+    # -- VectorIndex (the rest: qdrant_common) -----------------------------------------------
 
     def optimize(self) -> None:
         """No-op: the server's optimizers build HNSW and merge segments on their own."""
