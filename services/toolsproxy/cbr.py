@@ -23,7 +23,6 @@ import math
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
@@ -38,6 +37,7 @@ from services.common.context import upstream_timeout
 from services.common.logging import get_logger
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from services.toolsproxy.ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 events = get_logger(__name__)
@@ -382,8 +382,9 @@ class CbrClient:
             reset_after_s=settings.breaker_reset_s,
             clock=clock,
         )
-        self._cache: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, DataSet]]
-        self._cache = OrderedDict()
+        self._cache: TtlCache[tuple[str, tuple[tuple[str, str], ...]], DataSet] = TtlCache(
+            settings.cache_ttl_s, settings.cache_max_entries, clock
+        )
         self.upstream_calls = 0
         """HTTP requests sent (retries included); for metrics and tests."""
 
@@ -457,11 +458,8 @@ class CbrClient:
         started = time.perf_counter()
         hit = self._cache.get(key)
         if hit is not None:
-            stored_at, data = hit
-            if self._clock() - stored_at < self.settings.cache_ttl_s:
-                self._event(operation, "ok", started, cache_hit=True, rows=len(data.rows))
-                return data
-            del self._cache[key]
+            self._event(operation, "ok", started, cache_hit=True, rows=len(hit.rows))
+            return hit
         try:
             self.breaker.before_call()
         except CircuitOpenError as exc:
@@ -494,10 +492,7 @@ class CbrClient:
             raise
         self.breaker.record_success()
         self._event(operation, "ok", started, rows=len(data.rows))
-        if self.settings.cache_ttl_s > 0:
-            self._cache[key] = (self._clock(), data)
-            while len(self._cache) > self.settings.cache_max_entries:
-                self._cache.popitem(last=False)
+        self._cache.put(key, data)
         return data
 
     def _event(self, operation: str, status: str, started: float, **fields: Any) -> None:

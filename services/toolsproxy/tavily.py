@@ -14,7 +14,6 @@ import email.utils
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +28,7 @@ from services.common.http import retry_after_seconds
 from services.common.logging import get_logger
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from services.toolsproxy.ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 events = get_logger(__name__)
@@ -205,7 +205,9 @@ class TavilyClient:
             reset_after_s=settings.breaker_reset_s,
             clock=clock,
         )
-        self._cache: OrderedDict[tuple[Any, ...], tuple[float, dict[str, Any]]] = OrderedDict()
+        self._cache: TtlCache[tuple[Any, ...], dict[str, Any]] = TtlCache(
+            settings.cache_ttl_s, settings.cache_max_entries, clock
+        )
 
     def __repr__(self) -> str:
         return f"TavilyClient(url={self._url!r}, configured={self._settings.configured})"
@@ -238,7 +240,7 @@ class TavilyClient:
 
         key = (tenant_id, user_id, text, count, time_range, search_depth)
         started = time.perf_counter()
-        cached = self._cache_get(key)
+        cached = self._cache.get(key)
         if cached is not None:
             self._log("ok", tenant_id, started, attempts=0, cache_hit=True)
             return {**copy.deepcopy(cached), "cached": True}
@@ -263,7 +265,7 @@ class TavilyClient:
         if time_range is not None:
             body["time_range"] = time_range
         result, attempts = await self._search_once(body, count, tenant_id, started)
-        self._cache_put(key, result)
+        self._cache.put(key, result)
         self._log("ok", tenant_id, started, attempts=attempts, results=len(result["results"]))
         return {**copy.deepcopy(result), "cached": False}  # callers may mutate theirs
 
@@ -416,27 +418,6 @@ class TavilyClient:
         if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
             raise bad
         return payload
-
-    # -- cache ----------------------------------------------------------------------------
-
-    def _cache_get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
-        entry = self._cache.get(key)
-        if entry is None:
-            return None
-        expires, value = entry
-        if self._clock() >= expires:
-            del self._cache[key]
-            return None
-        return value
-
-    def _cache_put(self, key: tuple[Any, ...], value: dict[str, Any]) -> None:
-        ttl = self._settings.cache_ttl_s
-        if ttl <= 0:
-            return
-        self._cache[key] = (self._clock() + ttl, value)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._settings.cache_max_entries:
-            self._cache.popitem(last=False)
 
     def _log(self, status: str, tenant_id: str, started: float, **fields: Any) -> None:
         """agent.md §9's ``external_call``: one per search, a cache hit included (INFO when
