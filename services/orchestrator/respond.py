@@ -134,6 +134,14 @@ def section_list(
     return fitted.question.partition("Sections found:\n")[2]
 
 
+def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:
+    """The answer's sources: the first MAX_SOURCES sections, with their pages and scores."""
+    return tuple(
+        Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
+        for s in sections[:MAX_SOURCES]
+    )
+
+
 def radius_schedule(radius: int) -> tuple[int, ...]:
     """1 -> 2 -> ... -> R per side (docs/architecture.md §8); R = 0 reads the anchor alone."""
     return tuple(range(1, radius + 1)) or (0,)
@@ -431,12 +439,7 @@ class Responder:
                 require_tool_call=bool(sections),
             )
         )
-        return self._output(
-            req, outcome,
-            tuple(Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
-                  for s in sections[:MAX_SOURCES]),
-            found.latency_ms,
-        )  # fmt: skip
+        return self._output(req, outcome, sources_of(sections), found.latency_ms)
 
     async def _full(
         self,
@@ -483,10 +486,7 @@ class Responder:
             )
             latency += found.latency_ms
             if found.sections:
-                return tuple(
-                    Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
-                    for s in found.sections[:MAX_SOURCES]
-                ), latency
+                return sources_of(found.sections), latency
         return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES]), latency
 
     async def _general(
@@ -506,10 +506,7 @@ class Responder:
                 )
             )
             latency = found.latency_ms
-            sources = tuple(
-                Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
-                for s in found.sections[:MAX_SOURCES]
-            )
+            sources = sources_of(found.sections)
         elif decision.intent == "currency_rates":
             args: dict[str, object] = {
                 "mode": "currency",
