@@ -17,20 +17,15 @@ from services.retrieval.index.base import (
     SCOPE_FIELD,
     SPARSE_VECTOR,
     FieldMatch,
-    IndexFilter,
     IndexLayoutError,
     IndexLockedError,
     IndexUnavailableError,
-    filter_conditions,
 )
 from services.retrieval.index.qdrant_common import (
-    Ranking,
     VectorIndex,
     dense_search_params,
     payload_indexes,
-    ranking,
-    refuse_other_layout,
-    unrecorded_layout,
+    settle_layout,
 )
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
@@ -39,19 +34,6 @@ _CONFIG_FILE = "edge_config.json"
 LAYOUT_FILE = "visior_layout.json"
 """Written into the shard directory: {"layout_version": LAYOUT_VERSION}."""
 _UPSERT_BATCH = 512
-_SCROLL_PAGE = 2048
-
-
-def edge_filter(flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> qe.Filter:
-    """The only IndexFilter -> Edge filter translation (tenant first, via filter_conditions)."""
-    must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
-    return qe.Filter(must=must, must_not=[_condition(c) for c in exclude] or None)
-
-
-def _condition(c: FieldMatch) -> qe.FieldCondition:
-    if len(c.values) == 1:
-        return qe.FieldCondition(c.key, match=qe.MatchValue(c.values[0]))
-    return qe.FieldCondition(c.key, match=qe.MatchAny(list(c.values)))
 
 
 def _edge_config(
@@ -95,6 +77,16 @@ def _open_shard(path: str, config: qe.EdgeConfig, exists: bool) -> qe.EdgeShard:
             ) from exc
         verb = "open" if exists else "create"
         raise IndexUnavailableError(f"cannot {verb} Edge shard {path}: {msg}") from exc
+
+
+def _write_marker(marker: str) -> None:
+    """Record LAYOUT_VERSION in the shard directory (durably, then atomically)."""
+    tmp = f"{marker}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"layout_version": LAYOUT_VERSION}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, marker)
 
 
 class EdgeIndex(VectorIndex):
@@ -191,34 +183,32 @@ class EdgeIndex(VectorIndex):
         otherwise refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
         """
         marker = os.path.join(self.path, LAYOUT_FILE)
-        found: object = None
-        if not created and os.path.exists(marker):
+        recorded: object = None
+        has_marker = not created and os.path.exists(marker)
+        if has_marker:
             try:
                 with open(marker, encoding="utf-8") as f:
-                    found = json.load(f).get("layout_version")
+                    recorded = json.load(f).get("layout_version")
             except (OSError, ValueError, AttributeError) as exc:
                 raise IndexLayoutError(
                     f"Edge shard {self.path}: unreadable {LAYOUT_FILE} ({exc}); "
                     "delete the index directory and re-ingest the documents"
                 ) from exc
-        elif not created:
-            records, _ = self._scroll(
-                qe.ScrollRequest(limit=1, with_payload=[SCOPE_FIELD], with_vector=False)
-            )
-            found = unrecorded_layout([r.payload for r in records])
-        refuse_other_layout(
-            found,
+
+        def first_payloads() -> list[Any]:
+            if created or has_marker:  # nothing written before layouts were recorded
+                return []
+            req = qe.ScrollRequest(limit=1, with_payload=[SCOPE_FIELD], with_vector=False)
+            return [r.payload for r in self._scroll(req)[0]]
+
+        settle_layout(
+            recorded,
+            first_payloads,
             f"Edge shard {self.path}",
             "Delete the index directory (RETR_INDEX_PATH) and re-ingest the documents (the "
             "document store keeps them: `visior ingest PATH... --tenant T`)",
+            lambda: _write_marker(marker),
         )
-        if found is None:
-            tmp = f"{marker}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"layout_version": LAYOUT_VERSION}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, marker)
 
     def _ensure_payload_indexes(self) -> None:
         have = set(self._call(lambda s: s.info().payload_schema))
@@ -264,8 +254,13 @@ class EdgeIndex(VectorIndex):
 
     # -- the backend (VectorIndex) ---------------------------------------------------------
 
-    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> qe.Filter:
-        return edge_filter(flt, exclude=exclude)
+    def _condition(self, c: FieldMatch) -> qe.FieldCondition:
+        if len(c.values) == 1:
+            return qe.FieldCondition(c.key, match=qe.MatchValue(c.values[0]))
+        return qe.FieldCondition(c.key, match=qe.MatchAny(list(c.values)))
+
+    def _filter_of(self, must: list[Any], must_not: list[Any] | None) -> qe.Filter:
+        return qe.Filter(must=must, must_not=must_not)
 
     def _sparse_vector(self, v: SparseVector) -> qe.SparseVector:
         return qe.SparseVector(list(v.indices), list(v.values))
@@ -290,12 +285,6 @@ class EdgeIndex(VectorIndex):
         with self._writing():
             self._update(op)
 
-    def _search(
-        self, query: Any, using: str, filter_: qe.Filter, limit: int, params: Any
-    ) -> Sequence[Any]:
-        req = self._request(query, using, filter_, limit, params, payload=True)
-        return self._call(lambda s: s.query(req))
-
     def _request(
         self,
         query: Any,
@@ -304,7 +293,7 @@ class EdgeIndex(VectorIndex):
         limit: int,
         params: Any,
         *,
-        payload: bool = False,
+        payload: bool,
     ) -> qe.QueryRequest:
         # `using` is in the query (qe.Query.Nearest).
         return qe.QueryRequest(
@@ -316,21 +305,17 @@ class EdgeIndex(VectorIndex):
             params=params,
         )
 
-    def _run_batch(self, requests: list[Any]) -> list[Ranking]:
+    def _query_batch(self, requests: list[Any]) -> Sequence[Sequence[Any]]:
         """One `query_batch`: one planned pass over the segments."""
-        answers = self._call(lambda s: s.query_batch(qe.QueryBatchRequest(requests)))
-        return [ranking(points) for points in answers]
+        return self._call(lambda s: s.query_batch(qe.QueryBatchRequest(requests)))
 
-    def _scroll_page(self, filter_: qe.Filter, offset: Any) -> tuple[Sequence[Any], Any]:
-        return self._scroll(
-            qe.ScrollRequest(
-                offset=offset,
-                limit=_SCROLL_PAGE,
-                filter=filter_,
-                with_payload=["doc_id", "generation"],
-                with_vector=False,
-            )
+    def _scroll_page(
+        self, filter_: qe.Filter, offset: Any, limit: int, fields: list[str]
+    ) -> tuple[Sequence[Any], Any]:
+        req = qe.ScrollRequest(
+            offset=offset, limit=limit, filter=filter_, with_payload=fields, with_vector=False
         )
+        return self._scroll(req)
 
     def _count(self, filter_: qe.Filter | None) -> int:
         return self._call(lambda s: s.count(qe.CountRequest(exact=True, filter=filter_)))

@@ -35,6 +35,7 @@ from services.retrieval.index.base import (
     PointId,
     RankQuery,
     check_limit,
+    filter_conditions,
     hit_from_payload,
     idf_corpus,
     point_payload,
@@ -45,6 +46,9 @@ from services.retrieval.index.sparse import Bm25Encoder, SparseVector, in_tenant
 
 R = TypeVar("R")
 Ranking = list[tuple[PointId, float]]
+_SCROLL_PAGE = 2048
+_SCROLL_FIELDS = ["doc_id", "generation"]
+"""The payload a generation scroll reads."""
 
 
 def ranking(points: Iterable[Any]) -> Ranking:
@@ -101,6 +105,22 @@ def refuse_other_layout(found: object, where: str, remedy: str) -> None:
         )
 
 
+def settle_layout(
+    recorded: object,
+    first_payloads: Callable[[], Sequence[dict[str, Any] | None]],
+    where: str,
+    remedy: str,
+    record: Callable[[], object],
+) -> None:
+    """The layout check of an index being opened: the layout it records, or when it records
+    none the one its first point shows (`first_payloads`: up to one point's payload); another
+    than ours raises IndexLayoutError; an index that shows none gets ours (`record`)."""
+    found = recorded if recorded is not None else unrecorded_layout(first_payloads())
+    refuse_other_layout(found, where, remedy)
+    if found is None:
+        record()
+
+
 class VectorIndex(ABC):
     """A tenant-scoped hybrid (dense + BM25) index of chunks, section summaries and documents.
 
@@ -120,8 +140,12 @@ class VectorIndex(ABC):
     # --- the backend ----------------------------------------------------------------------
 
     @abstractmethod
-    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> Any:
-        """The backend's filter for `flt` (the only translation; tenant condition first)."""
+    def _condition(self, c: FieldMatch) -> Any:
+        """The backend's condition for `c`: its one value, or any of its values."""
+
+    @abstractmethod
+    def _filter_of(self, must: list[Any], must_not: list[Any] | None) -> Any:
+        """The backend's filter of these conditions."""
 
     @abstractmethod
     def _sparse_vector(self, v: SparseVector) -> Any:
@@ -148,29 +172,41 @@ class VectorIndex(ABC):
         """Delete every point matching the backend filter `filter_`."""
 
     @abstractmethod
-    def _search(
-        self, query: Any, using: str, filter_: Any, limit: int, params: Any
-    ) -> Sequence[Any]:
-        """One query's scored points (id, payload, score), best first."""
+    def _request(
+        self, query: Any, using: str, filter_: Any, limit: int, params: Any, *, payload: bool
+    ) -> Any:
+        """One query of a batch, with its points' payload or only their ids and scores."""
 
     @abstractmethod
-    def _request(self, query: Any, using: str, filter_: Any, limit: int, params: Any) -> Any:
-        """One id-only query of a batch."""
+    def _query_batch(self, requests: list[Any]) -> Sequence[Sequence[Any]]:
+        """The scored points (id, score, payload when asked) of each of `requests`, best
+        first, from one call, in order."""
 
     @abstractmethod
-    def _run_batch(self, requests: list[Any]) -> list[Ranking]:
-        """The (id, score) rankings of `requests`, from one call, in order."""
-
-    @abstractmethod
-    def _scroll_page(self, filter_: Any, offset: Any) -> tuple[Sequence[Any], Any]:
-        """One page of records (doc_id and generation payload) and the next offset (None:
-        the last page)."""
+    def _scroll_page(
+        self, filter_: Any, offset: Any, limit: int, fields: list[str]
+    ) -> tuple[Sequence[Any], Any]:
+        """One page of at most `limit` records with the payload `fields`, and the next offset
+        (None: the last page)."""
 
     @abstractmethod
     def _count(self, filter_: Any | None) -> int:
         """Exact number of points matching `filter_` (None: every point)."""
 
     # --- queries ----------------------------------------------------------------------------
+
+    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> Any:
+        """The backend's filter for `flt`: the only translation (tenant condition first, by
+        filter_conditions); `exclude` are must-not conditions."""
+        must = [self._condition(c) for c in filter_conditions(flt)]
+        return self._filter_of(must, [self._condition(c) for c in exclude] or None)
+
+    def _search(
+        self, query: Any, using: str, filter_: Any, limit: int, params: Any
+    ) -> Sequence[Any]:
+        """One query's scored points (id, payload, score), best first."""
+        request = self._request(query, using, filter_, limit, params, payload=True)
+        return self._query_batch([request])[0]
 
     def _dense(self, vector: np.ndarray) -> tuple[Any, Any]:
         return self._nearest(query_vector(vector, self.dim), DENSE_VECTOR), self._dense_params
@@ -191,7 +227,7 @@ class VectorIndex(ABC):
         if check_limit(q.limit) == 0 or built is None:
             return None
         using = DENSE_VECTOR if q.vector is not None else SPARSE_VECTOR
-        return self._request(built[0], using, filter_, q.limit, built[1])
+        return self._request(built[0], using, filter_, q.limit, built[1], payload=False)
 
     # --- the interface ----------------------------------------------------------------------
 
@@ -268,8 +304,8 @@ class VectorIndex(ABC):
         Edge, against 5.5 ms as four calls); [] for a query that cannot match."""
         built = [self._ranking_request(q) for q in queries]
         requests = [b for b in built if b is not None]
-        answers = iter(self._run_batch(requests) if requests else ())
-        return [[] if b is None else next(answers) for b in built]
+        answers = iter(self._query_batch(requests) if requests else ())
+        return [[] if b is None else ranking(next(answers)) for b in built]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
         """doc_id -> generations present in the tenant's points, for recovery after a crash
@@ -278,7 +314,7 @@ class VectorIndex(ABC):
         out: dict[str, set[str]] = {}
         offset: Any = None
         while True:
-            records, offset = self._scroll_page(filter_, offset)
+            records, offset = self._scroll_page(filter_, offset, _SCROLL_PAGE, _SCROLL_FIELDS)
             for r in records:
                 payload = r.payload or {}
                 out.setdefault(str(payload.get("doc_id", "")), set()).add(

@@ -18,18 +18,13 @@ from services.retrieval.index.base import (
     SCOPE_FIELD,
     SPARSE_VECTOR,
     FieldMatch,
-    IndexFilter,
     IndexUnavailableError,
-    filter_conditions,
 )
 from services.retrieval.index.qdrant_common import (
-    Ranking,
     VectorIndex,
     dense_search_params,
     payload_indexes,
-    ranking,
-    refuse_other_layout,
-    unrecorded_layout,
+    settle_layout,
 )
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
@@ -37,7 +32,6 @@ _T = TypeVar("_T")
 LAYOUT_KEY = "visior_layout_version"
 """Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
-_SCROLL_PAGE = 2048
 # gRPC status names (duck-typed: this module does not import grpc) that mean "not reachable
 # or not serving now"; INVALID_ARGUMENT, NOT_FOUND and the like are bugs and propagate.
 _UNAVAILABLE_GRPC = {
@@ -51,21 +45,6 @@ _UNAVAILABLE_GRPC = {
     "UNAUTHENTICATED",
     "PERMISSION_DENIED",
 }
-
-
-def server_filter(flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
-    """The only IndexFilter -> qdrant-client filter translation (tenant first)."""
-    must: list[Any] = [_condition(c) for c in filter_conditions(flt)]
-    return models.Filter(
-        must=must,
-        must_not=[_condition(c) for c in exclude] or None,  # type: ignore[misc]
-    )
-
-
-def _condition(c: FieldMatch) -> models.FieldCondition:
-    if len(c.values) == 1:
-        return models.FieldCondition(key=c.key, match=models.MatchValue(value=c.values[0]))
-    return models.FieldCondition(key=c.key, match=models.MatchAny(any=list(c.values)))
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -258,25 +237,31 @@ class QdrantServerIndex(VectorIndex):
         A collection from before the marker is adopted when it has no points and otherwise
         refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
         """
-        found = (metadata or {}).get(LAYOUT_KEY)
-        if found is None:
+
+        def first_payloads() -> list[Any]:
             records, _ = c.scroll(
                 self.collection, limit=1, with_payload=[SCOPE_FIELD], with_vectors=False
             )
-            found = unrecorded_layout([r.payload for r in records])
-        refuse_other_layout(
-            found,
+            return [r.payload for r in records]
+
+        settle_layout(
+            (metadata or {}).get(LAYOUT_KEY),
+            first_payloads,
             f"Qdrant collection {self.collection}",
             "Delete the collection (or point QDRANT_COLLECTION at a new one) and re-ingest "
             "the documents (`visior ingest PATH... --tenant T`)",
+            lambda: c.update_collection(self.collection, metadata={LAYOUT_KEY: LAYOUT_VERSION}),
         )
-        if found is None:
-            c.update_collection(self.collection, metadata={LAYOUT_KEY: LAYOUT_VERSION})
 
     # -- the backend (VectorIndex) ---------------------------------------------------------
 
-    def _filter(self, flt: IndexFilter, *, exclude: Sequence[FieldMatch] = ()) -> models.Filter:
-        return server_filter(flt, exclude=exclude)
+    def _condition(self, c: FieldMatch) -> models.FieldCondition:
+        if len(c.values) == 1:
+            return models.FieldCondition(key=c.key, match=models.MatchValue(value=c.values[0]))
+        return models.FieldCondition(key=c.key, match=models.MatchAny(any=list(c.values)))
+
+    def _filter_of(self, must: list[Any], must_not: list[Any] | None) -> models.Filter:
+        return models.Filter(must=must, must_not=must_not)
 
     def _sparse_vector(self, v: SparseVector) -> models.SparseVector:
         return models.SparseVector(indices=list(v.indices), values=list(v.values))
@@ -302,25 +287,15 @@ class QdrantServerIndex(VectorIndex):
         selector = models.FilterSelector(filter=filter_)
         self._call(lambda c: c.delete(self.collection, points_selector=selector, wait=True))
 
-    def _search(
-        self, query: Any, using: str, filter_: models.Filter, limit: int, params: Any
-    ) -> Sequence[Any]:
-        res = self._call(
-            lambda c: c.query_points(
-                self.collection,
-                query=query,
-                using=using,
-                query_filter=filter_,
-                limit=limit,
-                with_payload=True,
-                with_vectors=False,
-                search_params=params,
-            )
-        )
-        return res.points
-
     def _request(
-        self, query: Any, using: str, filter_: models.Filter, limit: int, params: Any
+        self,
+        query: Any,
+        using: str,
+        filter_: models.Filter,
+        limit: int,
+        params: Any,
+        *,
+        payload: bool,
     ) -> models.QueryRequest:
         return models.QueryRequest(
             query=query,
@@ -328,23 +303,25 @@ class QdrantServerIndex(VectorIndex):
             filter=filter_,
             limit=limit,
             params=params,
-            with_payload=False,
+            with_payload=payload,
             with_vector=False,
         )
 
-    def _run_batch(self, requests: list[Any]) -> list[Ranking]:
+    def _query_batch(self, requests: list[Any]) -> Sequence[Sequence[Any]]:
         """One query_batch_points call: one round trip."""
         answers = self._call(lambda c: c.query_batch_points(self.collection, requests=requests))
-        return [ranking(answer.points) for answer in answers]
+        return [answer.points for answer in answers]
 
-    def _scroll_page(self, filter_: models.Filter, offset: Any) -> tuple[Sequence[Any], Any]:
+    def _scroll_page(
+        self, filter_: models.Filter, offset: Any, limit: int, fields: list[str]
+    ) -> tuple[Sequence[Any], Any]:
         return self._call(
             lambda c: c.scroll(
                 self.collection,
                 scroll_filter=filter_,
-                limit=_SCROLL_PAGE,
+                limit=limit,
                 offset=offset,
-                with_payload=["doc_id", "generation"],
+                with_payload=fields,
                 with_vectors=False,
             )
         )
