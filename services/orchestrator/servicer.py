@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import grpc
@@ -102,14 +102,9 @@ def respond_response(out: RespondOutput) -> pb.RespondResponse:
 
 
 def config_fields(c: RuntimeConfig) -> dict[str, Any]:
-    return {
-        "default_model": c.default_model,
-        "prompt_token_budget": c.prompt_token_budget,
-        "context_token_budget": c.context_token_budget,
-        "max_tool_steps": c.max_tool_steps,
-        "window_radius": c.window_radius,
-        "mock_mode": c.mock_mode,
-    }
+    """The config as Get/UpdateConfigResponse's fields (they are RuntimeConfig's, name for
+    name)."""
+    return asdict(c)
 
 
 def config_update(req: pb.UpdateConfigRequest) -> ConfigUpdate:
