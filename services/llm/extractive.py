@@ -52,8 +52,8 @@ from services.llm.toolcalls import (
 )
 from services.model_runtime.chat import (
     ChatMessage,
+    ChatRequest,
     Completion,
-    GenerationParams,
     StreamDelta,
     StreamEvent,
     ToolCall,
@@ -830,32 +830,20 @@ class ExtractiveRuntime:
     name = EXTRACTIVE
     extractive = True
 
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> Completion:
+    async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
         """The next move: a tool call, or the answer."""
-        return self.respond(messages, tools if params.tool_choice != "none" else ())
+        return self._answer(request)
 
-    async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ChatRequest, *, timeout_s: float) -> AsyncIterator[StreamEvent]:
         """`complete`, with the answer handed out word by word first."""
-        completion = self.respond(messages, tools if params.tool_choice != "none" else ())
+        completion = self._answer(request)
         for piece in _PIECE.findall(completion.content):
             yield StreamDelta(piece)
         yield completion
+
+    def _answer(self, request: ChatRequest) -> Completion:
+        tools = request.tools if request.params.tool_choice != "none" else ()
+        return self.respond(request.messages, tools)
 
     def respond(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
         """What a model would answer to `messages` with `tools` offered."""

@@ -66,6 +66,7 @@ from services.llm.toolcalls import (
 )
 from services.model_runtime.chat import (
     ChatMessage,
+    ChatRequest,
     ChatRuntime,
     Completion,
     StreamDelta,
@@ -379,18 +380,15 @@ class _Run:
         runtime = self.loop.runtime
         if self.language_note is not None:
             messages = [*messages, self.language_note]
+        request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
-                    final = await runtime.complete(
-                        messages, tools, params, timeout_s=left, model=self.req.model
-                    )
+                    final = await runtime.complete(request, timeout_s=left)
                     self.loop.observer.model_call(tuple(messages), final)
                     return final
-                async for event in runtime.stream(
-                    messages, tools, params, timeout_s=left, model=self.req.model
-                ):
+                async for event in runtime.stream(request, timeout_s=left):
                     if isinstance(event, StreamDelta):
                         await self.sink.delta(event.text)
                     else:

@@ -83,29 +83,28 @@ StreamEvent = StreamDelta | Completion
 """A stream yields deltas and ends with the assembled Completion."""
 
 
+@dataclass(frozen=True)
+class ChatRequest:
+    """What one model call asks: the conversation, the tools offered and the generation
+    params, for `model` (empty: the runtime's default)."""
+
+    messages: Sequence[ChatMessage]
+    tools: Sequence[ToolSpec] = ()
+    params: GenerationParams = GenerationParams()
+    model: str = ""
+
+
 class ChatRuntime(Protocol):
     """A chat model. A failed call (timeout, overload, malformed answer, breaker open)
     raises services.common.errors.UnavailableError with reason LLM_RUNTIME_ERROR (502).
-    `model` is the request's model name; empty means the runtime's default."""
+    `timeout_s` bounds the whole call."""
 
     name: str
 
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> Completion: ...
+    async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
+        """The model's answer: text and/or tool calls."""
+        ...
 
-    def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> AsyncIterator[StreamEvent]: ...
+    def stream(self, request: ChatRequest, *, timeout_s: float) -> AsyncIterator[StreamEvent]:
+        """The answer's text as it is written (StreamDelta), then the whole Completion."""
+        ...

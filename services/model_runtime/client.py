@@ -61,6 +61,7 @@ from services.common.http import retry_after_seconds
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     ChatMessage,
+    ChatRequest,
     Completion,
     GenerationParams,
     StreamDelta,
@@ -309,33 +310,40 @@ def _json_mode_messages(
     return out
 
 
-def build_request(
-    messages: Sequence[ChatMessage],
-    tools: Sequence[ToolSpec],
-    params: GenerationParams,
-    *,
-    model: str,
-    json_mode: bool,
-    json_schema: bool = False,
-    stream: bool = False,
-    stream_usage: bool = True,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WireForm:
+    """How a ChatRequest is put on the wire (the runtime's settings decide)."""
+
+    json_mode: bool = False
+    """Tools as a system instruction and calls as JSON text (ENABLE_JSON_MODE), not ``tools``."""
+    json_schema: bool = False
+    """In JSON mode, constrain each step to `step_schema` (else ``json_object``)."""
+    stream: bool = False
+    stream_usage: bool = True
+    """With `stream`, ask for a final usage chunk (``stream_options.include_usage``)."""
+
+
+NATIVE = WireForm()
+
+
+def build_request(request: ChatRequest, form: WireForm = NATIVE) -> dict[str, Any]:
     """The chat-completions body: only the generation params that are set are sent.
 
     With `params.response_schema` the answer is constrained to that schema (no tools). In
-    JSON mode `json_schema` constrains each step to `step_schema` (else ``json_object``).
+    JSON mode `form.json_schema` constrains each step to `step_schema` (else ``json_object``).
     With `params.tool_choice` "none" the tools stay in the prompt, unchanged, so the
     runtime's prompt cache still covers it, but the answer may not call them.
     """
+    messages, tools, params = request.messages, request.tools, request.params
     _check_roles(messages)
-    body: dict[str, Any] = {"model": model}
+    body: dict[str, Any] = {"model": request.model}
     allow_tools = params.tool_choice != "none"
     if params.response_schema is not None:
         body["messages"] = _native_messages(messages)
         body["response_format"] = _json_schema_format("response", params.response_schema)
-    elif json_mode:
+    elif form.json_mode:
         body["messages"] = _json_mode_messages(messages, tools)
-        if json_schema:
+        if form.json_schema:
             body["response_format"] = _json_schema_format(
                 "visior_step",
                 step_schema(
@@ -366,9 +374,9 @@ def build_request(
             body[name] = value
     if params.stop:
         body["stop"] = list(params.stop)
-    if stream:
+    if form.stream:
         body["stream"] = True
-        if stream_usage:
+        if form.stream_usage:
             body["stream_options"] = {"include_usage": True}
     return body
 
@@ -401,38 +409,23 @@ def _tools_json(tools: Sequence[ToolSpec]) -> str:
     hit = _TOOLS_JSON.get(key)
     if hit is not None and all(a is t.parameters for a, t in zip(hit[0], tools, strict=True)):
         return hit[1]
-    found = _dumps(build_request((), tools, GenerationParams(), model="", json_mode=False)["tools"])
+    found = _dumps(build_request(ChatRequest((), tools))["tools"])
     if len(_TOOLS_JSON) >= _JSON_CACHE_LIMIT:
         _TOOLS_JSON.clear()
     _TOOLS_JSON[key] = (tuple(t.parameters for t in tools), found)
     return found
 
 
-def encode_request(
-    messages: Sequence[ChatMessage],
-    tools: Sequence[ToolSpec],
-    params: GenerationParams,
-    *,
-    model: str,
-    json_mode: bool,
-    json_schema: bool = False,
-    stream: bool = False,
-    stream_usage: bool = True,
-) -> bytes:
+def encode_request(request: ChatRequest, form: WireForm = NATIVE) -> bytes:
     """`build_request`'s body as the JSON bytes sent (what httpx's `json=` would send),
     built from per-message encodings that are reused from one model call to the next."""
-    if json_mode or params.response_schema is not None:
-        body = build_request(
-            messages, tools, params, model=model, json_mode=json_mode, json_schema=json_schema,
-            stream=stream, stream_usage=stream_usage,
-        )  # fmt: skip
-        return _dumps(body).encode()
+    messages, tools, params = request.messages, request.tools, request.params
+    if form.json_mode or params.response_schema is not None:
+        return _dumps(build_request(request, form)).encode()
     _check_roles(messages)
-    rest = build_request(
-        (), (), params, model=model, json_mode=False, stream=stream, stream_usage=stream_usage
-    )
+    rest = build_request(ChatRequest((), (), params, request.model), form)
     del rest["model"], rest["messages"]
-    parts = ['{"model":', _dumps(model), ',"messages":[']
+    parts = ['{"model":', _dumps(request.model), ',"messages":[']
     parts.append(",".join([_message_json(m) for m in messages]))
     parts.append("]")
     if tools:
@@ -899,19 +892,12 @@ class OpenAiChatRuntime:
 
     # -- the port ----------------------------------------------------------------------------
 
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
-    ) -> Completion:
-        """One completion. `timeout_s` bounds the call including its retry; `model` overrides
-        DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime failure,
-        ValueError for messages the port does not allow (unknown role, tool without id)."""
-        model, body, json_mode, offered = self._prepare(messages, tools, params, model, False)
+    async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
+        """One completion. `timeout_s` bounds the call including its retry; `request.model`
+        overrides DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime
+        failure, ValueError for messages the port does not allow (unknown role, tool without
+        id)."""
+        model, body, json_mode, offered = self._prepare(request, False)
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -952,13 +938,7 @@ class OpenAiChatRuntime:
         return completion
 
     async def stream(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        *,
-        timeout_s: float,
-        model: str = "",
+        self, request: ChatRequest, *, timeout_s: float
     ) -> AsyncGenerator[StreamEvent, None]:
         """Text deltas as the runtime sends them, then the assembled Completion.
 
@@ -966,7 +946,7 @@ class OpenAiChatRuntime:
         UnavailableError(LLM_RUNTIME_ERROR). In JSON mode the deltas would be JSON text, so
         the answer is yielded as one delta once the whole object has arrived.
         """
-        model, body, json_mode, offered = self._prepare(messages, tools, params, model, True)
+        model, body, json_mode, offered = self._prepare(request, True)
         start = self._clock()
         deadline = start + min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
@@ -1032,28 +1012,16 @@ class OpenAiChatRuntime:
     # -- internals ---------------------------------------------------------------------------
 
     def _prepare(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec],
-        params: GenerationParams,
-        model: str,
-        stream: bool,
+        self, request: ChatRequest, stream: bool
     ) -> tuple[str, bytes, bool, frozenset[str]]:
         """(the model, the request body, JSON mode?, the tool names a written call may name)."""
-        model = model or self.settings.default_model
+        model = request.model or self.settings.default_model
+        params = request.params
         if params.temperature is None and self.settings.temperature is not None:
             params = replace(params, temperature=self.settings.temperature)
-        json_mode, tools, offered = self._wire_form(tools, params)
-        body = encode_request(
-            messages,
-            tools,
-            params,
-            model=model,
-            json_mode=json_mode,
-            json_schema=self.settings.json_schema,
-            stream=stream,
-            stream_usage=self.settings.stream_usage,
-        )
+        json_mode, tools, offered = self._wire_form(request.tools, params)
+        form = WireForm(json_mode, self.settings.json_schema, stream, self.settings.stream_usage)
+        body = encode_request(ChatRequest(request.messages, tools, params, model), form)
         return model, body, json_mode, offered
 
     async def _stream_text(

@@ -44,7 +44,7 @@ from services.common.search_contract import normalise_query
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
 from services.docstore.summaries import mix_generation, section_texts
-from services.model_runtime.chat import ChatMessage, ChatRuntime, GenerationParams
+from services.model_runtime.chat import ChatMessage, ChatRequest, ChatRuntime, GenerationParams
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.query import detect_language, keyword_form
 
@@ -225,7 +225,7 @@ class LlmSummarizer:
             try:
                 async with asyncio.timeout(backstop):
                     done = await self._runtime.complete(
-                        messages, (), params, timeout_s=self._timeout_s, model=self.model
+                        ChatRequest(messages, (), params, self.model), timeout_s=self._timeout_s
                     )
             except Exception as exc:  # every failure degrades to the extractive summary
                 kind = _failure_kind(exc)
@@ -437,7 +437,7 @@ class LlmQueryExpander:
         try:
             async with asyncio.timeout(self._timeout_s):
                 done = await self._runtime.complete(
-                    messages, (), params, timeout_s=runtime_s, model=self.model
+                    ChatRequest(messages, (), params, self.model), timeout_s=runtime_s
                 )
         except Exception as exc:  # the search goes on without the model's variants
             outcome["kind"] = _failure_kind(exc)

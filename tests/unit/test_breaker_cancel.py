@@ -19,7 +19,7 @@ import pytest
 
 from services.common.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
 from services.common.tool_args import check_arguments
-from services.model_runtime.chat import ChatMessage, GenerationParams
+from services.model_runtime.chat import ChatMessage, ChatRequest
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
 from services.toolsproxy.tavily import TavilyClient, TavilySettings
@@ -107,13 +107,12 @@ async def test_cancelled_completions_do_not_open_the_llm_runtime_breaker(
     rt = runtime(chat, http)
     chat.hang(seconds=30, times=3)
     tasks: list[asyncio.Task[object]] = [
-        asyncio.create_task(rt.complete(USER, (), GenerationParams(), timeout_s=20))
-        for _ in range(3)
+        asyncio.create_task(rt.complete(ChatRequest(USER), timeout_s=20)) for _ in range(3)
     ]
     await arrived(lambda: len(chat.chat_requests), 3)
     await cancel_all(tasks)
     assert rt.breaker.state == CLOSED
-    answer = await rt.complete(USER, (), GenerationParams(), timeout_s=20)
+    answer = await rt.complete(ChatRequest(USER), timeout_s=20)
     assert answer.content.startswith("echo:")
     assert len(chat.chat_requests) == 4
 
@@ -125,13 +124,13 @@ async def test_a_cancelled_stream_does_not_open_the_llm_runtime_breaker(
     chat.hang(seconds=30)  # before the status line: no answer yet
 
     async def consume() -> object:
-        return [e async for e in rt.stream(USER, (), GenerationParams(), timeout_s=20)]
+        return [e async for e in rt.stream(ChatRequest(USER), timeout_s=20)]
 
     task: asyncio.Task[object] = asyncio.create_task(consume())
     await arrived(lambda: len(chat.chat_requests), 1)
     await cancel_all([task])
     assert rt.breaker.state == CLOSED
-    assert (await rt.complete(USER, (), GenerationParams(), timeout_s=20)).content
+    assert (await rt.complete(ChatRequest(USER), timeout_s=20)).content
 
 
 async def test_a_cancelled_half_open_trial_lets_the_next_call_try(
@@ -141,17 +140,15 @@ async def test_a_cancelled_half_open_trial_lets_the_next_call_try(
     rt = runtime(chat, http, clock)
     chat.fail(503)
     with pytest.raises(Exception, match="LLM runtime"):
-        await rt.complete(USER, (), GenerationParams(), timeout_s=20)
+        await rt.complete(ChatRequest(USER), timeout_s=20)
     assert rt.breaker.state == OPEN
     clock.now += 10.0
     chat.hang(seconds=30)
-    trial: asyncio.Task[object] = asyncio.create_task(
-        rt.complete(USER, (), GenerationParams(), timeout_s=20)
-    )
+    trial: asyncio.Task[object] = asyncio.create_task(rt.complete(ChatRequest(USER), timeout_s=20))
     await arrived(lambda: len(chat.chat_requests), 2)
     await cancel_all([trial])
     assert rt.breaker.state == HALF_OPEN
-    assert (await rt.complete(USER, (), GenerationParams(), timeout_s=20)).content
+    assert (await rt.complete(ChatRequest(USER), timeout_s=20)).content
     assert rt.breaker.state == CLOSED
 
 

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.common.context import trace_id_var
 from services.common.http_tracing import traced_async_client, traced_client
 from services.common.tracing import Tracing, create_tracing, parse_traceparent
-from services.model_runtime.chat import ChatMessage, Completion, GenerationParams
+from services.model_runtime.chat import ChatMessage, ChatRequest, Completion
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from tests.fakes.openai_chat import FakeChatServer, text
 from tests.fakes.threaded_http import ThreadedHttpFake
@@ -214,7 +214,7 @@ async def test_the_runtimes_stream_that_stops_at_done_is_no_error(traced, caplog
             )
             events = []
             async for event in runtime.stream(
-                [ChatMessage("user", "hi")], (), GenerationParams(), timeout_s=5
+                ChatRequest([ChatMessage("user", "hi")]), timeout_s=5
             ):
                 events.append(event)
                 await asyncio.sleep(0.005)

@@ -200,38 +200,23 @@ def test_tool_results_convert_as_struct_to_dict_does() -> None:
 
 
 def test_the_loop_takes_every_limit_from_the_service_settings() -> None:
-    """app.loop_settings matches fields by name: a renamed setting must not fall back to the
-    loop's default silently."""
-    settings = LlmSettings.from_env(
-        Env(
-            {
-                "MAX_TOOL_STEPS": "7",
-                "MAX_PROMPT_TOKENS": "3001",
-                "MAX_COMPLETION_TOKENS": "301",
-                "LLM_SERVICE_MAX_TOTAL_TOKENS": "9001",
-                "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS": "1001",
-                "LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS": "4",
-                "LLM_SERVICE_WATCHDOG_SECONDS": "41",
-                "LLM_SERVICE_MCP_TIMEOUT_SECONDS": "3.5",
-                "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S": "11",
-            }
-        )
-    )
-    got = loop_settings(settings)
-    defaults = LoopSettings()
-    assert got == LoopSettings(
+    """app.loop_settings matches fields by name: a setting renamed on one side must not fall
+    back to the loop's default silently."""
+    base = LlmSettings.from_env(Env({}))
+    settings = replace(
+        base,
         max_tool_steps=7,
         max_prompt_tokens=3001,
         max_completion_tokens=301,
         max_total_tokens=9001,
-        max_tool_result_tokens=1001,
-        max_consecutive_tool_errors=4,
         watchdog_s=41.0,
-        tool_timeout_s=3.5,
-        external_tool_timeout_s=11.0,
-        default_model="extractive",
+        default_model="m",
+        tools_proxy=replace(base.tools_proxy, timeout_seconds=3.5),
     )
-    left_default = {
-        f.name for f in fields(LoopSettings) if getattr(got, f.name) == getattr(defaults, f.name)
-    }
-    assert left_default == {"min_tool_result_tokens"}
+    got = loop_settings(settings)
+    assert (got.max_tool_steps, got.max_prompt_tokens, got.max_completion_tokens) == (7, 3001, 301)
+    assert (got.max_total_tokens, got.watchdog_s, got.default_model) == (9001, 41.0, "m")
+    assert got.tool_timeout_s == 3.5
+    for f in fields(LlmSettings):
+        if hasattr(got, f.name):
+            assert getattr(got, f.name) == getattr(settings, f.name), f.name

@@ -474,7 +474,7 @@ def test_parse_variants(answer, found):
 
 async def test_a_deeply_nested_answer_gives_no_variants():
     class Nested:
-        async def complete(self, messages, tools, params, *, timeout_s, model=""):
+        async def complete(self, request, *, timeout_s):
             return Completion("[" * 100_000)
 
     assert parse_variants("[" * 100_000) is None

@@ -87,11 +87,11 @@ class ScriptedRuntime:
         step = self.script.pop(0)
         return step(list(messages), tools) if callable(step) else step
 
-    async def complete(self, messages, tools, params, *, timeout_s, model=""):
-        return self._next(messages, tools, params, timeout_s)
+    async def complete(self, request, *, timeout_s):
+        return self._next(request.messages, request.tools, request.params, timeout_s)
 
-    async def stream(self, messages, tools, params, *, timeout_s, model=""):
-        completion = self._next(messages, tools, params, timeout_s)
+    async def stream(self, request, *, timeout_s):
+        completion = self._next(request.messages, request.tools, request.params, timeout_s)
         for word in completion.content.split(" "):
             yield StreamDelta(word + " ")
         yield completion

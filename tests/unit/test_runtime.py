@@ -18,6 +18,7 @@ from services.common.breaker import CLOSED, OPEN
 from services.common.settings import Env, SettingsError
 from services.model_runtime.chat import (
     ChatMessage,
+    ChatRequest,
     Completion,
     GenerationParams,
     StreamDelta,
@@ -29,6 +30,7 @@ from services.model_runtime.client import (
     BadResponse,
     OpenAiChatRuntime,
     RuntimeSettings,
+    WireForm,
     build_request,
     encode_request,
     json_mode_instruction,
@@ -119,9 +121,10 @@ async def complete(
     tools: tuple[ToolSpec, ...] = (),
     params: GenerationParams = NO_PARAMS,
     timeout_s: float = 5.0,
-    **kw: Any,
+    model: str = "",
 ) -> Completion:
-    return await runtime.complete(messages or USER, tools, params, timeout_s=timeout_s, **kw)
+    request = ChatRequest(messages or USER, tools, params, model)
+    return await runtime.complete(request, timeout_s=timeout_s)
 
 
 async def collect(
@@ -132,7 +135,7 @@ async def collect(
 ) -> tuple[list[str], Completion]:
     deltas: list[str] = []
     events = [
-        e async for e in runtime.stream(messages or USER, tools, NO_PARAMS, timeout_s=timeout_s)
+        e async for e in runtime.stream(ChatRequest(messages or USER, tools), timeout_s=timeout_s)
     ]
     for e in events[:-1]:
         assert isinstance(e, StreamDelta)
@@ -318,16 +321,16 @@ def test_the_encoded_body_is_the_request_as_httpx_would_encode_it(
     params = GenerationParams(max_tokens=64, temperature=0.2, stop=("###",))
     for _ in range(2):  # the second time from the cached per-message encodings
         for t in ((), tools):
-            body = build_request(messages, t, params, model="m", json_mode=json_mode, stream=stream)
+            request = ChatRequest(messages, t, params, "m")
+            form = WireForm(json_mode=json_mode, stream=stream)
+            body = build_request(request, form)
             expected = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-            encoded = encode_request(
-                messages, t, params, model="m", json_mode=json_mode, stream=stream
-            )
+            encoded = encode_request(request, form)
             assert encoded == expected.encode()
 
 
 def test_a_tool_without_parameters_gets_an_empty_object_schema() -> None:
-    body = build_request(USER, (ToolSpec("ping", "Ping."),), NO_PARAMS, model="m", json_mode=False)
+    body = build_request(ChatRequest(USER, (ToolSpec("ping", "Ping."),), NO_PARAMS, "m"))
     assert body["tools"][0]["function"]["parameters"] == {"type": "object", "properties": {}}
 
 
@@ -420,7 +423,7 @@ async def test_json_mode_request_lists_tools_in_the_system_message(h: Harness) -
 
 
 def test_json_mode_without_a_system_message_adds_one() -> None:
-    body = build_request(USER, (), NO_PARAMS, model="m", json_mode=True)
+    body = build_request(ChatRequest(USER, (), NO_PARAMS, "m"), WireForm(json_mode=True))
     assert body["messages"][0] == {"role": "system", "content": json_mode_instruction(())}
     assert "JSON" in body["messages"][0]["content"]
 
@@ -561,7 +564,7 @@ async def test_stream_cut_before_done_is_a_runtime_error_without_retry(h: Harnes
     h.fake.script(text("a long answer that will be cut", chunk_chars=4))
     h.fake.cut_stream(after_chunks=3)
     with pytest.raises(errors.UnavailableError) as caught:
-        async for _ in h.runtime().stream(USER, (), NO_PARAMS, timeout_s=5):
+        async for _ in h.runtime().stream(ChatRequest(USER), timeout_s=5):
             pass
     assert caught.value.reason == LLM_RUNTIME_ERROR
     assert caught.value.metadata["kind"] == "unreachable"
@@ -608,7 +611,7 @@ async def test_a_stream_closed_early_by_the_consumer_does_not_count_as_a_failure
 ) -> None:
     runtime = h.runtime(breaker_failures=1)
     h.fake.script(text("many words in this answer", chunk_chars=2))
-    events = runtime.stream(USER, (), NO_PARAMS, timeout_s=5)
+    events = runtime.stream(ChatRequest(USER), timeout_s=5)
     first = await anext(events)
     assert isinstance(first, StreamDelta)
     await events.aclose()
@@ -624,7 +627,7 @@ async def test_the_key_goes_as_bearer_and_nowhere_else(
     caplog.set_level(logging.DEBUG)
     runtime = h.runtime()
     await complete(runtime)
-    _ = [e async for e in runtime.stream(USER, (), NO_PARAMS, timeout_s=5)]
+    _ = [e async for e in runtime.stream(ChatRequest(USER), timeout_s=5)]
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in h.fake.chat_requests)
     assert KEY not in repr(runtime) and KEY not in repr(runtime.settings)
     assert caplog.records  # the calls were logged

@@ -20,6 +20,7 @@ from services.llm.loop import LoopSettings
 from services.llm.model import GenerateInput, Message, ToolPolicy, User
 from services.model_runtime.chat import (
     ChatMessage,
+    ChatRequest,
     Completion,
     GenerationParams,
     StreamDelta,
@@ -91,13 +92,13 @@ def runtime(fake: FakeChatServer, http: httpx.AsyncClient, **kw: Any) -> OpenAiC
 async def complete(
     rt: OpenAiChatRuntime, tools: tuple[ToolSpec, ...] = TOOLS, **params: Any
 ) -> Completion:
-    return await rt.complete(USER, tools, GenerationParams(**params), timeout_s=5.0)
+    return await rt.complete(ChatRequest(USER, tools, GenerationParams(**params)), timeout_s=5.0)
 
 
 async def stream(
     rt: OpenAiChatRuntime, tools: tuple[ToolSpec, ...] = TOOLS
 ) -> tuple[list[str], Completion]:
-    events = [e async for e in rt.stream(USER, tools, GenerationParams(), timeout_s=5.0)]
+    events = [e async for e in rt.stream(ChatRequest(USER, tools), timeout_s=5.0)]
     assert isinstance(events[-1], Completion)
     deltas = [e.text for e in events[:-1] if isinstance(e, StreamDelta)]
     return deltas, events[-1]
@@ -175,10 +176,9 @@ async def test_native_mode_withdrawn_tools_are_sent_with_tool_choice_none(fake, 
     ]
     assert body["tool_choice"] == "none"
     params = GenerationParams(tool_choice="none")
-    encoded = encode_request(USER, TOOLS, params, model=MODEL, json_mode=False)
-    assert json.loads(encoded) == build_request(USER, TOOLS, params, model=MODEL, json_mode=False)
-    assert "tool_choice" not in build_request(USER, TOOLS, GenerationParams(), model=MODEL,
-                                              json_mode=False)  # fmt: skip
+    request = ChatRequest(USER, TOOLS, params, MODEL)
+    assert json.loads(encode_request(request)) == build_request(request)
+    assert "tool_choice" not in build_request(ChatRequest(USER, TOOLS, GenerationParams(), MODEL))
 
 
 # -- calls written into the text -------------------------------------------------------------
