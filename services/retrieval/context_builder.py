@@ -27,26 +27,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.retrieval.search import ChunkHit
 
 ORDERS = ("document", "score")
-
-
-class ContextCandidate(NamedTuple):
-    """A chunk the search found, with what the builder needs to place it."""
-
-    doc_id: str
-    section_id: str
-    chunk_id: str
-    ord: int
-    """Position of the chunk in its document (consecutive chunks differ by 1)."""
-    text: str
-    score: float
-    tokens: int = 0
-    """Token count of `text` from ingestion, counted with the same tokenizer (0 = unknown).
-    The builder takes it as the count of a block of this chunk alone; merged and trimmed
-    blocks it counts itself."""
-    page_start: int = 0
-    page_end: int = 0
 
 
 class ContextBlock(NamedTuple):
@@ -159,7 +142,7 @@ def _long_overlap(left: str, right: str, min_chars: int) -> int:
 class _Piece:
     """A kept chunk; ``text`` is cut when trimmed (overlaps with neighbours already removed)."""
 
-    cand: ContextCandidate
+    cand: ChunkHit
     text: str
     trimmed: bool = False
     continues: bool = False
@@ -189,7 +172,7 @@ class ContextBuilder:
 
     # -- public -----------------------------------------------------------------------
 
-    def build(self, candidates: Iterable[ContextCandidate], token_limit: int) -> ContextResult:
+    def build(self, candidates: Iterable[ChunkHit], token_limit: int) -> ContextResult:
         """Choose, merge and order blocks so their tokens sum to at most ``token_limit``."""
         if token_limit < 0:
             raise ValueError(f"token_limit must be >= 0, got {token_limit}")
@@ -201,7 +184,7 @@ class ContextBuilder:
         ctx = _Run(self._tok, self._opt, counts, overlaps)
 
         state = _State()
-        rejected: list[ContextCandidate] = []
+        rejected: list[ChunkHit] = []
         for cand in priority:
             key = (cand.doc_id, cand.section_id)
             trial = _insert(state.pieces.get(key, []), _Piece(cand, cand.text))
@@ -225,16 +208,14 @@ class ContextBuilder:
 
     # -- steps ------------------------------------------------------------------------
 
-    def _priority(
-        self, candidates: Iterable[ContextCandidate]
-    ) -> tuple[list[ContextCandidate], list[ContextCandidate]]:
+    def _priority(self, candidates: Iterable[ChunkHit]) -> tuple[list[ChunkHit], list[ChunkHit]]:
         """Round-robin across documents by score, and the candidates over the per-doc cap."""
-        best: dict[str, ContextCandidate] = {}
+        best: dict[str, ChunkHit] = {}
         for cand in candidates:
             seen = best.get(cand.chunk_id)
             if seen is None or cand.score > seen.score:
                 best[cand.chunk_id] = cand
-        by_doc: dict[str, list[ContextCandidate]] = {}
+        by_doc: dict[str, list[ChunkHit]] = {}
         for cand in best.values():
             if cand.text:
                 by_doc.setdefault(cand.doc_id, []).append(cand)
@@ -244,7 +225,7 @@ class ContextBuilder:
         cap = self._opt.max_chunks_per_doc
         capped = [c for d in docs for c in (by_doc[d][cap:] if cap else [])]
         lists = [by_doc[d][:cap] if cap else by_doc[d] for d in docs]
-        priority: list[ContextCandidate] = []
+        priority: list[ChunkHit] = []
         for rank in range(max((len(x) for x in lists), default=0)):
             priority.extend(chunks[rank] for chunks in lists if rank < len(chunks))
         return priority, capped
@@ -253,9 +234,9 @@ class ContextBuilder:
         self,
         ctx: _Run,
         state: _State,
-        rejected: list[ContextCandidate],
+        rejected: list[ChunkHit],
         token_limit: int,
-    ) -> ContextCandidate | None:
+    ) -> ChunkHit | None:
         """Add the best rejected chunk, cut to the room left; return it, or None."""
         room = token_limit - state.total - self._opt.block_overhead_tokens
         if room < self._opt.min_trim_tokens:
@@ -394,7 +375,7 @@ class _Run:
 
 
 def build_context(
-    candidates: Iterable[ContextCandidate],
+    candidates: Iterable[ChunkHit],
     token_limit: int,
     tokenizer: Tokenizer | None = None,
     options: ContextOptions | None = None,

@@ -29,7 +29,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.search_contract import KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
-from services.retrieval.context_builder import ContextCandidate, ContextOptions, build_context
+from services.retrieval.context_builder import ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
 from services.retrieval.fusion import impute_cross_language, rrf_fusion, weighted_fusion
 from services.retrieval.index.base import (
@@ -788,20 +788,7 @@ class RetrievalEngine:
     def _context(self, plan: _Plan, kept: list[ChunkHit]) -> list[ChunkHit]:
         """The context blocks built from the best `plan.max_chunks` hits."""
         built = build_context(
-            [
-                ContextCandidate(
-                    doc_id=c.doc_id,
-                    section_id=c.section_id,
-                    chunk_id=c.chunk_id,
-                    ord=c.ord,
-                    text=c.text,
-                    tokens=c.tokens,
-                    score=c.score,
-                    page_start=c.page_start,
-                    page_end=c.page_end,
-                )
-                for c in kept[: plan.max_chunks]
-            ],
+            kept[: plan.max_chunks],
             token_limit=plan.token_limit,
             tokenizer=self._tokenizer,
             options=ContextOptions(hard_trim=plan.hard_trim),

@@ -61,15 +61,21 @@ class SearchDefaults:
 
 
 class ChunkHit(NamedTuple):
+    """A chunk the search found: a hit, and a candidate of the context builder."""
+
     doc_id: str
     section_id: str
     chunk_id: str
     text: str
     tokens: int
+    """Token count of `text` from ingestion, counted with the same tokenizer (0 = unknown).
+    The context builder takes it as the count of a block of this chunk alone; merged and
+    trimmed blocks it counts itself."""
     page_start: int
     page_end: int
     score: float
     ord: int = 0
+    """Position of the chunk in its document (consecutive chunks differ by 1)."""
 
 
 class DocHit(NamedTuple):

@@ -8,11 +8,11 @@ import pytest
 from services.common.tokenizer import default_tokenizer
 from services.retrieval.context_builder import (
     ContextBuilder,
-    ContextCandidate,
     ContextOptions,
     build_context,
     find_overlap,
 )
+from services.retrieval.search import ChunkHit
 
 
 class WordTokenizer:
@@ -43,7 +43,7 @@ def words(start: int, stop: int) -> str:
 
 
 def cand(chunk_id, text, score, *, doc="d1", section="s1", ord=0, pages=(1, 1)):
-    return ContextCandidate(
+    return ChunkHit(
         doc_id=doc,
         section_id=section,
         chunk_id=chunk_id,
@@ -97,7 +97,7 @@ def test_a_short_carried_sentence_appears_once_in_the_merged_block():
     )
     assert len(chunks) == 2 and chunks[1].text.startswith("Yes, done.")
     cands = [
-        ContextCandidate("d", "s", f"d:c{i}", i, c.text, 1.0 - i / 10, c.tokens, 3, 3)
+        ChunkHit("d", "s", f"d:c{i}", c.text, c.tokens, 3, 3, 1.0 - i / 10, ord=i)
         for i, c in enumerate(chunks)
     ]
     built = build_context(cands, 4096, tok)
@@ -307,8 +307,8 @@ def test_real_tokenizer_counts_blocks_exactly():
     ids = tok.encode(text)
     left, right = tok.decode(ids[:60]), tok.decode(ids[25:90])  # 35 tokens of overlap
     cands = [
-        ContextCandidate("d", "s", "c1", 0, left, 0.9, 60, 1, 1),
-        ContextCandidate("d", "s", "c2", 1, right, 0.8, 65, 1, 2),
+        ChunkHit("d", "s", "c1", left, 60, 1, 1, 0.9, ord=0),
+        ChunkHit("d", "s", "c2", right, 65, 1, 2, 0.8, ord=1),
     ]
     result = ContextBuilder(tok).build(cands, 4096)
     (block,) = result.blocks
@@ -328,7 +328,7 @@ def test_never_over_the_limit_with_random_input(seed):
             start = i * 40
             text = tok.decode(ids[start : start + 55])
             cands.append(
-                ContextCandidate(f"d{doc}", f"s{i // 4}", f"d{doc}c{i}", i, text, rng.random())
+                ChunkHit(f"d{doc}", f"s{i // 4}", f"d{doc}c{i}", text, 0, 0, 0, rng.random(), i)
             )
     trimmed = merged = 0
     for limit in (0, 17, 40, 60, 100, 150, 250, 333, 700, 5000):
