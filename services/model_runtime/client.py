@@ -925,16 +925,7 @@ class OpenAiChatRuntime:
         except BaseException:
             self._record(outage=True)  # a bug: never leave a trial call hanging
             raise
-        self._record(outage=False)
-        self._log(
-            "ok",
-            model,
-            start,
-            attempts,
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            tool_calls=len(completion.tool_calls),
-        )
+        self._answered(model, completion, start, attempts)
         return completion
 
     async def stream(
@@ -974,17 +965,7 @@ class OpenAiChatRuntime:
                 raise _Failure(
                     "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
                 ) from None
-            self._record(outage=False)
-            self._log(
-                "ok",
-                model,
-                start,
-                attempts,
-                stream=True,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                tool_calls=len(completion.tool_calls),
-            )
+            self._answered(model, completion, start, attempts, stream=True)
             if (json_mode or holdback.holding) and completion.content:
                 yield StreamDelta(completion.content)
             yield completion
@@ -1227,6 +1208,22 @@ class OpenAiChatRuntime:
                 data.append(value.removeprefix(" "))
         if data:
             yield "\n".join(data)
+
+    def _answered(
+        self, model: str, completion: Completion, start: float, attempts: int, **extra: Any
+    ) -> None:
+        """A call that answered: a success for the breaker, and its "ok" line with the counts."""
+        self._record(outage=False)
+        self._log(
+            "ok",
+            model,
+            start,
+            attempts,
+            **extra,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            tool_calls=len(completion.tool_calls),
+        )
 
     def _log(self, outcome: str, model: str, start: float, attempts: int, **extra: Any) -> None:
         # A call that went well is one step of the request: DEBUG (the tool loop logs one
