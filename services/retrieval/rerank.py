@@ -56,6 +56,43 @@ class RerankResult:
     score: float
 
 
+class Reranker(ABC):
+    """Scores texts against a query; results best first, indices into ``texts``.
+
+    `rerank` does what every implementation shares (`call_terms`, `best_first`); a subclass
+    scores the texts sent (`_score`): the HTTP API (`RerankClient`) or the local model
+    (services/retrieval/local_rerank.py).
+    """
+
+    _settings: RerankSettings
+
+    async def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        top_n: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[RerankResult]:
+        """Scores of the first ``max_candidates`` texts, best first (ties by index).
+
+        ``top_n`` (default: the settings' ``top_n``; 0 = all) caps the results.
+        ``timeout_s`` (default: the settings', RERANK_TIMEOUT_S) bounds the whole call;
+        pass the caller's remaining deadline here. Raises :class:`RerankError`.
+        """
+        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
+        if not sent:
+            return []
+        return best_first(await self._score(query, sent, limit, budget), limit)
+
+    @abstractmethod
+    async def _score(
+        self, query: str, texts: list[str], limit: int, budget: float
+    ) -> list[RerankResult]:
+        """Scores of ``texts`` (indices into it; at least the best ``limit`` when it is
+        above 0) within ``budget`` seconds, in any order."""
+
+
 @dataclass(frozen=True)
 class RerankSettings:
     """The rerank API or the local model (RERANK_*); off without either."""
@@ -176,43 +213,6 @@ def _error_text(response: httpx.Response) -> str:
             if key in body:
                 return str(body[key])[:200]
     return str(body)[:200]
-
-
-class Reranker(ABC):
-    """Scores texts against a query; results best first, indices into ``texts``.
-
-    `rerank` does what every implementation shares (`call_terms`, `best_first`); a subclass
-    scores the texts sent (`_score`): the HTTP API (`RerankClient`) or the local model
-    (services/retrieval/local_rerank.py).
-    """
-
-    _settings: RerankSettings
-
-    async def rerank(
-        self,
-        query: str,
-        texts: Sequence[str],
-        *,
-        top_n: int | None = None,
-        timeout_s: float | None = None,
-    ) -> list[RerankResult]:
-        """Scores of the first ``max_candidates`` texts, best first (ties by index).
-
-        ``top_n`` (default: the settings' ``top_n``; 0 = all) caps the results.
-        ``timeout_s`` (default: the settings', RERANK_TIMEOUT_S) bounds the whole call;
-        pass the caller's remaining deadline here. Raises :class:`RerankError`.
-        """
-        sent, limit, budget = call_terms(self._settings, texts, top_n, timeout_s)
-        if not sent:
-            return []
-        return best_first(await self._score(query, sent, limit, budget), limit)
-
-    @abstractmethod
-    async def _score(
-        self, query: str, texts: list[str], limit: int, budget: float
-    ) -> list[RerankResult]:
-        """Scores of ``texts`` (indices into it; at least the best ``limit`` when it is
-        above 0) within ``budget`` seconds, in any order."""
 
 
 class RerankClient(Reranker):
