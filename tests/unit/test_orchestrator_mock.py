@@ -359,3 +359,23 @@ async def test_the_score_threshold_goes_to_retrieval_as_min_score(threshold):
     assert request.params.HasField("min_score") == (threshold is not None)
     if threshold is not None:
         assert request.params.min_score == threshold
+
+
+async def test_every_filter_and_the_expansion_flag_reach_retrieval():
+    from services.orchestrator.clients import GrpcRetriever
+
+    channel = FakeChannel()
+    filters = Filters(product="orion", version="2", tags=("a", "b"), doc_ids=("d1",),
+                      section_ids=("s1", "s2"), source="user")  # fmt: skip
+    await GrpcRetriever(channel).search(  # type: ignore[arg-type]
+        RetrievalRequest("q", USER, filters, 7, "t", expand_query=True)
+    )
+    (request,) = channel.requests
+    f = request.filters
+    sent = Filters(f.product, f.version, tuple(f.tags), tuple(f.doc_ids), tuple(f.section_ids),
+                   f.source)  # fmt: skip
+    assert sent == filters
+    assert (request.query, request.tenant_id, request.max_results, request.trace_id) == (
+        "q", USER.tenant_id, 7, "t",
+    )  # fmt: skip
+    assert request.params.expand_query is True
