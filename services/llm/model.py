@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.common.tool_calls import PlannedCall, ToolCallRecord
 from services.model_runtime.chat import GenerationParams
 
 
@@ -30,14 +31,6 @@ class Anchor:
     doc_id: str
     section_id: str
     anchor_chunk_id: str = ""
-
-
-@dataclass(frozen=True)
-class PlannedCall:
-    """A tool call the caller decided (its scenario already knows it), run before the model."""
-
-    tool_name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,13 +80,6 @@ class ToolResult:
     result: dict[str, Any] | None = None
     error_code: str = ""
     error_message: str = ""
-
-
-@dataclass(frozen=True)
-class ToolCallRecord:
-    name: str
-    arguments: dict[str, Any]
-    result_summary: str
 
 
 @dataclass(frozen=True)

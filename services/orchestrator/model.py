@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.common.search_contract import Filters
+from services.common.tool_calls import PlannedCall, ToolCallRecord
 
 
 @dataclass(frozen=True)
@@ -70,21 +71,6 @@ class RetrievalRequest:
 class RetrievalOutcome:
     sections: tuple[SectionCandidate, ...]
     latency_ms: int
-
-
-@dataclass(frozen=True)
-class ToolCallRecord:
-    name: str
-    arguments: dict[str, Any]
-    result_summary: str
-
-
-@dataclass(frozen=True)
-class PlannedCall:
-    """A tool call the scenario decided (load the selected documents, fetch the rates)."""
-
-    tool_name: str
-    arguments: dict[str, Any]
 
 
 @dataclass(frozen=True)
