@@ -31,6 +31,18 @@ class KnowledgeBaseParse:
     documents: list[Document]
     problems: list[RowProblem]
 
+    def strict(self) -> list[Document]:
+        """Every row as a Document (source="knowledge_base"), or `KnowledgeBaseError` listing
+        every bad row by line number."""
+        if self.problems:
+            shown = "; ".join(str(p) for p in self.problems[:20])
+            more = f" (and {len(self.problems) - 20} more)" if len(self.problems) > 20 else ""
+            raise KnowledgeBaseError(
+                f"{len(self.problems)} bad row(s) in the knowledge-base CSV: {shown}{more}",
+                problems=tuple(self.problems),
+            )
+        return self.documents
+
 
 def read_knowledge_base_csv(
     content: bytes | str,
@@ -103,31 +115,6 @@ def read_knowledge_base_csv(
         seen[doc.doc_id] = start
         documents.append(doc)
     return KnowledgeBaseParse(documents, problems)
-
-
-def parse_knowledge_base_csv(
-    content: bytes | str,
-    tenant_id: str,
-    *,
-    file_name: str = "train_data.csv",
-    config: ChunkingConfig | None = None,
-    summarizer: Summarizer | None = None,
-    doc_id_prefix: str = "kb-",
-) -> list[Document]:
-    """Every row as a Document (source="knowledge_base"), or `KnowledgeBaseError` listing
-    every bad row by line number (and missing columns by name)."""
-    parsed = read_knowledge_base_csv(
-        content, tenant_id, file_name=file_name, config=config, summarizer=summarizer,
-        doc_id_prefix=doc_id_prefix,
-    )  # fmt: skip
-    if parsed.problems:
-        shown = "; ".join(str(p) for p in parsed.problems[:20])
-        more = f" (and {len(parsed.problems) - 20} more)" if len(parsed.problems) > 20 else ""
-        raise KnowledgeBaseError(
-            f"{len(parsed.problems)} bad row(s) in the knowledge-base CSV: {shown}{more}",
-            problems=tuple(parsed.problems),
-        )
-    return parsed.documents
 
 
 def _article(

@@ -129,14 +129,14 @@ def parse_document(
     `content` is the raw file (bytes; a str is taken as already-decoded text); `text` is a
     deprecated alias for str content. Plain text and Markdown mark page breaks with form
     feeds. Raises `UnsupportedFormatError` for other formats (a knowledge-base CSV goes
-    through `kb_csv.parse_knowledge_base_csv`) and `ParseError` for unreadable input.
+    through `kb_csv.read_knowledge_base_csv`) and `ParseError` for unreadable input.
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
     raw: bytes | str = text if text is not None else content
     if fmt == "csv":
         raise UnsupportedFormatError(
-            "a CSV file is a knowledge base (one article per row): use parse_knowledge_base_csv"
+            "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"
         )
     if fmt not in FORMATS:
         raise UnsupportedFormatError(f"format {fmt!r} is not supported (markdown, text, pdf)")

@@ -31,7 +31,7 @@ import numpy as np
 from services.common import errors
 from services.common.search_contract import KB_TENANT
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.kb_csv import parse_knowledge_base_csv
+from services.docstore.kb_csv import read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
 from services.docstore.parsing import (
     ChunkingConfig,
@@ -382,10 +382,10 @@ class Ingestor:
         source = "knowledge_base" if item.tenant_id == KB_TENANT else "user"
         try:
             if fmt == "csv":
-                return parse_knowledge_base_csv(
+                return read_knowledge_base_csv(
                     item.content, tenant_id=item.tenant_id, config=self._chunking,
                     file_name=kb_file_key(item.file_name),
-                )  # fmt: skip
+                ).strict()  # fmt: skip
             return [
                 parse_document(
                     tenant_id=item.tenant_id,

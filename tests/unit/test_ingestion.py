@@ -13,7 +13,7 @@ from qdrant_client import QdrantClient
 from services.common import errors
 from services.common.search_contract import KB_TENANT
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.kb_csv import parse_knowledge_base_csv
+from services.docstore.kb_csv import read_knowledge_base_csv
 from services.docstore.model import Document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
@@ -75,7 +75,7 @@ async def test_articles_written_before_pruning_are_never_taken_for_train_data_cs
     # "train_data.csv" and no kb_file: re-ingesting train_data.csv must not delete faq.csv's.
     s = make_stack(tmp_path, embedder)
     for content in (kb_csv("t1", "t2"), kb_csv("f1", "f2")):
-        for doc in parse_knowledge_base_csv(content, tenant_id=KB_TENANT):
+        for doc in read_knowledge_base_csv(content, tenant_id=KB_TENANT).strict():
             legacy = {k: v for k, v in doc.metadata.items() if k != "kb_file"}
             # (its generation then differed too: the metadata is part of it)
             old = mix_generation(doc.generation, "before-kb_file")

@@ -7,7 +7,7 @@ import pytest
 from services.common.tokenizer import count_tokens
 from services.docstore.chunking import ChunkingConfig, Paragraph, chunk_paragraphs
 from services.docstore.errors import KnowledgeBaseError, ParseError, UnsupportedFormatError
-from services.docstore.kb_csv import parse_knowledge_base_csv, read_knowledge_base_csv
+from services.docstore.kb_csv import read_knowledge_base_csv
 from services.docstore.parsing import guess_format, parse_document
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -282,7 +282,7 @@ def test_summaries_are_extractive_and_replaceable():
 
 
 def test_knowledge_base_csv_sample():
-    docs = parse_knowledge_base_csv(KB_CSV.read_bytes(), "kb")
+    docs = read_knowledge_base_csv(KB_CSV.read_bytes(), "kb").strict()
     assert [d.doc_id for d in docs] == [
         "kb-vat-rate-2025",
         "kb-usn-vat-2025",
@@ -305,12 +305,12 @@ def test_knowledge_base_csv_sample():
     }
     assert [s.title for s in vat.sections] == ["Ставки НДС", "Нулевая ставка"]
     assert docs[3].metadata["updated_at"] == "2025-03-03"  # DD.MM.YYYY normalised
-    assert docs == parse_knowledge_base_csv(KB_CSV.read_bytes(), "kb")
+    assert docs == read_knowledge_base_csv(KB_CSV.read_bytes(), "kb").strict()
 
 
 def test_knowledge_base_csv_missing_columns_are_named():
     with pytest.raises(KnowledgeBaseError) as err:
-        parse_knowledge_base_csv(b"title;text;topic\nA;b;c\n", "kb")
+        read_knowledge_base_csv(b"title;text;topic\nA;b;c\n", "kb").strict()
     assert err.value.missing_columns == ("content", "jurisdiction", "updated_at")
     assert "content, jurisdiction, updated_at" in str(err.value)
 
@@ -331,7 +331,7 @@ def test_knowledge_base_csv_bad_rows_are_reported_by_line():
     assert "title" in parsed.problems[1].message
     assert "line 2" in parsed.problems[2].message
     with pytest.raises(KnowledgeBaseError, match="line 4") as err:
-        parse_knowledge_base_csv(csv_text.encode(), "kb")
+        read_knowledge_base_csv(csv_text.encode(), "kb").strict()
     assert len(err.value.problems) == 4
 
 
