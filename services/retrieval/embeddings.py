@@ -375,7 +375,25 @@ def normalize_query(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-class CachedQueryEmbedder:
+class QueryStage:
+    """An embedder in front of another for queries only: its name, its width and passages
+    are the inner embedder's (CachedQueryEmbedder, query_batching.CoalescingQueryEmbedder)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def dim(self) -> int:
+        """The inner embedder's width."""
+        return self.inner.dim
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Passage embeddings straight from the inner embedder (never cached or batched here)."""
+        return self.inner.embed_passages(texts)
+
+
+class CachedQueryEmbedder(QueryStage):
     """An LRU cache of query embeddings in front of another embedder; passages pass through.
 
     Queries are keyed, and embedded, by their normalised text (`normalize_query`), so a hit
@@ -387,20 +405,14 @@ class CachedQueryEmbedder:
         """Cache up to `size` (≥ 1) query vectors in front of `inner`."""
         if size < 1:
             raise ValueError("size must be at least 1 (build_embedder skips the cache for 0)")
-        self.inner = inner
+        super().__init__(inner)
         self.size = size
-        self.name = inner.name
         self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         """Queries answered from the cache."""
         self.misses = 0
         """Queries sent to the inner embedder."""
-
-    @property
-    def dim(self) -> int:
-        """The inner embedder's width."""
-        return self.inner.dim
 
     def __len__(self) -> int:
         with self._lock:
@@ -439,10 +451,6 @@ class CachedQueryEmbedder:
                 while len(self._cache) > self.size:
                     self._cache.popitem(last=False)
         return np.stack([found[key] for key in keys])
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """Passage embeddings straight from the inner embedder (never cached)."""
-        return self.inner.embed_passages(texts)
 
     def clear(self) -> None:
         """Drop every cached vector (counters are kept)."""

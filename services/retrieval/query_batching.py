@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.retrieval.embeddings import Embedder
+from services.retrieval.embeddings import Embedder, QueryStage
 
 
 class _Slot:
@@ -31,7 +31,7 @@ class _Slot:
         self.done = False
 
 
-class CoalescingQueryEmbedder:
+class CoalescingQueryEmbedder(QueryStage):
     """`embed_queries` calls from several threads share model calls of up to `max_batch` texts.
 
     One model call at a time; a caller whose texts alone exceed `max_batch` still gets one
@@ -43,9 +43,8 @@ class CoalescingQueryEmbedder:
     def __init__(self, inner: Embedder, max_batch: int) -> None:
         if max_batch < 2:
             raise ValueError("max_batch must be at least 2 (1 means: do not wrap)")
-        self.inner = inner
+        super().__init__(inner)
         self.max_batch = max_batch
-        self.name = inner.name
         self._cond = threading.Condition()
         self._queue: deque[_Slot] = deque()
         self._busy = False
@@ -53,11 +52,6 @@ class CoalescingQueryEmbedder:
         """Model calls made for queries."""
         self.queries = 0
         """Queries those calls embedded."""
-
-    @property
-    def dim(self) -> int:
-        """The inner embedder's width."""
-        return self.inner.dim
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Query embeddings, in a model call shared with whichever callers are waiting."""
@@ -85,10 +79,6 @@ class CoalescingQueryEmbedder:
             raise slot.error
         assert slot.result is not None
         return slot.result
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """Passage embeddings straight from the inner embedder."""
-        return self.inner.embed_passages(texts)
 
     def _take(self) -> list[_Slot]:
         """The queue's first slots, up to max_batch texts (always at least one slot)."""
