@@ -5,14 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.common.tool_calls import PlannedCall, ToolCallRecord
+from services.common.generate_contract import PlannedCall, ToolCallRecord, Turn, User
 from services.model_runtime.chat import GenerationParams
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
 
 
 @dataclass(frozen=True)
@@ -51,15 +45,8 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True)
-class User:
-    tenant_id: str
-    user_id: str = ""
-    roles: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class GenerateInput:
-    messages: tuple[Message, ...]
+    messages: tuple[Turn, ...]
     mode: str = "rag"
     system_prompt: str = ""
     context_chunks: tuple[ContextChunk, ...] = ()

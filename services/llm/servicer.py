@@ -18,10 +18,10 @@ from services.llm.model import (
     ContextChunk,
     GenerateInput,
     GenerateOutput,
-    Message,
     PlannedCall,
     ToolCallRecord,
     ToolPolicy,
+    Turn,
     User,
 )
 from services.model_runtime.chat import GenerationParams
@@ -34,7 +34,7 @@ def _opt(msg: object, name: str):  # type: ignore[no-untyped-def]
 def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
     p, tp = req.generation_params, req.tool_policy
     return GenerateInput(
-        messages=tuple(Message(m.role, m.content) for m in req.messages),
+        messages=tuple(Turn(m.role, m.content) for m in req.messages),
         mode=req.mode or "rag",
         system_prompt=req.system_prompt,
         context_chunks=tuple(

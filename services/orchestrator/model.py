@@ -5,21 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.common.generate_contract import PlannedCall, ToolCallRecord, Turn, User
 from services.common.search_contract import Filters
-from services.common.tool_calls import PlannedCall, ToolCallRecord
-
-
-@dataclass(frozen=True)
-class User:
-    tenant_id: str
-    user_id: str
-    roles: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Turn:
-    role: str
-    content: str
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from services.llm.budget import (
     prompt_tokens,
     tools_tokens,
 )
-from services.llm.model import ContextChunk, GenerateInput, Message
+from services.llm.model import ContextChunk, GenerateInput, Turn
 from services.llm.prompt import build_prompt, render_chunk
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.model_runtime.chat import ChatMessage, ToolCall
@@ -43,7 +43,7 @@ def test_every_message_counts_its_overhead_name_and_tool_calls():
     assert tools_tokens(TOK, READ_TOOL_SPECS) > 50
 
 
-REQ = GenerateInput(messages=(Message("user", "How do I set up LDAP?"),))
+REQ = GenerateInput(messages=(Turn("user", "How do I set up LDAP?"),))
 
 
 def build(chunks):

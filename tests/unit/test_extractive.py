@@ -22,10 +22,10 @@ from services.llm.model import (
     Anchor,
     ContextChunk,
     GenerateInput,
-    Message,
     PlannedCall,
     ToolPolicy,
     ToolResult,
+    Turn,
     User,
 )
 from services.llm.toolcalls import READ_TOOL_SPECS, render_result
@@ -41,7 +41,7 @@ BOTH = ("read_chunk_window", "read_doc_section")
 
 def req(**kw: Any) -> GenerateInput:
     base: dict[str, Any] = {
-        "messages": (Message("user", "How do I set up LDAP?"),),
+        "messages": (Turn("user", "How do I set up LDAP?"),),
         "user": User("t1", "u1"),
         "policy": ToolPolicy(allowed_tools=BOTH, anchors=ANCHORS, radius_schedule=(2, 3)),
         "trace_id": "tr",
@@ -271,7 +271,7 @@ async def planned(
         clock=FakeClock(), tokenizer=default_tokenizer(),
     )  # fmt: skip
     r = GenerateInput(
-        messages=(Message("user", question),), mode=mode, system_prompt=system,
+        messages=(Turn("user", question),), mode=mode, system_prompt=system,
         user=User("t1", "u1"),
         policy=ToolPolicy(**{**policy.__dict__, "planned_calls": calls}), trace_id="tr",
     )  # fmt: skip
@@ -495,7 +495,7 @@ def test_missing_terms_are_the_ones_no_text_contains() -> None:
 
 async def test_a_question_naming_what_the_text_lacks_says_the_documents_do_not_answer():
     tools = FakeTools([window(text=TEXT)])
-    out = await run(tools, req(messages=(Message("user", "How do I set up LDAP in Kubernetes?"),)))
+    out = await run(tools, req(messages=(Turn("user", "How do I set up LDAP in Kubernetes?"),)))
     assert out.answer.startswith("The documents do not answer this: “kubernetes” does not occur")
     assert "> To set up LDAP open Settings and choose Directory." in out.answer  # still shown
 
@@ -503,5 +503,5 @@ async def test_a_question_naming_what_the_text_lacks_says_the_documents_do_not_a
 async def test_a_russian_question_naming_what_the_text_lacks():
     tools = FakeTools([window(text="Чтобы настроить LDAP, откройте раздел Настройки.")])
     question = "Как настроить LDAP в HAProxy?"
-    out = await run(tools, req(messages=(Message("user", question),)))
+    out = await run(tools, req(messages=(Turn("user", question),)))
     assert "В документах нет ответа на этот вопрос: «haproxy»" in out.answer

@@ -14,9 +14,9 @@ from services.llm.model import (
     Anchor,
     ContextChunk,
     GenerateInput,
-    Message,
     ToolPolicy,
     ToolResult,
+    Turn,
     User,
 )
 from services.llm.prompt import ANSWER_FORMAT, build_prompt
@@ -53,7 +53,7 @@ def engine(tools, **limits):
 
 def req(**kw):
     base = {
-        "messages": (Message("user", "How do I set up LDAP?"),),
+        "messages": (Turn("user", "How do I set up LDAP?"),),
         "user": User("t1", "u1"),
         "policy": ToolPolicy(
             allowed_tools=("read_chunk_window", "read_doc_section"),
@@ -132,8 +132,8 @@ async def test_context_is_cut_to_the_prompt_budget_lowest_score_first():
     [
         ({"mode": "poem"}, "mode"),
         ({"messages": ()}, "messages"),
-        ({"messages": (Message("wizard", "hi"),)}, "messages[0].role"),
-        ({"messages": (Message("assistant", "hi"),)}, "messages"),
+        ({"messages": (Turn("wizard", "hi"),)}, "messages[0].role"),
+        ({"messages": (Turn("assistant", "hi"),)}, "messages"),
         ({"params": GenerationParams(temperature=2.5)}, "generation_params.temperature"),
         ({"params": GenerationParams(stop=("a",) * 5)}, "generation_params.stop"),
         ({"user": None}, "user.tenant_id"),
@@ -153,8 +153,8 @@ async def test_limits_at_and_past():
     with pytest.raises(errors.LimitExceededError):
         await e.generate(req(params=GenerationParams(max_tokens=101)))
     with pytest.raises(errors.LimitExceededError):
-        await e.generate(req(messages=(Message("user", "word " * 1200),)))
-    many = tuple(Message("user", "q") for _ in range(MAX_MESSAGES + 1))
+        await e.generate(req(messages=(Turn("user", "word " * 1200),)))
+    many = tuple(Turn("user", "q") for _ in range(MAX_MESSAGES + 1))
     with pytest.raises(errors.LimitExceededError):
         await e.generate(req(messages=many))
 

@@ -18,11 +18,11 @@ from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
     Anchor,
     GenerateInput,
-    Message,
     PlannedCall,
     ToolCallRecord,
     ToolPolicy,
     ToolResult,
+    Turn,
     User,
 )
 from services.llm.prompt import FINAL_ANSWER_NOTE
@@ -158,7 +158,7 @@ POLICY = ToolPolicy(
 
 def req(**kw: Any) -> GenerateInput:
     base: dict[str, Any] = {
-        "messages": (Message("user", "How do I set up LDAP?"),),
+        "messages": (Turn("user", "How do I set up LDAP?"),),
         "user": User("t1", "u1"),
         "policy": POLICY,
         "trace_id": "tr",

@@ -21,7 +21,7 @@ from services.common.shared_config import llm_prompt_limit
 from services.common.tokenizer import default_tokenizer
 from services.llm import budget as llm_budget
 from services.llm import prompt as llm_prompt
-from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy
+from services.llm.model import Anchor, GenerateInput, PlannedCall, ToolPolicy
 from services.llm.model import User as LlmUser
 from services.model_runtime.chat import ToolSpec
 from services.orchestrator.config import OrchestratorSettings
@@ -95,7 +95,7 @@ def llm_count(request, *, max_prompt_tokens: int) -> int:
     offered = [CATALOGUE[t] for t in request.allowed_tools] if request.max_tool_steps else []
     anchors = tuple(Anchor(s.doc_id, s.section_id, s.anchor_chunk_id) for s in request.context)
     req = GenerateInput(
-        messages=tuple(Message(m.role, m.content) for m in request.messages),
+        messages=tuple(Turn(m.role, m.content) for m in request.messages),
         mode=request.mode,
         system_prompt=request.system_prompt,
         user=LlmUser(request.user.tenant_id, request.user.user_id),

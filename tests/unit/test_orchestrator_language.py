@@ -12,7 +12,7 @@ from datetime import date
 import pytest
 
 from services.llm.extractive import answer_language
-from services.llm.model import GenerateInput, Message
+from services.llm.model import GenerateInput, Turn
 from services.llm.prompt import ANSWER_FORMAT, DEFAULT_LANGUAGE_RULE, build_prompt
 from services.orchestrator.model import (
     LlmOutcome,
@@ -49,7 +49,7 @@ class Generator:
 def llm_system(request) -> str:
     """The system message the LLM service builds from the orchestrator's request."""
     req = GenerateInput(
-        messages=tuple(Message(m.role, m.content) for m in request.messages),
+        messages=tuple(Turn(m.role, m.content) for m in request.messages),
         mode=request.mode,
         system_prompt=request.system_prompt,
     )
@@ -99,10 +99,10 @@ def test_the_answer_format_names_no_language():
 
 
 def test_a_request_without_a_system_prompt_gets_the_default_language_rule_once():
-    system = build_prompt(GenerateInput(messages=(Message("user", "Hi"),)))[0].content
+    system = build_prompt(GenerateInput(messages=(Turn("user", "Hi"),)))[0].content
     assert system.count(DEFAULT_LANGUAGE_RULE) == 1
     with_own = build_prompt(
-        GenerateInput(messages=(Message("user", "Hi"),), system_prompt="Answer in English.")
+        GenerateInput(messages=(Turn("user", "Hi"),), system_prompt="Answer in English.")
     )[0].content
     assert DEFAULT_LANGUAGE_RULE not in with_own
     assert LANGUAGE_WORDS.findall(with_own) == ["English"]

@@ -11,7 +11,7 @@ from visior.llm.v1 import llm_pb2
 from services.common import errors
 from services.llm.engine import LlmEngine
 from services.llm.loop import PLANNED_FIELD, LoopSettings, ToolLoop
-from services.llm.model import Anchor, GenerateInput, Message, PlannedCall, ToolPolicy, User
+from services.llm.model import Anchor, GenerateInput, PlannedCall, ToolPolicy, Turn, User
 from services.llm.prompt import FINAL_ANSWER_NOTE
 from services.llm.servicer import generate_input
 from services.llm.toolcalls import READ_TOOL_SPECS
@@ -61,7 +61,7 @@ OK = window()  # any ok result: the loop does not look inside
 def req(planned: tuple[PlannedCall, ...], **policy: Any) -> GenerateInput:
     base: dict[str, Any] = {"allowed_tools": ALL_TOOLS, "planned_calls": planned}
     return GenerateInput(
-        messages=(Message("user", "Какой курс доллара?"),),
+        messages=(Turn("user", "Какой курс доллара?"),),
         user=User("t1", "u1"),
         policy=ToolPolicy(**{**base, **policy}),
         trace_id="tr",

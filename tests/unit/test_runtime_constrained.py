@@ -17,7 +17,7 @@ import pytest
 from services.common import errors
 from services.llm.engine import MAX_RESPONSE_SCHEMA_BYTES, validate
 from services.llm.loop import LoopSettings
-from services.llm.model import GenerateInput, Message, ToolPolicy, User
+from services.llm.model import GenerateInput, ToolPolicy, Turn, User
 from services.model_runtime.chat import (
     ChatMessage,
     ChatRequest,
@@ -290,7 +290,7 @@ async def test_cached_prompt_tokens_are_read_from_the_usage(fake, http) -> None:
 
 def _input(schema: Any, tools: tuple[str, ...] = ()) -> GenerateInput:
     return GenerateInput(
-        messages=(Message("user", "q"),),
+        messages=(Turn("user", "q"),),
         mode="chat",
         params=GenerationParams(response_schema=schema),
         user=User("t", "u"),
@@ -369,7 +369,7 @@ def test_the_default_temperature_comes_from_the_environment_within_0_to_2() -> N
     ("language", "ok"), [("", True), ("ru", True), ("en", True), ("de", False)]
 )
 def test_the_answer_language_is_ru_en_or_unset(language: str, ok: bool) -> None:
-    request = GenerateInput(messages=(Message("user", "q"),), answer_language=language)
+    request = GenerateInput(messages=(Turn("user", "q"),), answer_language=language)
     if ok:
         validate(request, BUDGETS)
     else:

@@ -1,10 +1,28 @@
-"""Tool calls as the Orchestrator and the LLM service both see them (llm.v1's PlannedCall and
-ToolCallRecord in domain form): one definition for the two ends of the wire."""
+"""What the Orchestrator and the LLM service exchange, in domain form (llm.v1's UserContext,
+messages, PlannedCall and ToolCallRecord): one definition for the two ends of the wire, as
+search_contract.py is for a search."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class User:
+    """Who the request is for, from the request's user context (never from tool arguments)."""
+
+    tenant_id: str
+    user_id: str = ""
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of the conversation: its role (system, user, assistant, tool) and text."""
+
+    role: str
+    content: str
 
 
 @dataclass(frozen=True)
