@@ -37,8 +37,9 @@ PATH="$bin:$PATH" "$py" -m grpc_tools.protoc -Iproto -Ithird_party \
 PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/openapi.py" --out "$out/openapi/visior.openapi.yaml"
 
 # The configuration page, from the settings' declarations and their docstrings.
-mkdir -p "$out/docs"
-PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/config_docs.py" --out "$out/docs/configuration.md"
+mkdir -p "$out/docs" "$out/services/common"
+PYTHONPATH="$out/gen/python:$here" "$py" "$here/tools/config_docs.py" --out "$out/docs/configuration.md" \
+  --names-out "$out/services/common/setting_names.py"
 
 # Envoy config for the default ports.
 PYTHONPATH="$out/gen/python:$here" "$py" -m services.devtools.envoy_config > "$out/envoy/envoy.yaml"

@@ -20,6 +20,8 @@ from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import JSON_MODE, URL, runtime_settings
 
 DEFAULT_PORT = 50052
+MAX_TOOL_RESULT_TOKENS = 24_576
+"""One tool result's ceiling in tokens, whatever room the total leaves."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,8 @@ class LlmSettings:
     """The conversation at any step incl. tool results and the answer
     (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_tool_result_tokens: int
-    """One tool result as the model sees it (LLM_SERVICE_MAX_TOOL_RESULT_TOKENS; at most
-    LLM_SERVICE_MAX_TOTAL_TOKENS)."""
-    max_consecutive_tool_errors: int
-    """Tool errors in a row that abort (LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS)."""
+    """One tool result as the model sees it: what the first prompt and the answer leave of
+    LLM_SERVICE_MAX_TOTAL_TOKENS, at most 24576 (computed, not read)."""
     watchdog_s: float
     """The whole Generate, every model and tool call (LLM_SERVICE_WATCHDOG_SECONDS)."""
     external_tool_timeout_s: float = 10.0
@@ -74,17 +74,11 @@ class LlmSettings:
                 "LLM_SERVICE_MAX_TOTAL_TOKENS must be at least MAX_PROMPT_TOKENS + "
                 "MAX_COMPLETION_TOKENS"
             )
-        result_tokens = SETTINGS.vars["max_tool_result_tokens"].read(
-            env, min(24_576, max_total - max_prompt - max_completion)
-        )
-        if result_tokens > max_total:
-            raise SettingsError(
-                f"LLM_SERVICE_MAX_TOOL_RESULT_TOKENS={result_tokens} is above the maximum "
-                f"{max_total} (LLM_SERVICE_MAX_TOTAL_TOKENS)"
-            )
         return SETTINGS.read(
             env,
-            max_tool_result_tokens=result_tokens,
+            max_tool_result_tokens=min(
+                MAX_TOOL_RESULT_TOKENS, max_total - max_prompt - max_completion
+            ),
             server=ServerSettings.from_env("llm", "LLM_SERVICE_", env, DEFAULT_PORT),
             runtime_url=URL.read(env),
             default_model=runtime.default_model if runtime else "extractive",
@@ -114,14 +108,6 @@ TOOLS_PROXY = downstream(
 SETTINGS = Fields(
     LlmSettings,
     max_tool_steps=integer("MAX_TOOL_STEPS", 3, 0, 20),
-    max_tool_result_tokens=integer(
-        "LLM_SERVICE_MAX_TOOL_RESULT_TOKENS",
-        0,
-        64,
-        default_doc="min(24576, LLM_SERVICE_MAX_TOTAL_TOKENS - MAX_PROMPT_TOKENS - "
-        "MAX_COMPLETION_TOKENS)",
-    ),
-    max_consecutive_tool_errors=integer("LLM_SERVICE_MAX_CONSECUTIVE_TOOL_ERRORS", 2, 1, 10),
     watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, 0.1),
     external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", 10.0, 0.1),
 )

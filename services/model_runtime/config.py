@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from services.common.settings import Env, Fields, flag, integer, number, secret, text
+from services.common.settings import Env, Fields, flag, number, secret, text
 from services.model_runtime.client import RuntimeSettings
 
+# The connect timeout, retries, Retry-After ceiling and breaker are RuntimeSettings'
+# defaults (client.py), not read from the environment.
 RUNTIME = Fields(
     RuntimeSettings,
     url=text("LLM_RUNTIME_URL", default_doc="unset: the built-in extractive responder"),
@@ -13,12 +15,6 @@ RUNTIME = Fields(
     enable_json_mode=flag("ENABLE_JSON_MODE", False),
     json_schema=flag("LLM_RUNTIME_JSON_SCHEMA", True),
     timeout_s=number("LLM_RUNTIME_TIMEOUT_S", 30.0, 0.01),
-    connect_timeout_s=number("LLM_RUNTIME_CONNECT_TIMEOUT_S", 3.0, 0.01),
-    retries=integer("LLM_RUNTIME_RETRIES", 1, 0, 3),
-    retry_backoff_s=number("LLM_RUNTIME_RETRY_BACKOFF_S", 0.2, 0.0),
-    max_retry_after_s=number("LLM_RUNTIME_MAX_RETRY_AFTER_S", 2.0, 0.0),
-    breaker_failures=integer("LLM_RUNTIME_BREAKER_FAILURES", 5, 1, 100),
-    breaker_reset_s=number("LLM_RUNTIME_BREAKER_RESET_S", 30.0, 0.0),
     stream_usage=flag("LLM_RUNTIME_STREAM_USAGE", True),
     temperature=number("LLM_RUNTIME_TEMPERATURE", None, default_doc="unset: the runtime's own"),
 )

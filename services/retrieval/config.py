@@ -15,7 +15,6 @@ from services.common.settings import (
     flag,
     integer,
     number,
-    secret,
     text,
 )
 from services.common.shared_config import data_dir
@@ -29,7 +28,6 @@ from services.retrieval.intra_op import AUTO, usable_cpus
 from services.retrieval.llm_assist import LlmAssistSettings
 from services.retrieval.rerank import (
     API_STYLES,
-    MAX_LENGTH_LIMIT,
     THREADS_LIMIT,
     RerankSettings,
     local_model_files,
@@ -38,6 +36,8 @@ from services.retrieval.search import SearchDefaults
 
 DEFAULT_PORT = 50053
 MAX_OPTIMIZE_QUIET_S = 86_400.0
+LOCAL_RERANK_BATCH_SIZE = 16
+"""Pairs per local reranker run; an API gets RerankSettings' default batch (32)."""
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,10 @@ class IndexSettings:
     optimize_quiet_s: float
     """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
     0 = never, e.g. when an operator runs them)."""
-    breaker_failures: int
-    """Consecutive index failures that open the circuit breaker (RETR_BREAKER_FAILURES)."""
-    breaker_reset_s: float
-    """Seconds the breaker stays open before a trial call (RETR_BREAKER_RESET_S)."""
+    breaker_failures: int = 5
+    """Consecutive index failures that open the circuit breaker."""
+    breaker_reset_s: float = 10.0
+    """Seconds the breaker stays open before a trial call."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class RetrievalSettings:
             # A document travels in one message: leave room for it plus the envelope.
             server=ServerSettings.from_env(
                 "retrieval", "RETR_", env, DEFAULT_PORT,
-                default_max_message_bytes=max_doc + (1 << 20),
+                max_message_bytes=max_doc + (1 << 20),
             ),
             defaults=search_defaults(env),
             docstore=docstore_settings(env, "RETR_"),
@@ -150,7 +150,7 @@ def engine_settings(env: Env, profile: str) -> EngineSettings:
 
 
 def index_settings(env: Env, data: Path) -> IndexSettings:
-    """The vector index (RETR_INDEX_*, QDRANT_*, HNSW, quantization, optimizers, breaker)."""
+    """The vector index (RETR_INDEX_*, QDRANT_*, HNSW, quantization, optimizers)."""
     index = INDEX.read(env, {"path": str(data / "index")})
     if index.backend == "qdrant" and not index.qdrant_url:
         raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
@@ -238,7 +238,7 @@ def rerank_settings(env: Env) -> RerankSettings:
     candidates = RERANK_CANDIDATES.read(env) if RERANK_CANDIDATES.found(env) else 50
     return RERANK.read(
         env,
-        {"batch_size": 16 if model_path else 32},
+        **({"batch_size": LOCAL_RERANK_BATCH_SIZE} if model_path else {}),
         url=url,
         api_style=style,
         model_path=model_path,
@@ -248,45 +248,28 @@ def rerank_settings(env: Env) -> RerankSettings:
 
 
 def llm_assist_settings(env: Env) -> LlmAssistSettings:
-    """Model-written section summaries and query variants (RETR_LLM_*, RETR_SUMMARY_*,
-    RETR_QUERY_VARIANTS_*). The switches default to on only when RETR_LLM_RUNTIME_URL itself is
-    set: every service of the mesh sees LLM_RUNTIME_URL, and a model call per section of every
-    ingested document is a cost an operator should opt into."""
-    own_url = env.raw([ASSIST_URL.name]) is not None
-    var = ASSIST.vars
-    summaries = var["summaries"].read(env, own_url)
-    variants = var["query_variants"].read(env, own_url)
-    runtime = None
-    if summaries or variants:
-        runtime = _assist_runtime(env, summaries, variants)
-    return ASSIST.read(
-        env,
-        runtime=runtime,
-        summaries=summaries,
-        query_variants=variants,
-        query_variants_timeout_s=var["query_variants_timeout_s"].read(env) / 1000,
-    )
+    """Model-written section summaries and query variants (RETR_LLM_SUMMARIES,
+    RETR_LLM_QUERY_VARIANTS), both off unless set: every service of the mesh sees
+    LLM_RUNTIME_URL, and a model call per section of every ingested document is a cost an
+    operator should opt into. Either one needs the model runtime (LLM_RUNTIME_*,
+    DEFAULT_MODEL_NAME: the same settings group the LLM service reads)."""
+    values = ASSIST.values(env)
+    if values["summaries"] or values["query_variants"]:
+        values["runtime"] = _assist_runtime(env, values["summaries"], values["query_variants"])
+    return LlmAssistSettings(**values)
 
 
 def _assist_runtime(env: Env, summaries: bool, variants: bool) -> RuntimeSettings:
     on = ", ".join(
         n for n, v in (("RETR_LLM_SUMMARIES", summaries), ("RETR_LLM_QUERY_VARIANTS", variants)) if v
     )  # fmt: skip
-    url = ASSIST_URL.read(env)
-    if not url:
-        raise SettingsError(f"{on} needs RETR_LLM_RUNTIME_URL (or LLM_RUNTIME_URL)")
-    model = ASSIST_MODEL.read(env)
-    if not model:
-        raise SettingsError(f"{on} needs RETR_LLM_MODEL_NAME (or DEFAULT_MODEL_NAME)")
+    for var in (runtime_config.URL, runtime_config.DEFAULT_MODEL):
+        if not var.read(env):
+            raise SettingsError(f"{on} needs {var.name}")
     try:
-        return RuntimeSettings(
-            url=url,
-            default_model=model,
-            api_key=ASSIST_KEY.read(env),
-            timeout_s=ASSIST_TIMEOUT.read(env),
-        )
+        return runtime_config.RUNTIME.read(env)
     except SettingsError as exc:
-        raise SettingsError(f"retrieval's LLM runtime (RETR_LLM_*): {exc}") from None
+        raise SettingsError(f"retrieval's model runtime (LLM_RUNTIME_*): {exc}") from None
 
 
 SETTINGS = Fields(
@@ -309,8 +292,6 @@ INDEX = Fields(
     quantization=text("RETR_QUANTIZATION", "int8", choices=QUANTIZATIONS, lower=True),
     indexing_threshold_kb=integer("RETR_INDEXING_THRESHOLD_KB", 0, 0, 100_000_000),
     optimize_quiet_s=number("RETR_OPTIMIZE_QUIET_S", 10.0, 0.0, MAX_OPTIMIZE_QUIET_S),
-    breaker_failures=integer("RETR_BREAKER_FAILURES", 5, 1, 100),
-    breaker_reset_s=number("RETR_BREAKER_RESET_S", 10.0, 0.1),
 )
 CHUNKS = Fields(
     RetrievalSettings,
@@ -355,17 +336,12 @@ ENGINE = Fields(
     fusion=text("RETR_FUSION", "weighted", choices=FUSIONS),
     dense_weight=number("RETR_DENSE_WEIGHT", 0.7, 0.0),
     sparse_weight=number("RETR_SPARSE_WEIGHT", 0.3, 0.0),
-    rrf_k=integer("RETR_RRF_K", 60, 1, 1000),
-    candidate_factor=integer("RETR_CANDIDATE_FACTOR", 2, 1, 20),
     rerank_candidates=RERANK_CANDIDATES,
     expand_query=flag("RETR_EXPAND_QUERY", False),
-    max_query_variants=integer("RETR_MAX_QUERY_VARIANTS", 3, 0, 10),
-    retries=integer("RETR_BACKEND_RETRIES", 2, 0, 2),
     empty_on_backend_error=flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
     cross_language=flag(
         "RETR_CROSS_LANGUAGE", True, default_doc="true; false with RETR_EMBEDDING_PROFILE=fast"
     ),
-    slow_search_ms=number("RETR_SLOW_SEARCH_MS", 300.0, 0.0),
 )
 EMBEDDING = Fields(
     EmbeddingSettings,
@@ -375,9 +351,7 @@ EMBEDDING = Fields(
     api_key=text("RETR_EMBEDDING_API_KEY"),
     dim=integer("RETR_EMBEDDING_DIM", None, 1, 65536),
     timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", 10.0, 0.001),
-    batch_size=integer("RETR_EMBEDDING_BATCH_SIZE", None, 1, 4096),
     query_cache_size=integer("RETR_QUERY_CACHE_SIZE", 4096, 0, 10_000_000),
-    query_batch_size=integer("RETR_QUERY_BATCH_SIZE", None, 1, 4096),
     query_prefix=text("RETR_EMBEDDING_QUERY_PREFIX"),
     passage_prefix=text("RETR_EMBEDDING_PASSAGE_PREFIX"),
     threads=text("RETR_EMBEDDING_THREADS", AUTO, range_doc="auto, or integer 1..the CPUs usable"),
@@ -389,39 +363,14 @@ RERANK = Fields(
     model=text("RERANK_MODEL"),
     api_key=text("RERANK_API_KEY"),
     timeout_s=number("RERANK_TIMEOUT_S", 2.0, 0.01),
-    top_n=integer("RERANK_TOP_N", 0, 0, 1000),
-    batch_size=integer("RERANK_BATCH_SIZE", 32, 1, 1000, default_doc="32; 16 for a local model"),
     model_path=text("RERANK_MODEL_PATH"),
     model_file=text("RERANK_MODEL_FILE"),
-    max_length=integer("RERANK_MAX_LENGTH", 512, 8, MAX_LENGTH_LIMIT),
     threads=integer("RERANK_THREADS", 0, 1, THREADS_LIMIT),
 )
+# The summaries' concurrency and budget, the variants' timeout and cache are
+# LlmAssistSettings' defaults (llm_assist.py), not read from the environment.
 ASSIST = Fields(
     LlmAssistSettings,
-    summaries=flag(
-        "RETR_LLM_SUMMARIES", False, default_doc="true when RETR_LLM_RUNTIME_URL is set"
-    ),
-    query_variants=flag(
-        "RETR_LLM_QUERY_VARIANTS", False, default_doc="true when RETR_LLM_RUNTIME_URL is set"
-    ),
-    summary_concurrency=integer("RETR_SUMMARY_CONCURRENCY", 4, 1, 32),
-    summary_budget_s=number("RETR_SUMMARY_BUDGET_S", 120.0, 1.0, 3600.0),
-    query_variants_timeout_s=integer("RETR_QUERY_VARIANTS_TIMEOUT_MS", 1500, 50, 30_000),
-    query_variants_cache=integer("RETR_QUERY_VARIANTS_CACHE_SIZE", 1024, 0, 100_000),
+    summaries=flag("RETR_LLM_SUMMARIES", False),
+    query_variants=flag("RETR_LLM_QUERY_VARIANTS", False),
 )
-ASSIST_URL = text(
-    "RETR_LLM_RUNTIME_URL", also=(runtime_config.URL.name,),
-    doc="The runtime Retrieval's summaries and query variants use (an OpenAI-compatible URL).",
-)  # fmt: skip
-ASSIST_MODEL = text(
-    "RETR_LLM_MODEL_NAME", also=(runtime_config.DEFAULT_MODEL.name,),
-    doc="The model Retrieval's summaries and query variants ask for.",
-)  # fmt: skip
-ASSIST_KEY = secret(
-    "RETR_LLM_RUNTIME_API_KEY", also=(runtime_config.API_KEY.name,),
-    doc="Bearer key for Retrieval's runtime.",
-)  # fmt: skip
-ASSIST_TIMEOUT = number(
-    "RETR_LLM_RUNTIME_TIMEOUT_S", 30.0, 0.01, also=(runtime_config.TIMEOUT.name,),
-    doc="Longest one call to Retrieval's runtime may take.",
-)  # fmt: skip

@@ -12,7 +12,6 @@ from services.common.settings import (
     downstream,
     flag,
     integer,
-    number,
     retry_attempts,
     secret,
     text,
@@ -106,19 +105,12 @@ RATE_LIMITS = Fields(
     tenant_calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN", 120, 0, 1_000_000),
     tenant_tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN", 200_000, 0),
 )
+# Timeouts, retries, breakers, caches and response limits of the Bank of Russia and Tavily
+# clients and the MCP endpoint's transport are the defaults of CbrSettings, TavilySettings and
+# McpSettings (cbr.py, tavily.py, mcp_server.py), not read from the environment.
 CBR = Fields(
     CbrSettings,
     url=text("MCP_PROXY_CBR_URL", CBR_URL),
-    timeout_s=number("MCP_PROXY_CBR_TIMEOUT_S", 10.0, 0.01),
-    cache_ttl_s=number("MCP_PROXY_CBR_CACHE_TTL_S", 900.0, 0.0),
-    cache_max_entries=integer("MCP_PROXY_CBR_CACHE_MAX_ENTRIES", 512, 1, 100_000),
-    retries=integer("MCP_PROXY_CBR_RETRIES", 1, 0, 3),
-    retry_delay_s=number("MCP_PROXY_CBR_RETRY_DELAY_S", 0.2, 0.0),
-    breaker_failures=integer("MCP_PROXY_CBR_BREAKER_FAILURES", 3, 1, 5),
-    breaker_reset_s=number("MCP_PROXY_CBR_BREAKER_RESET_S", 30.0, 0.0),
-    max_range_days=integer("MCP_PROXY_CBR_MAX_RANGE_DAYS", 366, 1, 3660),
-    max_items=integer("MCP_PROXY_CBR_MAX_ITEMS", 400, 1, 10_000),
-    max_response_bytes=integer("MCP_PROXY_CBR_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, 1024),
     demo=flag("MCP_PROXY_CBR_DEMO", False),
 )
 TAVILY = Fields(
@@ -126,30 +118,12 @@ TAVILY = Fields(
     api_key=secret("MCP_PROXY_TAVILY_API_KEY"),
     base_url=text("MCP_PROXY_TAVILY_URL", TAVILY_URL),
     allow_http=flag("MCP_PROXY_TAVILY_ALLOW_HTTP", False),
-    timeout_s=number("MCP_PROXY_TAVILY_TIMEOUT_S", 9.0, 0.1),
-    deadline_s=number("MCP_PROXY_TAVILY_DEADLINE_S", 20.0, 0.1),
-    max_attempts=integer("MCP_PROXY_TAVILY_MAX_ATTEMPTS", 3, 1, 5),
-    backoff_s=number("MCP_PROXY_TAVILY_BACKOFF_S", 0.5, 0.0),
-    backoff_max_s=number("MCP_PROXY_TAVILY_BACKOFF_MAX_S", 4.0, 0.0),
-    max_retry_after_s=number("MCP_PROXY_TAVILY_MAX_RETRY_AFTER_S", 5.0, 0.0),
-    cache_ttl_s=number("MCP_PROXY_TAVILY_CACHE_TTL_S", 300.0, 0.0),
-    cache_max_entries=integer("MCP_PROXY_TAVILY_CACHE_MAX_ENTRIES", 1024, 1),
-    breaker_failures=integer("MCP_PROXY_TAVILY_BREAKER_FAILURES", 5, 1),
-    breaker_reset_s=number("MCP_PROXY_TAVILY_BREAKER_RESET_S", 30.0, 0.0),
-    max_snippet_chars=integer("MCP_PROXY_TAVILY_MAX_SNIPPET_CHARS", 1000, 50),
 )
 MCP = Fields(
     McpSettings,
     enabled=flag("MCP_PROXY_MCP_ENABLED", False),
     host=text("MCP_PROXY_MCP_HOST", "127.0.0.1"),
     port=integer("MCP_PROXY_MCP_PORT", DEFAULT_MCP_PORT, 0, 65535),
-    path=text("MCP_PROXY_MCP_PATH", "/mcp"),
-    tenant_header=text("MCP_PROXY_MCP_TENANT_HEADER", "X-Visior-Tenant-Id"),
-    user_header=text("MCP_PROXY_MCP_USER_HEADER", "X-Visior-User-Id"),
     token=text("MCP_PROXY_MCP_TOKEN"),
-    stateless=flag("MCP_PROXY_MCP_STATELESS", True),
-    json_response=flag("MCP_PROXY_MCP_JSON_RESPONSE", True),
     allowed_hosts=text("MCP_PROXY_MCP_ALLOWED_HOSTS"),
-    max_body_bytes=integer("MCP_PROXY_MCP_MAX_BODY_BYTES", 1024 * 1024, 1024, 64 << 20),
-    grace_seconds=number("MCP_PROXY_MCP_GRACE_SECONDS", 5.0, 0.0),
 )

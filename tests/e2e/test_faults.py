@@ -50,6 +50,7 @@ from tests.e2e.conftest import (
     ingest,
     log_lines,
 )
+from tests.e2e.settings_hook import settings_overrides
 from tests.fakes.cbr_server import FakeCbrServer
 from tests.fakes.openai_chat import FakeChatServer
 from tests.fakes.tavily_server import FakeTavilyServer
@@ -279,7 +280,7 @@ def faulty(
     Envoy's fault filter."""
     root: Path = tmp_path_factory.mktemp("faulty")
     deadline = str(DEADLINE_S)
-    breaker = {"failures": str(BREAKER_FAILURES), "reset": str(BREAKER_RESET_S)}
+    breaker = {"breaker_failures": BREAKER_FAILURES, "breaker_reset_s": BREAKER_RESET_S}
     env = {
         **NO_DRAIN,
         "ORCH_MODEL_ROUTING": "false",  # the scenario by rules: the runtime sees Generate only
@@ -290,26 +291,20 @@ def faulty(
         "LLM_RUNTIME_URL": chat.url,
         "DEFAULT_MODEL_NAME": "fake-model",
         "LLM_RUNTIME_TIMEOUT_S": deadline,
-        "LLM_RUNTIME_RETRY_BACKOFF_S": "0.05",
-        "LLM_RUNTIME_BREAKER_FAILURES": breaker["failures"],
-        "LLM_RUNTIME_BREAKER_RESET_S": breaker["reset"],
         "MCP_PROXY_CBR_URL": bank.url,
-        "MCP_PROXY_CBR_TIMEOUT_S": "0.5",
-        "MCP_PROXY_CBR_RETRY_DELAY_S": "0.05",
-        "MCP_PROXY_CBR_CACHE_TTL_S": "0",
-        "MCP_PROXY_CBR_BREAKER_FAILURES": breaker["failures"],
-        "MCP_PROXY_CBR_BREAKER_RESET_S": breaker["reset"],
         "MCP_PROXY_TAVILY_URL": tavily.url,
         "MCP_PROXY_TAVILY_ALLOW_HTTP": "true",
         "MCP_PROXY_TAVILY_API_KEY": TAVILY_KEY,
-        "MCP_PROXY_TAVILY_TIMEOUT_S": "0.5",
-        "MCP_PROXY_TAVILY_DEADLINE_S": deadline,
-        "MCP_PROXY_TAVILY_MAX_ATTEMPTS": "2",
-        "MCP_PROXY_TAVILY_BACKOFF_S": "0.05",
-        "MCP_PROXY_TAVILY_CACHE_TTL_S": "0",
-        "MCP_PROXY_TAVILY_BREAKER_FAILURES": breaker["failures"],
-        "MCP_PROXY_TAVILY_BREAKER_RESET_S": breaker["reset"],
-    }
+        # Constants in the services (not environment settings), shortened in these processes.
+        **settings_overrides(
+            runtime={"retry_backoff_s": 0.05, **breaker},
+            cbr={"timeout_s": 0.5, "retry_delay_s": 0.05, "cache_ttl_s": 0.0, **breaker},
+            tavily={
+                "timeout_s": 0.5, "deadline_s": DEADLINE_S, "max_attempts": 2,
+                "backoff_s": 0.05, "cache_ttl_s": 0.0, **breaker,
+            },
+        ),
+    }  # fmt: skip
     m = Mesh(
         Ports.free(),
         root / "data",
@@ -633,7 +628,7 @@ def test_bank_slow_past_its_deadline(faulty: Mesh, bank: FakeCbrServer) -> None:
     tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
     bank.hang_next(2)  # a bank that hangs is not asked twice
     for seconds in tool_error_both_ways(faulty, "fetch_cbr_data", {"mode": "key_rate"}):
-        assert seconds >= 0.5  # MCP_PROXY_CBR_TIMEOUT_S
+        assert seconds >= 0.5  # the bank's timeout, shortened
         assert_within(seconds, 0.5)
     tool_ok(faulty, "fetch_cbr_data", {"mode": "key_rate"})
 
@@ -668,7 +663,7 @@ def test_tavily_slow_past_its_deadline(faulty: Mesh, tavily: FakeTavilyServer) -
     tool_ok(faulty, "fetch_finance_news", news())
     tavily.hang_next(2)  # a timeout is not retried
     for seconds in tool_error_both_ways(faulty, "fetch_finance_news", news()):
-        assert seconds >= 0.5  # MCP_PROXY_TAVILY_TIMEOUT_S
+        assert seconds >= 0.5  # Tavily's timeout, shortened
         assert_within(seconds, 0.5)
     tool_ok(faulty, "fetch_finance_news", news())
 
@@ -738,9 +733,13 @@ def hanging_store_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mes
             "RETR_INDEX_BACKEND": "qdrant",
             "QDRANT_URL": f"http://127.0.0.1:{qdrant.port}",
             "RETR_INDEX_TIMEOUT_S": str(INDEX_TIMEOUT_S),
-            "RETR_BACKEND_RETRIES": "0",
-            "RETR_BREAKER_FAILURES": str(STORE_BREAKER_FAILURES),
-            "RETR_BREAKER_RESET_S": str(BREAKER_RESET_S),
+            **settings_overrides(
+                engine={"retries": 0},
+                index={
+                    "breaker_failures": STORE_BREAKER_FAILURES,
+                    "breaker_reset_s": BREAKER_RESET_S,
+                },
+            ),
         }
         m = Mesh(Ports.free(), root / "data", root / "run", env=env)
         m.start()

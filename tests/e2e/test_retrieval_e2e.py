@@ -11,6 +11,7 @@ import pytest
 
 from services.devtools.mesh import Mesh, Ports
 from tests.e2e.conftest import REPO_ROOT, assert_error
+from tests.e2e.settings_hook import settings_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +56,7 @@ def mesh_without_vector_store(tmp_path_factory: pytest.TempPathFactory):
         "RETR_INDEX_BACKEND": "qdrant",
         "QDRANT_URL": f"http://127.0.0.1:{_closed_port()}",
         "RETR_INDEX_TIMEOUT_S": "0.3",
-        "RETR_BREAKER_FAILURES": "3",
+        **settings_overrides(index={"breaker_failures": 3}),
     }
     m = Mesh(Ports.free(), root / "data", root / "run", env=env)
     m.start()

@@ -448,33 +448,36 @@ def test_settings_from_env():
             {
                 "MCP_PROXY_MCP_ENABLED": "true",
                 "MCP_PROXY_MCP_PORT": "9100",
-                "MCP_PROXY_MCP_TENANT_HEADER": "X-Org",
-                "MCP_PROXY_MCP_USER_HEADER": "X-Sub",
                 "MCP_PROXY_MCP_TOKEN": "s3cret-token",
                 "MCP_PROXY_MCP_ALLOWED_HOSTS": "mcp.internal:*, proxy:8090",
             }
         )
     )
     assert custom.enabled and custom.port == 9100
-    assert (custom.tenant_header, custom.user_header) == ("X-Org", "X-Sub")
     assert custom.allowed_hosts == ("mcp.internal:*", "proxy:8090")
     assert "s3cret-token" not in repr(custom)
 
 
 @pytest.mark.parametrize(
-    "env",
-    [
-        {"MCP_PROXY_MCP_TENANT_HEADER": "Authorization"},
-        {"MCP_PROXY_MCP_TENANT_HEADER": "X Bad"},
-        {"MCP_PROXY_MCP_USER_HEADER": "x-visior-tenant-id"},
-        {"MCP_PROXY_MCP_PATH": "mcp"},
-        {"MCP_PROXY_MCP_PORT": "70000"},
-        {"MCP_PROXY_MCP_ENABLED": "maybe"},
-    ],
+    "env", [{"MCP_PROXY_MCP_PORT": "70000"}, {"MCP_PROXY_MCP_ENABLED": "maybe"}]
 )
 def test_bad_settings_are_refused(env):
     with pytest.raises(SettingsError):
         mcp_settings(Env(env))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tenant_header": "Authorization"},
+        {"tenant_header": "X Bad"},
+        {"user_header": "x-visior-tenant-id"},
+        {"path": "mcp"},
+    ],
+)
+def test_bad_header_names_and_path_are_refused(fields):
+    with pytest.raises(SettingsError):
+        McpSettings(**fields)
 
 
 async def test_configured_header_names_are_the_ones_read(executor):

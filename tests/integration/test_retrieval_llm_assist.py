@@ -38,8 +38,9 @@ def runtime() -> Iterator[FakeChatServer]:
 
 async def test_model_summaries_and_query_variants_through_the_server(tmp_path, runtime):
     env = {
-        "RETR_LLM_RUNTIME_URL": runtime.url, "RETR_LLM_MODEL_NAME": "fake-model",
-        "RETR_LLM_RUNTIME_API_KEY": "sk-retr", "RETR_OPTIMIZE_QUIET_S": "0",
+        "LLM_RUNTIME_URL": runtime.url, "DEFAULT_MODEL_NAME": "fake-model",
+        "LLM_RUNTIME_API_KEY": "sk-retr", "RETR_OPTIMIZE_QUIET_S": "0",
+        "RETR_LLM_SUMMARIES": "true", "RETR_LLM_QUERY_VARIANTS": "true",
     }  # fmt: skip
     async with retrieval_channel(tmp_path, **env) as channel:
         ingest = pbg.IngestionServiceStub(channel)

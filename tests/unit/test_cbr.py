@@ -666,14 +666,11 @@ def test_settings_defaults_and_env() -> None:
         Env(
             {
                 "MCP_PROXY_CBR_URL": "http://127.0.0.1:8080/DailyInfo.asmx",
-                "MCP_PROXY_CBR_TIMEOUT_S": "3.5",
-                "MCP_PROXY_CBR_CACHE_TTL_S": "60",
-                "MCP_PROXY_CBR_BREAKER_FAILURES": "5",
+                "MCP_PROXY_CBR_DEMO": "true",
             }
         )
     )
-    assert custom.url == "http://127.0.0.1:8080/DailyInfo.asmx"
-    assert (custom.timeout_s, custom.cache_ttl_s, custom.breaker_failures) == (3.5, 60.0, 5)
+    assert custom.url == "http://127.0.0.1:8080/DailyInfo.asmx" and custom.demo
 
 
 @pytest.mark.parametrize(
@@ -681,14 +678,19 @@ def test_settings_defaults_and_env() -> None:
     [
         {"MCP_PROXY_CBR_URL": "http://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"},
         {"MCP_PROXY_CBR_URL": "file:///etc/passwd"},
-        {"MCP_PROXY_CBR_BREAKER_FAILURES": "6"},
-        {"MCP_PROXY_CBR_TIMEOUT_S": "0"},
-        {"MCP_PROXY_CBR_RETRIES": "4"},
+        {"MCP_PROXY_CBR_DEMO": "maybe"},
     ],
 )
 def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         cbr_settings(Env(env))
+
+
+@pytest.mark.parametrize("fields", [{"breaker_failures": 6}, {"breaker_failures": 0}])
+def test_the_breaker_threshold_is_the_specs_1_to_5(fields: dict[str, int]) -> None:
+    assert CbrSettings(breaker_failures=5).breaker_failures == 5
+    with pytest.raises(SettingsError):
+        CbrSettings(**fields)
 
 
 # -- external_call events (agent.md §9) -------------------------------------------------

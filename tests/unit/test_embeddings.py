@@ -422,13 +422,12 @@ def test_settings_remote_full() -> None:
         RETR_EMBEDDING_API_KEY="k",
         RETR_EMBEDDING_DIM="1024",
         RETR_EMBEDDING_TIMEOUT_S="2.5",
-        RETR_EMBEDDING_BATCH_SIZE="32",
         RETR_QUERY_CACHE_SIZE="0",
         RETR_EMBEDDING_QUERY_PREFIX="query: ",
         RETR_EMBEDDING_PASSAGE_PREFIX="passage:",
     )
     assert s.profile == "remote" and s.dim == 1024 and s.timeout_s == 2.5
-    assert (s.batch_size, s.query_cache_size) == (32, 0)
+    assert (s.batch_size, s.query_cache_size) == (None, 0)  # None: the profile's batch
     assert (s.query_prefix, s.passage_prefix) == ("query: ", "passage: ")
 
 
@@ -444,7 +443,6 @@ def test_settings_remote_full() -> None:
         ({"RETR_EMBEDDING_URL": "tei:8080"}, "RETR_EMBEDDING_URL"),
         ({"RETR_EMBEDDING_TIMEOUT_S": "soon"}, "RETR_EMBEDDING_TIMEOUT_S"),
         ({"RETR_EMBEDDING_TIMEOUT_S": "0"}, "RETR_EMBEDDING_TIMEOUT_S"),
-        ({"RETR_EMBEDDING_BATCH_SIZE": "0"}, "RETR_EMBEDDING_BATCH_SIZE"),
         ({"RETR_QUERY_CACHE_SIZE": "-1"}, "RETR_QUERY_CACHE_SIZE"),
         ({"RETR_EMBEDDING_DIM": "768"}, "RETR_EMBEDDING_DIM"),  # e5 is 384-d
         ({"RETR_EMBEDDING_THREADS": "0"}, "RETR_EMBEDDING_THREADS"),

@@ -642,28 +642,28 @@ async def test_synonym_variants_count_besides_the_query(stacks, tmp_path, embedd
 
 # -- settings --------------------------------------------------------------------------------
 
-URL = {"RETR_LLM_RUNTIME_URL": "http://runtime:8000/v1", "RETR_LLM_MODEL_NAME": "m"}
+URL = {"LLM_RUNTIME_URL": "http://runtime:8000/v1", "DEFAULT_MODEL_NAME": "m"}
 
 
 def settings(**env: str) -> LlmAssistSettings:
     return llm_assist_settings(Env(env))
 
 
-def test_switches_default_on_only_with_retrievals_own_runtime_url():
+def test_switches_are_off_unless_set_and_use_the_shared_runtime():
     off = settings()
     assert (off.summaries, off.query_variants, off.runtime) == (False, False, None)
-    shared = settings(LLM_RUNTIME_URL="http://shared:8000", DEFAULT_MODEL_NAME="m")
+    shared = settings(**URL)  # every service sees LLM_RUNTIME_URL: not an opt-in
     assert (shared.summaries, shared.query_variants, shared.runtime) == (False, False, None)
-    on = settings(**URL)
+    on = settings(**URL, RETR_LLM_SUMMARIES="true", RETR_LLM_QUERY_VARIANTS="true")
     assert on.summaries and on.query_variants
     assert (
         on.runtime is not None and on.runtime.endpoint == "http://runtime:8000/v1/chat/completions"
     )
-    one = settings(**URL, RETR_LLM_QUERY_VARIANTS="false")
-    assert one.summaries and not one.query_variants
+    one = settings(**URL, RETR_LLM_QUERY_VARIANTS="on")
+    assert one.query_variants and not one.summaries
 
 
-def test_explicit_switches_use_the_shared_runtime_and_retrievals_names_win():
+def test_the_runtime_is_the_llm_services_settings_group():
     s = settings(
         RETR_LLM_SUMMARIES="true", LLM_RUNTIME_URL="http://shared:1", DEFAULT_MODEL_NAME="big",
         LLM_RUNTIME_API_KEY="sk-shared", LLM_RUNTIME_TIMEOUT_S="7",
@@ -672,48 +672,22 @@ def test_explicit_switches_use_the_shared_runtime_and_retrievals_names_win():
     assert (s.runtime.url, s.runtime.default_model, s.runtime.api_key, s.runtime.timeout_s) == (
         "http://shared:1", "big", "sk-shared", 7.0,
     )  # fmt: skip
-    s = settings(
-        RETR_LLM_SUMMARIES="1", LLM_RUNTIME_URL="http://shared:1", DEFAULT_MODEL_NAME="big",
-        LLM_RUNTIME_API_KEY="sk-shared", RETR_LLM_RUNTIME_URL="http://own:2",
-        RETR_LLM_MODEL_NAME="small", RETR_LLM_RUNTIME_API_KEY="sk-own",
-        RETR_LLM_RUNTIME_TIMEOUT_S="3",
-    )  # fmt: skip
-    assert s.runtime is not None
-    assert (s.runtime.url, s.runtime.default_model, s.runtime.api_key, s.runtime.timeout_s) == (
-        "http://own:2", "small", "sk-own", 3.0,
-    )  # fmt: skip
-    assert "sk-own" not in repr(s)
+    assert "sk-shared" not in repr(s)
+    # The concurrency, budget, timeout and cache are constants (LlmAssistSettings' defaults).
+    assert (s.summary_concurrency, s.summary_budget_s) == (4, 120.0)
+    assert (s.query_variants_timeout_s, s.query_variants_cache) == (1.5, 1024)
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"RETR_LLM_SUMMARIES": "true"}, "RETR_LLM_RUNTIME_URL"),
-        ({"RETR_LLM_QUERY_VARIANTS": "on", "LLM_RUNTIME_URL": "http://h:1"}, "MODEL_NAME"),
-        ({"RETR_LLM_RUNTIME_URL": "runtime:8000", "RETR_LLM_MODEL_NAME": "m"}, "http"),
-        ({"RETR_LLM_RUNTIME_URL": "http://h:1"}, "RETR_LLM_MODEL_NAME"),
+        ({"RETR_LLM_SUMMARIES": "true"}, "RETR_LLM_SUMMARIES needs LLM_RUNTIME_URL"),
+        ({"RETR_LLM_QUERY_VARIANTS": "on", "LLM_RUNTIME_URL": "http://h:1"}, "DEFAULT_MODEL_NAME"),
+        ({"RETR_LLM_SUMMARIES": "1", "LLM_RUNTIME_URL": "runtime:8000", "DEFAULT_MODEL_NAME": "m"}, "http"),
         ({**URL, "RETR_LLM_SUMMARIES": "maybe"}, "RETR_LLM_SUMMARIES"),
-        ({**URL, "RETR_LLM_RUNTIME_TIMEOUT_S": "0"}, "RETR_LLM_RUNTIME_TIMEOUT_S"),
+        ({**URL, "RETR_LLM_SUMMARIES": "1", "LLM_RUNTIME_TIMEOUT_S": "0"}, "LLM_RUNTIME_TIMEOUT_S"),
     ],
-)
+)  # fmt: skip
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message):
         settings(**env)
-
-
-@pytest.mark.parametrize(
-    ("name", "ok", "bad"),
-    [
-        ("RETR_SUMMARY_CONCURRENCY", ("1", "32"), ("0", "33")),
-        ("RETR_SUMMARY_BUDGET_S", ("1", "3600"), ("0.5", "3600.5")),
-        ("RETR_QUERY_VARIANTS_TIMEOUT_MS", ("50", "30000"), ("49", "30001")),
-        ("RETR_QUERY_VARIANTS_CACHE_SIZE", ("0", "100000"), ("-1", "100001")),
-    ],
-)
-def test_limits_at_and_past_each_end(name, ok, bad):
-    for value in ok:
-        settings(**URL, **{name: value})
-    for value in bad:
-        with pytest.raises(SettingsError, match=name):
-            settings(**URL, **{name: value})
-    assert settings(**URL, RETR_QUERY_VARIANTS_TIMEOUT_MS="250").query_variants_timeout_s == 0.25

@@ -20,7 +20,6 @@ from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.intra_op import usable_cpus
 from services.retrieval.local_rerank import LocalCrossEncoder
 from services.retrieval.rerank import (
-    MAX_LENGTH_LIMIT,
     THREADS_LIMIT,
     Reranker,
     RerankError,
@@ -259,14 +258,13 @@ def test_settings_from_env_for_a_local_model(model_dir):
         Env(
             {
                 "RERANK_MODEL_PATH": str(model_dir),
-                "RERANK_MAX_LENGTH": "256",
                 "RERANK_THREADS": "3",
                 "RERANK_TIMEOUT_S": "0.5",
             }
         )
     )
     assert (settings.model_path, settings.max_length, settings.threads) == (
-        str(model_dir), 256, 3,
+        str(model_dir), 512, 3,
     )  # fmt: skip
     assert settings.batch_size == 16 and settings.timeout_s == 0.5 and settings.enabled
     assert encoder(model_dir, threads=3).threads == 3
@@ -279,18 +277,13 @@ def test_settings_from_env_for_a_local_model(model_dir):
 @pytest.mark.parametrize(
     ("name", "ok", "bad"),
     [
-        ("RERANK_MAX_LENGTH", 8, 7),
-        ("RERANK_MAX_LENGTH", MAX_LENGTH_LIMIT, MAX_LENGTH_LIMIT + 1),
         ("RERANK_THREADS", 1, 0),
         ("RERANK_THREADS", THREADS_LIMIT, THREADS_LIMIT + 1),
-        ("RERANK_BATCH_SIZE", 1, 0),
-        ("RERANK_BATCH_SIZE", 1000, 1001),
     ],
 )
 def test_limits_at_and_past_them(model_dir, name, ok, bad):
     base = {"RERANK_MODEL_PATH": str(model_dir)}
-    field = {"RERANK_MAX_LENGTH": "max_length", "RERANK_THREADS": "threads"}.get(name, "batch_size")
-    assert getattr(rerank_settings(Env({**base, name: str(ok)})), field) == ok
+    assert rerank_settings(Env({**base, name: str(ok)})).threads == ok
     with pytest.raises(SettingsError, match=name):
         rerank_settings(Env({**base, name: str(bad)}))
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from services.common.settings import Env, SettingsError
+from services.common.settings import Env
 from services.retrieval.config import embedding_settings
 from services.retrieval.embeddings import (
     CachedQueryEmbedder,
@@ -276,17 +276,8 @@ def test_real_model_batched_rows_match_lone_rows() -> None:
 # --- settings and the factory -------------------------------------------------------------
 
 
-def test_setting_defaults_by_profile_and_explicit_values() -> None:
+def test_the_batch_size_is_the_profiles() -> None:
     assert embedding_settings(Env({})).query_batch_size is None
-    for text, value in (("1", 1), ("64", 64), ("4096", 4096)):
-        env = Env({"RETR_QUERY_BATCH_SIZE": text})
-        assert embedding_settings(env).query_batch_size == value
-
-
-@pytest.mark.parametrize("text", ["0", "4097", "-3", "many", "2.5"])
-def test_setting_errors_name_the_variable(text: str) -> None:
-    with pytest.raises(SettingsError, match="RETR_QUERY_BATCH_SIZE"):
-        embedding_settings(Env({"RETR_QUERY_BATCH_SIZE": text}))
 
 
 def test_build_wraps_fast_by_default_and_not_e5() -> None:

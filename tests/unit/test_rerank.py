@@ -249,14 +249,13 @@ def test_settings_from_env():
                 "RERANK_MODEL": "jina-reranker-v2-base-multilingual",
                 "RERANK_API_KEY": "k",
                 "RERANK_TIMEOUT_S": "0.5",
-                "RERANK_TOP_N": "10",
                 "RERANK_MAX_CANDIDATES": "40",
             }
         )
     )
     assert settings.enabled
     assert settings.api_style == "cohere"
-    assert (settings.timeout_s, settings.top_n, settings.max_candidates) == (0.5, 10, 40)
+    assert (settings.timeout_s, settings.top_n, settings.max_candidates) == (0.5, 0, 40)
     assert settings.api_key == "k" and "'k'" not in repr(settings)
     off = rerank_settings(Env({}))
     assert not off.enabled

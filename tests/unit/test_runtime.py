@@ -171,16 +171,14 @@ def test_settings_from_env_read_the_spec_names(tmp_path: Path) -> None:
                 "LLM_RUNTIME_API_KEY_FILE": str(key_file),
                 "ENABLE_JSON_MODE": "true",
                 "LLM_RUNTIME_TIMEOUT_S": "12.5",
-                "LLM_RUNTIME_RETRIES": "0",
-                "LLM_RUNTIME_BREAKER_FAILURES": "3",
-                "LLM_RUNTIME_BREAKER_RESET_S": "7",
                 "LLM_RUNTIME_STREAM_USAGE": "false",
             }
         )
     )
     assert s.endpoint == "http://vllm:8000/v1/chat/completions"
     assert (s.default_model, s.api_key, s.enable_json_mode) == (MODEL, KEY, True)
-    assert (s.timeout_s, s.retries, s.breaker_failures, s.breaker_reset_s) == (12.5, 0, 3, 7.0)
+    # The retries and the breaker are constants (RuntimeSettings' defaults), not settings.
+    assert (s.timeout_s, s.retries, s.breaker_failures, s.breaker_reset_s) == (12.5, 1, 5, 30.0)
     assert s.stream_usage is False
     assert KEY not in repr(s)
 
@@ -215,7 +213,11 @@ def test_base_url_with_or_without_v1(url: str, endpoint: str) -> None:
         {"LLM_RUNTIME_URL": "vllm:8000", "DEFAULT_MODEL_NAME": "m"},
         {"LLM_RUNTIME_URL": "http://u:p@h:1", "DEFAULT_MODEL_NAME": "m"},
         {"LLM_RUNTIME_URL": "http://h:1"},
-        {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "LLM_RUNTIME_RETRIES": "9"},
+        {
+            "LLM_RUNTIME_URL": "http://h:1",
+            "DEFAULT_MODEL_NAME": "m",
+            "LLM_RUNTIME_STREAM_USAGE": "9",
+        },
         {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "LLM_RUNTIME_TIMEOUT_S": "x"},
         {"LLM_RUNTIME_URL": "http://h:1", "DEFAULT_MODEL_NAME": "m", "ENABLE_JSON_MODE": "maybe"},
         {

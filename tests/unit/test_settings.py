@@ -1,7 +1,8 @@
 import pytest
 
 from services.common.search_contract import window_radius
-from services.common.settings import Env, SettingsError, grpc_target
+from services.common.setting_names import NAMES
+from services.common.settings import Env, SettingsError, grpc_target, refuse_undeclared
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
 from services.retrieval.config import RetrievalSettings, llm_assist_settings, rerank_settings
@@ -31,7 +32,11 @@ def test_numbers_must_be_finite(raw):
         Env({"N": raw}).number("N", 1.0, minimum=0.01)
 
 
-LLM = {"RETR_LLM_RUNTIME_URL": "http://127.0.0.1:9", "RETR_LLM_MODEL_NAME": "m"}
+LLM = {
+    "RETR_LLM_SUMMARIES": "true",
+    "LLM_RUNTIME_URL": "http://127.0.0.1:9",
+    "DEFAULT_MODEL_NAME": "m",
+}
 
 
 @pytest.mark.parametrize(
@@ -39,8 +44,8 @@ LLM = {"RETR_LLM_RUNTIME_URL": "http://127.0.0.1:9", "RETR_LLM_MODEL_NAME": "m"}
     [
         ("rerank", {"RERANK_MODEL_URL": "http://127.0.0.1:9/rerank", "RERANK_TIMEOUT_S": "nan"}),
         ("rerank", {"RERANK_MODEL_URL": "http://127.0.0.1:9/rerank", "RERANK_TIMEOUT_S": "inf"}),
-        ("llm", {**LLM, "RETR_LLM_RUNTIME_TIMEOUT_S": "nan"}),
-        ("llm", {**LLM, "RETR_SUMMARY_BUDGET_S": "nan"}),
+        ("llm", {**LLM, "LLM_RUNTIME_TIMEOUT_S": "nan"}),
+        ("llm", {**LLM, "LLM_RUNTIME_TEMPERATURE": "inf"}),
     ],
 )
 def test_retrieval_refuses_non_finite_timeouts_at_start(settings, env):
@@ -131,7 +136,46 @@ def test_retrieval_max_results_default_is_capped_at_50():
 
 def test_retrieval_message_size_leaves_room_for_the_largest_document():
     s = RetrievalSettings.from_env(Env({"RETR_MAX_DOCUMENT_BYTES": "2000000"}))
-    assert s.server.max_message_bytes > s.max_document_bytes
+    assert s.server.max_message_bytes == 2_000_000 + (1 << 20)
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("RETR_HNSW_FE", "RETR_HNSW_EF"),  # misspelt
+        ("MCP_PROXY_TAVILY_TIMEOUT_S", "MCP_PROXY_TAVILY_URL"),  # a knob now a constant
+        ("RETR_LLM_RUNTIME_URL", "LLM_RUNTIME_URL"),  # a dropped twin
+        ("VISIOR_RETRY_ATTEMPTS", "ORCH_RETRY_ATTEMPTS"),  # a dropped alias
+    ],
+)
+def test_an_undeclared_name_with_our_prefix_is_refused_naming_the_closest(name, closest):
+    with pytest.raises(SettingsError) as info:
+        refuse_undeclared({name: "1", "RETR_PORT": "1"}, NAMES)
+    assert str(info.value) == (
+        f"{name} is set, but no Visior service reads it (closest declared name: {closest})"
+    )
+
+
+def test_undeclared_names_accepted():
+    # Every service's names, since one env file may serve the whole mesh; other prefixes,
+    # blank values and the test tooling's own variable are not ours to refuse.
+    refuse_undeclared(
+        {
+            "MCP_PROXY_TAVILY_URL": "http://x", "RETR_HNSW_EF": "64", "ORCH_PORT": "1",
+            "LLM_RUNTIME_API_KEY_FILE": "/k", "RETR_NOT_A_SETTING": " ", "PATH": "/bin",
+            "OPENAI_API_KEY": "sk", "VISIOR_PG_BIN": "/usr/lib/postgresql/bin",
+        },
+        NAMES,
+    )  # fmt: skip
+
+
+def test_the_process_environment_is_checked_at_start(monkeypatch):
+    monkeypatch.setenv("ORCH_WINDOW_RADUIS", "2")
+    with pytest.raises(SettingsError, match=r"ORCH_WINDOW_RADUIS is set.*ORCH_WINDOW_RADIUS"):
+        OrchestratorSettings.from_env()
+    monkeypatch.delenv("ORCH_WINDOW_RADUIS")
+    monkeypatch.setenv("RETR_HNSW_EF", "64")  # another service's name
+    assert OrchestratorSettings.from_env().runtime.window_radius == 3
 
 
 def test_docstore_url_is_sqlite_or_postgresql():
@@ -290,8 +334,12 @@ def test_every_name_a_service_reads_is_declared_and_documented_once():
     assert len(rows) == len(set(rows))
     assert "`ORCH_RETRY_ATTEMPTS`" in rows and "`MCP_PROXY_RETRY_ATTEMPTS`" in rows
     for dropped in ("VISIOR_RETRY_ATTEMPTS", "VISIOR_GRACE_SECONDS", "RETRIEVAL_URL",
-                    "ORCH_WINDOW_MAX", "RETR_RERANK_MODEL_URL", "LLM_SERVICE_RUNTIME_URL"):  # fmt: skip
+                    "ORCH_WINDOW_MAX", "RETR_RERANK_MODEL_URL", "LLM_SERVICE_RUNTIME_URL",
+                    "RETR_LLM_RUNTIME_URL", "LLM_SERVICE_LOG_LEVEL", "ORCH_KEEPALIVE_SECONDS"):  # fmt: skip
         assert f"`{dropped}`" not in rows
+        assert dropped not in NAMES
+    assert sorted(NAMES) == docs.all_names(reads), "setting_names.py is stale: run make gen"
+    assert len(NAMES) <= 150  # issue 22
 
 
 def test_an_undeclared_read_is_reported(monkeypatch):

@@ -596,13 +596,11 @@ def test_settings_read_key_and_knobs() -> None:
         Env(
             {
                 "MCP_PROXY_TAVILY_API_KEY": KEY,
-                "MCP_PROXY_TAVILY_TIMEOUT_S": "8",
-                "MCP_PROXY_TAVILY_CACHE_TTL_S": "60",
                 "MCP_PROXY_TAVILY_URL": "https://tavily.internal/",
             }
         )
     )
-    assert s.api_key == KEY and s.timeout_s == 8.0 and s.cache_ttl_s == 60.0
+    assert s.api_key == KEY and s.timeout_s == 9.0 and s.cache_ttl_s == 300.0  # constants
     assert s.base_url == "https://tavily.internal"
     assert KEY not in repr(s)
     assert tavily_settings(Env({"TAVILY_API_KEY": "tvly-other"})).api_key is None
@@ -644,9 +642,8 @@ def test_odd_base_urls_refused(url: str) -> None:
 @pytest.mark.parametrize(
     "env",
     [
-        {"MCP_PROXY_TAVILY_TIMEOUT_S": "soon"},
-        {"MCP_PROXY_TAVILY_MAX_ATTEMPTS": "0"},
         {"MCP_PROXY_TAVILY_ALLOW_HTTP": "maybe"},
+        {"MCP_PROXY_TAVILY_URL": "ftp://api.tavily.com"},
     ],
 )
 def test_bad_settings_refused(env: dict[str, str]) -> None:
