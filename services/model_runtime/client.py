@@ -25,7 +25,7 @@ Tool calling has two wire forms:
     (``kind=bad_response``).
 
 Resilience. ``timeout_s`` bounds the whole call, the retry included (clamped to
-LLM_RUNTIME_TIMEOUT_S). Exactly one retry (LLM_RUNTIME_RETRIES) on transient errors: a
+LLM_RUNTIME_TIMEOUT_S). Exactly one retry (``retries``) on transient errors: a
 connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/502/503/504.
 Timeouts are not retried (a second full timeout would double the latency the caller waits),
 nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
@@ -114,17 +114,17 @@ class RuntimeSettings:
     """Longest one call may take, the retry included (LLM_RUNTIME_TIMEOUT_S); callers'
     shorter timeouts win."""
     connect_timeout_s: float = 3.0
-    """Longest a TCP/TLS connect may take (LLM_RUNTIME_CONNECT_TIMEOUT_S)."""
+    """Longest a TCP/TLS connect may take."""
     retries: int = 1
-    """Retries after a transient failure (LLM_RUNTIME_RETRIES; the spec says 1)."""
+    """Retries after a transient failure (the spec says 1)."""
     retry_backoff_s: float = 0.2
-    """Pause before a retry when the runtime gives no Retry-After (LLM_RUNTIME_RETRY_BACKOFF_S)."""
+    """Pause before a retry when the runtime gives no Retry-After."""
     max_retry_after_s: float = 2.0
-    """A 429/503 asking to wait longer than this fails at once (LLM_RUNTIME_MAX_RETRY_AFTER_S)."""
+    """A 429/503 asking to wait longer than this fails at once."""
     breaker_failures: int = 5
-    """Consecutive failed calls that open the breaker (LLM_RUNTIME_BREAKER_FAILURES)."""
+    """Consecutive failed calls that open the breaker."""
     breaker_reset_s: float = 30.0
-    """How long the open breaker refuses calls before a trial (LLM_RUNTIME_BREAKER_RESET_S)."""
+    """How long the open breaker refuses calls before a trial."""
     temperature: float | None = None
     """Sampling temperature when the request sets none (LLM_RUNTIME_TEMPERATURE, 0..2);
     unset leaves it to the runtime. 0 makes a local model's answers repeatable."""
@@ -143,9 +143,9 @@ class RuntimeSettings:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise SettingsError("LLM runtime timeouts must be positive")
         if not 0 <= self.retries <= 3:
-            raise SettingsError("LLM_RUNTIME_RETRIES must be within 0..3")
+            raise SettingsError("RuntimeSettings.retries must be within 0..3")
         if self.breaker_failures < 1:
-            raise SettingsError("LLM_RUNTIME_BREAKER_FAILURES must be at least 1")
+            raise SettingsError("RuntimeSettings.breaker_failures must be at least 1")
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
             raise SettingsError("LLM_RUNTIME_TEMPERATURE must be within 0..2")
 

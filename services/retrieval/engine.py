@@ -121,24 +121,24 @@ class EngineSettings:
     sparse_weight: float = 0.3
     """Weight of the normalised BM25 list (RETR_SPARSE_WEIGHT)."""
     rrf_k: int = 60
-    """RRF's k (RETR_RRF_K)."""
+    """RRF's k."""
     candidate_factor: int = 2
-    """Candidates fetched per list = factor x what the stage keeps (RETR_CANDIDATE_FACTOR)."""
+    """Candidates fetched per list = factor x what the stage keeps."""
     rerank_candidates: int = 40
     """Chunks sent to the reranker (RERANK_MAX_CANDIDATES)."""
     expand_query: bool = False
     """Search synonym variants too when the request does not say (RETR_EXPAND_QUERY)."""
     max_query_variants: int = 3
-    """Variants searched besides the query (RETR_MAX_QUERY_VARIANTS)."""
+    """Variants searched besides the query."""
     retries: int = 2
-    """Retries of a failed index call, at most 2 (retrieval.md §7.2; RETR_BACKEND_RETRIES)."""
+    """Retries of a failed index call, at most 2 (retrieval.md §7.2)."""
     empty_on_backend_error: bool = False
     """Answer an empty result instead of 502 when the index is down (RETR_EMPTY_ON_BACKEND_ERROR)."""
     cross_language: bool = True
     """Hybrid: a dense candidate written in the other language than a ru/en query gets its
     keyword evidence from its dense score (fusion.impute_cross_language; RETR_CROSS_LANGUAGE)."""
     slow_search_ms: float = 300.0
-    """A search's log line is a WARNING above this many ms; 0: never (RETR_SLOW_SEARCH_MS)."""
+    """A search's log line is a WARNING above this many ms; 0: never."""
 
 
 @dataclass
@@ -652,7 +652,7 @@ class RetrievalEngine:
                 out.append((head[i][0], max(0.0, min(1.0, float(score)))))
         rest = [head[i] for i in range(len(head)) if i not in seen] + chunks[len(head) :]
         if out:
-            # What the reranker did not score (past RERANK_TOP_N, its max_candidates or
+            # What the reranker did not score (past its top_n, its max_candidates or
             # rerank_candidates) keeps its order after all it did: hybrid scores are on another
             # scale, and sorted with the cross-encoder's they would interleave. Scaled under
             # the lowest reranked score, they keep their order and stay within [0, 1].

@@ -18,13 +18,11 @@ Both talk to the shared chat-model port (`services.model_runtime`: the OpenAI-co
 Section text and queries are data: they go to the model inside `<<<DOCUMENT>>>` /
 `<<<QUERY>>>` delimiters (services/common/untrusted.py), and nothing of them is logged.
 
-Settings (read in services/retrieval/config.py): ``RETR_LLM_RUNTIME_URL``,
-``RETR_LLM_MODEL_NAME``, ``RETR_LLM_RUNTIME_API_KEY``, ``RETR_LLM_RUNTIME_TIMEOUT_S`` fall back
-to the mesh-wide ``LLM_RUNTIME_URL``, ``DEFAULT_MODEL_NAME``, ``LLM_RUNTIME_API_KEY`` and
-``LLM_RUNTIME_TIMEOUT_S``. The switches ``RETR_LLM_SUMMARIES`` and ``RETR_LLM_QUERY_VARIANTS``
-default to on only when ``RETR_LLM_RUNTIME_URL`` itself is set: every service of the mesh
-sees ``LLM_RUNTIME_URL``, and a model call per section of every ingested document is a cost
-an operator should opt into. Turned on explicitly, they use whichever URL is set.
+Settings (read in services/retrieval/config.py): the switches ``RETR_LLM_SUMMARIES`` and
+``RETR_LLM_QUERY_VARIANTS`` are off unless set: every service of the mesh sees
+``LLM_RUNTIME_URL``, and a model call per section of every ingested document is a cost an
+operator should opt into. Turned on, they use the model runtime the LLM service uses (the
+``LLM_RUNTIME_*`` and ``DEFAULT_MODEL_NAME`` settings group).
 """
 
 from __future__ import annotations
@@ -76,15 +74,14 @@ class LlmAssistSettings:
     query_variants: bool = False
     """Model-written query variants for expanded searches (RETR_LLM_QUERY_VARIANTS)."""
     summary_concurrency: int = 4
-    """Summary calls in flight at once in the process (RETR_SUMMARY_CONCURRENCY)."""
+    """Summary calls in flight at once in the process."""
     summary_budget_s: float = 120.0
     """Time one document's summaries may take; sections not done by then keep their
-    extractive summaries (RETR_SUMMARY_BUDGET_S)."""
+    extractive summaries."""
     query_variants_timeout_s: float = 1.5
-    """Longest a search waits for the model's variants (RETR_QUERY_VARIANTS_TIMEOUT_MS)."""
+    """Longest a search waits for the model's variants."""
     query_variants_cache: int = 1024
-    """Queries whose variants are kept in the LRU cache; 0 = no cache
-    (RETR_QUERY_VARIANTS_CACHE_SIZE)."""
+    """Queries whose variants are kept in the LRU cache; 0 = no cache."""
 
 
 def _failure_kind(exc: BaseException) -> str:

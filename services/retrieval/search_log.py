@@ -2,7 +2,7 @@
 
 Event ``search``: tenant_id, max_results, filters, mode, hits_count, backend, the candidates
 each stage produced and the time each stage took. A search slower than
-``RETR_SLOW_SEARCH_MS`` is logged at WARNING with ``slow: true``, otherwise at INFO. The
+``EngineSettings.slow_search_ms`` (300) is logged at WARNING with ``slow: true``, otherwise at INFO. The
 query's text is the user's: it is never logged (its variants are counted only).
 """
 

@@ -109,25 +109,25 @@ class CbrSettings:
     url: str = DEFAULT_URL
     """SOAP endpoint (MCP_PROXY_CBR_URL); https, or http only to a loopback host (tests)."""
     timeout_s: float = 10.0
-    """Timeout of one HTTP request (MCP_PROXY_CBR_TIMEOUT_S)."""
+    """Timeout of one HTTP request."""
     cache_ttl_s: float = 900.0
-    """How long an answer is served from memory (MCP_PROXY_CBR_CACHE_TTL_S); 0 disables."""
+    """How long an answer is served from memory; 0 disables."""
     cache_max_entries: int = 512
-    """Most answers kept in memory (MCP_PROXY_CBR_CACHE_MAX_ENTRIES); oldest go first."""
+    """Most answers kept in memory; oldest go first."""
     retries: int = 1
-    """Extra attempts after a 5xx or a connection error (MCP_PROXY_CBR_RETRIES)."""
+    """Extra attempts after a 5xx or a connection error."""
     retry_delay_s: float = 0.2
-    """Pause before a retry (MCP_PROXY_CBR_RETRY_DELAY_S)."""
+    """Pause before a retry."""
     breaker_failures: int = 3
-    """Failed calls in a row that open the circuit (MCP_PROXY_CBR_BREAKER_FAILURES, 1-5)."""
+    """Failed calls in a row that open the circuit (1-5)."""
     breaker_reset_s: float = 30.0
-    """How long the circuit stays open before one trial call (MCP_PROXY_CBR_BREAKER_RESET_S)."""
+    """How long the circuit stays open before one trial call."""
     max_range_days: int = 366
-    """Longest date_to - date_from in days (MCP_PROXY_CBR_MAX_RANGE_DAYS)."""
+    """Longest date_to - date_from in days."""
     max_items: int = 400
-    """Most items in one result; the newest are kept (MCP_PROXY_CBR_MAX_ITEMS)."""
+    """Most items in one result; the newest are kept."""
     max_response_bytes: int = 4 * 1024 * 1024
-    """Largest SOAP answer read from the bank (MCP_PROXY_CBR_MAX_RESPONSE_BYTES)."""
+    """Largest SOAP answer read from the bank."""
     demo: bool = False
     """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results."""
 
@@ -139,7 +139,7 @@ class CbrSettings:
                 f"MCP_PROXY_CBR_URL={self.url!r} must be an https URL (http only to localhost)"
             )
         if not 1 <= self.breaker_failures <= 5:
-            raise SettingsError("MCP_PROXY_CBR_BREAKER_FAILURES must be between 1 and 5")
+            raise SettingsError("CbrSettings.breaker_failures must be between 1 and 5")
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -76,34 +76,34 @@ class McpSettings:
     port: int = DEFAULT_MCP_PORT
     """MCP HTTP port (MCP_PROXY_MCP_PORT); 0 picks a free one (tests)."""
     path: str = "/mcp"
-    """Path of the streamable HTTP endpoint (MCP_PROXY_MCP_PATH)."""
+    """Path of the streamable HTTP endpoint."""
     tenant_header: str = "X-Visior-Tenant-Id"
-    """Header the gateway sets to the caller's tenant (MCP_PROXY_MCP_TENANT_HEADER); required."""
+    """Header the gateway sets to the caller's tenant; required."""
     user_header: str = "X-Visior-User-Id"
-    """Header the gateway sets to the caller's user id (MCP_PROXY_MCP_USER_HEADER); required."""
+    """Header the gateway sets to the caller's user id; required."""
     token: str = field(default="", repr=False)
     """Shared secret the gateway sends as `Authorization: Bearer …` (MCP_PROXY_MCP_TOKEN);
     empty = not required. Never logged."""
     stateless: bool = True
-    """No MCP sessions kept between HTTP requests (MCP_PROXY_MCP_STATELESS): every request
+    """No MCP sessions kept between HTTP requests: every request
     stands alone, so any replica can serve it; the tools need no server-to-client requests."""
     json_response: bool = True
-    """Answer POSTs with one JSON body instead of an SSE stream (MCP_PROXY_MCP_JSON_RESPONSE)."""
+    """Answer POSTs with one JSON body instead of an SSE stream."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header values accepted (MCP_PROXY_MCP_ALLOWED_HOSTS, comma separated, `host:*` for
     any port): DNS-rebinding protection. Empty: the loopback names on a loopback bind, no check
     otherwise (the gateway is the only client)."""
     max_body_bytes: int = 1024 * 1024
-    """Largest request body (MCP_PROXY_MCP_MAX_BODY_BYTES); larger gets 413 before parsing."""
+    """Largest request body; larger gets 413 before parsing."""
     grace_seconds: float = 5.0
-    """How long open HTTP connections may finish on stop (MCP_PROXY_MCP_GRACE_SECONDS)."""
+    """How long open HTTP connections may finish on stop."""
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
-            raise SettingsError(f"MCP_PROXY_MCP_PATH={self.path!r} must start with '/'")
+            raise SettingsError(f"McpSettings.path={self.path!r} must start with '/'")
         for name, value in (
-            ("MCP_PROXY_MCP_TENANT_HEADER", self.tenant_header),
-            ("MCP_PROXY_MCP_USER_HEADER", self.user_header),
+            ("McpSettings.tenant_header", self.tenant_header),
+            ("McpSettings.user_header", self.user_header),
         ):
             if not _HEADER_NAME.match(value) or value.lower() in _RESERVED_HEADERS:
                 raise SettingsError(f"{name}={value!r} is not a usable header name")
