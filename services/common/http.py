@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import logging
 import math
+from urllib.parse import SplitResult, urlsplit
+
+from services.common.settings import SettingsError
+
+
+def check_base_url(url: str, name: str) -> SplitResult:
+    """`url`, the setting `name`, split; SettingsError unless it is an upstream's base URL:
+    http(s) with a host, and no credentials, query or fragment (a key there would reach logs
+    and traces, which is also why the second error leaves the URL out)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{name}={url!r} is not an http(s) URL")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise SettingsError(f"{name} must not carry credentials, query or fragment")
+    return parts
 
 
 def retry_after_seconds(value: str | None) -> float | None:

@@ -51,13 +51,12 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
-from services.common.http import retry_after_seconds
+from services.common.http import check_base_url, retry_after_seconds
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     ChatMessage,
@@ -133,11 +132,7 @@ class RuntimeSettings:
     (LLM_RUNTIME_STREAM_USAGE; turn off for servers that refuse stream_options)."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"LLM_RUNTIME_URL={self.url!r} is not an http(s) URL")
-        if parts.username or parts.password or parts.query or parts.fragment:
-            raise SettingsError("LLM_RUNTIME_URL must not carry credentials, query or fragment")
+        check_base_url(self.url, "LLM_RUNTIME_URL")
         if not self.default_model.strip():
             raise SettingsError("DEFAULT_MODEL_NAME is required when LLM_RUNTIME_URL is set")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:

@@ -24,7 +24,7 @@ import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
-from services.common.http import retry_after_seconds
+from services.common.http import check_base_url, retry_after_seconds
 from services.common.logging import get_logger
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
@@ -94,11 +94,7 @@ class TavilySettings:
     """Longest snippet per result; longer ones are cut and end with an ellipsis."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.base_url)
-        if parts.scheme not in ("https", "http") or not parts.hostname:
-            raise SettingsError(f"Tavily base URL {self.base_url!r} is not an http(s) URL")
-        if parts.username or parts.password or parts.query or parts.fragment:
-            raise SettingsError("Tavily base URL must not carry credentials, query or fragment")
+        parts = check_base_url(self.base_url, "MCP_PROXY_TAVILY_URL")
         if parts.scheme == "http" and not self.allow_http:
             raise SettingsError(
                 f"Tavily base URL {self.base_url!r} is not https; set "
