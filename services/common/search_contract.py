@@ -1,9 +1,10 @@
 """What Retrieval, ToolsProxy and the Orchestrator must agree on about a search request.
 
-The reserved knowledge-base tenant, the request limits, filter validation, query
-normalisation and the window-radius rule (docs/architecture.md §8, §2, §15). Each service checks a
-request with these before it calls the next one, so a caller's mistake is refused where it
-is made and never comes back from a downstream service as that service's own failure.
+The caller's identity and the reserved knowledge-base tenant, the request limits, filter
+validation, query normalisation and the window-radius rule (docs/architecture.md §8, §2,
+§15, §16). Each service checks a request with these before it calls the next one, so a
+caller's mistake is refused where it is made and never comes back from a downstream service
+as that service's own failure.
 """
 
 from __future__ import annotations
