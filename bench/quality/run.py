@@ -406,7 +406,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="K=V",
-        help="extra environment for --spawn (repeatable), e.g. RETR_EMBEDDER=fast",
+        help="extra environment for --spawn (repeatable), e.g. RETR_EMBEDDING_PROFILE=fast",
     )
     p.add_argument("--tenant", default="quality-bench", help="tenant to ingest into and search")
     p.add_argument("--split", choices=(*SPLITS, "all"), default="dev")

@@ -64,8 +64,8 @@ def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str
     # The first prompt and one answer must fit the total (the LLM service checks it).
     prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - LOCAL_COMPLETION_TOKENS)
     return {
-        # services/model_runtime/client.py; Retrieval's RETR_LLM_* fall back to these two when its
-        # summaries or query variants are switched on (services/retrieval/llm_assist.py).
+        # services/model_runtime/client.py; Retrieval's summaries and query variants use them
+        # too when switched on (services/retrieval/llm_assist.py).
         "LLM_RUNTIME_URL": base_url,
         "DEFAULT_MODEL_NAME": model_name,
         "LLM_RUNTIME_TIMEOUT_S": call,
