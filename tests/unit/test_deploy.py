@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.settings import Env
+from services.common.setting_names import NAMES
+from services.common.settings import Env, refuse_undeclared
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import validate
 
@@ -327,6 +328,7 @@ def test_the_deploy_files_set_only_settings_that_exist():
         for env in (_compose_env(key), _k8s_env(key)):
             unknown = sorted(n for n in env if not _documented(n, docs))
             assert not unknown, f"{key}: deploy sets names no service reads: {unknown}"
+            refuse_undeclared(env, NAMES)  # what each service checks at start
 
 
 def _documented(name: str, docs: str) -> bool:
