@@ -48,6 +48,7 @@ from services.llm.model import (
     GenerateOutput,
     PlannedCall,
     ToolCallRecord,
+    ToolRequest,
     ToolResult,
     ToolRunner,
     User,
@@ -595,9 +596,8 @@ class _Run:
         """ToolsProxy's answer to `call`, told to the loop's observer with its error code."""
         observer = self.loop.observer
         try:
-            result = await self.loop.tools.execute(
-                call.name, call.arguments, user, self.req.trace_id, timeout_s=timeout_s
-            )
+            request = ToolRequest(call.name, call.arguments, user, self.req.trace_id)
+            result = await self.loop.tools.execute(request, timeout_s=timeout_s)
         except errors.ServiceError as exc:
             observer.tool_call(call.name, exc.reason or "error")
             raise

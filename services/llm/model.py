@@ -88,18 +88,20 @@ class GenerateOutput:
     model_calls: int = 0
 
 
+@dataclass(frozen=True)
+class ToolRequest:
+    """One tool call to run through ToolsProxy on `user`'s behalf (its ExecuteRequest)."""
+
+    name: str
+    arguments: dict[str, Any]
+    user: User
+    trace_id: str = ""
+
+
 class ToolRunner(Protocol):
     """Executes a tool through ToolsProxy on the user's behalf."""
 
-    async def execute(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        user: User,
-        trace_id: str,
-        *,
-        timeout_s: float | None = None,
-    ) -> ToolResult:
+    async def execute(self, request: ToolRequest, *, timeout_s: float | None = None) -> ToolResult:
         """`timeout_s`: the call's deadline (None: the runner's default)."""
         ...
 

@@ -19,7 +19,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 from services.common import errors
 from services.common.status import from_rpc_error
 from services.common.structs import struct_to_dict
-from services.llm.model import ToolResult, User
+from services.llm.model import ToolRequest, ToolResult
 from services.model_runtime.chat import ToolSpec
 
 log = logging.getLogger("visior.llm")
@@ -60,27 +60,20 @@ class GrpcToolRunner:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel)
 
-    async def execute(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        user: User,
-        trace_id: str,
-        *,
-        timeout_s: float | None = None,
-    ) -> ToolResult:
+    async def execute(self, request: ToolRequest, *, timeout_s: float | None = None) -> ToolResult:
         """One tool call; `timeout_s` is its deadline (None: the channel's default), cut
         to the caller's own remaining time by the channel."""
-        request = toolsproxy_pb2.ExecuteRequest(
-            tool_name=name,
+        user = request.user
+        message = toolsproxy_pb2.ExecuteRequest(
+            tool_name=request.name,
             user=common_pb2.UserContext(
                 tenant_id=user.tenant_id, user_id=user.user_id, roles=list(user.roles)
             ),
-            trace_id=trace_id,
+            trace_id=request.trace_id,
         )
-        request.arguments.update(arguments)
+        message.arguments.update(request.arguments)
         try:
-            response = await self._stub.Execute(request, timeout=timeout_s)
+            response = await self._stub.Execute(message, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, "toolsproxy") from None
         if response.status == "ok":

@@ -29,8 +29,8 @@ class FakeTools:
         self.results = results
         self.calls: list[tuple[str, dict[str, Any], User]] = []
 
-    async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
-        self.calls.append((name, arguments, user))
+    async def execute(self, request, *, timeout_s=None):
+        self.calls.append((request.name, request.arguments, request.user))
         return self.results.pop(0)
 
 

@@ -40,7 +40,7 @@ class DownTools:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
+    async def execute(self, request, *, timeout_s=None):
         self.calls += 1
         raise errors.UnavailableError("toolsproxy failed: UNAVAILABLE")
 

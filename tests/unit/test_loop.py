@@ -107,8 +107,8 @@ class FakeTools:
         self.timeouts: list[float | None] = []
         """The deadline each call was given."""
 
-    async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
-        self.calls.append((name, arguments, user, trace_id))
+    async def execute(self, request, *, timeout_s=None):
+        self.calls.append((request.name, request.arguments, request.user, request.trace_id))
         self.timeouts.append(timeout_s)
         r = self.results.pop(0) if self.results else self.default
         if isinstance(r, Exception):
@@ -538,7 +538,7 @@ async def test_watchdog_stops_a_hanging_tool():
     clock = FakeClock()
 
     class Hanging:
-        async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
+        async def execute(self, request, *, timeout_s=None):
             await asyncio.Event().wait()
 
     rt = ScriptedRuntime(

@@ -277,9 +277,9 @@ async def test_the_deadline_shrinks_with_the_time_the_request_has_spent():
     clock = FakeClock()
 
     class Slow(FakeTools):
-        async def execute(self, name, arguments, user, trace_id, *, timeout_s=None):
+        async def execute(self, request, *, timeout_s=None):
             clock.now += 4.0  # each call takes 4 s
-            return await super().execute(name, arguments, user, trace_id, timeout_s=timeout_s)
+            return await super().execute(request, timeout_s=timeout_s)
 
     tools = Slow(default=OK)
     run = ToolLoop(

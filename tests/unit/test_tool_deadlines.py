@@ -9,7 +9,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common.settings import Env, SettingsError
 from services.llm.config import LlmSettings
-from services.llm.model import User
+from services.llm.model import ToolRequest, User
 from services.llm.toolcalls import EXTERNAL_TOOLS
 from services.llm.tools_client import GrpcToolRunner
 
@@ -52,8 +52,7 @@ async def test_the_runner_sends_the_calls_deadline(deadline: float | None) -> No
     runner = GrpcToolRunner.__new__(GrpcToolRunner)
     stub = _Stub()
     runner._stub = stub  # type: ignore[assignment]
-    result = await runner.execute(
-        "fetch_finance_news", {"query": "q"}, User("t1", "u1"), "tr", timeout_s=deadline
-    )
+    request = ToolRequest("fetch_finance_news", {"query": "q"}, User("t1", "u1"), "tr")
+    result = await runner.execute(request, timeout_s=deadline)
     assert result.status == "ok"
     assert stub.timeouts == [deadline]  # None: the channel's default deadline applies
