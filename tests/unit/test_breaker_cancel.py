@@ -3,7 +3,7 @@
 Found by bench/load.py: the requests in flight when a load step ended were cancelled (the
 client hung up, Envoy reset the streams, the orchestrator's Generate calls were cancelled);
 the LLM service counted each cancelled runtime call as a runtime failure, so its breaker
-opened and every Generate failed UNAVAILABLE for LLM_RUNTIME_BREAKER_RESET_S (30 s). The
+opened and every Generate failed UNAVAILABLE for the breaker's reset time (30 s). The
 Bank of Russia and Tavily clients had the same rule. A cancelled half-open trial must still
 free the trial for the next call.
 """

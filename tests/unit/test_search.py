@@ -497,7 +497,7 @@ async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_
 
 @pytest.mark.parametrize(("top_n", "candidates"), [(2, 40), (0, 2)])
 async def test_candidates_the_reranker_did_not_score_follow_those_it_did(shared, top_n, candidates):
-    # Unscored: past RERANK_TOP_N, or past rerank_candidates. Their hybrid scores are on
+    # Unscored: past the reranker's top_n, or past rerank_candidates. Their hybrid scores are on
     # another scale than the reranker's: they keep their order, after its picks.
     rr = Reverse(top_n)
     engine = engine_over(shared, shared.store, reranker=rr,

@@ -1,5 +1,5 @@
 """Retrieval's per-search log line (retrieval-v1 §7, retrieval.md §7.4) and its slow-search
-warning (RETR_SLOW_SEARCH_MS)."""
+warning (above 300 ms)."""
 
 from __future__ import annotations
 
