@@ -164,8 +164,9 @@ class FieldMatch:
 def filter_conditions(flt: IndexFilter) -> tuple[FieldMatch, ...]:
     """Turn an IndexFilter into must-conditions; the tenant (scope) condition is always first.
 
-    Every backend builds every query, count, scroll and delete filter through this
-    function (each has one translator from FieldMatch to its own filter type).
+    Every query, count, scroll and delete filter of both backends is built through this
+    function (`VectorIndex._filter`; a backend only turns a FieldMatch into its own
+    condition type).
     """
     if not isinstance(flt, IndexFilter):
         raise InvalidFilterError(f"expected an IndexFilter, got {type(flt).__name__}")

@@ -1,12 +1,13 @@
 """The vector index's interface, and what both Qdrant backends (Edge in-process, server
 through qdrant-client) do alike.
 
-`VectorIndex` states the interface and holds its methods once: point building, deletes by filter, dense
-and BM25 searches with and without payload, batched id rankings, generation scrolls, counts.
-A backend supplies the calls in its own client's classes (the `# --- the backend` hooks):
-its filter, its query and request objects, and how a write, search, batch, scroll and
-count reach the engine. Also shared: the search parameters of dense queries, the payload
-indexes every collection gets and the layout check's verdict.
+`VectorIndex` states the interface and holds its methods once: point building, filters,
+deletes by filter, dense and BM25 searches with and without payload, batched id rankings,
+generation scrolls, counts, the layout check. A backend supplies the calls in its own
+client's classes (the `# --- the backend` hooks): its conditions and filter, its query and
+request objects, and how a write, a batch of queries, a scroll and a count reach the engine.
+Also shared: the search parameters of dense queries and the payload indexes every collection
+gets.
 """
 
 from __future__ import annotations
@@ -88,23 +89,6 @@ def payload_indexes(hnsw_on_filter_fields: bool) -> list[tuple[str, dict[str, An
     ]
 
 
-def unrecorded_layout(payloads: Sequence[dict[str, Any] | None]) -> int | None:
-    """The layout of an index written before layouts were recorded, from (up to) one of its
-    points' payloads: 1 without SCOPE_FIELD, 2 with it; None when it has no points."""
-    if not payloads:
-        return None
-    return PRE_RECORD_LAYOUT if SCOPE_FIELD in (payloads[0] or {}) else 1
-
-
-def refuse_other_layout(found: object, where: str, remedy: str) -> None:
-    """Raise IndexLayoutError when an index records (or shows) another layout than ours."""
-    if found is not None and found != LAYOUT_VERSION:
-        raise IndexLayoutError(
-            f"{where} was written with index layout {found}; this version reads layout "
-            f"{LAYOUT_VERSION} and would find nothing in it. {remedy}"
-        )
-
-
 def settle_layout(
     recorded: object,
     first_payloads: Callable[[], Sequence[dict[str, Any] | None]],
@@ -112,11 +96,23 @@ def settle_layout(
     remedy: str,
     record: Callable[[], object],
 ) -> None:
-    """The layout check of an index being opened: the layout it records, or when it records
-    none the one its first point shows (`first_payloads`: up to one point's payload); another
-    than ours raises IndexLayoutError; an index that shows none gets ours (`record`)."""
-    found = recorded if recorded is not None else unrecorded_layout(first_payloads())
-    refuse_other_layout(found, where, remedy)
+    """The layout check of an index being opened.
+
+    The layout is the one the index records, or when it records none the one its first point
+    shows (`first_payloads`: up to one point's payload; an index written before layouts were
+    recorded is layout 1 without SCOPE_FIELD, 2 with it, and none without points). Another
+    than ours raises IndexLayoutError; an index that shows none gets ours (`record`).
+    """
+    found = recorded
+    if found is None:
+        payloads = first_payloads()
+        if payloads:
+            found = PRE_RECORD_LAYOUT if SCOPE_FIELD in (payloads[0] or {}) else 1
+    if found is not None and found != LAYOUT_VERSION:
+        raise IndexLayoutError(
+            f"{where} was written with index layout {found}; this version reads layout "
+            f"{LAYOUT_VERSION} and would find nothing in it. {remedy}"
+        )
     if found is None:
         record()
 
