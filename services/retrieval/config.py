@@ -84,7 +84,8 @@ class RetrievalSettings:
     """Document store, SQLite or PostgreSQL (METADATA_DB_URL / VISIOR_DATA_DIR,
     RETR_DOCSTORE_POOL_SIZE, RETR_DOCSTORE_TIMEOUT_S); repr masks the password."""
     max_document_bytes: int
-    """Largest document accepted by IngestDocument (RETR_MAX_DOCUMENT_BYTES)."""
+    """Largest document accepted by IngestDocument (RETR_MAX_DOCUMENT_BYTES); Retrieval's gRPC
+    message limit is this plus 1 MiB."""
     mock_mode: bool
     """Serve fixed hits from memory (RETR_MOCK_MODE), as retrieval-v1 §5 defines."""
     engine: EngineSettings
@@ -371,6 +372,16 @@ RERANK = Fields(
 # LlmAssistSettings' defaults (llm_assist.py), not read from the environment.
 ASSIST = Fields(
     LlmAssistSettings,
-    summaries=flag("RETR_LLM_SUMMARIES", False),
-    query_variants=flag("RETR_LLM_QUERY_VARIANTS", False),
+    summaries=flag(
+        "RETR_LLM_SUMMARIES",
+        False,
+        doc="Model-written section summaries at ingest, by the LLM service's runtime "
+        "(needs LLM_RUNTIME_URL and DEFAULT_MODEL_NAME).",
+    ),
+    query_variants=flag(
+        "RETR_LLM_QUERY_VARIANTS",
+        False,
+        doc="Model-written query variants for expanded searches, by the LLM service's runtime "
+        "(needs LLM_RUNTIME_URL and DEFAULT_MODEL_NAME).",
+    ),
 )
