@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,10 @@ StreamEvent = StreamDelta | Completion
 """A stream yields deltas and ends with the assembled Completion."""
 
 
-@dataclass(frozen=True)
-class ChatRequest:
+class ChatRequest(NamedTuple):
     """What one model call asks: the conversation, the tools offered and the generation
-    params, for `model` (empty: the runtime's default)."""
+    params, for `model` (empty: the runtime's default). A NamedTuple, not a frozen
+    dataclass: it is built at every model call, and a tuple builds in half the time."""
 
     messages: Sequence[ChatMessage]
     tools: Sequence[ToolSpec] = ()

@@ -363,17 +363,25 @@ def build_request(request: ChatRequest, form: WireForm = NATIVE) -> dict[str, An
             ]
             if params.tool_choice in ("none", "required"):
                 body["tool_choice"] = params.tool_choice
+    body.update(_options(params, form))
+    return body
+
+
+def _options(params: GenerationParams, form: WireForm) -> dict[str, Any]:
+    """The body's fields after the messages and tools: the generation params that are set,
+    and the stream's."""
+    options: dict[str, Any] = {}
     for name in ("max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if value is not None:
-            body[name] = value
+            options[name] = value
     if params.stop:
-        body["stop"] = list(params.stop)
+        options["stop"] = list(params.stop)
     if form.stream:
-        body["stream"] = True
+        options["stream"] = True
         if form.stream_usage:
-            body["stream_options"] = {"include_usage": True}
-    return body
+            options["stream_options"] = {"include_usage": True}
+    return options
 
 
 def _dumps(value: Any) -> str:
@@ -418,8 +426,7 @@ def encode_request(request: ChatRequest, form: WireForm = NATIVE) -> bytes:
     if form.json_mode or params.response_schema is not None:
         return _dumps(build_request(request, form)).encode()
     _check_roles(messages)
-    rest = build_request(ChatRequest((), (), params, request.model), form)
-    del rest["model"], rest["messages"]
+    rest = _options(params, form)
     parts = ['{"model":', _dumps(request.model), ',"messages":[']
     parts.append(",".join([_message_json(m) for m in messages]))
     parts.append("]")
@@ -878,6 +885,14 @@ class OpenAiChatRuntime:
             reset_after_s=settings.breaker_reset_s,
             clock=clock,
         )
+        # The wire forms of this runtime's calls (JSON mode or not, streamed or not).
+        self._forms = {
+            (json_mode, stream): WireForm(
+                json_mode, settings.json_schema, stream, settings.stream_usage
+            )
+            for json_mode in (False, True)
+            for stream in (False, True)
+        }
 
     def __repr__(self) -> str:
         return (
@@ -996,8 +1011,9 @@ class OpenAiChatRuntime:
         if params.temperature is None and self.settings.temperature is not None:
             params = replace(params, temperature=self.settings.temperature)
         json_mode, tools, offered = self._wire_form(request.tools, params)
-        form = WireForm(json_mode, self.settings.json_schema, stream, self.settings.stream_usage)
-        body = encode_request(ChatRequest(request.messages, tools, params, model), form)
+        body = encode_request(
+            ChatRequest(request.messages, tools, params, model), self._forms[json_mode, stream]
+        )
         return model, body, json_mode, offered
 
     async def _stream_text(
