@@ -177,11 +177,9 @@ class EdgeIndex(VectorIndex):
     # -- internals -------------------------------------------------------------------------
 
     def _check_layout(self, *, created: bool) -> None:
-        """Refuse a shard written with another point layout; record ours in a new one.
-
-        A shard from before the layout file existed is adopted when it has no points and
-        otherwise refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
-        """
+        """Refuse a shard written with another point layout; record ours in a new one
+        (settle_layout). The layout is recorded in LAYOUT_FILE; a shard from before that file
+        existed shows it by its first point."""
         marker = os.path.join(self.path, LAYOUT_FILE)
         recorded: object = None
         has_marker = not created and os.path.exists(marker)

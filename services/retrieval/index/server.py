@@ -232,11 +232,9 @@ class QdrantServerIndex(VectorIndex):
             self._ready = True
 
     def _check_layout(self, c: QdrantClient, metadata: dict[str, Any] | None) -> None:
-        """Refuse a collection written with another point layout; record ours on an old one.
-
-        A collection from before the marker is adopted when it has no points and otherwise
-        refused: layout 1 when its points lack SCOPE_FIELD, 2 when they carry it.
-        """
+        """Refuse a collection written with another point layout; record ours on an old one
+        (settle_layout). The layout is recorded in the collection's metadata (LAYOUT_KEY); a
+        collection from before that shows it by its first point."""
 
         def first_payloads() -> list[Any]:
             records, _ = c.scroll(
