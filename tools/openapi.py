@@ -41,6 +41,7 @@ from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
 from services.llm import engine as llm_engine  # noqa: E402
+from services.llm.loop import LoopSettings  # noqa: E402
 from services.orchestrator import respond as orch_respond  # noqa: E402
 from services.orchestrator import runtime_config as orch_config  # noqa: E402
 from services.retrieval import ingestion as retr_ingestion  # noqa: E402
@@ -93,7 +94,7 @@ def _opt(*values: str) -> dict[str, Any]:
 # request schema; "items" / "values" go to a repeated field's items / a map's values (for a
 # message field they are combined with its $ref through allOf). Per message (no field):
 # keywords added to the object itself. Every number comes from the service that checks it.
-_DEFAULT_MAX_COMPLETION = llm_engine.Budgets().max_completion_tokens
+_DEFAULT_MAX_COMPLETION = LoopSettings().max_completion_tokens
 REQUEST_RULES: dict[str, dict[str, Any]] = {
     # Orchestrator (services/orchestrator/respond.py, runtime_config.py)
     "visior.orchestrator.v1.RespondRequest": {
