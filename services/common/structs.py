@@ -12,8 +12,8 @@ from services.common import errors
 def _ints(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
-    if isinstance(value, dict):
-        return {k: _ints(v) for k, v in value.items()}
+    if isinstance(value, dict):  # sorted: a Struct's map order changes from process to process
+        return {k: _ints(value[k]) for k in sorted(value)}
     if isinstance(value, list):
         return [_ints(v) for v in value]
     return value

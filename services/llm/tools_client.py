@@ -44,7 +44,10 @@ def _value(v: struct_pb2.Value) -> Any:
 
 
 def _struct(s: struct_pb2.Struct) -> dict[str, Any]:
-    return {k: _value(v) for k, v in s.fields.items()}
+    # Sorted: a Struct's map comes out in an order that changes from process to process, and
+    # the result is rendered into the model's prompt, which must be the same every time.
+    fields = s.fields
+    return {k: _value(fields[k]) for k in sorted(fields)}
 
 
 def result_to_dict(result: struct_pb2.Value) -> Any:

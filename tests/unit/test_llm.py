@@ -177,6 +177,23 @@ def test_every_prompt_carries_the_answer_format():
         assert section in ANSWER_FORMAT
 
 
+def test_tool_results_come_out_in_one_key_order_whatever_the_struct_map_order() -> None:
+    """A Struct's map iterates in an order that changes from process to process; a tool
+    result is rendered into the model's prompt, so its keys come out sorted (at every depth),
+    and the same result makes the same prompt in every run."""
+    from visior.toolsproxy.v1 import toolsproxy_pb2
+
+    from services.common.structs import struct_to_dict
+    from services.llm.tools_client import result_to_dict
+
+    keys = ["title", "doc_id", "text", "page_start", "page_end", "chunk_ids", "radius", "max"]
+    response = toolsproxy_pb2.ExecuteResponse()
+    response.result.struct_value.update({k: {k2: 1 for k2 in reversed(keys)} for k in keys})
+    for converted in (result_to_dict(response.result), struct_to_dict(response.result)):
+        assert list(converted) == sorted(keys)
+        assert all(list(inner) == sorted(keys) for inner in converted.values())
+
+
 def test_tool_results_convert_as_struct_to_dict_does() -> None:
     from visior.toolsproxy.v1 import toolsproxy_pb2
 
