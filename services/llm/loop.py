@@ -545,19 +545,19 @@ class _Run:
         if self.steps >= self.max_steps:
             self.closed = True
 
-    def tool_timeout(self, name: str) -> float:
+    def tool_timeout(self, name: str, left: float) -> float:
         """The deadline of one call of tool `name`: the external tools' own (the bank,
         Tavily: 8-10 s, agent.md §7.2) or the other tools', never past the request's time
-        left. ToolsProxy ends its outside calls a little before it (services.common.context)."""
+        `left`. ToolsProxy ends its outside calls a little before it (services.common.context)."""
         s = self.s
         own = s.external_tool_timeout_s if name in EXTERNAL_TOOLS else s.tool_timeout_s
-        return min(own, self._left())
+        return min(own, left)
 
     async def _execute(self, call: Approved, *, planned: bool = False) -> ToolResult:
         user = self.req.user
         assert user is not None  # tools are offered only with a user
         left = self._left()
-        timeout = self.tool_timeout(call.name)
+        timeout = self.tool_timeout(call.name, left)
         started = self.loop.clock()
         try:
             async with asyncio.timeout(left):
