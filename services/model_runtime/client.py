@@ -48,7 +48,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,6 +57,7 @@ import httpx
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.http import check_base_url, retry_after_seconds
+from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     ChatMessage,
@@ -77,9 +78,6 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer is a bad response (a chat completion is far smaller)."""
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 ROLES = ("system", "user", "assistant", "tool")
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -756,7 +754,7 @@ class StreamAssembler:
 # -- the client ------------------------------------------------------------------------------
 
 
-class _Failure(Exception):
+class _Failure(AttemptFailed):
     """One failed attempt: the error to raise if it is the last, whether to retry, and whether
     it counts against the breaker."""
 
@@ -770,13 +768,11 @@ class _Failure(Exception):
         outage: bool = True,
         delay: float | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, retry=retry, delay=delay)
         self.kind = kind
         self.message = message
         self.status = status
-        self.retry = retry
         self.outage = outage
-        self.delay = delay
         self.attempts = 1
 
     def error(self, attempts: int, runtime: str) -> errors.UnavailableError:
@@ -784,6 +780,14 @@ class _Failure(Exception):
         if self.status is not None:
             metadata["status"] = str(self.status)
         return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
+
+
+def _log_retry(failed: _Failure, attempt: int, delay: float) -> None:
+    log.warning(
+        "llm runtime attempt failed; retrying",
+        extra={"attempt": attempt, "kind": failed.kind, "status": failed.status,
+               "delay_s": delay},
+    )  # fmt: skip
 
 
 def _status_failure(response: httpx.Response, max_retry_after_s: float) -> _Failure:
@@ -873,6 +877,9 @@ class OpenAiChatRuntime:
         self._clock = clock
         self._sleep = sleep
         self._url = settings.endpoint
+        self._retry = RetryPolicy(
+            attempts=settings.retries + 1, first_delay_s=settings.retry_backoff_s
+        )
         # Parsed once, not at every request (httpx would parse the string each time).
         self._request_url: httpx.URL | str = self._url
         try:
@@ -909,11 +916,11 @@ class OpenAiChatRuntime:
         id)."""
         model, body, json_mode, offered = self._prepare(request, False)
         start = self._clock()
-        deadline = start + min(timeout_s, self.settings.timeout_s)
+        budget_s = min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
         attempts = 0
         try:
-            _, content, attempts = await self._send(body, deadline, stream=False)
+            _, content, attempts = await self._send(body, start, budget_s, stream=False)
             try:
                 completion = parse_completion(
                     self._json(content), model=model, json_mode=json_mode, offered=offered
@@ -949,12 +956,13 @@ class OpenAiChatRuntime:
         """
         model, body, json_mode, offered = self._prepare(request, True)
         start = self._clock()
-        deadline = start + min(timeout_s, self.settings.timeout_s)
+        budget_s = min(timeout_s, self.settings.timeout_s)
+        deadline = start + budget_s
         self._enter(timeout_s)
         attempts = 0
         response: httpx.Response | None = None
         try:
-            response, _, attempts = await self._send(body, deadline, stream=True)
+            response, _, attempts = await self._send(body, start, budget_s, stream=True)
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
@@ -1085,28 +1093,25 @@ class OpenAiChatRuntime:
         return headers
 
     async def _send(
-        self, body: bytes, deadline: float, *, stream: bool
+        self, body: bytes, start: float, budget_s: float, *, stream: bool
     ) -> tuple[httpx.Response, bytes, int]:
-        """A 200 response, its body (b"" for a stream: left unread) and the attempts it took."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response, content = await self._attempt(body, deadline, stream=stream)
-                return response, content, attempt
-            except _Failure as failed:
-                delay = failed.delay if failed.delay is not None else self.settings.retry_backoff_s
-                remaining = deadline - self._clock()
-                if not failed.retry or attempt > self.settings.retries or delay >= remaining:
-                    failed.attempts = attempt
-                    raise
-                log.warning(
-                    "llm runtime attempt failed; retrying",
-                    extra={"attempt": attempt, "kind": failed.kind, "status": failed.status,
-                           "delay_s": delay},
-                )  # fmt: skip
-                if delay > 0:
-                    await self._sleep(delay)
+        """A 200 response, its body (b"" for a stream: left unread) and the attempts it took,
+        all within `budget_s` seconds from `start`: no retry whose pause reaches past it."""
+        deadline = start + budget_s
+        (response, content), attempts = await run_with_retry(
+            lambda: self._attempt(body, deadline, stream=stream),
+            replace(self._retry, deadline_s=budget_s),
+            retry_on=_Failure,
+            on_retry=_log_retry,
+            clock=self._clock,
+            sleep=self._pause,
+            started=start,
+        )
+        return response, content, attempts
+
+    async def _pause(self, delay: float) -> None:
+        if delay > 0:
+            await self._sleep(delay)
 
     async def _attempt(
         self, body: bytes, deadline: float, *, stream: bool

@@ -35,6 +35,7 @@ import httpx
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.logging import get_logger
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
@@ -167,8 +168,11 @@ class CbrRequestError(ToolFailure):
         )
 
 
-class _Retryable(Exception):
+class _Retryable(AttemptFailed):
     """One attempt failed in a way a second attempt may fix (5xx, connection refused)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry=True)
 
 
 class _Fatal(Exception):
@@ -353,6 +357,13 @@ def parse_dataset(root: ET.Element, operation: str, row_tag: str) -> DataSet:
     return DataSet(tuple(rows), properties)
 
 
+def _log_failed(operation: str, failed: _Retryable, attempt: int) -> None:
+    log.info(
+        "cbr attempt failed",
+        extra={"operation": operation, "attempt": attempt, "reason": str(failed)},
+    )
+
+
 # -- the client ---------------------------------------------------------------------------
 
 
@@ -384,6 +395,9 @@ class CbrClient:
         )
         self._cache: TtlCache[tuple[str, tuple[tuple[str, str], ...]], DataSet] = TtlCache(
             settings.cache_ttl_s, settings.cache_max_entries, clock
+        )
+        self._retry = RetryPolicy(
+            attempts=settings.retries + 1, first_delay_s=settings.retry_delay_s
         )
         self.upstream_calls = 0
         """HTTP requests sent (retries included); for metrics and tests."""
@@ -513,20 +527,21 @@ class CbrClient:
     async def _attempts(
         self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str
     ) -> DataSet:
+        """The rows, after `settings.retries` more attempts on a _Retryable failure; _Fatal
+        when the last attempt failed that way too (every failed attempt is logged)."""
         envelope = _envelope(operation, params)
-        reason = ""
-        for attempt in range(self.settings.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.settings.retry_delay_s)
-            try:
-                return await self._attempt(operation, envelope, row_tag)
-            except _Retryable as exc:
-                reason = str(exc)
-                log.info(
-                    "cbr attempt failed",
-                    extra={"operation": operation, "attempt": attempt + 1, "reason": str(exc)},
-                )
-        raise _Fatal(reason)
+        try:
+            data, _ = await run_with_retry(
+                lambda: self._attempt(operation, envelope, row_tag),
+                self._retry,
+                retry_on=_Retryable,
+                on_retry=lambda failed, attempt, _: _log_failed(operation, failed, attempt),
+                sleep=asyncio.sleep,
+            )
+        except _Retryable as failed:
+            _log_failed(operation, failed, failed.attempts)
+            raise _Fatal(str(failed)) from None
+        return data
 
     async def _attempt(self, operation: str, envelope: bytes, row_tag: str) -> DataSet:
         headers = {

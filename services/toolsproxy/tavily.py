@@ -14,7 +14,6 @@ import email.utils
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.http import check_base_url, retry_after_seconds
 from services.common.logging import get_logger
+from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
@@ -55,9 +55,6 @@ SEARCH_DEPTHS = ("basic", "advanced")
 DEFAULT_SEARCH_DEPTH = "advanced"
 MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 MAX_URL_CHARS = 2048
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -120,7 +117,7 @@ class TavilyError(Exception):
         self.message = message
 
 
-class _Attempt(Exception):
+class _Attempt(AttemptFailed):
     """One failed attempt: the error to raise if it is the last, and whether to retry."""
 
     def __init__(
@@ -132,13 +129,10 @@ class _Attempt(Exception):
         delay: float | None = None,
         verdict: bool = True,
     ) -> None:
-        super().__init__(error.message)
+        super().__init__(error.message, retry=retry, delay=delay)
         self.error = error
-        self.retry = retry
         self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
-        self.delay = delay
         self.verdict = verdict  # False: the caller's time ran out, too short to judge Tavily
-        self.attempts = 0  # set when it is the last: the attempts the search made
 
 
 def _unavailable(detail: str) -> TavilyError:
@@ -195,6 +189,13 @@ class TavilyClient:
         self._clock = clock
         self._sleep = sleep
         self._url = settings.base_url.rstrip("/") + "/search"
+        self._retry = RetryPolicy(
+            attempts=settings.max_attempts,
+            first_delay_s=settings.backoff_s,
+            factor=2.0,
+            max_delay_s=settings.backoff_max_s,
+            deadline_s=settings.deadline_s,
+        )
         self.breaker = breaker or CircuitBreaker(
             "tavily",
             failure_threshold=settings.breaker_failures,
@@ -316,32 +317,22 @@ class TavilyClient:
             "X-Client-Source": "visior-toolsproxy",
         }
         start = self._clock()
-        attempt = 0
-        while True:
-            attempt += 1
+
+        async def attempt() -> dict[str, Any]:
             remaining = s.deadline_s - (self._clock() - start)
             # Cut to end before the caller's deadline (services.common.context).
             timeout_s, says_nothing = upstream_timeout(max(0.001, min(s.timeout_s, remaining)))
-            try:
-                return await self._once(body, headers, timeout_s, says_nothing), attempt
-            except _Attempt as failed:
-                delay = failed.delay
-                if delay is None:
-                    delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1))
-                elapsed = self._clock() - start
-                if not failed.retry or attempt >= s.max_attempts or elapsed + delay >= s.deadline_s:
-                    failed.attempts = attempt
-                    raise
-                log.warning(
-                    "tavily search attempt failed; retrying",
-                    extra={
-                        "tool": TOOL_NAME,
-                        "attempt": attempt,
-                        "delay_s": delay,
-                        "reason": str(failed),
-                    },
-                )
-                await self._sleep(delay)
+            return await self._once(body, headers, timeout_s, says_nothing)
+
+        return await run_with_retry(
+            attempt,
+            self._retry,
+            retry_on=_Attempt,
+            on_retry=_log_retry,
+            clock=self._clock,
+            sleep=self._sleep,
+            started=start,
+        )
 
     async def _once(
         self, body: dict[str, Any], headers: dict[str, str], timeout_s: float, says_nothing: bool
@@ -432,6 +423,13 @@ class TavilyClient:
             breaker=self.breaker.state,
             **fields,
         )
+
+
+def _log_retry(failed: _Attempt, attempt: int, delay: float) -> None:
+    log.warning(
+        "tavily search attempt failed; retrying",
+        extra={"tool": TOOL_NAME, "attempt": attempt, "delay_s": delay, "reason": str(failed)},
+    )
 
 
 def _detail(response: httpx.Response) -> str:
