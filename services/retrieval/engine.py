@@ -31,7 +31,12 @@ from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
-from services.retrieval.fusion import impute_cross_language, rrf_fusion, weighted_fusion
+from services.retrieval.fusion import (
+    add_exact_matches,
+    impute_cross_language,
+    rrf_fusion,
+    weighted_fusion,
+)
 from services.retrieval.index.base import (
     IndexFilter,
     IndexUnavailableError,
@@ -42,6 +47,7 @@ from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.query import (
     QueryExpander,
     SynonymTable,
+    acronyms,
     detect_language,
     expand_query,
     passage_language,
@@ -70,6 +76,8 @@ RANKINGS = ("hybrid", "dense", "sparse")
 CHUNK_LANGUAGES_CACHED = 200_000
 """Chunk languages the engine keeps (point id -> language, ~100 bytes each)."""
 FUSIONS = ("weighted", "rrf")
+ACRONYM_WEIGHT = 0.5
+"""Weight of the BM25 list of a query's abbreviations alone, next to dense 0.7 + BM25 0.3."""
 
 
 class BackendUnavailableError(errors.UnavailableError):
@@ -208,6 +216,9 @@ class _Plan:
     min_score: float
     hard_trim: bool
     base_filter: IndexFilter
+    acronyms: tuple[str, ...] = ()
+    """Abbreviations the query writes in capitals: weighted fusion swaps its weights for
+    them, BM25 leading (docs/architecture.md §6)."""
 
 
 class RetrievalEngine:
@@ -381,6 +392,7 @@ class RetrievalEngine:
             min_score=q.min_score if q.min_score is not None else d.min_score,
             hard_trim=bool(q.hard_trim),
             base_filter=base,
+            acronyms=acronyms(q.query),
         )
 
     async def _model_variants(self, plan: _Plan, expander: QueryExpander) -> _Plan:
@@ -502,6 +514,9 @@ class RetrievalEngine:
                 lists.append(("sparse", RankQuery(flt, depth, text=plan.text)))
                 for i, variant in enumerate(plan.variants):
                     lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))
+                if plan.acronyms:
+                    text = " ".join(plan.acronyms)
+                    lists.append(("acronyms", RankQuery(flt, depth, text=text)))
             named.append(lists)
         queries = [q for lists in named for _, q in lists]
         index = self._index
@@ -594,7 +609,8 @@ class RetrievalEngine:
         if plan.ranking == "dense":
             # Cosine similarity, clipped to [0, 1] so min_score reads the same everywhere.
             return [(k, max(0.0, min(1.0, v))) for k, v in lists.get("dense", [])]
-        sparse_lists = {n: v for n, v in lists.items() if n != "dense"}
+        exact = lists.get("acronyms", [])
+        sparse_lists = {n: v for n, v in lists.items() if n not in ("dense", "acronyms")}
         if len(sparse_lists) > 1:
             # Query variants (expansion) merge with RRF into one BM25 list.
             merged = rrf_fusion({n: [k for k, _ in v] for n, v in sparse_lists.items()}, k=s.rrf_k)
@@ -616,10 +632,14 @@ class RetrievalEngine:
             # Scaled so that first place in both lists scores 1.
             best = (s.dense_weight + s.sparse_weight) / (s.rrf_k + 1)
             return [(k, min(1.0, v / best)) for k, v in fused]
-        return weighted_fusion(
+        fused = weighted_fusion(
             {"dense": dense, "sparse": sparse},
             {"dense": s.dense_weight, "sparse": s.sparse_weight},
         )
+        if exact:
+            # The embedding reads an unknown abbreviation as noise; BM25 matches it exactly.
+            fused = add_exact_matches(fused, exact, ACRONYM_WEIGHT)
+        return fused
 
     # -- rerank -----------------------------------------------------------------------------
 

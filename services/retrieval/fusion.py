@@ -321,3 +321,28 @@ def impute_cross_language(
     if not changed:
         return list(sparse)
     return sorted(best.items(), key=lambda kv: -kv[1])  # stable: ties keep list order
+
+
+def add_exact_matches(
+    fused: Sequence[tuple[K, float]], exact: Sequence[tuple[K, float]], weight: float
+) -> list[tuple[K, float]]:
+    """`fused` (scores in [0, 1]) with the list `exact` added at `weight`, back in [0, 1].
+
+    `exact` is a ranking of the keys that match some exact terms (BM25 of a query's
+    abbreviations alone), normalised by its best score (``max``: every key in it matched, so
+    none maps to 0 as minmax would map the last). Each key's score becomes
+    ``(fused + weight * exact) / (1 + weight)``; a key only in `exact` enters the result.
+    """
+    if not exact:
+        return list(fused)
+    if weight < 0 or not math.isfinite(weight):
+        raise ValueError(f"weight must be finite and non-negative, got {weight!r}")
+    best = _best_scores(exact)
+    scores = dict(fused)
+    ranks = {key: rank for rank, (key, _) in enumerate(fused)}
+    for key, value in zip(best, normalise(list(best.values()), "max"), strict=True):
+        scores[key] = scores.get(key, 0.0) + weight * value
+    for rank, key in enumerate(best):
+        ranks[key] = min(ranks.get(key, rank), rank)
+    scale = 1.0 + weight
+    return _sort_fused({k: v / scale for k, v in scores.items()}, ranks)

@@ -346,6 +346,22 @@ class SynonymExpander:
         return expand_query(query, lang, self._table, max_variants)
 
 
+_ACRONYM = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,7}(?![\w-])")
+_LOWER = re.compile(r"[a-zа-яё]")
+
+
+def acronyms(text: str) -> tuple[str, ...]:
+    """The abbreviations written in capitals in a query ("FTBFS", "RC", "HTTP2"), in order.
+
+    A dense embedding reads an abbreviation it has not learnt as noise, while BM25 matches it
+    exactly; the engine leans on BM25 for such queries (docs/architecture.md §6). A query
+    written all in capitals has none: its capitals say nothing about any one word.
+    """
+    if not _LOWER.search(text):
+        return ()
+    return tuple(dict.fromkeys(_ACRONYM.findall(text)))
+
+
 @dataclass(frozen=True)
 class PreparedQuery:
     """A query ready for the index: dense text, keyword text, language, variants."""

@@ -1,0 +1,166 @@
+"""Abbreviations in a query ("What is FTBFS?", «Что такое RC?»): a dense embedding reads one it
+has not learnt as noise, BM25 matches it exactly, so the engine adds the BM25 list of the
+query's abbreviations alone to the weighted fusion (query.acronyms, fusion.add_exact_matches,
+the engine's `acronyms` list)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from services.common.breaker import CircuitBreaker
+from services.common.tokenizer import default_tokenizer
+from services.docstore.sqlite_store import SqliteDocumentStore
+from services.retrieval.engine import ACRONYM_WEIGHT, EngineSettings, RetrievalEngine
+from services.retrieval.fusion import add_exact_matches
+from services.retrieval.index.edge import EdgeIndex
+from services.retrieval.ingestion import IngestInput, Ingestor
+from services.retrieval.journal import IngestJournal
+from services.retrieval.query import acronyms
+from services.retrieval.search import SearchDefaults, SearchQuery
+from services.retrieval.sections import SectionCatalog
+
+# -- acronyms -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "found"),
+    [
+        ("What is FTBFS?", ("FTBFS",)),
+        ("Что такое RC?", ("RC",)),
+        ("Кто такой DM в Debian?", ("DM",)),
+        ("Is HTTP2 faster than HTTP2 over TLS?", ("HTTP2", "TLS")),
+        # Two to eight characters, a capital letter first.
+        ("What is a B tree?", ()),
+        ("What does ABCDEFGH mean?", ("ABCDEFGH",)),
+        ("What does ABCDEFGHI mean?", ()),
+        ("What does 3GPP mean?", ()),
+        # Parts of identifiers and hyphenated words are not abbreviations of their own.
+        ("When is FAN_ALLOW sent?", ()),
+        ("Is X-Forwarded-For kept?", ()),
+        ("How does dh_make work?", ()),
+        ("Debian Linux", ()),
+        # A query written all in capitals says nothing about any one word.
+        ("WHAT IS FTBFS", ()),
+        ("", ()),
+    ],
+)
+def test_acronyms_are_the_words_written_in_capitals(query, found):
+    assert acronyms(query) == found
+
+
+# -- add_exact_matches --------------------------------------------------------------------
+
+FUSED = [(1, 1.0), (2, 0.4), (3, 0.2)]
+
+
+def test_exact_matches_are_added_at_their_weight_and_the_scale_stays_zero_to_one():
+    out = add_exact_matches(FUSED, [(3, 8.0), (4, 4.0)], 0.5)
+    # 3: (0.2 + 0.5 * 8/8) / 1.5; 4 (only an exact match): 0.5 * 4/8 / 1.5; 1: 1.0 / 1.5.
+    assert [k for k, _ in out] == [1, 3, 2, 4]
+    scores = dict(out)
+    assert scores[1] == pytest.approx(1.0 / 1.5)
+    assert scores[3] == pytest.approx(0.7 / 1.5)
+    assert scores[2] == pytest.approx(0.4 / 1.5)
+    assert scores[4] == pytest.approx(0.25 / 1.5)
+    assert all(0.0 <= s <= 1.0 for s in scores.values())
+    # The last exact match keeps its share (max normalisation, not min-max's 0).
+    assert scores[4] > 0
+
+
+def test_a_strong_exact_match_overtakes_the_dense_favourite():
+    out = add_exact_matches([(1, 0.7), (2, 0.3)], [(2, 5.0)], ACRONYM_WEIGHT)
+    assert out[0][0] == 2
+
+
+def test_no_exact_matches_leave_the_fusion_as_it_is():
+    assert add_exact_matches(FUSED, [], 0.5) == FUSED
+
+
+def test_a_key_repeated_in_the_exact_list_counts_once_with_its_best_score():
+    out = dict(add_exact_matches([(1, 0.0)], [(1, 2.0), (1, 4.0)], 1.0))
+    assert out[1] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf")])
+def test_a_weight_that_is_not_finite_and_non_negative_is_refused(weight):
+    with pytest.raises(ValueError, match="weight"):
+        add_exact_matches(FUSED, [(1, 1.0)], weight)
+
+
+def test_weight_zero_keeps_the_order_and_scores():
+    assert add_exact_matches(FUSED, [(3, 1.0)], 0.0) == FUSED
+
+
+# -- the engine ---------------------------------------------------------------------------
+
+GUIDE = """# Guide
+
+## Queue
+
+Events wait in the queue in order.
+
+## Builds
+
+A clean chroot verifies the build dependencies and avoids FTBFS (Fails To Build From Source) bugs.
+"""
+
+
+class QueueEmbedder:
+    """A stand-in embedding that knows "build" and nothing of FTBFS: a query naming only the
+    abbreviation points where the text without the concept does (the queue section)."""
+
+    name = "queue"
+    dim = 2
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        rows = [[1.0 if "build" in t.lower() else 0.0, 0.3] for t in texts]
+        m = np.asarray(rows, dtype=np.float32)
+        return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts)
+
+
+@pytest.fixture(scope="module")
+def guide_engine(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("acronyms")
+    store = SqliteDocumentStore(tmp / "docstore.sqlite")
+    embedder = QueueEmbedder()
+    index = EdgeIndex(str(tmp / "index"), embedder.dim)
+    sections = SectionCatalog(store)
+    ingestor = Ingestor(
+        store=store, index=index, embedder=embedder, sections=sections,
+        journal=IngestJournal(tmp / "journal.jsonl"), max_document_bytes=1 << 20,
+    )  # fmt: skip
+    asyncio.run(ingestor.ingest(IngestInput("t", GUIDE.encode(), file_name="guide.md")))
+    yield RetrievalEngine(
+        index=index, embedder=embedder, sections=sections, chunks=store,
+        tokenizer=default_tokenizer(), defaults=SearchDefaults(), settings=EngineSettings(),
+        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+    )  # fmt: skip
+    index.close()
+
+
+@pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])
+async def test_an_abbreviation_finds_the_passage_that_writes_it(guide_engine, mode):
+    found = await guide_engine.search(SearchQuery(query="What is FTBFS?", tenant_id="t", mode=mode))
+    assert "FTBFS" in found.hits[0].text
+    assert all(0.0 <= h.score <= 1.0 for h in found.hits)
+    # Written in lower case it is a word like any other: the dense favourite stays first.
+    plain = await guide_engine.search(SearchQuery(query="what is ftbfs", tenant_id="t", mode=mode))
+    assert "queue" in plain.hits[0].text
+
+
+async def test_an_abbreviation_the_documents_never_write_changes_nothing(guide_engine):
+    upper = await guide_engine.search(SearchQuery(query="Queue QWERTY", tenant_id="t"))
+    lower = await guide_engine.search(SearchQuery(query="Queue qwerty", tenant_id="t"))
+    assert [(h.chunk_id, h.score) for h in upper.hits] == [
+        (h.chunk_id, h.score) for h in lower.hits
+    ]
