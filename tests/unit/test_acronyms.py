@@ -5,23 +5,13 @@ the engine's `acronyms` list)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-
-import numpy as np
 import pytest
 
-from services.common.breaker import CircuitBreaker
-from services.common.tokenizer import default_tokenizer
-from services.docstore.sqlite_store import SqliteDocumentStore
-from services.retrieval.engine import ACRONYM_WEIGHT, EngineSettings, RetrievalEngine
+from services.retrieval.engine import ACRONYM_WEIGHT
 from services.retrieval.fusion import add_exact_matches
-from services.retrieval.index.edge import EdgeIndex
-from services.retrieval.ingestion import IngestInput, Ingestor
-from services.retrieval.journal import IngestJournal
 from services.retrieval.query import acronyms
-from services.retrieval.search import SearchDefaults, SearchQuery
-from services.retrieval.sections import SectionCatalog
+from services.retrieval.search import SearchQuery
+from tests.unit.small_corpus import StandInEmbedder, ingest_small_corpus
 
 # -- acronyms -----------------------------------------------------------------------------
 
@@ -109,43 +99,23 @@ A clean chroot verifies the build dependencies and avoids FTBFS (Fails To Build 
 """
 
 
-class QueueEmbedder:
+class QueueEmbedder(StandInEmbedder):
     """A stand-in embedding that knows "build" and nothing of FTBFS: a query naming only the
     abbreviation points where the text without the concept does (the queue section)."""
 
     name = "queue"
-    dim = 2
 
-    def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [[1.0 if "build" in t.lower() else 0.0, 0.3] for t in texts]
-        m = np.asarray(rows, dtype=np.float32)
-        return m / np.linalg.norm(m, axis=1, keepdims=True)
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
+    def _row(self, text: str) -> list[float]:
+        return [1.0 if "build" in text else 0.0, 0.3]
 
 
 @pytest.fixture(scope="module")
 def guide_engine(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("acronyms")
-    store = SqliteDocumentStore(tmp / "docstore.sqlite")
-    embedder = QueueEmbedder()
-    index = EdgeIndex(str(tmp / "index"), embedder.dim)
-    sections = SectionCatalog(store)
-    ingestor = Ingestor(
-        store=store, index=index, embedder=embedder, sections=sections,
-        journal=IngestJournal(tmp / "journal.jsonl"), max_document_bytes=1 << 20,
-    )  # fmt: skip
-    asyncio.run(ingestor.ingest(IngestInput("t", GUIDE.encode(), file_name="guide.md")))
-    yield RetrievalEngine(
-        index=index, embedder=embedder, sections=sections, chunks=store,
-        tokenizer=default_tokenizer(), defaults=SearchDefaults(), settings=EngineSettings(),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
-    )  # fmt: skip
-    index.close()
+    corpus = ingest_small_corpus(
+        tmp_path_factory.mktemp("acronyms"), QueueEmbedder(), "guide.md", GUIDE
+    )
+    yield corpus.engine()
+    corpus.index.close()
 
 
 @pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])

@@ -5,26 +5,17 @@ language than the query gets its keyword (BM25) evidence from its dense score
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-
-import numpy as np
 import pytest
 
-from services.common.breaker import CircuitBreaker
 from services.common.settings import Env, SettingsError
-from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import engine as engine_module
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.fusion import impute_cross_language, weighted_fusion
-from services.retrieval.index.edge import EdgeIndex
-from services.retrieval.ingestion import IngestInput, Ingestor
-from services.retrieval.journal import IngestJournal
 from services.retrieval.query import passage_language
-from services.retrieval.search import SearchDefaults, SearchQuery
-from services.retrieval.sections import SectionCatalog
+from services.retrieval.search import SearchQuery
+from tests.unit.small_corpus import SmallCorpus, StandInEmbedder, ingest_small_corpus
 
 # -- passage_language ---------------------------------------------------------------------
 
@@ -120,7 +111,7 @@ Before Linux 5.13, the hardcoded limit on the number of queued events was 16384.
 """
 
 
-class ConceptEmbedder:
+class ConceptEmbedder(StandInEmbedder):
     """A stand-in for a multilingual model: a text's vector says which concepts it names, in
     either language ("limit", "queue"), so the dense side sees across languages by design."""
 
@@ -128,20 +119,8 @@ class ConceptEmbedder:
     dim = 3
     _CONCEPTS = (("предел", "limit", "16384"), ("очеред", "queue"))
 
-    def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = []
-        for text in texts:
-            low = text.lower()
-            row = [1.0 if any(w in low for w in words) else 0.0 for words in self._CONCEPTS]
-            rows.append([*row, 0.3])
-        m = np.asarray(rows, dtype=np.float32)
-        return m / np.linalg.norm(m, axis=1, keepdims=True)
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
-
-    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return self._embed(texts)
+    def _row(self, text: str) -> list[float]:
+        return [*(1.0 if any(w in text for w in words) else 0.0 for words in self._CONCEPTS), 0.3]
 
 
 class CountingStore:
@@ -163,28 +142,15 @@ class CountingStore:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("xlang")
-    store = SqliteDocumentStore(tmp / "docstore.sqlite")
-    embedder = ConceptEmbedder()
-    index = EdgeIndex(str(tmp / "index"), embedder.dim)
-    sections = SectionCatalog(store)
-    ingestor = Ingestor(
-        store=store, index=index, embedder=embedder, sections=sections,
-        journal=IngestJournal(tmp / "journal.jsonl"), max_document_bytes=1 << 20,
-    )  # fmt: skip
-    asyncio.run(ingestor.ingest(IngestInput("t", RU_MAN_PAGE.encode(), file_name="fanotify.md")))
-    yield store, index, sections, embedder
-    index.close()
+    corpus = ingest_small_corpus(
+        tmp_path_factory.mktemp("xlang"), ConceptEmbedder(), "fanotify.md", RU_MAN_PAGE
+    )
+    yield corpus
+    corpus.index.close()
 
 
-def engine(corpus, *, cross_language: bool, store=None) -> RetrievalEngine:
-    docstore, index, sections, embedder = corpus
-    return RetrievalEngine(
-        index=index, embedder=embedder, sections=sections, chunks=store or docstore,
-        tokenizer=default_tokenizer(), defaults=SearchDefaults(),
-        settings=EngineSettings(cross_language=cross_language),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
-    )  # fmt: skip
+def engine(corpus: SmallCorpus, *, cross_language: bool, store=None) -> RetrievalEngine:
+    return corpus.engine(EngineSettings(cross_language=cross_language), chunks=store)
 
 
 QUESTION = "Какой предел очереди событий?"
@@ -210,7 +176,7 @@ async def test_rrf_fusion_fills_in_too(corpus):
 
 @pytest.mark.parametrize("ranking", ["dense", "sparse"])
 async def test_single_list_rankings_are_untouched(corpus, ranking):
-    counting = CountingStore(corpus[0])
+    counting = CountingStore(corpus.store)
     ask = SearchQuery(query=QUESTION, tenant_id="t", ranking=ranking, max_results=1, max_chunks=1)
     on = await engine(corpus, cross_language=True, store=counting).search(ask)
     off = await engine(corpus, cross_language=False).search(ask)
@@ -219,7 +185,7 @@ async def test_single_list_rankings_are_untouched(corpus, ranking):
 
 
 async def test_chunk_languages_are_read_once_then_cached(corpus):
-    counting = CountingStore(corpus[0])
+    counting = CountingStore(corpus.store)
     e = engine(corpus, cross_language=True, store=counting)
     ask = SearchQuery(query=QUESTION, tenant_id="t", max_results=1, max_chunks=1)
     await e.search(ask)
@@ -242,7 +208,7 @@ async def test_the_language_cache_is_bounded_at_its_limit(corpus, monkeypatch):
     assert seen > 2
     for limit, kept in ((seen, seen), (seen - 1, seen - 1)):  # at the limit, one past it
         monkeypatch.setattr(engine_module, "CHUNK_LANGUAGES_CACHED", limit)
-        counting = CountingStore(corpus[0])
+        counting = CountingStore(corpus.store)
         e = engine(corpus, cross_language=True, store=counting)
         await e.search(ask)
         assert len(e._languages) == kept
@@ -253,7 +219,7 @@ async def test_the_language_cache_is_bounded_at_its_limit(corpus, monkeypatch):
 
 
 async def test_another_tenant_reads_nothing_of_the_first(corpus):
-    counting = CountingStore(corpus[0])
+    counting = CountingStore(corpus.store)
     r = await engine(corpus, cross_language=True, store=counting).search(
         SearchQuery(query=QUESTION, tenant_id="other")
     )

@@ -31,7 +31,6 @@ from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.factories import build_embedder
 from services.retrieval.index.edge import EdgeIndex
 from services.retrieval.ingestion import IngestInput, Ingestor
-from services.retrieval.journal import IngestJournal
 from services.retrieval.llm_assist import (
     LlmAssistSettings,
     LlmQueryExpander,
@@ -42,8 +41,8 @@ from services.retrieval.llm_assist import (
 )
 from services.retrieval.query import load_synonyms
 from services.retrieval.search import SearchDefaults, SearchQuery
-from services.retrieval.sections import SectionCatalog
 from tests.fakes.openai_chat import ChatRequest, FakeChatServer, Reply, text
+from tests.unit.small_corpus import ingesting_stack
 
 GUIDE = """# Orion X guide
 
@@ -193,14 +192,7 @@ def stacks(tmp_path: Path, embedder) -> Iterator[list[Stack]]:
 
 def make_stack(stacks, tmp: Path, embedder, *, summ=None, exp=None, **engine) -> Stack:
     tmp.mkdir(parents=True, exist_ok=True)
-    store = SqliteDocumentStore(tmp / "docstore.sqlite")
-    index = EdgeIndex(str(tmp / "index"), embedder.dim)
-    sections = SectionCatalog(store)
-    ingestor = Ingestor(
-        store=store, index=index, embedder=embedder, sections=sections,
-        journal=IngestJournal(tmp / "journal.jsonl"), max_document_bytes=1 << 20,
-        summarizer=summ,
-    )  # fmt: skip
+    store, index, sections, ingestor = ingesting_stack(tmp, embedder, summ)
     eng = RetrievalEngine(
         index=index, embedder=embedder, sections=sections, chunks=store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
