@@ -217,8 +217,8 @@ class _Plan:
     hard_trim: bool
     base_filter: IndexFilter
     acronyms: tuple[str, ...] = ()
-    """Abbreviations the query writes in capitals: weighted fusion swaps its weights for
-    them, BM25 leading (docs/architecture.md §6)."""
+    """Abbreviations the query writes in capitals: the BM25 list of them alone joins the
+    weighted fusion (docs/architecture.md §6)."""
 
 
 class RetrievalEngine:
