@@ -514,7 +514,8 @@ class RetrievalEngine:
                 lists.append(("sparse", RankQuery(flt, depth, text=plan.text)))
                 for i, variant in enumerate(plan.variants):
                     lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))
-                if plan.acronyms:
+                if plan.acronyms and plan.ranking == "hybrid" and plan.fusion == "weighted":
+                    # Only the weighted fusion reads it (_level): no index query for nothing.
                     text = " ".join(plan.acronyms)
                     lists.append(("acronyms", RankQuery(flt, depth, text=text)))
             named.append(lists)

@@ -134,3 +134,25 @@ async def test_an_abbreviation_the_documents_never_write_changes_nothing(guide_e
     assert [(h.chunk_id, h.score) for h in upper.hits] == [
         (h.chunk_id, h.score) for h in lower.hits
     ]
+
+
+@pytest.mark.parametrize(
+    ("params", "extra"),
+    [({}, 2), ({"fusion": "rrf"}, 0), ({"ranking": "sparse"}, 0), ({"ranking": "dense"}, 0)],
+)
+async def test_the_abbreviation_list_is_asked_of_the_index_only_when_the_fusion_reads_it(
+    guide_engine, monkeypatch, params, extra
+):
+    index = guide_engine._index.index
+    sizes: list[int] = []
+    original = index.search_ids_batch
+
+    def counted(queries):
+        sizes.append(len(queries))
+        return original(queries)
+
+    monkeypatch.setattr(index, "search_ids_batch", counted)
+    for query in ("What is FTBFS?", "what is ftbfs"):
+        await guide_engine.search(SearchQuery(query=query, tenant_id="t", **params))
+    # section_first: one list per level (sections, chunks) more for the abbreviation.
+    assert sizes[0] - sizes[1] == extra
