@@ -63,6 +63,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from tool_limits import NO_TOOL_RATE_LIMITS  # noqa: E402
 from transport import machine_cpu_s, percentile, proc_cpu_s, write_record  # noqa: E402
 
 TENANT = "bench"
@@ -787,11 +788,7 @@ def running(args: argparse.Namespace, tmp: Path) -> Iterator[dict[str, Any]]:
         "RETR_PORT": str(ports["retrieval"]),
         "MCP_PROXY_PORT": str(ports["toolsproxy"]),
         "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{ports['retrieval']}",
-        # The bench calls the same document thousands of times a minute.
-        "MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN": "1000000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN": "1000000000",
+        **NO_TOOL_RATE_LIMITS,  # bench/tool_limits.py
     }
     try:
         procs.start("retrieval", [py, "-m", "services.retrieval"], base)

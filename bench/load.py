@@ -63,6 +63,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 
 from llm_overhead import environment_info, fetch, free_ports, loadavg, serve_stats  # noqa: E402
 from respond_overhead import ANSWER, QUESTIONS, STEPS, TENANT, ingest, make_model  # noqa: E402
+from tool_limits import NO_TOOL_RATE_LIMITS  # noqa: E402
 from transport import machine_cpu_s, percentile, tool_version, write_record  # noqa: E402
 
 ME = str(Path(__file__).resolve())
@@ -688,12 +689,7 @@ def running(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Any, int | No
         # One fixed question per target (h2load sends one body): with the query-embedding
         # cache on, every search after the first would skip the embedding a new question pays.
         "RETR_QUERY_CACHE_SIZE": "0",
-        # The ToolsProxy's per-tenant:document limits (60 calls/min by default) would answer
-        # most of the load RATE_LIMIT_EXCEEDED: right for production, not what is measured.
-        "MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN": "1000000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN": "1000000000",
+        **NO_TOOL_RATE_LIMITS,  # bench/tool_limits.py
         **dict(kv.split("=", 1) for kv in args.server_env),
     }
     fake = None

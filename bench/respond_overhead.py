@@ -66,6 +66,7 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
 
 import llm_overhead  # noqa: E402
 from llm_overhead import environment_info, fetch, free_ports, loadavg, pstats, serve_stats  # noqa: E402
+from tool_limits import NO_TOOL_RATE_LIMITS  # noqa: E402
 from transport import machine_cpu_s, percentile, proc_cpu_s, write_record  # noqa: E402
 
 ME = str(Path(__file__).resolve())
@@ -609,11 +610,7 @@ def running(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Any, dict[str
         # Every question is new to the server, as in use: the questions repeat, so the
         # query-embedding cache is off (--query-cache keeps it: embed ~0 after the first).
         **({} if args.query_cache else {"RETR_QUERY_CACHE_SIZE": "0"}),
-        # The bench reads the same documents thousands of times a minute.
-        "MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN": "1000000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN": "1000000",
-        "MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN": "1000000000",
+        **NO_TOOL_RATE_LIMITS,  # bench/tool_limits.py
         **dict(kv.split("=", 1) for kv in args.server_env),
     }
     fake_argv = [py, ME, "--serve-fake", "--stats-port", str(fake_stats)]

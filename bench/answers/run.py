@@ -38,6 +38,7 @@ from bench.answers.scoring import (  # noqa: E402
     page_in_sources,
     says_not_in_documents,
 )
+from bench.tool_limits import NO_TOOL_RATE_LIMITS  # noqa: E402
 from services.common.topology import Ports  # noqa: E402
 from services.devtools.local_model import LocalModelConfig  # noqa: E402
 from services.devtools.mesh import (  # noqa: E402
@@ -77,6 +78,8 @@ class Outcome:
     sources: list[dict[str, Any]] = field(default_factory=list)
     telemetry: dict[str, Any] = field(default_factory=dict)
     tools: list[str] = field(default_factory=list)
+    tool_errors: list[str] = field(default_factory=list)
+    """The `result_summary` of each tool call that failed ("tool_error CODE: message")."""
     page_hit: bool | None = None
     """Answerable only: the gold page (or an alternative) within a source's range."""
     page_hit_first: bool | None = None
@@ -143,6 +146,11 @@ def ask(
             out.sources = body.get("sources", [])
             out.telemetry = body.get("telemetry", {})
             out.tools = [t.get("name", "") for t in body.get("tools", [])]
+            out.tool_errors = [
+                f"{t.get('name', '')}: {t.get('result_summary', '')}"
+                for t in body.get("tools", [])
+                if str(t.get("result_summary", "")).startswith("tool_error")
+            ]
     out.seconds = time.perf_counter() - start
     score(out, q, doc_ids)
     return out
@@ -215,6 +223,7 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "unanswerable": len(unanswerable),
         "errors": len(outcomes) - len(ok),
         "errors_by_kind": dict(Counter(o.error for o in outcomes if o.error)),
+        "with_tool_error": sum(1 for o in ok if o.tool_errors),
         "page_among_sources": sum(1 for o in answerable if o.page_hit),
         "page_in_first_source": sum(1 for o in answerable if o.page_hit_first),
         "source_pages_mean": (
@@ -260,6 +269,7 @@ def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "false_not_in_documents_ids": [o.id for o in answerable if o.not_in_documents],
         "wrong_language_ids": [o.id for o in ok if o.answer_lang != o.lang],
         "error_ids": [o.id for o in outcomes if o.error],
+        "tool_error_ids": [o.id for o in ok if o.tool_errors],
     }
 
 
@@ -269,6 +279,7 @@ def print_summary(responder: str, split: str, s: dict[str, Any]) -> None:
           f"({a} answerable, {s['unanswerable']} not answered by the documents)")  # fmt: skip
     kinds = ", ".join(f"{k}: {n}" for k, n in s["errors_by_kind"].items())
     print(f"errors                               {s['errors']}" + (f" ({kinds})" if kinds else ""))
+    print(f"answers with a failed tool call      {s['with_tool_error']}")
     print(f"answer's page among sources          {_pct(s['page_among_sources'], a)}")
     print(f"  ... in the first source            {_pct(s['page_in_first_source'], a)}"
           f"  (pages per source: mean {s['source_pages_mean']})")  # fmt: skip
@@ -295,6 +306,7 @@ def print_summary(responder: str, split: str, s: dict[str, Any]) -> None:
               f"{100 * (s['outside_runtime_share_mean'] or 0):.1f} % of a Respond")  # fmt: skip
     for key, label in (
         ("error_ids", "errors"),
+        ("tool_error_ids", "a tool call failed"),
         ("page_missed_ids", "gold page not among sources"),
         ("facts_missed_ids", "key facts missing"),
         ("unanswerable_answered_ids", "unanswerable, answered anyway"),
@@ -325,7 +337,8 @@ def _git_commit() -> str:
 def run_responder(
     responder: str, questions: Sequence[Question], paths: dict[str, Path], a: argparse.Namespace
 ) -> list[Outcome]:
-    env: dict[str, str] = dict(kv.split("=", 1) for kv in a.server_env)
+    # The harness asks the same documents far more often than a user would (bench/tool_limits.py).
+    env: dict[str, str] = {**NO_TOOL_RATE_LIMITS, **dict(kv.split("=", 1) for kv in a.server_env)}
     local: LocalModelConfig | None = None
     timeouts = None
     if responder == "local":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from bench.answers.documents import paginate
 from bench.answers.gold import Question, validate
+from bench.answers.run import ask, summarize
 from bench.answers.scoring import (
     cyrillic_ratio,
     detect_language,
@@ -14,6 +16,10 @@ from bench.answers.scoring import (
     page_in_sources,
     says_not_in_documents,
 )
+from bench.tool_limits import NO_TOOL_RATE_LIMITS
+from services.common.settings import Env
+from services.toolsproxy.config import RATE_LIMITS
+from services.toolsproxy.ratelimit import RateLimits
 
 
 def _src(doc: str, start: int, end: int) -> dict[str, object]:
@@ -239,3 +245,53 @@ def test_validate_checks_the_passage_language() -> None:
     assert any("passage" in p for p in validate([_q(passage="de")], pages))
     unanswerable = _q(kind="unanswerable", doc=None, page=None, facts=(), passage="ru")
     assert any("passage" in p for p in validate([unanswerable], pages))
+
+
+# --- a failed tool call inside a 200 answer
+
+
+def _respond_with(tools: list[dict[str, object]]) -> httpx.Client:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            json={
+                "answer": "Не удалось получить данные (load_documents_full): rate limit …",
+                "sources": [_src("d", 1, 3)],
+                "tools": tools,
+            },
+        )
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def test_a_failed_tool_call_is_counted_apart_from_errors() -> None:
+    failed = {"name": "load_documents_full",
+              "result_summary": "tool_error RATE_LIMIT_EXCEEDED: rate limit of 100000 tokens"}  # fmt: skip
+    with _respond_with([failed]) as client:
+        out = ask(client, "http://mesh", _q(), {"d.pdf": "d"}, timeout=5)
+    assert out.error == "" and out.page_hit is True  # a 200 with the page among the sources
+    assert out.tool_errors == [
+        "load_documents_full: tool_error RATE_LIMIT_EXCEEDED: rate limit of 100000 tokens"
+    ]
+    s = summarize([out])
+    assert s["errors"] == 0
+    assert s["with_tool_error"] == 1 and s["tool_error_ids"] == ["q1"]
+
+
+def test_a_tool_call_that_read_is_not_a_tool_error() -> None:
+    read = {"name": "read_chunk_window", "result_summary": "read 812 characters of d (pp. 2–2)"}
+    with _respond_with([read]) as client:
+        out = ask(client, "http://mesh", _q(), {"d.pdf": "d"}, timeout=5)
+    assert out.tools == ["read_chunk_window"] and out.tool_errors == []
+    assert summarize([out])["with_tool_error"] == 0
+
+
+def test_the_harness_mesh_runs_without_tool_rate_limits() -> None:
+    # The harness asks about one document many times a minute; a limit would fail answers.
+    assert set(NO_TOOL_RATE_LIMITS.values()) == {"0"}
+    assert set(NO_TOOL_RATE_LIMITS) == {
+        f"MCP_PROXY_RATE_LIMIT_{k}" for k in
+        ("CALLS_PER_MIN", "TOKENS_PER_MIN", "TENANT_CALLS_PER_MIN", "TENANT_TOKENS_PER_MIN")
+    }  # fmt: skip
+    limits = RATE_LIMITS.read(Env(NO_TOOL_RATE_LIMITS))
+    assert limits == RateLimits(0, 0, 0, 0)
