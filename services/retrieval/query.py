@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.common.search_contract import fold_yo, normalise_query
+from services.common.stop_words import STOP_WORDS
 
 LANGUAGES = ("ru", "en", "mixed", "other")
 
@@ -360,6 +361,81 @@ def acronyms(text: str) -> tuple[str, ...]:
     if not _LOWER.search(text):
         return ()
     return tuple(dict.fromkeys(_ACRONYM.findall(text)))
+
+
+# --- a document named by its title ------------------------------------------------------
+
+TITLE_RUN = 2
+"""Content words in a row, all from one document title, that name the document."""
+TITLE_KEEP = 2
+"""Content words the rest of the query must keep for the named title to be set aside."""
+
+
+def _content(word: str) -> bool:
+    return len(word) >= 3 and fold_yo(word.lower()) not in STOP_WORDS
+
+
+class TitleIndex:
+    """The content words of a tenant's document titles, each with the titles it occurs in:
+    built once per listing of the titles (SectionCatalog.title_index), read by every search."""
+
+    def __init__(self, titles: Iterable[str]) -> None:
+        by_stem: dict[str, set[int]] = {}
+        for t, title in enumerate(titles):
+            stems = {_stem(m.group(0)) for m in _WORD.finditer(title) if _content(m.group(0))}
+            if len(stems) >= TITLE_RUN:  # one content word does not name a document
+                for stem in stems:
+                    by_stem.setdefault(stem, set()).add(t)
+        self._by_stem = {stem: frozenset(ts) for stem, ts in by_stem.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_stem)
+
+    def without_titles(self, text: str) -> str:
+        """`text` without the words that name one of the documents by its title, for the
+        keyword (BM25) query; `text` itself when it names none.
+
+        "Which Latin saying does the maintainers' guide quote?" in a tenant holding "Debian
+        New Maintainers' Guide": "maintainers' guide" says which document, not what in it,
+        and BM25 would rank the pages that repeat the title (title page, contents, revision
+        history) above the passage. A run of at least TITLE_RUN neighbouring content words
+        (three letters or more, not in STOP_WORDS; other words may stand between them) that
+        all occur in one title names that document; its words go when at least TITLE_KEEP
+        content words remain (a query that is mostly a title asks about the document itself).
+        The dense query keeps every word (docs/architecture.md §6).
+        """
+        if not self._by_stem:
+            return text
+        words = [(m.start(), m.end(), m.group(0)) for m in _WORD.finditer(text)]
+        content = [w for w in words if _content(w[2])]
+        if len(content) < TITLE_RUN + TITLE_KEEP:
+            return text
+        drop: list[tuple[int, int, str]] = []
+        run: list[tuple[int, int, str]] = []
+        shared: frozenset[int] = frozenset()  # the titles every word of the run occurs in
+        for w in [*content, None]:  # None closes the last run
+            owners = self._by_stem.get(_stem(w[2]), frozenset()) if w else frozenset()
+            if run and owners & shared:
+                run.append(w)  # type: ignore[arg-type]
+                shared &= owners
+                continue
+            if len(run) >= TITLE_RUN:
+                drop.extend(run)
+            run, shared = ([w], owners) if w and owners else ([], frozenset())
+        if not drop or len(content) - len(drop) < TITLE_KEEP:
+            return text
+        out, at = [], 0
+        for start, end, _ in drop:
+            out.append(text[at:start])
+            at = end + (text[end : end + 1] in ("'", "’"))  # maintainers' guide
+        out.append(text[at:])
+        return " ".join("".join(out).split())
+
+
+def without_titles(text: str, titles: Iterable[str]) -> str:
+    """:meth:`TitleIndex.without_titles` over `titles` (for one-off use; search keeps the
+    index of a tenant's titles)."""
+    return TitleIndex(titles).without_titles(text)
 
 
 @dataclass(frozen=True)
