@@ -528,7 +528,11 @@ class _Composer:
             return
         chosen = sorted(scored, key=lambda x: (-x[0], x[1]))[:MAX_PASSAGES]
         top = chosen[0]
-        absent = missing_terms(self.question, self.lang, [r.text for r in readings])
+        # A question may name the document by its title ("… the Maintainers' Guide"), which
+        # its pages rarely repeat: the titles of what was read count as read.
+        absent = missing_terms(
+            self.question, self.lang, [r.text for r in readings] + [r.title for r in readings]
+        )
         if absent:
             # The question names something the text read never mentions: whatever sentence
             # scores best, it does not answer the question.

@@ -500,6 +500,19 @@ async def test_a_question_naming_what_the_text_lacks_says_the_documents_do_not_a
     assert "> To set up LDAP open Settings and choose Directory." in out.answer  # still shown
 
 
+async def test_a_question_naming_the_document_by_its_title_is_answered_from_it():
+    # The window's title is "Guide"; its text never says so.
+    tools = FakeTools([window(text=TEXT)])
+    question = "How do I set up LDAP, according to the Guide?"
+    out = await run(tools, req(messages=(Turn("user", question),)))
+    assert out.answer.startswith("**In short:** To set up LDAP open Settings and choose Directory.")
+    other = await run(
+        FakeTools([window(text=TEXT)]),
+        req(messages=(Turn("user", "How do I set up LDAP, according to the Handbook?"),)),
+    )
+    assert other.answer.startswith("The documents do not answer this: “handbook” does not occur")
+
+
 async def test_a_russian_question_naming_what_the_text_lacks():
     tools = FakeTools([window(text="Чтобы настроить LDAP, откройте раздел Настройки.")])
     question = "Как настроить LDAP в HAProxy?"
