@@ -3,7 +3,7 @@ auxiliaries, politeness, the assistant's own name.
 
 The orchestrator does not count them as a question's content when it routes
 (orchestrator/scenarios.py); Retrieval does not count them when it looks for a document's
-title in a query (retrieval/query.without_titles).
+title in a query (retrieval/query.TitleIndex).
 """
 
 STOP_WORDS = frozenset(
