@@ -4,6 +4,8 @@ RetrievalEngine over it: the engine-level retrieval tests' shared setup."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,8 +77,12 @@ def ingesting_stack(
     return store, index, sections, ingestor
 
 
-def ingest_small_corpus(tmp: Path, embedder: Any, file_name: str, text: str) -> SmallCorpus:
-    """`text` ingested as `file_name` for tenant "t" under `tmp`; close `.index` when done."""
+@contextlib.contextmanager
+def small_corpus(tmp: Path, embedder: Any, file_name: str, text: str) -> Iterator[SmallCorpus]:
+    """`text` ingested as `file_name` for tenant "t" under `tmp`; the index closes on exit."""
     store, index, sections, ingestor = ingesting_stack(tmp, embedder)
-    asyncio.run(ingestor.ingest(IngestInput("t", text.encode(), file_name=file_name)))
-    return SmallCorpus(store, index, sections, embedder)
+    try:
+        asyncio.run(ingestor.ingest(IngestInput("t", text.encode(), file_name=file_name)))
+        yield SmallCorpus(store, index, sections, embedder)
+    finally:
+        index.close()

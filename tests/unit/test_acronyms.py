@@ -11,7 +11,7 @@ from services.retrieval.engine import ACRONYM_WEIGHT
 from services.retrieval.fusion import add_exact_matches
 from services.retrieval.query import acronyms
 from services.retrieval.search import SearchQuery
-from tests.unit.small_corpus import StandInEmbedder, ingest_small_corpus
+from tests.unit.small_corpus import StandInEmbedder, small_corpus
 
 # -- acronyms -----------------------------------------------------------------------------
 
@@ -111,11 +111,10 @@ class QueueEmbedder(StandInEmbedder):
 
 @pytest.fixture(scope="module")
 def guide_engine(tmp_path_factory):
-    corpus = ingest_small_corpus(
+    with small_corpus(
         tmp_path_factory.mktemp("acronyms"), QueueEmbedder(), "guide.md", GUIDE
-    )
-    yield corpus.engine()
-    corpus.index.close()
+    ) as corpus:
+        yield corpus.engine()
 
 
 @pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])

@@ -15,7 +15,7 @@ from services.retrieval.engine import EngineSettings, RetrievalEngine
 from services.retrieval.fusion import impute_cross_language, weighted_fusion
 from services.retrieval.query import passage_language
 from services.retrieval.search import SearchQuery
-from tests.unit.small_corpus import SmallCorpus, StandInEmbedder, ingest_small_corpus
+from tests.unit.small_corpus import SmallCorpus, StandInEmbedder, small_corpus
 
 # -- passage_language ---------------------------------------------------------------------
 
@@ -142,11 +142,10 @@ class CountingStore:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    corpus = ingest_small_corpus(
+    with small_corpus(
         tmp_path_factory.mktemp("xlang"), ConceptEmbedder(), "fanotify.md", RU_MAN_PAGE
-    )
-    yield corpus
-    corpus.index.close()
+    ) as corpus:
+        yield corpus
 
 
 def engine(corpus: SmallCorpus, *, cross_language: bool, store=None) -> RetrievalEngine:

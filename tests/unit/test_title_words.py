@@ -9,7 +9,7 @@ from services.docstore.model import Document
 from services.retrieval.query import TITLE_KEEP, TITLE_RUN, TitleIndex, without_titles
 from services.retrieval.search import SearchQuery
 from services.retrieval.sections import MAX_TITLED_DOCUMENTS, TITLES_TTL_S, SectionCatalog
-from tests.unit.small_corpus import StandInEmbedder, ingest_small_corpus
+from tests.unit.small_corpus import StandInEmbedder, small_corpus
 
 TITLES = ("Debian New Maintainers’ Guide", "Руководство начинающего разработчика Debian")
 
@@ -138,11 +138,10 @@ class FlatEmbedder(StandInEmbedder):
 
 @pytest.fixture(scope="module")
 def handbook(tmp_path_factory):
-    corpus = ingest_small_corpus(
+    with small_corpus(
         tmp_path_factory.mktemp("titles"), FlatEmbedder(), "handbook.md", HANDBOOK
-    )
-    yield corpus
-    corpus.index.close()
+    ) as corpus:
+        yield corpus
 
 
 async def test_the_keyword_search_finds_the_passage_not_the_pages_that_repeat_the_title(
