@@ -413,15 +413,17 @@ class TitleIndex:
         drop: list[tuple[int, int, str]] = []
         run: list[tuple[int, int, str]] = []
         shared: frozenset[int] = frozenset()  # the titles every word of the run occurs in
-        for w in [*content, None]:  # None closes the last run
-            owners = self._by_stem.get(_stem(w[2]), frozenset()) if w else frozenset()
+        for w in content:
+            owners = self._by_stem.get(_stem(w[2]), frozenset())
             if run and owners & shared:
-                run.append(w)  # type: ignore[arg-type]
+                run.append(w)
                 shared &= owners
                 continue
             if len(run) >= TITLE_RUN:
                 drop.extend(run)
-            run, shared = ([w], owners) if w and owners else ([], frozenset())
+            run, shared = ([w], owners) if owners else ([], frozenset())
+        if len(run) >= TITLE_RUN:
+            drop.extend(run)
         if not drop or len(content) - len(drop) < TITLE_KEEP:
             return text
         out, at = [], 0
@@ -430,12 +432,6 @@ class TitleIndex:
             at = end + (text[end : end + 1] in ("'", "’"))  # maintainers' guide
         out.append(text[at:])
         return " ".join("".join(out).split())
-
-
-def without_titles(text: str, titles: Iterable[str]) -> str:
-    """:meth:`TitleIndex.without_titles` over `titles` (for one-off use; search keeps the
-    index of a tenant's titles)."""
-    return TitleIndex(titles).without_titles(text)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,20 @@
 """Words that name one of the tenant's documents by its title leave the keyword query
-(query.without_titles; the titles from SectionCatalog.titles)."""
+(query.TitleIndex; the titles from SectionCatalog.title_index)."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.docstore.model import Document
-from services.retrieval.query import TITLE_KEEP, TITLE_RUN, TitleIndex, without_titles
+from services.retrieval.query import TITLE_KEEP, TITLE_RUN, TitleIndex
 from services.retrieval.search import SearchQuery
 from services.retrieval.sections import MAX_TITLED_DOCUMENTS, TITLES_TTL_S, SectionCatalog
 from tests.unit.small_corpus import StandInEmbedder, small_corpus
+
+
+def without_titles(text: str, titles: tuple[str, ...]) -> str:
+    return TitleIndex(titles).without_titles(text)
+
 
 TITLES = ("Debian New Maintainers’ Guide", "Руководство начинающего разработчика Debian")
 
