@@ -1,12 +1,15 @@
 """Reading settings from the environment: each variable declared once (`Var`), read by typed getters.
 
-A `Var` names one setting's environment variable with its type, default and limits; `Fields`
-binds Vars to the fields of a settings dataclass, whose field docstrings describe them.
+A `Var` names one setting's environment variable with its type, limits and default; `Fields`
+binds Vars to the fields of a settings dataclass, whose field docstrings describe them and
+whose field defaults are theirs (a Var names a default only when it differs, e.g. a port
+that depends on the service).
 docs/configuration.md is generated from these declarations (tools/config_docs.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import math
@@ -157,6 +160,16 @@ class Env:
 
 
 _UNSET: Any = object()
+
+
+class _FieldDefault:
+    def __repr__(self) -> str:
+        return "FIELD_DEFAULT"
+
+
+FIELD_DEFAULT: Any = _FieldDefault()
+"""A Var's default when it names none: the default of the settings field it fills, taken
+when `Fields` binds it, so each default is written once (on the settings dataclass)."""
 DECLARED: dict[str, Var] = {}
 """Every Var declared so far, by name (one declaration per name)."""
 
@@ -173,7 +186,8 @@ class Var:
     kind: str
     """text, integer, number, flag or secret."""
     default: Any = None
-    """None for integer/number: unset means None (the consumer's own default)."""
+    """FIELD_DEFAULT: the default of the field the Var fills; None for integer/number: unset
+    means None (the consumer's own default)."""
     minimum: float | None = None
     maximum: float | None = None
     also: tuple[str, ...] = ()
@@ -188,8 +202,12 @@ class Var:
     """What the docs show as type and range when the reader parses the value itself."""
     doc: str = field(default="", compare=False)
     owner: tuple[type, str] | None = field(default=None, compare=False)
+    field_default: bool = field(default=False, compare=False)
+    """The default is the owner field's (the Var named none: FIELD_DEFAULT)."""
 
     def __post_init__(self) -> None:
+        if self.default is FIELD_DEFAULT:
+            return  # registered when Fields binds it to its field and its field's default
         known = DECLARED.get(self.name)
         if known is not None and known != self:
             raise SettingsError(f"{self.name} is declared twice, differently")
@@ -209,6 +227,8 @@ class Var:
         """The value from `env` (`default` overrides the declared one, e.g. a computed one)."""
         env.declared[self.name] = self
         value = self.default if default is _UNSET else default
+        if value is FIELD_DEFAULT:
+            raise SettingsError(f"{self.name} has no default: it fills no settings field")
         names = self.names
         if self.kind == "secret":
             return env.secret(names)
@@ -236,25 +256,25 @@ class Var:
         return env.number(names, default, minimum=self.minimum, maximum=self.maximum)
 
 
-def text(name: str, default: str = "", **more: Any) -> Var:
+def text(name: str, default: str = FIELD_DEFAULT, **more: Any) -> Var:
     return Var(name, "text", default, **more)
 
 
 def integer(
-    name: str, default: int | None, minimum: int | None = None, maximum: int | None = None,
-    **more: Any,
+    name: str, default: int | None = FIELD_DEFAULT, minimum: int | None = None,
+    maximum: int | None = None, **more: Any,
 ) -> Var:  # fmt: skip
     return Var(name, "integer", default, minimum, maximum, **more)
 
 
 def number(
-    name: str, default: float | None, minimum: float | None = None,
+    name: str, default: float | None = FIELD_DEFAULT, minimum: float | None = None,
     maximum: float | None = None, **more: Any,
 ) -> Var:  # fmt: skip
     return Var(name, "number", default, minimum, maximum, **more)
 
 
-def flag(name: str, default: bool, **more: Any) -> Var:
+def flag(name: str, default: bool = FIELD_DEFAULT, **more: Any) -> Var:
     return Var(name, "flag", default, **more)
 
 
@@ -268,7 +288,7 @@ class Fields(Generic[T]):
 
     def __init__(self, cls: type[T], **fields: Var) -> None:
         self.cls = cls
-        self.vars = {f: replace(v, owner=(cls, f)) for f, v in fields.items()}
+        self.vars = {f: _bind(v, cls, f) for f, v in fields.items()}
 
     def values(self, env: Env, **defaults: Any) -> dict[str, Any]:
         """Each field's value; `defaults` replace declared defaults computed at start."""
@@ -283,6 +303,16 @@ class Fields(Generic[T]):
             if f not in given
         }
         return self.cls(**values, **given)
+
+
+def _bind(var: Var, cls: type, name: str) -> Var:
+    """`var` as the Var filling field `name` of `cls`; FIELD_DEFAULT becomes that field's default."""
+    if var.default is not FIELD_DEFAULT:
+        return replace(var, owner=(cls, name))
+    declared = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    if declared is None or declared.default is dataclasses.MISSING:
+        raise SettingsError(f"{var.name} names no default and {cls.__name__}.{name} has none")
+    return replace(var, owner=(cls, name), default=declared.default, field_default=True)
 
 
 def _module_available(name: str) -> bool:
@@ -443,9 +473,9 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
     # LOG_LEVEL: the specs' mesh-wide name (llm-service.md §11, retrieval.md §8.1), the LLM
     # service's only one; the others read their prefixed name first.
     log_level = (
-        text("LOG_LEVEL", "INFO")
+        text("LOG_LEVEL")
         if prefix == "LLM_SERVICE_"
-        else text(prefix + "LOG_LEVEL", "INFO", also=("LOG_LEVEL",))
+        else text(prefix + "LOG_LEVEL", also=("LOG_LEVEL",))
     )
     # Retrieval's message size is not read: it follows RETR_MAX_DOCUMENT_BYTES.
     size = (
@@ -453,19 +483,19 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
         if prefix == "RETR_"
         else {
             "max_message_bytes": integer(
-                prefix + "MAX_MESSAGE_BYTES", 4 * 1024 * 1024, 1024, 300 * 1024 * 1024
+                prefix + "MAX_MESSAGE_BYTES", minimum=1024, maximum=300 * 1024 * 1024
             )
         }
     )
     return Fields(
         ServerSettings,
-        host=text(prefix + "HOST", "127.0.0.1"),
+        host=text(prefix + "HOST"),
         port=integer(prefix + "PORT", default_port, 0, 65535),
-        metrics_port=integer(prefix + "METRICS_PORT", 0, 0, 65535),
+        metrics_port=integer(prefix + "METRICS_PORT", minimum=0, maximum=65535),
         log_level=log_level,
         **size,
-        grace_seconds=number(prefix + "GRACE_SECONDS", 10.0, 0.0),
-        drain_seconds=number(prefix + "DRAIN_SECONDS", 0.5, 0.0),
+        grace_seconds=number(prefix + "GRACE_SECONDS", minimum=0.0),
+        drain_seconds=number(prefix + "DRAIN_SECONDS", minimum=0.0),
     )  # fmt: skip
 
 
@@ -516,7 +546,7 @@ def downstream(
     """The Vars of one downstream: `url` (doc in `url_doc`, or a generic one) and `timeout`."""
     return Downstream(
         text(
-            url,
+            url, "",
             default_doc=default_target,
             doc=url_doc.get("doc", f"{service}: host:port or a grpc:// / http:// URL."),
         ),

@@ -58,7 +58,7 @@ class DocstoreSettings:
 
 
 DOCSTORE_URL = text(
-    "METADATA_DB_URL", default_doc="sqlite under VISIOR_DATA_DIR (docstore.sqlite)",
+    "METADATA_DB_URL", "", default_doc="sqlite under VISIOR_DATA_DIR (docstore.sqlite)",
     doc="The document store (retrieval.md §8.1's metadata DB): sqlite:///PATH, or "
     "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (postgres:// too). Retrieval writes it, "
     "ToolsProxy reads it: give both the same URL. The password is never logged.",
@@ -71,9 +71,9 @@ def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
     (PostgreSQL only)."""
     pool = Fields(
         DocstoreSettings,
-        pool_size=integer(prefix + "DOCSTORE_POOL_SIZE", DEFAULT_POOL_SIZE, 1, MAX_POOL_SIZE),
+        pool_size=integer(prefix + "DOCSTORE_POOL_SIZE", minimum=1, maximum=MAX_POOL_SIZE),
         timeout_s=number(
-            prefix + "DOCSTORE_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S
+            prefix + "DOCSTORE_TIMEOUT_S", minimum=MIN_TIMEOUT_S, maximum=MAX_TIMEOUT_S
         ),
     ).values(env)
     pool_size, timeout_s = pool["pool_size"], pool["timeout_s"]

@@ -109,5 +109,5 @@ SETTINGS = Fields(
     LlmSettings,
     max_tool_steps=integer("MAX_TOOL_STEPS", 3, 0, 20),
     watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", 60.0, 0.1),
-    external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", 10.0, 0.1),
+    external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", minimum=0.1),
 )

@@ -9,14 +9,14 @@ from services.model_runtime.client import RuntimeSettings
 # defaults (client.py), not read from the environment.
 RUNTIME = Fields(
     RuntimeSettings,
-    url=text("LLM_RUNTIME_URL", default_doc="unset: the built-in extractive responder"),
-    default_model=text("DEFAULT_MODEL_NAME", default_doc="required with LLM_RUNTIME_URL"),
+    url=text("LLM_RUNTIME_URL", "", default_doc="unset: the built-in extractive responder"),
+    default_model=text("DEFAULT_MODEL_NAME", "", default_doc="required with LLM_RUNTIME_URL"),
     api_key=secret("LLM_RUNTIME_API_KEY"),
-    enable_json_mode=flag("ENABLE_JSON_MODE", False),
-    json_schema=flag("LLM_RUNTIME_JSON_SCHEMA", True),
-    timeout_s=number("LLM_RUNTIME_TIMEOUT_S", 30.0, 0.01),
-    stream_usage=flag("LLM_RUNTIME_STREAM_USAGE", True),
-    temperature=number("LLM_RUNTIME_TEMPERATURE", None, default_doc="unset: the runtime's own"),
+    enable_json_mode=flag("ENABLE_JSON_MODE"),
+    json_schema=flag("LLM_RUNTIME_JSON_SCHEMA"),
+    timeout_s=number("LLM_RUNTIME_TIMEOUT_S", minimum=0.01),
+    stream_usage=flag("LLM_RUNTIME_STREAM_USAGE"),
+    temperature=number("LLM_RUNTIME_TEMPERATURE", default_doc="unset: the runtime's own"),
 )
 URL, DEFAULT_MODEL, JSON_MODE = (
     RUNTIME.vars["url"],

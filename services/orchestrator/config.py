@@ -96,18 +96,16 @@ LLM = downstream(
 RUNTIME = Fields(
     RuntimeConfig,
     default_model=text("ORCH_DEFAULT_MODEL"),
-    prompt_token_budget=integer("ORCH_PROMPT_TOKEN_BUDGET", 2048, 1, 131_072),
-    context_token_budget=integer("ORCH_CONTEXT_TOKEN_BUDGET", 8192, 1, 1_048_576),
-    max_tool_steps=integer("ORCH_MAX_TOOL_STEPS", 3, 0, 20),
-    mock_mode=flag("ORCH_MOCK_MODE", False),
+    prompt_token_budget=integer("ORCH_PROMPT_TOKEN_BUDGET", minimum=1, maximum=131_072),
+    context_token_budget=integer("ORCH_CONTEXT_TOKEN_BUDGET", minimum=1, maximum=1_048_576),
+    max_tool_steps=integer("ORCH_MAX_TOOL_STEPS", minimum=0, maximum=20),
+    mock_mode=flag("ORCH_MOCK_MODE"),
 )
 SETTINGS = Fields(
     OrchestratorSettings,
     enable_filters=flag("ORCH_ENABLE_FILTERS", True),
     model_routing=flag("ORCH_MODEL_ROUTING", True),
-    default_top_k=integer("ORCH_DEFAULT_TOP_K", 10, 1, MAX_RESULTS_LIMIT),
-    max_context_chars=integer(
-        "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT
-    ),
-    score_threshold=number("ORCH_SCORE_THRESHOLD", None, 0.0, 1.0),
+    default_top_k=integer("ORCH_DEFAULT_TOP_K", minimum=1, maximum=MAX_RESULTS_LIMIT),
+    max_context_chars=integer("ORCH_MAX_CONTEXT_CHARS", minimum=1, maximum=MAX_CONTEXT_CHARS_LIMIT),
+    score_threshold=number("ORCH_SCORE_THRESHOLD", minimum=0.0, maximum=1.0),
 )

@@ -277,16 +277,16 @@ SETTINGS = Fields(
     RetrievalSettings,
     max_document_bytes=integer("RETR_MAX_DOCUMENT_BYTES", 32 << 20, 1024, 256 << 20),
     mock_mode=flag("RETR_MOCK_MODE", False),
-    synonyms_path=text("RETR_SYNONYMS_PATH"),
+    synonyms_path=text("RETR_SYNONYMS_PATH", ""),
     production=flag("RETR_PRODUCTION", False),
 )
 MAX_DOCUMENT_BYTES = SETTINGS.vars["max_document_bytes"]
 INDEX = Fields(
     IndexSettings,
     backend=text("RETR_INDEX_BACKEND", "edge", choices=("edge", "qdrant")),
-    path=text("RETR_INDEX_PATH", default_doc="VISIOR_DATA_DIR/index"),
-    qdrant_url=text("QDRANT_URL", also=("VECTOR_DB_URL",)),
-    qdrant_api_key=text("QDRANT_API_KEY"),
+    path=text("RETR_INDEX_PATH", "", default_doc="VISIOR_DATA_DIR/index"),
+    qdrant_url=text("QDRANT_URL", "", also=("VECTOR_DB_URL",)),
+    qdrant_api_key=text("QDRANT_API_KEY", ""),
     qdrant_collection=text("QDRANT_COLLECTION", "visior_chunks"),
     timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01),
     hnsw_ef=integer("RETR_HNSW_EF", 128, 8, 4096),
@@ -301,58 +301,43 @@ CHUNKS = Fields(
 )
 SEARCH = Fields(
     SearchDefaults,
-    max_results=integer(
-        "RETR_MAX_RESULTS", 10, 1, MAX_RESULTS_LIMIT,
-        doc="Hits per search when the request gives no max_results (retrieval-v1 §6).",
-    ),
-    max_docs=integer(
-        "DEFAULT_MAX_DOCS", 20, 1, 100, doc="Documents a search keeps at most (retrieval.md §8.1)."
-    ),
-    max_sections=integer(
-        "DEFAULT_MAX_SECTIONS", 50, 1, 200,
-        doc="Sections a search keeps at most (retrieval.md §8.1).",
-    ),
-    max_chunks=integer(
-        "DEFAULT_MAX_CHUNKS", 40, 1, 200, doc="Chunks a search keeps at most (retrieval.md §8.1)."
-    ),
-    context_token_limit=integer(
-        "DEFAULT_TOKEN_LIMIT", 4096, 1,
-        doc="Tokens of the context a search assembles (retrieval.md §8.1's context_token_limit).",
-    ),
-    topk_per_doc=integer(
-        "RETR_TOPK_PER_DOC", 0, 0, doc="Chunks per document at most; 0 = no limit (retrieval-v1 §6)."
-    ),
-    min_score=number(
-        "RETR_MIN_SCORE", 0.0, 0.0, 1.0,
-        doc="Hits scoring below this (0..1) are dropped (retrieval-v1 §6).",
-    ),
-)  # fmt: skip
-RERANK_CANDIDATES = integer(
-    "RERANK_MAX_CANDIDATES", 40, 1, 200, default_doc="40 (the reranker's own cap: 50)"
+    max_results=integer("RETR_MAX_RESULTS", minimum=1, maximum=MAX_RESULTS_LIMIT),
+    max_docs=integer("DEFAULT_MAX_DOCS", minimum=1, maximum=100),
+    max_sections=integer("DEFAULT_MAX_SECTIONS", minimum=1, maximum=200),
+    max_chunks=integer("DEFAULT_MAX_CHUNKS", minimum=1, maximum=200),
+    context_token_limit=integer("DEFAULT_TOKEN_LIMIT", minimum=1),
+    topk_per_doc=integer("RETR_TOPK_PER_DOC", minimum=0),
+    min_score=number("RETR_MIN_SCORE", minimum=0.0, maximum=1.0),
 )
 ENGINE = Fields(
     EngineSettings,
-    enable_hybrid=flag("ENABLE_HYBRID", True),
-    enable_rerank=flag("ENABLE_RERANK", False),
-    fusion=text("RETR_FUSION", "weighted", choices=FUSIONS),
-    dense_weight=number("RETR_DENSE_WEIGHT", 0.7, 0.0),
-    sparse_weight=number("RETR_SPARSE_WEIGHT", 0.3, 0.0),
-    rerank_candidates=RERANK_CANDIDATES,
-    expand_query=flag("RETR_EXPAND_QUERY", False),
-    empty_on_backend_error=flag("RETR_EMPTY_ON_BACKEND_ERROR", False),
+    enable_hybrid=flag("ENABLE_HYBRID"),
+    enable_rerank=flag("ENABLE_RERANK"),
+    fusion=text("RETR_FUSION", choices=FUSIONS),
+    dense_weight=number("RETR_DENSE_WEIGHT", minimum=0.0),
+    sparse_weight=number("RETR_SPARSE_WEIGHT", minimum=0.0),
+    rerank_candidates=integer(
+        "RERANK_MAX_CANDIDATES",
+        minimum=1,
+        maximum=200,
+        default_doc="40 (the reranker's own cap: 50)",
+    ),
+    expand_query=flag("RETR_EXPAND_QUERY"),
+    empty_on_backend_error=flag("RETR_EMPTY_ON_BACKEND_ERROR"),
     cross_language=flag(
-        "RETR_CROSS_LANGUAGE", True, default_doc="true; false with RETR_EMBEDDING_PROFILE=fast"
+        "RETR_CROSS_LANGUAGE", default_doc="true; false with RETR_EMBEDDING_PROFILE=fast"
     ),
 )
+RERANK_CANDIDATES = ENGINE.vars["rerank_candidates"]
 EMBEDDING = Fields(
     EmbeddingSettings,
-    profile=text("RETR_EMBEDDING_PROFILE", "e5", choices=PROFILES, lower=True),
-    url=text("RETR_EMBEDDING_URL"),
-    model=text("RETR_EMBEDDING_MODEL"),
-    api_key=text("RETR_EMBEDDING_API_KEY"),
-    dim=integer("RETR_EMBEDDING_DIM", None, 1, 65536),
-    timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", 10.0, 0.001),
-    query_cache_size=integer("RETR_QUERY_CACHE_SIZE", 4096, 0, 10_000_000),
+    profile=text("RETR_EMBEDDING_PROFILE", choices=PROFILES, lower=True),
+    url=text("RETR_EMBEDDING_URL", ""),
+    model=text("RETR_EMBEDDING_MODEL", ""),
+    api_key=text("RETR_EMBEDDING_API_KEY", ""),
+    dim=integer("RETR_EMBEDDING_DIM", minimum=1, maximum=65536),
+    timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", minimum=0.001),
+    query_cache_size=integer("RETR_QUERY_CACHE_SIZE", minimum=0, maximum=10_000_000),
     query_prefix=text("RETR_EMBEDDING_QUERY_PREFIX"),
     passage_prefix=text("RETR_EMBEDDING_PASSAGE_PREFIX"),
     threads=text("RETR_EMBEDDING_THREADS", AUTO, range_doc="auto, or integer 1..the CPUs usable"),
@@ -360,13 +345,13 @@ EMBEDDING = Fields(
 RERANK = Fields(
     RerankSettings,
     url=text("RERANK_MODEL_URL"),
-    api_style=text("RERANK_API_STYLE", "tei", lower=True),
+    api_style=text("RERANK_API_STYLE", lower=True),
     model=text("RERANK_MODEL"),
     api_key=text("RERANK_API_KEY"),
-    timeout_s=number("RERANK_TIMEOUT_S", 2.0, 0.01),
+    timeout_s=number("RERANK_TIMEOUT_S", minimum=0.01),
     model_path=text("RERANK_MODEL_PATH"),
     model_file=text("RERANK_MODEL_FILE"),
-    threads=integer("RERANK_THREADS", 0, 1, THREADS_LIMIT),
+    threads=integer("RERANK_THREADS", minimum=1, maximum=THREADS_LIMIT),
 )
 # The summaries' concurrency and budget, the variants' timeout and cache are
 # LlmAssistSettings' defaults (llm_assist.py), not read from the environment.
@@ -374,13 +359,11 @@ ASSIST = Fields(
     LlmAssistSettings,
     summaries=flag(
         "RETR_LLM_SUMMARIES",
-        False,
         doc="Model-written section summaries at ingest, by the LLM service's runtime "
         "(needs LLM_RUNTIME_URL and DEFAULT_MODEL_NAME).",
     ),
     query_variants=flag(
         "RETR_LLM_QUERY_VARIANTS",
-        False,
         doc="Model-written query variants for expanded searches, by the LLM service's runtime "
         "(needs LLM_RUNTIME_URL and DEFAULT_MODEL_NAME).",
     ),

@@ -51,13 +51,21 @@ class SearchDefaults:
     """Server defaults (RETR_* / retrieval.md §8)."""
 
     max_results: int = 10
+    """Hits per search when the request gives no max_results (retrieval-v1 §6)."""
     max_docs: int = 20
+    """Documents a search keeps at most (retrieval.md §8.1)."""
     max_sections: int = 50
+    """Sections a search keeps at most (retrieval.md §8.1)."""
     max_chunks: int = 40
+    """Chunks a search keeps at most (retrieval.md §8.1)."""
     context_token_limit: int = 4096
+    """Tokens of the context a search assembles (retrieval.md §8.1's context_token_limit)."""
     topk_per_doc: int = 0
+    """Chunks per document at most; 0 = no limit (retrieval-v1 §6)."""
     min_score: float = 0.0
+    """Hits scoring below this (0..1) are dropped (retrieval-v1 §6)."""
     mode: str = "section_first"
+    """The retrieval_mode when the request names none (retrieval.md §4.1)."""
 
 
 class ChunkHit(NamedTuple):

@@ -18,11 +18,9 @@ from services.common.settings import (
 )
 from services.common.shared_config import proxy_max_window_radius
 from services.docstore.config import DocstoreSettings, docstore_settings
-from services.toolsproxy.cbr import DEFAULT_URL as CBR_URL
 from services.toolsproxy.cbr import CbrSettings
-from services.toolsproxy.mcp_server import DEFAULT_MCP_PORT, McpSettings
+from services.toolsproxy.mcp_server import McpSettings
 from services.toolsproxy.ratelimit import RateLimits
-from services.toolsproxy.tavily import DEFAULT_BASE_URL as TAVILY_URL
 from services.toolsproxy.tavily import TavilySettings
 from services.toolsproxy.tools import ToolLimits
 
@@ -93,37 +91,39 @@ RETRIEVAL = downstream(
 )  # fmt: skip
 LIMITS = Fields(
     ToolLimits,
-    max_text_bytes=integer("MCP_PROXY_MAX_TEXT_BYTES", 16_384, 256, 1 << 20),
-    max_pages_per_call=integer("MCP_PROXY_MAX_PAGES_PER_CALL", 5, 1, 100),
-    max_full_documents=integer("MCP_PROXY_MAX_FULL_DOCUMENTS", 10, 1, 50),
-    max_full_text_bytes=integer("MCP_PROXY_MAX_FULL_TEXT_BYTES", 200_000, 256, 3 << 20),
+    max_text_bytes=integer("MCP_PROXY_MAX_TEXT_BYTES", minimum=256, maximum=1 << 20),
+    max_pages_per_call=integer("MCP_PROXY_MAX_PAGES_PER_CALL", minimum=1, maximum=100),
+    max_full_documents=integer("MCP_PROXY_MAX_FULL_DOCUMENTS", minimum=1, maximum=50),
+    max_full_text_bytes=integer("MCP_PROXY_MAX_FULL_TEXT_BYTES", minimum=256, maximum=3 << 20),
 )
 RATE_LIMITS = Fields(
     RateLimits,
-    calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN", 60, 0, 1_000_000),
-    tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN", 100_000, 0),
-    tenant_calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN", 120, 0, 1_000_000),
-    tenant_tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN", 200_000, 0),
+    calls_per_minute=integer("MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN", minimum=0, maximum=1_000_000),
+    tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN", minimum=0),
+    tenant_calls_per_minute=integer(
+        "MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN", minimum=0, maximum=1_000_000
+    ),
+    tenant_tokens_per_minute=integer("MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN", minimum=0),
 )
 # Timeouts, retries, breakers, caches and response limits of the Bank of Russia and Tavily
 # clients and the MCP endpoint's transport are the defaults of CbrSettings, TavilySettings and
 # McpSettings (cbr.py, tavily.py, mcp_server.py), not read from the environment.
 CBR = Fields(
     CbrSettings,
-    url=text("MCP_PROXY_CBR_URL", CBR_URL),
-    demo=flag("MCP_PROXY_CBR_DEMO", False),
+    url=text("MCP_PROXY_CBR_URL"),
+    demo=flag("MCP_PROXY_CBR_DEMO"),
 )
 TAVILY = Fields(
     TavilySettings,
     api_key=secret("MCP_PROXY_TAVILY_API_KEY"),
-    base_url=text("MCP_PROXY_TAVILY_URL", TAVILY_URL),
-    allow_http=flag("MCP_PROXY_TAVILY_ALLOW_HTTP", False),
+    base_url=text("MCP_PROXY_TAVILY_URL"),
+    allow_http=flag("MCP_PROXY_TAVILY_ALLOW_HTTP"),
 )
 MCP = Fields(
     McpSettings,
-    enabled=flag("MCP_PROXY_MCP_ENABLED", False),
-    host=text("MCP_PROXY_MCP_HOST", "127.0.0.1"),
-    port=integer("MCP_PROXY_MCP_PORT", DEFAULT_MCP_PORT, 0, 65535),
+    enabled=flag("MCP_PROXY_MCP_ENABLED"),
+    host=text("MCP_PROXY_MCP_HOST"),
+    port=integer("MCP_PROXY_MCP_PORT", minimum=0, maximum=65535),
     token=text("MCP_PROXY_MCP_TOKEN"),
-    allowed_hosts=text("MCP_PROXY_MCP_ALLOWED_HOSTS"),
+    allowed_hosts=text("MCP_PROXY_MCP_ALLOWED_HOSTS", ""),
 )

@@ -342,6 +342,49 @@ def test_every_name_a_service_reads_is_declared_and_documented_once():
     assert len(NAMES) <= 150  # issue 22
 
 
+def test_each_default_is_written_once_on_its_settings_field():
+    """A Var filling a settings field takes the field's default (FIELD_DEFAULT); one that names
+    its own names a different one (a computed port, a raw text the reader parses)."""
+    import dataclasses
+
+    repeated, taken = [], 0
+    for var, _ in _config_docs().collect().vars.values():
+        if var.owner is None or var.kind == "secret":
+            continue
+        cls, name = var.owner
+        default = {f.name: f for f in dataclasses.fields(cls)}[name].default
+        if var.field_default:
+            assert var.default == default
+            taken += 1
+        elif default is not dataclasses.MISSING and type(default) is type(var.default):
+            if default == var.default:
+                repeated.append(var.name)
+    assert repeated == []
+    assert taken >= 60
+
+
+def test_a_var_without_a_default_takes_its_fields_or_is_refused():
+    from dataclasses import dataclass
+
+    from services.common.settings import FIELD_DEFAULT, Fields, integer, text
+
+    @dataclass(frozen=True)
+    class Knobs:
+        size: int
+        depth: int = 7
+
+    fields = Fields(Knobs, size=integer("TEST_ONLY_SIZE", 2), depth=integer("TEST_ONLY_DEPTH"))
+    assert fields.read(Env({})) == Knobs(2, 7)
+    assert fields.read(Env({"TEST_ONLY_DEPTH": "9"})) == Knobs(2, 9)
+    assert fields.vars["depth"].field_default and not fields.vars["size"].field_default
+    with pytest.raises(SettingsError, match=r"TEST_ONLY_WIDTH names no default and Knobs\.size"):
+        Fields(Knobs, size=integer("TEST_ONLY_WIDTH"))
+    unbound = text("TEST_ONLY_UNBOUND")
+    assert unbound.default is FIELD_DEFAULT
+    with pytest.raises(SettingsError, match="TEST_ONLY_UNBOUND has no default"):
+        unbound.read(Env({}))
+
+
 def test_an_undeclared_read_is_reported(monkeypatch):
     docs = _config_docs()
     real = OrchestratorSettings.from_env
