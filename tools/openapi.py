@@ -46,7 +46,8 @@ from services.orchestrator import respond as orch_respond  # noqa: E402
 from services.orchestrator import runtime_config as orch_config  # noqa: E402
 from services.retrieval import ingestion as retr_ingestion  # noqa: E402
 from services.retrieval import search as retr_search  # noqa: E402
-from services.retrieval.engine import FUSIONS, RANKINGS  # noqa: E402
+from services.retrieval.engine import RANKINGS  # noqa: E402
+from services.retrieval.fusion import FUSIONS  # noqa: E402
 from services.toolsproxy import servicer as tools_servicer  # noqa: E402
 from services.toolsproxy.cbr import CbrSettings, cbr_schema  # noqa: E402
 from services.toolsproxy.tavily import tavily_schema  # noqa: E402

@@ -14,8 +14,6 @@ from typing import Any
 import betterproto
 from betterproto.lib.google.protobuf import ListValue, NullValue, Struct, Value
 
-JsonLike = None | bool | int | float | str | list[Any] | dict[str, Any]
-
 # Doubles hold integers exactly up to 2**53; past that a number stays a float.
 _MAX_EXACT_INT = 2**53
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import time
@@ -67,9 +66,9 @@ def _admin_port(config_text: str) -> int:
 class EnvoyProcess:
     """One Envoy process: `start(config_text, workdir)`, `wait_ready()`, `stop()`.
 
-    Synchronous, so pytest fixtures use it directly; an asyncio runner awaits
-    `wait_ready_async()` (or runs the rest in a thread). Hot restart is disabled, so any
-    number of these run side by side without shared-memory base ids.
+    Synchronous, so pytest fixtures use it directly (an asyncio runner calls it in a thread).
+    Hot restart is disabled, so any number of these run side by side without shared-memory
+    base ids.
     """
 
     def __init__(
@@ -171,17 +170,6 @@ class EnvoyProcess:
             if time.monotonic() > deadline:
                 raise EnvoyError(f"Envoy not ready after {timeout:g}s:\n{self.log_tail()}")
             time.sleep(0.05)
-
-    async def wait_ready_async(self, timeout: float = 15.0) -> None:  # noqa: ASYNC109
-        """`wait_ready` for an event loop: polls without blocking it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive()
-            if await asyncio.to_thread(self._ready_once):
-                return
-            if time.monotonic() > deadline:
-                raise EnvoyError(f"Envoy not ready after {timeout:g}s:\n{self.log_tail()}")
-            await asyncio.sleep(0.05)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of Envoy's log."""

@@ -18,8 +18,6 @@ from services.docstore.summaries import Summarizer
 KNOWLEDGE_BASE_SOURCE = "knowledge_base"
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
 """Every knowledge-base CSV has these columns (header names are case-insensitive)."""
-OPTIONAL_COLUMNS = ("id", "tags", "product", "version", "url")
-"""Used when present: `id` makes the doc_id (else the title does); `tags` split on , or ;."""
 _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
 
@@ -54,6 +52,9 @@ def read_knowledge_base_csv(
     doc_id_prefix: str = "kb-",
 ) -> KnowledgeBaseParse:
     """Parse every usable row; bad rows are reported (with their line numbers), not raised.
+
+    Besides REQUIRED_COLUMNS, a row's `id` makes the doc_id (else the title does), `tags` are
+    split on , or ;, and `product`, `version` and `url` are kept when present.
 
     Raises `KnowledgeBaseError` only when the file as a whole is unusable: no header, or
     required columns missing (the error names them).

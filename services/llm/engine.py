@@ -14,9 +14,9 @@ from services.common.context import remaining_seconds
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
-from services.llm.prompt import ANSWER_LANGUAGES
+from services.llm.prompt import ANSWER_LANGUAGES, CHAT, RAG
 
-MODES = ("rag", "chat")
+MODES = (RAG, CHAT)
 ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGES = 64
 MAX_MESSAGE_CHARS = 32_768

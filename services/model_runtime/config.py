@@ -23,7 +23,6 @@ URL, DEFAULT_MODEL, JSON_MODE = (
     RUNTIME.vars["default_model"],
     RUNTIME.vars["enable_json_mode"],
 )
-API_KEY, TIMEOUT = RUNTIME.vars["api_key"], RUNTIME.vars["timeout_s"]
 
 
 def runtime_settings(env: Env) -> RuntimeSettings | None:

@@ -22,7 +22,8 @@ from services.docstore.config import DocstoreSettings, docstore_settings
 from services.model_runtime import config as runtime_config
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.embeddings import E5_DIM, PROFILES, USE_DIM, EmbeddingSettings
-from services.retrieval.engine import FUSIONS, EngineSettings
+from services.retrieval.engine import EngineSettings
+from services.retrieval.fusion import FUSIONS
 from services.retrieval.index.base import QUANTIZATIONS
 from services.retrieval.intra_op import AUTO, usable_cpus
 from services.retrieval.llm_assist import LlmAssistSettings

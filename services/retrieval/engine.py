@@ -32,6 +32,7 @@ from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
 from services.retrieval.fusion import (
+    FUSIONS,
     add_exact_matches,
     impute_cross_language,
     rrf_fusion,
@@ -75,7 +76,6 @@ Scored = tuple[StoredPoint, float]
 RANKINGS = ("hybrid", "dense", "sparse")
 CHUNK_LANGUAGES_CACHED = 200_000
 """Chunk languages the engine keeps (point id -> language, ~100 bytes each)."""
-FUSIONS = ("weighted", "rrf")
 ACRONYM_WEIGHT = 0.5
 """Weight of the BM25 list of a query's abbreviations alone, next to dense 0.7 + BM25 0.3."""
 

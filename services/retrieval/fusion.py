@@ -18,7 +18,8 @@ import numpy as np
 K = TypeVar("K", bound=Hashable)
 
 NORMALISERS = ("minmax", "zscore", "max", "none")
-FUSION_METHODS = ("weighted", "rrf")
+FUSIONS = ("weighted", "rrf")
+"""The ways the dense and BM25 lists are fused (RETR_FUSION, a search's params.fusion)."""
 DEFAULT_RRF_K = 60
 
 

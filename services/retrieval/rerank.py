@@ -26,7 +26,6 @@ from services.common.settings import SettingsError
 API_STYLES = ("tei", "cohere")
 MODEL_FILES = ("model.onnx", "onnx/model.onnx")
 """Where the ONNX graph is looked for in RERANK_MODEL_PATH (Hugging Face / Optimum layouts)."""
-MAX_LENGTH_LIMIT = 8192
 THREADS_LIMIT = 256
 _RETRY_PAUSE_S = 0.05
 
