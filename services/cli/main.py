@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from services.common.search_contract import KB_TENANT
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.local_model import LocalModelConfig
@@ -23,7 +24,6 @@ DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
 DEFAULT_RETR_URL = "http://127.0.0.1:8083"
 SAMPLES = REPO_ROOT / "samples" / "docs"
 SAMPLE_KB = REPO_ROOT / "samples" / "knowledge_base"
-KB_TENANT = "__knowledge_base__"  # services/retrieval/search.py: the reserved knowledge-base tenant
 
 
 def ingest_samples(url: str, timeout: float) -> int:

@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+ANSWER_LANGUAGES = ("ru", "en")
+"""The languages answers are given in (GenerateRequest.answer_language; docs/architecture.md
+§14: the callers are bilingual)."""
+
 
 @dataclass(frozen=True)
 class User:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+LLM_LIMIT_EXCEEDED = "LLM_LIMIT_EXCEEDED"
+"""The reason of the LLM service's refusal of a request past its limits."""
 DEFAULT_LLM_PROMPT_TOKENS = 4096
 MIN_LLM_PROMPT_TOKENS = 256
 MESSAGE_TOKENS = 4

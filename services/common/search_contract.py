@@ -20,7 +20,9 @@ KB_TENANT = "__knowledge_base__"
 MAX_QUERY_CHARS = 4096
 MAX_RESULTS_LIMIT = 50
 MAX_FILTER_VALUES = 100
-SOURCES = ("user", "knowledge_base")
+USER_SOURCE = "user"
+KB_SOURCE = "knowledge_base"
+SOURCES = (USER_SOURCE, KB_SOURCE)
 """The values of filters.source (empty: any)."""
 
 DEFAULT_WINDOW_RADIUS = 3

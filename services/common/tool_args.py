@@ -28,7 +28,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
+from services.common.tool_contract import INVALID_ARGUMENT
 
 
 class ArgumentError(ValueError):

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 
+from services.common.search_contract import KB_SOURCE
 from services.docstore.chunking import ChunkingConfig
 from services.docstore.errors import KnowledgeBaseError, ParseError, RowProblem
 from services.docstore.model import Document
 from services.docstore.parsing import decode_text, parse_document, slugify
 from services.docstore.summaries import Summarizer
 
-KNOWLEDGE_BASE_SOURCE = "knowledge_base"
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
 """Every knowledge-base CSV has these columns (header names are case-insensitive)."""
 _TAG_SPLIT = re.compile(r"[;,]")
@@ -162,7 +162,7 @@ def _article(
         product=cells.get("product", ""),
         version=cells.get("version", ""),
         tags=tags,
-        source=KNOWLEDGE_BASE_SOURCE,
+        source=KB_SOURCE,
         metadata=metadata,
         config=config,
         summarizer=summarizer,

@@ -22,12 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 
 from services.common import errors
-from services.common.prompt_limits import MESSAGE_TOKENS, REPLY_TOKENS
+from services.common.prompt_limits import LLM_LIMIT_EXCEEDED, MESSAGE_TOKENS, REPLY_TOKENS
 from services.common.tokenizer import Tokenizer
 from services.llm.model import ContextChunk
 from services.model_runtime.chat import ChatMessage, ToolSpec
 
-LIMIT_REASON = "LLM_LIMIT_EXCEEDED"
 MESSAGE_OVERHEAD = MESSAGE_TOKENS
 """Tokens a chat template adds around one message (role marker, start and end tokens);
 shared with the orchestrator, which shapes first prompts to this count."""
@@ -48,7 +47,9 @@ def limit_exceeded(
 ) -> errors.LimitExceededError:
     """An LLM_LIMIT_EXCEEDED error naming the limit and its value in the metadata."""
     return errors.LimitExceededError(
-        message, reason=LIMIT_REASON, metadata={"limit": limit_name, "value": str(limit), **extra}
+        message,
+        reason=LLM_LIMIT_EXCEEDED,
+        metadata={"limit": limit_name, "value": str(limit), **extra},
     )
 
 

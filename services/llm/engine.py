@@ -11,13 +11,14 @@ from typing import Any, Protocol
 
 from services.common import errors
 from services.common.context import remaining_seconds
+from services.common.generate_contract import ANSWER_LANGUAGES
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
-from services.llm.prompt import ANSWER_LANGUAGES, CHAT, RAG
+from services.llm.prompt import CHAT, RAG
+from services.model_runtime.chat import ROLES
 
 MODES = (RAG, CHAT)
-ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGES = 64
 MAX_MESSAGE_CHARS = 32_768
 MAX_CONTEXT_CHUNKS = 50

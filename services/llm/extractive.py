@@ -31,6 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from services.common.tool_contract import (
+    DOC_LOCAL_SEARCH,
+    FETCH_CBR_DATA,
+    FETCH_FINANCE_NEWS,
+    LOAD_DOCUMENTS_FULL,
+    READ_CHUNK_WINDOW,
+    READ_DOC_SECTION,
+    READ_TOOLS,
+    SEARCH_GENERAL_KB,
+    SEARCH_USER_DOCUMENTS,
+)
 from services.common.untrusted import unwrap_untrusted
 from services.llm.model import Anchor
 from services.llm.prompt import (
@@ -43,13 +54,7 @@ from services.llm.prompt import (
     listed_anchors,
     strip_delimited,
 )
-from services.llm.toolcalls import (
-    READ_CHUNK_WINDOW,
-    READ_DOC_SECTION,
-    READ_TOOLS,
-    ToolContent,
-    parse_tool_content,
-)
+from services.llm.toolcalls import ToolContent, parse_tool_content
 from services.model_runtime.chat import (
     ChatMessage,
     ChatRequest,
@@ -61,12 +66,6 @@ from services.model_runtime.chat import (
 )
 
 EXTRACTIVE = "extractive"
-LOAD_DOCUMENTS_FULL = "load_documents_full"
-SEARCH_USER_DOCUMENTS = "search_user_documents"
-SEARCH_GENERAL_KB = "search_general_kb"
-DOC_LOCAL_SEARCH = "doc_local_search"
-FETCH_CBR_DATA = "fetch_cbr_data"
-FETCH_FINANCE_NEWS = "fetch_finance_news"
 _NOT_READING = frozenset(
     {SEARCH_USER_DOCUMENTS, SEARCH_GENERAL_KB, DOC_LOCAL_SEARCH, FETCH_CBR_DATA, FETCH_FINANCE_NEWS}
 )

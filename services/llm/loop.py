@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from services.common import errors
 from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.common.tool_contract import EXTERNAL_TOOLS
 from services.llm import prompt as prompts
 from services.llm.budget import (
     TokenBudget,
@@ -54,7 +55,6 @@ from services.llm.model import (
     User,
 )
 from services.llm.toolcalls import (
-    EXTERNAL_TOOLS,
     REPEATED_CALL,
     TOOL_LIMIT_REACHED,
     UNKNOWN_TOOL,
@@ -66,6 +66,7 @@ from services.llm.toolcalls import (
     summarise,
 )
 from services.model_runtime.chat import (
+    LLM_RUNTIME_ERROR,
     ChatMessage,
     ChatRequest,
     ChatRuntime,
@@ -76,7 +77,6 @@ from services.model_runtime.chat import (
 )
 
 log = logging.getLogger("visior.llm.loop")
-RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
 PLANNED_FIELD = "tool_policy.planned_calls"
 PLANNED_CALL_ID = "planned-{}"
 """Ids of the planned calls in the conversation (1-based, in order)."""
@@ -105,7 +105,7 @@ class LoopSettings:
     tool_timeout_s: float = 5.0
     """Deadline of one call of a document or search tool (LLM_SERVICE_MCP_TIMEOUT_SECONDS)."""
     external_tool_timeout_s: float = 10.0
-    """Deadline of one call of a tool over an outside service, toolcalls.EXTERNAL_TOOLS
+    """Deadline of one call of a tool over an outside service, EXTERNAL_TOOLS
     (LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S)."""
     default_model: str = ""
     """Reported as model_name when the runtime names none."""
@@ -370,7 +370,7 @@ class _Run:
         return errors.UnavailableError(
             f"Model timeout: the request took longer than {self.watchdog:g} s "
             f"({self.steps} tool call(s) made)",
-            reason=RUNTIME_ERROR,
+            reason=LLM_RUNTIME_ERROR,
             metadata={"limit": "watchdog_s", "value": f"{self.watchdog:g}"},
         )
 
@@ -399,7 +399,7 @@ class _Run:
             raise self._timeout() from None
         if final is None:
             raise errors.UnavailableError(
-                "the model's stream ended without a completion", reason=RUNTIME_ERROR
+                "the model's stream ended without a completion", reason=LLM_RUNTIME_ERROR
             )
         return final
 

@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.prompt_limits import MAX_LISTED_ANCHORS
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.llm.model import Anchor, ContextChunk, GenerateInput
 from services.model_runtime.chat import ChatMessage, ToolSpec
@@ -27,7 +28,6 @@ RAG = "rag"
 CHAT = "chat"
 CONTEXT_KIND = "CONTEXT"
 CALLER_TOOL_KIND = "EXTERNAL"
-MAX_LISTED_ANCHORS = 20
 """The tool-use block names at most this many readable sections."""
 
 DEFAULT_LANGUAGE_RULE = (
@@ -162,7 +162,6 @@ def build_prompt(
     return out
 
 
-ANSWER_LANGUAGES = ("ru", "en")
 LANGUAGE_NOTES = {
     "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке.",
     "en": f"{SERVICE_NOTE_PREFIX} Answer in English.",

@@ -25,26 +25,24 @@ from typing import Any
 
 from services.common.tokenizer import Tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
+from services.common.tool_contract import (
+    ID_SCHEMA,
+    INVALID_ARGUMENT,
+    READ_CHUNK_WINDOW,
+    READ_DOC_SECTION,
+    READ_TOOLS,
+    TEXT_FIELDS,
+)
 from services.common.untrusted import neutralise_markers, unwrap_untrusted, wrap_untrusted
 from services.llm.budget import count_tokens
 from services.llm.model import Anchor, ToolPolicy, ToolResult
 from services.llm.prompt import DelimitedText, delimited_blocks
 from services.model_runtime.chat import ChatMessage, ToolCall, ToolSpec
 
-READ_CHUNK_WINDOW = "read_chunk_window"
-READ_DOC_SECTION = "read_doc_section"
-READ_TOOLS = (READ_CHUNK_WINDOW, READ_DOC_SECTION)
-EXTERNAL_TOOLS = frozenset({"fetch_cbr_data", "fetch_finance_news"})
-"""Tools over services outside the mesh (the Bank of Russia, Tavily): their own deadline
-(LoopSettings.external_tool_timeout_s, agent.md §7.2's 8-10 s), not the document tools'."""
-TEXT_FIELDS = ("text", "content", "snippet")
-"""Result fields holding untrusted text (as ToolsProxy's shaper names them)."""
-
 # Codes of the tool_error messages the loop feeds back to the model.
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
 INVALID_JSON = "INVALID_JSON"
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
 SECTION_NOT_ALLOWED = "SECTION_NOT_ALLOWED"
 REPEATED_CALL = "REPEATED_CALL"
 TOOL_LIMIT_REACHED = "TOOL_LIMIT_REACHED"
@@ -55,7 +53,6 @@ MAX_ARGUMENTS_DEPTH = 20
 """Deeper nesting is refused: tool arguments are flat, and ToolsProxy's request (a Struct,
 three protobuf levels per JSON level) must stay within protobuf's 100-level limit."""
 
-_ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
 _RADIUS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
 READ_TOOL_SPECS = (
     ToolSpec(
@@ -64,8 +61,8 @@ READ_TOOL_SPECS = (
         {
             "type": "object",
             "properties": {
-                "doc_id": _ID_SCHEMA,
-                "anchor_chunk_id": _ID_SCHEMA,
+                "doc_id": ID_SCHEMA,
+                "anchor_chunk_id": ID_SCHEMA,
                 "radius": _RADIUS_SCHEMA,
                 "window_before": _RADIUS_SCHEMA,
                 "window_after": _RADIUS_SCHEMA,
@@ -79,7 +76,7 @@ READ_TOOL_SPECS = (
         "Read the full text of one section of a document.",
         {
             "type": "object",
-            "properties": {"doc_id": _ID_SCHEMA, "section_id": _ID_SCHEMA},
+            "properties": {"doc_id": ID_SCHEMA, "section_id": ID_SCHEMA},
             "required": ["doc_id", "section_id"],
             "additionalProperties": False,
         },

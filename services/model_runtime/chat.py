@@ -11,6 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles of a chat message."""
+LLM_RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
+"""The reason of the UnavailableError a chat model's failure is (llm-service.md §9.1)."""
+
 
 @dataclass(frozen=True)
 class GenerationParams:

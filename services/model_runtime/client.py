@@ -60,6 +60,8 @@ from services.common.http import check_base_url, retry_after_seconds
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
+    LLM_RUNTIME_ERROR,
+    ROLES,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -72,12 +74,10 @@ from services.model_runtime.chat import (
 
 log = logging.getLogger(__name__)
 
-LLM_RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
 CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer is a bad response (a chat completion is far smaller)."""
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-ROLES = ("system", "user", "assistant", "tool")
 
 
 # -- settings --------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.search_contract import Filters
+from services.common.search_contract import KB_SOURCE, Filters
+from services.common.tool_contract import READ_CHUNK_WINDOW, READ_DOC_SECTION
 from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
@@ -35,7 +36,6 @@ from services.orchestrator.model import (
     User,
 )
 
-KB_SOURCE = "knowledge_base"
 BASE_SCORE = 0.35
 """A section sharing no word with the query still comes back (nearest neighbours always
 exist), at this score; each shared word lifts it toward 0.95."""
@@ -492,12 +492,12 @@ class MockGenerator:
         for section in request.context:
             if passages or len(records) >= request.max_tool_steps:
                 break
-            if section.anchor_chunk_id and "read_chunk_window" in request.allowed_tools:
-                run("read_chunk_window", {"doc_id": section.doc_id,
+            if section.anchor_chunk_id and READ_CHUNK_WINDOW in request.allowed_tools:
+                run(READ_CHUNK_WINDOW, {"doc_id": section.doc_id,
                                           "anchor_chunk_id": section.anchor_chunk_id,
                                           "radius": radius})  # fmt: skip
-            elif "read_doc_section" in request.allowed_tools:
-                run("read_doc_section",
+            elif READ_DOC_SECTION in request.allowed_tools:
+                run(READ_DOC_SECTION,
                     {"doc_id": section.doc_id, "section_id": section.section_id})  # fmt: skip
         language = request.answer_language or "ru"
         answer = compose_answer(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from services.common import errors
 from services.common.prompt_limits import (
     ANCHOR_LINE_SLACK,
+    LLM_LIMIT_EXCEEDED,
     LLM_PROMPT_RESERVE_TOKENS,
     MAX_LISTED_ANCHORS,
     MESSAGE_TOKENS,
@@ -36,7 +37,6 @@ MAX_TITLE_TOKENS = 48
 JOIN_SLACK = 1
 """Tokens one list entry may add where it is joined to its neighbours (BPE merges)."""
 NO_SECTIONS = "No document sections matched the question."
-LIMIT_REASON = "LLM_LIMIT_EXCEEDED"
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class PromptFitter:
             raise errors.LimitExceededError(
                 f"the question is {bare} tokens with the instructions; at most {room - least} "
                 "fit the model's prompt",
-                reason=LIMIT_REASON,
+                reason=LLM_LIMIT_EXCEEDED,
                 metadata={"field": "query", "limit": "max_prompt_tokens", "value": str(room)},
             )
         while kept and bare + least + sum(turns) > room:

@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 from services.common import errors
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.search_contract import (
+    KB_SOURCE,
     MAX_FILTER_VALUES,
     Filters,
     check_max_results,
@@ -22,6 +23,15 @@ from services.common.search_contract import (
     validate_filters,
 )
 from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.common.tool_contract import (
+    FETCH_CBR_DATA,
+    FETCH_FINANCE_NEWS,
+    FULL_TEXT_TOOLS,
+    LOAD_DOCUMENTS_FULL,
+    NEWS_QUERY_MAX_CHARS,
+    READ_TOOLS,
+    SEARCH_GENERAL_KB,
+)
 from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.model import (
     Generator,
@@ -55,7 +65,6 @@ log = logging.getLogger("visior.orchestrator")
 DEFAULT_MAX_RESULTS = 10
 MAX_HISTORY_TURNS = 20
 MAX_SOURCES = 5
-TOOLS = ("read_chunk_window", "read_doc_section")  # the document scenarios' read tools
 SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer from the user's documents only. "
     "Below is a list of document sections found for the question: ids, summaries, pages and "
@@ -147,7 +156,6 @@ def radius_schedule(radius: int) -> tuple[int, ...]:
     return tuple(range(1, radius + 1)) or (0,)
 
 
-FULL_TOOLS = ("load_documents_full", "read_doc_pages")
 GENERAL_SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer the user's general question "
     "from the tool results below (knowledge base, Bank of Russia data, news). Tool results "
@@ -305,7 +313,7 @@ class Responder:
         if (
             decision.intent == "documents"
             and self._enable_filters
-            and req.filters.source == "knowledge_base"
+            and req.filters.source == KB_SOURCE
         ):
             # The caller asked for the shared knowledge base by filter: S2, whose tools read
             # the knowledge base; the user's document tools cannot open its articles.
@@ -432,7 +440,7 @@ class Responder:
             replace(
                 self._request(req, cfg, system, fitted, decision.language),
                 context=sections,
-                allowed_tools=TOOLS,
+                allowed_tools=READ_TOOLS,
                 radius_schedule=radius_schedule(cfg.window_radius),
                 max_tool_steps=cfg.max_tool_steps,
                 # The first prompt holds summaries, not the text: read before answering.
@@ -454,14 +462,12 @@ class Responder:
         outcome = await self._generate(
             replace(
                 self._request(req, cfg, system, fitted, decision.language),
-                allowed_tools=FULL_TOOLS,
+                allowed_tools=FULL_TEXT_TOOLS,
                 max_tool_steps=max(1, cfg.max_tool_steps),
                 context_token_budget=max(
                     cfg.context_token_budget, full_context_tokens(self._max_context_chars)
                 ),
-                planned_calls=(
-                    PlannedCall("load_documents_full", {"document_ids": list(selected)}),
-                ),
+                planned_calls=(PlannedCall(LOAD_DOCUMENTS_FULL, {"document_ids": list(selected)}),),
             )
         )
         sources, latency = await self._answer_sources(req, selected, outcome.answer)
@@ -499,10 +505,10 @@ class Responder:
         system = GENERAL_SYSTEM_PROMPT
         today = self._today()
         if decision.intent == "knowledge_base":
-            planned = (PlannedCall("search_general_kb", {"query": req.query, "top_k": 5}),)
+            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": req.query, "top_k": 5}),)
             found = await self._retriever.search(
                 RetrievalRequest(
-                    req.query, req.user, Filters(source="knowledge_base"), MAX_SOURCES, req.trace_id
+                    req.query, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
                 )
             )
             latency = found.latency_ms
@@ -514,11 +520,11 @@ class Responder:
             }
             if decision.currency:
                 args["code"] = decision.currency
-            planned = (PlannedCall("fetch_cbr_data", args),)
+            planned = (PlannedCall(FETCH_CBR_DATA, args),)
         elif decision.intent == "key_rate":
             planned = (
                 PlannedCall(
-                    "fetch_cbr_data",
+                    FETCH_CBR_DATA,
                     {"mode": "key_rate",
                      "date_from": (today - timedelta(days=KEY_RATE_DAYS)).isoformat(),
                      "date_to": today.isoformat()},
@@ -527,9 +533,9 @@ class Responder:
         elif decision.intent == "finance_news":
             planned = (
                 PlannedCall(
-                    "fetch_finance_news",
+                    FETCH_FINANCE_NEWS,
                     {
-                        "query": decision.news_query or req.query[:400],
+                        "query": decision.news_query or req.query[:NEWS_QUERY_MAX_CHARS],
                         "max_results": 5,
                         "search_depth": "advanced",
                     },

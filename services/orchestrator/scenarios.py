@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from typing import Any
 
+from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.stop_words import STOP_WORDS
+from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
 
 MAX_CONTEXT_CHARS = 50_000
 """Selected documents up to this many characters in total go to the model whole (S3): the
@@ -42,7 +44,6 @@ SCENARIO_OF_INTENT: dict[str, str] = {
 """Each intent belongs to exactly one scenario."""
 
 DEFAULT_CURRENCY = "USD"
-MAX_NEWS_QUERY_CHARS = 400  # Tavily's limit on a query
 MAX_CLARIFICATIONS = 3
 MIN_CONTENT_WORDS = 2  # fewer, and no trigger: the request is too vague to act on
 
@@ -96,15 +97,11 @@ _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 
 
-LANGUAGES = ("ru", "en")
-"""The languages answers are given in (docs/architecture.md §14: the callers are bilingual)."""
-
-
 def locale_language(locale: str) -> str:
     """The answer language a request's `locale` names ("ru-RU" -> "ru", "en_US" -> "en"), or
-    "" when it names none of LANGUAGES (then the question's language decides)."""
+    "" when it names none of ANSWER_LANGUAGES (then the question's language decides)."""
     primary = re.split(r"[-_.@]", locale.strip(), maxsplit=1)[0].lower()
-    return primary if primary in LANGUAGES else ""
+    return primary if primary in ANSWER_LANGUAGES else ""
 
 
 def detect_language(text: str) -> str:
@@ -496,7 +493,7 @@ def news_query_for(query: str, language: str) -> str:
     text = " ".join(query.split()).strip(" ?!.")
     if not _content_words(_strip(NEWS_WORDS, _norm(text))):
         return "последние финансовые новости" if language == "ru" else "latest finance news"
-    return text[:MAX_NEWS_QUERY_CHARS]
+    return text[:NEWS_QUERY_MAX_CHARS]
 
 
 def _strip(rx: re.Pattern[str], text: str) -> str:
@@ -931,7 +928,7 @@ def parse_model_decision(
         else (),
         currency=(currency or filled.currency) if intent == "currency_rates" else "",
         date=filled.date or model_date,
-        news_query=(news_query[:MAX_NEWS_QUERY_CHARS] or filled.news_query)
+        news_query=(news_query[:NEWS_QUERY_MAX_CHARS] or filled.news_query)
         if intent == "finance_news"
         else "",
         language=language,

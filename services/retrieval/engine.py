@@ -26,7 +26,7 @@ import numpy as np
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
-from services.common.search_contract import KB_TENANT, normalise_query
+from services.common.search_contract import KB_SOURCE, KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
@@ -361,7 +361,7 @@ class RetrievalEngine:
         f = q.filters
         # The knowledge base is the one shared corpus (docs/architecture.md §15): asked for by source, read
         # under its reserved tenant, never mixed into the caller's own documents.
-        tenant = KB_TENANT if f.source == "knowledge_base" else q.tenant_id
+        tenant = KB_TENANT if f.source == KB_SOURCE else q.tenant_id
         base = IndexFilter(
             tenant_id=tenant,
             doc_ids=f.doc_ids,

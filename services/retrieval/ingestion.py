@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
-from services.common.search_contract import KB_TENANT
+from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
@@ -379,7 +379,7 @@ class Ingestor:
         return doc_id, fmt
 
     def _parse(self, item: IngestInput, doc_id: str, fmt: str) -> list[Document]:
-        source = "knowledge_base" if item.tenant_id == KB_TENANT else "user"
+        source = KB_SOURCE if item.tenant_id == KB_TENANT else USER_SOURCE
         try:
             if fmt == "csv":
                 return read_knowledge_base_csv(

@@ -11,6 +11,7 @@ from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.tool_contract import FETCH_CBR_DATA, FETCH_FINANCE_NEWS
 from services.common.tracing import install_tracing
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
@@ -49,8 +50,8 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         {
             **DocumentTools(store, settings.limits).tools,
             **SearchTools(GrpcSearcher(retrieval)).tools,
-            "fetch_cbr_data": cbr_tool(CbrClient(cbr_http, settings.cbr)),
-            "fetch_finance_news": tavily_tool(TavilyClient(settings.tavily, tavily_http)),
+            FETCH_CBR_DATA: cbr_tool(CbrClient(cbr_http, settings.cbr)),
+            FETCH_FINANCE_NEWS: tavily_tool(TavilyClient(settings.tavily, tavily_http)),
         },
         limits=settings.limits,
         rate_limiter=RateLimiter(settings.rate_limits),

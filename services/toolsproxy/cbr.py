@@ -37,6 +37,12 @@ from services.common.context import upstream_timeout
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
+from services.common.tool_contract import (
+    FETCH_CBR_DATA,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    UPSTREAM_UNAVAILABLE,
+)
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
 
@@ -52,9 +58,6 @@ DEMO_NOTICE = (
 """Starts the `text` of every result in demo mode, so the model sees the label too."""
 SITE = "https://www.cbr.ru"
 
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
-NOT_FOUND = "NOT_FOUND"
-UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 
 SOAP_NS = "http://schemas.xmlsoap.org/soap/envelope/"
 CBR_NS = "http://web.cbr.ru/"
@@ -893,7 +896,7 @@ def cbr_tool(client: CbrClient) -> Tool:
     """The `fetch_cbr_data` tool: rates on a date, rate dynamics, key rate, the bank's news."""
     settings = client.settings
     return Tool(
-        "fetch_cbr_data",
+        FETCH_CBR_DATA,
         "Official data of the Bank of Russia (DailyInfo service): mode=currency (rates in "
         "roubles set for `date`, optionally one currency `code`; with `date_from`/`date_to` "
         "the dynamics of one `code`), key_rate (the key rate over a range, or in force on "

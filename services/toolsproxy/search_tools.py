@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.common import errors
+from services.common.search_contract import KB_SOURCE, USER_SOURCE
+from services.common.tool_contract import SEARCH_GENERAL_KB, SEARCH_USER_DOCUMENTS
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
@@ -77,7 +79,7 @@ class SearchTools:
             t.name: t
             for t in (
                 Tool(
-                    "search_user_documents",
+                    SEARCH_USER_DOCUMENTS,
                     "Search the user's own documents (all of them, or only `document_ids`) "
                     f"and return the best passages with pages; top_k at most {MAX_TOP_K}.",
                     {
@@ -96,7 +98,7 @@ class SearchTools:
                     self.search_user_documents,
                 ),
                 Tool(
-                    "search_general_kb",
+                    SEARCH_GENERAL_KB,
                     "Search the shared knowledge base (general questions: taxes, law, "
                     f"finance); optional topic/jurisdiction; top_k at most {MAX_TOP_K}.",
                     {
@@ -135,7 +137,7 @@ class SearchTools:
             query=args["query"],
             top_k=args.get("top_k", 5),
             doc_ids=tuple(args.get("document_ids", ())),
-            source="user",
+            source=USER_SOURCE,
             trace_id=caller.trace_id,
         )
         return await self._run(call, float(args.get("score_threshold", 0.0)))
@@ -160,7 +162,7 @@ class SearchTools:
             tenant_id=caller.tenant_id,
             query=query,
             top_k=args.get("top_k", 5),
-            source="knowledge_base",
+            source=KB_SOURCE,
             filters=filters,
             trace_id=caller.trace_id,
         )

@@ -27,15 +27,19 @@ from services.common.http import check_base_url, retry_after_seconds
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
+from services.common.tool_contract import (
+    FETCH_FINANCE_NEWS,
+    INVALID_ARGUMENT,
+    NEWS_QUERY_MAX_CHARS,
+    RATE_LIMIT_EXCEEDED,
+    UPSTREAM_UNAVAILABLE,
+)
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 events = get_logger(__name__)
 
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
-UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
-RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
 _STATUS = {
     INVALID_ARGUMENT: "bad_request",
     UPSTREAM_UNAVAILABLE: "unavailable",
@@ -43,12 +47,9 @@ _STATUS = {
 }
 """external_call's status of a search that failed with each error code."""
 
-TOOL_NAME = "fetch_finance_news"
 DEFAULT_BASE_URL = "https://api.tavily.com"
 MIN_RESULTS = 3
 MAX_RESULTS = 5
-MAX_QUERY_CHARS = 400
-"""Tavily advises queries under 400 characters; longer ones are refused, not cut."""
 TIME_RANGES = ("day", "week", "month", "year")
 SEARCH_DEPTHS = ("basic", "advanced")
 """Tavily's search_depth values; agent.md §5.3 asks for advanced, the default."""
@@ -155,8 +156,10 @@ def _checked(
     text = " ".join(query.split())
     if not text:
         raise TavilyError(INVALID_ARGUMENT, "query must not be empty")
-    if len(text) > MAX_QUERY_CHARS:
-        raise TavilyError(INVALID_ARGUMENT, f"query must be at most {MAX_QUERY_CHARS} characters")
+    if len(text) > NEWS_QUERY_MAX_CHARS:
+        raise TavilyError(
+            INVALID_ARGUMENT, f"query must be at most {NEWS_QUERY_MAX_CHARS} characters"
+        )
     if time_range is not None and time_range not in TIME_RANGES:
         raise TavilyError(INVALID_ARGUMENT, f"time_range must be one of {', '.join(TIME_RANGES)}")
     if search_depth not in SEARCH_DEPTHS:
@@ -418,7 +421,7 @@ class TavilyClient:
             status=status,
             latency_ms=round((time.perf_counter() - started) * 1000, 1),
             cache_hit=fields.pop("cache_hit", False),
-            tool=TOOL_NAME,
+            tool=FETCH_FINANCE_NEWS,
             tenant_id=tenant_id,
             breaker=self.breaker.state,
             **fields,
@@ -428,7 +431,12 @@ class TavilyClient:
 def _log_retry(failed: _Attempt, attempt: int, delay: float) -> None:
     log.warning(
         "tavily search attempt failed; retrying",
-        extra={"tool": TOOL_NAME, "attempt": attempt, "delay_s": delay, "reason": str(failed)},
+        extra={
+            "tool": FETCH_FINANCE_NEWS,
+            "attempt": attempt,
+            "delay_s": delay,
+            "reason": str(failed),
+        },
     )
 
 
@@ -530,7 +538,7 @@ def tavily_schema() -> dict[str, Any]:
             "query": {
                 "type": "string",
                 "minLength": 1,
-                "maxLength": MAX_QUERY_CHARS,
+                "maxLength": NEWS_QUERY_MAX_CHARS,
                 "description": "What to search finance news for.",
             },
             "max_results": {
@@ -586,7 +594,7 @@ def tavily_tool(client: TavilyClient) -> Tool:
             raise ToolFailure(exc.code, exc.message) from None
 
     return Tool(
-        TOOL_NAME,
+        FETCH_FINANCE_NEWS,
         "Search recent finance news on the web (Tavily). Returns titles, URLs, snippets and "
         "publication dates (published_at) as data; the URLs are not opened.",
         schema,

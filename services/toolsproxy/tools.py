@@ -40,6 +40,22 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
 from services.common.tokenizer import count_tokens as default_count_tokens
 from services.common.tool_args import ArgumentError, check_arguments
+from services.common.tool_contract import (
+    ACCESS_DENIED,
+    DOC_LOCAL_SEARCH,
+    INVALID_ARGUMENT,
+    LOAD_DOCUMENTS_FULL,
+    NOT_FOUND,
+    RATE_LIMIT_EXCEEDED,
+    READ_CHUNK_WINDOW,
+    READ_DOC_METADATA,
+    READ_DOC_PAGES,
+    READ_DOC_SECTION,
+    TEXT_FIELDS,
+    UPSTREAM_UNAVAILABLE,
+    WINDOW_TOO_LARGE,
+)
+from services.common.tool_contract import ID_SCHEMA as _ID
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
@@ -48,12 +64,6 @@ from services.docstore.model import Chunk, Document
 from services.docstore.store import DocumentStore
 from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation
 
-ACCESS_DENIED = "ACCESS_DENIED"
-WINDOW_TOO_LARGE = "WINDOW_TOO_LARGE"
-RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
-NOT_FOUND = "NOT_FOUND"
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
-UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 OK = "OK"
 """The outcome code of a successful call in logs and metrics."""
 INTERNAL = "INTERNAL"
@@ -66,10 +76,6 @@ SNIPPET_CHARS = 300
 MAX_PAGE_NUMBER = 1_000_000
 IDENTITY_ARGUMENTS = ("tenant_id", "user_id")
 """Argument names no tool accepts: identity comes from the request context only."""
-TEXT_FIELDS = ("text", "content", "snippet")
-"""Result fields holding untrusted text: limited by max_text_bytes, delimited, token-counted."""
-
-_ID = {"type": "string", "minLength": 1, "maxLength": 200}
 log = logging.getLogger("visior.toolsproxy")
 
 
@@ -305,7 +311,7 @@ class DocumentTools:
         page = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_NUMBER}
         return (
             Tool(
-                "read_chunk_window",
+                READ_CHUNK_WINDOW,
                 "Read the chunks around an anchor chunk of a document: `radius` chunks on "
                 f"each side (at most {r}, so at most {2 * r + 1} chunks; fewer at the "
                 "document's edges), or window_before/window_after. Default radius "
@@ -323,13 +329,13 @@ class DocumentTools:
                 self.read_chunk_window,
             ),
             Tool(
-                "read_doc_section",
+                READ_DOC_SECTION,
                 "Read the full text of one section of a document.",
                 _object({"doc_id": _ID, "section_id": _ID}, ["doc_id", "section_id"]),
                 self.read_doc_section,
             ),
             Tool(
-                "read_doc_pages",
+                READ_DOC_PAGES,
                 "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
                 f"{limits.max_pages_per_call} pages per call; page_to defaults to "
                 "page_from and is clamped to the last page.",
@@ -341,7 +347,7 @@ class DocumentTools:
                 self.read_doc_pages,
             ),
             Tool(
-                "read_doc_metadata",
+                READ_DOC_METADATA,
                 "Read a document's title, page count, tags and sections with their page "
                 f"ranges (at most {MAX_METADATA_SECTIONS} sections, titles within the text "
                 "limit; sections_total and truncated say when some were left out).",
@@ -360,7 +366,7 @@ class DocumentTools:
         }
         return (
             Tool(
-                "doc_local_search",
+                DOC_LOCAL_SEARCH,
                 "Keyword search (BM25) inside one document: the best chunks with their "
                 f"section, pages and a snippet; at most {MAX_LOCAL_SEARCH_RESULTS} results.",
                 _object(
@@ -378,7 +384,7 @@ class DocumentTools:
                 self.doc_local_search,
             ),
             Tool(
-                "load_documents_full",
+                LOAD_DOCUMENTS_FULL,
                 "Load the whole text of the given documents (at most "
                 f"{limits.max_full_documents}) for answering from full context, with each "
                 "document's size in characters and `total_chars` (full context suits up to "

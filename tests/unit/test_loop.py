@@ -14,6 +14,9 @@ import pytest
 from services.common import errors
 from services.common.tokenizer import default_tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
+from services.common.tool_contract import (
+    INVALID_ARGUMENT,
+)
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
     Anchor,
@@ -27,7 +30,6 @@ from services.llm.model import (
 )
 from services.llm.prompt import FINAL_ANSWER_NOTE
 from services.llm.toolcalls import (
-    INVALID_ARGUMENT,
     INVALID_JSON,
     READ_TOOL_SPECS,
     SECTION_NOT_ALLOWED,

@@ -25,12 +25,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.tool_args import ArgumentError, check_arguments
+from services.common.tool_contract import (
+    ACCESS_DENIED,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    RATE_LIMIT_EXCEEDED,
+    UPSTREAM_UNAVAILABLE,
+    WINDOW_TOO_LARGE,
+)
+from services.common.tool_contract import (
+    INVALID_ARGUMENT as LLM_INVALID_ARGUMENT,
+)
 from services.docstore.parsing import ChunkingConfig, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.llm.model import Anchor, ToolPolicy
-from services.llm.toolcalls import (
-    INVALID_ARGUMENT as LLM_INVALID_ARGUMENT,
-)
 from services.llm.toolcalls import (
     INVALID_JSON,
     MAX_ARGUMENTS_CHARS,
@@ -52,12 +60,6 @@ from services.toolsproxy.ratelimit import RateLimiter, RateLimits
 from services.toolsproxy.search_tools import SearchCall, SearchHitView, SearchTools
 from services.toolsproxy.tavily import tavily_tool
 from services.toolsproxy.tools import (
-    ACCESS_DENIED,
-    INVALID_ARGUMENT,
-    NOT_FOUND,
-    RATE_LIMIT_EXCEEDED,
-    UPSTREAM_UNAVAILABLE,
-    WINDOW_TOO_LARGE,
     Caller,
     DocumentTools,
     Tool,

@@ -17,6 +17,7 @@ from services.common import errors
 from services.common.breaker import CLOSED, OPEN
 from services.common.settings import Env, SettingsError
 from services.model_runtime.chat import (
+    LLM_RUNTIME_ERROR,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -26,7 +27,6 @@ from services.model_runtime.chat import (
     ToolSpec,
 )
 from services.model_runtime.client import (
-    LLM_RUNTIME_ERROR,
     BadResponse,
     OpenAiChatRuntime,
     RuntimeSettings,

@@ -16,11 +16,13 @@ import tavily as official
 from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.common.tool_args import ArgumentError, check_arguments
-from services.toolsproxy.config import tavily_settings
-from services.toolsproxy.tavily import (
+from services.common.tool_contract import (
     INVALID_ARGUMENT,
     RATE_LIMIT_EXCEEDED,
     UPSTREAM_UNAVAILABLE,
+)
+from services.toolsproxy.config import tavily_settings
+from services.toolsproxy.tavily import (
     TavilyClient,
     TavilyError,
     TavilySettings,

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from services.common.tool_args import INVALID_ARGUMENT, ArgumentError, check_arguments
+from services.common.tool_args import (
+    ArgumentError,
+    check_arguments,
+)
+from services.common.tool_contract import (
+    INVALID_ARGUMENT,
+)
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

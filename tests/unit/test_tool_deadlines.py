@@ -8,9 +8,9 @@ import pytest
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common.settings import Env, SettingsError
+from services.common.tool_contract import EXTERNAL_TOOLS
 from services.llm.config import LlmSettings
 from services.llm.model import ToolRequest, User
-from services.llm.toolcalls import EXTERNAL_TOOLS
 from services.llm.tools_client import GrpcToolRunner
 
 

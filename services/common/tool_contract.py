@@ -1,0 +1,49 @@
+"""What the orchestrator, the LLM service and ToolsProxy agree on about tools, in one place:
+the tools' names (agent.md §3), the codes of a failed tool call (ExecuteResponse.error.code,
+toolsproxy.proto), the result fields that hold document text, and the shape of an id argument.
+
+ToolsProxy defines the tools (their schemas are the contract, services/common/tool_args.py
+checks arguments against them); the orchestrator plans calls by these names and the LLM
+service offers, checks and reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# -- tool names ------------------------------------------------------------------------------
+READ_CHUNK_WINDOW = "read_chunk_window"
+READ_DOC_SECTION = "read_doc_section"
+READ_DOC_PAGES = "read_doc_pages"
+READ_DOC_METADATA = "read_doc_metadata"
+DOC_LOCAL_SEARCH = "doc_local_search"
+LOAD_DOCUMENTS_FULL = "load_documents_full"
+SEARCH_USER_DOCUMENTS = "search_user_documents"
+SEARCH_GENERAL_KB = "search_general_kb"
+FETCH_CBR_DATA = "fetch_cbr_data"
+FETCH_FINANCE_NEWS = "fetch_finance_news"
+
+READ_TOOLS = (READ_CHUNK_WINDOW, READ_DOC_SECTION)
+"""The tools that read a listed section: the document scenarios offer these."""
+FULL_TEXT_TOOLS = (LOAD_DOCUMENTS_FULL, READ_DOC_PAGES)
+"""The tools that read whole documents (S3)."""
+EXTERNAL_TOOLS = frozenset({FETCH_CBR_DATA, FETCH_FINANCE_NEWS})
+"""Tools over services outside the mesh (the Bank of Russia, Tavily)."""
+
+# -- codes of a failed tool call -------------------------------------------------------------
+ACCESS_DENIED = "ACCESS_DENIED"
+WINDOW_TOO_LARGE = "WINDOW_TOO_LARGE"
+RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
+NOT_FOUND = "NOT_FOUND"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+
+# -- arguments and results -------------------------------------------------------------------
+ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
+"""A doc_id, section_id or chunk id argument."""
+TEXT_FIELDS = ("text", "content", "snippet")
+"""Result fields holding untrusted text: ToolsProxy limits and delimits them, the LLM service
+counts and reads them."""
+NEWS_QUERY_MAX_CHARS = 400
+"""Longest fetch_finance_news query (Tavily advises queries under 400 characters); ToolsProxy
+refuses a longer one, the orchestrator cuts what it plans to this."""
