@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES
+from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
@@ -31,7 +32,7 @@ def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
 
 def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
     return errors.LimitExceededError(
-        message, reason="LLM_LIMIT_EXCEEDED", metadata={"field": field_name, "limit": str(limit)}
+        message, reason=LLM_LIMIT_EXCEEDED, metadata={"field": field_name, "limit": str(limit)}
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.search_contract import KB_SOURCE, Filters
-from services.common.tool_contract import READ_CHUNK_WINDOW, READ_DOC_SECTION
+from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
 from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
@@ -322,29 +322,29 @@ class MockTools:
     def _read_chunk_window(self, args: dict[str, Any]) -> ToolResult:
         doc = _find(str(args.get("doc_id", "")))
         if doc is None:
-            return _error("NOT_FOUND", f"document {args.get('doc_id')!r} not found")
+            return _error(NOT_FOUND, f"document {args.get('doc_id')!r} not found")
         chunks = doc.chunks
         ids = [c.chunk_id for c in chunks]
         anchor = str(args.get("anchor_chunk_id", ""))
         if anchor not in ids:
-            return _error("NOT_FOUND", f"chunk {anchor!r} not found in {doc.doc_id!r}")
+            return _error(NOT_FOUND, f"chunk {anchor!r} not found in {doc.doc_id!r}")
         at, radius = ids.index(anchor), max(0, int(args.get("radius", 1)))
         return _read(doc, chunks[max(0, at - radius) : at + radius + 1])
 
     def _read_doc_section(self, args: dict[str, Any]) -> ToolResult:
         doc = _find(str(args.get("doc_id", "")))
         if doc is None:
-            return _error("NOT_FOUND", f"document {args.get('doc_id')!r} not found")
+            return _error(NOT_FOUND, f"document {args.get('doc_id')!r} not found")
         section = next((s for s in doc.sections if s.section_id == args.get("section_id")), None)
         if section is None:
-            return _error("NOT_FOUND", f"section {args.get('section_id')!r} not found")
+            return _error(NOT_FOUND, f"section {args.get('section_id')!r} not found")
         return _read(doc, section.chunks)
 
     def _load_documents_full(self, args: dict[str, Any]) -> ToolResult:
         ids = [str(d) for d in args.get("document_ids") or args.get("doc_ids") or ()]
         docs = [d for d in SAMPLE_DOCUMENTS if d.doc_id in ids]
         if not docs:
-            return _error("NOT_FOUND", "none of the documents was found")
+            return _error(NOT_FOUND, "none of the documents was found")
         passages = tuple(
             Passage(d.doc_id, d.title, d.text, d.chunks[0].page, d.chunks[-1].page) for d in docs
         )
@@ -372,7 +372,7 @@ class MockTools:
             code = str(args.get("code") or "USD").upper()
             rate = DEMO_RATES.get(code)
             if rate is None:
-                return _error("NOT_FOUND", f"no demo rate for {code!r}")
+                return _error(NOT_FOUND, f"no demo rate for {code!r}")
             facts = (f"{code}/RUB on {MOCK_DATE}: {rate:.4f} (demo data, mock mode)",)
         return ToolResult(f"ok: {kind}, demo Bank of Russia data", facts=facts)
 

@@ -8,7 +8,12 @@ from typing import Any, Protocol
 
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, USER_SOURCE
-from services.common.tool_contract import SEARCH_GENERAL_KB, SEARCH_USER_DOCUMENTS
+from services.common.tool_contract import (
+    INVALID_ARGUMENT,
+    SEARCH_GENERAL_KB,
+    SEARCH_USER_DOCUMENTS,
+    UPSTREAM_UNAVAILABLE,
+)
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
@@ -120,14 +125,14 @@ class SearchTools:
         # Retrieval refuses a query of spaces; refused there it would come back as our own
         # error (DOWNSTREAM_REJECTED) and reach the model as an outage to wait out.
         if not call.query.strip():
-            raise ToolFailure("INVALID_ARGUMENT", "query must hold a word, not only spaces")
+            raise ToolFailure(INVALID_ARGUMENT, "query must hold a word, not only spaces")
         try:
             hits = await self._searcher.search(call)
         except errors.InvalidArgumentError as exc:
-            raise ToolFailure("INVALID_ARGUMENT", exc.message) from None
+            raise ToolFailure(INVALID_ARGUMENT, exc.message) from None
         except errors.ServiceError as exc:
             raise ToolFailure(
-                "UPSTREAM_UNAVAILABLE", f"search is unavailable right now ({exc.reason})"
+                UPSTREAM_UNAVAILABLE, f"search is unavailable right now ({exc.reason})"
             ) from None
         return _hits(hits, threshold)
 
