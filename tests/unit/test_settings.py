@@ -385,6 +385,36 @@ def test_a_var_without_a_default_takes_its_fields_or_is_refused():
         unbound.read(Env({}))
 
 
+NOT_APPLICABLE = {"ORCH_MCP_PROXY_URL", "ORCH_LLM_RUNTIME_URL", "RETR_VECTOR_BACKEND"}
+"""Spec names docs/operations.md says do not apply here; and one error code that shares a
+settings prefix."""
+NOT_APPLICABLE |= {"LLM_RUNTIME_ERROR"}
+
+
+def test_every_setting_the_docs_name_is_one_a_service_reads():
+    import re
+
+    from services.common.settings import NOT_SETTINGS, PREFIXES
+
+    root = _config_docs().ROOT
+    name = re.compile(r"\b(?:" + "|".join(PREFIXES) + r")[A-Z0-9_]*[A-Z0-9]\b")
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    pages += sorted((root / "bench").rglob("*.md"))
+    named = {
+        (m.group(0), page.relative_to(root).as_posix())
+        for page in pages
+        for m in name.finditer(page.read_text(encoding="utf-8"))
+    }
+    unknown = sorted(
+        (n, page)
+        for n, page in named
+        if n not in NAMES and n not in NOT_SETTINGS and n not in NOT_APPLICABLE
+        and not (n.endswith("_FILE") and n.removesuffix("_FILE") in NAMES)
+    )  # fmt: skip
+    assert unknown == []
+    assert len(named) > 100
+
+
 def test_an_undeclared_read_is_reported(monkeypatch):
     docs = _config_docs()
     real = OrchestratorSettings.from_env
