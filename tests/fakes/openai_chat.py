@@ -847,8 +847,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             for k, v in out.headers.items():
                 self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a hang fault)
+                self.close_connection = True
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
