@@ -1,7 +1,7 @@
 """The retry rule of outbound calls: how many attempts, how long to pause, when to stop.
 
 `RetryPolicy` holds the numbers; `run_with_retry` runs attempts of any awaitable factory
-under them. An attempt that fails in a way the rule judges raises an `AttemptFailed`
+under them, `run_with_retry_sync` of a blocking one. An attempt that fails in a way the rule judges raises an `AttemptFailed`
 (subclassed by each client): its `retry` says whether another attempt may fix it and its
 `delay` is a pause the failure itself asks for (a Retry-After), which wins over the policy's
 backoff. Any other exception ends the run at once, unjudged.
@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 F = TypeVar("F", bound="AttemptFailed")
@@ -82,25 +82,65 @@ async def run_with_retry(
     pause. The deadline counts from `started` (a `clock` reading; read at the start when
     None and the policy has a deadline); without a deadline the clock is never read.
     """
-    if started is None and policy.deadline_s is not None:
-        started = clock()
-    number = 0
+    run = _Run(policy, clock, started, on_retry)
     while True:
-        number += 1
         try:
-            return await attempt(), number
+            return await attempt(), run.number
         except retry_on as failed:
-            pause = failed.delay if failed.delay is not None else policy.delay(number)
-            late = _past_deadline(policy, started, clock, pause)  # one clock read per failure
-            if not failed.retry or number >= policy.attempts or late:
-                failed.attempts = number
-                raise
-            if on_retry is not None:
-                on_retry(failed, number, pause)
-            await sleep(pause)
+            await sleep(run.pause_after(failed))
 
 
-def _past_deadline(policy: RetryPolicy, started: float | None, clock: Clock, pause: float) -> bool:
-    if policy.deadline_s is None or started is None:
-        return False
-    return clock() - started + pause >= policy.deadline_s
+def run_with_retry_sync(
+    attempt: Callable[[], T],
+    policy: RetryPolicy,
+    *,
+    retry_on: type[F],
+    on_retry: Callable[[F, int, float], None] | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    started: float | None = None,
+) -> tuple[T, int]:
+    """`run_with_retry` for a blocking `attempt()` (a thread's HTTP call), pausing with a
+    blocking `sleep`: the same rule, the same arguments."""
+    run = _Run(policy, clock, started, on_retry)
+    while True:
+        try:
+            return attempt(), run.number
+        except retry_on as failed:
+            sleep(run.pause_after(failed))
+
+
+class _Run(Generic[F]):
+    """One run's count of attempts and its start, and the rule's judgment of a failure."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        clock: Clock,
+        started: float | None,
+        on_retry: Callable[[F, int, float], None] | None,
+    ) -> None:
+        if started is None and policy.deadline_s is not None:
+            started = clock()
+        self.policy, self.clock, self.started, self.on_retry = policy, clock, started, on_retry
+        self.number = 1
+        """The attempt under way (1-based)."""
+
+    def pause_after(self, failed: F) -> float:
+        """The pause before the next attempt, after `on_retry`; re-raises `failed`, with
+        `attempts` set, when the rule ends the run."""
+        policy, number = self.policy, self.number
+        pause = failed.delay if failed.delay is not None else policy.delay(number)
+        if not failed.retry or number >= policy.attempts or self._late(pause):
+            failed.attempts = number
+            raise failed
+        if self.on_retry is not None:
+            self.on_retry(failed, number, pause)
+        self.number += 1
+        return pause
+
+    def _late(self, pause: float) -> bool:
+        """The pause would reach the deadline (one clock read per failure)."""
+        if self.policy.deadline_s is None or self.started is None:
+            return False
+        return self.clock() - self.started + pause >= self.policy.deadline_s

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 
 from services.common import errors
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry_sync
 from services.retrieval.intra_op import IntraOpThreads
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,14 @@ class UseEmbedder:
         return normalize_rows(np.concatenate(parts) if len(parts) > 1 else parts[0], self.dim)
 
 
+class _Failed(AttemptFailed):
+    """One embedding request failed; `error` is what the caller gets when it is the last."""
+
+    def __init__(self, error: EmbeddingBackendError) -> None:
+        super().__init__(str(error), retry=error.retryable)
+        self.error = error
+
+
 class RemoteEmbedder:
     """A client of an OpenAI-compatible `POST {url}/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
 
@@ -236,8 +245,7 @@ class RemoteEmbedder:
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self._retry = RetryPolicy(attempts=max_retries + 1, first_delay_s=backoff_s, factor=2.0)
         self._sleep = sleep
         self._dim = dim
         self._dim_lock = threading.Lock()
@@ -284,22 +292,32 @@ class RemoteEmbedder:
 
     def _request(self, batch: list[str]) -> np.ndarray:
         body = {"model": self.model, "input": batch, "encoding_format": "float"}
-        attempt = 0
-        while True:
-            try:
-                return self._attempt(body, len(batch))
-            except EmbeddingBackendError as exc:
-                if not exc.retryable or attempt >= self.max_retries:
-                    raise
-                delay = self.backoff_s * (2**attempt)
-                attempt += 1
-                log.warning(
-                    "embedding request failed, retrying",
-                    extra={"endpoint": self._endpoint, "attempt": attempt, "error": str(exc)},
-                )
-                self._sleep(delay)
+
+        def on_retry(failed: _Failed, attempt: int, _pause: float) -> None:
+            log.warning(
+                "embedding request failed, retrying",
+                extra={"endpoint": self._endpoint, "attempt": attempt, "error": str(failed.error)},
+            )
+
+        try:
+            vectors, _ = run_with_retry_sync(
+                lambda: self._attempt(body, len(batch)),
+                self._retry,
+                retry_on=_Failed,
+                on_retry=on_retry,
+                sleep=self._sleep,
+            )
+        except _Failed as failed:
+            raise failed.error from None
+        return vectors
 
     def _attempt(self, body: dict[str, Any], n: int) -> np.ndarray:
+        try:
+            return self._answer(body, n)
+        except EmbeddingBackendError as exc:
+            raise _Failed(exc) from None
+
+    def _answer(self, body: dict[str, Any], n: int) -> np.ndarray:
         try:
             response = self._client.post(self._endpoint, json=body, headers=self._headers)
         except httpx.TimeoutException as exc:

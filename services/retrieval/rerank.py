@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
 
 API_STYLES = ("tei", "cohere")
@@ -214,6 +215,14 @@ def _error_text(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
+class _Unavailable(AttemptFailed):
+    """The reranker could not be reached or answered 5xx: the one failure retried."""
+
+    def __init__(self, error: RerankError) -> None:
+        super().__init__(str(error), retry=True)
+        self.error = error
+
+
 class RerankClient(Reranker):
     """A :class:`Reranker` over HTTP; one retry on 5xx and connection errors, within a budget."""
 
@@ -284,44 +293,53 @@ class RerankClient(Reranker):
         return results
 
     async def _post(self, body: dict[str, Any], deadline: float) -> Any:
-        """POST with one retry on connection errors and 5xx; the JSON body on 2xx."""
-        last: RerankError | None = None
-        for attempt in range(2):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                async with asyncio.timeout(remaining):
-                    response = await self._http.post(
-                        self._endpoint, json=body, headers=self._headers, timeout=remaining
-                    )
-            except (TimeoutError, httpx.TimeoutException):
-                raise RerankError("timeout", "the reranker did not answer in time") from None
-            except httpx.TransportError as exc:
-                last = RerankError(
-                    "unavailable", f"cannot reach the reranker: {type(exc).__name__}"
+        """POST with one retry on connection errors and 5xx, when the pause fits the budget;
+        the JSON body on 2xx."""
+        started = time.monotonic()
+        if deadline <= started:
+            raise RerankError("timeout", "no time left to call the reranker")
+        policy = RetryPolicy(
+            attempts=2, first_delay_s=_RETRY_PAUSE_S, deadline_s=deadline - started
+        )
+        try:
+            data, _ = await run_with_retry(
+                lambda: self._attempt(body, deadline),
+                policy,
+                retry_on=_Unavailable,
+                started=started,
+            )
+        except _Unavailable as failed:
+            raise failed.error from None
+        return data
+
+    async def _attempt(self, body: dict[str, Any], deadline: float) -> Any:
+        remaining = deadline - time.monotonic()
+        try:
+            async with asyncio.timeout(remaining):
+                response = await self._http.post(
+                    self._endpoint, json=body, headers=self._headers, timeout=remaining
                 )
-            else:
-                if response.status_code >= 500:
-                    last = RerankError(
-                        "unavailable",
-                        f"reranker answered {response.status_code}: {_error_text(response)}",
-                        status=response.status_code,
-                    )
-                elif response.status_code >= 400:
-                    raise RerankError(
-                        "rejected",
-                        f"reranker refused the request ({response.status_code}): "
-                        f"{_error_text(response)}",
-                        status=response.status_code,
-                    )
-                else:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        raise RerankError(
-                            "bad_response", "the reranker's answer is not JSON"
-                        ) from None
-            if attempt == 0 and deadline - time.monotonic() > _RETRY_PAUSE_S:
-                await asyncio.sleep(_RETRY_PAUSE_S)
-        raise last or RerankError("timeout", "no time left to call the reranker")
+        except (TimeoutError, httpx.TimeoutException):
+            raise RerankError("timeout", "the reranker did not answer in time") from None
+        except httpx.TransportError as exc:
+            raise _Unavailable(
+                RerankError("unavailable", f"cannot reach the reranker: {type(exc).__name__}")
+            ) from None
+        status = response.status_code
+        if status >= 500:
+            raise _Unavailable(
+                RerankError(
+                    "unavailable", f"reranker answered {status}: {_error_text(response)}",
+                    status=status,
+                )
+            )  # fmt: skip
+        if status >= 400:
+            raise RerankError(
+                "rejected",
+                f"reranker refused the request ({status}): {_error_text(response)}",
+                status=status,
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise RerankError("bad_response", "the reranker's answer is not JSON") from None

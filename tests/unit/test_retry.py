@@ -1,12 +1,14 @@
-"""services.common.retry: attempts, backoff, cap, deadline, a failure's own delay."""
+"""services.common.retry: attempts, backoff, cap, deadline, a failure's own delay; each run by
+the async runner and by the blocking one (the same rule)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
-from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, run_with_retry_sync
 
 
 class Flaky(AttemptFailed):
@@ -21,7 +23,12 @@ class Fatal(Exception):
 
 
 class Steps:
-    """Attempts that raise the queued failures, then answer; time moves only by sleeping."""
+    """Attempts that raise the queued failures, then answer; time moves only by sleeping.
+
+    `blocking` (set for every test by the `runner` fixture) runs them through
+    run_with_retry_sync with a blocking attempt and sleep instead of run_with_retry."""
+
+    blocking = False
 
     def __init__(self, *failures: BaseException) -> None:
         self.failures = list(failures)
@@ -33,28 +40,52 @@ class Steps:
     def clock(self) -> float:
         return self.now
 
-    async def sleep(self, seconds: float) -> None:
+    def pause(self, seconds: float) -> None:
         self.pauses.append(seconds)
         self.now += seconds
 
-    async def attempt(self) -> str:
+    async def sleep(self, seconds: float) -> None:
+        self.pause(seconds)
+
+    def answer(self) -> str:
         self.calls += 1
         if self.failures:
             raise self.failures.pop(0)
         return "answer"
 
+    async def attempt(self) -> str:
+        return self.answer()
+
     def on_retry(self, failed: Flaky, attempt: int, delay: float) -> None:
         self.retries.append((str(failed), attempt, delay))
 
-    async def run(self, policy: RetryPolicy) -> tuple[str, int]:
+    async def run(
+        self,
+        policy: RetryPolicy,
+        *,
+        clock: Callable[[], float] | None = None,
+        started: float | None = None,
+    ) -> tuple[str, int]:
+        clock = clock or self.clock
+        if self.blocking:
+            return run_with_retry_sync(
+                self.answer,
+                policy,
+                retry_on=Flaky,
+                on_retry=self.on_retry,
+                sleep=self.pause,
+                clock=clock,
+                started=started,
+            )
         return await run_with_retry(
-            self.attempt,
-            policy,
-            retry_on=Flaky,
-            on_retry=self.on_retry,
-            clock=self.clock,
-            sleep=self.sleep,
-        )
+            self.attempt, policy, retry_on=Flaky, on_retry=self.on_retry, sleep=self.sleep,
+            clock=clock, started=started,
+        )  # fmt: skip
+
+
+@pytest.fixture(autouse=True, params=["async", "blocking"])
+def runner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Steps, "blocking", request.param == "blocking")
 
 
 # -- the policy's delays ------------------------------------------------------------------
@@ -169,14 +200,8 @@ async def test_the_deadline_counts_from_the_given_start() -> None:
     steps = Steps(Flaky("a"))
     policy = RetryPolicy(attempts=2, first_delay_s=1.0, deadline_s=3.0)
     with pytest.raises(Flaky):
-        await run_with_retry(
-            steps.attempt,
-            policy,
-            retry_on=Flaky,
-            clock=steps.clock,
-            sleep=steps.sleep,
-            started=steps.now - 2.5,  # 2.5 s already spent: a 1 s pause reaches 3.5 s
-        )
+        # 2.5 s already spent: a 1 s pause reaches 3.5 s
+        await steps.run(policy, started=steps.now - 2.5)
     assert steps.pauses == []
 
 
@@ -186,11 +211,5 @@ async def test_without_a_deadline_the_clock_is_never_read() -> None:
     def no_clock() -> float:
         raise AssertionError("the clock was read")
 
-    result = await run_with_retry(
-        steps.attempt,
-        RetryPolicy(attempts=3, first_delay_s=0.1),
-        retry_on=Flaky,
-        clock=no_clock,
-        sleep=steps.sleep,
-    )
+    result = await steps.run(RetryPolicy(attempts=3, first_delay_s=0.1), clock=no_clock)
     assert result == ("answer", 3)
