@@ -847,11 +847,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             for k, v in out.headers.items():
                 self.send_header(k, v)
-            try:
-                self.end_headers()
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a hang fault)
-                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(body)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")

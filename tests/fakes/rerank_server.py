@@ -14,8 +14,10 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.threaded_http import QuietHTTPServer
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -48,7 +50,7 @@ class FakeRerankServer:
         self._lock = threading.Lock()
         self._release = threading.Event()
         self._faults: list[tuple[str, int]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = QuietHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True

@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.threaded_http import QuietHTTPServer
 
 TOPICS = ("general", "news", "finance")
 DEPTHS = ("basic", "advanced", "fast", "ultra-fast")
@@ -86,7 +88,7 @@ class FakeTavilyServer:
         self._release = threading.Event()
         self._faults: list[tuple[str, int, str | None]] = []
         self._served = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = QuietHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True

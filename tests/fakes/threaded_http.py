@@ -3,9 +3,20 @@ loopback port in a daemon thread, stopped with the hanging requests released."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from typing import Any, Self
+
+
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that does not print a traceback when the client went away
+    (a timeout or a hang fault a test provokes); any other handler error is printed."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class ThreadedHttpFake:
@@ -15,7 +26,7 @@ class ThreadedHttpFake:
     def __init__(self, handler_base: type[BaseHTTPRequestHandler]) -> None:
         self.handler_base = handler_base
         self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: QuietHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -28,7 +39,7 @@ class ThreadedHttpFake:
     def start(self) -> Self:
         """Bind a free port and serve in a daemon thread."""
         handler = type("Handler", (self.handler_base,), {"fake": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
