@@ -1,10 +1,11 @@
 """The retry rule of outbound calls: how many attempts, how long to pause, when to stop.
 
 `RetryPolicy` holds the numbers; `run_with_retry` runs attempts of any awaitable factory
-under them, `run_with_retry_sync` of a blocking one. An attempt that fails in a way the rule judges raises an `AttemptFailed`
-(subclassed by each client): its `retry` says whether another attempt may fix it and its
-`delay` is a pause the failure itself asks for (a Retry-After), which wins over the policy's
-backoff. Any other exception ends the run at once, unjudged.
+under them, `run_with_retry_sync` of a blocking one. An attempt that fails in a way the rule
+judges raises an `AttemptFailed` (subclassed by each client): its `retry` says whether
+another attempt may fix it and its `delay` is a pause the failure itself asks for (a
+Retry-After), which wins over the policy's backoff. Any other exception ends the run at
+once, unjudged.
 
 After a failed attempt the run stops, re-raising that failure with `attempts` set, when the
 failure may not be retried, when it was the last attempt, or when the pause would reach the

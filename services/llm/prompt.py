@@ -28,7 +28,6 @@ RAG = "rag"
 CHAT = "chat"
 CONTEXT_KIND = "CONTEXT"
 CALLER_TOOL_KIND = "EXTERNAL"
-"""The tool-use block names at most this many readable sections."""
 
 DEFAULT_LANGUAGE_RULE = (
     "Answer in the language of the user's question (Russian when it is unclear)."
