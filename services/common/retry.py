@@ -8,8 +8,9 @@ Retry-After), which wins over the policy's backoff. Any other exception ends the
 once, unjudged.
 
 After a failed attempt the run stops, re-raising that failure with `attempts` set, when the
-failure may not be retried, when it was the last attempt, or when the pause would reach the
-policy's deadline (elapsed + pause >= deadline_s); otherwise it calls `on_retry` (the
+failure may not be retried, when it asks for a pause over the policy's `max_retry_after_s`,
+when it was the last attempt, or when the pause would reach the policy's deadline
+(elapsed + pause >= deadline_s); otherwise it calls `on_retry` (the
 caller's log line) and sleeps the pause. The clock and sleep are injected so tests step time.
 """
 
@@ -43,12 +44,16 @@ class RetryPolicy:
     """Largest pause the policy itself chooses (a failure's own delay is not capped)."""
     deadline_s: float | None = None
     """Seconds from the run's start past which no retry starts; None: no limit."""
+    max_retry_after_s: float = math.inf
+    """A failure asking for a longer pause (its Retry-After) ends the run at once."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"RetryPolicy.attempts must be at least 1, got {self.attempts}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ValueError(f"RetryPolicy.deadline_s must be positive, got {self.deadline_s}")
+        if self.first_delay_s < 0 or self.max_retry_after_s < 0:
+            raise ValueError("RetryPolicy's pauses must not be negative")
 
     def delay(self, attempt: int) -> float:
         """The policy's pause after failed attempt number `attempt` (1-based)."""
@@ -131,8 +136,10 @@ class _Run(Generic[F]):
         """The pause before the next attempt, after `on_retry`; re-raises `failed`, with
         `attempts` set, when the rule ends the run."""
         policy, number = self.policy, self.number
-        pause = failed.delay if failed.delay is not None else policy.delay(number)
-        if not failed.retry or number >= policy.attempts or self._late(pause):
+        asked = failed.delay
+        pause = asked if asked is not None else policy.delay(number)
+        too_long = asked is not None and asked > policy.max_retry_after_s
+        if not failed.retry or too_long or number >= policy.attempts or self._late(pause):
             failed.attempts = number
             raise failed
         if self.on_retry is not None:

@@ -25,7 +25,7 @@ Tool calling has two wire forms:
     (``kind=bad_response``).
 
 Resilience. ``timeout_s`` bounds the whole call, the retry included (clamped to
-LLM_RUNTIME_TIMEOUT_S). Exactly one retry (``retries``) on transient errors: a
+LLM_RUNTIME_TIMEOUT_S). Exactly one retry (``retry``) on transient errors: a
 connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/502/503/504.
 Timeouts are not retried (a second full timeout would double the latency the caller waits),
 nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
@@ -112,12 +112,10 @@ class RuntimeSettings:
     shorter timeouts win."""
     connect_timeout_s: float = 3.0
     """Longest a TCP/TLS connect may take."""
-    retries: int = 1
-    """Retries after a transient failure (the spec says 1)."""
-    retry_backoff_s: float = 0.2
-    """Pause before a retry when the runtime gives no Retry-After."""
-    max_retry_after_s: float = 2.0
-    """A 429/503 asking to wait longer than this fails at once."""
+    retry: RetryPolicy = RetryPolicy(attempts=2, first_delay_s=0.2, max_retry_after_s=2.0)
+    """Attempts after a transient failure: one retry (the spec's), 0.2 s after the first
+    when the runtime gives no Retry-After; a 429/503 asking to wait over 2 s fails at once.
+    The call's timeout is its deadline."""
     breaker_failures: int = 5
     """Consecutive failed calls that open the breaker."""
     breaker_reset_s: float = 30.0
@@ -135,8 +133,8 @@ class RuntimeSettings:
             raise SettingsError("DEFAULT_MODEL_NAME is required when LLM_RUNTIME_URL is set")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise SettingsError("LLM runtime timeouts must be positive")
-        if not 0 <= self.retries <= 3:
-            raise SettingsError("RuntimeSettings.retries must be within 0..3")
+        if not 1 <= self.retry.attempts <= 4:
+            raise SettingsError("RuntimeSettings.retry.attempts must be within 1..4")
         if self.breaker_failures < 1:
             raise SettingsError("RuntimeSettings.breaker_failures must be at least 1")
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
@@ -790,17 +788,16 @@ def _log_retry(failed: _Failure, attempt: int, delay: float) -> None:
     )  # fmt: skip
 
 
-def _status_failure(response: httpx.Response, max_retry_after_s: float) -> _Failure:
+def _status_failure(response: httpx.Response) -> _Failure:
     status = response.status_code
     if status in RETRY_STATUSES:
-        wait = retry_after_seconds(response.headers.get("retry-after"))
-        too_long = wait is not None and wait > max_retry_after_s
+        # A wait over the policy's max_retry_after_s ends the run at once.
         return _Failure(
             "overloaded",
             f"LLM runtime is overloaded (HTTP {status})",
             status=status,
-            retry=not too_long,
-            delay=wait,
+            retry=True,
+            delay=retry_after_seconds(response.headers.get("retry-after")),
         )
     if status in (401, 403):
         # The runtime's own message may quote part of the key: it is not passed on.
@@ -877,9 +874,6 @@ class OpenAiChatRuntime:
         self._clock = clock
         self._sleep = sleep
         self._url = settings.endpoint
-        self._retry = RetryPolicy(
-            attempts=settings.retries + 1, first_delay_s=settings.retry_backoff_s
-        )
         # Parsed once, not at every request (httpx would parse the string each time).
         self._request_url: httpx.URL | str = self._url
         try:
@@ -1100,7 +1094,7 @@ class OpenAiChatRuntime:
         deadline = start + budget_s
         (response, content), attempts = await run_with_retry(
             lambda: self._attempt(body, deadline, stream=stream),
-            replace(self._retry, deadline_s=budget_s),
+            replace(self.settings.retry, deadline_s=budget_s),
             retry_on=_Failure,
             on_retry=_log_retry,
             clock=self._clock,
@@ -1138,7 +1132,7 @@ class OpenAiChatRuntime:
             await response.aclose()
         if response.status_code == 200:
             return response, content
-        failed = _status_failure(response, self.settings.max_retry_after_s)
+        failed = _status_failure(response)
         if failed.kind == "rejected" and response.status_code not in (401, 403):
             log.warning(
                 "llm runtime rejected the request",

@@ -207,11 +207,15 @@ class _Failed(AttemptFailed):
         self.error = error
 
 
+REMOTE_RETRY = RetryPolicy(attempts=3, first_delay_s=0.2, factor=2.0)
+"""The remote embedder's retries: two, pausing 0.2 s, then 0.4 s."""
+
+
 class RemoteEmbedder:
     """A client of an OpenAI-compatible `POST {url}/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
 
-    Sends `batch_size` texts per request, retries 5xx / 429 / network errors / timeouts up to
-    `max_retries` times with exponential backoff, and raises `EmbeddingBackendError` when a
+    Sends `batch_size` texts per request, retries 5xx / 429 / network errors / timeouts as
+    `retry` allows (by default twice, pausing 0.2 s, then 0.4 s), and raises `EmbeddingBackendError` when a
     batch cannot be embedded. The width is `dim` when configured, otherwise learned from the
     first response (reading `dim` before any call sends one probe request). The API key goes
     in an `Authorization: Bearer` header and never into logs or reprs.
@@ -228,16 +232,13 @@ class RemoteEmbedder:
         batch_size: int = 64,
         query_prefix: str = "",
         passage_prefix: str = "",
-        max_retries: int = 2,
-        backoff_s: float = 0.2,
+        retry: RetryPolicy = REMOTE_RETRY,
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`url` is the server's base (with or without a trailing /v1); `client` is for tests."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if max_retries < 0:
-            raise ValueError("max_retries must not be negative")
         base = url.rstrip("/").removesuffix("/v1")
         self._endpoint = base + "/v1/embeddings"
         self.model = model
@@ -245,7 +246,7 @@ class RemoteEmbedder:
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
-        self._retry = RetryPolicy(attempts=max_retries + 1, first_delay_s=backoff_s, factor=2.0)
+        self._retry = retry
         self._sleep = sleep
         self._dim = dim
         self._dim_lock = threading.Lock()

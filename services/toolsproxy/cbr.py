@@ -118,10 +118,8 @@ class CbrSettings:
     """How long an answer is served from memory; 0 disables."""
     cache_max_entries: int = 512
     """Most answers kept in memory; oldest go first."""
-    retries: int = 1
-    """Extra attempts after a 5xx or a connection error."""
-    retry_delay_s: float = 0.2
-    """Pause before a retry."""
+    retry: RetryPolicy = RetryPolicy(attempts=2, first_delay_s=0.2)
+    """Attempts after a 5xx or a connection error (a second one, 0.2 s after the first)."""
     breaker_failures: int = 3
     """Failed calls in a row that open the circuit (1-5)."""
     breaker_reset_s: float = 30.0
@@ -399,9 +397,6 @@ class CbrClient:
         self._cache: TtlCache[tuple[str, tuple[tuple[str, str], ...]], DataSet] = TtlCache(
             settings.cache_ttl_s, settings.cache_max_entries, clock
         )
-        self._retry = RetryPolicy(
-            attempts=settings.retries + 1, first_delay_s=settings.retry_delay_s
-        )
         self.upstream_calls = 0
         """HTTP requests sent (retries included); for metrics and tests."""
 
@@ -530,13 +525,13 @@ class CbrClient:
     async def _attempts(
         self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str
     ) -> DataSet:
-        """The rows, after `settings.retries` more attempts on a _Retryable failure; _Fatal
+        """The rows, after the attempts `settings.retry` allows on a _Retryable failure; _Fatal
         when the last attempt failed that way too (every failed attempt is logged)."""
         envelope = _envelope(operation, params)
         try:
             data, _ = await run_with_retry(
                 lambda: self._attempt(operation, envelope, row_tag),
-                self._retry,
+                self.settings.retry,
                 retry_on=_Retryable,
                 on_retry=lambda failed, attempt, _: _log_failed(operation, failed, attempt),
                 sleep=asyncio.sleep,

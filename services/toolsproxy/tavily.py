@@ -70,16 +70,13 @@ class TavilySettings:
     """Accept an http:// base URL (local fakes in tests and dev only, never production)."""
     timeout_s: float = 9.0
     """Timeout of one HTTP attempt (connect, read, write, pool)."""
-    deadline_s: float = 20.0
-    """Budget of one search including retries and backoff; no retry starts past it."""
-    max_attempts: int = 3
-    """Attempts in all on 5xx, 429 or a refused connection (1 = no retry)."""
-    backoff_s: float = 0.5
-    """First backoff delay; doubles every retry."""
-    backoff_max_s: float = 4.0
-    """Largest backoff delay."""
-    max_retry_after_s: float = 5.0
-    """A 429 asking to wait longer than this fails at once instead of waiting."""
+    retry: RetryPolicy = RetryPolicy(
+        attempts=3, first_delay_s=0.5, factor=2.0, max_delay_s=4.0, deadline_s=20.0,
+        max_retry_after_s=5.0,
+    )  # fmt: skip
+    """Attempts on 5xx, 429 or a refused connection: three in all, pausing 0.5 s, doubling up
+    to 4 s; within 20 s for the whole search (its `deadline_s`, which also cuts the last
+    attempt's timeout); a 429 asking to wait over 5 s fails at once."""
     cache_ttl_s: float = 300.0
     """How long a result is reused for the same (tenant, user, query, options); 0 disables."""
     cache_max_entries: int = 1024
@@ -98,10 +95,8 @@ class TavilySettings:
                 f"Tavily base URL {self.base_url!r} is not https; set "
                 "MCP_PROXY_TAVILY_ALLOW_HTTP=true only for local fakes"
             )
-        if self.timeout_s <= 0 or self.deadline_s <= 0:
-            raise SettingsError("Tavily timeout and deadline must be positive")
-        if self.max_attempts < 1:
-            raise SettingsError("Tavily max_attempts must be at least 1")
+        if self.timeout_s <= 0:
+            raise SettingsError("Tavily timeout must be positive")
 
     @property
     def configured(self) -> bool:
@@ -192,13 +187,6 @@ class TavilyClient:
         self._clock = clock
         self._sleep = sleep
         self._url = settings.base_url.rstrip("/") + "/search"
-        self._retry = RetryPolicy(
-            attempts=settings.max_attempts,
-            first_delay_s=settings.backoff_s,
-            factor=2.0,
-            max_delay_s=settings.backoff_max_s,
-            deadline_s=settings.deadline_s,
-        )
         self.breaker = breaker or CircuitBreaker(
             "tavily",
             failure_threshold=settings.breaker_failures,
@@ -320,16 +308,17 @@ class TavilyClient:
             "X-Client-Source": "visior-toolsproxy",
         }
         start = self._clock()
+        budget_s = s.retry.deadline_s if s.retry.deadline_s is not None else math.inf
 
         async def attempt() -> dict[str, Any]:
-            remaining = s.deadline_s - (self._clock() - start)
+            remaining = budget_s - (self._clock() - start)
             # Cut to end before the caller's deadline (services.common.context).
             timeout_s, says_nothing = upstream_timeout(max(0.001, min(s.timeout_s, remaining)))
             return await self._once(body, headers, timeout_s, says_nothing)
 
         return await run_with_retry(
             attempt,
-            self._retry,
+            s.retry,
             retry_on=_Attempt,
             on_retry=_log_retry,
             clock=self._clock,
@@ -368,8 +357,7 @@ class TavilyClient:
                 "Finance news search is rate limited by Tavily; try again later"
                 + (f" (in {math.ceil(wait)} s)." if wait is not None else "."),
             )
-            if wait is not None and wait > self._settings.max_retry_after_s:
-                raise _Attempt(limited, retry=False, outage=False)
+            # A wait over the policy's max_retry_after_s ends the run at once.
             raise _Attempt(limited, retry=True, outage=False, delay=wait)
         if status in (400, 422):
             detail = _detail(response)

@@ -297,11 +297,11 @@ def faulty(
         "MCP_PROXY_TAVILY_API_KEY": TAVILY_KEY,
         # Constants in the services (not environment settings), shortened in these processes.
         **settings_overrides(
-            runtime={"retry_backoff_s": 0.05, **breaker},
-            cbr={"timeout_s": 0.5, "retry_delay_s": 0.05, "cache_ttl_s": 0.0, **breaker},
+            runtime={"retry": {"first_delay_s": 0.05}, **breaker},
+            cbr={"timeout_s": 0.5, "retry": {"first_delay_s": 0.05}, "cache_ttl_s": 0.0, **breaker},
             tavily={
-                "timeout_s": 0.5, "deadline_s": DEADLINE_S, "max_attempts": 2,
-                "backoff_s": 0.05, "cache_ttl_s": 0.0, **breaker,
+                "timeout_s": 0.5, "cache_ttl_s": 0.0, **breaker,
+                "retry": {"deadline_s": DEADLINE_S, "attempts": 2, "first_delay_s": 0.05},
             },
         ),
     }  # fmt: skip

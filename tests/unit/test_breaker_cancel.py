@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import httpx
 import pytest
 
 from services.common.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
+from services.common.retry import RetryPolicy
 from services.common.tool_args import check_arguments
 from services.model_runtime.chat import ChatMessage, ChatRequest
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
@@ -29,6 +31,7 @@ from tests.fakes.openai_chat import FakeChatServer
 from tests.fakes.tavily_server import FakeTavilyServer
 
 USER = [ChatMessage("user", "Как настроить LDAP?")]
+NO_RETRY = RetryPolicy(attempts=1, first_delay_s=0.0)
 WAIT_S = 10.0
 """How long a loaded machine may take to deliver a request to a fake."""
 
@@ -96,7 +99,7 @@ def runtime(
 ) -> OpenAiChatRuntime:
     """No retries, a breaker that opens at the first failure, reset after 10 s."""
     settings = RuntimeSettings(
-        url=chat.url, default_model="fake", retries=0, breaker_failures=1, breaker_reset_s=10.0
+        url=chat.url, default_model="fake", retry=NO_RETRY, breaker_failures=1, breaker_reset_s=10.0
     )
     return OpenAiChatRuntime(settings, http, clock=clock or FakeClock())
 
@@ -160,7 +163,7 @@ async def test_a_cancelled_bank_call_does_not_open_its_breaker() -> None:
     now = datetime(2025, 8, 1, 9, 0, tzinfo=UTC)
     with FakeCbrServer() as bank:
         async with httpx.AsyncClient() as http:
-            settings = CbrSettings(url=bank.url, timeout_s=20.0, retries=0, breaker_failures=1)
+            settings = CbrSettings(url=bank.url, timeout_s=20.0, retry=NO_RETRY, breaker_failures=1)
             client = CbrClient(http, settings, now=lambda: now)
             tool = cbr_tool(client)
 
@@ -189,7 +192,7 @@ async def test_a_cancelled_tavily_search_does_not_open_its_breaker() -> None:
                 api_key=key,
                 base_url=tavily.url,
                 allow_http=True,
-                max_attempts=1,
+                retry=replace(TavilySettings.retry, attempts=1),
                 breaker_failures=1,
             )
             client = TavilyClient(settings, http)

@@ -12,6 +12,7 @@ import pytest
 
 from services.common.breaker import CLOSED, OPEN
 from services.common.logging import trace_id_bound
+from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
 from services.common.tool_args import ArgumentError, check_arguments
 from services.toolsproxy.cbr import (
@@ -62,6 +63,9 @@ def clock() -> FakeClock:
 Factory = Callable[..., tuple[CbrClient, Tool]]
 
 
+NO_RETRY = RetryPolicy(attempts=1, first_delay_s=0.0)
+
+
 @pytest.fixture
 async def make(fake: FakeCbrServer, clock: FakeClock) -> AsyncIterator[Factory]:
     """Build a client + tool against the fake (or `url`), with fast retry settings."""
@@ -73,7 +77,7 @@ async def make(fake: FakeCbrServer, clock: FakeClock) -> AsyncIterator[Factory]:
         fields: dict[str, Any] = {
             "url": url or fake.url,
             "timeout_s": 2.0,
-            "retry_delay_s": 0.0,
+            "retry": RetryPolicy(attempts=2, first_delay_s=0.0),
             **overrides,
         }
         client = CbrClient(http, CbrSettings(**fields), clock=clock, now=lambda: now)
@@ -460,7 +464,7 @@ async def test_cache_keeps_at_most_max_entries(fake: FakeCbrServer, make: Factor
 
 
 async def test_failures_are_not_cached(fake: FakeCbrServer, make: Factory) -> None:
-    _, tool = make(retries=0)
+    _, tool = make(retry=NO_RETRY)
     fake.fail_next(1)
     assert (await failure(tool, mode="news")).code == "UPSTREAM_UNAVAILABLE"
     assert (await call(tool, mode="news"))["count"] == 3
@@ -546,7 +550,7 @@ async def test_soap_server_fault_is_retried_then_unavailable(
 async def test_breaker_opens_after_the_configured_failures_and_recovers(
     fake: FakeCbrServer, make: Factory, clock: FakeClock
 ) -> None:
-    client, tool = make(breaker_failures=3, breaker_reset_s=30.0, retries=0)
+    client, tool = make(breaker_failures=3, breaker_reset_s=30.0, retry=NO_RETRY)
     fake.fail_next(100)
     for _ in range(3):
         assert (await failure(tool, mode="key_rate")).code == "UPSTREAM_UNAVAILABLE"
@@ -572,7 +576,7 @@ async def test_breaker_opens_after_the_configured_failures_and_recovers(
 async def test_a_failed_trial_opens_the_breaker_again(
     fake: FakeCbrServer, make: Factory, clock: FakeClock
 ) -> None:
-    client, tool = make(breaker_failures=1, breaker_reset_s=10.0, retries=0)
+    client, tool = make(breaker_failures=1, breaker_reset_s=10.0, retry=NO_RETRY)
     fake.fail_next(2)
     await failure(tool, mode="news")
     clock.t += 10
@@ -699,7 +703,7 @@ def test_the_breaker_threshold_is_the_specs_1_to_5(fields: dict[str, int]) -> No
 async def test_every_call_to_the_bank_is_one_external_call_event(
     fake: FakeCbrServer, make: Factory
 ) -> None:
-    _, tool = make(breaker_failures=1, breaker_reset_s=30.0, retries=0)
+    _, tool = make(breaker_failures=1, breaker_reset_s=30.0, retry=NO_RETRY)
     with json_lines("toolsproxy") as logs:
         with trace_id_bound("tr-cbr"):
             await call(tool, mode="key_rate")  # the bank answers

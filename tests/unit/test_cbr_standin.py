@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common.retry import RetryPolicy
 from services.common.settings import Env
 from services.common.tool_args import check_arguments
 from services.common.topology import Ports
@@ -56,7 +57,11 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 def _client(http: httpx.AsyncClient, url: str, **fields: Any) -> CbrClient:
-    return CbrClient(http, CbrSettings(url=url, retry_delay_s=0.0, **fields), now=lambda: NOW)
+    return CbrClient(
+        http,
+        CbrSettings(url=url, retry=RetryPolicy(attempts=2, first_delay_s=0.0), **fields),
+        now=lambda: NOW,
+    )
 
 
 async def _call(tool: Tool, **args: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from services.common import errors
 from services.common.settings import Env, SettingsError
 from services.retrieval.config import embedding_settings
 from services.retrieval.embeddings import (
+    REMOTE_RETRY,
     CachedQueryEmbedder,
     Embedder,
     EmbeddingBackendError,
@@ -347,7 +349,12 @@ def test_remote_timeout_retried_then_raises(fake: FakeEmbeddingsServer, sleeps: 
     fake.hang_next = 2
     fake.hang_s = 3.0
     with RemoteEmbedder(
-        fake.url, "e5-test", api_key="sekret-key", timeout_s=0.2, max_retries=1, sleep=sleeps
+        fake.url,
+        "e5-test",
+        api_key="sekret-key",
+        timeout_s=0.2,
+        retry=replace(REMOTE_RETRY, attempts=2),
+        sleep=sleeps,
     ) as embedder:
         with pytest.raises(EmbeddingBackendError) as info:
             embedder.embed_queries(["q"])

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from services.common.breaker import CircuitBreaker
+from services.common.retry import RetryPolicy
 from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
@@ -318,7 +319,12 @@ async def test_unreachable_runtime_or_broken_answers_fall_back_for_every_section
     await ingest(stack, GUIDE)
     assert stored(stack)[1] == extractive(GUIDE)
 
-    dead = RuntimeSettings(url="http://127.0.0.1:9", default_model="m", timeout_s=1.0, retries=0)
+    dead = RuntimeSettings(
+        url="http://127.0.0.1:9",
+        default_model="m",
+        timeout_s=1.0,
+        retry=RetryPolicy(attempts=1, first_delay_s=0),
+    )
     summ = LlmSummarizer(OpenAiChatRuntime(dead, http), model="m", timeout_s=1.0)
     stack2 = make_stack(stacks, tmp_path / "dead", embedder, summ=summ)
     await ingest(stack2, LEAVE, "leave.md")

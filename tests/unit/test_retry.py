@@ -165,6 +165,35 @@ async def test_the_failures_own_delay_wins_and_is_not_capped() -> None:
     assert steps.pauses == [7.0, 1.0]
 
 
+async def test_a_failure_asking_for_the_longest_allowed_pause_is_retried() -> None:
+    steps = Steps(Flaky("rate limited", delay=5.0))
+    policy = RetryPolicy(attempts=3, first_delay_s=0.5, max_retry_after_s=5.0)
+    assert await steps.run(policy) == ("answer", 2)
+    assert steps.pauses == [5.0] and steps.retries == [("rate limited", 1, 5.0)]
+
+
+async def test_a_failure_asking_for_a_longer_pause_ends_the_run_at_once() -> None:
+    steps = Steps(Flaky("a"), Flaky("rate limited", delay=5.01))
+    policy = RetryPolicy(attempts=5, first_delay_s=0.5, max_retry_after_s=5.0)
+    with pytest.raises(Flaky, match="rate limited") as caught:
+        await steps.run(policy)
+    assert caught.value.attempts == 2 and steps.pauses == [0.5]
+
+
+async def test_the_policys_own_pause_is_not_held_to_the_retry_after_cap() -> None:
+    steps = Steps(Flaky("a"))
+    policy = RetryPolicy(attempts=2, first_delay_s=3.0, max_retry_after_s=1.0)
+    assert await steps.run(policy) == ("answer", 2)
+    assert steps.pauses == [3.0]
+
+
+@pytest.mark.parametrize("field", ["first_delay_s", "max_retry_after_s"])
+def test_a_negative_pause_is_refused(field: str) -> None:
+    values = {"attempts": 2, "first_delay_s": 0.1, field: -0.1}
+    with pytest.raises(ValueError, match="must not be negative"):
+        RetryPolicy(**values)  # type: ignore[arg-type]
+
+
 async def test_a_zero_pause_still_sleeps() -> None:
     steps = Steps(Flaky("a", delay=0.0))
     assert await steps.run(RetryPolicy(attempts=2, first_delay_s=1.0)) == ("answer", 2)

@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 
 from services.common import errors
 from services.common.breaker import CLOSED, OPEN
+from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
 from services.model_runtime.chat import (
     LLM_RUNTIME_ERROR,
@@ -178,7 +179,12 @@ def test_settings_from_env_read_the_spec_names(tmp_path: Path) -> None:
     assert s.endpoint == "http://vllm:8000/v1/chat/completions"
     assert (s.default_model, s.api_key, s.enable_json_mode) == (MODEL, KEY, True)
     # The retries and the breaker are constants (RuntimeSettings' defaults), not settings.
-    assert (s.timeout_s, s.retries, s.breaker_failures, s.breaker_reset_s) == (12.5, 1, 5, 30.0)
+    assert (s.timeout_s, s.retry.attempts, s.breaker_failures, s.breaker_reset_s) == (
+        12.5,
+        2,
+        5,
+        30.0,
+    )
     assert s.stream_usage is False
     assert KEY not in repr(s)
 
@@ -701,10 +707,23 @@ async def test_retry_exhausted_is_a_runtime_error(h: Harness, status: int) -> No
     assert len(h.fake.chat_requests) == 2
 
 
-async def test_retries_zero_means_one_attempt(h: Harness) -> None:
+async def test_one_attempt_means_no_retry(h: Harness) -> None:
     h.fake.fail(503)
-    await runtime_error(complete(h.runtime(retries=0)))
+    await runtime_error(complete(h.runtime(retry=RetryPolicy(attempts=1, first_delay_s=0.2))))
     assert len(h.fake.chat_requests) == 1
+
+
+@pytest.mark.parametrize(("attempts", "accepted"), [(1, True), (4, True), (5, False)])
+def test_the_runtime_makes_at_most_four_attempts(attempts: int, accepted: bool) -> None:
+    def build() -> RuntimeSettings:
+        retry = RetryPolicy(attempts=attempts, first_delay_s=0.2)
+        return RuntimeSettings(url="http://127.0.0.1:9", default_model=MODEL, retry=retry)
+
+    if accepted:
+        assert build().retry.attempts == attempts
+    else:
+        with pytest.raises(SettingsError, match=r"retry.attempts must be within 1\.\.4"):
+            build()
 
 
 async def test_a_short_retry_after_is_honoured_and_a_long_one_fails_at_once(h: Harness) -> None:
@@ -718,7 +737,9 @@ async def test_a_short_retry_after_is_honoured_and_a_long_one_fails_at_once(h: H
 
 async def test_no_retry_when_the_backoff_does_not_fit_the_budget(h: Harness) -> None:
     h.fake.fail(503)
-    await runtime_error(complete(h.runtime(retry_backoff_s=1.0), timeout_s=0.5))
+    await runtime_error(
+        complete(h.runtime(retry=RetryPolicy(attempts=2, first_delay_s=1.0)), timeout_s=0.5)
+    )
     assert len(h.fake.chat_requests) == 1
 
 

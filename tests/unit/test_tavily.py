@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,16 @@ class Harness:
         self.delays.append(seconds)
         self.clock.now += seconds
 
-    def client(self, **overrides: Any) -> TavilyClient:
+    def client(self, *, retry: dict[str, Any] | None = None, **overrides: Any) -> TavilyClient:
+        """`retry` changes fields of the default retry policy."""
         fields: dict[str, Any] = {"api_key": KEY, "base_url": self.fake.url, "allow_http": True}
         fields.update(overrides)
+        if retry:
+            fields["retry"] = replace(TavilySettings.retry, **retry)
         return TavilyClient(TavilySettings(**fields), self.http, clock=self.clock, sleep=self.sleep)
 
-    def tool(self, **overrides: Any) -> Tool:
-        return tavily_tool(self.client(**overrides))
+    def tool(self, *, retry: dict[str, Any] | None = None, **overrides: Any) -> Tool:
+        return tavily_tool(self.client(retry=retry, **overrides))
 
 
 async def call(tool: Tool, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
@@ -339,7 +343,7 @@ async def test_cache_expires_after_ttl(h: Harness) -> None:
 
 
 async def test_failures_are_not_cached_and_cache_is_bounded(h: Harness) -> None:
-    client = h.client(max_attempts=1, cache_max_entries=2)
+    client = h.client(retry={"attempts": 1}, cache_max_entries=2)
     h.fake.fail_next(1, 500)
     with pytest.raises(TavilyError):
         await client.search("rates", tenant_id="t1", user_id="u")
@@ -355,7 +359,9 @@ async def test_failures_are_not_cached_and_cache_is_bounded(h: Harness) -> None:
 
 async def test_backoff_on_5xx_then_success(h: Harness) -> None:
     h.fake.fail_next(2, 503)
-    result = await call(h.tool(max_attempts=3, backoff_s=0.5), ALICE, {"query": "rates"})
+    result = await call(
+        h.tool(retry={"attempts": 3, "first_delay_s": 0.5}), ALICE, {"query": "rates"}
+    )
     assert len(result["results"]) == 5
     assert len(h.fake.requests) == 3
     assert h.delays == [0.5, 1.0]
@@ -364,7 +370,11 @@ async def test_backoff_on_5xx_then_success(h: Harness) -> None:
 async def test_5xx_after_all_attempts_is_upstream_unavailable(h: Harness) -> None:
     h.fake.fail_next(4, 502)
     with pytest.raises(ToolFailure) as info:
-        await call(h.tool(max_attempts=4, backoff_s=1.0, backoff_max_s=3.0), ALICE, {"query": "q"})
+        await call(
+            h.tool(retry={"attempts": 4, "first_delay_s": 1.0, "max_delay_s": 3.0}),
+            ALICE,
+            {"query": "q"},
+        )
     assert info.value.code == UPSTREAM_UNAVAILABLE
     assert "unavailable" in info.value.message
     assert len(h.fake.requests) == 4
@@ -376,7 +386,9 @@ async def test_retries_stop_at_the_deadline(h: Harness) -> None:
     h.fake.fail_next(5, 500)
     with pytest.raises(ToolFailure) as info:
         await call(
-            h.tool(max_attempts=5, backoff_s=2.0, backoff_max_s=10, deadline_s=5.0),
+            h.tool(
+                retry={"attempts": 5, "first_delay_s": 2.0, "max_delay_s": 10, "deadline_s": 5.0}
+            ),
             ALICE,
             {"query": "q"},
         )
@@ -387,7 +399,7 @@ async def test_retries_stop_at_the_deadline(h: Harness) -> None:
 
 async def test_429_honours_retry_after(h: Harness) -> None:
     h.fake.rate_limit_next(1, retry_after="2")
-    result = await call(h.tool(backoff_s=0.5), ALICE, {"query": "rates"})
+    result = await call(h.tool(retry={"first_delay_s": 0.5}), ALICE, {"query": "rates"})
     assert len(result["results"]) == 5
     assert h.delays == [2.0]
 
@@ -395,7 +407,7 @@ async def test_429_honours_retry_after(h: Harness) -> None:
 async def test_429_without_retry_after_backs_off_then_is_rate_limited(h: Harness) -> None:
     h.fake.rate_limit_next(3, retry_after=None)
     with pytest.raises(ToolFailure) as info:
-        await call(h.tool(max_attempts=3, backoff_s=0.5), ALICE, {"query": "rates"})
+        await call(h.tool(retry={"attempts": 3, "first_delay_s": 0.5}), ALICE, {"query": "rates"})
     assert info.value.code == RATE_LIMIT_EXCEEDED
     assert h.delays == [0.5, 1.0]
 
@@ -403,7 +415,7 @@ async def test_429_without_retry_after_backs_off_then_is_rate_limited(h: Harness
 async def test_429_asking_a_long_wait_fails_at_once(h: Harness) -> None:
     h.fake.rate_limit_next(1, retry_after="60")
     with pytest.raises(ToolFailure) as info:
-        await call(h.tool(max_retry_after_s=5), ALICE, {"query": "rates"})
+        await call(h.tool(retry={"max_retry_after_s": 5}), ALICE, {"query": "rates"})
     assert info.value.code == RATE_LIMIT_EXCEEDED
     assert "60 s" in info.value.message
     assert h.delays == []
@@ -499,7 +511,7 @@ async def test_hanging_server_times_out_without_retry(h: Harness) -> None:
 
 
 async def test_breaker_opens_and_recovers(h: Harness) -> None:
-    tool = h.tool(max_attempts=1, breaker_failures=2, breaker_reset_s=30)
+    tool = h.tool(retry={"attempts": 1}, breaker_failures=2, breaker_reset_s=30)
     h.fake.fail_next(2, 500)
     for _ in range(2):
         with pytest.raises(ToolFailure):
@@ -516,7 +528,7 @@ async def test_breaker_opens_and_recovers(h: Harness) -> None:
 
 
 async def test_failed_trial_reopens_the_breaker(h: Harness) -> None:
-    client = h.client(max_attempts=1, breaker_failures=1, breaker_reset_s=10)
+    client = h.client(retry={"attempts": 1}, breaker_failures=1, breaker_reset_s=10)
     h.fake.fail_next(2, 503)
     with pytest.raises(TavilyError):
         await client.search("a", tenant_id="t1", user_id="u")
@@ -530,7 +542,7 @@ async def test_failed_trial_reopens_the_breaker(h: Harness) -> None:
 
 
 async def test_refusals_do_not_open_the_breaker(h: Harness) -> None:
-    client = h.client(max_attempts=1, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker_failures=1)
     h.fake.fail_next(1, 400)
     h.fake.rate_limit_next(1, retry_after="60")
     for _ in range(2):
@@ -540,7 +552,7 @@ async def test_refusals_do_not_open_the_breaker(h: Harness) -> None:
 
 
 async def test_cache_hits_bypass_an_open_breaker(h: Harness) -> None:
-    client = h.client(max_attempts=1, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker_failures=1)
     await client.search("a", tenant_id="t1", user_id="u")
     h.fake.fail_next(1, 500)
     with pytest.raises(TavilyError):
@@ -557,7 +569,7 @@ async def test_key_never_in_logs_errors_or_repr(
 ) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
     messages: list[str] = []
-    tool = h.tool(max_attempts=2, breaker_failures=100)
+    tool = h.tool(retry={"attempts": 2}, breaker_failures=100)
     await call(tool, ALICE, {"query": "rates"})
     h.fake.fail_next(2, 500)
     for fault in (lambda: None, lambda: h.fake.fail_next(1, 401), lambda: h.fake.garbage_next()):
@@ -657,7 +669,7 @@ def test_bad_settings_refused(env: dict[str, str]) -> None:
 
 
 async def test_every_search_is_one_external_call_event_without_the_query(h: Harness) -> None:
-    client = h.client(max_attempts=1, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker_failures=1)
     with json_lines("toolsproxy") as logs:
         with trace_id_bound("tr-tavily"):
             await client.search("private words a", tenant_id="t1", user_id="u")

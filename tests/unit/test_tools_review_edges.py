@@ -24,6 +24,7 @@ from visior.common.v1 import common_pb2
 from visior.retrieval.v1 import retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
+from services.common.retry import RetryPolicy
 from services.common.search_contract import KB_TENANT
 from services.common.server import start_server
 from services.common.settings import ServerSettings
@@ -315,7 +316,12 @@ def _hung_tavily(url: str) -> tuple[Any, Any]:
 
 
 def _hung_bank(url: str) -> tuple[Any, Any]:
-    settings = CbrSettings(url=f"{url}/x", timeout_s=3.0, retries=0, breaker_failures=2)
+    settings = CbrSettings(
+        url=f"{url}/x",
+        timeout_s=3.0,
+        retry=RetryPolicy(attempts=1, first_delay_s=0),
+        breaker_failures=2,
+    )
     client = CbrClient(httpx.AsyncClient(), settings)
     return client, ToolExecutor({"fetch_cbr_data": cbr_tool(client)})
 

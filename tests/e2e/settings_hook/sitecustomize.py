@@ -5,9 +5,10 @@ Bank of Russia and Tavily clients and the vector index are not read from the env
 (docs/configuration.md lists what is). The fault tests need them short, so `short_settings`
 puts this directory on the services' PYTHONPATH: Python imports this module at start-up,
 and it replaces fields of the settings the config modules return, as a unit test would by
-constructing the settings dataclass itself. E2E_SETTINGS_OVERRIDES holds the fields as JSON,
-by group: runtime, cbr, tavily (services/llm/config.py, services/toolsproxy/config.py),
-index, engine (services/retrieval/config.py).
+constructing the settings dataclass itself. E2E_SETTINGS_OVERRIDES holds the fields as JSON
+(a nested object for a field that is itself a dataclass, e.g. a `retry` policy), by group:
+runtime, cbr, tavily (services/llm/config.py, services/toolsproxy/config.py), index, engine
+(services/retrieval/config.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,22 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import is_dataclass, replace
 from typing import Any
 
 _OVERRIDES: dict[str, dict[str, Any]] = json.loads(os.environ.get("E2E_SETTINGS_OVERRIDES", "{}"))
+
+
+def _replaced(value: Any, fields: dict[str, Any]) -> Any:
+    """`value` with `fields` replaced; a dict for a dataclass field (a retry policy) replaces
+    fields of that one in turn."""
+    changes = {
+        name: _replaced(getattr(value, name), new)
+        if isinstance(new, dict) and is_dataclass(getattr(value, name))
+        else new
+        for name, new in fields.items()
+    }
+    return replace(value, **changes)
 
 
 def _wrap(module: Any, name: str, group: str) -> None:
@@ -30,7 +43,7 @@ def _wrap(module: Any, name: str, group: str) -> None:
 
     def overridden(*args: Any, **kwargs: Any) -> Any:
         value = read(*args, **kwargs)
-        return value if value is None else replace(value, **fields)
+        return value if value is None else _replaced(value, fields)
 
     setattr(module, name, overridden)
 
