@@ -201,6 +201,11 @@ def render(reads: Reads) -> str:
         "that no service declares stops the service at start; the error names the closest",
         f"declared name. {len(table)} variables.",
         "",
+        "The URLs of upstreams (`LLM_RUNTIME_URL`, `MCP_PROXY_TAVILY_URL`, `MCP_PROXY_CBR_URL`,",
+        "`RETR_EMBEDDING_URL`, `RERANK_MODEL_URL`) must be http(s) with a host and carry no",
+        "credentials, query or fragment: keys go in their `*_API_KEY` settings, never in a URL",
+        "that reaches logs.",
+        "",
         "| variable | type / range | default | what it does | read by |",
         "|---|---|---|---|---|",
     ]

@@ -12,12 +12,12 @@ from services.common.settings import SettingsError
 def check_base_url(url: str, name: str) -> SplitResult:
     """`url`, the setting `name`, split; SettingsError unless it is an upstream's base URL:
     http(s) with a host, and no credentials, query or fragment (a key there would reach logs
-    and traces, which is also why the second error leaves the URL out)."""
+    and traces, which is also why that error, checked first, leaves the URL out)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingsError(f"{name}={url!r} is not an http(s) URL")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise SettingsError(f"{name} must not carry credentials, query or fragment")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{name}={url!r} is not an http(s) URL")
     return parts
 
 

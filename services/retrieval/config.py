@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
+from services.common.http import check_base_url
 from services.common.search_contract import MAX_RESULTS_LIMIT
 from services.common.settings import (
     Env,
@@ -173,8 +173,8 @@ def embedding_settings(env: Env, *, cpus: int | None = None) -> EmbeddingSetting
     var = EMBEDDING.vars
     profile = var["profile"].read(env)
     url = var["url"].read(env) or None
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise SettingsError(f"RETR_EMBEDDING_URL={url!r} is not an http(s) URL")
+    if url is not None:
+        check_base_url(url, "RETR_EMBEDDING_URL")
     model = var["model"].read(env) or None
     for name, value in (("RETR_EMBEDDING_URL", url), ("RETR_EMBEDDING_MODEL", model)):
         if profile == "remote" and value is None:
@@ -220,8 +220,8 @@ def rerank_settings(env: Env) -> RerankSettings:
     """The rerank API or the local model (RERANK_*); the local model's files must exist."""
     var = RERANK.vars
     url = var["url"].read(env)
-    if url and urlsplit(url).scheme not in ("http", "https"):
-        raise SettingsError(f"RERANK_MODEL_URL={url!r} is not an http(s) URL")
+    if url:
+        check_base_url(url, "RERANK_MODEL_URL")
     model_path, model_file = var["model_path"].read(env), var["model_file"].read(env)
     if url and model_path:
         raise SettingsError(

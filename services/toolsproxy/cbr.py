@@ -27,13 +27,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
-from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
 import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
+from services.common.http import check_base_url
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
@@ -134,7 +134,7 @@ class CbrSettings:
     """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results."""
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
+        parts = check_base_url(self.url, "MCP_PROXY_CBR_URL")
         loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
         if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
             raise SettingsError(
