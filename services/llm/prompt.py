@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.prompt_limits import MAX_LISTED_ANCHORS
+from services.common.prompt_limits import MAX_LISTED_ANCHORS, anchor_line
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.llm.model import Anchor, ContextChunk, GenerateInput
 from services.model_runtime.chat import ChatMessage, ToolSpec
@@ -93,14 +93,6 @@ def render_chunk(chunk: ContextChunk) -> str:
     return wrap_untrusted(neutralise_markers(chunk.text), CONTEXT_KIND, attrs)
 
 
-def _anchor_line(a: Anchor) -> str:
-    return (
-        f"- doc_id={json.dumps(a.doc_id, ensure_ascii=False)} "
-        f"section_id={json.dumps(a.section_id, ensure_ascii=False)} "
-        f"anchor_chunk_id={json.dumps(a.anchor_chunk_id, ensure_ascii=False)}"
-    )
-
-
 def tool_instructions(
     tools: Sequence[ToolSpec], anchors: Sequence[Anchor], max_tool_calls: int
 ) -> str:
@@ -117,7 +109,10 @@ def tool_instructions(
     )
     if anchors:
         lines.append(ANCHORS_HEADER)
-        lines += [_anchor_line(a) for a in anchors[:MAX_LISTED_ANCHORS]]
+        lines += [
+            anchor_line(a.doc_id, a.section_id, a.anchor_chunk_id)
+            for a in anchors[:MAX_LISTED_ANCHORS]
+        ]
     return "\n".join(lines)
 
 
