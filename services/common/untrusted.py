@@ -14,7 +14,9 @@ from collections.abc import Mapping
 # Invisible format characters (soft hyphen, zero-width space/joiners, word joiner, bidi
 # controls, BOM, ...) between them render as nothing, so "<\u200b<\u200b<" reads as "<<<":
 # they are part of the run.
-_LT = "[<\uff1c\ufe64]"
+MARKER_CHARS = ("<", "\uff1c", "\ufe64")
+"""The characters a marker run is made of: "<" and its look-alikes (fullwidth, small form)."""
+_LT = "[" + "".join(MARKER_CHARS) + "]"
 _INVISIBLE = "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]"
 _MARKER_RUN = re.compile(f"{_LT}(?:{_INVISIBLE}*{_LT}){{2,}}")
 _ATTR_UNSAFE = re.compile('[<>"\\\\\x00-\x1f\x7f\uff1c\uff1e\ufe64\ufe65]')
@@ -34,6 +36,11 @@ def wrap_untrusted(text: str, kind: str = "DOCUMENT", attrs: Mapping[str, object
     """`<<<KIND k="v" …>>>\\ntext\\n<<<END KIND>>>`; `text` must already be neutralised."""
     head = "".join(f' {k}="{_attr(v)}"' for k, v in attrs.items())
     return f"<<<{kind}{head}>>>\n{text}\n<<<END {kind}>>>"
+
+
+def is_wrapped(text: str) -> bool:
+    """`text` is one wrap_untrusted block: a marker line, the data, the END of the same kind."""
+    return _WRAPPED.match(text) is not None
 
 
 def unwrap_untrusted(text: str) -> str:

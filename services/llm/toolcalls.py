@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,13 @@ from services.common.tool_contract import (
     READ_TOOLS,
     TEXT_FIELDS,
 )
-from services.common.untrusted import neutralise_markers, unwrap_untrusted, wrap_untrusted
+from services.common.untrusted import (
+    MARKER_CHARS,
+    is_wrapped,
+    neutralise_markers,
+    unwrap_untrusted,
+    wrap_untrusted,
+)
 from services.llm.budget import count_tokens
 from services.llm.model import Anchor, ToolPolicy, ToolResult
 from services.llm.prompt import DelimitedText, delimited_blocks
@@ -312,14 +317,11 @@ class RenderedResult:
 
 
 _PLACEHOLDER = "[text {} below]"
-_IS_WRAPPED = re.compile(r"\A<<<[A-Z]+[^\n]*>>>\n.*\n<<<END [A-Z]+>>>\Z", re.DOTALL)
-_MARKER_CHARS = ("<", "\uff1c", "\ufe64")
-"""The characters a marker run is made of (services/common/untrusted.py)."""
 
 
 def _neutralised(value: str) -> str:
     """`neutralise_markers(value)`, skipping the regex for the many strings with no `<`."""
-    for c in _MARKER_CHARS:
+    for c in MARKER_CHARS:
         if c in value:
             return neutralise_markers(value)
     return value
@@ -335,9 +337,7 @@ def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
         if key in TEXT_FIELDS:
             # ToolsProxy wraps texts; anything that arrives bare is delimited here.
             wrapped = (
-                value
-                if _IS_WRAPPED.match(value)
-                else wrap_untrusted(_neutralised(value), "DOCUMENT")
+                value if is_wrapped(value) else wrap_untrusted(_neutralised(value), "DOCUMENT")
             )
             texts.append(wrapped)
             return _PLACEHOLDER.format(len(texts))
