@@ -53,8 +53,12 @@ def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> Non
         )
 
 
-def check_query_length(query: str) -> None:
-    """LimitExceededError for a query longer than MAX_QUERY_CHARS."""
+def check_query(query: str) -> None:
+    """A query every service can search: InvalidArgumentError when it normalises to nothing
+    (blank, or only controls, format marks, private-use characters), LimitExceededError past
+    MAX_QUERY_CHARS."""
+    if not normalise_query(query):
+        raise invalid("query", "query is required (a word, not only spaces or marks)")
     if len(query) > MAX_QUERY_CHARS:
         raise errors.LimitExceededError(
             f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}",

@@ -16,7 +16,7 @@ from services.common.search_contract import (
     MAX_FILTER_VALUES,
     Filters,
     check_max_results,
-    check_query_length,
+    check_query,
     missing_user_context,
     normalise_query,
     refuse_reserved_tenant,
@@ -97,11 +97,9 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
 
 
 def validate(req: RespondInput) -> None:
-    # Nothing Retrieval could search (blank, or only controls, format marks, private-use
-    # characters) is the caller's error here, not Retrieval's refusal relayed as ours.
-    if not normalise_query(req.query):
-        raise errors.InvalidArgumentError("query is required", metadata={"field": "query"})
-    check_query_length(req.query)
+    # Nothing Retrieval could search is the caller's error here, not Retrieval's refusal
+    # relayed as ours.
+    check_query(req.query)
     check_max_results(req.max_results)
     if len(req.history) > MAX_HISTORY_TURNS:
         raise errors.LimitExceededError(

@@ -338,11 +338,7 @@ class RetrievalEngine:
                 f"params.fusion must be one of {', '.join(FUSIONS)}",
                 metadata={"field": "params.fusion"},
             )
-        text = normalise_query(q.query)
-        if not text:
-            raise errors.InvalidArgumentError(
-                "query has no searchable characters", metadata={"field": "query"}
-            )
+        text = normalise_query(q.query)  # not empty: validate() refuses such a query
         language = detect_language(text, q.language)  # a hint as its primary subtag; auto detects
         mode = q.mode or d.mode
         hybrid = q.enable_hybrid if q.enable_hybrid is not None else s.enable_hybrid

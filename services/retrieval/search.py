@@ -10,7 +10,7 @@ from services.common.search_contract import (
     KB_TENANT,
     Filters,
     check_max_results,
-    check_query_length,
+    check_query,
     invalid,
     validate_filters,
 )
@@ -131,9 +131,7 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
         raise invalid(
             "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
         )
-    if not q.query.strip():
-        raise invalid("query", "query is required")
-    check_query_length(q.query)
+    check_query(q.query)
     check_max_results(q.max_results)
     if q.mode and q.mode not in MODES:
         raise invalid("params.retrieval_mode", f"retrieval_mode must be one of {', '.join(MODES)}")

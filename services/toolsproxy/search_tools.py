@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.search_contract import KB_SOURCE, USER_SOURCE
+from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query
 from services.common.tool_contract import (
     INVALID_ARGUMENT,
     SEARCH_GENERAL_KB,
@@ -122,10 +122,12 @@ class SearchTools:
         }
 
     async def _run(self, call: SearchCall, threshold: float) -> dict[str, Any]:
-        # Retrieval refuses a query of spaces; refused there it would come back as our own
-        # error (DOWNSTREAM_REJECTED) and reach the model as an outage to wait out.
-        if not call.query.strip():
-            raise ToolFailure(INVALID_ARGUMENT, "query must hold a word, not only spaces")
+        # Retrieval refuses a query it cannot search; refused there it would come back as our
+        # own error (DOWNSTREAM_REJECTED) and reach the model as an outage to wait out.
+        try:
+            check_query(call.query)
+        except errors.InvalidArgumentError as exc:
+            raise ToolFailure(INVALID_ARGUMENT, exc.message) from None
         try:
             hits = await self._searcher.search(call)
         except errors.InvalidArgumentError as exc:

@@ -77,3 +77,10 @@ async def test_mock_engine_applies_the_request_limits():
         await engine.search(SearchQuery(query="q", tenant_id="t", max_results=51))
     with pytest.raises(errors.InvalidArgumentError):
         await engine.search(SearchQuery(query="q", tenant_id=""))
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\u200b", "\u200e\ufeff\x01"])
+async def test_mock_engine_refuses_a_query_with_nothing_to_search_as_the_engine_does(query):
+    with pytest.raises(errors.InvalidArgumentError) as caught:
+        await MockSearchEngine(SearchDefaults()).search(SearchQuery(query=query, tenant_id="t"))
+    assert caught.value.metadata["field"] == "query"

@@ -218,8 +218,11 @@ class _ValidatingBackend:
         raise AssertionError("the query should have been refused")
 
 
+@pytest.mark.parametrize(
+    "query", ["   ", "\u200b", "\u200e\ufeff"], ids=["spaces", "zwsp", "marks"]
+)
 @pytest.mark.parametrize("tool", ["search_user_documents", "search_general_kb"])
-async def test_a_blank_query_is_invalid_argument(tool: str) -> None:
+async def test_a_blank_query_is_invalid_argument(tool: str, query: str) -> None:
     running = await start_server(
         ServerSettings(service="retrieval", port=0),
         lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
@@ -232,7 +235,7 @@ async def test_a_blank_query_is_invalid_argument(tool: str) -> None:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
     try:
         ex = ToolExecutor(SearchTools(GrpcSearcher(channel)).tools)
-        out = await ex.execute(tool, {"query": "   "}, Caller("a", "u"))
+        out = await ex.execute(tool, {"query": query}, Caller("a", "u"))
     finally:
         await channel.close()
         await running.server.stop(0)
