@@ -33,7 +33,12 @@ from services.retrieval.rerank import (
     RerankSettings,
     local_model_files,
 )
-from services.retrieval.search import SearchDefaults
+from services.retrieval.search import (
+    MAX_CONTEXT_TOKEN_LIMIT,
+    MAX_TOPK_PER_DOC,
+    PARAM_LIMITS,
+    SearchDefaults,
+)
 
 DEFAULT_PORT = 50053
 MAX_OPTIMIZE_QUIET_S = 86_400.0
@@ -303,11 +308,12 @@ CHUNKS = Fields(
 SEARCH = Fields(
     SearchDefaults,
     max_results=integer("RETR_MAX_RESULTS", minimum=1, maximum=MAX_RESULTS_LIMIT),
-    max_docs=integer("DEFAULT_MAX_DOCS", minimum=1, maximum=100),
-    max_sections=integer("DEFAULT_MAX_SECTIONS", minimum=1, maximum=200),
-    max_chunks=integer("DEFAULT_MAX_CHUNKS", minimum=1, maximum=200),
-    context_token_limit=integer("DEFAULT_TOKEN_LIMIT", minimum=1),
-    topk_per_doc=integer("RETR_TOPK_PER_DOC", minimum=0),
+    # A server default is held to the limit a request's own value is held to.
+    max_docs=integer("DEFAULT_MAX_DOCS", minimum=1, maximum=PARAM_LIMITS["max_docs"]),
+    max_sections=integer("DEFAULT_MAX_SECTIONS", minimum=1, maximum=PARAM_LIMITS["max_sections"]),
+    max_chunks=integer("DEFAULT_MAX_CHUNKS", minimum=1, maximum=PARAM_LIMITS["max_chunks"]),
+    context_token_limit=integer("DEFAULT_TOKEN_LIMIT", minimum=1, maximum=MAX_CONTEXT_TOKEN_LIMIT),
+    topk_per_doc=integer("RETR_TOPK_PER_DOC", minimum=0, maximum=MAX_TOPK_PER_DOC),
     min_score=number("RETR_MIN_SCORE", minimum=0.0, maximum=1.0),
 )
 ENGINE = Fields(

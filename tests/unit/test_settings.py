@@ -1,11 +1,18 @@
 import pytest
 
+from services.common import errors
 from services.common.search_contract import window_radius
 from services.common.setting_names import NAMES
 from services.common.settings import Env, SettingsError, grpc_target, refuse_undeclared
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
-from services.retrieval.config import RetrievalSettings, llm_assist_settings, rerank_settings
+from services.retrieval.config import (
+    RetrievalSettings,
+    llm_assist_settings,
+    rerank_settings,
+    search_defaults,
+)
+from services.retrieval.search import SearchQuery, validate
 from services.toolsproxy.config import ToolsProxySettings
 
 
@@ -132,6 +139,27 @@ def test_retrieval_max_results_default_is_capped_at_50():
     assert RetrievalSettings.from_env(Env({"RETR_MAX_RESULTS": "50"})).defaults.max_results == 50
     with pytest.raises(SettingsError):
         RetrievalSettings.from_env(Env({"RETR_MAX_RESULTS": "51"}))
+
+
+SEARCH_DEFAULT_LIMITS = [
+    ("DEFAULT_MAX_DOCS", "max_docs", 100),
+    ("DEFAULT_MAX_SECTIONS", "max_sections", 200),
+    ("DEFAULT_MAX_CHUNKS", "max_chunks", 200),
+    ("DEFAULT_TOKEN_LIMIT", "context_token_limit", 131_072),
+    ("RETR_TOPK_PER_DOC", "topk_per_doc", 50),
+]
+"""Each server default of a search parameter and the largest value a request may give."""
+
+
+@pytest.mark.parametrize(("name", "field", "limit"), SEARCH_DEFAULT_LIMITS)
+def test_a_search_default_is_held_to_the_requests_limit(name: str, field: str, limit: int):
+    defaults = search_defaults(Env({name: str(limit)}))
+    assert getattr(defaults, field) == limit
+    validate(SearchQuery(query="q", tenant_id="t", **{field: limit}), defaults)
+    with pytest.raises(errors.LimitExceededError):
+        validate(SearchQuery(query="q", tenant_id="t", **{field: limit + 1}), defaults)
+    with pytest.raises(SettingsError, match=name):
+        search_defaults(Env({name: str(limit + 1)}))
 
 
 def test_retrieval_message_size_leaves_room_for_the_largest_document():
