@@ -18,7 +18,7 @@ _WS = re.compile(r"\s+")
 class ChunkingConfig:
     """How documents are cut into chunks and summarised; part of every document's generation."""
 
-    chunk_tokens: int = 256
+    chunk_tokens: int = 200
     """Largest chunk, in tokens of `encoding` (a chunk is never longer)."""
     overlap_tokens: int = 32
     """Tokens of the previous chunk repeated at the start of the next one in the same section."""

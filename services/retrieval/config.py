@@ -18,6 +18,7 @@ from services.common.settings import (
     text,
 )
 from services.common.shared_config import data_dir
+from services.docstore.chunking import ChunkingConfig
 from services.docstore.config import DocstoreSettings, docstore_settings
 from services.model_runtime import config as runtime_config
 from services.model_runtime.client import RuntimeSettings
@@ -110,10 +111,11 @@ class RetrievalSettings:
     """Health fails when the backend is down (RETR_PRODUCTION)."""
     journal_path: str
     """The ingest journal (VISIOR_DATA_DIR/ingest-journal.jsonl)."""
-    chunk_tokens: int
+    chunk_tokens: int = ChunkingConfig.chunk_tokens
     """Chunk size in tokens (RETR_CHUNK_TOKENS)."""
-    chunk_overlap_tokens: int
-    """Overlap between consecutive chunks in tokens (RETR_CHUNK_OVERLAP_TOKENS)."""
+    chunk_overlap_tokens: int = ChunkingConfig.overlap_tokens
+    """Overlap between consecutive chunks in tokens (RETR_CHUNK_OVERLAP_TOKENS), at most half
+    the chunk size."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> RetrievalSettings:
@@ -165,10 +167,15 @@ def index_settings(env: Env, data: Path) -> IndexSettings:
 
 
 def chunking(env: Env) -> dict[str, int]:
-    """Chunk size and overlap in tokens."""
+    """Chunk size and overlap in tokens, as the chunker (ChunkingConfig) can use them."""
     values = CHUNKS.values(env)
-    if values["chunk_overlap_tokens"] >= values["chunk_tokens"]:
-        raise SettingsError("RETR_CHUNK_OVERLAP_TOKENS must be below RETR_CHUNK_TOKENS")
+    size, overlap = values["chunk_tokens"], values["chunk_overlap_tokens"]
+    try:
+        ChunkingConfig(chunk_tokens=size, overlap_tokens=overlap)
+    except ValueError as exc:
+        raise SettingsError(
+            f"RETR_CHUNK_TOKENS={size}, RETR_CHUNK_OVERLAP_TOKENS={overlap}: {exc}"
+        ) from None
     return values
 
 
@@ -302,8 +309,8 @@ INDEX = Fields(
 )
 CHUNKS = Fields(
     RetrievalSettings,
-    chunk_tokens=integer("RETR_CHUNK_TOKENS", 200, 32, 2048),
-    chunk_overlap_tokens=integer("RETR_CHUNK_OVERLAP_TOKENS", 32, 0, 512),
+    chunk_tokens=integer("RETR_CHUNK_TOKENS", minimum=32, maximum=2048),
+    chunk_overlap_tokens=integer("RETR_CHUNK_OVERLAP_TOKENS", minimum=0, maximum=1024),
 )
 SEARCH = Fields(
     SearchDefaults,

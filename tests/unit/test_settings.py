@@ -4,6 +4,7 @@ from services.common import errors
 from services.common.search_contract import window_radius
 from services.common.setting_names import NAMES
 from services.common.settings import Env, SettingsError, grpc_target, refuse_undeclared
+from services.docstore.chunking import ChunkingConfig
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
 from services.retrieval.config import (
@@ -160,6 +161,26 @@ def test_a_search_default_is_held_to_the_requests_limit(name: str, field: str, l
         validate(SearchQuery(query="q", tenant_id="t", **{field: limit + 1}), defaults)
     with pytest.raises(SettingsError, match=name):
         search_defaults(Env({name: str(limit + 1)}))
+
+
+def test_chunk_overlap_at_and_past_half_the_chunk_size():
+    s = RetrievalSettings.from_env(
+        Env({"RETR_CHUNK_TOKENS": "200", "RETR_CHUNK_OVERLAP_TOKENS": "100"})
+    )
+    assert (s.chunk_tokens, s.chunk_overlap_tokens) == (200, 100)
+    with pytest.raises(SettingsError, match="RETR_CHUNK_TOKENS=200, RETR_CHUNK_OVERLAP_TOKENS=101"):
+        RetrievalSettings.from_env(
+            Env({"RETR_CHUNK_TOKENS": "200", "RETR_CHUNK_OVERLAP_TOKENS": "101"})
+        )
+
+
+def test_the_service_chunks_as_the_chunker_does_by_default():
+    s = RetrievalSettings.from_env(Env({}))
+    default = ChunkingConfig()
+    assert (s.chunk_tokens, s.chunk_overlap_tokens) == (
+        default.chunk_tokens,
+        default.overlap_tokens,
+    )
 
 
 def test_retrieval_message_size_leaves_room_for_the_largest_document():
