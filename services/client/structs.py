@@ -7,15 +7,13 @@ and lists, writes bytes protobuf rejects as corrupt. So every `Value` is built e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import betterproto
 from betterproto.lib.google.protobuf import ListValue, NullValue, Struct, Value
 
-# Doubles hold integers exactly up to 2**53; past that a number stays a float.
-_MAX_EXACT_INT = 2**53
+from services.common.structs import json_number
 
 
 def to_value(obj: Any) -> Value:
@@ -58,10 +56,7 @@ def from_value(value: Value | None) -> Any:
     if kind == "bool_value":
         return value.bool_value
     if kind == "number_value":
-        number = value.number_value
-        if math.isfinite(number) and number.is_integer() and abs(number) <= _MAX_EXACT_INT:
-            return int(number)
-        return number
+        return json_number(value.number_value)
     if kind == "string_value":
         return value.string_value
     if kind == "struct_value":

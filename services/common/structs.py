@@ -8,10 +8,19 @@ from google.protobuf import json_format, struct_pb2
 
 from services.common import errors
 
+MAX_EXACT_INT = 2**53
+"""Doubles hold every integer below this exactly; from it on, a whole double stays a float."""
+
+
+def json_number(number: float) -> int | float:
+    """A Struct's number as JSON shows it: a whole double below MAX_EXACT_INT as an int; any
+    other (a fraction, a larger one, NaN, an infinity) as it is."""
+    return int(number) if number.is_integer() and abs(number) < MAX_EXACT_INT else number
+
 
 def _ints(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
+    if isinstance(value, float):
+        return json_number(value)
     if isinstance(value, dict):  # sorted: a Struct's map order changes from process to process
         return {k: _ints(value[k]) for k in sorted(value)}
     if isinstance(value, list):

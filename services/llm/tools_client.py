@@ -18,7 +18,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
 from services.common.status import from_rpc_error
-from services.common.structs import struct_to_dict
+from services.common.structs import json_number, struct_to_dict
 from services.llm.model import ToolRequest, ToolResult
 from services.model_runtime.chat import ToolSpec
 
@@ -33,7 +33,7 @@ def _value(v: struct_pb2.Value) -> Any:
         n = v.number_value
         if math.isinf(n) or math.isnan(n):  # as json_format refuses them
             raise ValueError(f"Fail to serialize {n} for Value.number_value")
-        return int(n) if n.is_integer() and abs(n) < 2**53 else n
+        return json_number(n)
     if kind == "struct_value":
         return _struct(v.struct_value)
     if kind == "list_value":
