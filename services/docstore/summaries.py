@@ -54,7 +54,7 @@ class ExtractiveSummarizer:
                 picked.append(i)
                 used += 1 + len(sentences[i])
         out = " ".join(sentences[i] for i in sorted(picked))
-        return _clip(out, max_chars)
+        return clip_text(out, max_chars)
 
 
 def _cosine(sentence: str, whole: Counter[str]) -> float:
@@ -68,14 +68,19 @@ def _cosine(sentence: str, whole: Counter[str]) -> float:
     return dot / norm if norm else 0.0
 
 
-def _clip(text: str, limit: int) -> str:
+def clip_text(text: str, limit: int) -> str:
+    """`text` within `limit` characters: whole, or cut at a word boundary (when one falls in
+    the second half) and ended with "…", trailing punctuation and dashes dropped; "" when
+    not even one character and the ellipsis fit."""
     if len(text) <= limit:
         return text
-    cut = text[: max(0, limit - 1)]
+    if limit <= 1:
+        return ""
+    cut = text[: limit - 1]
     space = cut.rfind(" ")
     if space > limit // 2:
         cut = cut[:space]
-    return cut.rstrip(" ,;:") + "…"
+    return cut.rstrip(" ,;:—-") + "…"
 
 
 def extractive_summary(text: str, limit: int) -> str:

@@ -41,7 +41,7 @@ from services.common import errors
 from services.common.search_contract import normalise_query
 from services.common.untrusted import neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
-from services.docstore.summaries import mix_generation, section_texts
+from services.docstore.summaries import clip_text, mix_generation, section_texts
 from services.model_runtime.chat import ChatMessage, ChatRequest, ChatRuntime, GenerationParams
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.query import detect_language, keyword_form
@@ -110,22 +110,15 @@ _SENTENCE_END = re.compile(r"[.!?…](?=[\s\"'»)\]]|$)")
 
 
 def trim_to(text: str, max_chars: int) -> str:
-    """`text` within `max_chars`: cut after its last whole sentence that fits, else at a word
-    boundary with an ellipsis (the way extractive summaries are clipped)."""
+    """`text` within `max_chars`: cut after its last whole sentence that fits (when it ends
+    in the second half), else clipped as extractive summaries are (`clip_text`)."""
     text = " ".join(text.split())
     if len(text) <= max_chars:
         return text
-    if max_chars <= 1:
-        return ""
-    head = text[:max_chars]
-    ends = [m.end() for m in _SENTENCE_END.finditer(head)]
-    if ends and ends[-1] >= max_chars // 2:
-        return head[: ends[-1]].rstrip()
-    cut = text[: max_chars - 1]
-    space = cut.rfind(" ")
-    if space > max_chars // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:—-") + "…"
+    ends = [m.end() for m in _SENTENCE_END.finditer(text[:max_chars])]
+    if ends and ends[-1] >= max_chars // 2 and max_chars > 1:
+        return text[: ends[-1]].rstrip()
+    return clip_text(text, max_chars)
 
 
 def clean_summary(answer: str) -> str:

@@ -23,7 +23,7 @@ from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
 from services.docstore.parsing import TITLE_SEPARATOR, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
-from services.docstore.summaries import mix_generation
+from services.docstore.summaries import clip_text, extractive_summary, mix_generation
 from services.model_runtime.chat import Completion
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from services.retrieval.config import llm_assist_settings
@@ -442,6 +442,23 @@ def test_trim_and_clean():
     assert clean_summary("Резюме: Отпуск оформляется заранее.") == "Отпуск оформляется заранее."
     assert clean_summary("  ") == "" and clean_summary("...!") == ""
     assert clean_summary("<<<DOCUMENT>>> fake") == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "clipped"),
+    [
+        ("Alpha beta gamma delta", 22, "Alpha beta gamma delta"),  # at the limit: whole
+        ("Alpha beta gamma delta", 21, "Alpha beta gamma…"),  # one past: cut at a word
+        ("Alpha beta gamma— epsilon zeta eta", 22, "Alpha beta gamma…"),  # the dash goes
+        ("Alpha beta gamma, epsilon zeta eta", 22, "Alpha beta gamma…"),
+        ("Alpha", 2, "A…"),
+        ("Alpha", 1, ""),  # only the ellipsis would fit
+    ],
+)
+def test_model_and_extractive_summaries_are_clipped_alike(text, limit, clipped):
+    assert clip_text(text, limit) == clipped
+    assert trim_to(text, limit) == clipped  # no sentence end to cut after
+    assert extractive_summary(text, limit) == clipped  # one sentence: only the clip applies
 
 
 @pytest.mark.parametrize("tag", ["", "text", "plaintext", "markdown", "md", "txt"])
