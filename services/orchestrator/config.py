@@ -10,6 +10,7 @@ from services.common.settings import (
     Env,
     Fields,
     ServerSettings,
+    Var,
     downstream,
     flag,
     integer,
@@ -18,7 +19,7 @@ from services.common.settings import (
     text,
 )
 from services.common.shared_config import llm_prompt_limit, proxy_max_window_radius, radius
-from services.orchestrator.runtime_config import RuntimeConfig
+from services.orchestrator.runtime_config import LIMITS, RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
 DEFAULT_PORT = 50051
@@ -93,12 +94,20 @@ RETRIEVAL = downstream(
 LLM = downstream(
     "ORCH_LLM_SERVICE_URL", "ORCH_LLM_TIMEOUT_SECONDS", 60.0, "LlmService", "127.0.0.1:50052"
 )
+
+
+def _limited(name: str, field_name: str) -> Var:
+    """The setting of a runtime field, held to the range UpdateConfig holds the field to."""
+    low, high = LIMITS[field_name]
+    return integer(name, minimum=low, maximum=high)
+
+
 RUNTIME = Fields(
     RuntimeConfig,
     default_model=text("ORCH_DEFAULT_MODEL"),
-    prompt_token_budget=integer("ORCH_PROMPT_TOKEN_BUDGET", minimum=1, maximum=131_072),
-    context_token_budget=integer("ORCH_CONTEXT_TOKEN_BUDGET", minimum=1, maximum=1_048_576),
-    max_tool_steps=integer("ORCH_MAX_TOOL_STEPS", minimum=0, maximum=20),
+    prompt_token_budget=_limited("ORCH_PROMPT_TOKEN_BUDGET", "prompt_token_budget"),
+    context_token_budget=_limited("ORCH_CONTEXT_TOKEN_BUDGET", "context_token_budget"),
+    max_tool_steps=_limited("ORCH_MAX_TOOL_STEPS", "max_tool_steps"),
     mock_mode=flag("ORCH_MOCK_MODE"),
 )
 SETTINGS = Fields(

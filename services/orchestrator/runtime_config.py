@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from services.common import errors
+from services.common.search_contract import window_radius
 
-LIMITS = {
+LIMITS: dict[str, tuple[int, int]] = {
     "prompt_token_budget": (1, 131_072),
     "context_token_budget": (1, 1_048_576),
     "max_tool_steps": (0, 20),
 }
+"""The range of each numeric field, for its ORCH_* setting and for UpdateConfig."""
 MAX_MODEL_NAME = 200
 
 
@@ -87,7 +89,7 @@ class ConfigHolder:
         if u.window_max is not None:
             if u.window_max < 1:
                 raise _invalid("window_max", "window_max must be at least 1")
-            radius = (u.window_max - 1) // 2
+            radius = window_radius(None, u.window_max)
         if radius is not None:
             if not 0 <= radius <= self._max_radius:
                 raise _invalid(

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from services.common import errors
 from services.common.search_contract import Filters, normalise_query
+from services.common.settings import Env, SettingsError
+from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import (
     LlmOutcome,
     RespondInput,
@@ -217,6 +219,27 @@ def test_config_update_validates_and_applies_whole():
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(max_tool_steps=21))
     assert holder.update(ConfigUpdate(max_tool_steps=20)).max_tool_steps == 20
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "low", "high"),
+    [
+        ("ORCH_PROMPT_TOKEN_BUDGET", "prompt_token_budget", 1, 131_072),
+        ("ORCH_CONTEXT_TOKEN_BUDGET", "context_token_budget", 1, 1_048_576),
+        ("ORCH_MAX_TOOL_STEPS", "max_tool_steps", 0, 20),
+    ],
+)
+def test_a_runtime_field_has_one_range_as_a_setting_and_in_update_config(name, field, low, high):
+    for value in (low, high):
+        started = OrchestratorSettings.from_env(Env({name: str(value)}))
+        assert getattr(started.runtime, field) == value
+        updated = ConfigHolder(RuntimeConfig(), 3).update(ConfigUpdate(**{field: value}))
+        assert getattr(updated, field) == value
+    for value in (low - 1, high + 1):
+        with pytest.raises(SettingsError, match=name):
+            OrchestratorSettings.from_env(Env({name: str(value)}))
+        with pytest.raises(errors.InvalidArgumentError, match=f"{field} must be within"):
+            ConfigHolder(RuntimeConfig(), 3).update(ConfigUpdate(**{field: value}))
 
 
 # --- scenarios (agent.md §4) -----------------------------------------------------------------
