@@ -8,6 +8,10 @@ from urllib.parse import SplitResult, urlsplit
 
 from services.common.settings import SettingsError
 
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""HTTP answers another attempt may fix: rate limited, or the upstream (or a gateway before
+it) failing for now. Any other 5xx (501 Not Implemented, 505, ...) fails the same way again."""
+
 
 def check_base_url(url: str, name: str) -> SplitResult:
     """`url`, the setting `name`, split; SettingsError unless it is an upstream's base URL:

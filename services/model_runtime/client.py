@@ -56,7 +56,7 @@ import httpx
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
-from services.common.http import check_base_url, retry_after_seconds
+from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
@@ -77,9 +77,6 @@ log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer is a bad response (a chat completion is far smaller)."""
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
 # -- settings --------------------------------------------------------------------------------
 
 
@@ -790,7 +787,7 @@ def _log_retry(failed: _Failure, attempt: int, delay: float) -> None:
 
 def _status_failure(response: httpx.Response) -> _Failure:
     status = response.status_code
-    if status in RETRY_STATUSES:
+    if status in TRANSIENT_STATUSES:
         # A wait over the policy's max_retry_after_s ends the run at once.
         return _Failure(
             "overloaded",

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 
 from services.common import errors
+from services.common.http import TRANSIENT_STATUSES
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry_sync
 from services.retrieval.intra_op import IntraOpThreads
 
@@ -331,7 +332,7 @@ class RemoteEmbedder:
             ) from exc
         status = response.status_code
         if status != 200:
-            retryable = status >= 500 or status == 429
+            retryable = status in TRANSIENT_STATUSES
             raise EmbeddingBackendError(
                 f"embedding backend answered {status}: {_error_message(response)}",
                 status=status,

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from services.common.http import TRANSIENT_STATUSES
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
 
@@ -216,7 +217,8 @@ def _error_text(response: httpx.Response) -> str:
 
 
 class _Unavailable(AttemptFailed):
-    """The reranker could not be reached or answered 5xx: the one failure retried."""
+    """The reranker could not be reached or gave a transient answer (TRANSIENT_STATUSES):
+    the one failure retried."""
 
     def __init__(self, error: RerankError) -> None:
         super().__init__(str(error), retry=True)
@@ -326,13 +328,14 @@ class RerankClient(Reranker):
                 RerankError("unavailable", f"cannot reach the reranker: {type(exc).__name__}")
             ) from None
         status = response.status_code
-        if status >= 500:
-            raise _Unavailable(
-                RerankError(
-                    "unavailable", f"reranker answered {status}: {_error_text(response)}",
-                    status=status,
-                )
+        if status >= 500 or status == 429:
+            error = RerankError(
+                "unavailable", f"reranker answered {status}: {_error_text(response)}",
+                status=status,
             )  # fmt: skip
+            if status in TRANSIENT_STATUSES:
+                raise _Unavailable(error)
+            raise error
         if status >= 400:
             raise RerankError(
                 "rejected",

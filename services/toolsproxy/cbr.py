@@ -33,7 +33,7 @@ import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
-from services.common.http import check_base_url
+from services.common.http import TRANSIENT_STATUSES, check_base_url
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
@@ -578,7 +578,7 @@ class CbrClient:
             if code.rsplit(":", 1)[-1] == "Client":
                 raise CbrRequestError(text or "soap:Client fault")
             raise _Retryable(f"SOAP fault {code}: {text[:200]}")
-        if status >= 500:
+        if status in TRANSIENT_STATUSES:
             raise _Retryable(f"HTTP {status}")
         if status != 200:
             raise _Fatal(f"HTTP {status}")

@@ -23,7 +23,7 @@ import httpx
 
 from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
-from services.common.http import check_base_url, retry_after_seconds
+from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
@@ -348,7 +348,7 @@ class TavilyClient:
         status = response.status_code
         if status == 200:
             return self._parse(response)
-        if status >= 500:
+        if status in TRANSIENT_STATUSES and status != 429:
             raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
         if status == 429:
             wait = retry_after_seconds(response.headers.get("Retry-After"))

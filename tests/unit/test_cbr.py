@@ -483,6 +483,14 @@ async def test_one_retry_on_5xx_then_success(fake: FakeCbrServer, make: Factory)
     assert client.breaker.state == CLOSED
 
 
+async def test_a_501_is_not_retried(fake: FakeCbrServer, make: Factory) -> None:
+    _, tool = make()
+    fake.fail_next(1, status=501)
+    err = await failure(tool, mode="currency", date="2025-07-30")
+    assert err.code == "UPSTREAM_UNAVAILABLE"
+    assert len(fake.requests) == 1
+
+
 async def test_only_one_retry(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make(breaker_reset_s=30.0)
     fake.fail_next(2, status=502)

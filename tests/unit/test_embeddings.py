@@ -333,6 +333,20 @@ def test_remote_503_retried_then_succeeds(
     assert sleeps.delays == [0.2, 0.4]
 
 
+@pytest.mark.parametrize(("status", "attempts"), [(429, 2), (502, 2), (501, 1), (505, 1)])
+def test_remote_transient_answers_are_retried_and_others_not(
+    fake: FakeEmbeddingsServer, remote: RemoteEmbedder, status: int, attempts: int
+) -> None:
+    fake.fail_next, fake.fail_status = 1, status
+    if attempts == 2:
+        remote.embed_queries(["q"])
+    else:
+        with pytest.raises(EmbeddingBackendError) as info:
+            remote.embed_queries(["q"])
+        assert info.value.status == status and not info.value.retryable
+    assert len(fake.embedding_requests) == attempts
+
+
 def test_remote_503_past_retry_limit_raises(
     fake: FakeEmbeddingsServer, remote: RemoteEmbedder
 ) -> None:

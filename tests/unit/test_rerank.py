@@ -129,6 +129,18 @@ async def test_one_retry_after_503_then_success(server, style):
     assert len(server.requests) == 2
 
 
+async def test_a_429_is_retried_and_a_501_is_not(server):
+    server.fail_next(1, 429)
+    async with client_for(server) as client:
+        assert (await client.rerank(QUERY, TEXTS))[0].index == 2
+        assert len(server.requests) == 2
+        server.fail_next(1, 501)
+        with pytest.raises(RerankError) as info:
+            await client.rerank(QUERY, TEXTS)
+    assert (info.value.reason, info.value.status) == ("unavailable", 501)
+    assert len(server.requests) == 3
+
+
 async def test_retry_after_dropped_connection(server):
     server.drop_next(1)
     async with client_for(server) as client:

@@ -707,6 +707,15 @@ async def test_retry_exhausted_is_a_runtime_error(h: Harness, status: int) -> No
     assert len(h.fake.chat_requests) == 2
 
 
+async def test_a_501_is_not_retried(h: Harness) -> None:
+    h.fake.fail(501)
+    err = await runtime_error(complete(h.runtime()))
+    assert (err.metadata["kind"], err.metadata["status"], err.metadata["attempts"]) == (
+        "bad_response", "501", "1",
+    )  # fmt: skip
+    assert len(h.fake.chat_requests) == 1
+
+
 async def test_one_attempt_means_no_retry(h: Harness) -> None:
     h.fake.fail(503)
     await runtime_error(complete(h.runtime(retry=RetryPolicy(attempts=1, first_delay_s=0.2))))

@@ -357,6 +357,14 @@ async def test_failures_are_not_cached_and_cache_is_bounded(h: Harness) -> None:
 # -- retries, backoff, rate limits ----------------------------------------------------------
 
 
+async def test_a_501_is_not_retried(h: Harness) -> None:
+    h.fake.fail_next(1, 501)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert len(h.fake.requests) == 1 and h.delays == []
+
+
 async def test_backoff_on_5xx_then_success(h: Harness) -> None:
     h.fake.fail_next(2, 503)
     result = await call(
