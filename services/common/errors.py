@@ -59,6 +59,11 @@ class InvalidArgumentError(ServiceError, code=INVALID_ARGUMENT, reason="INVALID_
     """Bad input from the caller (HTTP 400)."""
 
 
+def invalid(field_name: str, message: str) -> InvalidArgumentError:
+    """INVALID_ARGUMENT naming the request field at fault (metadata ``field``)."""
+    return InvalidArgumentError(message, metadata={"field": field_name})
+
+
 class LimitExceededError(InvalidArgumentError, reason="LIMIT_EXCEEDED"):
     """The request asks for more than a limit allows (HTTP 400, as the specs say)."""
 

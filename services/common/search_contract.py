@@ -30,11 +30,6 @@ DEFAULT_WINDOW_RADIUS = 3
 _ZERO_WIDTH_SPACES = {"\u200b", "\u2060", "\u180e"}
 
 
-def invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
-    """INVALID_ARGUMENT naming the request field at fault."""
-    return errors.InvalidArgumentError(message, metadata={"field": field_name})
-
-
 def missing_user_context(field_name: str, message: str) -> errors.InvalidArgumentError:
     """INVALID_ARGUMENT with reason MISSING_USER_CONTEXT: the caller's tenant or user is
     blank. Both ids are the caller's identity (docs/architecture.md §16)."""
@@ -48,7 +43,7 @@ def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> Non
     is asked for the way `instead` says (docs/architecture.md §15), never as a caller's own
     documents."""
     if tenant_id == KB_TENANT:
-        raise invalid(
+        raise errors.invalid(
             field_name, f"tenant {KB_TENANT!r} is reserved for the knowledge base; {instead}"
         )
 
@@ -58,7 +53,7 @@ def check_query(query: str) -> None:
     (blank, or only controls, format marks, private-use characters), LimitExceededError past
     MAX_QUERY_CHARS."""
     if not normalise_query(query):
-        raise invalid("query", "query is required (a word, not only spaces or marks)")
+        raise errors.invalid("query", "query is required (a word, not only spaces or marks)")
     if len(query) > MAX_QUERY_CHARS:
         raise errors.LimitExceededError(
             f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}",
@@ -71,7 +66,7 @@ def check_max_results(max_results: int | None) -> None:
     if max_results is None:
         return
     if max_results < 1:
-        raise invalid("max_results", "max_results must be at least 1")
+        raise errors.invalid("max_results", "max_results must be at least 1")
     if max_results > MAX_RESULTS_LIMIT:
         raise errors.LimitExceededError(
             f"max_results is {max_results}; the limit is {MAX_RESULTS_LIMIT}",
@@ -97,7 +92,7 @@ def validate_filters(f: Filters) -> None:
     """filters.source and the filter lists' limits; the orchestrator checks a Respond's
     filters with it before they reach Retrieval."""
     if f.source and f.source not in SOURCES:
-        raise invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
+        raise errors.invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
         if len(getattr(f, name)) > MAX_FILTER_VALUES:
             raise errors.LimitExceededError(

@@ -13,6 +13,7 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
+from services.common.search_contract import missing_user_context, refuse_reserved_tenant
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
@@ -24,10 +25,6 @@ MAX_MESSAGES = 64
 MAX_MESSAGE_CHARS = 32_768
 MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
-
-
-def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
-    return errors.InvalidArgumentError(message, metadata={"field": field_name})
 
 
 def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
@@ -49,23 +46,23 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
             MAX_RESPONSE_SCHEMA_BYTES,
         )
     if not schema:
-        raise _invalid(field_name, "response_schema must not be empty")
+        raise errors.invalid(field_name, "response_schema must not be empty")
     if allowed_tools:
-        raise _invalid(field_name, "response_schema cannot be combined with allowed_tools")
+        raise errors.invalid(field_name, "response_schema cannot be combined with allowed_tools")
 
 
 def validate(req: GenerateInput, limits: LoopSettings) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service refuses;
     `limits` are the service's own (the tool loop's settings)."""
     if req.mode not in MODES:
-        raise _invalid("mode", "mode must be 'rag' or 'chat'")
+        raise errors.invalid("mode", "mode must be 'rag' or 'chat'")
     if not req.messages:
-        raise _invalid("messages", "messages must hold at least the user's question")
+        raise errors.invalid("messages", "messages must hold at least the user's question")
     if len(req.messages) > MAX_MESSAGES:
         raise _over_limit("messages", f"at most {MAX_MESSAGES} messages", MAX_MESSAGES)
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
-            raise _invalid(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}")
+            raise errors.invalid(f"messages[{i}].role", f"role must be one of {', '.join(ROLES)}")
         if len(m.content) > MAX_MESSAGE_CHARS:
             raise _over_limit(
                 f"messages[{i}].content",
@@ -73,7 +70,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
                 MAX_MESSAGE_CHARS,
             )
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
-        raise _invalid("messages", "no user message with content")
+        raise errors.invalid("messages", "no user message with content")
     if len(req.context_chunks) > MAX_CONTEXT_CHUNKS:
         raise _over_limit(
             "context_chunks", f"at most {MAX_CONTEXT_CHUNKS} context chunks", MAX_CONTEXT_CHUNKS
@@ -94,25 +91,33 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
     for name, (lo, hi) in ranges.items():
         value = getattr(p, name)
         if value is not None and not lo <= value <= hi:
-            raise _invalid(f"generation_params.{name}", f"{name} must be within {lo}..{hi}")
+            raise errors.invalid(f"generation_params.{name}", f"{name} must be within {lo}..{hi}")
     if len(p.stop) > MAX_STOP_SEQUENCES:
-        raise _invalid("generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        raise errors.invalid(
+            "generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences"
+        )
     if p.response_schema is not None:
         _validate_response_schema(p.response_schema, req.policy.allowed_tools)
     if req.answer_language and req.answer_language not in ANSWER_LANGUAGES:
-        raise _invalid(
+        raise errors.invalid(
             "answer_language", f"answer_language must be one of {', '.join(ANSWER_LANGUAGES)}"
         )
-    if req.policy.allowed_tools and (req.user is None or not req.user.tenant_id.strip()):
-        raise _invalid("user.tenant_id", "tools need the user's tenant_id")
-    if req.policy.allowed_tools and (req.user is None or not req.user.user_id.strip()):
-        # ToolsProxy runs a tool for a tenant and a user, both required (docs/architecture.md §16).
-        raise _invalid("user.user_id", "tools need the user's user_id")
+    if req.policy.allowed_tools:
+        # ToolsProxy runs a tool for a tenant and a user (docs/architecture.md §16): what it
+        # would refuse is refused here, as it refuses it.
+        user = req.user
+        if user is None or not user.tenant_id.strip():
+            raise missing_user_context("user.tenant_id", "tools need the user's tenant_id")
+        if not user.user_id.strip():
+            raise missing_user_context("user.user_id", "tools need the user's user_id")
+        refuse_reserved_tenant(
+            user.tenant_id, "user.tenant_id", "its tools search it with search_general_kb"
+        )
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
-        raise _invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
+        raise errors.invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
     if any(r < 0 for r in req.policy.radius_schedule):
-        raise _invalid("tool_policy.window_radius_schedule", "radii must not be negative")
+        raise errors.invalid("tool_policy.window_radius_schedule", "radii must not be negative")
 
 
 class Catalogue(Protocol):

@@ -51,10 +51,6 @@ class ConfigUpdate:
     mock_mode: bool | None = None
 
 
-def _invalid(field_name: str, message: str) -> errors.InvalidArgumentError:
-    return errors.InvalidArgumentError(message, metadata={"field": field_name})
-
-
 class ConfigHolder:
     """Holds the current RuntimeConfig; updates are validated and applied whole or not at all."""
 
@@ -71,7 +67,7 @@ class ConfigHolder:
         if u.default_model is not None:
             # "" means "the LLM service's own DEFAULT_MODEL_NAME"; blanks alone are a mistake.
             if u.default_model != u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
-                raise _invalid(
+                raise errors.invalid(
                     "default_model",
                     f"default_model must be empty (the LLM default) or 1..{MAX_MODEL_NAME} "
                     "characters without surrounding spaces",
@@ -81,18 +77,20 @@ class ConfigHolder:
             value = getattr(u, name)
             if value is not None:
                 if not lo <= value <= hi:
-                    raise _invalid(name, f"{name} must be within {lo}..{hi}")
+                    raise errors.invalid(name, f"{name} must be within {lo}..{hi}")
                 changes[name] = value
         if u.window_radius is not None and u.window_max is not None:
-            raise _invalid("window_max", "give window_radius or the legacy window_max, not both")
+            raise errors.invalid(
+                "window_max", "give window_radius or the legacy window_max, not both"
+            )
         radius = u.window_radius
         if u.window_max is not None:
             if u.window_max < 1:
-                raise _invalid("window_max", "window_max must be at least 1")
+                raise errors.invalid("window_max", "window_max must be at least 1")
             radius = window_radius(None, u.window_max)
         if radius is not None:
             if not 0 <= radius <= self._max_radius:
-                raise _invalid(
+                raise errors.invalid(
                     "window_radius",
                     f"window_radius must be within 0..{self._max_radius} (the tools proxy's limit)",
                 )

@@ -232,10 +232,6 @@ def kb_file_key(file_name: str) -> str:
     return file_name.replace("\\", "/").rsplit("/", 1)[-1] or "train_data.csv"
 
 
-def _invalid(name: str, message: str) -> errors.InvalidArgumentError:
-    return errors.InvalidArgumentError(message, metadata={"field": name})
-
-
 class Ingestor:
     """Documents in and out of the index and the document store; the store is the truth."""
 
@@ -324,13 +320,13 @@ class Ingestor:
 
     def _validate(self, item: IngestInput) -> tuple[str, str]:
         if not item.tenant_id.strip():
-            raise _invalid("tenant_id", "tenant_id is required")
+            raise errors.invalid("tenant_id", "tenant_id is required")
         if not _TENANT_ID.fullmatch(item.tenant_id):
-            raise _invalid(
+            raise errors.invalid(
                 "tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'"
             )
         if not item.content:
-            raise _invalid("content", "content is empty")
+            raise errors.invalid("content", "content is empty")
         if len(item.content) > self._max_bytes:
             raise errors.LimitExceededError(
                 f"document is {len(item.content)} bytes; the limit is {self._max_bytes}",
@@ -362,7 +358,7 @@ class Ingestor:
         fmt = guess_format(item.file_name, item.content_type)
         if fmt == "csv":
             if item.tenant_id != KB_TENANT:
-                raise _invalid(
+                raise errors.invalid(
                     "tenant_id",
                     f"a knowledge-base CSV goes to the reserved tenant {KB_TENANT!r} "
                     "(visior ingest --knowledge-base)",
@@ -372,10 +368,10 @@ class Ingestor:
         doc_id = item.doc_id or slugify(stem, 100, fallback="")
         if not _DOC_ID.fullmatch(doc_id):
             if item.doc_id:
-                raise _invalid(
+                raise errors.invalid(
                     "doc_id", "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'"
                 )
-            raise _invalid("file_name", "no doc_id could be made from file_name; give doc_id")
+            raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
         return doc_id, fmt
 
     def _parse(self, item: IngestInput, doc_id: str, fmt: str) -> list[Document]:
@@ -427,10 +423,10 @@ class Ingestor:
         doc_id, fmt = self._validate(item)
         docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
         if not docs:  # a knowledge-base CSV with a header and no rows
-            raise _invalid("content", "the knowledge-base CSV has no rows")
+            raise errors.invalid("content", "the knowledge-base CSV has no rows")
         for doc in docs:
             if not doc.chunks:
-                raise _invalid("content", f"document {doc.doc_id!r} has no text")
+                raise errors.invalid("content", f"document {doc.doc_id!r} has no text")
         # Each document with whether its summaries are final (see _summarized).
         todo = [(doc, True) for doc in docs]
         if self._summarizer is not None:
@@ -631,9 +627,9 @@ class Ingestor:
 
     async def delete(self, tenant_id: str, doc_id: str) -> bool:
         if not tenant_id.strip():
-            raise _invalid("tenant_id", "tenant_id is required")
+            raise errors.invalid("tenant_id", "tenant_id is required")
         if not doc_id.strip():
-            raise _invalid("doc_id", "doc_id is required")
+            raise errors.invalid("doc_id", "doc_id is required")
         return await self._locked(lambda: self._delete(tenant_id, doc_id))
 
     async def _delete(self, tenant_id: str, doc_id: str) -> bool:
@@ -679,5 +675,5 @@ class Ingestor:
         page ("" after the last). Read in a worker thread (two queries: off the event loop,
         which a PostgreSQL store's round trips would hold)."""
         if not tenant_id.strip():
-            raise _invalid("tenant_id", "tenant_id is required")
+            raise errors.invalid("tenant_id", "tenant_id is required")
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

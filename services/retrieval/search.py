@@ -11,7 +11,6 @@ from services.common.search_contract import (
     Filters,
     check_max_results,
     check_query,
-    invalid,
     validate_filters,
 )
 
@@ -126,15 +125,17 @@ class SearchResult:
 def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service must refuse."""
     if not q.tenant_id.strip():
-        raise invalid("tenant_id", "tenant_id is required")
+        raise errors.invalid("tenant_id", "tenant_id is required")
     if q.tenant_id == KB_TENANT:
-        raise invalid(
+        raise errors.invalid(
             "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
         )
     check_query(q.query)
     check_max_results(q.max_results)
     if q.mode and q.mode not in MODES:
-        raise invalid("params.retrieval_mode", f"retrieval_mode must be one of {', '.join(MODES)}")
+        raise errors.invalid(
+            "params.retrieval_mode", f"retrieval_mode must be one of {', '.join(MODES)}"
+        )
     for name, limit in PARAM_LIMITS.items():
         value = getattr(q, name)
         if value is not None and not 1 <= value <= limit:
@@ -156,5 +157,5 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
             metadata={"field": "params.topk_per_doc", "limit": str(MAX_TOPK_PER_DOC)},
         )
     if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
-        raise invalid("params.min_score", "params.min_score must be between 0 and 1")
+        raise errors.invalid("params.min_score", "params.min_score must be between 0 and 1")
     validate_filters(q.filters)

@@ -4,6 +4,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
+from services.common.search_contract import KB_TENANT
 from services.common.settings import Env
 from services.llm.app import loop_settings
 from services.llm.config import LlmSettings
@@ -145,6 +146,21 @@ async def test_bad_requests_name_the_field(kw, field):
     with pytest.raises(errors.InvalidArgumentError) as info:
         await engine(FakeTools([])).generate(req(**kw))
     assert info.value.metadata["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("user", "field", "reason"),
+    [
+        (None, "user.tenant_id", "MISSING_USER_CONTEXT"),
+        (User(" ", "u1"), "user.tenant_id", "MISSING_USER_CONTEXT"),
+        (User("t1", " "), "user.user_id", "MISSING_USER_CONTEXT"),
+        (User(KB_TENANT, "u1"), "user.tenant_id", "INVALID_ARGUMENT"),
+    ],
+)
+async def test_tools_need_a_caller_toolsproxy_accepts_refused_as_it_refuses(user, field, reason):
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await engine(FakeTools([])).generate(req(user=user))
+    assert (info.value.reason, info.value.metadata["field"]) == (reason, field)
 
 
 async def test_limits_at_and_past():
