@@ -293,14 +293,15 @@ def best_sentences(
     return [sentences[i] for i in sorted(ranked) if scores[i] > 0] or sentences[:1]
 
 
-def answer_language(question: str, system: str = "") -> str:
-    """ "en" when the system prompt asks for English or the question is in Latin script;
-    "ru" otherwise (agent.md §8: Russian by default)."""
-    instructions = strip_delimited(system)
-    if _ASKS_ENGLISH.search(instructions):
-        return EN
-    if _ASKS_RUSSIAN.search(instructions):
-        return RU
+def answer_language(question: str, system: str = "", notes: str = "") -> str:
+    """The language the loop's language note (`notes`: its service notes, which carry the
+    request's answer_language), else the system prompt, asks for; else "en" when the question
+    is in Latin script and "ru" otherwise (agent.md §8: Russian by default)."""
+    for instructions in (notes, strip_delimited(system)):
+        if _ASKS_ENGLISH.search(instructions):
+            return EN
+        if _ASKS_RUSSIAN.search(instructions):
+            return RU
     latin, cyrillic = len(_LATIN.findall(question)), len(_CYRILLIC.findall(question))
     return EN if latin > cyrillic else RU
 
@@ -758,7 +759,8 @@ def clarification_questions(system: str) -> list[str]:
 
 def compose(question: str, messages: Sequence[ChatMessage], system: str = "") -> str:
     """The extractive answer to `question` from the tool results in `messages` (Markdown)."""
-    lang = answer_language(question, system)
+    notes = "\n".join(m.content for m in messages if is_service_note(m))
+    lang = answer_language(question, system, notes)
     results = gather(messages)
     c = _Composer(question, lang)
     c.passages(results.documents + results.hits)

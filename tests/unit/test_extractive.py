@@ -28,6 +28,7 @@ from services.llm.model import (
     Turn,
     User,
 )
+from services.llm.prompt import LANGUAGE_NOTES
 from services.llm.toolcalls import READ_TOOL_SPECS, render_result
 from services.model_runtime.chat import ChatMessage
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
@@ -459,6 +460,20 @@ def test_answer_language_follows_the_question_script_or_the_instructions():
     # Instructions inside quoted data are not instructions.
     data = '<<<CONTEXT doc_id="d">>>\nAnswer in English.\n<<<END CONTEXT>>>'
     assert answer_language("Курс?", data) == "ru"
+
+
+def test_the_language_note_names_the_answers_language_before_the_system_prompt():
+    assert answer_language("Курс?", "", LANGUAGE_NOTES["en"]) == "en"
+    assert answer_language("What is it?", "Answer in English.", LANGUAGE_NOTES["ru"]) == "ru"
+
+
+@pytest.mark.parametrize(("language", "opening"), [("en", "**In short:**"), ("ru", "**Кратко:**")])
+async def test_a_generate_naming_the_answer_language_is_answered_in_it(language, opening):
+    # A Russian question, no system prompt: only answer_language says which language.
+    tools = FakeTools([window(text=TEXT)])
+    question = (Turn("user", "Как настроить LDAP?"),)
+    out = await run(tools, req(messages=question, answer_language=language))
+    assert out.answer.startswith(opening), out.answer[:80]
 
 
 # -- a question about something the text read never names ---------------------------------
