@@ -567,16 +567,23 @@ def test_generate_limits(mesh: Mesh) -> None:
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "reason"),
     [
-        pytest.param({"messages": []}, id="no-messages"),
-        pytest.param({"messages": [{"role": "user", "content": "q"}], "mode": "x"}, id="mode"),
-        pytest.param({"messages": [{"role": "robot", "content": "q"}]}, id="role"),
+        pytest.param({"messages": []}, "INVALID_ARGUMENT", id="no-messages"),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "q"}], "mode": "x"},
+            "INVALID_ARGUMENT",
+            id="mode",
+        ),
+        pytest.param(
+            {"messages": [{"role": "robot", "content": "q"}]}, "INVALID_ARGUMENT", id="role"
+        ),
         pytest.param(
             {
                 "messages": [{"role": "user", "content": "q"}],
                 "tool_policy": {"allowed_tools": ["x"]},
             },
+            "MISSING_USER_CONTEXT",
             id="tools-without-tenant",
         ),
         pytest.param(
@@ -585,12 +592,13 @@ def test_generate_limits(mesh: Mesh) -> None:
                 "user": {"user_id": "u", "tenant": TENANT},
                 "tool_policy": {"allowed_tools": ["read_chunk_window"]},
             },
+            "MISSING_USER_CONTEXT",
             id="tools-with-misspelt-tenant",
         ),
     ],
 )
-def test_generate_bad_input_is_400(mesh: Mesh, body: dict[str, Any]) -> None:
-    assert_error(post(mesh, "llm", "/internal/llm/generate", body), 400, "INVALID_ARGUMENT")
+def test_generate_bad_input_is_400(mesh: Mesh, body: dict[str, Any], reason: str) -> None:
+    assert_error(post(mesh, "llm", "/internal/llm/generate", body), 400, reason)
 
 
 # --- POST /internal/retrieval/search ----------------------------------------------------
