@@ -20,8 +20,8 @@ from services.devtools.envoy import REPO_ROOT
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import LOCAL_RESPOND_TIMEOUT_S, Mesh, MeshError
 
-DEFAULT_ORCH_URL = "http://127.0.0.1:8081"
-DEFAULT_RETR_URL = "http://127.0.0.1:8083"
+DEFAULT_ORCH_URL = f"http://127.0.0.1:{Ports().http['orchestrator']}"
+DEFAULT_RETR_URL = f"http://127.0.0.1:{Ports().http['retrieval']}"
 SAMPLES = REPO_ROOT / "samples" / "docs"
 SAMPLE_KB = REPO_ROOT / "samples" / "knowledge_base"
 

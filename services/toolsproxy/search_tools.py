@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query
 from services.common.tool_contract import (
+    ID_SCHEMA,
     INVALID_ARGUMENT,
     SEARCH_GENERAL_KB,
     SEARCH_USER_DOCUMENTS,
@@ -93,7 +94,7 @@ class SearchTools:
                             **common,
                             "document_ids": {
                                 "type": "array",
-                                "items": {"type": "string", "minLength": 1, "maxLength": 200},
+                                "items": ID_SCHEMA,
                                 "maxItems": MAX_DOC_IDS,
                             },
                         },
