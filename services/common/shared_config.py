@@ -1,9 +1,9 @@
 """Settings that more than one service reads, declared once (see services/common/settings.py).
 
 Two services that must agree on a value read it under the same name: the window radius
-limit (the Orchestrator and ToolsProxy), the LLM service's first-prompt limit (the LLM
-service and the Orchestrator, which shapes first prompts to fit), the data directory and
-the document store (Retrieval and ToolsProxy).
+limit and the size of a whole-document read (the Orchestrator and ToolsProxy), the LLM
+service's first-prompt limit (the LLM service and the Orchestrator, which shapes first
+prompts to fit), the data directory and the document store (Retrieval and ToolsProxy).
 """
 
 from __future__ import annotations
@@ -28,6 +28,19 @@ LEGACY_CHUNK_WINDOW = integer(
     doc="Legacy total window N (orchestrator.md §5): read as R = floor((N-1)/2) where no "
     "radius is set, for both the Orchestrator's radius and ToolsProxy's limit.",
 )  # fmt: skip
+UTF8_MAX_BYTES = 4
+"""UTF-8 bytes one character takes at most: a limit in bytes holds a quarter as many
+characters of any script."""
+DEFAULT_FULL_TEXT_BYTES = 200_000
+"""ToolsProxy's default for one load_documents_full result: the 50,000 characters the
+Orchestrator reads whole by default (agent.md §10's max_context_chars), of any script."""
+MAX_FULL_TEXT_BYTES = 3 << 20
+PROXY_MAX_FULL_TEXT_BYTES = integer(
+    "MCP_PROXY_MAX_FULL_TEXT_BYTES", DEFAULT_FULL_TEXT_BYTES, 256, MAX_FULL_TEXT_BYTES,
+    doc="UTF-8 bytes of text in one load_documents_full result. The Orchestrator reads "
+    "selected documents whole (S3) only up to a quarter of it in characters, so a whole "
+    "read is never cut.",
+)  # fmt: skip
 MAX_PROMPT_TOKENS = integer(
     "MAX_PROMPT_TOKENS", DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS,
     doc="The LLM service's first prompt, context included, in tokens (llm-service.md §11): "
@@ -49,6 +62,16 @@ def radius(env: Env, primary: Var) -> int:
 def proxy_max_window_radius(env: Env) -> int:
     """ToolsProxy's per-side radius limit, as both ToolsProxy and the Orchestrator read it."""
     return radius(env, PROXY_MAX_WINDOW_RADIUS)
+
+
+def proxy_full_text_bytes(env: Env) -> int:
+    """ToolsProxy's load_documents_full limit in UTF-8 bytes (MCP_PROXY_MAX_FULL_TEXT_BYTES)."""
+    return int(PROXY_MAX_FULL_TEXT_BYTES.read(env))
+
+
+def proxy_full_text_chars(env: Env) -> int:
+    """Characters of any script a whole load_documents_full result holds."""
+    return proxy_full_text_bytes(env) // UTF8_MAX_BYTES
 
 
 def llm_prompt_limit(env: Env) -> int:

@@ -18,14 +18,21 @@ from services.common.settings import (
     retry_attempts,
     text,
 )
-from services.common.shared_config import llm_prompt_limit, proxy_max_window_radius, radius
+from services.common.shared_config import (
+    MAX_FULL_TEXT_BYTES,
+    UTF8_MAX_BYTES,
+    llm_prompt_limit,
+    proxy_full_text_chars,
+    proxy_max_window_radius,
+    radius,
+)
 from services.orchestrator.runtime_config import LIMITS, RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
 DEFAULT_PORT = 50051
-MAX_CONTEXT_CHARS_LIMIT = 786_432
+MAX_CONTEXT_CHARS_LIMIT = MAX_FULL_TEXT_BYTES // UTF8_MAX_BYTES
 """ORCH_MAX_CONTEXT_CHARS's ceiling: what ToolsProxy's largest load_documents_full result
-(MCP_PROXY_MAX_FULL_TEXT_BYTES, at most 3 MiB) holds at 4 UTF-8 bytes a character."""
+(MCP_PROXY_MAX_FULL_TEXT_BYTES, at most 3 MiB) holds of any script."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class OrchestratorSettings:
         runtime = RUNTIME.read(env, window_radius=min(radius(env, WINDOW_RADIUS), proxy_max))
         return SETTINGS.read(
             env,
+            # A whole read is never one ToolsProxy would cut.
+            max_context_chars=min(MAX_CONTEXT.read(env), proxy_full_text_chars(env)),
             server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
             retrieval=RETRIEVAL.read(env, attempts),
             llm=LLM.read(env, attempts),
@@ -81,6 +90,13 @@ class OrchestratorSettings:
         )
 
 
+MAX_CONTEXT = integer(
+    "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT,
+    default_doc=f"{MAX_CONTEXT_CHARS}; at most MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
+    doc="Selected documents up to this many characters in total are read whole (S3), above "
+    "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
+    "load_documents_full result of ToolsProxy holds of any script, so a whole read is never cut.",
+)  # fmt: skip
 WINDOW_RADIUS = integer(
     "ORCH_WINDOW_RADIUS", 3, 0, 50, also=("RAG_WINDOW_RADIUS",),
     default_doc="3, or from MCP_PROXY_MAX_CHUNK_WINDOW; at most MCP_PROXY_MAX_WINDOW_RADIUS",
@@ -115,6 +131,5 @@ SETTINGS = Fields(
     enable_filters=flag("ORCH_ENABLE_FILTERS", True),
     model_routing=flag("ORCH_MODEL_ROUTING", True),
     default_top_k=integer("ORCH_DEFAULT_TOP_K", minimum=1, maximum=MAX_RESULTS_LIMIT),
-    max_context_chars=integer("ORCH_MAX_CONTEXT_CHARS", minimum=1, maximum=MAX_CONTEXT_CHARS_LIMIT),
     score_threshold=number("ORCH_SCORE_THRESHOLD", minimum=0.0, maximum=1.0),
 )

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
+from services.common.shared_config import DEFAULT_FULL_TEXT_BYTES
 from services.common.tokenizer import count_tokens as default_count_tokens
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
@@ -101,9 +102,8 @@ class ToolLimits:
     """Pages one read_doc_pages call may ask for (MCP_PROXY_MAX_PAGES_PER_CALL)."""
     max_full_documents: int = 10
     """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
-    max_full_text_bytes: int = 200_000
-    """UTF-8 bytes of text in one load_documents_full result: 50,000 characters of any script
-    fit (MCP_PROXY_MAX_FULL_TEXT_BYTES)."""
+    max_full_text_bytes: int = DEFAULT_FULL_TEXT_BYTES
+    """UTF-8 bytes of text in one load_documents_full result (MCP_PROXY_MAX_FULL_TEXT_BYTES)."""
 
 
 class ToolFailure(Exception):

@@ -262,7 +262,8 @@ def test_thresholds_default_to_the_spec_values():
 )
 def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
     if ok:
-        s = settings(**{name: value})
+        # ToolsProxy's largest whole read, so ORCH_MAX_CONTEXT_CHARS's ceiling is not held lower.
+        s = settings(**{name: value, "MCP_PROXY_MAX_FULL_TEXT_BYTES": str(3 << 20)})
         field = {"ORCH_MAX_CONTEXT_CHARS": "max_context_chars",
                  "ORCH_SCORE_THRESHOLD": "score_threshold",
                  "ORCH_DEFAULT_TOP_K": "default_top_k"}[name]  # fmt: skip
@@ -270,6 +271,20 @@ def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
     else:
         with pytest.raises(SettingsError, match=name):
             settings(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("env", "chars"),
+    [
+        ({}, 50_000),  # the defaults agree: 200,000 bytes hold 50,000 characters
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000"}, 50_000),  # more than ToolsProxy returns whole
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"}, 150_000),
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "599999"}, 149_999),
+        ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000),
+    ],
+)
+def test_a_whole_read_is_held_to_what_toolsproxy_returns_whole(env, chars):
+    assert settings(**env).max_context_chars == chars
 
 
 @pytest.mark.parametrize(("limit", "scenario"), [(60, "S3"), (59, "S4")])
