@@ -25,6 +25,13 @@ KB_SOURCE = "knowledge_base"
 SOURCES = (USER_SOURCE, KB_SOURCE)
 """The values of filters.source (empty: any)."""
 
+
+def kb_tag(kind: str, value: str) -> str:
+    """The tag a knowledge-base article carries for its "topic" or "jurisdiction" (`kind`),
+    which search_general_kb filters on: ``kind:value``, the value trimmed and lowercased."""
+    return f"{kind}:{value.strip().lower()}"
+
+
 DEFAULT_WINDOW_RADIUS = 3
 
 _ZERO_WIDTH_SPACES = {"\u200b", "\u2060", "\u180e"}

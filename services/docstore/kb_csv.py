@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from services.common.search_contract import KB_SOURCE
+from services.common.search_contract import KB_SOURCE, kb_tag
 from services.docstore.chunking import ChunkingConfig
 from services.docstore.errors import KnowledgeBaseError, ParseError, RowProblem
 from services.docstore.model import Document
@@ -138,8 +138,7 @@ def _article(
     tags = tuple(t.strip() for t in _TAG_SPLIT.split(cells.get("tags", "")) if t.strip())
     # topic and jurisdiction also travel as tags, so search can filter on them
     # (search_general_kb's topic/jurisdiction arguments).
-    tags += (f"topic:{cells['topic'].strip().lower()}",
-             f"jurisdiction:{cells['jurisdiction'].strip().lower()}")  # fmt: skip
+    tags += (kb_tag("topic", cells["topic"]), kb_tag("jurisdiction", cells["jurisdiction"]))
     metadata = {
         "topic": cells["topic"],
         "jurisdiction": cells["jurisdiction"],

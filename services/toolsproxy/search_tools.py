@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query
+from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query, kb_tag
 from services.common.tool_contract import (
     ID_SCHEMA,
     INVALID_ARGUMENT,
@@ -161,11 +161,11 @@ class SearchTools:
         filters: dict[str, str] = {}
         topic, jurisdiction = args.get("topic", "").strip(), args.get("jurisdiction", "").strip()
         if topic:
-            filters["tag"] = f"topic:{topic.lower()}"
+            filters["tag"] = kb_tag("topic", topic)
             if jurisdiction:
                 query = f"{query} {jurisdiction}"
         elif jurisdiction:
-            filters["tag"] = f"jurisdiction:{jurisdiction.lower()}"
+            filters["tag"] = kb_tag("jurisdiction", jurisdiction)
         call = SearchCall(
             tenant_id=caller.tenant_id,
             query=query,

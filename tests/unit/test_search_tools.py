@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.common import errors
+from services.common.search_contract import KB_TENANT
 from services.common.untrusted import unwrap_untrusted
+from services.docstore.kb_csv import read_knowledge_base_csv
 from services.toolsproxy.search_tools import MAX_TOP_K, SearchCall, SearchHitView, SearchTools
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -75,6 +77,19 @@ async def test_knowledge_base_search_uses_the_source_filter_and_topic_tag():
     assert call.filters == {"tag": "topic:tax"} and call.query == "НДС RU"
     await executor(s).execute("search_general_kb", {"query": "НДС", "jurisdiction": "RU"}, A)
     assert s.calls[1].filters == {"tag": "jurisdiction:ru"}
+
+
+@pytest.mark.parametrize("argument", ["topic", "jurisdiction"])
+async def test_the_kb_tool_filters_on_the_tag_a_csv_article_carries(argument):
+    csv = (
+        "title,content,topic,jurisdiction,updated_at\n"
+        'VAT,"# VAT\n\nThe rate is 20%.", Tax , RU ,2025-01-01\n'
+    )
+    (article,) = read_knowledge_base_csv(csv, KB_TENANT).strict()
+    s = FakeSearcher()
+    asked = {"topic": "TAX ", "jurisdiction": "ru"}[argument]
+    await executor(s).execute("search_general_kb", {"query": "VAT", argument: asked}, A)
+    assert s.calls[0].filters["tag"] in article.tags
 
 
 @pytest.mark.parametrize(
