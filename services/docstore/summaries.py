@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from typing import Protocol
 
-from services.docstore.chunking import split_sentences
+from services.docstore.chunking import find_overlap, split_sentences
 from services.docstore.model import Document
 
 _WORD = re.compile(r"[0-9a-zа-яё]{3,}", re.IGNORECASE)
@@ -100,15 +100,6 @@ def section_texts(doc: Document) -> dict[str, str]:
     prev = ""
     for chunk in doc.chunks:
         parts = out.setdefault(chunk.section_id, [])
-        parts.append(_drop_overlap(prev, chunk.text) if parts else chunk.text)
+        parts.append(chunk.text[find_overlap(prev, chunk.text) :].lstrip() if parts else chunk.text)
         prev = chunk.text
     return {k: "\n\n".join(p for p in v if p) for k, v in out.items()}
-
-
-def _drop_overlap(prev: str, text: str) -> str:
-    """`text` without its leading words that repeat the end of `prev` (the chunk overlap)."""
-    cuts = [i for i, ch in enumerate(text) if ch in " \n"] + [len(text)]
-    for cut in reversed(cuts):
-        if cut and prev.endswith(text[:cut]):
-            return text[cut:].lstrip()
-    return text

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.docstore.chunking import find_overlap
 from services.retrieval.search import ChunkHit
 
 ORDERS = ("document", "score")
@@ -94,48 +95,6 @@ class ContextOptions:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if self.max_chunks_per_doc < 0 or self.block_overhead_tokens < 0:
             raise ValueError("max_chunks_per_doc and block_overhead_tokens must be >= 0")
-
-
-_SENTENCE_END = (".", "!", "?", "…")
-
-
-def find_overlap(left: str, right: str, min_chars: int = 12) -> int:
-    """Length of the longest suffix of ``left`` that is a prefix of ``right``: at least
-    ``min_chars`` long, or shorter when it is whole sentences (0 if neither).
-
-    The chunker carries whole trailing sentences into the next chunk, and the last may be
-    short ("Yes, done."): ignored, it was repeated in every merged block that held it (about
-    7 % of adjacent pairs of random sentences). A short match that is not whole sentences
-    ("the") is taken for coincidence.
-    """
-    min_chars = max(1, min_chars)
-    found = _long_overlap(left, right, min_chars)
-    if found:
-        return found
-    for n in range(min(len(left), len(right), min_chars - 1), 0, -1):
-        piece = right[:n]
-        if (
-            piece.endswith(_SENTENCE_END)
-            and (n == len(right) or right[n].isspace())
-            and left.endswith(piece)
-            and (n == len(left) or left[-n - 1].isspace())
-            and (n == len(left) or left[:-n].rstrip().endswith(_SENTENCE_END))
-        ):
-            return n
-    return 0
-
-
-def _long_overlap(left: str, right: str, min_chars: int) -> int:
-    if len(left) < min_chars or len(right) < min_chars:
-        return 0
-    probe = right[:min_chars]
-    # The leftmost start in `left` whose tail is a prefix of `right` is the longest overlap.
-    position = left.find(probe, max(0, len(left) - len(right)))
-    while position != -1:
-        if right.startswith(left[position:]):
-            return len(left) - position
-        position = left.find(probe, position + 1)
-    return 0
 
 
 @dataclass

@@ -6,12 +6,8 @@ import re
 import pytest
 
 from services.common.tokenizer import default_tokenizer
-from services.retrieval.context_builder import (
-    ContextBuilder,
-    ContextOptions,
-    build_context,
-    find_overlap,
-)
+from services.docstore.chunking import find_overlap
+from services.retrieval.context_builder import ContextBuilder, ContextOptions, build_context
 from services.retrieval.search import ChunkHit
 
 

@@ -21,9 +21,10 @@ from services.common.retry import RetryPolicy
 from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
+from services.docstore.model import Chunk, Document
 from services.docstore.parsing import TITLE_SEPARATOR, parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
-from services.docstore.summaries import clip_text, extractive_summary, mix_generation
+from services.docstore.summaries import clip_text, extractive_summary, mix_generation, section_texts
 from services.model_runtime.chat import Completion
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from services.retrieval.config import llm_assist_settings
@@ -459,6 +460,30 @@ def test_model_and_extractive_summaries_are_clipped_alike(text, limit, clipped):
     assert clip_text(text, limit) == clipped
     assert trim_to(text, limit) == clipped  # no sentence end to cut after
     assert extractive_summary(text, limit) == clipped  # one sentence: only the clip applies
+
+
+def _section(*texts: str) -> Document:
+    chunks = tuple(Chunk("d", f"d:c{i}", "s1", i, t, 1, 1, 1) for i, t in enumerate(texts))
+    return Document("t", "d", "Doc", chunks=chunks)
+
+
+@pytest.mark.parametrize(
+    ("texts", "joined"),
+    [
+        # The chunker's overlap (whole trailing sentences) is read once.
+        (
+            ("Backups run nightly. They take an hour.", "They take an hour. Restore with tar."),
+            "Backups run nightly. They take an hour.\n\nRestore with tar.",
+        ),
+        # One word both happen to share is no overlap: it stays (as the context builder keeps it).
+        (
+            ("Read more in the manual", "manual pages for details."),
+            "Read more in the manual\n\nmanual pages for details.",
+        ),
+    ],
+)
+def test_a_sections_text_for_its_summary_drops_the_overlap_as_the_context_does(texts, joined):
+    assert section_texts(_section(*texts)) == {"s1": joined}
 
 
 @pytest.mark.parametrize("tag", ["", "text", "plaintext", "markdown", "md", "txt"])
