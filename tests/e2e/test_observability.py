@@ -431,6 +431,15 @@ def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
 
     for key in SERVICE_KEYS:
         assert wait_for(lambda k=key: bool(served(k)), timeout=15), f"{key}: nothing received"
+
+    def missing_parents() -> set[str]:
+        """Parents named by received spans but not received (yet): each process exports in
+        its own batches, so one span may reach the collector before its parent."""
+        got = [s for s in collector.spans() if s.trace_id == otel_id]
+        ids = {s.span_id for s in got} | {caller_span}
+        return {s.parent_span_id for s in got} - ids
+
+    assert wait_for(lambda: not missing_parents(), timeout=15), missing_parents()
     spans = {key: served(key) for key in SERVICE_KEYS}
     transport = "grpc" if protocol == "grpc" else "http"
     for key, found in spans.items():
