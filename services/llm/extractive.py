@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from services.common.currencies import named_currencies
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
     FETCH_CBR_DATA,
@@ -94,13 +95,6 @@ MAX_LISTED = 10
 """News items or dated values listed in the details."""
 MAX_SNIPPET_CHARS = 240
 DEFAULT_CURRENCIES = ("USD", "EUR", "CNY")
-_CURRENCY_WORDS = {
-    "доллар": "USD", "dollar": "USD", "евро": "EUR", "euro": "EUR", "юан": "CNY",
-    "yuan": "CNY", "renminbi": "CNY", "фунт": "GBP", "pound": "GBP", "иен": "JPY",
-    "йен": "JPY", "yen": "JPY", "франк": "CHF", "franc": "CHF", "тенге": "KZT",
-    "tenge": "KZT", "лир": "TRY", "lira": "TRY", "рупи": "INR", "rupee": "INR",
-    "дирхам": "AED", "dirham": "AED", "белорусск": "BYN",
-}  # fmt: skip
 _DEMO_WORDS = ("demo", "stand-in", "standin", "stub", "mock", "fake", "демо", "заглушк")
 
 RU, EN = "ru", "en"
@@ -598,8 +592,7 @@ class _Composer:
 
     def _wanted(self, codes: Sequence[str]) -> list[str]:
         named = {w.upper() for w in re.findall(r"\b[A-Za-z]{3}\b", self.question)}
-        low = self.question.lower()
-        named |= {code for word, code in _CURRENCY_WORDS.items() if word in low}
+        named |= set(named_currencies(self.question))
         wanted = [c for c in codes if c in named]
         if wanted:
             return wanted

@@ -9,9 +9,11 @@ from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from typing import Any
 
+from services.common.currencies import CURRENCIES, CURRENCY_PATTERNS, named_currencies
 from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
+from services.common.wording import fold_case, whole_words
 
 MAX_CONTEXT_CHARS = 50_000
 """Selected documents up to this many characters in total go to the model whole (S3): the
@@ -76,22 +78,6 @@ class Decision:
 # -- text helpers -----------------------------------------------------------------------------
 
 
-def _norm(text: str) -> str:
-    """Lower case with ё folded into е, so every rule is case- and ё-insensitive."""
-    return text.lower().replace("ё", "е")
-
-
-def _rx(*alternatives: str) -> re.Pattern[str]:
-    """One pattern matching any alternative as whole words; a space in a phrase is any gap.
-
-    Alternatives are regex fragments over normalised text; `\\w*` after a stem takes the
-    Russian (and English) inflections: "курс\\w*" matches курс, курса, курсы, курсов.
-    """
-    gap = r"[\s,]+"
-    body = "|".join("(?:" + a.replace(" ", gap) + ")" for a in alternatives)
-    return re.compile(rf"(?<!\w)(?:{body})(?!\w)")
-
-
 _WORD = re.compile(r"[a-zа-я0-9]+(?:-[a-zа-я0-9]+)*")
 _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
@@ -113,7 +99,7 @@ def detect_language(text: str) -> str:
 
 # -- the rules as data ------------------------------------------------------------------------
 
-DEFINITION = _rx(
+DEFINITION = whole_words(
     r"что так(?:ое|ая|ой|ие)",
     r"что означа\w*",
     r"что значит",
@@ -134,11 +120,11 @@ DEFINITION = _rx(
 """Definitional questions («что такое», "what is a", "define"): the user's documents first
 (docs/architecture.md §14), the knowledge base when they have nothing; checked before everything else."""
 
-WHAT_IS = _rx(r"what(?:'s| is| are)")
+WHAT_IS = whole_words(r"what(?:'s| is| are)")
 """"What is …" without an article: definitional unless something more specific (a rate, the
 key rate, news) applies, so it is checked after those."""
 
-DOCUMENT_WORDS = _rx(
+DOCUMENT_WORDS = whole_words(
     r"документ\w*",
     r"договор\w*",
     r"контракт\w*",
@@ -168,7 +154,7 @@ DOCUMENT_WORDS = _rx(
 )
 """Words that name the user's documents: S1 (agent.md §4: «какой договор», «покажи файл»)."""
 
-SEARCH_WORDS = _rx(
+SEARCH_WORDS = whole_words(
     r"найд\w*",
     r"найти",
     r"поищ\w*",
@@ -188,7 +174,7 @@ SEARCH_WORDS = _rx(
 )
 """Search verbs: S1 when nothing more specific applies (agent.md §4: «найди»)."""
 
-NEWS_WORDS = _rx(
+NEWS_WORDS = whole_words(
     r"новост\w*",
     r"что нового",
     r"последни\w* событи\w*",
@@ -199,7 +185,7 @@ NEWS_WORDS = _rx(
 )
 """Finance news: S2 finance_news (Tavily)."""
 
-KEY_RATE_WORDS = _rx(
+KEY_RATE_WORDS = whole_words(
     r"ключев\w* ставк\w*",
     r"ставк\w* рефинансировани\w*",
     r"ставк\w* (?:цб|центробанка|банка россии)",
@@ -210,7 +196,7 @@ KEY_RATE_WORDS = _rx(
 )
 """The Bank of Russia key rate: S2 key_rate."""
 
-RATE_WORDS = _rx(
+RATE_WORDS = whole_words(
     r"курс\w*",
     r"котировк\w*",
     r"обменн\w*",
@@ -225,7 +211,7 @@ RATE_WORDS = _rx(
 )
 """Words that make any mention of a currency a question about its rate."""
 
-CURRENCY_FILLER = _rx(
+CURRENCY_FILLER = whole_words(
     r"сколько стои\w*",
     r"почем",
     r"цен[аыуе]",
@@ -241,7 +227,7 @@ CURRENCY_FILLER = _rx(
 """Words that leave a currency the subject («сколько стоит доллар», "euro price"): a currency
 with nothing else but these and a date is a rate question."""
 
-CURRENCY_RATE_PHRASES = _rx(
+CURRENCY_RATE_PHRASES = whole_words(
     r"курс\w* валют\w*",
     r"валютн\w* курс\w*",
     r"курс\w* рубл\w*",
@@ -253,48 +239,13 @@ CURRENCY_RATE_PHRASES = _rx(
 )
 """Rate questions that need no currency named (USD is assumed)."""
 
-CURRENCIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("AUD", (r"австралийск\w* доллар\w*", r"australian dollars?", "aud")),
-    ("CAD", (r"канадск\w* доллар\w*", r"canadian dollars?", "cad")),
-    ("HKD", (r"гонконгск\w* доллар\w*", r"hong kong dollars?", "hkd")),
-    ("BYN", (r"белорусск\w* рубл\w*", r"belarusian (?:ruble|rouble)s?", "byn")),
-    ("TRY", (r"турецк\w* лир\w*", r"лир[аыуе]?", r"turkish lira", r"liras?")),
-    (
-        "USD",
-        (
-            r"американск\w* доллар\w*",
-            r"доллар\w*(?: сша)?",
-            r"бакс\w*",
-            r"(?:us |u\.s\. |american )?dollars?",
-            "usd",
-        ),
-    ),
-    ("EUR", ("евро", r"euros?", "eur")),
-    ("CNY", (r"юан\w*", r"жэньминьби", r"yuans?", "renminbi", "cny", "rmb")),
-    ("GBP", (r"фунт\w*", r"стерлинг\w*", r"pounds?", "sterling", "gbp")),
-    ("JPY", (r"[иий]ен[аыуе]?", "yen", "jpy")),
-    ("CHF", (r"франк(?:а|и|у|ом|ов|ах)?", r"francs?", "chf")),
-    ("KZT", ("тенге", "tenge", "kzt")),
-    ("UAH", (r"гривн\w*", r"hryvnias?", "uah")),
-    ("INR", (r"рупи[яийюе]\w*", r"rupees?", "inr")),
-    ("AED", (r"дирхам\w*", r"dirhams?", "aed")),
-    ("AMD", (r"армянск\w* драм\w*", r"armenian drams?")),
-    ("AZN", (r"манат\w*", r"manats?", "azn")),
-    ("UZS", (r"узбекск\w* сум\w*", "uzs")),
-    ("KGS", (r"киргизск\w* сом\w*", r"кыргызск\w* сом\w*", "kgs")),
-)
-"""ISO 4217 code -> how a query names it. The rouble is absent on purpose: the bank quotes
-every rate in roubles, so "курс рубля к евро" asks for EUR."""
-
-_CURRENCY_PATTERNS = tuple((code, _rx(*names)) for code, names in CURRENCIES)
-_CURRENCY_SYMBOLS = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "CNY"}
 _ISO_CODES = "|".join(
     sorted({n for _, names in CURRENCIES for n in names if re.fullmatch(r"[a-z]{3}", n)} | {"rub"})
 )
 CURRENCY_PAIR = re.compile(rf"(?<!\w)(?:{_ISO_CODES})\s*/\s*(?:{_ISO_CODES})(?!\w)")
 """A quoted pair such as USD/RUB or EUR/USD."""
 
-KNOWLEDGE_WORDS = _rx(
+KNOWLEDGE_WORDS = whole_words(
     r"ндс",
     r"ндфл",
     r"налог\w*",
@@ -329,7 +280,7 @@ KNOWLEDGE_WORDS = _rx(
 )
 """Terms, regulation and tax: S2 knowledge_base (agent.md §5.3)."""
 
-SMALL_TALK = _rx(
+SMALL_TALK = whole_words(
     r"привет\w*",
     r"здравствуй\w*",
     r"здрасте",
@@ -388,7 +339,7 @@ VAGUE_WORDS = tuple(
 )
 """Words that ask for help without saying with what («помоги», «вопрос», "help")."""
 
-DATE_WORDS = _rx(r"сегодня\w*", r"вчера\w*", r"позавчера\w*", r"завтра\w*",
+DATE_WORDS = whole_words(r"сегодня\w*", r"вчера\w*", r"позавчера\w*", r"завтра\w*",
                  r"today", r"yesterday", r"tomorrow")  # fmt: skip
 
 
@@ -419,11 +370,11 @@ _MONTH_DAY = re.compile(
     rf"(?<!\w)(?:{_MONTH_ALT})\.? (?P<day>\d{{1,2}})(?:st|nd|rd|th)?(?:,? (?P<year>\d{{4}}))?(?!\w)"
 )
 _RELATIVE_DAYS: tuple[tuple[re.Pattern[str], int], ...] = (
-    (_rx(r"позавчера\w*", r"day before yesterday"), -2),
-    (_rx(r"вчера\w*", r"yesterday"), -1),
-    (_rx(r"сегодня\w*", r"today"), 0),
-    (_rx(r"послезавтра\w*", r"day after tomorrow"), 2),
-    (_rx(r"завтра\w*", r"tomorrow"), 1),
+    (whole_words(r"позавчера\w*", r"day before yesterday"), -2),
+    (whole_words(r"вчера\w*", r"yesterday"), -1),
+    (whole_words(r"сегодня\w*", r"today"), 0),
+    (whole_words(r"послезавтра\w*", r"day after tomorrow"), 2),
+    (whole_words(r"завтра\w*", r"tomorrow"), 1),
 )
 
 
@@ -441,7 +392,7 @@ def extract_date(query: str, *, today: date) -> str:
     «1 февраля 2025», "February 1, 2025", "1st of Feb" (this year when no year is given),
     and сегодня/вчера/позавчера/завтра, today/yesterday/tomorrow, resolved against `today`.
     """
-    text = " ".join(_norm(query).split())
+    text = " ".join(fold_case(query).split())
     found: list[tuple[int, date]] = []
     for m in _ISO_DATE.finditer(text):
         d = _make_date(int(m[1]), int(m[2]), int(m[3]))
@@ -474,24 +425,15 @@ def extract_date(query: str, *, today: date) -> str:
 
 def extract_currency(query: str) -> str:
     """The first non-rouble currency the query names, as an ISO 4217 code, or ""."""
-    text = _norm(query)
-    hits: list[tuple[int, str]] = []
-    for code, rx in _CURRENCY_PATTERNS:
-        m = rx.search(text)
-        if m:
-            hits.append((m.start(), code))
-    for symbol, code in _CURRENCY_SYMBOLS.items():
-        pos = text.find(symbol)
-        if pos >= 0:
-            hits.append((pos, code))
-    return min(hits)[1] if hits else ""
+    named = named_currencies(query)
+    return named[0] if named else ""
 
 
 def news_query_for(query: str, language: str) -> str:
     """The news API's query: the question itself (search engines take natural language),
     or a generic finance-news query when it names no topic besides «новости» / "news"."""
     text = " ".join(query.split()).strip(" ?!.")
-    if not _content_words(_strip(NEWS_WORDS, _norm(text))):
+    if not _content_words(_strip(NEWS_WORDS, fold_case(text))):
         return "последние финансовые новости" if language == "ru" else "latest finance news"
     return text[:NEWS_QUERY_MAX_CHARS]
 
@@ -520,9 +462,9 @@ def clarification_questions(query: str, language: str) -> tuple[str, ...]:
     subject = " ".join(
         w
         for w in words
-        if _norm(w) not in STOP_WORDS
-        and not DATE_WORDS.fullmatch(_norm(w))
-        and not any(v.fullmatch(_norm(w)) for v in VAGUE_WORDS)
+        if fold_case(w) not in STOP_WORDS
+        and not DATE_WORDS.fullmatch(fold_case(w))
+        and not any(v.fullmatch(fold_case(w)) for v in VAGUE_WORDS)
     )[:80]
     if language == "en":
         first = (
@@ -557,7 +499,7 @@ def _size_decision(selected_chars: int | None, max_context_chars: int, language:
     return Decision("S4", "selected_search", "rules", language=language)
 
 
-DEFINITION_MARKERS = _rx(
+DEFINITION_MARKERS = whole_words(
     r"так(?:ое|ая|ой|ие)", r"означа\w*", r"значит", r"определени\w*", r"термин\w*",
     r"расшифр\w*", r"дайте?", r"mean\w*", r"stand for", r"define\w*", r"definitions?",
     r"explain", r"term",
@@ -589,7 +531,7 @@ def _general_intent(text: str) -> str:
 
 def is_definitional(query: str) -> bool:
     """Whether the query asks what a term is and names the term (the rules' "definition")."""
-    return _general_intent(_norm(query)) == "definition"
+    return _general_intent(fold_case(query)) == "definition"
 
 
 def _asks_currency_rate(text: str) -> bool:
@@ -603,7 +545,7 @@ def _asks_currency_rate(text: str) -> bool:
     if RATE_WORDS.search(text):
         return True
     rest = text
-    for _, rx in _CURRENCY_PATTERNS:
+    for _, rx in CURRENCY_PATTERNS:
         rest = _strip(rx, rest)
     return not _content_words(_without_dates(_strip(CURRENCY_FILLER, rest)))
 
@@ -687,11 +629,11 @@ def rule_decision(
     language = locale_language(locale) or language
     if selected_doc_ids:
         return _size_decision(selected_chars, max_context_chars, language)
-    text = _norm(query)
+    text = fold_case(query)
     intent = _general_intent(text) or "documents"
     if intent == "clarify":
         previous = _last_user_turn(history)
-        earlier = _general_intent(_norm(previous)) if previous else ""
+        earlier = _general_intent(fold_case(previous)) if previous else ""
         if earlier and earlier not in ("clarify", "small_talk"):
             # A follow-up ("а на вчера?", "and in euros?"): the earlier route, with what the
             # follow-up itself names taking precedence over what the earlier turn named.

@@ -363,6 +363,26 @@ async def test_currency_rates_from_the_bank_in_russian_and_english():
 
 
 @pytest.mark.parametrize(
+    ("question", "shown", "not_shown"),
+    [
+        ("Какой курс австралийского доллара?", "AUD", "USD"),  # one name, not AUD and USD
+        ("Курс доллара и австралийского доллара", "AUD", "JPY"),
+        ("Сколько стоит турецкая лира?", "TRY", "USD"),
+    ],
+)
+async def test_the_rates_shown_are_the_currencies_the_question_names(question, shown, not_shown):
+    more = [{"currency": c, "numeric_code": n, "name": c, "nominal": 1, "value": v, "unit_rate": v}
+            for c, n, v in (("AUD", "036", 63.1), ("TRY", "949", 2.9))]  # fmt: skip
+    result = rates()
+    assert result.result is not None
+    result.result["items"] = [*result.result["items"], *more]
+    call = (PlannedCall("fetch_cbr_data", {"mode": "currency"}),)
+    out, _ = await planned(question, call, [result])
+    body = out.answer.split("**Источники**")[0]
+    assert f"Курс {shown} " in body and f"Курс {not_shown} " not in body, body
+
+
+@pytest.mark.parametrize(
     ("url", "source"),
     [(DEMO_URL, "Bank of Russia DailyInfo, GetCursOnDate"),
      (CBR_URL, "Bank of Russia DailyInfo (demo stand-in)"),
