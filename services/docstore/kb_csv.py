@@ -18,6 +18,8 @@ from services.docstore.summaries import Summarizer
 
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
 """Every knowledge-base CSV has these columns (header names are case-insensitive)."""
+DEFAULT_KB_FILE = "train_data.csv"
+"""The knowledge base's file (agent.md) when an ingest names none."""
 _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
 
@@ -46,7 +48,7 @@ def read_knowledge_base_csv(
     content: bytes | str,
     tenant_id: str,
     *,
-    file_name: str = "train_data.csv",
+    file_name: str = DEFAULT_KB_FILE,
     config: ChunkingConfig | None = None,
     summarizer: Summarizer | None = None,
     doc_id_prefix: str = "kb-",

@@ -77,6 +77,11 @@ class Document:
         return sum(len(c.text) for c in self.chunks)
 
 
+MAX_POINT_ID = 2**64 - 1
+"""Point ids are unsigned 64-bit integers (`retrieval.ingestion.point_id`): the largest one
+both index backends and both document stores keep."""
+
+
 class StoredPoint(NamedTuple):
     """An index point of a document's stored generation, as search reads it back.
 

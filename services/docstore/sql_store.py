@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from services.docstore.model import Chunk, Document, Page, Section, StoredPoint
+from services.docstore.model import MAX_POINT_ID, Chunk, Document, Page, Section, StoredPoint
 
 T = TypeVar("T")
 Row = Sequence[Any]
@@ -37,7 +37,7 @@ POINT_COLUMNS = (
 )
 """The columns of a StoredPoint, in its fields' order."""
 
-_U64 = 1 << 64
+_U64 = MAX_POINT_ID + 1
 _I64_MAX = (1 << 63) - 1
 _ALL = 1 << 30
 """Past any chunk ord or page number: a range to the end."""

@@ -31,7 +31,7 @@ import numpy as np
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.kb_csv import read_knowledge_base_csv
+from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
 from services.docstore.parsing import (
     ChunkingConfig,
@@ -229,7 +229,7 @@ def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
 def kb_file_key(file_name: str) -> str:
     """Which knowledge-base CSV a file is, by its base name: re-ingesting it replaces the
     articles an earlier version of it wrote (the spec's train_data.csv when unnamed)."""
-    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or "train_data.csv"
+    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or DEFAULT_KB_FILE
 
 
 class Ingestor:

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from services.docstore.model import MAX_POINT_ID
+
 LAYOUT_VERSION = 3
 """Version of the on-disk point layout (payload fields, vectors, what queries filter on).
 
@@ -232,9 +234,6 @@ class IndexHit(IndexPayload):
 PointId = int
 """A point id: an unsigned 64-bit integer (layout 3; `ingestion.point_id`), as both
 backends hand it back."""
-
-MAX_POINT_ID = 2**64 - 1
-"""The largest point id both backends store (Qdrant's ids are u64 or UUIDs)."""
 
 
 def point_payload(point: IndexPoint) -> dict[str, Any]:
