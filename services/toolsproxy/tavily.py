@@ -348,8 +348,6 @@ class TavilyClient:
         status = response.status_code
         if status == 200:
             return self._parse(response)
-        if status in TRANSIENT_STATUSES and status != 429:
-            raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
         if status == 429:
             wait = retry_after_seconds(response.headers.get("Retry-After"))
             limited = TavilyError(
@@ -359,6 +357,8 @@ class TavilyClient:
             )
             # A wait over the policy's max_retry_after_s ends the run at once.
             raise _Attempt(limited, retry=True, outage=False, delay=wait)
+        if status in TRANSIENT_STATUSES:
+            raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
         if status in (400, 422):
             detail = _detail(response)
             raise _Attempt(
