@@ -44,6 +44,7 @@ from services.common.tool_contract import (
     SEARCH_USER_DOCUMENTS,
 )
 from services.common.untrusted import unwrap_untrusted
+from services.common.wording import fold_case
 from services.llm.model import Anchor
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
@@ -240,7 +241,7 @@ def not_found(lang: str) -> str:
 
 
 def _stem_list(text: str) -> list[str]:
-    return [w[:6] for w in _WORD.findall(text.lower().replace("ё", "е")) if len(w) > 2]
+    return [w[:6] for w in _WORD.findall(fold_case(text)) if len(w) > 2]
 
 
 def _stems(text: str) -> set[str]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
+from services.common.wording import fold_case
 from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
@@ -220,7 +221,7 @@ STEM = 5
 
 
 def _stems(text: str) -> set[str]:
-    return {w[:STEM] for w in _WORD.findall(text.lower().replace("ё", "е")) if len(w) > 2}
+    return {w[:STEM] for w in _WORD.findall(fold_case(text)) if len(w) > 2}
 
 
 def overlap_score(query: str, text: str) -> float:

@@ -60,6 +60,7 @@ from services.common.tool_contract import ID_SCHEMA as _ID
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
+from services.common.wording import fold_case
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document
 from services.docstore.store import DocumentStore
@@ -247,7 +248,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 def _terms(text: str) -> list[str]:
     """Search terms: lower-cased words cut to 6 letters (a crude stem that suits Russian)."""
-    words = _WORD.findall(text.lower().replace("ё", "е"))
+    words = _WORD.findall(fold_case(text))
     return [w[:6] for w in words if len(w) > 1 or w.isdigit()]
 
 
@@ -272,7 +273,7 @@ def bm25_scores(
 
 def snippet(text: str, terms: list[str], size: int = SNIPPET_CHARS) -> str:
     """About `size` characters of `text` around the first query term in it, with ellipses."""
-    low = text.lower().replace("ё", "е")
+    low = fold_case(text)
     found = [i for t in terms if (i := low.find(t)) >= 0]
     start = max(0, min(found) - size // 3) if found else 0
     if start > 0:
