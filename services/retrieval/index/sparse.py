@@ -30,6 +30,8 @@ from functools import lru_cache
 
 import qdrant_edge
 
+from services.common.wording import fold_case
+
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CYRILLIC = re.compile(r"[\u0400-\u04FF]")
 
@@ -78,7 +80,7 @@ class Bm25Encoder:
         """Hashed stems of the text's words, in order, stopwords dropped."""
         out: list[int] = []
         # "ё" is usually typed as "е"; Snowball does not fold it, so fold it here.
-        for word in _WORD.findall(text.lower().replace("ё", "е")):
+        for word in _WORD.findall(fold_case(text)):
             out.extend(self._terms_of(word))
         return out
 
