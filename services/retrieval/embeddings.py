@@ -215,11 +215,12 @@ REMOTE_RETRY = RetryPolicy(attempts=3, first_delay_s=0.2, factor=2.0)
 class RemoteEmbedder:
     """A client of an OpenAI-compatible `POST {url}/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
 
-    Sends `batch_size` texts per request, retries 5xx / 429 / network errors / timeouts as
-    `retry` allows (by default twice, pausing 0.2 s, then 0.4 s), and raises `EmbeddingBackendError` when a
-    batch cannot be embedded. The width is `dim` when configured, otherwise learned from the
-    first response (reading `dim` before any call sends one probe request). The API key goes
-    in an `Authorization: Bearer` header and never into logs or reprs.
+    Sends `batch_size` texts per request, retries transient answers (TRANSIENT_STATUSES),
+    network errors and timeouts as `retry` allows (REMOTE_RETRY by default), and raises
+    `EmbeddingBackendError` when a batch cannot be embedded. The width is `dim` when
+    configured, otherwise learned from the first response (reading `dim` before any call sends
+    one probe request). The API key goes in an `Authorization: Bearer` header and never into
+    logs or reprs.
     """
 
     def __init__(

@@ -295,8 +295,8 @@ class RerankClient(Reranker):
         return results
 
     async def _post(self, body: dict[str, Any], deadline: float) -> Any:
-        """POST with one retry on connection errors and 5xx, when the pause fits the budget;
-        the JSON body on 2xx."""
+        """POST with one retry on connection errors and transient answers (TRANSIENT_STATUSES),
+        when the pause fits the budget; the JSON body on 2xx."""
         started = time.monotonic()
         if deadline <= started:
             raise RerankError("timeout", "no time left to call the reranker")
