@@ -68,6 +68,33 @@ class LimitExceededError(InvalidArgumentError, reason="LIMIT_EXCEEDED"):
     """The request asks for more than a limit allows (HTTP 400, as the specs say)."""
 
 
+def limit_metadata(limit: int | float, field: str = "", name: str = "") -> dict[str, str]:
+    """What every error about a limit says of it: ``limit``, the number; ``field``, the request
+    field at fault where there is one; ``limit_name``, the service's name for a limit of its
+    own (``max_tool_steps``, ``max_prompt_tokens``, ...) where the limit is not a field's."""
+    metadata = {"field": field} if field else {}
+    metadata["limit"] = f"{limit:g}" if isinstance(limit, float) else str(limit)
+    if name:
+        metadata["limit_name"] = name
+    return metadata
+
+
+def over_limit(
+    message: str,
+    limit: int | float,
+    *,
+    field: str = "",
+    name: str = "",
+    reason: str | None = None,
+    **extra: str,
+) -> LimitExceededError:
+    """LIMIT_EXCEEDED (or `reason`, e.g. LLM_LIMIT_EXCEEDED) with :func:`limit_metadata` and
+    any `extra` metadata."""
+    return LimitExceededError(
+        message, reason=reason, metadata={**limit_metadata(limit, field, name), **extra}
+    )
+
+
 class NotFoundError(ServiceError, code=NOT_FOUND, reason="NOT_FOUND"):
     """The named thing does not exist for this tenant (HTTP 404)."""
 

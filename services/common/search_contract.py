@@ -9,6 +9,7 @@ as that service's own failure.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from services.common import errors
 KB_TENANT = "__knowledge_base__"
 """The reserved tenant that holds the shared knowledge base (docs/architecture.md §15, agent.md §6)."""
 
+MAX_TENANT_ID_CHARS = 128
+_TENANT_ID = re.compile(rf"[\w.:-]{{1,{MAX_TENANT_ID_CHARS}}}")
 MAX_QUERY_CHARS = 4096
 MAX_RESULTS_LIMIT = 50
 MAX_FILTER_VALUES = 100
@@ -45,6 +48,26 @@ def missing_user_context(field_name: str, message: str) -> errors.InvalidArgumen
     )
 
 
+def is_tenant_id(value: str) -> bool:
+    """A tenant id every service accepts: 1-128 letters, digits, '.', '_', ':', '-'. The
+    document store keeps documents under it, so one that could never be stored is refused
+    wherever it is named, not answered with an empty result."""
+    return _TENANT_ID.fullmatch(value) is not None
+
+
+def check_tenant_id(tenant_id: str, field_name: str = "tenant_id") -> None:
+    """INVALID_ARGUMENT naming `field_name` when `tenant_id` is blank or not :func:`is_tenant_id`.
+    Where the tenant is the caller's identity, a blank one is checked first with
+    :func:`missing_user_context`."""
+    if not tenant_id.strip():
+        raise errors.invalid(field_name, f"{field_name} is required")
+    if not is_tenant_id(tenant_id):
+        raise errors.invalid(
+            field_name,
+            f"{field_name} must be 1-{MAX_TENANT_ID_CHARS} letters, digits, '.', '_', ':', '-'",
+        )
+
+
 def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> None:
     """INVALID_ARGUMENT when a caller names KB_TENANT as its own tenant: the knowledge base
     is asked for the way `instead` says (docs/architecture.md §15), never as a caller's own
@@ -62,9 +85,10 @@ def check_query(query: str) -> None:
     if not normalise_query(query):
         raise errors.invalid("query", "query is required (a word, not only spaces or marks)")
     if len(query) > MAX_QUERY_CHARS:
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}",
-            metadata={"field": "query", "limit": str(MAX_QUERY_CHARS)},
+            MAX_QUERY_CHARS,
+            field="query",
         )
 
 
@@ -75,9 +99,10 @@ def check_max_results(max_results: int | None) -> None:
     if max_results < 1:
         raise errors.invalid("max_results", "max_results must be at least 1")
     if max_results > MAX_RESULTS_LIMIT:
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"max_results is {max_results}; the limit is {MAX_RESULTS_LIMIT}",
-            metadata={"field": "max_results", "limit": str(MAX_RESULTS_LIMIT)},
+            MAX_RESULTS_LIMIT,
+            field="max_results",
         )
 
 
@@ -102,9 +127,10 @@ def validate_filters(f: Filters) -> None:
         raise errors.invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
         if len(getattr(f, name)) > MAX_FILTER_VALUES:
-            raise errors.LimitExceededError(
+            raise errors.over_limit(
                 f"filters.{name} has more than {MAX_FILTER_VALUES} values",
-                metadata={"field": f"filters.{name}", "limit": str(MAX_FILTER_VALUES)},
+                MAX_FILTER_VALUES,
+                field=f"filters.{name}",
             )
 
 

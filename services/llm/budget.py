@@ -10,7 +10,8 @@ Three limits, all in tokens of the real offline tokenizer (services/common/token
   tool call and tool result the loop appended, plus the completion reserve. The caller's
   `context_token_budget` (prompt plus tool text, orchestrator.md §3.5) may lower it.
 
-Going past a limit raises `LimitExceededError(reason="LLM_LIMIT_EXCEEDED")` (HTTP 400).
+Going past a limit raises `limit_exceeded`'s LIMIT_EXCEEDED error with reason
+LLM_LIMIT_EXCEEDED (HTTP 400).
 Counts are estimates of the runtime's own count: the chat template adds a few tokens per
 message (MESSAGE_OVERHEAD), which is counted here so the estimate errs high.
 """
@@ -45,12 +46,9 @@ MIN_TRIMMED_CHUNK_TOKENS = 48
 def limit_exceeded(
     message: str, limit_name: str, limit: int, **extra: str
 ) -> errors.LimitExceededError:
-    """An LLM_LIMIT_EXCEEDED error naming the limit and its value in the metadata."""
-    return errors.LimitExceededError(
-        message,
-        reason=LLM_LIMIT_EXCEEDED,
-        metadata={"limit": limit_name, "value": str(limit), **extra},
-    )
+    """An LLM_LIMIT_EXCEEDED error naming the service's limit and its value in the metadata
+    (`errors.limit_metadata`)."""
+    return errors.over_limit(message, limit, name=limit_name, reason=LLM_LIMIT_EXCEEDED, **extra)
 
 
 # Counting is a measurable share of the loop (bench/llm_overhead.py): the same messages,

@@ -13,7 +13,11 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
-from services.common.search_contract import missing_user_context, refuse_reserved_tenant
+from services.common.search_contract import (
+    check_tenant_id,
+    missing_user_context,
+    refuse_reserved_tenant,
+)
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
@@ -28,9 +32,7 @@ MAX_STOP_SEQUENCES = 4
 
 
 def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
-    return errors.LimitExceededError(
-        message, reason=LLM_LIMIT_EXCEEDED, metadata={"field": field_name, "limit": str(limit)}
-    )
+    return errors.over_limit(message, limit, field=field_name, reason=LLM_LIMIT_EXCEEDED)
 
 
 MAX_RESPONSE_SCHEMA_BYTES = 16 * 1024
@@ -110,6 +112,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
             raise missing_user_context("user.tenant_id", "tools need the user's tenant_id")
         if not user.user_id.strip():
             raise missing_user_context("user.user_id", "tools need the user's user_id")
+        check_tenant_id(user.tenant_id, "user.tenant_id")
         refuse_reserved_tenant(
             user.tenant_id, "user.tenant_id", "its tools search it with search_general_kb"
         )

@@ -371,7 +371,7 @@ class _Run:
             f"Model timeout: the request took longer than {self.watchdog:g} s "
             f"({self.steps} tool call(s) made)",
             reason=LLM_RUNTIME_ERROR,
-            metadata={"limit": "watchdog_s", "value": f"{self.watchdog:g}"},
+            metadata=errors.limit_metadata(self.watchdog, name="watchdog_s"),
         )
 
     async def _call(

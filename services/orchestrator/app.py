@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry
 from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
@@ -18,9 +20,12 @@ from services.orchestrator.runtime_config import ConfigHolder
 from services.orchestrator.servicer import OrchestratorServicer
 
 SERVICE_NAMES = ("visior.orchestrator.v1.OrchestratorService",)
+log = logging.getLogger("visior.orchestrator")
 
 
 async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
+    for sentence in settings.held:
+        log.warning(sentence)
     size = settings.server.max_message_bytes
     registry = CollectorRegistry()
     calls = ClientRpcMetrics(registry)

@@ -70,17 +70,37 @@ class OrchestratorSettings:
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
     (ORCH_SCORE_THRESHOLD, agent.md §10's score_threshold); None leaves Retrieval's own
     default (RETR_MIN_SCORE)."""
+    held: tuple[str, ...] = ()
+    """A sentence per setting held below what it asked for (ToolsProxy's limits rule), which
+    the service logs as a warning at start."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
         env = env or Env()
         proxy_max = proxy_max_window_radius(env)
         attempts = retry_attempts("ORCH_")
-        runtime = RUNTIME.read(env, window_radius=min(radius(env, WINDOW_RADIUS), proxy_max))
+        asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
+        # A window or a whole read is never one ToolsProxy would refuse or cut.
+        whole_chars = proxy_full_text_chars(env)
+        limits = (
+            ("ORCH_WINDOW_RADIUS", asked_radius, proxy_max, "MCP_PROXY_MAX_WINDOW_RADIUS"),
+            (
+                "ORCH_MAX_CONTEXT_CHARS",
+                asked_chars,
+                whole_chars,
+                "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
+            ),
+        )
+        held = tuple(
+            f"{name}={asked} is held to {limit} ({why})"
+            for name, asked, limit, why in limits
+            if asked > limit
+        )
+        runtime = RUNTIME.read(env, window_radius=min(asked_radius, proxy_max))
         return SETTINGS.read(
             env,
-            # A whole read is never one ToolsProxy would cut.
-            max_context_chars=min(MAX_CONTEXT.read(env), proxy_full_text_chars(env)),
+            max_context_chars=min(asked_chars, whole_chars),
+            held=held,
             server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
             retrieval=RETRIEVAL.read(env, attempts),
             llm=LLM.read(env, attempts),

@@ -112,11 +112,13 @@ class PromptFitter:
         if sections:
             least = self._entry_cost(1, sections[0], MIN_SUMMARY_TOKENS)[0]
         if bare + least > room:
-            raise errors.LimitExceededError(
+            raise errors.over_limit(
                 f"the question is {bare} tokens with the instructions; at most {room - least} "
                 "fit the model's prompt",
+                room,
+                field="query",
+                name="max_prompt_tokens",
                 reason=LLM_LIMIT_EXCEEDED,
-                metadata={"field": "query", "limit": "max_prompt_tokens", "value": str(room)},
             )
         while kept and bare + least + sum(turns) > room:
             kept.pop(0)  # the oldest turn goes first

@@ -17,6 +17,7 @@ from services.common.search_contract import (
     Filters,
     check_max_results,
     check_query,
+    check_tenant_id,
     missing_user_context,
     normalise_query,
     refuse_reserved_tenant,
@@ -93,6 +94,7 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
         raise missing_user_context(
             "user_id", "user context is required: user.user_id (or user_id) is missing"
         )
+    check_tenant_id(resolved.tenant_id)
     return resolved
 
 
@@ -102,9 +104,8 @@ def validate(req: RespondInput) -> None:
     check_query(req.query)
     check_max_results(req.max_results)
     if len(req.history) > MAX_HISTORY_TURNS:
-        raise errors.LimitExceededError(
-            f"at most {MAX_HISTORY_TURNS} history turns",
-            metadata={"field": "history", "limit": str(MAX_HISTORY_TURNS)},
+        raise errors.over_limit(
+            f"at most {MAX_HISTORY_TURNS} history turns", MAX_HISTORY_TURNS, field="history"
         )
     for i, turn in enumerate(req.history):
         if turn.role not in ("user", "assistant"):
@@ -119,9 +120,8 @@ def validate(req: RespondInput) -> None:
     validate_filters(req.filters)
     # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
     if len(req.selected_doc_ids) > MAX_FILTER_VALUES:
-        raise errors.LimitExceededError(
-            f"doc_ids has more than {MAX_FILTER_VALUES} values",
-            metadata={"field": "doc_ids", "limit": str(MAX_FILTER_VALUES)},
+        raise errors.over_limit(
+            f"doc_ids has more than {MAX_FILTER_VALUES} values", MAX_FILTER_VALUES, field="doc_ids"
         )
 
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
-from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE
+from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
@@ -52,7 +52,6 @@ log = logging.getLogger("visior.retrieval.ingestion")
 
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
 _DOC_ID = re.compile(r"^[^\W_][\w.-]{0,127}$")
-_TENANT_ID = re.compile(r"^[\w.:-]{1,128}$")
 MAX_TAGS = 32
 MAX_METADATA = 32
 MAX_METADATA_VALUE = 1024
@@ -319,23 +318,17 @@ class Ingestor:
     # -- ingest -----------------------------------------------------------------------------
 
     def _validate(self, item: IngestInput) -> tuple[str, str]:
-        if not item.tenant_id.strip():
-            raise errors.invalid("tenant_id", "tenant_id is required")
-        if not _TENANT_ID.fullmatch(item.tenant_id):
-            raise errors.invalid(
-                "tenant_id", "tenant_id must be 1-128 letters, digits, '.', '_', ':', '-'"
-            )
+        check_tenant_id(item.tenant_id)
         if not item.content:
             raise errors.invalid("content", "content is empty")
         if len(item.content) > self._max_bytes:
-            raise errors.LimitExceededError(
+            raise errors.over_limit(
                 f"document is {len(item.content)} bytes; the limit is {self._max_bytes}",
-                metadata={"field": "content", "limit": str(self._max_bytes)},
+                self._max_bytes,
+                field="content",
             )
         if len(item.tags) > MAX_TAGS:
-            raise errors.LimitExceededError(
-                f"at most {MAX_TAGS} tags", metadata={"field": "tags", "limit": str(MAX_TAGS)}
-            )
+            raise errors.over_limit(f"at most {MAX_TAGS} tags", MAX_TAGS, field="tags")
         for name, values, most in (
             ("tags", item.tags, MAX_TAG_CHARS),
             ("title", (item.title,), MAX_TITLE_CHARS),
@@ -343,17 +336,19 @@ class Ingestor:
             ("version", (item.version,), MAX_PRODUCT_CHARS),
         ):
             if any(len(v) > most for v in values):
-                raise errors.LimitExceededError(
+                raise errors.over_limit(
                     f"{'a tag' if name == 'tags' else name} is longer than {most} characters",
-                    metadata={"field": name, "limit": str(most)},
+                    most,
+                    field=name,
                 )
         if len(item.metadata) > MAX_METADATA or any(
             len(k) > 128 or len(v) > MAX_METADATA_VALUE for k, v in item.metadata.items()
         ):
-            raise errors.LimitExceededError(
+            raise errors.over_limit(
                 f"at most {MAX_METADATA} metadata entries, keys up to 128 and values up to "
                 f"{MAX_METADATA_VALUE} characters",
-                metadata={"field": "metadata", "limit": str(MAX_METADATA)},
+                MAX_METADATA,
+                field="metadata",
             )
         fmt = guess_format(item.file_name, item.content_type)
         if fmt == "csv":
@@ -626,8 +621,7 @@ class Ingestor:
     # -- delete / list ----------------------------------------------------------------------
 
     async def delete(self, tenant_id: str, doc_id: str) -> bool:
-        if not tenant_id.strip():
-            raise errors.invalid("tenant_id", "tenant_id is required")
+        check_tenant_id(tenant_id)
         if not doc_id.strip():
             raise errors.invalid("doc_id", "doc_id is required")
         return await self._locked(lambda: self._delete(tenant_id, doc_id))
@@ -674,6 +668,5 @@ class Ingestor:
         """One page of the tenant's documents with their counts, and the token of the next
         page ("" after the last). Read in a worker thread (two queries: off the event loop,
         which a PostgreSQL store's round trips would hold)."""
-        if not tenant_id.strip():
-            raise errors.invalid("tenant_id", "tenant_id is required")
+        check_tenant_id(tenant_id)
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

@@ -63,14 +63,16 @@ def list_page(page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
             "page_size must not be negative", metadata={"field": "page_size"}
         )
     if page_size > MAX_PAGE_SIZE:
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"page_size is {page_size}; the limit is {MAX_PAGE_SIZE}",
-            metadata={"field": "page_size", "limit": str(MAX_PAGE_SIZE)},
+            MAX_PAGE_SIZE,
+            field="page_size",
         )
     if len(doc_ids) > MAX_LISTED_IDS:
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"doc_ids has {len(doc_ids)} values; the limit is {MAX_LISTED_IDS}",
-            metadata={"field": "doc_ids", "limit": str(MAX_LISTED_IDS)},
+            MAX_LISTED_IDS,
+            field="doc_ids",
         )
     return ListPage(
         after=_after(token),

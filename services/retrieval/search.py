@@ -11,6 +11,7 @@ from services.common.search_contract import (
     Filters,
     check_max_results,
     check_query,
+    check_tenant_id,
     validate_filters,
 )
 
@@ -124,8 +125,7 @@ class SearchResult:
 
 def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service must refuse."""
-    if not q.tenant_id.strip():
-        raise errors.invalid("tenant_id", "tenant_id is required")
+    check_tenant_id(q.tenant_id)
     if q.tenant_id == KB_TENANT:
         raise errors.invalid(
             "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
@@ -139,22 +139,23 @@ def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     for name, limit in PARAM_LIMITS.items():
         value = getattr(q, name)
         if value is not None and not 1 <= value <= limit:
-            raise errors.LimitExceededError(
-                f"params.{name} must be between 1 and {limit}",
-                metadata={"field": f"params.{name}", "limit": str(limit)},
+            raise errors.over_limit(
+                f"params.{name} must be between 1 and {limit}", limit, field=f"params.{name}"
             )
     if (
         q.context_token_limit is not None
         and not 1 <= q.context_token_limit <= MAX_CONTEXT_TOKEN_LIMIT
     ):
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"params.context_token_limit must be between 1 and {MAX_CONTEXT_TOKEN_LIMIT}",
-            metadata={"field": "params.context_token_limit", "limit": str(MAX_CONTEXT_TOKEN_LIMIT)},
+            MAX_CONTEXT_TOKEN_LIMIT,
+            field="params.context_token_limit",
         )
     if q.topk_per_doc is not None and not 0 <= q.topk_per_doc <= MAX_TOPK_PER_DOC:
-        raise errors.LimitExceededError(
+        raise errors.over_limit(
             f"params.topk_per_doc must be between 0 and {MAX_TOPK_PER_DOC}",
-            metadata={"field": "params.topk_per_doc", "limit": str(MAX_TOPK_PER_DOC)},
+            MAX_TOPK_PER_DOC,
+            field="params.topk_per_doc",
         )
     if q.min_score is not None and not 0.0 <= q.min_score <= 1.0:
         raise errors.invalid("params.min_score", "params.min_score must be between 0 and 1")

@@ -46,7 +46,7 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.logging import trace_id_bound
-from services.common.search_contract import KB_TENANT
+from services.common.search_contract import KB_TENANT, is_tenant_id
 from services.common.settings import SettingsError
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
 
@@ -160,7 +160,7 @@ class IdentityGate:
                 return
         tenant = _single(headers.get(self._tenant))
         user = _single(headers.get(self._user))
-        if tenant is None or user is None:
+        if tenant is None or user is None or not is_tenant_id(tenant):
             await _refuse(send, "caller identity missing or malformed")
             return
         if tenant == KB_TENANT:  # read through search_general_kb only (docs/architecture.md §15)

@@ -8,7 +8,11 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
-from services.common.search_contract import missing_user_context, refuse_reserved_tenant
+from services.common.search_contract import (
+    check_tenant_id,
+    missing_user_context,
+    refuse_reserved_tenant,
+)
 from services.common.structs import request_struct
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -23,6 +27,7 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     if not user.user_id.strip():
         # The rate limits and the logs name the user: no tool runs for an anonymous one.
         raise missing_user_context("user.user_id", "user.user_id is required")
+    check_tenant_id(user.tenant_id, "user.tenant_id")
     refuse_reserved_tenant(user.tenant_id, "user.tenant_id", "search it with search_general_kb")
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 

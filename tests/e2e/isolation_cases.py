@@ -221,6 +221,13 @@ TENANT_VARIANTS: dict[str, str] = {
 """Tenant values that must never read A's documents: wildcards, blanks, look-alikes."""
 BLANK_TENANTS = ("empty", "space", "tab")
 """Variants the services refuse as "no tenant" (400)."""
+MALFORMED_TENANTS = (
+    "star", "percent", "prefix-percent", "regex", "alpha-star", "trailing-space",
+    "leading-space", "fullwidth", "zero-width", "nul-suffix", "newline-suffix", "list",
+)  # fmt: skip
+"""Variants that are no tenant id (1-128 letters, digits, '.', '_', ':', '-'): every service
+refuses them (400 INVALID_ARGUMENT naming the tenant). The fullwidth one has a fullwidth
+hyphen, which is no letter; its letters alone, like the Cyrillic look-alike's, would pass."""
 
 # (name, tool, arguments, expected): expected is "ok" when the call succeeds on the attacker's
 # own data (a colliding id, a search scoped to its tenant), else the accepted error codes.

@@ -467,6 +467,24 @@ def test_a_misspelt_required_field_is_400_naming_the_field(
     assert_server_400(post(mesh, name, body), ROUTES[name].key, reason, field_name)
 
 
+MALFORMED_TENANT: list[tuple[str, dict[str, Any], str]] = [
+    ("retrieval/search", {"query": "LDAP", "tenant_id": "acme corp"}, "tenant_id"),
+    ("retrieval/documents:delete", {"tenant_id": "acme corp", "doc_id": "x"}, "tenant_id"),
+    ("orchestrator/respond", {"query": "LDAP?", "user": {"user_id": "u", "tenant_id": "acme/corp"}},
+     "tenant_id"),
+    ("mcp/execute", {"tool_name": "read_doc_metadata", "arguments": {"doc_id": "x"},
+                     "user": {"user_id": "u", "tenant_id": "t" * 129}}, "user.tenant_id"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "body", "field_name"), MALFORMED_TENANT)
+def test_a_tenant_id_no_document_could_be_stored_under_is_400(
+    mesh: Mesh, name: str, body: dict[str, Any], field_name: str
+) -> None:
+    # Every service holds a tenant id to the rule ingest does: a 400, never an empty answer.
+    assert_server_400(post(mesh, name, body), ROUTES[name].key, "INVALID_ARGUMENT", field_name)
+
+
 @pytest.mark.parametrize(
     "name", ["llm/generate", "llm/generate:stream", "mcp/execute", "retrieval/documents",
              "retrieval/documents:delete"]

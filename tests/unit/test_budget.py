@@ -64,8 +64,8 @@ def test_a_prompt_that_does_not_fit_without_context_at_and_past_the_limit():
     with pytest.raises(errors.LimitExceededError) as info:
         fit((), bare - 1)
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata == {"limit": "max_prompt_tokens", "value": str(bare - 1),
-                                   "field": "messages"}  # fmt: skip
+    assert info.value.metadata == {"field": "messages", "limit": str(bare - 1),
+                                   "limit_name": "max_prompt_tokens"}  # fmt: skip
 
 
 CHUNKS = (
@@ -126,7 +126,8 @@ def test_first_prompt_at_and_past_each_limit(kw, limit, name):
     assert b.start(msgs_of(limit), ()) == limit
     with pytest.raises(errors.LimitExceededError) as info:
         budget(**kw).start(msgs_of(limit + 1), ())
-    assert info.value.metadata["limit"] == name
+    metadata = info.value.metadata
+    assert (metadata["limit"], metadata["limit_name"]) == (str(limit), name)
 
 
 def test_the_conversation_grows_with_tool_results_up_to_the_total():
@@ -141,7 +142,7 @@ def test_the_conversation_grows_with_tool_results_up_to_the_total():
     with pytest.raises(errors.LimitExceededError) as info:
         b.before_call()
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata["limit"] == "max_total_tokens"
+    assert info.value.metadata["limit_name"] == "max_total_tokens"
 
 
 def test_totals_take_the_runtimes_counts_else_the_estimate():

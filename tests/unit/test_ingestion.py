@@ -55,6 +55,20 @@ async def test_a_knowledge_base_csv_without_rows_is_invalid_content(tmp_path, em
     s.index.close()
 
 
+@pytest.mark.parametrize("tenant", ["acme corp", "acme/corp", "t" * 129, " "])
+async def test_delete_and_list_refuse_a_tenant_id_no_document_could_be_stored_under(
+    tmp_path, embedder, tenant
+):
+    s = make_stack(tmp_path, embedder)
+    for call in (lambda: s.ingestor.delete(tenant, "d"), lambda: s.ingestor.list(tenant)):
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            await call()
+        assert info.value.metadata["field"] == "tenant_id"
+    assert await s.ingestor.list("t" * 128) == ([], "")  # at the limit: a tenant, empty
+    assert await s.ingestor.delete("t" * 128, "d") is False
+    s.index.close()
+
+
 KB_HEADER = "id,title,content,topic,jurisdiction,updated_at\n"
 
 

@@ -425,7 +425,7 @@ async def test_two_tool_errors_in_a_row_abort(first):
     with pytest.raises(errors.LimitExceededError) as info:
         await loop(rt, tools).run(req(), events)
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata["limit"] == "max_consecutive_tool_errors"
+    assert info.value.metadata["limit_name"] == "max_consecutive_tool_errors"
     assert info.value.metadata["tool_error"] == "NOT_FOUND"
     assert len(events.tools) == 1  # the executed failing call was still reported
 
@@ -480,7 +480,7 @@ async def test_step_limit_at_the_limit_then_a_final_answer_without_tools():
     with pytest.raises(errors.LimitExceededError) as info:
         await loop(rt, FakeTools(default=window()), max_tool_steps=2).run(req())
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata["limit"] == "max_tool_steps"
+    assert info.value.metadata["limit_name"] == "max_tool_steps"
     assert "Tool-call limit reached" in info.value.message
 
 
@@ -537,7 +537,7 @@ async def test_watchdog_stops_the_run_after_a_slow_model_call():
     with pytest.raises(errors.UnavailableError) as info:
         await loop(rt, tools, clock, watchdog_s=30.0).run(req())
     assert info.value.reason == "LLM_RUNTIME_ERROR"
-    assert info.value.metadata["limit"] == "watchdog_s"
+    assert info.value.metadata["limit_name"] == "watchdog_s"
     assert tools.calls == []  # nothing started after the deadline
     assert rt.calls[0]["timeout_s"] == 30.0
 
@@ -631,7 +631,7 @@ async def test_tool_results_need_the_minimum_room_at_and_past_the_limit(past):
     if past:
         with pytest.raises(errors.LimitExceededError) as info:
             await run
-        assert info.value.metadata["limit"] == "max_total_tokens"
+        assert info.value.metadata["limit_name"] == "max_total_tokens"
         assert tools.calls == []  # not executed when its result could not be shown
     else:
         out = await run
@@ -660,7 +660,7 @@ async def test_a_long_tool_call_turn_can_spend_the_budget(name):
     with pytest.raises(errors.LimitExceededError) as info:
         await loop(rt, tools, max_total_tokens=1200, max_completion_tokens=100).run(req())
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata["limit"] == "max_total_tokens"
+    assert info.value.metadata["limit_name"] == "max_total_tokens"
     assert tools.calls == [] and len(rt.calls) == 1
 
 

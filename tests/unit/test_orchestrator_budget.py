@@ -274,7 +274,9 @@ async def test_a_question_that_alone_cannot_fit_is_the_callers_400():
     with pytest.raises(errors.LimitExceededError) as info:
         await respond(TEN_RUSSIAN, query="䷀" * 4000)
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
-    assert info.value.metadata["field"] == "query"
+    metadata = info.value.metadata
+    assert metadata["field"] == "query" and metadata["limit_name"] == "max_prompt_tokens"
+    assert int(metadata["limit"]) > 0  # the room in tokens, as every limit error says it
 
 
 async def test_a_question_at_the_room_passes_and_one_token_more_is_refused():

@@ -273,18 +273,41 @@ def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
             settings(**{name: value})
 
 
+HELD_CHARS = "ORCH_MAX_CONTEXT_CHARS=150000 is held to {} (MCP_PROXY_MAX_FULL_TEXT_BYTES / 4)"
+
+
 @pytest.mark.parametrize(
-    ("env", "chars"),
+    ("env", "chars", "held"),
     [
-        ({}, 50_000),  # the defaults agree: 200,000 bytes hold 50,000 characters
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000"}, 50_000),  # more than ToolsProxy returns whole
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"}, 150_000),
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "599999"}, 149_999),
-        ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000),
+        ({}, 50_000, ()),  # the defaults agree: 200,000 bytes hold 50,000 characters
+        # more than ToolsProxy returns whole
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000"}, 50_000, (HELD_CHARS.format(50_000),)),
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"}, 150_000, ()),
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "599999"}, 149_999,
+         (HELD_CHARS.format(149_999),)),
+        # the default, not a setting asked for, is held too, and said
+        ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000,
+         ("ORCH_MAX_CONTEXT_CHARS=50000 is held to 25000 (MCP_PROXY_MAX_FULL_TEXT_BYTES / 4)",)),
     ],
-)
-def test_a_whole_read_is_held_to_what_toolsproxy_returns_whole(env, chars):
-    assert settings(**env).max_context_chars == chars
+)  # fmt: skip
+def test_a_whole_read_is_held_to_what_toolsproxy_returns_whole(env, chars, held):
+    s = settings(**env)
+    assert s.max_context_chars == chars
+    assert s.held == held
+
+
+async def test_the_service_warns_at_start_of_each_setting_it_held(caplog):
+    from services.orchestrator.app import start
+
+    s = settings(ORCH_WINDOW_RADIUS="3", MCP_PROXY_MAX_WINDOW_RADIUS="2", ORCH_PORT="0")
+    assert s.held == ("ORCH_WINDOW_RADIUS=3 is held to 2 (MCP_PROXY_MAX_WINDOW_RADIUS)",)
+    with caplog.at_level("WARNING", logger="visior.orchestrator"):
+        running, close = await start(s)
+        await running.stop(0)
+        await close()
+    assert [r.getMessage() for r in caplog.records if r.name == "visior.orchestrator"] == list(
+        s.held
+    )
 
 
 @pytest.mark.parametrize(("limit", "scenario"), [(60, "S3"), (59, "S4")])

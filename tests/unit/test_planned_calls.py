@@ -166,7 +166,7 @@ async def test_more_planned_calls_than_steps_is_a_limit_error(server, policy):
         )
     assert info.value.reason == "LLM_LIMIT_EXCEEDED"
     assert info.value.metadata["field"] == PLANNED_FIELD
-    assert info.value.metadata["limit"] == "max_tool_steps"
+    assert info.value.metadata["limit_name"] == "max_tool_steps"
     assert tools.calls == []
     # At the limit it runs.
     out = await loop(ScriptedRuntime([says("ok")]), FakeTools(default=OK), max_tool_steps=3).run(

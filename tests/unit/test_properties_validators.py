@@ -469,8 +469,20 @@ def _generate(**kw: Any) -> llm_pb2.GenerateRequest:
     return req
 
 
-def _execute(tool_name: str) -> toolsproxy_pb2.ExecuteRequest:
-    return toolsproxy_pb2.ExecuteRequest(tool_name=tool_name, user=U)
+def _execute(tool_name: str, user: common_pb2.UserContext = U) -> toolsproxy_pb2.ExecuteRequest:
+    return toolsproxy_pb2.ExecuteRequest(tool_name=tool_name, user=user)
+
+
+def _user(tenant_id: str) -> common_pb2.UserContext:
+    return common_pb2.UserContext(user_id="u1", tenant_id=tenant_id)
+
+
+def _with_tools(
+    req: llm_pb2.GenerateRequest, user: common_pb2.UserContext
+) -> llm_pb2.GenerateRequest:
+    req.tool_policy.allowed_tools.append("read_doc_metadata")
+    req.user.CopyFrom(user)
+    return req
 
 
 def _config(**kw: Any) -> orchestrator_pb2.UpdateConfigRequest:
@@ -519,6 +531,10 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
         for n in ("product", "version")
     ],
     ("ingest", _ingest(tenant_id="t" * 128), _ingest(tenant_id="t" * 129), INVALID, "tenant_id"),
+    ("search", _search(tenant_id="t" * 128), _search(tenant_id="t" * 129), INVALID, "tenant_id"),
+    ("respond", _respond(user=_user("t" * 128)), _respond(user=_user("t" * 129)), INVALID, "tenant_id"),
+    ("generate", _with_tools(_generate(), _user("t" * 128)), _with_tools(_generate(), _user("t" * 129)), INVALID, "user.tenant_id"),
+    ("execute", _execute("read_doc_metadata", _user("t" * 128)), _execute("read_doc_metadata", _user("t" * 129)), INVALID, "user.tenant_id"),
     ("ingest", _ingest(doc_id="d" * 128), _ingest(doc_id="d" * 129), INVALID, "doc_id"),
     ("respond", _respond(query="q" * contract.MAX_QUERY_CHARS), _respond(query="q" * (contract.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
     ("respond", _respond(max_results=contract.MAX_RESULTS_LIMIT), _respond(max_results=contract.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),
@@ -567,8 +583,8 @@ def test_limits_are_exact(name: str, at: Any, past: Any, reason: str, field: str
     assert refused[1] == reason, refused
     metadata = refused[3]
     assert metadata["field"] == field, refused
-    if reason != INVALID:  # a limit says what it is
-        assert metadata.get("limit") or metadata.get("value"), refused
+    if reason != INVALID:  # a limit says what it is: a number
+        assert float(metadata["limit"]) >= 0, refused
 
 
 # --- the errors a caller can cause besides limits -------------------------------------------
@@ -582,6 +598,11 @@ def test_limits_are_exact(name: str, at: Any, past: Any, reason: str, field: str
         ("search", retrieval_pb2.SearchRequest(query="q", tenant_id=contract.KB_TENANT), INVALID, "tenant_id"),
         ("search", _search(**{"params.retrieval_mode": "nope"}), INVALID, "params.retrieval_mode"),
         ("ingest", _ingest(tenant_id="a b"), INVALID, "tenant_id"),
+        ("search", _search(tenant_id="a b"), INVALID, "tenant_id"),
+        ("respond", _respond(user=_user("acme/corp")), INVALID, "tenant_id"),
+        ("respond", orchestrator_pb2.RespondRequest(query="q", user_id="u", tenant_id="a b"), INVALID, "tenant_id"),
+        ("generate", _with_tools(_generate(), _user("a b")), INVALID, "user.tenant_id"),
+        ("execute", _execute("read_doc_metadata", _user("a b")), INVALID, "user.tenant_id"),
         ("ingest", _ingest(doc_id="../x"), INVALID, "doc_id"),
         ("ingest", retrieval_pb2.IngestDocumentRequest(tenant_id="demo", file_name="...", content=b"x"), INVALID, "file_name"),
         ("respond", orchestrator_pb2.RespondRequest(query="q"), "MISSING_USER_CONTEXT", "tenant_id"),

@@ -161,7 +161,13 @@ async def test_grpc_refuses_the_reserved_kb_tenant(kb_executor: ToolExecutor) ->
     assert "KB-ONLY-TEXT" not in str(err.value.details())
 
 
-async def test_mcp_refuses_the_reserved_kb_tenant(kb_executor: ToolExecutor) -> None:
+@pytest.mark.parametrize(
+    ("tenant", "status"),
+    [(KB_TENANT, 401), ("acme/corp", 401), ("t" * 129, 401), ("t" * 128, 200)],
+)
+async def test_mcp_refuses_the_reserved_kb_tenant_and_malformed_tenants(
+    kb_executor: ToolExecutor, tenant: str, status: int
+) -> None:
     ep = McpEndpoint(kb_executor, McpSettings(port=0, token="t0k"))
     await ep.start()
     try:
@@ -180,7 +186,7 @@ async def test_mcp_refuses_the_reserved_kb_tenant(kb_executor: ToolExecutor) -> 
                 json=call,
                 headers={
                     "Authorization": "Bearer t0k",
-                    "X-Visior-Tenant-Id": KB_TENANT,
+                    "X-Visior-Tenant-Id": tenant,
                     "X-Visior-User-Id": "u1",
                     "Accept": "application/json, text/event-stream",
                     "MCP-Protocol-Version": LATEST_HANDSHAKE_VERSION,
@@ -188,7 +194,7 @@ async def test_mcp_refuses_the_reserved_kb_tenant(kb_executor: ToolExecutor) -> 
             )
     finally:
         await ep.stop()
-    assert r.status_code == 401 and "KB-ONLY-TEXT" not in r.text
+    assert r.status_code == status and "KB-ONLY-TEXT" not in r.text
 
 
 # --- web results are external data --------------------------------------------------------------
