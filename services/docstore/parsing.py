@@ -122,18 +122,16 @@ def parse_document(
     metadata: Mapping[str, str] | None = None,
     config: ChunkingConfig | None = None,
     summarizer: Summarizer | None = None,
-    text: str | None = None,
 ) -> Document:
     """Parse one document (PDF, Markdown or plain text) into pages, sections and chunks.
 
-    `content` is the raw file (bytes; a str is taken as already-decoded text); `text` is a
-    deprecated alias for str content. Plain text and Markdown mark page breaks with form
-    feeds. Raises `UnsupportedFormatError` for other formats (a knowledge-base CSV goes
+    `content` is the raw file (bytes; a str is taken as already-decoded text). Plain text and
+    Markdown mark page breaks with form feeds. Raises `UnsupportedFormatError` for other formats (a knowledge-base CSV goes
     through `kb_csv.read_knowledge_base_csv`) and `ParseError` for unreadable input.
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
-    raw: bytes | str = text if text is not None else content
+    raw = content
     if fmt == "csv":
         raise UnsupportedFormatError(
             "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"

@@ -215,7 +215,7 @@ def _store() -> SqliteDocumentStore:
     store = SqliteDocumentStore(":memory:")
     text = "# Guide\n\n" + "\f".join(f"## S{i}\n\nsection {i} about topic{i}." for i in range(6))
     cfg = ChunkingConfig(chunk_tokens=8, overlap_tokens=0)
-    store.put(parse_document(tenant_id="tenant-a", doc_id="guide", text=text, fmt="markdown",
+    store.put(parse_document(tenant_id="tenant-a", doc_id="guide", content=text, fmt="markdown",
                              config=cfg))  # fmt: skip
     return store
 

@@ -71,7 +71,7 @@ class Metrics:
 @functools.cache
 def parsed(tenant, doc_id, text, config=CFG, title=""):
     return parse_document(
-        tenant_id=tenant, doc_id=doc_id, text=text, fmt="markdown", config=config, title=title
+        tenant_id=tenant, doc_id=doc_id, content=text, fmt="markdown", config=config, title=title
     )
 
 
@@ -333,7 +333,7 @@ def test_pages_range_rules(executor):
 
 
 def test_pages_fall_back_to_chunks_when_page_text_is_missing(store, clock):
-    doc = parse_document(tenant_id="a", doc_id="old", text=GUIDE, fmt="markdown", config=CFG)
+    doc = parse_document(tenant_id="a", doc_id="old", content=GUIDE, fmt="markdown", config=CFG)
     store.put(replace(doc, page_texts=()))
     r = ok(make_executor(store, clock), "read_doc_pages", doc_id="old", page_from=3, page_to=4)
     assert [inner(p["text"]) for p in r["pages"]] == [
