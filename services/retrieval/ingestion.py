@@ -41,6 +41,7 @@ from services.docstore.parsing import (
     slugify,
 )
 from services.docstore.store import DocumentStore
+from services.docstore.summaries import section_texts
 from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
@@ -153,13 +154,15 @@ def chunk_texts(doc: Document) -> list[str]:
 def document_points(
     doc: Document, vectors: np.ndarray | None, texts: Sequence[str] | None = None
 ) -> list[IndexPoint]:
-    """Chunk points, section points (centroid vector, section text for BM25), a doc point.
+    """Chunk points, section points (centroid vector; for BM25 the section's text, each
+    chunk's overlap with the one before counted once: `summaries.section_texts`), a doc point.
 
     `vectors` are the chunks' passage embeddings, in order; None leaves every dense
     vector out (the points' fields and ids are the same either way). `texts` are
     `chunk_texts(doc)` when the caller has them already.
     """
     texts = chunk_texts(doc) if texts is None else texts
+    section_text = section_texts(doc)
     gen, tenant = doc.generation, doc.tenant_id
 
     def point(kind: str, item_id: str, dense: np.ndarray | None, **kw: object) -> IndexPoint:
@@ -191,13 +194,12 @@ def document_points(
         idx = by_section.get(s.section_id, [])
         if not idx:
             continue
-        body = " ".join(doc.chunks[i].text for i in idx)
         points.append(
             point("section", s.section_id,
                   None if vectors is None else _unit(vectors[idx].mean(axis=0)),
                   section_id=s.section_id, chunk_id="", ord=s.ord, page_start=s.page_start,
                   page_end=s.page_end, tokens=sum(doc.chunks[i].tokens for i in idx),
-                  sparse_text=f"{s.title}\n{body}")
+                  sparse_text=f"{s.title}\n{section_text[s.section_id]}")
         )  # fmt: skip
     outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
     points.append(

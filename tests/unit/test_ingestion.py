@@ -12,9 +12,11 @@ from qdrant_client import QdrantClient
 
 from services.common import errors
 from services.common.search_contract import KB_TENANT
+from services.docstore.chunking import ChunkingConfig
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import read_knowledge_base_csv
 from services.docstore.model import Document
+from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
 from services.retrieval.embeddings import EmbeddingSettings
@@ -478,3 +480,22 @@ async def test_recovery_leaves_another_processs_uncommitted_points(tmp_path, emb
     assert s.index.document_generations("a") == {"guide": {first.generation, "g-other"}}
     assert mine not in s.journal.pending()
     s.index.close()
+
+
+def test_a_section_points_keyword_text_holds_each_overlapping_sentence_once():
+    sentences = [f"Sentence number {i} tells about widget{i} and gadget{i}." for i in range(60)]
+    doc = parse_document(
+        tenant_id="a", doc_id="d", fmt="markdown",
+        content="# Guide\n\n## Body\n\n" + " ".join(sentences),
+        config=ChunkingConfig(chunk_tokens=64, overlap_tokens=16),
+    )  # fmt: skip
+    body = [c for c in doc.chunks if c.section_id == doc.sections[-1].section_id]
+    assert len(body) > 3
+    repeated = [s for s in sentences if sum(s in c.text for c in body) > 1]
+    assert repeated, "the chunker repeated no sentence: the test has nothing to check"
+    (section,) = [
+        p for p in document_points(doc, None)
+        if p.kind == "section" and p.section_id == doc.sections[-1].section_id
+    ]  # fmt: skip
+    for s in sentences:
+        assert section.sparse_text.count(s) == 1, s
