@@ -20,6 +20,7 @@ import cProfile
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -32,8 +33,10 @@ from index_engine import query_pool  # noqa: E402
 from retrieval_search import working_copy  # noqa: E402
 
 from services.common.breaker import CircuitBreaker  # noqa: E402
+from services.common.settings import Env  # noqa: E402
 from services.common.tokenizer import default_tokenizer  # noqa: E402
 from services.docstore.sqlite_store import SqliteDocumentStore  # noqa: E402
+from services.retrieval.config import engine_settings  # noqa: E402
 from services.retrieval.embeddings import EmbeddingSettings  # noqa: E402
 from services.retrieval.engine import EngineSettings, RetrievalEngine, _Timing  # noqa: E402
 from services.retrieval.factories import build_embedder  # noqa: E402
@@ -54,7 +57,9 @@ async def run(args: argparse.Namespace, data: Path) -> None:
     engine = RetrievalEngine(
         index=index, embedder=embedder, sections=SectionCatalog(store), chunks=store,
         tokenizer=default_tokenizer(),
-        defaults=SearchDefaults(), settings=EngineSettings(candidate_factor=args.factor),
+        defaults=SearchDefaults(),
+        # The server's ranking settings for the profile (cross-language is off for fast).
+        settings=replace(engine_settings(Env({}), args.profile), candidate_factor=args.factor),
         breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
     )  # fmt: skip
     queries = query_pool(args.seed, args.searches + args.warmup)
