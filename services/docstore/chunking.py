@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from services.common.tokenizer import DEFAULT_ENCODING, BpeTokenizer, default_tokenizer
@@ -226,6 +226,20 @@ def find_overlap(left: str, right: str, min_chars: int = 12) -> int:
         ):
             return n
     return 0
+
+
+def join_chunks(texts: Iterable[str], joiner: str = "\n\n") -> str:
+    """Consecutive chunks as one text: where a chunk begins with the end of the one before
+    (`find_overlap`), it continues from there, so the overlap appears once and the text reads
+    as the document does; elsewhere (another section, or no overlap found) `joiner` goes
+    between them."""
+    out: list[str] = []
+    prev = ""
+    for text in texts:
+        cut = find_overlap(prev, text) if out else 0
+        out.append(text[cut:] if cut else (joiner + text if out else text))
+        prev = text
+    return "".join(out)
 
 
 def _long_overlap(left: str, right: str, min_chars: int) -> int:

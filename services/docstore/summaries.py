@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from typing import Protocol
 
-from services.docstore.chunking import find_overlap, split_sentences
+from services.docstore.chunking import join_chunks, split_sentences
 from services.docstore.model import Document
 
 _WORD = re.compile(r"[0-9a-zа-яё]{3,}", re.IGNORECASE)
@@ -95,11 +95,8 @@ def mix_generation(generation: str, summarizer_name: str) -> str:
 
 
 def section_texts(doc: Document) -> dict[str, str]:
-    """Each section's text by section_id: its chunks in order, the repeated overlap removed."""
+    """Each section's text by section_id: its chunks in order, joined by `join_chunks`."""
     out: dict[str, list[str]] = {}
-    prev = ""
     for chunk in doc.chunks:
-        parts = out.setdefault(chunk.section_id, [])
-        parts.append(chunk.text[find_overlap(prev, chunk.text) :].lstrip() if parts else chunk.text)
-        prev = chunk.text
-    return {k: "\n\n".join(p for p in v if p) for k, v in out.items()}
+        out.setdefault(chunk.section_id, []).append(chunk.text)
+    return {k: join_chunks(v) for k, v in out.items()}

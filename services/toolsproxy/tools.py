@@ -61,6 +61,7 @@ from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
 from services.common.wording import fold_case
+from services.docstore.chunking import join_chunks
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document
 from services.docstore.store import DocumentStore
@@ -443,7 +444,7 @@ class DocumentTools:
             "chunk_ids": [c.chunk_id for c in chunks],
             "page_start": min(c.page_start for c in chunks),
             "page_end": max(c.page_end for c in chunks),
-            "text": "\n\n".join(c.text for c in chunks),
+            "text": join_chunks(c.text for c in chunks),
         }
 
     def read_doc_section(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
@@ -463,7 +464,7 @@ class DocumentTools:
             "title": section.title,
             "page_start": section.page_start,
             "page_end": section.page_end,
-            "text": "\n\n".join(c.text for c in chunks),
+            "text": join_chunks(c.text for c in chunks),
         }
 
     def read_doc_pages(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
@@ -498,7 +499,7 @@ class DocumentTools:
             pages = [
                 {
                     "page": n,
-                    "text": "\n\n".join(c.text for c in chunks if c.page_start <= n <= c.page_end),
+                    "text": join_chunks(c.text for c in chunks if c.page_start <= n <= c.page_end),
                 }
                 for n in range(first, last + 1)
             ]
@@ -599,7 +600,7 @@ class DocumentTools:
             if pages:
                 text = "\n\n".join(p.text.strip() for p in pages if p.text.strip())
             else:
-                text = "\n\n".join(c.text for c in self._all_chunks(caller, doc.doc_id))
+                text = join_chunks(c.text for c in self._all_chunks(caller, doc.doc_id))
             entry: dict[str, Any] = {
                 "document_id": doc.doc_id,
                 "title": doc.title,

@@ -470,10 +470,11 @@ def _section(*texts: str) -> Document:
 @pytest.mark.parametrize(
     ("texts", "joined"),
     [
-        # The chunker's overlap (whole trailing sentences) is read once.
+        # The chunker's overlap (whole trailing sentences) is read once, and the text goes on
+        # as the document does.
         (
             ("Backups run nightly. They take an hour.", "They take an hour. Restore with tar."),
-            "Backups run nightly. They take an hour.\n\nRestore with tar.",
+            "Backups run nightly. They take an hour. Restore with tar.",
         ),
         # One word both happen to share is no overlap: it stays (as the context builder keeps it).
         (

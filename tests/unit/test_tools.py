@@ -798,3 +798,27 @@ def test_synchronous_tools_run_off_the_event_loop_and_async_ones_on_it(store, cl
     assert [o.status for o in outcomes] == ["ok", "ok", "ok"]
     assert threads["sync"] != loop_thread and threads["handing_back"] != loop_thread
     assert threads["async"] == loop_thread
+
+
+LONG = "# Long\n\n## Body\n\n" + " ".join(
+    f"Sentence number {i} tells about widget{i} and gadget{i}." for i in range(40)
+)
+
+
+@pytest.mark.parametrize("tool", ["read_chunk_window", "read_doc_section"])
+def test_reads_of_consecutive_chunks_give_the_overlap_once(store, clock, tool):
+    # Chunks that repeat the end of the one before read as the document does, not twice.
+    doc = parsed("a", "long", LONG, ChunkingConfig(chunk_tokens=64, overlap_tokens=16))
+    store.put(doc)
+    body = [c for c in doc.chunks if c.section_id == doc.sections[-1].section_id]
+    assert len(body) >= 3 and body[1].text.split(".")[0] in body[0].text  # they do overlap
+    ex = make_executor(store, clock, limits=replace(LIMITS, max_text_bytes=16_384))
+    if tool == "read_chunk_window":
+        args = {"anchor_chunk_id": body[1].chunk_id, "radius": 1}
+    else:
+        args = {"section_id": doc.sections[-1].section_id}
+    text = ok(ex, tool, doc_id="long", **args)["text"]
+    for i in range(40):
+        sentence = f"Sentence number {i} tells about widget{i} and gadget{i}."
+        assert text.count(sentence) <= 1, sentence
+    assert body[0].text in text and body[2].text[-40:] in text  # nothing else is lost
