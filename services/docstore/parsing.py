@@ -126,12 +126,12 @@ def parse_document(
     """Parse one document (PDF, Markdown or plain text) into pages, sections and chunks.
 
     `content` is the raw file (bytes; a str is taken as already-decoded text). Plain text and
-    Markdown mark page breaks with form feeds. Raises `UnsupportedFormatError` for other formats (a knowledge-base CSV goes
-    through `kb_csv.read_knowledge_base_csv`) and `ParseError` for unreadable input.
+    Markdown mark page breaks with form feeds. Raises `UnsupportedFormatError` for other
+    formats (a knowledge-base CSV goes through `kb_csv.read_knowledge_base_csv`) and
+    `ParseError` for unreadable input.
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
-    raw = content
     if fmt == "csv":
         raise UnsupportedFormatError(
             "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"
@@ -139,16 +139,16 @@ def parse_document(
     if fmt not in FORMATS:
         raise UnsupportedFormatError(f"format {fmt!r} is not supported (markdown, text, pdf)")
     if fmt == "pdf":
-        if isinstance(raw, str):
+        if isinstance(content, str):
             raise ParseError("a PDF must be given as bytes")
-        pdf = read_pdf(raw)
+        pdf = read_pdf(content)
         page_texts = pdf.pages
         sections = _pdf_sections(pdf, cfg)
         title = title or pdf.title or _first_line(page_texts) or doc_id
         if not any(p.strip() for p in page_texts):
             raise ParseError("the PDF has no text layer (a scan?); OCR is not supported")
     else:
-        decoded = decode_text(raw)
+        decoded = decode_text(content)
         page_texts = tuple(decoded.split(PAGE_BREAK))
         if fmt == "markdown":
             sections, heading_title = _markdown_sections(page_texts)
@@ -159,7 +159,7 @@ def parse_document(
     # The parsed format last: caller metadata cannot claim a PDF is Markdown.
     meta = {**(metadata or {}), "format": fmt}
     generation = document_generation(
-        raw, fmt=fmt, title=title, product=product, version=version, tags=tags,
+        content, fmt=fmt, title=title, product=product, version=version, tags=tags,
         source=source, metadata=meta, config=cfg, summarizer=summ.name,
     )  # fmt: skip
     built_sections, chunks = _build(doc_id, title, sections, cfg, summ)
