@@ -4,12 +4,22 @@ search_contract.py is for a search."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 ANSWER_LANGUAGES = ("ru", "en")
 """The languages answers are given in (GenerateRequest.answer_language; docs/architecture.md
 §14: the callers are bilingual)."""
+
+_CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
+_LATIN = re.compile(r"[a-z]", re.IGNORECASE)
+
+
+def text_language(text: str) -> str:
+    """The answer language a text is written in: "en" when its Latin letters outnumber its
+    Cyrillic ones, else "ru" (agent.md §8: Russian by default)."""
+    return "en" if len(_LATIN.findall(text)) > len(_CYRILLIC.findall(text)) else "ru"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from services.common import errors
+from services.common.wording import fold_yo
 
 KB_TENANT = "__knowledge_base__"
 """The reserved tenant that holds the shared knowledge base (docs/architecture.md §15, agent.md §6)."""
@@ -132,11 +133,6 @@ def validate_filters(f: Filters) -> None:
                 MAX_FILTER_VALUES,
                 field=f"filters.{name}",
             )
-
-
-def fold_yo(text: str) -> str:
-    """``ё``/``Ё`` replaced by ``е``/``Е``."""
-    return text.replace("ё", "е").replace("Ё", "Е")
 
 
 def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -> str:

@@ -9,9 +9,14 @@ from __future__ import annotations
 import re
 
 
+def fold_yo(text: str) -> str:
+    """``ё``/``Ё`` replaced by ``е``/``Е`` (how the letter is usually typed)."""
+    return text.replace("ё", "е").replace("Ё", "Е")
+
+
 def fold_case(text: str) -> str:
     """Lower case with ё folded into е, so every rule is case- and ё-insensitive."""
-    return text.lower().replace("ё", "е")
+    return fold_yo(text.lower())
 
 
 def whole_words(*alternatives: str) -> re.Pattern[str]:

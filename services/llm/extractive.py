@@ -24,7 +24,6 @@ prompt asks for English.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.common.currencies import named_currencies
+from services.common.generate_contract import text_language
+from services.common.lexical import Bm25, search_terms
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
     FETCH_CBR_DATA,
@@ -44,7 +45,6 @@ from services.common.tool_contract import (
     SEARCH_USER_DOCUMENTS,
 )
 from services.common.untrusted import unwrap_untrusted
-from services.common.wording import fold_case
 from services.llm.model import Anchor
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
@@ -72,12 +72,9 @@ _NOT_READING = frozenset(
     {SEARCH_USER_DOCUMENTS, SEARCH_GENERAL_KB, DOC_LOCAL_SEARCH, FETCH_CBR_DATA, FETCH_FINANCE_NEWS}
 )
 """Tools whose results do not count as reading a document (the responder may still read)."""
-_WORD = re.compile(r"\w+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?…])\s+")
 _PIECE = re.compile(r"\S+\s*")
 _PLACEHOLDER = re.compile(r"\[text (\d+) below\]")
-_CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
-_LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 _ASKS_ENGLISH = re.compile(
     r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin english\b|на английском", re.IGNORECASE
 )
@@ -240,14 +237,6 @@ def not_found(lang: str) -> str:
     return NOT_FOUND_EN if lang == EN else NOT_FOUND
 
 
-def _stem_list(text: str) -> list[str]:
-    return [w[:6] for w in _WORD.findall(fold_case(text)) if len(w) > 2]
-
-
-def _stems(text: str) -> set[str]:
-    return set(_stem_list(text))
-
-
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
 
@@ -256,21 +245,11 @@ class SentenceScorer:
     """BM25 of a sentence for the question's words, over a pool of sentences: a word most
     sentences share (the product's name) weighs little, a repeated rare one much."""
 
-    def __init__(self, question: str, pool: Sequence[str], k1: float = 1.2, b: float = 0.75):
-        self.q = _stems(question)
-        bags = [_stem_list(s) for s in pool]
-        n = len(bags) or 1
-        df = {t: sum(1 for bag in bags if t in bag) for t in self.q}
-        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in self.q}
-        self.avg = sum(len(bag) for bag in bags) / n or 1.0
-        self.k1, self.b = k1, b
+    def __init__(self, question: str, pool: Sequence[str]) -> None:
+        self._bm25 = Bm25(search_terms(question), [search_terms(s) for s in pool])
 
     def __call__(self, sentence: str) -> float:
-        bag = _stem_list(sentence)
-        norm = self.k1 * (1 - self.b + self.b * len(bag) / self.avg)
-        return sum(
-            self.idf[t] * tf * (self.k1 + 1) / (tf + norm) for t in self.q if (tf := bag.count(t))
-        )
+        return self._bm25(search_terms(sentence))
 
 
 def best_sentences(
@@ -297,8 +276,7 @@ def answer_language(question: str, system: str = "", notes: str = "") -> str:
             return EN
         if _ASKS_RUSSIAN.search(instructions):
             return RU
-    latin, cyrillic = len(_LATIN.findall(question)), len(_CYRILLIC.findall(question))
-    return EN if latin > cyrillic else RU
+    return text_language(question)
 
 
 @dataclass(frozen=True)

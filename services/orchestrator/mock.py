@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.lexical import search_terms
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
-from services.common.wording import fold_case
 from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
@@ -214,22 +214,16 @@ KNOWLEDGE_BASE: tuple[SampleDocument, ...] = (
 )
 """The shared knowledge base in mock mode (filters.source=knowledge_base, search_general_kb)."""
 
-_WORD = re.compile(r"\w+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
-STEM = 5
-"""Words are compared by their first five letters, so Russian inflections match."""
-
-
-def _stems(text: str) -> set[str]:
-    return {w[:STEM] for w in _WORD.findall(fold_case(text)) if len(w) > 2}
 
 
 def overlap_score(query: str, text: str) -> float:
-    """BASE_SCORE plus up to 0.6 for the share of the query's words found in the text."""
-    wanted = _stems(query)
+    """BASE_SCORE plus up to 0.6 for the share of the query's words (by stem) found in the
+    text."""
+    wanted = set(search_terms(query))
     if not wanted:
         return BASE_SCORE
-    return round(BASE_SCORE + 0.6 * len(wanted & _stems(text)) / len(wanted), 4)
+    return round(BASE_SCORE + 0.6 * len(wanted & set(search_terms(text))) / len(wanted), 4)
 
 
 def _documents(filters: Filters) -> tuple[SampleDocument, ...]:

@@ -10,7 +10,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common.currencies import CURRENCIES, CURRENCY_PATTERNS, named_currencies
-from services.common.generate_contract import ANSWER_LANGUAGES
+from services.common.generate_contract import ANSWER_LANGUAGES, text_language
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
 from services.common.wording import fold_case, whole_words
@@ -79,8 +79,6 @@ class Decision:
 
 
 _WORD = re.compile(r"[a-zа-я0-9]+(?:-[a-zа-я0-9]+)*")
-_CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
-_LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 
 
 def locale_language(locale: str) -> str:
@@ -88,13 +86,6 @@ def locale_language(locale: str) -> str:
     "" when it names none of ANSWER_LANGUAGES (then the question's language decides)."""
     primary = re.split(r"[-_.@]", locale.strip(), maxsplit=1)[0].lower()
     return primary if primary in ANSWER_LANGUAGES else ""
-
-
-def detect_language(text: str) -> str:
-    """ "en" when Latin letters outnumber Cyrillic ones, else "ru" (agent.md §8's default)."""
-    latin = len(_LATIN.findall(text))
-    cyrillic = len(_CYRILLIC.findall(text))
-    return "en" if latin > cyrillic else "ru"
 
 
 # -- the rules as data ------------------------------------------------------------------------
@@ -623,9 +614,9 @@ def rule_decision(
     `history` is (role, content) pairs, oldest first; roles "user" / "assistant".
     The answer language is the `locale`'s when it names one, else the question's.
     """
-    language = detect_language(query)
+    language = text_language(query)
     if not query.strip() and history:
-        language = detect_language(_last_user_turn(history))
+        language = text_language(_last_user_turn(history))
     language = locale_language(locale) or language
     if selected_doc_ids:
         return _size_decision(selected_chars, max_context_chars, language)
@@ -859,7 +850,7 @@ def parse_model_decision(
         and _make_date(*(int(p) for p in model_date.split("-")))
     ):
         return None
-    language = locale_language(locale) or detect_language(query)
+    language = locale_language(locale) or text_language(query)
     filled = _complete(intent, query, today=today, language=language, by="model")
     return Decision(
         scenario=filled.scenario,

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from services.common.search_contract import fold_yo, normalise_query
+from services.common.lexical import stem
+from services.common.search_contract import normalise_query
 from services.common.stop_words import STOP_WORDS
+from services.common.wording import fold_case
 
 LANGUAGES = ("ru", "en", "mixed", "other")
 
@@ -125,31 +127,9 @@ def passage_language(text: str) -> str:
 
 # --- synonyms -------------------------------------------------------------------------
 
-_RU_ENDINGS = sorted(
-    """ями ами ого его ому ему ыми ими ией ий ый ой ей ая яя ое ее ие ия ии ию ом ем ам
-    ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split(),
-    key=len,
-    reverse=True,
-)
-
-
-def _stem(word: str) -> str:
-    """A crude stem so inflected forms match a table entry: договора, договоров → договор."""
-    word = fold_yo(word.lower())
-    if any("\u0400" <= ch <= "\u04ff" for ch in word):
-        for ending in _RU_ENDINGS:
-            if word.endswith(ending) and len(word) - len(ending) >= 3:
-                return word[: -len(ending)]
-        return word
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
-        return word[:-1]
-    return word
-
 
 def _stems(text: str) -> tuple[str, ...]:
-    return tuple(_stem(m.group(0)) for m in _WORD.finditer(text))
+    return tuple(stem(m.group(0)) for m in _WORD.finditer(text))
 
 
 # Domain words of an enterprise software vendor's internal documents, both languages in
@@ -256,7 +236,7 @@ class SynonymTable:
     def matches(self, query: str) -> list[tuple[int, int, list[str]]]:
         """Non-overlapping term matches in ``query``: (start, end, synonyms), longest first."""
         words = list(_WORD.finditer(query))
-        stems = [_stem(w.group(0)) for w in words]
+        stems = [stem(w.group(0)) for w in words]
         longest = max((len(k) for k in self._index), default=0)
         found: list[tuple[int, int, list[str]]] = []
         i = 0
@@ -372,7 +352,7 @@ TITLE_KEEP = 2
 
 
 def _content(word: str) -> bool:
-    return len(word) >= 3 and fold_yo(word.lower()) not in STOP_WORDS
+    return len(word) >= 3 and fold_case(word) not in STOP_WORDS
 
 
 class TitleIndex:
@@ -382,11 +362,11 @@ class TitleIndex:
     def __init__(self, titles: Iterable[str]) -> None:
         by_stem: dict[str, set[int]] = {}
         for t, title in enumerate(titles):
-            stems = {_stem(m.group(0)) for m in _WORD.finditer(title) if _content(m.group(0))}
+            stems = {stem(m.group(0)) for m in _WORD.finditer(title) if _content(m.group(0))}
             if len(stems) >= TITLE_RUN:  # one content word does not name a document
-                for stem in stems:
-                    by_stem.setdefault(stem, set()).add(t)
-        self._by_stem = {stem: frozenset(ts) for stem, ts in by_stem.items()}
+                for s in stems:
+                    by_stem.setdefault(s, set()).add(t)
+        self._by_stem = {s: frozenset(ts) for s, ts in by_stem.items()}
 
     def __bool__(self) -> bool:
         return bool(self._by_stem)
@@ -414,7 +394,7 @@ class TitleIndex:
         run: list[tuple[int, int, str]] = []
         shared: frozenset[int] = frozenset()  # the titles every word of the run occurs in
         for w in content:
-            owners = self._by_stem.get(_stem(w[2]), frozenset())
+            owners = self._by_stem.get(stem(w[2]), frozenset())
             if run and owners & shared:
                 run.append(w)
                 shared &= owners

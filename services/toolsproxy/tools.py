@@ -27,16 +27,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
-import re
 import time
-from collections import Counter as Multiset
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from services.common.lexical import bm25_scores, first_match, search_terms
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
 from services.common.shared_config import DEFAULT_FULL_TEXT_BYTES
 from services.common.tokenizer import count_tokens as default_count_tokens
@@ -60,7 +58,6 @@ from services.common.tool_contract import ID_SCHEMA as _ID
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
-from services.common.wording import fold_case
 from services.docstore.chunking import join_chunks
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, Document
@@ -244,39 +241,11 @@ def shape_result(result: Mapping[str, Any], max_text_bytes: int, content: str) -
 
 # --- document tools ---------------------------------------------------------------------------
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
-def _terms(text: str) -> list[str]:
-    """Search terms: lower-cased words cut to 6 letters (a crude stem that suits Russian)."""
-    words = _WORD.findall(fold_case(text))
-    return [w[:6] for w in words if len(w) > 1 or w.isdigit()]
-
-
-def bm25_scores(
-    query: list[str], docs: list[list[str]], k1: float = 1.2, b: float = 0.75
-) -> list[float]:
-    """Okapi BM25 of every term list in `docs` for the terms of `query`."""
-    n = len(docs)
-    if n == 0:
-        return []
-    avg = sum(len(d) for d in docs) / n or 1.0
-    bags = [Multiset(d) for d in docs]
-    unique = list(dict.fromkeys(query))
-    df = {t: sum(1 for bag in bags if t in bag) for t in unique}
-    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in unique}
-    scores = []
-    for doc, bag in zip(docs, bags, strict=True):
-        norm = k1 * (1 - b + b * len(doc) / avg)
-        scores.append(sum(idf[t] * bag[t] * (k1 + 1) / (bag[t] + norm) for t in unique if bag[t]))
-    return scores
-
 
 def snippet(text: str, terms: list[str], size: int = SNIPPET_CHARS) -> str:
     """About `size` characters of `text` around the first query term in it, with ellipses."""
-    low = fold_case(text)
-    found = [i for t in terms if (i := low.find(t)) >= 0]
-    start = max(0, min(found) - size // 3) if found else 0
+    found = first_match(text, terms)
+    start = max(0, found - size // 3) if found >= 0 else 0
     if start > 0:
         space = text.rfind(" ", 0, start)
         if space >= 0 and start - space < 40:
@@ -545,12 +514,14 @@ class DocumentTools:
 
     def doc_local_search(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """BM25 over one document's chunks: best chunks with section, pages and snippet."""
-        terms = _terms(args["query"])
+        terms = search_terms(args["query"])
         if not terms:
-            raise ToolFailure(INVALID_ARGUMENT, "query has no words to search for")
+            raise ToolFailure(
+                INVALID_ARGUMENT, "query has no words to search for (stop words do not count)"
+            )
         doc = self._doc(caller, args["doc_id"])
         chunks = self._all_chunks(caller, doc.doc_id)
-        scores = bm25_scores(terms, [_terms(c.text) for c in chunks])
+        scores = bm25_scores(terms, [search_terms(c.text) for c in chunks])
         ranked = sorted((i for i, s in enumerate(scores) if s > 0), key=lambda i: (-scores[i], i))
         titles = {s.section_id: s.title for s in doc.sections}
         hits = [

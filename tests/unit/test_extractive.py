@@ -165,6 +165,17 @@ def test_best_sentences_prefers_overlap_and_keeps_order():
     assert best_sentences("Nothing matches. At all.", "LDAP") == ["Nothing matches."]
 
 
+def test_best_sentences_weigh_subject_words_by_stem():
+    text = (
+        "What you do with the server is up to you, and what it does is what it does. "
+        "The service listens on port 8080. Ports below 1024 need root."
+    )
+    assert best_sentences(text, "What port does the server listen on?", 1) == [
+        "The service listens on port 8080."
+    ]
+    assert best_sentences(text, "Which ports need root?", 1) == ["Ports below 1024 need root."]
+
+
 # --- answers from any tool result (agent.md §8), planned by the caller --------------------------
 
 

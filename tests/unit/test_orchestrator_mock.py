@@ -14,6 +14,7 @@ from services.orchestrator.mock import (
     MockGenerator,
     MockRetriever,
     MockTools,
+    overlap_score,
 )
 from services.orchestrator.model import LlmOutcome, RespondInput, RetrievalRequest, User
 from services.orchestrator.respond import (
@@ -417,3 +418,10 @@ async def test_every_filter_and_the_expansion_flag_reach_retrieval():
         "q", USER.tenant_id, 7, "t",
     )  # fmt: skip
     assert request.params.expand_query is True
+
+
+def test_mock_overlap_counts_subject_words_by_stem():
+    text = "Retention policy: backups are kept for 30 days."
+    assert overlap_score("retention policies", text) == round(BASE_SCORE + 0.6, 4)  # both, by stem
+    assert overlap_score("what is the retention period", text) == round(BASE_SCORE + 0.3, 4)
+    assert overlap_score("what is it", text) == BASE_SCORE  # no subject word

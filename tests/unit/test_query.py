@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from services.common.search_contract import fold_yo, normalise_query
+from services.common.search_contract import normalise_query
+from services.common.wording import fold_yo
 from services.retrieval.query import (
     QueryExpander,
     SynonymExpander,

@@ -6,13 +6,13 @@ from datetime import date
 
 import pytest
 
+from services.common.generate_contract import text_language
 from services.orchestrator.scenarios import (
     INTENTS,
     MAX_CONTEXT_CHARS,
     SCENARIO_OF_INTENT,
     Decision,
     decision_prompt,
-    detect_language,
     extract_currency,
     extract_date,
     is_definitional,
@@ -340,7 +340,7 @@ def test_news_query_is_the_question_or_a_generic_one():
     ],
 )
 def test_language(query, language):
-    assert detect_language(query) == language
+    assert text_language(query) == language
     assert decide(query).language == language
 
 

@@ -25,7 +25,6 @@ from services.toolsproxy.tools import (
     ToolExecutor,
     ToolFailure,
     ToolLimits,
-    bm25_scores,
     neutralise_markers,
     trim_text,
     unwrap_untrusted,
@@ -381,11 +380,22 @@ def test_local_search_query_rules(executor):
     err(executor, "doc_local_search", "INVALID_ARGUMENT", doc_id="guide", query="")
 
 
-def test_bm25_prefers_rare_terms_and_repeated_terms():
-    docs = [["common", "rare"], ["common", "common"], ["common", "other"]]
-    s = bm25_scores(["rare", "common"], docs)
-    assert s[0] > s[1] > s[2] > 0
-    assert bm25_scores(["x"], []) == []
+def test_local_search_ranks_by_subject_words_not_question_words(store, clock):
+    text = (
+        "# Ops\n\n## FAQ\n\nHow do you do it? The answer is how the team does the thing.\f"
+        "## Logs\n\nThe log files rotate every night.\f"
+        "## Policies\n\nThe retention policy keeps backups for 30 days."
+    )
+    put(store, "a", "ops", text, config=ChunkingConfig(chunk_tokens=64, overlap_tokens=0))
+    ex = make_executor(store, clock)
+    hits = ok(ex, "doc_local_search", doc_id="ops", query="How do I rotate the logs?")["hits"]
+    assert [h["section_title"] for h in hits] == ["Logs"]  # how/do/the match nothing
+    hits = ok(ex, "doc_local_search", doc_id="ops", query="retention policies")["hits"]
+    assert [h["section_title"] for h in hits] == ["Policies"]  # policies ~ policy
+    assert inner(hits[0]["snippet"]).startswith("The retention policy")
+    assert "stop words" in err(
+        ex, "doc_local_search", "INVALID_ARGUMENT", doc_id="ops", query="how do I do it?"
+    )
 
 
 def test_snippet_of_a_long_chunk_is_cut_around_the_match(store, clock):

@@ -1,0 +1,92 @@
+"""Words by their stems, and BM25 over them: how the mesh ranks text outside the index.
+
+ToolsProxy's doc_local_search, the LLM service's extractive responder and the orchestrator's
+mock knowledge base rank passages with :func:`search_terms` and :class:`Bm25`; Retrieval's
+synonym table matches query words with :func:`stem`. (The index's own BM25 uses Qdrant's
+Snowball stemmers: services/retrieval/index/sparse.py.)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from services.common.stop_words import STOP_WORDS
+from services.common.wording import fold_case
+
+_WORD = re.compile(r"\w+")
+_RU_ENDINGS = sorted(
+    """ями ами ого его ому ему ыми ими ией ий ый ой ей ая яя ое ее ие ия ии ию ом ем ам
+    ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split(),
+    key=len,
+    reverse=True,
+)
+_MIN_RU_STEM = 3
+"""A Russian ending is cut only where this many letters stay."""
+
+
+def stem(word: str) -> str:
+    """A word's crude stem, so inflected forms match: договора, договоров → договор;
+    policies → policy, files → file. Case- and ё-folded."""
+    word = fold_case(word)
+    if any("\u0400" <= ch <= "\u04ff" for ch in word):
+        for ending in _RU_ENDINGS:
+            if word.endswith(ending) and len(word) - len(ending) >= _MIN_RU_STEM:
+                return word[: -len(ending)]
+        return word
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def search_terms(text: str) -> list[str]:
+    """The stems of the text's words that can carry a subject, in order: words of two
+    letters or more and every number, stop words (services/common/stop_words.py) left out."""
+    return [
+        stem(w)
+        for w in _WORD.findall(fold_case(text))
+        if (len(w) > 1 or w.isdigit()) and w not in STOP_WORDS
+    ]
+
+
+def first_match(text: str, terms: Iterable[str]) -> int:
+    """Where the first word of `text` whose stem is one of `terms` starts; -1 if none is."""
+    wanted = set(terms)
+    return next((m.start() for m in _WORD.finditer(text) if stem(m.group(0)) in wanted), -1)
+
+
+class Bm25:
+    """Okapi BM25 of term lists for a query's terms, IDF and mean length taken from a pool."""
+
+    def __init__(
+        self,
+        query: Iterable[str],
+        pool: Sequence[Sequence[str]],
+        k1: float = 1.2,
+        b: float = 0.75,
+    ) -> None:
+        self.terms = tuple(dict.fromkeys(query))
+        n = len(pool) or 1
+        bags = [set(item) for item in pool]
+        df = {t: sum(1 for bag in bags if t in bag) for t in self.terms}
+        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in self.terms}
+        self.avg = sum(len(item) for item in pool) / n or 1.0
+        self.k1, self.b = k1, b
+
+    def __call__(self, terms: Sequence[str]) -> float:
+        """The score of one term list (0 when it holds none of the query's terms)."""
+        tf = Counter(terms)
+        norm = self.k1 * (1 - self.b + self.b * len(terms) / self.avg)
+        return sum(
+            self.idf[t] * tf[t] * (self.k1 + 1) / (tf[t] + norm) for t in self.terms if tf[t]
+        )
+
+
+def bm25_scores(query: Sequence[str], docs: Sequence[Sequence[str]]) -> list[float]:
+    """BM25 of every term list in `docs` for the terms of `query`, over `docs` as the pool."""
+    score = Bm25(query, docs)
+    return [score(d) for d in docs]

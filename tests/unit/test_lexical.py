@@ -1,0 +1,64 @@
+"""services.common.lexical: the one stemming rule and BM25 that rank text outside the index."""
+
+import pytest
+
+from services.common.lexical import Bm25, bm25_scores, first_match, search_terms, stem
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        ("договора", "договор"),
+        ("договоров", "договор"),
+        ("Договор", "договор"),
+        ("настройки", "настройк"),
+        ("настройка", "настройк"),
+        ("настроение", "настроен"),  # not the same stem as "настройка"
+        ("ёлками", "елк"),  # ё folded, the longest ending first
+        ("мы", "мы"),  # a Russian ending is cut only where three letters stay
+        ("дома", "дом"),  # ... and three do
+        ("policies", "policy"),
+        ("Files", "file"),
+        ("class", "class"),
+        ("gas", "gas"),  # three letters: no plural cut
+        ("8080", "8080"),
+    ],
+)
+def test_stem(word, expected):
+    assert stem(word) == expected
+
+
+def test_search_terms_keep_subject_words_and_numbers_in_order():
+    assert search_terms("How do I rotate the LOGS on port 8080, v2?") == [
+        "rotate", "log", "port", "8080", "v2"
+    ]  # fmt: skip
+    assert search_terms("Сколько дней отпуска в 2025 году?") == ["дне", "отпуск", "2025", "год"]
+    assert search_terms("a 5 b") == ["5"]  # one letter: no; one digit: yes
+    assert search_terms("what is it? ...") == []  # stop words only
+
+
+def test_first_match_finds_whole_words_by_stem():
+    text = "Reconfigure nothing. The policy covers files."
+    assert first_match(text, ["policy"]) == text.index("policy")
+    assert first_match(text, search_terms("policies")) == text.index("policy")
+    assert first_match(text, ["file", "policy"]) == text.index("policy")  # the first in the text
+    assert first_match(text, ["configure"]) == -1  # not inside a longer word
+    assert first_match(text, []) == -1
+
+
+def test_bm25_prefers_rare_terms_and_repeated_terms():
+    docs = [["common", "rare"], ["common", "common"], ["common", "other"]]
+    s = bm25_scores(["rare", "common"], docs)
+    assert s[0] > s[1] > s[2] > 0
+    assert bm25_scores(["x"], []) == []
+    assert bm25_scores([], [["a"]]) == [0.0]
+
+
+def test_bm25_weighs_words_over_its_pool_not_the_scored_list():
+    pool = [["product", "port"], ["product", "install"], ["product", "remove"]]
+    score = Bm25(["product", "port"], pool)
+    assert score(["port"]) > score(["product"]) > 0  # "product" is in every list of the pool
+    assert score(["port", "port"]) > score(["port"])  # repeated, but saturating
+    assert score(["port", "port"]) < 2 * score(["port"])
+    assert score(["nothing"]) == 0
+    assert Bm25(["port", "port"], pool)(["port"]) == Bm25(["port"], pool)(["port"])  # once
