@@ -1,9 +1,12 @@
-"""Words by their stems, and BM25 over them: how the mesh ranks text outside the index.
+"""Sentences, words by their stems, and BM25 over them: how the mesh reads text outside the
+index.
 
-ToolsProxy's doc_local_search, the LLM service's extractive responder and the orchestrator's
-mock knowledge base rank passages with :func:`search_terms` and :class:`Bm25`; Retrieval's
-synonym table matches query words with :func:`stem`. (The index's own BM25 uses Qdrant's
-Snowball stemmers: services/retrieval/index/sparse.py.)
+The chunker cuts at :func:`split_sentences`; extractive summaries, the LLM service's
+extractive responder and the orchestrator's mock quote :func:`sentences`. ToolsProxy's
+doc_local_search, the extractive responder and the mock rank text with :func:`search_terms`
+and :class:`Bm25`; Retrieval's synonym table and title index match query words with
+:func:`stem`. (The index's own BM25 uses Qdrant's Snowball stemmers:
+services/retrieval/index/sparse.py.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ from services.common.stop_words import STOP_WORDS
 from services.common.wording import fold_case
 
 _WORD = re.compile(r"\w+")
+# A sentence ends at . ! ? … (and the quotes or brackets closing it) before whitespace and
+# a capital, a digit or an opening quote; this keeps "e.g. foo" and "v1.2" in one piece.
+# The gap between two sentences is group 1.
+_SENTENCE_END = re.compile(r"[.!?…][\"'»”)\]]*(\s+)(?=[\"'«“(\[]?[A-ZА-ЯЁ0-9])")
+_WS = re.compile(r"\s+")
 _RU_ENDINGS = sorted(
     """ями ами ого его ому ему ыми ими ией ий ый ой ей ая яя ое ее ие ия ии ию ом ем ам
     ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split(),
@@ -25,6 +33,22 @@ _RU_ENDINGS = sorted(
 )
 _MIN_RU_STEM = 3
 """A Russian ending is cut only where this many letters stay."""
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of one paragraph (whitespace collapsed)."""
+    text = _WS.sub(" ", text).strip()
+    out, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        out.append(text[start : m.start(1)])
+        start = m.end(1)
+    out.append(text[start:])
+    return [s for s in out if s]
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of a text, paragraph by paragraph: a blank line ends a sentence too."""
+    return [s for paragraph in text.split("\n\n") for s in split_sentences(paragraph)]
 
 
 def stem(word: str) -> str:

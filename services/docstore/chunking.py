@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from services.common.lexical import split_sentences
 from services.common.tokenizer import DEFAULT_ENCODING, BpeTokenizer, default_tokenizer
-
-# A sentence ends at . ! ? … (optionally closed by quotes/brackets) before whitespace and
-# a capital, a digit or an opening quote; this keeps "e.g. foo" and "v1.2" in one piece.
-_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'»”)\]]*\s+(?=[\"'«“(\[]?[A-ZА-ЯЁ0-9])")
-_WS = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -69,12 +64,6 @@ class _Unit:
     tokens: int
     page: int
     new_paragraph: bool
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of one paragraph (whitespace collapsed)."""
-    text = _WS.sub(" ", text).strip()
-    return [s for s in _SENTENCE_END.split(text) if s] if text else []
 
 
 def chunk_paragraphs(

@@ -8,7 +8,8 @@ import re
 from collections import Counter
 from typing import Protocol
 
-from services.docstore.chunking import join_chunks, split_sentences
+from services.common import lexical
+from services.docstore.chunking import join_chunks
 from services.docstore.model import Document
 
 _WORD = re.compile(r"[0-9a-zа-яё]{3,}", re.IGNORECASE)
@@ -40,7 +41,7 @@ class ExtractiveSummarizer:
         """Leading + most central sentences of `text`, at most `max_chars` characters."""
         if max_chars <= 0:
             return ""
-        sentences = [s for p in text.split("\n\n") for s in split_sentences(p)]
+        sentences = lexical.sentences(text)
         if not sentences:
             return ""
         whole = Counter(w.lower() for w in _WORD.findall(text))

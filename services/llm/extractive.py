@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from services.common import lexical
 from services.common.currencies import named_currencies
 from services.common.generate_contract import text_language
 from services.common.lexical import Bm25, search_terms
@@ -72,7 +73,6 @@ _NOT_READING = frozenset(
     {SEARCH_USER_DOCUMENTS, SEARCH_GENERAL_KB, DOC_LOCAL_SEARCH, FETCH_CBR_DATA, FETCH_FINANCE_NEWS}
 )
 """Tools whose results do not count as reading a document (the responder may still read)."""
-_SENTENCE = re.compile(r"(?<=[.!?…])\s+")
 _PIECE = re.compile(r"\S+\s*")
 _PLACEHOLDER = re.compile(r"\[text (\d+) below\]")
 _ASKS_ENGLISH = re.compile(
@@ -237,10 +237,6 @@ def not_found(lang: str) -> str:
     return NOT_FOUND_EN if lang == EN else NOT_FOUND
 
 
-def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
-
-
 class SentenceScorer:
     """BM25 of a sentence for the question's words, over a pool of sentences: a word most
     sentences share (the product's name) weighs little, a repeated rare one much."""
@@ -260,7 +256,7 @@ def best_sentences(
 ) -> list[str]:
     """The sentences of `text` that match `question` best, in document order (the first
     sentence when none shares a word with it). `scorer` weighs words over a wider pool."""
-    sentences = _sentences(text)
+    sentences = lexical.sentences(text)
     score = scorer or SentenceScorer(question, sentences)
     scores = [score(s) for s in sentences]
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:limit]
@@ -488,7 +484,9 @@ class _Composer:
 
     def passages(self, readings: Sequence[Reading], *, kb: bool = False) -> None:
         """Quote the best sentences of the best few readings, conclusion first."""
-        scorer = SentenceScorer(self.question, [x for r in readings for x in _sentences(r.text)])
+        scorer = SentenceScorer(
+            self.question, [x for r in readings for x in lexical.sentences(r.text)]
+        )
         scored = []
         for i, r in enumerate(readings):
             quotes = [

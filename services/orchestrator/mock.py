@@ -18,13 +18,12 @@ have the LLM service's format ("read N characters of doc (pp. a–b)").
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.lexical import search_terms
+from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
 from services.orchestrator.model import (
@@ -213,8 +212,6 @@ KNOWLEDGE_BASE: tuple[SampleDocument, ...] = (
     ),
 )
 """The shared knowledge base in mock mode (filters.source=knowledge_base, search_general_kb)."""
-
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
 def overlap_score(query: str, text: str) -> float:
@@ -436,9 +433,8 @@ def compose_answer(
         return f"{body}\n\n{t['marker']}"
     quotes: list[tuple[float, int, str, Passage]] = []
     for i, p in enumerate(passages):
-        for s in _SENTENCE.split(p.text):
-            if s.strip():
-                quotes.append((overlap_score(question, s), -i, s.strip(), p))
+        for s in sentences(p.text):
+            quotes.append((overlap_score(question, s), -i, s, p))
     quotes.sort(key=lambda q: (-q[0], -q[1]))
     # The sentences sharing a word with the question; the first one read when none does.
     best = [q for q in quotes if q[0] > BASE_SCORE][:MAX_QUOTES] or quotes[:1]

@@ -2,7 +2,15 @@
 
 import pytest
 
-from services.common.lexical import Bm25, bm25_scores, first_match, search_terms, stem
+from services.common.lexical import (
+    Bm25,
+    bm25_scores,
+    first_match,
+    search_terms,
+    sentences,
+    split_sentences,
+    stem,
+)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +70,27 @@ def test_bm25_weighs_words_over_its_pool_not_the_scored_list():
     assert score(["port", "port"]) < 2 * score(["port"])
     assert score(["nothing"]) == 0
     assert Bm25(["port", "port"], pool)(["port"]) == Bm25(["port"], pool)(["port"])  # once
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("One. Two! Three? Four… Five", ["One.", "Two!", "Three?", "Four…", "Five"]),
+        ("Use e.g. the flag. Then v1.2 works.", ["Use e.g. the flag.", "Then v1.2 works."]),
+        ("То есть т. е. так. «Новое» предложение.", ["То есть т. е. так.", "«Новое» предложение."]),
+        ('He said "Stop." Then 3 went.', ['He said "Stop."', "Then 3 went."]),  # quote kept
+        ("(See the list.) [Or this!] Next.", ["(See the list.)", "[Or this!]", "Next."]),
+        ("Say «Да!» Потом.", ["Say «Да!»", "Потом."]),
+        ("  spaced\n  out.  ", ["spaced out."]),
+        ("", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+def test_sentences_end_at_a_blank_line_too():
+    text = "## Port\n\nThe service listens\non port 8080. Use e.g. port 8081 too.\n\n\nLast line"
+    assert sentences(text) == [
+        "## Port", "The service listens on port 8080.", "Use e.g. port 8081 too.", "Last line"
+    ]  # fmt: skip

@@ -222,6 +222,15 @@ def test_overlap_repeats_the_previous_sentences():
     assert " ".join(c.text for c in no_overlap) == " ".join(sentences)
 
 
+def test_chunks_keep_every_character_of_the_text_quotes_and_brackets_included():
+    text = 'He said "Stop." Then 3 went. (See the list.) [Or this!] Say «Да!» Потом. End.'
+    for size in (8, 16, 400):
+        out = chunk_paragraphs(
+            [Paragraph(text, 1)], ChunkingConfig(chunk_tokens=size, overlap_tokens=0)
+        )
+        assert " ".join(c.text for c in out) == text
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="overlap_tokens"):
         ChunkingConfig(chunk_tokens=32, overlap_tokens=20)
