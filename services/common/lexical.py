@@ -1,12 +1,12 @@
 """Sentences, words by their stems, and BM25 over them: how the mesh reads text outside the
 index.
 
-The chunker cuts at :func:`split_sentences`; extractive summaries, the LLM service's
-extractive responder and the orchestrator's mock quote :func:`sentences`. ToolsProxy's
-doc_local_search, the extractive responder and the mock rank text with :func:`search_terms`
-and :class:`Bm25`; Retrieval's synonym table and title index match query words with
-:func:`stem`. (The index's own BM25 uses Qdrant's Snowball stemmers:
-services/retrieval/index/sparse.py.)
+The chunker cuts, and the LLM service's extractive responder quotes, at
+:func:`split_sentences`; extractive summaries and the orchestrator's mock take
+:func:`sentences` (paragraph by paragraph). ToolsProxy's doc_local_search, the extractive
+responder and the mock rank text with :func:`search_terms` and :class:`Bm25`; Retrieval's
+synonym table and title index match query words with :func:`stem`. (The index's own BM25
+uses Qdrant's Snowball stemmers: services/retrieval/index/sparse.py.)
 """
 
 from __future__ import annotations

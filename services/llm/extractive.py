@@ -256,7 +256,7 @@ def best_sentences(
 ) -> list[str]:
     """The sentences of `text` that match `question` best, in document order (the first
     sentence when none shares a word with it). `scorer` weighs words over a wider pool."""
-    sentences = lexical.sentences(text)
+    sentences = lexical.split_sentences(text)
     score = scorer or SentenceScorer(question, sentences)
     scores = [score(s) for s in sentences]
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:limit]
@@ -485,7 +485,7 @@ class _Composer:
     def passages(self, readings: Sequence[Reading], *, kb: bool = False) -> None:
         """Quote the best sentences of the best few readings, conclusion first."""
         scorer = SentenceScorer(
-            self.question, [x for r in readings for x in lexical.sentences(r.text)]
+            self.question, [x for r in readings for x in lexical.split_sentences(r.text)]
         )
         scored = []
         for i, r in enumerate(readings):

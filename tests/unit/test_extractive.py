@@ -176,12 +176,13 @@ def test_best_sentences_weigh_subject_words_by_stem():
     assert best_sentences(text, "Which ports need root?", 1) == ["Ports below 1024 need root."]
 
 
-def test_best_sentences_quote_whole_sentences_and_stop_at_headings():
-    text = "## Forcing a build\n\nPass e.g. the --force flag to rebuild. Nothing else is needed."
+def test_best_sentences_quote_whole_sentences():
+    text = 'Pass e.g. the --force flag to rebuild. Say "Done." Then (check the log.) Next step.'
     assert best_sentences(text, "Which flag forces a rebuild?", 1) == [
         "Pass e.g. the --force flag to rebuild."
     ]
-    assert best_sentences(text, "forcing", 1) == ["## Forcing a build"]
+    assert best_sentences(text, "what is done", 1) == ['Say "Done."']
+    assert best_sentences(text, "check the log", 1) == ["Then (check the log.)"]
 
 
 # --- answers from any tool result (agent.md §8), planned by the caller --------------------------
