@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from services.common import lexical
 from services.common.currencies import named_currencies
 from services.common.generate_contract import text_language
-from services.common.lexical import Bm25, search_terms
+from services.common.lexical import Bm25, search_terms, split_sentences
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
     FETCH_CBR_DATA,
@@ -256,7 +255,7 @@ def best_sentences(
 ) -> list[str]:
     """The sentences of `text` that match `question` best, in document order (the first
     sentence when none shares a word with it). `scorer` weighs words over a wider pool."""
-    sentences = lexical.split_sentences(text)
+    sentences = split_sentences(text)
     score = scorer or SentenceScorer(question, sentences)
     scores = [score(s) for s in sentences]
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:limit]
@@ -485,7 +484,7 @@ class _Composer:
     def passages(self, readings: Sequence[Reading], *, kb: bool = False) -> None:
         """Quote the best sentences of the best few readings, conclusion first."""
         scorer = SentenceScorer(
-            self.question, [x for r in readings for x in lexical.split_sentences(r.text)]
+            self.question, [x for r in readings for x in split_sentences(r.text)]
         )
         scored = []
         for i, r in enumerate(readings):
