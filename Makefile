@@ -42,13 +42,17 @@ lint: $(STAMP) ## buf lint + format, ruff, mypy, import contracts (lint-imports)
 # the Debian cluster service); Debian's package puts the binaries in /usr/lib/postgresql/*/bin.
 PG_INSTALL := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
+# One pytest-xdist worker per core; a test file stays whole on one worker (its module
+# fixtures; each worker starts its own session mesh).
+PYTEST := $(VENV)/bin/pytest -q -n auto --dist loadfile
+
 test: lint check-gen ## Lint, drift check, then every test (unit, integration, e2e with real Envoy)
 	@$(PG_INSTALL)
-	$(VENV)/bin/pytest -q
+	$(PYTEST)
 
 test-fast: $(STAMP) ## Unit and integration tests only
 	@$(PG_INSTALL)
-	$(VENV)/bin/pytest -q tests/unit tests/integration
+	$(PYTEST) tests/unit tests/integration
 
 run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them); MODEL=local
 	$(PY) -m services.cli run --samples --model $(MODEL)

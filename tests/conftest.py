@@ -7,8 +7,43 @@ would make every ingest in the suite take seconds. The e5 profile has its own te
 """
 
 import os
+from collections import Counter
+
+import pytest
+from _pytest.nodeid import NodeId
 
 os.environ.setdefault("RETR_EMBEDDING_PROFILE", "fast")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as services/retrieval/__main__.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.pg_server import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)
+
+LONGEST_FIRST = (
+    "tests/e2e/test_schemathesis.py",
+    "tests/e2e/test_local_model_e2e.py",
+    "tests/e2e/test_faults.py",
+)
+"""The files that take longest (`pytest --durations`: about 4, 2 and 1 minutes), collected
+first: `make test` hands whole files to pytest-xdist workers as they come free, and the
+long ones started last would leave one worker busy while the other waits."""
+
+
+def _longest_first(item: pytest.Item) -> int:
+    path = item.nodeid.partition("::")[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Puts LONGEST_FIRST first (the order within a file stays), and gives every test its own
+    node id: pytest-xdist schedules by node id and runs one test of each id only.
+
+    schemathesis names each operation's test ``test_api[POST /internal/...]``, but under
+    pytest 9 the node id keeps only ``test_api``; the operation goes back into it here.
+    """
+    items.sort(key=_longest_first)
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label and not item.nodeid.endswith("]"):
+            item._id = NodeId.parse(f"{item.nodeid}[{label}]")
+    shared = [nodeid for nodeid, n in Counter(i.nodeid for i in items).items() if n > 1]
+    if shared:
+        raise pytest.UsageError(f"tests share node ids, and only one of each would run: {shared}")

@@ -158,7 +158,8 @@ def test_a_knowledge_base_csv_ingested_again_drops_what_it_no_longer_holds(
               "filters": {"source": "knowledge_base"}},
         timeout=30,
     ).json()["hits"]  # fmt: skip
-    assert {h["doc_id"] for h in hits} == {"kb-cap1"}
+    # Other tests may have put the sample knowledge base in the shared mesh: look at this CSV's.
+    assert {h["doc_id"] for h in hits if h["doc_id"].startswith("kb-cap")} == {"kb-cap1"}
     csv.write_text(header, encoding="utf-8")  # a CSV with no rows is refused, not a wipe
     empty = visior("ingest", str(csv), "--knowledge-base", "--url", url)
     assert empty.returncode == 1 and "INVALID_ARGUMENT" in empty.stdout
