@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from services.common.stop_words import STOP_WORDS
 from services.common.wording import fold_case
@@ -54,7 +54,10 @@ def sentences(text: str) -> list[str]:
 def stem(word: str) -> str:
     """A word's crude stem, so inflected forms match: договора, договоров → договор;
     policies → policy, files → file. Case- and ё-folded."""
-    word = fold_case(word)
+    return _stem_folded(fold_case(word))
+
+
+def _stem_folded(word: str) -> str:
     if any("\u0400" <= ch <= "\u04ff" for ch in word):
         for ending in _RU_ENDINGS:
             if word.endswith(ending) and len(word) - len(ending) >= _MIN_RU_STEM:
@@ -67,20 +70,26 @@ def stem(word: str) -> str:
     return word
 
 
+def _subject_words(text: str) -> Iterator[tuple[int, str]]:
+    """Where each word of the text that can carry a subject starts, and its stem: words of
+    two letters or more and every number, stop words (services/common/stop_words.py) left out."""
+    for m in _WORD.finditer(text):
+        word = fold_case(m.group(0))
+        if (len(word) > 1 or word.isdigit()) and word not in STOP_WORDS:
+            yield m.start(), _stem_folded(word)
+
+
 def search_terms(text: str) -> list[str]:
-    """The stems of the text's words that can carry a subject, in order: words of two
-    letters or more and every number, stop words (services/common/stop_words.py) left out."""
-    return [
-        stem(w)
-        for w in _WORD.findall(fold_case(text))
-        if (len(w) > 1 or w.isdigit()) and w not in STOP_WORDS
-    ]
+    """The stems of the text's words that can carry a subject (:func:`_subject_words`), in
+    order."""
+    return [term for _, term in _subject_words(text)]
 
 
 def first_match(text: str, terms: Iterable[str]) -> int:
-    """Where the first word of `text` whose stem is one of `terms` starts; -1 if none is."""
+    """Where the first word of `text` that can carry a subject and whose stem is one of
+    `terms` starts; -1 if none is."""
     wanted = set(terms)
-    return next((m.start() for m in _WORD.finditer(text) if stem(m.group(0)) in wanted), -1)
+    return next((start for start, term in _subject_words(text) if term in wanted), -1)
 
 
 class Bm25:

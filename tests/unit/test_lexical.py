@@ -54,6 +54,13 @@ def test_first_match_finds_whole_words_by_stem():
     assert first_match(text, []) == -1
 
 
+def test_first_match_passes_over_stop_words():
+    # "какую" stems to "как", which is also a stop word: the match is "какую", not "Как".
+    text = "Как правило, какую команду выполнить?"
+    assert first_match(text, search_terms("какую команду")) == text.index("какую")
+    assert first_match("It is which", search_terms("which it is")) == -1
+
+
 def test_bm25_prefers_rare_terms_and_repeated_terms():
     docs = [["common", "rare"], ["common", "common"], ["common", "other"]]
     s = bm25_scores(["rare", "common"], docs)
