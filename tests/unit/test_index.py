@@ -724,6 +724,20 @@ def test_encoder_matches_edge_bm25_on_monolingual_text(language, text):
     assert set(ENCODER.embed_query(text).indices) == set(model.embed_query(text).indices)
 
 
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "con\ufb01guration",  # the ﬁ ligature of PDF text layers
+        "con\u00adfiguration",  # a soft hyphen
+        "ｃｏｎｆｉｇｕｒａｔｉｏｎ",  # full-width letters
+        "con\u200dfiguration",  # a zero-width joiner
+    ],
+)
+def test_stored_text_gives_the_terms_its_plain_spelling_gives(stored):
+    # Queries are normalised (NFKC, format characters out) before they reach the encoder.
+    assert ENCODER.embed_document(stored).indices == ENCODER.embed_query("configuration").indices
+
+
 def test_encoder_stems_each_script_with_its_language():
     enc = ENCODER
     assert enc.embed_query("договоров").indices == enc.embed_query("договор").indices

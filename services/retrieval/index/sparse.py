@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import qdrant_edge
 
+from services.common.search_contract import normalise_query
 from services.common.wording import fold_case
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -77,10 +78,15 @@ class Bm25Encoder:
         self._terms_of = lru_cache(maxsize=cache_size)(terms_of)
 
     def terms(self, text: str) -> list[int]:
-        """Hashed stems of the text's words, in order, stopwords dropped."""
+        """Hashed stems of the text's words, in order, stopwords dropped.
+
+        Stored texts are read as queries are (`normalise_query`): a PDF's "ﬁle" ligature,
+        a soft hyphen inside a word or a full-width letter gives the term its plain
+        spelling gives.
+        """
         out: list[int] = []
         # "ё" is usually typed as "е"; Snowball does not fold it, so fold it here.
-        for word in _WORD.findall(fold_case(text)):
+        for word in _WORD.findall(fold_case(normalise_query(text))):
             out.extend(self._terms_of(word))
         return out
 
