@@ -146,6 +146,22 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
     is refused by every service as a missing query.
     """
     text = unicodedata.normalize("NFKC", text)
+    words = text.split()
+    # Printable once whitespace is out: no control, format, surrogate or private-use
+    # character (nor a zero-width space, a format character) to remove.
+    if not "".join(words).isprintable():
+        words = _without_controls(text).split()
+    result = " ".join(words)
+    if lowercase:
+        result = result.lower()
+    if fold:
+        result = fold_yo(result)
+    return result
+
+
+def _without_controls(text: str) -> str:
+    """Zero-width spaces and whitespace controls as spaces; other controls, format
+    characters (Cf), surrogates and private-use characters removed."""
     out: list[str] = []
     for ch in text:
         if ch in _ZERO_WIDTH_SPACES:
@@ -154,16 +170,9 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
         category = unicodedata.category(ch)
         if category == "Cc":
             out.append(" " if ch.isspace() else "")
-        elif category in ("Cf", "Cs", "Co"):
-            continue
-        else:
+        elif category not in ("Cf", "Cs", "Co"):
             out.append(ch)
-    result = " ".join("".join(out).split())
-    if lowercase:
-        result = result.lower()
-    if fold:
-        result = fold_yo(result)
-    return result
+    return "".join(out)
 
 
 def window_radius(radius: int | None, legacy_total: int | None) -> int:

@@ -1,10 +1,13 @@
 """Query processing: normalisation, language detection, synonym tables and expansion."""
 
 import json
+import unicodedata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from services.common.search_contract import normalise_query
+from services.common.search_contract import _without_controls, normalise_query
 from services.common.wording import fold_yo
 from services.retrieval.query import (
     QueryExpander,
@@ -23,6 +26,16 @@ def test_normalise_nfkc_controls_and_whitespace():
     # full-width -> ASCII, NBSP -> space, soft hyphen removed, tab/newline and zero-width
     # space -> one space, BEL and BOM removed, ends trimmed.
     assert normalise_query(raw) == "LDAP настройка и вход ok"
+
+
+# Whitespace of every kind, controls, format characters, private use, unassigned, and letters.
+_AWKWARD = "a б1\t\n\r\x00\x07\x1c\x85\u00a0\u00ad\u1680\u180e\u200b\u200d\u2028\u2060\u3000\ufeff\ue000\U000f0000\u0378\ufb01"
+
+
+@given(st.one_of(st.text(), st.text(st.sampled_from(_AWKWARD))))
+def test_normalise_takes_its_short_way_only_where_the_text_has_nothing_to_remove(text):
+    expected = " ".join(_without_controls(unicodedata.normalize("NFKC", text)).split())
+    assert normalise_query(text) == expected
 
 
 def test_normalise_keeps_case_and_yo_unless_asked():
