@@ -43,8 +43,9 @@ lint: $(STAMP) ## buf lint + format, ruff, mypy, import contracts (lint-imports)
 PG_INSTALL := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 # One pytest-xdist worker per core; a test file stays whole on one worker (its module
-# fixtures; each worker starts its own session mesh).
-PYTEST := $(VENV)/bin/pytest -q -n auto --dist loadfile
+# fixtures; each worker starts its own session mesh). Files are handed out in collection
+# order, which tests/conftest.py starts with the longest files.
+PYTEST := $(VENV)/bin/pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 test: lint check-gen ## Lint, drift check, then every test (unit, integration, e2e with real Envoy)
 	@$(PG_INSTALL)
