@@ -31,7 +31,6 @@ from functools import lru_cache
 import qdrant_edge
 
 from services.common.search_contract import normalise_query
-from services.common.wording import fold_case
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CYRILLIC = re.compile(r"[\u0400-\u04FF]")
@@ -86,7 +85,7 @@ class Bm25Encoder:
         """
         out: list[int] = []
         # "ё" is usually typed as "е"; Snowball does not fold it, so fold it here.
-        for word in _WORD.findall(fold_case(normalise_query(text))):
+        for word in _WORD.findall(normalise_query(text, lowercase=True, fold=True)):
             out.extend(self._terms_of(word))
         return out
 
