@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
+from services.common.search_contract import normalised_view
 from services.common.stop_words import STOP_WORDS
 from services.common.wording import fold_case
 
@@ -72,11 +73,14 @@ def _stem_folded(word: str) -> str:
 
 def _subject_words(text: str) -> Iterator[tuple[int, str]]:
     """Where each word of the text that can carry a subject starts, and its stem: words of
-    two letters or more and every number, stop words (services/common/stop_words.py) left out."""
-    for m in _WORD.finditer(text):
+    two letters or more and every number, stop words (services/common/stop_words.py) left out.
+    Words are read in the text's normalised form (search_contract.normalised_view, the
+    queries' rule), so a ligature, a soft hyphen or a full-width letter does not hide one."""
+    view, starts = normalised_view(text)
+    for m in _WORD.finditer(view):
         word = fold_case(m.group(0))
         if (len(word) > 1 or word.isdigit()) and word not in STOP_WORDS:
-            yield m.start(), _stem_folded(word)
+            yield (m.start() if starts is None else starts[m.start()]), _stem_folded(word)
 
 
 def search_terms(text: str) -> list[str]:

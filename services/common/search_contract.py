@@ -9,6 +9,7 @@ as that service's own failure.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -173,6 +174,62 @@ def _without_controls(text: str) -> str:
         elif category not in ("Cf", "Cs", "Co"):
             out.append(ch)
     return "".join(out)
+
+
+def normalised_view(text: str) -> tuple[str, list[int] | None]:
+    """`text` as :func:`normalise_query` reads it, whitespace left as it is, and where each
+    character of that view starts in `text` (None when the view is `text` itself).
+
+    For matching words of a stored text against a normalised query while pointing into
+    the stored text (services/common/lexical.py). Characters that normalisation keeps are
+    copied; each one it changes is normalised with the combining marks after it (and a
+    mark with the letter before it), so a decomposed ``й`` (``и`` and U+0306) is one letter
+    as in :func:`normalise_query`, and a ligature's letters all point at the ligature.
+    (Scripts whose two base characters compose, such as Hangul conjoining jamo, stay as
+    stored.)
+    """
+    if unicodedata.is_normalized("NFKC", text) and "".join(text.split()).isprintable():
+        return text, None
+    pieces: list[str] = []
+    starts: list[int] = []
+    at = 0
+    for m in _changing().finditer(text):
+        begin = m.start() - (m.start() > at and unicodedata.combining(text[m.start()]) > 0)
+        pieces.append(text[at:begin])
+        starts.extend(range(at, begin))
+        cluster = begin
+        for end in range(begin + 1, m.end() + 1):
+            if end < m.end() and unicodedata.combining(text[end]):
+                continue
+            piece = _without_controls(unicodedata.normalize("NFKC", text[cluster:end]))
+            pieces.append(piece)
+            starts.extend([cluster] * len(piece))
+            cluster = end
+        at = m.end()
+    pieces.append(text[at:])
+    starts.extend(range(at, len(text)))
+    return "".join(pieces), starts
+
+
+@functools.cache
+def _changing() -> re.Pattern[str]:
+    """Runs of the characters :func:`normalise_query` may change: those NFKC rewrites,
+    combining marks, and non-space characters that are not printable; every character
+    outside the Basic Multilingual Plane is taken as one of them."""
+    ranges: list[list[int]] = []
+    for code in range(0xD800):
+        ch = chr(code)
+        if (
+            unicodedata.combining(ch)
+            or not (ch.isspace() or ch.isprintable())
+            or unicodedata.normalize("NFKC", ch) != ch
+        ):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    body = "".join(rf"\u{a:04x}-\u{b:04x}" for a, b in ranges)
+    return re.compile(rf"[{body}\ud800-\uffff\U00010000-\U0010ffff]+")
 
 
 def window_radius(radius: int | None, legacy_total: int | None) -> int:

@@ -362,6 +362,7 @@ class TitleIndex:
     def __init__(self, titles: Iterable[str]) -> None:
         by_stem: dict[str, set[int]] = {}
         for t, title in enumerate(titles):
+            title = normalise_query(title)  # as the queries it is matched against
             stems = {stem(m.group(0)) for m in _WORD.finditer(title) if _content(m.group(0))}
             if len(stems) >= TITLE_RUN:  # one content word does not name a document
                 for s in stems:

@@ -61,6 +61,32 @@ def test_first_match_passes_over_stop_words():
     assert first_match("It is which", search_terms("which it is")) == -1
 
 
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "Con\ufb01guration",  # the "fi" ligature of a PDF
+        "con\u00adfigu\u00adration",  # soft hyphens
+        "config\u200duration",  # a zero-width joiner
+        "ｃｏｎｆｉｇｕｒａｔｉｏｎ",  # full-width letters
+    ],
+)
+def test_stored_words_are_read_in_the_queries_normal_form(stored):
+    text = f"See the {stored} of LDAP."
+    assert search_terms(text) == search_terms("See the configuration of LDAP.")
+    # The offset points into the stored text, at the word as it is stored there.
+    assert first_match(text, search_terms("configuration")) == text.index(stored)
+    assert first_match(text, ["ldap"]) == text.index("LDAP")
+
+
+def test_a_decomposed_letter_is_one_letter_and_offsets_stay_in_the_text():
+    # и + combining breve is "й" (PDFs often store it so); the words after it keep their place.
+    text = "Настро\u0438\u0306ка сервера ＬＤＡＰ"
+    assert search_terms(text) == search_terms("Настройка сервера LDAP")
+    assert first_match(text, search_terms("настройки")) == 0
+    assert first_match(text, search_terms("серверов")) == text.index("сервера")
+    assert first_match(text, ["ldap"]) == text.index("ＬＤＡＰ")
+
+
 def test_bm25_prefers_rare_terms_and_repeated_terms():
     docs = [["common", "rare"], ["common", "common"], ["common", "other"]]
     s = bm25_scores(["rare", "common"], docs)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.search_contract import _without_controls, normalise_query
+from services.common.search_contract import _without_controls, normalise_query, normalised_view
 from services.common.wording import fold_yo
 from services.retrieval.query import (
     QueryExpander,
@@ -36,6 +36,26 @@ _AWKWARD = "a б1\t\n\r\x00\x07\x1c\x85\u00a0\u00ad\u1680\u180e\u200b\u200d\u202
 def test_normalise_takes_its_short_way_only_where_the_text_has_nothing_to_remove(text):
     expected = " ".join(_without_controls(unicodedata.normalize("NFKC", text)).split())
     assert normalise_query(text) == expected
+
+
+# Letters that decompose or combine, ligatures, full-width forms and format characters.
+_COMPOSING = "aeиеEÉй\u0301\u0306\u0308\u0327 \t\u00ad\u200b\u200d\ufb01\uff21\u2460\u00bd\x07"
+
+
+@given(st.one_of(st.text(), st.text(st.sampled_from(_COMPOSING))))
+def test_the_view_of_a_stored_text_is_the_queries_normal_form(text):
+    view, starts = normalised_view(text)
+    assert " ".join(view.split()) == normalise_query(text)
+    if starts is None:
+        assert view == text
+    else:
+        assert len(starts) == len(view)
+        assert starts == sorted(starts)
+        assert all(0 <= s < len(text) for s in starts)
+        # Each character of the view comes from the text's character at its start.
+        for ch, s in zip(view, starts, strict=True):
+            if not ch.isspace():
+                assert ch in unicodedata.normalize("NFKC", text[s : s + 5])
 
 
 def test_normalise_keeps_case_and_yo_unless_asked():

@@ -69,6 +69,19 @@ def test_the_run_and_the_rest_are_counted_at_their_limits():
     assert without_titles(q, title) == q
 
 
+@pytest.mark.parametrize(
+    "title",
+    [
+        "Server Con\ufb01guration Handbook",
+        "Server Con\u00adfiguration Handbook",
+        "Ｓｅｒｖｅｒ Configuration Handbook",
+    ],
+)
+def test_a_title_is_read_in_the_queries_normal_form(title):
+    # The query reaches the index normalised (NFKC, format characters out); so does the title.
+    assert without_titles("server configuration proverb quoted", (title,)) == "proverb quoted"
+
+
 def test_a_title_of_one_content_word_names_nothing():
     assert without_titles("fanotify(7) queue limit events", ("fanotify(7)",)) == (
         "fanotify(7) queue limit events"
