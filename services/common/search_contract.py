@@ -182,24 +182,24 @@ def normalised_view(text: str) -> tuple[str, list[int] | None]:
 
     For matching words of a stored text against a normalised query while pointing into
     the stored text (services/common/lexical.py). Characters that normalisation keeps are
-    copied; each one it changes is normalised with the combining marks after it (and a
-    mark with the letter before it), so a decomposed ``й`` (``и`` and U+0306) is one letter
-    as in :func:`normalise_query`, and a ligature's letters all point at the ligature.
-    (Scripts whose two base characters compose, such as Hangul conjoining jamo, stay as
-    stored.)
+    copied; one it may change is normalised together with the characters after it that may
+    join it (combining marks, the second halves of composed letters), and with the letter
+    before it when it joins that one. So a decomposed ``й`` (``и`` and U+0306) is one
+    letter as in :func:`normalise_query`, and a ligature's letters all point at the ligature.
     """
     if unicodedata.is_normalized("NFKC", text) and "".join(text.split()).isprintable():
         return text, None
+    changing, joining = _normalisation_tables()
     pieces: list[str] = []
     starts: list[int] = []
     at = 0
-    for m in _changing().finditer(text):
-        begin = m.start() - (m.start() > at and unicodedata.combining(text[m.start()]) > 0)
+    for m in changing.finditer(text):
+        begin = m.start() - (m.start() > at and text[m.start()] in joining)
         pieces.append(text[at:begin])
         starts.extend(range(at, begin))
         cluster = begin
         for end in range(begin + 1, m.end() + 1):
-            if end < m.end() and unicodedata.combining(text[end]):
+            if end < m.end() and text[end] in joining:
                 continue
             piece = _without_controls(unicodedata.normalize("NFKC", text[cluster:end]))
             pieces.append(piece)
@@ -212,15 +212,33 @@ def normalised_view(text: str) -> tuple[str, list[int] | None]:
 
 
 @functools.cache
-def _changing() -> re.Pattern[str]:
-    """Runs of the characters :func:`normalise_query` may change: those NFKC rewrites,
-    combining marks, and non-space characters that are not printable; every character
-    outside the Basic Multilingual Plane is taken as one of them."""
+def _normalisation_tables() -> tuple[re.Pattern[str], frozenset[str]]:
+    """Runs of the characters :func:`normalise_query` may change, and the characters that
+    may join the one before them under NFKC.
+
+    Joining: combining marks, the second character of a canonical decomposition (Hangul
+    vowel and final jamo too), and characters whose NFKC form starts with one of those.
+    Changing: the joining ones, those NFKC rewrites, and non-space characters that are not
+    printable; every character from U+D800 up is taken as changing.
+    """
+    last = 0x1E000  # no canonical composition involves a later character
+    joining = {chr(c) for c in (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))}
+    for code in range(last):
+        ch = chr(code)
+        parts = unicodedata.decomposition(ch).split()
+        if unicodedata.combining(ch):
+            joining.add(ch)
+        elif len(parts) == 2 and not parts[0].startswith("<"):
+            joining.add(chr(int(parts[1], 16)))
+    for code in range(last):
+        form = unicodedata.normalize("NFKD", chr(code))
+        if form and form[0] in joining:
+            joining.add(chr(code))
     ranges: list[list[int]] = []
     for code in range(0xD800):
         ch = chr(code)
         if (
-            unicodedata.combining(ch)
+            ch in joining
             or not (ch.isspace() or ch.isprintable())
             or unicodedata.normalize("NFKC", ch) != ch
         ):
@@ -229,7 +247,8 @@ def _changing() -> re.Pattern[str]:
             else:
                 ranges.append([code, code])
     body = "".join(rf"\u{a:04x}-\u{b:04x}" for a, b in ranges)
-    return re.compile(rf"[{body}\ud800-\uffff\U00010000-\U0010ffff]+")
+    changing = re.compile(rf"[{body}\ud800-\uffff\U00010000-\U0010ffff]+")
+    return changing, frozenset(joining)
 
 
 def window_radius(radius: int | None, legacy_total: int | None) -> int:
