@@ -57,7 +57,7 @@ def test_the_view_of_a_stored_text_is_the_queries_normal_form(text):
     assert len(starts) == len(view)
     assert starts == sorted(starts)
     # The characters that start at one place are that stretch of the text, normalised.
-    bounds = sorted(set(starts)) + [len(text)]
+    bounds = [*sorted(set(starts)), len(text)]
     for begin, end in itertools.pairwise(bounds):
         got = "".join(ch for ch, s in zip(view, starts, strict=True) if s == begin)
         expected = _without_controls(unicodedata.normalize("NFKC", text[begin:end]))
