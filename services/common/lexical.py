@@ -26,14 +26,15 @@ _WORD = re.compile(r"\w+")
 # The gap between two sentences is group 1.
 _SENTENCE_END = re.compile(r"[.!?…][\"'»”)\]]*(\s+)(?=[\"'«“(\[]?[A-ZА-ЯЁ0-9])")
 _WS = re.compile(r"\s+")
-_RU_ENDINGS = sorted(
+_RU_ENDINGS = frozenset(
     """ями ами ого его ому ему ыми ими ией ий ый ой ей ая яя ое ее ие ия ии ию ом ем ам
-    ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split(),
-    key=len,
-    reverse=True,
+    ям ах ях ов ев ую юю ых их а я о е у ю ы и ь й""".split()
 )
+_RU_ENDING_LENGTHS = sorted({len(e) for e in _RU_ENDINGS}, reverse=True)
+"""The longest ending a word has is cut."""
 _MIN_RU_STEM = 3
 """A Russian ending is cut only where this many letters stay."""
+_CYRILLIC = re.compile("[\u0400-\u04ff]")
 
 
 def split_sentences(text: str) -> list[str]:
@@ -59,10 +60,10 @@ def stem(word: str) -> str:
 
 
 def _stem_folded(word: str) -> str:
-    if any("\u0400" <= ch <= "\u04ff" for ch in word):
-        for ending in _RU_ENDINGS:
-            if word.endswith(ending) and len(word) - len(ending) >= _MIN_RU_STEM:
-                return word[: -len(ending)]
+    if _CYRILLIC.search(word):
+        for n in _RU_ENDING_LENGTHS:
+            if len(word) - n >= _MIN_RU_STEM and word[-n:] in _RU_ENDINGS:
+                return word[:-n]
         return word
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"

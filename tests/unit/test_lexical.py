@@ -1,8 +1,11 @@
 """services.common.lexical: the one stemming rule and BM25 that rank text outside the index."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.common.lexical import (
+    _RU_ENDINGS,
     Bm25,
     bm25_scores,
     first_match,
@@ -34,6 +37,12 @@ from services.common.lexical import (
 )
 def test_stem(word, expected):
     assert stem(word) == expected
+
+
+@given(st.text(st.sampled_from("абвгдежзийклмнопрстуфхцчшщъыьэюя"), max_size=9))
+def test_stem_cuts_the_longest_russian_ending_that_leaves_three_letters(word):
+    cut = [e for e in _RU_ENDINGS if word.endswith(e) and len(word) - len(e) >= 3]
+    assert stem(word) == (word[: -max(map(len, cut))] if cut else word)
 
 
 def test_search_terms_keep_subject_words_and_numbers_in_order():
