@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
+from services.common.topology import free_ports
 
 INSTALL_HINT = (
     "PostgreSQL server binaries not found (looked for /usr/lib/postgresql/*/bin/initdb and "
@@ -47,12 +48,6 @@ def find_bin_dir() -> Path:
     pytest.fail(INSTALL_HINT, pytrace=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgCluster:
     """One throwaway cluster: trust auth for user `postgres`, loopback TCP + a socket in its dir."""
 
@@ -60,7 +55,7 @@ class PgCluster:
         self.bin_dir = bin_dir or find_bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="visior-pg-"))
         self.data = self.root / "data"
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.host = "127.0.0.1"
         self._as_postgres: list[str] = []
         if os.geteuid() == 0:

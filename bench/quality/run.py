@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from bench.quality.metrics import (  # noqa: E402
     mean_scores,
     score_query,
 )
+from services.common.topology import free_ports  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "out" / "quality"  # ignored by git
 MODES = ("section_first", "doc_first", "chunk_priority", "hybrid_only")
@@ -110,20 +110,13 @@ class RowResult:
 # --------------------------------------------------------------------------- server
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def spawned_server(extra_env: dict[str, str], server_dir: Path) -> Iterator[str]:
     """Start `python -m services.retrieval` (from server_dir) on a free port and a tmp data dir."""
     work = Path(tempfile.mkdtemp(prefix="visior-quality-"))
     data_dir = work / "data"
     log_path = work / "server.log"
-    port = free_port()
+    port = free_ports(1)[0]
     env = dict(os.environ)
     env.update(
         {

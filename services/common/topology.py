@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import socket
+import tempfile
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,59 @@ class Ports:
 
 
 def free_ports(count: int) -> list[int]:
-    """Return `count` distinct TCP ports that are free on 127.0.0.1 right now."""
-    socks = []
+    """`count` distinct TCP ports free on 127.0.0.1 now that no caller of this function on
+    this machine was handed in the last `_PORT_HOLD_S` seconds.
+
+    A port picked here stays unbound until the server it is meant for binds it. So the
+    ports come from outside the kernel's ephemeral range, where no outgoing connection or
+    bind to port 0 can take one in that gap, in turn, under a lock file
+    (`_PORT_STATE`): two processes starting meshes at once (pytest-xdist workers,
+    benchmarks) never get the same port.
+    """
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in range(_FIRST_PORT, 65536) if p not in ephemeral]
+    with _PORT_STATE.open("a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        f.seek(0)
+        state = json.loads(f.read() or "{}")
+        now = time.time()
+        held = {int(p): t for p, t in state.get("held", {}).items() if now - t < _PORT_HOLD_S}
+        at = state.get("next", 0) % len(candidates)
+        picked: list[int] = []
+        for step in range(len(candidates)):
+            port = candidates[(at + step) % len(candidates)]
+            if port not in held and _bindable(port):
+                picked.append(port)
+                held[port] = now
+                if len(picked) == count:
+                    at = (at + step + 1) % len(candidates)
+                    break
+        else:
+            raise OSError(f"not {count} free TCP ports on 127.0.0.1 outside the ephemeral range")
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"next": at, "held": held}))
+    return picked
+
+
+_FIRST_PORT = 16384
+_PORT_HOLD_S = 120.0
+"""How long a port handed out is kept from other callers (its server binds it by then)."""
+_PORT_STATE = Path(tempfile.gettempdir()) / "visior-free-ports.json"
+
+
+def _ephemeral_ports() -> range:
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -24,7 +24,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import IO, BinaryIO
 
 import httpx
 
+from services.common.topology import free_ports
 from services.devtools.processes import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -358,12 +358,6 @@ class LocalModelConfig:
     """Install missing packages with pip on start (False: fail instead)."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LocalModel:
     """llama.cpp's server on the pinned weights, as a child process.
 
@@ -443,7 +437,7 @@ class LocalModel:
         if self.alive():
             return self.base_url
         model_path = self.prepare()
-        self.port = self.config.port or _free_port()
+        self.port = self.config.port or free_ports(1)[0]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
         out: IO[bytes] | int = subprocess.DEVNULL
         if self.log_path:

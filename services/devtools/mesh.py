@@ -11,7 +11,6 @@ Retrieval's model features, when switched on) at it, unless a remote runtime is 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
-from services.common.topology import SERVICES, Ports
+from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
@@ -105,12 +104,6 @@ def local_envoy_timeouts() -> dict[str, float]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Mesh:
     """Four servers + Envoy on `ports`, data under `data_dir`, logs under `workdir`.
 
@@ -151,7 +144,7 @@ class Mesh:
         self._timeouts = envoy_timeouts
         self._fault_injection = fault_injection
         self.bank_standin = bank_standin
-        self.bank_port = (bank_port or _free_port()) if bank_standin else 0
+        self.bank_port = (bank_port or free_ports(1)[0]) if bank_standin else 0
         self.bank: BankStandIn | None = None
         """The running stand-in, between start() and stop()."""
         self.remote_runtime = remote_runtime({**os.environ, **self._extra_env})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.topology import SERVICES, Ports
+from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
 
@@ -121,13 +120,7 @@ def _start(root: Path, env: dict[str, str] | None = None, *, bank: bool = False)
     return mesh
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-MCP_PORT = free_port()
+MCP_PORT = free_ports(1)[0]
 """The shared mesh's tools proxy also serves MCP here (MCP_PROXY_MCP_*)."""
 MCP_TOKEN = "e2e-gateway-token"
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
+from services.common.topology import free_ports
 from services.devtools.mesh import Mesh, Ports
 from tests.e2e.conftest import REPO_ROOT, assert_error
 from tests.e2e.settings_hook import settings_overrides
@@ -43,18 +43,12 @@ def test_a_pdf_is_found_down_to_the_page_and_section(mesh: Mesh) -> None:
         assert heading in section["title"], section
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # nothing listens once the socket closes
-
-
 @pytest.fixture(scope="module")
 def mesh_without_vector_store(tmp_path_factory: pytest.TempPathFactory):
     root: Path = tmp_path_factory.mktemp("novs")
     env = {
         "RETR_INDEX_BACKEND": "qdrant",
-        "QDRANT_URL": f"http://127.0.0.1:{_closed_port()}",
+        "QDRANT_URL": f"http://127.0.0.1:{free_ports(1)[0]}",
         "RETR_INDEX_TIMEOUT_S": "0.3",
         **settings_overrides(index={"breaker_failures": 3}),
     }

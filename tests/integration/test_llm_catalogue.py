@@ -4,8 +4,6 @@ as the proxy is up, without restarting the LLM service (issue 20 §4.4)."""
 
 from __future__ import annotations
 
-import socket
-
 import grpc
 import httpx
 import pytest
@@ -15,16 +13,11 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common.settings import Env
 from services.common.status import error_info
+from services.common.topology import free_ports
 from services.llm import app as llm_app
 from services.llm.config import LlmSettings
 from services.toolsproxy import app as tools_app
 from services.toolsproxy.config import ToolsProxySettings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def planned_request() -> llm_pb2.GenerateRequest:
@@ -57,9 +50,9 @@ def env(tmp_path) -> dict[str, str]:
     return {
         "VISIOR_DATA_DIR": str(tmp_path),
         "LLM_SERVICE_PORT": "0",
-        "MCP_PROXY_URL": f"127.0.0.1:{free_port()}",
-        "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{free_port()}",  # not needed by these tools
-        "LLM_SERVICE_METRICS_PORT": str(free_port()),
+        "MCP_PROXY_URL": f"127.0.0.1:{free_ports(1)[0]}",
+        "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{free_ports(1)[0]}",  # not needed by these tools
+        "LLM_SERVICE_METRICS_PORT": str(free_ports(1)[0]),
     }
 
 

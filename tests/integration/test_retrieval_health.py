@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import socket
-
 import grpc
 import pytest
 from visior.retrieval.v1 import retrieval_pb2 as pb
 from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
 
 from services.common.status import error_info
+from services.common.topology import free_ports
 from tests.retrieval_server import retrieval_channel
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _health(tmp_path, production: bool):
     env = {
-        "RETR_INDEX_BACKEND": "qdrant", "QDRANT_URL": f"http://127.0.0.1:{_closed_port()}",
+        "RETR_INDEX_BACKEND": "qdrant", "QDRANT_URL": f"http://127.0.0.1:{free_ports(1)[0]}",
         "RETR_INDEX_TIMEOUT_S": "0.2", "RETR_PRODUCTION": str(production).lower(),
     }  # fmt: skip
     async with retrieval_channel(tmp_path, **env) as channel:

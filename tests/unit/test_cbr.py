@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -15,6 +14,7 @@ from services.common.logging import trace_id_bound
 from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
 from services.common.tool_args import ArgumentError, check_arguments
+from services.common.topology import free_ports
 from services.toolsproxy.cbr import (
     DEFAULT_URL,
     CbrClient,
@@ -597,14 +597,8 @@ async def test_a_failed_trial_opens_the_breaker_again(
 # -- unreachable ------------------------------------------------------------------------
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_unreachable_host_is_upstream_unavailable(make: Factory) -> None:
-    client, tool = make(url=f"http://127.0.0.1:{_closed_port()}/DailyInfoWebServ/DailyInfo.asmx")
+    client, tool = make(url=f"http://127.0.0.1:{free_ports(1)[0]}/DailyInfoWebServ/DailyInfo.asmx")
     err = await failure(tool, mode="currency", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
     assert "cannot connect" in err.message

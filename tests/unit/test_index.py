@@ -4,7 +4,6 @@ import math
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import pytest
 import qdrant_edge
 from qdrant_client import QdrantClient
 
+from services.common.topology import free_ports
 from services.retrieval.index import (
     KINDS,
     Bm25Encoder,
@@ -553,17 +553,9 @@ def test_server_refuses_a_collection_of_another_dimension():
         QdrantServerIndex(client, "c", DIM * 2).count()
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return int(port)
-
-
 @pytest.mark.parametrize("grpc", [True, False], ids=["grpc", "rest"])
 def test_server_backend_down_raises_index_unavailable(grpc):
-    port = _closed_port()
+    port = free_ports(1)[0]
     client = QdrantClient(
         url=f"http://127.0.0.1:{port}",
         port=port,
@@ -592,7 +584,9 @@ def test_server_backend_down_raises_index_unavailable(grpc):
 
 
 def test_from_url_prefers_grpc_and_does_no_io():
-    idx = QdrantServerIndex.from_url(f"http://127.0.0.1:{_closed_port()}", "chunks", DIM, timeout=1)
+    idx = QdrantServerIndex.from_url(
+        f"http://127.0.0.1:{free_ports(1)[0]}", "chunks", DIM, timeout=1
+    )
     assert idx.client.init_options["prefer_grpc"] is True
     assert idx.health()["status"] == "down"
     idx.close()

@@ -1,11 +1,10 @@
 """The rerank client against a real local server speaking the TEI and Cohere/Jina wire formats."""
 
-import socket
-
 import httpx
 import pytest
 
 from services.common.settings import Env, SettingsError
+from services.common.topology import free_ports
 from services.retrieval.config import RetrievalSettings, rerank_settings
 from services.retrieval.factories import build_reranker
 from services.retrieval.rerank import (
@@ -218,14 +217,8 @@ async def test_hanging_server_times_out(server):
     assert len(server.requests) == 1  # the budget is spent: no retry
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_nothing_listening_is_unavailable():
-    settings = RerankSettings(url=f"http://127.0.0.1:{_free_port()}")
+    settings = RerankSettings(url=f"http://127.0.0.1:{free_ports(1)[0]}")
     async with RerankClient(settings) as client:
         with pytest.raises(RerankError) as info:
             await client.rerank(QUERY, TEXTS)

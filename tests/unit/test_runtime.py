@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from services.common import errors
 from services.common.breaker import CLOSED, OPEN
 from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
+from services.common.topology import free_ports
 from services.model_runtime.chat import (
     LLM_RUNTIME_ERROR,
     ChatMessage,
@@ -150,12 +150,6 @@ async def runtime_error(awaitable: Any) -> errors.UnavailableError:
         await awaitable
     assert caught.value.reason == LLM_RUNTIME_ERROR
     return caught.value
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -766,7 +760,7 @@ async def test_an_unreachable_runtime_is_retried_then_a_runtime_error(
     async def sleep(s: float) -> None:
         delays.append(s)
 
-    settings = RuntimeSettings(url=f"http://127.0.0.1:{closed_port()}", default_model=MODEL)
+    settings = RuntimeSettings(url=f"http://127.0.0.1:{free_ports(1)[0]}", default_model=MODEL)
     runtime = OpenAiChatRuntime(settings, http, sleep=sleep)
     err = await runtime_error(complete(runtime))
     assert (err.metadata["kind"], err.metadata["attempts"]) == ("unreachable", "2")

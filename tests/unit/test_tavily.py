@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from services.common.tool_contract import (
     RATE_LIMIT_EXCEEDED,
     UPSTREAM_UNAVAILABLE,
 )
+from services.common.topology import free_ports
 from services.toolsproxy.config import tavily_settings
 from services.toolsproxy.tavily import (
     TavilyClient,
@@ -100,12 +100,6 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def h(fake: FakeTavilyServer, http: httpx.AsyncClient) -> Harness:
     return Harness(fake, http)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the official client agrees with the fake --------------------------------------------
@@ -496,7 +490,7 @@ async def test_dropped_connection_is_retried(h: Harness) -> None:
 async def test_unreachable_host(http: httpx.AsyncClient) -> None:
     harness = Harness(FakeTavilyServer(), http)  # never started: only its clock and sleep
     settings = TavilySettings(
-        api_key=KEY, base_url=f"http://127.0.0.1:{closed_port()}", allow_http=True
+        api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}", allow_http=True
     )
     client = TavilyClient(settings, http, clock=harness.clock, sleep=harness.sleep)
     with pytest.raises(ToolFailure) as info:
@@ -587,7 +581,9 @@ async def test_key_never_in_logs_errors_or_repr(
         except ToolFailure as exc:
             messages.append(f"{exc.code} {exc.message} {exc!r}")
     unreachable = TavilyClient(
-        TavilySettings(api_key=KEY, base_url=f"http://127.0.0.1:{closed_port()}", allow_http=True),
+        TavilySettings(
+            api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}", allow_http=True
+        ),
         h.http,
         sleep=h.sleep,
     )
