@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import socket
 import tempfile
 import time
@@ -85,10 +86,10 @@ def free_ports(count: int) -> list[int]:
     this machine was handed in the last `_PORT_HOLD_S` seconds.
 
     A port picked here stays unbound until the server it is meant for binds it. So the
-    ports come from outside the kernel's ephemeral range, where no outgoing connection or
-    bind to port 0 can take one in that gap, in turn, under a lock file
-    (`_PORT_STATE`): two processes starting meshes at once (pytest-xdist workers,
-    benchmarks) never get the same port.
+    ports come from outside the kernel's ephemeral range (where outgoing connections and
+    binds to port 0 take theirs), handed out in turn under a lock file (`_PORT_STATE`), so
+    two processes starting meshes at once (pytest-xdist workers, benchmarks) never get the
+    same one.
     """
     ephemeral = _ephemeral_ports()
     candidates = [p for p in range(_FIRST_PORT, 65536) if p not in ephemeral]
@@ -119,7 +120,7 @@ def free_ports(count: int) -> list[int]:
 _FIRST_PORT = 16384
 _PORT_HOLD_S = 120.0
 """How long a port handed out is kept from other callers (its server binds it by then)."""
-_PORT_STATE = Path(tempfile.gettempdir()) / "visior-free-ports.json"
+_PORT_STATE = Path(tempfile.gettempdir()) / f"visior-free-ports-{os.getuid()}.json"
 
 
 def _ephemeral_ports() -> range:
