@@ -223,29 +223,27 @@ def _normalisation_tables() -> tuple[re.Pattern[str], frozenset[str]]:
     """
     last = 0x1E000  # no canonical composition involves a later character
     joining = {chr(c) for c in (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))}
+    decomposing: list[str] = []  # NFKC leaves every other character as it is
     for code in range(last):
         ch = chr(code)
-        parts = unicodedata.decomposition(ch).split()
         if unicodedata.combining(ch):
             joining.add(ch)
-        elif len(parts) == 2 and not parts[0].startswith("<"):
-            joining.add(chr(int(parts[1], 16)))
-    for code in range(last):
-        form = unicodedata.normalize("NFKD", chr(code))
-        if form and form[0] in joining:
-            joining.add(chr(code))
+        parts = unicodedata.decomposition(ch).split()
+        if parts:
+            decomposing.append(ch)
+            if len(parts) == 2 and not parts[0].startswith("<"):
+                joining.add(chr(int(parts[1], 16)))
+    joining.update(ch for ch in decomposing if unicodedata.normalize("NFKD", ch)[0] in joining)
+    changed = joining.union(ch for ch in decomposing if unicodedata.normalize("NFKC", ch) != ch)
+    changed.update(ch for ch in map(chr, range(0xD800)) if not (ch.isspace() or ch.isprintable()))
     ranges: list[list[int]] = []
-    for code in range(0xD800):
-        ch = chr(code)
-        if (
-            ch in joining
-            or not (ch.isspace() or ch.isprintable())
-            or unicodedata.normalize("NFKC", ch) != ch
-        ):
-            if ranges and ranges[-1][1] == code - 1:
-                ranges[-1][1] = code
-            else:
-                ranges.append([code, code])
+    for code in sorted(map(ord, changed)):
+        if code >= 0xD800:
+            break
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
     body = "".join(rf"\u{a:04x}-\u{b:04x}" for a, b in ranges)
     changing = re.compile(rf"[{body}\ud800-\uffff\U00010000-\U0010ffff]+")
     return changing, frozenset(joining)
