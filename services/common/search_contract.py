@@ -148,9 +148,7 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
     """
     text = unicodedata.normalize("NFKC", text)
     words = text.split()
-    # Printable once whitespace is out: no control, format, surrogate or private-use
-    # character (nor a zero-width space, a format character) to remove.
-    if not "".join(words).isprintable():
+    if not _nothing_to_remove(words):
         words = _without_controls(text).split()
     result = " ".join(words)
     if lowercase:
@@ -158,6 +156,13 @@ def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -
     if fold:
         result = fold_yo(result)
     return result
+
+
+def _nothing_to_remove(words: list[str]) -> bool:
+    """Whether the words of a text (split on whitespace) are printable: no control, format,
+    surrogate or private-use character (nor a zero-width space, a format character) for
+    :func:`_without_controls` to remove."""
+    return "".join(words).isprintable()
 
 
 def _without_controls(text: str) -> str:
@@ -187,7 +192,7 @@ def normalised_view(text: str) -> tuple[str, list[int] | None]:
     before it when it joins that one. So a decomposed ``й`` (``и`` and U+0306) is one
     letter as in :func:`normalise_query`, and a ligature's letters all point at the ligature.
     """
-    if unicodedata.is_normalized("NFKC", text) and "".join(text.split()).isprintable():
+    if unicodedata.is_normalized("NFKC", text) and _nothing_to_remove(text.split()):
         return text, None
     changing, joining = _normalisation_tables()
     pieces: list[str] = []
