@@ -34,7 +34,8 @@ _RU_ENDING_LENGTHS = sorted({len(e) for e in _RU_ENDINGS}, reverse=True)
 """The longest ending a word has is cut."""
 _MIN_RU_STEM = 3
 """A Russian ending is cut only where this many letters stay."""
-_CYRILLIC = re.compile("[\u0400-\u04ff]")
+CYRILLIC = re.compile("[\u0400-\u04ff]")
+"""A word with one of these letters is stemmed as Russian (here and in the index's BM25)."""
 
 
 def split_sentences(text: str) -> list[str]:
@@ -60,7 +61,7 @@ def stem(word: str) -> str:
 
 
 def _stem_folded(word: str) -> str:
-    if _CYRILLIC.search(word):
+    if CYRILLIC.search(word):
         for n in _RU_ENDING_LENGTHS:
             if len(word) - n >= _MIN_RU_STEM and word[-n:] in _RU_ENDINGS:
                 return word[:-n]

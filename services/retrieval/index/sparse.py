@@ -30,10 +30,10 @@ from functools import lru_cache
 
 import qdrant_edge
 
+from services.common.lexical import CYRILLIC
 from services.common.search_contract import normalise_query
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
-_CYRILLIC = re.compile(r"[\u0400-\u04FF]")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Bm25Encoder:
         en = qdrant_edge.Bm25(qdrant_edge.Bm25Config(language="english"))
 
         def terms_of(word: str) -> tuple[int, ...]:
-            model = ru if _CYRILLIC.search(word) else en
+            model = ru if CYRILLIC.search(word) else en
             return tuple(model.embed_query(word).indices)
 
         self._terms_of = lru_cache(maxsize=cache_size)(terms_of)
