@@ -101,16 +101,16 @@ def free_ports(count: int) -> list[int]:
         held = {int(p): t for p, t in state.get("held", {}).items() if now - t < _PORT_HOLD_S}
         at = state.get("next", 0) % len(candidates)
         picked: list[int] = []
-        for step in range(len(candidates)):
-            port = candidates[(at + step) % len(candidates)]
+        tried = 0
+        while len(picked) < count and tried < len(candidates):
+            port = candidates[(at + tried) % len(candidates)]
+            tried += 1
             if port not in held and _bindable(port):
                 picked.append(port)
                 held[port] = now
-                if len(picked) == count:
-                    at = (at + step + 1) % len(candidates)
-                    break
-        else:
+        if len(picked) < count:
             raise OSError(f"not {count} free TCP ports on 127.0.0.1 outside the ephemeral range")
+        at = (at + tried) % len(candidates)
         f.seek(0)
         f.truncate()
         f.write(json.dumps({"next": at, "held": held}))
