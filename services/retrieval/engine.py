@@ -63,7 +63,7 @@ from services.retrieval.search import (
     SectionHit,
     validate,
 )
-from services.retrieval.search_log import count_candidates, log_search
+from services.retrieval.search_log import SearchTiming, count_candidates, log_search
 from services.retrieval.sections import DocSections, SectionCatalog
 
 log = logging.getLogger("visior.retrieval.engine")
@@ -147,17 +147,6 @@ class EngineSettings:
     keyword evidence from its dense score (fusion.impute_cross_language; RETR_CROSS_LANGUAGE)."""
     slow_search_ms: float = 300.0
     """A search's log line is a WARNING above this many ms; 0: never."""
-
-
-@dataclass
-class _Timing:
-    embed_ms: float = 0.0
-    engine_ms: float = 0.0
-    rerank_ms: float = 0.0
-    doc_candidates: int | None = None  # per stage, for the search's log line (search_log.py)
-    section_candidates: int = 0
-    chunk_candidates: int = 0
-    rerank_candidates: int | None = None
 
 
 class _Guarded:
@@ -285,7 +274,7 @@ class RetrievalEngine:
         plan = self._plan(q)
         if plan.expand and self._expander is not None:
             plan = await self._model_variants(plan, self._expander)
-        timing = _Timing()
+        timing = SearchTiming()
         try:
             if plan.rerank:
                 chunks, texts = await asyncio.to_thread(self._find, plan, timing)
@@ -309,13 +298,13 @@ class RetrievalEngine:
         log_search(plan, result, timing, self._settings.slow_search_ms)
         return result
 
-    def _search_sync(self, plan: _Plan, timing: _Timing, started: float) -> SearchResult:
+    def _search_sync(self, plan: _Plan, timing: SearchTiming, started: float) -> SearchResult:
         """A search without rerank, start to end in the worker thread."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
         count_candidates(timing, chunks)
         return self._shape(plan, chunks, {}, False, timing, started)
 
-    def _find(self, plan: _Plan, timing: _Timing) -> tuple[list[Scored], dict[Key, str]]:
+    def _find(self, plan: _Plan, timing: SearchTiming) -> tuple[list[Scored], dict[Key, str]]:
         """Candidates for rerank, with the texts of the head the reranker reads."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
         count_candidates(timing, chunks)
@@ -408,7 +397,7 @@ class RetrievalEngine:
         variants = variants[: self._settings.max_query_variants]
         return replace(plan, variants=variants, variants_source="llm")
 
-    def _embed(self, plan: _Plan, timing: _Timing) -> np.ndarray | None:
+    def _embed(self, plan: _Plan, timing: SearchTiming) -> np.ndarray | None:
         if plan.ranking == "sparse":
             return None
         t0 = time.perf_counter()
@@ -423,7 +412,9 @@ class RetrievalEngine:
 
     # -- retrieval (worker thread) ----------------------------------------------------------
 
-    def _retrieve(self, plan: _Plan, vector: np.ndarray | None, timing: _Timing) -> list[Scored]:
+    def _retrieve(
+        self, plan: _Plan, vector: np.ndarray | None, timing: SearchTiming
+    ) -> list[Scored]:
         t0 = time.perf_counter()
         try:
             keep = max(plan.max_chunks, plan.max_results)
@@ -646,7 +637,7 @@ class RetrievalEngine:
     # -- rerank -----------------------------------------------------------------------------
 
     async def _rerank(
-        self, plan: _Plan, chunks: list[Scored], texts: Mapping[Key, str], timing: _Timing
+        self, plan: _Plan, chunks: list[Scored], texts: Mapping[Key, str], timing: SearchTiming
     ) -> tuple[list[Scored], bool]:
         assert self._reranker is not None
         # Only the leading candidates whose texts `_find` read: past a dropped one (its text
@@ -717,7 +708,7 @@ class RetrievalEngine:
         chunks: list[Scored],
         texts: dict[Key, str],
         rerank_used: bool,
-        timing: _Timing,
+        timing: SearchTiming,
         started: float,
     ) -> SearchResult:
         selected, head, texts = self._with_texts(plan, self._select(plan, chunks), texts, timing)
@@ -755,7 +746,7 @@ class RetrievalEngine:
         )
 
     def _with_texts(
-        self, plan: _Plan, selected: list[Scored], texts: dict[Key, str], timing: _Timing
+        self, plan: _Plan, selected: list[Scored], texts: dict[Key, str], timing: SearchTiming
     ) -> tuple[list[Scored], list[Scored], dict[Key, str]]:
         """The selection without chunks whose text is gone, its head (what the response
         carries: hits and context candidates) and the texts of that head."""

@@ -9,6 +9,7 @@ query's text is the user's: it is never logged (its variants are counted only).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.common.logging import get_logger
@@ -42,17 +43,22 @@ class _Plan(Protocol):
     def language(self) -> str: ...
 
 
-class _Timing(Protocol):
-    embed_ms: float
-    engine_ms: float
-    rerank_ms: float
-    doc_candidates: int | None
-    section_candidates: int
-    chunk_candidates: int
-    rerank_candidates: int | None
+@dataclass
+class SearchTiming:
+    """What one search's stages took and produced, filled in by the engine as it runs."""
+
+    embed_ms: float = 0.0
+    engine_ms: float = 0.0
+    rerank_ms: float = 0.0
+    doc_candidates: int | None = None
+    """None when the search had no document stage."""
+    section_candidates: int = 0
+    chunk_candidates: int = 0
+    rerank_candidates: int | None = None
+    """None when nothing was reranked."""
 
 
-def count_candidates(timing: _Timing, chunks: Sequence[tuple[Any, float]]) -> None:
+def count_candidates(timing: SearchTiming, chunks: Sequence[tuple[Any, float]]) -> None:
     """The chunk stage's candidates and the sections they fall in (points with
     doc_id and section_id), recorded on `timing`."""
     timing.chunk_candidates = len(chunks)
@@ -75,7 +81,7 @@ def filters_logged(filters: Filters) -> dict[str, Any]:
     return out
 
 
-def log_search(plan: _Plan, result: SearchResult, timing: _Timing, slow_ms: float) -> None:
+def log_search(plan: _Plan, result: SearchResult, timing: SearchTiming, slow_ms: float) -> None:
     """The search's line; WARNING when it took more than `slow_ms` (0: never)."""
     slow = 0 < slow_ms < result.elapsed_ms
     fields: dict[str, Any] = {
