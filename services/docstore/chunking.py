@@ -14,9 +14,11 @@ class ChunkingConfig:
     """How documents are cut into chunks and summarised; part of every document's generation."""
 
     chunk_tokens: int = 200
-    """Largest chunk, in tokens of `encoding` (a chunk is never longer)."""
+    """Largest chunk in BPE tokens of `encoding` (cl100k_base), which no chunk exceeds (Retrieval's
+    RETR_CHUNK_TOKENS)."""
     overlap_tokens: int = 32
-    """Tokens of the previous chunk repeated at the start of the next one in the same section."""
+    """Tokens of the previous chunk repeated at the start of the next one in the same section,
+    at most half of chunk_tokens (Retrieval's RETR_CHUNK_OVERLAP_TOKENS)."""
     summary_chars: int = 400
     """Budget of a section summary, in characters."""
     summary_sentences: int = 3

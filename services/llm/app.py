@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import fields
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -17,11 +16,12 @@ from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
 from services.llm.config import LlmSettings
 from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
-from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.loop import ToolLoop
 from services.llm.metrics import LlmMetrics
 from services.llm.servicer import LlmServicer
 from services.llm.toolcalls import READ_TOOL_SPECS
@@ -29,21 +29,11 @@ from services.llm.tools_client import GrpcToolRunner, ToolCatalogue
 from services.model_runtime.chat import ChatRuntime, ToolSpec
 from services.model_runtime.client import OpenAiChatRuntime
 
-SERVICE_NAMES = ("visior.llm.v1.LlmService",)
+SERVICE_NAMES = SERVICE_BY_KEY["llm"].grpc_services
 CATALOGUE_RETRY_S = 1.0
 """Until ToolsProxy first answers, its catalogue is asked for this often."""
 CATALOGUE_REFRESH_S = 60.0
 """Then this often, and on a request needing a tool it lacks at most this often."""
-
-
-def loop_settings(settings: LlmSettings) -> LoopSettings:
-    """The tool loop's limits: the LlmSettings fields of the same names, and ToolsProxy's
-    per-call deadline as the tool timeout."""
-    shared = {f.name for f in fields(LoopSettings)} & {f.name for f in fields(LlmSettings)}
-    return LoopSettings(
-        **{name: getattr(settings, name) for name in shared},
-        tool_timeout_s=settings.tools_proxy.timeout_seconds,
-    )
 
 
 async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
@@ -70,7 +60,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         runtime,
         runner,
         READ_TOOL_SPECS,
-        loop_settings(settings),
+        settings.loop,
     )
 
     def offer(specs: Sequence[ToolSpec]) -> None:

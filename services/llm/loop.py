@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import EXTERNAL_TOOLS
 from services.llm import prompt as prompts
@@ -88,27 +89,31 @@ class LoopSettings:
 
     max_tool_steps: int = 3
     """Tool calls executed per request (MAX_TOOL_STEPS); the policy may ask for fewer."""
-    max_prompt_tokens: int = 4096
+    max_prompt_tokens: int = DEFAULT_LLM_PROMPT_TOKENS
     """The first prompt, context included (MAX_PROMPT_TOKENS)."""
     max_completion_tokens: int = 512
     """Each model answer (MAX_COMPLETION_TOKENS); reserved for the final answer."""
     max_total_tokens: int = 5120
-    """The conversation at any step, tool results and the answer reserve included."""
+    """The conversation at any step, tool results and the answer reserve included
+    (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_tool_result_tokens: int = 2048
-    """One tool result as the model sees it; longer texts are cut."""
+    """One tool result as the model sees it; longer texts are cut. The service computes it:
+    what the first prompt and the answer leave of max_total_tokens, at most 24576."""
     min_tool_result_tokens: int = 64
     """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
     max_consecutive_tool_errors: int = 2
     """Tool errors in a row that abort the request (llm-service.md §9.2)."""
     watchdog_s: float = 60.0
-    """The whole request, every model and tool call included."""
+    """The whole request, every model and tool call included (LLM_SERVICE_WATCHDOG_SECONDS)."""
     tool_timeout_s: float = 5.0
     """Deadline of one call of a document or search tool (LLM_SERVICE_MCP_TIMEOUT_SECONDS)."""
     external_tool_timeout_s: float = 10.0
-    """Deadline of one call of a tool over an outside service, EXTERNAL_TOOLS
-    (LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S)."""
+    """Deadline of one call of a tool over an outside service, fetch_cbr_data or
+    fetch_finance_news (LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S); the other tools' is
+    tool_timeout_s (LLM_SERVICE_MCP_TIMEOUT_SECONDS)."""
     default_model: str = ""
-    """Reported as model_name when the runtime names none."""
+    """Reported as model_name when the runtime names none (the runtime's DEFAULT_MODEL_NAME,
+    or "extractive")."""
 
 
 class LoopObserver(Protocol):

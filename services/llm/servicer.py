@@ -12,6 +12,7 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from services.common import errors
 from services.common.context import current_trace_id
 from services.common.structs import request_struct
+from services.common.topology import SERVICE_BY_KEY
 from services.llm.engine import LlmEngine
 from services.llm.model import (
     Anchor,
@@ -25,6 +26,9 @@ from services.llm.model import (
     User,
 )
 from services.model_runtime.chat import GenerationParams
+
+SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
+"""The gRPC service GetHealth names (services/common/topology.py)."""
 
 
 def _opt(msg: object, name: str):  # type: ignore[no-untyped-def]
@@ -152,5 +156,5 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         self, request: llm_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.GetHealthResponse:
         return llm_pb2.GetHealthResponse(
-            status="ok", service="visior.llm.v1.LlmService", details={"runtime": self._runtime}
+            status="ok", service=SERVICE_NAME, details={"runtime": self._runtime}
         )

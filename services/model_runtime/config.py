@@ -18,11 +18,7 @@ RUNTIME = Fields(
     stream_usage=flag("LLM_RUNTIME_STREAM_USAGE"),
     temperature=number("LLM_RUNTIME_TEMPERATURE", default_doc="unset: the runtime's own"),
 )
-URL, DEFAULT_MODEL, JSON_MODE = (
-    RUNTIME.vars["url"],
-    RUNTIME.vars["default_model"],
-    RUNTIME.vars["enable_json_mode"],
-)
+URL, DEFAULT_MODEL = RUNTIME.vars["url"], RUNTIME.vars["default_model"]
 
 
 def runtime_settings(env: Env) -> RuntimeSettings | None:

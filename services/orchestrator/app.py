@@ -11,6 +11,7 @@ from services.common.channels import open_channel
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
+from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
 from services.orchestrator.clients import GrpcGenerator, GrpcRetriever
 from services.orchestrator.config import OrchestratorSettings
@@ -19,7 +20,7 @@ from services.orchestrator.respond import Responder
 from services.orchestrator.runtime_config import ConfigHolder
 from services.orchestrator.servicer import OrchestratorServicer
 
-SERVICE_NAMES = ("visior.orchestrator.v1.OrchestratorService",)
+SERVICE_NAMES = SERVICE_BY_KEY["orchestrator"].grpc_services
 log = logging.getLogger("visior.orchestrator")
 
 

@@ -26,6 +26,7 @@ from services.common.shared_config import (
     proxy_max_window_radius,
     radius,
 )
+from services.orchestrator.respond import DEFAULT_MAX_RESULTS
 from services.orchestrator.runtime_config import LIMITS, RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
@@ -60,7 +61,7 @@ class OrchestratorSettings:
     model_routing: bool
     """Ask the model for the scenario decision (JSON with `intent`) before the rules
     (ORCH_MODEL_ROUTING); with an extractive LLM service the rules decide anyway."""
-    default_top_k: int = 10
+    default_top_k: int = DEFAULT_MAX_RESULTS
     """Sections in the first prompt when the request gives no max_results (ORCH_DEFAULT_TOP_K,
     agent.md §10's default_top_k; 1..50). Fewer make a CPU model's first prompt shorter."""
     max_context_chars: int = MAX_CONTEXT_CHARS

@@ -12,9 +12,13 @@ from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
 from services.common import errors
 from services.common.search_contract import Filters
+from services.common.topology import SERVICE_BY_KEY
 from services.orchestrator.model import RespondInput, RespondOutput, Turn, User
 from services.orchestrator.respond import Responder, resolve_user
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+
+SERVICE_NAME = SERVICE_BY_KEY["orchestrator"].grpc_services[0]
+"""The gRPC service GetHealth names (services/common/topology.py)."""
 
 SAFETY_HEADER = "x-visior-safety-input"
 SAFETY_VERDICTS = ("allowed", "flagged", "blocked")
@@ -143,6 +147,6 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     ) -> pb.GetHealthResponse:
         return pb.GetHealthResponse(
             status="ok",
-            service="visior.orchestrator.v1.OrchestratorService",
+            service=SERVICE_NAME,
             details={"mock_mode": str(self._config.current.mock_mode).lower()},
         )

@@ -17,8 +17,8 @@ from services.common.http_tracing import traced_async_client, traced_client
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
+from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import Tracing, install_tracing
-from services.docstore.parsing import ChunkingConfig
 from services.docstore.store import DocumentStore
 from services.model_runtime.client import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
@@ -42,7 +42,7 @@ from services.retrieval.servicer import IngestionServicer, RetrievalServicer, Se
 
 log = logging.getLogger("visior.retrieval")
 
-SERVICE_NAMES = ("visior.retrieval.v1.RetrievalService", "visior.retrieval.v1.IngestionService")
+SERVICE_NAMES = SERVICE_BY_KEY["retrieval"].grpc_services
 
 
 def open_index(settings: RetrievalSettings, dim: int) -> VectorIndex:
@@ -168,9 +168,7 @@ def _open_ingestor(
         sections=sections,
         journal=IngestJournal(settings.journal_path),
         max_document_bytes=settings.max_document_bytes,
-        chunking=ChunkingConfig(
-            chunk_tokens=settings.chunk_tokens, overlap_tokens=settings.chunk_overlap_tokens
-        ),
+        chunking=settings.chunking,
         summarizer=summarizer,
     )
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.http import check_base_url
@@ -111,11 +111,8 @@ class RetrievalSettings:
     """Health fails when the backend is down (RETR_PRODUCTION)."""
     journal_path: str
     """The ingest journal (VISIOR_DATA_DIR/ingest-journal.jsonl)."""
-    chunk_tokens: int = ChunkingConfig.chunk_tokens
-    """Chunk size in tokens (RETR_CHUNK_TOKENS)."""
-    chunk_overlap_tokens: int = ChunkingConfig.overlap_tokens
-    """Overlap between consecutive chunks in tokens (RETR_CHUNK_OVERLAP_TOKENS), at most half
-    the chunk size."""
+    chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    """How ingested documents are cut into chunks (RETR_CHUNK_TOKENS, RETR_CHUNK_OVERLAP_TOKENS)."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> RetrievalSettings:
@@ -139,7 +136,7 @@ class RetrievalSettings:
             llm=llm_assist_settings(env),
             journal_path=str(root / "ingest-journal.jsonl"),
             index=index_settings(env, root),
-            **chunking(env),
+            chunking=chunking(env),
         )  # fmt: skip
 
 
@@ -166,17 +163,16 @@ def index_settings(env: Env, data: Path) -> IndexSettings:
     return index
 
 
-def chunking(env: Env) -> dict[str, int]:
-    """Chunk size and overlap in tokens, as the chunker (ChunkingConfig) can use them."""
+def chunking(env: Env) -> ChunkingConfig:
+    """Chunk size and overlap in tokens, as the chunker (ChunkingConfig) accepts them."""
     values = CHUNKS.values(env)
-    size, overlap = values["chunk_tokens"], values["chunk_overlap_tokens"]
     try:
-        ChunkingConfig(chunk_tokens=size, overlap_tokens=overlap)
+        return ChunkingConfig(**values)
     except ValueError as exc:
+        size, overlap = values["chunk_tokens"], values["overlap_tokens"]
         raise SettingsError(
             f"RETR_CHUNK_TOKENS={size}, RETR_CHUNK_OVERLAP_TOKENS={overlap}: {exc}"
         ) from None
-    return values
 
 
 def embedding_settings(env: Env, *, cpus: int | None = None) -> EmbeddingSettings:
@@ -308,9 +304,9 @@ INDEX = Fields(
     optimize_quiet_s=number("RETR_OPTIMIZE_QUIET_S", 10.0, 0.0, MAX_OPTIMIZE_QUIET_S),
 )
 CHUNKS = Fields(
-    RetrievalSettings,
+    ChunkingConfig,
     chunk_tokens=integer("RETR_CHUNK_TOKENS", minimum=32, maximum=2048),
-    chunk_overlap_tokens=integer("RETR_CHUNK_OVERLAP_TOKENS", minimum=0, maximum=1024),
+    overlap_tokens=integer("RETR_CHUNK_OVERLAP_TOKENS", minimum=0, maximum=1024),
 )
 SEARCH = Fields(
     SearchDefaults,

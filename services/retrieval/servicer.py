@@ -8,9 +8,13 @@ import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.common.search_contract import Filters
+from services.common.topology import SERVICE_BY_KEY
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.listing import list_page
 from services.retrieval.search import SearchQuery, SearchResult
+
+SERVICE_NAME = SERVICE_BY_KEY["retrieval"].grpc_services[0]
+"""The gRPC service GetHealth names (services/common/topology.py)."""
 
 
 class SearchBackend(Protocol):
@@ -29,6 +33,7 @@ _OPTIONAL_PARAMS = (
     "max_docs max_sections max_chunks context_token_limit enable_hybrid enable_rerank "
     "topk_per_doc min_score expand_query hard_trim"
 ).split()
+
 """SearchParams fields that keep "not given" (None) apart from zero, named as in SearchQuery."""
 
 
@@ -137,7 +142,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         details = self._probe()
         return retrieval_pb2.GetHealthResponse(
             status=details.pop("status", "ok"),
-            service="visior.retrieval.v1.RetrievalService",
+            service=SERVICE_NAME,
             details=details,
         )
 

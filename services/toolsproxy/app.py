@@ -12,6 +12,7 @@ from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
 from services.common.server import RunningServer, start_server
 from services.common.tool_contract import FETCH_CBR_DATA, FETCH_FINANCE_NEWS
+from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
@@ -23,7 +24,7 @@ from services.toolsproxy.servicer import ToolsProxyServicer
 from services.toolsproxy.tavily import TavilyClient, tavily_tool
 from services.toolsproxy.tools import DocumentTools, PrometheusToolMetrics, ToolExecutor
 
-SERVICE_NAMES = ("visior.toolsproxy.v1.ToolsProxyService",)
+SERVICE_NAMES = SERVICE_BY_KEY["toolsproxy"].grpc_services
 
 
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:

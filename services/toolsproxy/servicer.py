@@ -14,7 +14,11 @@ from services.common.search_contract import (
     refuse_reserved_tenant,
 )
 from services.common.structs import request_struct
+from services.common.topology import SERVICE_BY_KEY
 from services.toolsproxy.tools import Caller, ToolExecutor
+
+SERVICE_NAME = SERVICE_BY_KEY["toolsproxy"].grpc_services[0]
+"""The gRPC service GetHealth names (services/common/topology.py)."""
 
 MAX_TOOL_NAME = 64
 
@@ -76,6 +80,6 @@ class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
     ) -> toolsproxy_pb2.GetHealthResponse:
         return toolsproxy_pb2.GetHealthResponse(
             status="ok",
-            service="visior.toolsproxy.v1.ToolsProxyService",
+            service=SERVICE_NAME,
             details={"tools": str(len(self._executor.catalogue()))},
         )

@@ -1,4 +1,4 @@
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -6,7 +6,6 @@ import pytest
 from services.common import errors
 from services.common.search_contract import KB_TENANT
 from services.common.settings import Env
-from services.llm.app import loop_settings
 from services.llm.config import LlmSettings
 from services.llm.engine import MAX_MESSAGES, LlmEngine
 from services.llm.extractive import ExtractiveRuntime, best_sentences
@@ -232,24 +231,23 @@ def test_tool_results_convert_as_struct_to_dict_does() -> None:
         result_to_dict(response.result)
 
 
-def test_the_loop_takes_every_limit_from_the_service_settings() -> None:
-    """app.loop_settings matches fields by name: a setting renamed on one side must not fall
-    back to the loop's default silently."""
-    base = LlmSettings.from_env(Env({}))
-    settings = replace(
-        base,
-        max_tool_steps=7,
-        max_prompt_tokens=3001,
-        max_completion_tokens=301,
-        max_total_tokens=9001,
-        watchdog_s=41.0,
-        default_model="m",
-        tools_proxy=replace(base.tools_proxy, timeout_seconds=3.5),
-    )
-    got = loop_settings(settings)
+def test_the_loop_takes_every_limit_from_the_environment() -> None:
+    """Each of the loop's limits is read into the LoopSettings the loop runs with (one
+    declaration, on LoopSettings' fields); the document tools' deadline is ToolsProxy's."""
+    env = {
+        "MAX_TOOL_STEPS": "7",
+        "MAX_PROMPT_TOKENS": "3001",
+        "MAX_COMPLETION_TOKENS": "301",
+        "LLM_SERVICE_MAX_TOTAL_TOKENS": "9001",
+        "LLM_SERVICE_WATCHDOG_SECONDS": "41",
+        "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S": "8.5",
+        "LLM_SERVICE_MCP_TIMEOUT_SECONDS": "3.5",
+    }
+    got = LlmSettings.from_env(Env(env)).loop
     assert (got.max_tool_steps, got.max_prompt_tokens, got.max_completion_tokens) == (7, 3001, 301)
-    assert (got.max_total_tokens, got.watchdog_s, got.default_model) == (9001, 41.0, "m")
+    assert (got.max_total_tokens, got.watchdog_s, got.external_tool_timeout_s) == (9001, 41.0, 8.5)
     assert got.tool_timeout_s == 3.5
-    for f in fields(LlmSettings):
-        if hasattr(got, f.name):
-            assert getattr(got, f.name) == getattr(settings, f.name), f.name
+    assert got.max_tool_result_tokens == 9001 - 3001 - 301
+    assert got.default_model == "extractive"
+    defaults = LlmSettings.from_env(Env({})).loop
+    assert (defaults.max_tool_steps, defaults.watchdog_s) == (LoopSettings.max_tool_steps, 60.0)

@@ -351,6 +351,6 @@ def test_the_local_budgets_are_ones_the_llm_service_accepts(n_ctx: int) -> None:
     from services.common.settings import Env
     from services.llm.config import LlmSettings
 
-    settings = LlmSettings.from_env(Env(local_model_env("http://127.0.0.1:1", "m", n_ctx)))
-    assert settings.max_total_tokens <= n_ctx - 1024 or n_ctx <= 2048
-    assert settings.max_prompt_tokens + settings.max_completion_tokens <= settings.max_total_tokens
+    loop = LlmSettings.from_env(Env(local_model_env("http://127.0.0.1:1", "m", n_ctx))).loop
+    assert loop.max_total_tokens <= n_ctx - 1024 or n_ctx <= 2048
+    assert loop.max_prompt_tokens + loop.max_completion_tokens <= loop.max_total_tokens

@@ -126,9 +126,9 @@ def test_llm_settings_read_the_specs_names():
             }
         )
     )
-    assert s.max_tool_steps == 2
+    assert s.loop.max_tool_steps == 2
     assert s.tools_proxy.target == "tools:9000"
-    assert s.max_prompt_tokens == 1000
+    assert s.loop.max_prompt_tokens == 1000
 
 
 def test_llm_runtime_url_is_refused_until_the_runtime_client_exists():
@@ -167,20 +167,30 @@ def test_chunk_overlap_at_and_past_half_the_chunk_size():
     s = RetrievalSettings.from_env(
         Env({"RETR_CHUNK_TOKENS": "200", "RETR_CHUNK_OVERLAP_TOKENS": "100"})
     )
-    assert (s.chunk_tokens, s.chunk_overlap_tokens) == (200, 100)
+    assert s.chunking == ChunkingConfig(chunk_tokens=200, overlap_tokens=100)
     with pytest.raises(SettingsError, match="RETR_CHUNK_TOKENS=200, RETR_CHUNK_OVERLAP_TOKENS=101"):
         RetrievalSettings.from_env(
             Env({"RETR_CHUNK_TOKENS": "200", "RETR_CHUNK_OVERLAP_TOKENS": "101"})
         )
 
 
-def test_the_service_chunks_as_the_chunker_does_by_default():
-    s = RetrievalSettings.from_env(Env({}))
-    default = ChunkingConfig()
-    assert (s.chunk_tokens, s.chunk_overlap_tokens) == (
-        default.chunk_tokens,
-        default.overlap_tokens,
-    )
+@pytest.mark.parametrize(
+    ("size", "overlap", "ok"),
+    [("32", "0", True), ("31", "0", False), ("2048", "1024", True), ("2049", "0", False),
+     ("2048", "1025", False)],
+)  # fmt: skip
+def test_chunk_size_and_overlap_at_and_past_their_limits(size: str, overlap: str, ok: bool):
+    env = Env({"RETR_CHUNK_TOKENS": size, "RETR_CHUNK_OVERLAP_TOKENS": overlap})
+    if ok:
+        chunking = RetrievalSettings.from_env(env).chunking
+        assert (chunking.chunk_tokens, chunking.overlap_tokens) == (int(size), int(overlap))
+    else:
+        with pytest.raises(SettingsError, match="RETR_CHUNK"):
+            RetrievalSettings.from_env(env)
+
+
+def test_the_service_chunks_with_the_chunkers_defaults():
+    assert RetrievalSettings.from_env(Env({})).chunking == ChunkingConfig()
 
 
 def test_retrieval_message_size_leaves_room_for_the_largest_document():

@@ -16,14 +16,14 @@ from services.llm.tools_client import GrpcToolRunner
 
 def test_external_tool_deadline_defaults_to_ten_seconds_and_documents_keep_five() -> None:
     s = LlmSettings.from_env(Env({}))
-    assert s.external_tool_timeout_s == 10.0
+    assert s.loop.external_tool_timeout_s == 10.0
     assert s.tools_proxy.timeout_seconds == 5.0
     assert EXTERNAL_TOOLS == {"fetch_cbr_data", "fetch_finance_news"}
 
 
 def test_external_tool_deadline_from_the_environment() -> None:
     env = Env({"LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S": "8.5"})
-    assert LlmSettings.from_env(env).external_tool_timeout_s == 8.5
+    assert LlmSettings.from_env(env).loop.external_tool_timeout_s == 8.5
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "ten"])
