@@ -32,7 +32,7 @@ for p in (str(REPO_ROOT), str(BENCH_DIR)):
 from index_engine import query_pool  # noqa: E402
 from retrieval_search import working_copy  # noqa: E402
 
-from services.common.breaker import CircuitBreaker  # noqa: E402
+from services.common.breaker import BreakerPolicy, CircuitBreaker  # noqa: E402
 from services.common.settings import Env  # noqa: E402
 from services.common.tokenizer import default_tokenizer  # noqa: E402
 from services.docstore.sqlite_store import SqliteDocumentStore  # noqa: E402
@@ -60,7 +60,7 @@ async def run(args: argparse.Namespace, data: Path) -> None:
         defaults=SearchDefaults(),
         # The server's ranking settings for the profile (cross-language is off for fast).
         settings=replace(engine_settings(Env({}), args.profile), candidate_factor=args.factor),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
     )  # fmt: skip
     queries = query_pool(args.seed, args.searches + args.warmup)
     tenants = [f"tenant-{i % args.tenants:02d}" for i in range(len(queries))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 CLOSED = "closed"
 OPEN = "open"
@@ -20,8 +21,24 @@ class CircuitOpenError(Exception):
         self.retry_in = retry_in
 
 
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """When a circuit breaker opens and how long it stays open; each client's settings hold one."""
+
+    failures: int = 5
+    """Consecutive failed calls that open the breaker (at least 1)."""
+    reset_s: float = 10.0
+    """How long the open breaker refuses calls before one trial call."""
+
+    def __post_init__(self) -> None:
+        if self.failures < 1:
+            raise ValueError(f"BreakerPolicy.failures must be at least 1, got {self.failures}")
+        if self.reset_s < 0:
+            raise ValueError(f"BreakerPolicy.reset_s must not be negative, got {self.reset_s}")
+
+
 class CircuitBreaker:
-    """Closed -> open after `failure_threshold` consecutive failures; after `reset_after_s`
+    """Closed -> open after `policy.failures` consecutive failures; after `policy.reset_s`
     one trial call goes through (half-open): success closes it, failure opens it again.
 
     Thread-safe (the retrieval engine calls it from worker threads). The clock is injected so
@@ -31,16 +48,13 @@ class CircuitBreaker:
     def __init__(
         self,
         name: str,
+        policy: BreakerPolicy = BreakerPolicy(),
         *,
-        failure_threshold: int = 5,
-        reset_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if failure_threshold < 1:
-            raise ValueError("failure_threshold must be at least 1")
         self.name = name
-        self._threshold = failure_threshold
-        self._reset_after = reset_after_s
+        self._threshold = policy.failures
+        self._reset_after = policy.reset_s
         self._clock = clock
         self._lock = threading.Lock()
         self._failures = 0

@@ -55,7 +55,7 @@ from typing import Any
 import httpx
 
 from services.common import errors
-from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
 from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
@@ -113,10 +113,9 @@ class RuntimeSettings:
     """Attempts after a transient failure: one retry (the spec's), 0.2 s after the first
     when the runtime gives no Retry-After; a 429/503 asking to wait over 2 s fails at once.
     The call's timeout is its deadline."""
-    breaker_failures: int = 5
-    """Consecutive failed calls that open the breaker."""
-    breaker_reset_s: float = 30.0
-    """How long the open breaker refuses calls before a trial."""
+    breaker: BreakerPolicy = BreakerPolicy(failures=5, reset_s=30.0)
+    """Consecutive failed calls that open the breaker, and how long it then refuses calls
+    before a trial."""
     temperature: float | None = None
     """Sampling temperature when the request sets none (LLM_RUNTIME_TEMPERATURE, 0..2);
     unset leaves it to the runtime. 0 makes a local model's answers repeatable."""
@@ -132,8 +131,6 @@ class RuntimeSettings:
             raise SettingsError("LLM runtime timeouts must be positive")
         if not 1 <= self.retry.attempts <= 4:
             raise SettingsError("RuntimeSettings.retry.attempts must be within 1..4")
-        if self.breaker_failures < 1:
-            raise SettingsError("RuntimeSettings.breaker_failures must be at least 1")
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
             raise SettingsError("LLM_RUNTIME_TEMPERATURE must be within 0..2")
 
@@ -879,8 +876,7 @@ class OpenAiChatRuntime:
             pass  # left to httpx at request time, where it was always reported
         self.breaker = breaker or CircuitBreaker(
             "llm-runtime",
-            failure_threshold=settings.breaker_failures,
-            reset_after_s=settings.breaker_reset_s,
+            settings.breaker,
             clock=clock,
         )
         # The wire forms of this runtime's calls (JSON mode or not, streamed or not).

@@ -238,8 +238,7 @@ def _search_stack(
         settings=settings.engine,
         breaker=CircuitBreaker(
             "vector store",
-            failure_threshold=settings.index.breaker_failures,
-            reset_after_s=settings.index.breaker_reset_s,
+            settings.index.breaker,
         ),
         reranker=reranker,
         synonyms=load_synonyms(settings.synonyms_path or None),

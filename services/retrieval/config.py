@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common.breaker import BreakerPolicy
 from services.common.http import check_base_url
 from services.common.search_contract import MAX_RESULTS_LIMIT
 from services.common.settings import (
@@ -73,10 +74,9 @@ class IndexSettings:
     optimize_quiet_s: float
     """Edge: run the index optimizers once writes have paused this long (RETR_OPTIMIZE_QUIET_S;
     0 = never, e.g. when an operator runs them)."""
-    breaker_failures: int = 5
-    """Consecutive index failures that open the circuit breaker."""
-    breaker_reset_s: float = 10.0
-    """Seconds the breaker stays open before a trial call."""
+    breaker: BreakerPolicy = BreakerPolicy(failures=5, reset_s=10.0)
+    """Consecutive index failures that open the circuit breaker, and the seconds it stays
+    open before a trial call."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from xml.sax.saxutils import escape
 
 import httpx
 
-from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url
 from services.common.logging import get_logger
@@ -120,10 +120,9 @@ class CbrSettings:
     """Most answers kept in memory; oldest go first."""
     retry: RetryPolicy = RetryPolicy(attempts=2, first_delay_s=0.2)
     """Attempts after a 5xx or a connection error (a second one, 0.2 s after the first)."""
-    breaker_failures: int = 3
-    """Failed calls in a row that open the circuit (1-5)."""
-    breaker_reset_s: float = 30.0
-    """How long the circuit stays open before one trial call."""
+    breaker: BreakerPolicy = BreakerPolicy(failures=3, reset_s=30.0)
+    """Failed calls in a row that open the circuit (1-5), and how long it stays open before
+    one trial call."""
     max_range_days: int = 366
     """Longest date_to - date_from in days."""
     max_items: int = 400
@@ -140,8 +139,8 @@ class CbrSettings:
             raise SettingsError(
                 f"MCP_PROXY_CBR_URL={self.url!r} must be an https URL (http only to localhost)"
             )
-        if not 1 <= self.breaker_failures <= 5:
-            raise SettingsError("CbrSettings.breaker_failures must be between 1 and 5")
+        if not 1 <= self.breaker.failures <= 5:
+            raise SettingsError("CbrSettings.breaker.failures must be between 1 and 5")
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -390,8 +389,7 @@ class CbrClient:
         self._now = now
         self.breaker = breaker or CircuitBreaker(
             "cbr",
-            failure_threshold=settings.breaker_failures,
-            reset_after_s=settings.breaker_reset_s,
+            settings.breaker,
             clock=clock,
         )
         self._cache: TtlCache[tuple[str, tuple[tuple[str, str], ...]], DataSet] = TtlCache(
@@ -491,7 +489,7 @@ class CbrClient:
             self.breaker.record_failure()
             self._event(operation, "unavailable", started, reason=str(exc))
             raise CbrUnavailableError(
-                max(1, math.ceil(self.settings.breaker_reset_s)), str(exc)
+                max(1, math.ceil(self.settings.breaker.reset_s)), str(exc)
             ) from None
         except asyncio.CancelledError:
             # The caller went away: no verdict on the bank, but a half-open trial is freed.

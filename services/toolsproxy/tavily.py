@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.logging import get_logger
@@ -81,10 +81,9 @@ class TavilySettings:
     """How long a result is reused for the same (tenant, user, query, options); 0 disables."""
     cache_max_entries: int = 1024
     """Cached results kept at most; the oldest go first."""
-    breaker_failures: int = 5
-    """Consecutive failed searches that open the circuit breaker."""
-    breaker_reset_s: float = 30.0
-    """How long the open breaker refuses calls before one trial call."""
+    breaker: BreakerPolicy = BreakerPolicy(failures=5, reset_s=30.0)
+    """Consecutive failed searches that open the circuit breaker, and how long it then
+    refuses calls before one trial call."""
     max_snippet_chars: int = 1000
     """Longest snippet per result; longer ones are cut and end with an ellipsis."""
 
@@ -189,8 +188,7 @@ class TavilyClient:
         self._url = settings.base_url.rstrip("/") + "/search"
         self.breaker = breaker or CircuitBreaker(
             "tavily",
-            failure_threshold=settings.breaker_failures,
-            reset_after_s=settings.breaker_reset_s,
+            settings.breaker,
             clock=clock,
         )
         self._cache: TtlCache[tuple[Any, ...], dict[str, Any]] = TtlCache(

@@ -280,7 +280,7 @@ def faulty(
     Envoy's fault filter."""
     root: Path = tmp_path_factory.mktemp("faulty")
     deadline = str(DEADLINE_S)
-    breaker = {"breaker_failures": BREAKER_FAILURES, "breaker_reset_s": BREAKER_RESET_S}
+    breaker = {"breaker": {"failures": BREAKER_FAILURES, "reset_s": BREAKER_RESET_S}}
     env = {
         **NO_DRAIN,
         "ORCH_MODEL_ROUTING": "false",  # the scenario by rules: the runtime sees Generate only
@@ -735,10 +735,7 @@ def hanging_store_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mes
             "RETR_INDEX_TIMEOUT_S": str(INDEX_TIMEOUT_S),
             **settings_overrides(
                 engine={"retries": 0},
-                index={
-                    "breaker_failures": STORE_BREAKER_FAILURES,
-                    "breaker_reset_s": BREAKER_RESET_S,
-                },
+                index={"breaker": {"failures": STORE_BREAKER_FAILURES, "reset_s": BREAKER_RESET_S}},
             ),
         }
         m = Mesh(Ports.free(), root / "data", root / "run", env=env)

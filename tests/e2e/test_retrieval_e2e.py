@@ -50,7 +50,7 @@ def mesh_without_vector_store(tmp_path_factory: pytest.TempPathFactory):
         "RETR_INDEX_BACKEND": "qdrant",
         "QDRANT_URL": f"http://127.0.0.1:{free_ports(1)[0]}",
         "RETR_INDEX_TIMEOUT_S": "0.3",
-        **settings_overrides(index={"breaker_failures": 3}),
+        **settings_overrides(index={"breaker": {"failures": 3}}),
     }
     m = Mesh(Ports.free(), root / "data", root / "run", env=env)
     m.start()

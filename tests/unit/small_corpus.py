@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from services.common.breaker import CircuitBreaker
+from services.common.breaker import BreakerPolicy, CircuitBreaker
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval.engine import EngineSettings, RetrievalEngine
@@ -57,7 +57,7 @@ class SmallCorpus:
             index=self.index, embedder=self.embedder, sections=self.sections,
             chunks=chunks or self.store, tokenizer=default_tokenizer(),
             defaults=SearchDefaults(), settings=settings or EngineSettings(),
-            breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+            breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         )  # fmt: skip
 
 

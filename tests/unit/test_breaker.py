@@ -2,7 +2,14 @@
 
 import pytest
 
-from services.common.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
+from services.common.breaker import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 
 
 class Clock:
@@ -15,7 +22,7 @@ class Clock:
 
 def test_opens_at_the_threshold_not_before():
     clock = Clock()
-    b = CircuitBreaker("vector store", failure_threshold=5, reset_after_s=10, clock=clock)
+    b = CircuitBreaker("vector store", BreakerPolicy(5, 10), clock=clock)
     for _ in range(4):
         b.before_call()
         b.record_failure()
@@ -30,7 +37,7 @@ def test_opens_at_the_threshold_not_before():
 
 
 def test_a_success_resets_the_count():
-    b = CircuitBreaker("x", failure_threshold=2, clock=Clock())
+    b = CircuitBreaker("x", BreakerPolicy(2), clock=Clock())
     b.record_failure()
     b.record_success()
     b.record_failure()
@@ -39,7 +46,7 @@ def test_a_success_resets_the_count():
 
 def test_half_open_lets_one_trial_through_then_closes_or_reopens():
     clock = Clock()
-    b = CircuitBreaker("x", failure_threshold=1, reset_after_s=5, clock=clock)
+    b = CircuitBreaker("x", BreakerPolicy(1, 5), clock=clock)
     b.record_failure()
     assert b.state == OPEN
     clock.now += 5
@@ -54,3 +61,16 @@ def test_half_open_lets_one_trial_through_then_closes_or_reopens():
     b.record_success()
     assert b.state == CLOSED
     b.before_call()
+
+
+@pytest.mark.parametrize(
+    ("failures", "reset_s", "ok"),
+    [(1, 0.0, True), (0, 10.0, False), (-1, 10.0, False), (1, -0.1, False)],
+)
+def test_a_breaker_policy_at_and_past_its_limits(failures: int, reset_s: float, ok: bool):
+    if ok:
+        b = CircuitBreaker("x", BreakerPolicy(failures, reset_s), clock=Clock())
+        assert b.state == CLOSED
+    else:
+        with pytest.raises(ValueError, match="BreakerPolicy"):
+            BreakerPolicy(failures, reset_s)

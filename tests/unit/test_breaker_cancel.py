@@ -18,7 +18,14 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from services.common.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, CircuitOpenError
+from services.common.breaker import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 from services.common.retry import RetryPolicy
 from services.common.tool_args import check_arguments
 from services.model_runtime.chat import ChatMessage, ChatRequest
@@ -64,7 +71,7 @@ async def cancel_all(tasks: list[asyncio.Task[object]]) -> None:
 
 def test_release_keeps_the_count_and_frees_the_half_open_trial() -> None:
     clock = FakeClock()
-    b = CircuitBreaker("dep", failure_threshold=2, reset_after_s=10.0, clock=clock)
+    b = CircuitBreaker("dep", BreakerPolicy(2, 10.0), clock=clock)
     b.record_failure()
     b.release()
     assert b.state == CLOSED
@@ -99,7 +106,7 @@ def runtime(
 ) -> OpenAiChatRuntime:
     """No retries, a breaker that opens at the first failure, reset after 10 s."""
     settings = RuntimeSettings(
-        url=chat.url, default_model="fake", retry=NO_RETRY, breaker_failures=1, breaker_reset_s=10.0
+        url=chat.url, default_model="fake", retry=NO_RETRY, breaker=BreakerPolicy(1, 10.0)
     )
     return OpenAiChatRuntime(settings, http, clock=clock or FakeClock())
 
@@ -163,7 +170,9 @@ async def test_a_cancelled_bank_call_does_not_open_its_breaker() -> None:
     now = datetime(2025, 8, 1, 9, 0, tzinfo=UTC)
     with FakeCbrServer() as bank:
         async with httpx.AsyncClient() as http:
-            settings = CbrSettings(url=bank.url, timeout_s=20.0, retry=NO_RETRY, breaker_failures=1)
+            settings = CbrSettings(
+                url=bank.url, timeout_s=20.0, retry=NO_RETRY, breaker=BreakerPolicy(1, 30.0)
+            )
             client = CbrClient(http, settings, now=lambda: now)
             tool = cbr_tool(client)
 
@@ -193,7 +202,7 @@ async def test_a_cancelled_tavily_search_does_not_open_its_breaker() -> None:
                 base_url=tavily.url,
                 allow_http=True,
                 retry=replace(TavilySettings.retry, attempts=1),
-                breaker_failures=1,
+                breaker=BreakerPolicy(1, 30.0),
             )
             client = TavilyClient(settings, http)
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.breaker import CLOSED, OPEN
+from services.common.breaker import CLOSED, OPEN, BreakerPolicy
 from services.common.logging import trace_id_bound
 from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
@@ -492,7 +492,7 @@ async def test_a_501_is_not_retried(fake: FakeCbrServer, make: Factory) -> None:
 
 
 async def test_only_one_retry(fake: FakeCbrServer, make: Factory) -> None:
-    _, tool = make(breaker_reset_s=30.0)
+    _, tool = make(breaker=BreakerPolicy(3, 30.0))
     fake.fail_next(2, status=502)
     err = await failure(tool, mode="currency", date="2025-07-30")
     assert err.code == "UPSTREAM_UNAVAILABLE"
@@ -529,7 +529,7 @@ async def test_an_answer_that_is_not_soap(fake: FakeCbrServer, make: Factory) ->
 async def test_soap_client_fault_is_invalid_argument_and_not_a_bank_failure(
     fake: FakeCbrServer, make: Factory
 ) -> None:
-    client, tool = make(breaker_failures=2)
+    client, tool = make(breaker=BreakerPolicy(2, 30.0))
     for day in ("2025-07-01", "2025-07-02", "2025-07-03"):
         fake.fault_next(1, code="soap:Client", message="Server was unable to read request.")
         err = await failure(tool, mode="news", date=day)
@@ -558,7 +558,7 @@ async def test_soap_server_fault_is_retried_then_unavailable(
 async def test_breaker_opens_after_the_configured_failures_and_recovers(
     fake: FakeCbrServer, make: Factory, clock: FakeClock
 ) -> None:
-    client, tool = make(breaker_failures=3, breaker_reset_s=30.0, retry=NO_RETRY)
+    client, tool = make(breaker=BreakerPolicy(3, 30.0), retry=NO_RETRY)
     fake.fail_next(100)
     for _ in range(3):
         assert (await failure(tool, mode="key_rate")).code == "UPSTREAM_UNAVAILABLE"
@@ -584,7 +584,7 @@ async def test_breaker_opens_after_the_configured_failures_and_recovers(
 async def test_a_failed_trial_opens_the_breaker_again(
     fake: FakeCbrServer, make: Factory, clock: FakeClock
 ) -> None:
-    client, tool = make(breaker_failures=1, breaker_reset_s=10.0, retry=NO_RETRY)
+    client, tool = make(breaker=BreakerPolicy(1, 10.0), retry=NO_RETRY)
     fake.fail_next(2)
     await failure(tool, mode="news")
     clock.t += 10
@@ -667,7 +667,7 @@ def test_settings_defaults_and_env() -> None:
     default = cbr_settings(Env({}))
     assert default.url == DEFAULT_URL
     assert (default.timeout_s, default.cache_ttl_s) == (10.0, 900.0)
-    assert default.breaker_failures <= 5
+    assert default.breaker.failures <= 5
     custom = cbr_settings(
         Env(
             {
@@ -692,11 +692,13 @@ def test_settings_refuse_bad_values(env: dict[str, str]) -> None:
         cbr_settings(Env(env))
 
 
-@pytest.mark.parametrize("fields", [{"breaker_failures": 6}, {"breaker_failures": 0}])
-def test_the_breaker_threshold_is_the_specs_1_to_5(fields: dict[str, int]) -> None:
-    assert CbrSettings(breaker_failures=5).breaker_failures == 5
-    with pytest.raises(SettingsError):
-        CbrSettings(**fields)
+def test_the_breaker_threshold_is_the_specs_1_to_5() -> None:
+    for failures in (1, 5):
+        assert CbrSettings(breaker=BreakerPolicy(failures, 30.0)).breaker.failures == failures
+    with pytest.raises(SettingsError, match="between 1 and 5"):
+        CbrSettings(breaker=BreakerPolicy(6, 30.0))
+    with pytest.raises(ValueError, match="at least 1"):
+        BreakerPolicy(0, 30.0)
 
 
 # -- external_call events (agent.md §9) -------------------------------------------------
@@ -705,7 +707,7 @@ def test_the_breaker_threshold_is_the_specs_1_to_5(fields: dict[str, int]) -> No
 async def test_every_call_to_the_bank_is_one_external_call_event(
     fake: FakeCbrServer, make: Factory
 ) -> None:
-    _, tool = make(breaker_failures=1, breaker_reset_s=30.0, retry=NO_RETRY)
+    _, tool = make(breaker=BreakerPolicy(1, 30.0), retry=NO_RETRY)
     with json_lines("toolsproxy") as logs:
         with trace_id_bound("tr-cbr"):
             await call(tool, mode="key_rate")  # the bank answers

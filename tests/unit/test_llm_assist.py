@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.breaker import CircuitBreaker
+from services.common.breaker import BreakerPolicy, CircuitBreaker
 from services.common.retry import RetryPolicy
 from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
@@ -199,7 +199,7 @@ def make_stack(stacks, tmp: Path, embedder, *, summ=None, exp=None, **engine) ->
         index=index, embedder=embedder, sections=sections, chunks=store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=EngineSettings(**engine),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         synonyms=load_synonyms(None), expander=exp,
     )  # fmt: skip
     stack = Stack(store, index, ingestor, eng)
@@ -535,7 +535,7 @@ async def test_a_hung_runtime_opens_the_expanders_breaker():
         return httpx.Response(500)
 
     settings = RuntimeSettings(url="http://runtime:8000/v1", default_model="m", timeout_s=0.2,
-                               breaker_failures=2, breaker_reset_s=60)  # fmt: skip
+                               breaker=BreakerPolicy(2, 60))  # fmt: skip
     async with httpx.AsyncClient(transport=httpx.MockTransport(hang)) as client:
         rt = OpenAiChatRuntime(settings, client)
         exp = LlmQueryExpander(rt, model="m", timeout_s=0.2)

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import errors
-from services.common.breaker import CircuitBreaker
+from services.common.breaker import BreakerPolicy, CircuitBreaker
 from services.common.tokenizer import default_tokenizer
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
 from services.retrieval.index.server import QdrantServerIndex
@@ -22,7 +22,7 @@ def metered(stack: Stack, registry: CollectorRegistry, **settings: bool) -> Retr
         index=stack.index, embedder=e._embedder, sections=stack.sections, chunks=stack.store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=EngineSettings(**settings),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         metrics=RetrievalMetrics(registry),
     )  # fmt: skip
 

@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from services.common import errors
-from services.common.breaker import CLOSED, OPEN
+from services.common.breaker import CLOSED, OPEN, BreakerPolicy
 from services.common.retry import RetryPolicy
 from services.common.settings import Env, SettingsError
 from services.common.topology import free_ports
@@ -173,7 +173,7 @@ def test_settings_from_env_read_the_spec_names(tmp_path: Path) -> None:
     assert s.endpoint == "http://vllm:8000/v1/chat/completions"
     assert (s.default_model, s.api_key, s.enable_json_mode) == (MODEL, KEY, True)
     # The retries and the breaker are constants (RuntimeSettings' defaults), not settings.
-    assert (s.timeout_s, s.retry.attempts, s.breaker_failures, s.breaker_reset_s) == (
+    assert (s.timeout_s, s.retry.attempts, s.breaker.failures, s.breaker.reset_s) == (
         12.5,
         2,
         5,
@@ -611,7 +611,7 @@ async def test_a_server_that_ignores_stream_true_still_gives_deltas_and_a_comple
 async def test_a_stream_closed_early_by_the_consumer_does_not_count_as_a_failure(
     h: Harness,
 ) -> None:
-    runtime = h.runtime(breaker_failures=1)
+    runtime = h.runtime(breaker=BreakerPolicy(1, 30.0))
     h.fake.script(text("many words in this answer", chunk_chars=2))
     events = runtime.stream(ChatRequest(USER), timeout_s=5)
     first = await anext(events)
@@ -648,7 +648,7 @@ async def test_a_refused_key_is_a_runtime_error_that_does_not_leak_it(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     wrong = "sk-WRONG-key-9876543210"
-    runtime = h.runtime(api_key=wrong, breaker_failures=1)
+    runtime = h.runtime(api_key=wrong, breaker=BreakerPolicy(1, 30.0))
     err = await runtime_error(complete(runtime))
     assert err.metadata["kind"] == "rejected" and err.metadata["status"] == "401"
     assert len(h.fake.chat_requests) == 1  # no retry
@@ -660,7 +660,7 @@ async def test_a_refused_key_is_a_runtime_error_that_does_not_leak_it(
 async def test_a_400_from_the_runtime_is_not_retried_and_does_not_open_the_breaker(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runtime = h.runtime(breaker_failures=1)
+    runtime = h.runtime(breaker=BreakerPolicy(1, 30.0))
     bad_tool = ToolSpec("bad name!", "A name OpenAI refuses.")
     err = await runtime_error(complete(runtime, tools=(bad_tool,)))
     assert (err.metadata["kind"], err.metadata["status"]) == ("rejected", "400")
@@ -788,7 +788,7 @@ async def test_no_time_left_fails_without_calling(h: Harness, timeout_s: float) 
 
 
 async def test_breaker_opens_after_the_configured_failures_and_recovers(h: Harness) -> None:
-    runtime = h.runtime(breaker_failures=3, breaker_reset_s=10.0)
+    runtime = h.runtime(breaker=BreakerPolicy(3, 10.0))
     h.fake.fail(503, times=6)
     for _ in range(3):
         await runtime_error(complete(runtime))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.common import errors
-from services.common.breaker import CircuitBreaker
+from services.common.breaker import BreakerPolicy, CircuitBreaker
 from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS, Filters
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
@@ -102,7 +102,7 @@ def make_stack(
         index=index, embedder=embedder, sections=sections, chunks=store,
         tokenizer=default_tokenizer(), defaults=SearchDefaults(),
         settings=settings or EngineSettings(),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         reranker=reranker, synonyms=load_synonyms(None),
     )  # fmt: skip
     return Stack(store, index, ingestor, engine, journal, sections, tmp)
@@ -432,7 +432,7 @@ def engine_over(
     return RetrievalEngine(
         index=stack.index, embedder=e._embedder, sections=stack.sections, chunks=chunks, tokenizer=default_tokenizer(),
         defaults=SearchDefaults(), settings=settings or EngineSettings(),
-        breaker=CircuitBreaker("vector store", failure_threshold=3, reset_after_s=60),
+        breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         reranker=reranker,
     )  # fmt: skip
 
@@ -621,9 +621,7 @@ async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_rec
     base = make_stack(tmp_path, embedder)
     await fill(base)
     flaky = FlakyIndex(base.index)
-    breaker = CircuitBreaker(
-        "vector store", failure_threshold=5, reset_after_s=10, clock=lambda: now[0]
-    )
+    breaker = CircuitBreaker("vector store", BreakerPolicy(5, 10), clock=lambda: now[0])
     engine = RetrievalEngine(
         index=flaky, embedder=embedder, sections=base.sections,
         chunks=base.store, tokenizer=default_tokenizer(), defaults=SearchDefaults(),

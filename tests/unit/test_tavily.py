@@ -13,6 +13,7 @@ import pytest
 import requests
 import tavily as official
 
+from services.common.breaker import BreakerPolicy
 from services.common.logging import trace_id_bound
 from services.common.settings import Env, SettingsError
 from services.common.tool_args import ArgumentError, check_arguments
@@ -513,7 +514,7 @@ async def test_hanging_server_times_out_without_retry(h: Harness) -> None:
 
 
 async def test_breaker_opens_and_recovers(h: Harness) -> None:
-    tool = h.tool(retry={"attempts": 1}, breaker_failures=2, breaker_reset_s=30)
+    tool = h.tool(retry={"attempts": 1}, breaker=BreakerPolicy(2, 30))
     h.fake.fail_next(2, 500)
     for _ in range(2):
         with pytest.raises(ToolFailure):
@@ -530,7 +531,7 @@ async def test_breaker_opens_and_recovers(h: Harness) -> None:
 
 
 async def test_failed_trial_reopens_the_breaker(h: Harness) -> None:
-    client = h.client(retry={"attempts": 1}, breaker_failures=1, breaker_reset_s=10)
+    client = h.client(retry={"attempts": 1}, breaker=BreakerPolicy(1, 10))
     h.fake.fail_next(2, 503)
     with pytest.raises(TavilyError):
         await client.search("a", tenant_id="t1", user_id="u")
@@ -544,7 +545,7 @@ async def test_failed_trial_reopens_the_breaker(h: Harness) -> None:
 
 
 async def test_refusals_do_not_open_the_breaker(h: Harness) -> None:
-    client = h.client(retry={"attempts": 1}, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker=BreakerPolicy(1, 30.0))
     h.fake.fail_next(1, 400)
     h.fake.rate_limit_next(1, retry_after="60")
     for _ in range(2):
@@ -554,7 +555,7 @@ async def test_refusals_do_not_open_the_breaker(h: Harness) -> None:
 
 
 async def test_cache_hits_bypass_an_open_breaker(h: Harness) -> None:
-    client = h.client(retry={"attempts": 1}, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker=BreakerPolicy(1, 30.0))
     await client.search("a", tenant_id="t1", user_id="u")
     h.fake.fail_next(1, 500)
     with pytest.raises(TavilyError):
@@ -571,7 +572,7 @@ async def test_key_never_in_logs_errors_or_repr(
 ) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
     messages: list[str] = []
-    tool = h.tool(retry={"attempts": 2}, breaker_failures=100)
+    tool = h.tool(retry={"attempts": 2}, breaker=BreakerPolicy(100, 30.0))
     await call(tool, ALICE, {"query": "rates"})
     h.fake.fail_next(2, 500)
     for fault in (lambda: None, lambda: h.fake.fail_next(1, 401), lambda: h.fake.garbage_next()):
@@ -673,7 +674,7 @@ def test_bad_settings_refused(env: dict[str, str]) -> None:
 
 
 async def test_every_search_is_one_external_call_event_without_the_query(h: Harness) -> None:
-    client = h.client(retry={"attempts": 1}, breaker_failures=1)
+    client = h.client(retry={"attempts": 1}, breaker=BreakerPolicy(1, 30.0))
     with json_lines("toolsproxy") as logs:
         with trace_id_bound("tr-tavily"):
             await client.search("private words a", tenant_id="t1", user_id="u")

@@ -24,6 +24,7 @@ from visior.common.v1 import common_pb2
 from visior.retrieval.v1 import retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
+from services.common.breaker import BreakerPolicy
 from services.common.retry import RetryPolicy
 from services.common.search_contract import KB_TENANT
 from services.common.server import start_server
@@ -321,7 +322,7 @@ def silent_server() -> Any:
 
 def _hung_tavily(url: str) -> tuple[Any, Any]:
     settings = TavilySettings(
-        api_key="k", base_url=url, allow_http=True, timeout_s=3.0, breaker_failures=2
+        api_key="k", base_url=url, allow_http=True, timeout_s=3.0, breaker=BreakerPolicy(2, 30.0)
     )
     client = TavilyClient(settings, httpx.AsyncClient())
     return client, ToolExecutor({"fetch_finance_news": tavily_tool(client)})
@@ -332,7 +333,7 @@ def _hung_bank(url: str) -> tuple[Any, Any]:
         url=f"{url}/x",
         timeout_s=3.0,
         retry=RetryPolicy(attempts=1, first_delay_s=0),
-        breaker_failures=2,
+        breaker=BreakerPolicy(2, 30.0),
     )
     client = CbrClient(httpx.AsyncClient(), settings)
     return client, ToolExecutor({"fetch_cbr_data": cbr_tool(client)})

@@ -6,9 +6,9 @@ Bank of Russia and Tavily clients and the vector index are not read from the env
 puts this directory on the services' PYTHONPATH: Python imports this module at start-up,
 and it replaces fields of the settings the config modules return, as a unit test would by
 constructing the settings dataclass itself. E2E_SETTINGS_OVERRIDES holds the fields as JSON
-(a nested object for a field that is itself a dataclass, e.g. a `retry` policy), by group:
-runtime, cbr, tavily (services/llm/config.py, services/toolsproxy/config.py), index, engine
-(services/retrieval/config.py).
+(a nested object for a field that is itself a dataclass, e.g. a `retry` or `breaker`
+policy), by group: runtime, cbr, tavily (services/llm/config.py, services/toolsproxy/config.py),
+index, engine (services/retrieval/config.py).
 """
 
 from __future__ import annotations
