@@ -18,7 +18,12 @@ from services.retrieval.engine import EngineSettings
 from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import SearchQuery, SearchResult
-from services.retrieval.search_log import MAX_FILTER_VALUES, filters_logged, log_search
+from services.retrieval.search_log import (
+    MAX_FILTER_VALUES,
+    SearchTiming,
+    filters_logged,
+    log_search,
+)
 from tests.fakes.rerank_server import FakeRerankServer
 from tests.unit.json_logs import json_lines
 from tests.unit.test_search import fill, make_stack, q
@@ -36,15 +41,8 @@ class Plan:
     language: str = "ru"
 
 
-@dataclass
-class Timing:
-    embed_ms: float = 1.25
-    engine_ms: float = 3.5
-    rerank_ms: float = 0.0
-    doc_candidates: int | None = None
-    section_candidates: int = 4
-    chunk_candidates: int = 12
-    rerank_candidates: int | None = None
+def timing() -> SearchTiming:
+    return SearchTiming(embed_ms=1.25, engine_ms=3.5, section_candidates=4, chunk_candidates=12)
 
 
 def result(elapsed_ms: int, hits: int = 3) -> SearchResult:
@@ -64,7 +62,7 @@ def result(elapsed_ms: int, hits: int = 3) -> SearchResult:
 def one_search_line(elapsed_ms: int, slow_ms: float) -> dict[str, Any]:
     plan = Plan(SearchQuery("secret question", "t1", filters=Filters(product="x", tags=("a",))))
     with json_lines("retrieval") as logs:
-        log_search(plan, result(elapsed_ms), Timing(), slow_ms)
+        log_search(plan, result(elapsed_ms), timing(), slow_ms)
     [line] = logs.events("search")
     assert "secret question" not in logs.raw[0]  # the query's text is the user's
     return line
@@ -187,7 +185,7 @@ async def test_a_reranked_search_logs_the_candidates_sent_to_the_reranker(tmp_pa
 def test_a_search_with_query_variants_writes_a_query_expansion_event():
     plan = Plan(SearchQuery("secret question", "t1"))
     with json_lines("retrieval") as logs:
-        log_search(plan, result(5), Timing(), 0)
+        log_search(plan, result(5), timing(), 0)
     [event] = logs.events("query_expansion")
     assert (event["tenant_id"], event["variants"], event["source"], event["language"]) == (
         "t1",
@@ -201,5 +199,5 @@ def test_a_search_with_query_variants_writes_a_query_expansion_event():
 def test_no_query_expansion_event_without_variants():
     plan = Plan(SearchQuery("q", "t1"), variants=(), variants_source="")
     with json_lines("retrieval") as logs:
-        log_search(plan, result(5), Timing(), 0)
+        log_search(plan, result(5), timing(), 0)
     assert logs.events("query_expansion") == [] and len(logs.events("search")) == 1
