@@ -195,7 +195,7 @@ def run(
     samples: bool,
     bank_standin: bool = True,
     model: str = "extractive",
-    n_ctx: int = 8192,
+    n_ctx: int = LocalModelConfig.n_ctx,
 ) -> int:
     """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C."""
     mesh = Mesh(
@@ -233,7 +233,7 @@ def demo(
     rate_question: str = DEMO_RATE_QUESTION,
     model: str = "extractive",
     model_data_dir: str | Path = "data",
-    n_ctx: int = 8192,
+    n_ctx: int = LocalModelConfig.n_ctx,
 ) -> int:
     """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop.
 

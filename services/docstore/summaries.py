@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Protocol
 
 from services.common import lexical
-from services.docstore.chunking import join_chunks
+from services.docstore.chunking import ChunkingConfig, join_chunks
 from services.docstore.model import Document
 
 _WORD = re.compile(r"[0-9a-zа-яё]{3,}", re.IGNORECASE)
@@ -34,7 +34,7 @@ class ExtractiveSummarizer:
 
     name = "extractive-v1"
 
-    def __init__(self, max_sentences: int = 3) -> None:
+    def __init__(self, max_sentences: int = ChunkingConfig.summary_sentences) -> None:
         self.max_sentences = max_sentences
 
     def summarize(self, title: str, text: str, max_chars: int) -> str:

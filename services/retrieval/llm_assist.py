@@ -153,9 +153,9 @@ class LlmSummarizer:
         runtime: ChatRuntime,
         *,
         model: str,
-        timeout_s: float = 30.0,
-        concurrency: int = 4,
-        budget_s: float = 120.0,
+        timeout_s: float = RuntimeSettings.timeout_s,
+        concurrency: int = LlmAssistSettings.summary_concurrency,
+        budget_s: float = LlmAssistSettings.summary_budget_s,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._runtime = runtime
@@ -237,7 +237,7 @@ class LlmSummarizer:
             return None
         return summary
 
-    async def summarize_sections(self, doc: Document, max_chars: int = 400) -> Document:
+    async def summarize_sections(self, doc: Document, max_chars: int) -> Document:
         """`doc` with the model's summary of every section it wrote in time; other sections keep
         the summary they have (the extractive one from parsing). The caller has mixed `name`
         into the generation (`generation`) before checking whether the document changed; when
@@ -359,8 +359,8 @@ class LlmQueryExpander:
         runtime: ChatRuntime,
         *,
         model: str,
-        timeout_s: float = 1.5,
-        cache_size: int = 1024,
+        timeout_s: float = LlmAssistSettings.query_variants_timeout_s,
+        cache_size: int = LlmAssistSettings.query_variants_cache,
     ) -> None:
         self._runtime = runtime
         self.model = model
