@@ -8,6 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_TOOL_STEPS_LIMIT = 20
+"""The most tool steps either end allows: the LLM service's MAX_TOOL_STEPS and the
+Orchestrator's max_tool_steps (ORCH_MAX_TOOL_STEPS, UpdateConfig), which the former caps."""
 ANSWER_LANGUAGES = ("ru", "en")
 """The languages answers are given in (GenerateRequest.answer_language; docs/architecture.md
 §14: the callers are bilingual)."""

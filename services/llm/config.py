@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
     Env,
@@ -78,7 +79,7 @@ class LlmSettings:
 
 LOOP = Fields(
     LoopSettings,
-    max_tool_steps=integer("MAX_TOOL_STEPS", minimum=0, maximum=20),
+    max_tool_steps=integer("MAX_TOOL_STEPS", minimum=0, maximum=MAX_TOOL_STEPS_LIMIT),
     max_completion_tokens=integer("MAX_COMPLETION_TOKENS", minimum=16),
     max_total_tokens=integer(
         "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,

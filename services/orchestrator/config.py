@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.search_contract import MAX_RESULTS_LIMIT
+from services.common.search_contract import DEFAULT_WINDOW_RADIUS, MAX_RESULTS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
     Env,
@@ -20,6 +20,7 @@ from services.common.settings import (
 )
 from services.common.shared_config import (
     MAX_FULL_TEXT_BYTES,
+    MAX_RADIUS,
     UTF8_MAX_BYTES,
     llm_prompt_limit,
     proxy_full_text_chars,
@@ -119,8 +120,9 @@ MAX_CONTEXT = integer(
     "load_documents_full result of ToolsProxy holds of any script, so a whole read is never cut.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(
-    "ORCH_WINDOW_RADIUS", 3, 0, 50, also=("RAG_WINDOW_RADIUS",),
-    default_doc="3, or from MCP_PROXY_MAX_CHUNK_WINDOW; at most MCP_PROXY_MAX_WINDOW_RADIUS",
+    "ORCH_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS, also=("RAG_WINDOW_RADIUS",),
+    default_doc=f"{DEFAULT_WINDOW_RADIUS}, or from MCP_PROXY_MAX_CHUNK_WINDOW; "
+    "at most MCP_PROXY_MAX_WINDOW_RADIUS",
     doc="The largest window radius R per side the model's reads grow to (1 → 2 → … → R; "
     "orchestrator.md §5): a window is 2R+1 chunks.",
 )  # fmt: skip

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from services.common import errors
-from services.common.search_contract import window_radius
+from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT
+from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
 
 LIMITS: dict[str, tuple[int, int]] = {
     "prompt_token_budget": (1, 131_072),
     "context_token_budget": (1, 1_048_576),
-    "max_tool_steps": (0, 20),
+    "max_tool_steps": (0, MAX_TOOL_STEPS_LIMIT),
 }
 """The range of each numeric field, for its ORCH_* setting and for UpdateConfig."""
 MAX_MODEL_NAME = 200
@@ -32,7 +33,7 @@ class RuntimeConfig:
     """Tokens of retrieved context a request may carry in all."""
     max_tool_steps: int = 3
     """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it)."""
-    window_radius: int = 3
+    window_radius: int = DEFAULT_WINDOW_RADIUS
     """Largest per-side radius of read_chunk_window (the schedule grows 1 → 2 → … → R)."""
     mock_mode: bool = False
     """Answer from deterministic in-process stand-ins instead of Retrieval and the LLM."""

@@ -244,8 +244,12 @@ def rerank_settings(env: Env) -> RerankSettings:
     style = "cohere" if style == "jina" else style
     if style not in API_STYLES:
         raise SettingsError(f"RERANK_API_STYLE={style!r}: expected one of {API_STYLES}")
-    # One setting with the engine's candidates; the reranker's own cap when unset is 50.
-    candidates = RERANK_CANDIDATES.read(env) if RERANK_CANDIDATES.found(env) else 50
+    # One setting with the engine's candidates; unset, the reranker keeps its own cap.
+    candidates = (
+        RERANK_CANDIDATES.read(env)
+        if RERANK_CANDIDATES.found(env)
+        else RerankSettings.max_candidates
+    )
     return RERANK.read(
         env,
         **({"batch_size": LOCAL_RERANK_BATCH_SIZE} if model_path else {}),
