@@ -111,6 +111,11 @@ class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILA
     """A dependency is down or failed (HTTP 502 through Envoy). Safe to retry."""
 
 
+class BackendUnavailableError(UnavailableError, reason="backend_unavailable"):
+    """A store Retrieval serves from (the vector index, the document store, the embedder)
+    cannot answer now (retrieval.md §7.2's backend_unavailable; HTTP 502 through Envoy)."""
+
+
 class DeadlineExceededError(ServiceError, code=DEADLINE_EXCEEDED, reason="DEADLINE_EXCEEDED"):
     """The caller's deadline ran out (HTTP 504)."""
 

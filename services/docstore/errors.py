@@ -41,13 +41,11 @@ class KnowledgeBaseError(ParseError):
         self.problems = problems
 
 
-class StoreUnavailableError(errors.UnavailableError, RuntimeError):
+class StoreUnavailableError(errors.BackendUnavailableError, RuntimeError):
     """The document store cannot be read or written now: another writer holds the SQLite lock
     past the busy timeout, the disk refuses the write, the PostgreSQL server cannot be reached.
     Worth retrying later; not the caller's fault. Uncaught, it is UNAVAILABLE with reason
     backend_unavailable (502 through Envoy), as the vector store being down is."""
-
-    default_reason = "backend_unavailable"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, metadata={"backend": "docstore"})

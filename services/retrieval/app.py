@@ -277,9 +277,7 @@ def _health_probe(
                 details.update({f"index_{k}": v for k, v in stack.optimizer.details().items()})
             if state.get("status") != "ok" and settings.production:
                 # Production: health fails, so probes and load balancers take this replica out.
-                raise errors.UnavailableError(
-                    "the vector store is down", reason="backend_unavailable", metadata=details
-                )
+                raise errors.BackendUnavailableError("the vector store is down", metadata=details)
         details["production"] = str(settings.production).lower()
         return {"status": "ok", **details}
 

@@ -73,14 +73,12 @@ class Embedder(Protocol):
         ...
 
 
-class EmbeddingBackendError(errors.UnavailableError):
+class EmbeddingBackendError(errors.BackendUnavailableError):
     """The embedding backend failed (unreachable, timed out, 5xx past retries, or a bad answer).
 
-    A subclass of `UnavailableError`, so a search that hits it surfaces as
-    `backend_unavailable` (HTTP 502) without extra mapping.
+    A `BackendUnavailableError`, so a search that hits it surfaces as `backend_unavailable`
+    (HTTP 502) without extra mapping.
     """
-
-    default_reason = "backend_unavailable"
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = False):
         super().__init__(message)

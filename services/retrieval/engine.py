@@ -80,10 +80,8 @@ ACRONYM_WEIGHT = 0.5
 """Weight of the BM25 list of a query's abbreviations alone, next to dense 0.7 + BM25 0.3."""
 
 
-class BackendUnavailableError(errors.UnavailableError):
+class BackendUnavailableError(errors.BackendUnavailableError):
     """The vector store cannot be reached (retrieval.md §7.2); 502 through Envoy."""
-
-    default_reason = "backend_unavailable"
 
 
 class ChunkText(Protocol):

@@ -220,10 +220,8 @@ def stored_points(points: Sequence[IndexPoint]) -> list[StoredPoint]:
 
 
 def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
-    return errors.UnavailableError(
-        f"the document store is unavailable: {exc}",
-        reason="backend_unavailable",
-        metadata={"backend": "docstore"},
+    return errors.BackendUnavailableError(
+        f"the document store is unavailable: {exc}", metadata={"backend": "docstore"}
     )
 
 
@@ -530,8 +528,8 @@ class Ingestor:
             await asyncio.to_thread(self._index.upsert, points)
             previous = await asyncio.to_thread(self._store.replace, doc, stored_points(points))
         except IndexUnavailableError as exc:
-            raise errors.UnavailableError(
-                f"the vector store is unavailable: {exc}", reason="backend_unavailable"
+            raise errors.BackendUnavailableError(
+                f"the vector store is unavailable: {exc}"
             ) from None
         except StoreUnavailableError as exc:
             # The new points stay invisible (the store holds the old generation); the journal
@@ -579,8 +577,8 @@ class Ingestor:
                 self._index.count_document, doc.tenant_id, doc.doc_id, doc.generation
             )
         except IndexUnavailableError as exc:
-            raise errors.UnavailableError(
-                f"the vector store is unavailable: {exc}", reason="backend_unavailable"
+            raise errors.BackendUnavailableError(
+                f"the vector store is unavailable: {exc}"
             ) from None
         return have >= len(document_points(doc, None))
 

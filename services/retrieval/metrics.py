@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from services.common import errors
 from services.retrieval.search import SearchResult
 
 _MS_BUCKETS = (1, 2.5, 5, 10, 15, 20, 25, 35, 50, 75, 100, 150, 250, 500, 1000, 2500)
@@ -56,5 +57,5 @@ class RetrievalMetrics:
     def failed(self, reason: str) -> None:
         """A failed search, under its error's reason (INVALID_ARGUMENT, backend_unavailable, …)."""
         self.errors.labels(reason).inc()
-        if reason == "backend_unavailable":
+        if reason == errors.BackendUnavailableError.default_reason:
             self.backend_unavailable.inc()
