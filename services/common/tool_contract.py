@@ -9,6 +9,7 @@ service offers, checks and reads them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # -- tool names ------------------------------------------------------------------------------
@@ -41,6 +42,41 @@ UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 # -- arguments and results -------------------------------------------------------------------
 ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
 """A doc_id, section_id or chunk id argument."""
+
+
+def tool_arguments(
+    properties: Mapping[str, Any], required: Sequence[str], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A tool's argument schema: a closed object, so unknown arguments (a tenant_id among
+    them) are refused. `extra`: the tool's own `x-` keys."""
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": list(required),
+        "additionalProperties": False,
+        **(extra or {}),
+    }
+
+
+def read_chunk_window_arguments(per_side: Mapping[str, Any]) -> dict[str, Any]:
+    """read_chunk_window's arguments; `per_side` is the schema of a radius (ToolsProxy's
+    names its maximum, MCP_PROXY_MAX_WINDOW_RADIUS)."""
+    return tool_arguments(
+        {
+            "doc_id": ID_SCHEMA,
+            "anchor_chunk_id": ID_SCHEMA,
+            "radius": per_side,
+            "window_before": per_side,
+            "window_after": per_side,
+        },
+        ["doc_id", "anchor_chunk_id"],
+    )
+
+
+READ_DOC_SECTION_DESCRIPTION = "Read the full text of one section of a document."
+READ_DOC_SECTION_ARGUMENTS = tool_arguments(
+    {"doc_id": ID_SCHEMA, "section_id": ID_SCHEMA}, ["doc_id", "section_id"]
+)
 TEXT_FIELDS = ("text", "content", "snippet")
 """Result fields holding untrusted text: ToolsProxy limits and delimits them, the LLM service
 counts and reads them."""

@@ -25,12 +25,14 @@ from typing import Any
 from services.common.tokenizer import Tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
-    ID_SCHEMA,
     INVALID_ARGUMENT,
     READ_CHUNK_WINDOW,
     READ_DOC_SECTION,
+    READ_DOC_SECTION_ARGUMENTS,
+    READ_DOC_SECTION_DESCRIPTION,
     READ_TOOLS,
     TEXT_FIELDS,
+    read_chunk_window_arguments,
 )
 from services.common.untrusted import (
     MARKER_CHARS,
@@ -58,34 +60,13 @@ MAX_ARGUMENTS_DEPTH = 20
 """Deeper nesting is refused: tool arguments are flat, and ToolsProxy's request (a Struct,
 three protobuf levels per JSON level) must stay within protobuf's 100-level limit."""
 
-_RADIUS_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 0}
 READ_TOOL_SPECS = (
     ToolSpec(
         READ_CHUNK_WINDOW,
         "Read the chunks around an anchor chunk of a document: `radius` chunks on each side.",
-        {
-            "type": "object",
-            "properties": {
-                "doc_id": ID_SCHEMA,
-                "anchor_chunk_id": ID_SCHEMA,
-                "radius": _RADIUS_SCHEMA,
-                "window_before": _RADIUS_SCHEMA,
-                "window_after": _RADIUS_SCHEMA,
-            },
-            "required": ["doc_id", "anchor_chunk_id"],
-            "additionalProperties": False,
-        },
+        read_chunk_window_arguments({"type": "integer", "minimum": 0}),
     ),
-    ToolSpec(
-        READ_DOC_SECTION,
-        "Read the full text of one section of a document.",
-        {
-            "type": "object",
-            "properties": {"doc_id": ID_SCHEMA, "section_id": ID_SCHEMA},
-            "required": ["doc_id", "section_id"],
-            "additionalProperties": False,
-        },
-    ),
+    ToolSpec(READ_DOC_SECTION, READ_DOC_SECTION_DESCRIPTION, READ_DOC_SECTION_ARGUMENTS),
 )
 """The two read tools, for when ToolsProxy's own catalogue (ListTools) is not at hand."""
 

@@ -42,6 +42,7 @@ from services.common.tool_contract import (
     INVALID_ARGUMENT,
     NOT_FOUND,
     UPSTREAM_UNAVAILABLE,
+    tool_arguments,
 )
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
@@ -856,9 +857,8 @@ class CbrTool:
 
 def cbr_schema(settings: CbrSettings) -> dict[str, Any]:
     """fetch_cbr_data's arguments (agent.md §3: `mode`, `date`, `code`; a range for dynamics)."""
-    return {
-        "type": "object",
-        "properties": {
+    return tool_arguments(
+        {
             "mode": {
                 "type": "string",
                 "enum": list(MODES),
@@ -877,12 +877,13 @@ def cbr_schema(settings: CbrSettings) -> dict[str, Any]:
                 "bank's code (R01235).",
             },
         },
-        "required": ["mode"],
-        "additionalProperties": False,
-        "x-renamed": dict(RENAMED_ARGUMENTS),
-        "x-max-range-days": settings.max_range_days,
-        "x-max-items": settings.max_items,
-    }
+        ["mode"],
+        {
+            "x-renamed": dict(RENAMED_ARGUMENTS),
+            "x-max-range-days": settings.max_range_days,
+            "x-max-items": settings.max_items,
+        },
+    )
 
 
 def cbr_tool(client: CbrClient) -> Tool:

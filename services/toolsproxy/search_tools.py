@@ -14,6 +14,7 @@ from services.common.tool_contract import (
     SEARCH_GENERAL_KB,
     SEARCH_USER_DOCUMENTS,
     UPSTREAM_UNAVAILABLE,
+    tool_arguments,
 )
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
@@ -88,9 +89,8 @@ class SearchTools:
                     SEARCH_USER_DOCUMENTS,
                     "Search the user's own documents (all of them, or only `document_ids`) "
                     f"and return the best passages with pages; top_k at most {MAX_TOP_K}.",
-                    {
-                        "type": "object",
-                        "properties": {
+                    tool_arguments(
+                        {
                             **common,
                             "document_ids": {
                                 "type": "array",
@@ -98,25 +98,22 @@ class SearchTools:
                                 "maxItems": MAX_DOC_IDS,
                             },
                         },
-                        "required": ["query"],
-                        "additionalProperties": False,
-                    },
+                        ["query"],
+                    ),
                     self.search_user_documents,
                 ),
                 Tool(
                     SEARCH_GENERAL_KB,
                     "Search the shared knowledge base (general questions: taxes, law, "
                     f"finance); optional topic/jurisdiction; top_k at most {MAX_TOP_K}.",
-                    {
-                        "type": "object",
-                        "properties": {
+                    tool_arguments(
+                        {
                             **common,
                             "topic": {"type": "string", "maxLength": 100},
                             "jurisdiction": {"type": "string", "maxLength": 100},
                         },
-                        "required": ["query"],
-                        "additionalProperties": False,
-                    },
+                        ["query"],
+                    ),
                     self.search_general_kb,
                 ),
             )

@@ -33,6 +33,7 @@ from services.common.tool_contract import (
     NEWS_QUERY_MAX_CHARS,
     RATE_LIMIT_EXCEEDED,
     UPSTREAM_UNAVAILABLE,
+    tool_arguments,
 )
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
@@ -518,9 +519,8 @@ def days_to_time_range(days: int) -> str:
 
 def tavily_schema() -> dict[str, Any]:
     """fetch_finance_news's arguments (agent.md §3: `query`, `max_results`, `search_depth`)."""
-    return {
-        "type": "object",
-        "properties": {
+    return tool_arguments(
+        {
             "query": {
                 "type": "string",
                 "minLength": 1,
@@ -552,9 +552,8 @@ def tavily_schema() -> dict[str, Any]:
                 "description": "Only recent news: rounded up to day, week, month or year.",
             },
         },
-        "required": ["query"],
-        "additionalProperties": False,
-    }
+        ["query"],
+    )
 
 
 def tavily_tool(client: TavilyClient) -> Tool:

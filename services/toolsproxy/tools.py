@@ -50,9 +50,13 @@ from services.common.tool_contract import (
     READ_DOC_METADATA,
     READ_DOC_PAGES,
     READ_DOC_SECTION,
+    READ_DOC_SECTION_ARGUMENTS,
+    READ_DOC_SECTION_DESCRIPTION,
     TEXT_FIELDS,
     UPSTREAM_UNAVAILABLE,
     WINDOW_TOO_LARGE,
+    read_chunk_window_arguments,
+    tool_arguments,
 )
 from services.common.tool_contract import ID_SCHEMA as _ID
 from services.common.untrusted import neutralise_markers as neutralise_markers
@@ -287,22 +291,13 @@ class DocumentTools:
                 f"each side (at most {r}, so at most {2 * r + 1} chunks; fewer at the "
                 "document's edges), or window_before/window_after. Default radius "
                 f"{min(1, r)}.",
-                _object(
-                    {
-                        "doc_id": _ID,
-                        "anchor_chunk_id": _ID,
-                        "radius": per_side,
-                        "window_before": per_side,
-                        "window_after": per_side,
-                    },
-                    ["doc_id", "anchor_chunk_id"],
-                ),
+                read_chunk_window_arguments(per_side),
                 self.read_chunk_window,
             ),
             Tool(
                 READ_DOC_SECTION,
-                "Read the full text of one section of a document.",
-                _object({"doc_id": _ID, "section_id": _ID}, ["doc_id", "section_id"]),
+                READ_DOC_SECTION_DESCRIPTION,
+                READ_DOC_SECTION_ARGUMENTS,
                 self.read_doc_section,
             ),
             Tool(
@@ -310,7 +305,7 @@ class DocumentTools:
                 "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
                 f"{limits.max_pages_per_call} pages per call; page_to defaults to "
                 "page_from and is clamped to the last page.",
-                _object(
+                tool_arguments(
                     {"doc_id": _ID, "page_from": page, "page_to": page},
                     ["doc_id", "page_from"],
                     {"x-max-pages-per-call": limits.max_pages_per_call},
@@ -322,7 +317,7 @@ class DocumentTools:
                 "Read a document's title, page count, tags and sections with their page "
                 f"ranges (at most {MAX_METADATA_SECTIONS} sections, titles within the text "
                 "limit; sections_total and truncated say when some were left out).",
-                _object({"doc_id": _ID}, ["doc_id"]),
+                tool_arguments({"doc_id": _ID}, ["doc_id"]),
                 self.read_doc_metadata,
             ),
         )
@@ -340,7 +335,7 @@ class DocumentTools:
                 DOC_LOCAL_SEARCH,
                 "Keyword search (BM25) inside one document: the best chunks with their "
                 f"section, pages and a snippet; at most {MAX_LOCAL_SEARCH_RESULTS} results.",
-                _object(
+                tool_arguments(
                     {
                         "doc_id": _ID,
                         "query": {"type": "string", "minLength": 1, "maxLength": 500},
@@ -361,7 +356,7 @@ class DocumentTools:
                 "document's size in characters and `total_chars` (full context suits up to "
                 "50,000 characters in all). Give document_ids (alias doc_ids); "
                 "include_content=false returns the sizes only.",
-                _object(
+                tool_arguments(
                     {
                         "document_ids": ids,
                         "doc_ids": ids,
@@ -582,19 +577,6 @@ class DocumentTools:
                 entry["content"] = text
             out.append(entry)
         return {"documents": out, "total_chars": sum(d["chars"] for d in out)}
-
-
-def _object(
-    properties: dict[str, Any], required: list[str], extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A closed object schema: unknown arguments (a tenant_id among them) are refused."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-        **(extra or {}),
-    }
 
 
 # --- the executor -----------------------------------------------------------------------------
