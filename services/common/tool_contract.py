@@ -12,6 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.search_contract import (
+    check_tenant_id,
+    missing_user_context,
+    refuse_reserved_tenant,
+)
+
 # -- tool names ------------------------------------------------------------------------------
 READ_CHUNK_WINDOW = "read_chunk_window"
 READ_DOC_SECTION = "read_doc_section"
@@ -38,6 +44,22 @@ RATE_LIMIT_EXCEEDED = "RATE_LIMIT_EXCEEDED"
 NOT_FOUND = "NOT_FOUND"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+
+# -- who calls -------------------------------------------------------------------------------
+
+
+def check_tool_user(tenant_id: str, user_id: str) -> None:
+    """A tool runs for a tenant and a user (docs/architecture.md §16): ToolsProxy refuses an
+    Execute without both, and the LLM service a Generate that offers tools, with the same
+    errors. The rate limits and the logs name the user: no tool runs for an anonymous one,
+    and the knowledge base's reserved tenant is never a caller's own."""
+    if not tenant_id.strip():
+        raise missing_user_context("user.tenant_id", "user.tenant_id is required")
+    if not user_id.strip():
+        raise missing_user_context("user.user_id", "user.user_id is required")
+    check_tenant_id(tenant_id, "user.tenant_id")
+    refuse_reserved_tenant(tenant_id, "user.tenant_id", "search it with search_general_kb")
+
 
 # -- arguments and results -------------------------------------------------------------------
 ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}

@@ -13,11 +13,7 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
-from services.common.search_contract import (
-    check_tenant_id,
-    missing_user_context,
-    refuse_reserved_tenant,
-)
+from services.common.tool_contract import check_tool_user
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
@@ -108,14 +104,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         # ToolsProxy runs a tool for a tenant and a user (docs/architecture.md §16): what it
         # would refuse is refused here, as it refuses it.
         user = req.user
-        if user is None or not user.tenant_id.strip():
-            raise missing_user_context("user.tenant_id", "tools need the user's tenant_id")
-        if not user.user_id.strip():
-            raise missing_user_context("user.user_id", "tools need the user's user_id")
-        check_tenant_id(user.tenant_id, "user.tenant_id")
-        refuse_reserved_tenant(
-            user.tenant_id, "user.tenant_id", "its tools search it with search_general_kb"
-        )
+        check_tool_user(user.tenant_id if user else "", user.user_id if user else "")
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
         raise errors.invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")

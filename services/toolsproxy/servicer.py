@@ -8,12 +8,8 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
-from services.common.search_contract import (
-    check_tenant_id,
-    missing_user_context,
-    refuse_reserved_tenant,
-)
 from services.common.structs import request_struct
+from services.common.tool_contract import check_tool_user
 from services.common.topology import SERVICE_BY_KEY
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -26,13 +22,7 @@ MAX_TOOL_NAME = 64
 def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     """The caller from the request's user context; a missing tenant or user is the caller's
     error."""
-    if not user.tenant_id.strip():
-        raise missing_user_context("user.tenant_id", "user.tenant_id is required")
-    if not user.user_id.strip():
-        # The rate limits and the logs name the user: no tool runs for an anonymous one.
-        raise missing_user_context("user.user_id", "user.user_id is required")
-    check_tenant_id(user.tenant_id, "user.tenant_id")
-    refuse_reserved_tenant(user.tenant_id, "user.tenant_id", "search it with search_general_kb")
+    check_tool_user(user.tenant_id, user.user_id)
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 
 
