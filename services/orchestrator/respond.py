@@ -173,7 +173,6 @@ SMALL_TALK_SYSTEM_PROMPT = (
     "offer help with their documents, the knowledge base, exchange rates or finance news."
 )
 LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
-
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (docs/architecture.md §14). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
