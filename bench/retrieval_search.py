@@ -86,15 +86,17 @@ from transport import (  # noqa: E402
     write_record,
 )
 
+from services.docstore.chunking import ChunkingConfig  # noqa: E402
+from services.retrieval.embeddings import E5_DIM, PASSAGE_BATCH_DEFAULTS, USE_DIM  # noqa: E402
+
 SERVICE_KEY = "retrieval"
 SEARCH_PATH = "/internal/retrieval/search"
 GRPC_TIMEOUT_S = 10.0
-PROFILE_DIM = {"e5": 384, "fast": 512}
-PROFILE_BATCH = {"e5": 16, "fast": 64}  # build_embedder's default passage batch per profile
+PROFILE_DIM = {"e5": E5_DIM, "fast": USE_DIM}
 DATASET_VERSION = "v1"  # bump when the synthetic corpus changes: old caches are not reused
 SECTIONS_PER_DOC = 5
 CHUNKS_PER_SECTION = 8
-CHUNK_TOKENS = 200  # the server's RETR_CHUNK_TOKENS default
+CHUNK_TOKENS = ChunkingConfig.chunk_tokens  # the server's RETR_CHUNK_TOKENS default
 GENERATION = "bench-synthetic"
 
 # ---------------------------------------------------------------------------------------
@@ -382,7 +384,7 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
         out["lone_query_ms_p95"] = round(fpercentile(lat, 95), 3)
 
     passages = make_passages(400)
-    batch = PROFILE_BATCH[profile]
+    batch = PASSAGE_BATCH_DEFAULTS[profile]  # build_embedder's, with RETR_EMBEDDING_* unset
     emb.embed_passages(passages[:batch])
     done = 0
     deadline = time.perf_counter() + seconds

@@ -38,10 +38,11 @@ from services.common.tokenizer import default_tokenizer  # noqa: E402
 from services.docstore.sqlite_store import SqliteDocumentStore  # noqa: E402
 from services.retrieval.config import engine_settings  # noqa: E402
 from services.retrieval.embeddings import EmbeddingSettings  # noqa: E402
-from services.retrieval.engine import EngineSettings, RetrievalEngine, _Timing  # noqa: E402
+from services.retrieval.engine import EngineSettings, RetrievalEngine  # noqa: E402
 from services.retrieval.factories import build_embedder  # noqa: E402
 from services.retrieval.index.edge import EdgeIndex  # noqa: E402
 from services.retrieval.search import SearchDefaults, SearchQuery  # noqa: E402
+from services.retrieval.search_log import SearchTiming  # noqa: E402
 from services.retrieval.sections import SectionCatalog  # noqa: E402
 
 
@@ -75,7 +76,7 @@ async def run(args: argparse.Namespace, data: Path) -> None:
         q = SearchQuery(query=queries[i], tenant_id=tenants[i], mode=mode)
         t0 = time.perf_counter()
         if prof:  # the body of search() without rerank, in this thread
-            r = engine._search_sync(engine._plan(q), _Timing(), t0)
+            r = engine._search_sync(engine._plan(q), SearchTiming(), t0)
         else:
             r = await engine.search(q)
         wall.append((time.perf_counter() - t0) * 1000)
