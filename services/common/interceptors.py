@@ -144,9 +144,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             else time.monotonic() + remaining
         )
 
-    async def _fail(
-        self, context: grpc.aio.ServicerContext, exc: BaseException, method: str
-    ) -> grpc.StatusCode:
+    def _failure(self, exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, Any]:
+        """The status an exception becomes: code, details and trailing metadata (an unexpected
+        exception is logged with its traceback and becomes a generic INTERNAL)."""
         if isinstance(exc, errors.ServiceError):
             err = exc
             if err.code in (errors.INTERNAL, errors.UNKNOWN):
@@ -161,8 +161,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             # tells the caller's transparent retry (channels.py) not to run it again, so a
             # hung model costs Respond one runtime timeout, not three.
             trailing += (("grpc-retry-pushback-ms", "-1"),)
-        await context.abort(status.code, status.details, trailing)
-        raise AssertionError("abort returned")  # pragma: no cover
+        return status.code, status.details, trailing
 
     def _span(self, service: str, name: str, traceparent: str) -> ServerSpan | None:
         """The RPC's span, opened once _enter has set the trace id (tracing on only)."""
@@ -250,6 +249,7 @@ class _Rpc:
     ) -> bool:
         service, name, kind = self._rpc
         code = grpc.StatusCode.OK
+        finished = False
         try:
             if isinstance(exc, grpc.aio.AbortError):
                 code = self._context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
@@ -257,11 +257,17 @@ class _Rpc:
                 code = grpc.StatusCode.CANCELLED
             elif isinstance(exc, Exception):
                 code = _code_of(exc)
-                await self._owner._fail(self._context, exc, f"{service}/{name}")
-                return True
+                status, details, trailing = self._owner._failure(exc, f"{service}/{name}")
+                # Counted, logged and its span ended before the status leaves: a caller that
+                # holds its error finds the call in the metrics and the trace, as after a success.
+                self._owner._finish(service, name, kind, code, self._started, self._span)
+                finished = True
+                await self._context.abort(status, details, trailing)
+                raise AssertionError("abort returned")  # pragma: no cover
             return False
         finally:
-            self._owner._finish(service, name, kind, code, self._started, self._span)
+            if not finished:
+                self._owner._finish(service, name, kind, code, self._started, self._span)
 
 
 _CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
