@@ -27,8 +27,7 @@ from services.common.shared_config import (
     proxy_max_window_radius,
     radius,
 )
-from services.orchestrator.respond import DEFAULT_MAX_RESULTS
-from services.orchestrator.runtime_config import LIMITS, RuntimeConfig
+from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
 DEFAULT_PORT = 50051

@@ -51,7 +51,7 @@ from services.orchestrator.model import (
     User,
 )
 from services.orchestrator.prompt_budget import FirstPrompt, PromptFitter
-from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, ConfigHolder, RuntimeConfig
 from services.orchestrator.scenarios import (
     MAX_CONTEXT_CHARS,
     Decision,
@@ -63,7 +63,6 @@ from services.orchestrator.scenarios import (
 
 log = logging.getLogger("visior.orchestrator")
 
-DEFAULT_MAX_RESULTS = 10
 MAX_HISTORY_TURNS = 20
 MAX_SOURCES = 5
 SYSTEM_PROMPT = (

@@ -19,6 +19,9 @@ LIMITS: dict[str, tuple[int, int]] = {
 }
 """The range of each numeric field, for its ORCH_* setting and for UpdateConfig."""
 MAX_MODEL_NAME = 200
+DEFAULT_MAX_RESULTS = 10
+"""Sections in the first prompt when a request gives no max_results (ORCH_DEFAULT_TOP_K's
+default)."""
 
 
 @dataclass(frozen=True)
