@@ -66,8 +66,9 @@ class VisiorRpcError(Exception):
 
     @property
     def metadata(self) -> dict[str, str]:
-        """ErrorInfo.metadata (e.g. downstream, limit)."""
-        return dict(self.error_info.metadata) if self.error_info else {}
+        """ErrorInfo.metadata (e.g. downstream, limit), sorted by key: a protobuf map has no
+        order on the wire, and the same error should print the same."""
+        return dict(sorted(self.error_info.metadata.items())) if self.error_info else {}
 
     def __str__(self) -> str:
         return f"{self.status.name} {self.reason}: {self.message}"
