@@ -3,7 +3,8 @@
 A mesh is started as `make run` starts it (samples/docs in tenant demo, the sample knowledge
 base, the demo bank). Every command of the README's "Calling it" section and of
 docs/operations.md's "More calls" runs through bash with the venv's bin on PATH (as after
-`source .venv/bin/activate`); the typed-client examples (the README's, docs/client.md's) run
+`source .venv/bin/activate`), and so does its MCP example (the mesh serves MCP with the
+token the page names); the typed-client examples (the README's, docs/client.md's) run
 as Python scripts. Only the ports change: the default ports the pages name (gRPC
 50051-50054, JSON 8081-8084) become this mesh's free ones. curl runs with
 `--fail-with-body`, so an HTTP error fails the script; grpcurl fails on its own.
@@ -23,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from services.cli.main import ingest_samples
-from services.common.topology import SERVICES, Ports
+from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.mesh import Mesh
+from services.toolsproxy.mcp_server import DEFAULT_MCP_PORT
 
 pytestmark = pytest.mark.e2e
 
@@ -53,8 +55,18 @@ def blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.DOTALL)
 
 
+MCP_PORT = free_ports(1)[0]
+MCP_ENV = {
+    "MCP_PROXY_MCP_ENABLED": "true",
+    "MCP_PROXY_MCP_TOKEN": "secret",
+    "MCP_PROXY_MCP_PORT": str(MCP_PORT),
+}
+"""MCP on, with the token docs/operations.md's example sends."""
+
+
 def on_ports(text: str, ports: Ports) -> str:
-    """The README's default ports replaced by `ports`' (service by service)."""
+    """The pages' default ports replaced by `ports`' (service by service) and MCP_PORT."""
+    text = re.sub(rf"\b{DEFAULT_MCP_PORT}\b", str(MCP_PORT), text)
     for s in SERVICES:
         for default, port in (
             (DEFAULT.grpc[s.key], ports.grpc[s.key]),
@@ -66,13 +78,14 @@ def on_ports(text: str, ports: Ports) -> str:
 
 CALLING = section(README, "Calling it")
 MORE_CALLS = section(OPERATIONS, "More calls")
+RUNNING = section(OPERATIONS, "Running it")
 CLIENT_PAGE = CLIENT.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
 def run_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     root = tmp_path_factory.mktemp("readme")
-    mesh = Mesh(Ports.free(), root / "data", root / "run", bank_standin=True)
+    mesh = Mesh(Ports.free(), root / "data", root / "run", env=MCP_ENV, bank_standin=True)
     mesh.start()
     try:
         assert ingest_samples(mesh.json_url("retrieval"), 600) == 0
@@ -96,6 +109,7 @@ def test_the_section_has_the_calls_it_should() -> None:
     more = blocks(MORE_CALLS, "bash")
     assert len(more) == 1 and more[0].count("curl ") >= 6 and more[0].count("grpcurl ") >= 5
     assert len(blocks(CLIENT_PAGE, "python")) == 1
+    assert sum("localhost:8090/mcp" in b for b in blocks(RUNNING, "bash")) == 1
 
 
 def test_the_default_ports_are_the_ones_the_readme_names() -> None:
@@ -151,3 +165,11 @@ def test_the_client_page_example_runs_as_written(run_mesh: Mesh) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "vacation-policy" in out.stdout, out.stdout
     assert "INVALID_ARGUMENT LIMIT_EXCEEDED {'field': 'max_results', 'limit': '50'}" in out.stdout
+
+
+def test_the_mcp_example_of_the_operations_page_succeeds_as_written(run_mesh: Mesh) -> None:
+    (example,) = [b for b in blocks(RUNNING, "bash") if "/mcp" in b]
+    out = run(FAIL_FAST + example, "bash", "-c", mesh=run_mesh)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = json.loads(out.stdout)
+    assert "read_chunk_window" in {t["name"] for t in listed["result"]["tools"]}, listed
