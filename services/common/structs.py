@@ -43,12 +43,3 @@ def request_struct(message: struct_pb2.Struct, field_name: str) -> Any:
             f"{field_name} holds a number JSON cannot represent (NaN or Infinity)",
             metadata={"field": field_name},
         ) from None
-
-
-def dict_to_struct(
-    data: dict[str, Any], into: struct_pb2.Struct | None = None
-) -> struct_pb2.Struct:
-    """A dict as a Struct (filled into `into` when given)."""
-    target = into if into is not None else struct_pb2.Struct()
-    target.update(data)
-    return target

@@ -124,22 +124,6 @@ def validate(req: RespondInput) -> None:
         )
 
 
-def section_list(
-    sections: tuple[SectionCandidate, ...], budget_tokens: int, tokenizer: Tokenizer | None = None
-) -> str:
-    """The first prompt's section list: ids, pages, score and summaries, never raw text.
-
-    The list is at most `budget_tokens` (prompt_token_budget) of the shared tokenizer, the
-    lowest-scored summaries shortened first (services/orchestrator/prompt_budget.py).
-    """
-    fitter = PromptFitter(tokenizer or default_tokenizer(), 1 << 30, reserve=0)
-    fitted = fitter.fit(
-        system="", history=(), query="", context_token_budget=1 << 30,
-        sections=sections, list_budget=budget_tokens,
-    )  # fmt: skip
-    return fitted.question.partition("Sections found:\n")[2]
-
-
 def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:
     """The answer's sources: the first MAX_SOURCES sections, with their pages and scores."""
     return tuple(

@@ -260,23 +260,6 @@ def rrf_fusion(
     return _sort_fused(fused, best_rank)
 
 
-def rrf_fusion_scored(
-    ranked: Mapping[str, Sequence[tuple[K, float]]],
-    k: int = DEFAULT_RRF_K,
-    weights: Mapping[str, float] | None = None,
-) -> list[tuple[K, float]]:
-    """:func:`rrf_fusion` over ``(key, score)`` lists: each list is ranked by its scores first.
-
-    Equal scores keep their input order (a stable sort), so the retriever's own order
-    decides between them.
-    """
-    ordered: dict[str, list[K]] = {}
-    for name, items in ranked.items():
-        best = _best_scores(items)
-        ordered[name] = sorted(best, key=lambda key: -best[key])
-    return rrf_fusion(ordered, k=k, weights=weights)
-
-
 def impute_cross_language(
     dense: Sequence[tuple[K, float]],
     sparse: Sequence[tuple[K, float]],

@@ -11,7 +11,8 @@ passages too; Russian text is mostly written without ``ё`` while users type eit
 
 Expansion produces whole-query variants (the original first) by swapping a matched term
 for a synonym; the engine searches each variant and merges the lists with RRF. A
-:class:`QueryExpander` that asks a model for paraphrases can replace the synonym one.
+:class:`QueryExpander` (model-written variants, services/retrieval/llm_assist.py) takes the
+synonyms' place when configured; the synonyms stay its fallback.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from services.common.lexical import stem
 from services.common.search_contract import normalise_query
 from services.common.stop_words import STOP_WORDS
 from services.common.wording import fold_case
-
-LANGUAGES = ("ru", "en", "mixed", "other")
 
 # Cyrillic share of the Cyrillic+Latin letters at or above which a query is Russian.
 # Russian queries carry Latin product names ("Как настроить LDAP в Orion X?" is 70 %).
@@ -314,19 +313,6 @@ class QueryExpander(Protocol):
         ...
 
 
-class SynonymExpander:
-    """A :class:`QueryExpander` over a :class:`SynonymTable`."""
-
-    def __init__(self, table: SynonymTable) -> None:
-        self._table = table
-
-    async def expand(
-        self, query: str, lang: str, max_variants: int, *, scope: str = ""
-    ) -> list[str]:
-        """See :func:`expand_query`."""
-        return expand_query(query, lang, self._table, max_variants)
-
-
 _ACRONYM = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,7}(?![\w-])")
 _LOWER = re.compile(r"[a-zа-яё]")
 
@@ -413,27 +399,3 @@ class TitleIndex:
             at = end + (text[end : end + 1] in ("'", "’"))  # maintainers' guide
         out.append(text[at:])
         return " ".join("".join(out).split())
-
-
-@dataclass(frozen=True)
-class PreparedQuery:
-    """A query ready for the index: dense text, keyword text, language, variants."""
-
-    text: str
-    """Normalised query for the dense embedder (case and ``ё`` kept)."""
-    keyword_text: str
-    """:func:`keyword_form` of the query for BM25."""
-    language: str
-    """Detected (or hinted) language."""
-    variants: tuple[str, ...] = ()
-    """Expansion variants, original first; empty when expansion is off."""
-
-
-def prepare_query(text: str, language_hint: str | None = None) -> PreparedQuery:
-    """Normalise ``text`` and detect its language (expansion is a separate, async step)."""
-    normalised = normalise_query(text)
-    return PreparedQuery(
-        text=normalised,
-        keyword_text=keyword_form(normalised),
-        language=detect_language(normalised, language_hint),
-    )

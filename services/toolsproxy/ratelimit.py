@@ -44,11 +44,6 @@ RateKey = tuple[str, str | None]
 """(tenant_id, doc_id); doc_id None is the tenant's key for calls that name no document."""
 
 
-def key_label(key: RateKey) -> str:
-    """`tenant:doc` (or `tenant:*`) as the messages and logs show a key."""
-    return f"{key[0]}:{'*' if key[1] is None else key[1]}"
-
-
 class RateLimitExceeded(Exception):
     """A key is at its limit; `retry_after_s` whole seconds until the next call fits."""
 

@@ -50,7 +50,7 @@ from services.client import (
 )
 from services.common.context import deadline_var, trace_id_var
 from services.common.settings import Env
-from services.common.structs import dict_to_struct, struct_to_dict
+from services.common.structs import struct_to_dict
 from services.common.topology import Ports, free_ports
 from services.devtools.inprocess import InProcessMesh
 from services.retrieval import app as retrieval_app
@@ -97,7 +97,9 @@ def test_struct_bytes_are_what_protobuf_reads() -> None:
     parsed = struct_pb2.Struct.FromString(bytes(to_struct(NESTED)))
     assert struct_to_dict(parsed) == NESTED
     assert json_format.MessageToDict(parsed)["list"][4][1] == {"deep": [True, None]}
-    from_grpcio = Struct().parse(dict_to_struct(NESTED).SerializeToString())
+    grpcio_struct = struct_pb2.Struct()
+    grpcio_struct.update(NESTED)
+    from_grpcio = Struct().parse(grpcio_struct.SerializeToString())
     assert from_struct(from_grpcio) == NESTED
 
 

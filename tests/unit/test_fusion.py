@@ -7,7 +7,6 @@ import pytest
 from services.retrieval.fusion import (
     normalise,
     rrf_fusion,
-    rrf_fusion_scored,
     weighted_fusion,
 )
 
@@ -120,11 +119,6 @@ def test_rrf_weights_and_small_k():
 def test_rrf_counts_a_repeated_key_once_at_its_best_rank():
     fused = rrf_fusion({"dense": ["a", "a", "b"]}, k=1)
     approx_pairs(fused, [("a", 1 / 2), ("b", 1 / 3)])
-
-
-def test_rrf_scored_ranks_by_score_first():
-    fused = rrf_fusion_scored({"sparse": [("a", 1.0), ("b", 9.0)]}, k=1)
-    approx_pairs(fused, [("b", 1 / 2), ("a", 1 / 3)])
 
 
 def test_rrf_rejects_negative_k():

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from services.common import errors
 from services.common.search_contract import Filters, normalise_query
 from services.common.settings import Env, SettingsError
+from services.common.tokenizer import default_tokenizer
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import (
     LlmOutcome,
@@ -16,6 +17,7 @@ from services.orchestrator.model import (
     Turn,
     User,
 )
+from services.orchestrator.prompt_budget import PromptFitter
 from services.orchestrator.respond import (
     ANSWER_QUERY_CHARS,
     MAX_FILTER_VALUES,
@@ -23,7 +25,6 @@ from services.orchestrator.respond import (
     Responder,
     radius_schedule,
     resolve_user,
-    section_list,
     validate,
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
@@ -199,8 +200,12 @@ def test_radius_schedule():
     assert radius_schedule(0) == (0,)
 
 
-def test_section_list_never_empty_handed():
-    assert "No document sections" in section_list((), 100)
+def test_the_first_prompt_says_so_when_no_section_was_found():
+    fitted = PromptFitter(default_tokenizer(), 1 << 30, reserve=0).fit(
+        system="", history=(), query="q", context_token_budget=1 << 30, sections=(),
+        list_budget=100,
+    )  # fmt: skip
+    assert "No document sections" in fitted.question
 
 
 def test_config_update_validates_and_applies_whole():

@@ -11,14 +11,11 @@ from hypothesis import strategies as st
 from services.common.search_contract import _without_controls, normalise_query, normalised_view
 from services.common.wording import fold_yo
 from services.retrieval.query import (
-    QueryExpander,
-    SynonymExpander,
     SynonymTable,
     detect_language,
     expand_query,
     keyword_form,
     load_synonyms,
-    prepare_query,
 )
 
 
@@ -181,17 +178,3 @@ def test_load_rejects_bad_json(tmp_path):
     broken.write_text("[[", encoding="utf-8")
     with pytest.raises(ValueError):
         SynonymTable.load(broken)
-
-
-async def test_synonym_expander_is_a_query_expander():
-    expander: QueryExpander = SynonymExpander(SynonymTable.builtin())
-    variants = await expander.expand("настройка сервера", "ru", 2)
-    assert variants == ["настройка сервера", "конфигурация сервера"]
-
-
-def test_prepare_query():
-    prepared = prepare_query("  Настройка\u00a0Ёмкости  LDAP ", "")
-    assert prepared.text == "Настройка Ёмкости LDAP"
-    assert prepared.keyword_text == "настройка емкости ldap"
-    assert prepared.language == "ru"
-    assert prepare_query("hello", "ru").language == "ru"

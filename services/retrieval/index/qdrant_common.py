@@ -304,8 +304,9 @@ class VectorIndex(ABC):
         return [[] if b is None else ranking(next(answers)) for b in built]
 
     def document_generations(self, tenant_id: str) -> dict[str, set[str]]:
-        """doc_id -> generations present in the tenant's points, for recovery after a crash
-        mid-ingest."""
+        """doc_id -> generations present in the tenant's points: what an ingest, a crash or a
+        recovery left in the index (the tests read the index with it; recovery itself goes by
+        the ingest journal)."""
         filter_ = self._filter(IndexFilter(tenant_id=tenant_id, kinds=KINDS))
         out: dict[str, set[str]] = {}
         offset: Any = None
