@@ -7,9 +7,9 @@ the protobuf symbol database: importing `error_details_pb2` here registers `Erro
 the details arrive as real `ErrorInfo` messages instead of grpclib's `Unknown(...)`.
 
 These are deliberately not `services.common.errors.ServiceError`s: a service that calls
-another must decide what a downstream failure means for its own caller (STYLE.md: never
-forward a downstream INVALID_ARGUMENT as your own), so nothing here maps itself onto a
-server error automatically.
+another must decide what a downstream failure means for its own caller (a downstream
+INVALID_ARGUMENT is never passed on as its own: docs/architecture.md §12), so nothing here
+maps itself onto a server error automatically.
 """
 
 from __future__ import annotations
