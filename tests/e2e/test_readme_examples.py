@@ -113,9 +113,10 @@ def test_the_section_has_the_calls_it_should() -> None:
 
 
 def test_the_default_ports_are_the_ones_the_readme_names() -> None:
+    readme = README.read_text(encoding="utf-8")
     for s in SERVICES:
-        assert f"127.0.0.1:{DEFAULT.grpc[s.key]}" in README.read_text(encoding="utf-8")
-        assert f"http://127.0.0.1:{DEFAULT.http[s.key]}" in README.read_text(encoding="utf-8")
+        assert f"127.0.0.1:{DEFAULT.grpc[s.key]}" in readme
+        assert f"http://127.0.0.1:{DEFAULT.http[s.key]}" in readme
 
 
 def test_every_curl_call_succeeds_as_written(run_mesh: Mesh) -> None:

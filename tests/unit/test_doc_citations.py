@@ -4,7 +4,9 @@ file cites the design notes outside the repository (../shared)."""
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from services.devtools.envoy import REPO_ROOT as ROOT
+from tests.doc_pages import doc_pages
+
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 CITATION = re.compile(r"architecture\.md\s+§(\d+)")
 OUTSIDE = re.compile(r"\b(?:DESIGN\.md|STYLE\.md)|\.\./shared/(?!specs)")
@@ -13,8 +15,7 @@ OUTSIDE = re.compile(r"\b(?:DESIGN\.md|STYLE\.md)|\.\./shared/(?!specs)")
 
 def _files() -> list[Path]:
     code = [p for d in ("services", "tests", "bench", "tools") for p in (ROOT / d).rglob("*.py")]
-    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").rglob("*.md")]
-    return [p for p in code + docs if p.resolve() != Path(__file__).resolve()]
+    return [p for p in code + doc_pages() if p.resolve() != Path(__file__).resolve()]
 
 
 def _sections() -> set[int]:

@@ -15,6 +15,7 @@ from services.retrieval.config import (
 )
 from services.retrieval.search import SearchQuery, validate
 from services.toolsproxy.config import ToolsProxySettings
+from tests.doc_pages import doc_pages
 
 
 def test_first_present_name_wins_and_blank_counts_as_absent():
@@ -457,8 +458,7 @@ def test_every_setting_the_docs_name_is_one_a_service_reads():
 
     root = _config_docs().ROOT
     name = re.compile(r"\b(?:" + "|".join(PREFIXES) + r")[A-Z0-9_]*[A-Z0-9]\b")
-    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-    pages += sorted((root / "bench").rglob("*.md"))
+    pages = doc_pages()
     named = {
         (m.group(0), page.relative_to(root).as_posix())
         for page in pages
