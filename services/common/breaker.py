@@ -1,15 +1,44 @@
-"""A circuit breaker: after N consecutive failures stop calling a dependency for a while."""
+"""A circuit breaker: after N consecutive failures stop calling a dependency for a while.
+
+A call let through the breaker ends with one verdict on the dependency (`settle`): it
+answered (a refusal of the request included), it is out (unreachable, timed out, failing),
+or the call says nothing about it (the caller's deadline or cancellation ended it). An
+exception states its verdict in a `breaker_verdict` attribute; a cancellation has none to
+give; any other exception is an outage, so that a failure nobody classified never leaves a
+half-open trial hanging.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
+
+ANSWERED = "answered"
+"""The dependency answered, if only to refuse the request: it is up."""
+OUTAGE = "outage"
+"""The dependency failed: counts towards opening the breaker."""
+NO_VERDICT = "no_verdict"
+"""The call ended without a word on the dependency: the count stays, a trial is freed."""
+
+
+def verdict_of(failure: BaseException | None) -> str:
+    """The verdict on the dependency of a call that ended with `failure` (None: it returned)."""
+    if failure is None:
+        return ANSWERED
+    verdict = getattr(failure, "breaker_verdict", None)
+    if verdict is not None:
+        return str(verdict)
+    if isinstance(failure, asyncio.CancelledError):
+        return NO_VERDICT
+    return OUTAGE
 
 
 class CircuitOpenError(Exception):
@@ -104,3 +133,37 @@ class CircuitBreaker:
             self._failures += 1
             if self._opened_at is not None or self._failures >= self._threshold:
                 self._opened_at = self._clock()
+
+    def settle(self, failure: BaseException | None) -> None:
+        """End a call `before_call` let through, by the verdict its ending gives (`verdict_of`)."""
+        verdict = verdict_of(failure)
+        if verdict == ANSWERED:
+            self.record_success()
+        elif verdict == NO_VERDICT:
+            self.release()
+        else:
+            self.record_failure()
+
+    def trial(self) -> _Trial:
+        """`with breaker.trial(): ...`: one call through the breaker. Entering raises
+        CircuitOpenError when no call may go now; leaving settles the call by how the block
+        ended. Works around awaits and in worker threads alike."""
+        return _Trial(self)
+
+
+class _Trial:
+    __slots__ = ("_breaker",)
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self._breaker = breaker
+
+    def __enter__(self) -> None:
+        self._breaker.before_call()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        failure: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._breaker.settle(failure)

@@ -55,7 +55,13 @@ from typing import Any
 import httpx
 
 from services.common import errors
-from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
+from services.common.breaker import (
+    ANSWERED,
+    OUTAGE,
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
@@ -767,6 +773,10 @@ class _Failure(AttemptFailed):
         self.outage = outage
         self.attempts = 1
 
+    @property
+    def breaker_verdict(self) -> str:
+        return OUTAGE if self.outage else ANSWERED
+
     def error(self, attempts: int, runtime: str) -> errors.UnavailableError:
         metadata = {"kind": self.kind, "attempts": str(attempts), "runtime": runtime}
         if self.status is not None:
@@ -918,16 +928,13 @@ class OpenAiChatRuntime:
                 ) from None
         except _Failure as failed:
             attempts = attempts or failed.attempts
-            self._record(failed.outage)
+            self.breaker.settle(failed)
             self._log("error", model, start, attempts, kind=failed.kind, status=failed.status)
             raise failed.error(attempts, self.name) from None
-        except asyncio.CancelledError:
-            # The caller went away (its client hung up, its deadline passed): that says nothing
-            # about the runtime, and counting it would let cancelled requests open the breaker.
-            self.breaker.release()
-            raise
-        except BaseException:
-            self._record(outage=True)  # a bug: never leave a trial call hanging
+        except BaseException as exc:
+            # The caller went away (its client hung up, its deadline passed): no verdict on
+            # the runtime, or cancelled requests would open the breaker. Anything else: a bug.
+            self.breaker.settle(exc)
             raise
         self._answered(model, completion, start, attempts)
         return completion
@@ -953,7 +960,7 @@ class OpenAiChatRuntime:
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
-                self._record(outage=False)
+                self.breaker.settle(None)
                 self._log("ok", model, start, attempts, stream=False)
                 if completion.content:
                     yield StreamDelta(completion.content)
@@ -976,7 +983,7 @@ class OpenAiChatRuntime:
             yield completion
         except _Failure as failed:
             attempts = attempts or failed.attempts
-            self._record(failed.outage)
+            self.breaker.settle(failed)
             self._log(
                 "error", model, start, attempts, stream=True, kind=failed.kind,
                 status=failed.status,
@@ -984,12 +991,8 @@ class OpenAiChatRuntime:
             raise failed.error(attempts, self.name) from None
         except BaseException as exc:
             # The consumer stopped early (GeneratorExit) or was cancelled: the runtime was
-            # answering if a 200 arrived; either way no half-open trial is left hanging.
-            # Cancelled before any answer says nothing about the runtime: no verdict.
-            if response is None and isinstance(exc, asyncio.CancelledError):
-                self.breaker.release()
-            else:
-                self._record(outage=response is None)
+            # answering if a 200 arrived; before it, a cancellation says nothing about it.
+            self.breaker.settle(exc if response is None else None)
             raise
         finally:
             if response is not None:
@@ -1063,12 +1066,6 @@ class OpenAiChatRuntime:
                 reason=LLM_RUNTIME_ERROR,
                 metadata={"kind": "circuit_open", "attempts": "0", "runtime": self.name},
             ) from None
-
-    def _record(self, outage: bool) -> None:
-        if outage:
-            self.breaker.record_failure()
-        else:
-            self.breaker.record_success()
 
     def _headers(self, stream: bool) -> dict[str, str]:
         headers = {
@@ -1216,7 +1213,7 @@ class OpenAiChatRuntime:
         self, model: str, completion: Completion, start: float, attempts: int, **extra: Any
     ) -> None:
         """A call that answered: a success for the breaker, and its "ok" line with the counts."""
-        self._record(outage=False)
+        self.breaker.settle(None)
         self._log(
             "ok",
             model,

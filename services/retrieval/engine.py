@@ -159,19 +159,14 @@ class _Guarded:
         last: Exception | None = None
         for _attempt in range(1 + self._retries):
             try:
-                self._breaker.before_call()
+                with self._breaker.trial():
+                    return fn(*args)
             except CircuitOpenError as exc:
                 raise BackendUnavailableError(
                     str(exc), metadata={"backend": self.index.backend}
                 ) from None
-            try:
-                out = fn(*args)
             except IndexUnavailableError as exc:
-                self._breaker.record_failure()
                 last = exc
-                continue
-            self._breaker.record_success()
-            return out
         raise BackendUnavailableError(
             f"the vector store is unavailable: {last}", metadata={"backend": self.index.backend}
         )

@@ -31,7 +31,13 @@ from xml.sax.saxutils import escape
 
 import httpx
 
-from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
+from services.common.breaker import (
+    ANSWERED,
+    NO_VERDICT,
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url
 from services.common.logging import get_logger
@@ -44,6 +50,7 @@ from services.common.tool_contract import (
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
 )
+from services.toolsproxy.external_call import log_external_call
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
 
@@ -163,6 +170,9 @@ class CbrUnavailableError(ToolFailure):
 class CbrRequestError(ToolFailure):
     """The bank refused the request itself (a soap:Client fault): not worth retrying."""
 
+    breaker_verdict = ANSWERED
+    """The bank answered; the request was wrong."""
+
     def __init__(self, message: str) -> None:
         super().__init__(
             INVALID_ARGUMENT, f"the Bank of Russia service refused the request: {message}"
@@ -182,6 +192,8 @@ class _Fatal(Exception):
 
 class _NoVerdict(Exception):
     """The attempt ran out of the caller's time, which was too short to judge the bank by."""
+
+    breaker_verdict = NO_VERDICT
 
 
 # -- argument validation ------------------------------------------------------------------
@@ -472,54 +484,35 @@ class CbrClient:
             self._event(operation, "ok", started, cache_hit=True, rows=len(hit.rows))
             return hit
         try:
-            self.breaker.before_call()
+            with self.breaker.trial():
+                data = await self._attempts(operation, params, row_tag)
         except CircuitOpenError as exc:
             self._event(operation, "breaker_open", started)
             raise CbrUnavailableError(max(1, math.ceil(exc.retry_in))) from None
-        try:
-            data = await self._attempts(operation, params, row_tag)
         except CbrRequestError as exc:
-            self.breaker.record_success()  # the bank answered; the request was wrong
             self._event(operation, "bad_request", started, reason=str(exc))
             raise
-        except _NoVerdict as exc:  # the caller's deadline, not the bank, ran out
-            self.breaker.release()
+        except _NoVerdict as exc:
             self._event(operation, "deadline", started, reason=str(exc))
             raise CbrUnavailableError(1, str(exc)) from None
         except _Fatal as exc:
-            self.breaker.record_failure()
             self._event(operation, "unavailable", started, reason=str(exc))
             raise CbrUnavailableError(
                 max(1, math.ceil(self.settings.breaker.reset_s)), str(exc)
             ) from None
         except asyncio.CancelledError:
-            # The caller went away: no verdict on the bank, but a half-open trial is freed.
-            self.breaker.release()
             self._event(operation, "cancelled", started)
             raise
         except BaseException:
-            self.breaker.record_failure()  # never leave a half-open trial hanging
             self._event(operation, "error", started)
             raise
-        self.breaker.record_success()
         self._event(operation, "ok", started, rows=len(data.rows))
         self._cache.put(key, data)
         return data
 
     def _event(self, operation: str, status: str, started: float, **fields: Any) -> None:
-        """agent.md §9's ``external_call``: one per call to the bank, a cache hit included
-        (INFO when it answered, WARNING otherwise)."""
-        emit = events.info if status == "ok" else events.warning
-        emit(
-            "external_call",
-            upstream="cbr",
-            operation=operation,
-            status=status,
-            latency_ms=round((time.perf_counter() - started) * 1000, 1),
-            cache_hit=fields.pop("cache_hit", False),
-            breaker=self.breaker.state,
-            **fields,
-        )
+        """The call's ``external_call`` line (one per call to the bank, a cache hit included)."""
+        log_external_call(events, "cbr", operation, status, started, self.breaker, **fields)
 
     async def _attempts(
         self, operation: str, params: tuple[tuple[str, str], ...], row_tag: str

@@ -21,7 +21,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from services.common.breaker import BreakerPolicy, CircuitBreaker, CircuitOpenError
+from services.common.breaker import (
+    ANSWERED,
+    NO_VERDICT,
+    OUTAGE,
+    BreakerPolicy,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.logging import get_logger
@@ -35,6 +42,7 @@ from services.common.tool_contract import (
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
 )
+from services.toolsproxy.external_call import log_external_call
 from services.toolsproxy.tools import Caller, Tool, ToolFailure
 from services.toolsproxy.ttl_cache import TtlCache
 
@@ -129,6 +137,12 @@ class _Attempt(AttemptFailed):
         self.error = error
         self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
         self.verdict = verdict  # False: the caller's time ran out, too short to judge Tavily
+
+    @property
+    def breaker_verdict(self) -> str:
+        if not self.verdict:
+            return NO_VERDICT
+        return OUTAGE if self.outage else ANSWERED
 
 
 def _unavailable(detail: str) -> TavilyError:
@@ -232,14 +246,6 @@ class TavilyClient:
             self._log("ok", tenant_id, started, attempts=0, cache_hit=True)
             return {**copy.deepcopy(cached), "cached": True}
 
-        try:
-            self.breaker.before_call()
-        except CircuitOpenError as exc:
-            self._log("breaker_open", tenant_id, started, attempts=0)
-            raise _unavailable(
-                f"too many recent failures; try again in {math.ceil(exc.retry_in)} s"
-            ) from None
-
         body: dict[str, Any] = {
             "query": text,
             "topic": "finance",
@@ -259,23 +265,17 @@ class TavilyClient:
     async def _search_once(
         self, body: dict[str, Any], count: int, tenant_id: str, started: float
     ) -> tuple[dict[str, Any], int]:
-        """One search past the breaker's gate: the normalised result and the attempts it
-        took; the breaker gets its verdict whatever happens."""
-        recorded = False
+        """One search through the breaker: the normalised result and the attempts it took."""
         try:
-            payload, attempts = await self._post(body)
-            result = normalise(body["query"], payload, count, self._settings.max_snippet_chars)
-            result["search_depth"] = body["search_depth"]
-            self.breaker.record_success()
-            recorded = True
+            with self.breaker.trial():
+                payload, attempts = await self._post(body)
+                result = normalise(body["query"], payload, count, self._settings.max_snippet_chars)
+        except CircuitOpenError as exc:
+            self._log("breaker_open", tenant_id, started, attempts=0)
+            raise _unavailable(
+                f"too many recent failures; try again in {math.ceil(exc.retry_in)} s"
+            ) from None
         except _Attempt as failed:
-            if not failed.verdict:
-                self.breaker.release()
-            elif failed.outage:
-                self.breaker.record_failure()
-            else:  # Tavily answered (it refused us): it is up
-                self.breaker.record_success()
-            recorded = True
             self._log(
                 _STATUS.get(failed.error.code, "error"),
                 tenant_id,
@@ -286,14 +286,9 @@ class TavilyClient:
             )
             raise failed.error from None
         except asyncio.CancelledError:
-            # The caller went away: no verdict on Tavily, but a half-open trial is freed.
-            self.breaker.release()
-            recorded = True
             self._log("cancelled", tenant_id, started, attempts=0)
             raise
-        finally:
-            if not recorded:  # a bug: never leave a half-open trial hanging
-                self.breaker.record_failure()
+        result["search_depth"] = body["search_depth"]
         return result, attempts
 
     # -- HTTP with retries --------------------------------------------------------------
@@ -397,22 +392,12 @@ class TavilyClient:
         return payload
 
     def _log(self, status: str, tenant_id: str, started: float, **fields: Any) -> None:
-        """agent.md §9's ``external_call``: one per search, a cache hit included (INFO when
-        it answered, WARNING otherwise). The query is the user's text: never logged; nor
-        the key."""
-        emit = events.info if status == "ok" else events.warning
-        emit(
-            "external_call",
-            upstream="tavily",
-            operation="search",
-            status=status,
-            latency_ms=round((time.perf_counter() - started) * 1000, 1),
-            cache_hit=fields.pop("cache_hit", False),
-            tool=FETCH_FINANCE_NEWS,
-            tenant_id=tenant_id,
-            breaker=self.breaker.state,
-            **fields,
-        )
+        """The search's ``external_call`` line (one per search, a cache hit included). The
+        query is the user's text: never logged; nor the key."""
+        log_external_call(
+            events, "tavily", "search", status, started, self.breaker,
+            tool=FETCH_FINANCE_NEWS, tenant_id=tenant_id, **fields,
+        )  # fmt: skip
 
 
 def _log_retry(failed: _Attempt, attempt: int, delay: float) -> None:

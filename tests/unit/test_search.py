@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.common import errors
-from services.common.breaker import BreakerPolicy, CircuitBreaker
+from services.common.breaker import CLOSED, OPEN, BreakerPolicy, CircuitBreaker
 from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS, Filters
 from services.common.tokenizer import default_tokenizer
 from services.docstore.sqlite_store import SqliteDocumentStore
@@ -594,10 +594,12 @@ async def test_the_knowledge_base_is_chunked_with_the_configured_sizes(tmp_path,
 
 
 class FlakyIndex:
-    """A real index that fails every call while `down` (IndexUnavailableError), counting calls."""
+    """A real index that fails every call while `down` (IndexUnavailableError), or with
+    `fault` while one is set, counting calls."""
 
     def __init__(self, inner) -> None:
         self.inner, self.down, self.calls = inner, False, 0
+        self.fault: Exception | None = None
         self.backend, self.dim = inner.backend, inner.dim
 
     def __getattr__(self, name):
@@ -609,24 +611,38 @@ class FlakyIndex:
             self.calls += 1
             if self.down:
                 raise IndexUnavailableError("vector store down (test)")
+            if self.fault is not None:
+                raise self.fault
             return attr(*args, **kwargs)
 
         return call
+
+
+async def flaky_engine(
+    tmp_path,
+    embedder,
+    policy: BreakerPolicy,
+    now: list[float],
+    retries: int = EngineSettings.retries,
+) -> tuple[RetrievalEngine, FlakyIndex, CircuitBreaker]:
+    """An engine over a filled FlakyIndex, its breaker on the clock `now[0]`."""
+    base = make_stack(tmp_path, embedder)
+    await fill(base)
+    flaky = FlakyIndex(base.index)
+    breaker = CircuitBreaker("vector store", policy, clock=lambda: now[0])
+    engine = RetrievalEngine(
+        index=flaky, embedder=embedder, sections=base.sections,
+        chunks=base.store, tokenizer=default_tokenizer(), defaults=SearchDefaults(),
+        settings=EngineSettings(retries=retries), breaker=breaker,
+    )  # fmt: skip
+    return engine, flaky, breaker
 
 
 async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_recovery(
     tmp_path, embedder
 ):
     now = [0.0]
-    base = make_stack(tmp_path, embedder)
-    await fill(base)
-    flaky = FlakyIndex(base.index)
-    breaker = CircuitBreaker("vector store", BreakerPolicy(5, 10), clock=lambda: now[0])
-    engine = RetrievalEngine(
-        index=flaky, embedder=embedder, sections=base.sections,
-        chunks=base.store, tokenizer=default_tokenizer(), defaults=SearchDefaults(),
-        settings=EngineSettings(), breaker=breaker,
-    )  # fmt: skip
+    engine, flaky, _ = await flaky_engine(tmp_path, embedder, BreakerPolicy(5, 10), now)
     assert (await engine.search(q())).hits
     flaky.down, flaky.calls = True, 0
     for _ in range(3):
@@ -647,6 +663,31 @@ async def test_the_vector_store_breaker_opens_at_5_failures_and_closes_after_rec
     now[0] += 10.5
     assert (await engine.search(q())).hits
     assert (await engine.search(q())).hits and flaky.calls > 5
+
+
+async def test_a_half_open_trial_that_fails_unexpectedly_does_not_stick_the_breaker(
+    tmp_path, embedder
+):
+    """The trial call after the reset raises something no one classified (here what a
+    backend raises for an answer it cannot use): that counts as a failure, and the next
+    trial after the reset goes through again instead of the circuit staying open for good."""
+    now = [0.0]
+    engine, flaky, breaker = await flaky_engine(
+        tmp_path, embedder, BreakerPolicy(1, 10), now, retries=0
+    )
+    flaky.down = True
+    with pytest.raises(BackendUnavailableError):
+        await engine.search(q())
+    assert breaker.state == OPEN
+    flaky.down, flaky.fault = False, RuntimeError("unexpected answer (test)")
+    now[0] += 10.5
+    with pytest.raises(RuntimeError, match="unexpected answer"):
+        await engine.search(q())
+    assert breaker.state == OPEN  # the failed trial opened it again, for another 10 s
+    flaky.fault = None
+    now[0] += 10.5
+    assert (await engine.search(q())).hits
+    assert breaker.state == CLOSED
 
 
 async def test_ingesting_counts_calls_in_progress_and_returns_to_zero(tmp_path, embedder):
