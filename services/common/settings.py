@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from services.common.topology import SERVICE_BY_KEY, Ports, default_grpc_target
+
 T = TypeVar("T")
 
 
@@ -467,6 +469,14 @@ class ServerSettings:
             values["max_message_bytes"] = max_message_bytes
         return cls(service=service, tracing=TracingSettings.from_env(env), **values)
 
+    @classmethod
+    def for_service(
+        cls, key: str, env: Env, *, max_message_bytes: int | None = None
+    ) -> ServerSettings:
+        """`from_env` for a service of the mesh: its prefix and default port from the topology."""
+        prefix, port = SERVICE_BY_KEY[key].env_prefix, Ports().grpc[key]
+        return cls.from_env(key, prefix, env, port, max_message_bytes=max_message_bytes)
+
 
 def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
     """The Vars of ServerSettings under one service's prefix."""
@@ -540,10 +550,11 @@ class Downstream:
         )
 
 
-def downstream(
-    url: str, timeout: str, seconds: float, service: str, default_target: str, **url_doc: str
-) -> Downstream:
-    """The Vars of one downstream: `url` (doc in `url_doc`, or a generic one) and `timeout`."""
+def downstream(url: str, timeout: str, seconds: float, key: str, **url_doc: str) -> Downstream:
+    """The Vars of one downstream, the mesh's service `key`: `url` (doc in `url_doc`, or a
+    generic one; by default where the service listens by default) and `timeout`."""
+    service = SERVICE_BY_KEY[key].grpc_services[0].rsplit(".", 1)[-1]
+    default_target = default_grpc_target(key)
     return Downstream(
         text(
             url, "",

@@ -1,4 +1,5 @@
-"""Where each service of the mesh listens: one table used by the runner, Envoy config and tests."""
+"""Where each service of the mesh listens: one table used by the services' defaults, the
+runner, the Envoy config and the tests."""
 
 from __future__ import annotations
 
@@ -79,6 +80,12 @@ class Ports:
             metrics=dict(zip(keys, picked[2 * n : 3 * n], strict=True)),
             envoy_admin=picked[-1],
         )
+
+
+def default_grpc_target(key: str) -> str:
+    """host:port where service `key` listens when nothing says otherwise (`Ports`' defaults),
+    which is also where the services that call it look for it by default."""
+    return f"127.0.0.1:{Ports().grpc[key]}"
 
 
 def free_ports(count: int) -> list[int]:

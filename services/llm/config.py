@@ -21,7 +21,6 @@ from services.llm.loop import LoopSettings
 from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import runtime_settings
 
-DEFAULT_PORT = 50052
 MAX_TOOL_RESULT_TOKENS = 24_576
 """One tool result's ceiling in tokens, whatever room the total leaves."""
 
@@ -70,7 +69,7 @@ class LlmSettings:
             default_model=runtime.default_model if runtime else "extractive",
         )
         return cls(
-            server=ServerSettings.from_env("llm", "LLM_SERVICE_", env, DEFAULT_PORT),
+            server=ServerSettings.for_service("llm", env),
             tools_proxy=tools_proxy,
             runtime=runtime,
             loop=loop,
@@ -90,7 +89,6 @@ LOOP = Fields(
 )  # fmt: skip
 MAX_COMPLETION, MAX_TOTAL = LOOP.vars["max_completion_tokens"], LOOP.vars["max_total_tokens"]
 TOOLS_PROXY = downstream(
-    "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "ToolsProxyService",
-    "127.0.0.1:50054",
+    "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "toolsproxy",
     doc="ToolsProxyService (llm-service.md §11): host:port or a grpc:// / http:// URL.",
 )  # fmt: skip

@@ -30,7 +30,6 @@ from services.common.shared_config import (
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
 from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
-DEFAULT_PORT = 50051
 MAX_CONTEXT_CHARS_LIMIT = MAX_FULL_TEXT_BYTES // UTF8_MAX_BYTES
 """ORCH_MAX_CONTEXT_CHARS's ceiling: what ToolsProxy's largest load_documents_full result
 (MCP_PROXY_MAX_FULL_TEXT_BYTES, at most 3 MiB) holds of any script."""
@@ -102,7 +101,7 @@ class OrchestratorSettings:
             env,
             max_context_chars=min(asked_chars, whole_chars),
             held=held,
-            server=ServerSettings.from_env("orchestrator", "ORCH_", env, DEFAULT_PORT),
+            server=ServerSettings.for_service("orchestrator", env),
             retrieval=RETRIEVAL.read(env, attempts),
             llm=LLM.read(env, attempts),
             runtime=runtime,
@@ -125,13 +124,8 @@ WINDOW_RADIUS = integer(
     doc="The largest window radius R per side the model's reads grow to (1 → 2 → … → R; "
     "orchestrator.md §5): a window is 2R+1 chunks.",
 )  # fmt: skip
-RETRIEVAL = downstream(
-    "ORCH_RETRIEVAL_URL", "ORCH_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "RetrievalService",
-    "127.0.0.1:50053",
-)  # fmt: skip
-LLM = downstream(
-    "ORCH_LLM_SERVICE_URL", "ORCH_LLM_TIMEOUT_SECONDS", 60.0, "LlmService", "127.0.0.1:50052"
-)
+RETRIEVAL = downstream("ORCH_RETRIEVAL_URL", "ORCH_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "retrieval")
+LLM = downstream("ORCH_LLM_SERVICE_URL", "ORCH_LLM_TIMEOUT_SECONDS", 60.0, "llm")
 
 
 def _limited(name: str, field_name: str) -> Var:

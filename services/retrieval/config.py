@@ -42,7 +42,6 @@ from services.retrieval.search import (
     SearchDefaults,
 )
 
-DEFAULT_PORT = 50053
 MAX_OPTIMIZE_QUIET_S = 86_400.0
 LOCAL_RERANK_BATCH_SIZE = 16
 """Pairs per local reranker run; an API gets RerankSettings' default batch (32)."""
@@ -123,10 +122,7 @@ class RetrievalSettings:
         return SETTINGS.read(
             env,
             # A document travels in one message: leave room for it plus the envelope.
-            server=ServerSettings.from_env(
-                "retrieval", "RETR_", env, DEFAULT_PORT,
-                max_message_bytes=max_doc + (1 << 20),
-            ),
+            server=ServerSettings.for_service("retrieval", env, max_message_bytes=max_doc + (1 << 20)),
             defaults=search_defaults(env),
             docstore=docstore_settings(env, "RETR_"),
             max_document_bytes=max_doc,

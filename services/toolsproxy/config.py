@@ -24,8 +24,6 @@ from services.toolsproxy.ratelimit import RateLimits
 from services.toolsproxy.tavily import TavilySettings
 from services.toolsproxy.tools import ToolLimits
 
-DEFAULT_PORT = 50054
-
 
 @dataclass(frozen=True)
 class ToolsProxySettings:
@@ -53,7 +51,7 @@ class ToolsProxySettings:
     def from_env(cls, env: Env | None = None) -> ToolsProxySettings:
         env = env or Env()
         return cls(
-            server=ServerSettings.from_env("toolsproxy", "MCP_PROXY_", env, DEFAULT_PORT),
+            server=ServerSettings.for_service("toolsproxy", env),
             limits=LIMITS.read(
                 env,
                 max_window_radius=proxy_max_window_radius(env),
@@ -89,8 +87,7 @@ def mcp_settings(env: Env) -> McpSettings:
 
 
 RETRIEVAL = downstream(
-    "MCP_PROXY_RETRIEVAL_URL", "MCP_PROXY_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "RetrievalService",
-    "127.0.0.1:50053",
+    "MCP_PROXY_RETRIEVAL_URL", "MCP_PROXY_RETRIEVAL_TIMEOUT_SECONDS", 5.0, "retrieval",
     doc="RetrievalService for the search tools: host:port or a grpc:// / http:// URL.",
 )  # fmt: skip
 LIMITS = Fields(

@@ -4,6 +4,7 @@ from services.common import errors
 from services.common.search_contract import window_radius
 from services.common.setting_names import NAMES
 from services.common.settings import Env, SettingsError, grpc_target, refuse_undeclared
+from services.common.topology import Ports
 from services.docstore.chunking import ChunkingConfig
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
@@ -130,6 +131,23 @@ def test_llm_settings_read_the_specs_names():
     assert s.loop.max_tool_steps == 2
     assert s.tools_proxy.target == "tools:9000"
     assert s.loop.max_prompt_tokens == 1000
+
+
+def test_on_their_defaults_the_services_listen_where_their_callers_look():
+    """Each service's default port and its callers' default targets are the topology's."""
+    env = Env({})
+    orch, llm = OrchestratorSettings.from_env(env), LlmSettings.from_env(env)
+    retr, proxy = RetrievalSettings.from_env(env), ToolsProxySettings.from_env(env)
+    grpc = Ports().grpc
+    listening = {s.server.service: s.server.port for s in (orch, llm, retr, proxy)}
+    assert listening == grpc == {
+        "orchestrator": 50051, "llm": 50052, "retrieval": 50053, "toolsproxy": 50054,
+    }  # fmt: skip
+    assert (orch.retrieval.target, orch.llm.target) == (
+        f"127.0.0.1:{grpc['retrieval']}", f"127.0.0.1:{grpc['llm']}",
+    )  # fmt: skip
+    assert proxy.retrieval.target == orch.retrieval.target
+    assert llm.tools_proxy.target == f"127.0.0.1:{grpc['toolsproxy']}"
 
 
 def test_llm_runtime_url_is_refused_until_the_runtime_client_exists():
