@@ -1,12 +1,21 @@
-"""google.protobuf.Struct <-> dict, keeping integers integers (Struct stores every number as a double)."""
+"""Reading protobuf messages: google.protobuf.Struct <-> dict, keeping integers integers
+(Struct stores every number as a double), and proto3 `optional` fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import Message
 
 from services.common import errors
+
+
+def optional(message: Message, name: str) -> Any:
+    """A proto3 `optional` field's value, or None when the caller left it unset (so that an
+    explicit zero or false stays apart from "not given")."""
+    return getattr(message, name) if message.HasField(name) else None
+
 
 MAX_EXACT_INT = 2**53
 """Doubles hold every integer below this exactly; from it on, a whole double stays a float."""

@@ -11,7 +11,7 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
 from services.common.context import current_trace_id
-from services.common.structs import request_struct
+from services.common.structs import optional, request_struct
 from services.common.topology import SERVICE_BY_KEY
 from services.llm.engine import LlmEngine
 from services.llm.model import (
@@ -31,10 +31,6 @@ SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
 """The gRPC service GetHealth names (services/common/topology.py)."""
 
 
-def _opt(msg: object, name: str):  # type: ignore[no-untyped-def]
-    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
-
-
 def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
     p, tp = req.generation_params, req.tool_policy
     return GenerateInput(
@@ -48,11 +44,11 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
             for c in req.context_chunks
         ),
         params=GenerationParams(
-            max_tokens=_opt(p, "max_tokens"),
-            temperature=_opt(p, "temperature"),
-            top_p=_opt(p, "top_p"),
-            presence_penalty=_opt(p, "presence_penalty"),
-            frequency_penalty=_opt(p, "frequency_penalty"),
+            max_tokens=optional(p, "max_tokens"),
+            temperature=optional(p, "temperature"),
+            top_p=optional(p, "top_p"),
+            presence_penalty=optional(p, "presence_penalty"),
+            frequency_penalty=optional(p, "frequency_penalty"),
             stop=tuple(p.stop),
             response_schema=request_struct(p.response_schema, "generation_params.response_schema")
             if p.HasField("response_schema")
@@ -65,8 +61,8 @@ def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
             allowed_tools=tuple(tp.allowed_tools),
             anchors=tuple(Anchor(a.doc_id, a.section_id, a.anchor_chunk_id) for a in tp.anchors),
             radius_schedule=tuple(tp.window_radius_schedule) or (1,),
-            max_tool_steps=_opt(tp, "max_tool_steps"),
-            context_token_budget=_opt(tp, "context_token_budget"),
+            max_tool_steps=optional(tp, "max_tool_steps"),
+            context_token_budget=optional(tp, "context_token_budget"),
             planned_calls=tuple(
                 PlannedCall(
                     c.tool_name,

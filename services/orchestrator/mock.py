@@ -35,6 +35,7 @@ from services.orchestrator.model import (
     ToolCallRecord,
     User,
 )
+from services.orchestrator.prompt_budget import question_of
 
 BASE_SCORE = 0.35
 """A section sharing no word with the query still comes back (nearest neighbours always
@@ -410,8 +411,7 @@ def _question(req: LlmRequest) -> str:
     of the document scenarios appends ("Question: …\n\nSections found:\n…")."""
     for turn in reversed(req.messages):
         if turn.role == "user":
-            text = turn.content.partition("\n\nSections found:")[0]
-            return text.removeprefix("Question: ")
+            return question_of(turn.content)
     return ""
 
 

@@ -67,10 +67,21 @@ def _entry(i: int, s: SectionCandidate, title: str, summary: str) -> str:
     )
 
 
+_QUESTION = "Question: "
+_LISTING = "\n\nSections found:\n"
+
+
 def _question(query: str, listing: str | None) -> str:
+    """The first prompt's user turn: the question, and the sections' listing when there is one."""
     if listing is None:
         return query
-    return f"Question: {query}\n\nSections found:\n{listing}"
+    return f"{_QUESTION}{query}{_LISTING}{listing}"
+
+
+def question_of(user_turn: str) -> str:
+    """The question of a user turn `_question` wrote (a turn without a listing as it is)."""
+    question, listed, _ = user_turn.partition(_LISTING)
+    return question.removeprefix(_QUESTION) if listed else question
 
 
 class PromptFitter:

@@ -12,6 +12,7 @@ from visior.orchestrator.v1 import orchestrator_pb2_grpc
 
 from services.common import errors
 from services.common.search_contract import Filters
+from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
 from services.orchestrator.model import RespondInput, RespondOutput, Turn, User
 from services.orchestrator.respond import Responder, resolve_user
@@ -60,7 +61,7 @@ def respond_input(req: pb.RespondRequest) -> RespondInput:
             section_ids=tuple(dict.fromkeys([*f.section_ids, *req.section_ids])),
             source=f.source,
         ),
-        max_results=req.max_results if req.HasField("max_results") else None,
+        max_results=optional(req, "max_results"),
         history=tuple(Turn(t.role, t.content) for t in req.history),
         selected_doc_ids=tuple(dict.fromkeys(req.doc_ids)),
     )
@@ -112,11 +113,8 @@ def config_fields(c: RuntimeConfig) -> dict[str, Any]:
 
 
 def config_update(req: pb.UpdateConfigRequest) -> ConfigUpdate:
-    def opt(name: str):  # type: ignore[no-untyped-def]
-        return getattr(req, name) if req.HasField(name) else None
-
     return ConfigUpdate(
-        **{name: opt(name) for name in ConfigUpdate.__dataclass_fields__}  # type: ignore[arg-type]
+        **{name: optional(req, name) for name in ConfigUpdate.__dataclass_fields__}  # type: ignore[arg-type]
     )
 
 

@@ -8,6 +8,7 @@ import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.common.search_contract import Filters
+from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.listing import list_page
@@ -25,10 +26,6 @@ class HealthProbe(Protocol):
     def __call__(self) -> dict[str, str]: ...
 
 
-def _opt(msg: object, name: str) -> int | bool | float | None:
-    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
-
-
 _OPTIONAL_PARAMS = (
     "max_docs max_sections max_chunks context_token_limit enable_hybrid enable_rerank "
     "topk_per_doc min_score expand_query hard_trim"
@@ -42,7 +39,7 @@ def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
     return SearchQuery(
         query=req.query,
         tenant_id=req.tenant_id,
-        max_results=req.max_results if req.HasField("max_results") else None,
+        max_results=optional(req, "max_results"),
         filters=Filters(
             product=f.product,
             version=f.version,
@@ -56,7 +53,7 @@ def search_query(req: retrieval_pb2.SearchRequest) -> SearchQuery:
         trace_id=req.trace_id,
         ranking=p.ranking,
         fusion=p.fusion,
-        **{name: _opt(p, name) for name in _OPTIONAL_PARAMS},  # type: ignore[arg-type]
+        **{name: optional(p, name) for name in _OPTIONAL_PARAMS},  # type: ignore[arg-type]
     )
 
 

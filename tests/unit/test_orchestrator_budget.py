@@ -33,7 +33,7 @@ from services.orchestrator.model import (
     Turn,
     User,
 )
-from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter
+from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter, question_of
 from services.orchestrator.respond import Responder
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
@@ -328,3 +328,19 @@ async def test_s3_leaves_room_for_50000_characters_of_russian_beside_a_long_hist
     full_text = TOK.count((RU * 400)[:50_000])
     call_and_result_framing = 200
     assert first + full_text + call_and_result_framing <= request.context_token_budget
+
+
+@pytest.mark.parametrize("found", [None, 0, 3])
+@pytest.mark.parametrize("query", ["How do I set up LDAP?", "Question: twice\n\nand a second line"])
+def test_the_question_of_a_first_prompt_is_the_query(found: int | None, query: str):
+    """What `fit` writes as the user turn, `question_of` reads back as the query, with no
+    sections (S2, S3, S5), none found, or a list of them."""
+    sections = (
+        None if found is None else [_section(i, "summary", 0.9 - i / 10) for i in range(found)]
+    )
+    fitted = PromptFitter(default_tokenizer(), 4096).fit(
+        system="s", history=(), query=query, context_token_budget=4096, sections=sections,
+        list_budget=2048,
+    )  # fmt: skip
+    assert ("Sections found" in fitted.question) is (found is not None)
+    assert question_of(fitted.question) == query
