@@ -58,3 +58,8 @@ class ToolCallRecord:
     name: str
     arguments: dict[str, Any]
     result_summary: str
+
+
+def failed_call_summary(code: str, message: str) -> str:
+    """The `result_summary` of a tool call that failed or was refused."""
+    return f"tool_error {code}: {message}"

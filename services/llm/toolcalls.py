@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common.generate_contract import failed_call_summary
 from services.common.tokenizer import Tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
@@ -426,7 +427,7 @@ def summarise(
     """The `result_summary` of a tools_called entry; `texts`: the result's delimited texts
     when already split (`RenderedResult.texts`), else they are split here."""
     if result.status != "ok":
-        return f"tool_error {result.error_code}: {result.error_message}"
+        return failed_call_summary(result.error_code, result.error_message)
     r = result.result or {}
     if texts is None:
         found: list[str] = []

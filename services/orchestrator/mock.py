@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.generate_contract import failed_call_summary
 from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
@@ -300,7 +301,7 @@ def _read(doc: SampleDocument, chunks: tuple[SampleChunk, ...]) -> ToolResult:
 
 
 def _error(code: str, message: str) -> ToolResult:
-    return ToolResult(f"tool_error {code}: {message}", ok=False)
+    return ToolResult(failed_call_summary(code, message), ok=False)
 
 
 class MockTools:
