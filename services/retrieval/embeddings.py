@@ -27,8 +27,6 @@ PROFILES = ("e5", "fast", "remote")
 
 PASSAGE_BATCH_DEFAULTS = {"e5": 16, "fast": 64, "remote": 64}
 """Passages per model call (or remote request) by profile, when RETR settings name none."""
-
-
 REMOTE_TIMEOUT_S = 10.0
 """Timeout of one remote embedding request (each retry gets its own)."""
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}

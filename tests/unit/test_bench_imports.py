@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from services.devtools.envoy import REPO_ROOT
+
 SCRIPTS = sorted(
     p.relative_to(REPO_ROOT)
     for folder in ("bench", "tools")

@@ -18,9 +18,9 @@ import yaml
 from services.common.setting_names import NAMES
 from services.common.settings import Env, refuse_undeclared
 from services.common.topology import SERVICES, Ports
+from services.devtools.envoy import REPO_ROOT as ROOT
 from services.devtools.envoy import validate
 
-ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KEYS = [s.key for s in SERVICES]
 PORTS = Ports()

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from services.devtools.envoy import REPO_ROOT as ROOT
 
 
 def check_gen(root: Path) -> subprocess.CompletedProcess[str]:

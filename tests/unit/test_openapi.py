@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -26,8 +25,8 @@ from visior.retrieval.v1 import retrieval_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common.topology import SERVICES
+from services.devtools.envoy import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 OPENAPI_PATH = ROOT / "openapi" / "visior.openapi.yaml"
 DESCRIPTOR_SET = ROOT / "envoy" / "visior.pb"
 PREFIX = "#/components/schemas/"
