@@ -11,6 +11,7 @@ half-open trial hanging.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,9 +46,18 @@ class CircuitOpenError(Exception):
     """The breaker is open: the dependency failed recently and is not being called."""
 
     def __init__(self, name: str, retry_in: float) -> None:
-        super().__init__(f"{name} is unavailable (circuit open, next try in {retry_in:.1f} s)")
         self.name = name
         self.retry_in = retry_in
+        super().__init__(
+            f"{name} is unavailable (circuit open, next try in {self.retry_after_s} s)"
+        )
+
+    @property
+    def retry_after_s(self) -> int:
+        """The whole seconds a caller is told to wait: `retry_in` rounded up, at least 1 (while
+        a half-open trial runs `retry_in` is 0, and "try again in 0 s" invites a retry that
+        is refused again)."""
+        return max(1, math.ceil(self.retry_in))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Settings that more than one service reads, declared once (see services/common/settings.py).
 
 Two services that must agree on a value read it under the same name: the window radius
-limit and the size of a whole-document read (the Orchestrator and ToolsProxy), the LLM
+limit and the size and document count of a whole-document read (the Orchestrator and
+ToolsProxy), the LLM
 service's first-prompt limit (the LLM service and the Orchestrator, which shapes first
 prompts to fit), the data directory and the document store (Retrieval and ToolsProxy).
 """
@@ -31,9 +32,19 @@ LEGACY_CHUNK_WINDOW = integer(
 UTF8_MAX_BYTES = 4
 """UTF-8 bytes one character takes at most: a limit in bytes holds a quarter as many
 characters of any script."""
-DEFAULT_FULL_TEXT_BYTES = 200_000
-"""ToolsProxy's default for one load_documents_full result: the 50,000 characters the
-Orchestrator reads whole by default (agent.md §10's max_context_chars), of any script."""
+MAX_CONTEXT_CHARS = 50_000
+"""Characters of selected documents the Orchestrator reads whole (S3) by default: the
+default of ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars)."""
+DEFAULT_FULL_TEXT_BYTES = MAX_CONTEXT_CHARS * UTF8_MAX_BYTES
+"""ToolsProxy's default for one load_documents_full result: MAX_CONTEXT_CHARS characters of
+any script."""
+DEFAULT_FULL_DOCUMENTS = 10
+"""Documents one load_documents_full call may ask for, by default."""
+PROXY_MAX_FULL_DOCUMENTS = integer(
+    "MCP_PROXY_MAX_FULL_DOCUMENTS", DEFAULT_FULL_DOCUMENTS, 1, 50,
+    doc="Documents one load_documents_full call may ask for. The Orchestrator reads selected "
+    "documents whole (S3) only when there are no more of them than this.",
+)  # fmt: skip
 MAX_FULL_TEXT_BYTES = 3 << 20
 PROXY_MAX_FULL_TEXT_BYTES = integer(
     "MCP_PROXY_MAX_FULL_TEXT_BYTES", DEFAULT_FULL_TEXT_BYTES, 256, MAX_FULL_TEXT_BYTES,
@@ -72,6 +83,11 @@ def proxy_full_text_bytes(env: Env) -> int:
 def proxy_full_text_chars(env: Env) -> int:
     """Characters of any script a whole load_documents_full result holds."""
     return proxy_full_text_bytes(env) // UTF8_MAX_BYTES
+
+
+def proxy_full_documents(env: Env) -> int:
+    """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    return int(PROXY_MAX_FULL_DOCUMENTS.read(env))
 
 
 def llm_prompt_limit(env: Env) -> int:

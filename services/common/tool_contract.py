@@ -1,6 +1,8 @@
 """What the orchestrator, the LLM service and ToolsProxy agree on about tools, in one place:
 the tools' names (agent.md §3), the codes of a failed tool call (ExecuteResponse.error.code,
-toolsproxy.proto), the result fields that hold document text, and the shape of an id argument.
+toolsproxy.proto), the result fields that hold document text, the shape of an id argument,
+and the defaults of the arguments the orchestrator plans (the Bank of Russia's calendar
+among them).
 
 ToolsProxy defines the tools (their schemas are the contract, services/common/tool_args.py
 checks arguments against them); the orchestrator plans calls by these names and the LLM
@@ -10,6 +12,7 @@ service offers, checks and reads them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 from services.common.search_contract import (
@@ -105,3 +108,27 @@ counts and reads them."""
 NEWS_QUERY_MAX_CHARS = 400
 """Longest fetch_finance_news query (Tavily advises queries under 400 characters); ToolsProxy
 refuses a longer one, the orchestrator cuts what it plans to this."""
+NEWS_MAX_RESULTS = 5
+"""Most results of one fetch_finance_news call (agent.md §5.3: 3-5), the number a call that
+gives no `max_results` gets, and what the orchestrator plans."""
+NEWS_SEARCH_DEPTH = "advanced"
+"""fetch_finance_news's `search_depth` when a call gives none (agent.md §5.3 asks for
+advanced), and what the orchestrator plans."""
+SEARCH_TOP_K = 5
+"""search_user_documents' and search_general_kb's `top_k` when a call gives none, and what
+the orchestrator plans."""
+
+# -- the Bank of Russia's calendar (fetch_cbr_data) ------------------------------------------
+BANK_TIMEZONE = timezone(timedelta(hours=3), "MSK")
+"""The Bank of Russia publishes on Moscow time (UTC+3, no daylight saving since 2014)."""
+KEY_RATE_DAYS = 30
+"""Days fetch_cbr_data's key_rate looks back from its last day: the range when a call gives
+no date_from, and how far back it seeks the rate in force on a `date`. The orchestrator
+plans this range."""
+
+
+def bank_today(now: datetime | None = None) -> date:
+    """Today on the bank's calendar: the Moscow date at `now` (an aware datetime; default the
+    current time). fetch_cbr_data's default day and the orchestrator's "today" are this date,
+    so between 21:00 and 24:00 UTC both are already the next day."""
+    return (now or datetime.now(UTC)).astimezone(BANK_TIMEZONE).date()

@@ -43,6 +43,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         llm_prompt_limit=settings.llm_prompt_limit,
         default_top_k=settings.default_top_k,
         max_context_chars=settings.max_context_chars,
+        max_documents=settings.max_full_documents,
         mock=(MockRetriever(min_score=settings.score_threshold), MockGenerator()),
     )
 

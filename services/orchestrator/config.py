@@ -19,16 +19,18 @@ from services.common.settings import (
     text,
 )
 from services.common.shared_config import (
+    DEFAULT_FULL_DOCUMENTS,
+    MAX_CONTEXT_CHARS,
     MAX_FULL_TEXT_BYTES,
     MAX_RADIUS,
     UTF8_MAX_BYTES,
     llm_prompt_limit,
+    proxy_full_documents,
     proxy_full_text_chars,
     proxy_max_window_radius,
     radius,
 )
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
-from services.orchestrator.scenarios import MAX_CONTEXT_CHARS
 
 MAX_CONTEXT_CHARS_LIMIT = MAX_FULL_TEXT_BYTES // UTF8_MAX_BYTES
 """ORCH_MAX_CONTEXT_CHARS's ceiling: what ToolsProxy's largest load_documents_full result
@@ -66,6 +68,9 @@ class OrchestratorSettings:
     max_context_chars: int = MAX_CONTEXT_CHARS
     """Selected documents up to this many characters in total are read whole (S3), above it
     searched (S4) (ORCH_MAX_CONTEXT_CHARS, agent.md §10's max_context_chars)."""
+    max_full_documents: int = DEFAULT_FULL_DOCUMENTS
+    """Selected documents are read whole (S3) only when there are no more of them than one
+    load_documents_full call of ToolsProxy takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
     (ORCH_SCORE_THRESHOLD, agent.md §10's score_threshold); None leaves Retrieval's own
@@ -100,6 +105,7 @@ class OrchestratorSettings:
         return SETTINGS.read(
             env,
             max_context_chars=min(asked_chars, whole_chars),
+            max_full_documents=proxy_full_documents(env),
             held=held,
             server=ServerSettings.for_service("orchestrator", env),
             retrieval=RETRIEVAL.read(env, attempts),

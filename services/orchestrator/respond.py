@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
 from services.common import errors
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
@@ -28,10 +28,15 @@ from services.common.tool_contract import (
     FETCH_CBR_DATA,
     FETCH_FINANCE_NEWS,
     FULL_TEXT_TOOLS,
+    KEY_RATE_DAYS,
     LOAD_DOCUMENTS_FULL,
+    NEWS_MAX_RESULTS,
     NEWS_QUERY_MAX_CHARS,
+    NEWS_SEARCH_DEPTH,
     READ_TOOLS,
     SEARCH_GENERAL_KB,
+    SEARCH_TOP_K,
+    bank_today,
 )
 from services.orchestrator.mock import MockGenerator, MockRetriever
 from services.orchestrator.model import (
@@ -53,6 +58,7 @@ from services.orchestrator.model import (
 from services.orchestrator.prompt_budget import FirstPrompt, PromptFitter
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, ConfigHolder, RuntimeConfig
 from services.orchestrator.scenarios import (
+    DEFAULT_FULL_DOCUMENTS,
     MAX_CONTEXT_CHARS,
     Decision,
     decision_prompt,
@@ -159,7 +165,6 @@ LANGUAGE_NOTE = {"en": " Answer in English.", "ru": " Answer in Russian."}
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (docs/architecture.md §14). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
-KEY_RATE_DAYS = 31
 FULL_CONTEXT_TOKENS = 28_000
 """S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
 plus the prompt must fit, whatever the configured context_token_budget is."""
@@ -184,7 +189,9 @@ search on average, 1,000 characters 14 of 15 at 304 ms, 400 characters 15 of 15 
 
 
 def _today() -> date:
-    return datetime.now(UTC).date()
+    """Today on the Bank of Russia's calendar, as fetch_cbr_data counts it (the Moscow date):
+    the day "сегодня" names and planned fetch_cbr_data calls ask for."""
+    return bank_today()
 
 
 class Responder:
@@ -205,6 +212,7 @@ class Responder:
         tokenizer: Tokenizer | None = None,
         default_top_k: int = DEFAULT_MAX_RESULTS,
         max_context_chars: int = MAX_CONTEXT_CHARS,
+        max_documents: int = DEFAULT_FULL_DOCUMENTS,
         mock: tuple[Retriever, Generator] | None = None,
     ) -> None:
         """`mock`: the Retriever and Generator mock_mode answers with (orchestrator.md §3.6),
@@ -218,13 +226,15 @@ class Responder:
         self._enable_filters = enable_filters
         self._default_top_k = default_top_k
         self._max_context_chars = max_context_chars
+        self._whole_read = {"max_context_chars": max_context_chars, "max_documents": max_documents}
+        """What S3 reads whole (scenarios.fits_whole), as every decision function takes it."""
         self._mock_ports = mock
         self._mock: Responder | None = None
         self._options = {
             "clock": clock, "today": today, "model_routing": model_routing,
             "enable_filters": enable_filters, "llm_prompt_limit": llm_prompt_limit,
             "tokenizer": tokenizer, "default_top_k": default_top_k,
-            "max_context_chars": max_context_chars,
+            "max_context_chars": max_context_chars, "max_documents": max_documents,
         }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (docs/architecture.md §17).
@@ -327,20 +337,19 @@ class Responder:
         today = self._today()
         rules = rule_decision(
             req.query, selected_doc_ids=selected, selected_chars=chars, history=history,
-            today=today, locale=req.locale, max_context_chars=self._max_context_chars,
+            today=today, locale=req.locale, **self._whole_read,
         )  # fmt: skip
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
-        limit = self._max_context_chars
         system = decision_prompt(
-            req.query, selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
+            req.query, selected_doc_ids=selected, selected_chars=chars, **self._whole_read
         )
         outcome = await self._generate(
             replace(
                 self._request(req, cfg, system, self._fit(req, cfg, system)),
                 mode="chat",
                 response_schema=decision_schema(
-                    selected_doc_ids=selected, selected_chars=chars, max_context_chars=limit
+                    selected_doc_ids=selected, selected_chars=chars, **self._whole_read
                 ),
                 max_tokens=DECISION_MAX_TOKENS,
             )
@@ -350,7 +359,7 @@ class Responder:
             return rules
         decided = parse_model_decision(
             outcome.answer, query=req.query, selected_doc_ids=selected, selected_chars=chars,
-            today=today, locale=req.locale, max_context_chars=limit,
+            today=today, locale=req.locale, **self._whole_read,
         )  # fmt: skip
         return decided or rules
 
@@ -485,7 +494,7 @@ class Responder:
         system = GENERAL_SYSTEM_PROMPT
         today = self._today()
         if decision.intent == "knowledge_base":
-            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": req.query, "top_k": 5}),)
+            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": req.query, "top_k": SEARCH_TOP_K}),)
             found = await self._retriever.search(
                 RetrievalRequest(
                     req.query, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
@@ -516,8 +525,8 @@ class Responder:
                     FETCH_FINANCE_NEWS,
                     {
                         "query": decision.news_query or req.query[:NEWS_QUERY_MAX_CHARS],
-                        "max_results": 5,
-                        "search_depth": "advanced",
+                        "max_results": NEWS_MAX_RESULTS,
+                        "search_depth": NEWS_SEARCH_DEPTH,
                     },
                 ),
             )

@@ -11,14 +11,10 @@ from typing import Any
 
 from services.common.currencies import CURRENCIES, CURRENCY_PATTERNS, named_currencies
 from services.common.generate_contract import ANSWER_LANGUAGES, text_language
+from services.common.shared_config import DEFAULT_FULL_DOCUMENTS, MAX_CONTEXT_CHARS
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
 from services.common.wording import fold_case, whole_words
-
-MAX_CONTEXT_CHARS = 50_000
-"""Selected documents up to this many characters in total go to the model whole (S3): the
-default of ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars), which the Responder
-passes to every function here that takes `max_context_chars`."""
 
 INTENTS = (
     "documents",
@@ -44,6 +40,8 @@ SCENARIO_OF_INTENT: dict[str, str] = {
     "clarify": "S5",
 }
 """Each intent belongs to exactly one scenario."""
+SCENARIOS = frozenset(SCENARIO_OF_INTENT.values())
+"""S1..S5."""
 
 DEFAULT_CURRENCY = "USD"
 MAX_CLARIFICATIONS = 3
@@ -483,9 +481,25 @@ def clarification_questions(query: str, language: str) -> tuple[str, ...]:
 # -- the rules -------------------------------------------------------------------------------
 
 
-def _size_decision(selected_chars: int | None, max_context_chars: int, language: str) -> Decision:
-    """S3 when the selected documents fit (≤ the limit), S4 when over it or of unknown size."""
-    if selected_chars is not None and selected_chars <= max_context_chars:
+def fits_whole(
+    selected_doc_ids: Sequence[str],
+    selected_chars: int | None,
+    max_context_chars: int,
+    max_documents: int,
+) -> bool:
+    """Whether the selected documents are read whole (S3): their total size is known and at
+    most `max_context_chars`, and there are no more of them than one load_documents_full call
+    takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    return (
+        selected_chars is not None
+        and selected_chars <= max_context_chars
+        and len(selected_doc_ids) <= max_documents
+    )
+
+
+def _size_decision(fits: bool, language: str) -> Decision:
+    """S3 when the selected documents fit (`fits_whole`), S4 when they do not."""
+    if fits:
         return Decision("S3", "selected_full", "rules", language=language)
     return Decision("S4", "selected_search", "rules", language=language)
 
@@ -597,12 +611,13 @@ def rule_decision(
     history: Sequence[tuple[str, str]] = (),
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    max_documents: int = DEFAULT_FULL_DOCUMENTS,
     locale: str = "",
 ) -> Decision:
     """The rule-based decision (agent.md §4's `rule_guess_scenario`), in this order:
 
-    1. Selected documents: S3 selected_full when their total size is known and
-       ≤ `max_context_chars`, else S4 selected_search.
+    1. Selected documents: S3 selected_full when they fit (`fits_whole`: total size known
+       and ≤ `max_context_chars`, at most `max_documents` of them), else S4 selected_search.
     2. Without a selection: a definitional question («что такое», "what is a", "define")
        naming its term → S1 documents with the knowledge base as the fallback (docs/architecture.md
        §14), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
@@ -619,7 +634,8 @@ def rule_decision(
         language = text_language(_last_user_turn(history))
     language = locale_language(locale) or language
     if selected_doc_ids:
-        return _size_decision(selected_chars, max_context_chars, language)
+        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        return _size_decision(fits, language)
     text = fold_case(query)
     intent = _general_intent(text) or "documents"
     if intent == "clarify":
@@ -642,18 +658,17 @@ def rule_decision(
 _INTENT_HELP = (
     (
         "documents",
-        "S1",
         "search all of the user's documents (no documents selected), also for "
         'what a term means («что такое …», "what is …"): the user\'s documents come first',
     ),
-    ("knowledge_base", "S2", "regulation, taxes, laws: the shared knowledge base"),
-    ("currency_rates", "S2", "Bank of Russia exchange rates (курс доллара, USD/RUB)"),
-    ("key_rate", "S2", "the Bank of Russia key rate"),
-    ("finance_news", "S2", "finance news from the web"),
-    ("small_talk", "S2", "greetings, thanks, chit-chat: no data needed"),
-    ("selected_full", "S3", "the selected documents fit the limit: read them whole"),
-    ("selected_search", "S4", "the selected documents exceed the limit: search inside them"),
-    ("clarify", "S5", "the request is too vague: ask 1-3 clarification questions"),
+    ("knowledge_base", "regulation, taxes, laws: the shared knowledge base"),
+    ("currency_rates", "Bank of Russia exchange rates (курс доллара, USD/RUB)"),
+    ("key_rate", "the Bank of Russia key rate"),
+    ("finance_news", "finance news from the web"),
+    ("small_talk", "greetings, thanks, chit-chat: no data needed"),
+    ("selected_full", "the selected documents fit the limit: read them whole"),
+    ("selected_search", "the selected documents exceed the limit: search inside them"),
+    ("clarify", "the request is too vague: ask 1-3 clarification questions"),
 )
 
 
@@ -663,6 +678,7 @@ def decision_prompt(
     selected_doc_ids: Sequence[str],
     selected_chars: int | None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    max_documents: int = DEFAULT_FULL_DOCUMENTS,
 ) -> str:
     """Instructions asking the model for ONE JSON object deciding the scenario.
 
@@ -670,13 +686,14 @@ def decision_prompt(
     `max_context_chars`) are stated, so the model's choice can agree with them;
     `parse_model_decision` rejects one that does not.
     """
-    intents = "\n".join(f'- "{i}" ({s}): {help_}' for i, s, help_ in _INTENT_HELP)
+    intents = "\n".join(f'- "{i}" ({SCENARIO_OF_INTENT[i]}): {help_}' for i, help_ in _INTENT_HELP)
     if selected_doc_ids:
         size = "unknown" if selected_chars is None else f"{selected_chars} characters"
-        fits = selected_chars is not None and selected_chars <= max_context_chars
+        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        count = f" and {max_documents} documents" if len(selected_doc_ids) > max_documents else ""
         facts = (
             f"The user selected {len(selected_doc_ids)} document(s); total size: {size}; "
-            f"the limit for reading them whole is {max_context_chars} characters. "
+            f"the limit for reading them whole is {max_context_chars} characters{count}. "
             f'Choose "{"selected_full" if fits else "selected_search"}", '
             'or "clarify" if the request cannot be acted on.'
         )
@@ -711,6 +728,7 @@ def decision_schema(
     selected_doc_ids: Sequence[str],
     selected_chars: int | None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    max_documents: int = DEFAULT_FULL_DOCUMENTS,
 ) -> dict[str, Any]:
     """The JSON schema of `decision_prompt`'s answer, for runtimes with constrained output:
     one object per intent the facts allow (its scenario fixed), so the model can only pick
@@ -731,7 +749,7 @@ def decision_schema(
             "additionalProperties": False,
         }
         for intent in INTENTS
-        if _consistent(intent, selected_doc_ids, selected_chars, max_context_chars)
+        if _consistent(intent, selected_doc_ids, selected_chars, max_context_chars, max_documents)
     ]
     return {"anyOf": options}
 
@@ -760,7 +778,7 @@ def _scenario(value: Any) -> str:
     value = value.strip().upper()
     if value.isdigit():
         value = f"S{value}"
-    return value if value in ("S1", "S2", "S3", "S4", "S5") else ""
+    return value if value in SCENARIOS else ""
 
 
 def _strings(value: Any) -> tuple[str, ...] | None:
@@ -784,6 +802,7 @@ def _consistent(
     selected_doc_ids: Sequence[str],
     selected_chars: int | None,
     max_context_chars: int,
+    max_documents: int,
 ) -> bool:
     """Whether the intent agrees with the facts the model cannot override."""
     if intent == "clarify":
@@ -791,7 +810,7 @@ def _consistent(
     if intent in ("selected_full", "selected_search"):
         if not selected_doc_ids:
             return False
-        fits = selected_chars is not None and selected_chars <= max_context_chars
+        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
         return fits == (intent == "selected_full")
     return not selected_doc_ids
 
@@ -808,14 +827,14 @@ def parse_model_decision(
     selected_chars: int | None = None,
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
+    max_documents: int = DEFAULT_FULL_DOCUMENTS,
     locale: str = "",
 ) -> Decision | None:
     """The model's decision, or None when it is not usable and the rules should decide.
 
     Usable means: a JSON object (prose or a code fence around it is tolerated) with a
     known `intent` and the `scenario` of that intent; consistent with the facts (S3 only
-    when the selected documents fit `max_context_chars`, S4 only when they do not or their
-    size is unknown, S1/S2 only without a selection; S5 always); optional fields of the right
+    when the selected documents fit (`fits_whole`), S4 only when they do not, S1/S2 only without a selection; S5 always); optional fields of the right
     type, `currency` an ISO 4217 code other than RUB, `date` a real YYYY-MM-DD. Empty optional
     fields are filled from the query as the rules would; a date the query itself names wins
     over the model's (the model does not know today's date). The answer language always
@@ -831,7 +850,7 @@ def parse_model_decision(
     intent = intent.strip().lower()
     if _scenario(data.get("scenario")) != SCENARIO_OF_INTENT[intent]:
         return None
-    if not _consistent(intent, selected_doc_ids, selected_chars, max_context_chars):
+    if not _consistent(intent, selected_doc_ids, selected_chars, max_context_chars, max_documents):
         return None
     definitional = not selected_doc_ids and is_definitional(query)
     if definitional and intent != "documents":

@@ -25,7 +25,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -46,8 +46,10 @@ from services.common.settings import SettingsError
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
     INVALID_ARGUMENT,
+    KEY_RATE_DAYS,
     NOT_FOUND,
     UPSTREAM_UNAVAILABLE,
+    bank_today,
     tool_arguments,
 )
 from services.toolsproxy.external_call import log_external_call
@@ -73,8 +75,6 @@ DIFFGRAM_NS = "urn:schemas-microsoft-com:xml-diffgram-v1"
 XS_NS = "http://www.w3.org/2001/XMLSchema"
 MSPROP_NS = "urn:schemas-microsoft-com:xml-msprop"
 
-MOSCOW = timezone(timedelta(hours=3), "MSK")
-"""The bank publishes on Moscow time (UTC+3, no daylight saving since 2014)."""
 EARLIEST_DATE = date(1992, 7, 1)
 """The first day of the bank's official rate series; earlier dates are refused."""
 
@@ -412,8 +412,8 @@ class CbrClient:
         """HTTP requests sent (retries included); for metrics and tests."""
 
     def today(self) -> date:
-        """Today in Moscow, the bank's calendar."""
-        return self._now().astimezone(MOSCOW).date()
+        """Today on the bank's calendar (the Moscow date, tool_contract.bank_today)."""
+        return bank_today(self._now())
 
     # -- operations ------------------------------------------------------------------
 
@@ -488,7 +488,7 @@ class CbrClient:
                 data = await self._attempts(operation, params, row_tag)
         except CircuitOpenError as exc:
             self._event(operation, "breaker_open", started)
-            raise CbrUnavailableError(max(1, math.ceil(exc.retry_in))) from None
+            raise CbrUnavailableError(exc.retry_after_s) from None
         except CbrRequestError as exc:
             self._event(operation, "bad_request", started, reason=str(exc))
             raise
@@ -601,7 +601,7 @@ _ALLOWED: dict[str, frozenset[str]] = {
     "key_rate": frozenset({"date", "date_from", "date_to"}),
     "news": frozenset({"date", "date_from", "date_to"}),
 }
-_DEFAULT_SPAN = {"rates_dynamic": 30, "key_rate": 30, "news": 7}
+_DEFAULT_SPAN = {"rates_dynamic": 30, "key_rate": KEY_RATE_DAYS, "news": 7}
 """Days back from date_to when date_from is not given."""
 
 
@@ -774,7 +774,7 @@ class CbrTool:
         if "date" in args:
             # The rate in force on a day: look back far enough to cross weekends and holidays.
             on, _ = self._range(args, "key_rate")
-            date_from, date_to = max(EARLIEST_DATE, on - timedelta(days=30)), on
+            date_from, date_to = max(EARLIEST_DATE, on - timedelta(days=KEY_RATE_DAYS)), on
         else:
             date_from, date_to = self._range(args, "key_rate")
         data = await self._client.key_rate(date_from, date_to)

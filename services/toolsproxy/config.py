@@ -16,7 +16,11 @@ from services.common.settings import (
     secret,
     text,
 )
-from services.common.shared_config import proxy_full_text_bytes, proxy_max_window_radius
+from services.common.shared_config import (
+    proxy_full_documents,
+    proxy_full_text_bytes,
+    proxy_max_window_radius,
+)
 from services.docstore.config import DocstoreSettings, docstore_settings
 from services.toolsproxy.cbr import CbrSettings
 from services.toolsproxy.mcp_server import McpSettings
@@ -56,6 +60,7 @@ class ToolsProxySettings:
                 env,
                 max_window_radius=proxy_max_window_radius(env),
                 max_full_text_bytes=proxy_full_text_bytes(env),
+                max_full_documents=proxy_full_documents(env),
             ),
             rate_limits=RATE_LIMITS.read(env),
             docstore=docstore_settings(env, "MCP_PROXY_"),
@@ -94,7 +99,6 @@ LIMITS = Fields(
     ToolLimits,
     max_text_bytes=integer("MCP_PROXY_MAX_TEXT_BYTES", minimum=256, maximum=1 << 20),
     max_pages_per_call=integer("MCP_PROXY_MAX_PAGES_PER_CALL", minimum=1, maximum=100),
-    max_full_documents=integer("MCP_PROXY_MAX_FULL_DOCUMENTS", minimum=1, maximum=50),
 )
 RATE_LIMITS = Fields(
     RateLimits,

@@ -12,6 +12,7 @@ from services.common.tool_contract import (
     ID_SCHEMA,
     INVALID_ARGUMENT,
     SEARCH_GENERAL_KB,
+    SEARCH_TOP_K,
     SEARCH_USER_DOCUMENTS,
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
@@ -140,7 +141,7 @@ class SearchTools:
         call = SearchCall(
             tenant_id=caller.tenant_id,
             query=args["query"],
-            top_k=args.get("top_k", 5),
+            top_k=args.get("top_k", SEARCH_TOP_K),
             doc_ids=tuple(args.get("document_ids", ())),
             source=USER_SOURCE,
             trace_id=caller.trace_id,
@@ -166,7 +167,7 @@ class SearchTools:
         call = SearchCall(
             tenant_id=caller.tenant_id,
             query=query,
-            top_k=args.get("top_k", 5),
+            top_k=args.get("top_k", SEARCH_TOP_K),
             source=KB_SOURCE,
             filters=filters,
             trace_id=caller.trace_id,

@@ -37,7 +37,9 @@ from services.common.settings import SettingsError
 from services.common.tool_contract import (
     FETCH_FINANCE_NEWS,
     INVALID_ARGUMENT,
+    NEWS_MAX_RESULTS,
     NEWS_QUERY_MAX_CHARS,
+    NEWS_SEARCH_DEPTH,
     RATE_LIMIT_EXCEEDED,
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
@@ -58,11 +60,9 @@ _STATUS = {
 
 DEFAULT_BASE_URL = "https://api.tavily.com"
 MIN_RESULTS = 3
-MAX_RESULTS = 5
 TIME_RANGES = ("day", "week", "month", "year")
 SEARCH_DEPTHS = ("basic", "advanced")
 """Tavily's search_depth values; agent.md §5.3 asks for advanced, the default."""
-DEFAULT_SEARCH_DEPTH = "advanced"
 MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 MAX_URL_CHARS = 2048
 
@@ -175,7 +175,7 @@ def _checked(
         raise TavilyError(
             INVALID_ARGUMENT, f"search_depth must be one of {', '.join(SEARCH_DEPTHS)}"
         )
-    return text, min(MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
+    return text, min(NEWS_MAX_RESULTS, max(MIN_RESULTS, int(max_results)))
 
 
 class TavilyClient:
@@ -224,9 +224,9 @@ class TavilyClient:
         *,
         tenant_id: str,
         user_id: str,
-        max_results: int = MAX_RESULTS,
+        max_results: int = NEWS_MAX_RESULTS,
         time_range: str | None = None,
-        search_depth: str = DEFAULT_SEARCH_DEPTH,
+        search_depth: str = NEWS_SEARCH_DEPTH,
     ) -> dict[str, Any]:
         """Finance news for ``query``: ``{source, query, search_depth, results[{title, url,
         snippet, published_at}], cached}``. ``max_results`` is clamped to 3..5.
@@ -273,7 +273,7 @@ class TavilyClient:
         except CircuitOpenError as exc:
             self._log("breaker_open", tenant_id, started, attempts=0)
             raise _unavailable(
-                f"too many recent failures; try again in {math.ceil(exc.retry_in)} s"
+                f"too many recent failures; try again in {exc.retry_after_s} s"
             ) from None
         except _Attempt as failed:
             self._log(
@@ -515,14 +515,14 @@ def tavily_schema() -> dict[str, Any]:
             "max_results": {
                 "type": "integer",
                 "minimum": MIN_RESULTS,
-                "maximum": MAX_RESULTS,
-                "description": f"Results to return ({MIN_RESULTS}..{MAX_RESULTS}, "
-                f"default {MAX_RESULTS}).",
+                "maximum": NEWS_MAX_RESULTS,
+                "description": f"Results to return ({MIN_RESULTS}..{NEWS_MAX_RESULTS}, "
+                f"default {NEWS_MAX_RESULTS}).",
             },
             "search_depth": {
                 "type": "string",
                 "enum": list(SEARCH_DEPTHS),
-                "description": f"Tavily's search depth (default {DEFAULT_SEARCH_DEPTH}): basic "
+                "description": f"Tavily's search depth (default {NEWS_SEARCH_DEPTH}): basic "
                 "is faster, advanced finds more relevant snippets.",
             },
             "time_range": {
@@ -556,9 +556,9 @@ def tavily_tool(client: TavilyClient) -> Tool:
                 args["query"],
                 tenant_id=caller.tenant_id,
                 user_id=caller.user_id,
-                max_results=args.get("max_results", MAX_RESULTS),
+                max_results=args.get("max_results", NEWS_MAX_RESULTS),
                 time_range=time_range,
-                search_depth=args.get("search_depth", DEFAULT_SEARCH_DEPTH),
+                search_depth=args.get("search_depth", NEWS_SEARCH_DEPTH),
             )
         except TavilyError as exc:
             raise ToolFailure(exc.code, exc.message) from None

@@ -36,7 +36,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.lexical import bm25_scores, first_match, search_terms
 from services.common.metrics import LATENCY_BUCKETS_SECONDS
-from services.common.shared_config import DEFAULT_FULL_TEXT_BYTES
+from services.common.shared_config import (
+    DEFAULT_FULL_DOCUMENTS,
+    DEFAULT_FULL_TEXT_BYTES,
+    UTF8_MAX_BYTES,
+)
 from services.common.tokenizer import count_tokens as default_count_tokens
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
@@ -103,7 +107,7 @@ class ToolLimits:
     (MCP_PROXY_MAX_TEXT_BYTES)."""
     max_pages_per_call: int = 5
     """Pages one read_doc_pages call may ask for (MCP_PROXY_MAX_PAGES_PER_CALL)."""
-    max_full_documents: int = 10
+    max_full_documents: int = DEFAULT_FULL_DOCUMENTS
     """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     max_full_text_bytes: int = DEFAULT_FULL_TEXT_BYTES
     """UTF-8 bytes of text in one load_documents_full result (MCP_PROXY_MAX_FULL_TEXT_BYTES)."""
@@ -354,7 +358,8 @@ class DocumentTools:
                 "Load the whole text of the given documents (at most "
                 f"{limits.max_full_documents}) for answering from full context, with each "
                 "document's size in characters and `total_chars` (full context suits up to "
-                "50,000 characters in all). Give document_ids (alias doc_ids); "
+                f"{limits.max_full_text_bytes // UTF8_MAX_BYTES:,} characters in all). "
+                "Give document_ids (alias doc_ids); "
                 "include_content=false returns the sizes only.",
                 tool_arguments(
                     {

@@ -293,7 +293,7 @@ async def test_a_selected_document_that_does_not_exist_is_404():
         ("курс евро на 01.02.2025", "currency_rates", "fetch_cbr_data",
          {"mode": "currency", "date": "2025-02-01", "code": "EUR"}),
         ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data",
-         {"mode": "key_rate", "date_from": "2026-10-22", "date_to": "2026-11-22"}),
+         {"mode": "key_rate", "date_from": "2026-10-23", "date_to": "2026-11-22"}),
         ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
         ("Какая ставка НДС на услуги?", "knowledge_base", "search_general_kb",
          {"query": "Какая ставка НДС на услуги?", "top_k": 5}),

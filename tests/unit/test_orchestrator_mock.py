@@ -122,6 +122,21 @@ async def test_s4_when_the_selection_is_over_the_configured_limit():
     assert out.tools[0].name == "read_chunk_window"
 
 
+@pytest.mark.parametrize(("max_documents", "scenario"), [(2, "S3"), (1, "S4")])
+async def test_a_whole_read_takes_no_more_documents_than_one_load_documents_full_call(
+    max_documents, scenario
+):
+    # Two small documents: S3 while one load_documents_full call takes both, S4 past it
+    # (a planned call over ToolsProxy's maxItems would be refused, not answered).
+    responder, _, _ = make(max_documents=max_documents)
+    out = await responder.respond(ask("Какие сроки оплаты?", selected_doc_ids=("doc_1", "doc_2")))
+    assert out.scenario == scenario
+    if scenario == "S3":
+        assert out.tools[0].arguments == {"document_ids": ["doc_1", "doc_2"]}
+    else:
+        assert "load_documents_full" not in {t.name for t in out.tools}
+
+
 async def test_an_unknown_selected_document_is_not_found():
     from services.common import errors
 
@@ -309,6 +324,43 @@ async def test_the_service_warns_at_start_of_each_setting_it_held(caplog):
     assert [r.getMessage() for r in caplog.records if r.name == "visior.orchestrator"] == list(
         s.held
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "documents"),
+    [
+        ({}, 10),
+        ({"MCP_PROXY_MAX_FULL_DOCUMENTS": "3"}, 3),
+        ({"MCP_PROXY_MAX_FULL_DOCUMENTS": "50"}, 50),
+    ],
+)
+def test_the_orchestrator_reads_toolsproxys_document_limit_under_its_name(env, documents):
+    from services.toolsproxy.config import ToolsProxySettings
+
+    assert settings(**env).max_full_documents == documents
+    assert ToolsProxySettings.from_env(Env(env)).limits.max_full_documents == documents
+
+
+@pytest.mark.parametrize("value", ["0", "51"])
+def test_a_document_limit_out_of_range_is_refused_by_both_services(value):
+    from services.toolsproxy.config import ToolsProxySettings
+
+    with pytest.raises(SettingsError, match="MCP_PROXY_MAX_FULL_DOCUMENTS"):
+        settings(MCP_PROXY_MAX_FULL_DOCUMENTS=value)
+    with pytest.raises(SettingsError, match="MCP_PROXY_MAX_FULL_DOCUMENTS"):
+        ToolsProxySettings.from_env(Env({"MCP_PROXY_MAX_FULL_DOCUMENTS": value}))
+
+
+@pytest.mark.parametrize(("count", "scenario"), [(10, "S3"), (11, "S4")])
+def test_rule_decision_holds_a_whole_read_to_the_document_limit(count, scenario):
+    ids = tuple(f"d{i}" for i in range(count))
+    d = rule_decision("q", selected_doc_ids=ids, selected_chars=60, today=TODAY, max_documents=10)
+    assert d.scenario == scenario
+    schema = decision_schema(selected_doc_ids=ids, selected_chars=60, max_documents=10)
+    intents = {o["properties"]["intent"]["const"] for o in schema["anyOf"]}
+    assert ("selected_full" in intents) == (scenario == "S3")
+    prompt = decision_prompt("q", selected_doc_ids=ids, selected_chars=60, max_documents=10)
+    assert ("characters and 10 documents" in prompt) == (scenario == "S4")
 
 
 @pytest.mark.parametrize(("limit", "scenario"), [(60, "S3"), (59, "S4")])

@@ -832,3 +832,13 @@ def test_reads_of_consecutive_chunks_give_the_overlap_once(store, clock, tool):
         sentence = f"Sentence number {i} tells about widget{i} and gadget{i}."
         assert text.count(sentence) <= 1, sentence
     assert body[0].text in text and body[2].text[-40:] in text  # nothing else is lost
+
+
+@pytest.mark.parametrize(("full_text_bytes", "said"), [(200_000, "50,000"), (100_000, "25,000")])
+def test_load_documents_full_states_the_characters_its_limit_holds(tmp_path, full_text_bytes, said):
+    # The model is told what one whole read holds of any script: a quarter of the bytes.
+    store = SqliteDocumentStore(tmp_path / "d.sqlite")
+    limits = replace(LIMITS, max_full_text_bytes=full_text_bytes)
+    tool = dict(DocumentTools(store, limits).tools)["load_documents_full"]
+    assert f"full context suits up to {said} characters in all" in tool.description
+    assert tool.schema["properties"]["document_ids"]["maxItems"] == limits.max_full_documents
