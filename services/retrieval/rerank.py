@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
-from services.common.http import TRANSIENT_STATUSES
+from services.common.http import TRANSIENT_STATUSES, endpoint_url
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
 
@@ -99,7 +98,8 @@ class RerankSettings:
     """The rerank API or the local model (RERANK_*); off without either."""
 
     url: str = ""
-    """Base URL (``http://tei:8080``) or full endpoint (``…/rerank``, ``…/v1/rerank``)."""
+    """Base URL (``http://tei:8080``; with or without ``/v1`` for the cohere style) or full
+    endpoint (``…/rerank``, ``…/v1/rerank``, ``…/v2/rerank``)."""
     api_style: str = "tei"
     """Request shape: ``tei`` (HuggingFace TEI) or ``cohere`` (Cohere, Jina, vLLM, Infinity)."""
     model: str = ""
@@ -131,12 +131,11 @@ class RerankSettings:
         return bool(self.url or self.model_path)
 
     def endpoint(self) -> str:
-        """The URL requests go to: the configured one, or its base plus the style's path."""
-        path = urlsplit(self.url).path.rstrip("/")
-        if path.endswith("/rerank"):
-            return self.url.rstrip("/")
-        suffix = "/rerank" if self.api_style == "tei" else "/v1/rerank"
-        return self.url.rstrip("/") + suffix
+        """The URL requests go to (services.common.http.endpoint_url): the configured one when
+        its path ends with ``/rerank``, else its base plus the style's path, ``/rerank`` (tei)
+        or ``/v1/rerank`` (cohere, whose base may end with ``/v1``)."""
+        path = "/rerank" if self.api_style == "tei" else "/v1/rerank"
+        return endpoint_url(self.url, path, full_suffix="/rerank")
 
 
 def call_terms(
