@@ -23,6 +23,12 @@ _ATTR_UNSAFE = re.compile('[<>"\\\\\x00-\x1f\x7f\uff1c\uff1e\ufe64\ufe65]')
 _WRAPPED = re.compile(r"\A<<<([A-Z]+)[^\n]*>>>\n(.*)\n<<<END \1>>>\Z", re.DOTALL)
 
 
+def has_marker(text: str) -> bool:
+    """`text` holds a run of 3+ `<` (or look-alikes, invisible characters between them): the
+    start of a marker, as neutralise_markers finds them."""
+    return _MARKER_RUN.search(text) is not None
+
+
 def neutralise_markers(text: str) -> str:
     """Replace every run of 3+ `<` (or look-alikes) by as many `‹`: data cannot forge a marker."""
     return _MARKER_RUN.sub(lambda m: "\u2039" * len(m.group()), text)

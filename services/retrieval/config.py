@@ -62,7 +62,8 @@ class IndexSettings:
     qdrant_collection: str
     """Collection name on the Qdrant server (QDRANT_COLLECTION)."""
     timeout_s: float
-    """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S)."""
+    """Timeout of one Qdrant server call (RETR_INDEX_TIMEOUT_S), rounded up to whole seconds
+    (qdrant-client's unit): 0.25 and 1 give 1 s, 1.5 gives 2 s."""
     hnsw_ef: int
     """HNSW search beam (RETR_HNSW_EF): wider finds more of the exact top-k, slower."""
     quantization: str
@@ -361,7 +362,7 @@ RERANK = Fields(
     timeout_s=number("RERANK_TIMEOUT_S", minimum=0.01),
     model_path=text("RERANK_MODEL_PATH"),
     model_file=text("RERANK_MODEL_FILE"),
-    threads=integer("RERANK_THREADS", minimum=1, maximum=THREADS_LIMIT),
+    threads=integer("RERANK_THREADS", minimum=0, maximum=THREADS_LIMIT),
 )
 # The summaries' concurrency and budget, the variants' timeout and cache are
 # LlmAssistSettings' defaults (llm_assist.py), not read from the environment.

@@ -39,7 +39,7 @@ from typing import Any
 
 from services.common import errors
 from services.common.search_contract import normalise_query
-from services.common.untrusted import neutralise_markers, wrap_untrusted
+from services.common.untrusted import has_marker, neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
 from services.docstore.summaries import clip_text, mix_generation, section_texts
 from services.model_runtime.chat import ChatMessage, ChatRequest, ChatRuntime, GenerationParams
@@ -134,7 +134,7 @@ def clean_summary(answer: str) -> str:
         body = body[1:-1].strip()
     if body.startswith("«") and body.endswith("»"):
         body = body[1:-1].strip()
-    if "<<<" in body or len(_LETTER.findall(body)) < 3:
+    if has_marker(body) or len(_LETTER.findall(body)) < 3:
         return ""
     return body
 
@@ -335,7 +335,7 @@ def clean_variants(query: str, found: Sequence[str], limit: int) -> list[str]:
     for raw in found:
         v = normalise_query(raw)
         key = keyword_form(v)
-        if not v or len(v) > MAX_VARIANT_CHARS or key in seen or "<<<" in v:
+        if not v or len(v) > MAX_VARIANT_CHARS or key in seen or has_marker(v):
             continue
         seen.add(key)
         out.append(v)

@@ -277,7 +277,7 @@ def test_settings_from_env_for_a_local_model(model_dir):
 @pytest.mark.parametrize(
     ("name", "ok", "bad"),
     [
-        ("RERANK_THREADS", 1, 0),
+        ("RERANK_THREADS", 0, -1),
         ("RERANK_THREADS", THREADS_LIMIT, THREADS_LIMIT + 1),
     ],
 )

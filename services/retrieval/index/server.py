@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -12,6 +13,7 @@ import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
+from services.common.breaker import ANSWERED, OUTAGE
 from services.retrieval.index.base import (
     DENSE_VECTOR,
     LAYOUT_VERSION,
@@ -33,7 +35,7 @@ LAYOUT_KEY = "visior_layout_version"
 """Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
 # gRPC status names (duck-typed: this module does not import grpc) that mean "not reachable
-# or not serving now"; INVALID_ARGUMENT, NOT_FOUND and the like are bugs and propagate.
+# or not serving now".
 _UNAVAILABLE_GRPC = {
     "UNAVAILABLE",
     "DEADLINE_EXCEEDED",
@@ -45,28 +47,45 @@ _UNAVAILABLE_GRPC = {
     "UNAUTHENTICATED",
     "PERMISSION_DENIED",
 }
+# gRPC status names of the server refusing the request: it is up, the request is wrong.
+_REFUSED_GRPC = {
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "FAILED_PRECONDITION",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+}
+_UNAVAILABLE_HTTP = (401, 403, 408, 429)
+"""4xx replies that mean "cannot serve now" (auth, timeout, rate limit); other 4xx refuse."""
 
 
-def is_unavailable(exc: BaseException) -> bool:
-    """True when a qdrant-client error means the server cannot be reached or cannot serve."""
-    if isinstance(exc, ResponseHandlingException | httpx.TransportError):
-        return True
+def server_verdict(exc: BaseException) -> str | None:
+    """The circuit breaker's verdict on the server (services/common/breaker.py) from a
+    qdrant-client error: OUTAGE when the server cannot be reached or cannot serve (transport
+    errors, 5xx, 401/403/408/429, UNAVAILABLE and the like), ANSWERED when it replied to refuse
+    the request (another 4xx, INVALID_ARGUMENT, NOT_FOUND and the like: a bug of ours, the
+    server is up); None when `exc` is no answer of the server's (our own code failed)."""
+    if isinstance(
+        exc, ResponseHandlingException | httpx.TransportError | ConnectionError | TimeoutError
+    ):
+        return OUTAGE
     if isinstance(exc, UnexpectedResponse):
-        return (
-            exc.status_code is None
-            or exc.status_code >= 500
-            or exc.status_code in (401, 403, 408, 429)
-        )
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return True
+        status = exc.status_code
+        if status is None or status >= 500 or status in _UNAVAILABLE_HTTP:
+            return OUTAGE
+        return ANSWERED
     code = getattr(exc, "code", None)
     if callable(code):  # grpc.RpcError, without importing grpc
         try:
             name = getattr(code(), "name", "")
         except Exception:
-            return False
-        return name in _UNAVAILABLE_GRPC
-    return False
+            return None
+        if name in _UNAVAILABLE_GRPC:
+            return OUTAGE
+        if name in _REFUSED_GRPC:
+            return ANSWERED
+    return None
 
 
 class QdrantServerIndex(VectorIndex):
@@ -138,17 +157,20 @@ class QdrantServerIndex(VectorIndex):
         collection: str,
         dim: int,
         *,
+        timeout: float,
         api_key: str | None = None,
-        timeout: float = 5.0,
         prefer_grpc: bool = True,
         **kwargs: Any,
     ) -> QdrantServerIndex:
-        """Connect to `url` (gRPC on its gRPC port when `prefer_grpc`); no I/O until first use."""
+        """Connect to `url` (gRPC on its gRPC port when `prefer_grpc`); no I/O until first use.
+
+        qdrant-client takes its call `timeout` in whole seconds: it is rounded up (0.25 -> 1).
+        """
         client = QdrantClient(
             url=url,
             api_key=api_key,
             prefer_grpc=prefer_grpc,
-            timeout=int(timeout) or 1,
+            timeout=math.ceil(timeout),
             check_compatibility=False,
         )
         return cls(client, collection, dim, **kwargs)
@@ -164,8 +186,11 @@ class QdrantServerIndex(VectorIndex):
         except IndexUnavailableError:
             raise
         except Exception as exc:
-            if is_unavailable(exc):
+            verdict = server_verdict(exc)
+            if verdict == OUTAGE:
                 raise IndexUnavailableError(f"Qdrant server unavailable: {exc}") from exc
+            if verdict == ANSWERED:  # a refusal: it propagates as it is, the server being up
+                exc.breaker_verdict = ANSWERED  # type: ignore[attr-defined]
             raise
 
     def _call(self, fn: Callable[[QdrantClient], _T]) -> _T:
