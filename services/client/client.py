@@ -39,6 +39,7 @@ from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRe
 from services.client.errors import from_exception
 from services.client.structs import from_value, to_struct
 from services.common.context import TRACE_METADATA_KEY, call_timeout, current_trace_id
+from services.common.settings import grpc_address
 from services.common.topology import SERVICE_BY_KEY, Ports
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -56,7 +57,9 @@ class Target:
 
     @classmethod
     def parse(cls, value: Target | str | int | tuple[str, int], host: str) -> Target:
-        """A Target from a Target, "host:port", a bare port (on `host`) or (host, port)."""
+        """A Target from a Target, a bare port (on `host`), (host, port) or a string the
+        services' *_URL settings take (services.common.settings.grpc_address: "host:port",
+        "[::1]:port", a grpc:// / http:// / dns:/// URL), where ":port" is on `host`."""
         if isinstance(value, Target):
             return value
         if isinstance(value, bool):
@@ -65,10 +68,7 @@ class Target:
             return cls(host, value)
         if isinstance(value, tuple):
             return cls(value[0], int(value[1]))
-        name, sep, port = value.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"target {value!r} is not host:port")
-        return cls(name.strip("[]") or host, int(port))
+        return cls(*grpc_address(value, "target", default_host=host))
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"

@@ -15,7 +15,7 @@ maps itself onto a server error automatically.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from google.rpc import error_details_pb2  # registers google.rpc.ErrorInfo for grpclib
 from grpclib.const import Status
@@ -27,9 +27,6 @@ class VisiorRpcError(Exception):
 
     status: Status = Status.UNKNOWN
     """The gRPC status; fixed per subclass, set per instance on the base class."""
-
-    retryable: ClassVar[bool] = False
-    """True only for UNAVAILABLE: the call did not run, so repeating it is safe."""
 
     def __init__(
         self,
@@ -48,6 +45,20 @@ class VisiorRpcError(Exception):
         """The server's ErrorInfo, or None when it sent none (e.g. a proxy or a local failure)."""
         self.details = list(details)
         """Every decoded status detail, ErrorInfo included."""
+
+    @property
+    def retryable(self) -> bool:
+        """Whether repeating the call is safe: only an UNAVAILABLE without ErrorInfo.
+
+        Every error a handler raises carries an ErrorInfo (services.common.status.to_status),
+        so an UNAVAILABLE without one came from the transport (no connection, the server
+        shutting down, a proxy): the call never reached a handler. A handler's own
+        UNAVAILABLE (e.g. LLM_RUNTIME_ERROR after the runtime timed out) means it ran and
+        already retried its dependency; the server marks it not to be repeated
+        (grpc-retry-pushback-ms -1, services.common.interceptors), which grpclib does not
+        expose, so its ErrorInfo is the signal.
+        """
+        return self.status == Status.UNAVAILABLE and self.error_info is None
 
     @property
     def code(self) -> int:
@@ -156,10 +167,9 @@ class Internal(VisiorRpcError):
 
 
 class Unavailable(VisiorRpcError):
-    """The service or one of its dependencies is down. The only retryable error."""
+    """The service or one of its dependencies is down; `retryable` when no handler ran."""
 
     status = Status.UNAVAILABLE
-    retryable = True
 
 
 class DataLoss(VisiorRpcError):

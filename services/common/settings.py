@@ -521,16 +521,30 @@ class DownstreamSettings:
     """Attempts in all on UNAVAILABLE (1 = no retry)."""
 
 
-def grpc_target(value: str, name: str) -> str:
-    """host:port from 'host:port', 'grpc://host:port' or 'http://host:port' (the specs use URLs)."""
+def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
+    """The host (an IPv6 one still in brackets) and port of a gRPC target."""
     target = value
     for scheme in ("grpc://", "http://", "dns:///"):
         target = target.removeprefix(scheme)
-    target = target.rstrip("/")
-    host, _, port = target.rpartition(":")
+    host, colon, port = target.rstrip("/").rpartition(":")
+    host = host or (default_host if colon else "")
     if not host or not port.isdigit():
         raise SettingsError(f"{name}={value!r} is not host:port")
-    return target
+    return host, port
+
+
+def grpc_target(value: str, name: str) -> str:
+    """host:port from 'host:port', 'grpc://host:port', 'http://host:port/' or
+    'dns:///host:port' (the specs use URLs); the host is required."""
+    host, port = _host_port(value, name, "")
+    return f"{host}:{port}"
+
+
+def grpc_address(value: str, name: str, default_host: str = "") -> tuple[str, int]:
+    """(host, port) of what grpc_target takes, an IPv6 host without its brackets; an empty
+    host (':50051') is `default_host` when one is given. SettingsError (a ValueError) else."""
+    host, port = _host_port(value, name, default_host)
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 @dataclass(frozen=True)
