@@ -719,7 +719,7 @@ def _limits(route: Route) -> tuple[int, float]:
         if r.path == route.path and (r.method is None or r.method.lower() == route.verb)
     ]
     body = next((r.max_request_bytes for r in rules if r.max_request_bytes), None)
-    timeout = rules[0].timeout_s if rules else envoy_config.DEFAULT_TIMEOUT_S
+    timeout = envoy_config.route_timeout(route.path, route.verb)
     return body or envoy_config.DEFAULT_MAX_REQUEST_BYTES, timeout
 
 

@@ -13,6 +13,7 @@ import argparse
 import base64
 import datetime as dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -343,7 +344,9 @@ def run_responder(
     timeouts = None
     if responder == "local":
         if a.runtime_url:
-            env.update(local_model_env(a.runtime_url, a.model_name, a.model_ctx))
+            env.update(
+                local_model_env(a.runtime_url, a.model_name, a.model_ctx, {**os.environ, **env})
+            )
             timeouts = local_envoy_timeouts()
         else:
             local = LocalModelConfig(data_dir=a.model_data_dir, n_ctx=a.model_ctx)

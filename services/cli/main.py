@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,40 @@ import httpx
 from services.common.search_contract import KB_TENANT
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
+from services.devtools.envoy_config import route_timeout
 from services.devtools.local_model import LocalModelConfig
-from services.devtools.mesh import LOCAL_RESPOND_TIMEOUT_S, Mesh, MeshError
+from services.devtools.mesh import Mesh, MeshError, local_envoy_timeouts
+from services.docstore.parsing import SUFFIX_FORMATS
+from services.retrieval.listing import MAX_PAGE_SIZE
 
 DEFAULT_ORCH_URL = f"http://127.0.0.1:{Ports().http['orchestrator']}"
 DEFAULT_RETR_URL = f"http://127.0.0.1:{Ports().http['retrieval']}"
 SAMPLES = REPO_ROOT / "samples" / "docs"
 SAMPLE_KB = REPO_ROOT / "samples" / "knowledge_base"
+RESPOND_PATH = "/internal/orchestrator/respond"
+DOCUMENTS_PATH = "/internal/retrieval/documents"
+
+ENVOY_FIRST_MARGIN_S = 5.0
+"""How much longer the CLI waits than Envoy's route timeout, so Envoy's 504 (with its JSON
+error body) arrives before the CLI gives up."""
+
+
+def wait_s(path: str, method: str, timeouts: Mapping[str, float] | None = None) -> float:
+    """The CLI's wait for a `method` request to `path`: the route's timeout in the Envoy config
+    rendered with `timeouts` (envoy_config.route_timeout) plus ENVOY_FIRST_MARGIN_S."""
+    return route_timeout(path, method, timeouts) + ENVOY_FIRST_MARGIN_S
+
+
+ASK_TIMEOUT_S = max(
+    wait_s(RESPOND_PATH, "POST"), wait_s(RESPOND_PATH, "POST", local_envoy_timeouts())
+)
+"""`visior ask`'s default wait. A running mesh may or may not run the local model (which
+lengthens the respond route), and the CLI cannot tell: it waits for the longer route, so
+Envoy answers first (its 504 included) whichever the mesh runs."""
+INGEST_TIMEOUT_S = wait_s(DOCUMENTS_PATH, "POST")
+"""`visior ingest`'s default wait for one document."""
+LIST_TIMEOUT_S = wait_s(DOCUMENTS_PATH, "GET")
+"""`visior list`'s default wait for one page."""
 
 
 def ingest_samples(url: str, timeout: float) -> int:
@@ -56,7 +84,7 @@ def _error_text(response: httpx.Response) -> str:
 def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout: float) -> int:
     payload = {"query": question, "user": {"user_id": user, "tenant_id": tenant}}
     try:
-        response = httpx.post(f"{url}/internal/orchestrator/respond", json=payload, timeout=timeout)
+        response = httpx.post(f"{url}{RESPOND_PATH}", json=payload, timeout=timeout)
     except httpx.HTTPError as exc:
         return _fail(f"cannot reach the orchestrator at {url}: {exc}")
     if response.status_code != 200:
@@ -76,21 +104,32 @@ def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout:
     return 0
 
 
-INGESTIBLE = (".md", ".markdown", ".txt", ".pdf", ".csv")
-
-
 def _bar(done: int, total: int, width: int = 24) -> str:
     filled = round(width * done / total) if total else width
     return f"[{'#' * filled}{'.' * (width - filled)}] {100 * done // max(total, 1):3d}%"
 
 
+def folder_files(folder: Path, tenant: str) -> list[Path]:
+    """The files under `folder` ingestion parses (by suffix, SUFFIX_FORMATS), in name order;
+    notes and licences beside them stay out. A CSV is knowledge-base data, which ingestion
+    takes only into KB_TENANT: for any other tenant it is skipped with a printed line."""
+    files = []
+    for f in sorted(f for f in folder.rglob("*") if f.is_file()):
+        fmt = SUFFIX_FORMATS.get(f.suffix.lower())
+        if fmt == "csv" and tenant != KB_TENANT:
+            print(
+                f"{f}: skipped, a CSV goes to the knowledge base (visior ingest --knowledge-base)"
+            )
+        elif fmt is not None:
+            files.append(f)
+    return files
+
+
 def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     files: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():  # a folder: the formats we parse; notes and licences beside them stay out
-            files.extend(
-                sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in INGESTIBLE)
-            )
+        if p.is_dir():
+            files.extend(folder_files(p, tenant))
         else:
             files.append(p)
     if not files:
@@ -110,7 +149,7 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                     "file_name": path.name,
                     "content": base64.b64encode(path.read_bytes()).decode(),
                 }
-                response = client.post(f"{url}/internal/retrieval/documents", json=payload)
+                response = client.post(f"{url}{DOCUMENTS_PATH}", json=payload)
             except (OSError, httpx.HTTPError) as exc:
                 print(f"\r{prefix} failed: {exc}")
                 failed += 1
@@ -144,9 +183,7 @@ def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) ->
         if token:
             params["page_token"] = token
         try:
-            response = httpx.get(
-                f"{url}/internal/retrieval/documents", params=params, timeout=timeout
-            )
+            response = httpx.get(f"{url}{DOCUMENTS_PATH}", params=params, timeout=timeout)
         except httpx.HTTPError as exc:
             return _fail(f"cannot reach retrieval at {url}: {exc}")
         if response.status_code != 200:
@@ -214,7 +251,9 @@ def run(
         signal.signal(sig, lambda *_: stop.set())
     try:
         if samples:
-            ingest_samples(mesh.json_url("retrieval"), 600)
+            ingest_samples(
+                mesh.json_url("retrieval"), wait_s(DOCUMENTS_PATH, "POST", mesh.envoy_timeouts())
+            )
         _print_where(mesh)
         print("Ctrl-C stops everything.", flush=True)
         while not stop.wait(1.0):
@@ -249,7 +288,6 @@ def demo(
             bank_standin=True,
             local_model=_local_model(model, model_data_dir, n_ctx),
         )
-        timeout = LOCAL_RESPOND_TIMEOUT_S + 60 if mesh.model is not None else 60
         try:
             mesh.start()
         except (MeshError, RuntimeError) as exc:
@@ -257,10 +295,14 @@ def demo(
         try:
             _print_where(mesh)
             print()
-            rc = ingest_samples(mesh.json_url("retrieval"), 600)
+            timeouts = mesh.envoy_timeouts()
+            rc = ingest_samples(
+                mesh.json_url("retrieval"), wait_s(DOCUMENTS_PATH, "POST", timeouts)
+            )
             if rc:
                 return rc
             url = mesh.json_url("orchestrator")
+            timeout = wait_s(RESPOND_PATH, "POST", timeouts)
             print(f"\nQ: {question}\n")
             rc = ask(url, question, "demo", "demo-user", False, timeout)
             print(f"\nQ: {rate_question}   (the bank is a DEMO stand-in: not real data)\n")
@@ -303,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user", default="cli")
     p.add_argument("--url", default=DEFAULT_ORCH_URL, help="the orchestrator's sidecar")
     p.add_argument("--json", action="store_true", help="print the raw JSON response")
-    p.add_argument("--timeout", type=float, default=120)
+    p.add_argument(
+        "--timeout", type=float, default=ASK_TIMEOUT_S,
+        help=f"seconds to wait for the answer (default {ASK_TIMEOUT_S:g}: the respond route's "
+        f"longest timeout, the local model's, + {ENVOY_FIRST_MARGIN_S:g}; the CLI cannot tell "
+        "which model the mesh runs, and Envoy's own 504 comes first either way)",
+    )  # fmt: skip
     p = sub.add_parser("ingest", help="ingest files or folders into a tenant")
     p.add_argument("paths", nargs="+")
     g = p.add_mutually_exclusive_group(required=True)
@@ -313,12 +360,23 @@ def main(argv: list[str] | None = None) -> int:
         help="write the shared knowledge base (agent.md §6 CSV) instead of a tenant",
     )  # fmt: skip
     p.add_argument("--url", default=DEFAULT_RETR_URL, help="retrieval's sidecar")
-    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument(
+        "--timeout", type=float, default=INGEST_TIMEOUT_S,
+        help=f"seconds to wait for each document (default {INGEST_TIMEOUT_S:g}: the ingestion "
+        f"route's timeout + {ENVOY_FIRST_MARGIN_S:g}, so Envoy's 504 comes first)",
+    )  # fmt: skip
     p = sub.add_parser("list", help="list a tenant's documents")
     p.add_argument("--tenant", required=True)
     p.add_argument("--url", default=DEFAULT_RETR_URL)
-    p.add_argument("--timeout", type=float, default=30)
-    p.add_argument("--page-size", type=int, default=0, help="documents per request (1-1000)")
+    p.add_argument(
+        "--timeout", type=float, default=LIST_TIMEOUT_S,
+        help=f"seconds to wait for each page (default {LIST_TIMEOUT_S:g}: the listing route's "
+        f"timeout + {ENVOY_FIRST_MARGIN_S:g}, so Envoy's 504 comes first)",
+    )  # fmt: skip
+    p.add_argument(
+        "--page-size", type=int, default=0,
+        help=f"documents per request (1-{MAX_PAGE_SIZE}; default: the server's)",
+    )  # fmt: skip
     a = parser.parse_args(argv)
     if a.command == "run":
         return run(

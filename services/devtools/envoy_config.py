@@ -314,6 +314,22 @@ def _rules_for(spec: ServiceSpec, timeouts: Mapping[str, float]) -> list[RouteRu
     return rules
 
 
+def route_timeout(
+    path: str, method: str = "POST", timeouts: Mapping[str, float] | None = None
+) -> float:
+    """Envoy's overall timeout in seconds for a `method` request to `path` under `render`'s
+    config with `timeouts`: an override of the path, else the first rule of the path for
+    that method, else the prefix route's (`"default"` override or DEFAULT_TIMEOUT_S).
+    0 means none (a stream)."""
+    overrides = timeouts or {}
+    if path in overrides:
+        return overrides[path]
+    rule = next(
+        (r for r in ROUTE_RULES if r.path == path and r.method in (None, method.upper())), None
+    )
+    return rule.timeout_s if rule else overrides.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S)
+
+
 def _routes(
     spec: ServiceSpec,
     ports: Ports,

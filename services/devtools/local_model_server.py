@@ -1,9 +1,10 @@
 """Child process of `LocalModel`: llama.cpp's HTTP server (xllamacpp) until SIGTERM.
 
-``python -m services.devtools.local_model_server --model F.gguf --port N [--n-ctx 8192]
-[--threads 2] [--alias NAME]``. Run it with ``OMP_WAIT_POLICY=PASSIVE`` in the environment
-(`LocalModel` does): with OpenMP's default busy-waiting, decoding slowed from 18.7 to 3.4
-tokens/s here whenever another process was busy.
+``python -m services.devtools.local_model_server --model F.gguf --port N [--n-ctx N]
+[--threads N] --alias NAME`` (n_ctx and threads default to `LocalModelConfig`'s). Run it
+with ``OMP_WAIT_POLICY=PASSIVE`` in the environment (`LocalModel` does): with OpenMP's
+default busy-waiting, decoding slowed from 18.7 to 3.4 tokens/s here whenever another
+process was busy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import signal
 import sys
 import threading
 from typing import Any
+
+from services.devtools.local_model import LocalModelConfig
 
 
 def params(args: argparse.Namespace) -> Any:
@@ -43,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="local_model_server", description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--n-ctx", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=LocalModelConfig.n_ctx)
+    parser.add_argument("--threads", type=int, default=LocalModelConfig.threads)
     parser.add_argument("--alias", required=True)
     parser.add_argument("--cache-ram-mib", type=int, default=1024)
     args = parser.parse_args(argv)

@@ -21,7 +21,8 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
+from services.common.settings import Env, SettingsError
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
@@ -29,6 +30,7 @@ from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
+from services.llm.config import MAX_COMPLETION
 
 
 class MeshError(RuntimeError):
@@ -41,8 +43,6 @@ RUNTIME_URL_NAMES = ("LLM_RUNTIME_URL",)
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
 prefill on 2 cores, plus decoding at 15-18 tokens/s."""
-LOCAL_COMPLETION_TOKENS = 512
-"""The LLM service's default MAX_COMPLETION_TOKENS."""
 LOCAL_CONTEXT_MARGIN = 1024
 """Tokens of the model's context the LLM service's budget leaves free (see local_model_env)."""
 LOCAL_RESPOND_TIMEOUT_S = 900.0
@@ -54,14 +54,28 @@ def remote_runtime(env: Mapping[str, str]) -> str | None:
     return next((env[n] for n in RUNTIME_URL_NAMES if env.get(n)), None)
 
 
-def local_model_env(base_url: str, model_name: str, n_ctx: int) -> dict[str, str]:
+def local_model_env(
+    base_url: str, model_name: str, n_ctx: int, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """What the services get with the local model: its URL and name, CPU-sized timeouts and a
     token ceiling inside its context. Set by the mesh unless the caller's env names them
-    (the URL and model name always)."""
+    (the URL and model name always).
+
+    The first prompt's ceiling leaves room for one answer of MAX_COMPLETION_TOKENS as the
+    LLM service reads it from `env` (default the process environment): the user's value,
+    else the service's own default. SettingsError when that leaves no room for a prompt.
+    """
     call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     total = max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)
+    completion = MAX_COMPLETION.read(Env(os.environ if env is None else env))
     # The first prompt and one answer must fit the total (the LLM service checks it).
-    prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - LOCAL_COMPLETION_TOKENS)
+    prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - completion)
+    if prompt < MIN_LLM_PROMPT_TOKENS:
+        raise SettingsError(
+            f"MAX_COMPLETION_TOKENS={completion} leaves {prompt} of the local model's "
+            f"{total}-token budget (n_ctx {n_ctx}) for the first prompt, which needs at least "
+            f"{MIN_LLM_PROMPT_TOKENS}: lower MAX_COMPLETION_TOKENS or raise the n_ctx"
+        )
     return {
         # services/model_runtime/client.py; Retrieval's summaries and query variants use them
         # too when switched on (services/retrieval/llm_assist.py).
@@ -183,7 +197,15 @@ class Mesh:
         }
         local: dict[str, str] = {}
         if self.model is not None and self.model.alive():
-            local = local_model_env(self.model.base_url, self.model.alias, self.model.config.n_ctx)
+            try:
+                local = local_model_env(
+                    self.model.base_url,
+                    self.model.alias,
+                    self.model.config.n_ctx,
+                    {**os.environ, **self._extra_env},
+                )
+            except SettingsError as exc:
+                raise MeshError(f"the LLM service cannot run on the local model: {exc}") from exc
             env.update({k: v for k, v in local.items() if k not in os.environ})
         env.update(self._extra_env)
         env.update({k: local[k] for k in LOCAL_FORCED if k in local})

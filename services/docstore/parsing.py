@@ -20,6 +20,7 @@ __all__ = [
     "FORMATS",
     "PAGE_BREAK",
     "PARSER_VERSION",
+    "SUFFIX_FORMATS",
     "ChunkingConfig",
     "ParseError",
     "Summarizer",
@@ -35,6 +36,15 @@ __all__ = [
 PARSER_VERSION = "2"
 """Bumped whenever parsing or chunking changes its output, so every generation changes too."""
 FORMATS = ("markdown", "text", "pdf", "csv")
+SUFFIX_FORMATS: Mapping[str, str] = {
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".pdf": "pdf",
+    ".csv": "csv",
+    ".txt": "text",
+    ".text": "text",
+}
+"""The format a file name's lowercase suffix stands for (guess_format reads it)."""
 PAGE_BREAK = "\f"
 TITLE_SEPARATOR = " › "
 
@@ -68,13 +78,14 @@ def guess_format(file_name: str, content_type: str) -> str:
     """ "markdown", "text", "pdf" or "csv" from the file name or MIME type; else "unknown"."""
     name = file_name.lower()
     ct = content_type.lower().split(";", 1)[0].strip()
-    if ct in ("text/markdown", "text/x-markdown") or name.endswith((".md", ".markdown")):
+    by_name = SUFFIX_FORMATS.get(name[name.rfind(".") :]) if "." in name else None
+    if ct in ("text/markdown", "text/x-markdown") or by_name == "markdown":
         return "markdown"
-    if ct == "application/pdf" or name.endswith(".pdf"):
+    if ct == "application/pdf" or by_name == "pdf":
         return "pdf"
-    if ct in ("text/csv", "application/csv") or name.endswith(".csv"):
+    if ct in ("text/csv", "application/csv") or by_name == "csv":
         return "csv"
-    if ct == "text/plain" or name.endswith((".txt", ".text")):
+    if ct == "text/plain" or by_name == "text":
         return "text"
     return "text" if not ct and not name else "unknown"
 

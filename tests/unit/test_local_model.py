@@ -7,9 +7,11 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from services.common.settings import Env
 from services.common.topology import Ports
 from services.devtools import local_model as lm
 from services.devtools.local_model import (
@@ -24,10 +26,13 @@ from services.devtools.local_model import (
 )
 from services.devtools.mesh import (
     LOCAL_CALL_TIMEOUT_S,
+    LOCAL_CONTEXT_MARGIN,
     LOCAL_RESPOND_TIMEOUT_S,
     Mesh,
+    MeshError,
     local_model_env,
 )
+from services.llm.config import MAX_COMPLETION, LlmSettings
 
 CHUNKS = [b"alpha-" * 100, b"beta-" * 77, b"gamma"]
 
@@ -354,3 +359,43 @@ def test_the_local_budgets_are_ones_the_llm_service_accepts(n_ctx: int) -> None:
     loop = LlmSettings.from_env(Env(local_model_env("http://127.0.0.1:1", "m", n_ctx))).loop
     assert loop.max_total_tokens <= n_ctx - 1024 or n_ctx <= 2048
     assert loop.max_prompt_tokens + loop.max_completion_tokens <= loop.max_total_tokens
+
+
+# --- the completion the LLM service reads (MAX_COMPLETION_TOKENS) ---
+
+
+def _local_mesh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Mesh:
+    _clear_runtime_env(monkeypatch)
+    monkeypatch.delenv("MAX_COMPLETION_TOKENS", raising=False)
+    mesh = Mesh(Ports(), tmp_path, tmp_path, local_model=LocalModelConfig(data_dir=tmp_path), **kw)
+    mesh.model = _RunningModel()  # type: ignore[assignment]
+    return mesh
+
+
+def test_the_default_completion_comes_from_the_llm_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _local_mesh(tmp_path, monkeypatch).env()
+    total = 4096 - LOCAL_CONTEXT_MARGIN
+    assert env["MAX_PROMPT_TOKENS"] == str(total - MAX_COMPLETION.default)
+
+
+@pytest.mark.parametrize("where", ["environment", "mesh env"])
+def test_the_users_completion_tokens_are_honoured(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = {"MAX_COMPLETION_TOKENS": "1024"}
+    mesh = _local_mesh(tmp_path, monkeypatch, env=given if where == "mesh env" else None)
+    if where == "environment":
+        monkeypatch.setenv("MAX_COMPLETION_TOKENS", "1024")
+    loop = LlmSettings.from_env(Env(mesh.env())).loop  # the LLM service starts
+    assert loop.max_completion_tokens == 1024
+    assert loop.max_prompt_tokens == 4096 - LOCAL_CONTEXT_MARGIN - 1024
+
+
+def test_a_completion_leaving_no_prompt_stops_the_mesh_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mesh = _local_mesh(tmp_path, monkeypatch, env={"MAX_COMPLETION_TOKENS": "3000"})
+    with pytest.raises(MeshError, match="MAX_COMPLETION_TOKENS=3000"):
+        mesh.env()
