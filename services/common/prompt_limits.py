@@ -15,6 +15,8 @@ LLM_LIMIT_EXCEEDED = "LLM_LIMIT_EXCEEDED"
 """The reason of the LLM service's refusal of a request past its limits."""
 DEFAULT_LLM_PROMPT_TOKENS = 4096
 MIN_LLM_PROMPT_TOKENS = 256
+DEFAULT_LLM_COMPLETION_TOKENS = 512
+MIN_LLM_COMPLETION_TOKENS = 16
 MESSAGE_TOKENS = 4
 """Tokens the LLM service counts around one chat message (its budget's MESSAGE_OVERHEAD)."""
 REPLY_TOKENS = 3

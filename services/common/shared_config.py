@@ -4,14 +4,19 @@ Two services that must agree on a value read it under the same name: the window 
 limit and the size and document count of a whole-document read (the Orchestrator and
 ToolsProxy), the LLM
 service's first-prompt limit (the LLM service and the Orchestrator, which shapes first
-prompts to fit), the data directory and the document store (Retrieval and ToolsProxy).
+prompts to fit) and its answer limit (the Orchestrator asks for no longer one), the data directory and the document store (Retrieval and ToolsProxy).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import (
+    DEFAULT_LLM_COMPLETION_TOKENS,
+    DEFAULT_LLM_PROMPT_TOKENS,
+    MIN_LLM_COMPLETION_TOKENS,
+    MIN_LLM_PROMPT_TOKENS,
+)
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
 from services.common.settings import Env, Var, integer, text
 
@@ -58,6 +63,12 @@ MAX_PROMPT_TOKENS = integer(
     "a longer one is refused with LLM_LIMIT_EXCEEDED. The Orchestrator reads it too and "
     "shapes every first prompt to fit.",
 )  # fmt: skip
+MAX_COMPLETION_TOKENS = integer(
+    "MAX_COMPLETION_TOKENS", DEFAULT_LLM_COMPLETION_TOKENS, MIN_LLM_COMPLETION_TOKENS,
+    doc="Each model answer of the LLM service, in tokens (llm-service.md §11); reserved for "
+    "the final answer. A request's max_tokens above it is refused with LLM_LIMIT_EXCEEDED; "
+    "the Orchestrator reads it too and asks for no more.",
+)  # fmt: skip
 DATA_DIR = text(
     "VISIOR_DATA_DIR", "data",
     doc="Where the local data lives: the Qdrant Edge shard (index/), the SQLite document "
@@ -88,6 +99,11 @@ def proxy_full_text_chars(env: Env) -> int:
 def proxy_full_documents(env: Env) -> int:
     """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     return int(PROXY_MAX_FULL_DOCUMENTS.read(env))
+
+
+def llm_completion_limit(env: Env) -> int:
+    """The LLM service's answer limit in tokens (MAX_COMPLETION_TOKENS)."""
+    return int(MAX_COMPLETION_TOKENS.read(env))
 
 
 def llm_prompt_limit(env: Env) -> int:

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
 from services.common.settings import Env, SettingsError
+from services.common.shared_config import llm_completion_limit
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
@@ -30,7 +31,6 @@ from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
-from services.llm.config import MAX_COMPLETION
 
 
 class MeshError(RuntimeError):
@@ -67,7 +67,7 @@ def local_model_env(
     """
     call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     total = max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)
-    completion = MAX_COMPLETION.read(Env(os.environ if env is None else env))
+    completion = llm_completion_limit(Env(os.environ if env is None else env))
     # The first prompt and one answer must fit the total (the LLM service checks it).
     prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - completion)
     if prompt < MIN_LLM_PROMPT_TOKENS:

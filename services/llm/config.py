@@ -16,7 +16,7 @@ from services.common.settings import (
     number,
     retry_attempts,
 )
-from services.common.shared_config import llm_prompt_limit
+from services.common.shared_config import llm_completion_limit, llm_prompt_limit
 from services.llm.loop import LoopSettings
 from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import runtime_settings
@@ -47,7 +47,7 @@ class LlmSettings:
         runtime = runtime_settings(env)
         # Declared once, read by the orchestrator too (it shapes first prompts to fit).
         max_prompt = llm_prompt_limit(env)
-        max_completion = MAX_COMPLETION.read(env)
+        max_completion = llm_completion_limit(env)
         # Room for the agent's full-context scenario (S3: up to 50,000 characters of
         # selected documents, ~22k cl100k tokens of Russian text).
         max_total = MAX_TOTAL.read(env, max(32_768, max_prompt + max_completion + 2048))
@@ -79,7 +79,6 @@ class LlmSettings:
 LOOP = Fields(
     LoopSettings,
     max_tool_steps=integer("MAX_TOOL_STEPS", minimum=0, maximum=MAX_TOOL_STEPS_LIMIT),
-    max_completion_tokens=integer("MAX_COMPLETION_TOKENS", minimum=16),
     max_total_tokens=integer(
         "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,
         default_doc="max(32768, MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 2048)",
@@ -87,7 +86,7 @@ LOOP = Fields(
     watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", minimum=0.1),
     external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", minimum=0.1),
 )  # fmt: skip
-MAX_COMPLETION, MAX_TOTAL = LOOP.vars["max_completion_tokens"], LOOP.vars["max_total_tokens"]
+MAX_TOTAL = LOOP.vars["max_total_tokens"]
 TOOLS_PROXY = downstream(
     "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "toolsproxy",
     doc="ToolsProxyService (llm-service.md §11): host:port or a grpc:// / http:// URL.",

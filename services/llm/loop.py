@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import EXTERNAL_TOOLS
 from services.llm import prompt as prompts
@@ -91,7 +91,7 @@ class LoopSettings:
     """Tool calls executed per request (MAX_TOOL_STEPS); the policy may ask for fewer."""
     max_prompt_tokens: int = DEFAULT_LLM_PROMPT_TOKENS
     """The first prompt, context included (MAX_PROMPT_TOKENS)."""
-    max_completion_tokens: int = 512
+    max_completion_tokens: int = DEFAULT_LLM_COMPLETION_TOKENS
     """Each model answer (MAX_COMPLETION_TOKENS); reserved for the final answer."""
     max_total_tokens: int = 5120
     """The conversation at any step, tool results and the answer reserve included

@@ -41,6 +41,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         model_routing=settings.model_routing,
         enable_filters=settings.enable_filters,
         llm_prompt_limit=settings.llm_prompt_limit,
+        llm_completion_limit=settings.llm_completion_limit,
         default_top_k=settings.default_top_k,
         max_context_chars=settings.max_context_chars,
         max_documents=settings.max_full_documents,

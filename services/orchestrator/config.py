@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, MAX_RESULTS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
@@ -24,6 +25,7 @@ from services.common.shared_config import (
     MAX_FULL_TEXT_BYTES,
     MAX_RADIUS,
     UTF8_MAX_BYTES,
+    llm_completion_limit,
     llm_prompt_limit,
     proxy_full_documents,
     proxy_full_text_chars,
@@ -68,6 +70,10 @@ class OrchestratorSettings:
     max_context_chars: int = MAX_CONTEXT_CHARS
     """Selected documents up to this many characters in total are read whole (S3), above it
     searched (S4) (ORCH_MAX_CONTEXT_CHARS, agent.md §10's max_context_chars)."""
+    llm_completion_limit: int = DEFAULT_LLM_COMPLETION_TOKENS
+    """The LLM service's answer limit in tokens, read from its own setting
+    (MAX_COMPLETION_TOKENS, services/common/shared_config.py): the routing call asks for no
+    more."""
     max_full_documents: int = DEFAULT_FULL_DOCUMENTS
     """Selected documents are read whole (S3) only when there are no more of them than one
     load_documents_full call of ToolsProxy takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
@@ -113,6 +119,7 @@ class OrchestratorSettings:
             runtime=runtime,
             max_window_radius=proxy_max,
             llm_prompt_limit=llm_prompt_limit(env),
+            llm_completion_limit=llm_completion_limit(env),
         )
 
 

@@ -10,7 +10,10 @@ from dataclasses import replace
 from datetime import date, timedelta
 
 from services.common import errors
-from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import (
+    DEFAULT_LLM_COMPLETION_TOKENS,
+    DEFAULT_LLM_PROMPT_TOKENS,
+)
 from services.common.search_contract import (
     KB_SOURCE,
     MAX_FILTER_VALUES,
@@ -178,7 +181,8 @@ def full_context_tokens(max_context_chars: int) -> int:
 
 ROUTER_CACHE_S = 60.0
 DECISION_MAX_TOKENS = 200
-"""The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap)."""
+"""The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap);
+never more than the LLM service's answer limit (MAX_COMPLETION_TOKENS), which refuses more."""
 _USAGE: ContextVar[list[ModelUsage] | None] = ContextVar("visior_model_usage", default=None)
 """The model usage of each Generate the current Respond made (one list per request)."""
 ANSWER_QUERY_CHARS = 400
@@ -209,6 +213,7 @@ class Responder:
         model_routing: bool = True,
         enable_filters: bool = True,
         llm_prompt_limit: int = DEFAULT_LLM_PROMPT_TOKENS,
+        llm_completion_limit: int = DEFAULT_LLM_COMPLETION_TOKENS,
         tokenizer: Tokenizer | None = None,
         default_top_k: int = DEFAULT_MAX_RESULTS,
         max_context_chars: int = MAX_CONTEXT_CHARS,
@@ -233,12 +238,14 @@ class Responder:
         self._options = {
             "clock": clock, "today": today, "model_routing": model_routing,
             "enable_filters": enable_filters, "llm_prompt_limit": llm_prompt_limit,
+            "llm_completion_limit": llm_completion_limit,
             "tokenizer": tokenizer, "default_top_k": default_top_k,
             "max_context_chars": max_context_chars, "max_documents": max_documents,
         }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (docs/architecture.md §17).
         self._fitter = PromptFitter(tokenizer or default_tokenizer(), llm_prompt_limit)
+        self._decision_tokens = min(DECISION_MAX_TOKENS, llm_completion_limit)
         # When the LLM service answers extractively (no model), asking it to route is a
         # wasted hop: the rules decide until this time.
         self._rules_only_until = 0.0
@@ -351,7 +358,7 @@ class Responder:
                 response_schema=decision_schema(
                     selected_doc_ids=selected, selected_chars=chars, **self._whole_read
                 ),
-                max_tokens=DECISION_MAX_TOKENS,
+                max_tokens=self._decision_tokens,
             )
         )
         if outcome.extractive:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from services.common.settings import Env
+from services.common.shared_config import MAX_COMPLETION_TOKENS
 from services.common.topology import Ports
 from services.devtools import local_model as lm
 from services.devtools.local_model import (
@@ -32,7 +33,7 @@ from services.devtools.mesh import (
     MeshError,
     local_model_env,
 )
-from services.llm.config import MAX_COMPLETION, LlmSettings
+from services.llm.config import LlmSettings
 
 CHUNKS = [b"alpha-" * 100, b"beta-" * 77, b"gamma"]
 
@@ -377,7 +378,7 @@ def test_the_default_completion_comes_from_the_llm_setting(
 ) -> None:
     env = _local_mesh(tmp_path, monkeypatch).env()
     total = 4096 - LOCAL_CONTEXT_MARGIN
-    assert env["MAX_PROMPT_TOKENS"] == str(total - MAX_COMPLETION.default)
+    assert env["MAX_PROMPT_TOKENS"] == str(total - MAX_COMPLETION_TOKENS.default)
 
 
 @pytest.mark.parametrize("where", ["environment", "mesh env"])

@@ -186,3 +186,26 @@ async def test_the_routing_call_names_no_answer_language() -> None:
     responder, _, gen, _ = make(routing=True, routing_answer=json.dumps(ROUTE))
     await responder.respond(inp())
     assert [r.answer_language for r in gen.requests] == ["", "en"]
+
+
+@pytest.mark.parametrize(("completion", "asked"), [("512", DECISION_MAX_TOKENS), ("100", 100)])
+async def test_routing_asks_for_no_more_than_the_llm_services_answer_limit(completion, asked):
+    # Both services read MAX_COMPLETION_TOKENS; a routing call past it would be refused
+    # (LLM_LIMIT_EXCEEDED) and fail every Respond.
+    from services.common.settings import Env
+    from services.llm.config import LlmSettings
+    from services.orchestrator.config import OrchestratorSettings
+    from services.orchestrator.respond import Responder
+    from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+    from tests.unit.test_orchestrator import FakeRetriever
+
+    env = Env({"MAX_COMPLETION_TOKENS": completion})
+    limit = OrchestratorSettings.from_env(env).llm_completion_limit
+    assert limit == LlmSettings.from_env(env).loop.max_completion_tokens == int(completion)
+    gen = FakeGenerator(json.dumps(ROUTE))
+    responder = Responder(
+        FakeRetriever(None), gen, ConfigHolder(RuntimeConfig(), 3), model_routing=True,
+        today=lambda: TODAY, llm_completion_limit=limit,
+    )  # fmt: skip
+    await responder.respond(inp())
+    assert gen.requests[0].max_tokens == asked
