@@ -277,7 +277,9 @@ class TavilyClient:
             ) from None
         except _Attempt as failed:
             self._log(
-                _STATUS.get(failed.error.code, "error"),
+                "deadline"
+                if failed.breaker_verdict == NO_VERDICT
+                else _STATUS.get(failed.error.code, "error"),
                 tenant_id,
                 started,
                 attempts=failed.attempts,
@@ -287,6 +289,9 @@ class TavilyClient:
             raise failed.error from None
         except asyncio.CancelledError:
             self._log("cancelled", tenant_id, started, attempts=0)
+            raise
+        except BaseException:
+            self._log("error", tenant_id, started, attempts=0)
             raise
         result["search_depth"] = body["search_depth"]
         return result, attempts

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -707,3 +708,22 @@ async def test_every_search_is_one_external_call_event_without_the_query(h: Harn
         INVALID_ARGUMENT, "RATE_LIMIT_EXCEEDED", UPSTREAM_UNAVAILABLE,
     ]  # fmt: skip
     assert not [line for line in logs.raw if "private" in line or KEY in line]
+
+
+async def test_a_search_that_fails_unexpectedly_is_still_one_external_call_event(
+    h: Harness,
+) -> None:
+    # As the Bank of Russia client does: every call is one line, a bug of ours included.
+    client = h.client(retry={"attempts": 1})
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug of ours")
+
+    client._http = SimpleNamespace(post=broken)  # type: ignore[assignment]
+    with json_lines("toolsproxy") as logs:
+        with pytest.raises(RuntimeError):
+            await client.search("key rate", tenant_id="t1", user_id="u")
+    assert [(e["level"], e["status"]) for e in logs.events("external_call")] == [
+        ("warning", "error")
+    ]
+    assert client.breaker.state == "closed"  # one failure, under the threshold

@@ -46,6 +46,7 @@ from services.toolsproxy.tools import (
     ToolExecutor,
     ToolLimits,
 )
+from tests.unit.json_logs import json_lines
 
 
 @contextlib.asynccontextmanager
@@ -375,8 +376,11 @@ async def test_a_callers_tiny_deadline_is_no_verdict_on_the_upstream(
     # caller sending tiny deadlines must not open the breaker for everyone.
     make, tool, args = HUNG[upstream]
     client, executor = make(silent_server)
-    async with grpc_proxy(executor) as stub:
-        for _ in range(3):
-            resp = await stub.Execute(request(tool, args), timeout=0.6)
-            assert resp.status == "error" and resp.error.code == "UPSTREAM_UNAVAILABLE", resp
+    with json_lines("toolsproxy") as logs:
+        async with grpc_proxy(executor) as stub:
+            for _ in range(3):
+                resp = await stub.Execute(request(tool, args), timeout=0.6)
+                assert resp.status == "error" and resp.error.code == "UPSTREAM_UNAVAILABLE", resp
     assert client.breaker.state == "closed"
+    # and both clients log it the same way: the caller's deadline, not the upstream's outage
+    assert [e["status"] for e in logs.events("external_call")] == ["deadline"] * 3
