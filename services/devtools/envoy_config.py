@@ -15,14 +15,21 @@ from typing import Any
 
 import yaml
 
+from services.common.shared_config import UTF8_MAX_BYTES
 from services.common.topology import SERVICES, Ports, ServiceSpec
+from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
+from services.retrieval.listing import MAX_LISTED_IDS
 
 MiB = 1 << 20
 
 DEFAULT_MAX_REQUEST_BYTES = 1 * MiB
 """Largest JSON request body on every route but ingestion (HTTP 413 above it)."""
-INGEST_MAX_REQUEST_BYTES = 32 * MiB
-"""Largest `POST /internal/retrieval/documents` body: a document, base64 inside JSON."""
+INGEST_ENVELOPE_BYTES = 1 * MiB
+"""Room an ingestion body leaves for everything but the document (names, tags, metadata)."""
+INGEST_MAX_REQUEST_BYTES = 4 * -(-DEFAULT_MAX_DOCUMENT_BYTES // 3) + INGEST_ENVELOPE_BYTES
+"""Largest `POST /internal/retrieval/documents` body: Retrieval's largest document
+(RETR_MAX_DOCUMENT_BYTES' default) in base64, 4 characters per 3 bytes, plus the envelope;
+its proto message then fits Retrieval's gRPC limit (the document plus 1 MiB)."""
 MAX_RESPONSE_BYTES = 32 * MiB
 """Largest unary response the transcoder will buffer and turn into JSON."""
 STREAM_IDLE_TIMEOUT_S = 60.0
@@ -38,8 +45,16 @@ HTTP_PREFIX: Mapping[str, str] = {
 }
 """The `/internal/...` path prefix each service's HTTP bindings live under."""
 
-MAX_REQUEST_HEADERS_KB = 1024
-"""The retrieval listener's request-line-and-headers limit (ListDocuments' doc_ids, GET)."""
+ENVOY_DEFAULT_HEADERS_KB = 60
+"""Envoy's own request-line-and-headers limit, kept for everything but ListDocuments' ids."""
+LISTED_ID_QUERY_BYTES = len("&doc_ids=") + MAX_DOC_ID_CHARS * UTF8_MAX_BYTES * len("%XX")
+"""One doc_id of ListDocuments' query string at its longest: every character 4 UTF-8 bytes,
+each percent-encoded."""
+MAX_REQUEST_HEADERS_KB = (
+    -(-MAX_LISTED_IDS * LISTED_ID_QUERY_BYTES // 1024) + ENVOY_DEFAULT_HEADERS_KB
+)
+"""The retrieval listener's request-line-and-headers limit: a GET ListDocuments with its
+MAX_LISTED_IDS longest doc_ids of any script, plus Envoy's default for the rest."""
 
 DEFAULT_ROUTE = "default"
 """Key of `timeouts` for the catch-all route of a service's prefix."""

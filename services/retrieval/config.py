@@ -28,6 +28,7 @@ from services.retrieval.engine import EngineSettings
 from services.retrieval.fusion import FUSIONS
 from services.retrieval.index.base import QUANTIZATIONS
 from services.retrieval.intra_op import AUTO, usable_cpus
+from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES
 from services.retrieval.llm_assist import LlmAssistSettings
 from services.retrieval.rerank import (
     API_STYLES,
@@ -285,7 +286,9 @@ def _assist_runtime(env: Env, summaries: bool, variants: bool) -> RuntimeSetting
 
 SETTINGS = Fields(
     RetrievalSettings,
-    max_document_bytes=integer("RETR_MAX_DOCUMENT_BYTES", 32 << 20, 1024, 256 << 20),
+    max_document_bytes=integer(
+        "RETR_MAX_DOCUMENT_BYTES", DEFAULT_MAX_DOCUMENT_BYTES, 1024, 256 << 20
+    ),
     mock_mode=flag("RETR_MOCK_MODE", False),
     synonyms_path=text("RETR_SYNONYMS_PATH", ""),
     production=flag("RETR_PRODUCTION", False),

@@ -46,13 +46,14 @@ from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.journal import IngestJournal
+from services.retrieval.limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import ListPage, list_page, page_token
 from services.retrieval.sections import SectionCatalog
 
 log = logging.getLogger("visior.retrieval.ingestion")
 
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
-_DOC_ID = re.compile(r"^[^\W_][\w.-]{0,127}$")
+_DOC_ID = re.compile(rf"^[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}$")
 MAX_TAGS = 32
 MAX_METADATA = 32
 MAX_METADATA_VALUE = 1024

@@ -822,8 +822,9 @@ def _raw_get(mesh: Mesh, path: str, params: dict[str, Any]) -> tuple[int, str]:
     [
         lambda i: f"{i:04d}" + "x" * 124,  # 128 characters each: ~140 KB of query string
         lambda i: f"{i:04d}" + "д" * 124,  # Cyrillic, percent-encoded: ~760 KB
+        lambda i: f"{i:04d}" + "𠀀" * 124,  # four UTF-8 bytes a letter: ~1.5 MB
     ],
-    ids=["ascii", "cyrillic"],
+    ids=["ascii", "cyrillic", "four-byte"],
 )
 def test_list_documents_takes_its_1000_longest_doc_ids_over_json(mesh: Mesh, doc_id: Any) -> None:
     """Past Envoy's default 60 KiB of request line and headers (431 before the server)."""
