@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 from urllib.parse import SplitResult, urlsplit
@@ -23,6 +24,17 @@ def check_base_url(url: str, name: str) -> SplitResult:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SettingsError(f"{name}={url!r} is not an http(s) URL")
     return parts
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """`host` names this machine: ``localhost`` or a loopback address (127.0.0.0/8, ::1),
+    as a URL's hostname or a bind address gives it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
 
 
 def endpoint_url(url: str, path: str, *, full_suffix: str = "") -> str:

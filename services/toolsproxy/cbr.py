@@ -39,7 +39,7 @@ from services.common.breaker import (
     CircuitOpenError,
 )
 from services.common.context import upstream_timeout
-from services.common.http import TRANSIENT_STATUSES, check_base_url
+from services.common.http import TRANSIENT_STATUSES, check_base_url, is_loopback_host
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
@@ -142,7 +142,7 @@ class CbrSettings:
 
     def __post_init__(self) -> None:
         parts = check_base_url(self.url, "MCP_PROXY_CBR_URL")
-        loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+        loopback = is_loopback_host(parts.hostname)
         if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
             raise SettingsError(
                 f"MCP_PROXY_CBR_URL={self.url!r} must be an https URL (http only to localhost)"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -45,6 +44,7 @@ from services.common.context import (
     new_trace_id,
     valid_trace_id,
 )
+from services.common.http import is_loopback_host
 from services.common.logging import trace_id_bound
 from services.common.search_contract import KB_TENANT, is_tenant_id
 from services.common.settings import SettingsError
@@ -279,7 +279,7 @@ def _caller(ctx: ServerRequestContext[Any]) -> Caller:
 
 def _security(settings: McpSettings) -> TransportSecuritySettings | None:
     hosts = list(settings.allowed_hosts)
-    if not hosts and _is_loopback(settings.host):
+    if not hosts and is_loopback_host(settings.host):
         hosts = list(LOOPBACK_ALLOWED_HOSTS)
     if not hosts:
         return None
@@ -287,15 +287,6 @@ def _security(settings: McpSettings) -> TransportSecuritySettings | None:
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _build_app(
@@ -387,7 +378,7 @@ class McpEndpoint:
             except SystemExit:  # uvicorn exits on a failed lifespan startup
                 pass
             raise RuntimeError("MCP endpoint failed to start")
-        if not self._settings.token and not _is_loopback(host):
+        if not self._settings.token and not is_loopback_host(host):
             log.warning("MCP endpoint on %s without MCP_PROXY_MCP_TOKEN: trusts any client", host)
         log.info("MCP endpoint listening", extra={"url": self.url})
         return self._port

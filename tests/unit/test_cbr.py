@@ -736,3 +736,27 @@ async def test_every_call_to_the_bank_is_one_external_call_event(
     assert "bad request" in events[2]["reason"]
     assert (events[3]["breaker"], events[4]["breaker"]) == (OPEN, OPEN)
     assert len(fake.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("url", "accepted"),
+    [
+        ("https://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx", True),
+        ("http://localhost:8080/x", True),
+        ("http://127.0.0.1:8080/x", True),
+        ("http://127.0.0.2:8080/x", True),  # all of 127.0.0.0/8, as the MCP endpoint reads it
+        ("http://[::1]:8080/x", True),
+        ("http://cbr.example:8080/x", False),
+        ("http://10.0.0.1/x", False),
+    ],
+)
+def test_the_bank_url_is_https_or_http_to_a_loopback_host(url: str, accepted: bool) -> None:
+    from services.common.http import is_loopback_host
+
+    if accepted:
+        cbr_settings(Env({"MCP_PROXY_CBR_URL": url}))
+    else:
+        with pytest.raises(SettingsError, match="http only to localhost"):
+            cbr_settings(Env({"MCP_PROXY_CBR_URL": url}))
+    host = httpx.URL(url).host
+    assert is_loopback_host(host) == (accepted and not url.startswith("https"))
