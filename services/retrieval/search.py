@@ -7,11 +7,11 @@ from typing import NamedTuple
 
 from services.common import errors
 from services.common.search_contract import (
-    KB_TENANT,
     Filters,
     check_max_results,
     check_query,
     check_tenant_id,
+    refuse_reserved_tenant,
     validate_filters,
 )
 
@@ -126,10 +126,7 @@ class SearchResult:
 def validate(q: SearchQuery, defaults: SearchDefaults) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the service must refuse."""
     check_tenant_id(q.tenant_id)
-    if q.tenant_id == KB_TENANT:
-        raise errors.invalid(
-            "tenant_id", "the knowledge base is searched with filters.source=knowledge_base"
-        )
+    refuse_reserved_tenant(q.tenant_id, "tenant_id", "search it with filters.source=knowledge_base")
     check_query(q.query)
     check_max_results(q.max_results)
     if q.mode and q.mode not in MODES:

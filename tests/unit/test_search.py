@@ -189,6 +189,8 @@ async def test_knowledge_base_only_through_source_filter(shared):
     with pytest.raises(errors.InvalidArgumentError) as info:
         await shared.engine.search(q(tenant_id=KB_TENANT))
     assert info.value.metadata["field"] == "tenant_id"
+    # the words every service refuses the reserved tenant with (search_contract)
+    assert "is reserved for the knowledge base; search it with filters.source" in str(info.value)
 
 
 async def test_filters(shared):
