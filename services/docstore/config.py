@@ -36,8 +36,9 @@ class DocstoreSettings:
     pool_size: int = DEFAULT_POOL_SIZE
     """PostgreSQL connections this process keeps open (<prefix>DOCSTORE_POOL_SIZE)."""
     timeout_s: float = DEFAULT_TIMEOUT_S
-    """PostgreSQL: longest wait to connect or for a pooled connection before a call fails
-    with StoreUnavailableError (<prefix>DOCSTORE_TIMEOUT_S)."""
+    """Longest wait before a call fails with StoreUnavailableError (<prefix>DOCSTORE_TIMEOUT_S).
+    SQLite: a write's wait for another writer's lock (busy_timeout). PostgreSQL: the wait to
+    connect, for a pooled connection, or for a lock another session holds."""
 
     @property
     def display(self) -> str:
@@ -67,8 +68,8 @@ DOCSTORE_URL = text(
 
 def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:
     """METADATA_DB_URL (sqlite:///PATH, postgresql://…, postgres://…), else
-    VISIOR_DATA_DIR/docstore.sqlite; <prefix>DOCSTORE_POOL_SIZE and <prefix>DOCSTORE_TIMEOUT_S
-    (PostgreSQL only)."""
+    VISIOR_DATA_DIR/docstore.sqlite; <prefix>DOCSTORE_POOL_SIZE (PostgreSQL only) and
+    <prefix>DOCSTORE_TIMEOUT_S (both stores)."""
     pool = Fields(
         DocstoreSettings,
         pool_size=integer(prefix + "DOCSTORE_POOL_SIZE", minimum=1, maximum=MAX_POOL_SIZE),

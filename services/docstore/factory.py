@@ -23,9 +23,12 @@ def open_document_store(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> DocumentStore:
     """The store at `url_or_path`: PostgreSQL for a postgresql:// (postgres://) URL, else
-    SQLite (a path, or sqlite:///PATH; sqlite:/// alone is an in-memory database)."""
+    SQLite (a path, or sqlite:///PATH; sqlite:/// alone is an in-memory database).
+    `timeout_s` bounds either store's wait for a lock; `pool_size` is PostgreSQL's."""
     if is_postgres_url(url_or_path):
         return PostgresDocumentStore(
             str(url_or_path), read_only=read_only, pool_size=pool_size, timeout_s=timeout_s
         )
-    return SqliteDocumentStore(sqlite_path(str(url_or_path)), read_only=read_only)
+    return SqliteDocumentStore(
+        sqlite_path(str(url_or_path)), read_only=read_only, timeout_s=timeout_s
+    )

@@ -29,6 +29,7 @@ from services.docstore.sql_store import (
     from_signed64,
     to_signed64,
 )
+from services.docstore.store import DEFAULT_TIMEOUT_S
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -85,9 +86,17 @@ class SqliteDocumentStore(SqlDocumentStore):
 
     kind = "sqlite"
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Open (and unless `read_only`, create or migrate) the store at `path`.
+
+        `timeout_s` is every connection's busy_timeout: a write that finds another writer
+        holding the file's lock waits that long, then raises StoreUnavailableError.
+        """
         self.path = str(path)
         self._read_only = read_only
+        self._timeout_s = timeout_s
         if not read_only and self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -112,8 +121,10 @@ class SqliteDocumentStore(SqlDocumentStore):
         self._closed = False
 
     def _connect(self, *, reader: bool = False) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout = 5000")
+        # `timeout` (seconds) is SQLite's busy_timeout, set as the connection opens.
+        conn = sqlite3.connect(
+            self.path, timeout=self._timeout_s, check_same_thread=False, isolation_level=None
+        )
         conn.execute("PRAGMA cache_size = -65536")
         conn.execute("PRAGMA mmap_size = 268435456")
         if not self._read_only and not reader:

@@ -15,7 +15,8 @@ SQLITE_SCHEME = "sqlite:///"
 DEFAULT_POOL_SIZE = 8
 """Connections a PostgreSQL store keeps open (<prefix>DOCSTORE_POOL_SIZE)."""
 DEFAULT_TIMEOUT_S = 5.0
-"""A PostgreSQL store's longest wait for a connection (<prefix>DOCSTORE_TIMEOUT_S)."""
+"""Either store's longest wait for a lock (SQLite's busy_timeout) or, on PostgreSQL, for a
+connection, before a call fails with StoreUnavailableError (<prefix>DOCSTORE_TIMEOUT_S)."""
 
 
 def sqlite_path(target: str) -> str:
