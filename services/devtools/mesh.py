@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
-from services.common.settings import Env, SettingsError
+from services.common.settings import Env, ServerSettings, SettingsError
 from services.common.shared_config import llm_completion_limit
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
@@ -31,14 +31,12 @@ from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
+from services.model_runtime.config import URL as RUNTIME_URL
 
 
 class MeshError(RuntimeError):
     """A process of the mesh did not start or did not become healthy."""
 
-
-RUNTIME_URL_NAMES = ("LLM_RUNTIME_URL",)
-"""Where the LLM service reads its runtime's URL (services/model_runtime/config.py)."""
 
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
@@ -49,9 +47,15 @@ LOCAL_RESPOND_TIMEOUT_S = 900.0
 """A whole Respond with the local model: a few tool steps, each a model call."""
 
 
+STOP_MARGIN_S = 5.0
+"""Seconds a stopping service gets after its own drain and grace: closing its clients and
+stores, and the interpreter's exit."""
+
+
 def remote_runtime(env: Mapping[str, str]) -> str | None:
-    """The runtime URL the user configured in `env`, if any (then nothing local starts)."""
-    return next((env[n] for n in RUNTIME_URL_NAMES if env.get(n)), None)
+    """The runtime URL the user configured in `env`, if any (then nothing local starts), read
+    as the LLM service reads LLM_RUNTIME_URL: a blank value is unset."""
+    return RUNTIME_URL.read(Env(env)) or None
 
 
 def local_model_env(
@@ -106,6 +110,16 @@ def local_model_env(
     }
 
 
+def stop_wait(key: str, env: Mapping[str, str]) -> float:
+    """Seconds the mesh waits for service `key` after SIGTERM before SIGKILL: the drain and
+    grace the service reads from `env` (the env it was started with), plus STOP_MARGIN_S."""
+    try:
+        server = ServerSettings.for_service(key, Env(env))
+    except SettingsError:  # the service refused this env at start: nothing is in flight
+        server = ServerSettings(key)
+    return server.drain_seconds + server.grace_seconds + STOP_MARGIN_S
+
+
 LOCAL_FORCED = ("LLM_RUNTIME_URL", "DEFAULT_MODEL_NAME")
 """Keys of `local_model_env` that always win: they name the process the mesh started."""
 
@@ -128,8 +142,10 @@ class Mesh:
     `fault_injection=True` gives Envoy the header-driven fault filter (fault tests only; see
     services/devtools/envoy_config.render).
     `local_model` starts the local model before the services (log ``<workdir>/model.log``)
-    and gives them `local_model_env`; with ``LLM_RUNTIME_URL`` in the environment or `env`,
-    nothing local starts.
+    and gives them `local_model_env`; with ``LLM_RUNTIME_URL`` set (not blank) in the
+    environment or `env`, nothing local starts.
+    `stop_service` gives each service its own drain and grace (``<PREFIX>DRAIN_SECONDS``,
+    ``<PREFIX>GRACE_SECONDS`` in the env it was started with) plus STOP_MARGIN_S before SIGKILL.
     """
 
     def __init__(
@@ -153,6 +169,8 @@ class Mesh:
         self._extra_env = dict(env or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
+        self._envs: dict[str, dict[str, str]] = {}
+        """The env each running service was started with."""
         self.envoy = EnvoyProcess(concurrency=envoy_concurrency)
         self._access_log = access_log
         self._timeouts = envoy_timeouts
@@ -176,7 +194,10 @@ class Mesh:
         return f"http://127.0.0.1:{self.bank_port}{BANK_PATH}"
 
     def env(self) -> dict[str, str]:
-        """The environment every service process gets: ports, targets, data dir."""
+        """The environment every service process gets: ports, targets, data dir, then the
+        caller's `env`. With the local model running, also `local_model_env`: its LOCAL_FORCED
+        names always, the others where neither the process environment nor `env` sets them
+        (a blank value is unset, as the services read it)."""
         p = self.ports
         env = {
             **os.environ,
@@ -195,20 +216,19 @@ class Mesh:
             "MCP_PROXY_URL": f"127.0.0.1:{p.grpc['toolsproxy']}",
             "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
         }
-        local: dict[str, str] = {}
+        env.update(self._extra_env)
         if self.model is not None and self.model.alive():
+            given = {**os.environ, **self._extra_env}
             try:
                 local = local_model_env(
-                    self.model.base_url,
-                    self.model.alias,
-                    self.model.config.n_ctx,
-                    {**os.environ, **self._extra_env},
+                    self.model.base_url, self.model.alias, self.model.config.n_ctx, given
                 )
             except SettingsError as exc:
                 raise MeshError(f"the LLM service cannot run on the local model: {exc}") from exc
-            env.update({k: v for k, v in local.items() if k not in os.environ})
-        env.update(self._extra_env)
-        env.update({k: local[k] for k in LOCAL_FORCED if k in local})
+            caller = Env(given)
+            env.update(
+                {k: v for k, v in local.items() if k in LOCAL_FORCED or caller.raw([k]) is None}
+            )
         if self.bank_url is not None:
             env["MCP_PROXY_CBR_URL"] = self.bank_url
             env["MCP_PROXY_CBR_DEMO"] = "true"
@@ -222,10 +242,11 @@ class Mesh:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = self.log_path(key).open("ab")
         self._logs[key] = log
+        env = self._envs[key] = self.env()
         self._procs[key] = subprocess.Popen(
             [sys.executable, "-m", spec.module],
             cwd=str(REPO_ROOT),
-            env=self.env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -290,12 +311,13 @@ class Mesh:
             return dict(self._timeouts) if self._timeouts is not None else None
         return {**local_envoy_timeouts(), **(self._timeouts or {})}
 
-    def stop_service(self, key: str, grace: float = 10.0) -> int | None:
-        """SIGTERM one service and wait for it (SIGKILL after `grace` + 5 s)."""
+    def stop_service(self, key: str) -> int | None:
+        """SIGTERM one service and wait for it (SIGKILL after `stop_wait`); its exit code."""
         proc = self._procs.pop(key, None)
+        env = self._envs.pop(key, {})
         if proc is None:
             return None
-        rc = terminate(proc, grace + 5)
+        rc = terminate(proc, stop_wait(key, env))
         log = self._logs.pop(key, None)
         if log:
             log.close()
