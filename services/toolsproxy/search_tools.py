@@ -21,7 +21,9 @@ from services.toolsproxy.tools import Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
 MAX_DOC_IDS = 50
-MAX_QUERY_CHARS = 1000
+MAX_TOOL_QUERY_CHARS = 1000
+"""A search tool's query: a model's search words, tighter than what Retrieval itself takes
+(services/common/search_contract.MAX_QUERY_CHARS, a user's question)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class SearchTools:
     def __init__(self, searcher: Searcher) -> None:
         self._searcher = searcher
         common = {
-            "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+            "query": {"type": "string", "minLength": 1, "maxLength": MAX_TOOL_QUERY_CHARS},
             "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
             "score_threshold": {"type": "number", "minimum": 0, "maximum": 1},
         }
