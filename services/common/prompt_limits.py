@@ -5,11 +5,15 @@ the orchestrator shapes every first prompt to fit under that same limit, so an o
 question is trimmed, never refused. Both read the limit from the same environment variable
 (MAX_PROMPT_TOKENS, services/common/shared_config.py) and count with the same tokenizer
 (services/common/tokenizer.py).
+
+The anchor line of the tool-use block is written (anchor_line) and read (parse_anchor_line)
+here only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 LLM_LIMIT_EXCEEDED = "LLM_LIMIT_EXCEEDED"
 """The reason of the LLM service's refusal of a request past its limits."""
@@ -31,6 +35,11 @@ ANCHOR_LINE_SLACK = 1
 MAX_LISTED_ANCHORS = 20
 """The LLM service lists at most this many anchors in the tool-use block."""
 
+_JSON_STRING = r'("(?:[^"\\]|\\.)*")'
+_ANCHOR_LINE = re.compile(
+    rf"- doc_id={_JSON_STRING} section_id={_JSON_STRING} anchor_chunk_id={_JSON_STRING}"
+)
+
 
 def anchor_line(doc_id: str, section_id: str, anchor_chunk_id: str) -> str:
     """One anchor as the LLM service's tool-use block lists it."""
@@ -39,3 +48,16 @@ def anchor_line(doc_id: str, section_id: str, anchor_chunk_id: str) -> str:
         f"section_id={json.dumps(section_id, ensure_ascii=False)} "
         f"anchor_chunk_id={json.dumps(anchor_chunk_id, ensure_ascii=False)}"
     )
+
+
+def parse_anchor_line(line: str) -> tuple[str, str, str] | None:
+    """The (doc_id, section_id, anchor_chunk_id) of a line as anchor_line writes it; None for
+    any other line (one whose quoted values are not JSON strings included)."""
+    m = _ANCHOR_LINE.fullmatch(line)
+    if m is None:
+        return None
+    try:
+        doc_id, section_id, chunk_id = (json.loads(g) for g in m.groups())
+    except ValueError:
+        return None
+    return doc_id, section_id, chunk_id

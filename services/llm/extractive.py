@@ -44,17 +44,21 @@ from services.common.tool_contract import (
     SEARCH_GENERAL_KB,
     SEARCH_USER_DOCUMENTS,
 )
-from services.common.untrusted import unwrap_untrusted
+from services.common.untrusted import (
+    DelimitedText,
+    delimited_blocks,
+    is_wrapped,
+    parse_pages,
+    strip_delimited,
+    unwrap_untrusted,
+)
 from services.llm.model import Anchor
 from services.llm.prompt import (
     CALLER_TOOL_KIND,
     CONTEXT_KIND,
     RAG_RULES,
-    DelimitedText,
-    delimited_blocks,
     is_service_note,
     listed_anchors,
-    strip_delimited,
 )
 from services.llm.toolcalls import ToolContent, parse_tool_content
 from services.model_runtime.chat import (
@@ -294,11 +298,6 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _pages(attr: str) -> tuple[int, int]:
-    first, _, last = attr.partition("-")
-    return _int(first), _int(last or first)
-
-
 def _where(r: Reading, t: dict[str, str]) -> str:
     if r.page_start:
         if r.page_end and r.page_end != r.page_start:
@@ -316,7 +315,7 @@ def _reading_from_tool(content: ToolContent) -> Reading | None:
     doc_id = str(r.get("doc_id") or r.get("document_id") or first.get("doc_id", ""))
     start, end = _int(r.get("page_start")), _int(r.get("page_end"))
     if not start and "pages" in first:
-        start, end = _pages(first["pages"])
+        start, end = parse_pages(first["pages"])
     return Reading(
         doc_id, str(r.get("title") or ""), "\n\n".join(b.text for b in texts), start, end or start
     )
@@ -326,7 +325,7 @@ def _readings_from_blocks(blocks: Sequence[DelimitedText]) -> list[Reading]:
     out = []
     for b in blocks:
         if b.text.strip():
-            start, end = _pages(b.attrs.get("pages", ""))
+            start, end = parse_pages(b.attrs.get("pages", ""))
             doc_id = b.attrs.get("doc_id", "")
             out.append(Reading(doc_id, "", b.text, start, end))
     return out
@@ -781,7 +780,7 @@ def _question(messages: Sequence[ChatMessage]) -> str:
     for m in reversed(messages):
         if m.role != "user" or is_service_note(m):
             continue
-        if m.content.startswith(f"<<<{CALLER_TOOL_KIND}"):
+        if is_wrapped(m.content, CALLER_TOOL_KIND):
             continue
         return m.content
     return ""

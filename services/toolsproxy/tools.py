@@ -63,6 +63,7 @@ from services.common.tool_contract import (
     tool_arguments,
 )
 from services.common.tool_contract import ID_SCHEMA as _ID
+from services.common.untrusted import format_pages
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
@@ -165,22 +166,33 @@ def trim_text(text: str, max_bytes: int) -> tuple[str, bool]:
     return data[: max(0, max_bytes)].decode("utf-8", errors="ignore"), True
 
 
-def _marker_attrs(obj: Mapping[str, Any]) -> dict[str, object]:
-    """What the opening marker says about the text: document, section, chunk, pages, url."""
+def _marker_attrs(obj: Mapping[str, Any], inherited: Mapping[str, object]) -> dict[str, object]:
+    """What the opening marker says about the texts of `obj`: document, section, chunk, pages,
+    url, as `obj` states them, else as its parents did (`inherited`).
+
+    Pages are format_pages' (`page_start` with `page_end`, or `page`): an object that states
+    its pages without a known first page has no `pages` attribute, not its parents' one.
+    """
 
     def scalar(key: str) -> object | None:
         v = obj.get(key)
         return v if isinstance(v, str | int) and not isinstance(v, bool) else None
 
-    attrs: dict[str, object] = {}
+    attrs = dict(inherited)
     for key in ("doc_id", "document_id", "section_id", "chunk_id", "url", "source"):
         if (v := scalar(key)) is not None:
             attrs["doc_id" if key == "document_id" else key] = v
     first, last, page = scalar("page_start"), scalar("page_end"), scalar("page")
     if first is not None and last is not None:
-        attrs["pages"] = f"{first}-{last}" if first != last else first
+        pages = format_pages(first, last)
     elif page is not None:
-        attrs["pages"] = page
+        pages = format_pages(page)
+    else:
+        return attrs
+    if pages is None:
+        attrs.pop("pages", None)
+    else:
+        attrs["pages"] = pages
     return attrs
 
 
@@ -212,7 +224,7 @@ class _Shaper:
         return v
 
     def obj(self, d: Mapping[str, Any], inherited: dict[str, object]) -> dict[str, Any]:
-        attrs = {**inherited, **_marker_attrs(d)}
+        attrs = _marker_attrs(d, inherited)
         out: dict[str, Any] = {}
         holds_text = cut = False
         for key, v in d.items():
