@@ -17,6 +17,7 @@ from services.common.settings import (
     retry_attempts,
 )
 from services.common.shared_config import llm_completion_limit, llm_prompt_limit
+from services.llm.extractive import EXTRACTIVE
 from services.llm.loop import LoopSettings
 from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import runtime_settings
@@ -66,7 +67,7 @@ class LlmSettings:
                 MAX_TOOL_RESULT_TOKENS, max_total - max_prompt - max_completion
             ),
             tool_timeout_s=tools_proxy.timeout_seconds,
-            default_model=runtime.default_model if runtime else "extractive",
+            default_model=runtime.default_model if runtime else EXTRACTIVE,
         )
         return cls(
             server=ServerSettings.for_service("llm", env),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -14,11 +13,11 @@ from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.common.tool_contract import check_tool_user
-from services.llm.loop import LoopSettings, ToolLoop
-from services.llm.metrics import OK, USAGE, LlmMetrics, begin_request, end_request
+from services.llm.loop import LoopSettings, ToolLoop, outcome_of
+from services.llm.metrics import USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 from services.llm.prompt import CHAT, RAG
-from services.model_runtime.chat import ROLES
+from services.model_runtime.chat import ROLES, SAMPLING_RANGES
 
 MODES = (RAG, CHAT)
 MAX_MESSAGES = 64
@@ -80,13 +79,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
             f"generation_params.max_tokens must be 1..{limits.max_completion_tokens}",
             limits.max_completion_tokens,
         )
-    ranges = {
-        "temperature": (0.0, 2.0),
-        "top_p": (0.0, 1.0),
-        "presence_penalty": (-2.0, 2.0),
-        "frequency_penalty": (-2.0, 2.0),
-    }
-    for name, (lo, hi) in ranges.items():
+    for name, (lo, hi) in SAMPLING_RANGES.items():
         value = getattr(p, name)
         if value is not None and not lo <= value <= hi:
             raise errors.invalid(f"generation_params.{name}", f"{name} must be within {lo}..{hi}")
@@ -153,22 +146,18 @@ class LlmEngine:
             return await self._generate(req, sink)
         started = self._clock()
         usage, token = begin_request()
-        outcome = "INTERNAL"
         out: GenerateOutput | None = None
+        failure: BaseException | None = None
         try:
             out = await self._generate(req, sink)
-            outcome = OK
             return out
-        except errors.ServiceError as exc:
-            outcome = exc.reason or "error"
-            raise
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"
+        except BaseException as exc:
+            failure = exc
             raise
         finally:
             end_request(token)
             latency_ms = (self._clock() - started) * 1000
-            self._metrics.record(outcome, latency_ms, usage, self._loop.tokenizer, out)
+            self._metrics.record(outcome_of(failure), latency_ms, usage, self._loop.tokenizer, out)
 
     async def _generate(self, req: GenerateInput, sink: EventSink | None) -> GenerateOutput:
         validate(req, self._loop.settings)

@@ -44,6 +44,7 @@ from services.llm.budget import (
     limit_exceeded,
     message_tokens,
 )
+from services.llm.metrics import OK
 from services.llm.model import (
     EventSink,
     GenerateInput,
@@ -81,6 +82,22 @@ log = logging.getLogger("visior.llm.loop")
 PLANNED_FIELD = "tool_policy.planned_calls"
 PLANNED_CALL_ID = "planned-{}"
 """Ids of the planned calls in the conversation (1-based, in order)."""
+CANCELLED = "CANCELLED"
+INTERNAL = "INTERNAL"
+
+
+def outcome_of(failure: BaseException | None) -> str:
+    """A Generate's outcome, from what it raised (None: nothing): the `outcome` label of the
+    LLM metrics and of the `generate` log line alike (docs/operations.md). `ok`; a
+    ServiceError's reason; CANCELLED when the caller went away; INTERNAL for any other
+    exception (the status the server answers it with)."""
+    if failure is None:
+        return OK
+    if isinstance(failure, errors.ServiceError):
+        return failure.reason
+    if isinstance(failure, asyncio.CancelledError):
+        return CANCELLED
+    return INTERNAL
 
 
 @dataclass(frozen=True)
@@ -238,23 +255,18 @@ class _Run:
 
     async def go(self) -> GenerateOutput:
         """The run, then one INFO line summing it up (the per-step records are DEBUG)."""
-        outcome = "error"
+        failure: BaseException | None = None
         try:
-            out = await self._go()
-            outcome = "ok"
-            return out
-        except errors.ServiceError as exc:
-            outcome = exc.reason or type(exc).__name__
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
+            return await self._go()
+        except BaseException as exc:
+            failure = exc
             raise
         finally:
             log.info(
                 "generate",
                 extra={
                     "model": self._model_name(),
-                    "outcome": outcome,
+                    "outcome": outcome_of(failure),
                     "tool_steps": self.steps,
                     "model_calls": self.budget.calls,
                     "prompt_tokens": self.budget.prompt_used,

@@ -10,17 +10,19 @@ and the context chunks. The conversation follows.
 Context chunks are data, never instructions: each is neutralised (it cannot forge a marker)
 and wrapped as `<<<CONTEXT doc_id="…" section_id="…" pages="…">>>\\n…\\n<<<END CONTEXT>>>`,
 and the system message says so. Tool results come back the same way (services/llm/toolcalls).
+The block format and its readers (delimited_blocks, strip_delimited, parse_pages) are
+services/common/untrusted.py's; the anchor line is services/common/prompt_limits.py's.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from services.common.prompt_limits import MAX_LISTED_ANCHORS, anchor_line
-from services.common.untrusted import neutralise_markers, wrap_untrusted
+from services.common.prompt_limits import MAX_LISTED_ANCHORS, anchor_line, parse_anchor_line
+from services.common.untrusted import DelimitedText as DelimitedText
+from services.common.untrusted import delimited_blocks as delimited_blocks
+from services.common.untrusted import format_pages, neutralise_markers, wrap_untrusted
+from services.common.untrusted import strip_delimited as strip_delimited
 from services.llm.model import Anchor, ContextChunk, GenerateInput
 from services.model_runtime.chat import ChatMessage, ToolSpec
 
@@ -63,7 +65,8 @@ CONTEXT_HEADER = (
     "User Documents: the relevant sections found, best match first, each delimited by "
     "<<<CONTEXT …>>> and <<<END CONTEXT>>>:"
 )
-TOOLS_HEADER = "You may use the following tools:"
+TOOLS_HEADER = "You may call the tools offered with this request."
+"""Opens the tool-use block, which names no tool: the runtime client presents the tools."""
 ANCHORS_HEADER = "Sections you may read with the tools (doc_id, section_id, anchor_chunk_id):"
 FINAL_ANSWER_NOTE = (
     "[Visior service] No more tool calls are available in this request. Answer the question "
@@ -71,13 +74,6 @@ FINAL_ANSWER_NOTE = (
 )
 """Appended as a user turn when the loop withdraws the tools (step limit, repeated call)."""
 SERVICE_NOTE_PREFIX = "[Visior service]"
-
-_ANCHOR_LINE = re.compile(
-    r'^- doc_id=("(?:[^"\\]|\\.)*") section_id=("(?:[^"\\]|\\.)*") '
-    r'anchor_chunk_id=("(?:[^"\\]|\\.)*")$'
-)
-_BLOCK = re.compile(r"<<<([A-Z_]+)([^\n]*)>>>\n(.*?)\n<<<END \1>>>", re.DOTALL)
-_ATTR = re.compile(r'(\w+)="([^"]*)"')
 
 
 def render_chunk(chunk: ContextChunk) -> str:
@@ -87,22 +83,21 @@ def render_chunk(chunk: ContextChunk) -> str:
         attrs["section_id"] = chunk.section_id
     if chunk.chunk_id:
         attrs["chunk_id"] = chunk.chunk_id
-    if chunk.page_start or chunk.page_end:
-        first, last = chunk.page_start, chunk.page_end or chunk.page_start
-        attrs["pages"] = f"{first}-{last}" if first != last else first
+    if pages := format_pages(chunk.page_start, chunk.page_end):
+        attrs["pages"] = pages
     return wrap_untrusted(neutralise_markers(chunk.text), CONTEXT_KIND, attrs)
 
 
-def tool_instructions(
-    tools: Sequence[ToolSpec], anchors: Sequence[Anchor], max_tool_calls: int
-) -> str:
-    """The tool-use block (§5.1): the tools and the sections they may read.
+def tool_instructions(anchors: Sequence[Anchor], max_tool_calls: int) -> str:
+    """The tool-use block (§5.1): how many calls the request allows and the sections the
+    tools may read.
 
-    The call format is the runtime client's business: native `tools`, or in JSON mode the
-    `{"tool_name": …, "arguments": …}` instruction services/model_runtime/client.py adds itself.
+    The tools themselves, with their descriptions and argument schemas, and the call format
+    are the runtime client's to present, once: native `tools`, or in JSON mode the
+    instruction services/model_runtime/client.py adds (`json_mode_instruction`). The block
+    lists none of them, so the model sees each tool once.
     """
     lines = [TOOLS_HEADER]
-    lines += [f"- {t.name}: {' '.join(t.description.split())}" for t in tools]
     lines.append(
         f"Call a tool when the text you have is not enough to answer; at most {max_tool_calls} "
         "tool call(s) in this request. Reading the same section again widens the window."
@@ -139,7 +134,7 @@ def build_prompt(
         parts.append(RAG_RULES)
     parts.append(ANSWER_FORMAT)
     if tools:
-        parts.append(tool_instructions(tools, anchors, max_tool_calls))
+        parts.append(tool_instructions(anchors, max_tool_calls))
     if tools or (req.mode == RAG and context):
         parts.append(DATA_RULE)
     if req.mode == RAG and context:
@@ -182,29 +177,6 @@ def is_service_note(message: ChatMessage) -> bool:
     return message.role == "user" and message.content.startswith(SERVICE_NOTE_PREFIX)
 
 
-@dataclass(frozen=True)
-class DelimitedText:
-    """A delimited block of data found in a message: its kind, marker attributes and text."""
-
-    kind: str
-    attrs: dict[str, str]
-    text: str
-
-
-def delimited_blocks(text: str, kind: str | None = None) -> list[DelimitedText]:
-    """Every `<<<KIND …>>>…<<<END KIND>>>` block of `text` (of one kind when given)."""
-    return [
-        DelimitedText(m.group(1), dict(_ATTR.findall(m.group(2))), m.group(3))
-        for m in _BLOCK.finditer(text)
-        if kind is None or m.group(1) == kind
-    ]
-
-
-def strip_delimited(text: str) -> str:
-    """`text` without its delimited data blocks: only the instructions around them."""
-    return _BLOCK.sub("", text)
-
-
 def listed_anchors(system_text: str) -> list[Anchor]:
     """The readable sections the tool-use block of a system message lists, in order.
 
@@ -216,9 +188,8 @@ def listed_anchors(system_text: str) -> list[Anchor]:
         return []
     out = []
     for line in system_text[start + len(ANCHORS_HEADER) :].lstrip("\n").split("\n"):
-        m = _ANCHOR_LINE.fullmatch(line)
-        if m is None:
+        anchor = parse_anchor_line(line)
+        if anchor is None:
             break
-        doc_id, section_id, chunk_id = (json.loads(g) for g in m.groups())
-        out.append(Anchor(doc_id, section_id, chunk_id))
+        out.append(Anchor(*anchor))
     return out

@@ -13,6 +13,13 @@ from typing import Any, NamedTuple, Protocol
 
 ROLES = ("system", "user", "assistant", "tool")
 """The roles of a chat message."""
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+"""The sampling parameters an OpenAI-compatible chat completion takes, and their ranges."""
 LLM_RUNTIME_ERROR = "LLM_RUNTIME_ERROR"
 """The reason of the UnavailableError a chat model's failure is (llm-service.md §9.1)."""
 

@@ -72,6 +72,7 @@ from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     LLM_RUNTIME_ERROR,
     ROLES,
+    SAMPLING_RANGES,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -134,8 +135,9 @@ class RuntimeSettings:
             raise SettingsError("LLM runtime timeouts must be positive")
         if not 1 <= self.retry.attempts <= 4:
             raise SettingsError("RuntimeSettings.retry.attempts must be within 1..4")
-        if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
-            raise SettingsError("LLM_RUNTIME_TEMPERATURE must be within 0..2")
+        low, high = SAMPLING_RANGES["temperature"]
+        if self.temperature is not None and not low <= self.temperature <= high:
+            raise SettingsError(f"LLM_RUNTIME_TEMPERATURE must be within {low:g}..{high:g}")
 
     @property
     def endpoint(self) -> str:
@@ -167,7 +169,11 @@ def _schema(tool: ToolSpec) -> dict[str, Any]:
 
 
 def json_mode_instruction(tools: Sequence[ToolSpec]) -> str:
-    """The system instruction of JSON mode (mentions JSON, as json_object requires)."""
+    """The system instruction of JSON mode (mentions JSON, as json_object requires).
+
+    In JSON mode it is the model's one listing of the tools, as ``tools`` is in native mode:
+    each tool's name, description and argument schema. Callers' prompts do not repeat it
+    (services/llm/prompt.py's tool-use block names no tool)."""
     if not tools:
         return JSON_MODE_ANSWER_ONLY
     listing = "\n".join(

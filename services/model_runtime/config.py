@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.common.settings import Env, Fields, flag, number, secret, text
+from services.model_runtime.chat import SAMPLING_RANGES
 from services.model_runtime.client import RuntimeSettings
 
 # The connect timeout, retries, Retry-After ceiling and breaker are RuntimeSettings'
@@ -16,7 +17,12 @@ RUNTIME = Fields(
     json_schema=flag("LLM_RUNTIME_JSON_SCHEMA"),
     timeout_s=number("LLM_RUNTIME_TIMEOUT_S", minimum=0.01),
     stream_usage=flag("LLM_RUNTIME_STREAM_USAGE"),
-    temperature=number("LLM_RUNTIME_TEMPERATURE", default_doc="unset: the runtime's own"),
+    temperature=number(
+        "LLM_RUNTIME_TEMPERATURE",
+        minimum=SAMPLING_RANGES["temperature"][0],
+        maximum=SAMPLING_RANGES["temperature"][1],
+        default_doc="unset: the runtime's own",
+    ),
 )
 URL, DEFAULT_MODEL = RUNTIME.vars["url"], RUNTIME.vars["default_model"]
 
