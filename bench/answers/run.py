@@ -40,6 +40,7 @@ from bench.answers.scoring import (  # noqa: E402
     says_not_in_documents,
 )
 from bench.tool_limits import NO_TOOL_RATE_LIMITS  # noqa: E402
+from services.cli.main import http_error  # noqa: E402
 from services.common.topology import Ports  # noqa: E402
 from services.devtools.local_model import LocalModelConfig  # noqa: E402
 from services.devtools.mesh import (  # noqa: E402
@@ -91,15 +92,6 @@ class Outcome:
     answer_lang: str = ""
 
 
-def _error_kind(response: httpx.Response) -> tuple[str, str]:
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}", response.text[:300]
-    reason = next((d.get("reason") for d in body.get("details", []) if "reason" in d), "")
-    return f"HTTP {response.status_code} {reason}".strip(), str(body.get("message", ""))[:300]
-
-
 def ingest(client: httpx.Client, url: str, tenant: str, paths: dict[str, Path]) -> dict[str, str]:
     """Each file into `tenant`; file name -> doc_id."""
     ids: dict[str, str] = {}
@@ -111,7 +103,7 @@ def ingest(client: httpx.Client, url: str, tenant: str, paths: dict[str, Path]) 
         }
         r = client.post(f"{url}/internal/retrieval/documents", json=payload)
         if r.status_code != 200:
-            kind, detail = _error_kind(r)
+            kind, detail = http_error(r, 300)
             raise RuntimeError(f"ingesting {name} failed: {kind}: {detail}")
         body = r.json()
         ids[name] = body.get("doc_id") or (body.get("doc_ids") or [""])[0]
@@ -140,7 +132,7 @@ def ask(
     else:
         out.status = r.status_code
         if r.status_code != 200:
-            out.error, out.error_detail = _error_kind(r)
+            out.error, out.error_detail = http_error(r, 300)
         else:
             body = r.json()
             out.answer = body.get("answer", "")

@@ -72,13 +72,21 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _error_text(response: httpx.Response) -> str:
+def http_error(response: httpx.Response, limit: int = 500) -> tuple[str, str]:
+    """("HTTP <status> <reason>", message) of a JSON route's error answer: the body Envoy
+    writes for a gRPC error (`message`, `details[].reason`, envoy/README.md), or the start of
+    a body that is not JSON."""
     try:
         body = response.json()
     except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:500]}"
+        return f"HTTP {response.status_code}", response.text[:limit]
     reason = next((d.get("reason") for d in body.get("details", []) if "reason" in d), "")
-    return f"HTTP {response.status_code} {reason}: {body.get('message', '')}".strip()
+    return f"HTTP {response.status_code} {reason}".strip(), str(body.get("message", ""))[:limit]
+
+
+def _error_text(response: httpx.Response) -> str:
+    kind, message = http_error(response)
+    return f"{kind}: {message}".strip()
 
 
 def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout: float) -> int:

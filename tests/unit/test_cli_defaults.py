@@ -189,3 +189,18 @@ def test_the_model_servers_defaults_are_the_configs(monkeypatch: pytest.MonkeyPa
         lms.main(["--model", "m.gguf", "--port", "1", "--alias", "a"])
     args = started.value.args[0]
     assert (args.n_ctx, args.threads) == (1234, 3)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (400, {"code": 3, "message": "bad", "details": [{"reason": "INVALID_ARGUMENT"}]},
+         ("HTTP 400 INVALID_ARGUMENT", "bad")),
+        (413, {"code": 8, "message": "too big", "details": []}, ("HTTP 413", "too big")),
+    ],
+)  # fmt: skip
+def test_an_error_answer_reads_as_its_status_reason_and_message(status, body, said) -> None:
+    # The CLI and the answer harness read Envoy's error body with this one function.
+    assert cli.http_error(httpx.Response(status, json=body)) == said
+    assert cli.http_error(httpx.Response(502, text="x" * 900), 300) == ("HTTP 502", "x" * 300)
+    assert cli._error_text(httpx.Response(status, json=body)) == f"{said[0]}: {said[1]}"
