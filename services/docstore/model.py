@@ -77,6 +77,8 @@ class Document:
         return sum(len(c.text) for c in self.chunks)
 
 
+TO_THE_END = 1 << 30
+"""A range end past any chunk ord or page number: chunk_range / pages_text to the end."""
 MAX_POINT_ID = 2**64 - 1
 """Point ids are unsigned 64-bit integers (`retrieval.ingestion.point_id`): the largest one
 both index backends and both document stores keep."""

@@ -19,7 +19,15 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from services.docstore.model import MAX_POINT_ID, Chunk, Document, Page, Section, StoredPoint
+from services.docstore.model import (
+    MAX_POINT_ID,
+    TO_THE_END,
+    Chunk,
+    Document,
+    Page,
+    Section,
+    StoredPoint,
+)
 
 T = TypeVar("T")
 Row = Sequence[Any]
@@ -39,8 +47,6 @@ POINT_COLUMNS = (
 
 _U64 = MAX_POINT_ID + 1
 _I64_MAX = (1 << 63) - 1
-_ALL = 1 << 30
-"""Past any chunk ord or page number: a range to the end."""
 
 
 def to_signed64(point_id: int) -> int:
@@ -392,8 +398,8 @@ class SqlDocumentStore(ABC):
         doc = replace(self._document(tenant_id, rows[0]), sections=sections)
         if not with_chunks:
             return doc
-        chunks = self.chunk_range(tenant_id, doc_id, 0, _ALL)
-        pages = self.pages_text(tenant_id, doc_id, 1, _ALL)
+        chunks = self.chunk_range(tenant_id, doc_id, 0, TO_THE_END)
+        pages = self.pages_text(tenant_id, doc_id, 1, TO_THE_END)
         return replace(doc, chunks=tuple(chunks), page_texts=tuple(p.text for p in pages))
 
     def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:

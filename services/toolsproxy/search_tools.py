@@ -17,7 +17,7 @@ from services.common.tool_contract import (
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
 )
-from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from services.toolsproxy.tools import DOCUMENT_TEXT, Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
 MAX_DOC_IDS = 50
@@ -62,7 +62,7 @@ class Searcher(Protocol):
 def _hits(hits: Sequence[SearchHitView], threshold: float) -> dict[str, Any]:
     kept = [h for h in hits if h.score >= threshold]
     return {
-        "content_type": "untrusted_document_text",
+        "content_type": DOCUMENT_TEXT,
         "hits": [
             {
                 "doc_id": h.doc_id, "section_id": h.section_id, "chunk_id": h.chunk_id,

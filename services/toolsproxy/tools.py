@@ -69,7 +69,7 @@ from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
 from services.docstore.chunking import join_chunks
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.model import Chunk, Document
+from services.docstore.model import TO_THE_END, Chunk, Document
 from services.docstore.store import DocumentStore
 from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, Reservation
 
@@ -152,9 +152,13 @@ class Tool:
 # --- untrusted text: trimming and delimiting -------------------------------------------------
 
 
+DOCUMENT_TEXT = "untrusted_document_text"
+"""The content_type of a result holding the tenant's documents (or the knowledge base)."""
+EXTERNAL_TEXT = "untrusted_external_text"
+"""The content_type of a result holding text from an outside service (CBR, Tavily)."""
 _CONTENT_KINDS = {
-    "document": ("DOCUMENT", "untrusted_document_text"),
-    "external": ("EXTERNAL", "untrusted_external_text"),
+    "document": ("DOCUMENT", DOCUMENT_TEXT),
+    "external": ("EXTERNAL", EXTERNAL_TEXT),
 }
 
 
@@ -396,7 +400,7 @@ class DocumentTools:
         return doc
 
     def _all_chunks(self, caller: Caller, doc_id: str) -> list[Chunk]:
-        return self._store.chunk_range(caller.tenant_id, doc_id, 0, 1 << 30)
+        return self._store.chunk_range(caller.tenant_id, doc_id, 0, TO_THE_END)
 
     def read_chunk_window(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """2R+1 chunks around the anchor (R per side, fewer at the document's edges)."""
@@ -579,7 +583,7 @@ class DocumentTools:
         include = args.get("include_content", True)
         out = []
         for doc in docs:
-            pages = self._store.pages_text(caller.tenant_id, doc.doc_id, 1, 1 << 30)
+            pages = self._store.pages_text(caller.tenant_id, doc.doc_id, 1, TO_THE_END)
             if pages:
                 text = "\n\n".join(p.text.strip() for p in pages if p.text.strip())
             else:
