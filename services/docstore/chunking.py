@@ -219,6 +219,15 @@ def find_overlap(left: str, right: str, min_chars: int = 12) -> int:
     return 0
 
 
+def whole_text(page_texts: Iterable[str], chunk_texts: Iterable[str] = ()) -> str:
+    """A document's text as a whole read gives it (ToolsProxy's load_documents_full): its
+    pages' texts, stripped, blank ones left out, a blank line between them; its chunks joined
+    (join_chunks) when it keeps no page text. Its length is the document's size in characters
+    (ListDocuments' `chars`, the Orchestrator's S3 rule)."""
+    pages = [text.strip() for text in page_texts if text.strip()]
+    return "\n\n".join(pages) if pages else join_chunks(chunk_texts)
+
+
 def join_chunks(texts: Iterable[str], joiner: str = "\n\n") -> str:
     """Consecutive chunks as one text: where a chunk begins with the end of the one before
     (`find_overlap`), it continues from there, so the overlap appears once and the text reads

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from services.docstore.chunking import whole_text
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -73,8 +75,8 @@ class Document:
 
     @property
     def chars(self) -> int:
-        """Characters of text over all chunks (overlap counted once per chunk)."""
-        return sum(len(c.text) for c in self.chunks)
+        """The document's size in characters: its whole text's (chunking.whole_text)."""
+        return len(whole_text(self.page_texts, (c.text for c in self.chunks)))
 
 
 TO_THE_END = 1 << 30

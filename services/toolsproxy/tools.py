@@ -67,7 +67,7 @@ from services.common.untrusted import format_pages
 from services.common.untrusted import neutralise_markers as neutralise_markers
 from services.common.untrusted import unwrap_untrusted as unwrap_untrusted
 from services.common.untrusted import wrap_untrusted as wrap_untrusted
-from services.docstore.chunking import join_chunks
+from services.docstore.chunking import join_chunks, whole_text
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import TO_THE_END, Chunk, Document
 from services.docstore.store import DocumentStore
@@ -563,8 +563,9 @@ class DocumentTools:
     def load_documents_full(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """Whole documents (page texts joined), each with `chars`, and `total_chars`.
 
-        `chars` is the full length of a document's text, before any trimming to the tool's
-        max_text_bytes, so the caller can apply the 50,000-character rule; a document whose
+        `chars` is the full length of a document's text (chunking.whole_text, the size
+        ListDocuments states), before any trimming to the tool's max_text_bytes, so the
+        caller can apply the 50,000-character rule; a document whose
         text was cut is marked `truncated`. Any document not found fails the whole call.
         """
         if ("document_ids" in args) == ("doc_ids" in args):
@@ -584,10 +585,8 @@ class DocumentTools:
         out = []
         for doc in docs:
             pages = self._store.pages_text(caller.tenant_id, doc.doc_id, 1, TO_THE_END)
-            if pages:
-                text = "\n\n".join(p.text.strip() for p in pages if p.text.strip())
-            else:
-                text = join_chunks(c.text for c in self._all_chunks(caller, doc.doc_id))
+            chunks = () if pages else self._all_chunks(caller, doc.doc_id)
+            text = whole_text((p.text for p in pages), (c.text for c in chunks))
             entry: dict[str, Any] = {
                 "document_id": doc.doc_id,
                 "title": doc.title,

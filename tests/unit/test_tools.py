@@ -426,6 +426,18 @@ def test_full_documents_with_sizes(store, clock):
     assert "content" not in sizes["documents"][0]
 
 
+def test_a_documents_stated_size_is_what_a_whole_read_returns(store, clock):
+    # ListDocuments' chars (the stored Document.chars) decides S3 in the Orchestrator; it is
+    # the length of the text load_documents_full returns, not the chunks' sum (overlaps and
+    # blank lines counted differently: 7-22 % off on the sample documents).
+    overlap = parsed("a", "o", RUSSIAN, ChunkingConfig(chunk_tokens=8, overlap_tokens=3))
+    store.put(overlap)
+    ex = make_executor(store, clock, limits=replace(LIMITS, max_full_text_bytes=10_000))
+    for doc_id in ("o", "guide", "ru"):
+        whole = ok(ex, "load_documents_full", document_ids=[doc_id])
+        assert store.counts("a", doc_id)[2] == whole["documents"][0]["chars"], doc_id
+
+
 def test_full_documents_are_trimmed_to_their_byte_budget_and_say_so(executor):
     r = ok(executor, "load_documents_full", document_ids=["guide", "ru"])  # budget 400 bytes
     guide, ru = r["documents"]
