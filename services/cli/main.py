@@ -89,15 +89,30 @@ def _error_text(response: httpx.Response) -> str:
     return f"{kind}: {message}".strip()
 
 
+class RouteFailed(Exception):
+    """A JSON route gave no answer: the line the CLI prints, then exits 1."""
+
+
+def call_route(
+    method: str, url: str, path: str, service: str, timeout: float, **request: Any
+) -> dict[str, Any]:
+    """The JSON answer of `method url+path`; RouteFailed saying why when `service` cannot be
+    reached or answers with an error (its status, reason and message)."""
+    try:
+        response = httpx.request(method, f"{url}{path}", timeout=timeout, **request)
+    except httpx.HTTPError as exc:
+        raise RouteFailed(f"cannot reach {service} at {url}: {exc}") from None
+    if response.status_code != 200:
+        raise RouteFailed(_error_text(response))
+    return response.json()
+
+
 def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout: float) -> int:
     payload = {"query": question, "user": {"user_id": user, "tenant_id": tenant}}
     try:
-        response = httpx.post(f"{url}{RESPOND_PATH}", json=payload, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return _fail(f"cannot reach the orchestrator at {url}: {exc}")
-    if response.status_code != 200:
-        return _fail(_error_text(response))
-    body = response.json()
+        body = call_route("POST", url, RESPOND_PATH, "the orchestrator", timeout, json=payload)
+    except RouteFailed as exc:
+        return _fail(str(exc))
     if as_json:
         print(json.dumps(body, ensure_ascii=False, indent=2))
         return 0
@@ -191,17 +206,24 @@ def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) ->
         if token:
             params["page_token"] = token
         try:
-            response = httpx.get(f"{url}{DOCUMENTS_PATH}", params=params, timeout=timeout)
-        except httpx.HTTPError as exc:
-            return _fail(f"cannot reach retrieval at {url}: {exc}")
-        if response.status_code != 200:
-            return _fail(_error_text(response))
-        body = response.json()
+            body = call_route("GET", url, DOCUMENTS_PATH, "retrieval", timeout, params=params)
+        except RouteFailed as exc:
+            return _fail(str(exc))
         for d in body.get("documents", []):
             print(f"{d['doc_id']}\t{d['title']}\t{d['pages']} pages\t{d['chunks']} chunks")
         token = body.get("next_page_token", "")
         if not token:
             return 0
+
+
+def _start(mesh: Mesh) -> bool:
+    """Start `mesh`; False, with the reason printed, when it does not come up."""
+    try:
+        mesh.start()
+    except (MeshError, RuntimeError) as exc:
+        _fail(str(exc))
+        return False
+    return True
 
 
 def _print_where(mesh: Mesh) -> None:
@@ -250,10 +272,8 @@ def run(
         bank_standin=bank_standin,
         local_model=_local_model(model, data_dir, n_ctx),
     )
-    try:
-        mesh.start()
-    except (MeshError, RuntimeError) as exc:
-        return _fail(str(exc))
+    if not _start(mesh):
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -296,10 +316,8 @@ def demo(
             bank_standin=True,
             local_model=_local_model(model, model_data_dir, n_ctx),
         )
-        try:
-            mesh.start()
-        except (MeshError, RuntimeError) as exc:
-            return _fail(str(exc))
+        if not _start(mesh):
+            return 1
         try:
             _print_where(mesh)
             print()
