@@ -680,7 +680,7 @@ def test_body_at_the_limit_reaches_the_server_and_one_byte_more_is_413(
 def test_ingestion_body_at_its_limit_reaches_the_server_and_one_byte_more_is_413(
     mesh: Mesh,
 ) -> None:
-    # 32 MiB: content of ~24 MiB in base64, refused fast by the server for its tenant id.
+    # At the body limit: a document of ~32 MiB in base64, refused fast by the server for its tenant id.
     route = ROUTES["retrieval/documents"]
     content = base64.b64encode(b"x" * (3 * (INGEST_MAX_REQUEST_BYTES // 4 - 64))).decode()
     body = {"tenant_id": "no spaces allowed", "file_name": "big.md", "content": content}

@@ -173,7 +173,7 @@ async def mesh(envoy: EnvoyProcess, ports: Ports) -> AsyncIterator[Mesh]:
     }
     servers: dict[str, grpc.aio.Server] = {}
     for spec in SERVICES:
-        # Ingestion bodies are up to 32 MiB; gRPC's default receive limit is 4 MiB.
+        # Ingestion bodies are up to ~44 MiB of JSON; gRPC's default receive limit is 4 MiB.
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
         for add in adders[spec.key]:
             add(server)
