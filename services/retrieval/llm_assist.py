@@ -65,7 +65,8 @@ _BACKSTOP_MARGIN_S = 0.1
 
 @dataclass(frozen=True)
 class LlmAssistSettings:
-    """The model's help to retrieval (RETR_LLM_*, RETR_SUMMARY_*, RETR_QUERY_VARIANTS_*)."""
+    """The model's help to retrieval (RETR_LLM_SUMMARIES, RETR_LLM_QUERY_VARIANTS; the rest are
+    fixed here)."""
 
     runtime: RuntimeSettings | None = None
     """The runtime (URL, model, key, per-call timeout); None when neither switch is on."""
