@@ -39,6 +39,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.common import errors
 from services.common.context import (
     TRACE_METADATA_KEY,
     new_trace_id,
@@ -46,8 +47,8 @@ from services.common.context import (
 )
 from services.common.http import is_loopback_host
 from services.common.logging import trace_id_bound
-from services.common.search_contract import KB_TENANT, is_tenant_id
 from services.common.settings import SettingsError
+from services.common.tool_contract import check_tool_user
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
 
 log = logging.getLogger("visior.toolsproxy.mcp")
@@ -160,11 +161,13 @@ class IdentityGate:
                 return
         tenant = _single(headers.get(self._tenant))
         user = _single(headers.get(self._user))
-        if tenant is None or user is None or not is_tenant_id(tenant):
+        if tenant is None or user is None:
             await _refuse(send, "caller identity missing or malformed")
             return
-        if tenant == KB_TENANT:  # read through search_general_kb only (docs/architecture.md §15)
-            await _refuse(send, "the knowledge-base tenant is reserved")
+        try:  # the rule every tool call's caller meets (a tenant id, never the reserved one)
+            check_tool_user(tenant, user)
+        except errors.ServiceError as exc:
+            await _refuse(send, f"caller identity refused: {exc}")
             return
         trace = _single(headers.get(self._trace))
         trace_id = trace if trace is not None and valid_trace_id(trace) else new_trace_id()

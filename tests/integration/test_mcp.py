@@ -350,6 +350,7 @@ CALL = rpc("tools/call", {"name": "read_doc_metadata", "arguments": {"doc_id": "
         pytest.param(headers(user=None), id="no-user"),
         pytest.param(headers(tenant="t" * 129), id="long-tenant"),
         pytest.param(headers(tenant="tenant a"), id="malformed-tenant"),
+        pytest.param(headers(tenant="__knowledge_base__"), id="reserved-tenant"),
         pytest.param(headers(token=None), id="no-token"),
         pytest.param(headers(token="gateway-secret-0124"), id="wrong-token"),
         pytest.param({**headers(), "Authorization": TOKEN}, id="token-not-bearer"),
