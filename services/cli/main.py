@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from services.common.search_contract import KB_TENANT
+from services.common.shared_config import DATA_DIR
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.envoy_config import route_timeout
@@ -299,7 +300,7 @@ def demo(
     question: str,
     rate_question: str = DEMO_RATE_QUESTION,
     model: str = "extractive",
-    model_data_dir: str | Path = "data",
+    model_data_dir: str | Path = DATA_DIR.default,
     n_ctx: int = LocalModelConfig.n_ctx,
 ) -> int:
     """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop.
@@ -352,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="visior", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="start the four servers and Envoy in the foreground")
-    p.add_argument("--data-dir", default="data")
+    p.add_argument(
+        "--data-dir",
+        default=DATA_DIR.default,
+        help="where the mesh keeps its data: the services' VISIOR_DATA_DIR",
+    )
     p.add_argument("--workdir", default=".run")
     p.add_argument("--samples", action="store_true", help="ingest samples/docs into tenant demo")
     p.add_argument(
@@ -363,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     _model_flags(p)
     p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
-    p.add_argument("--data-dir", default="data", help="where the local model's weights are kept")
+    p.add_argument(
+        "--data-dir", default=DATA_DIR.default, help="where the local model's weights are kept"
+    )
     _model_flags(p)
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
     p.add_argument("question")

@@ -204,3 +204,14 @@ def test_an_error_answer_reads_as_its_status_reason_and_message(status, body, sa
     assert cli.http_error(httpx.Response(status, json=body)) == said
     assert cli.http_error(httpx.Response(502, text="x" * 900), 300) == ("HTTP 502", "x" * 300)
     assert cli._error_text(httpx.Response(status, json=body)) == f"{said[0]}: {said[1]}"
+
+
+def test_the_data_directory_defaults_to_the_services_setting(monkeypatch) -> None:
+    from services.common.shared_config import DATA_DIR
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(cli, "run", lambda data_dir, *a, **k: seen.setdefault("run", data_dir))
+    monkeypatch.setattr(cli, "demo", lambda *a, **k: seen.setdefault("demo", k["model_data_dir"]))
+    cli.main(["run"])
+    cli.main(["demo"])
+    assert seen == {"run": DATA_DIR.default, "demo": DATA_DIR.default}
