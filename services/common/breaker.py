@@ -11,12 +11,13 @@ half-open trial hanging.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+
+from services.common.retry import wait_to_tell
 
 CLOSED = "closed"
 OPEN = "open"
@@ -57,7 +58,7 @@ class CircuitOpenError(Exception):
         """The whole seconds a caller is told to wait: `retry_in` rounded up, at least 1 (while
         a half-open trial runs `retry_in` is 0, and "try again in 0 s" invites a retry that
         is refused again)."""
-        return max(1, math.ceil(self.retry_in))
+        return wait_to_tell(self.retry_in)
 
 
 @dataclass(frozen=True)

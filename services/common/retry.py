@@ -23,6 +23,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+
+def wait_to_tell(seconds: float) -> int:
+    """The whole seconds a caller is told to wait before trying again: `seconds` rounded up,
+    at least 1 ("try again in 0 s" invites a retry that is refused again)."""
+    return max(1, math.ceil(seconds))
+
+
 T = TypeVar("T")
 F = TypeVar("F", bound="AttemptFailed")
 

@@ -12,12 +12,13 @@ next one waits. A limit of 0 switches that limit off.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from services.common.retry import wait_to_tell
 
 _SWEEP_EVERY = 1024
 """Acquisitions between sweeps that drop keys with nothing left in their window."""
@@ -176,7 +177,7 @@ class RateLimiter:
                     ("tokens", tokens, window.tokens_wait(tokens, now, window_s)),
                 ):
                     if wait > 0:
-                        retry = max(1, math.ceil(wait))
+                        retry = wait_to_tell(wait)
                         if worst is None or retry > worst.retry_after_s:
                             worst = RateLimitExceeded(key, what, limit, retry)
             if worst is not None:
