@@ -65,8 +65,8 @@ CONTEXT_HEADER = (
     "User Documents: the relevant sections found, best match first, each delimited by "
     "<<<CONTEXT …>>> and <<<END CONTEXT>>>:"
 )
-TOOLS_HEADER = "You may call the tools offered with this request."
-"""Opens the tool-use block, which names no tool: the runtime client presents the tools."""
+TOOLS_HEADER = "You may use the following tools:"
+"""Opens the tool-use block, which names each offered tool with its description."""
 ANCHORS_HEADER = "Sections you may read with the tools (doc_id, section_id, anchor_chunk_id):"
 FINAL_ANSWER_NOTE = (
     "[Visior service] No more tool calls are available in this request. Answer the question "
@@ -88,16 +88,21 @@ def render_chunk(chunk: ContextChunk) -> str:
     return wrap_untrusted(neutralise_markers(chunk.text), CONTEXT_KIND, attrs)
 
 
-def tool_instructions(anchors: Sequence[Anchor], max_tool_calls: int) -> str:
-    """The tool-use block (§5.1): how many calls the request allows and the sections the
-    tools may read.
+def tool_instructions(
+    tools: Sequence[ToolSpec], anchors: Sequence[Anchor], max_tool_calls: int
+) -> str:
+    """The tool-use block (§5.1): the tools offered, how many calls the request allows and
+    the sections the tools may read.
 
-    The tools themselves, with their descriptions and argument schemas, and the call format
-    are the runtime client's to present, once: native `tools`, or in JSON mode the
-    instruction services/model_runtime/client.py adds (`json_mode_instruction`). The block
-    lists none of them, so the model sees each tool once.
+    The argument schemas and the call format are the runtime client's to present: native
+    `tools`, or in JSON mode the instruction services/model_runtime/client.py adds
+    (`json_mode_instruction`), which names the tools again with their schemas. The block's
+    own listing stays in both modes: each description states the tool's per-call limits
+    (e.g. at most 5 pages), and the local 1.5B model keeps to them markedly less often when
+    it reads them only once (bench/README.md, the answer harness's local column).
     """
     lines = [TOOLS_HEADER]
+    lines += [f"- {t.name}: {' '.join(t.description.split())}" for t in tools]
     lines.append(
         f"Call a tool when the text you have is not enough to answer; at most {max_tool_calls} "
         "tool call(s) in this request. Reading the same section again widens the window."
@@ -134,7 +139,7 @@ def build_prompt(
         parts.append(RAG_RULES)
     parts.append(ANSWER_FORMAT)
     if tools:
-        parts.append(tool_instructions(anchors, max_tool_calls))
+        parts.append(tool_instructions(tools, anchors, max_tool_calls))
     if tools or (req.mode == RAG and context):
         parts.append(DATA_RULE)
     if req.mode == RAG and context:

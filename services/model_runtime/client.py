@@ -171,9 +171,9 @@ def _schema(tool: ToolSpec) -> dict[str, Any]:
 def json_mode_instruction(tools: Sequence[ToolSpec]) -> str:
     """The system instruction of JSON mode (mentions JSON, as json_object requires).
 
-    In JSON mode it is the model's one listing of the tools, as ``tools`` is in native mode:
-    each tool's name, description and argument schema. Callers' prompts do not repeat it
-    (services/llm/prompt.py's tool-use block names no tool)."""
+    In JSON mode it presents the tools as ``tools`` does in native mode: each tool's name,
+    description and argument schema (services/llm/prompt.py's tool-use block names the
+    tools too, with their descriptions, in both modes)."""
     if not tools:
         return JSON_MODE_ANSWER_ONLY
     listing = "\n".join(

@@ -1,7 +1,8 @@
-"""One home per rule in the LLM service: the runtime client alone lists the tools (the
-prompt's tool-use block names none, so the model sees each tool once), and one function
-(services.llm.loop.outcome_of) labels a Generate's outcome for the metrics and the
-`generate` log line alike."""
+"""Where the LLM service writes each rule: the runtime client presents the tools' argument
+schemas once (the tools field natively, the JSON-mode instruction otherwise) while the
+prompt's tool-use block names every tool with its description in both modes, and one
+function (services.llm.loop.outcome_of) labels a Generate's outcome for the metrics and
+the `generate` log line alike."""
 
 from __future__ import annotations
 
@@ -58,13 +59,14 @@ async def first_body(fake: FakeChatServer, http: httpx.AsyncClient, json_mode: b
     return fake.chat_requests[0].json
 
 
-async def test_json_mode_lists_each_tool_once_with_its_schema(fake, http) -> None:
+async def test_json_mode_sends_each_schema_once_and_the_tools_in_both_listings(fake, http) -> None:
     body = await first_body(fake, http, json_mode=True)
     assert "tools" not in body
     system = body["messages"][0]
     assert system["role"] == "system"
     for tool in READ_TOOL_SPECS:
-        assert system["content"].count(f"- {tool.name}:") == 1
+        # the prompt's tool-use block and the runtime's JSON-mode instruction
+        assert system["content"].count(f"- {tool.name}: {tool.description}") == 2
         schema = json.dumps(tool.parameters, ensure_ascii=False, sort_keys=True)
         assert system["content"].count(schema) == 1
     # The prompt's own tool-use block is still there: the call budget and the sections.
@@ -72,12 +74,13 @@ async def test_json_mode_lists_each_tool_once_with_its_schema(fake, http) -> Non
     assert 'anchor_chunk_id="guide:c1"' in system["content"]
 
 
-async def test_native_mode_lists_the_tools_only_in_the_tools_field(fake, http) -> None:
+async def test_native_mode_sends_the_schemas_only_in_the_tools_field(fake, http) -> None:
     body = await first_body(fake, http, json_mode=False)
     system = body["messages"][0]["content"]
     sent = {t["function"]["name"]: t["function"] for t in body["tools"]}
     for tool in READ_TOOL_SPECS:
-        assert f"- {tool.name}:" not in system
+        assert system.count(f"- {tool.name}: {tool.description}") == 1
+        assert json.dumps(tool.parameters, ensure_ascii=False, sort_keys=True) not in system
         assert sent[tool.name]["description"] == tool.description
         assert sent[tool.name]["parameters"] == tool.parameters
     assert "at most 3 tool call(s)" in system

@@ -78,14 +78,12 @@ def test_caller_tool_turns_become_delimited_user_data():
     assert "‹‹‹DOCUMENT" in msgs[1].content  # neutralised inside
 
 
-def test_tool_block_states_the_budget_and_the_sections_the_tools_may_read():
+def test_tool_block_lists_the_tools_the_budget_and_the_sections_they_may_read():
     anchors = (Anchor("guide", "sec", "guide:c3"), Anchor('d"x', "s2", ""))
     system = build_prompt(req(), tools=READ_TOOL_SPECS, anchors=anchors, max_tool_calls=3)[
         0
     ].content
-    # the tools themselves reach the model once, as the runtime sends them (tools field or
-    # the JSON-mode instruction, services/model_runtime/client.py)
-    assert TOOLS_HEADER in system and "read_chunk_window" not in system
+    assert TOOLS_HEADER in system and "- read_chunk_window: Read the chunks" in system
     assert "at most 3 tool call(s)" in system
     assert ANCHORS_HEADER in system
     assert listed_anchors(system) == list(anchors)
