@@ -38,6 +38,12 @@ CYRILLIC = re.compile("[\u0400-\u04ff]")
 """A word with one of these letters is stemmed as Russian (here and in the index's BM25)."""
 
 
+def sentence_ends(text: str) -> list[int]:
+    """Where the sentences of `text` end: just after each stop (with the quotes or brackets
+    closing it) that :func:`split_sentences` cuts at; the text's own end is not listed."""
+    return [m.start(1) for m in _SENTENCE_END.finditer(text)]
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of one paragraph (whitespace collapsed)."""
     text = _WS.sub(" ", text).strip()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.common import errors
+from services.common.lexical import sentence_ends
 from services.common.search_contract import normalise_query
 from services.common.untrusted import has_marker, neutralise_markers, wrap_untrusted
 from services.docstore.model import Document
@@ -107,16 +108,16 @@ _OPEN_FENCE = re.compile(r"^```[^\s`]*[ \t]*\n")
 """An opening code fence with its language tag, if any (```text, ```markdown, ```md ...)."""
 _LABEL = re.compile(r"^(summary|резюме|краткое содержание|аннотация)\s*[:：—-]\s*", re.I)
 _LETTER = re.compile(r"[^\W\d_]")
-_SENTENCE_END = re.compile(r"[.!?…](?=[\s\"'»)\]]|$)")
 
 
 def trim_to(text: str, max_chars: int) -> str:
     """`text` within `max_chars`: cut after its last whole sentence that fits (when it ends
-    in the second half), else clipped as extractive summaries are (`clip_text`)."""
+    in the second half; sentences end where services/common/lexical.py says, so "в т.ч."
+    or "e.g." ends none), else clipped as extractive summaries are (`clip_text`)."""
     text = " ".join(text.split())
     if len(text) <= max_chars:
         return text
-    ends = [m.end() for m in _SENTENCE_END.finditer(text[:max_chars])]
+    ends = [end for end in sentence_ends(text) if end <= max_chars]
     if ends and ends[-1] >= max_chars // 2 and max_chars > 1:
         return text[: ends[-1]].rstrip()
     return clip_text(text, max_chars)

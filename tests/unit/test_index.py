@@ -542,14 +542,14 @@ def test_edge_keeps_writes_of_a_process_that_died_without_closing(tmp_path):
 
 def test_edge_refuses_to_reopen_with_another_dimension(tmp_path):
     make_edge(tmp_path).close()
-    with pytest.raises(IndexUnavailableError):
+    with pytest.raises(IndexLayoutError, match=f"size {DIM * 2}, but got {DIM}.*re-ingest"):
         EdgeIndex(str(tmp_path / "shard"), DIM * 2, encoder=ENCODER)
 
 
 def test_server_refuses_a_collection_of_another_dimension():
     client = QdrantClient(":memory:")
     QdrantServerIndex(client, "c", DIM).count()
-    with pytest.raises(ValueError):
+    with pytest.raises(IndexLayoutError, match=f"size {DIM}, .* makes {DIM * 2}: .*re-ingest"):
         QdrantServerIndex(client, "c", DIM * 2).count()
 
 

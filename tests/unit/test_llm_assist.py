@@ -437,6 +437,15 @@ async def test_the_section_is_delimited_data_in_the_documents_language(server, m
 def test_trim_and_clean():
     assert trim_to("One. Two. Three.", 100) == "One. Two. Three."
     assert trim_to("First sentence here. Second sentence is longer.", 30) == "First sentence here."
+    # "в т.ч." and "e.g." end no sentence: the cut is at the last real sentence end
+    ru = "Раздел описывает налоги и взносы компании. Учтены все выплаты, в т.ч. премии и стаж."
+    assert trim_to(ru, 80) == "Раздел описывает налоги и взносы компании."
+    en = "Backups run daily at night. Keep copies offsite, e.g. in a second region with its keys."
+    assert trim_to(en, 54) == "Backups run daily at night."
+    # a sentence that ends exactly at the limit is kept whole
+    assert trim_to("Backups run every single day. Restores are tested.", 29) == (
+        "Backups run every single day."
+    )
     cut = trim_to("word " * 50, 40)
     assert len(cut) <= 40 and cut.endswith("…") and "wor…" not in cut
     assert clean_summary('```\nSummary: "Backups run daily."\n```') == "Backups run daily."

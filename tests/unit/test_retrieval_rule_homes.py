@@ -1,5 +1,6 @@
 """Retrieval rules with one home: RERANK_THREADS=0, the Qdrant call timeout, the marker check
-on model output, and the vector-store breaker's verdict on a server's refusal."""
+on model output, and the vector-store breaker's verdict on a server's refusal and on an index
+of another layout."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from services.common.untrusted import has_marker, neutralise_markers
 from services.retrieval.app import open_index
 from services.retrieval.config import index_settings, rerank_settings
 from services.retrieval.engine import BackendUnavailableError, EngineSettings, RetrievalEngine
-from services.retrieval.index.server import QdrantServerIndex, server_verdict
+from services.retrieval.index.base import LAYOUT_VERSION, IndexLayoutError
+from services.retrieval.index.server import LAYOUT_KEY, QdrantServerIndex, server_verdict
 from services.retrieval.intra_op import usable_cpus
 from services.retrieval.llm_assist import clean_summary, clean_variants
 from services.retrieval.local_rerank import LocalCrossEncoder
@@ -214,3 +216,25 @@ async def test_five_outages_or_unclassified_errors_open_the_vector_store_breaker
     assert breaker.state == OPEN
     with pytest.raises(BackendUnavailableError, match="circuit open"):
         await engine.search(q())
+
+
+async def test_an_index_of_another_layout_does_not_open_the_vector_store_breaker(
+    tmp_path,
+    embedder,  # noqa: F811
+):
+    """The store answers; its collection is another layout's: every search says so (re-ingest),
+    none counts as an outage, so the breaker never hides the cause behind "circuit open"."""
+    client = QdrantClient(":memory:")
+    stack = make_stack(tmp_path, embedder, index=QdrantServerIndex(client, "chunks", embedder.dim))
+    await fill(stack)
+    client.update_collection("chunks", metadata={LAYOUT_KEY: LAYOUT_VERSION + 1})
+    breaker = CircuitBreaker("vector store", BreakerPolicy(5, 60))
+    engine = RetrievalEngine(
+        index=QdrantServerIndex(client, "chunks", embedder.dim), embedder=embedder,
+        sections=stack.sections, chunks=stack.store, tokenizer=default_tokenizer(),
+        defaults=SearchDefaults(), settings=EngineSettings(retries=0), breaker=breaker,
+    )  # fmt: skip
+    for _ in range(7):
+        with pytest.raises(IndexLayoutError, match="re-ingest"):
+            await engine.search(q())
+    assert breaker.state == CLOSED

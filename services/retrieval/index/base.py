@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from services.common.breaker import ANSWERED
 from services.docstore.model import MAX_POINT_ID
 
 LAYOUT_VERSION = 3
@@ -74,11 +75,15 @@ class IndexLockedError(IndexUnavailableError):
 
 
 class IndexLayoutError(RuntimeError):
-    """The index was written with another point layout (LAYOUT_VERSION); re-ingest to fix.
+    """The index was written with another point layout (LAYOUT_VERSION) or vector size;
+    re-ingest to fix.
 
     Not an IndexUnavailableError: retrying cannot help, and serving it would answer every
-    search with nothing.
+    search with nothing. Nor an outage for the vector-store breaker: the store answered, its
+    data is another layout's (services/common/breaker.py).
     """
+
+    breaker_verdict = ANSWERED
 
 
 class InvalidFilterError(ValueError):

@@ -62,7 +62,8 @@ def _edge_config(
 
 def _open_shard(path: str, config: qe.EdgeConfig, exists: bool) -> qe.EdgeShard:
     """Load the shard at `path` (`exists`) or create it; IndexLockedError when another
-    owner has it open, IndexUnavailableError when it cannot be opened or created."""
+    owner has it open, IndexLayoutError when its vectors are of another size than `config`'s
+    (another embedding model), IndexUnavailableError when it cannot be opened or created."""
     try:
         if exists:
             return qe.EdgeShard.load(path, config)
@@ -74,6 +75,11 @@ def _open_shard(path: str, config: qe.EdgeConfig, exists: bool) -> qe.EdgeShard:
             raise IndexLockedError(
                 f"Qdrant Edge shard {path} is already open (in this or another "
                 f"process); an Edge shard belongs to one process: {msg}"
+            ) from exc
+        if "incompatible" in msg.lower():
+            raise IndexLayoutError(
+                f"Qdrant Edge shard {path} was written with another vector configuration "
+                f"({msg}); delete the index directory and re-ingest the documents"
             ) from exc
         verb = "open" if exists else "create"
         raise IndexUnavailableError(f"cannot {verb} Edge shard {path}: {msg}") from exc

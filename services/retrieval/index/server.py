@@ -20,6 +20,7 @@ from services.retrieval.index.base import (
     SCOPE_FIELD,
     SPARSE_VECTOR,
     FieldMatch,
+    IndexLayoutError,
     IndexUnavailableError,
 )
 from services.retrieval.index.qdrant_common import (
@@ -212,8 +213,10 @@ class QdrantServerIndex(VectorIndex):
                 vectors = info.config.params.vectors
                 size = vectors[DENSE_VECTOR].size if isinstance(vectors, dict) else None
                 if size != self.dim:
-                    raise ValueError(
-                        f"collection {self.collection} has dense size {size}, want {self.dim}"
+                    raise IndexLayoutError(
+                        f"Qdrant collection {self.collection} holds dense vectors of size "
+                        f"{size}, the embedding model makes {self.dim}: delete the collection "
+                        "(or point QDRANT_COLLECTION at a new one) and re-ingest the documents"
                     )
                 have = set(info.payload_schema or {})
                 self._check_layout(c, info.config.metadata)
