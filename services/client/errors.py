@@ -35,8 +35,12 @@ class VisiorRpcError(Exception):
         status: Status | None = None,
         error_info: error_details_pb2.ErrorInfo | None = None,
         details: Sequence[Any] = (),
+        handler_may_have_run: bool = False,
     ) -> None:
         super().__init__(message)
+        self.handler_may_have_run = handler_may_have_run
+        """True when the connection was lost after the request went out, with no status
+        (grpclib's StreamTerminatedError): the server may have handled the call."""
         if status is not None:
             self.status = status
         self.message = message
@@ -48,17 +52,23 @@ class VisiorRpcError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Whether repeating the call is safe: only an UNAVAILABLE without ErrorInfo.
+        """Whether repeating the call is safe: only an UNAVAILABLE without ErrorInfo, and not a
+        connection lost after the request was sent (grpclib's StreamTerminatedError: the
+        handler may have run).
 
         Every error a handler raises carries an ErrorInfo (services.common.status.to_status),
-        so an UNAVAILABLE without one came from the transport (no connection, the server
-        shutting down, a proxy): the call never reached a handler. A handler's own
+        so an UNAVAILABLE status without one came from the transport (no connection, the
+        server shutting down, a proxy): the call never reached a handler. A handler's own
         UNAVAILABLE (e.g. LLM_RUNTIME_ERROR after the runtime timed out) means it ran and
         already retried its dependency; the server marks it not to be repeated
         (grpc-retry-pushback-ms -1, services.common.interceptors), which grpclib does not
         expose, so its ErrorInfo is the signal.
         """
-        return self.status == Status.UNAVAILABLE and self.error_info is None
+        return (
+            self.status == Status.UNAVAILABLE
+            and self.error_info is None
+            and not self.handler_may_have_run
+        )
 
     @property
     def code(self) -> int:
@@ -225,12 +235,15 @@ def from_exception(exc: BaseException) -> VisiorRpcError | None:
 
     grpclib reports a client-side deadline as `asyncio.TimeoutError` and a refused or
     dropped connection as `OSError` / `StreamTerminatedError`; callers should not have to
-    know that, so they become DeadlineExceeded and Unavailable.
+    know that, so they become DeadlineExceeded and Unavailable. A stream terminated after the
+    request went out is not `retryable`: the handler may have run.
     """
     if isinstance(exc, GRPCError):
         return from_grpc_error(exc)
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
         return DeadlineExceeded(str(exc) or "deadline exceeded")
-    if isinstance(exc, StreamTerminatedError | OSError):
+    if isinstance(exc, StreamTerminatedError):
+        return Unavailable(f"{type(exc).__name__}: {exc}", handler_may_have_run=True)
+    if isinstance(exc, OSError):
         return Unavailable(f"{type(exc).__name__}: {exc}")
     return None

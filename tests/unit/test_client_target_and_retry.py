@@ -61,9 +61,14 @@ def _unavailable(*details: object) -> Unavailable:
 def test_a_transport_unavailable_is_retryable():
     assert _unavailable().retryable is True
     refused = from_exception(ConnectionRefusedError("refused"))
-    dropped = from_exception(StreamTerminatedError("reset"))
     assert isinstance(refused, Unavailable) and refused.retryable is True
-    assert isinstance(dropped, Unavailable) and dropped.retryable is True
+
+
+def test_a_connection_lost_after_the_request_went_out_is_not_retryable():
+    # grpclib's StreamTerminatedError: the request was sent, the handler may have run.
+    dropped = from_exception(StreamTerminatedError("Connection lost"))
+    assert isinstance(dropped, Unavailable) and dropped.handler_may_have_run
+    assert dropped.retryable is False
 
 
 def test_a_handlers_own_unavailable_is_not_retryable():
