@@ -509,6 +509,13 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
     )  # fmt: skip
 
 
+def server_var(key: str, field: str) -> str:
+    """The environment name of ServerSettings' `field` for the mesh's service `key`
+    (e.g. "retrieval", "port" -> RETR_PORT), for launchers that set it."""
+    spec = SERVICE_BY_KEY[key]
+    return server_fields(spec.env_prefix, Ports().grpc[key]).vars[field].name
+
+
 @dataclass(frozen=True)
 class DownstreamSettings:
     """How to reach one downstream gRPC service."""

@@ -9,7 +9,8 @@ from types import TracebackType
 
 from services.common.runner import Closer
 from services.common.server import RunningServer
-from services.common.settings import Env
+from services.common.settings import Env, server_var
+from services.common.topology import SERVICES
 from services.llm import app as llm_app
 from services.llm.config import LlmSettings
 from services.orchestrator import app as orch_app
@@ -26,10 +27,7 @@ class InProcessMesh:
     def __init__(self, data_dir: str | Path, env: Mapping[str, str] | None = None) -> None:
         self._env = {
             "VISIOR_DATA_DIR": str(data_dir),
-            "ORCH_PORT": "0",
-            "LLM_SERVICE_PORT": "0",
-            "RETR_PORT": "0",
-            "MCP_PROXY_PORT": "0",
+            **{server_var(s.key, "port"): "0" for s in SERVICES},
             # The embedder choice is the one knob a test run sets for every server it starts.
             **{k: v for k, v in os.environ.items() if k == "RETR_EMBEDDING_PROFILE"},
             **(env or {}),

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
-from services.common.settings import Env, ServerSettings, SettingsError
+from services.common.settings import Env, ServerSettings, SettingsError, server_var
 from services.common.shared_config import llm_completion_limit
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
@@ -203,14 +203,8 @@ class Mesh:
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "VISIOR_DATA_DIR": str(self.data_dir),
-            "ORCH_PORT": str(p.grpc["orchestrator"]),
-            "LLM_SERVICE_PORT": str(p.grpc["llm"]),
-            "RETR_PORT": str(p.grpc["retrieval"]),
-            "MCP_PROXY_PORT": str(p.grpc["toolsproxy"]),
-            "ORCH_METRICS_PORT": str(p.metrics["orchestrator"]),
-            "LLM_SERVICE_METRICS_PORT": str(p.metrics["llm"]),
-            "RETR_METRICS_PORT": str(p.metrics["retrieval"]),
-            "MCP_PROXY_METRICS_PORT": str(p.metrics["toolsproxy"]),
+            **{server_var(s.key, "port"): str(p.grpc[s.key]) for s in SERVICES},
+            **{server_var(s.key, "metrics_port"): str(p.metrics[s.key]) for s in SERVICES},
             "ORCH_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
             "ORCH_LLM_SERVICE_URL": f"127.0.0.1:{p.grpc['llm']}",
             "MCP_PROXY_URL": f"127.0.0.1:{p.grpc['toolsproxy']}",

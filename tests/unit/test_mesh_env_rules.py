@@ -147,3 +147,17 @@ def test_stop_service_waits_for_the_grace_the_service_was_started_with(
     drain = ServerSettings("orchestrator").drain_seconds
     assert len(waits) == 1 and waits[0] > 30 + drain
     assert waits == [30 + drain + mesh_mod.STOP_MARGIN_S]
+
+
+# --- each service listens where the mesh put it ---
+
+
+def test_each_service_reads_the_ports_the_mesh_gives_it(tmp_path: Path) -> None:
+    ports = Ports(
+        grpc={"orchestrator": 1001, "llm": 1002, "retrieval": 1003, "toolsproxy": 1004},
+        metrics={"orchestrator": 2001, "llm": 2002, "retrieval": 2003, "toolsproxy": 2004},
+    )
+    env = Env(Mesh(ports, tmp_path, tmp_path).env())
+    for key in ports.grpc:
+        server = ServerSettings.for_service(key, env)
+        assert (server.port, server.metrics_port) == (ports.grpc[key], ports.metrics[key])
