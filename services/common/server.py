@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -34,6 +34,9 @@ class RunningServer:
     service_names: tuple[str, ...]
     registry: CollectorRegistry
     metrics_port: int | None = None
+    companions: list[Callable[[float], Awaitable[None]]] = field(default_factory=list)
+    """The stops of the process's other listeners (ToolsProxy's MCP endpoint): each runs
+    beside the gRPC server's, with the same grace."""
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -46,11 +49,11 @@ class RunningServer:
 
     async def stop(self, grace: float, drain: float = 0.0) -> None:
         """Health NOT_SERVING, wait `drain` s for balancers to notice, then refuse new RPCs
-        and let in-flight ones finish for up to `grace` s."""
+        and let in-flight ones finish for up to `grace` s (on the companion listeners too)."""
         await self.set_serving(False)
         if drain > 0:
             await asyncio.sleep(drain)
-        await self.server.stop(grace)
+        await asyncio.gather(self.server.stop(grace), *(stop(grace) for stop in self.companions))
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:

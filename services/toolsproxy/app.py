@@ -76,6 +76,7 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
     if settings.mcp.enabled:
         endpoint = McpEndpoint(executor, settings.mcp)
         await endpoint.start()
+        running.companions.append(endpoint.stop)  # stops with gRPC, in the same grace
 
     async def close() -> None:
         if endpoint is not None:

@@ -96,8 +96,6 @@ class McpSettings:
     otherwise (the gateway is the only client)."""
     max_body_bytes: int = 1024 * 1024
     """Largest request body; larger gets 413 before parsing."""
-    grace_seconds: float = 5.0
-    """How long open HTTP connections may finish on stop."""
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -365,7 +363,7 @@ class McpEndpoint:
             log_config=None,
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=max(1, math.ceil(self._settings.grace_seconds)),
+            timeout_graceful_shutdown=1,  # `stop` sets the grace it is given
         )
         server = _EmbeddedServer(config)
         self._server = server
@@ -386,10 +384,12 @@ class McpEndpoint:
         log.info("MCP endpoint listening", extra={"url": self.url})
         return self._port
 
-    async def stop(self) -> None:
-        """Stop accepting, let open requests finish within the grace period, stop the server."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop accepting, let open requests finish within `grace` seconds (whole seconds, at
+        least 1: uvicorn's unit; ToolsProxy passes its MCP_PROXY_GRACE_SECONDS), stop."""
         if self._server is None or self._task is None:
             return
+        self._server.config.timeout_graceful_shutdown = max(1, math.ceil(grace))
         self._server.should_exit = True
         try:
             await self._task

@@ -6,6 +6,7 @@ of another tenant's documents leaves the proxy.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.toolsproxy.config import mcp_settings
 from services.toolsproxy.mcp_server import McpEndpoint, McpSettings
-from services.toolsproxy.tools import Caller, DocumentTools, ToolExecutor, ToolLimits
+from services.toolsproxy.tools import Caller, DocumentTools, Tool, ToolExecutor, ToolLimits
 
 TOKEN = "gateway-secret-0123"
 SECRET = "ALPHASECRET"
@@ -512,3 +513,52 @@ async def test_stop_releases_the_port(executor):
     again = McpEndpoint(executor, McpSettings(port=port, token=TOKEN))
     assert await again.start() == port
     await again.stop()
+
+
+# --- stopping: an open call finishes within the service's grace -----------------------------
+
+
+class HeldTool:
+    """A tool whose call waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+        self.entered.set()
+        await self.release.wait()
+        return {"text": "held and released"}
+
+    def executor(self) -> ToolExecutor:
+        schema = {"type": "object", "properties": {}, "additionalProperties": False}
+        return ToolExecutor({"held": Tool("held", "Waits for the test.", schema, self.run)})
+
+
+HELD_CALL = rpc("tools/call", {"name": "held", "arguments": {}})
+
+
+async def test_an_open_call_finishes_within_the_grace_the_service_gives():
+    held = HeldTool()
+    endpoint = McpEndpoint(held.executor(), McpSettings(port=0, token=TOKEN))
+    await endpoint.start()
+    call = asyncio.create_task(raw_post(endpoint.url, headers(), HELD_CALL))
+    await held.entered.wait()
+    stopping = asyncio.create_task(endpoint.stop(grace=5))
+    await asyncio.sleep(1.5)  # past the 1 s an endpoint stopped without a grace allows
+    held.release.set()
+    await stopping
+    answer = await call
+    assert answer.status_code == 200
+    assert "held and released" in json.dumps(answer.json())
+
+
+async def test_past_the_grace_an_open_call_is_cut():
+    held = HeldTool()
+    endpoint = McpEndpoint(held.executor(), McpSettings(port=0, token=TOKEN))
+    await endpoint.start()
+    call = asyncio.create_task(raw_post(endpoint.url, headers(), HELD_CALL))
+    await held.entered.wait()
+    await endpoint.stop(grace=1)  # never released: cut after a second
+    with pytest.raises(httpx2.HTTPError):
+        (await call).raise_for_status()

@@ -1,16 +1,21 @@
-"""services.common.runner: the start-up heap freeze, and run_service's exit on a bad setting
-(found while loading or while starting: status 2 and one log line, not a traceback)."""
+"""services.common.runner: the start-up heap freeze, run_service's exit on a bad setting
+(found while loading or while starting: status 2 and one log line, not a traceback), and a
+RunningServer's stop taking its companion listeners along."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import logging
 from dataclasses import dataclass
 
 import pytest
+from grpc_health.v1 import health
+from prometheus_client import CollectorRegistry
 
 from services.common.runner import freeze_startup_heap, run_service
+from services.common.server import RunningServer
 from services.common.settings import ServerSettings, SettingsError
 
 
@@ -82,3 +87,31 @@ def test_a_setting_refused_while_starting_exits_2(capfd: pytest.CaptureFixture[s
     err = capfd.readouterr().err
     assert "bad setting: RERANK_MODEL_PATH /m: cannot load the ONNX model" in err
     assert "Traceback" not in err
+
+
+class _HeldServer:
+    """A grpc.aio.Server stand-in whose stop waits until a companion has started stopping."""
+
+    def __init__(self, companion_started: asyncio.Event) -> None:
+        self.companion_started = companion_started
+        self.grace: float | None = None
+
+    async def stop(self, grace: float) -> None:
+        self.grace = grace
+        await self.companion_started.wait()
+
+
+async def test_companion_listeners_stop_beside_the_grpc_server_with_its_grace() -> None:
+    started = asyncio.Event()
+    graces: list[float] = []
+
+    async def companion(grace: float) -> None:
+        graces.append(grace)
+        started.set()
+
+    server = _HeldServer(started)
+    servicer = health.aio.HealthServicer()
+    running = RunningServer(server, 0, servicer, (), CollectorRegistry(), companions=[companion])  # type: ignore[arg-type]
+    # One after the other, the gRPC stop would wait for the companion for ever.
+    await asyncio.wait_for(running.stop(7.0), timeout=5)
+    assert server.grace == 7.0 and graces == [7.0]
