@@ -530,20 +530,21 @@ class HeldTool:
         await self.release.wait()
         return {"text": "held and released"}
 
-    def executor(self) -> ToolExecutor:
+    async def open_call(self) -> tuple[McpEndpoint, asyncio.Task[httpx2.Response]]:
+        """An endpoint serving the tool alone, and a call of it that has entered the tool."""
         schema = {"type": "object", "properties": {}, "additionalProperties": False}
-        return ToolExecutor({"held": Tool("held", "Waits for the test.", schema, self.run)})
-
-
-HELD_CALL = rpc("tools/call", {"name": "held", "arguments": {}})
+        tool = Tool("held", "Waits for the test.", schema, self.run)
+        endpoint = McpEndpoint(ToolExecutor({"held": tool}), McpSettings(port=0, token=TOKEN))
+        await endpoint.start()
+        message = rpc("tools/call", {"name": "held", "arguments": {}})
+        call = asyncio.create_task(raw_post(endpoint.url, headers(), message))
+        await self.entered.wait()
+        return endpoint, call
 
 
 async def test_an_open_call_finishes_within_the_grace_the_service_gives():
     held = HeldTool()
-    endpoint = McpEndpoint(held.executor(), McpSettings(port=0, token=TOKEN))
-    await endpoint.start()
-    call = asyncio.create_task(raw_post(endpoint.url, headers(), HELD_CALL))
-    await held.entered.wait()
+    endpoint, call = await held.open_call()
     stopping = asyncio.create_task(endpoint.stop(grace=5))
     await asyncio.sleep(1.5)  # past the 1 s an endpoint stopped without a grace allows
     held.release.set()
@@ -554,11 +555,7 @@ async def test_an_open_call_finishes_within_the_grace_the_service_gives():
 
 
 async def test_past_the_grace_an_open_call_is_cut():
-    held = HeldTool()
-    endpoint = McpEndpoint(held.executor(), McpSettings(port=0, token=TOKEN))
-    await endpoint.start()
-    call = asyncio.create_task(raw_post(endpoint.url, headers(), HELD_CALL))
-    await held.entered.wait()
+    endpoint, call = await HeldTool().open_call()
     await endpoint.stop(grace=1)  # never released: cut after a second
     with pytest.raises(httpx2.HTTPError):
         (await call).raise_for_status()
