@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 PROFILES = ("e5", "fast", "remote")
 """Values of RETR_EMBEDDING_PROFILE."""
 
-PASSAGE_BATCH_DEFAULTS = {"e5": 16, "fast": 64, "remote": 64}
-"""Passages per model call (or remote request) by profile, when RETR settings name none."""
+PASSAGE_BATCH_DEFAULTS = {"e5": 16, "fast": 32, "remote": 32}
+"""Passages per model call (or remote request) by profile, when RETR settings name none; the
+one batching of ingestion, which hands an embedder a document's passages at once. Fast: 8 to
+64 run at the same rate within noise (bench/embedders.py, 91-108 passages/s); remote: TEI's
+default --max-client-batch-size, above which it refuses a request."""
 REMOTE_TIMEOUT_S = 10.0
 """Timeout of one remote embedding request (each retry gets its own)."""
 QUERY_BATCH_DEFAULTS = {"e5": 1, "fast": 32, "remote": 1}

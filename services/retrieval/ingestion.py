@@ -62,7 +62,6 @@ MAX_TITLE_CHARS = 1024
 MAX_PRODUCT_CHARS = 256
 """Also the limit of `version`. Tags, product and version are payload of every point of the
 document and filter values; the title is in every doc point's BM25 text and every answer."""
-EMBED_BATCH = 32
 _PROGRESS_LOG_S = 5.0
 _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
 _T = TypeVar("_T")
@@ -584,11 +583,11 @@ class Ingestor:
         return have >= len(document_points(doc, None))
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        parts = []
-        for i in range(0, len(texts), EMBED_BATCH):
-            batch = list(texts[i : i + EMBED_BATCH])
-            parts.append(await asyncio.to_thread(self._embedder.embed_passages, batch))
-        return np.vstack(parts) if parts else np.zeros((0, self._embedder.dim), np.float32)
+        """The passages' embeddings, in one call: the embedder batches them its own way
+        (PASSAGE_BATCH_DEFAULTS)."""
+        if not texts:
+            return np.zeros((0, self._embedder.dim), np.float32)
+        return await asyncio.to_thread(self._embedder.embed_passages, list(texts))
 
     async def _points(self, doc: Document) -> list[IndexPoint]:
         """The document's points (document_points) with their dense vectors."""

@@ -276,6 +276,15 @@ def test_remote_batches_requests_in_order(
     np.testing.assert_allclose(out[4], fake_vector("text 4", 24), atol=1e-6)
 
 
+def test_remote_sends_at_most_teis_default_client_batch_per_request(
+    fake: FakeEmbeddingsServer,
+) -> None:
+    # TEI refuses a request of more inputs than --max-client-batch-size (32 by default)
+    with RemoteEmbedder(fake.url, "e5-test", api_key="sekret-key", timeout_s=2.0) as remote:
+        remote.embed_passages([f"text {i}" for i in range(70)])
+    assert [len(r.body["input"]) for r in fake.embedding_requests] == [32, 32, 6]
+
+
 def test_remote_sends_bearer_key_and_never_shows_it(
     fake: FakeEmbeddingsServer, remote: RemoteEmbedder, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -23,7 +23,7 @@ from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.server import QdrantServerIndex
-from services.retrieval.ingestion import IngestInput, Ingestor, document_points
+from services.retrieval.ingestion import IngestInput, Ingestor, chunk_texts, document_points
 from services.retrieval.journal import IngestJournal
 from services.retrieval.search import SearchQuery
 from services.retrieval.sections import SectionCatalog
@@ -499,3 +499,30 @@ def test_a_section_points_keyword_text_holds_each_overlapping_sentence_once():
     ]  # fmt: skip
     for s in sentences:
         assert section.sparse_text.count(s) == 1, s
+
+
+class CallRecorder:
+    """The real embedder, recording how many passages each embed_passages call got."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.calls: list[int] = []
+
+    def embed_queries(self, texts):
+        return self.inner.embed_queries(texts)
+
+    def embed_passages(self, texts):
+        self.calls.append(len(texts))
+        return self.inner.embed_passages(texts)
+
+
+async def test_a_documents_passages_reach_the_embedder_in_one_call_it_batches_itself(
+    tmp_path, embedder
+):
+    recorder = CallRecorder(embedder)
+    s = make_stack(tmp_path, recorder)
+    body = "\n\n".join(f"## Part {i}\n\nPart {i} of the guide covers topic {i}." for i in range(80))
+    await s.ingestor.ingest(IngestInput("a", f"# Guide\n\n{body}\n".encode(), file_name="g.md"))
+    passages = len(chunk_texts(s.store.get_document("a", "g", with_chunks=True)))
+    assert recorder.calls == [passages] and passages > 64  # more than any profile's batch
+    s.index.close()
