@@ -50,12 +50,16 @@ PROXY_MAX_FULL_DOCUMENTS = integer(
     doc="Documents one load_documents_full call may ask for. The Orchestrator reads selected "
     "documents whole (S3) only when there are no more of them than this.",
 )  # fmt: skip
+MAX_TOOL_RESULT_TOKENS = 24_576
+"""One tool result's ceiling in the LLM service, in tokens, whatever room its total leaves:
+about 50,000 characters of Russian text (~22k cl100k tokens), so a whole read (S3) at the
+default ORCH_MAX_CONTEXT_CHARS reaches the model uncut."""
 MAX_FULL_TEXT_BYTES = 3 << 20
 PROXY_MAX_FULL_TEXT_BYTES = integer(
     "MCP_PROXY_MAX_FULL_TEXT_BYTES", DEFAULT_FULL_TEXT_BYTES, 256, MAX_FULL_TEXT_BYTES,
     doc="UTF-8 bytes of text in one load_documents_full result. The Orchestrator reads "
-    "selected documents whole (S3) only up to a quarter of it in characters, so a whole "
-    "read is never cut.",
+    "selected documents whole (S3) only up to a quarter of it in characters, so this limit "
+    "never cuts a whole read.",
 )  # fmt: skip
 MAX_PROMPT_TOKENS = integer(
     "MAX_PROMPT_TOKENS", DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS,

@@ -16,14 +16,15 @@ from services.common.settings import (
     number,
     retry_attempts,
 )
-from services.common.shared_config import llm_completion_limit, llm_prompt_limit
+from services.common.shared_config import (
+    MAX_TOOL_RESULT_TOKENS,
+    llm_completion_limit,
+    llm_prompt_limit,
+)
 from services.llm.extractive import EXTRACTIVE
 from services.llm.loop import LoopSettings
 from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import runtime_settings
-
-MAX_TOOL_RESULT_TOKENS = 24_576
-"""One tool result's ceiling in tokens, whatever room the total leaves."""
 
 
 @dataclass(frozen=True)

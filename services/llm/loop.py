@@ -115,7 +115,8 @@ class LoopSettings:
     (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
     max_tool_result_tokens: int = 2048
     """One tool result as the model sees it; longer texts are cut. The service computes it:
-    what the first prompt and the answer leave of max_total_tokens, at most 24576."""
+    what the first prompt and the answer leave of max_total_tokens, at most
+    MAX_TOOL_RESULT_TOKENS (services/common/shared_config.py)."""
     min_tool_result_tokens: int = 64
     """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
     max_consecutive_tool_errors: int = 2

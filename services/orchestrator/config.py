@@ -24,6 +24,7 @@ from services.common.shared_config import (
     MAX_CONTEXT_CHARS,
     MAX_FULL_TEXT_BYTES,
     MAX_RADIUS,
+    MAX_TOOL_RESULT_TOKENS,
     UTF8_MAX_BYTES,
     llm_completion_limit,
     llm_prompt_limit,
@@ -128,7 +129,10 @@ MAX_CONTEXT = integer(
     default_doc=f"{MAX_CONTEXT_CHARS}; at most MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
     doc="Selected documents up to this many characters in total are read whole (S3), above "
     "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
-    "load_documents_full result of ToolsProxy holds of any script, so a whole read is never cut.",
+    "load_documents_full result of ToolsProxy holds of any script, so ToolsProxy never cuts a "
+    "whole read; the LLM service gives one tool result at most "
+    f"{MAX_TOOL_RESULT_TOKENS:,} tokens (and what LLM_SERVICE_MAX_TOTAL_TOKENS leaves), "
+    "which the default fits: above it a whole read may reach the model cut.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(
     "ORCH_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS, also=("RAG_WINDOW_RADIUS",),
