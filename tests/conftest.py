@@ -8,7 +8,9 @@ would make every ingest in the suite take seconds. The e5 profile has its own te
 
 import os
 from collections import Counter
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from _pytest.nodeid import NodeId
 
@@ -16,6 +18,15 @@ os.environ.setdefault("RETR_EMBEDDING_PROFILE", "fast")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as services/retrieval/__main__.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.pg_server import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for a test's calls to the fakes and servers it starts (no proxy from the
+    environment)."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        yield client
+
 
 LONGEST_FIRST = (
     "tests/e2e/test_schemathesis.py",

@@ -11,7 +11,7 @@ free the trial for the next call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -93,12 +93,6 @@ def test_release_keeps_the_count_and_frees_the_half_open_trial() -> None:
 def chat() -> Iterator[FakeChatServer]:
     with FakeChatServer() as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def runtime(

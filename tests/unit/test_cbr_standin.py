@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,12 +48,6 @@ USD = next(c for c in DEMO_CURRENCIES if c.iso == "USD")
 def bank() -> Iterator[BankStandIn]:
     with BankStandIn() as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def _client(http: httpx.AsyncClient, url: str, **fields: Any) -> CbrClient:

@@ -9,7 +9,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,12 +145,6 @@ def model(server: FakeChatServer) -> Iterator[Model]:
     server.requests.clear()
     yield m
     server.respond_with(None)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def runtime(server: FakeChatServer, http: httpx.AsyncClient, timeout_s: float = 5.0):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -37,12 +37,6 @@ SETTINGS = LoopSettings(max_total_tokens=8192, default_model="m")
 def fake() -> Iterator[FakeChatServer]:
     with FakeChatServer(api_key=KEY) as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def first_body(fake: FakeChatServer, http: httpx.AsyncClient, json_mode: bool) -> dict:

@@ -7,7 +7,7 @@ kept in the prompt (``tool_choice`` none), ``response_schema`` answers, cached p
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -77,12 +77,6 @@ ROUTE_SCHEMA = {
 def fake() -> Iterator[FakeChatServer]:
     with FakeChatServer() as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def runtime(fake: FakeChatServer, http: httpx.AsyncClient, **kw: Any) -> OpenAiChatRuntime:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,12 +91,6 @@ async def call(tool: Tool, caller: Caller, args: dict[str, Any]) -> dict[str, An
 def fake() -> Iterator[FakeTavilyServer]:
     with FakeTavilyServer(api_key=KEY) as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        yield client
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ defaults; and a breaker's wait is shown to a caller in whole seconds, at least 1
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -72,12 +71,6 @@ async def test_todays_rate_is_planned_for_the_banks_today_late_in_the_utc_evenin
         monkeypatch.setattr(sys.modules[module], "datetime", _Frozen, raising=False)
     args = await _plan("Какой курс доллара сегодня?")
     assert args == {"mode": "currency", "date": "2025-08-01", "code": "USD"}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def test_the_planned_key_rate_range_is_the_tools_own_default(
