@@ -43,11 +43,16 @@ def error_info(
     return None
 
 
+LIMIT_KEYS = ("limit", "limit_name")
+"""What a downstream's limit error tells that its caller's caller is told too."""
+
+
 def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.ServiceError:
     """Turn a downstream failure into the error this service raises to its own caller.
 
     A downstream limit (reason ending in LIMIT_EXCEEDED) is the caller's request being
-    too big: it stays a 400 with the downstream's reason. Access and not-found answers
+    too big: it stays a 400 with the downstream's reason and its `limit` and `limit_name`
+    (not its `field`, which names the downstream's request, not the caller's). Access and not-found answers
     keep their meaning. A downstream INVALID_ARGUMENT for anything else means we sent a
     bad request: that is our bug (INTERNAL), never the caller's 400. Everything else is a
     downstream failure: UNAVAILABLE (HTTP 502) with the downstream's reason.
@@ -67,7 +72,8 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
         )
         message = f"{downstream} failed: {code.name}"
     if code == grpc.StatusCode.INVALID_ARGUMENT and reason.endswith("LIMIT_EXCEEDED"):
-        return errors.LimitExceededError(message, reason=reason, metadata=meta)
+        told = {k: info.metadata[k] for k in LIMIT_KEYS if info and k in info.metadata}
+        return errors.LimitExceededError(message, reason=reason, metadata={**meta, **told})
     if code == grpc.StatusCode.NOT_FOUND:
         return errors.NotFoundError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.PERMISSION_DENIED:

@@ -117,6 +117,10 @@ advanced), and what the orchestrator plans."""
 SEARCH_TOP_K = 5
 """search_user_documents' and search_general_kb's `top_k` when a call gives none, and what
 the orchestrator plans."""
+MAX_TOOL_QUERY_CHARS = 1000
+"""Longest query of search_user_documents and search_general_kb: a model's search words,
+tighter than what Retrieval itself takes (search_contract.MAX_QUERY_CHARS, a user's
+question). ToolsProxy refuses a longer one, the orchestrator cuts what it plans to this."""
 
 # -- the Bank of Russia's calendar (fetch_cbr_data) ------------------------------------------
 BANK_TIMEZONE = timezone(timedelta(hours=3), "MSK")

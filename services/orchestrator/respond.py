@@ -33,6 +33,7 @@ from services.common.tool_contract import (
     FULL_TEXT_TOOLS,
     KEY_RATE_DAYS,
     LOAD_DOCUMENTS_FULL,
+    MAX_TOOL_QUERY_CHARS,
     NEWS_MAX_RESULTS,
     NEWS_QUERY_MAX_CHARS,
     NEWS_SEARCH_DEPTH,
@@ -501,7 +502,8 @@ class Responder:
         system = GENERAL_SYSTEM_PROMPT
         today = self._today()
         if decision.intent == "knowledge_base":
-            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": req.query, "top_k": SEARCH_TOP_K}),)
+            query = req.query[:MAX_TOOL_QUERY_CHARS]  # the tool's limit; the search takes all
+            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": query, "top_k": SEARCH_TOP_K}),)
             found = await self._retriever.search(
                 RetrievalRequest(
                     req.query, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id

@@ -11,6 +11,7 @@ from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query,
 from services.common.tool_contract import (
     ID_SCHEMA,
     INVALID_ARGUMENT,
+    MAX_TOOL_QUERY_CHARS,
     SEARCH_GENERAL_KB,
     SEARCH_TOP_K,
     SEARCH_USER_DOCUMENTS,
@@ -21,9 +22,6 @@ from services.toolsproxy.tools import DOCUMENT_TEXT, Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
 MAX_DOC_IDS = 50
-MAX_TOOL_QUERY_CHARS = 1000
-"""A search tool's query: a model's search words, tighter than what Retrieval itself takes
-(services/common/search_contract.MAX_QUERY_CHARS, a user's question)."""
 
 
 @dataclass(frozen=True)

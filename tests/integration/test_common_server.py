@@ -34,7 +34,9 @@ class Toy(pbg.ToolsProxyServiceServicer):
         self.seen.append((current_trace_id(), remaining_seconds()))
         match request.tool_name:
             case "limit":
-                raise errors.LimitExceededError("too many", metadata={"field": "x", "limit": "5"})
+                raise errors.LimitExceededError(
+                    "too many", metadata={"field": "x", "limit": "5", "limit_name": "max_x"}
+                )
             case "bug":
                 raise RuntimeError("secret internals")
             case "flaky" if self.calls == 1:
@@ -73,8 +75,20 @@ async def test_service_error_becomes_status_with_one_error_info(toy):
     assert (ei.reason, ei.domain, dict(ei.metadata)) == (
         "LIMIT_EXCEEDED",
         "visior.toy",
-        {"field": "x", "limit": "5"},
+        {"field": "x", "limit": "5", "limit_name": "max_x"},
     )
+
+
+async def test_a_downstream_limit_reaches_the_caller_with_its_limit_not_its_field(toy):
+    _, _, channel, _ = toy
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="limit"))
+    err = from_rpc_error(info.value, "toy")
+    assert isinstance(err, errors.LimitExceededError) and err.reason == "LIMIT_EXCEEDED"
+    assert err.metadata == {
+        "downstream": "toy", "downstream_code": "INVALID_ARGUMENT",
+        "limit": "5", "limit_name": "max_x",
+    }  # fmt: skip
 
 
 async def test_unexpected_exception_is_a_generic_internal_error(toy):

@@ -5,9 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
-from services.common.search_contract import Filters, normalise_query
+from services.common.search_contract import MAX_QUERY_CHARS, Filters, normalise_query
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
+from services.common.tool_contract import MAX_TOOL_QUERY_CHARS
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import (
     LlmOutcome,
@@ -385,6 +386,18 @@ async def test_a_knowledge_base_filter_sends_a_documents_question_to_the_knowled
     )
     out = await plain.respond(inp(filters=Filters(source="knowledge_base")))
     assert (out.scenario, out.intent) == ("S1", "documents")
+
+
+async def test_a_long_knowledge_base_question_plans_a_query_the_tool_takes():
+    # search_general_kb takes at most MAX_TOOL_QUERY_CHARS; a longer planned query was refused
+    # by the LLM service's schema check (500 DOWNSTREAM_REJECTED). The search takes it whole.
+    responder, retriever, generator, _ = make()
+    question = "Что база знаний говорит о ставке НДС " + "и льготах " * 120
+    assert MAX_TOOL_QUERY_CHARS < len(question) <= MAX_QUERY_CHARS
+    await responder.respond(inp(query=question, filters=Filters(source="knowledge_base")))
+    (planned,) = generator.requests[-1].planned_calls
+    assert planned.arguments["query"] == question[:MAX_TOOL_QUERY_CHARS]
+    assert retriever.calls[0][0] == question
 
 
 @settings(max_examples=2000, deadline=None)
