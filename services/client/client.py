@@ -241,7 +241,7 @@ class ServiceHealth:
     """A service's GetHealth answer; each service has its own response type with these fields."""
 
     status: str
-    """"ok" when the service can serve, otherwise "degraded" or "down"."""
+    """"ok" when the service can serve, "down" when it cannot (see GetHealthResponse)."""
     service: str
     """The gRPC service that answered, e.g. visior.retrieval.v1.RetrievalService."""
     details: dict[str, str]

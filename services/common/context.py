@@ -71,8 +71,8 @@ def upstream_timeout(configured: float) -> tuple[float, bool]:
     The timeout is the configured one, cut to end CALLER_MARGIN_S before the caller's
     deadline: the call's own timeout then fires first and is reported (and counted by the
     service's breaker) before the caller gives up, which would be a cancellation, no verdict;
-    with the services' timeouts (9-10 s) above the LLM's 5 s per tool call, a service that
-    hung never opened its breaker. `says_nothing` is True when the caller's deadline cut the
+    with the services' timeouts (9-10 s) at or above the caller's deadline (the LLM's 10 s
+    for such a tool call, or less), a service that hung would never open its breaker. `says_nothing` is True when the caller's deadline cut the
     timeout below MIN_VERDICT_S: a timeout then must not count against the service (a
     caller with tiny deadlines could otherwise open the breaker for everyone).
     """

@@ -278,7 +278,8 @@ class GetHealthResponse(betterproto.Message):
 
     status: str = betterproto.string_field(1)
     """
-    status is "ok" when the service can serve, otherwise "degraded" or "down".
+    status is "ok": a service that answers can serve (a failing dependency shows in the
+     answers of the calls that need it).
     """
 
     service: str = betterproto.string_field(2)

@@ -354,7 +354,9 @@ class GetHealthResponse(betterproto.Message):
 
     status: str = betterproto.string_field(1)
     """
-    status is "ok" when the service can serve, otherwise "degraded" or "down".
+    status is "ok" when the service can serve, "down" when it cannot (Retrieval: its
+     document store does not answer); a replica that must not serve fails the call instead
+     (Retrieval with RETR_PRODUCTION=true and the vector store down: backend_unavailable).
     """
 
     service: str = betterproto.string_field(2)
