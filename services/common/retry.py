@@ -24,10 +24,17 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 
-def wait_to_tell(seconds: float) -> int:
-    """The whole seconds a caller is told to wait before trying again: `seconds` rounded up,
-    at least 1 ("try again in 0 s" invites a retry that is refused again)."""
+def whole_seconds(seconds: float) -> int:
+    """`seconds` for whoever counts whole seconds (a caller told to wait; libpq's
+    connect_timeout and keepalives, qdrant-client's and uvicorn's timeouts): rounded up, at
+    least 1, so never shorter than meant and never 0, which those libraries read as "no
+    limit" ("try again in 0 s" invites a retry that is refused again)."""
     return max(1, math.ceil(seconds))
+
+
+def wait_to_tell(seconds: float) -> int:
+    """The whole seconds a caller is told to wait before trying again (`whole_seconds`)."""
+    return whole_seconds(seconds)
 
 
 T = TypeVar("T")

@@ -28,6 +28,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
+from services.common.retry import whole_seconds
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, StoredPoint
 from services.docstore.sql_store import (
@@ -100,13 +101,14 @@ def tcp_settings(url: str, timeout_s: float) -> dict[str, Any]:
     packet waits for the kernel's defaults (keepalive after two hours; unacknowledged data
     retried for ~15 minutes). Keepalive probes start after `timeout_s` idle and end the
     connection three unanswered probes later; `tcp_user_timeout` ends it when data it sent
-    stays unacknowledged for `timeout_s` (minimum 1 s). The pool then reconnects.
+    stays unacknowledged for `timeout_s`. libpq counts whole seconds: each is rounded up
+    (`whole_seconds`). The pool then reconnects.
     """
-    seconds = max(1, round(timeout_s))
+    seconds = whole_seconds(timeout_s)
     wanted = {
         "keepalives": 1,
         "keepalives_idle": seconds,
-        "keepalives_interval": max(1, round(seconds / 3)),
+        "keepalives_interval": whole_seconds(seconds / 3),
         "keepalives_count": 3,
         "tcp_user_timeout": seconds * 1000,
     }
@@ -150,7 +152,7 @@ class PostgresDocumentStore(SqlDocumentStore):
         """Where the store is, password masked (logs, errors)."""
         self._read_only = read_only
         self._timeout = timeout_s
-        connect_timeout = max(1, round(timeout_s))
+        connect_timeout = whole_seconds(timeout_s)
         try:
             tcp = tcp_settings(url, timeout_s)
             with psycopg.connect(

@@ -18,7 +18,6 @@ import contextlib
 import hmac
 import json
 import logging
-import math
 import re
 import socket
 import time
@@ -47,6 +46,7 @@ from services.common.context import (
 )
 from services.common.http import is_loopback_host
 from services.common.logging import trace_id_bound
+from services.common.retry import whole_seconds
 from services.common.settings import SettingsError
 from services.common.tool_contract import check_tool_user
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
@@ -385,11 +385,11 @@ class McpEndpoint:
         return self._port
 
     async def stop(self, grace: float = 0.0) -> None:
-        """Stop accepting, let open requests finish within `grace` seconds (whole seconds, at
-        least 1: uvicorn's unit; ToolsProxy passes its MCP_PROXY_GRACE_SECONDS), stop."""
+        """Stop accepting, let open requests finish within `grace` seconds (uvicorn counts whole
+        seconds: `whole_seconds`; ToolsProxy passes its MCP_PROXY_GRACE_SECONDS), stop."""
         if self._server is None or self._task is None:
             return
-        self._server.config.timeout_graceful_shutdown = max(1, math.ceil(grace))
+        self._server.config.timeout_graceful_shutdown = whole_seconds(grace)
         self._server.should_exit = True
         try:
             await self._task

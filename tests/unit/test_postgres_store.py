@@ -279,6 +279,8 @@ def test_connections_bound_a_dead_peer_with_tcp_keepalives_unless_the_url_says(p
         "tcp_user_timeout": 5000,
     }  # fmt: skip
     assert tcp_settings(url, 0.5)["tcp_user_timeout"] == 1000  # at least a second
+    # whole seconds rounded up, as connect_timeout is: never shorter than the setting
+    assert tcp_settings(url, 2.5)["keepalives_idle"] == 3
     sep = "&" if "?" in url else "?"
     assert "keepalives_idle" not in tcp_settings(f"{url}{sep}keepalives_idle=60", 5.0)
     store = PostgresDocumentStore(f"{url}{sep}keepalives_idle=60", pool_size=1, timeout_s=2.0)

@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
-from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, run_with_retry_sync
+from services.common.retry import (
+    AttemptFailed,
+    RetryPolicy,
+    run_with_retry,
+    run_with_retry_sync,
+    whole_seconds,
+)
 
 
 class Flaky(AttemptFailed):
@@ -242,3 +248,10 @@ async def test_without_a_deadline_the_clock_is_never_read() -> None:
 
     result = await steps.run(RetryPolicy(attempts=3, first_delay_s=0.1), clock=no_clock)
     assert result == ("answer", 3)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "whole"), [(0.0, 1), (0.01, 1), (1.0, 1), (1.2, 2), (2.5, 3), (3.5, 4), (60.0, 60)]
+)
+def test_whole_seconds_round_up_and_are_never_0(seconds: float, whole: int) -> None:
+    assert whole_seconds(seconds) == whole

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -14,6 +13,7 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from services.common.breaker import ANSWERED, OUTAGE
+from services.common.retry import whole_seconds
 from services.retrieval.index.base import (
     DENSE_VECTOR,
     LAYOUT_VERSION,
@@ -171,7 +171,7 @@ class QdrantServerIndex(VectorIndex):
             url=url,
             api_key=api_key,
             prefer_grpc=prefer_grpc,
-            timeout=math.ceil(timeout),
+            timeout=whole_seconds(timeout),
             check_compatibility=False,
         )
         return cls(client, collection, dim, **kwargs)
