@@ -32,7 +32,14 @@ from services.common.breaker import (
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
 from services.common.logging import get_logger
-from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
+from services.common.retry import (
+    AttemptFailed,
+    Clock,
+    RetryPolicy,
+    Sleep,
+    run_with_retry,
+    wait_to_tell,
+)
 from services.common.settings import SettingsError
 from services.common.tool_contract import (
     FETCH_FINANCE_NEWS,
@@ -352,7 +359,7 @@ class TavilyClient:
             limited = TavilyError(
                 RATE_LIMIT_EXCEEDED,
                 "Finance news search is rate limited by Tavily; try again later"
-                + (f" (in {math.ceil(wait)} s)." if wait is not None else "."),
+                + (f" (in {wait_to_tell(wait)} s)." if wait is not None else "."),
             )
             # A wait over the policy's max_retry_after_s ends the run at once.
             raise _Attempt(limited, retry=True, outage=False, delay=wait)

@@ -107,7 +107,8 @@ class ToolLimits:
     """UTF-8 bytes of text in one result; more is cut at a character boundary
     (MCP_PROXY_MAX_TEXT_BYTES)."""
     max_pages_per_call: int = 5
-    """Pages one read_doc_pages call may ask for (MCP_PROXY_MAX_PAGES_PER_CALL)."""
+    """Pages one read_doc_pages call may read, counted after page_to is clamped to the
+    document's last page (MCP_PROXY_MAX_PAGES_PER_CALL)."""
     max_full_documents: int = DEFAULT_FULL_DOCUMENTS
     """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     max_full_text_bytes: int = DEFAULT_FULL_TEXT_BYTES
@@ -455,26 +456,27 @@ class DocumentTools:
     def read_doc_pages(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """Pages page_from..page_to, one text per page.
 
-        Asking for more than max_pages_per_call pages is INVALID_ARGUMENT (not
-        WINDOW_TOO_LARGE, which callers read as "shrink the chunk radius"); a range starting
-        past the last page is NOT_FOUND; one running past it is clamped.
+        A range starting past the last page is NOT_FOUND; one running past it is clamped to
+        the last page, and the clamped range counts against max_pages_per_call: more pages
+        than that is INVALID_ARGUMENT (not WINDOW_TOO_LARGE, which callers read as "shrink
+        the chunk radius").
         """
         first = args["page_from"]
         last = args.get("page_to", first)
         limit = self._limits.max_pages_per_call
         if last < first:
             raise ToolFailure(INVALID_ARGUMENT, f"page_to {last} is before page_from {first}")
-        if last - first + 1 > limit:
-            raise ToolFailure(
-                INVALID_ARGUMENT,
-                f"asked {last - first + 1} pages ({first}-{last}); at most {limit} per call",
-            )
         doc = self._doc(caller, args["doc_id"])
         if first > doc.pages:
             raise ToolFailure(
                 NOT_FOUND, f"page {first} not in {doc.doc_id!r}, which has {doc.pages} page(s)"
             )
         last = min(last, doc.pages)
+        if last - first + 1 > limit:
+            raise ToolFailure(
+                INVALID_ARGUMENT,
+                f"asked {last - first + 1} pages ({first}-{last}); at most {limit} per call",
+            )
         pages = [
             {"page": p.number, "text": p.text}
             for p in self._store.pages_text(caller.tenant_id, doc.doc_id, first, last)

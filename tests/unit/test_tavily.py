@@ -721,3 +721,11 @@ async def test_a_search_that_fails_unexpectedly_is_still_one_external_call_event
         ("warning", "error")
     ]
     assert client.breaker.state == "closed"  # one failure, under the threshold
+
+
+async def test_429_with_retry_after_0_tells_the_caller_at_least_1_s(h: Harness) -> None:
+    h.fake.rate_limit_next(1, retry_after="0")
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(retry={"attempts": 1}), ALICE, {"query": "rates"})
+    assert info.value.code == RATE_LIMIT_EXCEEDED
+    assert "(in 1 s)" in info.value.message and "0 s" not in info.value.message

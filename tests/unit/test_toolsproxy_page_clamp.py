@@ -1,0 +1,82 @@
+"""read_doc_pages clamps page_to to the document's last page before counting the pages
+against MCP_PROXY_MAX_PAGES_PER_CALL."""
+
+import asyncio
+
+import pytest
+
+from services.docstore.parsing import ChunkingConfig, parse_document
+from services.docstore.sqlite_store import SqliteDocumentStore
+from services.toolsproxy.ratelimit import RateLimiter, RateLimits
+from services.toolsproxy.tools import Caller, DocumentTools, ToolExecutor, ToolLimits
+
+LIMITS = ToolLimits(max_pages_per_call=5)
+A = Caller("a", "u1", "trace-1")
+
+
+def pages_doc(doc_id: str, pages: int):
+    content = f"# {doc_id}\n\n" + "\f".join(
+        f"## P{i}\n\npage {i} text." for i in range(1, pages + 1)
+    )
+    return parse_document(
+        tenant_id="a",
+        doc_id=doc_id,
+        content=content,
+        fmt="markdown",
+        config=ChunkingConfig(chunk_tokens=16, overlap_tokens=0),
+    )
+
+
+@pytest.fixture
+def executor(tmp_path):
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    store.put(pages_doc("short", 3))
+    store.put(pages_doc("long", 20))
+    tools = DocumentTools(store, LIMITS).tools
+    yield ToolExecutor(
+        dict(tools),
+        limits=LIMITS,
+        rate_limiter=RateLimiter(RateLimits(calls_per_minute=0, tokens_per_minute=0)),
+    )
+    store.close()
+
+
+def read(executor, doc_id, page_from, page_to):
+    args = {"doc_id": doc_id, "page_from": page_from, "page_to": page_to}
+    return asyncio.run(executor.execute("read_doc_pages", args, A))
+
+
+def test_a_wide_range_on_a_short_document_reads_its_pages(executor):
+    out = read(executor, "short", 1, 10)
+    assert out.status == "ok", (out.error_code, out.error_message)
+    assert [p["page"] for p in out.result["pages"]] == [1, 2, 3]
+    assert (out.result["page_start"], out.result["page_end"]) == (1, 3)
+    assert out.result["pages_in_document"] == 3
+
+
+def test_the_limit_counts_the_clamped_range(executor):
+    tail = read(executor, "long", 16, 30)  # 15 asked, pages 16-20 exist: 5, at the limit
+    assert tail.status == "ok", (tail.error_code, tail.error_message)
+    assert [p["page"] for p in tail.result["pages"]] == [16, 17, 18, 19, 20]
+    over = read(executor, "long", 15, 30)  # pages 15-20: 6, over the limit
+    assert (over.status, over.error_code) == ("error", "INVALID_ARGUMENT")
+    assert "6 pages (15-20)" in over.error_message and "at most 5" in over.error_message
+
+
+def test_a_wide_range_on_a_long_document_is_refused_naming_the_limit(executor):
+    out = read(executor, "long", 1, 10)
+    assert (out.status, out.error_code) == ("error", "INVALID_ARGUMENT")
+    assert "10 pages" in out.error_message and "at most 5 per call" in out.error_message
+
+
+def test_a_range_starting_past_the_last_page_is_not_found(executor):
+    out = read(executor, "short", 4, 10)
+    assert (out.status, out.error_code) == ("error", "NOT_FOUND")
+    assert "3 page" in out.error_message
+
+
+def test_the_schema_states_the_limit_and_the_clamp(executor):
+    tool = DocumentTools(None, LIMITS).tools["read_doc_pages"]
+    assert tool.schema["x-max-pages-per-call"] == 5
+    assert "at most 5 pages per call" in tool.description
+    assert "clamped to the last page" in tool.description
