@@ -87,8 +87,15 @@ DEMO_CURRENCIES: tuple[StandInCurrency, ...] = (
     StandInCurrency("R01230", "AED", 784, "Дирхам ОАЭ", "UAE Dirham", 1, 24.5),
     StandInCurrency("R01270", "INR", 356, "Индийских рупий", "Indian Rupee", 100, 105.0),
     StandInCurrency("R01200", "HKD", 344, "Гонконгский доллар", "Hong Kong Dollar", 1, 11.5),
+    StandInCurrency("R01010", "AUD", 36, "Австралийский доллар", "Australian Dollar", 1, 58.0),
+    StandInCurrency("R01350", "CAD", 124, "Канадский доллар", "Canadian Dollar", 1, 65.0),
+    StandInCurrency("R01020A", "AZN", 944, "Азербайджанский манат", "Azerbaijan Manat", 1, 53.0),
+    StandInCurrency("R01370", "KGS", 417, "Киргизских сомов", "Kyrgyzstan Som", 10, 10.3),
+    StandInCurrency("R01717", "UZS", 860, "Узбекских сумов", "Uzbekistan Sum", 10000, 71.0),
+    StandInCurrency("R01720", "UAH", 980, "Украинских гривен", "Ukrainian Hryvnia", 10, 21.5),
 )
-"""What ``visior run`` / ``visior demo`` quote: the common currencies (demo values)."""
+"""What ``visior run`` / ``visior demo`` quote (demo values): every currency a question can
+name (services/common/currencies.CURRENCIES)."""
 
 KEY_RATE_CHANGES: tuple[tuple[date, float], ...] = (
     (date(2023, 12, 18), 16.00),

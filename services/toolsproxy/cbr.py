@@ -105,6 +105,7 @@ COMMON_CURRENCIES: Mapping[str, str] = {
     "KGS": "R01370",
     "AUD": "R01010",
     "CAD": "R01350",
+    "UAH": "R01720",
 }
 """ISO 4217 letter code -> the bank's internal code for the currencies asked about most;
 any other is resolved through the bank's own EnumValutes list."""

@@ -91,6 +91,15 @@ async def test_rates_on_date_today_for_the_common_currencies(
         assert COMMON_CURRENCIES.get(c.iso, c.code) == c.code
 
 
+def test_the_demo_bank_quotes_every_currency_a_question_can_name() -> None:
+    # A question naming one it lacked ("курс австралийского доллара") got NOT_FOUND in the demo.
+    from services.common.currencies import CURRENCIES as NAMED
+
+    named = {code for code, _ in NAMED}
+    assert named <= {c.iso for c in DEMO_CURRENCIES}
+    assert named <= set(COMMON_CURRENCIES)  # the client resolves each without EnumValutes
+
+
 async def test_rates_dynamic_over_recent_days(bank: BankStandIn, http: httpx.AsyncClient) -> None:
     start = TODAY - timedelta(days=13)
     data = await _client(http, bank.url).rates_dynamic(start, TODAY, USD.code)
