@@ -11,6 +11,10 @@ from typing import Any
 MAX_TOOL_STEPS_LIMIT = 20
 """The most tool steps either end allows: the LLM service's MAX_TOOL_STEPS and the
 Orchestrator's max_tool_steps (ORCH_MAX_TOOL_STEPS, UpdateConfig), which the former caps."""
+MAX_MESSAGE_CHARS = 32_768
+"""The most characters one message's text may have: the LLM service refuses a longer message
+of a Generate, and the Orchestrator a longer history turn of a Respond (its question is held
+lower, to search_contract.MAX_QUERY_CHARS)."""
 ANSWER_LANGUAGES = ("ru", "en")
 """The languages answers are given in (GenerateRequest.answer_language; docs/architecture.md
 §14: the callers are bilingual)."""

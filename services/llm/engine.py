@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from services.common import errors
 from services.common.context import remaining_seconds
-from services.common.generate_contract import ANSWER_LANGUAGES
+from services.common.generate_contract import ANSWER_LANGUAGES, MAX_MESSAGE_CHARS
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.common.tool_contract import check_tool_user
 from services.llm.loop import LoopSettings, ToolLoop, outcome_of
@@ -21,7 +21,6 @@ from services.model_runtime.chat import ROLES, SAMPLING_RANGES
 
 MODES = (RAG, CHAT)
 MAX_MESSAGES = 64
-MAX_MESSAGE_CHARS = 32_768
 MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
 

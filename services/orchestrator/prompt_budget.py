@@ -37,6 +37,14 @@ MAX_TITLE_TOKENS = 48
 JOIN_SLACK = 1
 """Tokens one list entry may add where it is joined to its neighbours (BPE merges)."""
 NO_SECTIONS = "No document sections matched the question."
+MIN_ROOM_TOKENS = 1024
+"""The least room (PromptFitter.room) a first prompt needs: the longest system prompt the
+Orchestrator sends (the routing prompt, ≈ 520 tokens) with a short question, or a scenario's
+system prompt with a short question and one listed section."""
+MIN_CONTEXT_TOKEN_BUDGET = LLM_PROMPT_RESERVE_TOKENS + MIN_ROOM_TOKENS
+"""The lowest context_token_budget (ORCH_CONTEXT_TOKEN_BUDGET, UpdateConfig): the room of a
+first prompt is the budget less LLM_PROMPT_RESERVE_TOKENS, and below this a short question
+does not fit."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,9 @@ class PromptFitter:
         return MESSAGE_TOKENS + self.tokenizer.count(text)
 
     def room(self, context_token_budget: int) -> int:
-        """Tokens the orchestrator's own part of a first prompt may hold."""
+        """Tokens the orchestrator's own part of a first prompt may hold: the lower of the
+        LLM's prompt limit and `context_token_budget`, less the reserve for what the LLM
+        service adds."""
         return min(self.limit, context_token_budget) - self.reserve
 
     def fit(

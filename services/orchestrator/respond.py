@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import date, timedelta
 
 from services.common import errors
+from services.common.generate_contract import MAX_MESSAGE_CHARS
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
     DEFAULT_LLM_PROMPT_TOKENS,
@@ -108,6 +109,8 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
 
 
 def validate(req: RespondInput) -> None:
+    """Raise InvalidArgumentError / LimitExceededError for a request the Orchestrator refuses:
+    what Retrieval or the LLM service would refuse is refused here, naming the caller's field."""
     # Nothing Retrieval could search is the caller's error here, not Retrieval's refusal
     # relayed as ours.
     check_query(req.query)
@@ -120,6 +123,14 @@ def validate(req: RespondInput) -> None:
         if turn.role not in ("user", "assistant"):
             raise errors.InvalidArgumentError(
                 "history roles are 'user' or 'assistant'", metadata={"field": f"history[{i}].role"}
+            )
+        # The LLM service refuses a longer message, which would reach the caller as our error
+        # about a field (messages[n]) the caller's request does not have.
+        if len(turn.content) > MAX_MESSAGE_CHARS:
+            raise errors.over_limit(
+                f"history[{i}] is {len(turn.content)} characters; the limit is {MAX_MESSAGE_CHARS}",
+                MAX_MESSAGE_CHARS,
+                field=f"history[{i}].content",
             )
     # What Retrieval would refuse is refused here, as the caller's error (400), instead of
     # reaching Retrieval and coming back as ours (500 DOWNSTREAM_REJECTED).

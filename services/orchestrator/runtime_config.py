@@ -11,10 +11,11 @@ from dataclasses import dataclass, replace
 from services.common import errors
 from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
+from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET
 
 LIMITS: dict[str, tuple[int, int]] = {
     "prompt_token_budget": (1, 131_072),
-    "context_token_budget": (1, 1_048_576),
+    "context_token_budget": (MIN_CONTEXT_TOKEN_BUDGET, 1_048_576),
     "max_tool_steps": (0, MAX_TOOL_STEPS_LIMIT),
 }
 """The range of each numeric field, for its ORCH_* setting and for UpdateConfig."""
@@ -31,9 +32,17 @@ class RuntimeConfig:
     default_model: str = ""
     """Model name sent to the LLM service; empty = the LLM service's own DEFAULT_MODEL_NAME."""
     prompt_token_budget: int = 2048
-    """Tokens of the first prompt the Orchestrator asks the LLM service to keep to."""
+    """Tokens the section list of a first prompt (S1, S4) may hold: past it the Orchestrator
+    shortens the lowest-scored summaries, then drops the lowest-scored sections. It is not
+    sent to the LLM service; the whole prompt is bounded by MAX_PROMPT_TOKENS and
+    ORCH_CONTEXT_TOKEN_BUDGET."""
     context_token_budget: int = 8192
-    """Tokens of retrieved context a request may carry in all."""
+    """Tokens the conversation the model sees may hold, the answer aside: the first prompt
+    plus every tool call and tool result. Sent to the LLM service, which caps the
+    conversation at it (or at LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_COMPLETION_TOKENS when
+    that is lower); the Orchestrator shapes its first prompts to it less what the LLM
+    service adds (LLM_PROMPT_RESERVE_TOKENS). Its lowest value leaves room for the
+    routing prompt and a short question; S3 raises it to fit the selected documents whole."""
     max_tool_steps: int = 3
     """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it)."""
     window_radius: int = DEFAULT_WINDOW_RADIUS

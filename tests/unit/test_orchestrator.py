@@ -18,7 +18,7 @@ from services.orchestrator.model import (
     Turn,
     User,
 )
-from services.orchestrator.prompt_budget import PromptFitter
+from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET, PromptFitter
 from services.orchestrator.respond import (
     ANSWER_QUERY_CHARS,
     MAX_FILTER_VALUES,
@@ -231,7 +231,7 @@ def test_config_update_validates_and_applies_whole():
     ("name", "field", "low", "high"),
     [
         ("ORCH_PROMPT_TOKEN_BUDGET", "prompt_token_budget", 1, 131_072),
-        ("ORCH_CONTEXT_TOKEN_BUDGET", "context_token_budget", 1, 1_048_576),
+        ("ORCH_CONTEXT_TOKEN_BUDGET", "context_token_budget", MIN_CONTEXT_TOKEN_BUDGET, 1_048_576),
         ("ORCH_MAX_TOOL_STEPS", "max_tool_steps", 0, 20),
     ],
 )

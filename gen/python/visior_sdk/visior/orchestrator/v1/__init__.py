@@ -196,12 +196,15 @@ class GetConfigResponse(betterproto.Message):
 
     prompt_token_budget: int = betterproto.int32_field(2)
     """
-    prompt_token_budget caps the first prompt; summaries are trimmed to
-     prompt_token_budget*4 characters.
+    prompt_token_budget caps the section list of a first prompt (S1, S4): past it the
+     lowest-scored summaries are shortened, then sections dropped.
     """
 
     context_token_budget: int = betterproto.int32_field(3)
-    """context_token_budget caps prompt tokens plus tool text."""
+    """
+    context_token_budget caps the conversation the model sees, the answer aside: the
+     first prompt plus every tool call and result.
+    """
 
     max_tool_steps: int = betterproto.int32_field(4)
     """max_tool_steps caps tool calls per request."""
@@ -224,7 +227,10 @@ class UpdateConfigRequest(betterproto.Message):
     """prompt_token_budget replaces the prompt budget (1..131072)."""
 
     context_token_budget: Optional[int] = betterproto.int32_field(3, optional=True)
-    """context_token_budget replaces the context budget (1..1048576)."""
+    """
+    context_token_budget replaces the context budget (2048..1048576: below it a short
+     question does not fit).
+    """
 
     max_tool_steps: Optional[int] = betterproto.int32_field(4, optional=True)
     """max_tool_steps replaces the tool step cap (0..20)."""
@@ -248,12 +254,15 @@ class UpdateConfigResponse(betterproto.Message):
 
     prompt_token_budget: int = betterproto.int32_field(2)
     """
-    prompt_token_budget caps the first prompt; summaries are trimmed to
-     prompt_token_budget*4 characters.
+    prompt_token_budget caps the section list of a first prompt (S1, S4): past it the
+     lowest-scored summaries are shortened, then sections dropped.
     """
 
     context_token_budget: int = betterproto.int32_field(3)
-    """context_token_budget caps prompt tokens plus tool text."""
+    """
+    context_token_budget caps the conversation the model sees, the answer aside: the
+     first prompt plus every tool call and result.
+    """
 
     max_tool_steps: int = betterproto.int32_field(4)
     """max_tool_steps caps tool calls per request."""
