@@ -31,6 +31,7 @@ from services.devtools.envoy import REPO_ROOT, EnvoyProcess
 from services.devtools.envoy_config import render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
+from services.llm.loop import MIN_TOOL_RESULT_ROOM
 from services.model_runtime.config import URL as RUNTIME_URL
 
 
@@ -67,18 +68,22 @@ def local_model_env(
 
     The first prompt's ceiling leaves room for one answer of MAX_COMPLETION_TOKENS as the
     LLM service reads it from `env` (default the process environment): the user's value,
-    else the service's own default. SettingsError when that leaves no room for a prompt.
+    else the service's own default, and for one minimal tool result (MIN_TOOL_RESULT_ROOM,
+    which the LLM service requires at start). SettingsError when that leaves less than
+    MIN_LLM_PROMPT_TOKENS for a prompt.
     """
     call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     total = max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)
     completion = llm_completion_limit(Env(os.environ if env is None else env))
-    # The first prompt and one answer must fit the total (the LLM service checks it).
-    prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - completion)
+    # The first prompt, one answer and one minimal tool result must fit the total (the LLM
+    # service checks it at start).
+    prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - completion - MIN_TOOL_RESULT_ROOM)
     if prompt < MIN_LLM_PROMPT_TOKENS:
         raise SettingsError(
-            f"MAX_COMPLETION_TOKENS={completion} leaves {prompt} of the local model's "
-            f"{total}-token budget (n_ctx {n_ctx}) for the first prompt, which needs at least "
-            f"{MIN_LLM_PROMPT_TOKENS}: lower MAX_COMPLETION_TOKENS or raise the n_ctx"
+            f"MAX_COMPLETION_TOKENS={completion} and {MIN_TOOL_RESULT_ROOM} tokens for a tool "
+            f"result leave {prompt} of the local model's {total}-token budget (n_ctx {n_ctx}) "
+            f"for the first prompt, which needs at least {MIN_LLM_PROMPT_TOKENS}: lower "
+            "MAX_COMPLETION_TOKENS or raise the n_ctx"
         )
     return {
         # services/model_runtime/client.py; Retrieval's summaries and query variants use them

@@ -22,7 +22,7 @@ from services.common.shared_config import (
     llm_prompt_limit,
 )
 from services.llm.extractive import EXTRACTIVE
-from services.llm.loop import LoopSettings
+from services.llm.loop import MIN_TOOL_RESULT_ROOM, LoopSettings
 from services.model_runtime.client import RuntimeSettings
 from services.model_runtime.config import runtime_settings
 
@@ -53,11 +53,7 @@ class LlmSettings:
         # Room for the agent's full-context scenario (S3: up to 50,000 characters of
         # selected documents, ~22k cl100k tokens of Russian text).
         max_total = MAX_TOTAL.read(env, max(32_768, max_prompt + max_completion + 2048))
-        if max_total < max_prompt + max_completion:
-            raise SettingsError(
-                "LLM_SERVICE_MAX_TOTAL_TOKENS must be at least MAX_PROMPT_TOKENS + "
-                "MAX_COMPLETION_TOKENS"
-            )
+        check_tool_result_room(max_total, max_prompt, max_completion)
         tools_proxy = TOOLS_PROXY.read(env, retry_attempts("LLM_SERVICE_"))
         loop = LOOP.read(
             env,
@@ -75,6 +71,20 @@ class LlmSettings:
             tools_proxy=tools_proxy,
             runtime=runtime,
             loop=loop,
+        )
+
+
+def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int) -> None:
+    """Refuse a total that leaves less than MIN_TOOL_RESULT_ROOM past the first prompt and
+    one answer: one tool result gets at most what they leave (LoopSettings.
+    max_tool_result_tokens), so every tool call would fail with LLM_LIMIT_EXCEEDED."""
+    room = max_total - max_prompt - max_completion
+    if room < MIN_TOOL_RESULT_ROOM:
+        raise SettingsError(
+            f"LLM_SERVICE_MAX_TOTAL_TOKENS={max_total} leaves {room} tokens for a tool result "
+            f"past MAX_PROMPT_TOKENS={max_prompt} and MAX_COMPLETION_TOKENS={max_completion}; "
+            f"it must leave at least {MIN_TOOL_RESULT_ROOM}: raise "
+            "LLM_SERVICE_MAX_TOTAL_TOKENS or lower MAX_PROMPT_TOKENS"
         )
 
 

@@ -82,6 +82,15 @@ log = logging.getLogger("visior.llm.loop")
 PLANNED_FIELD = "tool_policy.planned_calls"
 PLANNED_CALL_ID = "planned-{}"
 """Ids of the planned calls in the conversation (1-based, in order)."""
+MIN_TOOL_RESULT_TOKENS = 64
+"""With less room than this for a tool result's text, the budget is spent (LLM_LIMIT_EXCEEDED)."""
+TOOL_RESULT_MESSAGE_TOKENS = 64
+"""Room kept for what a tool result's message adds around its text (role, tool name, call
+id): 12-34 tokens measured for the tools with call ids of up to 24 random characters (the
+runtime client's own and OpenAI-style ones)."""
+MIN_TOOL_RESULT_ROOM = MIN_TOOL_RESULT_TOKENS + TOOL_RESULT_MESSAGE_TOKENS
+"""What LLM_SERVICE_MAX_TOTAL_TOKENS must leave past MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS
+so that one minimal tool result fits (services/llm/config.py refuses to start otherwise)."""
 CANCELLED = "CANCELLED"
 INTERNAL = "INTERNAL"
 
@@ -112,12 +121,13 @@ class LoopSettings:
     """Each model answer (MAX_COMPLETION_TOKENS); reserved for the final answer."""
     max_total_tokens: int = 5120
     """The conversation at any step, tool results and the answer reserve included
-    (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
+    (LLM_SERVICE_MAX_TOTAL_TOKENS); at least MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 128,
+    the room of one minimal tool result."""
     max_tool_result_tokens: int = 2048
     """One tool result as the model sees it; longer texts are cut. The service computes it:
     what the first prompt and the answer leave of max_total_tokens, at most
     MAX_TOOL_RESULT_TOKENS (services/common/shared_config.py)."""
-    min_tool_result_tokens: int = 64
+    min_tool_result_tokens: int = MIN_TOOL_RESULT_TOKENS
     """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
     max_consecutive_tool_errors: int = 2
     """Tool errors in a row that abort the request (llm-service.md §9.2)."""

@@ -34,6 +34,7 @@ from services.devtools.mesh import (
     local_model_env,
 )
 from services.llm.config import LlmSettings
+from services.llm.loop import MIN_TOOL_RESULT_ROOM
 
 CHUNKS = [b"alpha-" * 100, b"beta-" * 77, b"gamma"]
 
@@ -261,7 +262,7 @@ def test_mesh_env_points_the_services_at_the_local_model(
     assert env["ORCH_LLM_TIMEOUT_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_WATCHDOG_SECONDS"] == f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     assert env["LLM_SERVICE_MAX_TOTAL_TOKENS"] == "3072"  # 4096 less the margin
-    assert env["MAX_PROMPT_TOKENS"] == "2560"  # and room for one answer
+    assert env["MAX_PROMPT_TOKENS"] == "2432"  # and room for one answer and one tool result
     assert env["ORCH_MAX_TOOL_STEPS"] == "2"
     # No native tool_calls from this model: JSON mode, constrained steps, greedy decoding.
     assert env["ENABLE_JSON_MODE"] == "true" and env["LLM_RUNTIME_TEMPERATURE"] == "0"
@@ -378,7 +379,9 @@ def test_the_default_completion_comes_from_the_llm_setting(
 ) -> None:
     env = _local_mesh(tmp_path, monkeypatch).env()
     total = 4096 - LOCAL_CONTEXT_MARGIN
-    assert env["MAX_PROMPT_TOKENS"] == str(total - MAX_COMPLETION_TOKENS.default)
+    assert env["MAX_PROMPT_TOKENS"] == str(
+        total - MAX_COMPLETION_TOKENS.default - MIN_TOOL_RESULT_ROOM
+    )
 
 
 @pytest.mark.parametrize("where", ["environment", "mesh env"])
@@ -391,7 +394,7 @@ def test_the_users_completion_tokens_are_honoured(
         monkeypatch.setenv("MAX_COMPLETION_TOKENS", "1024")
     loop = LlmSettings.from_env(Env(mesh.env())).loop  # the LLM service starts
     assert loop.max_completion_tokens == 1024
-    assert loop.max_prompt_tokens == 4096 - LOCAL_CONTEXT_MARGIN - 1024
+    assert loop.max_prompt_tokens == 4096 - LOCAL_CONTEXT_MARGIN - 1024 - MIN_TOOL_RESULT_ROOM
 
 
 def test_a_completion_leaving_no_prompt_stops_the_mesh_with_a_clear_error(
