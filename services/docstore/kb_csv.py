@@ -9,9 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 
+from services.common import errors
 from services.common.search_contract import KB_SOURCE, kb_tag
 from services.docstore.chunking import ChunkingConfig
 from services.docstore.errors import KnowledgeBaseError, ParseError, RowProblem
+from services.docstore.fields import MAX_TAGS, check_fields
 from services.docstore.model import Document
 from services.docstore.parsing import decode_text, parse_document, slugify
 from services.docstore.summaries import Summarizer
@@ -22,6 +24,8 @@ DEFAULT_KB_FILE = "train_data.csv"
 """The knowledge base's file (agent.md) when an ingest names none."""
 _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
+_ROW_METADATA = ("topic", "jurisdiction", "url")
+"""The metadata an article takes from its row's cells (the rest is made by this module)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,10 @@ def read_knowledge_base_csv(
     """Parse every usable row; bad rows are reported (with their line numbers), not raised.
 
     Besides REQUIRED_COLUMNS, a row's `id` makes the doc_id (else the title does), `tags` are
-    split on , or ;, and `product`, `version` and `url` are kept when present.
+    split on , or ;, and `product`, `version` and `url` are kept when present. A row is held to
+    the bounds an IngestDocument request is (`fields.check_fields`): its title, product,
+    version, tags (topic and jurisdiction are two of them) and topic, jurisdiction and url
+    metadata; a row past them is a bad row.
 
     Raises `KnowledgeBaseError` only when the file as a whole is unusable: no header, or
     required columns missing (the error names them).
@@ -154,6 +161,20 @@ def _article(
     }
     if cells.get("url"):
         metadata["url"] = cells["url"]
+    try:
+        check_fields(
+            title=cells["title"],
+            product=cells.get("product", ""),
+            version=cells.get("version", ""),
+            tags=tags,
+            # The row's own metadata; file_name (and format) are the service's.
+            metadata={k: metadata[k] for k in _ROW_METADATA if k in metadata},
+            file_name=file_name,
+        )
+    except errors.ServiceError as exc:
+        many = exc.metadata.get("field") == "tags" and len(tags) > MAX_TAGS
+        note = " (the topic and jurisdiction tags included)" if many else ""
+        raise ParseError(f"{exc.message}{note}") from None
     return parse_document(
         tenant_id=tenant_id,
         doc_id=doc_id,

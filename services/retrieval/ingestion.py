@@ -31,6 +31,13 @@ import numpy as np
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.errors import StoreUnavailableError
+from services.docstore.fields import MAX_METADATA as MAX_METADATA
+from services.docstore.fields import MAX_METADATA_VALUE as MAX_METADATA_VALUE
+from services.docstore.fields import MAX_PRODUCT_CHARS as MAX_PRODUCT_CHARS
+from services.docstore.fields import MAX_TAG_CHARS as MAX_TAG_CHARS
+from services.docstore.fields import MAX_TAGS as MAX_TAGS
+from services.docstore.fields import MAX_TITLE_CHARS as MAX_TITLE_CHARS
+from services.docstore.fields import check_fields
 from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint
 from services.docstore.parsing import (
@@ -54,14 +61,6 @@ log = logging.getLogger("visior.retrieval.ingestion")
 
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
 _DOC_ID = re.compile(rf"^[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}$")
-MAX_TAGS = 32
-MAX_METADATA = 32
-MAX_METADATA_VALUE = 1024
-MAX_TAG_CHARS = 128
-MAX_TITLE_CHARS = 1024
-MAX_PRODUCT_CHARS = 256
-"""Also the limit of `version`. Tags, product and version are payload of every point of the
-document and filter values; the title is in every doc point's BM25 text and every answer."""
 _PROGRESS_LOG_S = 5.0
 _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
 _T = TypeVar("_T")
@@ -318,6 +317,13 @@ class Ingestor:
     # -- ingest -----------------------------------------------------------------------------
 
     def _validate(self, item: IngestInput) -> tuple[str, str]:
+        """The doc_id ("" for a knowledge-base CSV) and format of a request within its bounds.
+
+        The fields are held to `check_fields`, as a knowledge-base CSV's rows are: the caller's
+        metadata has at most MAX_METADATA entries and may not name `file_name` or `format`
+        (`SERVICE_METADATA`), which the service stores on every document: the request's
+        `file_name` (at most MAX_METADATA_VALUE characters) and the parsed format.
+        """
         check_tenant_id(item.tenant_id)
         if not item.content:
             raise errors.invalid("content", "content is empty")
@@ -327,29 +333,15 @@ class Ingestor:
                 self._max_bytes,
                 field="content",
             )
-        if len(item.tags) > MAX_TAGS:
-            raise errors.over_limit(f"at most {MAX_TAGS} tags", MAX_TAGS, field="tags")
-        for name, values, most in (
-            ("tags", item.tags, MAX_TAG_CHARS),
-            ("title", (item.title,), MAX_TITLE_CHARS),
-            ("product", (item.product,), MAX_PRODUCT_CHARS),
-            ("version", (item.version,), MAX_PRODUCT_CHARS),
-        ):
-            if any(len(v) > most for v in values):
-                raise errors.over_limit(
-                    f"{'a tag' if name == 'tags' else name} is longer than {most} characters",
-                    most,
-                    field=name,
-                )
-        if len(item.metadata) > MAX_METADATA or any(
-            len(k) > 128 or len(v) > MAX_METADATA_VALUE for k, v in item.metadata.items()
-        ):
-            raise errors.over_limit(
-                f"at most {MAX_METADATA} metadata entries, keys up to 128 and values up to "
-                f"{MAX_METADATA_VALUE} characters",
-                MAX_METADATA,
-                field="metadata",
-            )
+        # The same bounds as a knowledge-base CSV's rows (services/docstore/fields.py).
+        check_fields(
+            title=item.title,
+            product=item.product,
+            version=item.version,
+            tags=item.tags,
+            metadata=item.metadata,
+            file_name=item.file_name,
+        )
         fmt = guess_format(item.file_name, item.content_type)
         if fmt == "csv":
             if item.tenant_id != KB_TENANT:
@@ -364,7 +356,9 @@ class Ingestor:
         if not _DOC_ID.fullmatch(doc_id):
             if item.doc_id:
                 raise errors.invalid(
-                    "doc_id", "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-'"
+                    "doc_id",
+                    "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                    "starting with a letter or digit",
                 )
             raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
         return doc_id, fmt

@@ -1,0 +1,102 @@
+"""The bounds of a document's own fields, whichever way it comes in: an IngestDocument request
+(services/retrieval/ingestion.py) or a row of a knowledge-base CSV (kb_csv.py).
+
+Tags, product and version are payload of every index point of the document and filter values;
+the title is in every doc point's BM25 text and every answer; metadata is stored with the
+document and shown by read_doc_metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from services.common import errors
+
+MAX_TAGS = 32
+MAX_TAG_CHARS = 128
+MAX_TITLE_CHARS = 1024
+MAX_PRODUCT_CHARS = 256
+"""Also the limit of `version`."""
+MAX_METADATA = 32
+"""Entries of the document's own metadata (the caller's, or a knowledge-base row's); the
+SERVICE_METADATA entries come on top of them."""
+MAX_METADATA_KEY_CHARS = 128
+MAX_METADATA_VALUE = 1024
+"""Characters of a metadata value, also of the `file_name` stored as one."""
+SERVICE_METADATA = ("file_name", "format")
+"""Metadata the service writes on every document: the file's name (at most MAX_METADATA_VALUE
+characters) and its parsed format. A document's own metadata may not use these keys."""
+
+
+def check_fields(
+    *,
+    title: str = "",
+    product: str = "",
+    version: str = "",
+    tags: Sequence[str] = (),
+    metadata: Mapping[str, str] | None = None,
+    file_name: str = "",
+) -> None:
+    """Refuse a document whose fields are past the bounds above, naming the field.
+
+    `LimitExceededError` (LIMIT_EXCEEDED, metadata `field` and `limit`) for a field past its
+    bound: at most MAX_TAGS tags of MAX_TAG_CHARS characters, a title of MAX_TITLE_CHARS,
+    product and version of MAX_PRODUCT_CHARS, MAX_METADATA metadata entries with keys of
+    MAX_METADATA_KEY_CHARS and values of MAX_METADATA_VALUE, a `file_name` of
+    MAX_METADATA_VALUE. `InvalidArgumentError` (field `metadata`) for a metadata key of
+    SERVICE_METADATA, which the service sets.
+    """
+    if len(tags) > MAX_TAGS:
+        raise errors.over_limit(f"{len(tags)} tags; at most {MAX_TAGS}", MAX_TAGS, field="tags")
+    for tag in tags:
+        if len(tag) > MAX_TAG_CHARS:
+            raise errors.over_limit(
+                f"tag {_start(tag)} is {len(tag)} characters; at most {MAX_TAG_CHARS}",
+                MAX_TAG_CHARS,
+                field="tags",
+            )
+    for name, value, most in (
+        ("title", title, MAX_TITLE_CHARS),
+        ("product", product, MAX_PRODUCT_CHARS),
+        ("version", version, MAX_PRODUCT_CHARS),
+    ):
+        if len(value) > most:
+            raise errors.over_limit(
+                f"{name} is {len(value)} characters; at most {most}", most, field=name
+            )
+    metadata = metadata or {}
+    if len(metadata) > MAX_METADATA:
+        raise errors.over_limit(
+            f"{len(metadata)} metadata entries; at most {MAX_METADATA}",
+            MAX_METADATA,
+            field="metadata",
+        )
+    for key, value in metadata.items():
+        if key in SERVICE_METADATA:
+            raise errors.invalid(
+                "metadata", f"metadata key {key!r} is reserved: the service sets it"
+            )
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise errors.over_limit(
+                f"metadata key {_start(key)} is {len(key)} characters; "
+                f"at most {MAX_METADATA_KEY_CHARS}",
+                MAX_METADATA_KEY_CHARS,
+                field="metadata",
+            )
+        if len(value) > MAX_METADATA_VALUE:
+            raise errors.over_limit(
+                f"metadata {key!r} is {len(value)} characters; at most {MAX_METADATA_VALUE}",
+                MAX_METADATA_VALUE,
+                field="metadata",
+            )
+    if len(file_name) > MAX_METADATA_VALUE:
+        raise errors.over_limit(
+            f"file_name is {len(file_name)} characters; at most {MAX_METADATA_VALUE}",
+            MAX_METADATA_VALUE,
+            field="file_name",
+        )
+
+
+def _start(text: str, shown: int = 40) -> str:
+    """`text` quoted, cut to its first `shown` characters."""
+    return repr(text if len(text) <= shown else text[:shown] + "…")
