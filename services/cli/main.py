@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from services.common.search_contract import KB_TENANT
+from services.common.settings import Env
 from services.common.shared_config import DATA_DIR
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
@@ -355,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="start the four servers and Envoy in the foreground")
     p.add_argument(
         "--data-dir",
-        default=DATA_DIR.default,
-        help="where the mesh keeps its data: the services' VISIOR_DATA_DIR",
+        default=DATA_DIR.read(Env()),
+        help="where the mesh keeps its data: the services' VISIOR_DATA_DIR (default: that "
+        "variable's value, else 'data')",
     )
     p.add_argument("--workdir", default=".run")
     p.add_argument("--samples", action="store_true", help="ingest samples/docs into tenant demo")
@@ -369,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
     p.add_argument(
-        "--data-dir", default=DATA_DIR.default, help="where the local model's weights are kept"
+        "--data-dir", default=DATA_DIR.read(Env()), help="where the local model's weights are kept"
     )
     _model_flags(p)
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")

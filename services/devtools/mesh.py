@@ -169,7 +169,8 @@ class Mesh:
         local_model: LocalModelConfig | None = None,
     ) -> None:
         self.ports = ports
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
+        """Absolute: the services run in the repository root, the caller anywhere."""
         self.workdir = Path(workdir)
         self._extra_env = dict(env or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}

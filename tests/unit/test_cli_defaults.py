@@ -206,12 +206,27 @@ def test_an_error_answer_reads_as_its_status_reason_and_message(status, body, sa
     assert cli._error_text(httpx.Response(status, json=body)) == f"{said[0]}: {said[1]}"
 
 
-def test_the_data_directory_defaults_to_the_services_setting(monkeypatch) -> None:
+@pytest.mark.parametrize("value", [None, "/srv/visior-data"])
+def test_the_data_directory_defaults_to_the_services_setting(monkeypatch, value) -> None:
     from services.common.shared_config import DATA_DIR
 
+    if value is None:
+        monkeypatch.delenv("VISIOR_DATA_DIR", raising=False)
+    else:
+        monkeypatch.setenv("VISIOR_DATA_DIR", value)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(cli, "run", lambda data_dir, *a, **k: seen.setdefault("run", data_dir))
     monkeypatch.setattr(cli, "demo", lambda *a, **k: seen.setdefault("demo", k["model_data_dir"]))
     cli.main(["run"])
     cli.main(["demo"])
-    assert seen == {"run": DATA_DIR.default, "demo": DATA_DIR.default}
+    expected = value or DATA_DIR.default
+    assert seen == {"run": expected, "demo": expected}
+
+
+def test_the_mesh_gives_the_services_its_data_directory_as_an_absolute_path(tmp_path) -> None:
+    # The services run in the repository root; a relative path would name another directory.
+    from services.common.topology import Ports
+    from services.devtools.mesh import Mesh
+
+    mesh = Mesh(Ports(), "rel-data", tmp_path)
+    assert mesh.env()["VISIOR_DATA_DIR"] == str(Path("rel-data").resolve())
