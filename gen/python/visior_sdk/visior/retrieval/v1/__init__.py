@@ -292,7 +292,9 @@ class SearchMeta(betterproto.Message):
 
     language: str = betterproto.string_field(7)
     """
-    language is the detected (or given) query language: "ru", "en" or "mixed".
+    language is the query language: the request's hint as its primary subtag (e.g. "de"
+     for "de-DE"), else detected: "ru", "en", "mixed", or "other" (another script, or no
+     letters).
     """
 
     query_variants: List[str] = betterproto.string_field(8)
