@@ -316,8 +316,8 @@ def sample_files() -> list[Path]:
     return sorted(p for p in docs.iterdir() if p.suffix in (".pdf", ".md"))
 
 
-def sample_chunk_texts() -> list[str]:
-    """What ingestion embeds for the sample files: "section title\nchunk text" per chunk."""
+def sample_chunk_texts() -> list[list[str]]:
+    """What ingestion embeds for each sample file: "section title\nchunk text" per chunk."""
     from services.docstore.parsing import guess_format, parse_document
 
     out = []
@@ -326,7 +326,7 @@ def sample_chunk_texts() -> list[str]:
             tenant_id="t", doc_id="d", content=path.read_bytes(), fmt=guess_format(path.name, "")
         )
         titles = {s.section_id: s.title for s in doc.sections}
-        out += [f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks]
+        out.append([f"{titles.get(c.section_id, '')}\n{c.text}".strip() for c in doc.chunks])
     return out
 
 
@@ -397,17 +397,15 @@ def measure_embedder(profile: str, seconds: float, queries: list[str]) -> dict[s
     out["passage_batch"] = batch
 
     # The ingestion reference: the very chunk texts IngestDocument embeds for samples/docs,
-    # in lists of EMBED_BATCH as Ingestor._embed sends them.
-    from services.retrieval.ingestion import EMBED_BATCH
-
-    texts = sample_chunk_texts()
+    # a document's in one call as Ingestor._embed sends them (the embedder batches them).
+    documents = sample_chunk_texts()
     done = 0
     deadline = time.perf_counter() + seconds
     start = time.perf_counter()
     while True:
-        for i in range(0, len(texts), EMBED_BATCH):
-            emb.embed_passages(texts[i : i + EMBED_BATCH])
-        done += len(texts)
+        for texts in documents:
+            emb.embed_passages(texts)
+            done += len(texts)
         if time.perf_counter() >= deadline:
             break
     out["sample_chunks_per_s"] = round(done / (time.perf_counter() - start), 1)

@@ -40,11 +40,11 @@ from services.common.context import _TRACE_ID  # noqa: E402
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
+from services.docstore import fields as doc_fields  # noqa: E402
 from services.llm import engine as llm_engine  # noqa: E402
 from services.llm.loop import LoopSettings  # noqa: E402
 from services.orchestrator import respond as orch_respond  # noqa: E402
 from services.orchestrator import runtime_config as orch_config  # noqa: E402
-from services.retrieval import ingestion as retr_ingestion  # noqa: E402
 from services.retrieval import search as retr_search  # noqa: E402
 from services.retrieval.engine import RANKINGS  # noqa: E402
 from services.retrieval.fusion import FUSIONS  # noqa: E402
@@ -322,11 +322,11 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     "visior.retrieval.v1.IngestDocumentRequest.content_type": _opt(
         "text/markdown", "text/x-markdown", "text/plain", "application/pdf", *CSV_TYPES
     ),
-    "visior.retrieval.v1.IngestDocumentRequest.tags": {"maxItems": retr_ingestion.MAX_TAGS},
+    "visior.retrieval.v1.IngestDocumentRequest.tags": {"maxItems": doc_fields.MAX_TAGS},
     "visior.retrieval.v1.IngestDocumentRequest.metadata": {
-        "maxProperties": retr_ingestion.MAX_METADATA,
+        "maxProperties": doc_fields.MAX_METADATA,
         "propertyNames": {"maxLength": 128},
-        "values": {"maxLength": retr_ingestion.MAX_METADATA_VALUE},
+        "values": {"maxLength": doc_fields.MAX_METADATA_VALUE},
     },
     "visior.retrieval.v1.IngestDocumentRequest.trace_id": TRACE_ID,
     "visior.retrieval.v1.DeleteDocumentRequest.tenant_id": NOT_BLANK,

@@ -48,53 +48,33 @@ def check_fields(
     """
     if len(tags) > MAX_TAGS:
         raise errors.over_limit(f"{len(tags)} tags; at most {MAX_TAGS}", MAX_TAGS, field="tags")
-    for tag in tags:
-        if len(tag) > MAX_TAG_CHARS:
-            raise errors.over_limit(
-                f"tag {_start(tag)} is {len(tag)} characters; at most {MAX_TAG_CHARS}",
-                MAX_TAG_CHARS,
-                field="tags",
-            )
-    for name, value, most in (
-        ("title", title, MAX_TITLE_CHARS),
-        ("product", product, MAX_PRODUCT_CHARS),
-        ("version", version, MAX_PRODUCT_CHARS),
-    ):
-        if len(value) > most:
-            raise errors.over_limit(
-                f"{name} is {len(value)} characters; at most {most}", most, field=name
-            )
     metadata = metadata or {}
     if len(metadata) > MAX_METADATA:
         raise errors.over_limit(
-            f"{len(metadata)} metadata entries; at most {MAX_METADATA}",
-            MAX_METADATA,
+            f"{len(metadata)} metadata entries; at most {MAX_METADATA}", MAX_METADATA,
             field="metadata",
+        )  # fmt: skip
+    reserved = [key for key in metadata if key in SERVICE_METADATA]
+    if reserved:
+        raise errors.invalid(
+            "metadata", f"metadata key {reserved[0]!r} is reserved: the service sets it"
         )
-    for key, value in metadata.items():
-        if key in SERVICE_METADATA:
-            raise errors.invalid(
-                "metadata", f"metadata key {key!r} is reserved: the service sets it"
-            )
-        if len(key) > MAX_METADATA_KEY_CHARS:
+    texts = [
+        *((f"tag {_start(tag)}", tag, MAX_TAG_CHARS, "tags") for tag in tags),
+        ("title", title, MAX_TITLE_CHARS, "title"),
+        ("product", product, MAX_PRODUCT_CHARS, "product"),
+        ("version", version, MAX_PRODUCT_CHARS, "version"),
+        *((f"metadata key {_start(key)}", key, MAX_METADATA_KEY_CHARS, "metadata")
+          for key in metadata),
+        *((f"metadata {key!r}", value, MAX_METADATA_VALUE, "metadata")
+          for key, value in metadata.items()),
+        ("file_name", file_name, MAX_METADATA_VALUE, "file_name"),
+    ]  # fmt: skip
+    for what, text, most, field in texts:
+        if len(text) > most:
             raise errors.over_limit(
-                f"metadata key {_start(key)} is {len(key)} characters; "
-                f"at most {MAX_METADATA_KEY_CHARS}",
-                MAX_METADATA_KEY_CHARS,
-                field="metadata",
+                f"{what} is {len(text)} characters; at most {most}", most, field=field
             )
-        if len(value) > MAX_METADATA_VALUE:
-            raise errors.over_limit(
-                f"metadata {key!r} is {len(value)} characters; at most {MAX_METADATA_VALUE}",
-                MAX_METADATA_VALUE,
-                field="metadata",
-            )
-    if len(file_name) > MAX_METADATA_VALUE:
-        raise errors.over_limit(
-            f"file_name is {len(file_name)} characters; at most {MAX_METADATA_VALUE}",
-            MAX_METADATA_VALUE,
-            field="file_name",
-        )
 
 
 def _start(text: str, shown: int = 40) -> str:

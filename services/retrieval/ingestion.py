@@ -31,12 +31,6 @@ import numpy as np
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.fields import MAX_METADATA as MAX_METADATA
-from services.docstore.fields import MAX_METADATA_VALUE as MAX_METADATA_VALUE
-from services.docstore.fields import MAX_PRODUCT_CHARS as MAX_PRODUCT_CHARS
-from services.docstore.fields import MAX_TAG_CHARS as MAX_TAG_CHARS
-from services.docstore.fields import MAX_TAGS as MAX_TAGS
-from services.docstore.fields import MAX_TITLE_CHARS as MAX_TITLE_CHARS
 from services.docstore.fields import check_fields
 from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
 from services.docstore.model import Document, StoredPoint

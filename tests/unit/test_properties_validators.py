@@ -32,6 +32,7 @@ from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common import errors
 from services.common import search_contract as contract
+from services.docstore import fields
 from services.llm import engine as llm_engine
 from services.llm.loop import LoopSettings
 from services.llm.servicer import generate_input
@@ -40,15 +41,7 @@ from services.orchestrator.runtime_config import LIMITS as CONFIG_LIMITS
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.orchestrator.servicer import config_update, respond_input, safety_verdict
 from services.retrieval import search as retr_search
-from services.retrieval.ingestion import (
-    MAX_METADATA,
-    MAX_METADATA_VALUE,
-    MAX_PRODUCT_CHARS,
-    MAX_TAG_CHARS,
-    MAX_TAGS,
-    MAX_TITLE_CHARS,
-    Ingestor,
-)
+from services.retrieval.ingestion import Ingestor
 from services.retrieval.servicer import IngestionServicer, search_query
 from services.toolsproxy.servicer import MAX_TOOL_NAME, ToolsProxyServicer
 from services.toolsproxy.tools import Outcome
@@ -393,8 +386,8 @@ def valid_ingest(draw: st.DrawFn) -> retrieval_pb2.IngestDocumentRequest:
         doc_id=draw(ids),
         file_name="notes.md",
         content=draw(st.binary(min_size=1, max_size=MAX_DOCUMENT_BYTES)),
-        tags=draw(st.lists(ids, max_size=MAX_TAGS)),
-        metadata=draw(st.dictionaries(ids, queries, max_size=MAX_METADATA)),
+        tags=draw(st.lists(ids, max_size=fields.MAX_TAGS)),
+        metadata=draw(st.dictionaries(ids, queries, max_size=fields.MAX_METADATA)),
     )
 
 
@@ -519,15 +512,15 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ],
     ("ingest", _ingest(content=b"x" * MAX_DOCUMENT_BYTES), _ingest(content=b"x" * (MAX_DOCUMENT_BYTES + 1)), LIMIT, "content"),
     ("ingest", _ingest(content=b"x"), _ingest(content=b""), INVALID, "content"),
-    ("ingest", _ingest(tags=["t"] * MAX_TAGS), _ingest(tags=["t"] * (MAX_TAGS + 1)), LIMIT, "tags"),
-    ("ingest", _ingest(metadata={f"k{i}": "v" for i in range(MAX_METADATA)}),
-     _ingest(metadata={f"k{i}": "v" for i in range(MAX_METADATA + 1)}), LIMIT, "metadata"),
-    ("ingest", _ingest(metadata={"k": "v" * MAX_METADATA_VALUE}), _ingest(metadata={"k": "v" * (MAX_METADATA_VALUE + 1)}), LIMIT, "metadata"),
+    ("ingest", _ingest(tags=["t"] * fields.MAX_TAGS), _ingest(tags=["t"] * (fields.MAX_TAGS + 1)), LIMIT, "tags"),
+    ("ingest", _ingest(metadata={f"k{i}": "v" for i in range(fields.MAX_METADATA)}),
+     _ingest(metadata={f"k{i}": "v" for i in range(fields.MAX_METADATA + 1)}), LIMIT, "metadata"),
+    ("ingest", _ingest(metadata={"k": "v" * fields.MAX_METADATA_VALUE}), _ingest(metadata={"k": "v" * (fields.MAX_METADATA_VALUE + 1)}), LIMIT, "metadata"),
     ("ingest", _ingest(metadata={"k" * 128: "v"}), _ingest(metadata={"k" * 129: "v"}), LIMIT, "metadata"),
-    ("ingest", _ingest(tags=["a", "t" * MAX_TAG_CHARS]), _ingest(tags=["a", "t" * (MAX_TAG_CHARS + 1)]), LIMIT, "tags"),
-    ("ingest", _ingest(title="t" * MAX_TITLE_CHARS), _ingest(title="t" * (MAX_TITLE_CHARS + 1)), LIMIT, "title"),
+    ("ingest", _ingest(tags=["a", "t" * fields.MAX_TAG_CHARS]), _ingest(tags=["a", "t" * (fields.MAX_TAG_CHARS + 1)]), LIMIT, "tags"),
+    ("ingest", _ingest(title="t" * fields.MAX_TITLE_CHARS), _ingest(title="t" * (fields.MAX_TITLE_CHARS + 1)), LIMIT, "title"),
     *[
-        ("ingest", _ingest(**{n: "v" * MAX_PRODUCT_CHARS}), _ingest(**{n: "v" * (MAX_PRODUCT_CHARS + 1)}), LIMIT, n)
+        ("ingest", _ingest(**{n: "v" * fields.MAX_PRODUCT_CHARS}), _ingest(**{n: "v" * (fields.MAX_PRODUCT_CHARS + 1)}), LIMIT, n)
         for n in ("product", "version")
     ],
     ("ingest", _ingest(tenant_id="t" * 128), _ingest(tenant_id="t" * 129), INVALID, "tenant_id"),
