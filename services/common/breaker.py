@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from services.common.retry import wait_to_tell
+from services.common.retry import whole_seconds
 
 CLOSED = "closed"
 OPEN = "open"
@@ -58,7 +58,7 @@ class CircuitOpenError(Exception):
         """The whole seconds a caller is told to wait: `retry_in` rounded up, at least 1 (while
         a half-open trial runs `retry_in` is 0, and "try again in 0 s" invites a retry that
         is refused again)."""
-        return wait_to_tell(self.retry_in)
+        return whole_seconds(self.retry_in)
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,10 @@ def upstream_timeout(configured: float) -> tuple[float, bool]:
     deadline: the call's own timeout then fires first and is reported (and counted by the
     service's breaker) before the caller gives up, which would be a cancellation, no verdict;
     with the services' timeouts (9-10 s) at or above the caller's deadline (the LLM's 10 s
-    for such a tool call, or less), a service that hung would never open its breaker. `says_nothing` is True when the caller's deadline cut the
-    timeout below MIN_VERDICT_S: a timeout then must not count against the service (a
-    caller with tiny deadlines could otherwise open the breaker for everyone).
+    for such a tool call, or less), a service that hung would never open its breaker.
+    `says_nothing` is True when the caller's deadline cut the timeout below MIN_VERDICT_S:
+    a timeout then must not count against the service (a caller with tiny deadlines could
+    otherwise open the breaker for everyone).
     """
     left = remaining_seconds()
     if left is None or left - CALLER_MARGIN_S >= configured:

@@ -32,11 +32,6 @@ def whole_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
-def wait_to_tell(seconds: float) -> int:
-    """The whole seconds a caller is told to wait before trying again (`whole_seconds`)."""
-    return whole_seconds(seconds)
-
-
 T = TypeVar("T")
 F = TypeVar("F", bound="AttemptFailed")
 

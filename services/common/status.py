@@ -52,10 +52,11 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
 
     A downstream limit (reason ending in LIMIT_EXCEEDED) is the caller's request being
     too big: it stays a 400 with the downstream's reason and its `limit` and `limit_name`
-    (not its `field`, which names the downstream's request, not the caller's). Access and not-found answers
-    keep their meaning. A downstream INVALID_ARGUMENT for anything else means we sent a
-    bad request: that is our bug (INTERNAL), never the caller's 400. Everything else is a
-    downstream failure: UNAVAILABLE (HTTP 502) with the downstream's reason.
+    (not its `field`, which names the downstream's request, not the caller's). Access and
+    not-found answers keep their meaning. A downstream INVALID_ARGUMENT for anything else
+    means we sent a bad request: that is our bug (INTERNAL), never the caller's 400.
+    Everything else is a downstream failure: UNAVAILABLE (HTTP 502) with the downstream's
+    reason.
     """
     code = rpc_error.code()
     info = error_info(rpc_error)

@@ -40,7 +40,7 @@ from services.common.breaker import (
 from services.common.context import upstream_timeout
 from services.common.http import TRANSIENT_STATUSES, check_base_url, is_loopback_host
 from services.common.logging import get_logger
-from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, wait_to_tell
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, whole_seconds
 from services.common.settings import SettingsError
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
@@ -498,7 +498,7 @@ class CbrClient:
         except _Fatal as exc:
             self._event(operation, "unavailable", started, reason=str(exc))
             raise CbrUnavailableError(
-                wait_to_tell(self.settings.breaker.reset_s), str(exc)
+                whole_seconds(self.settings.breaker.reset_s), str(exc)
             ) from None
         except asyncio.CancelledError:
             self._event(operation, "cancelled", started)

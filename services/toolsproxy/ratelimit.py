@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.common.retry import wait_to_tell
+from services.common.retry import whole_seconds
 
 _SWEEP_EVERY = 1024
 """Acquisitions between sweeps that drop keys with nothing left in their window."""
@@ -177,7 +177,7 @@ class RateLimiter:
                     ("tokens", tokens, window.tokens_wait(tokens, now, window_s)),
                 ):
                     if wait > 0:
-                        retry = wait_to_tell(wait)
+                        retry = whole_seconds(wait)
                         if worst is None or retry > worst.retry_after_s:
                             worst = RateLimitExceeded(key, what, limit, retry)
             if worst is not None:

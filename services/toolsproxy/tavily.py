@@ -38,7 +38,7 @@ from services.common.retry import (
     RetryPolicy,
     Sleep,
     run_with_retry,
-    wait_to_tell,
+    whole_seconds,
 )
 from services.common.settings import SettingsError
 from services.common.tool_contract import (
@@ -359,7 +359,7 @@ class TavilyClient:
             limited = TavilyError(
                 RATE_LIMIT_EXCEEDED,
                 "Finance news search is rate limited by Tavily; try again later"
-                + (f" (in {wait_to_tell(wait)} s)." if wait is not None else "."),
+                + (f" (in {whole_seconds(wait)} s)." if wait is not None else "."),
             )
             # A wait over the policy's max_retry_after_s ends the run at once.
             raise _Attempt(limited, retry=True, outage=False, delay=wait)
