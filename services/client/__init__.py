@@ -1,7 +1,6 @@
 """Typed async client for the Visior mesh: betterproto messages, grpclib channels, typed errors."""
 
 from services.client.client import (
-    DEFAULT_TIMEOUT_SECONDS,
     IngestionStub,
     LlmStub,
     OrchestratorStub,
@@ -37,7 +36,6 @@ from services.client.errors import (
 from services.client.structs import from_struct, from_value, to_struct, to_value
 
 __all__ = [
-    "DEFAULT_TIMEOUT_SECONDS",
     "Aborted",
     "AlreadyExists",
     "Cancelled",

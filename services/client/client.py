@@ -38,12 +38,15 @@ from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRe
 
 from services.client.errors import from_exception
 from services.client.structs import from_value, to_struct
-from services.common.context import TRACE_METADATA_KEY, call_timeout, current_trace_id
+from services.common.call_budgets import grpc_method_timeout
+from services.common.context import (
+    TRACE_METADATA_KEY,
+    call_timeout,
+    current_trace_id,
+    remaining_seconds,
+)
 from services.common.settings import grpc_address
 from services.common.topology import SERVICE_BY_KEY, Ports
-
-DEFAULT_TIMEOUT_SECONDS = 30.0
-"""Deadline of a call that names none; generous because Respond runs the whole tool loop."""
 
 Metadata = Mapping[str, str | bytes] | Collection[tuple[str, str | bytes]]
 
@@ -96,29 +99,41 @@ def _pairs(metadata: Metadata | None) -> list[tuple[str, str | bytes]]:
 class _TypedStub(betterproto.ServiceStub):
     """A generated stub whose calls carry a deadline and the trace id, and raise VisiorRpcError.
 
-    Per call: the timeout is the call's own or the client's, clamped to the remaining time of
-    the request being served when this runs inside one of our servers (services.common.context);
-    `x-trace-id` is the call's own, else the client's, else the served request's. Per-call
-    metadata is merged into the client's (betterproto would replace it), so passing
-    `metadata={...}` never drops the trace id.
+    Per call: the timeout is the call's own, else the client's, else the RPC's budget
+    (services.common.call_budgets, the timeouts of Envoy's JSON routes; a stream has none),
+    clamped to the remaining time of the request being served when this runs inside one of
+    our servers (services.common.context); `x-trace-id` is the call's own, else the client's,
+    else the served request's. Per-call metadata is merged into the client's (betterproto
+    would replace it), so passing `metadata={...}` never drops the trace id.
     """
 
-    def __init__(self, channel: Channel, *, timeout: float, metadata: Metadata):
+    def __init__(self, channel: Channel, *, timeout: float | None, metadata: Metadata):
         super().__init__(channel, timeout=timeout)
-        self.timeout: float = timeout
+        self.timeout: float | None = timeout  # None: each RPC's own budget
         self._base_metadata = _pairs(metadata)
 
-    def _call_options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def _timeout(self, route: str, given: float | None) -> float | None:
+        """Seconds a call of `route` (its full method name) may take: `given`, else the
+        client's timeout, else the RPC's budget, capped by the served request's remaining
+        time; None is no deadline (a stream given none, outside a served request)."""
+        own = given if given is not None else self.timeout
+        if own is None:
+            own = grpc_method_timeout(route) or None
+        if own is not None:
+            return call_timeout(own)
+        left = remaining_seconds()
+        return None if left is None else max(0.0, left)
+
+    def _call_options(self, route: str, options: dict[str, Any]) -> dict[str, Any]:
         """The generated stub's call options with our deadline and merged metadata."""
-        timeout: float | None = options.pop("timeout", None)
+        timeout = self._timeout(route, options.pop("timeout", None))
         pairs = _pairs(options.pop("metadata", None))
         given = {key for key, _ in pairs}
         merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
         if not any(key == TRACE_METADATA_KEY for key, _ in merged) and current_trace_id():
             merged.append((TRACE_METADATA_KEY, current_trace_id()))
-        own = self.timeout if timeout is None else timeout
         # grpclib turns a deadline already passed into asyncio.TimeoutError -> DeadlineExceeded.
-        return {**options, "timeout": call_timeout(own), "metadata": merged}
+        return {**options, "timeout": timeout, "metadata": merged}
 
     async def _unary_unary(  # type: ignore[override]
         self, route: str, request: Any, response_type: Any, **options: Any
@@ -126,7 +141,7 @@ class _TypedStub(betterproto.ServiceStub):
         """`options`: timeout (sent as grpc-timeout), deadline, metadata."""
         try:
             return await super()._unary_unary(
-                route, request, response_type, **self._call_options(options)
+                route, request, response_type, **self._call_options(route, options)
             )
         except Exception as exc:
             typed = from_exception(exc)
@@ -138,7 +153,7 @@ class _TypedStub(betterproto.ServiceStub):
         self, route: str, request: Any, response_type: Any, **options: Any
     ) -> AsyncIterator[Any]:
         stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
-            route, request, response_type, **self._call_options(options)
+            route, request, response_type, **self._call_options(route, options)
         )
         # aclosing: when the caller closes this generator (contextlib.aclosing at the call site),
         # the inner one and its HTTP/2 stream close at once instead of whenever GC finalises it.
@@ -276,9 +291,11 @@ class VisiorClient:
     `targets` maps service keys (orchestrator, llm, retrieval, toolsproxy and, when it runs
     apart from retrieval, ingestion) to a Target, "host:port" or a bare port on `host`; a
     `Ports` value (services.common.topology) names all four. Only the services named get a
-    channel. Every call carries a deadline (`timeout` unless the call passes its own) and
-    `x-trace-id` metadata (`trace_id`; without one, the trace id of the request being served
-    when used inside one of our servers, whose remaining deadline also caps the timeout).
+    channel. A call's deadline is its own `timeout`, else the client's `timeout` when given
+    (for every call), else its RPC's budget, the timeout of its JSON route in Envoy
+    (services.common.call_budgets; GenerateStream has none). Inside one of our servers the
+    remaining deadline of the request being served caps it. Each call sends `x-trace-id`
+    metadata (`trace_id`; without one, the trace id of the request being served there).
     Failures raise VisiorRpcError subclasses (services.client.errors).
 
         async with VisiorClient(Ports(), trace_id="t-1") as visior:
@@ -290,7 +307,7 @@ class VisiorClient:
         targets: Mapping[str, TargetLike] | Ports,
         *,
         host: str = "127.0.0.1",
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        timeout: float | None = None,
         trace_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
@@ -299,7 +316,7 @@ class VisiorClient:
         unknown = set(targets) - set(TARGET_KEYS)
         if unknown:
             raise ValueError(f"unknown service keys {sorted(unknown)}; known: {TARGET_KEYS}")
-        if timeout <= 0:
+        if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.targets: dict[str, Target] = {k: Target.parse(v, host) for k, v in targets.items()}
         if "retrieval" in self.targets:

@@ -15,6 +15,13 @@ from typing import Any
 
 import yaml
 
+from services.common.call_budgets import (
+    CALL_BUDGETS,
+    DEFAULT_TIMEOUT_S,
+    INGEST,
+    STREAM_IDLE_TIMEOUT_S,
+    CallBudget,
+)
 from services.common.shared_config import UTF8_MAX_BYTES
 from services.common.topology import SERVICES, Ports, ServiceSpec
 from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
@@ -32,8 +39,6 @@ INGEST_MAX_REQUEST_BYTES = 4 * -(-DEFAULT_MAX_DOCUMENT_BYTES // 3) + INGEST_ENVE
 its proto message then fits Retrieval's gRPC limit (the document plus 1 MiB)."""
 MAX_RESPONSE_BYTES = 32 * MiB
 """Largest unary response the transcoder will buffer and turn into JSON."""
-STREAM_IDLE_TIMEOUT_S = 60.0
-"""How long a streaming route (no overall timeout) may stay silent before Envoy ends it."""
 HCM_STREAM_IDLE_TIMEOUT_S = 300.0
 """Envoy's default stream idle timeout of the HTTP connection manager (not set here)."""
 
@@ -74,24 +79,22 @@ class RouteRule:
     """Body limit of this route when it differs from DEFAULT_MAX_REQUEST_BYTES."""
 
 
-# Order matters only between rules of one path (method-specific first): Envoy takes the
-# first route that matches, and the prefix route comes after all of these.
-ROUTE_RULES: tuple[RouteRule, ...] = (
-    RouteRule("/health", 5.0),
-    RouteRule("/internal/orchestrator/respond", 120.0),
-    RouteRule("/internal/llm/generate", 120.0),
-    RouteRule("/internal/llm/generate:stream", 0.0),
-    # Ingestion parses, chunks and embeds the whole document before it answers; at the
-    # measured 7-9 passages/s on 2 cores a large document needs minutes, not 30 s.
-    RouteRule(
-        "/internal/retrieval/documents",
-        300.0,
-        method="POST",
-        max_request_bytes=INGEST_MAX_REQUEST_BYTES,
-    ),
-)
-DEFAULT_TIMEOUT_S = 30.0
-"""Timeout of every other `/internal/...` route."""
+def _rule(budget: CallBudget) -> RouteRule:
+    """The route of one call budget (services.common.call_budgets), with its timeout."""
+    max_request_bytes = INGEST_MAX_REQUEST_BYTES if budget is INGEST else None
+    return RouteRule(
+        budget.http_path,
+        budget.timeout_s,
+        method=budget.http_method,
+        max_request_bytes=max_request_bytes,
+    )
+
+
+# One rule per call budget, so a route's timeout is the budget the typed client gives the
+# same RPC; every other `/internal/...` route gets DEFAULT_TIMEOUT_S. Order matters only
+# between rules of one path (method-specific first, as CALL_BUDGETS lists them): Envoy
+# takes the first route that matches, and the prefix route comes after all of these.
+ROUTE_RULES: tuple[RouteRule, ...] = tuple(_rule(budget) for budget in CALL_BUDGETS)
 
 _LUA_502 = """\
 -- The transcoder maps gRPC UNAVAILABLE to HTTP 503; the specs want 502 for a failed
