@@ -35,14 +35,22 @@ class GrpcRetriever:
     async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
         if not doc_ids:
             return {}
-        # Only the documents asked about: one page holds them all (doc_ids come from a
-        # Respond's filters, at most MAX_FILTER_VALUES, below ListDocuments' page limit).
+        # Only the documents asked about (a Respond's filters, at most MAX_FILTER_VALUES,
+        # below ListDocuments' page limit). Retrieval may cut a page of large documents
+        # short (its response byte budget): the token continues it. Each page holds at
+        # least one document, so at most len(doc_ids) pages.
         request = retrieval_pb2.ListDocumentsRequest(
             tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
         )
-        response = await call_downstream(self._ingestion.ListDocuments, request, "retrieval")
         wanted = set(doc_ids)
-        return {d.doc_id: d.chars for d in response.documents if d.doc_id in wanted}
+        sizes: dict[str, int] = {}
+        for _ in doc_ids:
+            response = await call_downstream(self._ingestion.ListDocuments, request, "retrieval")
+            sizes.update((d.doc_id, d.chars) for d in response.documents if d.doc_id in wanted)
+            if not response.next_page_token:
+                break
+            request.page_token = response.next_page_token
+        return sizes
 
     async def search(self, req: RetrievalRequest) -> RetrievalOutcome:
         request = retrieval_pb2.SearchRequest(

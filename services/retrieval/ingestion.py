@@ -48,7 +48,7 @@ from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.journal import IngestJournal
 from services.retrieval.limits import MAX_DOC_ID_CHARS
-from services.retrieval.listing import ListPage, list_page, page_token
+from services.retrieval.listing import ListPage, fitting, list_page, listed_bytes, page_token
 from services.retrieval.sections import SectionCatalog
 
 log = logging.getLogger("visior.retrieval.ingestion")
@@ -632,12 +632,17 @@ class Ingestor:
         return deleted
 
     def _summaries(self, tenant_id: str, page: ListPage) -> tuple[list[DocumentSummary], str]:
-        # One row more than the page holds tells whether another page follows.
+        # One row more than the page holds tells whether another page follows; the page
+        # ends earlier when its documents would overrun the response's byte budget.
         docs = self._store.list_documents(
             tenant_id, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids
         )
-        more = len(docs) > page.size
-        docs = docs[: page.size]
+        kept = fitting(
+            (d.doc_id, listed_bytes(d.doc_id, d.title, d.source, d.generation, d.metadata))
+            for d in docs[: page.size]
+        )
+        more = len(docs) > kept
+        docs = docs[:kept]
         counts = self._store.counts_many(tenant_id, [d.doc_id for d in docs])
         out = []
         for doc in docs:
@@ -654,7 +659,9 @@ class Ingestor:
         self, tenant_id: str, page: ListPage | None = None
     ) -> tuple[list[DocumentSummary], str]:
         """One page of the tenant's documents with their counts, and the token of the next
-        page ("" after the last). Read in a worker thread (two queries: off the event loop,
-        which a PostgreSQL store's round trips would hold)."""
+        page ("" after the last). The page holds fewer than `page.size` documents when more
+        would take the response past listing.MAX_LIST_RESPONSE_BYTES. Read in a worker
+        thread (two queries: off the event loop, which a PostgreSQL store's round trips
+        would hold)."""
         check_tenant_id(tenant_id)
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

@@ -1,14 +1,17 @@
-"""Paging of ListDocuments: the request's limits and the opaque page token.
+"""Paging of ListDocuments: the request's limits, the response's byte budget and the opaque
+page token.
 
 A page is the tenant's documents after a doc_id, in doc_id order, at most `page_size` of
-them. The token carries the last doc_id of the page before; it is a position, not a
-grant: whatever it says, the listing stays inside the request's tenant (and its doc_ids).
+them and no more than fit MAX_LIST_RESPONSE_BYTES. The token carries the last doc_id of the
+page before; it is a position, not a grant: whatever it says, the listing stays inside the
+request's tenant (and its doc_ids).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services.common import errors
@@ -17,6 +20,18 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 MAX_LISTED_IDS = 1000
 """At most this many doc_ids in one ListDocuments request."""
+MAX_LIST_RESPONSE_BYTES = 3 << 20
+"""The most bytes one ListDocumentsResponse takes encoded: a page ends before the document
+that would take it past this, and its next_page_token continues there.
+
+Below the smallest receive limit of the mesh's own gRPC clients, 4 MiB (gRPC's default,
+grpcurl's, and every service's default max_message_bytes, which the Orchestrator's channel
+to Retrieval takes), with room to spare; Envoy's MAX_RESPONSE_BYTES (32 MiB), which buffers
+it for JSON, is far above. One document at its fields' bounds (services/docstore/fields.py)
+takes about 160 KB, so a page always holds at least one."""
+_COUNTS_BYTES = 4 * 11
+"""DocumentInfo's four int32 fields (pages, sections, chunks, chars) at their longest: a
+one-byte tag and a ten-byte varint each."""
 _TOKEN_PREFIX = "v1."
 
 
@@ -34,6 +49,42 @@ class ListPage:
 def page_token(last_doc_id: str) -> str:
     """The token that asks for the documents after `last_doc_id`."""
     return _TOKEN_PREFIX + base64.urlsafe_b64encode(last_doc_id.encode()).decode().rstrip("=")
+
+
+def _field_bytes(size: int) -> int:
+    """A length-delimited protobuf field of `size` bytes, encoded: a one-byte tag (field
+    numbers below 16), the size as a varint, the bytes."""
+    return 1 + max(1, -(-size.bit_length() // 7)) + size
+
+
+def _text_bytes(text: str) -> int:
+    return _field_bytes(len(text.encode()))
+
+
+def listed_bytes(
+    doc_id: str, title: str, source: str, generation: str, metadata: Mapping[str, str]
+) -> int:
+    """An upper bound on the bytes one document takes in a ListDocumentsResponse: its
+    DocumentInfo (these strings' UTF-8 and every metadata entry, the counts at their longest)
+    as one field of the response. Computed from the strings, without building the message."""
+    info = sum(map(_text_bytes, (doc_id, title, source, generation))) + _COUNTS_BYTES
+    info += sum(
+        _field_bytes(_text_bytes(key) + _text_bytes(value)) for key, value in metadata.items()
+    )
+    return _field_bytes(info)
+
+
+def fitting(listed: Iterable[tuple[str, int]]) -> int:
+    """How many of a page's documents, given in order as (doc_id, listed_bytes), one response
+    carries: the most whose sizes and the next_page_token after the last of them stay within
+    MAX_LIST_RESPONSE_BYTES, and always the first. Reads `listed` no further than it must."""
+    used = kept = 0
+    for doc_id, size in listed:
+        used += size
+        if kept and used + _text_bytes(page_token(doc_id)) > MAX_LIST_RESPONSE_BYTES:
+            break
+        kept += 1
+    return kept
 
 
 def _after(token: str) -> str:

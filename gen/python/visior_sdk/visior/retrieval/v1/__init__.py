@@ -498,7 +498,9 @@ class ListDocumentsRequest(betterproto.Message):
     page_size: int = betterproto.int32_field(3)
     """
     page_size is the most documents one response carries: 1-1000; 0 or unset
-     means 100. More than 1000 is LIMIT_EXCEEDED.
+     means 100. More than 1000 is LIMIT_EXCEEDED. A page may carry fewer when
+     the documents are large (a response stays within 3 MiB, and holds at least
+     one document); next_page_token still continues after the last one sent.
     """
 
     page_token: str = betterproto.string_field(4)
