@@ -439,7 +439,8 @@ class ServerSettings:
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest gRPC message received or sent."""
     grace_seconds: float = 10.0
-    """How long in-flight RPCs (and ToolsProxy's MCP calls) may finish after SIGTERM."""
+    """How long in-flight calls may finish after SIGTERM (gRPC RPCs; on a service with an MCP
+    endpoint, its calls too)."""
     drain_seconds: float = 0.5
     """After SIGTERM, how long health says NOT_SERVING before new RPCs are refused."""
     keepalive_seconds: int = 30

@@ -14,8 +14,8 @@ from pathlib import Path
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
     DEFAULT_LLM_PROMPT_TOKENS,
+    LLM_PROMPT_RESERVE_TOKENS,
     MIN_LLM_COMPLETION_TOKENS,
-    MIN_LLM_PROMPT_TOKENS,
 )
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
 from services.common.settings import Env, Var, integer, text
@@ -61,11 +61,22 @@ PROXY_MAX_FULL_TEXT_BYTES = integer(
     "selected documents whole (S3) only up to a quarter of it in characters, so this limit "
     "never cuts a whole read.",
 )  # fmt: skip
+MIN_PROMPT_ROOM_TOKENS = 1024
+"""The least room the Orchestrator's own part of a first prompt needs (its PromptFitter.room,
+services/orchestrator/prompt_budget.py): the longest system prompt it sends (the routing
+prompt, ≈ 520 tokens) with a short question, or a scenario's system prompt with a short
+question and one listed section."""
+MIN_FIRST_PROMPT_TOKENS = LLM_PROMPT_RESERVE_TOKENS + MIN_PROMPT_ROOM_TOKENS
+"""The smallest first prompt a Respond works in: the lowest MAX_PROMPT_TOKENS and the lowest
+context_token_budget (ORCH_CONTEXT_TOKEN_BUDGET, UpdateConfig). The Orchestrator's room is the
+lower of the two less LLM_PROMPT_RESERVE_TOKENS (what the LLM service adds); below this it
+holds no short question, and every Respond is refused."""
 MAX_PROMPT_TOKENS = integer(
-    "MAX_PROMPT_TOKENS", DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS,
+    "MAX_PROMPT_TOKENS", DEFAULT_LLM_PROMPT_TOKENS, MIN_FIRST_PROMPT_TOKENS,
     doc="The LLM service's first prompt, context included, in tokens (llm-service.md §11): "
     "a longer one is refused with LLM_LIMIT_EXCEEDED. The Orchestrator reads it too and "
-    "shapes every first prompt to fit.",
+    "shapes every first prompt to fit; its lowest value leaves room for the Orchestrator's "
+    "longest system prompt and a short question beside what the LLM service adds.",
 )  # fmt: skip
 MAX_COMPLETION_TOKENS = integer(
     "MAX_COMPLETION_TOKENS", DEFAULT_LLM_COMPLETION_TOKENS, MIN_LLM_COMPLETION_TOKENS,

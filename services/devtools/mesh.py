@@ -21,9 +21,9 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS, MIN_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.settings import Env, ServerSettings, SettingsError, server_var
-from services.common.shared_config import llm_completion_limit
+from services.common.shared_config import MIN_FIRST_PROMPT_TOKENS, llm_completion_limit
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
@@ -70,7 +70,8 @@ def local_model_env(
     LLM service reads it from `env` (default the process environment): the user's value,
     else the service's own default, and for one minimal tool result (MIN_TOOL_RESULT_ROOM,
     which the LLM service requires at start). SettingsError when that leaves less than
-    MIN_LLM_PROMPT_TOKENS for a prompt.
+    MIN_FIRST_PROMPT_TOKENS (the least MAX_PROMPT_TOKENS the services start with) for a
+    prompt.
     """
     call, respond = f"{LOCAL_CALL_TIMEOUT_S:g}", f"{LOCAL_RESPOND_TIMEOUT_S:g}"
     total = max(1024, n_ctx - LOCAL_CONTEXT_MARGIN)
@@ -78,11 +79,11 @@ def local_model_env(
     # The first prompt, one answer and one minimal tool result must fit the total (the LLM
     # service checks it at start).
     prompt = min(DEFAULT_LLM_PROMPT_TOKENS, total - completion - MIN_TOOL_RESULT_ROOM)
-    if prompt < MIN_LLM_PROMPT_TOKENS:
+    if prompt < MIN_FIRST_PROMPT_TOKENS:
         raise SettingsError(
             f"MAX_COMPLETION_TOKENS={completion} and {MIN_TOOL_RESULT_ROOM} tokens for a tool "
             f"result leave {prompt} of the local model's {total}-token budget (n_ctx {n_ctx}) "
-            f"for the first prompt, which needs at least {MIN_LLM_PROMPT_TOKENS}: lower "
+            f"for the first prompt, which needs at least {MIN_FIRST_PROMPT_TOKENS}: lower "
             "MAX_COMPLETION_TOKENS or raise the n_ctx"
         )
     return {

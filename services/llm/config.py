@@ -88,9 +88,14 @@ def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int)
         )
 
 
+MIN_TOOL_STEPS = 1
+"""The lowest MAX_TOOL_STEPS. The Orchestrator plans one tool call for S2 (the rates, the key
+rate, the news, the knowledge base) and S3 (the selected documents read whole), and the LLM
+service refuses a plan of more calls than MAX_TOOL_STEPS as the caller's error
+(INVALID_ARGUMENT, relayed as a 400): at 0 it would refuse every such request."""
 LOOP = Fields(
     LoopSettings,
-    max_tool_steps=integer("MAX_TOOL_STEPS", minimum=0, maximum=MAX_TOOL_STEPS_LIMIT),
+    max_tool_steps=integer("MAX_TOOL_STEPS", minimum=MIN_TOOL_STEPS, maximum=MAX_TOOL_STEPS_LIMIT),
     max_total_tokens=integer(
         "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,
         default_doc="max(32768, MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 2048)",

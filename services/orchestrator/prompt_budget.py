@@ -27,6 +27,7 @@ from services.common.prompt_limits import (
     REPLY_TOKENS,
     anchor_line,
 )
+from services.common.shared_config import MIN_FIRST_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer
 from services.orchestrator.model import SectionCandidate, Turn
 
@@ -37,14 +38,10 @@ MAX_TITLE_TOKENS = 48
 JOIN_SLACK = 1
 """Tokens one list entry may add where it is joined to its neighbours (BPE merges)."""
 NO_SECTIONS = "No document sections matched the question."
-MIN_ROOM_TOKENS = 1024
-"""The least room (PromptFitter.room) a first prompt needs: the longest system prompt the
-Orchestrator sends (the routing prompt, ≈ 520 tokens) with a short question, or a scenario's
-system prompt with a short question and one listed section."""
-MIN_CONTEXT_TOKEN_BUDGET = LLM_PROMPT_RESERVE_TOKENS + MIN_ROOM_TOKENS
-"""The lowest context_token_budget (ORCH_CONTEXT_TOKEN_BUDGET, UpdateConfig): the room of a
-first prompt is the budget less LLM_PROMPT_RESERVE_TOKENS, and below this a short question
-does not fit."""
+MIN_CONTEXT_TOKEN_BUDGET = MIN_FIRST_PROMPT_TOKENS
+"""The lowest context_token_budget (ORCH_CONTEXT_TOKEN_BUDGET, UpdateConfig), the lowest
+MAX_PROMPT_TOKENS too: `PromptFitter.room` takes the lower of the two, less
+LLM_PROMPT_RESERVE_TOKENS, and below this a short question does not fit."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ class RuntimeConfig:
     service adds (LLM_PROMPT_RESERVE_TOKENS). Its lowest value leaves room for the
     routing prompt and a short question; S3 raises it to fit the selected documents whole."""
     max_tool_steps: int = 3
-    """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it)."""
+    """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it).
+    The one call the Orchestrator plans (S2, S3) is made whatever it is, 0 included; in S3 it
+    counts among them."""
     window_radius: int = DEFAULT_WINDOW_RADIUS
     """Largest per-side radius of read_chunk_window (the schedule grows 1 → 2 → … → R)."""
     mock_mode: bool = False

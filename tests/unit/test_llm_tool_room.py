@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.prompt_limits import MIN_LLM_PROMPT_TOKENS
 from services.common.settings import Env, SettingsError
+from services.common.shared_config import MIN_FIRST_PROMPT_TOKENS
 from services.common.tokenizer import default_tokenizer
 from services.devtools.mesh import local_model_env
 from services.llm.config import LlmSettings
@@ -29,7 +29,7 @@ TOK = default_tokenizer()
 URL = "http://127.0.0.1:1"
 
 
-def _settings(total: int, prompt: int = 2000, completion: int = 500) -> LlmSettings:
+def _settings(total: int, prompt: int = 2500, completion: int = 500) -> LlmSettings:
     return LlmSettings.from_env(
         Env(
             {
@@ -49,14 +49,14 @@ def test_the_loop_minimum_is_the_one_constant() -> None:
 @pytest.mark.parametrize("short", [MIN_TOOL_RESULT_ROOM, 1])
 def test_a_total_leaving_no_room_for_a_tool_result_is_refused(short: int) -> None:
     with pytest.raises(SettingsError) as info:
-        _settings(2000 + 500 + MIN_TOOL_RESULT_ROOM - short)
+        _settings(2500 + 500 + MIN_TOOL_RESULT_ROOM - short)
     message = str(info.value)
     assert "LLM_SERVICE_MAX_TOTAL_TOKENS" in message and "tool result" in message
     assert f"at least {MIN_TOOL_RESULT_ROOM}" in message
 
 
 def test_the_least_total_accepted_leaves_the_room() -> None:
-    loop = _settings(2000 + 500 + MIN_TOOL_RESULT_ROOM).loop
+    loop = _settings(2500 + 500 + MIN_TOOL_RESULT_ROOM).loop
     assert loop.max_tool_result_tokens == MIN_TOOL_RESULT_ROOM
 
 
@@ -68,7 +68,7 @@ def test_the_least_total_accepted_leaves_the_room() -> None:
         (8192, 7168, 4096),  # the default n_ctx: unchanged, 2,560 left for a tool result
         (5632, 4608, 4096 - MIN_TOOL_RESULT_ROOM),
         (4096, 3072, 2560 - MIN_TOOL_RESULT_ROOM),
-        (2048, 1024, 512 - MIN_TOOL_RESULT_ROOM),
+        (3712, 2688, 2176 - MIN_TOOL_RESULT_ROOM),  # the least n_ctx: MIN_FIRST_PROMPT_TOKENS
     ],
 )
 def test_the_local_model_env_leaves_room_for_a_tool_result(
@@ -84,17 +84,18 @@ def test_the_local_model_env_leaves_room_for_a_tool_result(
 
 
 def test_a_context_too_small_for_a_prompt_and_a_tool_result_is_refused() -> None:
-    # n_ctx 2048: a total of 1,024; 640 for the answer left a 384-token prompt, which the
-    # tool result's room brings under the least prompt.
-    completion = 1024 - MIN_TOOL_RESULT_ROOM - MIN_LLM_PROMPT_TOKENS + 1
+    # n_ctx 4096: a total of 3,072; an answer one token longer than the total less the tool
+    # result's room and the least first prompt leaves the prompt one token short of it.
+    completion = 3072 - MIN_TOOL_RESULT_ROOM - MIN_FIRST_PROMPT_TOKENS + 1
     with pytest.raises(SettingsError) as info:
-        local_model_env(URL, "m", 2048, env={"MAX_COMPLETION_TOKENS": str(completion)})
+        local_model_env(URL, "m", 4096, env={"MAX_COMPLETION_TOKENS": str(completion)})
     message = str(info.value)
     assert f"MAX_COMPLETION_TOKENS={completion}" in message
-    assert "tool result" in message and "n_ctx 2048" in message
+    assert "tool result" in message and "n_ctx 4096" in message
+    assert f"at least {MIN_FIRST_PROMPT_TOKENS}" in message
     one_less = {"MAX_COMPLETION_TOKENS": str(completion - 1)}
-    env = local_model_env(URL, "m", 2048, env=one_less)
-    assert env["MAX_PROMPT_TOKENS"] == str(MIN_LLM_PROMPT_TOKENS)
+    env = local_model_env(URL, "m", 4096, env=one_less)
+    assert env["MAX_PROMPT_TOKENS"] == str(MIN_FIRST_PROMPT_TOKENS)
 
 
 class _Runtime:

@@ -243,7 +243,7 @@ class _RunningModel:
 
 
 def _clear_runtime_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in local_model_env("u", "m", 1):
+    for name in local_model_env("u", "m", 8192):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -353,13 +353,13 @@ def test_the_server_command_carries_the_config(tmp_path: Path) -> None:
     assert model.config.data_dir == tmp_path
 
 
-@pytest.mark.parametrize("n_ctx", [2048, 4096, 8192, 32768])
+@pytest.mark.parametrize("n_ctx", [3712, 4096, 8192, 32768])
 def test_the_local_budgets_are_ones_the_llm_service_accepts(n_ctx: int) -> None:
     from services.common.settings import Env
     from services.llm.config import LlmSettings
 
     loop = LlmSettings.from_env(Env(local_model_env("http://127.0.0.1:1", "m", n_ctx))).loop
-    assert loop.max_total_tokens <= n_ctx - 1024 or n_ctx <= 2048
+    assert loop.max_total_tokens <= n_ctx - 1024
     assert loop.max_prompt_tokens + loop.max_completion_tokens <= loop.max_total_tokens
 
 
@@ -388,13 +388,13 @@ def test_the_default_completion_comes_from_the_llm_setting(
 def test_the_users_completion_tokens_are_honoured(
     where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    given = {"MAX_COMPLETION_TOKENS": "1024"}
+    given = {"MAX_COMPLETION_TOKENS": "768"}
     mesh = _local_mesh(tmp_path, monkeypatch, env=given if where == "mesh env" else None)
     if where == "environment":
-        monkeypatch.setenv("MAX_COMPLETION_TOKENS", "1024")
+        monkeypatch.setenv("MAX_COMPLETION_TOKENS", "768")
     loop = LlmSettings.from_env(Env(mesh.env())).loop  # the LLM service starts
-    assert loop.max_completion_tokens == 1024
-    assert loop.max_prompt_tokens == 4096 - LOCAL_CONTEXT_MARGIN - 1024 - MIN_TOOL_RESULT_ROOM
+    assert loop.max_completion_tokens == 768
+    assert loop.max_prompt_tokens == 4096 - LOCAL_CONTEXT_MARGIN - 768 - MIN_TOOL_RESULT_ROOM
 
 
 def test_a_completion_leaving_no_prompt_stops_the_mesh_with_a_clear_error(

@@ -34,7 +34,7 @@ class _RunningModel:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [*local_model_env("u", "m", 1), "MAX_COMPLETION_TOKENS"]:
+    for name in [*local_model_env("u", "m", 8192), "MAX_COMPLETION_TOKENS"]:
         monkeypatch.delenv(name, raising=False)
     for prefix in ("ORCH_", "LLM_SERVICE_", "RETR_", "MCP_PROXY_"):
         monkeypatch.delenv(prefix + "GRACE_SECONDS", raising=False)

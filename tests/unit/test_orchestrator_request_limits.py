@@ -13,12 +13,13 @@ from services.common.generate_contract import MAX_MESSAGE_CHARS
 from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS
 from services.common.search_contract import MAX_QUERY_CHARS
 from services.common.settings import Env, SettingsError
+from services.common.shared_config import MIN_PROMPT_ROOM_TOKENS
 from services.llm import engine as llm_engine
 from services.llm.loop import LoopSettings
 from services.llm.model import GenerateInput
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import LlmOutcome, RespondInput, Turn, User
-from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET, MIN_ROOM_TOKENS
+from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET
 from services.orchestrator.respond import Responder, validate
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 from tests.unit.test_orchestrator_budget import RU, Retriever, _section, llm_count, respond
@@ -72,7 +73,7 @@ async def test_a_long_history_turn_never_reaches_the_llm_service():
 
 
 def test_the_lowest_context_budget_leaves_the_room_over_the_reserve():
-    assert MIN_CONTEXT_TOKEN_BUDGET == LLM_PROMPT_RESERVE_TOKENS + MIN_ROOM_TOKENS
+    assert MIN_CONTEXT_TOKEN_BUDGET == LLM_PROMPT_RESERVE_TOKENS + MIN_PROMPT_ROOM_TOKENS
 
 
 @pytest.mark.parametrize("value", [1, 1090, MIN_CONTEXT_TOKEN_BUDGET - 1])

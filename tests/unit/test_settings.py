@@ -124,13 +124,13 @@ def test_llm_settings_read_the_specs_names():
             {
                 "MAX_TOOL_STEPS": "2",
                 "MCP_PROXY_URL": "http://tools:9000",
-                "MAX_PROMPT_TOKENS": "1000",
+                "MAX_PROMPT_TOKENS": "3000",
             }
         )
     )
     assert s.loop.max_tool_steps == 2
     assert s.tools_proxy.target == "tools:9000"
-    assert s.loop.max_prompt_tokens == 1000
+    assert s.loop.max_prompt_tokens == 3000
 
 
 def test_on_their_defaults_the_services_listen_where_their_callers_look():
