@@ -41,6 +41,7 @@ from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
 from services.docstore import fields as doc_fields  # noqa: E402
+from services.docstore.parsing import SUFFIX_FORMATS  # noqa: E402
 from services.llm import engine as llm_engine  # noqa: E402
 from services.llm.loop import LoopSettings  # noqa: E402
 from services.orchestrator import respond as orch_respond  # noqa: E402
@@ -48,6 +49,7 @@ from services.orchestrator import runtime_config as orch_config  # noqa: E402
 from services.retrieval import search as retr_search  # noqa: E402
 from services.retrieval.engine import RANKINGS  # noqa: E402
 from services.retrieval.fusion import FUSIONS  # noqa: E402
+from services.retrieval.limits import MAX_DOC_ID_CHARS  # noqa: E402
 from services.toolsproxy import servicer as tools_servicer  # noqa: E402
 from services.toolsproxy.cbr import CbrSettings, cbr_schema  # noqa: E402
 from services.toolsproxy.tavily import tavily_schema  # noqa: E402
@@ -70,9 +72,43 @@ TRACE_ID = {
     "pattern": "^(" + _TRACE_ID.pattern.removeprefix("^").removesuffix("$") + ")?$",
 }
 """trace_id: empty (one is generated) or the characters services/common/context.py allows."""
-ASCII_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
-FILE_STEM = r"(^|/)([^/.]*[A-Za-z0-9][^/.]*|[^/]*[A-Za-z0-9][^/]*\.[^/.]*)$"
-"""A file name whose stem (last component, last extension off) has a letter or digit."""
+
+
+def any_script(ascii_class: str) -> str:
+    """One character of the bracket expression `[ascii_class]` (ASCII) or any non-ASCII one.
+
+    The servers' ids take letters and digits of every script (Python's `\\w`), which an
+    ECMA-262 pattern without the `u` flag cannot name (no `\\p{L}`): the schema lets every
+    non-ASCII character through and the server refuses what it does not take. A character
+    past U+FFFF is two UTF-16 units to such a pattern, so lengths are bounded with
+    minLength / maxLength (characters), never with a quantifier.
+    """
+    return rf"(?:[{ascii_class}]|[^\x00-\x7F])"
+
+
+_END = r"$(?!\n)"
+"""The end of the string, as the servers' `fullmatch` reads it: Python's `$` (jsonschema uses
+`re`) also matches before a final newline, ECMA's never does."""
+TENANT_ID = {
+    "minLength": 1,
+    "maxLength": contract.MAX_TENANT_ID_CHARS,
+    "pattern": f"^{any_script('A-Za-z0-9_.:-')}+{_END}",
+    "description": f"1-{contract.MAX_TENANT_ID_CHARS} letters (any script), digits, "
+    "'.', '_', ':', '-'",
+}
+"""A tenant id as services/common/search_contract.py is_tenant_id takes it."""
+DOC_ID = {
+    "maxLength": MAX_DOC_ID_CHARS,
+    "pattern": f"^({any_script('A-Za-z0-9')}{any_script('A-Za-z0-9_.-')}*)?{_END}",
+    "description": f"(Empty: derived from file_name.) 1-{MAX_DOC_ID_CHARS} letters (any "
+    "script), digits, '.', '_', '-', starting with a letter or digit.",
+}
+"""An IngestDocument doc_id as services/retrieval/ingestion.py takes it (empty: made from
+the file name)."""
+_ALNUM = any_script("A-Za-z0-9")
+FILE_STEM = rf"(^|/)([^/.]*{_ALNUM}[^/.]*|[^/]*{_ALNUM}[^/]*\.[^/.]*)$"
+"""A file name whose stem (last component, last extension off) has a letter or digit: the
+doc_id made from it keeps them (docstore/parsing.py slugify: Latin and Cyrillic ones)."""
 
 
 def _ext(*names: str) -> str:
@@ -81,8 +117,8 @@ def _ext(*names: str) -> str:
     return r"\.(" + "|".join(alts) + ")$"
 
 
-KNOWN_EXTENSION = _ext("md", "markdown", "pdf", "csv", "txt", "text")
-CSV_EXTENSION = _ext("csv")
+KNOWN_EXTENSION = _ext(*(suffix[1:] for suffix in SUFFIX_FORMATS))
+CSV_EXTENSION = _ext(*(suffix[1:] for suffix, fmt in SUFFIX_FORMATS.items() if fmt == "csv"))
 CSV_TYPES = ("text/csv", "application/csv")
 
 
@@ -259,10 +295,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         f"visior.retrieval.v1.SearchFilters.{name}": {"maxItems": contract.MAX_FILTER_VALUES}
         for name in ("tags", "doc_ids", "section_ids")
     },
-    "visior.retrieval.v1.IngestDocumentRequest.tenant_id": {
-        "pattern": ASCII_ID,
-        "description": "1-128 letters (any script), digits, '.', '_', ':', '-'",
-    },
+    "visior.retrieval.v1.IngestDocumentRequest.tenant_id": TENANT_ID,
     "visior.retrieval.v1.IngestDocumentRequest": {
         "allOf": [
             {
@@ -309,11 +342,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "comes from `content_type`, else from the file name's extension (.md, .markdown, .txt, "
         ".text, .pdf; .csv is the knowledge base's, written only to the reserved tenant).",
     },
-    "visior.retrieval.v1.IngestDocumentRequest.doc_id": {
-        "pattern": r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,127})?$",
-        "description": "(Empty: derived from file_name.) 1-128 letters (any script), digits, "
-        "'.', '_', '-', starting with a letter or digit.",
-    },
+    "visior.retrieval.v1.IngestDocumentRequest.doc_id": DOC_ID,
     "visior.retrieval.v1.IngestDocumentRequest.content": {
         "minLength": 1,
         "description": "the raw file, base64; at most RETR_MAX_DOCUMENT_BYTES decoded "

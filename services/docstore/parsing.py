@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from services.common.tokenizer import count_tokens, default_tokenizer
 from services.docstore.chunking import ChunkingConfig, Paragraph, chunk_paragraphs
 from services.docstore.errors import ParseError, UnsupportedFormatError
+from services.docstore.fields import MAX_TITLE_CHARS
 from services.docstore.model import Chunk, Document, Section
 from services.docstore.pdf import PdfText, read_pdf, title_pattern
 from services.docstore.summaries import ExtractiveSummarizer, Summarizer, extractive_summary
@@ -27,6 +28,7 @@ __all__ = [
     "UnsupportedFormatError",
     "count_tokens",
     "decode_text",
+    "derived_title",
     "extractive_summary",
     "guess_format",
     "parse_document",
@@ -47,6 +49,9 @@ SUFFIX_FORMATS: Mapping[str, str] = {
 """The format a file name's lowercase suffix stands for (guess_format reads it)."""
 PAGE_BREAK = "\f"
 TITLE_SEPARATOR = " › "
+MAX_FIRST_LINE_TITLE = 120
+"""A first line longer than this is a paragraph, not a title: the document without one is
+titled by its doc_id."""
 
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _FENCE = re.compile(r"^(```|~~~)")
@@ -155,7 +160,7 @@ def parse_document(
         pdf = read_pdf(content)
         page_texts = pdf.pages
         sections = _pdf_sections(pdf, cfg)
-        title = title or pdf.title or _first_line(page_texts) or doc_id
+        title = title or derived_title(pdf.title or _first_line(page_texts) or doc_id)
         if not any(p.strip() for p in page_texts):
             raise ParseError("the PDF has no text layer (a scan?); OCR is not supported")
     else:
@@ -163,10 +168,10 @@ def parse_document(
         page_texts = tuple(decoded.split(PAGE_BREAK))
         if fmt == "markdown":
             sections, heading_title = _markdown_sections(page_texts)
-            title = title or heading_title or doc_id
+            title = title or derived_title(heading_title or doc_id)
         else:
             sections = _text_sections(page_texts)
-            title = title or _first_line(page_texts) or doc_id
+            title = title or derived_title(_first_line(page_texts) or doc_id)
     # The parsed format last: caller metadata cannot claim a PDF is Markdown.
     meta = {**(metadata or {}), "format": fmt}
     generation = document_generation(
@@ -238,7 +243,7 @@ def _build(
         if not pieces:
             continue
         section_id = f"{doc_id}:s{index:03d}-{slugify(raw.heading or 'intro')}"
-        section_title = TITLE_SEPARATOR.join(raw.path) or raw.heading or title
+        section_title = derived_title(TITLE_SEPARATOR.join(raw.path) or raw.heading or title)
         first = len(chunks)
         for piece in pieces:
             chunks.append(
@@ -269,12 +274,29 @@ def _build(
     return tuple(sections), tuple(chunks)
 
 
+_WORD_END = re.compile(r"([\s\S]*\S)\s")
+
+
+def derived_title(text: str) -> str:
+    """A title the document gives itself (its PDF metadata title, its lone top Markdown
+    heading, its first line; else its doc_id) or a section's (its heading path), held to the
+    bound of a caller's title, fields.MAX_TITLE_CHARS: stripped, and when longer cut at the
+    last space within the bound, or at the bound when there is none."""
+    text = text.strip()
+    if len(text) <= MAX_TITLE_CHARS:
+        return text
+    word_end = _WORD_END.match(text[: MAX_TITLE_CHARS + 1])
+    return word_end.group(1) if word_end else text[:MAX_TITLE_CHARS]
+
+
 def _first_line(page_texts: Sequence[str]) -> str:
+    """The first non-blank line (Markdown '#' marks off) when it is short enough to be a
+    title (MAX_FIRST_LINE_TITLE); else ""."""
     for page in page_texts:
         for line in page.split("\n"):
             line = line.strip().lstrip("#").strip()
             if line:
-                return line[:120] if len(line) <= 120 else ""
+                return line if len(line) <= MAX_FIRST_LINE_TITLE else ""
     return ""
 
 
