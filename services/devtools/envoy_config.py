@@ -63,6 +63,9 @@ MAX_LISTED_IDS longest doc_ids of any script, plus Envoy's default for the rest.
 
 DEFAULT_ROUTE = "default"
 """Key of `timeouts` for the catch-all route of a service's prefix."""
+STREAM_IDLE = "stream_idle"
+"""Key of `timeouts` for the idle timeout of the streaming routes (default
+STREAM_IDLE_TIMEOUT_S): a slower model stays silent longer between two deltas."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ def _route(
     prefix: str | None = None,
     rule: RouteRule | None = None,
     timeout_s: float,
+    stream_idle_s: float = STREAM_IDLE_TIMEOUT_S,
     fault_injection: bool = False,
 ) -> dict[str, Any]:
     match: dict[str, Any] = {"prefix": prefix} if rule is None else {"path": rule.path}
@@ -225,7 +229,7 @@ def _route(
         match["headers"] = [{"name": ":method", "string_match": {"exact": rule.method}}]
     action: dict[str, Any] = {"cluster": _cluster_name(spec), "timeout": _seconds(timeout_s)}
     if timeout_s == 0:
-        action["idle_timeout"] = _seconds(STREAM_IDLE_TIMEOUT_S)
+        action["idle_timeout"] = _seconds(stream_idle_s)
     elif timeout_s > HCM_STREAM_IDLE_TIMEOUT_S:
         # A unary answer sends nothing until it is done: past the connection manager's
         # stream idle timeout (Envoy's 300 s) a slow answer (a CPU model's) would be cut
@@ -357,8 +361,12 @@ def _routes(
     timeouts: Mapping[str, float],
 ) -> list[dict[str, Any]]:
     routes = [_grpc_route(spec, ports.grpc[spec.key])]
+    idle = timeouts.get(STREAM_IDLE, STREAM_IDLE_TIMEOUT_S)
     routes += [
-        _route(spec, rule=r, timeout_s=r.timeout_s, fault_injection=fault_injection) for r in rules
+        _route(
+            spec, rule=r, timeout_s=r.timeout_s, stream_idle_s=idle, fault_injection=fault_injection
+        )
+        for r in rules
     ]
     routes.append(
         _route(
@@ -610,7 +618,8 @@ def render(
 
     `descriptor_path` is written as given (Envoy resolves a relative one against its
     working directory). `timeouts` overrides route timeouts in seconds by exact HTTP path
-    (or `"default"` for a service's other routes); a path without a rule gets one.
+    (or `"default"` for a service's other routes, `"stream_idle"` for the streaming routes'
+    idle timeout); a path without a rule gets one.
     `fault_injection` adds Envoy's fault filter driven by the callers' request headers
     (`x-envoy-fault-abort-request`, `x-envoy-fault-delay-request`): for fault tests only,
     never where callers are not trusted; the committed envoy/envoy.yaml, `visior run` and

@@ -28,7 +28,7 @@ from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess
-from services.devtools.envoy_config import render
+from services.devtools.envoy_config import STREAM_IDLE, render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
 from services.llm.loop import MIN_TOOL_RESULT_ROOM
@@ -131,10 +131,13 @@ LOCAL_FORCED = ("LLM_RUNTIME_URL", "DEFAULT_MODEL_NAME")
 
 
 def local_envoy_timeouts() -> dict[str, float]:
-    """Envoy route timeouts with the local model: a little over the orchestrator's own."""
+    """Envoy route timeouts with the local model: a little over the orchestrator's own, and
+    a stream may stay silent for a little over one model call (a cold prompt's prefill alone
+    takes about 50 s on 2 cores)."""
     return {
         "/internal/orchestrator/respond": LOCAL_RESPOND_TIMEOUT_S + 30,
         "/internal/llm/generate": LOCAL_RESPOND_TIMEOUT_S + 15,
+        STREAM_IDLE: LOCAL_CALL_TIMEOUT_S + 15,
     }
 
 

@@ -7,7 +7,8 @@ from typing import Any
 import yaml
 
 from services.common.topology import Ports
-from services.devtools.envoy_config import HCM_STREAM_IDLE_TIMEOUT_S, render
+from services.devtools.envoy_config import HCM_STREAM_IDLE_TIMEOUT_S, STREAM_IDLE, render
+from services.devtools.mesh import LOCAL_CALL_TIMEOUT_S, local_envoy_timeouts
 
 RESPOND = "/internal/orchestrator/respond"
 
@@ -33,3 +34,20 @@ def test_a_route_at_the_idle_timeout_keeps_envoys_default() -> None:
     at = _routes({RESPOND: HCM_STREAM_IDLE_TIMEOUT_S})[RESPOND]
     assert at["timeout"] == f"{HCM_STREAM_IDLE_TIMEOUT_S:g}s" and "idle_timeout" not in at
     assert "idle_timeout" not in _routes({})[RESPOND]
+
+
+STREAM = "/internal/llm/generate:stream"
+
+
+def test_the_stream_idle_timeout_is_sixty_seconds_unless_overridden() -> None:
+    assert _routes({})[STREAM] == {**_routes({})[STREAM], "timeout": "0s", "idle_timeout": "60s"}
+    slow = _routes({STREAM_IDLE: 315.0})[STREAM]
+    assert slow["timeout"] == "0s" and slow["idle_timeout"] == "315s"
+    # Only the streaming route: unary routes keep their own timeouts and no idle timeout.
+    assert "idle_timeout" not in _routes({STREAM_IDLE: 315.0})[RESPOND]
+
+
+def test_the_local_model_gives_a_stream_more_than_one_model_call_of_silence() -> None:
+    idle = local_envoy_timeouts()[STREAM_IDLE]
+    assert idle > LOCAL_CALL_TIMEOUT_S
+    assert _routes(local_envoy_timeouts())[STREAM]["idle_timeout"] == f"{idle:g}s"

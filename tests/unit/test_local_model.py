@@ -15,6 +15,7 @@ from services.common.settings import Env
 from services.common.shared_config import MAX_COMPLETION_TOKENS
 from services.common.topology import Ports
 from services.devtools import local_model as lm
+from services.devtools.envoy_config import STREAM_IDLE
 from services.devtools.local_model import (
     GgufError,
     LocalModelConfig,
@@ -294,6 +295,7 @@ def test_the_callers_settings_win_except_the_url_and_name(
     assert mesh.envoy_timeouts() == {
         "/internal/orchestrator/respond": 50.0,
         "/internal/llm/generate": LOCAL_RESPOND_TIMEOUT_S + 15,
+        STREAM_IDLE: LOCAL_CALL_TIMEOUT_S + 15,
     }
 
 
