@@ -351,8 +351,8 @@ class Ingestor:
             if item.doc_id:
                 raise errors.invalid(
                     "doc_id",
-                    "doc_id must be 1-128 characters of letters, digits, '.', '_' or '-', "
-                    "starting with a letter or digit",
+                    f"doc_id must be 1-{MAX_DOC_ID_CHARS} characters of letters, digits, '.', "
+                    "'_' or '-', starting with a letter or digit",
                 )
             raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
         return doc_id, fmt
