@@ -58,8 +58,10 @@ DEFAULT_MCP_PORT = 8090
 LOOPBACK_ALLOWED_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 """Host headers accepted on a loopback bind when MCP_PROXY_MCP_ALLOWED_HOSTS is not set."""
 
-# Identity values: visible ASCII, no spaces, bounded; anything else is refused, not cleaned up.
-_IDENTITY_VALUE = re.compile(r"^[\x21-\x7e]{1,128}$")
+# Identity values: UTF-8, visible characters of any script (no whitespace, no controls),
+# bounded; anything else is refused, not cleaned up. The tenant then meets the tenant-id rule
+# of every transport (check_tool_user), so a tenant the gRPC API takes works here too.
+_IDENTITY_VALUE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]{1,128}")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 _RESERVED_HEADERS = frozenset(
     {"authorization", "host", "content-type", "content-length", "accept", "mcp-session-id"}
@@ -174,11 +176,14 @@ class IdentityGate:
 
 
 def _single(values: list[bytes] | None) -> str | None:
-    """The header's one value if it is a well-formed identity value, else None."""
+    """The header's one value if it is a well-formed identity value (UTF-8), else None."""
     if values is None or len(values) != 1:
         return None
-    text = values[0].decode("latin-1").strip()
-    return text if _IDENTITY_VALUE.match(text) else None
+    try:
+        text = values[0].decode().strip()
+    except UnicodeDecodeError:
+        return None
+    return text if _IDENTITY_VALUE.fullmatch(text) else None
 
 
 async def _refuse(send: Send, message: str) -> None:

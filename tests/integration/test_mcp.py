@@ -368,6 +368,49 @@ async def test_a_request_without_identity_or_token_is_refused_before_mcp(statele
     assert served.json()["result"]["structuredContent"]["result"]["title"] == "Alpha handbook"
 
 
+async def utf8_post(url: str, tenant: bytes, user: bytes) -> httpx2.Response:
+    """CALL with identity headers sent as raw bytes (a gateway's UTF-8 values)."""
+    async with httpx2.AsyncClient(timeout=10) as http:
+        return await http.post(
+            url,
+            json=CALL,
+            headers=[
+                (b"Accept", b"application/json, text/event-stream"),
+                (b"Authorization", f"Bearer {TOKEN}".encode()),
+                (b"X-Visior-Tenant-Id", tenant),
+                (b"X-Visior-User-Id", user),
+            ],
+        )
+
+
+async def test_identity_of_any_script_is_taken_as_the_grpc_api_takes_it(stateless, store):
+    """A tenant id the gRPC API takes (letters of any script) is one the MCP endpoint takes:
+    the gateway sends it as UTF-8; so is a user id."""
+    content = ALPHA.encode()
+    store.put(parse_document(tenant_id="тенант-1", doc_id="doc-a", content=content, fmt="markdown"))
+    for tenant, user in (("тенант-1", "u-1"), ("tenant-a", "пользователь.7"), ("tenant-a", "用户")):
+        served = await utf8_post(stateless.url, tenant.encode(), user.encode())
+        assert served.status_code == 200, (tenant, user, served.text)
+        assert served.json()["result"]["structuredContent"]["result"]["title"] == "Alpha handbook"
+
+
+@pytest.mark.parametrize(
+    ("tenant", "user"),
+    [
+        pytest.param("тенант 1".encode(), b"u-1", id="space-in-tenant"),
+        pytest.param("тенант«1»".encode(), b"u-1", id="tenant-punctuation"),
+        pytest.param(b"tenant-a", "польз ователь".encode(), id="space-in-user"),
+        pytest.param(b"tenant-a", "u\x85x".encode(), id="control-in-user"),
+        pytest.param(b"\xff\xfe", b"u-1", id="tenant-not-utf8"),
+        pytest.param(b"tenant-a", "я".encode() * 129, id="user-past-128"),
+    ],
+)
+async def test_a_malformed_identity_of_any_script_is_refused(stateless, tenant, user):
+    assert (await utf8_post(stateless.url, tenant, user)).status_code == 401
+    at_limit = await utf8_post(stateless.url, b"tenant-a", "я".encode() * 128)
+    assert at_limit.status_code == 200
+
+
 async def test_a_repeated_tenant_header_is_refused(stateless):
     """A gateway that appends instead of replacing leaves the client's value in: ambiguous."""
     async with httpx2.AsyncClient(timeout=10) as http:
