@@ -80,8 +80,8 @@ class OrchestratorSettings:
     load_documents_full call of ToolsProxy takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
-    (ORCH_SCORE_THRESHOLD, agent.md §10's score_threshold); None leaves Retrieval's own
-    default (RETR_MIN_SCORE)."""
+    and as the score_threshold of the knowledge-base search S2 plans (ORCH_SCORE_THRESHOLD,
+    agent.md §10's score_threshold); None leaves Retrieval's own default (RETR_MIN_SCORE)."""
     held: tuple[str, ...] = ()
     """A sentence per setting held below what it asked for (ToolsProxy's limits rule), which
     the service logs as a warning at start."""

@@ -230,10 +230,14 @@ class Responder:
         default_top_k: int = DEFAULT_MAX_RESULTS,
         max_context_chars: int = MAX_CONTEXT_CHARS,
         max_documents: int = DEFAULT_FULL_DOCUMENTS,
+        score_threshold: float | None = None,
         mock: tuple[Retriever, Generator] | None = None,
     ) -> None:
         """`mock`: the Retriever and Generator mock_mode answers with (orchestrator.md §3.6),
-        by default the in-process stand-ins of services/orchestrator/mock.py."""
+        by default the in-process stand-ins of services/orchestrator/mock.py.
+        `score_threshold` (ORCH_SCORE_THRESHOLD, which the Retriever sends with its own
+        searches) goes with the knowledge-base search S2 plans, so the model reads no
+        passage below it; None leaves the tool's and Retrieval's defaults."""
         self._retriever = retriever
         self._generator = generator
         self._config = config
@@ -242,6 +246,7 @@ class Responder:
         self._model_routing = model_routing
         self._enable_filters = enable_filters
         self._default_top_k = default_top_k
+        self._score_threshold = score_threshold
         self._max_context_chars = max_context_chars
         self._whole_read = {"max_context_chars": max_context_chars, "max_documents": max_documents}
         """What S3 reads whole (scenarios.fits_whole), as every decision function takes it."""
@@ -514,7 +519,10 @@ class Responder:
         today = self._today()
         if decision.intent == "knowledge_base":
             query = req.query[:MAX_TOOL_QUERY_CHARS]  # the tool's limit; the search takes all
-            planned = (PlannedCall(SEARCH_GENERAL_KB, {"query": query, "top_k": SEARCH_TOP_K}),)
+            kb_args: dict[str, object] = {"query": query, "top_k": SEARCH_TOP_K}
+            if self._score_threshold is not None:
+                kb_args["score_threshold"] = self._score_threshold
+            planned = (PlannedCall(SEARCH_GENERAL_KB, kb_args),)
             found = await self._retriever.search(
                 RetrievalRequest(
                     req.query, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id

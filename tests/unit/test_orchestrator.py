@@ -319,6 +319,22 @@ async def test_s2_general_questions_plan_the_right_tool(query, intent, tool, arg
         assert retriever.calls == []
 
 
+@pytest.mark.parametrize("threshold", [None, 0.0, 0.6])
+async def test_the_score_threshold_goes_with_the_planned_knowledge_base_search(threshold):
+    """ORCH_SCORE_THRESHOLD filters the passages the model reads from the knowledge base as
+    it filters the Orchestrator's own searches (agent.md §10's score_threshold)."""
+    r, g = FakeRetriever(), FakeGenerator()
+    responder = Responder(
+        r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False, today=lambda: TODAY,
+        score_threshold=threshold,
+    )  # fmt: skip
+    await responder.respond(inp(query="Какая ставка НДС на услуги?"))
+    (planned,) = g.requests[-1].planned_calls
+    assert planned.tool_name == "search_general_kb"
+    assert planned.arguments.get("score_threshold") == threshold
+    assert ("score_threshold" in planned.arguments) == (threshold is not None)
+
+
 async def test_small_talk_and_clarification_call_no_tools():
     responder, retriever, generator, _ = make()
     out = await responder.respond(inp(query="Привет! Спасибо за помощь"))
