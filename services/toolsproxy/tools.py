@@ -107,7 +107,7 @@ class ToolLimits:
     """UTF-8 bytes of text in one result; more is cut at a character boundary
     (MCP_PROXY_MAX_TEXT_BYTES)."""
     max_pages_per_call: int = 5
-    """Pages one read_doc_pages call may read, counted after page_to is clamped to the
+    """Pages one read_doc_pages call may read, counted after page_end is clamped to the
     document's last page (MCP_PROXY_MAX_PAGES_PER_CALL)."""
     max_full_documents: int = DEFAULT_FULL_DOCUMENTS
     """Documents one load_documents_full call may ask for (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
@@ -323,12 +323,12 @@ class DocumentTools:
             ),
             Tool(
                 READ_DOC_PAGES,
-                "Read pages page_from..page_to (1-based, inclusive) of a document, at most "
-                f"{limits.max_pages_per_call} pages per call; page_to defaults to "
-                "page_from and is clamped to the last page.",
+                "Read pages page_start..page_end (1-based, inclusive) of a document, at most "
+                f"{limits.max_pages_per_call} pages per call; page_end defaults to "
+                "page_start and is clamped to the last page.",
                 tool_arguments(
-                    {"doc_id": _ID, "page_from": page, "page_to": page},
-                    ["doc_id", "page_from"],
+                    {"doc_id": _ID, "page_start": page, "page_end": page},
+                    ["doc_id", "page_start"],
                     {"x-max-pages-per-call": limits.max_pages_per_call},
                 ),
                 self.read_doc_pages,
@@ -454,18 +454,18 @@ class DocumentTools:
         }
 
     def read_doc_pages(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
-        """Pages page_from..page_to, one text per page.
+        """Pages page_start..page_end, one text per page.
 
         A range starting past the last page is NOT_FOUND; one running past it is clamped to
         the last page, and the clamped range counts against max_pages_per_call: more pages
         than that is INVALID_ARGUMENT (not WINDOW_TOO_LARGE, which callers read as "shrink
         the chunk radius").
         """
-        first = args["page_from"]
-        last = args.get("page_to", first)
+        first = args["page_start"]
+        last = args.get("page_end", first)
         limit = self._limits.max_pages_per_call
         if last < first:
-            raise ToolFailure(INVALID_ARGUMENT, f"page_to {last} is before page_from {first}")
+            raise ToolFailure(INVALID_ARGUMENT, f"page_end {last} is before page_start {first}")
         doc = self._doc(caller, args["doc_id"])
         if first > doc.pages:
             raise ToolFailure(

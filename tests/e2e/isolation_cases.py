@@ -242,7 +242,7 @@ TOOL_CASES: tuple[tuple[str, str, dict[str, Any], tuple[str, ...] | str], ...] =
     ("section-own-doc-alpha-section", "read_doc_section", {"doc_id": BRAVO_OWN, "section_id": PLAN_SECTION}, DENIED),
     ("section-colliding-ids", "read_doc_section", {"doc_id": SHARED, "section_id": SHARED_SECTION}, "ok"),
     ("section-wildcard", "read_doc_section", {"doc_id": PLAN, "section_id": "%"}, DENIED),
-    ("pages-alpha", "read_doc_pages", {"doc_id": LEDGER, "page_from": 1, "page_to": 5}, DENIED),
+    ("pages-alpha", "read_doc_pages", {"doc_id": LEDGER, "page_start": 1, "page_end": 5}, DENIED),
     ("metadata-alpha-plan", "read_doc_metadata", {"doc_id": PLAN}, DENIED),
     ("metadata-alpha-ledger", "read_doc_metadata", {"doc_id": LEDGER}, DENIED),
     ("metadata-sql-wildcard", "read_doc_metadata", {"doc_id": "%"}, DENIED),
@@ -265,5 +265,5 @@ TOOL_CASES: tuple[tuple[str, str, dict[str, Any], tuple[str, ...] | str], ...] =
     ("arg-nested-user", "read_doc_section", {"doc_id": LEDGER, "section_id": LEDGER_SECTION, "user": {"tenant_id": ALPHA}}, INVALID),
     ("arg-nested-filters", "search_user_documents", {"query": QUOTE, "filters": {"tenant_id": ALPHA}}, INVALID),
     ("arg-doc-id-object", "read_doc_metadata", {"doc_id": {"tenant_id": ALPHA, "doc_id": LEDGER}}, INVALID),
-    ("arg-doc-id-list", "read_doc_pages", {"doc_id": [LEDGER], "page_from": 1}, INVALID),
+    ("arg-doc-id-list", "read_doc_pages", {"doc_id": [LEDGER], "page_start": 1}, INVALID),
 )  # fmt: skip

@@ -569,8 +569,8 @@ def test_numbers_past_the_field_type_are_400_from_envoy(
     [
         ("read_chunk_window", {"doc_id": "notes", "anchor_chunk_id": "x", "radius": 1e300},
          "WINDOW_TOO_LARGE"),
-        ("read_doc_pages", {"doc_id": "notes", "page_from": 2**63}, "INVALID_ARGUMENT"),
-        ("read_doc_pages", {"doc_id": "notes", "page_from": -(2**63)}, "INVALID_ARGUMENT"),
+        ("read_doc_pages", {"doc_id": "notes", "page_start": 2**63}, "INVALID_ARGUMENT"),
+        ("read_doc_pages", {"doc_id": "notes", "page_start": -(2**63)}, "INVALID_ARGUMENT"),
         ("doc_local_search", {"doc_id": "notes", "query": "LDAP", "max_results": 1e308},
          "INVALID_ARGUMENT"),
         ("search_user_documents", {"query": "LDAP", "top_k": 10**30}, "INVALID_ARGUMENT"),

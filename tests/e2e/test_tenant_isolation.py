@@ -271,7 +271,7 @@ async def test_control_alpha_reads_with_every_tool(mesh: Mesh, world, transport:
     for tool, args in (
         ("read_doc_section", {"doc_id": C.PLAN, "section_id": C.PLAN_SECTION}),
         ("read_chunk_window", {"doc_id": C.PLAN, "anchor_chunk_id": C.PLAN_CHUNK}),
-        ("read_doc_pages", {"doc_id": C.LEDGER, "page_from": 1}),
+        ("read_doc_pages", {"doc_id": C.LEDGER, "page_start": 1}),
         ("read_doc_metadata", {"doc_id": C.PLAN}),
         ("doc_local_search", {"doc_id": C.PLAN, "query": C.TEXT}),
         ("load_documents_full", {"document_ids": [C.PLAN, C.LEDGER, C.SHARED]}),

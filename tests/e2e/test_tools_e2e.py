@@ -37,7 +37,7 @@ SECRET_WORDS = ("Zephyr", "QZ7391", "launch code")
 CROSS_TENANT = [
     ("read_chunk_window", {"doc_id": SECRET_DOC, "anchor_chunk_id": f"{SECRET_DOC}:c00000"}),
     ("read_doc_section", {"doc_id": SECRET_DOC, "section_id": f"{SECRET_DOC}:s001-secret-plan"}),
-    ("read_doc_pages", {"doc_id": SECRET_DOC, "page_from": 1, "page_to": 1}),
+    ("read_doc_pages", {"doc_id": SECRET_DOC, "page_start": 1, "page_end": 1}),
     ("read_doc_metadata", {"doc_id": SECRET_DOC}),
     ("doc_local_search", {"doc_id": SECRET_DOC, "query": "launch code"}),
     ("load_documents_full", {"document_ids": [SECRET_DOC]}),

@@ -306,7 +306,7 @@ def test_section_and_metadata(executor):
 
 
 def test_pages_at_the_limit(executor):
-    r = ok(executor, "read_doc_pages", doc_id="guide", page_from=2, page_to=6)
+    r = ok(executor, "read_doc_pages", doc_id="guide", page_start=2, page_end=6)
     assert [p["page"] for p in r["pages"]] == [2, 3, 4, 5, 6]
     assert (r["page_start"], r["page_end"], r["pages_in_document"]) == (2, 6, 8)
     assert "topic1." in inner(r["pages"][0]["text"])
@@ -315,26 +315,26 @@ def test_pages_at_the_limit(executor):
 
 
 def test_one_page_past_the_limit_is_invalid_argument(executor):
-    msg = err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_from=2,
-              page_to=7)  # fmt: skip
+    msg = err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_start=2,
+              page_end=7)  # fmt: skip
     assert "6 pages" in msg and "at most 5" in msg
 
 
 def test_pages_range_rules(executor):
-    one = ok(executor, "read_doc_pages", doc_id="guide", page_from=8)
+    one = ok(executor, "read_doc_pages", doc_id="guide", page_start=8)
     assert [p["page"] for p in one["pages"]] == [8]
-    clamped = ok(executor, "read_doc_pages", doc_id="guide", page_from=7, page_to=11)
+    clamped = ok(executor, "read_doc_pages", doc_id="guide", page_start=7, page_end=11)
     assert [p["page"] for p in clamped["pages"]] == [7, 8] and clamped["page_end"] == 8
-    assert "8 page" in err(executor, "read_doc_pages", "NOT_FOUND", doc_id="guide", page_from=9)
-    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_from=3, page_to=2)
-    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_from=0)
-    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_from=1_000_001)
+    assert "8 page" in err(executor, "read_doc_pages", "NOT_FOUND", doc_id="guide", page_start=9)
+    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_start=3, page_end=2)
+    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_start=0)
+    err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_start=1_000_001)
 
 
 def test_pages_fall_back_to_chunks_when_page_text_is_missing(store, clock):
     doc = parse_document(tenant_id="a", doc_id="old", content=GUIDE, fmt="markdown", config=CFG)
     store.put(replace(doc, page_texts=()))
-    r = ok(make_executor(store, clock), "read_doc_pages", doc_id="old", page_from=3, page_to=4)
+    r = ok(make_executor(store, clock), "read_doc_pages", doc_id="old", page_start=3, page_end=4)
     assert [inner(p["text"]) for p in r["pages"]] == [
         "section 2 text about topic2.", "section 3 text about topic3."
     ]  # fmt: skip
@@ -471,7 +471,7 @@ def test_full_documents_limits_and_errors(executor, args, code):
 CROSS_TENANT = [
     ("read_chunk_window", {"doc_id": "bdoc", "anchor_chunk_id": "bdoc:c00000"}),
     ("read_doc_section", {"doc_id": "bdoc", "section_id": "bdoc:s001-b"}),
-    ("read_doc_pages", {"doc_id": "bdoc", "page_from": 1}),
+    ("read_doc_pages", {"doc_id": "bdoc", "page_start": 1}),
     ("read_doc_metadata", {"doc_id": "bdoc"}),
     ("doc_local_search", {"doc_id": "bdoc", "query": "secret"}),
     ("load_documents_full", {"document_ids": ["bdoc"]}),
@@ -488,13 +488,13 @@ def test_another_tenants_document_is_not_found_and_leaks_nothing(executor, name,
 def test_the_same_doc_id_reads_the_callers_own_document(executor):
     for name, args in [
         ("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c00000"}),
-        ("read_doc_pages", {"doc_id": "guide", "page_from": 1}),
+        ("read_doc_pages", {"doc_id": "guide", "page_start": 1}),
         ("doc_local_search", {"doc_id": "guide", "query": "secret guide section"}),
         ("load_documents_full", {"document_ids": ["guide"]}),
     ]:
         assert "SECRET" not in json.dumps(ok(executor, name, **args))
     b = Caller("b", "u9")
-    out = run(executor, "read_doc_pages", b, doc_id="guide", page_from=1)
+    out = run(executor, "read_doc_pages", b, doc_id="guide", page_start=1)
     assert "SECRET-B" in out.result["pages"][0]["text"]
 
 
@@ -531,7 +531,7 @@ def test_bad_arguments_are_invalid_argument_results(executor, args, message):
 
 def test_ids_and_pages_at_their_schema_limits_pass_the_schema(executor):
     err(executor, "read_doc_metadata", "NOT_FOUND", doc_id="x" * 200)
-    err(executor, "read_doc_pages", "NOT_FOUND", doc_id="guide", page_from=1_000_000)
+    err(executor, "read_doc_pages", "NOT_FOUND", doc_id="guide", page_start=1_000_000)
 
 
 def test_arguments_that_are_not_an_object(executor):
@@ -623,7 +623,7 @@ def test_a_document_cannot_close_its_delimiters(executor):
         ok(executor, "read_doc_section", doc_id="evil",
            section_id=ok(executor, "read_doc_metadata", doc_id="evil")["sections"][0]["section_id"]
            )["text"],
-        ok(executor, "read_doc_pages", doc_id="evil", page_from=1)["pages"][0]["text"],
+        ok(executor, "read_doc_pages", doc_id="evil", page_start=1)["pages"][0]["text"],
         ok(executor, "load_documents_full", document_ids=["evil"])["documents"][0]["content"],
         ok(executor, "read_chunk_window", doc_id="evil", anchor_chunk_id="evil:c00000",
            radius=2)["text"],
@@ -773,8 +773,8 @@ def test_one_json_log_line_and_one_observation_per_call(executor, metrics, caplo
 def test_prometheus_metrics(store, clock):
     registry = CollectorRegistry()
     ex = make_executor(store, clock, PrometheusToolMetrics(registry))
-    ok(ex, "read_doc_pages", doc_id="guide", page_from=1)
-    err(ex, "read_doc_pages", "NOT_FOUND", doc_id="bdoc", page_from=1)
+    ok(ex, "read_doc_pages", doc_id="guide", page_start=1)
+    err(ex, "read_doc_pages", "NOT_FOUND", doc_id="bdoc", page_start=1)
 
     def sample(name, **labels):
         return registry.get_sample_value(name, labels)

@@ -159,7 +159,7 @@ async def test_grpc_refuses_the_reserved_kb_tenant(kb_executor: ToolExecutor) ->
     async with grpc_proxy(kb_executor) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Execute(
-                request("read_doc_pages", {"doc_id": "kb-1", "page_from": 1}, tenant=KB_TENANT),
+                request("read_doc_pages", {"doc_id": "kb-1", "page_start": 1}, tenant=KB_TENANT),
                 timeout=5,
             )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -183,7 +183,7 @@ async def test_mcp_refuses_the_reserved_kb_tenant_and_malformed_tenants(
                 "method": "tools/call",
                 "params": {
                     "name": "read_doc_pages",
-                    "arguments": {"doc_id": "kb-1", "page_from": 1},
+                    "arguments": {"doc_id": "kb-1", "page_start": 1},
                 },
             }
             r = await http.post(

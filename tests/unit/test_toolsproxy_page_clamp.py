@@ -1,4 +1,4 @@
-"""read_doc_pages clamps page_to to the document's last page before counting the pages
+"""read_doc_pages clamps page_end to the document's last page before counting the pages
 against MCP_PROXY_MAX_PAGES_PER_CALL."""
 
 import asyncio
@@ -41,8 +41,8 @@ def executor(tmp_path):
     store.close()
 
 
-def read(executor, doc_id, page_from, page_to):
-    args = {"doc_id": doc_id, "page_from": page_from, "page_to": page_to}
+def read(executor, doc_id, page_start, page_end):
+    args = {"doc_id": doc_id, "page_start": page_start, "page_end": page_end}
     return asyncio.run(executor.execute("read_doc_pages", args, A))
 
 
