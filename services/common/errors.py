@@ -108,7 +108,9 @@ class ResourceExhaustedError(ServiceError, code=RESOURCE_EXHAUSTED, reason="RATE
 
 
 class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILABLE"):
-    """A dependency is down or failed (HTTP 502 through Envoy). Safe to retry."""
+    """A dependency is down or failed (HTTP 502 through Envoy). The handler has already
+    retried it; the status goes out marked not to be repeated (services.common.interceptors),
+    and the mesh's channels do not repeat it."""
 
 
 class BackendUnavailableError(UnavailableError, reason="backend_unavailable"):
