@@ -20,8 +20,10 @@ Tool calling has two wire forms:
   - ``{"answer": str}`` -> the final answer;
   - text that does not start like JSON (``{``/``[``, after stripping a Markdown code fence)
     -> the model ignored the format but answered: that text is the final answer;
-  - empty text, JSON that does not parse (e.g. cut by max_tokens), or a JSON value of any
-    other shape -> it cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
+  - an ``{"answer": "…`` that max_tokens cut off (finish_reason ``length``) -> the answer
+    as far as it got, with "…" (`truncated_answer`);
+  - empty text, other JSON that does not parse (a cut tool call among it), or a JSON value of
+    any other shape -> it cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
     (``kind=bad_response``).
 
 Resilience. ``timeout_s`` bounds the whole call, the retry included (clamped to
@@ -87,7 +89,30 @@ log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-"""A larger answer is a bad response (a chat completion is far smaller)."""
+"""A larger answer or stream (in bytes) is a bad response (a chat completion is far smaller)."""
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an event stream's body (ended by CRLF, LF or CR, as SSE allows), decoded
+    as UTF-8 (an undecodable byte becomes U+FFFD). A CR at the end of a chunk waits for the
+    next one, which may start with the LF of the same line end."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        held = pending.endswith(b"\r")
+        *lines, pending = _LINE_END.split(pending[:-1] if held else pending)
+        if held:
+            pending += b"\r"
+        for line in lines:
+            yield line.decode("utf-8", "replace")
+    *lines, last = _LINE_END.split(pending)
+    for line in lines:
+        yield line.decode("utf-8", "replace")
+    if last:
+        yield last.decode("utf-8", "replace")
+
+
 # -- settings --------------------------------------------------------------------------------
 
 
@@ -1178,10 +1203,10 @@ class OpenAiChatRuntime:
         except ValueError:
             raise _Failure("bad_response", "LLM runtime sent an answer that is not JSON") from None
 
-    async def _events(self, response: httpx.Response, deadline: float) -> AsyncIterator[str]:
-        """The ``data:`` payloads of an SSE body, each read within the deadline."""
-        lines = response.aiter_lines()
-        data: list[str] = []
+    async def _body_chunks(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
+        """A streamed body's chunks, each read within the deadline; more than
+        MAX_RESPONSE_BYTES in all is refused, as `_read_body` refuses an answer."""
+        chunks = response.aiter_bytes()
         size = 0
         while True:
             remaining = deadline - self._clock()
@@ -1189,16 +1214,22 @@ class OpenAiChatRuntime:
                 raise _Failure("timeout", "LLM runtime did not finish in time")
             try:
                 async with asyncio.timeout(remaining):
-                    line = await anext(lines)
+                    chunk = await anext(chunks)
             except StopAsyncIteration:
-                break
+                return
             except (TimeoutError, httpx.TimeoutException):
                 raise _Failure("timeout", "LLM runtime did not finish in time") from None
             except httpx.TransportError:
                 raise _Failure("unreachable", "LLM runtime dropped the stream") from None
-            size += len(line)
+            size += len(chunk)
             if size > MAX_RESPONSE_BYTES:
                 raise _Failure("bad_response", "LLM runtime sent an oversized stream")
+            yield chunk
+
+    async def _events(self, response: httpx.Response, deadline: float) -> AsyncIterator[str]:
+        """The ``data:`` payloads of an SSE body (`_body_chunks`: the deadline, the size)."""
+        data: list[str] = []
+        async for line in sse_lines(self._body_chunks(response, deadline)):
             if not line:
                 if data:
                     yield "\n".join(data)
