@@ -1,4 +1,4 @@
-"""Channels to downstream services: deadline on every call, trace id propagated, retry on UNAVAILABLE only, optional client metrics."""
+"""Channels to downstream services: deadline on every call, trace id propagated, retry only on an UNAVAILABLE that never reached a handler, optional client metrics."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import difflib
 import importlib.util
 import math
 import os
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -196,8 +197,11 @@ class Var:
     """Names read when `name` is unset: a spec's own alternative (LOG_LEVEL, RAG_WINDOW_RADIUS,
     VECTOR_DB_URL), or the setting this one falls back to (Retrieval's runtime settings)."""
     choices: tuple[str, ...] = ()
-    """Allowed text values (compared lower-cased when `lower`)."""
+    """Allowed text values (compared lower-cased when `lower`, upper-cased when `upper`)."""
     lower: bool = False
+    """The text value is lower-cased (a setting taken in any case)."""
+    upper: bool = False
+    """The text value is upper-cased (a setting taken in any case)."""
     default_doc: str = ""
     """What the docs show as the default when it is computed at start."""
     range_doc: str = ""
@@ -240,6 +244,8 @@ class Var:
             text = env.text(names, value)
             if self.lower:
                 text = text.lower()
+            if self.upper:
+                text = text.upper()
             found = env.raw(names) if self.choices and text not in self.choices else None
             if found is not None:
                 raise SettingsError(f"{found[0]}={text!r} must be one of {', '.join(self.choices)}")
@@ -422,6 +428,10 @@ OTEL_SDK_DISABLED = flag(
 )
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The levels a service's LOG_LEVEL takes (any case): logging's names."""
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """How a gRPC server listens; the same knobs for every service, under its prefix."""
@@ -435,7 +445,7 @@ class ServerSettings:
     metrics_port: int = 0
     """Prometheus /metrics port; 0 disables the HTTP exporter."""
     log_level: str = "INFO"
-    """Root log level."""
+    """Root log level, in any case."""
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest gRPC message received or sent."""
     grace_seconds: float = 10.0
@@ -465,7 +475,6 @@ class ServerSettings:
         `max_message_bytes` is given by a service that computes it (Retrieval), else read."""
         fields = server_fields(prefix, default_port)
         values = fields.values(env)
-        values["log_level"] = values["log_level"].upper()
         if max_message_bytes is not None:
             values["max_message_bytes"] = max_message_bytes
         return cls(service=service, tracing=TracingSettings.from_env(env), **values)
@@ -483,11 +492,10 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
     """The Vars of ServerSettings under one service's prefix."""
     # LOG_LEVEL: the specs' mesh-wide name (llm-service.md §11, retrieval.md §8.1), the LLM
     # service's only one; the others read their prefixed name first.
-    log_level = (
-        text("LOG_LEVEL")
-        if prefix == "LLM_SERVICE_"
-        else text(prefix + "LOG_LEVEL", also=("LOG_LEVEL",))
+    name, also = (
+        ("LOG_LEVEL", ()) if prefix == "LLM_SERVICE_" else (prefix + "LOG_LEVEL", ("LOG_LEVEL",))
     )
+    log_level = text(name, also=also, choices=LOG_LEVELS, upper=True)
     # Retrieval's message size is not read: it follows RETR_MAX_DOCUMENT_BYTES.
     size = (
         {}
@@ -526,14 +534,29 @@ class DownstreamSettings:
     timeout_seconds: float
     """Deadline of one call when the caller's own deadline is longer (or absent)."""
     retry_attempts: int = 3
-    """Attempts in all on UNAVAILABLE (1 = no retry)."""
+    """Attempts in all of a call that fails UNAVAILABLE in transport, never reaching a handler
+    (the peer unreachable, or refusing new calls as it stops); an UNAVAILABLE a handler
+    returned is not retried (channels.py). 1 = no retry."""
+
+
+TARGET_SCHEMES = ("grpc://", "http://", "dns:///")
+"""The URL schemes a gRPC target may carry (any case); the mesh speaks plaintext gRPC."""
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
-    """The host (an IPv6 one still in brackets) and port of a gRPC target."""
+    """The host (an IPv6 one still in brackets) and port of a gRPC target: host:port, or a
+    URL with one of TARGET_SCHEMES; any other scheme (https://, grpcs://) is a SettingsError."""
     target = value
-    for scheme in ("grpc://", "http://", "dns:///"):
-        target = target.removeprefix(scheme)
+    url = _URL_SCHEME.match(value)
+    if url is not None:
+        scheme = next((s for s in TARGET_SCHEMES if value.lower().startswith(s)), None)
+        if scheme is None:
+            raise SettingsError(
+                f"{name}={value!r}: {url[0]} is not supported (no TLS: the mesh speaks "
+                "plaintext gRPC); use grpc:// or http:// or host:port"
+            )
+        target = value[len(scheme) :]
     host, colon, port = target.rstrip("/").rpartition(":")
     host = host or (default_host if colon else "")
     if not host or not port.isdigit():
@@ -543,7 +566,8 @@ def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
 
 def grpc_target(value: str, name: str) -> str:
     """host:port from 'host:port', 'grpc://host:port', 'http://host:port/' or
-    'dns:///host:port' (the specs use URLs); the host is required."""
+    'dns:///host:port' (the specs use URLs; any other scheme is refused); the host is
+    required."""
     host, port = _host_port(value, name, "")
     return f"{host}:{port}"
 
@@ -596,5 +620,7 @@ def retry_attempts(prefix: str) -> Var:
     """`<prefix>RETRY_ATTEMPTS`: one count for every downstream gRPC call of a service."""
     return integer(
         prefix + "RETRY_ATTEMPTS", 3, 1, 5,
-        doc="Attempts in all of a downstream gRPC call on UNAVAILABLE (1 = no retry).",
+        doc="Attempts in all of a downstream gRPC call that fails UNAVAILABLE without "
+        "reaching a handler (the peer unreachable, or refusing new calls as it stops); an "
+        "UNAVAILABLE the handler returned is not retried. 1 = no retry.",
     )  # fmt: skip
