@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 
 from services.common.search_contract import KB_TENANT
-from services.common.settings import Env
+from services.common.settings import Env, SettingsError
 from services.common.shared_config import DATA_DIR
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
@@ -69,9 +70,9 @@ DEMO_RATE_QUESTION = "Какой курс доллара сегодня?"
 """Asked after the document question: answered from the bank (the demo stand-in here)."""
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 1) -> int:
     print(f"error: {message}", file=sys.stderr)
-    return 1
+    return code
 
 
 def http_error(response: httpx.Response, limit: int = 500) -> tuple[str, str]:
@@ -254,13 +255,29 @@ MODELS = ("extractive", "local")
 A runtime named by LLM_RUNTIME_URL wins over both."""
 
 
+DEFAULT_WORKDIR = REPO_ROOT / ".run"
+"""`visior run`'s logs: the repository's .run/, beside its data/ (default_data_dir)."""
+
+
+def default_data_dir() -> Path:
+    """`--data-dir`'s default: VISIOR_DATA_DIR, else the repository's data/
+    (LocalModelConfig.data_dir), where the services keep it by default. A relative path is
+    the caller's: the Mesh and LocalModelConfig make it absolute (absolute_path).
+
+    Read without the services' check of undeclared names (`Env()`): that check is theirs
+    at start (`run` and `demo` make it, STARTS_SERVICES), and the client commands read no
+    setting.
+    """
+    return Path(DATA_DIR.read(Env(os.environ), str(LocalModelConfig.data_dir)))
+
+
 def _local_model(model: str, data_dir: str | Path, n_ctx: int) -> LocalModelConfig | None:
     return LocalModelConfig(data_dir=Path(data_dir), n_ctx=n_ctx) if model == "local" else None
 
 
 def run(
-    data_dir: str,
-    workdir: str,
+    data_dir: str | Path,
+    workdir: str | Path,
     samples: bool,
     bank_standin: bool = True,
     model: str = "extractive",
@@ -301,7 +318,7 @@ def demo(
     question: str,
     rate_question: str = DEMO_RATE_QUESTION,
     model: str = "extractive",
-    model_data_dir: str | Path = DATA_DIR.default,
+    model_data_dir: str | Path = LocalModelConfig.data_dir,
     n_ctx: int = LocalModelConfig.n_ctx,
 ) -> int:
     """The main job on embedded defaults: start the mesh, ingest the samples, ask, stop.
@@ -350,17 +367,29 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+STARTS_SERVICES = ("run", "demo")
+"""The commands that start the services: they refuse the environment as the services would
+at start (`Env()`, refuse_undeclared) before starting any."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a setting it cannot use is one `error:` line and exit code 2."""
     parser = argparse.ArgumentParser(prog="visior", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    data_dir = default_data_dir()
     p = sub.add_parser("run", help="start the four servers and Envoy in the foreground")
     p.add_argument(
         "--data-dir",
-        default=DATA_DIR.read(Env()),
+        default=data_dir,
         help="where the mesh keeps its data: the services' VISIOR_DATA_DIR (default: that "
-        "variable's value, else 'data')",
+        "variable's value, else the repository's data/; a relative path is taken from the "
+        "current directory)",
     )
-    p.add_argument("--workdir", default=".run")
+    p.add_argument(
+        "--workdir", default=DEFAULT_WORKDIR,
+        help="where the logs go (default: the repository's .run/; a relative path is taken "
+        "from the current directory)",
+    )  # fmt: skip
     p.add_argument("--samples", action="store_true", help="ingest samples/docs into tenant demo")
     p.add_argument(
         "--real-bank", action="store_true",
@@ -371,8 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
     p.add_argument(
-        "--data-dir", default=DATA_DIR.read(Env()), help="where the local model's weights are kept"
-    )
+        "--data-dir", default=data_dir,
+        help="where the local model's weights are kept (default: as `run`'s --data-dir)",
+    )  # fmt: skip
     _model_flags(p)
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
     p.add_argument("question")
@@ -413,6 +443,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"documents per request (1-{MAX_PAGE_SIZE}; default: the server's)",
     )  # fmt: skip
     a = parser.parse_args(argv)
+    try:
+        return _dispatch(a)
+    except SettingsError as exc:
+        return _fail(str(exc), 2)
+
+
+def _dispatch(a: argparse.Namespace) -> int:
+    if a.command in STARTS_SERVICES:
+        Env()  # refuses an undeclared name as every service would at start, before any starts
     if a.command == "run":
         return run(
             a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank,

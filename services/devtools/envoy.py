@@ -16,7 +16,15 @@ import yaml
 from services.devtools.processes import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Where the committed envoy/envoy.yaml is run from (its descriptor path is relative)."""
+"""Where the committed envoy/envoy.yaml is run from (its descriptor path is relative), and
+where the launcher runs its child processes (Envoy, the services, the local model)."""
+
+
+def absolute_path(path: str | Path) -> Path:
+    """`path` as a child process must get it: absolute, a relative one resolved against the
+    caller's working directory. The children run in REPO_ROOT, the caller anywhere, so a
+    relative path would name another file in the child."""
+    return Path(path).resolve()
 
 
 class EnvoyError(RuntimeError):
@@ -47,9 +55,11 @@ def envoy_binary() -> str:
 def validate(
     config_path: str | Path, *, cwd: str | Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `envoy --mode validate -c config_path` (from `cwd`, default the repo root)."""
+    """Run `envoy --mode validate -c config_path` (from `cwd`, default the repo root); a
+    relative `config_path` is the caller's (absolute_path)."""
+    config = str(absolute_path(config_path))
     return subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(config_path), "--log-level", "warn"],
+        [envoy_binary(), "--mode", "validate", "-c", config, "--log-level", "warn"],
         cwd=str(cwd or REPO_ROOT),
         capture_output=True,
         text=True,
@@ -109,12 +119,13 @@ class EnvoyProcess:
         """Write `workdir/envoy.yaml` and start Envoy on it; returns at once.
 
         Envoy's own log goes to `workdir/envoy.log`; stdout (the access log, when the
-        config has one) to `stdout` if given, else `workdir/envoy.out`. `cwd` (default the
-        repo root) is where a relative descriptor path is resolved.
+        config has one) to `stdout` if given, else `workdir/envoy.out`. A relative `workdir`
+        is the caller's (absolute_path); `cwd` (default the repo root) is where a relative
+        descriptor path in the config is resolved.
         """
         if self._proc is not None:
             raise EnvoyError("Envoy already started")
-        work = Path(workdir)
+        work = absolute_path(workdir)
         work.mkdir(parents=True, exist_ok=True)
         self.admin_port = _admin_port(config_text)
         self.config_path = work / "envoy.yaml"

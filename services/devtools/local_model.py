@@ -35,7 +35,9 @@ from typing import IO, BinaryIO
 
 import httpx
 
+from services.common.shared_config import DATA_DIR
 from services.common.topology import free_ports
+from services.devtools.envoy import absolute_path
 from services.devtools.processes import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -342,8 +344,10 @@ def gguf_name(path: str | Path) -> str | None:
 class LocalModelConfig:
     """How the mesh runs the local model (`visior run/demo --model local`)."""
 
-    data_dir: Path = REPO_ROOT / "data"
-    """The assembled GGUF goes to ``<data_dir>/models/`` (kept between runs)."""
+    data_dir: Path = REPO_ROOT / DATA_DIR.default
+    """The assembled GGUF goes to ``<data_dir>/models/`` (kept between runs). Default: the
+    repository's data/, where the services keep their data by default. Made absolute
+    (absolute_path: a relative one is the caller's), as the server gets its model path."""
     n_ctx: int = 8192
     """Context size in tokens (one slot: the whole context is one request's)."""
     threads: int = 2
@@ -356,6 +360,9 @@ class LocalModelConfig:
     """Which weights."""
     install: bool = True
     """Install missing packages with pip on start (False: fail instead)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", absolute_path(self.data_dir))
 
 
 class LocalModel:

@@ -27,7 +27,7 @@ from services.common.shared_config import MIN_FIRST_PROMPT_TOKENS, llm_completio
 from services.common.topology import SERVICES, Ports, free_ports
 from services.devtools.cbr_standin import PATH as BANK_PATH
 from services.devtools.cbr_standin import BankStandIn
-from services.devtools.envoy import REPO_ROOT, EnvoyProcess
+from services.devtools.envoy import REPO_ROOT, EnvoyProcess, absolute_path
 from services.devtools.envoy_config import STREAM_IDLE, render
 from services.devtools.local_model import LocalModel, LocalModelConfig
 from services.devtools.processes import terminate
@@ -142,7 +142,8 @@ def local_envoy_timeouts() -> dict[str, float]:
 
 
 class Mesh:
-    """Four servers + Envoy on `ports`, data under `data_dir`, logs under `workdir`.
+    """Four servers + Envoy on `ports`, data under `data_dir`, logs under `workdir` (a
+    relative one is the caller's: each is made absolute before any child gets it).
 
     `bank_standin=True` starts the demo stand-in of the Bank of Russia on 127.0.0.1:`bank_port`
     (a free port when 0) before the services and gives the ToolsProxy
@@ -173,9 +174,11 @@ class Mesh:
         local_model: LocalModelConfig | None = None,
     ) -> None:
         self.ports = ports
-        self.data_dir = Path(data_dir).resolve()
-        """Absolute: the services run in the repository root, the caller anywhere."""
-        self.workdir = Path(workdir)
+        self.data_dir = absolute_path(data_dir)
+        """Absolute (absolute_path): the services run in the repository root, the caller
+        anywhere."""
+        self.workdir = absolute_path(workdir)
+        """Absolute (absolute_path): Envoy gets its config path under it."""
         self._extra_env = dict(env or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}

@@ -208,7 +208,9 @@ def test_an_error_answer_reads_as_its_status_reason_and_message(status, body, sa
 
 @pytest.mark.parametrize("value", [None, "/srv/visior-data"])
 def test_the_data_directory_defaults_to_the_services_setting(monkeypatch, value) -> None:
+    # Unset, it is the repository's data/, where the services keep it by default.
     from services.common.shared_config import DATA_DIR
+    from services.devtools.envoy import REPO_ROOT
 
     if value is None:
         monkeypatch.delenv("VISIOR_DATA_DIR", raising=False)
@@ -219,7 +221,7 @@ def test_the_data_directory_defaults_to_the_services_setting(monkeypatch, value)
     monkeypatch.setattr(cli, "demo", lambda *a, **k: seen.setdefault("demo", k["model_data_dir"]))
     cli.main(["run"])
     cli.main(["demo"])
-    expected = value or DATA_DIR.default
+    expected = Path(value) if value else REPO_ROOT / DATA_DIR.default
     assert seen == {"run": expected, "demo": expected}
 
 
