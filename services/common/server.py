@@ -17,6 +17,7 @@ from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics, serve_metrics
 from services.common.reflection import enable_reflection
 from services.common.settings import ServerSettings
+from services.common.shared_config import MAX_REQUEST_METADATA_BYTES
 from services.common.tracing import Tracing, install_tracing
 
 log = logging.getLogger("visior.server")
@@ -57,10 +58,15 @@ class RunningServer:
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """The grpc options of a server: message and metadata limits, keepalive."""
     ms = settings.keepalive_seconds * 1000
     return [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
+        # grpc refuses metadata past the hard limit, and a random share of it between the
+        # soft and the hard one: both at one value, a request under it is always taken.
+        ("grpc.max_metadata_size", MAX_REQUEST_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_REQUEST_METADATA_BYTES),
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),

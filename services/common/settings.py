@@ -471,21 +471,35 @@ class ServerSettings:
         *,
         max_message_bytes: int | None = None,
     ) -> ServerSettings:
-        """The server knobs under `prefix` (ORCH_, LLM_SERVICE_, RETR_, MCP_PROXY_);
-        `max_message_bytes` is given by a service that computes it (Retrieval), else read."""
+        """The server knobs under `prefix` (ORCH_, LLM_SERVICE_, RETR_, MCP_PROXY_).
+
+        `max_message_bytes` is the service's own default for <prefix>MAX_MESSAGE_BYTES (the
+        Orchestrator's and the LLM service's: the body limit of their JSON route), which the
+        setting overrides; without it the default is the field's. Retrieval declares no such
+        setting: the value it gives (from RETR_MAX_DOCUMENT_BYTES) is taken as is."""
         fields = server_fields(prefix, default_port)
-        values = fields.values(env)
-        if max_message_bytes is not None:
-            values["max_message_bytes"] = max_message_bytes
+        given = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
+        values = {**given, **fields.values(env, **given)}
         return cls(service=service, tracing=TracingSettings.from_env(env), **values)
 
     @classmethod
     def for_service(
         cls, key: str, env: Env, *, max_message_bytes: int | None = None
     ) -> ServerSettings:
-        """`from_env` for a service of the mesh: its prefix and default port from the topology."""
+        """`from_env` for a service of the mesh: its prefix and default port from the topology,
+        its default message size (`max_message_bytes`) from the service."""
         prefix, port = SERVICE_BY_KEY[key].env_prefix, Ports().grpc[key]
         return cls.from_env(key, prefix, env, port, max_message_bytes=max_message_bytes)
+
+
+MESSAGE_BYTES_DEFAULT_DOCS = {
+    "ORCH_": "the Respond route's body limit (envoy/README.md)",
+    "LLM_SERVICE_": "the Generate routes' body limit (envoy/README.md)",
+}
+"""The documented default of <prefix>MAX_MESSAGE_BYTES where the service gives its own to
+`ServerSettings.for_service`; elsewhere it is the field's. The setting is declared alike
+wherever it is read, also where only the service's key is known (launchers reading its port),
+so this names the rule and the value stays the service's."""
 
 
 def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
@@ -502,7 +516,10 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
         if prefix == "RETR_"
         else {
             "max_message_bytes": integer(
-                prefix + "MAX_MESSAGE_BYTES", minimum=1024, maximum=300 * 1024 * 1024
+                prefix + "MAX_MESSAGE_BYTES",
+                minimum=1024,
+                maximum=300 * 1024 * 1024,
+                default_doc=MESSAGE_BYTES_DEFAULT_DOCS.get(prefix, ""),
             )
         }
     )

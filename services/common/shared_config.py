@@ -37,6 +37,36 @@ LEGACY_CHUNK_WINDOW = integer(
 UTF8_MAX_BYTES = 4
 """UTF-8 bytes one character takes at most: a limit in bytes holds a quarter as many
 characters of any script."""
+JSON_CHAR_BYTES = 6
+"""JSON bytes the Respond and Generate body limits count for one character of a text field:
+enough for raw UTF-8 (at most 4 bytes) and for the \\uXXXX escape Python's json.dumps writes
+by default (ensure_ascii) for a character of the Basic Multilingual Plane, Cyrillic included.
+json.dumps escapes a character beyond it (an emoji, CJK Extension B) as two escapes, 12 bytes:
+a text of such characters near its limit can exceed the route's limit when so escaped; sent as
+raw UTF-8 (`ensure_ascii=False`) it fits."""
+TEXT_ENVELOPE_BYTES = 1 << 20
+"""Room a Respond or Generate body leaves for everything but the texts its limit counts: ids,
+names, filters, the message roles and the JSON around them. For Generate also the fields its
+validator does not bound in size (system prompt, context chunk texts, stop sequences, anchors,
+planned calls): they share it, and a body with more of them is refused with 413."""
+
+
+def text_body_bytes(chars: int) -> int:
+    """The body limit of a JSON route whose request texts hold at most `chars` characters in
+    all: JSON_CHAR_BYTES a character plus TEXT_ENVELOPE_BYTES. It is also the gRPC message
+    limit of the service behind the route: a proto message is never larger than the JSON it
+    was transcoded from (a string is raw UTF-8 in proto, raw or escaped in JSON), so every body
+    Envoy lets through reaches the service's validator."""
+    return chars * JSON_CHAR_BYTES + TEXT_ENVELOPE_BYTES
+
+
+MAX_REQUEST_METADATA_BYTES = 2 << 20
+"""The most request metadata a gRPC server of the mesh takes, as grpc counts it: names and
+values plus 32 bytes an entry (HTTP/2's header list size), pseudo-headers included. More
+than any Envoy sidecar lets through (services/devtools/envoy_config.py checks its header
+limits against it; the retrieval listener's, sized for ListDocuments' query string, is the
+largest), so a JSON request Envoy takes never meets grpc's default limit (8 KiB, at most
+16 KiB), whose refusal is a RESOURCE_EXHAUSTED without ErrorInfo that reads as a rate limit."""
 MAX_CONTEXT_CHARS = 50_000
 """Characters of selected documents the Orchestrator reads whole (S3) by default: the
 default of ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars)."""

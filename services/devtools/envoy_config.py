@@ -18,19 +18,25 @@ import yaml
 from services.common.call_budgets import (
     CALL_BUDGETS,
     DEFAULT_TIMEOUT_S,
+    GENERATE,
+    GENERATE_STREAM,
     INGEST,
+    RESPOND,
     STREAM_IDLE_TIMEOUT_S,
     CallBudget,
 )
-from services.common.shared_config import UTF8_MAX_BYTES
+from services.common.shared_config import MAX_REQUEST_METADATA_BYTES, UTF8_MAX_BYTES
 from services.common.topology import SERVICES, Ports, ServiceSpec
+from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
+from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
 from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
 from services.retrieval.listing import MAX_LISTED_IDS
 
 MiB = 1 << 20
 
 DEFAULT_MAX_REQUEST_BYTES = 1 * MiB
-"""Largest JSON request body on every route but ingestion (HTTP 413 above it)."""
+"""Largest JSON request body on every route but those of ROUTE_MAX_REQUEST_BYTES (HTTP 413
+above it)."""
 INGEST_ENVELOPE_BYTES = 1 * MiB
 """Room an ingestion body leaves for everything but the document (names, tags, metadata)."""
 INGEST_MAX_REQUEST_BYTES = 4 * -(-DEFAULT_MAX_DOCUMENT_BYTES // 3) + INGEST_ENVELOPE_BYTES
@@ -60,6 +66,39 @@ MAX_REQUEST_HEADERS_KB = (
 )
 """The retrieval listener's request-line-and-headers limit: a GET ListDocuments with its
 MAX_LISTED_IDS longest doc_ids of any script, plus Envoy's default for the rest."""
+ENVOY_MAX_HEADERS = 100
+"""Envoy's default most request headers (max_headers_count, not set here; 431 above it)."""
+METADATA_SLACK_BYTES = 8 * 1024
+"""What grpc counts of a request's metadata beyond the request line and headers Envoy
+measured: 32 bytes an entry for ENVOY_MAX_HEADERS of the caller's and the dozen Envoy adds
+(x-request-id, x-forwarded-proto, grpc-timeout, te, content-type, ...) with their names and
+values. The URL is not among them: the server's :path is the gRPC method, the transcoder
+moves the query string into the message, and each route removes x-envoy-original-path."""
+
+
+LISTENER_HEADERS_KB: Mapping[str, int] = {"retrieval": MAX_REQUEST_HEADERS_KB}
+"""The request-line-and-headers limit of the listeners that do not keep
+ENVOY_DEFAULT_HEADERS_KB."""
+
+
+def upstream_metadata_bytes(headers_kb: int) -> int:
+    """The most metadata, as grpc counts it, that a request within `headers_kb` KiB of request
+    line and headers brings the gRPC server."""
+    return headers_kb * 1024 + METADATA_SLACK_BYTES
+
+
+def listener_headers_kb(key: str) -> int:
+    """The request-line-and-headers limit of service `key`'s listener. ValueError when a request
+    within it could bring the server more metadata than the servers take
+    (MAX_REQUEST_METADATA_BYTES): Envoy would pass it and grpc refuse it."""
+    headers_kb = LISTENER_HEADERS_KB.get(key, ENVOY_DEFAULT_HEADERS_KB)
+    if upstream_metadata_bytes(headers_kb) > MAX_REQUEST_METADATA_BYTES:
+        raise ValueError(
+            f"the {key} listener takes {headers_kb} KiB of request headers, more than the "
+            f"servers' {MAX_REQUEST_METADATA_BYTES} bytes of metadata (MAX_REQUEST_METADATA_BYTES)"
+        )
+    return headers_kb
+
 
 DEFAULT_ROUTE = "default"
 """Key of `timeouts` for the catch-all route of a service's prefix."""
@@ -82,14 +121,25 @@ class RouteRule:
     """Body limit of this route when it differs from DEFAULT_MAX_REQUEST_BYTES."""
 
 
+ROUTE_MAX_REQUEST_BYTES: Mapping[CallBudget, int] = {
+    RESPOND: RESPOND_MAX_REQUEST_BYTES,
+    GENERATE: GENERATE_MAX_REQUEST_BYTES,
+    GENERATE_STREAM: GENERATE_MAX_REQUEST_BYTES,
+    INGEST: INGEST_MAX_REQUEST_BYTES,
+}
+"""The body limit of each call budget's route that has its own; the others take
+DEFAULT_MAX_REQUEST_BYTES. Respond's and Generate's are their services' (next to the validators
+whose limits they hold), which are also those services' default gRPC message limits."""
+
+
 def _rule(budget: CallBudget) -> RouteRule:
-    """The route of one call budget (services.common.call_budgets), with its timeout."""
-    max_request_bytes = INGEST_MAX_REQUEST_BYTES if budget is INGEST else None
+    """The route of one call budget (services.common.call_budgets), with its timeout and
+    body limit."""
     return RouteRule(
         budget.http_path,
         budget.timeout_s,
         method=budget.http_method,
-        max_request_bytes=max_request_bytes,
+        max_request_bytes=ROUTE_MAX_REQUEST_BYTES.get(budget),
     )
 
 
@@ -426,7 +476,7 @@ def _transcoder_filter(spec: ServiceSpec, descriptor_path: str, max_body: int) -
                 "reject_unknown_query_parameters": True,
             },
             # The transcoder holds a whole message; without these it would stop at
-            # the connection buffer limit (1 MiB) below the ingestion limit.
+            # the connection buffer limit (1 MiB) below the routes' own body limits.
             "max_request_body_size": max_body,
             "max_response_body_size": MAX_RESPONSE_BYTES,
         },
@@ -457,7 +507,7 @@ def _http_filters(
         http_filters.append(_fault_filter())
     http_filters += [
         # Reads the whole body and answers 413 past the limit, before any transcoding
-        # work; the ingestion route raises the limit per route.
+        # work; the routes of ROUTE_MAX_REQUEST_BYTES raise the limit per route.
         {
             "name": "envoy.filters.http.buffer",
             "typed_config": {
@@ -477,6 +527,7 @@ def _http_filters(
 def _connection_manager(
     spec: ServiceSpec, routes: list[dict[str, Any]], http_filters: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    headers_kb = listener_headers_kb(spec.key)
     return {
         "@type": _type(
             "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -485,7 +536,8 @@ def _connection_manager(
         "codec_type": "AUTO",
         # Every request gets an x-request-id (echoed in the response); a caller's own id is
         # kept, not replaced.
-        # Other headers (x-trace-id included) reach the server as gRPC metadata as-is.
+        # Other headers (x-trace-id included) reach the server as gRPC metadata as-is; the
+        # servers take more than the listener lets through (upstream_metadata_bytes).
         "generate_request_id": True,
         "preserve_external_request_id": True,
         "always_set_request_id_in_response": True,
@@ -493,7 +545,9 @@ def _connection_manager(
         # Request line and headers: Envoy's default 60 KiB refused (431) a ListDocuments GET
         # with its allowed 1,000 doc_ids of up to 128 characters (~140 KB of query string;
         # ~780 KB percent-encoded when the ids are Cyrillic). Other listeners keep the default.
-        **({"max_request_headers_kb": MAX_REQUEST_HEADERS_KB} if spec.key == "retrieval" else {}),
+        **(
+            {"max_request_headers_kb": headers_kb} if headers_kb != ENVOY_DEFAULT_HEADERS_KB else {}
+        ),
         "merge_slashes": True,
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "common_http_protocol_options": {"idle_timeout": "300s"},

@@ -21,6 +21,7 @@ from services.common.shared_config import (
     llm_completion_limit,
     llm_prompt_limit,
 )
+from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
 from services.llm.extractive import EXTRACTIVE
 from services.llm.loop import MIN_TOOL_RESULT_ROOM, LoopSettings
 from services.model_runtime.client import RuntimeSettings
@@ -67,7 +68,11 @@ class LlmSettings:
             default_model=runtime.default_model if runtime else EXTRACTIVE,
         )
         return cls(
-            server=ServerSettings.for_service("llm", env),
+            # Every Generate body Envoy lets through reaches the validator (a 400 naming the
+            # field), not grpc's bare RESOURCE_EXHAUSTED.
+            server=ServerSettings.for_service(
+                "llm", env, max_message_bytes=GENERATE_MAX_REQUEST_BYTES
+            ),
             tools_proxy=tools_proxy,
             runtime=runtime,
             loop=loop,

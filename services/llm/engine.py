@@ -12,6 +12,7 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import ANSWER_LANGUAGES, MAX_MESSAGE_CHARS
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
+from services.common.shared_config import text_body_bytes
 from services.common.tool_contract import check_tool_user
 from services.llm.loop import LoopSettings, ToolLoop, outcome_of
 from services.llm.metrics import USAGE, LlmMetrics, begin_request, end_request
@@ -30,6 +31,14 @@ def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceed
 
 
 MAX_RESPONSE_SCHEMA_BYTES = 16 * 1024
+GENERATE_MAX_REQUEST_BYTES = text_body_bytes(
+    MAX_MESSAGES * MAX_MESSAGE_CHARS + MAX_RESPONSE_SCHEMA_BYTES
+)
+"""The largest Generate (and GenerateStream) request, as JSON (the body limit of `POST
+/internal/llm/generate` and `generate:stream`) and as a gRPC message
+(LLM_SERVICE_MAX_MESSAGE_BYTES' default): MAX_MESSAGES messages of the longest text `validate`
+takes and its largest response schema (bounded in UTF-8 bytes, so in characters too), with the
+envelope."""
 
 
 def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None:

@@ -33,6 +33,7 @@ from services.common.shared_config import (
     proxy_max_window_radius,
     radius,
 )
+from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
 
 MAX_CONTEXT_CHARS_LIMIT = MAX_FULL_TEXT_BYTES // UTF8_MAX_BYTES
@@ -114,7 +115,11 @@ class OrchestratorSettings:
             max_context_chars=min(asked_chars, whole_chars),
             max_full_documents=proxy_full_documents(env),
             held=held,
-            server=ServerSettings.for_service("orchestrator", env),
+            # Every Respond body Envoy lets through reaches the validator (a 400 naming the
+            # field), not grpc's bare RESOURCE_EXHAUSTED.
+            server=ServerSettings.for_service(
+                "orchestrator", env, max_message_bytes=RESPOND_MAX_REQUEST_BYTES
+            ),
             retrieval=RETRIEVAL.read(env, attempts),
             llm=LLM.read(env, attempts),
             runtime=runtime,

@@ -18,6 +18,7 @@ from services.common.prompt_limits import (
 from services.common.search_contract import (
     KB_SOURCE,
     MAX_FILTER_VALUES,
+    MAX_QUERY_CHARS,
     Filters,
     check_max_results,
     check_query,
@@ -27,6 +28,7 @@ from services.common.search_contract import (
     refuse_reserved_tenant,
     validate_filters,
 )
+from services.common.shared_config import text_body_bytes
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
@@ -75,6 +77,11 @@ from services.orchestrator.scenarios import (
 log = logging.getLogger("visior.orchestrator")
 
 MAX_HISTORY_TURNS = 20
+RESPOND_MAX_REQUEST_BYTES = text_body_bytes(MAX_QUERY_CHARS + MAX_HISTORY_TURNS * MAX_MESSAGE_CHARS)
+"""The largest Respond request, as JSON (the body limit of `POST
+/internal/orchestrator/respond`) and as a gRPC message (ORCH_MAX_MESSAGE_BYTES' default): the
+longest query and MAX_HISTORY_TURNS turns of the longest message `validate` takes, with the
+envelope."""
 MAX_SOURCES = 5
 SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer from the user's documents only. "

@@ -24,9 +24,8 @@ MAX_LIST_RESPONSE_BYTES = 3 << 20
 """The most bytes one ListDocumentsResponse takes encoded: a page ends before the document
 that would take it past this, and its next_page_token continues there.
 
-Below the smallest receive limit of the mesh's own gRPC clients, 4 MiB (gRPC's default,
-grpcurl's, and every service's default max_message_bytes, which the Orchestrator's channel
-to Retrieval takes), with room to spare; Envoy's MAX_RESPONSE_BYTES (32 MiB), which buffers
+Below 4 MiB, the receive limit of any default gRPC client (grpcurl's, a caller's grpcio
+channel), with room to spare; the Orchestrator's channel to Retrieval takes more; Envoy's MAX_RESPONSE_BYTES (32 MiB), which buffers
 it for JSON, is far above. One document at its fields' bounds (services/docstore/fields.py)
 takes about 160 KB, so a page always holds at least one."""
 _COUNTS_BYTES = 4 * 11

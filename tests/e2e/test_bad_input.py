@@ -38,7 +38,11 @@ from visior.retrieval.v1 import retrieval_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common.settings import Env
-from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, INGEST_MAX_REQUEST_BYTES
+from services.devtools.envoy_config import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    INGEST_MAX_REQUEST_BYTES,
+    ROUTE_MAX_REQUEST_BYTES,
+)
 from services.devtools.mesh import Mesh
 from services.llm.config import LlmSettings
 from services.orchestrator.config import OrchestratorSettings
@@ -655,6 +659,14 @@ SIZED: list[tuple[str, tuple[Any, ...], str, str]] = [
 ]  # fmt: skip
 
 
+BODY_LIMITS = {budget.http_path: limit for budget, limit in ROUTE_MAX_REQUEST_BYTES.items()}
+"""The body limit of each route that has its own (Respond, Generate, ingestion), by path."""
+
+
+def body_limit(route: Route) -> int:
+    return BODY_LIMITS.get(route.path, DEFAULT_MAX_REQUEST_BYTES)
+
+
 def sized_body(route: Route, path: tuple[Any, ...], size: int) -> bytes:
     """The route's good body, the field at `path` padded so the JSON is exactly `size` bytes."""
     empty = json.dumps(with_value(route.good, path, "")).encode()
@@ -668,12 +680,13 @@ def test_body_at_the_limit_reaches_the_server_and_one_byte_more_is_413(
     mesh: Mesh, name: str, path: tuple[Any, ...], reason: str, field_name: str
 ) -> None:
     route = ROUTES[name]
-    at = post(mesh, name, sized_body(route, path, DEFAULT_MAX_REQUEST_BYTES))
+    limit = body_limit(route)
+    at = post(mesh, name, sized_body(route, path, limit))
     if reason:
         assert_server_400(at, route.key, reason, field_name)
     else:  # deleting a document that does not exist: served, nothing deleted
         assert at.status_code == 200 and at.json() == {"deleted": False}, at.text
-    past = post(mesh, name, sized_body(route, path, DEFAULT_MAX_REQUEST_BYTES + 1))
+    past = post(mesh, name, sized_body(route, path, limit + 1))
     assert_error(past, 413, "PAYLOAD_TOO_LARGE", domain="envoy")
 
 
