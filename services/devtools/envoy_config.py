@@ -390,16 +390,18 @@ def route_timeout(
     path: str, method: str = "POST", timeouts: Mapping[str, float] | None = None
 ) -> float:
     """Envoy's overall timeout in seconds for a `method` request to `path` under `render`'s
-    config with `timeouts`: an override of the path, else the first rule of the path for
-    that method, else the prefix route's (`"default"` override or DEFAULT_TIMEOUT_S).
-    0 means none (a stream)."""
+    config with `timeouts`, as `_rules_for` builds the routes: the path's rule for that
+    method (its override, else its own timeout); for a path with no rule at all, an override
+    of it (a rule for every method); else the prefix route's (`"default"` override or
+    DEFAULT_TIMEOUT_S). 0 means none (a stream)."""
     overrides = timeouts or {}
-    if path in overrides:
+    rules = [r for r in ROUTE_RULES if r.path == path]
+    rule = next((r for r in rules if r.method in (None, method.upper())), None)
+    if rule is not None:
+        return overrides.get(path, rule.timeout_s)
+    if not rules and path in overrides:
         return overrides[path]
-    rule = next(
-        (r for r in ROUTE_RULES if r.path == path and r.method in (None, method.upper())), None
-    )
-    return rule.timeout_s if rule else overrides.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S)
+    return overrides.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S)
 
 
 def _routes(

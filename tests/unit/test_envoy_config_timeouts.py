@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from services.common.topology import Ports
-from services.devtools.envoy_config import HCM_STREAM_IDLE_TIMEOUT_S, STREAM_IDLE, render
+from services.devtools.envoy_config import (
+    HCM_STREAM_IDLE_TIMEOUT_S,
+    STREAM_IDLE,
+    render,
+    route_timeout,
+)
 from services.devtools.mesh import LOCAL_CALL_TIMEOUT_S, local_envoy_timeouts
 
 RESPOND = "/internal/orchestrator/respond"
@@ -51,3 +57,37 @@ def test_the_local_model_gives_a_stream_more_than_one_model_call_of_silence() ->
     idle = local_envoy_timeouts()[STREAM_IDLE]
     assert idle > LOCAL_CALL_TIMEOUT_S
     assert _routes(local_envoy_timeouts())[STREAM]["idle_timeout"] == f"{idle:g}s"
+
+
+DOCUMENTS = "/internal/retrieval/documents"
+
+
+def _method_routes(timeouts: dict[str, float]) -> dict[tuple[str, str | None], dict[str, Any]]:
+    """Each path route's action by (path, the :method it matches, None for any)."""
+    config = yaml.safe_load(render(Ports(), "visior.pb", timeouts=timeouts))
+    out = {}
+    for listener in config["static_resources"]["listeners"]:
+        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        for host in hcm["route_config"]["virtual_hosts"]:
+            for route in host["routes"]:
+                match = route["match"]
+                if "path" in match:
+                    headers = match.get("headers", [])
+                    method = headers[0]["string_match"]["exact"] if headers else None
+                    out[(match["path"], method)] = route["route"]
+    return out
+
+
+@pytest.mark.parametrize(
+    "timeouts", [{}, {DOCUMENTS: 600.0}, {RESPOND: 50.0, "default": 12.0}, {"/internal/llm/x": 7.0}]
+)
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [(DOCUMENTS, "POST"), (DOCUMENTS, "GET"), (RESPOND, "POST"), ("/internal/llm/x", "POST")],
+)
+def test_route_timeout_is_the_timeout_envoy_gives(timeouts, path, method) -> None:
+    """What the CLI waits for (route_timeout) is the route Envoy takes for that request."""
+    routes = _method_routes(timeouts)
+    action = routes.get((path, method)) or routes.get((path, None))
+    expected = float(action["timeout"].rstrip("s")) if action else timeouts.get("default", 30.0)
+    assert route_timeout(path, method, timeouts) == expected
