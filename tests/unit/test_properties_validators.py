@@ -634,13 +634,23 @@ def test_non_finite_struct_numbers_are_invalid_argument(bad: float) -> None:
     assert refused[3]["field"] == "tool_policy.planned_calls[0].arguments"
 
 
+SAFETY_VERDICT_TEXTS = st.sampled_from(["allowed", "flagged", "blocked"]).flatmap(
+    lambda v: st.sampled_from([v, v.upper(), f" {v.title()}\t"])
+)
+"""A verdict the gateway may send, in any case and with surrounding blanks."""
+
+
 @FAST
-@given(st.lists(st.tuples(st.sampled_from(["x-visior-safety-input", "other"]), wire_text),
-                max_size=3))  # fmt: skip
-def test_safety_header_is_a_known_verdict_or_invalid_argument(pairs: list[tuple[str, str]]) -> None:
-    try:
-        verdict = safety_verdict(pairs)
-    except errors.InvalidArgumentError as exc:
-        assert exc.metadata["field"] == "x-visior-safety-input"
-        return
-    assert verdict in ("allowed", "flagged", "blocked")
+@given(st.lists(st.tuples(st.sampled_from(["x-visior-safety-input", "other"]),
+                          st.one_of(SAFETY_VERDICT_TEXTS, wire_text)), max_size=3))  # fmt: skip
+def test_safety_header_is_its_verdict_or_invalid_argument(pairs: list[tuple[str, str]]) -> None:
+    """The first x-visior-safety-input decides: a known verdict (any case, blanks around) is
+    that verdict, anything else is INVALID_ARGUMENT naming the header; none is "allowed"."""
+    header = next((value for key, value in pairs if key == "x-visior-safety-input"), None)
+    said = None if header is None else header.strip().lower()
+    if said is not None and said not in ("allowed", "flagged", "blocked"):
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            safety_verdict(pairs)
+        assert info.value.metadata["field"] == "x-visior-safety-input"
+    else:
+        assert safety_verdict(pairs) == (said or "allowed")

@@ -115,7 +115,10 @@ def test_the_documented_default_is_the_services_where_it_gives_one(key: str) -> 
 def test_a_launcher_reads_the_service_setting_beside_the_service(key: str) -> None:
     """A launcher that knows only the key (the mesh, for ports and grace) and the service
     itself declare one setting: neither is refused as a second, different declaration."""
-    service = _server(key)
-    assert ServerSettings.for_service(key, Env({})).port == service.port
-    assert server_var(key, "max_message_bytes").endswith("MAX_MESSAGE_BYTES")
-    assert _server(key).max_message_bytes == service.max_message_bytes
+    name = server_var(key, "max_message_bytes")
+    environ = {name: "5000000", server_var(key, "grace_seconds"): "7"}
+    service, launcher = _server(key, environ), ServerSettings.for_service(key, Env(environ))
+    assert (launcher.port, launcher.grace_seconds) == (service.port, service.grace_seconds)
+    # Both read the one variable; only its default is the service's own.
+    assert launcher.max_message_bytes == service.max_message_bytes == 5_000_000
+    assert _server(key).max_message_bytes == ROUTE_LIMITS[key]
