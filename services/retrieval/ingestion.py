@@ -48,7 +48,7 @@ from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.journal import IngestJournal
 from services.retrieval.limits import MAX_DOC_ID_CHARS
-from services.retrieval.listing import ListPage, fitting, list_page, listed_bytes, page_token
+from services.retrieval.listing import ListPage, list_page, page_token, read_page
 from services.retrieval.sections import SectionCatalog
 
 log = logging.getLogger("visior.retrieval.ingestion")
@@ -632,17 +632,14 @@ class Ingestor:
         return deleted
 
     def _summaries(self, tenant_id: str, page: ListPage) -> tuple[list[DocumentSummary], str]:
-        # One row more than the page holds tells whether another page follows; the page
-        # ends earlier when its documents would overrun the response's byte budget.
-        docs = self._store.list_documents(
-            tenant_id, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids
+        # Read in batches, no further than the page needs (listing.read_page): the page ends
+        # before page.size documents when they would overrun the response's byte budget.
+        docs, more = read_page(
+            lambda after, limit: self._store.list_documents(
+                tenant_id, after=after, limit=limit, doc_ids=page.doc_ids
+            ),
+            page,
         )
-        kept = fitting(
-            (d.doc_id, listed_bytes(d.doc_id, d.title, d.source, d.generation, d.metadata))
-            for d in docs[: page.size]
-        )
-        more = len(docs) > kept
-        docs = docs[:kept]
         counts = self._store.counts_many(tenant_id, [d.doc_id for d in docs])
         out = []
         for doc in docs:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.common import errors
+
+if TYPE_CHECKING:
+    from services.docstore.model import Document
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -32,6 +37,9 @@ _COUNTS_BYTES = 4 * 11
 """DocumentInfo's four int32 fields (pages, sections, chunks, chars) at their longest: a
 one-byte tag and a ten-byte varint each."""
 _TOKEN_PREFIX = "v1."
+FIRST_READ_ROWS = 128
+"""Rows of a page's first read from the store (`read_page`): a page of DEFAULT_PAGE_SIZE and
+the row after it in one query."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,55 @@ def fitting(listed: Iterable[tuple[str, int]]) -> int:
             break
         kept += 1
     return kept
+
+
+def read_page(
+    read: Callable[[str, int], Sequence[Document]], page: ListPage
+) -> tuple[list[Document], bool]:
+    """The documents of `page`, the first `page.size` after `page.after` cut where `fitting`
+    cuts them, and whether any document follows them.
+
+    `read(after, limit)` gives at most `limit` documents whose doc_id sorts after `after`, in
+    doc_id order (the store's list_documents with the page's doc_ids). It is called in
+    batches, each after the last document of the one before, until the page is decided:
+    FIRST_READ_ROWS rows first, then as many as were read before; page.size + 1 rows in all
+    at most, the last of them only to tell whether more follow. One call when the first
+    batch decides the page: a page.size below FIRST_READ_ROWS, fewer documents left, or the
+    budget reached within it.
+
+    Memory: the rows of the batches before the last one all fit the budget (reading stops
+    at the first that does not), so at most about MAX_LIST_RESPONSE_BYTES of rows are held,
+    plus the last batch: at most max(FIRST_READ_ROWS, rows read before it) rows.
+    """
+    rows = _batched(read, page)
+    read_rows: list[Document] = []
+
+    def listed() -> Iterator[tuple[str, int]]:
+        for doc in itertools.islice(rows, page.size):
+            read_rows.append(doc)
+            yield (
+                doc.doc_id,
+                listed_bytes(doc.doc_id, doc.title, doc.source, doc.generation, doc.metadata),
+            )
+
+    kept = fitting(listed())
+    # `fitting` stopped at a document past the budget, or the row after a full page exists.
+    more = len(read_rows) > kept or next(rows, None) is not None
+    return read_rows[:kept], more
+
+
+def _batched(read: Callable[[str, int], Sequence[Document]], page: ListPage) -> Iterator[Document]:
+    """`page`'s first page.size + 1 rows, read in the batches `read_page` describes when
+    they are reached."""
+    after, total, done = page.after, page.size + 1, 0
+    limit = min(total, FIRST_READ_ROWS)
+    while limit:
+        batch = read(after, limit)
+        yield from batch
+        if len(batch) < limit:
+            return
+        after, done = batch[-1].doc_id, done + len(batch)
+        limit = min(total - done, done)
 
 
 def _after(token: str) -> str:

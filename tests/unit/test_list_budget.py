@@ -5,6 +5,9 @@ fields' bounds (services/docstore/fields.py) always fits."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 from visior.retrieval.v1 import retrieval_pb2
 
@@ -16,14 +19,20 @@ from services.docstore.fields import (
     SERVICE_METADATA,
 )
 from services.docstore.model import Document
+from services.retrieval import listing
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import (
+    FIRST_READ_ROWS,
     MAX_LIST_RESPONSE_BYTES,
     MAX_PAGE_SIZE,
+    ListPage,
+    fitting,
+    list_page,
     listed_bytes,
     page_token,
+    read_page,
 )
 from services.retrieval.servicer import IngestionServicer
 from tests.unit.test_search import make_stack
@@ -147,3 +156,155 @@ async def test_a_single_document_at_the_field_bounds_is_listed(tmp_path, embedde
     assert [d.doc_id for d in response.documents] == [doc.doc_id]
     assert response.next_page_token == ""
     s.index.close()
+
+
+# -- how much a page reads ---------------------------------------------------------------------
+
+
+def reference_page(rows: list[Document], page: ListPage) -> tuple[list[str], str]:
+    """The page cut from one read of page.size + 1 rows (`rows`: that read), the plain way:
+    the page's doc_ids and its next_page_token."""
+    kept = fitting((d.doc_id, bound(d)) for d in rows[: page.size])
+    token = page_token(rows[kept - 1].doc_id) if len(rows) > kept else ""
+    return [d.doc_id for d in rows[:kept]], token
+
+
+def reference(store, tenant: str, page: ListPage) -> tuple[list[str], str]:
+    rows = store.list_documents(tenant, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids)
+    return reference_page(rows, page)
+
+
+def count_reads(monkeypatch, store) -> list[tuple[int, int]]:
+    """(limit, rows returned) of every list_documents call on `store` from here on."""
+    reads: list[tuple[int, int]] = []
+    real = store.list_documents
+
+    def counted(tenant_id, **kwargs):
+        rows = real(tenant_id, **kwargs)
+        reads.append((kwargs["limit"], len(rows)))
+        return rows
+
+    monkeypatch.setattr(store, "list_documents", counted)
+    return reads
+
+
+def small(tenant: str, doc_id: str) -> Document:
+    return Document(tenant, doc_id, f"Title of {doc_id}", metadata={"format": "md"})
+
+
+async def test_a_page_of_large_documents_reads_one_batch_not_the_page_size(
+    tmp_path, embedder, monkeypatch
+):
+    s = make_stack(tmp_path, embedder)
+    docs = [largest(n) for n in range(FIRST_READ_ROWS + 32)]
+    for doc in docs:
+        s.store.put(doc)
+    page = list_page(MAX_PAGE_SIZE, "", ())
+    expected = reference(s.store, TENANT, page)
+    reads = count_reads(monkeypatch, s.store)
+    summaries, token = await s.ingestor.list(TENANT, page)
+    assert ([d.doc_id for d in summaries], token) == expected
+    assert 1 < len(summaries) < 20  # cut at the budget: ~19 of them fit
+    # One batch, far below the page size's 1001 rows (~160 MB at these documents' size).
+    assert reads == [(FIRST_READ_ROWS, FIRST_READ_ROWS)]
+    s.index.close()
+
+
+@pytest.mark.parametrize(
+    ("stored", "page_size", "reads"),
+    [
+        (100, MAX_PAGE_SIZE, [(FIRST_READ_ROWS, 100)]),  # a tenant of fewer: one query
+        (MAX_PAGE_SIZE + 5, 0, [(101, 101)]),  # the default page size: one query
+        (MAX_PAGE_SIZE + 5, 20, [(21, 21)]),
+        # A full page of small documents: batches of 128, 128, 256, 489 (1001 rows, as
+        # one read of page_size + 1).
+        (MAX_PAGE_SIZE + 5, MAX_PAGE_SIZE, [(128, 128), (128, 128), (256, 256), (489, 489)]),
+    ],
+)
+async def test_small_documents_are_read_in_few_queries(
+    tmp_path, embedder, monkeypatch, stored, page_size, reads
+):
+    s = make_stack(tmp_path, embedder)
+    ids = [f"doc-{n:04d}" for n in range(stored)]
+    for doc_id in ids:
+        s.store.put(small(TENANT, doc_id))
+    page = list_page(page_size, "", ())
+    expected = reference(s.store, TENANT, page)
+    seen = count_reads(monkeypatch, s.store)
+    summaries, token = await s.ingestor.list(TENANT, page)
+    assert ([d.doc_id for d in summaries], token) == expected
+    assert len(summaries) == min(stored, page.size)
+    assert seen == reads
+    s.index.close()
+
+
+def mixed_layout() -> list[Document]:
+    """Small documents with runs of documents at the field bounds: in the first batch, across
+    the batches' boundaries (128, 256, 512), one longer than a page's budget, and scattered."""
+    large = {*range(3, 6), *range(120, 140), *range(250, 258), *range(380, 400)}
+    large |= {*range(500, 546), *range(0, 760, 37)}
+    return [
+        replace(largest(0), doc_id=f"doc-{n:04d}") if n in large else small(TENANT, f"doc-{n:04d}")
+        for n in range(760)
+    ]
+
+
+@pytest.mark.parametrize("by_ids", [False, True])
+async def test_pages_are_those_of_one_read_of_the_page_size(tmp_path, embedder, by_ids):
+    s = make_stack(tmp_path, embedder)
+    docs = mixed_layout()
+    for doc in docs:
+        s.store.put(doc)
+    # Small tenants ending at and around the batches' boundaries.
+    ends = {f"end{n}": n for n in (FIRST_READ_ROWS - 1, FIRST_READ_ROWS, FIRST_READ_ROWS + 1,
+                                   2 * FIRST_READ_ROWS, 4 * FIRST_READ_ROWS)}  # fmt: skip
+    for tenant, stored in ends.items():
+        for n in range(stored):
+            s.store.put(small(tenant, f"doc-{n:04d}"))
+    ids = [d.doc_id for d in docs]
+    wanted = (tuple(ids[::3] + ids[1:200:5] + ["doc-9999", "absent"]),) if by_ids else ((),)
+    for tenant in [TENANT, *ends]:
+        for page_size in (1, 2, 19, 20, 100, 127, 128, 129, 255, 256, 257, 500, MAX_PAGE_SIZE):
+            listed, token = [], ""
+            while True:
+                page = list_page(page_size, token, *wanted)
+                expected = reference(s.store, tenant, page)
+                summaries, token = await s.ingestor.list(tenant, page)
+                assert ([d.doc_id for d in summaries], token) == expected, (tenant, page_size)
+                listed += expected[0]
+                if not token:
+                    break
+            every = s.store.list_documents(tenant, doc_ids=page.doc_ids)
+            assert listed == [d.doc_id for d in every]
+    s.index.close()
+
+
+def test_read_page_cuts_as_one_read_of_the_page_size_does(monkeypatch):
+    """Random documents against a small budget: every page as the reference cuts it, and
+    never a row read past the one that decides the page."""
+    rng = random.Random(7)
+    for _ in range(400):
+        monkeypatch.setattr(listing, "MAX_LIST_RESPONSE_BYTES", rng.choice([2000, 20_000]))
+        lengths = rng.choice([[0, 10], [0, 10, 100], [0, 10, 100, 900, 2500, 25_000]])
+        docs = [
+            Document(TENANT, f"d{n:04d}", "t" * rng.choice(lengths))
+            for n in range(rng.choice([0, 1, 5, 127, 128, 129, 300, 700, 1100]))
+        ]
+        size = rng.choice([1, 2, 3, 10, 50, 127, 128, 129, 256, 500, MAX_PAGE_SIZE])
+        after = rng.choice(["", *(d.doc_id for d in docs[:50])])
+        page = ListPage(after=after, size=size, doc_ids=None)
+        rows = [d for d in docs if d.doc_id > after]
+        read_rows: list[Document] = []
+
+        def read(start, limit, rows=rows, read_rows=read_rows):
+            batch = [d for d in rows if d.doc_id > start][:limit]
+            read_rows.extend(batch)
+            return batch
+
+        kept, more = read_page(read, page)
+        ids, token = reference_page(rows[: size + 1], page)
+        assert [d.doc_id for d in kept] == ids
+        assert more == bool(token)
+        # Read no further than the row after the page's last document.
+        assert len(read_rows) <= max(len(ids) + 1, FIRST_READ_ROWS, 2 * len(ids))
+        assert len(read_rows) <= size + 1
