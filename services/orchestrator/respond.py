@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import date, timedelta
@@ -115,6 +115,26 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
     return resolved
 
 
+def filter_ids(name: str, filtered: Sequence[str], selected: Sequence[str]) -> tuple[str, ...]:
+    """filters.<name> and the request's top-level <name> (doc_ids, section_ids) as the one
+    list Retrieval filters on: the distinct ids of both, in order.
+
+    Retrieval's limit, MAX_FILTER_VALUES, holds for that list, and its refusal names the
+    field the caller sent past it: the top-level <name> (the message says "with
+    filters.<name>" when only the two together pass it). filters.<name> past it alone is
+    returned as it is, for `validate_filters` to refuse as filters.<name>.
+    """
+    merged = tuple(dict.fromkeys([*filtered, *selected]))
+    if len(merged) > MAX_FILTER_VALUES and len(set(filtered)) <= MAX_FILTER_VALUES:
+        counted = name if len(set(selected)) > MAX_FILTER_VALUES else f"{name} with filters.{name}"
+        raise errors.over_limit(
+            f"{counted} has more than {MAX_FILTER_VALUES} distinct values",
+            MAX_FILTER_VALUES,
+            field=name,
+        )
+    return merged
+
+
 def validate(req: RespondInput) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the Orchestrator refuses:
     what Retrieval or the LLM service would refuse is refused here, naming the caller's field."""
@@ -146,10 +166,7 @@ def validate(req: RespondInput) -> None:
     )
     validate_filters(req.filters)
     # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
-    if len(req.selected_doc_ids) > MAX_FILTER_VALUES:
-        raise errors.over_limit(
-            f"doc_ids has more than {MAX_FILTER_VALUES} values", MAX_FILTER_VALUES, field="doc_ids"
-        )
+    filter_ids("doc_ids", req.filters.doc_ids, req.selected_doc_ids)
 
 
 def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:

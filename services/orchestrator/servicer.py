@@ -15,7 +15,7 @@ from services.common.search_contract import Filters
 from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
 from services.orchestrator.model import RespondInput, RespondOutput, Turn, User
-from services.orchestrator.respond import Responder, resolve_user
+from services.orchestrator.respond import Responder, filter_ids, resolve_user
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 
 SERVICE_NAME = SERVICE_BY_KEY["orchestrator"].grpc_services[0]
@@ -57,8 +57,8 @@ def respond_input(req: pb.RespondRequest) -> RespondInput:
             product=f.product,
             version=f.version,
             tags=tuple(f.tags),
-            doc_ids=tuple(dict.fromkeys([*f.doc_ids, *req.doc_ids])),
-            section_ids=tuple(dict.fromkeys([*f.section_ids, *req.section_ids])),
+            doc_ids=filter_ids("doc_ids", f.doc_ids, req.doc_ids),
+            section_ids=filter_ids("section_ids", f.section_ids, req.section_ids),
             source=f.source,
         ),
         max_results=optional(req, "max_results"),

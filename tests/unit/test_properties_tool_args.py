@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
     ACCESS_DENIED,
+    ID_SCHEMA,
     INVALID_ARGUMENT,
     NOT_FOUND,
     RATE_LIMIT_EXCEEDED,
@@ -398,7 +399,8 @@ def test_check_arguments_accepts_valid_arguments(data: st.DataObject) -> None:
 
 
 def _limit_cases() -> list[tuple[str, str, dict[str, Any], Any, Any]]:
-    """(tool, property, its schema, a value at the limit, the value one past it)."""
+    """(tool, property, its schema, a value at the limit, the value one past it); a list's
+    items are held to their own schema's length limits, one item at a time."""
     cases = []
     for tool, schema in sorted(LLM_SCHEMAS.items()):
         for prop, sub in schema["properties"].items():
@@ -433,7 +435,23 @@ def _limit_cases() -> list[tuple[str, str, dict[str, Any], Any, Any]]:
                 cases.append(
                     (tool, prop, sub, [ok] * sub["minItems"], [ok] * (sub["minItems"] - 1))
                 )
+            if "pattern" in item:
+                continue
+            if "maxLength" in item:
+                high = item["maxLength"]
+                cases.append((tool, prop, sub, _list_of(sub, "x" * high),
+                              _list_of(sub, "x" * (high + 1))))  # fmt: skip
+            if item.get("minLength", 0) >= 1:
+                low = item["minLength"]
+                cases.append((tool, prop, sub, _list_of(sub, "x" * low),
+                              _list_of(sub, "x" * (low - 1))))  # fmt: skip
     return cases
+
+
+def _list_of(schema: dict[str, Any], value: Any) -> list[Any]:
+    """A list `schema` takes but for `value`, its last item."""
+    ok = valid_item(schema["items"])
+    return [ok] * (max(schema.get("minItems", 1), 1) - 1) + [value]
 
 
 def valid_item(schema: dict[str, Any]) -> Any:
@@ -481,6 +499,18 @@ def test_window_past_the_radius_is_window_too_large() -> None:
             SCHEMAS["read_chunk_window"], {"doc_id": "d", "anchor_chunk_id": "c", "radius": 3}
         )
     assert refused.value.code == WINDOW_TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    ("tool", "prop"),
+    [("search_user_documents", "document_ids"), ("load_documents_full", "document_ids")],
+)
+def test_id_lists_hold_their_items_to_the_id_limits(tool: str, prop: str) -> None:
+    # Pinned so the item cases of the table above cannot go empty: ID_SCHEMA's bounds.
+    cases = [(at, past) for t, p, _, at, past in LIMIT_CASES if (t, p) == (tool, prop)]
+    high, low = ID_SCHEMA["maxLength"], ID_SCHEMA["minLength"]
+    assert (["x" * high], ["x" * (high + 1)]) in cases
+    assert (["x" * low], ["x" * (low - 1)]) in cases
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -462,6 +462,24 @@ def _generate(**kw: Any) -> llm_pb2.GenerateRequest:
     return req
 
 
+def _radii(*schedule: int) -> llm_pb2.GenerateRequest:
+    req = _generate()
+    req.tool_policy.window_radius_schedule.extend(schedule)
+    return req
+
+
+def _ids(n: int, prefix: str = "v") -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def _respond_ids(
+    name: str, top: Sequence[str], filtered: Sequence[str] = ()
+) -> orchestrator_pb2.RespondRequest:
+    """A Respond with `top` as its top-level `name` (doc_ids, section_ids) and `filtered` as
+    filters.`name`."""
+    return _respond(**{name: top}, filters=retrieval_pb2.SearchFilters(**{name: filtered}))
+
+
 def _execute(tool_name: str, user: common_pb2.UserContext = U) -> toolsproxy_pb2.ExecuteRequest:
     return toolsproxy_pb2.ExecuteRequest(tool_name=tool_name, user=user)
 
@@ -538,6 +556,24 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
          _respond(filters=retrieval_pb2.SearchFilters(**{n: [f"v{i}" for i in range(contract.MAX_FILTER_VALUES + 1)]})), LIMIT, f"filters.{n}")
         for n in ("tags", "doc_ids", "section_ids")
     ],
+    # The top-level doc_ids / section_ids join filters.<name>: MAX_FILTER_VALUES distinct ids
+    # in all, and the refusal names the field the caller sent past it.
+    *[
+        row
+        for n in ("doc_ids", "section_ids")
+        for row in (
+            ("respond", _respond_ids(n, _ids(contract.MAX_FILTER_VALUES)),
+             _respond_ids(n, _ids(contract.MAX_FILTER_VALUES + 1)), LIMIT, n),
+            ("respond", _respond_ids(n, _ids(60, "t"), _ids(40, "f")),
+             _respond_ids(n, _ids(60, "t"), _ids(41, "f")), LIMIT, n),
+            # Duplicates are removed first: 500 copies of one id count once.
+            ("respond", _respond_ids(n, ["x"] * 500 + _ids(contract.MAX_FILTER_VALUES - 1)),
+             _respond_ids(n, ["x"] * 500 + _ids(contract.MAX_FILTER_VALUES)), LIMIT, n),
+            # The same ids in both lists count once; filters.<name> alone past the limit is its own.
+            ("respond", _respond_ids(n, _ids(contract.MAX_FILTER_VALUES), _ids(contract.MAX_FILTER_VALUES)),
+             _respond_ids(n, _ids(contract.MAX_FILTER_VALUES), _ids(contract.MAX_FILTER_VALUES + 1)), LIMIT, f"filters.{n}"),
+        )
+    ],
     ("respond", _respond(filters=retrieval_pb2.SearchFilters(source="knowledge_base")),
      _respond(filters=retrieval_pb2.SearchFilters(source="kb")), INVALID, "filters.source"),
     ("config", _config(prompt_token_budget=131_072), _config(prompt_token_budget=131_073), INVALID, "prompt_token_budget"),
@@ -556,9 +592,16 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ("generate", _generate(max_tokens=1), _generate(max_tokens=0), LLM_LIMIT, "generation_params.max_tokens"),
     ("generate", _generate(temperature=2.0), _generate(temperature=up(2.0, 3.0)), INVALID, "generation_params.temperature"),
     ("generate", _generate(temperature=0.0), _generate(temperature=math.nan), INVALID, "generation_params.temperature"),
+    ("generate", _generate(temperature=0.0), _generate(temperature=up(0.0, -1.0)), INVALID, "generation_params.temperature"),
     ("generate", _generate(top_p=1.0), _generate(top_p=math.inf), INVALID, "generation_params.top_p"),
+    ("generate", _generate(top_p=1.0), _generate(top_p=up(1.0, 2.0)), INVALID, "generation_params.top_p"),
+    ("generate", _generate(top_p=0.0), _generate(top_p=up(0.0, -1.0)), INVALID, "generation_params.top_p"),
     ("generate", _generate(presence_penalty=-2.0), _generate(presence_penalty=up(-2.0, -3.0)), INVALID, "generation_params.presence_penalty"),
+    ("generate", _generate(presence_penalty=2.0), _generate(presence_penalty=up(2.0, 3.0)), INVALID, "generation_params.presence_penalty"),
     ("generate", _generate(frequency_penalty=2.0), _generate(frequency_penalty=up(2.0, 3.0)), INVALID, "generation_params.frequency_penalty"),
+    ("generate", _generate(frequency_penalty=-2.0), _generate(frequency_penalty=up(-2.0, -3.0)), INVALID, "generation_params.frequency_penalty"),
+    ("generate", _radii(0), _radii(-1), INVALID, "tool_policy.window_radius_schedule"),
+    ("generate", _radii(1, 0), _radii(1, -1), INVALID, "tool_policy.window_radius_schedule"),
     ("execute", _execute("t" * MAX_TOOL_NAME), _execute("t" * (MAX_TOOL_NAME + 1)), INVALID, "tool_name"),
 ]  # fmt: skip
 
@@ -578,6 +621,19 @@ def test_limits_are_exact(name: str, at: Any, past: Any, reason: str, field: str
     assert metadata["field"] == field, refused
     if reason != INVALID:  # a limit says what it is: a number
         assert float(metadata["limit"]) >= 0, refused
+
+
+@pytest.mark.parametrize("name", ["doc_ids", "section_ids"])
+def test_respond_ids_past_the_limit_say_which_lists(name: str) -> None:
+    """Past MAX_FILTER_VALUES only with filters.<name>, the top-level <name> is named and the
+    message says it is counted with filters.<name>; alone, it is named alone."""
+    together = outcome(validate_respond, _respond_ids(name, _ids(60, "t"), _ids(41, "f")))
+    alone = outcome(validate_respond, _respond_ids(name, _ids(contract.MAX_FILTER_VALUES + 1)))
+    assert together is not None and alone is not None
+    limit = contract.MAX_FILTER_VALUES
+    assert together[2].startswith(f"{name} with filters.{name} has more than {limit}"), together
+    assert alone[2].startswith(f"{name} has more than {limit}"), alone
+    assert together[3] == alone[3] == {"field": name, "limit": str(limit)}
 
 
 # --- the errors a caller can cause besides limits -------------------------------------------

@@ -68,6 +68,25 @@ def test_tokens_at_and_past_the_limit(limit, third_ok):
     rl.acquire("t", ["d"])
 
 
+@pytest.mark.parametrize(("limit", "third_ok"), [(21, True), (20, False)])
+def test_tenant_tokens_at_and_past_the_limit(limit, third_ok):
+    clock = Clock()  # the per-document token limit does not bind the tenant key
+    rl = limiter(clock, tokens_per_minute=1, tenant_tokens_per_minute=limit)
+    rl.acquire("t").charge(10)
+    clock.now += 5
+    rl.acquire("t").charge(10)
+    if third_ok:  # 20 tokens used, below 21
+        rl.acquire("t")
+        return
+    with pytest.raises(RateLimitExceeded) as exc:  # 20 used: at the limit, nothing more
+        rl.acquire("t")
+    assert (exc.value.key, exc.value.what, exc.value.limit) == (("t", None), "tokens", 20)
+    assert exc.value.retry_after_s == 55  # the first call must go
+    assert "for this tenant" in str(exc.value) and "retry after 55 s" in str(exc.value)
+    clock.now += 55
+    rl.acquire("t")
+
+
 def test_one_big_result_is_served_then_the_key_waits():
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=100)

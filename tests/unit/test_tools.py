@@ -747,6 +747,25 @@ def test_tenant_limit_for_tools_that_name_no_document(store, clock):
     ok(ex, "news")
 
 
+@pytest.mark.parametrize(("limit", "third"), [(21, "ok"), (20, "error")])
+def test_tenant_tokens_at_the_limit_and_one_past(store, clock, limit, third):
+    ex = make_executor(
+        store, clock, extra=[external_tool({"text": "x"})], count_tokens=lambda text: 10,
+        rates=RateLimits(calls_per_minute=0, tokens_per_minute=0, tenant_tokens_per_minute=limit),
+    )  # fmt: skip
+    ok(ex, "news")
+    clock.now += 5
+    ok(ex, "news")
+    out = run(ex, "news")
+    assert out.status == third
+    if third == "error":  # 20 tokens used: at the limit; the first call leaves in 55 s
+        assert (out.error_code, out.retry_after_s) == ("RATE_LIMIT_EXCEEDED", 55)
+        assert "tokens" in out.error_message and "tenant" in out.error_message
+        ok(ex, "read_doc_metadata", doc_id="guide")  # document tools have their own keys
+        clock.now += 55
+        ok(ex, "news")
+
+
 # --- logs and metrics -----------------------------------------------------------------------
 
 
