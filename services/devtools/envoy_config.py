@@ -544,8 +544,8 @@ def _connection_manager(
         "preserve_external_request_id": True,
         "always_set_request_id_in_response": True,
         "normalize_path": True,
-        # Request line and headers: Envoy's default 60 KiB refused (431) a ListDocuments GET
-        # with its allowed 1,000 doc_ids of up to 128 characters (~140 KB of query string;
+        # Request line and headers: Envoy's default 60 KiB would refuse (431) a ListDocuments
+        # GET with its allowed 1,000 doc_ids of up to 128 characters (~140 KB of query string;
         # ~780 KB percent-encoded when the ids are Cyrillic). Other listeners keep the default.
         **(
             {"max_request_headers_kb": headers_kb} if headers_kb != ENVOY_DEFAULT_HEADERS_KB else {}

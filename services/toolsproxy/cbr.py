@@ -43,6 +43,7 @@ from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, whole_seconds
 from services.common.settings import SettingsError
 from services.common.tool_contract import (
+    BANK_TIMEZONE,
     FETCH_CBR_DATA,
     INVALID_ARGUMENT,
     KEY_RATE_DAYS,
@@ -318,6 +319,16 @@ def _day(text: str | None) -> str | None:
         return datetime.fromisoformat(text).date().isoformat()
     except ValueError:
         return None
+
+
+def _moment(text: str | None) -> datetime:
+    """A DocDate as an aware datetime (the bank's Moscow time when it names no zone); an
+    unreadable one sorts first."""
+    try:
+        moment = datetime.fromisoformat(text or "")
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return moment if moment.tzinfo else moment.replace(tzinfo=BANK_TIMEZONE)
 
 
 def _soap_day(day: date) -> str:
@@ -815,21 +826,24 @@ class CbrTool:
     async def _news(self, args: dict[str, Any]) -> dict[str, Any]:
         date_from, date_to = self._range(args, "news")
         data = await self._client.news(date_from, date_to)
-        items = []
+        dated = []
         for row in data.rows:
             url = row.get("Url", "")
             if url.startswith("/"):
                 url = SITE + url
-            items.append(
-                {
-                    "id": row.get("Doc_id", ""),
-                    "date": _day(row.get("DocDate")),
-                    "title": row.get("Title", ""),
-                    "url": url,
-                }
-            )
-        items.sort(key=lambda item: item["date"] or "")
-        items, truncated = _keep_newest(items, self._client.settings.max_items)
+            item = {
+                "id": row.get("Doc_id", ""),
+                "date": _day(row.get("DocDate")),
+                "title": row.get("Title", ""),
+                "url": url,
+            }
+            dated.append((_moment(row.get("DocDate")), item))
+        # By the moment published, not the day: a day's news keep their order, and a cut
+        # inside a day drops its earliest.
+        dated.sort(key=lambda pair: pair[0])
+        items, truncated = _keep_newest(
+            [item for _, item in dated], self._client.settings.max_items
+        )
         items.reverse()  # newest first, as a news list reads
         heading = (
             f"News of the Bank of Russia from {date_from.isoformat()} to {date_to.isoformat()}"

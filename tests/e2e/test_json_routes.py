@@ -15,6 +15,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 
+from services.devtools.envoy_config import ENVOY_DEFAULT_HEADERS_KB, listener_headers_kb
 from services.devtools.mesh import Mesh
 from tests.e2e.conftest import (
     GRPC_SERVICE,
@@ -834,6 +835,44 @@ def test_list_documents_takes_its_1000_longest_doc_ids_over_json(mesh: Mesh, doc
     assert [d["doc_id"] for d in json.loads(body)["documents"]] == [LDAP_DOC]
     status, body = _raw_get(mesh, DOCS, {"tenant_id": TENANT, "doc_ids": [*ids, LDAP_DOC]})
     assert status == 400 and json.loads(body)["details"][0]["reason"] == "LIMIT_EXCEEDED", body
+
+
+HEADERS_MARGIN = 512
+"""Bytes the served request keeps below the header limit. Envoy 1.40 counts the request line
+and headers as the wire carries them, CRLFs and the blank line included (60 KiB served, one
+byte more refused); the margin leaves room for a count that differs by a few bytes a header."""
+
+
+def _wire_bytes(request: httpx.Request) -> int:
+    """The request line and headers as HTTP/1.1 carries them, through the blank line."""
+    line = f"{request.method} {request.url.raw_path.decode()} HTTP/1.1\r\n"
+    return len(line) + sum(len(k) + len(v) + len(b": \r\n") for k, v in request.headers.raw) + 2
+
+
+def _health_of_header_bytes(mesh: Mesh, key: str, total: int) -> httpx.Response:
+    """GET /health whose request line and headers are `total` bytes on the wire: one
+    x-e2e-padding header fills what the others leave."""
+    with httpx.Client(timeout=TIMEOUT) as client:
+        url = f"{mesh.json_url(key)}/health"
+        bare = _wire_bytes(client.build_request("GET", url, headers={"x-e2e-padding": ""}))
+        padded = {"x-e2e-padding": "x" * (total - bare)}
+        request = client.build_request("GET", url, headers=padded)
+        assert _wire_bytes(request) == total
+        return client.send(request)
+
+
+def test_a_request_within_the_header_limit_is_served_and_one_byte_past_it_is_431(
+    mesh: Mesh,
+) -> None:
+    """Every listener but retrieval's keeps Envoy's own limit of request line and headers
+    (ENVOY_DEFAULT_HEADERS_KB): within it the server answers; past it Envoy does, 431."""
+    limit = listener_headers_kb("orchestrator") * 1024
+    assert limit == ENVOY_DEFAULT_HEADERS_KB * 1024
+    within = _health_of_header_bytes(mesh, "orchestrator", limit - HEADERS_MARGIN)
+    assert within.status_code == 200, within.text[:300]
+    assert within.json()["service"] == GRPC_SERVICE["orchestrator"]  # the server's answer
+    past = _health_of_header_bytes(mesh, "orchestrator", limit + 1)
+    assert_error(past, 431, "HEADERS_TOO_LARGE", domain="envoy")
 
 
 def test_document_lifecycle(mesh: Mesh) -> None:

@@ -476,6 +476,62 @@ async def test_a_foreign_host_header_is_refused_on_loopback(stateless):
     assert SECRET not in refused.text
 
 
+# --- the body limit ------------------------------------------------------------------------
+
+
+BODY_LIMIT = McpSettings().max_body_bytes
+
+
+def call_of_size(size: int) -> bytes:
+    """CALL as compact JSON of exactly `size` bytes, padded with an ASCII `_meta` field."""
+
+    def encode(padding: str) -> bytes:
+        params = {**CALL["params"], "_meta": {"padding": padding}}
+        return json.dumps({**CALL, "params": params}, separators=(",", ":")).encode()
+
+    return encode("x" * (size - len(encode(""))))
+
+
+async def body_post(url: str, content: bytes, *, chunked: bool) -> httpx2.Response:
+    """POST `content` with its Content-Length, or chunked (no length declared)."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(content), 64 * 1024):
+            yield content[start : start + 64 * 1024]
+
+    async with httpx2.AsyncClient(timeout=10) as http:
+        return await http.post(
+            url,
+            content=pieces() if chunked else content,
+            headers={
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+                "MCP-Protocol-Version": LATEST_HANDSHAKE_VERSION,
+                **headers(),
+            },
+        )
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_body_at_the_limit_is_served_and_one_byte_more_is_413(stateless, chunked):
+    """max_body_bytes (1 MiB): the SDK refuses a larger declared Content-Length before reading,
+    and a chunked body once the bytes read pass the limit; either way before parsing."""
+    assert BODY_LIMIT == 1024 * 1024
+    at_limit = call_of_size(BODY_LIMIT)
+    past_limit = call_of_size(BODY_LIMIT + 1)
+    assert (len(at_limit), len(past_limit)) == (BODY_LIMIT, BODY_LIMIT + 1)
+
+    served = await body_post(stateless.url, at_limit, chunked=chunked)
+    assert served.status_code == 200, served.text[:300]
+    assert served.json()["result"]["structuredContent"]["result"]["title"] == "Alpha handbook"
+
+    refused = await body_post(stateless.url, past_limit, chunked=chunked)
+    assert refused.status_code == 413
+    assert refused.text == "Request body too large"  # the SDK's own answer, not JSON-RPC
+    not_json = await body_post(stateless.url, b"{" * (BODY_LIMIT + 1), chunked=chunked)
+    assert not_json.status_code == 413  # never parsed: a parse error would be 400
+
+
 # --- settings and lifecycle -----------------------------------------------------------------
 
 

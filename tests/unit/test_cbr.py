@@ -26,6 +26,7 @@ from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
 from tests.fakes.cbr_server import (
     CURRENCIES,
     FakeCbrServer,
+    FakeNews,
     is_rate_day,
     key_rate_on,
     rate_for,
@@ -428,6 +429,73 @@ async def test_long_results_keep_the_newest_items(make: Factory) -> None:
         "2025-07-31",
     ]
     assert "5 values from 2025-07-25 to 2025-07-31" in result["text"]
+
+
+@pytest.mark.parametrize(("date_from", "truncated"), [("2025-07-25", False), ("2025-07-24", True)])
+async def test_a_result_of_max_items_is_whole_and_one_more_is_cut(
+    make: Factory, date_from: str, truncated: bool
+) -> None:
+    """Five rate days from 2025-07-25 (Friday) to 2025-07-31, six from the Thursday before."""
+    _, tool = make(max_items=5)
+    result = await call(
+        tool, mode="currency", code="USD", date_from=date_from, date_to="2025-07-31"
+    )
+    assert result["truncated"] is truncated
+    assert [i["date"] for i in result["items"]] == [
+        "2025-07-25",
+        "2025-07-26",
+        "2025-07-29",
+        "2025-07-30",
+        "2025-07-31",
+    ]
+
+
+NEWEST_NEWS_DAY = date(2025, 7, 31)
+
+
+def news_feed(count: int) -> tuple[FakeNews, ...]:
+    """`count` press releases, newest first: two a day back from NEWEST_NEWS_DAY (15:00 and
+    10:00), a lone one on the oldest day when `count` is odd; ids rise with time."""
+    feed = []
+    for i in range(count):
+        day = NEWEST_NEWS_DAY - timedelta(days=i // 2)
+        doc_id = 60000 + count - i
+        when = datetime(day.year, day.month, day.day, 15 if i % 2 == 0 else 10)
+        feed.append(FakeNews(doc_id, when, f"Пресс-релиз {doc_id}", f"/press/pr/?id={doc_id}"))
+    return tuple(feed)
+
+
+@pytest.mark.parametrize("count", [400, 401])
+async def test_news_of_max_items_are_whole_and_one_more_drops_the_oldest(
+    make: Factory, count: int
+) -> None:
+    """The default max_items (400): 400 news are returned whole; of 401 the oldest is dropped.
+    The feed's oldest day holds one item when the count is odd, so the cut is a day's edge."""
+    feed = news_feed(count)
+    oldest = feed[-1].when.date().isoformat()
+    with FakeCbrServer(news=feed) as bank:
+        client, tool = make(url=bank.url)
+        assert client.settings.max_items == 400
+        result = await call(tool, mode="news", date_from=oldest, date_to="2025-07-31")
+    kept = feed[:400]
+    assert result["truncated"] is (count > 400)
+    assert result["count"] == len(result["items"]) == 400
+    # Newest first to the moment: the feed's own order (ids rise with time).
+    assert [i["id"] for i in result["items"]] == [str(n.doc_id) for n in kept]
+    dates = [i["date"] for i in result["items"]]
+    assert (dates[0], dates[-1]) == ("2025-07-31", kept[-1].when.date().isoformat())
+    assert result["published"] == "2025-07-31"
+
+
+async def test_a_cut_inside_a_day_keeps_that_days_latest_news(make: Factory) -> None:
+    """Two news a day (15:00 and 10:00) on two days, three kept: the newest day's two and the
+    older day's 15:00 one, newest first; the news are ordered by the moment, not the day."""
+    feed = news_feed(4)
+    with FakeCbrServer(news=feed) as bank:
+        _, tool = make(url=bank.url, max_items=3)
+        result = await call(tool, mode="news", date_from="2025-07-30", date_to="2025-07-31")
+    assert result["truncated"] is True
+    assert [i["id"] for i in result["items"]] == [str(n.doc_id) for n in feed[:3]]
 
 
 async def test_an_oversized_answer_is_refused(fake: FakeCbrServer, make: Factory) -> None:
