@@ -411,31 +411,15 @@ def test_tool_declaration(make: Factory) -> None:
     assert tool.content == "external"  # the executor delimits `text` as untrusted external data
 
 
-async def test_long_results_keep_the_newest_items(make: Factory) -> None:
-    _, tool = make(max_items=5)
-    result = await call(
-        tool,
-        mode="currency",
-        code="USD",
-        date_from="2025-07-01",
-        date_to="2025-07-31",
-    )
-    assert result["truncated"] is True
-    assert [i["date"] for i in result["items"]] == [
-        "2025-07-25",
-        "2025-07-26",
-        "2025-07-29",
-        "2025-07-30",
-        "2025-07-31",
-    ]
-    assert "5 values from 2025-07-25 to 2025-07-31" in result["text"]
-
-
-@pytest.mark.parametrize(("date_from", "truncated"), [("2025-07-25", False), ("2025-07-24", True)])
+@pytest.mark.parametrize(
+    ("date_from", "truncated"),
+    [("2025-07-25", False), ("2025-07-24", True), ("2025-07-01", True)],
+)
 async def test_a_result_of_max_items_is_whole_and_one_more_is_cut(
     make: Factory, date_from: str, truncated: bool
 ) -> None:
-    """Five rate days from 2025-07-25 (Friday) to 2025-07-31, six from the Thursday before."""
+    """Five rate days from 2025-07-25 (Friday) to 2025-07-31, six from the Thursday before,
+    a month's from the 1st: past five, the newest five are kept."""
     _, tool = make(max_items=5)
     result = await call(
         tool, mode="currency", code="USD", date_from=date_from, date_to="2025-07-31"
@@ -448,6 +432,7 @@ async def test_a_result_of_max_items_is_whole_and_one_more_is_cut(
         "2025-07-30",
         "2025-07-31",
     ]
+    assert "5 values from 2025-07-25 to 2025-07-31" in result["text"]
 
 
 NEWEST_NEWS_DAY = date(2025, 7, 31)

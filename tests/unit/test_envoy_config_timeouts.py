@@ -20,15 +20,12 @@ RESPOND = "/internal/orchestrator/respond"
 
 
 def _routes(timeouts: dict[str, float]) -> dict[str, dict[str, Any]]:
-    config = yaml.safe_load(render(Ports(), "visior.pb", timeouts=timeouts))
-    out = {}
-    for listener in config["static_resources"]["listeners"]:
-        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-        for host in hcm["route_config"]["virtual_hosts"]:
-            for route in host["routes"]:
-                if "path" in route["match"]:
-                    out[route["match"]["path"]] = route["route"]
-    return out
+    """Each path route's action by path (`_method_routes` without the method)."""
+    return {
+        path: action
+        for (path, kind), action in _method_routes(timeouts).items()
+        if kind != "prefix"
+    }
 
 
 def test_a_route_longer_than_the_idle_timeout_gets_its_own_idle_timeout() -> None:

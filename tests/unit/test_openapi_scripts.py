@@ -91,37 +91,30 @@ PAST = MAX_TENANT_ID_CHARS + 1
 REFUSED_TENANTS = ["a b", "a/b", "", "t" * PAST, "т" * PAST, "t\n", "a@b"]
 
 
-@pytest.mark.parametrize("tenant", ANY_SCRIPT_TENANTS + ASCII_TENANTS)
-def test_a_tenant_the_server_takes_is_valid(ingestor, request_validator, tenant):
-    assert server_takes(ingestor, tenant_id=tenant)
-    assert rule_takes(TENANT_RULE, tenant)
-    assert schema_takes(request_validator, tenant_id=tenant)
-
-
-@pytest.mark.parametrize("tenant", REFUSED_TENANTS)
-def test_a_tenant_the_server_refuses_is_not_valid(ingestor, request_validator, tenant):
-    assert not server_takes(ingestor, tenant_id=tenant)
-    assert not rule_takes(TENANT_RULE, tenant)
-    assert not schema_takes(request_validator, tenant_id=tenant)
-
-
 ANY_SCRIPT_DOC_IDS = ["文档.v2", "тенант-1", "Отчёт_2024", "٣ar", "д" * MAX_DOC_ID_CHARS]
 ASCII_DOC_IDS = ["guide", "v1.2-final_x", "9lives", "d" * MAX_DOC_ID_CHARS]
 REFUSED_DOC_IDS = ["a b", "a/b", "a:b", "-a", "_a", ".a", "d" * (MAX_DOC_ID_CHARS + 1), "d\n"]
 
 
-@pytest.mark.parametrize("doc_id", ANY_SCRIPT_DOC_IDS + ASCII_DOC_IDS)
-def test_a_doc_id_the_server_takes_is_valid(ingestor, request_validator, doc_id):
-    assert server_takes(ingestor, doc_id=doc_id)
-    assert rule_takes(DOC_ID_RULE, doc_id)
-    assert schema_takes(request_validator, doc_id=doc_id)
+RULES = {"tenant_id": TENANT_RULE, "doc_id": DOC_ID_RULE}
+TAKEN = [("tenant_id", v) for v in ANY_SCRIPT_TENANTS + ASCII_TENANTS] + [
+    ("doc_id", v) for v in ANY_SCRIPT_DOC_IDS + ASCII_DOC_IDS
+]
+REFUSED = [("tenant_id", v) for v in REFUSED_TENANTS] + [("doc_id", v) for v in REFUSED_DOC_IDS]
 
 
-@pytest.mark.parametrize("doc_id", REFUSED_DOC_IDS)
-def test_a_doc_id_the_server_refuses_is_not_valid(ingestor, request_validator, doc_id):
-    assert not server_takes(ingestor, doc_id=doc_id)
-    assert not rule_takes(DOC_ID_RULE, doc_id)
-    assert not schema_takes(request_validator, doc_id=doc_id)
+@pytest.mark.parametrize(("field", "value"), TAKEN)
+def test_an_id_the_server_takes_is_valid(ingestor, request_validator, field, value):
+    assert server_takes(ingestor, **{field: value})
+    assert rule_takes(RULES[field], value)
+    assert schema_takes(request_validator, **{field: value})
+
+
+@pytest.mark.parametrize(("field", "value"), REFUSED)
+def test_an_id_the_server_refuses_is_not_valid(ingestor, request_validator, field, value):
+    assert not server_takes(ingestor, **{field: value})
+    assert not rule_takes(RULES[field], value)
+    assert not schema_takes(request_validator, **{field: value})
 
 
 def test_in_ascii_the_id_patterns_are_the_servers_rules(ingestor):
