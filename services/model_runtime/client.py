@@ -100,6 +100,8 @@ async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
     pending = b""
     async for chunk in chunks:
         pending += chunk
+        if b"\n" not in chunk and b"\r" not in chunk:
+            continue  # no line ends here: the line so far is not scanned again
         held = pending.endswith(b"\r")
         *lines, pending = _LINE_END.split(pending[:-1] if held else pending)
         if held:

@@ -658,7 +658,7 @@ class Ingestor:
         """One page of the tenant's documents with their counts, and the token of the next
         page ("" after the last). The page holds fewer than `page.size` documents when more
         would take the response past listing.MAX_LIST_RESPONSE_BYTES. Read in a worker
-        thread (two queries: off the event loop, which a PostgreSQL store's round trips
-        would hold)."""
+        thread (the documents' batches, then their counts: off the event loop, which a
+        PostgreSQL store's round trips would hold)."""
         check_tenant_id(tenant_id)
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))
