@@ -48,7 +48,9 @@ def check_fields(
     """
     if len(tags) > MAX_TAGS:
         raise errors.over_limit(f"{len(tags)} tags; at most {MAX_TAGS}", MAX_TAGS, field="tags")
-    metadata = metadata or {}
+    # In key order: a map's wire order is not the caller's, and the same request must get
+    # the same refusal however its map was encoded.
+    metadata = dict(sorted((metadata or {}).items()))
     if len(metadata) > MAX_METADATA:
         raise errors.over_limit(
             f"{len(metadata)} metadata entries; at most {MAX_METADATA}", MAX_METADATA,

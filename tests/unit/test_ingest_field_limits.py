@@ -164,3 +164,17 @@ def test_check_fields_names_the_field_past_its_limit(fields, field):
         check_fields(**fields)
     assert info.value.reason == "LIMIT_EXCEEDED"
     assert info.value.metadata["field"] == field
+
+
+def test_the_refusal_of_a_metadata_map_does_not_depend_on_its_order():
+    # A protobuf map's order on the wire is not the caller's: decoding the same request
+    # again may list its entries in another order, and it must be refused the same way.
+    long_keys = {"я" * 642: "", "я" * 152: ""}
+    long_values = {"b": "v" * (MAX_METADATA_VALUE + 1), "a": "w" * (MAX_METADATA_VALUE + 2)}
+    for metadata in (long_keys, long_values):
+        messages = set()
+        for entries in (list(metadata.items()), list(reversed(metadata.items()))):
+            with pytest.raises(errors.LimitExceededError) as info:
+                check_fields(metadata=dict(entries))
+            messages.add(info.value.message)
+        assert len(messages) == 1, messages
