@@ -204,14 +204,16 @@ NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
 _NAMED = re.compile(r"%\w|[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
 
 
-def named_terms(question: str, lang: str) -> list[str]:
-    """The names a question is about, which an answer's text must contain: in a Russian
+def named_terms(question: str) -> list[str]:
+    """The names a question is about, which an answer's text must contain. The question's
+    own script decides how names are told apart, whatever the answer's language: in a Russian
     question every Latin-script word of three letters or more (PostgreSQL, rpmbuild, snap) or
     in capitals (RPM); in an English one the words written as names or identifiers: a capital
     inside the sentence (Redis, Kubernetes), capitals (TCP), digits, ``_``, ``%``, ``.``."""
     # The question alone: a caller's turn may go on with a listing after a blank line
     # ("Question: …\n\nSections found: …").
     question = question.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
+    lang = text_language(question)
     out = []
     for i, m in enumerate(_NAMED.finditer(question)):
         w = m.group(0).rstrip(".")
@@ -229,10 +231,10 @@ def named_terms(question: str, lang: str) -> list[str]:
     return out
 
 
-def missing_terms(question: str, lang: str, texts: Sequence[str]) -> list[str]:
+def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
     """The question's named terms that occur in none of `texts` (case-insensitive)."""
     read = "\n".join(texts).lower()
-    return [t for t in named_terms(question, lang) if t not in read]
+    return [t for t in named_terms(question) if t not in read]
 
 
 def not_found(lang: str) -> str:
@@ -500,7 +502,7 @@ class _Composer:
         # A question may name the document by its title ("… the Maintainers' Guide"), which
         # its pages rarely repeat: the titles of what was read count as read.
         absent = missing_terms(
-            self.question, self.lang, [r.text for r in readings] + [r.title for r in readings]
+            self.question, [r.text for r in readings] + [r.title for r in readings]
         )
         if absent:
             # The question names something the text read never mentions: whatever sentence
@@ -763,6 +765,31 @@ def compose(question: str, messages: Sequence[ChatMessage], system: str = "") ->
     return c.text()
 
 
+def ungrounded_terms(messages: Sequence[ChatMessage]) -> list[str]:
+    """The names the question in `messages` is about (`named_terms`) that none of the
+    document text read in them mentions: the rule by which the extractive responder says the
+    documents do not answer, for any responder's answer. Empty when every name occurs, when
+    no document text was read (nothing to judge by), or when rates or news were fetched (the
+    answer is that data, not the documents)."""
+    results = gather(messages)
+    if results.data:
+        return []
+    system = "\n\n".join(m.content for m in messages if m.role == "system")
+    readings = [*results.documents, *results.hits, *(results.kb or [])]
+    readings += _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
+    if not readings:
+        return []
+    texts = [r.text for r in readings] + [r.title for r in readings]
+    return missing_terms(_question(messages), texts)
+
+
+def answer_without_model(messages: Sequence[ChatMessage]) -> str:
+    """The extractive answer to the conversation `messages` (its last question, from what it
+    read): what the service answers in place of a model's answer it withholds."""
+    system = "\n\n".join(m.content for m in messages if m.role == "system")
+    return compose(_question(messages), messages, system)
+
+
 def _has_read(messages: Sequence[ChatMessage]) -> bool:
     """Whether a tool result holds document text read (not searched or fetched) already."""
     for m in messages:
@@ -838,8 +865,7 @@ class ExtractiveRuntime:
             read = self._next_read(system, {t.name for t in tools}, reads, calls)
             if read is not None:
                 return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
-        answer = compose(_question(messages), messages, system)
-        return Completion(answer, model=EXTRACTIVE)
+        return Completion(answer_without_model(messages), model=EXTRACTIVE)
 
     @staticmethod
     def _next_read(

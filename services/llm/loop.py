@@ -44,6 +44,7 @@ from services.llm.budget import (
     limit_exceeded,
     message_tokens,
 )
+from services.llm.extractive import answer_without_model, ungrounded_terms
 from services.llm.metrics import OK
 from services.llm.model import (
     EventSink,
@@ -308,8 +309,11 @@ class _Run:
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
+            # An answer to a question naming what no text read mentions is withheld: its
+            # deltas wait until the completion shows whether it is that answer.
+            withheld = self._ungrounded(messages)
             step_started = self.loop.clock()
-            completion = await self._call(messages, self.offered, params)
+            completion = await self._call(messages, self.offered, params, hold=bool(withheld))
             step_ms = round((self.loop.clock() - step_started) * 1000)
             self.step_ms.append(step_ms)
             self.prompt_cached += completion.cached_prompt_tokens
@@ -339,6 +343,8 @@ class _Run:
                     },
                 )
             if not completion.tool_calls:
+                if withheld:
+                    return await self._withhold(messages, withheld)
                 return self._output(completion.content)
             if self.closed:
                 raise limit_exceeded(
@@ -402,15 +408,27 @@ class _Run:
             metadata=errors.limit_metadata(self.watchdog, name="watchdog_s"),
         )
 
+    def _sent(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """`messages` as a call sends them: with the closing language note."""
+        return messages if self.language_note is None else [*messages, self.language_note]
+
     async def _call(
-        self, messages: list[ChatMessage], tools: Sequence[ToolSpec], params: Any
+        self,
+        messages: list[ChatMessage],
+        tools: Sequence[ToolSpec],
+        params: Any,
+        *,
+        hold: bool = False,
     ) -> Completion:
+        """One runtime call; streamed to the sink when there is one. `hold`: the answer
+        deltas are kept back and sent only when the completion is a tool call (an answer
+        then is withheld, so nothing of it may reach the caller)."""
         left = self._left()
         runtime = self.loop.runtime
-        if self.language_note is not None:
-            messages = [*messages, self.language_note]
+        messages = self._sent(messages)
         request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
+        held: list[str] = []
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
@@ -418,17 +436,22 @@ class _Run:
                     self.loop.observer.model_call(tuple(messages), final)
                     return final
                 async for event in runtime.stream(request, timeout_s=left):
-                    if isinstance(event, StreamDelta):
-                        await self.sink.delta(event.text)
-                    else:
+                    if not isinstance(event, StreamDelta):
                         final = event
                         self.loop.observer.model_call(tuple(messages), final)
+                    elif hold:
+                        held.append(event.text)
+                    else:
+                        await self.sink.delta(event.text)
         except TimeoutError:
             raise self._timeout() from None
         if final is None:
             raise errors.UnavailableError(
                 "the model's stream ended without a completion", reason=LLM_RUNTIME_ERROR
             )
+        if final.tool_calls:
+            for text in held:
+                await self.sink.delta(text)
         return final
 
     # --- one tool call --------------------------------------------------------------------
@@ -644,6 +667,25 @@ class _Run:
             or self.s.default_model
             or getattr(self.loop.runtime, "name", "")
         )
+
+    def _ungrounded(self, messages: list[ChatMessage]) -> list[str]:
+        """The question's names that no document text read so far mentions, when an answer
+        now would be withheld: in mode "rag", from a model (the extractive responder applies
+        the rule itself)."""
+        if self.req.mode != prompts.RAG or getattr(self.loop.runtime, "extractive", False):
+            return []
+        return ungrounded_terms(self._sent(messages))
+
+    async def _withhold(self, messages: list[ChatMessage], terms: list[str]) -> GenerateOutput:
+        """The extractive answer in place of the model's, which named none of `terms` from
+        the text read: it says the documents do not answer and quotes what was read."""
+        answer = answer_without_model(self._sent(messages))
+        log.info(
+            "answer withheld",
+            extra={"model": self._model_name(), "terms": terms, "trace_id": self.req.trace_id},
+        )
+        await self.sink.delta(answer)
+        return replace(self._output(answer), withheld_for=tuple(terms))
 
     def _output(self, answer: str) -> GenerateOutput:
         return GenerateOutput(

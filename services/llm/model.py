@@ -86,6 +86,9 @@ class GenerateOutput:
     runtime_ms: int = 0
     """Time spent waiting for the runtime, over all calls."""
     model_calls: int = 0
+    withheld_for: tuple[str, ...] = ()
+    """The question's names no document text read mentions: the model's answer was withheld
+    and `answer` is the extractive one (services/llm/extractive.ungrounded_terms)."""
 
 
 @dataclass(frozen=True)

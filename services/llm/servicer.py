@@ -102,6 +102,7 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
             extractive=out.extractive,
             runtime_ms=out.runtime_ms,
             model_calls=out.model_calls,
+            withheld_for=out.withheld_for,
         ),
     )
 

@@ -779,3 +779,72 @@ async def test_without_an_answer_language_no_note_is_sent():
     rt = ScriptedRuntime([says("plain")])
     await loop(rt, FakeTools()).run(req())
     assert not rt.calls[0]["messages"][-1].content.startswith("[Visior service]")
+
+
+# --- an answer the text read does not ground -----------------------------------------------
+
+REDIS = "What port does Redis listen on?"
+"""Names "redis"; the window read (`window()`) is about LDAP only."""
+
+
+def redis_req(**kw: Any) -> GenerateInput:
+    return req(messages=(Turn("user", REDIS),), **kw)
+
+
+async def test_a_model_answer_naming_what_no_text_read_mentions_is_withheld():
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("Redis listens on port 6379.", model="m1")])  # fmt: skip
+    out = await loop(rt, FakeTools(default=window())).run(redis_req())
+    assert out.withheld_for == ("redis",)
+    assert "6379" not in out.answer
+    assert out.answer.startswith("The documents do not answer this: “redis” does not occur")
+    assert "> LDAP is set up in Settings." in out.answer  # the closest passage read
+    assert out.model_name == "m1" and not out.extractive and len(rt.calls) == 2
+
+
+async def test_a_withheld_answer_never_reaches_a_stream():
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("Redis listens on port 6379.", model="m1")])  # fmt: skip
+    events = Events()
+    out = await loop(rt, FakeTools(default=window())).run(redis_req(), events)
+    # (The scripted tool call's empty text streams as one space.)
+    assert "".join(events.deltas).strip() == out.answer and "6379" not in out.answer
+
+
+async def test_a_held_back_tool_call_turn_still_streams_its_text():
+    # After a read that does not name Redis, the next step's deltas are held until the
+    # completion shows it: a tool call, so its text goes out as before.
+    second = Completion(
+        "Reading more.", (call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "c2"),),
+        finish_reason="tool_calls", model="m1",
+    )  # fmt: skip
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          second, Completion("Redis uses 6379.", model="m1")])  # fmt: skip
+    events = Events()
+    text = "Redis listens on port 6379 by default."
+    tools = FakeTools([window(), window("faq", text)])
+    out = await loop(rt, tools).run(redis_req(), events)
+    assert "".join(events.deltas).strip() == "Reading more. Redis uses 6379."
+    assert out.answer == "Redis uses 6379." and out.withheld_for == ()
+
+
+@pytest.mark.parametrize(
+    ("question", "kw"),
+    [
+        ("How do I set up LDAP?", {}),  # the text read names LDAP
+        (REDIS, {"mode": "chat"}),  # not an answer from documents
+    ],
+)
+async def test_an_answer_is_kept_when_the_rule_does_not_apply(question, kw):
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("The model's answer.", model="m1")])  # fmt: skip
+    out = await loop(rt, FakeTools(default=window())).run(
+        req(messages=(Turn("user", question),), **kw)
+    )
+    assert out.answer == "The model's answer." and out.withheld_for == ()
+
+
+async def test_an_answer_with_nothing_read_is_kept():
+    rt = ScriptedRuntime([Completion("Redis listens on 6379.", model="m1")])
+    out = await loop(rt, FakeTools()).run(redis_req(policy=ToolPolicy()))
+    assert out.answer == "Redis listens on 6379." and out.withheld_for == ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -293,3 +294,12 @@ async def test_the_deadline_shrinks_with_the_time_the_request_has_spent():
     await run.run(req((NEWS, KEY_RATE, RATES)))
     # 13 s for the request: 10 s (the tool's own), then 9 s left, then 5 s left.
     assert tools.timeouts == [10.0, 9.0, 5.0]
+
+
+async def test_an_answer_from_fetched_data_is_not_withheld_for_what_documents_lack():
+    # The rates name USD, the document read does not: the answer is the data's.
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          says("USD is 101.68 RUB.")])  # fmt: skip
+    r = replace(req((RATES,)), messages=(Turn("user", "What is the USD rate?"),))
+    out = await loop(rt, FakeTools([OK, window()])).run(r)
+    assert out.answer == "USD is 101.68 RUB." and out.withheld_for == ()

@@ -260,6 +260,15 @@ class GenerateMeta(betterproto.Message):
     model_calls: int = betterproto.int32_field(7)
     """model_calls is how many times the runtime was called."""
 
+    withheld_for: List[str] = betterproto.string_field(8)
+    """
+    withheld_for lists, in mode "rag", the names the question is about that none
+     of the document text read mentions (docs/architecture.md §11). When it is set,
+     the model's answer was withheld: `answer` says the documents do not answer,
+     naming them, and quotes the closest passages read, composed without the model.
+     A stream then carries that answer, never the withheld one.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class GenerateResponse(betterproto.Message):
