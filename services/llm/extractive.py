@@ -202,18 +202,28 @@ NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
 
 
 _NAMED = re.compile(r"%\w|[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
+_QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
+_CYRILLIC_LETTER = re.compile(r"[А-Яа-яЁё]")
 
 
-def named_terms(question: str) -> list[str]:
-    """The names a question is about, which an answer's text must contain. The question's
-    own script decides how names are told apart, whatever the answer's language: in a Russian
-    question every Latin-script word of three letters or more (PostgreSQL, rpmbuild, snap) or
-    in capitals (RPM); in an English one the words written as names or identifiers: a capital
-    inside the sentence (Redis, Kubernetes), capitals (TCP), digits, ``_``, ``%``, ``.``."""
+def question_script(question: str) -> str:
+    """RU when the question is written in Cyrillic outside its quotes, else EN: the script
+    that decides how its names are told apart. Not the answer's language, nor a letter
+    count: "What does «Не удалось подключиться» mean?" is an English question, and
+    "Что делает rpmbuild --sign?" a Russian one."""
+    return RU if _CYRILLIC_LETTER.search(_QUOTED.sub(" ", question)) else EN
+
+
+def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
+    """The names a question is about, which an answer's text must contain. In a Russian
+    question (`question_script`) every Latin-script word of three letters or more
+    (PostgreSQL, rpmbuild, snap) or in capitals (RPM); in an English one the words written
+    as names or identifiers: a capital inside the sentence (Redis, Kubernetes; only with
+    `proper_names`), capitals (TCP), digits, ``_``, ``%``, ``.``."""
     # The question alone: a caller's turn may go on with a listing after a blank line
     # ("Question: …\n\nSections found: …").
     question = question.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
-    lang = text_language(question)
+    lang = question_script(question)
     out = []
     for i, m in enumerate(_NAMED.finditer(question)):
         w = m.group(0).rstrip(".")
@@ -222,7 +232,7 @@ def named_terms(question: str) -> list[str]:
         else:
             first = i == 0 or question[: m.start()].rstrip().endswith((".", "?", "!", ":"))
             keep = (
-                (w[0].isupper() and not first and len(w) >= 2)
+                (proper_names and w[0].isupper() and not first and len(w) >= 2)
                 or (w.isupper() and len(w) >= 2)
                 or any(c.isdigit() or c in "_%." for c in w)
             )
@@ -232,9 +242,13 @@ def named_terms(question: str) -> list[str]:
 
 
 def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
-    """The question's named terms that occur in none of `texts` (case-insensitive)."""
-    read = "\n".join(texts).lower()
-    return [t for t in named_terms(question) if t not in read]
+    """The question's named terms that occur in none of `texts` (case-insensitive). Over
+    Russian text an English question's capitalised words are no names to look for: they are
+    translated there ("Two-Factor Authentication"), while identifiers and capitals stay."""
+    read = "\n".join(texts)
+    cross = question_script(question) == EN and text_language(read) == RU
+    lowered = read.lower()
+    return [t for t in named_terms(question, proper_names=not cross) if t not in lowered]
 
 
 def not_found(lang: str) -> str:
@@ -482,8 +496,11 @@ class _Composer:
 
     # --- document text ----------------------------------------------------------------
 
-    def passages(self, readings: Sequence[Reading], *, kb: bool = False) -> None:
-        """Quote the best sentences of the best few readings, conclusion first."""
+    def passages(
+        self, readings: Sequence[Reading], *, kb: bool = False, also_read: Sequence[str] = ()
+    ) -> None:
+        """Quote the best sentences of the best few readings, conclusion first; `also_read`:
+        more text the question's names may occur in (not quoted)."""
         scorer = SentenceScorer(
             self.question, [x for r in readings for x in split_sentences(r.text)]
         )
@@ -502,7 +519,8 @@ class _Composer:
         # A question may name the document by its title ("… the Maintainers' Guide"), which
         # its pages rarely repeat: the titles of what was read count as read.
         absent = missing_terms(
-            self.question, [r.text for r in readings] + [r.title for r in readings]
+            self.question,
+            [*(r.text for r in readings), *(r.title for r in readings), *also_read],
         )
         if absent:
             # The question names something the text read never mentions: whatever sentence
@@ -765,29 +783,53 @@ def compose(question: str, messages: Sequence[ChatMessage], system: str = "") ->
     return c.text()
 
 
-def ungrounded_terms(messages: Sequence[ChatMessage]) -> list[str]:
-    """The names the question in `messages` is about (`named_terms`) that none of the
-    document text read in them mentions: the rule by which the extractive responder says the
-    documents do not answer, for any responder's answer. Empty when every name occurs, when
-    no document text was read (nothing to judge by), or when rates or news were fetched (the
-    answer is that data, not the documents)."""
+def _judged(messages: Sequence[ChatMessage]) -> tuple[str, list[Reading], list[str]] | None:
+    """What `ungrounded_terms` judges by: the question, the readings of the document text
+    read (tool results, context chunks) and every text that counts as read (those readings'
+    texts and titles, the sections listed after the question, the caller's tool turns).
+    None when nothing was read or when rates or news were fetched."""
     results = gather(messages)
     if results.data:
-        return []
+        return None
     system = "\n\n".join(m.content for m in messages if m.role == "system")
     readings = [*results.documents, *results.hits, *(results.kb or [])]
     readings += _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
     if not readings:
-        return []
+        return None
+    turn = _question(messages)
     texts = [r.text for r in readings] + [r.title for r in readings]
-    return missing_terms(_question(messages), texts)
+    texts.append(turn.split("\n\n", 1)[1] if "\n\n" in turn else "")  # the sections listed
+    texts += [
+        b.text
+        for m in messages
+        if m.role == "user"
+        for b in delimited_blocks(m.content, CALLER_TOOL_KIND)
+    ]
+    return turn, readings, texts
+
+
+def ungrounded_terms(messages: Sequence[ChatMessage]) -> list[str]:
+    """The names the question in `messages` is about (`named_terms`) that nothing read in
+    them mentions: the rule by which the extractive responder says the documents do not
+    answer, for any responder's answer. Empty when every name occurs, when no document text
+    was read (nothing to judge by), or when rates or news were fetched (the answer is that
+    data, not the documents)."""
+    judged = _judged(messages)
+    return [] if judged is None else missing_terms(judged[0], judged[2])
 
 
 def answer_without_model(messages: Sequence[ChatMessage]) -> str:
-    """The extractive answer to the conversation `messages` (its last question, from what it
-    read): what the service answers in place of a model's answer it withholds."""
+    """What the service answers in place of a model's answer it withholds: the documents do
+    not answer, naming what `ungrounded_terms` found missing, and the closest passages of
+    everything read (the Markdown of the extractive responder)."""
+    judged = _judged(messages)
+    turn, readings = (judged[0], judged[1]) if judged else (_question(messages), [])
     system = "\n\n".join(m.content for m in messages if m.role == "system")
-    return compose(_question(messages), messages, system)
+    notes = "\n".join(m.content for m in messages if is_service_note(m))
+    lang = answer_language(turn, system, notes)
+    c = _Composer(turn, lang)
+    c.passages(readings, also_read=judged[2] if judged else ())
+    return not_found(lang) if c.answer.empty else c.text()
 
 
 def _has_read(messages: Sequence[ChatMessage]) -> bool:
@@ -865,7 +907,8 @@ class ExtractiveRuntime:
             read = self._next_read(system, {t.name for t in tools}, reads, calls)
             if read is not None:
                 return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
-        return Completion(answer_without_model(messages), model=EXTRACTIVE)
+        answer = compose(_question(messages), messages, system)
+        return Completion(answer, model=EXTRACTIVE)
 
     @staticmethod
     def _next_read(

@@ -309,8 +309,8 @@ class _Run:
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
-            # An answer to a question naming what no text read mentions is withheld: its
-            # deltas wait until the completion shows whether it is that answer.
+            # An answer to a question naming what nothing read mentions is withheld: while
+            # that holds, no text of the step is streamed.
             withheld = self._ungrounded(messages)
             step_started = self.loop.clock()
             completion = await self._call(messages, self.offered, params, hold=bool(withheld))
@@ -420,15 +420,14 @@ class _Run:
         *,
         hold: bool = False,
     ) -> Completion:
-        """One runtime call; streamed to the sink when there is one. `hold`: the answer
-        deltas are kept back and sent only when the completion is a tool call (an answer
-        then is withheld, so nothing of it may reach the caller)."""
+        """One runtime call; streamed to the sink when there is one. `hold`: the step's text
+        never reaches the sink (an answer then is withheld, and text beside a tool call may
+        claim what the text read does not hold)."""
         left = self._left()
         runtime = self.loop.runtime
         messages = self._sent(messages)
         request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
-        held: list[str] = []
         try:
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
@@ -439,9 +438,7 @@ class _Run:
                     if not isinstance(event, StreamDelta):
                         final = event
                         self.loop.observer.model_call(tuple(messages), final)
-                    elif hold:
-                        held.append(event.text)
-                    else:
+                    elif not hold:
                         await self.sink.delta(event.text)
         except TimeoutError:
             raise self._timeout() from None
@@ -449,9 +446,6 @@ class _Run:
             raise errors.UnavailableError(
                 "the model's stream ended without a completion", reason=LLM_RUNTIME_ERROR
             )
-        if final.tool_calls:
-            for text in held:
-                await self.sink.delta(text)
         return final
 
     # --- one tool call --------------------------------------------------------------------

@@ -17,9 +17,11 @@ from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
     INVALID_ARGUMENT,
 )
+from services.llm.extractive import named_terms
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
     Anchor,
+    ContextChunk,
     GenerateInput,
     PlannedCall,
     ToolCallRecord,
@@ -783,6 +785,7 @@ async def test_without_an_answer_language_no_note_is_sent():
 
 # --- an answer the text read does not ground -----------------------------------------------
 
+SEARCH_SPEC = ToolSpec("search_user_documents", "Search the user's documents.", {"type": "object"})
 REDIS = "What port does Redis listen on?"
 """Names "redis"; the window read (`window()`) is about LDAP only."""
 
@@ -811,20 +814,21 @@ async def test_a_withheld_answer_never_reaches_a_stream():
     assert "".join(events.deltas).strip() == out.answer and "6379" not in out.answer
 
 
-async def test_a_held_back_tool_call_turn_still_streams_its_text():
-    # After a read that does not name Redis, the next step's deltas are held until the
-    # completion shows it: a tool call, so its text goes out as before.
+async def test_while_the_rule_holds_no_text_of_a_step_is_streamed():
+    # After a read that does not name Redis, the next step's text is held back: it is a tool
+    # call, whose text may claim what nothing read holds; the answer after the read that
+    # names Redis streams as usual.
     second = Completion(
-        "Reading more.", (call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "c2"),),
+        "Redis uses 6380, I think.",
+        (call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "c2"),),
         finish_reason="tool_calls", model="m1",
     )  # fmt: skip
     rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
                           second, Completion("Redis uses 6379.", model="m1")])  # fmt: skip
     events = Events()
-    text = "Redis listens on port 6379 by default."
-    tools = FakeTools([window(), window("faq", text)])
+    tools = FakeTools([window(), window("faq", "Redis listens on port 6379 by default.")])
     out = await loop(rt, tools).run(redis_req(), events)
-    assert "".join(events.deltas).strip() == "Reading more. Redis uses 6379."
+    assert "".join(events.deltas).strip() == "Redis uses 6379."
     assert out.answer == "Redis uses 6379." and out.withheld_for == ()
 
 
@@ -848,3 +852,68 @@ async def test_an_answer_with_nothing_read_is_kept():
     rt = ScriptedRuntime([Completion("Redis listens on 6379.", model="m1")])
     out = await loop(rt, FakeTools()).run(redis_req(policy=ToolPolicy()))
     assert out.answer == "Redis listens on 6379." and out.withheld_for == ()
+
+
+@pytest.mark.parametrize(
+    ("question", "named"),
+    [
+        ("What does «Не удалось подключиться к серверу» mean?", []),  # English, quoting Russian
+        ("Что делает rpmbuild --sign?", ["rpmbuild", "sign"]),  # Russian, naming commands
+        ("How does Redis use TCP?", ["redis", "tcp"]),
+        ("Как настроить PostgreSQL?", ["postgresql"]),
+    ],
+)
+def test_the_question_script_decides_what_its_names_are(question, named):
+    assert named_terms(question) == named
+
+
+RU_2FA = "Двухфакторная аутентификация включается в профиле, раздел «Безопасность»."
+
+
+@pytest.mark.parametrize(
+    ("question", "withheld"),
+    [
+        # Over Russian text an English question's capitalised words are translated there...
+        ("How do I enable Two-Factor Authentication in Settings?", ()),
+        # ... while identifiers and capitals stay as they are.
+        ("How do I enable TOTP with OTP_SECRET?", ("totp", "otp_secret")),
+    ],
+)
+async def test_an_english_question_over_russian_text(question, withheld):
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("The model's answer.", model="m1")])  # fmt: skip
+    out = await loop(rt, FakeTools(default=window(text=RU_2FA))).run(
+        req(messages=(Turn("user", question),))
+    )
+    assert out.withheld_for == withheld
+
+
+async def test_the_sections_listed_with_the_question_and_the_callers_tools_count_as_read():
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("The model's answer.", model="m1")])  # fmt: skip
+    turn = (
+        "Question: What does the Orion Admin Guide say about Redis?\n\nSections found:\n"
+        "1. doc_id=guide section_id=s1\n   title: Orion Admin Guide > Backups"
+    )
+    caller_tool = Turn("tool", "Redis config: port 6379")
+    out = await loop(rt, FakeTools(default=window())).run(
+        req(messages=(caller_tool, Turn("user", turn)))
+    )
+    assert out.withheld_for == () and out.answer == "The model's answer."
+
+
+async def test_a_withheld_answer_names_the_missing_and_quotes_the_context_read():
+    # The search found nothing, the context chunk does not name Redis: the answer says
+    # what is missing and quotes the chunk, not only "nothing was found".
+    chunk = ContextChunk("guide", "s", "LDAP is set up in Settings.", 4, 4)
+    empty = ToolResult("ok", {"content_type": "untrusted_document_text", "hits": [], "total": 0})
+    rt = ScriptedRuntime([asks(call("search_user_documents", {"query": "redis port"})),
+                          Completion("Redis listens on 6379.", model="m1")])  # fmt: skip
+    policy = replace(POLICY, allowed_tools=("search_user_documents",))
+    tools = FakeTools(default=empty)
+    lp = ToolLoop(rt, tools, (*READ_TOOL_SPECS, SEARCH_SPEC), LoopSettings(), clock=FakeClock(),
+                  tokenizer=TOK)  # fmt: skip
+    out = await lp.run(redis_req(policy=policy, context_chunks=(chunk,)))
+    assert out.withheld_for == ("redis",)
+    assert out.answer.startswith("The documents do not answer this: “redis” does not occur")
+    assert "> LDAP is set up in Settings." in out.answer and "6379" not in out.answer
