@@ -201,7 +201,9 @@ NOT_FOUND = f"{_TEXT[RU]['not_found']}\n\n{_TEXT[RU]['marker']}"
 NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
 
 
-_NAMED = re.compile(r"%\w|[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
+_NAMED = re.compile(r"%\w|(?<![\w%])\d*[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
+"""A name-like word: a ``%`` specifier, or letters and digits that hold a Latin letter, whole
+("2FA", not its "FA", which many words contain)."""
 _QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
 _CYRILLIC_LETTER = re.compile(r"[А-Яа-яЁё]")
 
