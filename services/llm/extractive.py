@@ -208,6 +208,11 @@ _QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"
 _CYRILLIC_LETTER = re.compile(r"[А-Яа-яЁё]")
 
 
+_ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
+"""The languages answers are written in: a question asking for one ("… in English?") names
+no topic."""
+
+
 def question_script(question: str) -> str:
     """RU when the question is written in Cyrillic outside its quotes, else EN: the script
     that decides how its names are told apart. Not the answer's language, nor a letter
@@ -238,7 +243,7 @@ def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
                 or (w.isupper() and len(w) >= 2)
                 or any(c.isdigit() or c in "_%." for c in w)
             )
-        if keep and w.lower() not in out:
+        if keep and w.lower() not in out and w.lower() not in _ANSWER_LANGUAGE_NAMES:
             out.append(w.lower())
     return out
 
