@@ -86,7 +86,8 @@ USAGE = UsageObserver()
 
 class LlmMetrics:
     """llm_requests_total{outcome}, llm_latency_ms{outcome}, llm_tool_call_count{tool,outcome},
-    llm_token_usage{kind,outcome}, llm_mcp_errors_total{tool,code}."""
+    llm_token_usage{kind,outcome}, llm_mcp_errors_total{tool,code}, and the service's own
+    llm_answers_withheld_total."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -112,6 +113,11 @@ class LlmMetrics:
             "Tool calls that came back as errors or failed to reach ToolsProxy, by tool and code.",
             ["tool", "code"], registry=registry,
         )  # fmt: skip
+        self.withheld = Counter(
+            "llm_answers_withheld",
+            "Model answers withheld: the question named what nothing read mentions.",
+            registry=registry,
+        )
 
     def record(
         self,
@@ -126,6 +132,8 @@ class LlmMetrics:
         self.latency.labels(outcome).observe(latency_ms)
         if out is not None:
             prompt, completion = out.prompt_tokens, out.completion_tokens
+            if out.withheld_for:
+                self.withheld.inc()
         else:
             prompt, completion = usage.tokens(tokenizer)
         self.tokens.labels("prompt", outcome).inc(prompt)

@@ -13,9 +13,11 @@ from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
-from services.llm.model import Anchor, ToolPolicy, ToolResult
+from services.llm.model import Anchor, ToolPolicy, ToolResult, Turn
 from services.llm.toolcalls import READ_TOOL_SPECS
+from services.model_runtime.chat import Completion
 from tests.unit.test_llm import WINDOW, FakeTools, req
+from tests.unit.test_loop import ScriptedRuntime, asks, call
 
 
 def metered(tools, registry: CollectorRegistry) -> LlmEngine:
@@ -108,3 +110,20 @@ async def test_an_answered_request_counts_what_the_caller_was_told():
     )
     assert sample(registry, "llm_tool_call_count_total", outcome="ok") == len(out.tools_called)
     assert sample(registry, "llm_mcp_errors_total") == 1
+
+
+async def test_a_withheld_answer_counts():
+    registry = CollectorRegistry()
+    rt = ScriptedRuntime([asks(call("read_chunk_window", {"doc_id": "guide",
+                                                         "anchor_chunk_id": "guide:c1"})),
+                          Completion("Redis listens on 6379.", model="m1"),
+                          Completion("LDAP is in Settings.", model="m1")])  # fmt: skip
+    engine = LlmEngine(ToolLoop(rt, FakeTools([WINDOW]), READ_TOOL_SPECS, LoopSettings()),
+                       LlmMetrics(registry))  # fmt: skip
+    out = await engine.generate(req(messages=(Turn("user", "Which port does Redis use?"),)))
+    assert out.withheld_for == ("redis",)
+    assert sample(registry, "llm_answers_withheld_total") == 1
+    # An answer the text read grounds is not counted (nothing read yet: the rule is off).
+    await engine.generate(req(policy=ToolPolicy()))
+    assert sample(registry, "llm_answers_withheld_total") == 1
+    assert sample(registry, "llm_requests_total", outcome="ok") == 2
