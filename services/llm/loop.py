@@ -663,10 +663,13 @@ class _Run:
         )
 
     def _ungrounded(self, messages: list[ChatMessage]) -> list[str]:
-        """The question's names that no document text read so far mentions, when an answer
-        now would be withheld: in mode "rag", from a model (the extractive responder applies
-        the rule itself)."""
-        if self.req.mode != prompts.RAG or getattr(self.loop.runtime, "extractive", False):
+        """The question's names that nothing read so far mentions, when an answer now would
+        be withheld: a model's (the extractive responder applies the rule itself), in either
+        mode (the Orchestrator's knowledge-base answers are "chat"), never a JSON answer to a
+        `response_schema`."""
+        if self.req.params.response_schema is not None:
+            return []
+        if getattr(self.loop.runtime, "extractive", False):
             return []
         return ungrounded_terms(self._sent(messages))
 

@@ -836,7 +836,8 @@ async def test_while_the_rule_holds_no_text_of_a_step_is_streamed():
     ("question", "kw"),
     [
         ("How do I set up LDAP?", {}),  # the text read names LDAP
-        (REDIS, {"mode": "chat"}),  # not an answer from documents
+        # A JSON answer (routing, extraction) is not an answer to replace.
+        (REDIS, {"mode": "chat", "params": GenerationParams(response_schema={"type": "object"})}),
     ],
 )
 async def test_an_answer_is_kept_when_the_rule_does_not_apply(question, kw):
@@ -846,6 +847,28 @@ async def test_an_answer_is_kept_when_the_rule_does_not_apply(question, kw):
         req(messages=(Turn("user", question),), **kw)
     )
     assert out.answer == "The model's answer." and out.withheld_for == ()
+
+
+async def test_a_chat_answer_from_a_knowledge_base_search_is_judged_too():
+    # The Orchestrator's S2 answers in mode "chat" from its planned knowledge-base search.
+    kb = ToolResult(
+        "ok",
+        {
+            "hits": [{"doc_id": "kb-1", "title": "VAT", "text": "The VAT rate is 20 percent."}],
+            "total": 1,
+        },
+    )
+    rt = ScriptedRuntime([Completion("Redis listens on 6379.", model="m1")])
+    policy = ToolPolicy(
+        allowed_tools=("search_general_kb",),
+        planned_calls=(PlannedCall("search_general_kb", {"query": "redis"}),),
+    )
+    kb_spec = ToolSpec("search_general_kb", "Search the knowledge base.", {"type": "object"})
+    lp = ToolLoop(rt, FakeTools(default=kb), (kb_spec,), LoopSettings(), clock=FakeClock(),
+                  tokenizer=TOK)  # fmt: skip
+    out = await lp.run(redis_req(mode="chat", policy=policy))
+    assert out.withheld_for == ("redis",) and "6379" not in out.answer
+    assert "> The VAT rate is 20 percent." in out.answer
 
 
 async def test_an_answer_with_nothing_read_is_kept():

@@ -262,8 +262,8 @@ class GenerateMeta(betterproto.Message):
 
     withheld_for: List[str] = betterproto.string_field(8)
     """
-    withheld_for lists, in mode "rag", the names the question is about that
-     nothing read mentions (docs/architecture.md §11). When it is set, the model's
+    withheld_for lists the names the question is about that nothing read
+     mentions (docs/architecture.md §11). When it is set, the model's
      answer was withheld and `answer` is composed without the model: the documents
      do not answer, and the closest passages read. A stream then carries that
      answer, never the withheld one.
