@@ -23,10 +23,26 @@ _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 
 
+_QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
+_LOWERCASE_CYRILLIC_WORD = re.compile(r"(?<![^\W\d_])[а-яё]+(?![^\W\d_])")
+
+
 def text_language(text: str) -> str:
-    """The answer language a text is written in: "en" when its Latin letters outnumber its
+    """The language a text is written in: "en" when its Latin letters outnumber its
     Cyrillic ones, else "ru" (agent.md §8: Russian by default)."""
     return "en" if len(_LATIN.findall(text)) > len(_CYRILLIC.findall(text)) else "ru"
+
+
+def question_language(question: str) -> str:
+    """The language a question is asked in, which its answer is given in: "ru" when, outside
+    its quotes, it has a lowercase Cyrillic word (Russian is written with them; "Как настроить
+    LDAP в Kubernetes?" is Russian though its Latin letters outnumber the Cyrillic ones); else
+    by the letters outside its quotes (`text_language`: "What is НДС?", "What does «Не удалось
+    подключиться» mean?" are English)."""
+    bare = _QUOTED.sub(" ", question)
+    if _LOWERCASE_CYRILLIC_WORD.search(bare):
+        return "ru"
+    return text_language(bare if _LATIN.search(bare) or _CYRILLIC.search(bare) else question)
 
 
 @dataclass(frozen=True)

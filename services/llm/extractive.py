@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.common.currencies import named_currencies
-from services.common.generate_contract import text_language
+from services.common.generate_contract import question_language, text_language
 from services.common.lexical import Bm25, search_terms, split_sentences
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
@@ -204,8 +204,6 @@ NOT_FOUND_EN = f"{_TEXT[EN]['not_found']}\n\n{_TEXT[EN]['marker']}"
 _NAMED = re.compile(r"%\w|(?<![\w%])\d*[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
 """A name-like word: a ``%`` specifier, or letters and digits that hold a Latin letter, whole
 ("2FA", not its "FA", which many words contain)."""
-_QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
-_CYRILLIC_LETTER = re.compile(r"[А-Яа-яЁё]")
 
 
 _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
@@ -213,24 +211,20 @@ _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
 no topic."""
 
 
-def question_script(question: str) -> str:
-    """RU when the question is written in Cyrillic outside its quotes, else EN: the script
-    that decides how its names are told apart. Not the answer's language, nor a letter
-    count: "What does «Не удалось подключиться» mean?" is an English question, and
-    "Что делает rpmbuild --sign?" a Russian one."""
-    return RU if _CYRILLIC_LETTER.search(_QUOTED.sub(" ", question)) else EN
+def asked(turn: str) -> str:
+    """The question of a user turn: a caller's turn may go on with a listing after a blank
+    line ("Question: …\n\nSections found: …")."""
+    return turn.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
 
 
 def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
     """The names a question is about, which an answer's text must contain. In a Russian
-    question (`question_script`) every Latin-script word of three letters or more
+    question (`question_language`) every Latin-script word of three letters or more
     (PostgreSQL, rpmbuild, snap) or in capitals (RPM); in an English one the words written
     as names or identifiers: a capital inside the sentence (Redis, Kubernetes; only with
     `proper_names`), capitals (TCP), digits, ``_``, ``%``, ``.``."""
-    # The question alone: a caller's turn may go on with a listing after a blank line
-    # ("Question: …\n\nSections found: …").
-    question = question.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
-    lang = question_script(question)
+    question = asked(question)
+    lang = question_language(question)
     out = []
     for i, m in enumerate(_NAMED.finditer(question)):
         w = m.group(0).rstrip(".")
@@ -253,7 +247,7 @@ def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
     Russian text an English question's capitalised words are no names to look for: they are
     translated there ("Two-Factor Authentication"), while identifiers and capitals stay."""
     read = "\n".join(texts)
-    cross = question_script(question) == EN and text_language(read) == RU
+    cross = question_language(question) == EN and text_language(read) == RU
     lowered = read.lower()
     return [t for t in named_terms(question, proper_names=not cross) if t not in lowered]
 
@@ -292,13 +286,13 @@ def best_sentences(
 def answer_language(question: str, system: str = "", notes: str = "") -> str:
     """The language the loop's language note (`notes`: its service notes, which carry the
     request's answer_language), else the system prompt, asks for; else "en" when the question
-    is in Latin script and "ru" otherwise (agent.md §8: Russian by default)."""
+    is asked in (`question_language`; agent.md §8: Russian by default)."""
     for instructions in (notes, strip_delimited(system)):
         if _ASKS_ENGLISH.search(instructions):
             return EN
         if _ASKS_RUSSIAN.search(instructions):
             return RU
-    return text_language(question)
+    return question_language(asked(question))
 
 
 @dataclass(frozen=True)

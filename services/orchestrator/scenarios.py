@@ -10,7 +10,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common.currencies import CURRENCIES, CURRENCY_PATTERNS, named_currencies
-from services.common.generate_contract import ANSWER_LANGUAGES, text_language
+from services.common.generate_contract import ANSWER_LANGUAGES, question_language
 from services.common.shared_config import DEFAULT_FULL_DOCUMENTS, MAX_CONTEXT_CHARS
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
@@ -67,7 +67,8 @@ class Decision:
     news_query: str = ""
     """finance_news: the search query for the news API."""
     language: str = "ru"
-    """"ru" or "en": the language to answer in (Russian unless the query is Latin-dominant)."""
+    """"ru" or "en": the language to answer in (the locale's, else the question's:
+    `question_language`)."""
     knowledge_base_fallback: bool = False
     """S1 for a definitional question: the user's documents first; when their search finds
     nothing (a tenant without documents), the knowledge base answers (S2)."""
@@ -629,9 +630,9 @@ def rule_decision(
     `history` is (role, content) pairs, oldest first; roles "user" / "assistant".
     The answer language is the `locale`'s when it names one, else the question's.
     """
-    language = text_language(query)
+    language = question_language(query)
     if not query.strip() and history:
-        language = text_language(_last_user_turn(history))
+        language = question_language(_last_user_turn(history))
     language = locale_language(locale) or language
     if selected_doc_ids:
         fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
@@ -869,7 +870,7 @@ def parse_model_decision(
         and _make_date(*(int(p) for p in model_date.split("-")))
     ):
         return None
-    language = locale_language(locale) or text_language(query)
+    language = locale_language(locale) or question_language(query)
     filled = _complete(intent, query, today=today, language=language, by="model")
     return Decision(
         scenario=filled.scenario,

@@ -8,8 +8,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from google.protobuf import json_format
+from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.devtools.mesh import Mesh, Ports
 from tests.e2e.conftest import REPO_ROOT, assert_error, ingest
@@ -20,9 +23,23 @@ pytestmark = pytest.mark.e2e
 GUIDE = REPO_ROOT / "samples" / "docs" / "orion-x-admin-guide.md"
 
 
+K8S_ANSWER = "Для Kubernetes используйте Helm-чарт orion-x-ldap."
+"""What the model says of Kubernetes, which the guide never mentions."""
+
+
+def _answer(messages: list[dict]) -> Reply:
+    asked = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    if "Kubernetes" in asked:
+        return text(K8S_ANSWER)
+    return text("LDAP настраивается в разделе «Настройки» → «Аутентификация» → «LDAP» [стр. 2].")
+
+
 def model(request: ChatRequest) -> Reply:
-    """Call read_chunk_window on the first listed anchor, then answer from what came back."""
+    """Call read_chunk_window on the first listed anchor, then answer from what came back
+    (with no tools offered: answer at once)."""
     messages = request.messages
+    if not request.json.get("tools"):
+        return _answer(messages)
     if str(messages[0].get("content", "")).startswith("You route"):
         # The orchestrator's routing question: answer with the decision JSON.
         return text('{"scenario": "S1", "intent": "documents", "clarifications": [], '
@@ -38,7 +55,7 @@ def model(request: ChatRequest) -> Reply:
         )
     read = tool_results[-1]["content"]
     assert "LDAP" in read, read[:500]
-    return text("LDAP настраивается в разделе «Настройки» → «Аутентификация» → «LDAP» [стр. 2].")
+    return _answer(messages)
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +112,41 @@ def test_runtime_failure_is_502_llm_runtime_error(mesh_with_model: Mesh, runtime
         timeout=60,
     )  # fmt: skip
     assert_error(r, 502, "LLM_RUNTIME_ERROR")
+
+
+def test_a_model_answer_naming_what_nothing_read_mentions_is_withheld(
+    mesh_with_model: Mesh,
+) -> None:
+    r = httpx.post(
+        f"{mesh_with_model.json_url('orchestrator')}/internal/orchestrator/respond",
+        json={"query": "Как настроить LDAP в Kubernetes?",
+              "user": {"user_id": "u", "tenant_id": "acme"}},
+        timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    answer = r.json()["answer"]
+    assert answer.startswith("В документах нет ответа на этот вопрос: «kubernetes»"), answer
+    assert "Helm" not in answer and "> " in answer  # the closest passages read, quoted
+
+
+def test_a_withheld_answer_over_the_json_and_grpc_streams(mesh_with_model: Mesh) -> None:
+    chunk = {"doc_id": "orion-x-admin-guide", "section_id": "s004", "page_start": 2,
+             "page_end": 2, "text": "LDAP настраивается в разделе «Настройки»."}  # fmt: skip
+    body = {"mode": "rag", "messages": [{"role": "user", "content": "LDAP в Kubernetes?"}],
+            "context_chunks": [chunk], "user": {"user_id": "u", "tenant_id": "acme"}}  # fmt: skip
+    r = httpx.post(
+        f"{mesh_with_model.json_url('llm')}/internal/llm/generate", json=body, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["meta"]["withheld_for"] == ["kubernetes"]
+    request = json_format.ParseDict(body, llm_pb2.GenerateRequest())
+    address = f"127.0.0.1:{mesh_with_model.ports.grpc['llm']}"
+    with grpc.insecure_channel(address) as channel:
+        stream = llm_pb2_grpc.LlmServiceStub(channel).GenerateStream(
+            llm_pb2.GenerateStreamRequest(request=request), timeout=60
+        )
+        events = list(stream)
+    final = events[-1].final
+    deltas = "".join(e.delta for e in events[:-1])
+    assert list(final.meta.withheld_for) == ["kubernetes"]
+    assert deltas == final.answer and "Helm" not in deltas

@@ -886,7 +886,7 @@ async def test_an_answer_with_nothing_read_is_kept():
         ("Как настроить PostgreSQL?", ["postgresql"]),
     ],
 )
-def test_the_question_script_decides_what_its_names_are(question, named):
+def test_the_question_language_decides_what_its_names_are(question, named):
     assert named_terms(question) == named
 
 

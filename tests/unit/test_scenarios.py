@@ -6,7 +6,7 @@ from datetime import date
 
 import pytest
 
-from services.common.generate_contract import text_language
+from services.common.generate_contract import question_language
 from services.orchestrator.scenarios import (
     INTENTS,
     MAX_CONTEXT_CHARS,
@@ -337,10 +337,18 @@ def test_news_query_is_the_question_or_a_generic_one():
         ("Что такое VAT?", "ru"),
         ("?", "ru"),  # no letters: Russian by default (agent.md §8)
         ("", "ru"),
+        # More Latin letters than Cyrillic, still Russian: Russian has lowercase words.
+        ("Как настроить LDAP в Kubernetes?", "ru"),
+        ("Что такое conffiles?", "ru"),
+        ("Что делает rpmbuild --sign --define?", "ru"),
+        # Quoted Russian does not make an English question Russian.
+        ("What does «Не удалось подключиться к серверу» mean?", "en"),
+        ("How do I configure Орион Х?", "en"),
+        ("«Не удалось подключиться»?", "ru"),
     ],
 )
 def test_language(query, language):
-    assert text_language(query) == language
+    assert question_language(query) == language
     assert decide(query).language == language
 
 
