@@ -211,10 +211,26 @@ _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
 no topic."""
 
 
+def _turn_parts(turn: str) -> tuple[str, str]:
+    """A user turn's question and what follows it: a caller's turn may go on with a listing
+    after a blank line ("Question: …\n\nSections found: …")."""
+    question, _, listing = turn.partition("\n\n")
+    return question.strip().removeprefix("Question:").strip(), listing
+
+
 def asked(turn: str) -> str:
-    """The question of a user turn: a caller's turn may go on with a listing after a blank
-    line ("Question: …\n\nSections found: …")."""
-    return turn.split("\n\n", 1)[0].strip().removeprefix("Question:").strip()
+    """The question of a user turn (`_turn_parts`)."""
+    return _turn_parts(turn)[0]
+
+
+def _system(messages: Sequence[ChatMessage]) -> str:
+    """The system prompt of a conversation: its system messages."""
+    return "\n\n".join(m.content for m in messages if m.role == "system")
+
+
+def _notes(messages: Sequence[ChatMessage]) -> str:
+    """The loop's own notes in a conversation (the language note among them)."""
+    return "\n".join(m.content for m in messages if is_service_note(m))
 
 
 def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
@@ -247,7 +263,7 @@ def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
     Russian text an English question's capitalised words are no names to look for: they are
     translated there ("Two-Factor Authentication"), while identifiers and capitals stay."""
     read = "\n".join(texts)
-    cross = question_language(question) == EN and text_language(read) == RU
+    cross = question_language(asked(question)) == EN and text_language(read) == RU
     lowered = read.lower()
     return [t for t in named_terms(question, proper_names=not cross) if t not in lowered]
 
@@ -748,8 +764,7 @@ def clarification_questions(system: str) -> list[str]:
 
 def compose(question: str, messages: Sequence[ChatMessage], system: str = "") -> str:
     """The extractive answer to `question` from the tool results in `messages` (Markdown)."""
-    notes = "\n".join(m.content for m in messages if is_service_note(m))
-    lang = answer_language(question, system, notes)
+    lang = answer_language(question, system, _notes(messages))
     results = gather(messages)
     c = _Composer(question, lang)
     c.passages(results.documents + results.hits)
@@ -792,14 +807,13 @@ def _judged(messages: Sequence[ChatMessage]) -> tuple[str, list[Reading], list[s
     results = gather(messages)
     if results.data:
         return None
-    system = "\n\n".join(m.content for m in messages if m.role == "system")
     readings = [*results.documents, *results.hits, *(results.kb or [])]
-    readings += _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
+    readings += _readings_from_blocks(delimited_blocks(_system(messages), CONTEXT_KIND))
     if not readings:
         return None
     turn = _question(messages)
     texts = [r.text for r in readings] + [r.title for r in readings]
-    texts.append(turn.split("\n\n", 1)[1] if "\n\n" in turn else "")  # the sections listed
+    texts.append(_turn_parts(turn)[1])  # the sections listed
     texts += [
         b.text
         for m in messages
@@ -825,9 +839,7 @@ def answer_without_model(messages: Sequence[ChatMessage]) -> str:
     everything read (the Markdown of the extractive responder)."""
     judged = _judged(messages)
     turn, readings = (judged[0], judged[1]) if judged else (_question(messages), [])
-    system = "\n\n".join(m.content for m in messages if m.role == "system")
-    notes = "\n".join(m.content for m in messages if is_service_note(m))
-    lang = answer_language(turn, system, notes)
+    lang = answer_language(turn, _system(messages), _notes(messages))
     c = _Composer(turn, lang)
     c.passages(readings, also_read=judged[2] if judged else ())
     return not_found(lang) if c.answer.empty else c.text()
@@ -890,7 +902,7 @@ class ExtractiveRuntime:
 
     def respond(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
         """What a model would answer to `messages` with `tools` offered."""
-        system = "\n\n".join(m.content for m in messages if m.role == "system")
+        system = _system(messages)
         reads: list[dict[str, Any]] = []
         calls = 0
         for m in messages:

@@ -940,3 +940,19 @@ async def test_a_withheld_answer_names_the_missing_and_quotes_the_context_read()
     assert out.withheld_for == ("redis",)
     assert out.answer.startswith("The documents do not answer this: “redis” does not occur")
     assert "> LDAP is set up in Settings." in out.answer and "6379" not in out.answer
+
+
+async def test_a_listing_in_russian_does_not_make_an_english_question_russian():
+    # The question is English; the sections listed after it are Russian. Over Russian text
+    # its capitalised words are not looked for, whatever language the listing is in.
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
+                          Completion("The model's answer.", model="m1")])  # fmt: skip
+    turn = (
+        "Question: How do I enable Two-Factor Authentication in Settings?\n\nSections found:\n"
+        "1. doc_id=guide section_id=s1\n   title: Безопасность\n"
+        "   summary: двухфакторная аутентификация включается в профиле"
+    )
+    out = await loop(rt, FakeTools(default=window(text=RU_2FA))).run(
+        req(messages=(Turn("user", turn),))
+    )
+    assert out.withheld_for == ()
