@@ -255,6 +255,9 @@ class _Run:
         """Each tool call's latency (ms), likewise."""
         self.prompt_cached = 0
         """Prompt tokens the runtime took from its cache, over all calls."""
+        self.extractive = bool(getattr(loop.runtime, "extractive", False))
+        """Whether the runtime is the built-in extractive responder, which keeps the loop's
+        rules itself (services/llm/extractive.py)."""
         self.language_note = prompts.language_note(req.answer_language)
         """Sent as the last message of every call, never kept in the conversation."""
         self.note_tokens = (
@@ -669,7 +672,7 @@ class _Run:
         `response_schema`."""
         if self.req.params.response_schema is not None:
             return []
-        if getattr(self.loop.runtime, "extractive", False):
+        if self.extractive:
             return []
         return ungrounded_terms(self._sent(messages))
 
@@ -692,7 +695,7 @@ class _Run:
             tools_called=tuple(self.records),
             model_name=self._model_name(),
             latency_ms=round((self.loop.clock() - self.started) * 1000),
-            extractive=bool(getattr(self.loop.runtime, "extractive", False)),
+            extractive=self.extractive,
             trace_id=self.req.trace_id,
             prompt_cached=self.prompt_cached,
             final_prompt_tokens=self.final_prompt,
