@@ -45,6 +45,30 @@ def question_language(question: str) -> str:
     return text_language(bare if _LATIN.search(bare) or _CYRILLIC.search(bare) else question)
 
 
+QUESTION_PREFIX = "Question: "
+LISTING_HEADER = "\n\nSections found:\n"
+"""A document scenario's first user turn is the question and the sections found for it:
+"Question: …\n\nSections found:\n…" (`question_turn`); the LLM service reads the two apart
+(`turn_parts`) to judge the question and count the listing as read."""
+
+
+def question_turn(question: str, listing: str | None) -> str:
+    """The user turn for `question` with the sections' `listing`, or the question alone for
+    None."""
+    if listing is None:
+        return question
+    return f"{QUESTION_PREFIX}{question}{LISTING_HEADER}{listing}"
+
+
+def turn_parts(turn: str) -> tuple[str, str]:
+    """A user turn's question and the listing `question_turn` put after it ("" when the turn
+    holds none: any other turn is all question, its blank lines included)."""
+    question, header, listing = turn.partition(LISTING_HEADER)
+    if not header:
+        return turn, ""
+    return question.removeprefix(QUESTION_PREFIX), listing
+
+
 @dataclass(frozen=True)
 class User:
     """Who the request is for, from the request's user context (never from tool arguments)."""

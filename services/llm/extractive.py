@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.common.currencies import named_currencies
-from services.common.generate_contract import question_language, text_language
+from services.common.generate_contract import question_language, text_language, turn_parts
 from services.common.lexical import Bm25, search_terms, split_sentences
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
@@ -211,16 +211,9 @@ _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
 no topic."""
 
 
-def _turn_parts(turn: str) -> tuple[str, str]:
-    """A user turn's question and what follows it: a caller's turn may go on with a listing
-    after a blank line ("Question: …\n\nSections found: …")."""
-    question, _, listing = turn.partition("\n\n")
-    return question.strip().removeprefix("Question:").strip(), listing
-
-
 def asked(turn: str) -> str:
-    """The question of a user turn (`_turn_parts`)."""
-    return _turn_parts(turn)[0]
+    """The question of a user turn, without the sections listed after it (`turn_parts`)."""
+    return turn_parts(turn)[0].strip()
 
 
 def _system(messages: Sequence[ChatMessage]) -> str:
@@ -813,7 +806,7 @@ def _judged(messages: Sequence[ChatMessage]) -> tuple[str, list[Reading], list[s
         return None
     turn = _question(messages)
     texts = [r.text for r in readings] + [r.title for r in readings]
-    texts.append(_turn_parts(turn)[1])  # the sections listed
+    texts.append(turn_parts(turn)[1])  # the sections listed
     texts += [
         b.text
         for m in messages

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.generate_contract import failed_call_summary
+from services.common.generate_contract import failed_call_summary, turn_parts
 from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
@@ -36,7 +36,6 @@ from services.orchestrator.model import (
     ToolCallRecord,
     User,
 )
-from services.orchestrator.prompt_budget import question_of
 
 BASE_SCORE = 0.35
 """A section sharing no word with the query still comes back (nearest neighbours always
@@ -412,7 +411,7 @@ def _question(req: LlmRequest) -> str:
     of the document scenarios appends ("Question: …\n\nSections found:\n…")."""
     for turn in reversed(req.messages):
         if turn.role == "user":
-            return question_of(turn.content)
+            return turn_parts(turn.content)[0]
     return ""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common import errors
+from services.common.generate_contract import question_turn
 from services.common.prompt_limits import (
     ANCHOR_LINE_SLACK,
     LLM_LIMIT_EXCEEDED,
@@ -72,23 +73,6 @@ def _entry(i: int, s: SectionCandidate, title: str, summary: str) -> str:
     )
 
 
-_QUESTION = "Question: "
-_LISTING = "\n\nSections found:\n"
-
-
-def _question(query: str, listing: str | None) -> str:
-    """The first prompt's user turn: the question, and the sections' listing when there is one."""
-    if listing is None:
-        return query
-    return f"{_QUESTION}{query}{_LISTING}{listing}"
-
-
-def question_of(user_turn: str) -> str:
-    """The question of a user turn `_question` wrote (a turn without a listing as it is)."""
-    question, listed, _ = user_turn.partition(_LISTING)
-    return question.removeprefix(_QUESTION) if listed else question
-
-
 class PromptFitter:
     """Counts and trims first prompts for one LLM prompt limit."""
 
@@ -124,7 +108,7 @@ class PromptFitter:
         base = self.tokenizer.count(system) + REPLY_TOKENS
         kept = list(history)
         turns = [self._message(t.content) for t in kept]
-        bare = base + self._message(_question(query, "" if sections is not None else None))
+        bare = base + self._message(question_turn(query, "" if sections is not None else None))
         # The smallest section list worth sending: the best section with a short summary.
         least = 0
         if sections:
@@ -145,7 +129,7 @@ class PromptFitter:
         if sections is None:
             return FirstPrompt(tuple(kept), query, (), used)
         if not sections:
-            question = _question(query, NO_SECTIONS)
+            question = question_turn(query, NO_SECTIONS)
             used = base + sum(turns) + self._message(question)
             return FirstPrompt(tuple(kept), question, (), used)
         listed, question = self._fit_sections(
@@ -186,14 +170,14 @@ class PromptFitter:
         tok = self.tokenizer
         kept = list(sections)
         caps: list[int | None] = [None] * len(kept)
-        empty = tok.count(_question(query, ""))
+        empty = tok.count(question_turn(query, ""))
         while True:
             summaries = [self._entry_cost(i, s, caps[i - 1])[1] for i, s in enumerate(kept, 1)]
             listing = "\n".join(
                 _entry(i, s, _cut(tok, " ".join(s.title.split()), MAX_TITLE_TOKENS), summary)
                 for i, (s, summary) in enumerate(zip(kept, summaries, strict=True), 1)
             )
-            question = _question(query, listing)
+            question = question_turn(query, listing)
             adds = tok.count(question) - empty + self._anchors(kept)
             over = max(tok.count(listing) - list_room, adds - room)
             if over <= 0:

@@ -15,12 +15,14 @@ import httpx
 import pytest
 
 from services.common import errors
+from services.common.generate_contract import turn_parts
 from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS
 from services.common.settings import Env
 from services.common.shared_config import llm_prompt_limit
 from services.common.tokenizer import default_tokenizer
 from services.llm import budget as llm_budget
 from services.llm import prompt as llm_prompt
+from services.llm.extractive import asked
 from services.llm.model import Anchor, GenerateInput, PlannedCall, ToolPolicy
 from services.llm.model import User as LlmUser
 from services.model_runtime.chat import ToolSpec
@@ -33,7 +35,7 @@ from services.orchestrator.model import (
     Turn,
     User,
 )
-from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter, question_of
+from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter
 from services.orchestrator.respond import Responder
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
@@ -333,8 +335,9 @@ async def test_s3_leaves_room_for_50000_characters_of_russian_beside_a_long_hist
 @pytest.mark.parametrize("found", [None, 0, 3])
 @pytest.mark.parametrize("query", ["How do I set up LDAP?", "Question: twice\n\nand a second line"])
 def test_the_question_of_a_first_prompt_is_the_query(found: int | None, query: str):
-    """What `fit` writes as the user turn, `question_of` reads back as the query, with no
-    sections (S2, S3, S5), none found, or a list of them."""
+    """What `fit` writes as the user turn, the LLM service reads back as the query (`asked`,
+    through the shared `turn_parts`), with no sections (S2, S3, S5), none found, or a list of
+    them; a question's own blank lines and "Question:" stay in it."""
     sections = (
         None if found is None else [_section(i, "summary", 0.9 - i / 10) for i in range(found)]
     )
@@ -343,4 +346,4 @@ def test_the_question_of_a_first_prompt_is_the_query(found: int | None, query: s
         list_budget=2048,
     )  # fmt: skip
     assert ("Sections found" in fitted.question) is (found is not None)
-    assert question_of(fitted.question) == query
+    assert turn_parts(fitted.question)[0] == asked(fitted.question) == query
