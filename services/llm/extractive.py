@@ -59,6 +59,7 @@ from services.llm.prompt import (
     RAG_RULES,
     is_service_note,
     listed_anchors,
+    noted_language,
 )
 from services.llm.toolcalls import ToolContent, parse_tool_content
 from services.model_runtime.chat import (
@@ -221,9 +222,9 @@ def _system(messages: Sequence[ChatMessage]) -> str:
     return "\n\n".join(m.content for m in messages if m.role == "system")
 
 
-def _notes(messages: Sequence[ChatMessage]) -> str:
+def _notes(messages: Sequence[ChatMessage]) -> list[str]:
     """The loop's own notes in a conversation (the language note among them)."""
-    return "\n".join(m.content for m in messages if is_service_note(m))
+    return [m.content for m in messages if is_service_note(m)]
 
 
 def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
@@ -292,15 +293,17 @@ def best_sentences(
     return [sentences[i] for i in sorted(ranked) if scores[i] > 0] or sentences[:1]
 
 
-def answer_language(question: str, system: str = "", notes: str = "") -> str:
-    """The language the loop's language note (`notes`: its service notes, which carry the
-    request's answer_language), else the system prompt, asks for; else "en" when the question
-    is asked in (`question_language`; agent.md §8: Russian by default)."""
-    for instructions in (notes, strip_delimited(system)):
-        if _ASKS_ENGLISH.search(instructions):
-            return EN
-        if _ASKS_RUSSIAN.search(instructions):
-            return RU
+def answer_language(question: str, system: str = "", notes: Sequence[str] = ()) -> str:
+    """The language the loop's language note (among `notes`, its service notes: it carries the
+    request's answer_language), else the system prompt, asks for; else the one the question is
+    asked in (`question_language`; agent.md §8: Russian by default)."""
+    if noted := noted_language(notes):
+        return noted
+    instructions = strip_delimited(system)
+    if _ASKS_ENGLISH.search(instructions):
+        return EN
+    if _ASKS_RUSSIAN.search(instructions):
+        return RU
     return question_language(asked(question))
 
 

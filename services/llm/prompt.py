@@ -160,16 +160,40 @@ LANGUAGE_NOTES = {
     "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке.",
     "en": f"{SERVICE_NOTE_PREFIX} Answer in English.",
 }
+QUESTION_NOTES = {
+    "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке на вопрос: ",
+    "en": f"{SERVICE_NOTE_PREFIX} Answer in English the question: ",
+}
 """The last message of every model call when the caller names the answer's language: a small
 model answers in the language of the text it read last (a tool result, an English prompt)
-unless the instruction comes after it. Sent, never kept: the next call's prompt still extends
-the previous one up to this note, so the runtime's prompt cache loses only its few tokens."""
+unless the instruction comes after it, and asked for the language alone it may answer that
+("Вот ответ на русском языке:") and stop; the note therefore ends with the question
+(QUESTION_NOTES), or names only the language (LANGUAGE_NOTES) when the question is longer
+than MAX_RESTATED_QUESTION_CHARS. Sent, never kept: the next call's prompt still extends the
+previous one up to this note, so the runtime's prompt cache loses only its few tokens."""
+MAX_RESTATED_QUESTION_CHARS = 500
+"""The longest question the language note repeats; its tokens come out of the answer's."""
 
 
-def language_note(language: str) -> ChatMessage | None:
-    """The closing instruction for `language` ("ru", "en"), or None for ""."""
-    text = LANGUAGE_NOTES.get(language)
-    return ChatMessage("user", text) if text else None
+def language_note(language: str, question: str = "") -> ChatMessage | None:
+    """The closing instruction for `language` ("ru", "en") with `question` (its white space
+    folded into one line), or None for ""."""
+    if language not in LANGUAGE_NOTES:
+        return None
+    question = " ".join(question.split())
+    if question and len(question) <= MAX_RESTATED_QUESTION_CHARS:
+        return ChatMessage("user", QUESTION_NOTES[language] + question)
+    return ChatMessage("user", LANGUAGE_NOTES[language])
+
+
+def noted_language(notes: Sequence[str]) -> str:
+    """The answer language a loop's language note among `notes` names, by the note's own
+    words (the question it repeats is not read); "" when none does."""
+    for note in notes:
+        for language in LANGUAGE_NOTES:
+            if note == LANGUAGE_NOTES[language] or note.startswith(QUESTION_NOTES[language]):
+                return language
+    return ""
 
 
 def final_answer_note() -> ChatMessage:

@@ -28,7 +28,7 @@ from services.llm.model import (
     Turn,
     User,
 )
-from services.llm.prompt import LANGUAGE_NOTES
+from services.llm.prompt import LANGUAGE_NOTES, language_note
 from services.llm.toolcalls import READ_TOOL_SPECS, render_result
 from services.model_runtime.chat import ChatMessage
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
@@ -503,8 +503,20 @@ def test_answer_language_follows_the_question_script_or_the_instructions():
 
 
 def test_the_language_note_names_the_answers_language_before_the_system_prompt():
-    assert answer_language("Курс?", "", LANGUAGE_NOTES["en"]) == "en"
-    assert answer_language("What is it?", "Answer in English.", LANGUAGE_NOTES["ru"]) == "ru"
+    assert answer_language("Курс?", "", [LANGUAGE_NOTES["en"]]) == "en"
+    assert answer_language("What is it?", "Answer in English.", [LANGUAGE_NOTES["ru"]]) == "ru"
+
+
+@pytest.mark.parametrize(
+    ("language", "question"),
+    [("ru", "Should I answer in English or in Russian?"), ("en", "Как ответить на русском?")],
+)
+def test_the_question_a_language_note_repeats_names_no_language(language, question):
+    """The note ends with the question; words of the question that ask for a language are
+    the user's topic, not the request's answer_language."""
+    note = language_note(language, question)
+    assert note is not None and note.content.endswith(question)
+    assert answer_language(question, "", [note.content]) == language
 
 
 @pytest.mark.parametrize(("language", "opening"), [("en", "**In short:**"), ("ru", "**Кратко:**")])

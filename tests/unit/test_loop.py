@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
+from services.common.generate_contract import question_turn
 from services.common.tokenizer import default_tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
@@ -30,7 +31,12 @@ from services.llm.model import (
     Turn,
     User,
 )
-from services.llm.prompt import FINAL_ANSWER_NOTE
+from services.llm.prompt import (
+    FINAL_ANSWER_NOTE,
+    LANGUAGE_NOTES,
+    MAX_RESTATED_QUESTION_CHARS,
+    QUESTION_NOTES,
+)
 from services.llm.toolcalls import (
     INVALID_JSON,
     READ_TOOL_SPECS,
@@ -761,20 +767,33 @@ async def test_the_output_reports_cached_tokens_runtime_time_and_calls():
 @pytest.mark.parametrize(
     ("language", "note"),
     [
-        ("ru", "[Visior service] Ответь на русском языке."),
-        ("en", "[Visior service] Answer in English."),
+        ("ru", "[Visior service] Ответь на русском языке на вопрос: How do I set up LDAP?"),
+        ("en", "[Visior service] Answer in English the question: How do I set up LDAP?"),
     ],
 )
 async def test_the_answer_language_closes_every_call_and_is_never_kept(language, note):
+    """The note names the language and repeats the question: the sections listed after it
+    stay out, its white space is folded into one line."""
     read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
     rt = ScriptedRuntime([asks(read), says("ответ")])
-    out = await loop(rt, FakeTools(default=window())).run(req(answer_language=language))
+    asked = question_turn("How do I\n\nset up   LDAP?", "1. doc_id=guide section_id=s1")
+    request = req(messages=(Turn("user", asked),), answer_language=language)
+    out = await loop(rt, FakeTools(default=window())).run(request)
     assert out.answer == "ответ"
     first, second = (c["messages"] for c in rt.calls)
     assert first[-1] == second[-1] == ChatMessage("user", note)
     # The next call extends the previous one up to the note: the prompt cache keeps it all.
     assert second[: len(first) - 1] == first[:-1]
     assert sum(m.content == note for m in second) == 1
+
+
+@pytest.mark.parametrize(("extra", "restated"), [(0, True), (1, False)])
+async def test_a_question_past_the_restated_length_gets_the_language_alone(extra, restated):
+    question = "Q" * (MAX_RESTATED_QUESTION_CHARS + extra)
+    rt = ScriptedRuntime([says("ответ")])
+    await loop(rt, FakeTools()).run(req(messages=(Turn("user", question),), answer_language="ru"))
+    note = rt.calls[0]["messages"][-1].content
+    assert note == (QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"])
 
 
 async def test_without_an_answer_language_no_note_is_sent():
