@@ -5,6 +5,7 @@ search_contract.py is for a search."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,15 @@ class Turn:
 
     role: str
     content: str
+
+
+def last_question(messages: Sequence[Turn]) -> str:
+    """The question of a conversation: its last user turn, without the sections listed after
+    it (`turn_parts`); "" without a user turn."""
+    for turn in reversed(messages):
+        if turn.role == "user":
+            return turn_parts(turn.content)[0]
+    return ""
 
 
 @dataclass(frozen=True)

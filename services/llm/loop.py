@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.generate_contract import turn_parts
+from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import EXTERNAL_TOOLS
@@ -259,7 +259,7 @@ class _Run:
         self.extractive = bool(getattr(loop.runtime, "extractive", False))
         """Whether the runtime is the built-in extractive responder, which keeps the loop's
         rules itself (services/llm/extractive.py)."""
-        self.language_note = prompts.language_note(req.answer_language, _question(req))
+        self.language_note = prompts.language_note(req.answer_language, last_question(req.messages))
         """Sent as the last message of every call, never kept in the conversation."""
         self.note_tokens = (
             message_tokens(loop.tokenizer, self.language_note) if self.language_note else 0
@@ -703,11 +703,3 @@ class _Run:
             runtime_ms=sum(self.step_ms),
             model_calls=self.budget.calls,
         )
-
-
-def _question(req: GenerateInput) -> str:
-    """The question of a request: its last user turn, without the sections listed after it."""
-    for turn in reversed(req.messages):
-        if turn.role == "user":
-            return turn_parts(turn.content)[0]
-    return ""

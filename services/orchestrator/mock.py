@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.generate_contract import failed_call_summary, turn_parts
+from services.common.generate_contract import failed_call_summary, last_question
 from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
@@ -406,15 +406,6 @@ _TEXT = {
 }
 
 
-def _question(req: LlmRequest) -> str:
-    """The user's question: the last user turn without the section list the first prompt
-    of the document scenarios appends ("Question: …\n\nSections found:\n…")."""
-    for turn in reversed(req.messages):
-        if turn.role == "user":
-            return turn_parts(turn.content)[0]
-    return ""
-
-
 def compose_answer(
     question: str, passages: list[Passage], facts: list[str], language: str, system: str
 ) -> str:
@@ -492,7 +483,7 @@ class MockGenerator:
                     {"doc_id": section.doc_id, "section_id": section.section_id})  # fmt: skip
         language = request.answer_language or "ru"
         answer = compose_answer(
-            _question(request), passages, facts, language, request.system_prompt
+            last_question(request.messages), passages, facts, language, request.system_prompt
         )
         return LlmOutcome(answer, tuple(records), len(records), self._ms(started), extractive=True)
 
