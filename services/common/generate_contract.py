@@ -63,9 +63,11 @@ def question_turn(question: str, listing: str | None) -> str:
 
 def turn_parts(turn: str) -> tuple[str, str]:
     """A user turn's question and the listing `question_turn` put after it ("" when the turn
-    holds none: any other turn is all question, its blank lines included)."""
-    question, header, listing = turn.partition(LISTING_HEADER)
-    if not header:
+    holds none: any other turn is all question, its blank lines included). The listing holds
+    no blank line (its entries fold white space), so the last LISTING_HEADER opens it, and
+    only in a turn that opens with QUESTION_PREFIX: a question may quote the header itself."""
+    question, header, listing = turn.rpartition(LISTING_HEADER)
+    if not header or not question.startswith(QUESTION_PREFIX):
         return turn, ""
     return question.removeprefix(QUESTION_PREFIX), listing
 
@@ -85,6 +87,29 @@ class Turn:
 
     role: str
     content: str
+
+
+CLARIFY_HEADER = "Ask the user these clarifying questions, briefly:"
+
+
+def clarify_list(questions: Sequence[str]) -> str:
+    """The clarifying questions as the Orchestrator's system prompt lists them (S5): a line
+    each after CLARIFY_HEADER, the list closed by a line end, so what follows it (the answer
+    language) is no question."""
+    return CLARIFY_HEADER + "\n" + "".join(f"- {' '.join(q.split())}\n" for q in questions)
+
+
+def listed_clarifications(system: str) -> list[str]:
+    """The questions `clarify_list` wrote into a system prompt, in order."""
+    start = system.find(CLARIFY_HEADER + "\n")
+    if start < 0:
+        return []
+    out = []
+    for line in system[start + len(CLARIFY_HEADER) + 1 :].split("\n"):
+        if not line.startswith("- "):
+            break
+        out.append(line[2:].strip())
+    return out
 
 
 def last_question(messages: Sequence[Turn]) -> str:

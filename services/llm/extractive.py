@@ -31,7 +31,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.common.currencies import named_currencies
-from services.common.generate_contract import question_language, text_language, turn_parts
+from services.common.generate_contract import (
+    listed_clarifications,
+    question_language,
+    text_language,
+    turn_parts,
+)
 from services.common.lexical import Bm25, search_terms, split_sentences
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
@@ -500,7 +505,8 @@ class _Composer:
     """Writes the answer to one question in one language."""
 
     def __init__(self, question: str, lang: str) -> None:
-        self.question = question
+        self.question = asked(question)
+        """The question alone: the sections listed after it are no words of it."""
         self.lang = lang
         self.t = _TEXT[lang]
         self.answer = _Answer()
@@ -749,9 +755,13 @@ def _is_demo(result: dict[str, Any]) -> bool:
 
 
 def clarification_questions(system: str) -> list[str]:
-    """The questions the caller's instructions carry (lines ending with "?"), in order."""
+    """The questions the caller's instructions carry, in order: the Orchestrator's list
+    (`listed_clarifications`), else the lines ending with "?"."""
+    instructions = strip_delimited(system)
+    if listed := listed_clarifications(instructions):
+        return listed
     out = []
-    for line in strip_delimited(system).splitlines():
+    for line in instructions.splitlines():
         text = _BULLET.sub("", line).strip()
         if text.endswith("?") and len(text) > 1:
             out.append(text)
@@ -790,7 +800,7 @@ def compose(question: str, messages: Sequence[ChatMessage], system: str = "") ->
         elif tried or RAG_RULES in system:
             return not_found(lang)
         else:
-            thanks = re.search(r"спасибо|благодар|thank", question, re.IGNORECASE)
+            thanks = re.search(r"спасибо|благодар|thank", c.question, re.IGNORECASE)
             c.answer.summary.append(c.t["thanks" if thanks else "hello"])
     return c.text()
 

@@ -23,7 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.generate_contract import failed_call_summary, last_question
+from services.common.generate_contract import (
+    failed_call_summary,
+    last_question,
+    listed_clarifications,
+)
 from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
@@ -414,7 +418,7 @@ def compose_answer(
     the system prompt, a short chat answer, or "not found"."""
     t = _TEXT.get(language, _TEXT["ru"])
     if not passages and not facts:
-        asks = [line[2:] for line in system.splitlines() if line.startswith("- ")]
+        asks = listed_clarifications(system)
         if asks:
             body = "\n".join(f"- {q}" for q in asks)
         elif "small talk" in system or "general question" in system:

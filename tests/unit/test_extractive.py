@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
+from services.common.generate_contract import question_turn
 from services.common.tokenizer import default_tokenizer
 from services.common.untrusted import wrap_untrusted
 from services.llm.extractive import (
@@ -323,6 +324,19 @@ async def test_full_documents_in_english():
     assert out.answer.startswith("**In short:** The delivery term is 30 days.")
     assert "From “Contract” (4 pages):" in out.answer
     assert "- “Contract” — contract, 4 pages" in out.answer
+
+
+async def test_the_sections_listed_after_the_question_are_no_words_of_it():
+    """The Orchestrator's first turn lists the sections found after the question: their
+    titles and summaries do not choose the sentence that answers it."""
+    listing = (
+        "1. doc_id=contract section_id=s1 anchor_chunk_id=contract:c1 pages=1-4 score=0.900\n"
+        "   title: Contract signed in March 2024\n"
+        "   summary: The contract was signed on 1 March 2024; signed 1 March 2024."
+    )
+    turn = question_turn("How is the payment made?", listing)
+    out, _ = await planned(turn, LOAD_BOTH, [documents_full(CONTRACT_EN)], mode="rag")
+    assert out.answer.startswith("**In short:** Payment is made in roubles.")
 
 
 async def test_search_hits_are_quoted_with_pages():

@@ -5,10 +5,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
+from services.common.generate_contract import listed_clarifications
 from services.common.search_contract import MAX_QUERY_CHARS, Filters, normalise_query
 from services.common.settings import Env, SettingsError
 from services.common.tokenizer import default_tokenizer
 from services.common.tool_contract import MAX_TOOL_QUERY_CHARS
+from services.llm.extractive import clarification_questions as extractive_clarifications
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.model import (
     LlmOutcome,
@@ -21,6 +23,7 @@ from services.orchestrator.model import (
 from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET, PromptFitter
 from services.orchestrator.respond import (
     ANSWER_QUERY_CHARS,
+    LANGUAGE_NOTE,
     MAX_FILTER_VALUES,
     MAX_HISTORY_TURNS,
     Responder,
@@ -29,6 +32,7 @@ from services.orchestrator.respond import (
     validate,
 )
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
+from services.orchestrator.scenarios import clarification_questions
 
 SECTION = SectionCandidate(
     "guide", "sec-ldap", "LDAP", "How to set up LDAP. " * 50, 0.9, 6, 7, "guide:c3"
@@ -344,6 +348,20 @@ async def test_small_talk_and_clarification_call_no_tools():
     assert (out.scenario, out.intent) == ("S5", "clarify")
     last = generator.requests[-1]
     assert last.allowed_tools == () and "?" in last.system_prompt
+
+
+@pytest.mark.parametrize("locale", ["ru-RU", "en-US"])
+async def test_every_clarifying_question_reaches_the_answer_and_the_language_follows_the_list(locale):
+    """The questions are listed one a line and the answer language follows the list on a
+    line of its own: both responders read back exactly the questions asked."""
+    responder, _, generator, _ = make()
+    await responder.respond(inp(query="помоги", locale=locale))
+    system = generator.requests[-1].system_prompt
+    language = locale[:2]
+    asked = list(clarification_questions("помоги", language))
+    assert len(asked) == 3
+    assert extractive_clarifications(system) == listed_clarifications(system) == asked
+    assert system.endswith("\n" + LANGUAGE_NOTE[language])
 
 
 async def test_the_models_json_decides_when_a_model_answers():
