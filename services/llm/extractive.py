@@ -55,7 +55,6 @@ from services.common.untrusted import (
     is_wrapped,
     parse_pages,
     strip_delimited,
-    unwrap_untrusted,
 )
 from services.llm.model import Anchor
 from services.llm.prompt import (
@@ -66,7 +65,7 @@ from services.llm.prompt import (
     listed_anchors,
     noted_language,
 )
-from services.llm.toolcalls import ToolContent, parse_tool_content
+from services.llm.toolcalls import ToolContent, fill_placeholders, parse_tool_content
 from services.model_runtime.chat import (
     ChatMessage,
     ChatRequest,
@@ -83,7 +82,6 @@ _NOT_READING = frozenset(
 )
 """Tools whose results do not count as reading a document (the responder may still read)."""
 _PIECE = re.compile(r"\S+\s*")
-_PLACEHOLDER = re.compile(r"\[text (\d+) below\]")
 _ASKS_ENGLISH = re.compile(
     r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin english\b|на английском", re.IGNORECASE
 )
@@ -365,19 +363,6 @@ def _readings_from_blocks(blocks: Sequence[DelimitedText]) -> list[Reading]:
     return out
 
 
-def _fill(value: Any, texts: Sequence[DelimitedText]) -> Any:
-    """A result header with each `[text N below]` placeholder replaced by its text."""
-    if isinstance(value, dict):
-        return {k: _fill(v, texts) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fill(v, texts) for v in value]
-    if isinstance(value, str):
-        m = _PLACEHOLDER.fullmatch(value)
-        if m and 0 < int(m.group(1)) <= len(texts):
-            return unwrap_untrusted(texts[int(m.group(1)) - 1].text)
-    return value
-
-
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
@@ -486,7 +471,7 @@ def gather(messages: Sequence[ChatMessage]) -> _Results:
             if name not in READ_TOOLS:
                 out.failures.append((name, content.error_message or content.error_code))
             continue
-        result = _fill(content.result, content.texts)
+        result = fill_placeholders(content.result, content.texts)
         if name == LOAD_DOCUMENTS_FULL:
             out.documents += _loaded_documents(result, content.texts)
         elif name in (SEARCH_USER_DOCUMENTS, DOC_LOCAL_SEARCH):

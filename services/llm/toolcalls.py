@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -299,6 +300,7 @@ class RenderedResult:
 
 
 _PLACEHOLDER = "[text {} below]"
+_PLACEHOLDER_RE = re.compile(r"\[text (\d+) below\]")
 
 
 def _neutralised(value: str) -> str:
@@ -324,6 +326,20 @@ def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
             texts.append(wrapped)
             return _PLACEHOLDER.format(len(texts))
         return _neutralised(value)
+    return value
+
+
+def fill_placeholders(value: Any, texts: Sequence[DelimitedText]) -> Any:
+    """A result header (`render_result`) with each `[text N below]` placeholder replaced by
+    its text, unwrapped: the inverse of `_split_texts`."""
+    if isinstance(value, dict):
+        return {k: fill_placeholders(v, texts) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fill_placeholders(v, texts) for v in value]
+    if isinstance(value, str):
+        m = _PLACEHOLDER_RE.fullmatch(value)
+        if m and 0 < int(m.group(1)) <= len(texts):
+            return unwrap_untrusted(texts[int(m.group(1)) - 1].text)
     return value
 
 

@@ -30,7 +30,12 @@ from services.llm.model import (
     User,
 )
 from services.llm.prompt import LANGUAGE_NOTES, language_note
-from services.llm.toolcalls import READ_TOOL_SPECS, render_result
+from services.llm.toolcalls import (
+    READ_TOOL_SPECS,
+    fill_placeholders,
+    parse_tool_content,
+    render_result,
+)
 from services.model_runtime.chat import ChatMessage
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
 from tests.unit.test_loop import Events, FakeClock, FakeTools, window
@@ -155,6 +160,18 @@ def test_quotes_page_texts_of_other_read_tools():
     ]
     answer = ExtractiveRuntime().respond(messages, ()).content
     assert "> LDAP settings are on page five." in answer and "(p. 5)" in answer
+
+
+def test_a_rendered_result_reads_back_as_it_was():
+    """`render_result` moves each text below the header as `[text N below]`;
+    `fill_placeholders` puts them back: the two are one format."""
+    result = {"doc_id": "guide", "page_start": 5, "page_end": 6,
+              "pages": [{"page": 5, "text": "LDAP is on page five."},
+                        {"page": 6, "text": "[text 1 below] is a literal here."}]}  # fmt: skip
+    content = render_result("read_doc_pages", result, default_tokenizer(), 500).content
+    parsed = parse_tool_content(content)
+    assert parsed is not None and len(parsed.texts) == 2
+    assert fill_placeholders(parsed.result, parsed.texts)["pages"] == result["pages"]
 
 
 def test_best_sentences_prefers_overlap_and_keeps_order():
