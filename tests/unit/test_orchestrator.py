@@ -351,7 +351,9 @@ async def test_small_talk_and_clarification_call_no_tools():
 
 
 @pytest.mark.parametrize("locale", ["ru-RU", "en-US"])
-async def test_every_clarifying_question_reaches_the_answer_and_the_language_follows_the_list(locale):
+async def test_every_clarifying_question_reaches_the_answer_and_the_language_follows_the_list(
+    locale,
+):
     """The questions are listed one a line and the answer language follows the list on a
     line of its own: both responders read back exactly the questions asked."""
     responder, _, generator, _ = make()
