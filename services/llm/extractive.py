@@ -492,6 +492,8 @@ class _Composer:
     def __init__(self, question: str, lang: str) -> None:
         self.question = asked(question)
         """The question alone: the sections listed after it are no words of it."""
+        self._turn = question
+        """The question's whole turn, the sections listed with it included (`passages`)."""
         self.lang = lang
         self.t = _TEXT[lang]
         self.answer = _Answer()
@@ -505,17 +507,12 @@ class _Composer:
     ) -> None:
         """Quote the best sentences of the best few readings, conclusion first; `also_read`:
         more text the question's names may occur in (not quoted)."""
-        scorer = SentenceScorer(
-            self.question, [x for r in readings for x in split_sentences(r.text)]
-        )
-        scored = []
-        for i, r in enumerate(readings):
-            quotes = [
-                x for x in best_sentences(r.text, self.question, scorer=scorer)
-                if x not in self._seen
-            ]  # fmt: skip
-            if quotes:
-                scored.append((max(scorer(x) for x in quotes), i, r, quotes))
+        scorer, scored = self._ranked(readings, self.question)
+        if scored and max(x[0] for x in scored) <= 0 and self._turn != self.question:
+            # No sentence shares a word with the question (asked in the other language): the
+            # summaries of the sections the search found for it, listed with it, say which
+            # sentences it matched.
+            scorer, scored = self._ranked(readings, self._turn)
         if not scored:
             return
         chosen = sorted(scored, key=lambda x: (-x[0], x[1]))[:MAX_PASSAGES]
@@ -558,6 +555,20 @@ class _Composer:
         self.answer.summary.append(self.t[key])
 
     # --- external data ----------------------------------------------------------------
+
+    def _ranked(
+        self, readings: Sequence[Reading], words: str
+    ) -> tuple[SentenceScorer, list[tuple[float, int, Reading, list[str]]]]:
+        """Each reading's best sentences not quoted yet, scored for `words`."""
+        scorer = SentenceScorer(words, [x for r in readings for x in split_sentences(r.text)])
+        scored = []
+        for i, r in enumerate(readings):
+            quotes = [
+                x for x in best_sentences(r.text, words, scorer=scorer) if x not in self._seen
+            ]
+            if quotes:
+                scored.append((max(scorer(x) for x in quotes), i, r, quotes))
+        return scorer, scored
 
     def cbr(self, result: dict[str, Any]) -> None:
         """Bank of Russia data: rates, rate dynamics, key rate or news, footnoted."""

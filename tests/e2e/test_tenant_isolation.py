@@ -304,7 +304,10 @@ def test_control_alpha_lists_its_metadata_and_respond_answers(mesh: Mesh, world)
     assert C.META in r.text and C.FILE_LEDGER in r.text and C.DOC_TITLE in r.text.lower(), r.text
     user = {"user_id": "alpha-user", "tenant_id": C.ALPHA}
     r = post(
-        mesh, "orchestrator", RESPOND, {"query": f"What is the {C.TEXT} budget?", "user": user}
+        mesh,
+        "orchestrator",
+        RESPOND,
+        {"query": f"What is the {C.TEXT} budget countersign?", "user": user},
     )
     assert r.status_code == 200, r.text
     assert r.json()["sources"][0]["doc_id"] == C.PLAN and C.COUNTERSIGN in r.text, r.text

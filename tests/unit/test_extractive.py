@@ -356,6 +356,22 @@ async def test_the_sections_listed_after_the_question_are_no_words_of_it():
     assert out.answer.startswith("**In short:** Payment is made in roubles.")
 
 
+async def test_a_question_sharing_no_word_with_the_text_is_matched_through_the_listing():
+    """An English question over Russian text: the summaries of the sections found for it,
+    listed with it, choose the sentence (the question alone matches nothing)."""
+    listing = (
+        "1. doc_id=contract section_id=s1 anchor_chunk_id=contract:c1 pages=1-4 score=0.900\n"
+        "   title: Договор\n   summary: Срок поставки товара составляет 30 дней."
+    )
+    turn = question_turn("How long is the delivery term?", listing)
+    out, _ = await planned(turn, LOAD_BOTH, [documents_full(CONTRACT_RU)], mode="rag")
+    assert out.answer.startswith("**In short:** Срок поставки товара составляет 30 дней.")
+    alone, _ = await planned(
+        "How long is the delivery term?", LOAD_BOTH, [documents_full(CONTRACT_RU)], mode="rag"
+    )
+    assert alone.answer.startswith("The passages found do not answer this directly")
+
+
 async def test_search_hits_are_quoted_with_pages():
     search = (PlannedCall("search_user_documents", {"query": "срок поставки"}),)
     out, tools = await planned("Найди срок поставки", search, [hits(CONTRACT_RU)], mode="rag")
