@@ -590,10 +590,7 @@ async def test_a_generate_naming_the_answer_language_is_answered_in_it(language,
         ("Как собрать RPM-пакет с помощью rpmbuild?", ["rpm", "rpmbuild"]),
         ("Как настроить потоковую репликацию в PostgreSQL?", ["postgresql"]),
         ("Как включить шифрование?", []),
-        (
-            "Question: What is the Orion budget?\n\nSections found:\n1. doc_id=a section_id=b",
-            ["orion"],
-        ),
+        (question_turn("What is the Orion budget?", "1. doc_id=a section_id=b"), ["orion"]),
     ],
 )
 def test_the_named_terms_of_a_question(question: str, terms: list[str]) -> None:

@@ -933,9 +933,9 @@ async def test_an_english_question_over_russian_text(question, withheld):
 async def test_the_sections_listed_with_the_question_and_the_callers_tools_count_as_read():
     rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
                           Completion("The model's answer.", model="m1")])  # fmt: skip
-    turn = (
-        "Question: What does the Orion Admin Guide say about Redis?\n\nSections found:\n"
-        "1. doc_id=guide section_id=s1\n   title: Orion Admin Guide > Backups"
+    turn = question_turn(
+        "What does the Orion Admin Guide say about Redis?",
+        "1. doc_id=guide section_id=s1\n   title: Orion Admin Guide > Backups",
     )
     caller_tool = Turn("tool", "Redis config: port 6379")
     out = await loop(rt, FakeTools(default=window())).run(
@@ -966,10 +966,10 @@ async def test_a_listing_in_russian_does_not_make_an_english_question_russian():
     # its capitalised words are not looked for, whatever language the listing is in.
     rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})),
                           Completion("The model's answer.", model="m1")])  # fmt: skip
-    turn = (
-        "Question: How do I enable Two-Factor Authentication in Settings?\n\nSections found:\n"
+    turn = question_turn(
+        "How do I enable Two-Factor Authentication in Settings?",
         "1. doc_id=guide section_id=s1\n   title: Безопасность\n"
-        "   summary: двухфакторная аутентификация включается в профиле"
+        "   summary: двухфакторная аутентификация включается в профиле",
     )
     out = await loop(rt, FakeTools(default=window(text=RU_2FA))).run(
         req(messages=(Turn("user", turn),))
