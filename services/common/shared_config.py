@@ -4,7 +4,9 @@ Two services that must agree on a value read it under the same name: the window 
 limit and the size and document count of a whole-document read (the Orchestrator and
 ToolsProxy), the LLM
 service's first-prompt limit (the LLM service and the Orchestrator, which shapes first
-prompts to fit) and its answer limit (the Orchestrator asks for no longer one), the data directory and the document store (Retrieval and ToolsProxy).
+prompts to fit), its answer limit (the Orchestrator asks for no longer one) and its
+conversation limit (the Orchestrator reads documents whole only when one tool result holds
+them), the data directory and the document store (Retrieval and ToolsProxy).
 """
 
 from __future__ import annotations
@@ -80,10 +82,32 @@ PROXY_MAX_FULL_DOCUMENTS = integer(
     doc="Documents one load_documents_full call may ask for. The Orchestrator reads selected "
     "documents whole (S3) only when there are no more of them than this.",
 )  # fmt: skip
-MAX_TOOL_RESULT_TOKENS = 24_576
-"""One tool result's ceiling in the LLM service, in tokens, whatever room its total leaves:
-about 50,000 characters of Russian text (~22k cl100k tokens), so a whole read (S3) at the
-default ORCH_MAX_CONTEXT_CHARS reaches the model uncut."""
+WHOLE_READ_CHARS_PER_TOKEN = 2
+"""Characters of document text one cl100k token holds at the least, rounded down: Russian
+text with figures and markup measures 2.1-2.4 (samples/docs), English 3.5-4.8."""
+WHOLE_READ_ENVELOPE_TOKENS = 1000
+"""Tokens a load_documents_full result adds around its texts as the LLM service renders it:
+the JSON header with each document's id, title, page count and size, and the delimiters.
+Ten documents (MCP_PROXY_MAX_FULL_DOCUMENTS' default) with ids and titles of ordinary length
+take ≈ 720 (tests/unit/test_whole_read_room.py); a selection with longer titles may reach the
+model with the end of its last text cut, and marked so."""
+
+
+def whole_read_tokens(chars: int) -> int:
+    """Tokens a whole read (S3) of `chars` characters of documents takes at the most, as the
+    LLM service renders it: the tool result's room it needs to reach the model uncut."""
+    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + WHOLE_READ_ENVELOPE_TOKENS
+
+
+def whole_read_chars(tokens: int) -> int:
+    """Characters of documents a tool result of `tokens` tokens holds whole (the inverse of
+    `whole_read_tokens`); 0 when the envelope alone does not fit."""
+    return max(0, tokens - WHOLE_READ_ENVELOPE_TOKENS) * WHOLE_READ_CHARS_PER_TOKEN
+
+
+MAX_TOOL_RESULT_TOKENS = whole_read_tokens(MAX_CONTEXT_CHARS)
+"""One tool result's ceiling in the LLM service, in tokens (26,000), whatever room its total
+leaves: a whole read (S3) at the default ORCH_MAX_CONTEXT_CHARS reaches the model uncut."""
 MAX_FULL_TEXT_BYTES = 3 << 20
 PROXY_MAX_FULL_TEXT_BYTES = integer(
     "MCP_PROXY_MAX_FULL_TEXT_BYTES", DEFAULT_FULL_TEXT_BYTES, 256, MAX_FULL_TEXT_BYTES,
@@ -114,6 +138,19 @@ MAX_COMPLETION_TOKENS = integer(
     "the final answer. A request's max_tokens above it is refused with LLM_LIMIT_EXCEEDED; "
     "the Orchestrator reads it too and asks for no more.",
 )  # fmt: skip
+DEFAULT_MAX_TOTAL_TOKENS = 32_768
+"""LLM_SERVICE_MAX_TOTAL_TOKENS by default, unless the first prompt and one answer need more:
+room for the full-context scenario (S3) at the default ORCH_MAX_CONTEXT_CHARS."""
+DEFAULT_TOOL_RESULT_ROOM = 2048
+"""What the default LLM_SERVICE_MAX_TOTAL_TOKENS leaves at the least for tool results past
+the first prompt and one answer."""
+MAX_TOTAL_TOKENS = integer(
+    "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,
+    default_doc=f"max({DEFAULT_MAX_TOTAL_TOKENS}, MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + "
+    f"{DEFAULT_TOOL_RESULT_ROOM})",
+)  # fmt: skip
+"""The LLM service's conversation limit; documented by the field it fills
+(services/llm/loop.py LoopSettings.max_total_tokens)."""
 DATA_DIR = text(
     "VISIOR_DATA_DIR", "data",
     doc="Where the local data lives: the Qdrant Edge shard (index/), the SQLite document "
@@ -154,6 +191,19 @@ def llm_completion_limit(env: Env) -> int:
 def llm_prompt_limit(env: Env) -> int:
     """The LLM service's first-prompt limit in tokens (MAX_PROMPT_TOKENS)."""
     return int(MAX_PROMPT_TOKENS.read(env))
+
+
+def llm_total_limit(env: Env) -> int:
+    """The LLM service's conversation limit in tokens (LLM_SERVICE_MAX_TOTAL_TOKENS)."""
+    floor = llm_prompt_limit(env) + llm_completion_limit(env) + DEFAULT_TOOL_RESULT_ROOM
+    return int(MAX_TOTAL_TOKENS.read(env, max(DEFAULT_MAX_TOTAL_TOKENS, floor)))
+
+
+def llm_tool_result_limit(env: Env) -> int:
+    """One tool result's ceiling in the LLM service, in tokens: what its first prompt and one
+    answer leave of its total, at most MAX_TOOL_RESULT_TOKENS."""
+    room = llm_total_limit(env) - llm_prompt_limit(env) - llm_completion_limit(env)
+    return min(MAX_TOOL_RESULT_TOKENS, room)
 
 
 def data_dir(env: Env) -> Path:

@@ -17,9 +17,11 @@ from services.common.settings import (
     retry_attempts,
 )
 from services.common.shared_config import (
-    MAX_TOOL_RESULT_TOKENS,
+    MAX_TOTAL_TOKENS,
     llm_completion_limit,
     llm_prompt_limit,
+    llm_tool_result_limit,
+    llm_total_limit,
 )
 from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
 from services.llm.extractive import EXTRACTIVE
@@ -48,12 +50,11 @@ class LlmSettings:
     def from_env(cls, env: Env | None = None) -> LlmSettings:
         env = env or Env()
         runtime = runtime_settings(env)
-        # Declared once, read by the orchestrator too (it shapes first prompts to fit).
+        # Declared once, read by the orchestrator too (it shapes first prompts to fit and
+        # reads documents whole only when one tool result holds them).
         max_prompt = llm_prompt_limit(env)
         max_completion = llm_completion_limit(env)
-        # Room for the agent's full-context scenario (S3: up to 50,000 characters of
-        # selected documents, ~22k cl100k tokens of Russian text).
-        max_total = MAX_TOTAL.read(env, max(32_768, max_prompt + max_completion + 2048))
+        max_total = llm_total_limit(env)
         check_tool_result_room(max_total, max_prompt, max_completion)
         tools_proxy = TOOLS_PROXY.read(env, retry_attempts("LLM_SERVICE_"))
         loop = LOOP.read(
@@ -61,9 +62,7 @@ class LlmSettings:
             max_prompt_tokens=max_prompt,
             max_completion_tokens=max_completion,
             max_total_tokens=max_total,
-            max_tool_result_tokens=min(
-                MAX_TOOL_RESULT_TOKENS, max_total - max_prompt - max_completion
-            ),
+            max_tool_result_tokens=llm_tool_result_limit(env),
             tool_timeout_s=tools_proxy.timeout_seconds,
             default_model=runtime.default_model if runtime else EXTRACTIVE,
         )
@@ -101,14 +100,10 @@ service refuses a plan of more calls than MAX_TOOL_STEPS as the caller's error
 LOOP = Fields(
     LoopSettings,
     max_tool_steps=integer("MAX_TOOL_STEPS", minimum=MIN_TOOL_STEPS, maximum=MAX_TOOL_STEPS_LIMIT),
-    max_total_tokens=integer(
-        "LLM_SERVICE_MAX_TOTAL_TOKENS", None, 512,
-        default_doc="max(32768, MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 2048)",
-    ),
+    max_total_tokens=MAX_TOTAL_TOKENS,
     watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", minimum=0.1),
     external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", minimum=0.1),
 )  # fmt: skip
-MAX_TOTAL = LOOP.vars["max_total_tokens"]
 TOOLS_PROXY = downstream(
     "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "toolsproxy",
     doc="ToolsProxyService (llm-service.md §11): host:port or a grpc:// / http:// URL.",

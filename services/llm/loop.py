@@ -124,7 +124,8 @@ class LoopSettings:
     max_total_tokens: int = 5120
     """The conversation at any step, tool results and the answer reserve included
     (LLM_SERVICE_MAX_TOTAL_TOKENS); at least MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 128,
-    the room of one minimal tool result."""
+    the room of one minimal tool result. The Orchestrator reads it too: it reads selected
+    documents whole (S3) only when one tool result holds them uncut (ORCH_MAX_CONTEXT_CHARS)."""
     max_tool_result_tokens: int = 2048
     """One tool result as the model sees it; longer texts are cut. The service computes it:
     what the first prompt and the answer leave of max_total_tokens, at most

@@ -26,12 +26,16 @@ from services.common.shared_config import (
     MAX_RADIUS,
     MAX_TOOL_RESULT_TOKENS,
     UTF8_MAX_BYTES,
+    WHOLE_READ_CHARS_PER_TOKEN,
+    WHOLE_READ_ENVELOPE_TOKENS,
     llm_completion_limit,
     llm_prompt_limit,
+    llm_tool_result_limit,
     proxy_full_documents,
     proxy_full_text_chars,
     proxy_max_window_radius,
     radius,
+    whole_read_chars,
 )
 from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
@@ -84,8 +88,8 @@ class OrchestratorSettings:
     and as the score_threshold of the knowledge-base search S2 plans (ORCH_SCORE_THRESHOLD,
     agent.md §10's score_threshold); None leaves Retrieval's own default (RETR_MIN_SCORE)."""
     held: tuple[str, ...] = ()
-    """A sentence per setting held below what it asked for (ToolsProxy's limits rule), which
-    the service logs as a warning at start."""
+    """A sentence per setting held below what it asked for (ToolsProxy's limits, the LLM
+    service's tool-result room), which the service logs as a warning at start."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
@@ -93,16 +97,20 @@ class OrchestratorSettings:
         proxy_max = proxy_max_window_radius(env)
         attempts = retry_attempts("ORCH_")
         asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
-        # A window or a whole read is never one ToolsProxy would refuse or cut.
-        whole_chars = proxy_full_text_chars(env)
+        # A window or a whole read is never one ToolsProxy would refuse or cut, nor a whole
+        # read one the LLM service would cut to fit one tool result.
+        whole_chars, whole_why = min(
+            (proxy_full_text_chars(env), "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
+            (
+                whole_read_chars(llm_tool_result_limit(env)),
+                f"what one LLM tool result holds uncut: at most {MAX_TOOL_RESULT_TOKENS:,} "
+                "tokens, and what LLM_SERVICE_MAX_TOTAL_TOKENS leaves past MAX_PROMPT_TOKENS "
+                "and MAX_COMPLETION_TOKENS",
+            ),
+        )
         limits = (
             ("ORCH_WINDOW_RADIUS", asked_radius, proxy_max, "MCP_PROXY_MAX_WINDOW_RADIUS"),
-            (
-                "ORCH_MAX_CONTEXT_CHARS",
-                asked_chars,
-                whole_chars,
-                "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
-            ),
+            ("ORCH_MAX_CONTEXT_CHARS", asked_chars, whole_chars, whole_why),
         )
         held = tuple(
             f"{name}={asked} is held to {limit} ({why})"
@@ -135,9 +143,11 @@ MAX_CONTEXT = integer(
     doc="Selected documents up to this many characters in total are read whole (S3), above "
     "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
     "load_documents_full result of ToolsProxy holds of any script, so ToolsProxy never cuts a "
-    "whole read; the LLM service gives one tool result at most "
-    f"{MAX_TOOL_RESULT_TOKENS:,} tokens (and what LLM_SERVICE_MAX_TOTAL_TOKENS leaves), "
-    "which the default fits: above it a whole read may reach the model cut.",
+    "whole read, and to what one tool result of the LLM service holds uncut "
+    f"({WHOLE_READ_CHARS_PER_TOKEN} characters a token past {WHOLE_READ_ENVELOPE_TOKENS:,} "
+    f"tokens of envelope; at most {MAX_TOOL_RESULT_TOKENS:,} tokens, less where "
+    "LLM_SERVICE_MAX_TOTAL_TOKENS leaves less), so a model with a small context searches "
+    "the documents instead of reading their beginning.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(
     "ORCH_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS, also=("RAG_WINDOW_RADIUS",),

@@ -28,7 +28,7 @@ from services.common.search_contract import (
     refuse_reserved_tenant,
     validate_filters,
 )
-from services.common.shared_config import text_body_bytes
+from services.common.shared_config import text_body_bytes, whole_read_tokens
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
@@ -216,15 +216,15 @@ def in_language(system: str, language: str) -> str:
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (docs/architecture.md §14). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
-FULL_CONTEXT_TOKENS = 28_000
-"""S3's budget: 50,000 characters of selected documents (~22k cl100k tokens in Russian)
-plus the prompt must fit, whatever the configured context_token_budget is."""
+FULL_CONTEXT_PROMPT_TOKENS = 2_400
+"""S3's first prompt beside the whole read: system prompt, question, the documents listed."""
 
 
 def full_context_tokens(max_context_chars: int) -> int:
-    """S3's budget for `max_context_chars` (ORCH_MAX_CONTEXT_CHARS): FULL_CONTEXT_TOKENS
-    scaled from MAX_CONTEXT_CHARS, rounded up."""
-    return -(-max_context_chars * FULL_CONTEXT_TOKENS // MAX_CONTEXT_CHARS)
+    """S3's context_token_budget, whatever the configured one is: a whole read of
+    `max_context_chars` (ORCH_MAX_CONTEXT_CHARS; 28,400 tokens at the default) and the first
+    prompt must fit."""
+    return whole_read_tokens(max_context_chars) + FULL_CONTEXT_PROMPT_TOKENS
 
 
 ROUTER_CACHE_S = 60.0

@@ -7,6 +7,7 @@ import pytest
 
 from services.common.search_contract import Filters
 from services.common.settings import Env, SettingsError
+from services.common.shared_config import WHOLE_READ_ENVELOPE_TOKENS
 from services.orchestrator.config import MAX_CONTEXT_CHARS_LIMIT, OrchestratorSettings
 from services.orchestrator.mock import (
     BASE_SCORE,
@@ -18,7 +19,7 @@ from services.orchestrator.mock import (
 )
 from services.orchestrator.model import LlmOutcome, RespondInput, RetrievalRequest, User
 from services.orchestrator.respond import (
-    FULL_CONTEXT_TOKENS,
+    FULL_CONTEXT_PROMPT_TOKENS,
     Responder,
     full_context_tokens,
 )
@@ -278,35 +279,59 @@ def test_thresholds_default_to_the_spec_values():
 )
 def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
     if ok:
-        # ToolsProxy's largest whole read, so ORCH_MAX_CONTEXT_CHARS's ceiling is not held lower.
+        # ToolsProxy's largest whole read: ORCH_MAX_CONTEXT_CHARS is held to the LLM service's
+        # largest tool result only (test_a_whole_read_is_held_to_what_reaches_the_model_whole).
         s = settings(**{name: value, "MCP_PROXY_MAX_FULL_TEXT_BYTES": str(3 << 20)})
         field = {"ORCH_MAX_CONTEXT_CHARS": "max_context_chars",
                  "ORCH_SCORE_THRESHOLD": "score_threshold",
                  "ORCH_DEFAULT_TOP_K": "default_top_k"}[name]  # fmt: skip
-        assert getattr(s, field) == type(getattr(s, field))(float(value))
+        expected = type(getattr(s, field))(float(value))
+        if name == "ORCH_MAX_CONTEXT_CHARS":
+            expected = min(expected, MAX_CONTEXT_CHARS)
+        assert getattr(s, field) == expected
     else:
         with pytest.raises(SettingsError, match=name):
             settings(**{name: value})
 
 
-HELD_CHARS = "ORCH_MAX_CONTEXT_CHARS=150000 is held to {} (MCP_PROXY_MAX_FULL_TEXT_BYTES / 4)"
+PROXY_WHY = "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"
+LLM_WHY = (
+    "what one LLM tool result holds uncut: at most 26,000 tokens, and what "
+    "LLM_SERVICE_MAX_TOTAL_TOKENS leaves past MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS"
+)
+SMALL_LLM = {"LLM_SERVICE_MAX_TOTAL_TOKENS": "7168"}
+"""The local model's total at n_ctx 8192: 7,168 - 4,096 - 512 = 2,560 tokens for one tool
+result, (2,560 - 1,000) * 2 = 3,120 characters read whole."""
+
+
+def _held(asked, limit, why):
+    return (f"ORCH_MAX_CONTEXT_CHARS={asked} is held to {limit} ({why})",)
 
 
 @pytest.mark.parametrize(
     ("env", "chars", "held"),
     [
-        ({}, 50_000, ()),  # the defaults agree: 200,000 bytes hold 50,000 characters
+        # the defaults agree: 200,000 bytes hold 50,000 characters, 25,600 tokens too
+        ({}, 50_000, ()),
         # more than ToolsProxy returns whole
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000"}, 50_000, (HELD_CHARS.format(50_000),)),
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"}, 150_000, ()),
-        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "599999"}, 149_999,
-         (HELD_CHARS.format(149_999),)),
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000"}, 50_000, _held(150000, 50_000, PROXY_WHY)),
+        ({"ORCH_MAX_CONTEXT_CHARS": "40000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "160000"},
+         40_000, ()),
+        ({"ORCH_MAX_CONTEXT_CHARS": "40000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "159999"},
+         39_999, _held(40000, 39_999, PROXY_WHY)),
         # the default, not a setting asked for, is held too, and said
-        ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000,
-         ("ORCH_MAX_CONTEXT_CHARS=50000 is held to 25000 (MCP_PROXY_MAX_FULL_TEXT_BYTES / 4)",)),
+        ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000, _held(50000, 25_000, PROXY_WHY)),
+        # more than one tool result of the LLM service holds
+        ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"},
+         50_000, _held(150000, 50_000, LLM_WHY)),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "3120"}, 3120, ()),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "3121"}, 3120, _held(3121, 3120, LLM_WHY)),
+        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 3122, _held(50000, 3122, LLM_WHY)),
+        # the tighter of the two says why
+        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "8000"}, 2000, _held(50000, 2000, PROXY_WHY)),
     ],
 )  # fmt: skip
-def test_a_whole_read_is_held_to_what_toolsproxy_returns_whole(env, chars, held):
+def test_a_whole_read_is_held_to_what_reaches_the_model_whole(env, chars, held):
     s = settings(**env)
     assert s.max_context_chars == chars
     assert s.held == held
@@ -387,10 +412,10 @@ async def test_responder_switches_at_the_configured_limit(delta, scenario):
     assert out.scenario == scenario
 
 
-def test_s3_token_budget_scales_with_the_limit():
-    assert full_context_tokens(MAX_CONTEXT_CHARS) == FULL_CONTEXT_TOKENS
-    assert full_context_tokens(2 * MAX_CONTEXT_CHARS) == 2 * FULL_CONTEXT_TOKENS
-    assert full_context_tokens(1) == 1
+def test_s3_token_budget_is_the_whole_read_and_its_prompt():
+    assert full_context_tokens(MAX_CONTEXT_CHARS) == 28_400
+    assert full_context_tokens(2 * MAX_CONTEXT_CHARS) == 53_400
+    assert full_context_tokens(1) == 1 + WHOLE_READ_ENVELOPE_TOKENS + FULL_CONTEXT_PROMPT_TOKENS
 
 
 async def test_s3_asks_the_budget_of_the_configured_limit():
@@ -417,7 +442,7 @@ async def test_s3_asks_the_budget_of_the_configured_limit():
                           max_context_chars=200_000)  # fmt: skip
     out = await responder.respond(ask("Что там?", selected_doc_ids=("d",)))
     assert out.scenario == "S3"
-    assert live.requests[-1].context_token_budget == full_context_tokens(200_000) == 112_000
+    assert live.requests[-1].context_token_budget == full_context_tokens(200_000) == 103_400
 
 
 class FakeChannel:
