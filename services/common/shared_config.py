@@ -83,31 +83,33 @@ PROXY_MAX_FULL_DOCUMENTS = integer(
     "documents whole (S3) only when there are no more of them than this.",
 )  # fmt: skip
 WHOLE_READ_CHARS_PER_TOKEN = 2
-"""Characters of document text one cl100k token holds at the least, rounded down: Russian
-text with figures and markup measures 2.1-2.4 (samples/docs), English 3.5-4.8."""
-WHOLE_READ_ENVELOPE_TOKENS = 1000
-"""Tokens a load_documents_full result adds around its texts as the LLM service renders it:
-the JSON header with each document's id, title, page count and size, and the delimiters.
-Ten documents (MCP_PROXY_MAX_FULL_DOCUMENTS' default) with ids and titles of ordinary length
-take ≈ 720 (tests/unit/test_whole_read_room.py); a selection with longer titles may reach the
-model with the end of its last text cut, and marked so."""
+"""Characters of document text one cl100k token holds, rounded down from what Russian text
+with figures and markup measures (2.1-2.4, samples/docs; English 3.5-4.8). Denser text
+(tables of numbers) reaches the model with the end of its last document cut, marked so."""
+WHOLE_READ_CALL_TOKENS = 300
+"""Tokens a whole read takes beside its documents: the planned call's turn, the result's
+message (role, tool name, call id) and the JSON header around the documents' entries."""
+WHOLE_READ_DOCUMENT_TOKENS = 140
+"""Tokens one document adds to a whole read beside its text: its entry in the header (id,
+title, page count, size, content type, truncated), its delimiters with the id, and its id in
+the call's arguments. Ordinary ids and titles take ≈ 100 (tests/unit/test_whole_read_room.py);
+a selection with longer titles may reach the model with the end of its last text cut."""
 
 
-def whole_read_tokens(chars: int) -> int:
-    """Tokens a whole read (S3) of `chars` characters of documents takes at the most, as the
-    LLM service renders it: the tool result's room it needs to reach the model uncut."""
-    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + WHOLE_READ_ENVELOPE_TOKENS
+def whole_read_tokens(chars: int, documents: int) -> int:
+    """Tokens a whole read (S3) of `documents` documents of `chars` characters in all takes of
+    the conversation, as the LLM service feeds it to the model."""
+    beside = WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
+    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + beside
 
 
-def whole_read_chars(tokens: int) -> int:
-    """Characters of documents a tool result of `tokens` tokens holds whole (the inverse of
-    `whole_read_tokens`); 0 when the envelope alone does not fit."""
-    return max(0, tokens - WHOLE_READ_ENVELOPE_TOKENS) * WHOLE_READ_CHARS_PER_TOKEN
+def whole_read_chars(tokens: int, documents: int) -> int:
+    """Characters of `documents` documents a whole read within `tokens` holds (the inverse of
+    `whole_read_tokens`); 0 when what it takes beside the texts does not fit."""
+    beside = WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
+    return max(0, tokens - beside) * WHOLE_READ_CHARS_PER_TOKEN
 
 
-MAX_TOOL_RESULT_TOKENS = whole_read_tokens(MAX_CONTEXT_CHARS)
-"""One tool result's ceiling in the LLM service, in tokens (26,000), whatever room its total
-leaves: a whole read (S3) at the default ORCH_MAX_CONTEXT_CHARS reaches the model uncut."""
 MAX_FULL_TEXT_BYTES = 3 << 20
 PROXY_MAX_FULL_TEXT_BYTES = integer(
     "MCP_PROXY_MAX_FULL_TEXT_BYTES", DEFAULT_FULL_TEXT_BYTES, 256, MAX_FULL_TEXT_BYTES,
@@ -199,11 +201,15 @@ def llm_total_limit(env: Env) -> int:
     return int(MAX_TOTAL_TOKENS.read(env, max(DEFAULT_MAX_TOTAL_TOKENS, floor)))
 
 
-def llm_tool_result_limit(env: Env) -> int:
+def tool_result_room(total: int, prompt: int, completion: int) -> int:
     """One tool result's ceiling in the LLM service, in tokens: what its first prompt and one
-    answer leave of its total, at most MAX_TOOL_RESULT_TOKENS."""
-    room = llm_total_limit(env) - llm_prompt_limit(env) - llm_completion_limit(env)
-    return min(MAX_TOOL_RESULT_TOKENS, room)
+    answer leave of its total."""
+    return total - prompt - completion
+
+
+def llm_tool_result_limit(env: Env) -> int:
+    """`tool_result_room` of the LLM service's three limits as `env` sets them."""
+    return tool_result_room(llm_total_limit(env), llm_prompt_limit(env), llm_completion_limit(env))
 
 
 def data_dir(env: Env) -> Path:

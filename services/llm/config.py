@@ -22,6 +22,7 @@ from services.common.shared_config import (
     llm_prompt_limit,
     llm_tool_result_limit,
     llm_total_limit,
+    tool_result_room,
 )
 from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
 from services.llm.extractive import EXTRACTIVE
@@ -82,7 +83,7 @@ def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int)
     """Refuse a total that leaves less than MIN_TOOL_RESULT_ROOM past the first prompt and
     one answer: one tool result gets at most what they leave (LoopSettings.
     max_tool_result_tokens), so every tool call would fail with LLM_LIMIT_EXCEEDED."""
-    room = max_total - max_prompt - max_completion
+    room = tool_result_room(max_total, max_prompt, max_completion)
     if room < MIN_TOOL_RESULT_ROOM:
         raise SettingsError(
             f"LLM_SERVICE_MAX_TOTAL_TOKENS={max_total} leaves {room} tokens for a tool result "

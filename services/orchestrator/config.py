@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS
+from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, MAX_RESULTS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
@@ -21,13 +21,14 @@ from services.common.settings import (
 )
 from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
+    DEFAULT_MAX_TOTAL_TOKENS,
     MAX_CONTEXT_CHARS,
     MAX_FULL_TEXT_BYTES,
     MAX_RADIUS,
-    MAX_TOOL_RESULT_TOKENS,
     UTF8_MAX_BYTES,
+    WHOLE_READ_CALL_TOKENS,
     WHOLE_READ_CHARS_PER_TOKEN,
-    WHOLE_READ_ENVELOPE_TOKENS,
+    WHOLE_READ_DOCUMENT_TOKENS,
     llm_completion_limit,
     llm_prompt_limit,
     llm_tool_result_limit,
@@ -35,6 +36,7 @@ from services.common.shared_config import (
     proxy_full_text_chars,
     proxy_max_window_radius,
     radius,
+    tool_result_room,
     whole_read_chars,
 )
 from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
@@ -99,13 +101,15 @@ class OrchestratorSettings:
         asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
         # A window or a whole read is never one ToolsProxy would refuse or cut, nor a whole
         # read one the LLM service would cut to fit one tool result.
+        documents = proxy_full_documents(env)
         whole_chars, whole_why = min(
             (proxy_full_text_chars(env), "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
             (
-                whole_read_chars(llm_tool_result_limit(env)),
-                f"what one LLM tool result holds uncut: at most {MAX_TOOL_RESULT_TOKENS:,} "
-                "tokens, and what LLM_SERVICE_MAX_TOTAL_TOKENS leaves past MAX_PROMPT_TOKENS "
-                "and MAX_COMPLETION_TOKENS",
+                whole_read_chars(llm_tool_result_limit(env), documents),
+                f"what one tool result of the LLM service holds of {documents} "
+                f"document{'s' if documents != 1 else ''} uncut: "
+                "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and "
+                "MAX_COMPLETION_TOKENS",
             ),
         )
         limits = (
@@ -121,7 +125,7 @@ class OrchestratorSettings:
         return SETTINGS.read(
             env,
             max_context_chars=min(asked_chars, whole_chars),
-            max_full_documents=proxy_full_documents(env),
+            max_full_documents=documents,
             held=held,
             # Every Respond body Envoy lets through reaches the validator (a 400 naming the
             # field), not grpc's bare RESOURCE_EXHAUSTED.
@@ -137,17 +141,28 @@ class OrchestratorSettings:
         )
 
 
+DEFAULT_WHOLE_READ_CHARS = whole_read_chars(
+    tool_result_room(
+        DEFAULT_MAX_TOTAL_TOKENS, DEFAULT_LLM_PROMPT_TOKENS, DEFAULT_LLM_COMPLETION_TOKENS
+    ),
+    DEFAULT_FULL_DOCUMENTS,
+)
+"""What one tool result of the LLM service holds of the most documents read whole, with
+the LLM service's defaults: 52,920 characters, so the default ORCH_MAX_CONTEXT_CHARS is not
+held."""
 MAX_CONTEXT = integer(
     "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT,
     default_doc=f"{MAX_CONTEXT_CHARS}; at most MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
     doc="Selected documents up to this many characters in total are read whole (S3), above "
     "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
     "load_documents_full result of ToolsProxy holds of any script, so ToolsProxy never cuts a "
-    "whole read, and to what one tool result of the LLM service holds uncut "
-    f"({WHOLE_READ_CHARS_PER_TOKEN} characters a token past {WHOLE_READ_ENVELOPE_TOKENS:,} "
-    f"tokens of envelope; at most {MAX_TOOL_RESULT_TOKENS:,} tokens, less where "
-    "LLM_SERVICE_MAX_TOTAL_TOKENS leaves less), so a model with a small context searches "
-    "the documents instead of reading their beginning.",
+    "whole read, and to what one tool result of the LLM service holds of "
+    "MCP_PROXY_MAX_FULL_DOCUMENTS documents uncut (LLM_SERVICE_MAX_TOTAL_TOKENS less "
+    f"MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS, at {WHOLE_READ_CHARS_PER_TOKEN} characters "
+    f"a token past {WHOLE_READ_CALL_TOKENS} tokens and {WHOLE_READ_DOCUMENT_TOKENS} a "
+    f"document; {DEFAULT_WHOLE_READ_CHARS:,} characters at the defaults), so a model with a small context searches "
+    "the documents instead of reading their beginning. Set the LLM service's three token "
+    "limits in the Orchestrator's environment too.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(
     "ORCH_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS, also=("RAG_WINDOW_RADIUS",),

@@ -216,15 +216,14 @@ def in_language(system: str, language: str) -> str:
 """The one language instruction of every answering prompt: the request's `locale` when it
 names a language, else the question's (docs/architecture.md §14). The LLM service adds none of its own
 when the caller gives a system prompt (services/llm/prompt.py)."""
-FULL_CONTEXT_PROMPT_TOKENS = 2_400
-"""S3's first prompt beside the whole read: system prompt, question, the documents listed."""
 
 
-def full_context_tokens(max_context_chars: int) -> int:
-    """S3's context_token_budget, whatever the configured one is: a whole read of
-    `max_context_chars` (ORCH_MAX_CONTEXT_CHARS; 28,400 tokens at the default) and the first
-    prompt must fit."""
-    return whole_read_tokens(max_context_chars) + FULL_CONTEXT_PROMPT_TOKENS
+def full_context_tokens(max_context_chars: int, max_documents: int, prompt_limit: int) -> int:
+    """S3's context_token_budget, whatever the configured one is: the largest first prompt
+    (`prompt_limit`, MAX_PROMPT_TOKENS) and a whole read of `max_context_chars`
+    (ORCH_MAX_CONTEXT_CHARS) over `max_documents` documents must fit (30,796 tokens at the
+    defaults; the LLM service caps it at its own total less one answer)."""
+    return prompt_limit + whole_read_tokens(max_context_chars, max_documents)
 
 
 ROUTER_CACHE_S = 60.0
@@ -283,7 +282,9 @@ class Responder:
         self._enable_filters = enable_filters
         self._default_top_k = default_top_k
         self._score_threshold = score_threshold
-        self._max_context_chars = max_context_chars
+        self._full_context_tokens = full_context_tokens(
+            max_context_chars, max_documents, llm_prompt_limit
+        )
         self._whole_read = {"max_context_chars": max_context_chars, "max_documents": max_documents}
         """What S3 reads whole (scenarios.fits_whole), as every decision function takes it."""
         self._mock_ports = mock
@@ -513,9 +514,7 @@ class Responder:
                 self._request(req, cfg, system, fitted, decision.language),
                 allowed_tools=FULL_TEXT_TOOLS,
                 max_tool_steps=max(1, cfg.max_tool_steps),
-                context_token_budget=max(
-                    cfg.context_token_budget, full_context_tokens(self._max_context_chars)
-                ),
+                context_token_budget=max(cfg.context_token_budget, self._full_context_tokens),
                 planned_calls=(PlannedCall(LOAD_DOCUMENTS_FULL, {"document_ids": list(selected)}),),
             )
         )

@@ -7,7 +7,6 @@ import pytest
 
 from services.common.search_contract import Filters
 from services.common.settings import Env, SettingsError
-from services.common.shared_config import WHOLE_READ_ENVELOPE_TOKENS
 from services.orchestrator.config import MAX_CONTEXT_CHARS_LIMIT, OrchestratorSettings
 from services.orchestrator.mock import (
     BASE_SCORE,
@@ -19,7 +18,6 @@ from services.orchestrator.mock import (
 )
 from services.orchestrator.model import LlmOutcome, RespondInput, RetrievalRequest, User
 from services.orchestrator.respond import (
-    FULL_CONTEXT_PROMPT_TOKENS,
     Responder,
     full_context_tokens,
 )
@@ -279,16 +277,14 @@ def test_thresholds_default_to_the_spec_values():
 )
 def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
     if ok:
-        # ToolsProxy's largest whole read: ORCH_MAX_CONTEXT_CHARS is held to the LLM service's
-        # largest tool result only (test_a_whole_read_is_held_to_what_reaches_the_model_whole).
-        s = settings(**{name: value, "MCP_PROXY_MAX_FULL_TEXT_BYTES": str(3 << 20)})
+        # ToolsProxy's largest whole read and an LLM total that holds it, so
+        # ORCH_MAX_CONTEXT_CHARS's ceiling is not held lower.
+        s = settings(**{name: value, "MCP_PROXY_MAX_FULL_TEXT_BYTES": str(3 << 20),
+                        "LLM_SERVICE_MAX_TOTAL_TOKENS": "400000"})  # fmt: skip
         field = {"ORCH_MAX_CONTEXT_CHARS": "max_context_chars",
                  "ORCH_SCORE_THRESHOLD": "score_threshold",
                  "ORCH_DEFAULT_TOP_K": "default_top_k"}[name]  # fmt: skip
-        expected = type(getattr(s, field))(float(value))
-        if name == "ORCH_MAX_CONTEXT_CHARS":
-            expected = min(expected, MAX_CONTEXT_CHARS)
-        assert getattr(s, field) == expected
+        assert getattr(s, field) == type(getattr(s, field))(float(value))
     else:
         with pytest.raises(SettingsError, match=name):
             settings(**{name: value})
@@ -296,12 +292,12 @@ def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
 
 PROXY_WHY = "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"
 LLM_WHY = (
-    "what one LLM tool result holds uncut: at most 26,000 tokens, and what "
-    "LLM_SERVICE_MAX_TOTAL_TOKENS leaves past MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS"
+    "what one tool result of the LLM service holds of 10 documents uncut: "
+    "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS"
 )
 SMALL_LLM = {"LLM_SERVICE_MAX_TOTAL_TOKENS": "7168"}
 """The local model's total at n_ctx 8192: 7,168 - 4,096 - 512 = 2,560 tokens for one tool
-result, (2,560 - 1,000) * 2 = 3,120 characters read whole."""
+result, (2,560 - 300 - 10 * 140) * 2 = 1,720 characters of 10 documents read whole."""
 
 
 def _held(asked, limit, why):
@@ -323,12 +319,18 @@ def _held(asked, limit, why):
         ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000, _held(50000, 25_000, PROXY_WHY)),
         # more than one tool result of the LLM service holds
         ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"},
-         50_000, _held(150000, 50_000, LLM_WHY)),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "3120"}, 3120, ()),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "3121"}, 3120, _held(3121, 3120, LLM_WHY)),
-        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 3122, _held(50000, 3122, LLM_WHY)),
+         52_920, _held(150000, 52_920, LLM_WHY)),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "1720"}, 1720, ()),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "1721"}, 1720, _held(1721, 1720, LLM_WHY)),
+        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 1722, _held(50000, 1722, LLM_WHY)),
+        # fewer documents a call, more characters each read
+        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_DOCUMENTS": "1"}, 4240,
+         (_held(50000, 4240, LLM_WHY)[0].replace("10 documents", "1 document"),)),
+        # a larger total reads more whole, with ToolsProxy's limit raised too
+        ({"LLM_SERVICE_MAX_TOTAL_TOKENS": "131072", "ORCH_MAX_CONTEXT_CHARS": "200000",
+          "MCP_PROXY_MAX_FULL_TEXT_BYTES": "800000"}, 200_000, ()),
         # the tighter of the two says why
-        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "8000"}, 2000, _held(50000, 2000, PROXY_WHY)),
+        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "4000"}, 1000, _held(50000, 1000, PROXY_WHY)),
     ],
 )  # fmt: skip
 def test_a_whole_read_is_held_to_what_reaches_the_model_whole(env, chars, held):
@@ -413,9 +415,9 @@ async def test_responder_switches_at_the_configured_limit(delta, scenario):
 
 
 def test_s3_token_budget_is_the_whole_read_and_its_prompt():
-    assert full_context_tokens(MAX_CONTEXT_CHARS) == 28_400
-    assert full_context_tokens(2 * MAX_CONTEXT_CHARS) == 53_400
-    assert full_context_tokens(1) == 1 + WHOLE_READ_ENVELOPE_TOKENS + FULL_CONTEXT_PROMPT_TOKENS
+    assert full_context_tokens(MAX_CONTEXT_CHARS, 10, 4096) == 4096 + 25_000 + 300 + 1400
+    assert full_context_tokens(2 * MAX_CONTEXT_CHARS, 10, 4096) == 4096 + 50_000 + 300 + 1400
+    assert full_context_tokens(1, 1, 2048) == 2048 + 1 + 300 + 140
 
 
 async def test_s3_asks_the_budget_of_the_configured_limit():
@@ -442,7 +444,9 @@ async def test_s3_asks_the_budget_of_the_configured_limit():
                           max_context_chars=200_000)  # fmt: skip
     out = await responder.respond(ask("Что там?", selected_doc_ids=("d",)))
     assert out.scenario == "S3"
-    assert live.requests[-1].context_token_budget == full_context_tokens(200_000) == 103_400
+    assert (
+        live.requests[-1].context_token_budget == full_context_tokens(200_000, 10, 4096) == 105_796
+    )
 
 
 class FakeChannel:

@@ -13,27 +13,32 @@ import pytest
 from services.common.settings import Env
 from services.common.shared_config import (
     MAX_CONTEXT_CHARS,
-    MAX_TOOL_RESULT_TOKENS,
-    WHOLE_READ_ENVELOPE_TOKENS,
+    WHOLE_READ_CALL_TOKENS,
+    WHOLE_READ_DOCUMENT_TOKENS,
     whole_read_chars,
     whole_read_tokens,
 )
 from services.common.tokenizer import default_tokenizer
 from services.devtools.mesh import local_model_env
+from services.llm.budget import message_tokens
 from services.llm.config import LlmSettings
-from services.llm.toolcalls import render_result
-from services.orchestrator.config import OrchestratorSettings
+from services.llm.toolcalls import render_result, result_message
+from services.orchestrator.config import DEFAULT_WHOLE_READ_CHARS, OrchestratorSettings
+from services.toolsproxy.tools import shape_result
 
 TOK = default_tokenizer()
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "docs"
 DENSE = (SAMPLES / "orion-x-release-notes.md").read_text(encoding="utf-8")
 """The densest sample in cl100k tokens: Russian with versions and dates, 2.1 characters a
 token."""
+CALL_ID = "call_9fQ2xZ7kLmP4vR8tY1wB6nJ3"
+"""An OpenAI-style call id, longer than the LLM service's own planned-call ids."""
 
 
 def _whole_read(chars: int, documents: int) -> dict:
-    """A load_documents_full result as ToolsProxy writes it: `chars` characters of DENSE in
-    all, over `documents` documents with ordinary ids and titles."""
+    """A load_documents_full result as ToolsProxy sends it (shaped: delimited, labelled):
+    `chars` characters of DENSE in all, over `documents` documents with ordinary ids and
+    titles."""
     size = chars // documents
     docs = []
     for i in range(documents):
@@ -41,36 +46,49 @@ def _whole_read(chars: int, documents: int) -> dict:
         docs.append({"document_id": f"orion-x-release-notes-{i}",
                      "title": f"Orion X — заметки о выпуске, часть {i}", "pages": 3,
                      "chars": len(text), "content": text})  # fmt: skip
-    return {"documents": docs, "total_chars": sum(d["chars"] for d in docs)}
+    raw = {"documents": docs, "total_chars": sum(d["chars"] for d in docs)}
+    return shape_result(raw, 4 * chars + 1024, "untrusted_document").result
 
 
-def test_the_default_whole_read_is_the_largest_tool_result():
-    assert whole_read_tokens(MAX_CONTEXT_CHARS) == MAX_TOOL_RESULT_TOKENS == 26_000
-    assert whole_read_chars(MAX_TOOL_RESULT_TOKENS) == MAX_CONTEXT_CHARS
+def _fed_room(tokens: int) -> int:
+    """What the LLM service's loop gives a result's text of a `tokens` ceiling (its message's
+    own tokens aside)."""
+    return tokens - message_tokens(TOK, result_message(CALL_ID, "load_documents_full", ""))
 
 
-@pytest.mark.parametrize("chars", [1, 2, 3, 3120, 49_999, 50_000])
-def test_the_room_and_the_characters_are_inverse(chars):
-    assert whole_read_chars(whole_read_tokens(chars)) >= chars
-    assert whole_read_chars(whole_read_tokens(chars) - 1) < chars
+def test_the_default_whole_read_fits_the_default_tool_result():
+    assert DEFAULT_WHOLE_READ_CHARS == 52_920 >= MAX_CONTEXT_CHARS
+    assert whole_read_tokens(0, 10) == WHOLE_READ_CALL_TOKENS + 10 * WHOLE_READ_DOCUMENT_TOKENS
 
 
-def test_a_room_below_the_envelope_holds_nothing():
-    assert whole_read_tokens(0) == WHOLE_READ_ENVELOPE_TOKENS
-    assert whole_read_chars(WHOLE_READ_ENVELOPE_TOKENS) == whole_read_chars(1) == 0
-    assert whole_read_chars(WHOLE_READ_ENVELOPE_TOKENS + 1) == 2
+@pytest.mark.parametrize("documents", [1, 10])
+@pytest.mark.parametrize("chars", [1, 2, 3, 1720, 49_999, 50_000])
+def test_the_room_and_the_characters_are_inverse(chars, documents):
+    assert whole_read_chars(whole_read_tokens(chars, documents), documents) >= chars
+    assert whole_read_chars(whole_read_tokens(chars, documents) - 1, documents) < chars
+
+
+def test_a_room_below_what_the_read_takes_beside_its_texts_holds_nothing():
+    beside = WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS
+    assert whole_read_chars(beside, 1) == whole_read_chars(1, 1) == 0
+    assert whole_read_chars(beside + 1, 1) == 2
 
 
 @pytest.mark.parametrize(
-    ("chars", "documents"), [(3120, 1), (3120, 10), (20_000, 4), (MAX_CONTEXT_CHARS, 10)]
+    ("chars", "documents"), [(1720, 1), (1720, 10), (20_000, 4), (MAX_CONTEXT_CHARS, 10)]
 )
 def test_a_whole_read_of_that_size_reaches_the_model_uncut(chars, documents):
-    room = whole_read_tokens(chars)
-    rendered = render_result("load_documents_full", _whole_read(chars, documents), TOK, room)
+    ceiling = whole_read_tokens(chars, documents)
+    read = _whole_read(chars, documents)
+    assert read["truncated"] is False
+    # the planned call's turn: what the conversation holds before the result
+    call = f'{{"document_ids": {[d["document_id"] for d in read["documents"]]}}}'
+    room = _fed_room(ceiling) - TOK.count(call) - 16
+    rendered = render_result("load_documents_full", read, TOK, room)
     assert not rendered.truncated
     # and not loose: the texts take more than 4 in 5 of what the rule leaves them
-    texts = sum(TOK.count(d["content"]) for d in _whole_read(chars, documents)["documents"])
-    assert texts > 0.8 * (room - WHOLE_READ_ENVELOPE_TOKENS)
+    texts = sum(TOK.count(t) for t in rendered.texts)
+    assert texts > 0.8 * (ceiling - WHOLE_READ_CALL_TOKENS - WHOLE_READ_DOCUMENT_TOKENS * documents)
 
 
 @pytest.mark.parametrize("n_ctx", [3712, 4096, 8192, 16384])
@@ -78,15 +96,16 @@ def test_with_the_local_model_the_orchestrator_reads_whole_what_one_result_holds
     env = Env(local_model_env("http://127.0.0.1:1", "m", n_ctx, env={}))
     room = LlmSettings.from_env(env).loop.max_tool_result_tokens
     orchestrator = OrchestratorSettings.from_env(env)
-    assert orchestrator.max_context_chars == whole_read_chars(room) < MAX_CONTEXT_CHARS
+    held = whole_read_chars(room, 10)
+    assert orchestrator.max_context_chars == held < MAX_CONTEXT_CHARS
     assert orchestrator.held == (
-        f"ORCH_MAX_CONTEXT_CHARS=50000 is held to {whole_read_chars(room)} (what one LLM tool "
-        "result holds uncut: at most 26,000 tokens, and what LLM_SERVICE_MAX_TOTAL_TOKENS "
-        "leaves past MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS)",
+        f"ORCH_MAX_CONTEXT_CHARS=50000 is held to {held} (what one tool result of the LLM "
+        "service holds of 10 documents uncut: LLM_SERVICE_MAX_TOTAL_TOKENS less "
+        "MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS)",
     )
 
 
 def test_at_n_ctx_8192_a_man_page_of_seven_pages_is_searched():
     """The answer harness's held-out S3 documents are 7 and 14 pages of 2,500 characters."""
     env = Env(local_model_env("http://127.0.0.1:1", "m", 8192, env={}))
-    assert OrchestratorSettings.from_env(env).max_context_chars == 3120 < 7 * 2500
+    assert OrchestratorSettings.from_env(env).max_context_chars == 1720 < 7 * 2500
