@@ -303,3 +303,19 @@ async def test_an_answer_from_fetched_data_is_not_withheld_for_what_documents_la
     r = replace(req((RATES,)), messages=(Turn("user", "What is the USD rate?"),))
     out = await loop(rt, FakeTools([OK, window()])).run(r)
     assert out.answer == "USD is 101.68 RUB." and out.withheld_for == ()
+
+
+async def test_a_planned_read_that_fills_the_room_still_gets_its_final_answer():
+    """The planned call takes the last step and its result every token left: the note asking
+    for the final answer then rides on top, out of the answer's share, like the language note
+    (it was counted into the conversation, which it pushed past its limit: LLM_LIMIT_EXCEEDED)."""
+    big = window(text="word " * 3000)
+    rt = ScriptedRuntime([says("answer")])
+    settings = {"max_total_tokens": 2600, "max_completion_tokens": 100, "max_tool_steps": 1}
+    out = await loop(rt, FakeTools([big]), **settings).run(req((RATES,)))
+    assert out.answer == "answer"
+    assert out.tools_called[0].result_summary.endswith("truncated to the token budget")
+    sent = rt.calls[0]
+    assert sent["messages"][-1].content == FINAL_ANSWER_NOTE
+    note = TOK.count(FINAL_ANSWER_NOTE)
+    assert note < 100 - sent["params"].max_tokens < note + 16
