@@ -30,6 +30,7 @@ from services.common.prompt_limits import (
 )
 from services.common.shared_config import MIN_FIRST_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer
+from services.common.untrusted import format_pages
 from services.orchestrator.model import SectionCandidate, Turn
 
 MIN_SUMMARY_TOKENS = 24
@@ -66,9 +67,12 @@ def _cut(tokenizer: Tokenizer, text: str, max_tokens: int) -> str:
 
 
 def _entry(i: int, s: SectionCandidate, title: str, summary: str) -> str:
+    """One listed section; its pages as the texts the model reads state them (`pages="3"`,
+    `pages="3-5"`), none when they are not known."""
+    pages = format_pages(s.page_start, s.page_end)
     return (
         f"{i}. doc_id={s.doc_id} section_id={s.section_id} anchor_chunk_id={s.anchor_chunk_id} "
-        f"pages={s.page_start}-{s.page_end} score={s.score:.3f}\n   title: {title}\n"
+        f"{f'pages={pages} ' if pages else ''}score={s.score:.3f}\n   title: {title}\n"
         f"   summary: {summary}"
     )
 

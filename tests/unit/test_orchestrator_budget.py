@@ -354,3 +354,17 @@ def test_the_question_of_a_first_prompt_is_the_query(found: int | None, query: s
     )  # fmt: skip
     assert (fitted.question != query) is (found is not None)
     assert turn_parts(fitted.question)[0] == asked(fitted.question) == query
+
+
+@pytest.mark.parametrize(
+    ("pages", "listed"), [((3, 5), "pages=3-5 score"), ((3, 3), "pages=3 score"),
+                          ((3, 0), "pages=3 score"), ((0, 0), "anchor_chunk_id=d:c1 score")],
+)  # fmt: skip
+def test_listed_pages_are_written_as_the_texts_read_state_them(pages, listed):
+    """A single page is "3" (format_pages), as the read tools' texts state it, not "3-3"; a
+    section whose pages are not known lists none."""
+    section = SectionCandidate("d", "s", "T", "summary", 0.5, *pages, "d:c1")
+    fitter = PromptFitter(default_tokenizer(), 4096)
+    prompt = fitter.fit(system="", history=(), query="q?", context_token_budget=4096,
+                        sections=(section,), list_budget=1000)  # fmt: skip
+    assert listed in prompt.question
