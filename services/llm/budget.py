@@ -258,6 +258,14 @@ class TokenBudget:
             self.tool_result_tokens += n
         return n
 
+    def add_note(self, message: ChatMessage) -> int:
+        """Count a note of the loop's own into the conversation as far as its room goes;
+        returns the tokens past it, which the caller takes out of the answer's share."""
+        n = message_tokens(self.tokenizer, message)
+        kept = min(n, max(0, self.room()))
+        self.conversation += kept
+        return n - kept
+
     def room(self) -> int:
         """Tokens the conversation may still grow by (negative when past the limit)."""
         return self.conversation_limit - self.conversation

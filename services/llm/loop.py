@@ -266,7 +266,8 @@ class _Run:
             message_tokens(loop.tokenizer, self.language_note) if self.language_note else 0
         )
         """Tokens of the loop's notes riding on top of the conversation (the language note,
-        then the final-answer note too): taken from the answer's share."""
+        and what of the final-answer note the conversation has no room for): taken from the
+        answer's share."""
         self.final_prompt = 0
         """The last call's prompt tokens, as the runtime reported them."""
 
@@ -306,13 +307,14 @@ class _Run:
             if self.closed and self.offered and not noted:
                 note = prompts.final_answer_note()
                 messages.append(note)
-                self.note_tokens += message_tokens(self.loop.tokenizer, note)
+                self.note_tokens += self.budget.add_note(note)
                 noted = True
             # Withdrawn tools stay in the prompt (tool_choice "none"): each step then extends
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
-            # The language note and the final-answer note ride on top of the conversation:
-            # their tokens come out of the answer's share, so the whole call still fits the
-            # total budget however much of the conversation the tool results took.
+            # The language note rides on top of the conversation, and so does the part of the
+            # final-answer note the conversation has no room left for: their tokens come out
+            # of the answer's share, so the whole call still fits the total budget however
+            # much of the conversation the tool results took.
             max_tokens = max(1, self.budget.before_call() - self.note_tokens)
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()

@@ -308,7 +308,8 @@ async def test_an_answer_from_fetched_data_is_not_withheld_for_what_documents_la
 async def test_a_planned_read_that_fills_the_room_still_gets_its_final_answer():
     """The planned call takes the last step and its result every token left: the note asking
     for the final answer then rides on top, out of the answer's share, like the language note
-    (it was counted into the conversation, which it pushed past its limit: LLM_LIMIT_EXCEEDED)."""
+    (it was counted into the conversation, which it pushed past its limit: LLM_LIMIT_EXCEEDED).
+    With room left it is counted there, and the answer keeps its share."""
     big = window(text="word " * 3000)
     rt = ScriptedRuntime([says("answer")])
     settings = {"max_total_tokens": 2600, "max_completion_tokens": 100, "max_tool_steps": 1}
@@ -319,3 +320,8 @@ async def test_a_planned_read_that_fills_the_room_still_gets_its_final_answer():
     assert sent["messages"][-1].content == FINAL_ANSWER_NOTE
     note = TOK.count(FINAL_ANSWER_NOTE)
     assert note < 100 - sent["params"].max_tokens < note + 16
+    # with room left, the answer keeps its whole share
+    rt = ScriptedRuntime([says("answer")])
+    await loop(rt, FakeTools([OK]), **settings).run(req((RATES,)))
+    assert rt.calls[0]["messages"][-1].content == FINAL_ANSWER_NOTE
+    assert rt.calls[0]["params"].max_tokens == 100
