@@ -45,6 +45,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
         default_top_k=settings.default_top_k,
         max_context_chars=settings.max_context_chars,
         max_documents=settings.max_full_documents,
+        result_tokens=settings.llm_tool_result_tokens,
         score_threshold=settings.score_threshold,
         mock=(MockRetriever(min_score=settings.score_threshold), MockGenerator()),
     )

@@ -85,6 +85,10 @@ class OrchestratorSettings:
     max_full_documents: int = DEFAULT_FULL_DOCUMENTS
     """Selected documents are read whole (S3) only when there are no more of them than one
     load_documents_full call of ToolsProxy takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    llm_tool_result_tokens: int | None = None
+    """One tool result's room in the LLM service (LLM_SERVICE_MAX_TOTAL_TOKENS less
+    MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS): selected documents are read whole (S3)
+    only when it holds them uncut (scenarios.whole_limit); None: not bounded."""
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
     and as the score_threshold of the knowledge-base search S2 plans (ORCH_SCORE_THRESHOLD,
@@ -101,13 +105,14 @@ class OrchestratorSettings:
         asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
         # A window or a whole read is never one ToolsProxy would refuse or cut, nor a whole
         # read one the LLM service would cut to fit one tool result.
-        documents = proxy_full_documents(env)
+        # The hold is what one document may be; a selection of more is weighed when it comes
+        # (scenarios.whole_limit).
+        result_tokens = llm_tool_result_limit(env)
         whole_chars, whole_why = min(
             (proxy_full_text_chars(env), "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
             (
-                whole_read_chars(llm_tool_result_limit(env), documents),
-                f"what one tool result of the LLM service holds of {documents} "
-                f"document{'s' if documents != 1 else ''} uncut: "
+                whole_read_chars(result_tokens, 1),
+                "what one tool result of the LLM service holds of one document uncut: "
                 "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and "
                 "MAX_COMPLETION_TOKENS",
             ),
@@ -125,7 +130,8 @@ class OrchestratorSettings:
         return SETTINGS.read(
             env,
             max_context_chars=min(asked_chars, whole_chars),
-            max_full_documents=documents,
+            max_full_documents=proxy_full_documents(env),
+            llm_tool_result_tokens=result_tokens,
             held=held,
             # Every Respond body Envoy lets through reaches the validator (a 400 naming the
             # field), not grpc's bare RESOURCE_EXHAUSTED.
@@ -145,24 +151,24 @@ DEFAULT_WHOLE_READ_CHARS = whole_read_chars(
     tool_result_room(
         DEFAULT_MAX_TOTAL_TOKENS, DEFAULT_LLM_PROMPT_TOKENS, DEFAULT_LLM_COMPLETION_TOKENS
     ),
-    DEFAULT_FULL_DOCUMENTS,
+    1,
 )
-"""What one tool result of the LLM service holds of the most documents read whole, with
-the LLM service's defaults: 52,920 characters, so the default ORCH_MAX_CONTEXT_CHARS is not
-held."""
+"""What one tool result of the LLM service holds of one document read whole, with the LLM
+service's defaults: 55,440 characters, so the default ORCH_MAX_CONTEXT_CHARS is not held."""
 MAX_CONTEXT = integer(
     "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT,
     default_doc=f"{MAX_CONTEXT_CHARS}; at most MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
     doc="Selected documents up to this many characters in total are read whole (S3), above "
     "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
     "load_documents_full result of ToolsProxy holds of any script, so ToolsProxy never cuts a "
-    "whole read, and to what one tool result of the LLM service holds of "
-    "MCP_PROXY_MAX_FULL_DOCUMENTS documents uncut (LLM_SERVICE_MAX_TOTAL_TOKENS less "
-    f"MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS, at {WHOLE_READ_CHARS_PER_TOKEN} characters "
-    f"a token past {WHOLE_READ_CALL_TOKENS} tokens and {WHOLE_READ_DOCUMENT_TOKENS} a "
-    f"document; {DEFAULT_WHOLE_READ_CHARS:,} characters at the defaults), so a model with a small context searches "
-    "the documents instead of reading their beginning. Set the LLM service's three token "
-    "limits in the Orchestrator's environment too.",
+    "whole read, and to what one tool result of the LLM service holds of one document uncut "
+    "(LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS, at "
+    f"{WHOLE_READ_CHARS_PER_TOKEN} characters a token past {WHOLE_READ_CALL_TOKENS} tokens "
+    f"and {WHOLE_READ_DOCUMENT_TOKENS} a document; {DEFAULT_WHOLE_READ_CHARS:,} characters at "
+    "the defaults); a selection of several documents is read whole only when that result "
+    "holds them all. So a model with a small context searches the documents instead of "
+    "reading their beginning. Set the LLM service's three token limits in the "
+    "Orchestrator's environment too.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(
     "ORCH_WINDOW_RADIUS", DEFAULT_WINDOW_RADIUS, 0, MAX_RADIUS, also=("RAG_WINDOW_RADIUS",),

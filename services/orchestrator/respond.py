@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import date, timedelta
+from typing import Any
 
 from services.common import errors
 from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
@@ -265,6 +266,7 @@ class Responder:
         default_top_k: int = DEFAULT_MAX_RESULTS,
         max_context_chars: int = MAX_CONTEXT_CHARS,
         max_documents: int = DEFAULT_FULL_DOCUMENTS,
+        result_tokens: int | None = None,
         score_threshold: float | None = None,
         mock: tuple[Retriever, Generator] | None = None,
     ) -> None:
@@ -285,8 +287,13 @@ class Responder:
         self._full_context_tokens = full_context_tokens(
             max_context_chars, max_documents, llm_prompt_limit
         )
-        self._whole_read = {"max_context_chars": max_context_chars, "max_documents": max_documents}
-        """What S3 reads whole (scenarios.fits_whole), as every decision function takes it."""
+        self._whole_read: dict[str, Any] = {
+            "max_context_chars": max_context_chars,
+            "max_documents": max_documents,
+            "result_tokens": result_tokens,
+        }
+        """What S3 reads whole (scenarios.fits_whole), as every decision function takes it:
+        `result_tokens` is one tool result's room in the LLM service (None: not bounded)."""
         self._mock_ports = mock
         self._mock: Responder | None = None
         self._options = {
@@ -295,6 +302,7 @@ class Responder:
             "llm_completion_limit": llm_completion_limit,
             "tokenizer": tokenizer, "default_top_k": default_top_k,
             "max_context_chars": max_context_chars, "max_documents": max_documents,
+            "result_tokens": result_tokens,
         }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (docs/architecture.md §17).

@@ -11,7 +11,11 @@ from typing import Any
 
 from services.common.currencies import CURRENCIES, CURRENCY_PATTERNS, named_currencies
 from services.common.generate_contract import ANSWER_LANGUAGES, question_language
-from services.common.shared_config import DEFAULT_FULL_DOCUMENTS, MAX_CONTEXT_CHARS
+from services.common.shared_config import (
+    DEFAULT_FULL_DOCUMENTS,
+    MAX_CONTEXT_CHARS,
+    whole_read_chars,
+)
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
 from services.common.wording import fold_case, whole_words
@@ -482,18 +486,29 @@ def clarification_questions(query: str, language: str) -> tuple[str, ...]:
 # -- the rules -------------------------------------------------------------------------------
 
 
+def whole_limit(documents: int, max_context_chars: int, result_tokens: int | None) -> int:
+    """Characters of `documents` selected documents that are read whole (S3): at most
+    `max_context_chars`, and no more than one tool result of the LLM service holds of them
+    uncut (`result_tokens`, shared_config.whole_read_chars; None: not bounded)."""
+    if result_tokens is None:
+        return max_context_chars
+    return min(max_context_chars, whole_read_chars(result_tokens, documents))
+
+
 def fits_whole(
     selected_doc_ids: Sequence[str],
     selected_chars: int | None,
     max_context_chars: int,
     max_documents: int,
+    result_tokens: int | None = None,
 ) -> bool:
     """Whether the selected documents are read whole (S3): their total size is known and at
-    most `max_context_chars`, and there are no more of them than one load_documents_full call
-    takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    most `whole_limit` for their number, and there are no more of them than one
+    load_documents_full call takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    limit = whole_limit(len(selected_doc_ids), max_context_chars, result_tokens)
     return (
         selected_chars is not None
-        and selected_chars <= max_context_chars
+        and selected_chars <= limit
         and len(selected_doc_ids) <= max_documents
     )
 
@@ -613,12 +628,14 @@ def rule_decision(
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
+    result_tokens: int | None = None,
     locale: str = "",
 ) -> Decision:
     """The rule-based decision (agent.md §4's `rule_guess_scenario`), in this order:
 
     1. Selected documents: S3 selected_full when they fit (`fits_whole`: total size known
-       and ≤ `max_context_chars`, at most `max_documents` of them), else S4 selected_search.
+       and ≤ `max_context_chars` and what one tool result of `result_tokens` holds of them,
+       at most `max_documents` of them), else S4 selected_search.
     2. Without a selection: a definitional question («что такое», "what is a", "define")
        naming its term → S1 documents with the knowledge base as the fallback (docs/architecture.md
        §14), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
@@ -635,7 +652,9 @@ def rule_decision(
         language = question_language(_last_user_turn(history))
     language = locale_language(locale) or language
     if selected_doc_ids:
-        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        fits = fits_whole(
+            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
+        )
         return _size_decision(fits, language)
     text = fold_case(query)
     intent = _general_intent(text) or "documents"
@@ -680,6 +699,7 @@ def decision_prompt(
     selected_chars: int | None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
+    result_tokens: int | None = None,
 ) -> str:
     """Instructions asking the model for ONE JSON object deciding the scenario.
 
@@ -690,11 +710,15 @@ def decision_prompt(
     intents = "\n".join(f'- "{i}" ({SCENARIO_OF_INTENT[i]}): {help_}' for i, help_ in _INTENT_HELP)
     if selected_doc_ids:
         size = "unknown" if selected_chars is None else f"{selected_chars} characters"
-        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        fits = fits_whole(
+            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
+        )
         count = f" and {max_documents} documents" if len(selected_doc_ids) > max_documents else ""
         facts = (
             f"The user selected {len(selected_doc_ids)} document(s); total size: {size}; "
-            f"the limit for reading them whole is {max_context_chars} characters{count}. "
+            f"the limit for reading them whole is "
+            f"{whole_limit(len(selected_doc_ids), max_context_chars, result_tokens)} "
+            f"characters{count}. "
             f'Choose "{"selected_full" if fits else "selected_search"}", '
             'or "clarify" if the request cannot be acted on.'
         )
@@ -730,6 +754,7 @@ def decision_schema(
     selected_chars: int | None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
+    result_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The JSON schema of `decision_prompt`'s answer, for runtimes with constrained output:
     one object per intent the facts allow (its scenario fixed), so the model can only pick
@@ -750,7 +775,14 @@ def decision_schema(
             "additionalProperties": False,
         }
         for intent in INTENTS
-        if _consistent(intent, selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        if _consistent(
+            intent,
+            selected_doc_ids,
+            selected_chars,
+            max_context_chars,
+            max_documents,
+            result_tokens,
+        )
     ]
     return {"anyOf": options}
 
@@ -804,6 +836,7 @@ def _consistent(
     selected_chars: int | None,
     max_context_chars: int,
     max_documents: int,
+    result_tokens: int | None = None,
 ) -> bool:
     """Whether the intent agrees with the facts the model cannot override."""
     if intent == "clarify":
@@ -811,7 +844,9 @@ def _consistent(
     if intent in ("selected_full", "selected_search"):
         if not selected_doc_ids:
             return False
-        fits = fits_whole(selected_doc_ids, selected_chars, max_context_chars, max_documents)
+        fits = fits_whole(
+            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
+        )
         return fits == (intent == "selected_full")
     return not selected_doc_ids
 
@@ -829,6 +864,7 @@ def parse_model_decision(
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
+    result_tokens: int | None = None,
     locale: str = "",
 ) -> Decision | None:
     """The model's decision, or None when it is not usable and the rules should decide.
@@ -851,7 +887,14 @@ def parse_model_decision(
     intent = intent.strip().lower()
     if _scenario(data.get("scenario")) != SCENARIO_OF_INTENT[intent]:
         return None
-    if not _consistent(intent, selected_doc_ids, selected_chars, max_context_chars, max_documents):
+    if not _consistent(
+        intent,
+        selected_doc_ids,
+        selected_chars,
+        max_context_chars,
+        max_documents,
+        result_tokens,
+    ):
         return None
     definitional = not selected_doc_ids and is_definitional(query)
     if definitional and intent != "documents":

@@ -292,12 +292,12 @@ def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
 
 PROXY_WHY = "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"
 LLM_WHY = (
-    "what one tool result of the LLM service holds of 10 documents uncut: "
+    "what one tool result of the LLM service holds of one document uncut: "
     "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS"
 )
 SMALL_LLM = {"LLM_SERVICE_MAX_TOTAL_TOKENS": "7168"}
 """The local model's total at n_ctx 8192: 7,168 - 4,096 - 512 = 2,560 tokens for one tool
-result, (2,560 - 300 - 10 * 140) * 2 = 1,720 characters of 10 documents read whole."""
+result, (2,560 - 300 - 140) * 2 = 4,240 characters of one document read whole."""
 
 
 def _held(asked, limit, why):
@@ -319,18 +319,15 @@ def _held(asked, limit, why):
         ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000, _held(50000, 25_000, PROXY_WHY)),
         # more than one tool result of the LLM service holds
         ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"},
-         52_920, _held(150000, 52_920, LLM_WHY)),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "1720"}, 1720, ()),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "1721"}, 1720, _held(1721, 1720, LLM_WHY)),
-        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 1722, _held(50000, 1722, LLM_WHY)),
-        # fewer documents a call, more characters each read
-        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_DOCUMENTS": "1"}, 4240,
-         (_held(50000, 4240, LLM_WHY)[0].replace("10 documents", "1 document"),)),
+         55_440, _held(150000, 55_440, LLM_WHY)),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "4240"}, 4240, ()),
+        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "4241"}, 4240, _held(4241, 4240, LLM_WHY)),
+        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 4242, _held(50000, 4242, LLM_WHY)),
         # a larger total reads more whole, with ToolsProxy's limit raised too
         ({"LLM_SERVICE_MAX_TOTAL_TOKENS": "131072", "ORCH_MAX_CONTEXT_CHARS": "200000",
           "MCP_PROXY_MAX_FULL_TEXT_BYTES": "800000"}, 200_000, ()),
         # the tighter of the two says why
-        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "4000"}, 1000, _held(50000, 1000, PROXY_WHY)),
+        ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "16000"}, 4000, _held(50000, 4000, PROXY_WHY)),
     ],
 )  # fmt: skip
 def test_a_whole_read_is_held_to_what_reaches_the_model_whole(env, chars, held):
@@ -506,3 +503,31 @@ def test_mock_overlap_counts_subject_words_by_stem():
     assert overlap_score("retention policies", text) == round(BASE_SCORE + 0.6, 4)  # both, by stem
     assert overlap_score("what is the retention period", text) == round(BASE_SCORE + 0.3, 4)
     assert overlap_score("what is it", text) == BASE_SCORE  # no subject word
+
+
+@pytest.mark.parametrize(
+    ("sizes", "scenario"),
+    [({"a": 4240}, "S3"), ({"a": 4241}, "S4"), ({"a": 2000, "b": 1960}, "S3"),
+     ({"a": 2000, "b": 1961}, "S4")],
+)  # fmt: skip
+async def test_a_selection_is_read_whole_only_when_one_llm_result_holds_it(sizes, scenario):
+    """One tool result of 2,560 tokens (the local model's) holds 4,240 characters of one
+    document, 3,960 of two (scenarios.whole_limit)."""
+
+    class Sizes(Unreachable):
+        async def document_sizes(self, user, doc_ids):
+            return {d: sizes[d] for d in doc_ids}
+
+        async def search(self, *args, **kwargs):
+            from services.orchestrator.model import RetrievalOutcome
+
+            return RetrievalOutcome((), 0)
+
+        async def generate(self, request):
+            return LlmOutcome("answer", (), 1, 1)
+
+    live = Sizes()
+    responder = Responder(live, live, ConfigHolder(RuntimeConfig(), 3), today=lambda: TODAY,
+                          model_routing=False, max_context_chars=4240, result_tokens=2560)  # fmt: skip
+    out = await responder.respond(ask("Что там?", selected_doc_ids=tuple(sizes)))
+    assert out.scenario == scenario

@@ -24,6 +24,7 @@ from services.llm.budget import message_tokens
 from services.llm.config import LlmSettings
 from services.llm.toolcalls import render_result, result_message
 from services.orchestrator.config import DEFAULT_WHOLE_READ_CHARS, OrchestratorSettings
+from services.orchestrator.scenarios import decision_prompt, fits_whole, whole_limit
 from services.toolsproxy.tools import shape_result
 
 TOK = default_tokenizer()
@@ -57,7 +58,8 @@ def _fed_room(tokens: int) -> int:
 
 
 def test_the_default_whole_read_fits_the_default_tool_result():
-    assert DEFAULT_WHOLE_READ_CHARS == 52_920 >= MAX_CONTEXT_CHARS
+    assert DEFAULT_WHOLE_READ_CHARS == 55_440 >= MAX_CONTEXT_CHARS
+    assert whole_read_chars(28_160, 10) == 52_920 >= MAX_CONTEXT_CHARS  # ten documents too
     assert whole_read_tokens(0, 10) == WHOLE_READ_CALL_TOKENS + 10 * WHOLE_READ_DOCUMENT_TOKENS
 
 
@@ -96,11 +98,12 @@ def test_with_the_local_model_the_orchestrator_reads_whole_what_one_result_holds
     env = Env(local_model_env("http://127.0.0.1:1", "m", n_ctx, env={}))
     room = LlmSettings.from_env(env).loop.max_tool_result_tokens
     orchestrator = OrchestratorSettings.from_env(env)
-    held = whole_read_chars(room, 10)
+    assert orchestrator.llm_tool_result_tokens == room
+    held = whole_read_chars(room, 1)
     assert orchestrator.max_context_chars == held < MAX_CONTEXT_CHARS
     assert orchestrator.held == (
         f"ORCH_MAX_CONTEXT_CHARS=50000 is held to {held} (what one tool result of the LLM "
-        "service holds of 10 documents uncut: LLM_SERVICE_MAX_TOTAL_TOKENS less "
+        "service holds of one document uncut: LLM_SERVICE_MAX_TOTAL_TOKENS less "
         "MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS)",
     )
 
@@ -108,4 +111,27 @@ def test_with_the_local_model_the_orchestrator_reads_whole_what_one_result_holds
 def test_at_n_ctx_8192_a_man_page_of_seven_pages_is_searched():
     """The answer harness's held-out S3 documents are 7 and 14 pages of 2,500 characters."""
     env = Env(local_model_env("http://127.0.0.1:1", "m", 8192, env={}))
-    assert OrchestratorSettings.from_env(env).max_context_chars == 1720 < 7 * 2500
+    assert OrchestratorSettings.from_env(env).max_context_chars == 4240 < 7 * 2500
+
+
+@pytest.mark.parametrize(
+    ("documents", "chars", "fits"),
+    [(1, 4240, True), (1, 4241, False), (2, 3960, True), (2, 3961, False),
+     (10, 1720, True), (10, 1721, False)],
+)  # fmt: skip
+def test_a_selection_is_read_whole_when_one_result_holds_all_its_documents(documents, chars, fits):
+    ids = [f"d{i}" for i in range(documents)]
+    assert fits_whole(ids, chars, 50_000, 10, result_tokens=2560) is fits
+    assert whole_limit(documents, 50_000, 2560) == whole_read_chars(2560, documents)
+    # without a room (the mock, a caller's own Responder) the characters alone decide
+    assert fits_whole(ids, chars, 50_000, 10) is True
+    assert whole_limit(documents, 4000, None) == 4000
+
+
+def test_the_routing_prompt_states_the_limit_of_the_documents_selected():
+    prompt = decision_prompt(
+        "Что там?", selected_doc_ids=("a", "b"), selected_chars=3961,
+        max_context_chars=4240, result_tokens=2560,
+    )  # fmt: skip
+    assert "the limit for reading them whole is 3960 characters" in prompt
+    assert 'Choose "selected_search"' in prompt
