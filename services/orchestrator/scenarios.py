@@ -760,6 +760,9 @@ def decision_schema(
     one object per intent the facts allow (its scenario fixed), so the model can only pick
     among them; `parse_model_decision` still checks what comes back."""
     text = {"type": "string"}
+    fits = fits_whole(
+        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
+    )
     options = [
         {
             "type": "object",
@@ -775,14 +778,7 @@ def decision_schema(
             "additionalProperties": False,
         }
         for intent in INTENTS
-        if _consistent(
-            intent,
-            selected_doc_ids,
-            selected_chars,
-            max_context_chars,
-            max_documents,
-            result_tokens,
-        )
+        if _consistent(intent, selected_doc_ids, fits)
     ]
     return {"anyOf": options}
 
@@ -830,24 +826,13 @@ def _optional_str(data: dict[str, Any], key: str) -> str | None:
     return value.strip() if isinstance(value, str) else None
 
 
-def _consistent(
-    intent: str,
-    selected_doc_ids: Sequence[str],
-    selected_chars: int | None,
-    max_context_chars: int,
-    max_documents: int,
-    result_tokens: int | None = None,
-) -> bool:
-    """Whether the intent agrees with the facts the model cannot override."""
+def _consistent(intent: str, selected_doc_ids: Sequence[str], fits: bool) -> bool:
+    """Whether the intent agrees with the facts the model cannot override: whether documents
+    are selected, and whether they `fits` (`fits_whole`)."""
     if intent == "clarify":
         return True
     if intent in ("selected_full", "selected_search"):
-        if not selected_doc_ids:
-            return False
-        fits = fits_whole(
-            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
-        )
-        return fits == (intent == "selected_full")
+        return bool(selected_doc_ids) and fits == (intent == "selected_full")
     return not selected_doc_ids
 
 
@@ -887,14 +872,10 @@ def parse_model_decision(
     intent = intent.strip().lower()
     if _scenario(data.get("scenario")) != SCENARIO_OF_INTENT[intent]:
         return None
-    if not _consistent(
-        intent,
-        selected_doc_ids,
-        selected_chars,
-        max_context_chars,
-        max_documents,
-        result_tokens,
-    ):
+    fits = fits_whole(
+        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
+    )
+    if not _consistent(intent, selected_doc_ids, fits):
         return None
     definitional = not selected_doc_ids and is_definitional(query)
     if definitional and intent != "documents":
