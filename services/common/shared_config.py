@@ -96,18 +96,21 @@ the call's arguments. Ordinary ids and titles take ≈ 100 (tests/unit/test_whol
 a selection with longer titles may reach the model with the end of its last text cut."""
 
 
+def _beside_texts(documents: int) -> int:
+    """Tokens a whole read of `documents` documents takes beside their texts."""
+    return WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
+
+
 def whole_read_tokens(chars: int, documents: int) -> int:
     """Tokens a whole read (S3) of `documents` documents of `chars` characters in all takes of
     the conversation, as the LLM service feeds it to the model."""
-    beside = WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
-    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + beside
+    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + _beside_texts(documents)
 
 
 def whole_read_chars(tokens: int, documents: int) -> int:
     """Characters of `documents` documents a whole read within `tokens` holds (the inverse of
     `whole_read_tokens`); 0 when what it takes beside the texts does not fit."""
-    beside = WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
-    return max(0, tokens - beside) * WHOLE_READ_CHARS_PER_TOKEN
+    return max(0, tokens - _beside_texts(documents)) * WHOLE_READ_CHARS_PER_TOKEN
 
 
 MAX_FULL_TEXT_BYTES = 3 << 20

@@ -20,7 +20,6 @@ from services.common.shared_config import (
     MAX_TOTAL_TOKENS,
     llm_completion_limit,
     llm_prompt_limit,
-    llm_tool_result_limit,
     llm_total_limit,
     tool_result_room,
 )
@@ -56,14 +55,14 @@ class LlmSettings:
         max_prompt = llm_prompt_limit(env)
         max_completion = llm_completion_limit(env)
         max_total = llm_total_limit(env)
-        check_tool_result_room(max_total, max_prompt, max_completion)
+        room = check_tool_result_room(max_total, max_prompt, max_completion)
         tools_proxy = TOOLS_PROXY.read(env, retry_attempts("LLM_SERVICE_"))
         loop = LOOP.read(
             env,
             max_prompt_tokens=max_prompt,
             max_completion_tokens=max_completion,
             max_total_tokens=max_total,
-            max_tool_result_tokens=llm_tool_result_limit(env),
+            max_tool_result_tokens=room,
             tool_timeout_s=tools_proxy.timeout_seconds,
             default_model=runtime.default_model if runtime else EXTRACTIVE,
         )
@@ -79,10 +78,10 @@ class LlmSettings:
         )
 
 
-def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int) -> None:
-    """Refuse a total that leaves less than MIN_TOOL_RESULT_ROOM past the first prompt and
-    one answer: one tool result gets at most what they leave (LoopSettings.
-    max_tool_result_tokens), so every tool call would fail with LLM_LIMIT_EXCEEDED."""
+def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int) -> int:
+    """One tool result's room (LoopSettings.max_tool_result_tokens): what the first prompt
+    and one answer leave of the total. A total that leaves less than MIN_TOOL_RESULT_ROOM is
+    refused: every tool call would fail with LLM_LIMIT_EXCEEDED."""
     room = tool_result_room(max_total, max_prompt, max_completion)
     if room < MIN_TOOL_RESULT_ROOM:
         raise SettingsError(
@@ -91,6 +90,7 @@ def check_tool_result_room(max_total: int, max_prompt: int, max_completion: int)
             f"it must leave at least {MIN_TOOL_RESULT_ROOM}: raise "
             "LLM_SERVICE_MAX_TOTAL_TOKENS or lower MAX_PROMPT_TOKENS"
         )
+    return room
 
 
 MIN_TOOL_STEPS = 1

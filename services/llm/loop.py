@@ -129,7 +129,7 @@ class LoopSettings:
     max_tool_result_tokens: int = 2048
     """One tool result as the model sees it; longer texts are cut. The service computes it:
     what the first prompt and the answer leave of max_total_tokens
-    (services/common/shared_config.py llm_tool_result_limit)."""
+    (services/common/shared_config.py tool_result_room)."""
     min_tool_result_tokens: int = MIN_TOOL_RESULT_TOKENS
     """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
     max_consecutive_tool_errors: int = 2

@@ -300,7 +300,7 @@ class RenderedResult:
 
 
 _PLACEHOLDER = "[text {} below]"
-_PLACEHOLDER_RE = re.compile(r"\[text (\d+) below\]")
+_PLACEHOLDER_RE = re.compile(re.escape(_PLACEHOLDER).replace(re.escape("{}"), r"(\d+)"))
 
 
 def _neutralised(value: str) -> str:
