@@ -83,9 +83,10 @@ PROXY_MAX_FULL_DOCUMENTS = integer(
     "documents whole (S3) only when there are no more of them than this.",
 )  # fmt: skip
 WHOLE_READ_CHARS_PER_TOKEN = 2
-"""Characters of document text one cl100k token holds, rounded down from what Russian text
-with figures and markup measures (2.1-2.4, samples/docs; English 3.5-4.8). Denser text
-(tables of numbers) reaches the model with the end of its last document cut, marked so."""
+"""Characters of document text one cl100k token holds, for a document Retrieval holds no
+token count of (ListDocuments' `tokens` 0): rounded down from what Russian text with figures
+and markup measures (2.1-2.4, samples/docs; English 3.5-4.8). Denser text (tables of numbers,
+prose of rare words: 1.5-1.8) takes more, which only a count sees."""
 WHOLE_READ_CALL_TOKENS = 300
 """Tokens a whole read takes beside its documents: the planned call's turn, the result's
 message (role, tool name, call id) and the JSON header around the documents' entries."""
@@ -96,21 +97,16 @@ the call's arguments. Ordinary ids and titles take ≈ 100 (tests/unit/test_whol
 a selection with longer titles may reach the model with the end of its last text cut."""
 
 
-def _beside_texts(documents: int) -> int:
-    """Tokens a whole read of `documents` documents takes beside their texts."""
-    return WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
+def estimated_tokens(chars: int) -> int:
+    """Tokens of `chars` characters of document text whose count is not known
+    (WHOLE_READ_CHARS_PER_TOKEN)."""
+    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN)
 
 
-def whole_read_tokens(chars: int, documents: int) -> int:
-    """Tokens a whole read (S3) of `documents` documents of `chars` characters in all takes of
-    the conversation, as the LLM service feeds it to the model."""
-    return -(-chars // WHOLE_READ_CHARS_PER_TOKEN) + _beside_texts(documents)
-
-
-def whole_read_chars(tokens: int, documents: int) -> int:
-    """Characters of `documents` documents a whole read within `tokens` holds (the inverse of
-    `whole_read_tokens`); 0 when what it takes beside the texts does not fit."""
-    return max(0, tokens - _beside_texts(documents)) * WHOLE_READ_CHARS_PER_TOKEN
+def whole_read_tokens(text_tokens: int, documents: int) -> int:
+    """Tokens a whole read (S3) of `documents` documents whose texts take `text_tokens` takes
+    of the conversation, as the LLM service feeds it to the model."""
+    return text_tokens + WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
 
 
 MAX_FULL_TEXT_BYTES = 3 << 20

@@ -228,6 +228,14 @@ def whole_text(page_texts: Iterable[str], chunk_texts: Iterable[str] = ()) -> st
     return "\n\n".join(pages) if pages else join_chunks(chunk_texts)
 
 
+def whole_text_tokens(
+    page_texts: Iterable[str], chunk_texts: Iterable[str] = (), encoding: str = DEFAULT_ENCODING
+) -> int:
+    """`whole_text`'s length in BPE tokens of `encoding` (a Document's `tokens`): what a whole
+    read of the document takes of the LLM service's conversation (the Orchestrator's S3 rule)."""
+    return default_tokenizer(encoding).count(whole_text(page_texts, chunk_texts))
+
+
 def join_chunks(texts: Iterable[str], joiner: str = "\n\n") -> str:
     """Consecutive chunks as one text: where a chunk begins with the end of the one before
     (`find_overlap`), it continues from there, so the overlap appears once and the text reads

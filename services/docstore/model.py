@@ -72,6 +72,9 @@ class Document:
     generation: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
     page_texts: tuple[str, ...] = field(default=(), repr=False)
+    tokens: int = 0
+    """Its whole text (`chars`) in BPE tokens of the chunking encoding (cl100k_base), as the
+    LLM service counts a whole read of it; 0 when not counted."""
 
     @property
     def chars(self) -> int:

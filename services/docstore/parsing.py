@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from services.common.tokenizer import count_tokens, default_tokenizer
-from services.docstore.chunking import ChunkingConfig, Paragraph, chunk_paragraphs
+from services.docstore.chunking import (
+    ChunkingConfig,
+    Paragraph,
+    chunk_paragraphs,
+    whole_text_tokens,
+)
 from services.docstore.errors import ParseError, UnsupportedFormatError
 from services.docstore.fields import MAX_TITLE_CHARS
 from services.docstore.model import Chunk, Document, Section
@@ -193,6 +198,7 @@ def parse_document(
         generation=generation,
         metadata=meta,
         page_texts=page_texts,
+        tokens=whole_text_tokens(page_texts, (c.text for c in chunks), cfg.encoding),
     )
 
 

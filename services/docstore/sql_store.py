@@ -32,7 +32,7 @@ from services.docstore.model import (
 T = TypeVar("T")
 Row = Sequence[Any]
 
-DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata"
+DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata, tokens"
 """The columns a Document's own fields are read from, in this order."""
 CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
 """The columns a Chunk is read from, in its fields' order."""
@@ -157,6 +157,7 @@ class SqlDocumentStore(ABC):
             pages=r[6],
             generation=d(r[7]),
             metadata=json.loads(r[8]),
+            tokens=int(r[9] or 0),
         )
 
     # --- writes -------------------------------------------------------------------------------
@@ -182,11 +183,12 @@ class SqlDocumentStore(ABC):
             self._execute(
                 conn,
                 "INSERT INTO documents (tenant_id, doc_id, title, source, product, version, tags,"
-                " pages, chars, generation, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " pages, chars, generation, metadata, tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     t, d, e(doc.title), e(doc.source), e(doc.product), e(doc.version),
                     json.dumps(list(doc.tags)), doc.pages, doc.chars, e(doc.generation),
                     json.dumps(dict(doc.metadata), ensure_ascii=False, sort_keys=True),
+                    doc.tokens,
                 ),
             )  # fmt: skip
             self._executemany(
@@ -254,12 +256,18 @@ class SqlDocumentStore(ABC):
             ],
         )  # fmt: skip
 
-    def put_points(
-        self, tenant_id: str, doc_id: str, generation: str, points: Sequence[StoredPoint]
+    def complete_document(
+        self,
+        tenant_id: str,
+        doc_id: str,
+        generation: str,
+        points: Sequence[StoredPoint],
+        tokens: int,
     ) -> bool:
-        """Replace the stored points of a document whose stored generation is `generation`
-        (a store written before the points table: the retrieval service backfills it at
-        start); False, writing nothing, when the store holds another generation or none."""
+        """Write what a store of an older version left out of a document whose stored
+        generation is `generation`: its point list (replaced) and its token count (the
+        retrieval service completes them at start); False, writing nothing, when the store
+        holds another generation or none."""
         t, d = self._enc(tenant_id), self._enc(doc_id)
 
         def work(conn: Any) -> bool:
@@ -270,17 +278,22 @@ class SqlDocumentStore(ABC):
                 return False
             self._execute(conn, "DELETE FROM points WHERE tenant_id=? AND doc_id=?", (t, d))
             self._insert_points(conn, t, doc_id, generation, points)
+            self._execute(
+                conn, "UPDATE documents SET tokens=? WHERE tenant_id=? AND doc_id=?", (tokens, t, d)
+            )
             return True
 
         return self._write(t, d, work)
 
     # --- reads --------------------------------------------------------------------------------
 
-    def documents_without_points(self) -> list[tuple[str, str, str]]:
-        """(tenant_id, doc_id, generation) of every document with no stored points."""
+    def incomplete_documents(self) -> list[tuple[str, str, str]]:
+        """(tenant_id, doc_id, generation) of every document a store of an older version left
+        without its point list or its token count (`complete_document`)."""
         rows = self._query(
-            "SELECT d.tenant_id, d.doc_id, d.generation FROM documents d WHERE NOT EXISTS "
-            "(SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id)"
+            "SELECT d.tenant_id, d.doc_id, d.generation FROM documents d"
+            " WHERE (d.tokens=0 AND d.chars>0) OR NOT EXISTS"
+            " (SELECT 1 FROM points p WHERE p.tenant_id=d.tenant_id AND p.doc_id=d.doc_id)"
         )
         # Ordered here, by the ids as written: a stored (escaped) form may sort otherwise.
         d = self._dec
@@ -426,7 +439,7 @@ class SqlDocumentStore(ABC):
             "c.text, c.tokens, c.page_start, c.page_end FROM chunks c JOIN documents d "
             "ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id"
         )
-        # Ordered here, by the ids as written (see documents_without_points).
+        # Ordered here, by the ids as written (see incomplete_documents).
         dec = self._dec
         out = [(dec(r[0]), dec(r[1]), dec(r[2]), self._chunk(r[3:])) for r in rows]
         out.sort(key=lambda row: (row[0], row[1], row[3].ord))

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS documents (
   tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, title TEXT NOT NULL, source TEXT NOT NULL,
   product TEXT NOT NULL, version TEXT NOT NULL, tags TEXT NOT NULL, pages INTEGER NOT NULL,
   chars INTEGER NOT NULL, generation TEXT NOT NULL DEFAULT '',
-  metadata TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (tenant_id, doc_id));
+  metadata TEXT NOT NULL DEFAULT '{}', tokens INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant_id, doc_id));
 CREATE TABLE IF NOT EXISTS sections (
   tenant_id TEXT NOT NULL, doc_id TEXT NOT NULL, section_id TEXT NOT NULL, ord INTEGER NOT NULL,
   title TEXT NOT NULL, summary TEXT NOT NULL, page_start INTEGER NOT NULL,
@@ -62,6 +63,7 @@ CREATE INDEX IF NOT EXISTS points_by_doc ON points (tenant_id, doc_id);
 _ADDED_DOCUMENT_COLUMNS = (
     ("generation", "TEXT NOT NULL DEFAULT ''"),
     ("metadata", "TEXT NOT NULL DEFAULT '{}'"),
+    ("tokens", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

@@ -32,7 +32,9 @@ class GrpcRetriever:
         self._stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
         self._ingestion = retrieval_pb2_grpc.IngestionServiceStub(channel)
 
-    async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
+    async def document_sizes(
+        self, user: User, doc_ids: tuple[str, ...]
+    ) -> dict[str, tuple[int, int]]:
         if not doc_ids:
             return {}
         # Only the documents asked about (a Respond's filters, at most MAX_FILTER_VALUES,
@@ -43,10 +45,12 @@ class GrpcRetriever:
             tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
         )
         wanted = set(doc_ids)
-        sizes: dict[str, int] = {}
+        sizes: dict[str, tuple[int, int]] = {}
         for _ in doc_ids:
             response = await call_downstream(self._ingestion.ListDocuments, request, "retrieval")
-            sizes.update((d.doc_id, d.chars) for d in response.documents if d.doc_id in wanted)
+            sizes.update(
+                (d.doc_id, (d.chars, d.tokens)) for d in response.documents if d.doc_id in wanted
+            )
             if not response.next_page_token:
                 break
             request.page_token = response.next_page_token

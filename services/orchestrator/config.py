@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
+from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, MAX_RESULTS_LIMIT
 from services.common.settings import (
     DownstreamSettings,
@@ -21,14 +21,10 @@ from services.common.settings import (
 )
 from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
-    DEFAULT_MAX_TOTAL_TOKENS,
     MAX_CONTEXT_CHARS,
     MAX_FULL_TEXT_BYTES,
     MAX_RADIUS,
     UTF8_MAX_BYTES,
-    WHOLE_READ_CALL_TOKENS,
-    WHOLE_READ_CHARS_PER_TOKEN,
-    WHOLE_READ_DOCUMENT_TOKENS,
     llm_completion_limit,
     llm_prompt_limit,
     llm_tool_result_limit,
@@ -36,8 +32,6 @@ from services.common.shared_config import (
     proxy_full_text_chars,
     proxy_max_window_radius,
     radius,
-    tool_result_room,
-    whole_read_chars,
 )
 from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
 from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, LIMITS, RuntimeConfig
@@ -88,14 +82,15 @@ class OrchestratorSettings:
     llm_tool_result_tokens: int | None = None
     """One tool result's room in the LLM service (LLM_SERVICE_MAX_TOTAL_TOKENS less
     MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS): selected documents are read whole (S3)
-    only when it holds them uncut (scenarios.whole_limit); None: not bounded."""
+    only when it holds them uncut, counted in tokens (scenarios.fits_whole); None: not
+    bounded."""
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
     and as the score_threshold of the knowledge-base search S2 plans (ORCH_SCORE_THRESHOLD,
     agent.md §10's score_threshold); None leaves Retrieval's own default (RETR_MIN_SCORE)."""
     held: tuple[str, ...] = ()
-    """A sentence per setting held below what it asked for (ToolsProxy's limits, the LLM
-    service's tool-result room), which the service logs as a warning at start."""
+    """A sentence per setting held below what it asked for (ToolsProxy's limits), which the
+    service logs as a warning at start."""
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> OrchestratorSettings:
@@ -103,24 +98,12 @@ class OrchestratorSettings:
         proxy_max = proxy_max_window_radius(env)
         attempts = retry_attempts("ORCH_")
         asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
-        # A window or a whole read is never one ToolsProxy would refuse or cut, nor a whole
-        # read one the LLM service would cut to fit one tool result.
-        # The hold is what one document may be; a selection of more is weighed when it comes
-        # (scenarios.whole_limit).
-        result_tokens = llm_tool_result_limit(env)
-        whole_chars, whole_why = min(
-            (proxy_full_text_chars(env), "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
-            (
-                whole_read_chars(result_tokens, 1),
-                "what one tool result of the LLM service holds of one document uncut: "
-                "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and "
-                "MAX_COMPLETION_TOKENS",
-            ),
-        )
+        # A window or a whole read is never one ToolsProxy would refuse or cut.
         limits = (
             ("ORCH_WINDOW_RADIUS", asked_radius, proxy_max, "MCP_PROXY_MAX_WINDOW_RADIUS"),
-            ("ORCH_MAX_CONTEXT_CHARS", asked_chars, whole_chars, whole_why),
-        )
+            ("ORCH_MAX_CONTEXT_CHARS", asked_chars, proxy_full_text_chars(env),
+             "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
+        )  # fmt: skip
         held = tuple(
             f"{name}={asked} is held to {limit} ({why})"
             for name, asked, limit, why in limits
@@ -129,9 +112,9 @@ class OrchestratorSettings:
         runtime = RUNTIME.read(env, window_radius=min(asked_radius, proxy_max))
         return SETTINGS.read(
             env,
-            max_context_chars=min(asked_chars, whole_chars),
+            max_context_chars=min(asked_chars, proxy_full_text_chars(env)),
             max_full_documents=proxy_full_documents(env),
-            llm_tool_result_tokens=result_tokens,
+            llm_tool_result_tokens=llm_tool_result_limit(env),
             held=held,
             # Every Respond body Envoy lets through reaches the validator (a 400 naming the
             # field), not grpc's bare RESOURCE_EXHAUSTED.
@@ -147,27 +130,17 @@ class OrchestratorSettings:
         )
 
 
-DEFAULT_WHOLE_READ_CHARS = whole_read_chars(
-    tool_result_room(
-        DEFAULT_MAX_TOTAL_TOKENS, DEFAULT_LLM_PROMPT_TOKENS, DEFAULT_LLM_COMPLETION_TOKENS
-    ),
-    1,
-)
-"""What one tool result of the LLM service holds of one document read whole, with the LLM
-service's defaults: 55,440 characters, so the default ORCH_MAX_CONTEXT_CHARS is not held."""
 MAX_CONTEXT = integer(
     "ORCH_MAX_CONTEXT_CHARS", MAX_CONTEXT_CHARS, 1, MAX_CONTEXT_CHARS_LIMIT,
     default_doc=f"{MAX_CONTEXT_CHARS}; at most MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
     doc="Selected documents up to this many characters in total are read whole (S3), above "
     "it searched (S4) (agent.md §10's max_context_chars). Held to what one "
     "load_documents_full result of ToolsProxy holds of any script, so ToolsProxy never cuts a "
-    "whole read, and to what one tool result of the LLM service holds of one document uncut "
-    "(LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS, at "
-    f"{WHOLE_READ_CHARS_PER_TOKEN} characters a token past {WHOLE_READ_CALL_TOKENS} tokens "
-    f"and {WHOLE_READ_DOCUMENT_TOKENS} a document; {DEFAULT_WHOLE_READ_CHARS:,} characters at "
-    "the defaults); a selection of several documents is read whole only when that result "
-    "holds them all. So a model with a small context searches the documents instead of "
-    "reading their beginning. Set the LLM service's three token limits in the "
+    "whole read. A selection is also read whole only when one tool result of the LLM "
+    "service holds it uncut (LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and "
+    "MAX_COMPLETION_TOKENS), weighed in the tokens Retrieval counted of each document "
+    "(ListDocuments' tokens); so a model with a small context searches the documents instead "
+    "of reading their beginning. Set the LLM service's three token limits in the "
     "Orchestrator's environment too.",
 )  # fmt: skip
 WINDOW_RADIUS = integer(

@@ -30,6 +30,7 @@ from services.common.generate_contract import (
 )
 from services.common.lexical import search_terms, sentences
 from services.common.search_contract import KB_SOURCE, Filters
+from services.common.tokenizer import count_tokens
 from services.common.tool_contract import NOT_FOUND, READ_CHUNK_WINDOW, READ_DOC_SECTION
 from services.orchestrator.model import (
     LlmOutcome,
@@ -269,8 +270,14 @@ class MockRetriever:
         found.sort(key=lambda c: (-c.score, c.doc_id, c.section_id))
         return RetrievalOutcome(tuple(found[: max(0, request.max_results)]), 0)
 
-    async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
-        return {d.doc_id: len(d.text) for d in SAMPLE_DOCUMENTS if d.doc_id in doc_ids}
+    async def document_sizes(
+        self, user: User, doc_ids: tuple[str, ...]
+    ) -> dict[str, tuple[int, int]]:
+        return {
+            d.doc_id: (len(d.text), count_tokens(d.text))
+            for d in SAMPLE_DOCUMENTS
+            if d.doc_id in doc_ids
+        }
 
 
 @dataclass(frozen=True)

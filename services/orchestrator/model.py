@@ -148,8 +148,11 @@ class RespondOutput:
 class Retriever(Protocol):
     async def search(self, request: RetrievalRequest) -> RetrievalOutcome: ...
 
-    async def document_sizes(self, user: User, doc_ids: tuple[str, ...]) -> dict[str, int]:
-        """Characters of each of the user's documents among `doc_ids` (absent: not found)."""
+    async def document_sizes(
+        self, user: User, doc_ids: tuple[str, ...]
+    ) -> dict[str, tuple[int, int]]:
+        """(characters, tokens) of the whole text of each of the user's documents among
+        `doc_ids` (absent: not found); tokens 0 when Retrieval holds no count."""
         ...
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import date, timedelta
@@ -29,7 +29,7 @@ from services.common.search_contract import (
     refuse_reserved_tenant,
     validate_filters,
 )
-from services.common.shared_config import text_body_bytes, whole_read_tokens
+from services.common.shared_config import estimated_tokens, text_body_bytes, whole_read_tokens
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
@@ -219,12 +219,30 @@ names a language, else the question's (docs/architecture.md §14). The LLM servi
 when the caller gives a system prompt (services/llm/prompt.py)."""
 
 
-def full_context_tokens(max_context_chars: int, max_documents: int, prompt_limit: int) -> int:
+def selection_size(sizes: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """The selected documents' `selected_chars` and `selected_tokens` (the scenario rules'
+    arguments) from each one's (characters, tokens); a document Retrieval holds no token
+    count of counts as estimated from its characters."""
+    return {
+        "selected_chars": sum(chars for chars, _ in sizes.values()),
+        "selected_tokens": sum(
+            tokens or estimated_tokens(chars) for chars, tokens in sizes.values()
+        ),
+    }
+
+
+def full_context_tokens(
+    max_context_chars: int, max_documents: int, prompt_limit: int, result_tokens: int | None
+) -> int:
     """S3's context_token_budget, whatever the configured one is: the largest first prompt
-    (`prompt_limit`, MAX_PROMPT_TOKENS) and a whole read of `max_context_chars`
-    (ORCH_MAX_CONTEXT_CHARS) over `max_documents` documents must fit (30,796 tokens at the
-    defaults; the LLM service caps it at its own total less one answer)."""
-    return prompt_limit + whole_read_tokens(max_context_chars, max_documents)
+    (`prompt_limit`, MAX_PROMPT_TOKENS) and the largest whole read S3 makes must fit. That read
+    is what one tool result of the LLM service holds (`result_tokens`, which the selection
+    is weighed against), else a read of `max_context_chars` (ORCH_MAX_CONTEXT_CHARS) over
+    `max_documents` documents at the estimated characters a token. The LLM service caps it at
+    its own total less one answer."""
+    if result_tokens is not None:
+        return prompt_limit + result_tokens
+    return prompt_limit + whole_read_tokens(estimated_tokens(max_context_chars), max_documents)
 
 
 ROUTER_CACHE_S = 60.0
@@ -285,7 +303,7 @@ class Responder:
         self._default_top_k = default_top_k
         self._score_threshold = score_threshold
         self._full_context_tokens = full_context_tokens(
-            max_context_chars, max_documents, llm_prompt_limit
+            max_context_chars, max_documents, llm_prompt_limit, result_tokens
         )
         self._whole_read: dict[str, Any] = {
             "max_context_chars": max_context_chars,
@@ -332,7 +350,7 @@ class Responder:
 
     async def _respond(self, req: RespondInput, cfg: RuntimeConfig) -> RespondOutput:
         selected = req.selected_doc_ids
-        sizes: dict[str, int] = {}
+        sizes: dict[str, tuple[int, int]] = {}
         if selected:
             sizes = await self._retriever.document_sizes(req.user, selected)
             missing = [d for d in selected if d not in sizes]
@@ -366,9 +384,9 @@ class Responder:
 
     async def _answer(
         self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...],
-        sizes: dict[str, int],
+        sizes: dict[str, tuple[int, int]],
     ) -> tuple[RespondOutput, Decision]:  # fmt: skip
-        decision = await self._decide(req, cfg, selected, sum(sizes.values()) if selected else None)
+        decision = await self._decide(req, cfg, selected, selection_size(sizes) if selected else {})
         if (
             decision.intent == "documents"
             and self._enable_filters
@@ -400,25 +418,24 @@ class Responder:
     # -- deciding -----------------------------------------------------------------------------
 
     async def _decide(
-        self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...], chars: int | None
+        self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...], size: dict[str, int]
     ) -> Decision:
+        """`size`: the selection's `selection_size` ({} without a selection)."""
         history = tuple((t.role, t.content) for t in req.history)
         today = self._today()
         rules = rule_decision(
-            req.query, selected_doc_ids=selected, selected_chars=chars, history=history,
-            today=today, locale=req.locale, **self._whole_read,
+            req.query, selected_doc_ids=selected, history=history, today=today,
+            locale=req.locale, **size, **self._whole_read,
         )  # fmt: skip
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
-        system = decision_prompt(
-            req.query, selected_doc_ids=selected, selected_chars=chars, **self._whole_read
-        )
+        system = decision_prompt(req.query, selected_doc_ids=selected, **size, **self._whole_read)
         outcome = await self._generate(
             replace(
                 self._request(req, cfg, system, self._fit(req, cfg, system)),
                 mode="chat",
                 response_schema=decision_schema(
-                    selected_doc_ids=selected, selected_chars=chars, **self._whole_read
+                    selected_doc_ids=selected, **size, **self._whole_read
                 ),
                 max_tokens=self._decision_tokens,
             )
@@ -427,8 +444,8 @@ class Responder:
             self._rules_only_until = self._clock() + ROUTER_CACHE_S
             return rules
         decided = parse_model_decision(
-            outcome.answer, query=req.query, selected_doc_ids=selected, selected_chars=chars,
-            today=today, locale=req.locale, **self._whole_read,
+            outcome.answer, query=req.query, selected_doc_ids=selected, today=today,
+            locale=req.locale, **size, **self._whole_read,
         )  # fmt: skip
         return decided or rules
 

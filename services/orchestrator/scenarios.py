@@ -14,7 +14,8 @@ from services.common.generate_contract import ANSWER_LANGUAGES, question_languag
 from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
     MAX_CONTEXT_CHARS,
-    whole_read_chars,
+    estimated_tokens,
+    whole_read_tokens,
 )
 from services.common.stop_words import STOP_WORDS
 from services.common.tool_contract import NEWS_QUERY_MAX_CHARS
@@ -486,31 +487,31 @@ def clarification_questions(query: str, language: str) -> tuple[str, ...]:
 # -- the rules -------------------------------------------------------------------------------
 
 
-def whole_limit(documents: int, max_context_chars: int, result_tokens: int | None) -> int:
-    """Characters of `documents` selected documents that are read whole (S3): at most
-    `max_context_chars`, and no more than one tool result of the LLM service holds of them
-    uncut (`result_tokens`, shared_config.whole_read_chars; None: not bounded)."""
-    if result_tokens is None:
-        return max_context_chars
-    return min(max_context_chars, whole_read_chars(result_tokens, documents))
-
-
 def fits_whole(
     selected_doc_ids: Sequence[str],
     selected_chars: int | None,
     max_context_chars: int,
     max_documents: int,
     result_tokens: int | None = None,
+    selected_tokens: int | None = None,
 ) -> bool:
     """Whether the selected documents are read whole (S3): their total size is known and at
-    most `whole_limit` for their number, and there are no more of them than one
-    load_documents_full call takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS)."""
-    limit = whole_limit(len(selected_doc_ids), max_context_chars, result_tokens)
-    return (
-        selected_chars is not None
-        and selected_chars <= limit
-        and len(selected_doc_ids) <= max_documents
-    )
+    most `max_context_chars`, there are no more of them than one load_documents_full call
+    takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS), and one tool result of the LLM
+    service (`result_tokens`; None: not bounded) holds the read uncut: their texts'
+    `selected_tokens` (Retrieval's count; None: estimated from the characters) and what the
+    read takes beside them (shared_config.whole_read_tokens)."""
+    if (
+        selected_chars is None
+        or selected_chars > max_context_chars
+        or len(selected_doc_ids) > max_documents
+    ):
+        return False
+    if result_tokens is None:
+        return True
+    if selected_tokens is None:
+        selected_tokens = estimated_tokens(selected_chars)
+    return whole_read_tokens(selected_tokens, len(selected_doc_ids)) <= result_tokens
 
 
 def _size_decision(fits: bool, language: str) -> Decision:
@@ -624,6 +625,7 @@ def rule_decision(
     *,
     selected_doc_ids: Sequence[str] = (),
     selected_chars: int | None = None,
+    selected_tokens: int | None = None,
     history: Sequence[tuple[str, str]] = (),
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
@@ -653,8 +655,9 @@ def rule_decision(
     language = locale_language(locale) or language
     if selected_doc_ids:
         fits = fits_whole(
-            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
-        )
+            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
+            selected_tokens,
+        )  # fmt: skip
         return _size_decision(fits, language)
     text = fold_case(query)
     intent = _general_intent(text) or "documents"
@@ -696,7 +699,8 @@ def decision_prompt(
     query: str,
     *,
     selected_doc_ids: Sequence[str],
-    selected_chars: int | None,
+    selected_chars: int | None = None,
+    selected_tokens: int | None = None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
     result_tokens: int | None = None,
@@ -710,15 +714,21 @@ def decision_prompt(
     intents = "\n".join(f'- "{i}" ({SCENARIO_OF_INTENT[i]}): {help_}' for i, help_ in _INTENT_HELP)
     if selected_doc_ids:
         size = "unknown" if selected_chars is None else f"{selected_chars} characters"
+        if selected_chars is not None and selected_tokens is not None:
+            size += f", {selected_tokens} tokens"
         fits = fits_whole(
-            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
-        )
-        count = f" and {max_documents} documents" if len(selected_doc_ids) > max_documents else ""
+            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
+            selected_tokens,
+        )  # fmt: skip
+        limits = f"{max_context_chars} characters"
+        if result_tokens is not None:
+            room = result_tokens - whole_read_tokens(0, len(selected_doc_ids))
+            limits += f" and {max(0, room)} tokens"
+        if len(selected_doc_ids) > max_documents:
+            limits += f" and {max_documents} documents"
         facts = (
             f"The user selected {len(selected_doc_ids)} document(s); total size: {size}; "
-            f"the limit for reading them whole is "
-            f"{whole_limit(len(selected_doc_ids), max_context_chars, result_tokens)} "
-            f"characters{count}. "
+            f"the limit for reading them whole is {limits}. "
             f'Choose "{"selected_full" if fits else "selected_search"}", '
             'or "clarify" if the request cannot be acted on.'
         )
@@ -751,7 +761,8 @@ def decision_prompt(
 def decision_schema(
     *,
     selected_doc_ids: Sequence[str],
-    selected_chars: int | None,
+    selected_chars: int | None = None,
+    selected_tokens: int | None = None,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
     result_tokens: int | None = None,
@@ -761,8 +772,9 @@ def decision_schema(
     among them; `parse_model_decision` still checks what comes back."""
     text = {"type": "string"}
     fits = fits_whole(
-        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
-    )
+        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
+        selected_tokens,
+    )  # fmt: skip
     options = [
         {
             "type": "object",
@@ -846,6 +858,7 @@ def parse_model_decision(
     query: str,
     selected_doc_ids: Sequence[str] = (),
     selected_chars: int | None = None,
+    selected_tokens: int | None = None,
     today: date,
     max_context_chars: int = MAX_CONTEXT_CHARS,
     max_documents: int = DEFAULT_FULL_DOCUMENTS,
@@ -873,8 +886,9 @@ def parse_model_decision(
     if _scenario(data.get("scenario")) != SCENARIO_OF_INTENT[intent]:
         return None
     fits = fits_whole(
-        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens
-    )
+        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
+        selected_tokens,
+    )  # fmt: skip
     if not _consistent(intent, selected_doc_ids, fits):
         return None
     definitional = not selected_doc_ids and is_definitional(query)

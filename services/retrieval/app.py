@@ -173,7 +173,7 @@ def _open_ingestor(
     )
     try:
         recovered = ingestor.recover()
-        ingestor.backfill_points()
+        ingestor.complete_stored_documents()
         points = index.count()
     except IndexUnavailableError as exc:
         # Serve anyway: searches answer backend_unavailable (502) until the store is back,

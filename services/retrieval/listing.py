@@ -33,9 +33,9 @@ Below 4 MiB, the receive limit of any default gRPC client (grpcurl's, a caller's
 channel), with room to spare; the Orchestrator's channel to Retrieval takes more; Envoy's MAX_RESPONSE_BYTES (32 MiB), which buffers
 it for JSON, is far above. One document at its fields' bounds (services/docstore/fields.py)
 takes about 160 KB, so a page always holds at least one."""
-_COUNTS_BYTES = 4 * 11
-"""DocumentInfo's four int32 fields (pages, sections, chunks, chars) at their longest: a
-one-byte tag and a ten-byte varint each."""
+_COUNTS_BYTES = 5 * 11
+"""DocumentInfo's five int32 fields (pages, sections, chunks, chars, tokens) at their longest:
+a one-byte tag and a ten-byte varint each."""
 _TOKEN_PREFIX = "v1."
 FIRST_READ_ROWS = 128
 """Rows of a page's first read from the store (`read_page`): a page of DEFAULT_PAGE_SIZE and

@@ -190,7 +190,7 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
                 retrieval_pb2.DocumentInfo(
                     doc_id=d.doc_id, title=d.title, pages=d.pages, sections=d.sections,
                     chunks=d.chunks, chars=d.chars, source=d.source, generation=d.generation,
-                    metadata=dict(d.metadata),
+                    metadata=dict(d.metadata), tokens=d.tokens,
                 )
                 for d in documents
             ],

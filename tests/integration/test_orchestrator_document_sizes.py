@@ -14,7 +14,8 @@ from services.orchestrator.model import User
 
 
 class _Ingestion(retrieval_pb2_grpc.IngestionServiceServicer):
-    """Holds d0..d4 (chars 100, 101, ...) and answers at most `per_page` of them a page."""
+    """Holds d0..d4 (chars 100, 101, ...; tokens 40, 41, ...) and answers at most `per_page`
+    of them a page."""
 
     def __init__(self, per_page: int) -> None:
         self.per_page = per_page
@@ -28,7 +29,10 @@ class _Ingestion(retrieval_pb2_grpc.IngestionServiceServicer):
         page = asked[start : start + min(self.per_page, request.page_size)]
         end = start + len(page)
         return retrieval_pb2.ListDocumentsResponse(
-            documents=[retrieval_pb2.DocumentInfo(doc_id=d, chars=100 + int(d[1:])) for d in page],
+            documents=[
+                retrieval_pb2.DocumentInfo(doc_id=d, chars=100 + int(d[1:]), tokens=40 + int(d[1:]))
+                for d in page
+            ],
             next_page_token=str(end) if end < len(asked) else "",
         )
 
@@ -58,7 +62,7 @@ async def test_every_page_is_read_when_retrieval_cuts_them_short(serve, per_page
     servicer, retriever = await serve(per_page)
     asked = ("d0", "d1", "d3", "d4", "missing")
     sizes = await retriever.document_sizes(User("t", "u"), asked)
-    assert sizes == {"d0": 100, "d1": 101, "d3": 103, "d4": 104}
+    assert sizes == {"d0": (100, 40), "d1": (101, 41), "d3": (103, 43), "d4": (104, 44)}
     assert all(list(r.doc_ids) == list(asked) for r in servicer.requests)
     # Each request continues with the token of the page before; no page is asked twice.
     tokens = ["", *(str(end) for end in range(per_page, 4, per_page))]

@@ -228,10 +228,10 @@ def test_nul_and_escapes_round_trip_in_every_field(store):
     assert store.chunk_by_id(t, d.doc_id, d.chunks[0].chunk_id) == d.chunks[0]
     assert {(tt, dd, title) for tt, dd, title, _ in store.all_chunks()} == {(t, d.doc_id, odd)}
     assert store.pages_text(t, d.doc_id, 1, 1)[0].text == d.page_texts[0]
-    assert store.put_points(t, d.doc_id, d.generation, listed) is True
+    assert store.complete_document(t, d.doc_id, d.generation, listed, d.tokens) is True
     assert store.delete(t, d.doc_id) is True
     store.put(dataclasses.replace(d, doc_id="plain"))
-    assert store.documents_without_points() == [(t, "plain", d.generation)]
+    assert store.incomplete_documents() == [(t, "plain", d.generation)]
     # The escaped form is not confused with the characters it stands for.
     assert store.get_document(t.replace("\x00", "\x1b0"), "plain") is None
 
@@ -261,6 +261,8 @@ def test_sqlite_an_old_store_file_is_migrated(tmp_path):
     store = SqliteDocumentStore(path)
     assert store.generations("t1") == {"old": ""}
     assert store.list_documents("t1")[0].metadata == {}
+    assert store.list_documents("t1")[0].tokens == 0  # not counted: to be completed
+    assert store.incomplete_documents() == [("t1", "old", "")]
     store.put(doc())
     assert store.document_generation("t1", "guide") == doc().generation
 
@@ -289,7 +291,7 @@ def test_points_are_written_with_the_document_and_read_by_id_under_its_tenant(st
     assert all(type(k) is int and 0 <= k < 2**64 for k in got)
     assert store.points_by_ids("t2", ids) == {}  # another tenant: nothing, by any id
     assert store.points_by_ids("t1", []) == {}
-    assert store.documents_without_points() == []
+    assert store.incomplete_documents() == []
     # A new version replaces the list; a delete removes it.
     new = doc(text="# Guide\n\nNew text.")
     assert new.generation != d.generation
@@ -326,20 +328,26 @@ def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_wri
     }
 
 
-def test_put_points_lists_a_stored_generation_only(store):
+def test_complete_document_writes_a_stored_generation_only(store):
     d, other = doc(), doc(tenant="t2", doc_id="notes")
     store.put(d)  # as a store written before the points list existed
-    store.put(other)
-    assert store.documents_without_points() == [
+    store.put(dataclasses.replace(other, tokens=0), points_of(other))  # ... or the token count
+    assert other.tokens > 0 and store.list_documents("t2")[0].tokens == 0
+    assert store.incomplete_documents() == [
         ("t1", "guide", d.generation), ("t2", "notes", other.generation)
     ]  # fmt: skip
-    assert store.put_points("t1", "guide", "another-generation", points_of(d)) is False
-    assert store.put_points("t1", "missing", d.generation, points_of(d)) is False
+    complete = store.complete_document
+    assert complete("t1", "guide", "another-generation", points_of(d), d.tokens) is False
+    assert complete("t1", "missing", d.generation, points_of(d), d.tokens) is False
     assert store.points_by_ids("t1", [0]) == {}
-    assert store.put_points("t1", "guide", d.generation, points_of(d)) is True
-    assert store.put_points("t1", "guide", d.generation, points_of(d)) is True  # idempotent
+    assert complete("t1", "guide", d.generation, points_of(d), d.tokens) is True
+    assert complete("t1", "guide", d.generation, points_of(d), d.tokens) is True  # idempotent
     assert len(store.points_by_ids("t1", [p.point_id for p in points_of(d)])) == 4
-    assert store.documents_without_points() == [("t2", "notes", other.generation)]
+    assert store.incomplete_documents() == [("t2", "notes", other.generation)]
+    assert complete("t2", "notes", other.generation, points_of(other), other.tokens) is True
+    assert store.incomplete_documents() == []
+    assert store.list_documents("t2")[0].tokens == other.tokens
+    assert store.get_document("t2", "notes") == other
 
 
 # -- any text and id comes back exactly: the candidates packed as JSON, the hit texts by row ------
@@ -402,7 +410,7 @@ def test_listings_are_in_code_point_order_whatever_the_ids_hold(store):
     else:
         assert listed == sorted([*ids, "x"])
     expected = sorted([("t1", d) for d in [*ids, "x"]] + [(t, "x") for t in tenants if t != "t1"])
-    assert [(t, d) for t, d, _ in store.documents_without_points()] == expected
+    assert [(t, d) for t, d, _ in store.incomplete_documents()] == expected
     assert list(dict.fromkeys((t, d) for t, d, _, _ in store.all_chunks())) == expected
     ords = [c.ord for t, d, _, c in store.all_chunks() if (t, d) == ("t1", "ab")]
     assert ords == sorted(ords) and len(ords) > 1

@@ -71,6 +71,7 @@ def info(doc: Document, count: int) -> retrieval_pb2.DocumentInfo:
     return retrieval_pb2.DocumentInfo(
         doc_id=doc.doc_id, title=doc.title, pages=count, sections=count, chunks=count,
         chars=count, source=doc.source, generation=doc.generation, metadata=dict(doc.metadata),
+        tokens=count,
     )  # fmt: skip
 
 

@@ -291,13 +291,9 @@ def test_threshold_settings_at_their_limits_and_past_them(name, value, ok):
 
 
 PROXY_WHY = "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"
-LLM_WHY = (
-    "what one tool result of the LLM service holds of one document uncut: "
-    "LLM_SERVICE_MAX_TOTAL_TOKENS less MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS"
-)
 SMALL_LLM = {"LLM_SERVICE_MAX_TOTAL_TOKENS": "7168"}
 """The local model's total at n_ctx 8192: 7,168 - 4,096 - 512 = 2,560 tokens for one tool
-result, (2,560 - 300 - 140) * 2 = 4,240 characters of one document read whole."""
+result, 2,560 - 300 - 140 = 2,120 tokens of one document's text read whole."""
 
 
 def _held(asked, limit, why):
@@ -317,15 +313,11 @@ def _held(asked, limit, why):
          39_999, _held(40000, 39_999, PROXY_WHY)),
         # the default, not a setting asked for, is held too, and said
         ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000, _held(50000, 25_000, PROXY_WHY)),
-        # more than one tool result of the LLM service holds
+        # the LLM service's room holds no setting: each selection is weighed against it in
+        # tokens (scenarios.fits_whole)
         ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"},
-         55_440, _held(150000, 55_440, LLM_WHY)),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "4240"}, 4240, ()),
-        ({**SMALL_LLM, "ORCH_MAX_CONTEXT_CHARS": "4241"}, 4240, _held(4241, 4240, LLM_WHY)),
-        ({**SMALL_LLM, "MAX_PROMPT_TOKENS": "4095"}, 4242, _held(50000, 4242, LLM_WHY)),
-        # a larger total reads more whole, with ToolsProxy's limit raised too
-        ({"LLM_SERVICE_MAX_TOTAL_TOKENS": "131072", "ORCH_MAX_CONTEXT_CHARS": "200000",
-          "MCP_PROXY_MAX_FULL_TEXT_BYTES": "800000"}, 200_000, ()),
+         150_000, ()),
+        ({**SMALL_LLM}, 50_000, ()),
         # the tighter of the two says why
         ({**SMALL_LLM, "MCP_PROXY_MAX_FULL_TEXT_BYTES": "16000"}, 4000, _held(50000, 4000, PROXY_WHY)),
     ],
@@ -412,9 +404,13 @@ async def test_responder_switches_at_the_configured_limit(delta, scenario):
 
 
 def test_s3_token_budget_is_the_whole_read_and_its_prompt():
-    assert full_context_tokens(MAX_CONTEXT_CHARS, 10, 4096) == 4096 + 25_000 + 300 + 1400
-    assert full_context_tokens(2 * MAX_CONTEXT_CHARS, 10, 4096) == 4096 + 50_000 + 300 + 1400
-    assert full_context_tokens(1, 1, 2048) == 2048 + 1 + 300 + 140
+    # the read is weighed against one tool result of the LLM service: that is the largest
+    assert full_context_tokens(MAX_CONTEXT_CHARS, 10, 4096, 28_160) == 4096 + 28_160
+    assert full_context_tokens(MAX_CONTEXT_CHARS, 10, 4096, 2560) == 4096 + 2560
+    # without that room, a read of the characters at the estimate
+    assert full_context_tokens(MAX_CONTEXT_CHARS, 10, 4096, None) == 4096 + 25_000 + 300 + 1400
+    assert full_context_tokens(2 * MAX_CONTEXT_CHARS, 10, 4096, None) == 4096 + 50_000 + 1700
+    assert full_context_tokens(1, 1, 2048, None) == 2048 + 1 + 300 + 140
 
 
 async def test_s3_asks_the_budget_of_the_configured_limit():
@@ -424,7 +420,7 @@ async def test_s3_asks_the_budget_of_the_configured_limit():
             self.requests = []
 
         async def document_sizes(self, user, doc_ids):
-            return {d: 10 for d in doc_ids}
+            return {d: (10, 4) for d in doc_ids}
 
         async def search(self, *args, **kwargs):
             from services.orchestrator.model import RetrievalOutcome
@@ -442,7 +438,9 @@ async def test_s3_asks_the_budget_of_the_configured_limit():
     out = await responder.respond(ask("Что там?", selected_doc_ids=("d",)))
     assert out.scenario == "S3"
     assert (
-        live.requests[-1].context_token_budget == full_context_tokens(200_000, 10, 4096) == 105_796
+        live.requests[-1].context_token_budget
+        == full_context_tokens(200_000, 10, 4096, None)
+        == 105_796
     )
 
 
@@ -507,12 +505,16 @@ def test_mock_overlap_counts_subject_words_by_stem():
 
 @pytest.mark.parametrize(
     ("sizes", "scenario"),
-    [({"a": 4240}, "S3"), ({"a": 4241}, "S4"), ({"a": 2000, "b": 1960}, "S3"),
-     ({"a": 2000, "b": 1961}, "S4")],
+    [({"a": (9000, 2120)}, "S3"), ({"a": (4000, 2121)}, "S4"),
+     ({"a": (2000, 1000), "b": (2000, 980)}, "S3"), ({"a": (2000, 1000), "b": (2000, 981)}, "S4"),
+     # no count from Retrieval: estimated at two characters a token
+     ({"a": (4240, 0)}, "S3"), ({"a": (4241, 0)}, "S4"),
+     ({"a": (2000, 1000), "b": (1960, 0)}, "S3"), ({"a": (2000, 1000), "b": (1961, 0)}, "S4")],
 )  # fmt: skip
 async def test_a_selection_is_read_whole_only_when_one_llm_result_holds_it(sizes, scenario):
-    """One tool result of 2,560 tokens (the local model's) holds 4,240 characters of one
-    document, 3,960 of two (scenarios.whole_limit)."""
+    """One tool result of 2,560 tokens (the local model's) holds 2,120 tokens of one
+    document's text, 1,980 of two (shared_config.whole_read_tokens), by Retrieval's count:
+    9,000 characters of English may be read whole, 4,000 of dense text not."""
 
     class Sizes(Unreachable):
         async def document_sizes(self, user, doc_ids):
@@ -528,6 +530,6 @@ async def test_a_selection_is_read_whole_only_when_one_llm_result_holds_it(sizes
 
     live = Sizes()
     responder = Responder(live, live, ConfigHolder(RuntimeConfig(), 3), today=lambda: TODAY,
-                          model_routing=False, max_context_chars=4240, result_tokens=2560)  # fmt: skip
+                          model_routing=False, max_context_chars=50_000, result_tokens=2560)  # fmt: skip
     out = await responder.respond(ask("Что там?", selected_doc_ids=tuple(sizes)))
     assert out.scenario == scenario

@@ -38,6 +38,24 @@ def test_the_factory_picks_the_store_by_url(pg_url, tmp_path):
     sqlite.close()
 
 
+def test_a_database_of_the_first_schema_gains_the_token_count(pg_url):
+    store = PostgresDocumentStore(pg_url, pool_size=1)
+    d = doc()
+    store.put(d, points_of(d))
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the first schema, as it was
+        conn.execute("ALTER TABLE documents DROP COLUMN tokens")
+        conn.execute("DELETE FROM docstore_schema_version WHERE version > 1")
+    store = PostgresDocumentStore(pg_url, pool_size=1)
+    try:
+        assert store.list_documents("t1")[0].tokens == 0
+        assert store.incomplete_documents() == [("t1", "guide", d.generation)]
+        assert store.complete_document("t1", "guide", d.generation, points_of(d), d.tokens)
+        assert store.list_documents("t1")[0].tokens == d.tokens > 0
+    finally:
+        store.close()
+
+
 def test_schema_is_versioned_and_ids_are_signed_bigints(pg_url):
     store = PostgresDocumentStore(pg_url, pool_size=2)
     d = doc()
@@ -47,7 +65,7 @@ def test_schema_is_versioned_and_ids_are_signed_bigints(pg_url):
     store.close()
     with psycopg.connect(pg_url) as conn:
         versions = conn.execute("SELECT version FROM docstore_schema_version").fetchall()
-        assert versions == [(SCHEMA_VERSION,)]
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)] and SCHEMA_VERSION == 2
         ids = conn.execute("SELECT point_id FROM points ORDER BY point_id").fetchall()
         # u64 ids 0, 2^63-1, 2^63, 2^64-1 as two's complement BIGINTs, as SQLite keeps them
         assert [r[0] for r in ids] == [-(2**63), -1, 0, 2**63 - 1]

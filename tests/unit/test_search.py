@@ -543,23 +543,29 @@ async def test_the_store_lists_exactly_the_points_ingestion_wrote(tmp_path, embe
     s.index.close()
 
 
-async def test_a_store_without_the_points_list_is_backfilled_and_searchable_again(
+async def test_a_store_without_point_lists_and_token_counts_is_completed_and_searchable_again(
     tmp_path, embedder, monkeypatch, caplog
 ):
     s = make_stack(tmp_path, embedder)
     await fill(s)
     conn = sqlite3.connect(s.store.path)
     before = conn.execute("SELECT * FROM points ORDER BY tenant_id, point_id").fetchall()
+    tokens = conn.execute("SELECT doc_id, tokens FROM documents ORDER BY doc_id").fetchall()
+    assert all(n > 0 for _, n in tokens)
     conn.execute("DELETE FROM points")  # a store written before the list existed
+    conn.execute("UPDATE documents SET tokens=0")  # ... and before the token count
     conn.commit()
     assert (await s.engine.search(q())).hits == []  # nothing listed: nothing shown
     monkeypatch.setattr(ingestion, "_PROGRESS_LOG_S", 0.0)  # a progress line per document
     with caplog.at_level(logging.INFO, logger="visior.retrieval.ingestion"):
-        assert s.ingestor.backfill_points() == 5  # guide, notes, vacation, b's, the KB row
-    progress = [r for r in caplog.records if r.getMessage().startswith("listing")]
+        assert (
+            s.ingestor.complete_stored_documents() == 5
+        )  # guide, notes, vacation, b's, the KB row
+    progress = [r for r in caplog.records if r.getMessage().startswith("completing")]
     assert [(r.documents, r.of) for r in progress] == [(n, 5) for n in range(1, 5)]
     assert conn.execute("SELECT * FROM points ORDER BY tenant_id, point_id").fetchall() == before
-    assert s.ingestor.backfill_points() == 0
+    assert conn.execute("SELECT doc_id, tokens FROM documents ORDER BY doc_id").fetchall() == tokens
+    assert s.ingestor.complete_stored_documents() == 0
     assert (await s.engine.search(q())).hits[0].doc_id == "guide"
     conn.close()
     s.index.close()

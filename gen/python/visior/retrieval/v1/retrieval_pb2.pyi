@@ -301,7 +301,7 @@ class ListDocumentsRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., doc_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DocumentInfo(_message.Message):
-    __slots__ = ("doc_id", "title", "pages", "sections", "chunks", "chars", "source", "generation", "metadata")
+    __slots__ = ("doc_id", "title", "pages", "sections", "chunks", "chars", "source", "generation", "metadata", "tokens")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,7 @@ class DocumentInfo(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     title: str
     pages: int
@@ -327,7 +328,8 @@ class DocumentInfo(_message.Message):
     source: str
     generation: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, doc_id: _Optional[str] = ..., title: _Optional[str] = ..., pages: _Optional[int] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., chars: _Optional[int] = ..., source: _Optional[str] = ..., generation: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    tokens: int
+    def __init__(self, doc_id: _Optional[str] = ..., title: _Optional[str] = ..., pages: _Optional[int] = ..., sections: _Optional[int] = ..., chunks: _Optional[int] = ..., chars: _Optional[int] = ..., source: _Optional[str] = ..., generation: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class ListDocumentsResponse(_message.Message):
     __slots__ = ("documents", "next_page_token")

@@ -553,6 +553,13 @@ class DocumentInfo(betterproto.Message):
     )
     """metadata is the document's free-form metadata."""
 
+    tokens: int = betterproto.int32_field(10)
+    """
+    tokens is the document's whole text (what chars measures, as load_documents_full reads
+     it) in cl100k_base tokens, counted when it was ingested; 0 when the store holds no count
+     for it (a document stored before the store kept counts: re-ingesting it counts it).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class ListDocumentsResponse(betterproto.Message):
