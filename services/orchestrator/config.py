@@ -82,7 +82,7 @@ class OrchestratorSettings:
     llm_tool_result_tokens: int | None = None
     """One tool result's room in the LLM service (LLM_SERVICE_MAX_TOTAL_TOKENS less
     MAX_PROMPT_TOKENS and MAX_COMPLETION_TOKENS): selected documents are read whole (S3)
-    only when it holds them uncut, counted in tokens (scenarios.fits_whole); None: not
+    only when it holds them uncut, counted in tokens (scenarios.Selection.fits_whole); None: not
     bounded."""
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score

@@ -68,7 +68,9 @@ from services.orchestrator.runtime_config import DEFAULT_MAX_RESULTS, ConfigHold
 from services.orchestrator.scenarios import (
     DEFAULT_FULL_DOCUMENTS,
     MAX_CONTEXT_CHARS,
+    NO_SELECTION,
     Decision,
+    Selection,
     decision_prompt,
     decision_schema,
     parse_model_decision,
@@ -220,14 +222,12 @@ when the caller gives a system prompt (services/llm/prompt.py)."""
 
 
 def selection_size(sizes: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-    """The selected documents' `selected_chars` and `selected_tokens` (the scenario rules'
-    arguments) from each one's (characters, tokens); a document Retrieval holds no token
-    count of counts as estimated from its characters."""
+    """The selection's `chars` and `tokens` (scenarios.Selection) from each selected
+    document's (characters, tokens); a document Retrieval holds no token count of counts as
+    estimated from its characters."""
     return {
-        "selected_chars": sum(chars for chars, _ in sizes.values()),
-        "selected_tokens": sum(
-            tokens or estimated_tokens(chars) for chars, tokens in sizes.values()
-        ),
+        "chars": sum(chars for chars, _ in sizes.values()),
+        "tokens": sum(tokens or estimated_tokens(chars) for chars, tokens in sizes.values()),
     }
 
 
@@ -310,8 +310,8 @@ class Responder:
             "max_documents": max_documents,
             "result_tokens": result_tokens,
         }
-        """What S3 reads whole (scenarios.fits_whole), as every decision function takes it:
-        `result_tokens` is one tool result's room in the LLM service (None: not bounded)."""
+        """The limits of what S3 reads whole (scenarios.Selection): `result_tokens` is one
+        tool result's room in the LLM service (None: not bounded)."""
         self._mock_ports = mock
         self._mock: Responder | None = None
         self._options = {
@@ -386,7 +386,10 @@ class Responder:
         self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...],
         sizes: dict[str, tuple[int, int]],
     ) -> tuple[RespondOutput, Decision]:  # fmt: skip
-        decision = await self._decide(req, cfg, selected, selection_size(sizes) if selected else {})
+        selection = NO_SELECTION
+        if selected:
+            selection = Selection(selected, **selection_size(sizes), **self._whole_read)
+        decision = await self._decide(req, cfg, selection)
         if (
             decision.intent == "documents"
             and self._enable_filters
@@ -418,25 +421,21 @@ class Responder:
     # -- deciding -----------------------------------------------------------------------------
 
     async def _decide(
-        self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...], size: dict[str, int]
+        self, req: RespondInput, cfg: RuntimeConfig, selection: Selection
     ) -> Decision:
-        """`size`: the selection's `selection_size` ({} without a selection)."""
         history = tuple((t.role, t.content) for t in req.history)
         today = self._today()
         rules = rule_decision(
-            req.query, selected_doc_ids=selected, history=history, today=today,
-            locale=req.locale, **size, **self._whole_read,
-        )  # fmt: skip
+            req.query, selection=selection, history=history, today=today, locale=req.locale
+        )
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
-        system = decision_prompt(req.query, selected_doc_ids=selected, **size, **self._whole_read)
+        system = decision_prompt(req.query, selection)
         outcome = await self._generate(
             replace(
                 self._request(req, cfg, system, self._fit(req, cfg, system)),
                 mode="chat",
-                response_schema=decision_schema(
-                    selected_doc_ids=selected, **size, **self._whole_read
-                ),
+                response_schema=decision_schema(selection),
                 max_tokens=self._decision_tokens,
             )
         )
@@ -444,9 +443,8 @@ class Responder:
             self._rules_only_until = self._clock() + ROUTER_CACHE_S
             return rules
         decided = parse_model_decision(
-            outcome.answer, query=req.query, selected_doc_ids=selected, today=today,
-            locale=req.locale, **size, **self._whole_read,
-        )  # fmt: skip
+            outcome.answer, query=req.query, selection=selection, today=today, locale=req.locale
+        )
         return decided or rules
 
     @staticmethod

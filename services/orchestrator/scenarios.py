@@ -487,35 +487,63 @@ def clarification_questions(query: str, language: str) -> tuple[str, ...]:
 # -- the rules -------------------------------------------------------------------------------
 
 
-def fits_whole(
-    selected_doc_ids: Sequence[str],
-    selected_chars: int | None,
-    max_context_chars: int,
-    max_documents: int,
-    result_tokens: int | None = None,
-    selected_tokens: int | None = None,
-) -> bool:
-    """Whether the selected documents are read whole (S3): their total size is known and at
-    most `max_context_chars`, there are no more of them than one load_documents_full call
-    takes (`max_documents`, MCP_PROXY_MAX_FULL_DOCUMENTS), and one tool result of the LLM
-    service (`result_tokens`; None: not bounded) holds the read uncut: their texts'
-    `selected_tokens` (Retrieval's count; None: estimated from the characters) and what the
-    read takes beside them (shared_config.whole_read_tokens)."""
-    if (
-        selected_chars is None
-        or selected_chars > max_context_chars
-        or len(selected_doc_ids) > max_documents
-    ):
-        return False
-    if result_tokens is None:
-        return True
-    if selected_tokens is None:
-        selected_tokens = estimated_tokens(selected_chars)
-    return whole_read_tokens(selected_tokens, len(selected_doc_ids)) <= result_tokens
+@dataclass(frozen=True)
+class Selection:
+    """The documents a request selected, their size, and the limits of reading them whole
+    (S3): what every decision takes to tell S3 from S4."""
+
+    doc_ids: tuple[str, ...] = ()
+    chars: int | None = None
+    """Their whole texts' characters in all; None: not known (they are then searched)."""
+    tokens: int | None = None
+    """Their whole texts' cl100k tokens in all (Retrieval's counts); None: estimated from
+    `chars` (shared_config.estimated_tokens)."""
+    max_context_chars: int = MAX_CONTEXT_CHARS
+    """ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars)."""
+    max_documents: int = DEFAULT_FULL_DOCUMENTS
+    """What one load_documents_full call takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
+    result_tokens: int | None = None
+    """One tool result's room in the LLM service; None: not bounded."""
+
+    @property
+    def fits_whole(self) -> bool:
+        """Whether the documents are read whole (S3): their total size is known and at most
+        `max_context_chars`, there are no more of them than `max_documents`, and one tool
+        result of the LLM service holds the read uncut: their texts' `tokens` and what the
+        read takes beside them (shared_config.whole_read_tokens)."""
+        if self.chars is None or self.chars > self.max_context_chars:
+            return False
+        if len(self.doc_ids) > self.max_documents:
+            return False
+        if self.result_tokens is None:
+            return True
+        tokens = estimated_tokens(self.chars) if self.tokens is None else self.tokens
+        return whole_read_tokens(tokens, len(self.doc_ids)) <= self.result_tokens
+
+    def facts(self) -> str:
+        """The selection as the routing prompt states it: its size, the limits, the route."""
+        size = "unknown" if self.chars is None else f"{self.chars} characters"
+        if self.chars is not None and self.tokens is not None:
+            size += f", {self.tokens} tokens"
+        limits = f"{self.max_context_chars} characters"
+        if self.result_tokens is not None:
+            room = self.result_tokens - whole_read_tokens(0, len(self.doc_ids))
+            limits += f" and {max(0, room)} tokens"
+        if len(self.doc_ids) > self.max_documents:
+            limits += f" and {self.max_documents} documents"
+        return (
+            f"The user selected {len(self.doc_ids)} document(s); total size: {size}; "
+            f"the limit for reading them whole is {limits}. "
+            f'Choose "{"selected_full" if self.fits_whole else "selected_search"}", '
+            'or "clarify" if the request cannot be acted on.'
+        )
+
+
+NO_SELECTION = Selection()
 
 
 def _size_decision(fits: bool, language: str) -> Decision:
-    """S3 when the selected documents fit (`fits_whole`), S4 when they do not."""
+    """S3 when the selected documents fit (`Selection.fits_whole`), S4 when they do not."""
     if fits:
         return Decision("S3", "selected_full", "rules", language=language)
     return Decision("S4", "selected_search", "rules", language=language)
@@ -623,21 +651,15 @@ def _last_user_turn(history: Sequence[tuple[str, str]]) -> str:
 def rule_decision(
     query: str,
     *,
-    selected_doc_ids: Sequence[str] = (),
-    selected_chars: int | None = None,
-    selected_tokens: int | None = None,
+    selection: Selection = NO_SELECTION,
     history: Sequence[tuple[str, str]] = (),
     today: date,
-    max_context_chars: int = MAX_CONTEXT_CHARS,
-    max_documents: int = DEFAULT_FULL_DOCUMENTS,
-    result_tokens: int | None = None,
     locale: str = "",
 ) -> Decision:
     """The rule-based decision (agent.md §4's `rule_guess_scenario`), in this order:
 
-    1. Selected documents: S3 selected_full when they fit (`fits_whole`: total size known
-       and ≤ `max_context_chars` and what one tool result of `result_tokens` holds of them,
-       at most `max_documents` of them), else S4 selected_search.
+    1. Selected documents: S3 selected_full when they fit (`Selection.fits_whole`), else S4
+       selected_search.
     2. Without a selection: a definitional question («что такое», "what is a", "define")
        naming its term → S1 documents with the knowledge base as the fallback (docs/architecture.md
        §14), naming none («что такое?») → S5 clarify; a document word («договор», «файл», "contract") → S1 documents;
@@ -653,12 +675,8 @@ def rule_decision(
     if not query.strip() and history:
         language = question_language(_last_user_turn(history))
     language = locale_language(locale) or language
-    if selected_doc_ids:
-        fits = fits_whole(
-            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
-            selected_tokens,
-        )  # fmt: skip
-        return _size_decision(fits, language)
+    if selection.doc_ids:
+        return _size_decision(selection.fits_whole, language)
     text = fold_case(query)
     intent = _general_intent(text) or "documents"
     if intent == "clarify":
@@ -695,43 +713,16 @@ _INTENT_HELP = (
 )
 
 
-def decision_prompt(
-    query: str,
-    *,
-    selected_doc_ids: Sequence[str],
-    selected_chars: int | None = None,
-    selected_tokens: int | None = None,
-    max_context_chars: int = MAX_CONTEXT_CHARS,
-    max_documents: int = DEFAULT_FULL_DOCUMENTS,
-    result_tokens: int | None = None,
-) -> str:
+def decision_prompt(query: str, selection: Selection = NO_SELECTION) -> str:
     """Instructions asking the model for ONE JSON object deciding the scenario.
 
-    The facts the rules own (whether documents are selected and whether they fit in
-    `max_context_chars`) are stated, so the model's choice can agree with them;
+    The facts the rules own (whether documents are selected and whether they are read
+    whole, `Selection.facts`) are stated, so the model's choice can agree with them;
     `parse_model_decision` rejects one that does not.
     """
     intents = "\n".join(f'- "{i}" ({SCENARIO_OF_INTENT[i]}): {help_}' for i, help_ in _INTENT_HELP)
-    if selected_doc_ids:
-        size = "unknown" if selected_chars is None else f"{selected_chars} characters"
-        if selected_chars is not None and selected_tokens is not None:
-            size += f", {selected_tokens} tokens"
-        fits = fits_whole(
-            selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
-            selected_tokens,
-        )  # fmt: skip
-        limits = f"{max_context_chars} characters"
-        if result_tokens is not None:
-            room = result_tokens - whole_read_tokens(0, len(selected_doc_ids))
-            limits += f" and {max(0, room)} tokens"
-        if len(selected_doc_ids) > max_documents:
-            limits += f" and {max_documents} documents"
-        facts = (
-            f"The user selected {len(selected_doc_ids)} document(s); total size: {size}; "
-            f"the limit for reading them whole is {limits}. "
-            f'Choose "{"selected_full" if fits else "selected_search"}", '
-            'or "clarify" if the request cannot be acted on.'
-        )
+    if selection.doc_ids:
+        facts = selection.facts()
     else:
         facts = (
             'The user selected no documents: do not choose "selected_full" or "selected_search". '
@@ -758,23 +749,11 @@ def decision_prompt(
     )
 
 
-def decision_schema(
-    *,
-    selected_doc_ids: Sequence[str],
-    selected_chars: int | None = None,
-    selected_tokens: int | None = None,
-    max_context_chars: int = MAX_CONTEXT_CHARS,
-    max_documents: int = DEFAULT_FULL_DOCUMENTS,
-    result_tokens: int | None = None,
-) -> dict[str, Any]:
+def decision_schema(selection: Selection = NO_SELECTION) -> dict[str, Any]:
     """The JSON schema of `decision_prompt`'s answer, for runtimes with constrained output:
     one object per intent the facts allow (its scenario fixed), so the model can only pick
     among them; `parse_model_decision` still checks what comes back."""
     text = {"type": "string"}
-    fits = fits_whole(
-        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
-        selected_tokens,
-    )  # fmt: skip
     options = [
         {
             "type": "object",
@@ -790,7 +769,7 @@ def decision_schema(
             "additionalProperties": False,
         }
         for intent in INTENTS
-        if _consistent(intent, selected_doc_ids, fits)
+        if _consistent(intent, selection)
     ]
     return {"anyOf": options}
 
@@ -838,14 +817,14 @@ def _optional_str(data: dict[str, Any], key: str) -> str | None:
     return value.strip() if isinstance(value, str) else None
 
 
-def _consistent(intent: str, selected_doc_ids: Sequence[str], fits: bool) -> bool:
+def _consistent(intent: str, selection: Selection) -> bool:
     """Whether the intent agrees with the facts the model cannot override: whether documents
-    are selected, and whether they `fits` (`fits_whole`)."""
+    are selected, and whether they are read whole (`Selection.fits_whole`)."""
     if intent == "clarify":
         return True
     if intent in ("selected_full", "selected_search"):
-        return bool(selected_doc_ids) and fits == (intent == "selected_full")
-    return not selected_doc_ids
+        return bool(selection.doc_ids) and selection.fits_whole == (intent == "selected_full")
+    return not selection.doc_ids
 
 
 _VALID_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -856,20 +835,15 @@ def parse_model_decision(
     text: str,
     *,
     query: str,
-    selected_doc_ids: Sequence[str] = (),
-    selected_chars: int | None = None,
-    selected_tokens: int | None = None,
+    selection: Selection = NO_SELECTION,
     today: date,
-    max_context_chars: int = MAX_CONTEXT_CHARS,
-    max_documents: int = DEFAULT_FULL_DOCUMENTS,
-    result_tokens: int | None = None,
     locale: str = "",
 ) -> Decision | None:
     """The model's decision, or None when it is not usable and the rules should decide.
 
     Usable means: a JSON object (prose or a code fence around it is tolerated) with a
     known `intent` and the `scenario` of that intent; consistent with the facts (S3 only
-    when the selected documents fit (`fits_whole`), S4 only when they do not, S1/S2 only without a selection; S5 always); optional fields of the right
+    when the selected documents fit (`Selection.fits_whole`), S4 only when they do not, S1/S2 only without a selection; S5 always); optional fields of the right
     type, `currency` an ISO 4217 code other than RUB, `date` a real YYYY-MM-DD. Empty optional
     fields are filled from the query as the rules would; a date the query itself names wins
     over the model's (the model does not know today's date). The answer language always
@@ -885,13 +859,9 @@ def parse_model_decision(
     intent = intent.strip().lower()
     if _scenario(data.get("scenario")) != SCENARIO_OF_INTENT[intent]:
         return None
-    fits = fits_whole(
-        selected_doc_ids, selected_chars, max_context_chars, max_documents, result_tokens,
-        selected_tokens,
-    )  # fmt: skip
-    if not _consistent(intent, selected_doc_ids, fits):
+    if not _consistent(intent, selection):
         return None
-    definitional = not selected_doc_ids and is_definitional(query)
+    definitional = not selection.doc_ids and is_definitional(query)
     if definitional and intent != "documents":
         return None  # the user's documents come first (docs/architecture.md §14): the rules' S1
     clarifications = _strings(data.get("clarifications"))

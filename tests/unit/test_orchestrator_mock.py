@@ -24,6 +24,7 @@ from services.orchestrator.respond import (
 from services.orchestrator.runtime_config import ConfigHolder, ConfigUpdate, RuntimeConfig
 from services.orchestrator.scenarios import (
     MAX_CONTEXT_CHARS,
+    Selection,
     decision_prompt,
     decision_schema,
     rule_decision,
@@ -314,7 +315,7 @@ def _held(asked, limit, why):
         # the default, not a setting asked for, is held too, and said
         ({"MCP_PROXY_MAX_FULL_TEXT_BYTES": "100000"}, 25_000, _held(50000, 25_000, PROXY_WHY)),
         # the LLM service's room holds no setting: each selection is weighed against it in
-        # tokens (scenarios.fits_whole)
+        # tokens (scenarios.Selection.fits_whole)
         ({"ORCH_MAX_CONTEXT_CHARS": "150000", "MCP_PROXY_MAX_FULL_TEXT_BYTES": "600000"},
          150_000, ()),
         ({**SMALL_LLM}, 50_000, ()),
@@ -370,27 +371,27 @@ def test_a_document_limit_out_of_range_is_refused_by_both_services(value):
 @pytest.mark.parametrize(("count", "scenario"), [(10, "S3"), (11, "S4")])
 def test_rule_decision_holds_a_whole_read_to_the_document_limit(count, scenario):
     ids = tuple(f"d{i}" for i in range(count))
-    d = rule_decision("q", selected_doc_ids=ids, selected_chars=60, today=TODAY, max_documents=10)
+    selection = Selection(ids, 60, max_documents=10)
+    d = rule_decision("q", selection=selection, today=TODAY)
     assert d.scenario == scenario
-    schema = decision_schema(selected_doc_ids=ids, selected_chars=60, max_documents=10)
+    schema = decision_schema(selection)
     intents = {o["properties"]["intent"]["const"] for o in schema["anyOf"]}
     assert ("selected_full" in intents) == (scenario == "S3")
-    prompt = decision_prompt("q", selected_doc_ids=ids, selected_chars=60, max_documents=10)
+    prompt = decision_prompt("q", selection)
     assert ("characters and 10 documents" in prompt) == (scenario == "S4")
 
 
 @pytest.mark.parametrize(("limit", "scenario"), [(60, "S3"), (59, "S4")])
 def test_rule_decision_uses_the_configured_limit(limit, scenario):
-    d = rule_decision("q", selected_doc_ids=("a",), selected_chars=60, today=TODAY,
-                      max_context_chars=limit)  # fmt: skip
+    d = rule_decision("q", selection=Selection(("a",), 60, max_context_chars=limit), today=TODAY)
     assert d.scenario == scenario
 
 
 def test_the_routing_prompt_and_schema_state_the_configured_limit():
-    prompt = decision_prompt("q", selected_doc_ids=("a",), selected_chars=60, max_context_chars=59)
+    prompt = decision_prompt("q", Selection(("a",), 60, max_context_chars=59))
     assert "limit for reading them whole is 59 characters" in prompt
     assert '"selected_search"' in prompt
-    schema = decision_schema(selected_doc_ids=("a",), selected_chars=60, max_context_chars=60)
+    schema = decision_schema(Selection(("a",), 60, max_context_chars=60))
     intents = {o["properties"]["intent"]["const"] for o in schema["anyOf"]}
     assert "selected_full" in intents and "selected_search" not in intents
 

@@ -13,6 +13,7 @@ from services.orchestrator.scenarios import (
     INTENTS,
     MAX_CONTEXT_CHARS,
     SCENARIO_OF_INTENT,
+    Selection,
     decision_schema,
     parse_model_decision,
 )
@@ -34,11 +35,11 @@ def _intents(schema: dict) -> list[str]:
 
 
 def test_the_decision_schema_offers_only_the_intents_the_facts_allow() -> None:
-    free = decision_schema(selected_doc_ids=(), selected_chars=None)
+    free = decision_schema()
     assert _intents(free) == [i for i in INTENTS if not i.startswith("selected_")]
-    fits = decision_schema(selected_doc_ids=("d",), selected_chars=MAX_CONTEXT_CHARS)
+    fits = decision_schema(Selection(("d",), MAX_CONTEXT_CHARS))
     assert _intents(fits) == ["selected_full", "clarify"]
-    big = decision_schema(selected_doc_ids=("d",), selected_chars=MAX_CONTEXT_CHARS + 1)
+    big = decision_schema(Selection(("d",), MAX_CONTEXT_CHARS + 1))
     assert _intents(big) == ["selected_search", "clarify"]
     for option in free["anyOf"]:
         props = option["properties"]
@@ -59,7 +60,7 @@ async def test_routing_asks_for_the_schema_and_a_short_answer() -> None:
     responder, _, gen, _ = make(routing=True, routing_answer=json.dumps(ROUTE))
     await responder.respond(inp())
     route, answer = gen.requests
-    assert route.response_schema == decision_schema(selected_doc_ids=(), selected_chars=None)
+    assert route.response_schema == decision_schema()
     assert route.max_tokens == DECISION_MAX_TOKENS and route.allowed_tools == ()
     assert answer.response_schema is None and answer.max_tokens is None
 

@@ -25,7 +25,7 @@ from services.llm.budget import message_tokens
 from services.llm.config import LlmSettings
 from services.llm.toolcalls import render_result, result_message
 from services.orchestrator.config import OrchestratorSettings
-from services.orchestrator.scenarios import decision_prompt, fits_whole
+from services.orchestrator.scenarios import Selection, decision_prompt
 from services.toolsproxy.tools import shape_result
 
 TOK = default_tokenizer()
@@ -107,16 +107,18 @@ def test_dense_text_the_character_estimate_admits_is_cut_and_its_count_searches_
     texts = _texts(RARE_WORDS, limit, documents)
     chars, tokens = sum(map(len, texts)), sum(TOK.count(t) for t in texts)
     ids = [f"d{i}" for i in range(documents)]
-    assert fits_whole(ids, chars, MAX_CONTEXT_CHARS, 10, LOCAL_ROOM)  # estimated: admitted ...
+    assert Selection(
+        tuple(ids), chars, result_tokens=LOCAL_ROOM
+    ).fits_whole  # estimated: admitted ...
     assert _rendered(texts, LOCAL_ROOM).truncated  # ... and cut
-    assert not fits_whole(ids, chars, MAX_CONTEXT_CHARS, 10, LOCAL_ROOM, tokens)
+    assert not Selection(tuple(ids), chars, tokens, result_tokens=LOCAL_ROOM).fits_whole
 
 
 def test_english_the_estimate_would_search_is_read_whole_by_its_count():
     texts = _texts(ENGLISH, 9000, 1)
     chars, tokens = len(texts[0]), TOK.count(texts[0])
-    assert not fits_whole(["d"], chars, MAX_CONTEXT_CHARS, 10, LOCAL_ROOM)  # estimated
-    assert fits_whole(["d"], chars, MAX_CONTEXT_CHARS, 10, LOCAL_ROOM, tokens)
+    assert not Selection(("d",), chars, result_tokens=LOCAL_ROOM).fits_whole  # estimated
+    assert Selection(("d",), chars, tokens, result_tokens=LOCAL_ROOM).fits_whole
     assert not _rendered(texts, LOCAL_ROOM).truncated
 
 
@@ -127,12 +129,16 @@ def test_english_the_estimate_would_search_is_read_whole_by_its_count():
 )  # fmt: skip
 def test_a_selection_is_read_whole_when_one_result_holds_all_its_tokens(documents, tokens, fits):
     ids = [f"d{i}" for i in range(documents)]
-    assert fits_whole(ids, 100, MAX_CONTEXT_CHARS, 10, LOCAL_ROOM, tokens) is fits
+    assert Selection(tuple(ids), 100, tokens, result_tokens=LOCAL_ROOM).fits_whole is fits
     # the characters still hold it (agent.md §10's max_context_chars), and the document count
-    assert not fits_whole(ids, 101, 100, 10, LOCAL_ROOM, 1)
-    assert not fits_whole(ids, 100, MAX_CONTEXT_CHARS, documents - 1, LOCAL_ROOM, 1)
+    assert not Selection(
+        tuple(ids), 101, 1, max_context_chars=100, result_tokens=LOCAL_ROOM
+    ).fits_whole
+    assert not Selection(
+        tuple(ids), 100, 1, max_documents=documents - 1, result_tokens=LOCAL_ROOM
+    ).fits_whole
     # without a room (the mock, a caller's own Responder) the characters alone decide
-    assert fits_whole(ids, 100, 100, 10, None, 10**6)
+    assert Selection(tuple(ids), 100, 10**6, max_context_chars=100).fits_whole
 
 
 @pytest.mark.parametrize("n_ctx", [3712, 4096, 8192, 16384])
@@ -156,14 +162,13 @@ def test_at_n_ctx_8192_a_short_guide_is_read_whole_and_a_specification_searched(
     path = SAMPLES / sample
     fmt = "pdf" if path.suffix == ".pdf" else "markdown"
     doc = parse_document(tenant_id="t", doc_id="d", content=path.read_bytes(), fmt=fmt)
-    assert fits_whole(["d"], doc.chars, MAX_CONTEXT_CHARS, 10, room, doc.tokens) is fits
+    assert Selection(("d",), doc.chars, doc.tokens, result_tokens=room).fits_whole is fits
 
 
 def test_the_routing_prompt_states_both_limits_of_the_documents_selected():
     prompt = decision_prompt(
-        "Что там?", selected_doc_ids=("a", "b"), selected_chars=3000, selected_tokens=1981,
-        result_tokens=LOCAL_ROOM,
-    )  # fmt: skip
+        "Что там?", Selection(("a", "b"), 3000, 1981, result_tokens=LOCAL_ROOM)
+    )
     assert "total size: 3000 characters, 1981 tokens" in prompt
     assert "the limit for reading them whole is 50000 characters and 1980 tokens." in prompt
     assert 'Choose "selected_search"' in prompt
