@@ -86,7 +86,7 @@ from transport import (  # noqa: E402
     write_record,
 )
 
-from services.docstore.chunking import ChunkingConfig  # noqa: E402
+from services.docstore.chunking import ChunkingConfig, whole_text_tokens  # noqa: E402
 from services.retrieval.embeddings import E5_DIM, PASSAGE_BATCH_DEFAULTS, USE_DIM  # noqa: E402
 
 SERVICE_KEY = "retrieval"
@@ -232,6 +232,7 @@ def build_dataset(path: Path, n: int, dim: int, seed: int, tenants: int) -> dict
                 chunks=tuple(chunks),
                 generation=GENERATION,
                 metadata={"synthetic": "true"},
+                tokens=whole_text_tokens((), (c.text for c in chunks)),
             )
             points = await ingestor._points(doc)  # the server's own point layout and ids
             t_gen += time.perf_counter() - t0

@@ -141,7 +141,8 @@ MAX_COMPLETION_TOKENS = integer(
 )  # fmt: skip
 DEFAULT_MAX_TOTAL_TOKENS = 32_768
 """LLM_SERVICE_MAX_TOTAL_TOKENS by default, unless the first prompt and one answer need more:
-room for the full-context scenario (S3) at the default ORCH_MAX_CONTEXT_CHARS."""
+room for the full-context scenario (S3) at the default ORCH_MAX_CONTEXT_CHARS of text of 1.8
+characters a token or more."""
 DEFAULT_TOOL_RESULT_ROOM = 2048
 """What the default LLM_SERVICE_MAX_TOTAL_TOKENS leaves at the least for tool results past
 the first prompt and one answer."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from services.common.lexical import split_sentences
 from services.common.tokenizer import DEFAULT_ENCODING, BpeTokenizer, default_tokenizer
+from services.common.untrusted import neutralise_markers
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,12 @@ def whole_text(page_texts: Iterable[str], chunk_texts: Iterable[str] = ()) -> st
 def whole_text_tokens(
     page_texts: Iterable[str], chunk_texts: Iterable[str] = (), encoding: str = DEFAULT_ENCODING
 ) -> int:
-    """`whole_text`'s length in BPE tokens of `encoding` (a Document's `tokens`): what a whole
-    read of the document takes of the LLM service's conversation (the Orchestrator's S3 rule)."""
-    return default_tokenizer(encoding).count(whole_text(page_texts, chunk_texts))
+    """`whole_text`'s length in BPE tokens of `encoding` (a Document's `tokens`), as a whole read
+    hands it to the model: its delimiter-like runs neutralised as ToolsProxy sends them
+    (`<<<` is one token, `‹‹‹` six). What the read takes of the LLM service's conversation
+    (the Orchestrator's S3 rule)."""
+    text = neutralise_markers(whole_text(page_texts, chunk_texts))
+    return default_tokenizer(encoding).count(text)
 
 
 def join_chunks(texts: Iterable[str], joiner: str = "\n\n") -> str:

@@ -265,9 +265,9 @@ class SqlDocumentStore(ABC):
         tokens: int,
     ) -> bool:
         """Write what a store of an older version left out of a document whose stored
-        generation is `generation`: its point list (replaced) and its token count (the
-        retrieval service completes them at start); False, writing nothing, when the store
-        holds another generation or none."""
+        generation is `generation`: its point list (`points`, when it has none) and its token
+        count (the retrieval service completes them at start); False, writing nothing, when
+        the store holds another generation or none."""
         t, d = self._enc(tenant_id), self._enc(doc_id)
 
         def work(conn: Any) -> bool:
@@ -276,8 +276,11 @@ class SqlDocumentStore(ABC):
             ).fetchone()
             if row is None or self._dec(row[0]) != generation:
                 return False
-            self._execute(conn, "DELETE FROM points WHERE tenant_id=? AND doc_id=?", (t, d))
-            self._insert_points(conn, t, doc_id, generation, points)
+            listed = self._execute(
+                conn, "SELECT 1 FROM points WHERE tenant_id=? AND doc_id=? LIMIT 1", (t, d)
+            ).fetchone()
+            if listed is None:  # a list, once written, is the ingest's own: kept
+                self._insert_points(conn, t, doc_id, generation, points)
             self._execute(
                 conn, "UPDATE documents SET tokens=? WHERE tenant_id=? AND doc_id=?", (tokens, t, d)
             )

@@ -125,7 +125,7 @@ class LoopSettings:
     """The conversation at any step, tool results and the answer reserve included
     (LLM_SERVICE_MAX_TOTAL_TOKENS); at least MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS + 128,
     the room of one minimal tool result. The Orchestrator reads it too: it reads selected
-    documents whole (S3) only when one tool result holds them uncut (ORCH_MAX_CONTEXT_CHARS)."""
+    documents whole (S3) only when one tool result holds their counted tokens uncut."""
     max_tool_result_tokens: int = 2048
     """One tool result as the model sees it; longer texts are cut. The service computes it:
     what the first prompt and the answer leave of max_total_tokens

@@ -1,5 +1,5 @@
 """A data dir written before the document store listed each document's index points is
-searchable after an upgrade: the retrieval server lists them at start (backfill)."""
+searchable after an upgrade: the retrieval server lists them at start (complete_stored_documents)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from services.common.shared_config import (
 )
 from services.common.tokenizer import default_tokenizer
 from services.devtools.mesh import local_model_env
+from services.docstore.chunking import whole_text_tokens
 from services.docstore.parsing import parse_document
 from services.llm.budget import message_tokens
 from services.llm.config import LlmSettings
@@ -39,6 +40,8 @@ ENGLISH = (
     "file when a core dump is performed for the process with the corresponding process ID. "
 )
 """English prose: 5 characters a token."""
+HERE_STRINGS = 'cat <<<"$CONFIG" | grep -v "^#" > /etc/orion/node.conf\n'
+"""Shell here-strings: ToolsProxy neutralises `<<<` (one token) into `‹‹‹` (six)."""
 CALL_ID = "call_9fQ2xZ7kLmP4vR8tY1wB6nJ3"
 """An OpenAI-style call id, longer than the LLM service's own planned-call ids."""
 LOCAL_ROOM = 2560
@@ -86,11 +89,12 @@ def test_what_a_whole_read_takes_beside_its_texts():
     assert whole_read_tokens(estimated_tokens(MAX_CONTEXT_CHARS), 10) == 26_700 <= 28_160
 
 
-@pytest.mark.parametrize("sample", [RELEASE_NOTES, RARE_WORDS, ENGLISH])
+@pytest.mark.parametrize("sample", [RELEASE_NOTES, RARE_WORDS, ENGLISH, HERE_STRINGS])
 @pytest.mark.parametrize(("chars", "documents"), [(1720, 1), (1720, 10), (20_000, 4)])
 def test_a_whole_read_its_count_admits_reaches_the_model_uncut(sample, chars, documents):
     texts = _texts(sample, chars, documents)
-    ceiling = whole_read_tokens(sum(TOK.count(t) for t in texts), documents)
+    counted = sum(whole_text_tokens([t]) for t in texts)  # as Retrieval counts at ingest
+    ceiling = whole_read_tokens(counted, documents)
     rendered = _rendered(texts, ceiling)
     assert not rendered.truncated
     # and not loose: the texts take more than 4 in 5 of what the rule leaves them
