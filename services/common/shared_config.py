@@ -11,6 +11,8 @@ them), the data directory and the document store (Retrieval and ToolsProxy).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from services.common.prompt_limits import (
@@ -91,10 +93,14 @@ WHOLE_READ_CALL_TOKENS = 300
 """Tokens a whole read takes beside its documents: the planned call's turn, the result's
 message (role, tool name, call id) and the JSON header around the documents' entries."""
 WHOLE_READ_DOCUMENT_TOKENS = 140
-"""Tokens one document adds to a whole read beside its text: its entry in the header (id,
-title, page count, size, content type, truncated), its delimiters with the id, and its id in
-the call's arguments. Ordinary ids and titles take ≈ 100 (tests/unit/test_whole_read_room.py);
-a selection with longer titles may reach the model with the end of its last text cut."""
+"""Tokens one document adds to a whole read beside its text when its id and title are not
+known (an estimate): ordinary ids and titles take ≈ 100 (tests/unit/test_whole_read_room.py)."""
+WHOLE_READ_ENTRY_TOKENS = 72
+"""Tokens one document adds to a whole read beside its text, id and title: its entry's keys,
+page count and size (69 at their longest), content type and delimiters."""
+WHOLE_READ_ID_COPIES = 3
+"""A document's id stands three times in a whole read: the call's arguments, its entry in the
+header, its delimiters; its title once."""
 
 
 def estimated_tokens(chars: int) -> int:
@@ -103,10 +109,23 @@ def estimated_tokens(chars: int) -> int:
     return -(-chars // WHOLE_READ_CHARS_PER_TOKEN)
 
 
-def whole_read_tokens(text_tokens: int, documents: int) -> int:
-    """Tokens a whole read (S3) of `documents` documents whose texts take `text_tokens` takes
-    of the conversation, as the LLM service feeds it to the model."""
-    return text_tokens + WHOLE_READ_CALL_TOKENS + WHOLE_READ_DOCUMENT_TOKENS * documents
+def entry_tokens(count: Callable[[str], int], doc_id: str, title: str) -> int:
+    """Tokens one document adds to a whole read beside its text, its id and title counted
+    with `count` (the cl100k tokenizer's)."""
+    title_json = json.dumps(title, ensure_ascii=False)
+    return WHOLE_READ_ENTRY_TOKENS + WHOLE_READ_ID_COPIES * count(doc_id) + count(title_json)
+
+
+def ordinary_entries(documents: int) -> int:
+    """What the entries of `documents` documents whose ids and titles are not known take."""
+    return WHOLE_READ_DOCUMENT_TOKENS * documents
+
+
+def whole_read_tokens(text_tokens: int, entries: int) -> int:
+    """Tokens a whole read (S3) takes of the conversation, as the LLM service feeds it to the
+    model: its documents' texts (`text_tokens`), their `entries` (`entry_tokens` each, or
+    `ordinary_entries`) and the call and result around them."""
+    return text_tokens + WHOLE_READ_CALL_TOKENS + entries
 
 
 MAX_FULL_TEXT_BYTES = 3 << 20

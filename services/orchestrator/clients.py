@@ -34,7 +34,7 @@ class GrpcRetriever:
 
     async def document_sizes(
         self, user: User, doc_ids: tuple[str, ...]
-    ) -> dict[str, tuple[int, int]]:
+    ) -> dict[str, tuple[int, int, str]]:
         if not doc_ids:
             return {}
         # Only the documents asked about (a Respond's filters, at most MAX_FILTER_VALUES,
@@ -45,11 +45,13 @@ class GrpcRetriever:
             tenant_id=user.tenant_id, doc_ids=doc_ids, page_size=max(1, len(doc_ids))
         )
         wanted = set(doc_ids)
-        sizes: dict[str, tuple[int, int]] = {}
+        sizes: dict[str, tuple[int, int, str]] = {}
         for _ in doc_ids:
             response = await call_downstream(self._ingestion.ListDocuments, request, "retrieval")
             sizes.update(
-                (d.doc_id, (d.chars, d.tokens)) for d in response.documents if d.doc_id in wanted
+                (d.doc_id, (d.chars, d.tokens, d.title))
+                for d in response.documents
+                if d.doc_id in wanted
             )
             if not response.next_page_token:
                 break

@@ -272,9 +272,9 @@ class MockRetriever:
 
     async def document_sizes(
         self, user: User, doc_ids: tuple[str, ...]
-    ) -> dict[str, tuple[int, int]]:
+    ) -> dict[str, tuple[int, int, str]]:
         return {
-            d.doc_id: (len(d.text), count_tokens(d.text))
+            d.doc_id: (len(d.text), count_tokens(d.text), d.title)
             for d in SAMPLE_DOCUMENTS
             if d.doc_id in doc_ids
         }

@@ -150,9 +150,9 @@ class Retriever(Protocol):
 
     async def document_sizes(
         self, user: User, doc_ids: tuple[str, ...]
-    ) -> dict[str, tuple[int, int]]:
-        """(characters, tokens) of the whole text of each of the user's documents among
-        `doc_ids` (absent: not found); tokens 0 when Retrieval holds no count."""
+    ) -> dict[str, tuple[int, int, str]]:
+        """(characters, tokens, title) of each of the user's documents among `doc_ids`
+        (absent: not found): its whole text's size, tokens 0 when Retrieval holds no count."""
         ...
 
 

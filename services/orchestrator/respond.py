@@ -29,7 +29,13 @@ from services.common.search_contract import (
     refuse_reserved_tenant,
     validate_filters,
 )
-from services.common.shared_config import estimated_tokens, text_body_bytes, whole_read_tokens
+from services.common.shared_config import (
+    entry_tokens,
+    estimated_tokens,
+    ordinary_entries,
+    text_body_bytes,
+    whole_read_tokens,
+)
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     FETCH_CBR_DATA,
@@ -221,13 +227,16 @@ names a language, else the question's (docs/architecture.md §14). The LLM servi
 when the caller gives a system prompt (services/llm/prompt.py)."""
 
 
-def selection_size(sizes: Mapping[str, tuple[int, int]]) -> dict[str, int]:
-    """The selection's `chars` and `tokens` (scenarios.Selection) from each selected
-    document's (characters, tokens); a document Retrieval holds no token count of counts as
-    estimated from its characters."""
+def selection_size(
+    sizes: Mapping[str, tuple[int, int, str]], count: Callable[[str], int]
+) -> dict[str, int]:
+    """The selection's `chars`, `tokens` and `entry_tokens` (scenarios.Selection) from each
+    selected document's (characters, tokens, title), ids and titles counted with `count`; a
+    document Retrieval holds no token count of counts as estimated from its characters."""
     return {
-        "chars": sum(chars for chars, _ in sizes.values()),
-        "tokens": sum(tokens or estimated_tokens(chars) for chars, tokens in sizes.values()),
+        "chars": sum(chars for chars, _, _ in sizes.values()),
+        "tokens": sum(tokens or estimated_tokens(chars) for chars, tokens, _ in sizes.values()),
+        "entry_tokens": sum(entry_tokens(count, d, title) for d, (_, _, title) in sizes.items()),
     }
 
 
@@ -242,7 +251,8 @@ def full_context_tokens(
     its own total less one answer."""
     if result_tokens is not None:
         return prompt_limit + result_tokens
-    return prompt_limit + whole_read_tokens(estimated_tokens(max_context_chars), max_documents)
+    read = whole_read_tokens(estimated_tokens(max_context_chars), ordinary_entries(max_documents))
+    return prompt_limit + read
 
 
 ROUTER_CACHE_S = 60.0
@@ -350,7 +360,7 @@ class Responder:
 
     async def _respond(self, req: RespondInput, cfg: RuntimeConfig) -> RespondOutput:
         selected = req.selected_doc_ids
-        sizes: dict[str, tuple[int, int]] = {}
+        sizes: dict[str, tuple[int, int, str]] = {}
         if selected:
             sizes = await self._retriever.document_sizes(req.user, selected)
             missing = [d for d in selected if d not in sizes]
@@ -384,11 +394,12 @@ class Responder:
 
     async def _answer(
         self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...],
-        sizes: dict[str, tuple[int, int]],
+        sizes: dict[str, tuple[int, int, str]],
     ) -> tuple[RespondOutput, Decision]:  # fmt: skip
         selection = NO_SELECTION
         if selected:
-            selection = Selection(selected, **selection_size(sizes), **self._whole_read)
+            size = selection_size(sizes, self._fitter.tokenizer.count)
+            selection = Selection(selected, **size, **self._whole_read)
         decision = await self._decide(req, cfg, selection)
         if (
             decision.intent == "documents"

@@ -15,6 +15,7 @@ from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
     MAX_CONTEXT_CHARS,
     estimated_tokens,
+    ordinary_entries,
     whole_read_tokens,
 )
 from services.common.stop_words import STOP_WORDS
@@ -498,6 +499,9 @@ class Selection:
     tokens: int | None = None
     """Their whole texts' cl100k tokens in all (Retrieval's counts); None: estimated from
     `chars` (shared_config.estimated_tokens)."""
+    entry_tokens: int | None = None
+    """What their entries take of the read beside the texts, ids and titles counted
+    (shared_config.entry_tokens); None: `ordinary_entries`."""
     max_context_chars: int = MAX_CONTEXT_CHARS
     """ORCH_MAX_CONTEXT_CHARS (agent.md §10's max_context_chars)."""
     max_documents: int = DEFAULT_FULL_DOCUMENTS
@@ -509,8 +513,8 @@ class Selection:
     def fits_whole(self) -> bool:
         """Whether the documents are read whole (S3): their total size is known and at most
         `max_context_chars`, there are no more of them than `max_documents`, and one tool
-        result of the LLM service holds the read uncut: their texts' `tokens` and what the
-        read takes beside them (shared_config.whole_read_tokens)."""
+        result of the LLM service holds the read uncut: their texts' `tokens`, their entries
+        and the call around them (shared_config.whole_read_tokens)."""
         if self.chars is None or self.chars > self.max_context_chars:
             return False
         if len(self.doc_ids) > self.max_documents:
@@ -518,7 +522,13 @@ class Selection:
         if self.result_tokens is None:
             return True
         tokens = estimated_tokens(self.chars) if self.tokens is None else self.tokens
-        return whole_read_tokens(tokens, len(self.doc_ids)) <= self.result_tokens
+        return whole_read_tokens(tokens, self._entries) <= self.result_tokens
+
+    @property
+    def _entries(self) -> int:
+        if self.entry_tokens is None:
+            return ordinary_entries(len(self.doc_ids))
+        return self.entry_tokens
 
     def facts(self) -> str:
         """The selection as the routing prompt states it: its size, the limits, the route."""
@@ -527,7 +537,7 @@ class Selection:
             size += f", {self.tokens} tokens"
         limits = f"{self.max_context_chars} characters"
         if self.result_tokens is not None:
-            room = self.result_tokens - whole_read_tokens(0, len(self.doc_ids))
+            room = self.result_tokens - whole_read_tokens(0, self._entries)
             limits += f" and {max(0, room)} tokens"
         if len(self.doc_ids) > self.max_documents:
             limits += f" and {self.max_documents} documents"

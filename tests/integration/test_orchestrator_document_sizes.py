@@ -30,7 +30,9 @@ class _Ingestion(retrieval_pb2_grpc.IngestionServiceServicer):
         end = start + len(page)
         return retrieval_pb2.ListDocumentsResponse(
             documents=[
-                retrieval_pb2.DocumentInfo(doc_id=d, chars=100 + int(d[1:]), tokens=40 + int(d[1:]))
+                retrieval_pb2.DocumentInfo(
+                    doc_id=d, title=d.upper(), chars=100 + int(d[1:]), tokens=40 + int(d[1:])
+                )
                 for d in page
             ],
             next_page_token=str(end) if end < len(asked) else "",
@@ -62,7 +64,12 @@ async def test_every_page_is_read_when_retrieval_cuts_them_short(serve, per_page
     servicer, retriever = await serve(per_page)
     asked = ("d0", "d1", "d3", "d4", "missing")
     sizes = await retriever.document_sizes(User("t", "u"), asked)
-    assert sizes == {"d0": (100, 40), "d1": (101, 41), "d3": (103, 43), "d4": (104, 44)}
+    assert sizes == {
+        "d0": (100, 40, "D0"),
+        "d1": (101, 41, "D1"),
+        "d3": (103, 43, "D3"),
+        "d4": (104, 44, "D4"),
+    }
     assert all(list(r.doc_ids) == list(asked) for r in servicer.requests)
     # Each request continues with the token of the page before; no page is asked twice.
     tokens = ["", *(str(end) for end in range(per_page, 4, per_page))]

@@ -266,7 +266,9 @@ async def test_s1_searches_all_documents_with_the_read_tools():
 
 @pytest.mark.parametrize(("chars", "scenario"), [(50_000, "S3"), (50_001, "S4")])
 async def test_selected_documents_switch_at_50000_characters(chars, scenario):
-    responder, retriever, generator, _ = make(sizes={"a": (chars - 1000, 0), "b": (1000, 400)})
+    responder, retriever, generator, _ = make(
+        sizes={"a": (chars - 1000, 0, "A"), "b": (1000, 400, "B")}
+    )
     out = await responder.respond(inp(selected_doc_ids=("a", "b")))
     assert out.scenario == scenario
     last = generator.requests[-1]
@@ -284,7 +286,7 @@ async def test_selected_documents_switch_at_50000_characters(chars, scenario):
 
 
 async def test_a_selected_document_that_does_not_exist_is_404():
-    responder, *_ = make(sizes={"a": (10, 4)})
+    responder, *_ = make(sizes={"a": (10, 4, "A")})
     with pytest.raises(errors.NotFoundError) as info:
         await responder.respond(inp(selected_doc_ids=("a", "ghost")))
     assert info.value.metadata["field"] == "doc_ids" and "ghost" in info.value.message
@@ -504,7 +506,7 @@ class _PageRetriever(FakeRetriever):
     """Sections of the selected documents, found by what the search text says."""
 
     def __init__(self, hits):
-        super().__init__({"manual": (40_000, 0), "faq": (2_000, 0)})
+        super().__init__({"manual": (40_000, 0, "Manual"), "faq": (2_000, 0, "FAQ")})
         self.hits = hits
 
     async def search(self, request):

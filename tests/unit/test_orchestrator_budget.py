@@ -80,7 +80,7 @@ class Retriever:
         return RetrievalOutcome(self.sections, 1)
 
     async def document_sizes(self, user, doc_ids):
-        return {d: (1000, 400) for d in doc_ids}
+        return {d: (1000, 400, "Title") for d in doc_ids}
 
 
 class Generator:

@@ -34,7 +34,7 @@ class Retriever:
         return RetrievalOutcome((SECTION,), 1)
 
     async def document_sizes(self, user, doc_ids):
-        return {d: (100, 40) for d in doc_ids}
+        return {d: (100, 40, "Title") for d in doc_ids}
 
 
 class Generator:

@@ -7,6 +7,8 @@ import pytest
 
 from services.common.search_contract import Filters
 from services.common.settings import Env, SettingsError
+from services.common.shared_config import entry_tokens, whole_read_tokens
+from services.common.tokenizer import count_tokens
 from services.orchestrator.config import MAX_CONTEXT_CHARS_LIMIT, OrchestratorSettings
 from services.orchestrator.mock import (
     BASE_SCORE,
@@ -421,7 +423,7 @@ async def test_s3_asks_the_budget_of_the_configured_limit():
             self.requests = []
 
         async def document_sizes(self, user, doc_ids):
-            return {d: (10, 4) for d in doc_ids}
+            return {d: (10, 4, "D") for d in doc_ids}
 
         async def search(self, *args, **kwargs):
             from services.orchestrator.model import RetrievalOutcome
@@ -504,18 +506,28 @@ def test_mock_overlap_counts_subject_words_by_stem():
     assert overlap_score("what is it", text) == BASE_SCORE  # no subject word
 
 
+TITLE = "Orion X — руководство администратора, издание 2"
+
+
+def _text_room(*doc_ids: str) -> int:
+    """What one tool result of 2,560 tokens (the local model's) leaves the texts of `doc_ids`
+    titled TITLE: the call around them and their entries, ids and titles counted."""
+    entries = sum(entry_tokens(count_tokens, d, TITLE) for d in doc_ids)
+    return 2560 - whole_read_tokens(0, entries)
+
+
 @pytest.mark.parametrize(
     ("sizes", "scenario"),
-    [({"a": (9000, 2120)}, "S3"), ({"a": (4000, 2121)}, "S4"),
-     ({"a": (2000, 1000), "b": (2000, 980)}, "S3"), ({"a": (2000, 1000), "b": (2000, 981)}, "S4"),
+    [({"a": (9000, _text_room("a"))}, "S3"), ({"a": (4000, _text_room("a") + 1)}, "S4"),
+     ({"a": (2000, 1000), "b": (2000, _text_room("a", "b") - 1000)}, "S3"),
+     ({"a": (2000, 1000), "b": (2000, _text_room("a", "b") - 999)}, "S4"),
      # no count from Retrieval: estimated at two characters a token
-     ({"a": (4240, 0)}, "S3"), ({"a": (4241, 0)}, "S4"),
-     ({"a": (2000, 1000), "b": (1960, 0)}, "S3"), ({"a": (2000, 1000), "b": (1961, 0)}, "S4")],
+     ({"a": (2 * _text_room("a"), 0)}, "S3"), ({"a": (2 * _text_room("a") + 1, 0)}, "S4")],
 )  # fmt: skip
 async def test_a_selection_is_read_whole_only_when_one_llm_result_holds_it(sizes, scenario):
-    """One tool result of 2,560 tokens (the local model's) holds 2,120 tokens of one
-    document's text, 1,980 of two (shared_config.whole_read_tokens), by Retrieval's count:
-    9,000 characters of English may be read whole, 4,000 of dense text not."""
+    """By Retrieval's count of the texts, their ids and titles counted too: 9,000 characters
+    of English may be read whole in the local model's tool result, 4,000 of dense text not."""
+    sizes = {d: (chars, tokens, TITLE) for d, (chars, tokens) in sizes.items()}
 
     class Sizes(Unreachable):
         async def document_sizes(self, user, doc_ids):

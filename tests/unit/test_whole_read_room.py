@@ -6,6 +6,8 @@ context a larger one is searched (S4) instead of read from its beginning."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,9 @@ from services.common.settings import Env
 from services.common.shared_config import (
     MAX_CONTEXT_CHARS,
     WHOLE_READ_CALL_TOKENS,
-    WHOLE_READ_DOCUMENT_TOKENS,
+    entry_tokens,
     estimated_tokens,
+    ordinary_entries,
     whole_read_tokens,
 )
 from services.common.tokenizer import default_tokenizer
@@ -53,25 +56,43 @@ def _texts(sample: str, chars: int, documents: int) -> list[str]:
     return [(sample * (size // len(sample) + 1))[:size] for _ in range(documents)]
 
 
-def _whole_read(texts: list[str]) -> dict:
+def _ordinary(documents: int) -> list[tuple[str, str]]:
+    return [
+        (f"orion-x-release-notes-{i}", f"Orion X — заметки о выпуске, часть {i}")
+        for i in range(documents)
+    ]
+
+
+LONG_TITLE = ("Руководство администратора Orion X: установка, обновление и восстановление "
+              "кластера, " * 12)[:1024]  # fmt: skip
+"""A title at its limit (services/docstore/fields.py, 1,024 characters): ≈ 390 tokens."""
+LONG_ID = ("orion-x-administration-guide-" * 5)[:128]
+"""An id at its limit (128 characters)."""
+
+
+def _entries(labels: list[tuple[str, str]]) -> int:
+    return sum(entry_tokens(TOK.count, doc_id, title) for doc_id, title in labels)
+
+
+def _whole_read(texts: list[str], labels: list[tuple[str, str]] | None = None) -> dict:
     """A load_documents_full result as ToolsProxy sends it (shaped: delimited, labelled), of
-    documents with ordinary ids and titles."""
+    documents with these (id, title) `labels` (ordinary ones by default)."""
+    labels = labels or _ordinary(len(texts))
     docs = [
-        {"document_id": f"orion-x-release-notes-{i}",
-         "title": f"Orion X — заметки о выпуске, часть {i}", "pages": 3,
-         "chars": len(text), "content": text}
-        for i, text in enumerate(texts)
+        {"document_id": doc_id, "title": title, "pages": 9999, "chars": len(text),
+         "content": text}
+        for (doc_id, title), text in zip(labels, texts, strict=True)
     ]  # fmt: skip
     raw = {"documents": docs, "total_chars": sum(d["chars"] for d in docs)}
     return shape_result(raw, 4 * raw["total_chars"] + 1024, "untrusted_document").result
 
 
-def _rendered(texts: list[str], ceiling: int):
+def _rendered(texts: list[str], ceiling: int, labels: list[tuple[str, str]] | None = None):
     """The whole read as the LLM service's loop renders it when one tool result may take
     `ceiling` tokens of the conversation, the planned call's turn included."""
-    read = _whole_read(texts)
+    read = _whole_read(texts, labels)
     assert read["truncated"] is False  # ToolsProxy sends it whole
-    call = f'{{"document_ids": {[d["document_id"] for d in read["documents"]]}}}'
+    call = json.dumps({"document_ids": [d["document_id"] for d in read["documents"]]})
     room = (
         ceiling
         - message_tokens(TOK, result_message(CALL_ID, "load_documents_full", ""))
@@ -82,24 +103,42 @@ def _rendered(texts: list[str], ceiling: int):
 
 
 def test_what_a_whole_read_takes_beside_its_texts():
-    assert whole_read_tokens(0, 10) == WHOLE_READ_CALL_TOKENS + 10 * WHOLE_READ_DOCUMENT_TOKENS
-    assert whole_read_tokens(1000, 1) == 1000 + 300 + 140
+    assert whole_read_tokens(0, ordinary_entries(10)) == WHOLE_READ_CALL_TOKENS + 10 * 140
+    assert whole_read_tokens(1000, 140) == 1000 + 300 + 140
     assert estimated_tokens(0) == 0 and estimated_tokens(1) == estimated_tokens(2) == 1
+    # an entry: 72, its id three times, its title (as JSON) once
+    assert entry_tokens(TOK.count, "a", "") == 72 + 3 * 1 + TOK.count('""')
+    assert _entries(_ordinary(1)) <= 140  # ordinary ids and titles: within the estimate
+    assert _entries([(LONG_ID, LONG_TITLE)]) > 3 * 140
     # the default room (28,160 tokens) holds 50,000 characters over ten documents at the estimate
-    assert whole_read_tokens(estimated_tokens(MAX_CONTEXT_CHARS), 10) == 26_700 <= 28_160
+    read = whole_read_tokens(estimated_tokens(MAX_CONTEXT_CHARS), ordinary_entries(10))
+    assert read == 26_700 <= 28_160
 
 
+@pytest.mark.parametrize("labels", ["ordinary", "long"])
 @pytest.mark.parametrize("sample", [RELEASE_NOTES, RARE_WORDS, ENGLISH, HERE_STRINGS])
 @pytest.mark.parametrize(("chars", "documents"), [(1720, 1), (1720, 10), (20_000, 4)])
-def test_a_whole_read_its_count_admits_reaches_the_model_uncut(sample, chars, documents):
+def test_a_whole_read_its_count_admits_reaches_the_model_uncut(sample, chars, documents, labels):
     texts = _texts(sample, chars, documents)
+    named = _ordinary(documents)
+    if labels == "long":
+        named = [(f"{LONG_ID[:-3]}-{i:02d}", LONG_TITLE) for i in range(documents)]
     counted = sum(whole_text_tokens([t]) for t in texts)  # as Retrieval counts at ingest
-    ceiling = whole_read_tokens(counted, documents)
-    rendered = _rendered(texts, ceiling)
+    ceiling = whole_read_tokens(counted, _entries(named))  # as the Orchestrator weighs it
+    rendered = _rendered(texts, ceiling, named)
     assert not rendered.truncated
     # and not loose: the texts take more than 4 in 5 of what the rule leaves them
     used = sum(TOK.count(t) for t in rendered.texts)
-    assert used > 0.8 * (ceiling - whole_read_tokens(0, documents))
+    assert used > 0.8 * (ceiling - whole_read_tokens(0, _entries(named)))
+
+
+def test_long_titles_the_flat_allowance_admits_are_cut_and_counted_they_are_searched():
+    texts = _texts(ENGLISH, 9000, 2)  # 1,875 tokens: within the flat allowance's 1,980
+    named = [(f"{LONG_ID[:-3]}-{i:02d}", LONG_TITLE) for i in range(2)]
+    tokens = sum(whole_text_tokens([t]) for t in texts)
+    flat = Selection(("a", "b"), 9000, tokens, result_tokens=LOCAL_ROOM)
+    assert flat.fits_whole and _rendered(texts, LOCAL_ROOM, named).truncated
+    assert not replace(flat, entry_tokens=_entries(named)).fits_whole
 
 
 @pytest.mark.parametrize("documents", [1, 2])
@@ -107,7 +146,7 @@ def test_dense_text_the_character_estimate_admits_is_cut_and_its_count_searches_
     """Prose of rare words takes a token a 1.5 characters: the estimate (2) admits a selection
     one tool result cannot hold; weighed by Retrieval's count it is searched. (Over ten short
     documents, what the rule allows each beside its text absorbs the difference.)"""
-    limit = (LOCAL_ROOM - whole_read_tokens(0, documents)) * 2  # what the estimate admits
+    limit = (LOCAL_ROOM - whole_read_tokens(0, ordinary_entries(documents))) * 2  # estimated
     texts = _texts(RARE_WORDS, limit, documents)
     chars, tokens = sum(map(len, texts)), sum(TOK.count(t) for t in texts)
     ids = [f"d{i}" for i in range(documents)]
@@ -143,6 +182,9 @@ def test_a_selection_is_read_whole_when_one_result_holds_all_its_tokens(document
     ).fits_whole
     # without a room (the mock, a caller's own Responder) the characters alone decide
     assert Selection(tuple(ids), 100, 10**6, max_context_chars=100).fits_whole
+    # entries counted (ids, titles) take their own share instead of 140 a document
+    counted = Selection(tuple(ids), 100, 1760, entry_tokens=500, result_tokens=LOCAL_ROOM)
+    assert counted.fits_whole and not replace(counted, tokens=1761).fits_whole
 
 
 @pytest.mark.parametrize("n_ctx", [3712, 4096, 8192, 16384])
