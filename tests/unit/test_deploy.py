@@ -302,10 +302,36 @@ def _k8s_env(key: str) -> dict[str, str]:
     return env
 
 
+_SHELL_DEFAULT = re.compile(r"\$\{(\w+):-(.*)\}")
+
+
 def _compose_env(key: str) -> dict[str, str]:
     env = _compose()["services"][key]["environment"]
-    # ${NAME:-} comes from the operator's shell; here it is empty (i.e. unset).
-    return {k: v for k, v in env.items() if not str(v).startswith("${")}
+    # ${NAME:-default} comes from the operator's shell, here unset: its default, or nothing.
+    out = {}
+    for name, value in env.items():
+        match = _SHELL_DEFAULT.fullmatch(str(value))
+        if match is None:
+            out[name] = str(value)
+        elif match.group(2):
+            out[name] = match.group(2)
+    return out
+
+
+SHARED_LIMITS = ("MAX_PROMPT_TOKENS", "MAX_COMPLETION_TOKENS", "LLM_SERVICE_MAX_TOTAL_TOKENS",
+                 "MCP_PROXY_MAX_FULL_TEXT_BYTES", "MCP_PROXY_MAX_FULL_DOCUMENTS")  # fmt: skip
+"""What the Orchestrator must see as the LLM service and ToolsProxy do (shared_config.py)."""
+
+
+@pytest.mark.parametrize("source", ["compose", "k8s"])
+def test_every_service_sees_the_same_shared_limits(source):
+    envs = [_compose_env(k) if source == "compose" else _k8s_env(k) for k in KEYS]
+    for name in SHARED_LIMITS:
+        values = {env.get(name) for env in envs}
+        assert len(values) == 1 and None not in values, (name, values)
+    assert {n: _compose_env("orchestrator")[n] for n in SHARED_LIMITS} == {
+        n: _k8s_env("orchestrator")[n] for n in SHARED_LIMITS
+    }
 
 
 @pytest.mark.parametrize("key", KEYS)
