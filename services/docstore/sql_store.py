@@ -261,13 +261,13 @@ class SqlDocumentStore(ABC):
         tenant_id: str,
         doc_id: str,
         generation: str,
-        points: Sequence[StoredPoint],
+        points: Callable[[], Sequence[StoredPoint]],
         tokens: int,
     ) -> bool:
         """Write what a store of an older version left out of a document whose stored
-        generation is `generation`: its point list (`points`, when it has none) and its token
-        count (the retrieval service completes them at start); False, writing nothing, when
-        the store holds another generation or none."""
+        generation is `generation`: its point list (`points()`, called only when it has none)
+        and its token count (the retrieval service completes them at start); False, writing
+        nothing, when the store holds another generation or none."""
         t, d = self._enc(tenant_id), self._enc(doc_id)
 
         def work(conn: Any) -> bool:
@@ -280,7 +280,7 @@ class SqlDocumentStore(ABC):
                 conn, "SELECT 1 FROM points WHERE tenant_id=? AND doc_id=? LIMIT 1", (t, d)
             ).fetchone()
             if listed is None:  # a list, once written, is the ingest's own: kept
-                self._insert_points(conn, t, doc_id, generation, points)
+                self._insert_points(conn, t, doc_id, generation, points())
             self._execute(
                 conn, "UPDATE documents SET tokens=? WHERE tenant_id=? AND doc_id=?", (tokens, t, d)
             )

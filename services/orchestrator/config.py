@@ -98,12 +98,17 @@ class OrchestratorSettings:
         proxy_max = proxy_max_window_radius(env)
         attempts = retry_attempts("ORCH_")
         asked_radius, asked_chars = radius(env, WINDOW_RADIUS), int(MAX_CONTEXT.read(env))
+        whole_chars = proxy_full_text_chars(env)
         # A window or a whole read is never one ToolsProxy would refuse or cut.
         limits = (
             ("ORCH_WINDOW_RADIUS", asked_radius, proxy_max, "MCP_PROXY_MAX_WINDOW_RADIUS"),
-            ("ORCH_MAX_CONTEXT_CHARS", asked_chars, proxy_full_text_chars(env),
-             "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4"),
-        )  # fmt: skip
+            (
+                "ORCH_MAX_CONTEXT_CHARS",
+                asked_chars,
+                whole_chars,
+                "MCP_PROXY_MAX_FULL_TEXT_BYTES / 4",
+            ),
+        )
         held = tuple(
             f"{name}={asked} is held to {limit} ({why})"
             for name, asked, limit, why in limits
@@ -112,7 +117,7 @@ class OrchestratorSettings:
         runtime = RUNTIME.read(env, window_radius=min(asked_radius, proxy_max))
         return SETTINGS.read(
             env,
-            max_context_chars=min(asked_chars, proxy_full_text_chars(env)),
+            max_context_chars=min(asked_chars, whole_chars),
             max_full_documents=proxy_full_documents(env),
             llm_tool_result_tokens=llm_tool_result_limit(env),
             held=held,

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -122,6 +123,11 @@ class DocumentSummary:
     metadata: Mapping[str, str] = field(default_factory=dict)
     tokens: int = 0
     """The whole text in cl100k tokens (Document.tokens); 0 when not counted."""
+
+
+def _listed_points(doc: Document) -> list[StoredPoint]:
+    """The point list of a stored document (no vectors needed: ids and fields only)."""
+    return stored_points(document_points(doc, None))
 
 
 def point_id(tenant_id: str, doc_id: str, kind: str, item_id: str, generation: str) -> int:
@@ -299,10 +305,11 @@ class Ingestor:
         for n, (tenant_id, doc_id, generation) in enumerate(todo, start=1):
             doc = self._store.get_document(tenant_id, doc_id)
             if doc is not None and doc.generation == generation:
-                listed = stored_points(document_points(doc, None))
                 texts = (c.text for c in doc.chunks)
                 tokens = whole_text_tokens(doc.page_texts, texts, self._chunking.encoding)
-                done += self._store.complete_document(tenant_id, doc_id, generation, listed, tokens)
+                done += self._store.complete_document(
+                    tenant_id, doc_id, generation, partial(_listed_points, doc), tokens
+                )
             if time.monotonic() - last_log >= _PROGRESS_LOG_S and n < len(todo):
                 last_log = time.monotonic()
                 log.info("completing stored documents",

@@ -228,7 +228,7 @@ def test_nul_and_escapes_round_trip_in_every_field(store):
     assert store.chunk_by_id(t, d.doc_id, d.chunks[0].chunk_id) == d.chunks[0]
     assert {(tt, dd, title) for tt, dd, title, _ in store.all_chunks()} == {(t, d.doc_id, odd)}
     assert store.pages_text(t, d.doc_id, 1, 1)[0].text == d.page_texts[0]
-    assert store.complete_document(t, d.doc_id, d.generation, listed, d.tokens) is True
+    assert store.complete_document(t, d.doc_id, d.generation, lambda: listed, d.tokens) is True
     assert store.delete(t, d.doc_id) is True
     store.put(dataclasses.replace(d, doc_id="plain"))
     assert store.incomplete_documents() == [(t, "plain", d.generation)]
@@ -328,6 +328,10 @@ def test_a_point_that_does_not_belong_to_the_document_is_refused_and_nothing_wri
     }
 
 
+def _not_listed_again() -> list[StoredPoint]:
+    raise AssertionError("a document's point list was computed although the store holds one")
+
+
 def test_complete_document_writes_a_stored_generation_only(store):
     d, other = doc(), doc(tenant="t2", doc_id="notes")
     store.put(d)  # as a store written before the points list existed
@@ -337,15 +341,17 @@ def test_complete_document_writes_a_stored_generation_only(store):
         ("t1", "guide", d.generation), ("t2", "notes", other.generation)
     ]  # fmt: skip
     complete = store.complete_document
-    assert complete("t1", "guide", "another-generation", points_of(d), d.tokens) is False
-    assert complete("t1", "missing", d.generation, points_of(d), d.tokens) is False
+    assert complete("t1", "guide", "another-generation", lambda: points_of(d), d.tokens) is False
+    assert complete("t1", "missing", d.generation, lambda: points_of(d), d.tokens) is False
     assert store.points_by_ids("t1", [0]) == {}
-    assert complete("t1", "guide", d.generation, points_of(d), d.tokens) is True
-    assert complete("t1", "guide", d.generation, points_of(d), d.tokens) is True  # idempotent
+    assert complete("t1", "guide", d.generation, lambda: points_of(d), d.tokens) is True
+    assert (
+        complete("t1", "guide", d.generation, lambda: points_of(d), d.tokens) is True
+    )  # idempotent
     assert len(store.points_by_ids("t1", [p.point_id for p in points_of(d)])) == 4
     assert store.incomplete_documents() == [("t2", "notes", other.generation)]
-    # a list already written is the ingest's own: only the count is added
-    assert complete("t2", "notes", other.generation, [], other.tokens) is True
+    # a list already written is the ingest's own: not listed again, only the count is added
+    assert complete("t2", "notes", other.generation, _not_listed_again, other.tokens) is True
     assert store.incomplete_documents() == []
     assert len(store.points_by_ids("t2", [p.point_id for p in points_of(other)])) == 4
     assert store.list_documents("t2")[0].tokens == other.tokens

@@ -50,7 +50,7 @@ def test_a_database_of_the_first_schema_gains_the_token_count(pg_url):
     try:
         assert store.list_documents("t1")[0].tokens == 0
         assert store.incomplete_documents() == [("t1", "guide", d.generation)]
-        assert store.complete_document("t1", "guide", d.generation, points_of(d), d.tokens)
+        assert store.complete_document("t1", "guide", d.generation, lambda: points_of(d), d.tokens)
         assert store.list_documents("t1")[0].tokens == d.tokens > 0
     finally:
         store.close()
