@@ -557,7 +557,7 @@ class DocumentInfo(betterproto.Message):
     """
     tokens is the document's whole text (what chars measures, as load_documents_full reads
      it) in cl100k_base tokens, counted when it was ingested; 0 when the store holds no count
-     for it (a document stored before the store kept counts: re-ingesting it counts it).
+     for it yet (the retrieval service counts those when it starts).
     """
 
 
