@@ -82,6 +82,24 @@ class Document:
         return len(whole_text(self.page_texts, (c.text for c in self.chunks)))
 
 
+@dataclass(frozen=True)
+class DocumentSummary:
+    """A listed document: its own fields and its counts, all of one stored generation (the
+    store reads them in one query: `list_summaries`)."""
+
+    doc_id: str
+    title: str
+    pages: int
+    sections: int
+    chunks: int
+    chars: int
+    source: str
+    generation: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    tokens: int = 0
+    """The whole text in cl100k tokens (Document.tokens); 0 when not counted."""
+
+
 TO_THE_END = 1 << 30
 """A range end past any chunk ord or page number: chunk_range / pages_text to the end."""
 MAX_POINT_ID = 2**64 - 1

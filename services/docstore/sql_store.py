@@ -24,6 +24,7 @@ from services.docstore.model import (
     TO_THE_END,
     Chunk,
     Document,
+    DocumentSummary,
     Page,
     Section,
     StoredPoint,
@@ -34,6 +35,15 @@ Row = Sequence[Any]
 
 DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata, tokens"
 """The columns a Document's own fields are read from, in this order."""
+SUMMARY_COLUMNS = (
+    f"{DOC_COLUMNS},"
+    " (SELECT count(*) FROM sections s"
+    "  WHERE s.tenant_id=documents.tenant_id AND s.doc_id=documents.doc_id),"
+    " (SELECT count(*) FROM chunks c"
+    "  WHERE c.tenant_id=documents.tenant_id AND c.doc_id=documents.doc_id),"
+    " chars"
+)
+"""DOC_COLUMNS, then the document's section count, chunk count and size in characters."""
 CHUNK_COLUMNS = "doc_id, chunk_id, section_id, ord, text, tokens, page_start, page_end"
 """The columns a Chunk is read from, in its fields' order."""
 SECTION_COLUMNS = (
@@ -302,18 +312,46 @@ class SqlDocumentStore(ABC):
         d = self._dec
         return sorted((d(r[0]), d(r[1]), d(r[2])) for r in rows)
 
-    def list_documents(
+    def list_documents(self, tenant_id: str, *, limit: int | None = None) -> list[Document]:
+        """The tenant's documents without sections, chunks and page texts, in `list_summaries`
+        order, at most `limit`."""
+        rows = self._listing(DOC_COLUMNS, tenant_id, "", limit, None)
+        return [self._document(tenant_id, r) for r in rows]
+
+    def list_summaries(
         self,
         tenant_id: str,
         *,
         after: str = "",
         limit: int | None = None,
         doc_ids: Collection[str] | None = None,
-    ) -> list[Document]:
-        """The tenant's documents without sections, chunks and page texts, by doc_id (code
-        point order of the stored ids): only those after `after` when it is given, only
-        `doc_ids` when they are given, at most `limit`."""
-        sql = f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=?"
+    ) -> list[DocumentSummary]:
+        """The tenant's documents by doc_id (code point order of the stored ids): only those
+        after `after` when it is given, only `doc_ids` when they are given, at most `limit`.
+        Each comes with its section and chunk counts and its size in characters, read in the
+        same query as its own fields, so all of them are of the one generation stored."""
+        rows = self._listing(SUMMARY_COLUMNS, tenant_id, after, limit, doc_ids)
+        out = []
+        for r in rows:
+            doc = self._document(tenant_id, r)
+            out.append(
+                DocumentSummary(
+                    doc.doc_id, doc.title, doc.pages, int(r[10]), int(r[11]), int(r[12] or 0),
+                    doc.source, doc.generation, doc.metadata, doc.tokens,
+                )
+            )  # fmt: skip
+        return out
+
+    def _listing(
+        self,
+        columns: str,
+        tenant_id: str,
+        after: str,
+        limit: int | None,
+        doc_ids: Collection[str] | None,
+    ) -> list[Row]:
+        """`columns` of the documents `list_summaries` describes, in its order."""
+        sql = f"SELECT {columns} FROM documents WHERE tenant_id=?"
         args: list[object] = [self._enc(tenant_id)]
         if after:
             sql += f" AND doc_id{self.ID_ORDER} > ?"
@@ -329,7 +367,7 @@ class SqlDocumentStore(ABC):
         if limit is not None:
             sql += " LIMIT ?"
             args.append(max(0, limit))
-        return [self._document(tenant_id, r) for r in self._query(sql, args)]
+        return self._query(sql, args)
 
     def document_generation(self, tenant_id: str, doc_id: str) -> str | None:
         """The generation of the stored document, or None when the tenant has no such document."""
@@ -360,38 +398,6 @@ class SqlDocumentStore(ABC):
             (self._enc(tenant_id), self._enc(doc_id), first, last),
         )
         return [Page(int(r[0]), self._dec(r[1])) for r in rows]
-
-    def counts(self, tenant_id: str, doc_id: str) -> tuple[int, int, int]:
-        """(sections, chunks, chars) of one document."""
-        key = (self._enc(tenant_id), self._enc(doc_id))
-        rows = self._query(
-            "SELECT (SELECT count(*) FROM sections WHERE tenant_id=? AND doc_id=?),"
-            " (SELECT count(*) FROM chunks WHERE tenant_id=? AND doc_id=?),"
-            " (SELECT chars FROM documents WHERE tenant_id=? AND doc_id=?)",
-            key * 3,
-        )
-        if not rows:  # read-only, no schema yet
-            return 0, 0, 0
-        s, c, chars = rows[0]
-        return int(s), int(c), int(chars or 0)
-
-    def counts_many(
-        self, tenant_id: str, doc_ids: Collection[str]
-    ) -> dict[str, tuple[int, int, int]]:
-        """`counts` of each of the tenant's documents among `doc_ids`, in one query; ids the
-        tenant does not hold are absent."""
-        wanted = sorted({self._enc(d) for d in doc_ids})
-        if not wanted:
-            return {}
-        condition, values = self._member("d.doc_id", wanted)
-        rows = self._query(
-            "SELECT d.doc_id,"
-            " (SELECT count(*) FROM sections s WHERE s.tenant_id=d.tenant_id AND s.doc_id=d.doc_id),"
-            " (SELECT count(*) FROM chunks c WHERE c.tenant_id=d.tenant_id AND c.doc_id=d.doc_id),"
-            f" d.chars FROM documents d WHERE d.tenant_id=? AND {condition}",
-            (self._enc(tenant_id), *values),
-        )
-        return {self._dec(r[0]): (int(r[1]), int(r[2]), int(r[3] or 0)) for r in rows}
 
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True

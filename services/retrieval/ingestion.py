@@ -35,7 +35,7 @@ from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.fields import check_fields
 from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
-from services.docstore.model import Document, StoredPoint
+from services.docstore.model import Document, DocumentSummary, StoredPoint
 from services.docstore.parsing import (
     ChunkingConfig,
     UnsupportedFormatError,
@@ -108,21 +108,6 @@ class IngestOutcome:
     removed_doc_ids: tuple[str, ...] = ()
     """Knowledge-base articles an earlier version of the same CSV held and this one does
     not: deleted."""
-
-
-@dataclass(frozen=True)
-class DocumentSummary:
-    doc_id: str
-    title: str
-    pages: int
-    sections: int
-    chunks: int
-    chars: int
-    source: str
-    generation: str = ""
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    tokens: int = 0
-    """The whole text in cl100k tokens (Document.tokens); 0 when not counted."""
 
 
 def _listed_points(doc: Document) -> list[StoredPoint]:
@@ -647,22 +632,14 @@ class Ingestor:
     def _summaries(self, tenant_id: str, page: ListPage) -> tuple[list[DocumentSummary], str]:
         # Read in batches, no further than the page needs (listing.read_page): the page ends
         # before page.size documents when they would overrun the response's byte budget.
-        docs, more = read_page(
-            lambda after, limit: self._store.list_documents(
+        # Each document with its counts in one query: a re-ingest never pairs one
+        # generation's title with another's counts.
+        out, more = read_page(
+            lambda after, limit: self._store.list_summaries(
                 tenant_id, after=after, limit=limit, doc_ids=page.doc_ids
             ),
             page,
         )
-        counts = self._store.counts_many(tenant_id, [d.doc_id for d in docs])
-        out = []
-        for doc in docs:
-            sections, chunks, chars = counts.get(doc.doc_id, (0, 0, 0))
-            out.append(
-                DocumentSummary(
-                    doc.doc_id, doc.title, doc.pages, sections, chunks, chars, doc.source,
-                    doc.generation, dict(doc.metadata), doc.tokens,
-                )
-            )  # fmt: skip
         return out, page_token(out[-1].doc_id) if more else ""
 
     async def list(
@@ -671,7 +648,7 @@ class Ingestor:
         """One page of the tenant's documents with their counts, and the token of the next
         page ("" after the last). The page holds fewer than `page.size` documents when more
         would take the response past listing.MAX_LIST_RESPONSE_BYTES. Read in a worker
-        thread (the documents' batches, then their counts: off the event loop, which a
-        PostgreSQL store's round trips would hold)."""
+        thread (the page's batches: off the event loop, which a PostgreSQL store's round
+        trips would hold)."""
         check_tenant_id(tenant_id)
         return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from services.common import errors
 
 if TYPE_CHECKING:
-    from services.docstore.model import Document
+    from services.docstore.model import DocumentSummary
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -95,13 +95,13 @@ def fitting(listed: Iterable[tuple[str, int]]) -> int:
 
 
 def read_page(
-    read: Callable[[str, int], Sequence[Document]], page: ListPage
-) -> tuple[list[Document], bool]:
+    read: Callable[[str, int], Sequence[DocumentSummary]], page: ListPage
+) -> tuple[list[DocumentSummary], bool]:
     """The documents of `page`, the first `page.size` after `page.after` cut where `fitting`
     cuts them, and whether any document follows them.
 
     `read(after, limit)` gives at most `limit` documents whose doc_id sorts after `after`, in
-    doc_id order (the store's list_documents with the page's doc_ids). It is called in
+    doc_id order (the store's list_summaries with the page's doc_ids). It is called in
     batches, each after the last document of the one before, until the page is decided:
     FIRST_READ_ROWS rows first, then as many as were read before; page.size + 1 rows in all
     at most, the last of them only to tell whether more follow. One call when the first
@@ -113,7 +113,7 @@ def read_page(
     plus the last batch: at most max(FIRST_READ_ROWS, rows read before it) rows.
     """
     rows = _batched(read, page)
-    read_rows: list[Document] = []
+    read_rows: list[DocumentSummary] = []
 
     def listed() -> Iterator[tuple[str, int]]:
         for doc in itertools.islice(rows, page.size):
@@ -129,7 +129,9 @@ def read_page(
     return read_rows[:kept], more
 
 
-def _batched(read: Callable[[str, int], Sequence[Document]], page: ListPage) -> Iterator[Document]:
+def _batched(
+    read: Callable[[str, int], Sequence[DocumentSummary]], page: ListPage
+) -> Iterator[DocumentSummary]:
     """`page`'s first page.size + 1 rows, read in the batches `read_page` describes when
     they are reached."""
     after, total, done = page.after, page.size + 1, 0

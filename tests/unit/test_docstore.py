@@ -78,13 +78,16 @@ def test_store_round_trip_replace_and_tenant_isolation(store):
     assert store.pages_text("t2", "guide", 1, 2) == []
     assert store.document_generation("t2", "guide") is None
     assert store.generations("t2") == {}
-    assert store.counts("t2", "guide") == (0, 0, 0)
+    assert store.list_summaries("t2") == []
     assert store.chunks_by_ids("t2", [("guide", "guide:c00000")]) == {}
     assert store.list_documents("t1")[0].doc_id == "guide"  # (still there for t1)
     assert store.tenants() == ["t1"]
     assert [t for t, _, _, _ in store.all_chunks()] == ["t1"] * len(doc().chunks)
     assert store.delete("t2", "guide") is False
-    assert store.counts("t1", "guide") == (len(doc().sections), len(doc().chunks), doc().chars)
+    listed = store.list_summaries("t1")[0]
+    assert (listed.sections, listed.chunks, listed.chars) == (
+        len(doc().sections), len(doc().chunks), doc().chars,
+    )  # fmt: skip
     assert store.delete("t1", "guide") is True
     assert store.get_document("t1", "guide") is None
     assert store.pages_text("t1", "guide", 1, 2) == []
@@ -425,32 +428,34 @@ def test_listings_are_in_code_point_order_whatever_the_ids_hold(store):
     assert store.tenants() == sorted(tenants)
 
 
-def test_list_documents_pages_in_doc_id_order_inside_the_tenant(store):
+def test_listings_page_in_doc_id_order_inside_the_tenant(store):
     ids = ["b", "a", "c-2", "c-10", "Z", "é", "d.1"]
     for doc_id in ids:
         store.put(doc(doc_id=doc_id))
     store.put(doc(tenant="t2", doc_id="bb"))  # another tenant's, between two of t1's
     everything = [d.doc_id for d in store.list_documents("t1")]
     assert everything == sorted(ids)  # code point order: "Z" < "a", "c-10" < "c-2", "é" last
+    assert [d.doc_id for d in store.list_summaries("t1")] == everything
+    assert [d.doc_id for d in store.list_documents("t1", limit=3)] == everything[:3]
     pages, after = [], ""
     while True:
-        page = [d.doc_id for d in store.list_documents("t1", after=after, limit=2)]
+        page = [d.doc_id for d in store.list_summaries("t1", after=after, limit=2)]
         if not page:
             break
         assert len(page) <= 2
         pages.append(page)
         after = page[-1]
     assert [i for p in pages for i in p] == everything and len(pages) == 4
-    assert [d.doc_id for d in store.list_documents("t1", after="b", limit=0)] == []
+    assert [d.doc_id for d in store.list_summaries("t1", after="b", limit=0)] == []
     # Only the documents asked for, still inside the tenant and still paged.
     wanted = ["c-2", "a", "bb", "missing", "a"]
-    assert [d.doc_id for d in store.list_documents("t1", doc_ids=wanted)] == ["a", "c-2"]
-    assert [d.doc_id for d in store.list_documents("t1", doc_ids=wanted, after="a")] == ["c-2"]
-    assert [d.doc_id for d in store.list_documents("t1", doc_ids=wanted, limit=1)] == ["a"]
-    assert store.list_documents("t1", doc_ids=[]) == []
-    assert [d.doc_id for d in store.list_documents("t2", after="a")] == ["bb"]
-    listed = store.list_documents("t1", doc_ids=["a"])[0]
-    assert listed == store.list_documents("t1", after="Z")[0]  # the same fields either way
+    assert [d.doc_id for d in store.list_summaries("t1", doc_ids=wanted)] == ["a", "c-2"]
+    assert [d.doc_id for d in store.list_summaries("t1", doc_ids=wanted, after="a")] == ["c-2"]
+    assert [d.doc_id for d in store.list_summaries("t1", doc_ids=wanted, limit=1)] == ["a"]
+    assert store.list_summaries("t1", doc_ids=[]) == []
+    assert [d.doc_id for d in store.list_summaries("t2", after="a")] == ["bb"]
+    listed = store.list_summaries("t1", doc_ids=["a"])[0]
+    assert listed == store.list_summaries("t1", after="Z")[0]  # the same fields either way
 
 
 def test_replace_answers_the_generation_it_replaced(store):
@@ -465,14 +470,25 @@ def test_replace_answers_the_generation_it_replaced(store):
     assert store.delete("t1", "guide") is True and store.replace(v1) is None
 
 
-def test_counts_many_reads_what_counts_reads_for_each_document(store):
-    store.put(doc())
-    store.put(doc(doc_id="other", text="# Other\n\nShort.\n"))
-    store.put(doc(tenant="t2", doc_id="theirs"))
-    many = store.counts_many("t1", ["guide", "other", "theirs", "missing", "guide"])
-    assert many == {"guide": store.counts("t1", "guide"), "other": store.counts("t1", "other")}
-    assert many["guide"] != many["other"] and many["guide"][1] == len(doc().chunks)
-    assert store.counts_many("t1", []) == {} and store.counts_many("t2", ["guide"]) == {}
+def test_summaries_list_what_the_documents_list_with_each_ones_counts(store):
+    short = doc(doc_id="other", text="# Other\n\nShort.\n", metadata={"topic": "x"})
+    for d in (doc(), short, doc(tenant="t2", doc_id="theirs")):
+        store.put(d)
+    summaries = store.list_summaries("t1")
+    assert [s.doc_id for s in summaries] == [d.doc_id for d in store.list_documents("t1")]
+    for s, d in zip(summaries, (doc(), short), strict=True):
+        assert (s.title, s.pages, s.source, s.generation, dict(s.metadata), s.tokens) == (
+            d.title, d.pages, d.source, d.generation, dict(d.metadata), d.tokens,
+        )  # fmt: skip
+        assert (s.sections, s.chunks, s.chars) == (len(d.sections), len(d.chunks), d.chars)
+    assert summaries[0].chunks != summaries[1].chunks
+    # The same selection as list_documents: ids, a start after one, a limit.
+    wanted = ["other", "theirs", "missing", "other"]
+    assert [s.doc_id for s in store.list_summaries("t1", doc_ids=wanted)] == ["other"]
+    assert [s.doc_id for s in store.list_summaries("t1", after="guide")] == ["other"]
+    assert [s.doc_id for s in store.list_summaries("t1", limit=1)] == ["guide"]
+    assert store.list_summaries("t1", doc_ids=[]) == [] == store.list_summaries("t1", limit=0)
+    assert [s.doc_id for s in store.list_summaries("t2")] == ["theirs"]
 
 
 def test_sqlite_reads_do_not_queue_behind_one_connection(tmp_path):

@@ -171,21 +171,22 @@ def reference_page(rows: list[Document], page: ListPage) -> tuple[list[str], str
 
 
 def reference(store, tenant: str, page: ListPage) -> tuple[list[str], str]:
-    rows = store.list_documents(tenant, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids)
+    rows = store.list_summaries(tenant, after=page.after, limit=page.size + 1, doc_ids=page.doc_ids)
     return reference_page(rows, page)
 
 
 def count_reads(monkeypatch, store) -> list[tuple[int, int]]:
-    """(limit, rows returned) of every list_documents call on `store` from here on."""
+    """(limit, rows returned) of every list_summaries call on `store` from here on (the
+    listing's one read of each batch: the documents with their counts)."""
     reads: list[tuple[int, int]] = []
-    real = store.list_documents
+    real = store.list_summaries
 
     def counted(tenant_id, **kwargs):
         rows = real(tenant_id, **kwargs)
         reads.append((kwargs["limit"], len(rows)))
         return rows
 
-    monkeypatch.setattr(store, "list_documents", counted)
+    monkeypatch.setattr(store, "list_summaries", counted)
     return reads
 
 
@@ -275,7 +276,7 @@ async def test_pages_are_those_of_one_read_of_the_page_size(tmp_path, embedder, 
                 listed += expected[0]
                 if not token:
                     break
-            every = s.store.list_documents(tenant, doc_ids=page.doc_ids)
+            every = s.store.list_summaries(tenant, doc_ids=page.doc_ids)
             assert listed == [d.doc_id for d in every]
     s.index.close()
 

@@ -15,6 +15,7 @@ from services.common import errors
 from services.common.breaker import CLOSED, OPEN, BreakerPolicy, CircuitBreaker
 from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS, Filters
 from services.common.tokenizer import default_tokenizer
+from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.retrieval import ingestion
 from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings
@@ -292,7 +293,7 @@ async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embed
     s = make_stack(tmp_path, embedder)
     loop_thread = threading.get_ident()
     seen: list[tuple[str, int]] = []
-    for name in ("document_generation", "list_documents", "counts_many"):
+    for name in ("document_generation", "list_summaries"):
         real = getattr(s.store, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
@@ -303,8 +304,36 @@ async def test_ingest_and_list_read_the_store_off_the_event_loop(tmp_path, embed
     await s.ingestor.ingest(IngestInput("a", b"# T\n\nalpha omega", file_name="d.md"))
     listed, next_token = await s.ingestor.list("a")
     assert [d.doc_id for d in listed] == ["d"] and listed[0].chunks >= 1 and next_token == ""
-    assert {name for name, _ in seen} == {"document_generation", "list_documents", "counts_many"}
+    assert {name for name, _ in seen} == {"document_generation", "list_summaries"}
     assert all(thread != loop_thread for _, thread in seen)
+    s.index.close()
+
+
+async def test_a_listed_documents_counts_are_of_the_generation_listed_with_it(tmp_path, embedder):
+    """A re-ingest that commits while a page is being read (here: right after the store's
+    first read of it) never pairs the generation and title read with the new text's counts."""
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(IngestInput("a", b"# Old\n\nalpha omega", file_name="d.md"))
+    longer = "# New\n\n" + "\n\n".join(f"## Part {i}\n\n" + "word " * 300 for i in range(6))
+    newer = parse_document(tenant_id="a", doc_id="d", content=longer.encode(), fmt="markdown")
+    old_listed, _ = await s.ingestor.list("a")
+    real_query, replaced = s.store._query, []
+
+    def query_then_reingest(*args, **kwargs):
+        rows = real_query(*args, **kwargs)
+        if not replaced:
+            replaced.append(s.store.replace(newer))
+        return rows
+
+    s.store._query = query_then_reingest
+    listed, _ = await s.ingestor.list("a")
+    assert replaced == [old_listed[0].generation] and listed == old_listed
+    s.store._query = real_query
+    now, _ = await s.ingestor.list("a")
+    assert (now[0].title, now[0].generation, now[0].chunks) == (
+        "New", newer.generation, len(newer.chunks),
+    )  # fmt: skip
+    assert now[0].chunks > old_listed[0].chunks and now[0].chars > old_listed[0].chars
     s.index.close()
 
 

@@ -520,7 +520,10 @@ class ListDocumentsRequest(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class DocumentInfo(betterproto.Message):
-    """DocumentInfo describes one indexed document."""
+    """
+    DocumentInfo describes one indexed document. Every field is of the one stored generation
+     it names: a re-ingest that commits while a page is read never mixes two.
+    """
 
     doc_id: str = betterproto.string_field(1)
     """doc_id is the document's stable id."""
