@@ -210,6 +210,10 @@ _NAMED = re.compile(r"%\w|(?<![\w%])\d*[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
 ("2FA", not its "FA", which many words contain)."""
 
 
+_HYPHEN_FORMS = str.maketrans({"\u2010": "-", "\u2011": "-", "\u00ad": None})
+"""Unicode hyphens as the ASCII one, and no soft hyphens (PDF text keeps them inside words)."""
+
+
 _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
 """The languages answers are written in: a question asking for one ("… in English?") names
 no topic."""
@@ -236,7 +240,7 @@ def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
     (PostgreSQL, rpmbuild, snap) or in capitals (RPM); in an English one the words written
     as names or identifiers: a capital inside the sentence (Redis, Kubernetes; only with
     `proper_names`), capitals (TCP), digits, ``_``, ``%``, ``.``."""
-    question = asked(question)
+    question = asked(question).translate(_HYPHEN_FORMS)
     lang = question_language(question)
     out = []
     for i, m in enumerate(_NAMED.finditer(question)):
@@ -255,14 +259,32 @@ def named_terms(question: str, *, proper_names: bool = True) -> list[str]:
     return out
 
 
+def _plain(text: str) -> str:
+    """`text` as names are looked for in it: lower case, every hyphen the ASCII one."""
+    return text.translate(_HYPHEN_FORMS).lower()
+
+
+def _found(term: str, plain: str, joined: str) -> bool:
+    """Whether `term` occurs in the text read (`plain`, and `joined`: the same without
+    hyphens): as written, or, as a whole word, with its hyphens dropped or added ("Wi-Fi" in
+    "WiFi", "email" in "e-mail"; not "A-B" in "table")."""
+    if term in plain:
+        return True
+    bare = re.escape(term.replace("-", ""))
+    return re.search(rf"(?<![a-z0-9]){bare}(?![a-z0-9])", joined) is not None
+
+
 def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
-    """The question's named terms that occur in none of `texts` (case-insensitive). Over
-    Russian text an English question's capitalised words are no names to look for: they are
-    translated there ("Two-Factor Authentication"), while identifiers and capitals stay."""
+    """The question's named terms that occur in none of `texts` (`_found`: in any case, with
+    or without hyphens). Over Russian text an English question's capitalised words are no
+    names to look for: they are translated there ("Two-Factor Authentication"), while
+    identifiers and capitals stay."""
     read = "\n".join(texts)
     cross = question_language(asked(question)) == EN and text_language(read) == RU
-    lowered = read.lower()
-    return [t for t in named_terms(question, proper_names=not cross) if t not in lowered]
+    plain = _plain(read)
+    joined = plain.replace("-", "")
+    terms = named_terms(question, proper_names=not cross)
+    return [t for t in terms if not _found(t, plain, joined)]
 
 
 def not_found(lang: str) -> str:

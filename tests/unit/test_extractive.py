@@ -603,6 +603,32 @@ def test_missing_terms_are_the_ones_no_text_contains() -> None:
     assert missing_terms("Which TCP port?", texts) == []
 
 
+@pytest.mark.parametrize(
+    ("question", "text", "missing"),
+    [
+        ("How do I join the Wi-Fi network?", "Join the WiFi network from Settings.", []),
+        ("How do I join the Wi\u2011Fi network?", "Join the WiFi network from Settings.", []),
+        ("How do I join the WiFi network?", "Join the Wi-Fi network from Settings.", []),
+        ("Как подключить Wi-Fi?", "Включите WiFi-адаптер в настройках.", []),
+        ("Как настроить e-mail?", "Для настройки Email откройте раздел.", []),
+        ("How do I set up PostgreSQL?", "Set up Post\u00adgreSQL (a soft hyphen).", []),
+        ("How do I set up PostgreSQL?", "Set up Post\u2011greSQL (a non-breaking one).", []),
+        ("Is Post\u00adgreSQL used?", "PostgreSQL is used.", []),
+        # Dropped hyphens join a whole word only: short names stay missing inside others.
+        ("How do I run an A-B test?", "Enable the table view.", ["a-b"]),
+        ("Does it support K-8 mode?", "Deploy it on k8s clusters.", ["k-8"]),
+        ("What does error E-1 mean?", "The e1000 driver.", ["e-1"]),
+        ("How do I reset the S-Pen?", "Press Spend to confirm.", ["s-pen"]),
+        ("Is Wi\u2011Fi supported?", "Stored with the file.", ["wi-fi"]),
+        # A name split by a space, or another word, is missing.
+        ("How do I join the Wi-Fi network?", "Join the Wi Fi network from Settings.", ["wi-fi"]),
+        ("How do I join the Wi-Fi network?", "Join the Wi-Max network from Settings.", ["wi-fi"]),
+    ],
+)
+def test_names_are_found_written_with_or_without_hyphens(question, text, missing) -> None:
+    assert missing_terms(question, [text]) == missing
+
+
 async def test_an_english_question_answered_in_russian_is_answered_from_the_text():
     # The answer's language is not the question's: read by the Russian rule (every Latin
     # word is a name), "How" would be a name no document holds.
