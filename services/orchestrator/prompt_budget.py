@@ -3,8 +3,9 @@
 The LLM service refuses a first prompt past its limit; the orchestrator shapes what it sends
 so that never happens for an ordinary question (docs/architecture.md §17):
 
-- the section list (S1, S4) is at most `prompt_token_budget` tokens, and with everything
-  else it must fit `limit` (the LLM's prompt limit, lowered by the caller's context budget)
+- the section list (S1, S4) is at most `prompt_token_budget` tokens, the question with it
+  at most MAX_MESSAGE_CHARS characters (one message), and with everything else it must fit
+  `limit` (the LLM's prompt limit, lowered by the caller's context budget)
   less the room the LLM's own additions take (LLM_PROMPT_RESERVE_TOKENS and the anchors);
 - past that, the lowest-scored summaries are shortened first (to MIN_SUMMARY_TOKENS), then
   the lowest-scored sections are dropped; the oldest history turns go only when not even
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.common import errors
-from services.common.generate_contract import question_turn
+from services.common.generate_contract import MAX_MESSAGE_CHARS, question_turn
 from services.common.prompt_limits import (
     ANCHOR_LINE_SLACK,
     LLM_LIMIT_EXCEEDED,
@@ -170,7 +171,8 @@ class PromptFitter:
         self, query: str, sections: Sequence[SectionCandidate], *, list_room: int, room: int
     ) -> tuple[tuple[SectionCandidate, ...], str]:
         """The sections and the question holding their list: the list within `list_room`
-        tokens, and what it adds to the prompt (list and anchors) within `room`."""
+        tokens, what it adds to the prompt (list and anchors) within `room`, and the question
+        with it within MAX_MESSAGE_CHARS characters."""
         tok = self.tokenizer
         kept = list(sections)
         caps: list[int | None] = [None] * len(kept)
@@ -183,7 +185,11 @@ class PromptFitter:
             )
             question = question_turn(query, listing)
             adds = tok.count(question) - empty + self._anchors(kept)
-            over = max(tok.count(listing) - list_room, adds - room)
+            # The turn is also one message the LLM service holds to MAX_MESSAGE_CHARS: its
+            # characters over that count as tokens to cut (a token holds at least one).
+            over = max(
+                tok.count(listing) - list_room, adds - room, len(question) - MAX_MESSAGE_CHARS
+            )
             if over <= 0:
                 return tuple(kept), question
             # The lowest-scored summary that can still be shortened, else the lowest section;

@@ -20,6 +20,7 @@ from services.common.search_contract import (
     KB_SOURCE,
     MAX_FILTER_VALUES,
     MAX_QUERY_CHARS,
+    USER_SOURCE,
     Filters,
     check_max_results,
     check_query,
@@ -409,6 +410,12 @@ class Responder:
             # The caller asked for the shared knowledge base by filter: S2, whose tools read
             # the knowledge base; the user's document tools cannot open its articles.
             decision = replace(decision, intent="knowledge_base", scenario="S2")
+        elif self._enable_filters and req.filters.source == USER_SOURCE:
+            # The caller asked for the user's own documents only: never the knowledge base,
+            # neither routed to nor fallen back on.
+            decision = replace(decision, knowledge_base_fallback=False)
+            if decision.intent == "knowledge_base":
+                decision = replace(decision, intent="documents", scenario="S1")
         log.info(
             "scenario_decision",
             extra={"scenario": decision.scenario, "intent": decision.intent,
@@ -442,9 +449,16 @@ class Responder:
         if not self._model_routing or self._clock() < self._rules_only_until:
             return rules
         system = decision_prompt(req.query, selection)
+        try:
+            fitted = self._fit(req, cfg, system)
+        except errors.LimitExceededError:
+            # The routing prompt holds the question twice (as data and as the user's turn):
+            # a question too long for it is routed by the rules, and only a question the
+            # answering prompt cannot hold is the caller's error.
+            return rules
         outcome = await self._generate(
             replace(
-                self._request(req, cfg, system, self._fit(req, cfg, system)),
+                self._request(req, cfg, system, fitted),
                 mode="chat",
                 response_schema=decision_schema(selection),
                 max_tokens=self._decision_tokens,
@@ -608,14 +622,16 @@ class Responder:
                 args["code"] = decision.currency
             planned = (PlannedCall(FETCH_CBR_DATA, args),)
         elif decision.intent == "key_rate":
-            planned = (
-                PlannedCall(
-                    FETCH_CBR_DATA,
-                    {"mode": "key_rate",
-                     "date_from": (today - timedelta(days=KEY_RATE_DAYS)).isoformat(),
-                     "date_to": today.isoformat()},
-                ),
+            # The rate in force on the day the question names, else the last KEY_RATE_DAYS
+            # (the current rate with its recent changes).
+            key_args: dict[str, object] = (
+                {"mode": "key_rate", "date": decision.date}
+                if decision.date
+                else {"mode": "key_rate",
+                      "date_from": (today - timedelta(days=KEY_RATE_DAYS)).isoformat(),
+                      "date_to": today.isoformat()}
             )  # fmt: skip
+            planned = (PlannedCall(FETCH_CBR_DATA, key_args),)
         elif decision.intent == "finance_news":
             planned = (
                 PlannedCall(

@@ -301,6 +301,11 @@ async def test_a_selected_document_that_does_not_exist_is_404():
          {"mode": "currency", "date": "2025-02-01", "code": "EUR"}),
         ("Какая сейчас ключевая ставка ЦБ?", "key_rate", "fetch_cbr_data",
          {"mode": "key_rate", "date_from": "2026-10-23", "date_to": "2026-11-22"}),
+        # A named day: the rate in force on it, not the last 30 days.
+        ("Какая была ключевая ставка 1 марта 2024?", "key_rate", "fetch_cbr_data",
+         {"mode": "key_rate", "date": "2024-03-01"}),
+        ("What was the key rate on 2023-07-01?", "key_rate", "fetch_cbr_data",
+         {"mode": "key_rate", "date": "2023-07-01"}),
         ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
         ("Какая ставка НДС на услуги?", "knowledge_base", "search_general_kb",
          {"query": "Какая ставка НДС на услуги?", "top_k": 5}),
@@ -486,6 +491,24 @@ async def test_a_definition_the_users_documents_lack_comes_from_the_knowledge_ba
     assert (out.scenario, out.intent) == ("S2", "knowledge_base")
     assert [p.tool_name for p in g.requests[-1].planned_calls] == ["search_general_kb"]
     assert [s.doc_id for s in out.sources] == ["kb-vat"]
+
+
+@pytest.mark.parametrize("query", ["Что такое НДС?", "Какая ставка НДС на услуги?"])
+async def test_a_user_source_filter_never_reads_the_knowledge_base(query):
+    # The caller scoped the request to the user's documents: neither the definition's
+    # fallback nor the rules' knowledge-base route reads the shared knowledge base.
+    r, g = _EmptyRetriever(), FakeGenerator()
+    responder = Responder(r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False)
+    out = await responder.respond(inp(query=query, filters=Filters(source="user")))
+    assert (out.scenario, out.intent) == ("S1", "documents")
+    assert [c[2].source for c in r.calls] == ["user"]
+    assert "search_general_kb" not in g.requests[-1].allowed_tools
+    assert not g.requests[-1].planned_calls and out.sources == ()
+    # Without the filter the same questions do reach it.
+    r, g = _EmptyRetriever(), FakeGenerator()
+    responder = Responder(r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False)
+    out = await responder.respond(inp(query=query))
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
 
 
 async def test_an_ordinary_documents_question_does_not_fall_back_to_the_knowledge_base():

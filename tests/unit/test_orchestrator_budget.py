@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from services.common import errors
-from services.common.generate_contract import turn_parts
+from services.common.generate_contract import MAX_MESSAGE_CHARS, turn_parts
 from services.common.prompt_limits import LLM_PROMPT_RESERVE_TOKENS
+from services.common.search_contract import MAX_QUERY_CHARS
 from services.common.settings import Env
 from services.common.shared_config import llm_prompt_limit
 from services.common.tokenizer import default_tokenizer
@@ -38,6 +39,7 @@ from services.orchestrator.model import (
 from services.orchestrator.prompt_budget import MIN_SUMMARY_TOKENS, PromptFitter
 from services.orchestrator.respond import Responder
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+from services.orchestrator.scenarios import decision_prompt
 from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
 from services.toolsproxy.search_tools import SearchTools
 from services.toolsproxy.tavily import TavilyClient, TavilySettings, tavily_tool
@@ -263,6 +265,64 @@ async def test_the_routing_prompt_fits_too():
     routing = requests[0]
     assert routing.system_prompt.startswith("You route")
     assert llm_count(routing, max_prompt_tokens=4096) <= 4096
+
+
+async def test_a_question_too_long_for_the_routing_prompt_is_routed_by_the_rules():
+    # The routing prompt holds the question twice (as data and as the user's turn): a
+    # question the answering prompt holds is answered, routed by the rules, never a 400.
+    query = "Как настроить сервер управления кластера для резервного копирования? " * 55
+    assert len(query) <= MAX_QUERY_CHARS
+    with pytest.raises(errors.LimitExceededError):  # what the routing call would need
+        PromptFitter(TOK, 4096).fit(
+            system=decision_prompt(query), history=(), query=query, context_token_budget=4096
+        )
+    out, requests = await respond(TEN_RUSSIAN, routing=True, query=query)
+    assert (out.scenario, out.decided_by) == ("S1", "rules")
+    assert not any(r.system_prompt.startswith("You route") for r in requests)
+    assert llm_count(requests[-1], max_prompt_tokens=4096) <= 4096
+    # A question neither prompt holds is still the caller's 400.
+    with pytest.raises(errors.LimitExceededError) as info:
+        await respond(TEN_RUSSIAN, routing=True, query="䷀" * 4000)
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+
+
+def _long_sections(n: int) -> list[SectionCandidate]:
+    return [_section(i, f"{i} " + RU * 5, 0.9 - i / 100) for i in range(n)]
+
+
+def test_the_question_with_its_list_stays_one_message_the_llm_takes():
+    # Token limits far above the defaults (MAX_PROMPT_TOKENS 32768, prompt_token_budget
+    # 16000): 50 long summaries make more characters than the one message the LLM service
+    # takes (MAX_MESSAGE_CHARS), which it refused.
+    sections = _long_sections(50)
+    assert sum(len(s.summary) for s in sections) > MAX_MESSAGE_CHARS
+    fitted = PromptFitter(TOK, 1 << 20, reserve=0).fit(
+        system="", history=(), query="q", context_token_budget=1 << 20, sections=sections,
+        list_budget=1 << 20,
+    )  # fmt: skip
+    assert len(fitted.question) <= MAX_MESSAGE_CHARS
+    assert not all(s.summary.strip() in fitted.question for s in sections)  # cut to fit
+
+
+def test_a_list_at_the_message_limit_is_kept_whole_and_one_character_more_cuts_it():
+    sections = _long_sections(24)
+    fitter = PromptFitter(TOK, 1 << 20, reserve=0)
+
+    def fit(query: str):
+        return fitter.fit(
+            system="", history=(), query=query, context_token_budget=1 << 20,
+            sections=sections, list_budget=1 << 20,
+        )  # fmt: skip
+
+    short = fit("q").question
+    assert len(fit("q").sections) == 24 and all(s.summary.strip() in short for s in sections)
+    at_limit = "q" * (MAX_MESSAGE_CHARS - len(short) + 1)
+    at = fit(at_limit)
+    assert len(at.question) == MAX_MESSAGE_CHARS and len(at.sections) == 24
+    assert turn_parts(at.question)[1] == turn_parts(short)[1]  # every summary whole
+    past = fit(at_limit + "q")
+    assert len(past.question) <= MAX_MESSAGE_CHARS
+    assert turn_parts(past.question)[1] != turn_parts(short)[1]
 
 
 async def test_a_lower_context_budget_lowers_the_room():
