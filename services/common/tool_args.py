@@ -15,6 +15,11 @@ Two extension keywords of the tool schemas:
 - `x-maximum-code` on a number names the error code of going past its `maximum`
   (read_chunk_window's radius answers WINDOW_TOO_LARGE, not INVALID_ARGUMENT).
 
+A string (a value or a field name) that is not valid Unicode, one holding a lone surrogate
+such as JSON's "\\ud800" that cannot be encoded as UTF-8, is refused before the schema is
+looked at: nothing downstream (a database, the wire) can carry it, nor could a message
+quoting it.
+
 A refusal is one `ArgumentError` whose message starts with the argument's path
 (`arguments.doc_id is required`, `arguments.ids[0] must be string`); of several faults the
 shallowest is named, the same one for the same input every time.
@@ -142,11 +147,46 @@ def _normalised(schema: Any, value: Any) -> Any:
     return value
 
 
+def _is_unicode(text: str) -> bool:
+    """True unless `text` holds a lone surrogate (the one thing UTF-8 cannot encode)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_unicode(value: Any, path: str) -> str | None:
+    """The refusal of the shallowest string in `value` that is not valid Unicode, or None."""
+    level: list[tuple[str, Any]] = [(path, value)]
+    while level:
+        deeper: list[tuple[str, Any]] = []
+        for where, v in level:
+            if isinstance(v, str):
+                if not _is_unicode(v):
+                    return f"{where} is not valid Unicode (a lone surrogate cannot be UTF-8)"
+            elif isinstance(v, dict):
+                for key, item in v.items():
+                    if isinstance(key, str) and not _is_unicode(key):
+                        # repr escapes the surrogate, so the message itself stays encodable.
+                        return f"{where} has a field name that is not valid Unicode: {key!r}"
+                    deeper.append((_path(where, [key]), item))
+            elif isinstance(v, list | tuple):
+                deeper.extend((_path(where, [i]), item) for i, item in enumerate(v))
+        level = deeper
+    return None
+
+
 def check_arguments(schema: Mapping[str, Any], value: Any, path: str = "arguments") -> Any:
     """`value` checked against `schema`; integers written as 2.0 come back as 2.
 
     Raises ArgumentError naming the argument at fault (`path` is the name of the whole).
     """
+    broken = _not_unicode(value, path)
+    if broken is not None:
+        raise ArgumentError(broken)
     faults = list(_Validator(schema).iter_errors(value))
     if not faults:
         return _normalised(schema, value)

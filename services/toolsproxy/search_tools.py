@@ -74,7 +74,8 @@ def _hits(hits: Sequence[SearchHitView], threshold: float) -> dict[str, Any]:
 
 
 class SearchTools:
-    """The two search tools over a Searcher."""
+    """The two search tools over a Searcher; rate-limited on the tenant key whatever
+    document ids they filter on (`Tool.doc_rate_keys`)."""
 
     def __init__(self, searcher: Searcher) -> None:
         self._searcher = searcher
@@ -102,6 +103,7 @@ class SearchTools:
                         ["query"],
                     ),
                     self.search_user_documents,
+                    doc_rate_keys=False,  # document_ids filter the search: the tenant key
                 ),
                 Tool(
                     SEARCH_GENERAL_KB,
@@ -116,6 +118,7 @@ class SearchTools:
                         ["query"],
                     ),
                     self.search_general_kb,
+                    doc_rate_keys=False,
                 ),
             )
         }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import email.utils
+import json
 import logging
 import math
 import time
@@ -71,6 +72,8 @@ TIME_RANGES = ("day", "week", "month", "year")
 SEARCH_DEPTHS = ("basic", "advanced")
 """Tavily's search_depth values; agent.md §5.3 asks for advanced, the default."""
 MAX_RESPONSE_BYTES = 2 * 1024 * 1024
+"""Largest answer body read (after its Content-Encoding is undone); a longer one is refused
+as it streams, the rest never read."""
 MAX_URL_CHARS = 2048
 
 
@@ -336,9 +339,16 @@ class TavilyClient:
         self, body: dict[str, Any], headers: dict[str, str], timeout_s: float, says_nothing: bool
     ) -> dict[str, Any]:
         try:
-            response = await self._http.post(
-                self._url, json=body, headers=headers, timeout=timeout_s, follow_redirects=False
-            )
+            async with self._http.stream(
+                "POST",
+                self._url,
+                json=body,
+                headers=headers,
+                timeout=timeout_s,
+                follow_redirects=False,
+            ) as response:
+                status, answered = response.status_code, response.headers
+                content = await _read_capped(response, MAX_RESPONSE_BYTES)
         except httpx.TimeoutException:
             # Not retried: one more full timeout would blow the caller's budget.
             raise _Attempt(
@@ -351,11 +361,16 @@ class TavilyClient:
             raise _Attempt(
                 _unavailable("Tavily cannot be reached"), retry=True, outage=True
             ) from None
-        status = response.status_code
+        except httpx.RequestError:
+            # Any other failure of the exchange, such as a body its Content-Encoding cannot
+            # decode (httpx.DecodingError): Tavily answered, but nothing usable.
+            raise _Attempt(
+                _unavailable("Tavily sent an unexpected answer"), retry=False, outage=True
+            ) from None
         if status == 200:
-            return self._parse(response)
+            return self._parse(content)
         if status == 429:
-            wait = retry_after_seconds(response.headers.get("Retry-After"))
+            wait = retry_after_seconds(answered.get("Retry-After"))
             limited = TavilyError(
                 RATE_LIMIT_EXCEEDED,
                 "Finance news search is rate limited by Tavily; try again later"
@@ -366,7 +381,7 @@ class TavilyClient:
         if status in TRANSIENT_STATUSES:
             raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=True, outage=True)
         if status in (400, 422):
-            detail = _detail(response)
+            detail = _detail(content)
             raise _Attempt(
                 TavilyError(
                     INVALID_ARGUMENT,
@@ -391,12 +406,13 @@ class TavilyClient:
             )
         raise _Attempt(_unavailable(f"Tavily answered {status}"), retry=False, outage=True)
 
-    def _parse(self, response: httpx.Response) -> dict[str, Any]:
+    def _parse(self, content: bytes | None) -> dict[str, Any]:
+        """The payload of a 200 body (None: over MAX_RESPONSE_BYTES) or raises an _Attempt."""
         bad = _Attempt(_unavailable("Tavily sent an unexpected answer"), retry=False, outage=True)
-        if len(response.content) > MAX_RESPONSE_BYTES:
+        if content is None:
             raise bad
         try:
-            payload = response.json()
+            payload = json.loads(content)
         except ValueError:
             raise bad from None
         if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
@@ -424,10 +440,20 @@ def _log_retry(failed: _Attempt, attempt: int, delay: float) -> None:
     )
 
 
-def _detail(response: httpx.Response) -> str:
+async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
+    """The (decoded) body, or None as soon as it runs past `cap` bytes: the rest is never read."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body.extend(chunk)
+        if len(body) > cap:
+            return None
+    return bytes(body)
+
+
+def _detail(content: bytes | None) -> str:
     """Tavily's error text from ``{"detail": {"error": ...}}``, short and single-line."""
     try:
-        body = response.json()
+        body = json.loads(content or b"")
     except ValueError:
         return ""
     detail = body.get("detail") if isinstance(body, dict) else None
@@ -582,4 +608,5 @@ def tavily_tool(client: TavilyClient) -> Tool:
         schema,
         run,
         content="external",  # web text: delimited as EXTERNAL, untrusted data
+        doc_rate_keys=False,  # a web search: the tenant key
     )

@@ -7,8 +7,10 @@ tool (document, search or external) under the same rules:
   schema is closed (`additionalProperties: false`) and `tenant_id`/`user_id` arguments are
   refused before the schema is even looked at;
 - arguments are checked against the tool's JSON schema, whose limits are stated in it;
-- rate limits by calls and by result tokens per `tenant_id:doc_id` (per tenant for calls
-  that name no document), see `ratelimit.py`;
+- rate limits by calls and by result tokens per `tenant_id:doc_id` of the documents a call
+  reads (per tenant for calls that read none: searches, whatever ids they filter on, and
+  external data), see `ratelimit.py`; a call in flight counts at its text budget until
+  its result's tokens are charged;
 - every text field of a result (`text`, `content`, `snippet`) counts against the tool's
   `max_text_bytes`, is trimmed at a character boundary when over (its object gets
   `truncated: true`, and so does the result), and is returned as delimited data:
@@ -19,7 +21,9 @@ tool (document, search or external) under the same rules:
 - one JSON log line and one metrics observation per call.
 
 A tool failing is a result (`Outcome` with an error code) the model can react to; a bug
-in a tool propagates (the server turns it into INTERNAL) after being logged and counted.
+in a tool propagates (the server turns it into INTERNAL) after being logged and counted; a
+call the caller cancelled (or whose deadline passed) is logged and counted as CANCELLED and
+the cancellation propagates.
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ OK = "OK"
 """The outcome code of a successful call in logs and metrics."""
 INTERNAL = "INTERNAL"
 """The outcome code in logs and metrics of a call whose tool raised an unexpected exception."""
+CANCELLED = "CANCELLED"
+"""The outcome code in logs and metrics of a call cancelled before it ended (the caller went
+away or its deadline passed)."""
 
 MAX_LOCAL_SEARCH_RESULTS = 5
 """doc_local_search returns at most this many hits (the contract's `max_results` <= 5)."""
@@ -140,6 +147,9 @@ class Tool:
     `snippet`; the executor trims, delimits and labels it. `content` says where the text
     comes from: "document" (the tenant's documents, the knowledge base) or "external"
     (CBR, Tavily). `max_text_bytes` overrides the executor's per-result limit.
+    `doc_rate_keys` says whether the documents a call names (`doc_id`, `document_ids`,
+    `doc_ids`) are documents it reads, each its own rate-limit key; a search sets it False:
+    its ids only filter the search, and it counts against the tenant key alone.
     """
 
     name: str
@@ -148,6 +158,7 @@ class Tool:
     run: Callable[[Caller, dict[str, Any]], ToolResult | Awaitable[ToolResult]]
     content: str = "document"
     max_text_bytes: int | None = None
+    doc_rate_keys: bool = True
 
 
 # --- untrusted text: trimming and delimiting -------------------------------------------------
@@ -610,7 +621,8 @@ class ToolMetrics(Protocol):
     def observe(
         self, tool: str, tenant_id: str, outcome_code: str, latency_s: float, tokens: int
     ) -> None:
-        """`outcome_code` is OK, an error code, or INTERNAL; `tokens` those of the result text."""
+        """`outcome_code` is OK, an error code, CANCELLED or INTERNAL; `tokens` those of the
+        result text."""
 
 
 class NoMetrics:
@@ -663,12 +675,17 @@ class Outcome:
     retry_after_s: int = 0
 
 
+_LOG_LEVELS = {INTERNAL: logging.ERROR, CANCELLED: logging.WARNING}
+"""The level of a call's log line by outcome code; INFO for any other."""
+
+
 def _error(code: str, message: str, retry_after_s: int = 0) -> Outcome:
     return Outcome("error", error_code=code, error_message=message, retry_after_s=retry_after_s)
 
 
 def _named_documents(args: Mapping[str, Any]) -> list[str]:
-    """The doc ids a call names (doc_id, document_ids, doc_ids): its rate-limit keys."""
+    """The doc ids a call names (doc_id, document_ids, doc_ids): the rate-limit keys of a tool
+    whose `doc_rate_keys` is set."""
     ids: list[str] = []
     if isinstance(args.get("doc_id"), str):
         ids.append(args["doc_id"])
@@ -734,11 +751,15 @@ class ToolExecutor:
             code = OK if outcome.status == "ok" else outcome.error_code
             truncated = bool(outcome.result and outcome.result.get("truncated"))
             return outcome
+        except asyncio.CancelledError:
+            # The caller went away or its deadline passed: not a fault of the tool.
+            code = CANCELLED
+            raise
         finally:
             latency = max(0.0, self._timer() - started)
             self._metrics.observe(label, caller.tenant_id, code, latency, tokens)
             log.log(
-                logging.ERROR if code == INTERNAL else logging.INFO,
+                _LOG_LEVELS.get(code, logging.INFO),
                 "tool_call",
                 extra={
                     "tool": label,
@@ -771,10 +792,30 @@ class ToolExecutor:
             args = check_arguments(tool.schema, arguments)
         except ArgumentError as exc:
             return _error(exc.code, str(exc)), 0
+        budget = tool.max_text_bytes or self._limits.max_text_bytes
         try:
-            reservation = self._limiter.acquire(caller.tenant_id, _named_documents(args))
+            # A result's text is at most `budget` bytes, hence at most `budget` tokens: the
+            # call counts at that until it is charged, so calls in flight cannot all pass.
+            reservation = self._limiter.acquire(
+                caller.tenant_id,
+                _named_documents(args) if tool.doc_rate_keys else (),
+                bound=budget,
+            )
         except RateLimitExceeded as exc:
             return _error(RATE_LIMIT_EXCEEDED, str(exc), exc.retry_after_s), 0
+        try:
+            return await self._run(tool, args, caller, reservation, budget)
+        finally:
+            reservation.release()
+
+    async def _run(
+        self,
+        tool: Tool,
+        args: dict[str, Any],
+        caller: Caller,
+        reservation: Reservation,
+        budget: int,
+    ) -> tuple[Outcome, int]:
         try:
             if inspect.iscoroutinefunction(tool.run):
                 raw = await tool.run(caller, args)
@@ -789,7 +830,6 @@ class ToolExecutor:
         except StoreUnavailableError:  # the store's error names its host: not for the model
             log.warning("document store unavailable", exc_info=True)
             return _error(UPSTREAM_UNAVAILABLE, "the document store is unavailable right now"), 0
-        budget = tool.max_text_bytes or self._limits.max_text_bytes
         shaped = shape_result(raw, budget, tool.content)
         return Outcome("ok", result=shaped.result), self._charge(reservation, shaped)
 

@@ -18,7 +18,9 @@ Follows Tavily's documented contract (docs.tavily.com, API reference "Search"; t
 Results are deterministic functions of the request. Faults on demand: ``fail_next`` (5xx
 with the API's error body), ``rate_limit_next`` (429 with ``Retry-After``), ``hang_next``
 (no answer until the server stops), ``drop_next`` (close without answering),
-``garbage_next`` (200 with a body of the wrong shape). Every request is recorded.
+``garbage_next`` (200 with a body of the wrong shape), ``raw_next`` (200 with the bytes and
+headers given, optionally a longer Content-Length whose rest never comes). Every request is
+recorded.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class FakeTavilyServer:
         self._lock = threading.Lock()
         self._release = threading.Event()
         self._faults: list[tuple[str, int, str | None]] = []
+        self._raw: list[tuple[bytes, dict[str, str], int | None]] = []
         self._served = 0
         self._server = QuietHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -144,6 +147,20 @@ class FakeTavilyServer:
         """Answer the next ``times`` requests 200 with a body that is not the API's shape."""
         with self._lock:
             self._faults.extend([("garbage", 0, None)] * times)
+
+    def raw_next(
+        self, body: bytes, headers: dict[str, str] | None = None, *, length: int | None = None
+    ) -> None:
+        """Answer the next request 200 with `body` as is and `headers`. With `length` over
+        len(body), Content-Length says `length` and, once `body` is sent, the connection is
+        held without another byte until the server stops."""
+        with self._lock:
+            self._raw.append((body, dict(headers or {}), length))
+            self._faults.append(("raw", 200, None))
+
+    def _next_raw(self) -> tuple[bytes, dict[str, str], int | None]:
+        with self._lock:
+            return self._raw.pop(0)
 
     def _next_fault(self) -> tuple[str, int, str | None] | None:
         with self._lock:
@@ -249,6 +266,20 @@ class FakeTavilyServer:
                         return
                     if kind == "drop":
                         self.close_connection = True
+                        return
+                    if kind == "raw":
+                        data, headers, length = fake._next_raw()
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(length or len(data)))
+                        for name, value in headers.items():
+                            self.send_header(name, value)
+                        self.end_headers()
+                        self.wfile.write(data)
+                        self.wfile.flush()
+                        if length is not None and length > len(data):
+                            fake._release.wait()
+                            self.close_connection = True
                         return
                     if kind == "garbage":
                         self._send(200, {"unexpected": True, "results": "none"})

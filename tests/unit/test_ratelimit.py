@@ -2,7 +2,12 @@
 
 import pytest
 
-from services.toolsproxy.ratelimit import RateLimiter, RateLimitExceeded, RateLimits
+from services.toolsproxy.ratelimit import (
+    IN_FLIGHT_WAIT_S,
+    RateLimiter,
+    RateLimitExceeded,
+    RateLimits,
+)
 
 
 class Clock:
@@ -192,3 +197,96 @@ def test_idle_keys_are_forgotten():
     for _ in range(1024):
         rl.acquire("t", ["live"])
     assert rl.tracked_keys() == 1
+
+
+# --- calls in flight: each counts at its bound until it is charged or released ---------------
+
+
+@pytest.mark.parametrize(("limit", "third_ok"), [(101, True), (100, False)])
+def test_calls_in_flight_count_at_their_bound(limit, third_ok):
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=limit)
+    rl.acquire("t", ["d"], bound=50)
+    rl.acquire("t", ["d"], bound=50)  # 50 in flight, below the limit
+    if third_ok:  # 100 in flight, below 101
+        rl.acquire("t", ["d"], bound=50)
+        return
+    with pytest.raises(RateLimitExceeded) as exc:  # 100 in flight: at the limit
+        rl.acquire("t", ["d"], bound=50)
+    # Only the calls in flight fill the key: they end soon, so a short retry-after.
+    assert (exc.value.what, exc.value.retry_after_s) == ("tokens", IN_FLIGHT_WAIT_S)
+    rl.acquire("t", ["other"], bound=50)  # another key
+
+
+def test_a_key_over_its_limit_by_charged_tokens_waits_for_them_to_leave_the_window():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100)
+    rl.acquire("t", ["d"]).charge(99)  # charged, 1 below the limit
+    clock.now += 10
+    running = rl.acquire("t", ["d"], bound=50)  # admitted: 99 < 100; 149 with its bound
+    with pytest.raises(RateLimitExceeded) as exc:  # the charged 99 alone stays under: in flight
+        rl.acquire("t", ["d"], bound=50)
+    assert exc.value.retry_after_s == IN_FLIGHT_WAIT_S
+    running.charge(1)  # now at the limit by charged tokens alone
+    running.release()
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"], bound=50)
+    assert exc.value.retry_after_s == 50  # the first call leaves the window then
+
+
+def test_the_real_count_replaces_the_bound():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=61)
+    first = rl.acquire("t", ["d"], bound=50)
+    rl.acquire("t", ["d"], bound=50)
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"], bound=50)  # 100 in flight
+    first.charge(5)
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"], bound=50)  # 5 charged + 45 + 50 still possible
+    first.release()
+    rl.acquire("t", ["d"], bound=50)  # 5 + 50 < 61
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"], bound=50)  # 5 + 50 + 50
+
+
+def test_a_released_call_that_charged_nothing_frees_its_bound():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100)
+    failed = rl.acquire("t", ["d"], bound=100)
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"], bound=100)
+    failed.release()
+    failed.release()  # idempotent
+    rl.acquire("t", ["d"], bound=100)
+
+
+@pytest.mark.parametrize("bound", [0, 1_000])
+def test_one_call_at_a_time_is_limited_as_without_bounds(bound):
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=20)
+    for _ in range(2):
+        r = rl.acquire("t", ["d"], bound=bound)  # admitted below the limit, bound or not
+        r.charge(10)
+        r.release()
+        clock.now += 5
+    with pytest.raises(RateLimitExceeded) as exc:
+        rl.acquire("t", ["d"], bound=bound)
+    assert (exc.value.what, exc.value.retry_after_s) == ("tokens", 50)
+    clock.now += 50
+    big = rl.acquire("t", ["d"], bound=bound)
+    big.charge(500)  # the call that crosses the limit is served in full
+    big.release()
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"], bound=bound)
+
+
+def test_a_call_in_flight_past_its_window_is_not_counted_twice():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100)
+    late = rl.acquire("t", ["d"], bound=50)
+    clock.now += 61
+    rl.acquire("t", ["d"]).charge(100)  # prunes the late call's entry, bound and all
+    late.release()  # must not take its bound off the window a second time
+    with pytest.raises(RateLimitExceeded):
+        rl.acquire("t", ["d"])

@@ -8,6 +8,7 @@ from services.common import errors
 from services.common.search_contract import KB_TENANT
 from services.common.untrusted import unwrap_untrusted
 from services.docstore.kb_csv import read_knowledge_base_csv
+from services.toolsproxy.ratelimit import RateLimiter, RateLimits
 from services.toolsproxy.search_tools import MAX_TOP_K, SearchCall, SearchHitView, SearchTools
 from services.toolsproxy.tools import Caller, ToolExecutor
 
@@ -122,3 +123,23 @@ async def test_arguments_at_and_past_the_limits(args, ok):
 async def test_retrieval_failures_are_results_the_model_can_react_to(exc, code):
     out = await executor(FakeSearcher(fail=exc)).execute("search_general_kb", {"query": "x"}, A)
     assert (out.status, out.error_code) == ("error", code)
+
+
+async def test_searches_count_against_the_tenant_key_whatever_ids_they_name():
+    # Document ids only filter a search: made-up ones must not open new rate-limit keys.
+    s = FakeSearcher()
+    ex = ToolExecutor(
+        SearchTools(s).tools,
+        rate_limiter=RateLimiter(RateLimits(calls_per_minute=60, tenant_calls_per_minute=3)),
+    )
+    for i in range(2):  # at the limit: the third call of the tenant
+        args = {"query": "LDAP", "document_ids": [f"made-up-{i}", f"other-{i}"]}
+        assert (await ex.execute("search_user_documents", args, A)).status == "ok"
+    assert (await ex.execute("search_general_kb", {"query": "tax"}, A)).status == "ok"
+    out = await ex.execute(
+        "search_user_documents", {"query": "LDAP", "document_ids": ["made-up-3"]}, A
+    )  # one past it
+    assert out.error_code == "RATE_LIMIT_EXCEEDED" and "tenant" in out.error_message
+    assert out.retry_after_s == 60 and len(s.calls) == 3
+    other = Caller("tenant-b", "u2")
+    assert (await ex.execute("search_general_kb", {"query": "tax"}, other)).status == "ok"

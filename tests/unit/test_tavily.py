@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -26,13 +27,14 @@ from services.common.tool_contract import (
 from services.common.topology import free_ports
 from services.toolsproxy.config import tavily_settings
 from services.toolsproxy.tavily import (
+    MAX_RESPONSE_BYTES,
     TavilyClient,
     TavilyError,
     TavilySettings,
     days_to_time_range,
     tavily_tool,
 )
-from services.toolsproxy.tools import Caller, Tool, ToolFailure
+from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
 from tests.fakes.tavily_server import FakeTavilyServer
 from tests.unit.json_logs import json_lines
 
@@ -713,7 +715,7 @@ async def test_a_search_that_fails_unexpectedly_is_still_one_external_call_event
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug of ours")
 
-    client._http = SimpleNamespace(post=broken)  # type: ignore[assignment]
+    client._http = SimpleNamespace(stream=broken)  # type: ignore[assignment]
     with json_lines("toolsproxy") as logs:
         with pytest.raises(RuntimeError):
             await client.search("key rate", tenant_id="t1", user_id="u")
@@ -729,3 +731,45 @@ async def test_429_with_retry_after_0_tells_the_caller_at_least_1_s(h: Harness) 
         await call(h.tool(retry={"attempts": 1}), ALICE, {"query": "rates"})
     assert info.value.code == RATE_LIMIT_EXCEEDED
     assert "(in 1 s)" in info.value.message and "0 s" not in info.value.message
+
+
+# -- answers the transport cannot use -----------------------------------------------------
+
+
+async def test_a_body_its_content_encoding_cannot_undo_is_upstream_unavailable(h: Harness) -> None:
+    broken = b'{"results": []} is not gzip at all'
+    h.fake.raw_next(broken, {"Content-Encoding": "gzip"})  # httpx.DecodingError
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE and "unexpected" in info.value.message
+    assert len(h.fake.requests) == 1  # an answer, if a broken one: not retried
+    h.fake.raw_next(broken, {"Content-Encoding": "gzip"})
+    outcome = await ToolExecutor({"news": h.tool()}).execute("news", {"query": "key rate"}, ALICE)
+    assert (outcome.status, outcome.error_code) == ("error", UPSTREAM_UNAVAILABLE)
+
+
+def _body_of(size: int) -> bytes:
+    """A valid answer with one result, padded with JSON whitespace to exactly `size` bytes."""
+    item = {"title": "Key rate", "url": "https://news.example.com/k", "content": "Held."}
+    data = json.dumps({"query": "rates", "results": [item]}).encode()
+    return data + b" " * (size - len(data))
+
+
+async def test_a_body_at_the_size_cap_is_read(h: Harness) -> None:
+    h.fake.raw_next(_body_of(MAX_RESPONSE_BYTES))
+    result = await call(h.tool(), ALICE, {"query": "rates"})
+    assert [r["url"] for r in result["results"]] == ["https://news.example.com/k"]
+
+
+@pytest.mark.parametrize("rest_never_comes", [False, True])
+async def test_a_body_one_byte_past_the_cap_is_refused_as_it_streams(
+    h: Harness, rest_never_comes: bool
+) -> None:
+    body = _body_of(MAX_RESPONSE_BYTES + 1)
+    # With the rest never sent, reading the whole body would wait for the timeout instead.
+    h.fake.raw_next(body, length=4 * MAX_RESPONSE_BYTES if rest_never_comes else None)
+    with pytest.raises(ToolFailure) as info:
+        await call(h.tool(timeout_s=5.0), ALICE, {"query": "rates"})
+    assert info.value.code == UPSTREAM_UNAVAILABLE
+    assert "unexpected" in info.value.message  # refused at the cap, not timed out
+    assert len(h.fake.requests) == 1

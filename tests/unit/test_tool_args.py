@@ -95,3 +95,33 @@ def test_integral_floats_come_back_as_ints_where_an_integer_is_wanted() -> None:
 def test_the_path_names_the_whole() -> None:
     with pytest.raises(ArgumentError, match=r"^args\.doc_id is required$"):
         check_arguments(SCHEMA, {}, path="args")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"doc_id": "d\ud800"},
+         "arguments.doc_id is not valid Unicode (a lone surrogate cannot be UTF-8)"),
+        ({"doc_id": "d", "note": "\udfff"},
+         "arguments.note is not valid Unicode (a lone surrogate cannot be UTF-8)"),
+        ({"doc_id": "d", "ids": [1, "x\udc00"]},
+         "arguments.ids[1] is not valid Unicode (a lone surrogate cannot be UTF-8)"),
+        ({"doc_id": "d", "x\ud800": 1},
+         "arguments has a field name that is not valid Unicode: 'x\\ud800'"),
+        # Named before the schema's faults (too long, unknown field, ...) and the shallowest
+        # first, the same for the same input every time.
+        ({"doc_id": "\ud800" * 9, "ids": ["\ud800"]},
+         "arguments.doc_id is not valid Unicode (a lone surrogate cannot be UTF-8)"),
+        ("\ud800", "arguments is not valid Unicode (a lone surrogate cannot be UTF-8)"),
+    ],
+)  # fmt: skip
+def test_a_string_that_is_not_valid_unicode_is_refused_naming_it(args: Any, message: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        check_arguments(SCHEMA, args)
+    assert (str(info.value), info.value.code) == (message, INVALID_ARGUMENT)
+    str(info.value).encode("utf-8")  # the refusal can itself be sent
+
+
+def test_valid_unicode_beyond_the_basic_plane_passes() -> None:
+    # A surrogate pair in JSON ("\ud83d\ude00") decodes to one valid character.
+    assert check_arguments(SCHEMA, {"doc_id": "\U0001f600", "note": "ж€"})["doc_id"] == "😀"

@@ -1,6 +1,7 @@
 """Document tools and the rules every tool obeys: limits, tenancy, delimiting, rate limits, logs."""
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -874,3 +875,134 @@ def test_load_documents_full_states_the_characters_its_limit_holds(tmp_path, ful
     tool = dict(DocumentTools(store, limits).tools)["load_documents_full"]
     assert f"full context suits up to {said} characters in all" in tool.description
     assert tool.schema["properties"]["document_ids"]["maxItems"] == limits.max_full_documents
+
+
+# --- calls in flight and cancellation -------------------------------------------------------
+
+
+class Gate:
+    """A tool (budget 100 bytes) that holds every call until opened; `fail` makes it fail."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.running = 0
+        self.fail: BaseException | None = None
+
+    async def run(self, caller, args):
+        self.running += 1
+        if self.fail is not None:
+            raise self.fail
+        await self.open.wait()
+        return {"text": "x"}
+
+    def tool(self):
+        return replace(external_tool({}, name="held"), run=self.run, max_text_bytes=100)
+
+
+async def settled(tasks, gate, expected):
+    """Let the tasks run until `expected` of them are held by the gate or done."""
+    for _ in range(100):
+        if gate.running + sum(t.done() for t in tasks) >= expected:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the calls did not get going")
+
+
+async def refused_at_once(ex, gate):
+    """Start one more call of the gated tool and check it was refused without running."""
+    task = asyncio.create_task(ex.execute("held", {}, A))
+    await settled([task], gate, gate.running + 1)
+    assert task.done(), "admitted"
+    assert task.result().error_code == "RATE_LIMIT_EXCEEDED"
+
+
+def tenant_tokens(limit):
+    return RateLimits(calls_per_minute=0, tokens_per_minute=0, tenant_tokens_per_minute=limit)
+
+
+@pytest.mark.parametrize(("limit", "admitted"), [(301, 4), (300, 3)])
+async def test_calls_in_flight_are_refused_once_their_bounds_reach_the_limit(
+    store, clock, limit, admitted
+):
+    gate = Gate()
+    ex = make_executor(store, clock, extra=[gate.tool()], rates=tenant_tokens(limit),
+                       count_tokens=lambda text: 1)  # fmt: skip
+    tasks = [asyncio.create_task(ex.execute("held", {}, A)) for _ in range(4)]
+    await settled(tasks, gate, 4)
+    assert gate.running == admitted  # 0, 100, 200 (and 300 < 301) in flight when admitted
+    refused = [t.result() for t in tasks if t.done()]
+    assert [o.error_code for o in refused] == ["RATE_LIMIT_EXCEEDED"] * (4 - admitted)
+    gate.open.set()
+    outcomes = await asyncio.gather(*tasks)
+    assert [o.status for o in outcomes].count("ok") == admitted
+    assert (await ex.execute("held", {}, A)).status == "ok"  # charged 1 token each: room again
+
+
+@pytest.mark.parametrize("failure", ["tool failure", "bug", "cancelled"])
+async def test_a_call_that_ends_without_a_result_releases_its_bound(store, clock, failure):
+    held, failing = Gate(), Gate()
+    failing.fail = {
+        "tool failure": ToolFailure("UPSTREAM_UNAVAILABLE", "down"),
+        "bug": RuntimeError("bug"),
+        "cancelled": None,
+    }[failure]
+    ex = make_executor(
+        store, clock, rates=tenant_tokens(200),
+        extra=[held.tool(), replace(failing.tool(), name="failing")],
+    )  # fmt: skip
+    first = asyncio.create_task(ex.execute("held", {}, A))
+    await settled([first], held, 1)  # 100 in flight
+    second = asyncio.create_task(ex.execute("failing", {}, A))
+    await settled([second], failing, 1)  # 200 in flight: the key is full
+    if failure == "cancelled":
+        await refused_at_once(ex, held)
+        second.cancel()
+    with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+        await second
+    third = asyncio.create_task(ex.execute("held", {}, A))  # 100 in flight when it asks
+    await settled([first, third], held, 2)
+    assert not third.done()  # admitted: the failed call's bound was released
+    await refused_at_once(ex, held)  # 200 in flight again
+    held.open.set()
+    assert [o.status for o in await asyncio.gather(first, third)] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+async def test_a_cancelled_call_is_counted_and_logged_as_cancelled(
+    store, clock, metrics, caplog, how
+):
+    async def slow(caller, args):
+        await asyncio.sleep(30)
+        return {"text": "never"}
+
+    ex = make_executor(store, clock, metrics, extra=[replace(external_tool({}), run=slow)])
+    with caplog.at_level(logging.INFO, logger="visior.toolsproxy"):
+        if how == "cancel":
+            task = asyncio.create_task(ex.execute("news", {}, A))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ex.execute("news", {}, A), 0.01)
+    assert [m[2] for m in metrics.seen] == ["CANCELLED"]
+    (record,) = [r for r in caplog.records if r.name == "visior.toolsproxy"]
+    assert (record.levelno, record.outcome) == (logging.WARNING, "CANCELLED")
+
+
+# --- strings that are not valid Unicode -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "path"),
+    [
+        ("read_doc_metadata", {"doc_id": "guide\ud800"}, "arguments.doc_id"),
+        ("doc_local_search", {"doc_id": "guide", "query": "topic\udfff topic3"}, "arguments.query"),
+        ("load_documents_full", {"document_ids": ["guide", "\ud800"]}, "arguments.document_ids[1]"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_invalid_argument_naming_it(executor, tool, args, path):
+    message = err(executor, tool, "INVALID_ARGUMENT", **args)
+    assert message.startswith(f"{path} is not valid Unicode")
+    message.encode("utf-8")  # the refusal itself can go on the wire
