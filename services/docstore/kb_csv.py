@@ -21,6 +21,9 @@ from services.docstore.summaries import Summarizer
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
 """Every knowledge-base CSV has these columns (header names are case-insensitive)."""
 DEFAULT_KB_FILE = "train_data.csv"
+SNIFF_CHARS = 1024
+"""The header's first characters the delimiter is guessed from: csv.Sniffer is about
+quadratic in its sample, and a header's delimiters show within its first names."""
 """The knowledge base's file (agent.md) when an ingest names none."""
 _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
@@ -71,7 +74,7 @@ def read_knowledge_base_csv(
     text = decode_text(content)
     try:
         dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(
-            text.split("\n", 1)[0], delimiters=",;\t"
+            text[:SNIFF_CHARS].split("\n", 1)[0], delimiters=",;\t"
         )
     except csv.Error:
         dialect = csv.excel

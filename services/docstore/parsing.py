@@ -58,7 +58,9 @@ MAX_FIRST_LINE_TITLE = 120
 """A first line longer than this is a paragraph, not a title: the document without one is
 titled by its doc_id."""
 
-_MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_MD_HEADING = re.compile(r"(#{1,6})\s+(\S.*)")
+"""An ATX heading's level and text, on a stripped line (`_md_heading` drops closing #s);
+linear: no pattern here can match the same characters two ways."""
 _FENCE = re.compile(r"^(```|~~~)")
 _SLUG = re.compile(r"[^0-9a-zа-яё]+")
 # "2.3 Title", "1. Introduction", "8.1.3. aptitude", "7.8. Что такое виртуальный пакет?" — a
@@ -309,6 +311,16 @@ def _first_line(page_texts: Sequence[str]) -> str:
 # --- Markdown -------------------------------------------------------------------------------
 
 
+def _md_heading(line: str) -> tuple[int, str] | None:
+    """(level, text) of a Markdown ATX heading ("## Title", "## Title ##"), or None; `line`
+    is stripped."""
+    m = _MD_HEADING.fullmatch(line)
+    if m is None:
+        return None
+    text = m.group(2)
+    return len(m.group(1)), text.rstrip("#").rstrip() or text
+
+
 def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], str]:
     """Sections by ATX headings (not inside code fences); the lone top heading is the title."""
     headings: list[tuple[int, str]] = []  # (level, text) in order, to find the title heading
@@ -320,11 +332,11 @@ def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], st
             m = _FENCE.match(stripped)
             if m:
                 fence = None if fence == m.group(1) else (fence or m.group(1))
-            heading = _MD_HEADING.match(stripped) if fence is None else None
+            heading = _md_heading(stripped) if fence is None else None
             if heading:
-                level = len(heading.group(1))
-                headings.append((level, heading.group(2).strip()))
-                lines.append((page_no, heading.group(2).strip(), level))
+                level, text = heading
+                headings.append((level, text))
+                lines.append((page_no, text, level))
             else:
                 lines.append((page_no, line.rstrip() if fence else stripped, 0))
     title_heading = _title_heading(headings)

@@ -45,7 +45,11 @@ class ExtractiveSummarizer:
         if not sentences:
             return ""
         whole = Counter(w.lower() for w in _WORD.findall(text))
-        ranked = sorted(range(1, len(sentences)), key=lambda i: (-_cosine(sentences[i], whole), i))
+        # The section's norm once, not once a sentence (that made a long section quadratic).
+        norm = math.sqrt(sum(n * n for n in whole.values()))
+        ranked = sorted(
+            range(1, len(sentences)), key=lambda i: (-_cosine(sentences[i], whole, norm), i)
+        )
         picked = [0]
         used = len(sentences[0])
         for i in ranked:
@@ -58,14 +62,13 @@ class ExtractiveSummarizer:
         return clip_text(out, max_chars)
 
 
-def _cosine(sentence: str, whole: Counter[str]) -> float:
+def _cosine(sentence: str, whole: Counter[str], whole_norm: float) -> float:
+    """The cosine of the sentence's word counts and `whole`'s (whose norm is `whole_norm`)."""
     words = Counter(w.lower() for w in _WORD.findall(sentence))
     if not words:
         return 0.0
     dot = sum(n * whole[w] for w, n in words.items())
-    norm = math.sqrt(sum(n * n for n in words.values())) * math.sqrt(
-        sum(n * n for n in whole.values())
-    )
+    norm = math.sqrt(sum(n * n for n in words.values())) * whole_norm
     return dot / norm if norm else 0.0
 
 
