@@ -87,7 +87,8 @@ class OrchestratorSettings:
     score_threshold: float | None = None
     """The lowest relevance score (0..1) a hit may have: sent as Search's params.min_score
     and as the score_threshold of the knowledge-base search S2 plans (ORCH_SCORE_THRESHOLD,
-    agent.md §10's score_threshold); None leaves Retrieval's own default (RETR_MIN_SCORE)."""
+    agent.md §10's score_threshold); None leaves Retrieval's own default (RETR_MIN_SCORE). A
+    score is relative to the query's best candidates in hybrid ranking (RETR_MIN_SCORE)."""
     held: tuple[str, ...] = ()
     """A sentence per setting held below what it asked for (ToolsProxy's limits), which the
     service logs as a warning at start."""

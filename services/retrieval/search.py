@@ -63,7 +63,10 @@ class SearchDefaults:
     topk_per_doc: int = 0
     """Chunks per document at most; 0 = no limit (retrieval-v1 §6)."""
     min_score: float = 0.0
-    """Hits scoring below this (0..1) are dropped (retrieval-v1 §6)."""
+    """Hits scoring below this (0..1) are dropped (retrieval-v1 §6). Scores are the
+    ranking's own: a cosine with dense ranking, relative to the query's best candidates with
+    sparse and hybrid (the default) ranking, where a query nothing matches still scores its
+    nearest chunks high; the threshold trims weak hits, it does not tell relevant from not."""
     mode: str = "section_first"
     """The retrieval_mode when the request names none (retrieval.md §4.1)."""
 

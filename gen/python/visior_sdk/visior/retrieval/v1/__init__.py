@@ -102,6 +102,9 @@ class SearchParams(betterproto.Message):
     min_score: Optional[float] = betterproto.double_field(11, optional=True)
     """
     min_score drops hits scoring below it (scores are in [0, 1]); server default when unset.
+     Scores are the ranking's own: a cosine with dense ranking, relative to the query's best
+     candidates with sparse and hybrid ranking (a query nothing matches still scores its
+     nearest chunks high), so it trims weak hits rather than telling relevant from not.
     """
 
     expand_query: Optional[bool] = betterproto.bool_field(12, optional=True)
