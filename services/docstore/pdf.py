@@ -15,6 +15,27 @@ _PDFIUM_LOCK = threading.Lock()
 _MAX_OUTLINE = 5000
 _WS = re.compile(r"\s+")
 
+MAX_TEXT_BYTES = 128 << 20
+"""The most text one PDF may yield, in UTF-8 bytes over all its pages: 128 MiB.
+
+The file's size does not bound its text: a Flate-compressed content stream expands up to
+~1,000 times (a 30 KB file gave 7.8 M characters, and PDFium's text page holds ~90 bytes a
+character while it is read). Real documents stay far below this bound. Over the 10,000
+pages `read_pdf` accepts it is 13 KB of text a page on average, over 3 times the densest
+page of the sample and benchmark PDFs (2-4 KB a page, English and Russian); and it is 4
+times the default RETR_MAX_DOCUMENT_BYTES (32 MiB), where those PDFs hold 0.2-0.6 bytes of
+text per byte of file. A constant, not a setting: the parser is not told the service's
+limits, and the page count bounds real text whatever RETR_MAX_DOCUMENT_BYTES is."""
+
+
+class PdfTextLimitError(ParseError):
+    """The PDF's text runs past `limit` UTF-8 bytes (`MAX_TEXT_BYTES` unless given): reading
+    stopped at the page that crossed it."""
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
 
 @dataclass(frozen=True)
 class OutlineEntry:
@@ -36,8 +57,12 @@ class PdfText:
     title: str
 
 
-def read_pdf(content: bytes, *, max_pages: int = 10_000) -> PdfText:
-    """Extract page texts and the outline; raise `ParseError` for anything PDFium cannot open."""
+def read_pdf(
+    content: bytes, *, max_pages: int = 10_000, max_text_bytes: int = MAX_TEXT_BYTES
+) -> PdfText:
+    """Extract page texts and the outline; raise `ParseError` for anything PDFium cannot open
+    and `PdfTextLimitError` as soon as the pages read so far hold more than `max_text_bytes`
+    of text (UTF-8): a page's text is counted before the next page is opened."""
     if not content.lstrip()[:5].startswith(b"%PDF"):
         raise ParseError("not a PDF file (no %PDF header)")
     with _PDFIUM_LOCK:
@@ -46,14 +71,14 @@ def read_pdf(content: bytes, *, max_pages: int = 10_000) -> PdfText:
         except pdfium.PdfiumError as exc:
             raise ParseError(f"cannot open the PDF: {exc}") from None
         try:
-            return _read(pdf, max_pages)
+            return _read(pdf, max_pages, max_text_bytes)
         except pdfium.PdfiumError as exc:
             raise ParseError(f"cannot read the PDF: {exc}") from None
         finally:
             pdf.close()
 
 
-def _read(pdf: pdfium.PdfDocument, max_pages: int) -> PdfText:
+def _read(pdf: pdfium.PdfDocument, max_pages: int, max_text_bytes: int) -> PdfText:
     n = len(pdf)
     if n == 0:
         raise ParseError("the PDF has no pages")
@@ -77,13 +102,23 @@ def _read(pdf: pdfium.PdfDocument, max_pages: int) -> PdfText:
         order.append((page_index, mark.level, title))
     pages: list[str] = []
     offsets: dict[int, int] = {}
+    text_bytes = 0
     for index in range(n):
         page = pdf[index]
         try:
             textpage = page.get_textpage()
             try:
                 raw = textpage.get_text_range()
-                pages.append(_normalise(raw))
+                text = _normalise(raw)
+                text_bytes += len(text.encode())
+                if text_bytes > max_text_bytes:
+                    raise PdfTextLimitError(
+                        f"the PDF's text passes the limit of {max_text_bytes} bytes (UTF-8) "
+                        f"at page {index + 1} of {n}: its compressed content expands to more "
+                        "text than one document may hold",
+                        limit=max_text_bytes,
+                    )
+                pages.append(text)
                 previous = 0
                 for k, title, top in marks.get(index, []):
                     previous = _locate(textpage, raw, title, top, previous)

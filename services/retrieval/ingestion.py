@@ -43,6 +43,7 @@ from services.docstore.parsing import (
     parse_document,
     slugify,
 )
+from services.docstore.pdf import PdfTextLimitError
 from services.docstore.store import DocumentStore
 from services.docstore.summaries import section_texts
 from services.retrieval.embeddings import Embedder
@@ -383,6 +384,10 @@ class Ingestor:
             ]
         except UnsupportedFormatError as exc:
             raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
+        except PdfTextLimitError as exc:  # as a file over RETR_MAX_DOCUMENT_BYTES is refused
+            raise errors.over_limit(
+                str(exc), exc.limit, field="content", name="max_pdf_text_bytes"
+            ) from None
         except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
             raise errors.InvalidArgumentError(
                 str(exc), reason="PARSE_ERROR", metadata={"field": "content"}
