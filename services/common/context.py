@@ -7,6 +7,8 @@ import random
 import re
 import time
 
+from services.common import errors
+
 _random = random.Random()  # seeded from os.urandom once
 
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", default="")
@@ -24,6 +26,16 @@ def valid_trace_id(value: str) -> bool:
     """True for a trace id safe to put in metadata and logs."""
     # fullmatch: `$` alone also matches before a trailing newline, which gRPC metadata refuses.
     return bool(_TRACE_ID.fullmatch(value))
+
+
+def check_trace_id(value: str) -> None:
+    """Refuse a trace id a caller sent that `valid_trace_id` does not take ("" is none sent):
+    the caller's error, INVALID_ARGUMENT on field `trace_id`."""
+    if value and not valid_trace_id(value):
+        raise errors.InvalidArgumentError(
+            "trace_id must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+            metadata={"field": "trace_id"},
+        )
 
 
 def new_trace_id() -> str:

@@ -14,6 +14,7 @@ from services.common import errors
 from services.common.context import (
     TRACE_METADATA_KEY,
     call_timeout,
+    check_trace_id,
     current_trace_id,
     deadline_var,
     new_trace_id,
@@ -125,13 +126,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         # A trace id travels in metadata and logs: a bad one in the request is the caller's
         # error; a bad one in metadata is ignored (a fresh one is generated).
         body_trace = getattr(request, "trace_id", "")
-        body_ok = valid_trace_id(body_trace) if body_trace else False
-        if body_trace and not body_ok:
+        if body_trace and not valid_trace_id(body_trace):
             bind_trace_id(new_trace_id())  # so the refusal is logged under some id
-            raise errors.InvalidArgumentError(
-                "trace_id must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
-                metadata={"field": "trace_id"},
-            )
+            check_trace_id(body_trace)
         trace = body_trace or (meta_trace if meta_trace and valid_trace_id(meta_trace) else "")
         trace = trace or new_trace_id()
         if hasattr(request, "trace_id") and not request.trace_id:

@@ -19,8 +19,10 @@ message (MESSAGE_OVERHEAD), which is counted here so the estimate errs high.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import Generic, TypeVar
 
 from services.common import errors
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED, MESSAGE_TOKENS, REPLY_TOKENS
@@ -54,12 +56,58 @@ def limit_exceeded(
 # Counting is a measurable share of the loop (bench/llm_overhead.py): the same messages,
 # texts and tool definitions are counted again at every step (a tool result is counted when
 # it is rendered, again as a message; a call id when the result's room is priced, again
-# when the result is added). The caches are bounded and keyed by value (texts and frozen
-# messages; a tool spec by its parameters object, kept alive by the entry).
-_TEXT_CACHE: dict[tuple[str, str], int] = {}
-_MESSAGE_CACHE: dict[tuple[str, ChatMessage], int] = {}
-_TOOL_CACHE: dict[tuple[str, str, str, int], tuple[object, int]] = {}
+# when the result is added). The caches are keyed by value (texts and frozen messages; a
+# tool spec by its parameters object, kept alive by the entry) and bounded: by entries, and
+# the text and message caches also by the characters their keys hold, since a request may
+# bring 64 messages of 32,768 characters (and be refused only once they are counted).
+_K = TypeVar("_K", bound=Hashable)
+
+
+class _CountCache(Generic[_K]):
+    """Token counts by key, at most `max_entries` of them holding at most `max_chars`
+    characters of text in all: the oldest go first to make room; a key of more than
+    `max_chars` characters is never kept. Not thread-safe (the loop runs on one event loop)."""
+
+    __slots__ = ("_entries", "chars", "max_chars", "max_entries")
+
+    def __init__(self, max_entries: int, max_chars: int) -> None:
+        self._entries: OrderedDict[_K, tuple[int, int]] = OrderedDict()
+        self.chars = 0
+        """Characters the kept keys hold."""
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: _K) -> int | None:
+        found = self._entries.get(key)
+        return None if found is None else found[0]
+
+    def put(self, key: _K, count: int, chars: int) -> None:
+        """Keep `count` for `key`, whose texts are `chars` characters long."""
+        entries = self._entries
+        if chars > self.max_chars or key in entries:
+            return
+        while entries and (len(entries) >= self.max_entries or self.chars + chars > self.max_chars):
+            self.chars -= entries.popitem(last=False)[1][1]
+        entries[key] = (count, chars)
+        self.chars += chars
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.chars = 0
+
+
 _CACHE_LIMIT = 4096
+"""Entries of each cache."""
+_CACHE_CHARS = 1 << 22
+"""Characters of text the text cache keeps, and again the message cache (4,194,304: at most
+8 MB each for Cyrillic, 16 MB for astral text; a conversation of the default limits is
+about 20,000 characters)."""
+_TEXT_CACHE: _CountCache[tuple[str, str]] = _CountCache(_CACHE_LIMIT, _CACHE_CHARS)
+_MESSAGE_CACHE: _CountCache[tuple[str, ChatMessage]] = _CountCache(_CACHE_LIMIT, _CACHE_CHARS)
+_TOOL_CACHE: dict[tuple[str, str, str, int], tuple[object, int]] = {}
 
 
 def count_tokens(tokenizer: Tokenizer, text: str) -> int:
@@ -68,9 +116,7 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
     found = _TEXT_CACHE.get(key)
     if found is None:
         found = tokenizer.count(text)
-        if len(_TEXT_CACHE) >= _CACHE_LIMIT:
-            _TEXT_CACHE.clear()
-        _TEXT_CACHE[key] = found
+        _TEXT_CACHE.put(key, found, len(text))
     return found
 
 
@@ -80,10 +126,16 @@ def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
     found = _MESSAGE_CACHE.get(key)
     if found is None:
         found = _count_message(tokenizer, message)
-        if len(_MESSAGE_CACHE) >= _CACHE_LIMIT:
-            _MESSAGE_CACHE.clear()
-        _MESSAGE_CACHE[key] = found
+        _MESSAGE_CACHE.put(key, found, _message_chars(message))
     return found
+
+
+def _message_chars(message: ChatMessage) -> int:
+    """Characters of text a message holds (what keeping it as a key keeps alive)."""
+    n = len(message.content) + len(message.name) + len(message.tool_call_id)
+    for call in message.tool_calls:
+        n += len(call.id) + len(call.name) + len(call.arguments)
+    return n
 
 
 def _count_message(tokenizer: Tokenizer, message: ChatMessage) -> int:

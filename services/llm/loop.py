@@ -439,6 +439,8 @@ class _Run:
         request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
         try:
+            # This timer and the runtime client's own end at the same instant; the client
+            # counts a call cut at its deadline as a runtime timeout, whichever fires first.
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
                     final = await runtime.complete(request, timeout_s=left)

@@ -10,7 +10,8 @@ from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
-from services.common.context import current_trace_id
+from services.common.context import check_trace_id, current_trace_id
+from services.common.logging import bind_trace_id
 from services.common.structs import optional, request_struct
 from services.common.topology import SERVICE_BY_KEY
 from services.llm.engine import LlmEngine
@@ -134,7 +135,13 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         if not request.HasField("request"):
             raise errors.InvalidArgumentError("request is required", metadata={"field": "request"})
         inner = request.request
-        if not inner.trace_id:
+        # The interceptor checks and binds a request's own `trace_id`; this one is inside the
+        # inner request, so it is checked and bound here, by the same rule: ToolsProxy would
+        # refuse every tool call made under a bad one, and logs name the one the caller sent.
+        check_trace_id(inner.trace_id)
+        if inner.trace_id:
+            bind_trace_id(inner.trace_id)
+        else:
             inner.trace_id = current_trace_id()
         queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None] = asyncio.Queue()
         task = asyncio.ensure_future(

@@ -32,7 +32,10 @@ connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/5
 Timeouts are not retried (a second full timeout would double the latency the caller waits),
 nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
 calls (timeouts, unreachable, 429/5xx after the retry, unreadable answers); a 4xx answer
-means the runtime is up and does not count. Every failure is
+means the runtime is up and does not count. A call its caller cancels (or a stream it stops
+reading) at the call's deadline timed out and counts too, whichever timer fired first,
+unless the caller's deadline cut it below 1 s; one cancelled sooner gives no verdict, even
+after a stream's 200. Every failure is
 ``UnavailableError(reason="LLM_RUNTIME_ERROR")`` with metadata ``kind`` (timeout,
 unreachable, overloaded, rejected, bad_response, circuit_open), ``status`` when an HTTP
 status arrived, and ``attempts``.
@@ -63,6 +66,7 @@ from services.common.breaker import (
     CircuitBreaker,
     CircuitOpenError,
 )
+from services.common.context import MIN_VERDICT_S
 from services.common.http import (
     TRANSIENT_STATUSES,
     check_base_url,
@@ -90,6 +94,10 @@ log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer or stream (in bytes) is a bad response (a chat completion is far smaller)."""
+DEADLINE_SLACK_S = 0.01
+"""A call its caller cancels this close to the call's deadline, or later, was ended by that
+deadline: the caller's own timer (the tool loop's, the RPC's) is set to the same instant as
+the client's, a hair sooner, and whichever fires first the runtime did not answer in time."""
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -941,8 +949,8 @@ class OpenAiChatRuntime:
         overrides DEFAULT_MODEL_NAME. Raises UnavailableError(LLM_RUNTIME_ERROR) on any runtime
         failure, ValueError for messages the port does not allow (unknown role, tool without
         id)."""
-        model, body, json_mode, offered = self._prepare(request, False)
         start = self._clock()
+        model, body, json_mode, offered = self._prepare(request, False)
         budget_s = min(timeout_s, self.settings.timeout_s)
         self._enter(timeout_s)
         attempts = 0
@@ -961,10 +969,11 @@ class OpenAiChatRuntime:
             self.breaker.settle(failed)
             self._log("error", model, start, attempts, kind=failed.kind, status=failed.status)
             raise failed.error(attempts, self.name) from None
+        except asyncio.CancelledError:
+            self._cut_short(model, start, budget_s, timeout_s, attempts)
+            raise
         except BaseException as exc:
-            # The caller went away (its client hung up, its deadline passed): no verdict on
-            # the runtime, or cancelled requests would open the breaker. Anything else: a bug.
-            self.breaker.settle(exc)
+            self.breaker.settle(exc)  # a bug: counted, so a half-open trial is not left taken
             raise
         self._answered(model, completion, start, attempts)
         return completion
@@ -978,19 +987,21 @@ class OpenAiChatRuntime:
         UnavailableError(LLM_RUNTIME_ERROR). In JSON mode the deltas would be JSON text, so
         the answer is yielded as one delta once the whole object has arrived.
         """
-        model, body, json_mode, offered = self._prepare(request, True)
         start = self._clock()
+        model, body, json_mode, offered = self._prepare(request, True)
         budget_s = min(timeout_s, self.settings.timeout_s)
         deadline = start + budget_s
         self._enter(timeout_s)
         attempts = 0
         response: httpx.Response | None = None
+        settled = False
         try:
             response, _, attempts = await self._send(body, start, budget_s, stream=True)
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
                 self.breaker.settle(None)
+                settled = True
                 self._log("ok", model, start, attempts, stream=False)
                 if completion.content:
                     yield StreamDelta(completion.content)
@@ -1008,6 +1019,7 @@ class OpenAiChatRuntime:
                     "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
                 ) from None
             self._answered(model, completion, start, attempts, stream=True)
+            settled = True
             if (json_mode or holdback.holding) and completion.content:
                 yield StreamDelta(completion.content)
             yield completion
@@ -1019,10 +1031,17 @@ class OpenAiChatRuntime:
                 status=failed.status,
             )  # fmt: skip
             raise failed.error(attempts, self.name) from None
+        except (asyncio.CancelledError, GeneratorExit):
+            # Cancelled, or the consumer stopped reading: never a success, since a stream that
+            # stalled after its 200 is the runtime failing (it is a timeout at the deadline).
+            if not settled:
+                self._cut_short(model, start, budget_s, timeout_s, attempts, stream=True)
+            raise
         except BaseException as exc:
-            # The consumer stopped early (GeneratorExit) or was cancelled: the runtime was
-            # answering if a 200 arrived; before it, a cancellation says nothing about it.
-            self.breaker.settle(exc if response is None else None)
+            # A bug: before the 200 it is counted (a half-open trial is not left taken);
+            # after it, the runtime was answering.
+            if not settled:
+                self.breaker.settle(exc if response is None else None)
             raise
         finally:
             if response is not None:
@@ -1096,6 +1115,29 @@ class OpenAiChatRuntime:
                 reason=LLM_RUNTIME_ERROR,
                 metadata={"kind": "circuit_open", "attempts": "0", "runtime": self.name},
             ) from None
+
+    def _cut_short(
+        self,
+        model: str,
+        start: float,
+        budget_s: float,
+        timeout_s: float,
+        attempts: int,
+        **extra: Any,
+    ) -> None:
+        """Settle a call its caller ended before the runtime had answered. Before the call's
+        deadline that says nothing about the runtime (the caller went away): no verdict. At
+        the deadline it is the runtime's timeout, counted as the client's own would be (the
+        caller's timer set to the same instant fires first), unless the caller's deadline cut
+        the call below MIN_VERDICT_S: a caller with tiny deadlines must not open the breaker
+        for everyone (docs/operations.md, "Failure handling")."""
+        at_deadline = self._clock() >= start + budget_s - DEADLINE_SLACK_S
+        if not at_deadline or (timeout_s < self.settings.timeout_s and budget_s < MIN_VERDICT_S):
+            self.breaker.release()
+            return
+        failed = _Failure("timeout", "LLM runtime did not answer in time")
+        self.breaker.settle(failed)
+        self._log("error", model, start, attempts or 1, kind=failed.kind, **extra)
 
     def _headers(self, stream: bool) -> dict[str, str]:
         headers = {
