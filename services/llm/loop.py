@@ -267,7 +267,7 @@ class _Run:
         )
         """Tokens of the loop's notes riding on top of the conversation (the language note,
         and what of the final-answer note the conversation has no room for): taken from the
-        answer's share."""
+        conversation's room left, then from the answer's share."""
         self.final_prompt = 0
         """The last call's prompt tokens, as the runtime reported them."""
 
@@ -312,10 +312,11 @@ class _Run:
             # Withdrawn tools stay in the prompt (tool_choice "none"): each step then extends
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
             # The language note rides on top of the conversation, and so does the part of the
-            # final-answer note the conversation has no room left for: their tokens come out
-            # of the answer's share, so the whole call still fits the total budget however
-            # much of the conversation the tool results took.
-            max_tokens = max(1, self.budget.before_call() - self.note_tokens)
+            # final-answer note the conversation has no room left for: they take what room the
+            # conversation has left, and only the rest comes out of the answer's share, so the
+            # whole call fits the total budget however much the tool results took.
+            share = self.budget.before_call()
+            max_tokens = max(1, share - max(0, self.note_tokens - self.budget.room()))
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )

@@ -796,6 +796,25 @@ async def test_a_question_past_the_restated_length_gets_the_language_alone(extra
     assert note == (QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"])
 
 
+@pytest.mark.parametrize("short", [0, 1])
+async def test_the_language_note_takes_the_rooms_left_before_the_answers_share(short):
+    # The note rides on top of the conversation: with the room for it left in the total
+    # budget the answer keeps its whole share; one token less, and the answer gives it.
+    from services.llm.budget import message_tokens, prompt_tokens
+
+    r = req(answer_language="ru")
+    probe = ScriptedRuntime([says("ответ")])
+    await loop(probe, FakeTools(), max_completion_tokens=100).run(r)
+    sent = probe.calls[0]
+    conversation = prompt_tokens(TOK, sent["messages"][:-1], sent["tools"])
+    note = message_tokens(TOK, sent["messages"][-1])
+    assert sent["messages"][-1].content.startswith("[Visior service]") and note > 20
+    rt = ScriptedRuntime([says("ответ")])
+    total = conversation + note + 100 - short
+    await loop(rt, FakeTools(), max_completion_tokens=100, max_total_tokens=total).run(r)
+    assert rt.calls[0]["params"].max_tokens == 100 - short
+
+
 async def test_without_an_answer_language_no_note_is_sent():
     rt = ScriptedRuntime([says("plain")])
     await loop(rt, FakeTools()).run(req())
