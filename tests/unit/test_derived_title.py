@@ -8,6 +8,7 @@ import pytest
 
 from services.docstore.fields import MAX_TITLE_CHARS, check_fields
 from services.docstore.parsing import MAX_FIRST_LINE_TITLE, derived_title, parse_document
+from tests.pdf_bytes import assemble_pdf
 
 WORDS = "word " * 300  # 1,500 characters, a space every five
 PAST = MAX_TITLE_CHARS + 1
@@ -28,17 +29,7 @@ def tiny_pdf(title: str, text: str = "Body text") -> bytes:
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         b"<< /Title (%b) >>" % title.encode("latin-1"),
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%b\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R /Info 6 0 R >>\n" % (len(objects) + 1)
-    out += b"startxref\n%d\n%%%%EOF\n" % xref
-    return bytes(out)
+    return assemble_pdf(objects, b"/Info 6 0 R")
 
 
 def parse(content: bytes | str, fmt: str, title: str = ""):

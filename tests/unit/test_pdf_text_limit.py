@@ -16,6 +16,7 @@ from services.docstore.pdf import MAX_TEXT_BYTES, PdfTextLimitError, read_pdf
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.ingestion import IngestInput
+from tests.pdf_bytes import assemble_pdf
 from tests.unit.test_search import make_stack
 
 LINE = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor."
@@ -41,19 +42,7 @@ def compressed_pdf(lines: int, pages: int, line: str = LINE) -> bytes:
         *[page] * pages,
         b"<< /Length %d /Filter /FlateDecode >>\nstream\n%b\nendstream" % (len(stream), stream),
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%b\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return assemble_pdf(objects)
 
 
 def text_bytes(pages: tuple[str, ...]) -> int:
