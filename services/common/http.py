@@ -7,6 +7,8 @@ import logging
 import math
 from urllib.parse import SplitResult, urlsplit
 
+import httpx
+
 from services.common.settings import SettingsError
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -78,3 +80,14 @@ def quiet_http_client_logs() -> None:
     logger = logging.getLogger("httpx")
     if logger.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
         logger.setLevel(logging.WARNING)
+
+
+async def read_capped(response: httpx.Response, cap: int) -> bytes | None:
+    """A streamed response's (decoded) body, or None as soon as it runs past `cap` bytes:
+    the rest is never read."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body.extend(chunk)
+        if len(body) > cap:
+            return None
+    return bytes(body)

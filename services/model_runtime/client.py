@@ -71,6 +71,7 @@ from services.common.http import (
     TRANSIENT_STATUSES,
     check_base_url,
     endpoint_url,
+    read_capped,
     retry_after_seconds,
 )
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
@@ -1205,22 +1206,18 @@ class OpenAiChatRuntime:
 
     async def _read_body(self, response: httpx.Response, deadline: float) -> bytes:
         """The body, read within the deadline; more than MAX_RESPONSE_BYTES is refused."""
-        parts: list[bytes] = []
-        size = 0
         try:
             async with asyncio.timeout(max(0.0, deadline - self._clock())):
-                async for part in response.aiter_bytes():
-                    size += len(part)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise _Failure("bad_response", "LLM runtime sent an oversized answer")
-                    parts.append(part)
+                body = await read_capped(response, MAX_RESPONSE_BYTES)
         except (TimeoutError, httpx.TimeoutException):
             raise _Failure("timeout", "LLM runtime did not answer in time") from None
         except httpx.TransportError:
             raise _Failure(
                 "unreachable", "LLM runtime dropped the connection", retry=True
             ) from None
-        return b"".join(parts)
+        if body is None:
+            raise _Failure("bad_response", "LLM runtime sent an oversized answer")
+        return body
 
     async def _unstreamed(
         self,

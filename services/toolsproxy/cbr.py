@@ -38,7 +38,12 @@ from services.common.breaker import (
     CircuitOpenError,
 )
 from services.common.context import upstream_timeout
-from services.common.http import TRANSIENT_STATUSES, check_base_url, is_loopback_host
+from services.common.http import (
+    TRANSIENT_STATUSES,
+    check_base_url,
+    is_loopback_host,
+    read_capped,
+)
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, whole_seconds
 from services.common.settings import SettingsError
@@ -559,11 +564,9 @@ class CbrClient:
                 headers=headers,
                 timeout=timeout_s,
             ) as response:
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body.extend(chunk)
-                    if len(body) > self.settings.max_response_bytes:
-                        raise _Fatal("the answer is too large")
+                body = await read_capped(response, self.settings.max_response_bytes)
+                if body is None:
+                    raise _Fatal("the answer is too large")
                 status = response.status_code
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
             raise _Retryable(f"cannot connect: {type(exc).__name__}") from None
@@ -574,7 +577,7 @@ class CbrClient:
             raise _Fatal(f"no answer within {timeout_s:.3g} s") from None
         except httpx.HTTPError as exc:
             raise _Fatal(f"transport error: {type(exc).__name__}") from None
-        root = self._xml(bytes(body))
+        root = self._xml(body)
         fault = parse_fault(root) if root is not None else None
         if fault is not None:
             code, text = fault

@@ -31,7 +31,12 @@ from services.common.breaker import (
     CircuitOpenError,
 )
 from services.common.context import upstream_timeout
-from services.common.http import TRANSIENT_STATUSES, check_base_url, retry_after_seconds
+from services.common.http import (
+    TRANSIENT_STATUSES,
+    check_base_url,
+    read_capped,
+    retry_after_seconds,
+)
 from services.common.logging import get_logger
 from services.common.retry import (
     AttemptFailed,
@@ -348,7 +353,7 @@ class TavilyClient:
                 follow_redirects=False,
             ) as response:
                 status, answered = response.status_code, response.headers
-                content = await _read_capped(response, MAX_RESPONSE_BYTES)
+                content = await read_capped(response, MAX_RESPONSE_BYTES)
         except httpx.TimeoutException:
             # Not retried: one more full timeout would blow the caller's budget.
             raise _Attempt(
@@ -438,16 +443,6 @@ def _log_retry(failed: _Attempt, attempt: int, delay: float) -> None:
             "reason": str(failed),
         },
     )
-
-
-async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    """The (decoded) body, or None as soon as it runs past `cap` bytes: the rest is never read."""
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body.extend(chunk)
-        if len(body) > cap:
-            return None
-    return bytes(body)
 
 
 def _detail(content: bytes | None) -> str:
