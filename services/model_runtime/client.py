@@ -872,28 +872,71 @@ def _detail(content: bytes, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+_TAG_OPEN = "<tool_call>"
+_FENCE = "```"
+
+
 class _Holdback:
-    """Streamed text that may turn out to be a tool call written as JSON is held back until
-    it plainly is not one; when the answer completes first, the caller yields it whole."""
+    """Streamed text that may be a tool call the model wrote out (see `content_tool_calls`)
+    is held back until it plainly is not one: an answer that opens with ``{``, and within
+    the text a ``<tool_call>`` tag or a fenced block from its opening until it closes. Text
+    from a call on is held to the end; `rest` is what the stream has not yet sent, for the
+    caller to send when the completed answer is text after all."""
 
-    def __init__(self, active: bool) -> None:
-        self._held: list[str] | None = [] if active else None
-
-    @property
-    def holding(self) -> bool:
-        """Text is still held back."""
-        return bool(self._held)
+    def __init__(self, offered: frozenset[str]) -> None:
+        self._offered = offered
+        self._held: list[str] = []  # the text not sent
+        self._seen = 0  # characters of it known to be plain text
+        self._started = False  # some text was sent
+        self._call = False  # a written call has begun: nothing more is sent
 
     def release(self, piece: str) -> str:
         """What of the text so far can go out now ("" while it is held)."""
-        if self._held is None:
+        if not self._offered:
             return piece
         self._held.append(piece)
-        start_of = "".join(self._held).lstrip()
-        if not start_of or start_of[0] in "{`<":
+        if self._call:
             return ""
-        piece, self._held = "".join(self._held), None
-        return piece
+        text = "".join(self._held)
+        end = self._plain_end(text)
+        self._held, self._seen = [text[end:]], self._seen - end
+        self._started = self._started or end > 0
+        return text[:end]
+
+    def rest(self) -> str:
+        """The text not sent."""
+        return "".join(self._held)
+
+    def _plain_end(self, text: str) -> int:
+        """Where the text that cannot be part of a written call ends."""
+        if not self._started and text.lstrip()[:1] in ("", "{"):
+            self._call = text.lstrip()[:1] == "{"  # the whole answer may be a call
+            return 0
+        i = self._seen
+        while True:
+            j = min((k for k in (text.find("<", i), text.find("`", i)) if k >= 0), default=-1)
+            if j < 0:
+                self._seen = len(text)
+                return len(text)
+            self._seen = j
+            if text[j] == "<":
+                opening = text[j : j + len(_TAG_OPEN)]
+                if not _TAG_OPEN.startswith(opening):
+                    i = j + 1
+                    continue
+                self._call = opening == _TAG_OPEN
+                return j  # a tag, or what may become one
+            if not _FENCE.startswith(text[j : j + len(_FENCE)]):
+                i = j + 1
+                continue
+            close = text.find(_FENCE, j + len(_FENCE))
+            if close < 0:
+                return j  # a fence still open, or what may become one
+            call = _FENCED_JSON.match(text, j, close + len(_FENCE))
+            if call and _written_call(call.group(1), self._offered):
+                self._call = True
+                return j
+            i = close + len(_FENCE)
 
 
 class OpenAiChatRuntime:
@@ -1009,7 +1052,7 @@ class OpenAiChatRuntime:
                 yield completion
                 return
             assembler = StreamAssembler(model=model, json_mode=json_mode, offered=offered)
-            holdback = _Holdback(bool(offered))
+            holdback = _Holdback(offered)
             async for piece in self._stream_text(response, deadline, assembler):
                 if not json_mode and (piece := holdback.release(piece)):
                     yield StreamDelta(piece)
@@ -1021,8 +1064,10 @@ class OpenAiChatRuntime:
                 ) from None
             self._answered(model, completion, start, attempts, stream=True)
             settled = True
-            if (json_mode or holdback.holding) and completion.content:
+            if json_mode and completion.content:
                 yield StreamDelta(completion.content)
+            elif completion.content and (rest := holdback.rest()):
+                yield StreamDelta(rest)
             yield completion
         except _Failure as failed:
             attempts = attempts or failed.attempts

@@ -250,6 +250,52 @@ async def test_a_streamed_plain_answer_still_streams_piece_by_piece(fake, http) 
     assert "".join(deltas) == answer == out.content and len(deltas) > 3
 
 
+@pytest.mark.parametrize("chunk_chars", [1, 3, 7, 1000])
+@pytest.mark.parametrize(
+    "call_text",
+    [
+        f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>",
+        f"```json\n{json.dumps(CALL)}\n```",
+    ],
+)
+async def test_a_call_written_after_prose_streams_the_prose_but_never_the_call(
+    fake, http, call_text: str, chunk_chars: int
+) -> None:
+    prose = "Прочитаю раздел <b>LDAP</b>, `ldapsearch` и ``x``.\n"
+    fake.script(Reply(content=prose + call_text, chunk_chars=chunk_chars))
+    deltas, out = await stream(runtime(fake, http))
+    assert "".join(deltas) == prose
+    assert [c.name for c in out.tool_calls] == ["read_doc_section"] and out.content == ""
+
+
+@pytest.mark.parametrize("chunk_chars", [1, 4, 1000])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "Run:\n```bash\nldapsearch -x\n```\nthen <b>check</b> the log.",
+        'The API answers:\n```json\n{"status": "ok"}\n```\nas shown.',
+        "Use <tool> and <tool_caller> tags; the `<tool_call>` tag is not supported here.",
+        "An open fence at the end: ```",
+        "<tool_call>not a call</tool_call> is what the model printed.",
+    ],
+)
+async def test_an_answer_with_fences_or_tags_that_are_no_call_arrives_whole_and_in_order(
+    fake, http, answer: str, chunk_chars: int
+) -> None:
+    fake.script(Reply(content=answer, chunk_chars=chunk_chars))
+    deltas, out = await stream(runtime(fake, http))
+    assert "".join(deltas) == answer == out.content and out.tool_calls == ()
+
+
+async def test_text_after_a_code_block_that_is_no_call_streams_before_the_answer_ends(
+    fake, http
+) -> None:
+    answer = "Run:\n```bash\nldapsearch -x\n```\n" + "then check the log. " * 5
+    fake.script(Reply(content=answer, chunk_chars=4))
+    deltas, _ = await stream(runtime(fake, http))
+    assert len(deltas) > 10 and "".join(deltas) == answer
+
+
 # -- response_schema and cached tokens -------------------------------------------------------
 
 
