@@ -19,16 +19,15 @@ message (MESSAGE_OVERHEAD), which is counted here so the estimate errs high.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Generic, TypeVar
 
 from services.common import errors
+from services.common.bounded_cache import BoundedCache
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED, MESSAGE_TOKENS, REPLY_TOKENS
 from services.common.tokenizer import Tokenizer
 from services.llm.model import ContextChunk
-from services.model_runtime.chat import ChatMessage, ToolSpec
+from services.model_runtime.chat import ChatMessage, ToolSpec, message_chars
 
 MESSAGE_OVERHEAD = MESSAGE_TOKENS
 """Tokens a chat template adds around one message (role marker, start and end tokens);
@@ -60,53 +59,16 @@ def limit_exceeded(
 # tool spec by its parameters object, kept alive by the entry) and bounded: by entries, and
 # the text and message caches also by the characters their keys hold, since a request may
 # bring 64 messages of 32,768 characters (and be refused only once they are counted).
-_K = TypeVar("_K", bound=Hashable)
-
-
-class _CountCache(Generic[_K]):
-    """Token counts by key, at most `max_entries` of them holding at most `max_chars`
-    characters of text in all: the oldest go first to make room; a key of more than
-    `max_chars` characters is never kept. Not thread-safe (the loop runs on one event loop)."""
-
-    __slots__ = ("_entries", "chars", "max_chars", "max_entries")
-
-    def __init__(self, max_entries: int, max_chars: int) -> None:
-        self._entries: OrderedDict[_K, tuple[int, int]] = OrderedDict()
-        self.chars = 0
-        """Characters the kept keys hold."""
-        self.max_entries = max_entries
-        self.max_chars = max_chars
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: _K) -> int | None:
-        found = self._entries.get(key)
-        return None if found is None else found[0]
-
-    def put(self, key: _K, count: int, chars: int) -> None:
-        """Keep `count` for `key`, whose texts are `chars` characters long."""
-        entries = self._entries
-        if chars > self.max_chars or key in entries:
-            return
-        while entries and (len(entries) >= self.max_entries or self.chars + chars > self.max_chars):
-            self.chars -= entries.popitem(last=False)[1][1]
-        entries[key] = (count, chars)
-        self.chars += chars
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.chars = 0
-
-
 _CACHE_LIMIT = 4096
 """Entries of each cache."""
 _CACHE_CHARS = 1 << 22
 """Characters of text the text cache keeps, and again the message cache (4,194,304: at most
 8 MB each for Cyrillic, 16 MB for astral text; a conversation of the default limits is
 about 20,000 characters)."""
-_TEXT_CACHE: _CountCache[tuple[str, str]] = _CountCache(_CACHE_LIMIT, _CACHE_CHARS)
-_MESSAGE_CACHE: _CountCache[tuple[str, ChatMessage]] = _CountCache(_CACHE_LIMIT, _CACHE_CHARS)
+_TEXT_CACHE: BoundedCache[tuple[str, str], int] = BoundedCache(_CACHE_LIMIT, _CACHE_CHARS)
+_MESSAGE_CACHE: BoundedCache[tuple[str, ChatMessage], int] = BoundedCache(
+    _CACHE_LIMIT, _CACHE_CHARS
+)
 _TOOL_CACHE: dict[tuple[str, str, str, int], tuple[object, int]] = {}
 
 
@@ -126,16 +88,8 @@ def message_tokens(tokenizer: Tokenizer, message: ChatMessage) -> int:
     found = _MESSAGE_CACHE.get(key)
     if found is None:
         found = _count_message(tokenizer, message)
-        _MESSAGE_CACHE.put(key, found, _message_chars(message))
+        _MESSAGE_CACHE.put(key, found, message_chars(message))
     return found
-
-
-def _message_chars(message: ChatMessage) -> int:
-    """Characters of text a message holds (what keeping it as a key keeps alive)."""
-    n = len(message.content) + len(message.name) + len(message.tool_call_id)
-    for call in message.tool_calls:
-        n += len(call.id) + len(call.name) + len(call.arguments)
-    return n
 
 
 def _count_message(tokenizer: Tokenizer, message: ChatMessage) -> int:

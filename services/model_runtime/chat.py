@@ -60,6 +60,14 @@ class ChatMessage:
     name: str = ""  # for role "tool": the tool's name
 
 
+def message_chars(message: ChatMessage) -> int:
+    """Characters of text a message holds (what keeping it as a cache key keeps alive)."""
+    n = len(message.content) + len(message.name) + len(message.tool_call_id)
+    for call in message.tool_calls:
+        n += len(call.id) + len(call.name) + len(call.arguments)
+    return n
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool offered to the model: its name, description and JSON-schema parameters."""

@@ -59,6 +59,7 @@ from typing import Any
 import httpx
 
 from services.common import errors
+from services.common.bounded_cache import BoundedCache
 from services.common.breaker import (
     ANSWERED,
     OUTAGE,
@@ -88,6 +89,7 @@ from services.model_runtime.chat import (
     StreamEvent,
     ToolCall,
     ToolSpec,
+    message_chars,
 )
 
 log = logging.getLogger(__name__)
@@ -425,20 +427,22 @@ def _dumps(value: Any) -> str:
 
 
 # The conversation grows by a few messages per step and is sent whole at every model call:
-# each message's JSON is encoded once (bounded cache keyed by the frozen message's value),
-# likewise the tool definitions (keyed by the catalogue's parameters objects, kept alive).
-_MESSAGE_JSON: dict[ChatMessage, str] = {}
-_TOOLS_JSON: dict[tuple[tuple[str, str, int], ...], tuple[tuple[object, ...], str]] = {}
+# each message's JSON is encoded once (keyed by the frozen message's value, bounded by the
+# characters the message and its JSON hold, since a request may bring 64 messages of 32,768
+# characters), likewise the tool definitions (keyed by the catalogue's parameters objects,
+# kept alive).
 _JSON_CACHE_LIMIT = 1024
+_JSON_CACHE_CHARS = 1 << 23
+"""Characters the message cache keeps, messages and their JSON (8,388,608: at most 32 MB)."""
+_MESSAGE_JSON: BoundedCache[ChatMessage, str] = BoundedCache(_JSON_CACHE_LIMIT, _JSON_CACHE_CHARS)
+_TOOLS_JSON: dict[tuple[tuple[str, str, int], ...], tuple[tuple[object, ...], str]] = {}
 
 
 def _message_json(m: ChatMessage) -> str:
     found = _MESSAGE_JSON.get(m)
     if found is None:
         found = _dumps(_native_messages((m,))[0])
-        if len(_MESSAGE_JSON) >= _JSON_CACHE_LIMIT:
-            _MESSAGE_JSON.clear()
-        _MESSAGE_JSON[m] = found
+        _MESSAGE_JSON.put(m, found, message_chars(m) + len(found))
     return found
 
 

@@ -17,6 +17,7 @@ from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
+from services.common.bounded_cache import BoundedCache
 from services.common.breaker import CLOSED, OPEN, BreakerPolicy
 from services.common.context import MIN_VERDICT_S
 from services.common.interceptors import ServerInterceptor
@@ -25,7 +26,7 @@ from services.common.retry import RetryPolicy
 from services.common.status import error_info
 from services.common.tokenizer import default_tokenizer
 from services.llm import budget
-from services.llm.budget import _CountCache, count_tokens, message_tokens
+from services.llm.budget import count_tokens, message_tokens
 from services.llm.engine import LlmEngine
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import GenerateInput, ToolCallRecord, Turn
@@ -134,34 +135,9 @@ async def test_a_trace_id_at_the_limit_is_taken_by_both(
 # -- 2. the token-count caches are bounded by the characters they hold ------------------------
 
 
-def test_the_cache_holds_texts_up_to_its_bound_and_evicts_the_oldest_past_it() -> None:
-    cache: _CountCache[str] = _CountCache(100, 10)
-    cache.put("a", 1, 5)
-    cache.put("b", 2, 5)
-    assert (cache.chars, len(cache), cache.get("a"), cache.get("b")) == (10, 2, 1, 2)  # at it
-    cache.put("c", 3, 1)  # one past it: the oldest goes
-    assert (cache.chars, cache.get("a"), cache.get("b"), cache.get("c")) == (6, None, 2, 3)
-
-
-def test_a_text_of_the_whole_bound_is_kept_one_longer_never() -> None:
-    cache: _CountCache[str] = _CountCache(100, 10)
-    cache.put("small", 1, 3)
-    cache.put("whole", 2, 10)
-    assert (cache.get("whole"), cache.get("small"), cache.chars) == (2, None, 10)
-    cache.put("longer", 3, 11)
-    assert (cache.get("longer"), cache.get("whole"), cache.chars) == (None, 2, 10)
-
-
-def test_the_entry_bound_still_holds() -> None:
-    cache: _CountCache[int] = _CountCache(3, 1000)
-    for i in range(5):
-        cache.put(i, i, 1)
-    assert len(cache) == 3 and cache.get(0) is None and cache.get(4) == 4
-
-
 def test_the_service_caches_are_bounded_by_characters() -> None:
     for cache in (budget._TEXT_CACHE, budget._MESSAGE_CACHE):
-        assert isinstance(cache, _CountCache)
+        assert isinstance(cache, BoundedCache)
         assert (cache.max_entries, cache.max_chars) == (budget._CACHE_LIMIT, budget._CACHE_CHARS)
     assert budget._CACHE_CHARS * 4 <= 16 * 1024 * 1024  # 4 bytes a character at worst
 
@@ -171,7 +147,9 @@ def test_many_long_texts_keep_the_text_cache_under_its_bound(
 ) -> None:
     """64 messages of 32,768 characters a request, request after request: before, 4,096 of
     them were kept (268 MB as Cyrillic)."""
-    cache: _CountCache[tuple[str, str]] = _CountCache(budget._CACHE_LIMIT, budget._CACHE_CHARS)
+    cache: BoundedCache[tuple[str, str], int] = BoundedCache(
+        budget._CACHE_LIMIT, budget._CACHE_CHARS
+    )
     monkeypatch.setattr(budget, "_TEXT_CACHE", cache)
     base = "абвгдежзийклмнопрстуфхцчшщыэюя "
     long = (base * (32_768 // len(base) + 1))[:32_760]
@@ -199,8 +177,8 @@ class CountingTokenizer:
 def test_messages_are_bounded_by_their_texts_and_ordinary_ones_counted_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    texts: _CountCache[tuple[str, str]] = _CountCache(100, 1000)
-    messages: _CountCache[tuple[str, ChatMessage]] = _CountCache(100, 1000)
+    texts: BoundedCache[tuple[str, str], int] = BoundedCache(100, 1000)
+    messages: BoundedCache[tuple[str, ChatMessage], int] = BoundedCache(100, 1000)
     monkeypatch.setattr(budget, "_TEXT_CACHE", texts)
     monkeypatch.setattr(budget, "_MESSAGE_CACHE", messages)
     tk: Any = CountingTokenizer()
