@@ -6,7 +6,7 @@ import codecs
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from services.common.tokenizer import count_tokens, default_tokenizer
@@ -145,13 +145,15 @@ def parse_document(
     metadata: Mapping[str, str] | None = None,
     config: ChunkingConfig | None = None,
     summarizer: Summarizer | None = None,
+    pdf_reader: Callable[[bytes], PdfText] = read_pdf,
 ) -> Document:
     """Parse one document (PDF, Markdown or plain text) into pages, sections and chunks.
 
     `content` is the raw file (bytes; a str is taken as already-decoded text). Plain text and
     Markdown mark page breaks with form feeds. Raises `UnsupportedFormatError` for other
     formats (a knowledge-base CSV goes through `kb_csv.read_knowledge_base_csv`) and
-    `ParseError` for unreadable input.
+    `ParseError` for unreadable input. `pdf_reader` reads a PDF's text (`read_pdf` in this
+    process, or a `pdf_worker.PdfWorker`).
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
@@ -164,7 +166,7 @@ def parse_document(
     if fmt == "pdf":
         if isinstance(content, str):
             raise ParseError("a PDF must be given as bytes")
-        pdf = read_pdf(content)
+        pdf = pdf_reader(content)
         page_texts = pdf.pages
         sections = _pdf_sections(pdf, cfg)
         title = title or derived_title(pdf.title or _first_line(page_texts) or doc_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from services.common.server import RunningServer, start_server
 from services.common.tokenizer import default_tokenizer
 from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import Tracing, install_tracing
+from services.docstore.pdf_worker import PdfWorker
 from services.docstore.store import DocumentStore
 from services.model_runtime.client import OpenAiChatRuntime
 from services.retrieval.config import RetrievalSettings
@@ -114,6 +116,7 @@ class _Stack:
     index: VectorIndex | None = None
     optimizer: IndexOptimizer | None = None
     http: httpx.AsyncClient | None = None
+    pdf_reader: PdfWorker | None = None
 
     @property
     def reranker_kind(self) -> str:
@@ -132,6 +135,8 @@ class _Stack:
             await self.reranker.aclose()
         if self.rerank_http is not None:
             await self.rerank_http.aclose()
+        if self.pdf_reader is not None:
+            await asyncio.to_thread(self.pdf_reader.close)  # waits for a PDF being read
 
 
 def _open_reranker(
@@ -158,6 +163,7 @@ def _open_ingestor(
     embedder: Embedder,
     sections: SectionCatalog,
     summarizer: LlmSummarizer | None,
+    pdf_reader: PdfWorker,
 ) -> tuple[Ingestor, int]:
     """The ingestor, after recovering what the journal left; and the index's point count
     (-1 when the index is unavailable)."""
@@ -170,6 +176,7 @@ def _open_ingestor(
         max_document_bytes=settings.max_document_bytes,
         chunking=settings.chunking,
         summarizer=summarizer,
+        pdf_reader=pdf_reader,
     )
     try:
         recovered = ingestor.recover()
@@ -227,7 +234,10 @@ def _search_stack(
             tracing, peer="llm-runtime", propagate=True, follow_redirects=False
         )
         summarizer, expander = llm_assistants(settings.llm, http)
-    ingestor, points = _open_ingestor(settings, store, index, embedder, sections, summarizer)
+    pdf_reader = PdfWorker()
+    ingestor, points = _open_ingestor(
+        settings, store, index, embedder, sections, summarizer, pdf_reader
+    )
     engine = RetrievalEngine(
         index=index,
         embedder=embedder,
@@ -253,6 +263,7 @@ def _search_stack(
         index=index,
         optimizer=_optimizer(settings, index, ingestor, points),
         http=http,
+        pdf_reader=pdf_reader,
     )
 
 

@@ -43,7 +43,8 @@ from services.docstore.parsing import (
     parse_document,
     slugify,
 )
-from services.docstore.pdf import PdfTextLimitError
+from services.docstore.pdf import PdfText, PdfTextLimitError, read_pdf
+from services.docstore.pdf_worker import PdfMemoryLimitError
 from services.docstore.store import DocumentStore
 from services.docstore.summaries import section_texts
 from services.retrieval.embeddings import Embedder
@@ -233,8 +234,10 @@ class Ingestor:
         max_document_bytes: int,
         chunking: ChunkingConfig | None = None,
         summarizer: SectionSummarizer | None = None,
+        pdf_reader: Callable[[bytes], PdfText] = read_pdf,
     ) -> None:
         self._store = store
+        self._pdf_reader = pdf_reader
         # None: the parser's extractive summaries are the summaries.
         self._summarizer = summarizer
         self._index = index
@@ -380,6 +383,7 @@ class Ingestor:
                         **({"file_name": item.file_name} if item.file_name else {}),
                     },
                     config=self._chunking,
+                    pdf_reader=self._pdf_reader,
                 )
             ]
         except UnsupportedFormatError as exc:
@@ -387,6 +391,10 @@ class Ingestor:
         except PdfTextLimitError as exc:  # as a file over RETR_MAX_DOCUMENT_BYTES is refused
             raise errors.over_limit(
                 str(exc), exc.limit, field="content", name="max_pdf_text_bytes"
+            ) from None
+        except PdfMemoryLimitError as exc:
+            raise errors.over_limit(
+                str(exc), exc.limit, field="content", name="max_pdf_memory_bytes"
             ) from None
         except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
             raise errors.InvalidArgumentError(

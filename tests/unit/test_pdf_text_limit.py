@@ -11,7 +11,6 @@ import zlib
 import pytest
 
 from services.common import errors
-from services.docstore import parsing
 from services.docstore.pdf import MAX_TEXT_BYTES, PdfTextLimitError, read_pdf
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
@@ -82,15 +81,13 @@ def embedder():
 
 
 async def test_an_ingest_past_the_bound_is_refused_as_a_file_past_the_byte_limit(
-    tmp_path, embedder, monkeypatch
+    tmp_path, embedder
 ):
     limit = 10_000
     pdf = compressed_pdf(lines=100, pages=3)  # ~24 KB of text: ingested whole without the bound
-    real_read_pdf = parsing.read_pdf
-    monkeypatch.setattr(
-        parsing, "read_pdf", lambda content: real_read_pdf(content, max_text_bytes=limit)
+    s = make_stack(
+        tmp_path, embedder, pdf_reader=lambda content: read_pdf(content, max_text_bytes=limit)
     )
-    s = make_stack(tmp_path, embedder)
     with pytest.raises(errors.LimitExceededError) as info:
         await s.ingestor.ingest(IngestInput("a", pdf, file_name="bomb.pdf"))
     assert info.value.code == errors.INVALID_ARGUMENT

@@ -89,7 +89,13 @@ class Stack:
 
 
 def make_stack(
-    tmp: Path, embedder, index=None, *, settings: EngineSettings | None = None, reranker=None
+    tmp: Path,
+    embedder,
+    index=None,
+    *,
+    settings: EngineSettings | None = None,
+    reranker=None,
+    **ingestor_options,
 ) -> Stack:
     store = SqliteDocumentStore(tmp / "docstore.sqlite")
     index = index or EdgeIndex(str(tmp / "index"), embedder.dim)
@@ -97,7 +103,7 @@ def make_stack(
     journal = IngestJournal(tmp / "journal.jsonl")
     ingestor = Ingestor(
         store=store, index=index, embedder=embedder, sections=sections,
-        journal=journal, max_document_bytes=1 << 20,
+        journal=journal, max_document_bytes=1 << 20, **ingestor_options,
     )  # fmt: skip
     engine = RetrievalEngine(
         index=index, embedder=embedder, sections=sections, chunks=store,
