@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import zlib
+from collections.abc import Callable
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
@@ -83,11 +85,69 @@ def quiet_http_client_logs() -> None:
 
 
 async def read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    """A streamed response's (decoded) body, or None as soon as it runs past `cap` bytes:
-    the rest is never read."""
+    """A streamed response's decoded body, or None as soon as it runs past `cap` bytes: the
+    rest is never read. A compressed body is inflated here, never more than one byte past
+    `cap` (httpx would inflate each received chunk whole: 64 KB of gzip holds 64 MB).
+    Raises httpx.DecodingError for a body that does not inflate, or an encoding other than
+    gzip, deflate or identity (all that httpx asks for)."""
+    try:
+        read = response.content  # a response already read whole (an in-process transport)
+    except httpx.ResponseNotRead:
+        pass
+    else:
+        return read if len(read) <= cap else None
+    inflate = _inflater(response.headers.get("content-encoding", ""))
     body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body.extend(chunk)
+    async for chunk in response.aiter_raw():
+        body += inflate(chunk, cap + 1 - len(body))
         if len(body) > cap:
             return None
-    return bytes(body)
+    body += inflate(b"", cap + 1 - len(body))
+    return None if len(body) > cap else bytes(body)
+
+
+Inflate = Callable[[bytes, int], bytes]
+"""Takes the next raw bytes ("" at the end) and the most decoded bytes to give back."""
+
+
+def _inflater(header: str) -> Inflate:
+    encodings = [e.strip().lower() for e in header.split(",") if e.strip()]
+    encodings = [e for e in encodings if e != "identity"]
+    if not encodings:
+        return lambda data, room: data
+    if encodings == ["gzip"]:
+        return _ZlibInflater(zlib.MAX_WBITS | 16)
+    if encodings == ["deflate"]:
+        return _ZlibInflater(zlib.MAX_WBITS, raw_fallback=True)
+    raise httpx.DecodingError(f"unsupported Content-Encoding {header!r}")
+
+
+class _ZlibInflater:
+    """gzip or deflate (zlib-wrapped, or raw as some servers send it: tried when the wrapped
+    form fails before giving any output), giving back at most `room` bytes a call and
+    keeping the input it did not inflate yet."""
+
+    def __init__(self, wbits: int, *, raw_fallback: bool = False) -> None:
+        self._zlib = zlib.decompressobj(wbits)
+        self._tail = b""
+        self._seen: bytes | None = b"" if raw_fallback else None  # input before any output
+
+    def __call__(self, data: bytes, room: int) -> bytes:
+        data, self._tail = self._tail + data, b""
+        if not data or room <= 0:
+            self._tail = data
+            return b""
+        if self._seen is not None:
+            self._seen += data
+        try:
+            out = self._zlib.decompress(data, room)
+        except zlib.error:
+            if self._seen is None:
+                raise httpx.DecodingError("the body does not inflate") from None
+            data, self._seen = self._seen, None
+            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+            return self(data, room)
+        if out:
+            self._seen = None
+        self._tail = self._zlib.unconsumed_tail
+        return out

@@ -1264,6 +1264,8 @@ class OpenAiChatRuntime:
             raise _Failure(
                 "unreachable", "LLM runtime dropped the connection", retry=True
             ) from None
+        except httpx.DecodingError:
+            raise _Failure("bad_response", "LLM runtime sent a body that does not decode") from None
         if body is None:
             raise _Failure("bad_response", "LLM runtime sent an oversized answer")
         return body
