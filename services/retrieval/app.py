@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import httpx
+from grpc_health.v1.health_pb2 import HealthCheckResponse
 from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2_grpc
 
@@ -295,6 +296,32 @@ def _health_probe(
     return probe
 
 
+BACKEND_POLL_S = 5.0
+"""How often a production replica asks its health probe whether it can serve."""
+
+
+async def watch_backend(
+    running: RunningServer, probe: Callable[[], dict[str, str]], every_s: float = BACKEND_POLL_S
+) -> None:
+    """Production: the grpc.health.v1 status of Retrieval's services follows the health probe
+    (a down vector store or document store is NOT_SERVING), so a readiness probe asking for
+    them takes the replica out until the stores are back. The server's own status ("") stays
+    SERVING: a liveness probe asks that one, and a restart does not bring a store back."""
+    serving = True
+    while True:
+        try:
+            ok = (await asyncio.to_thread(probe)).get("status") == "ok"
+        except errors.ServiceError:
+            ok = False
+        if ok != serving:
+            serving = ok
+            log.warning("serving" if ok else "not serving: a store is down")
+        status = HealthCheckResponse.SERVING if ok else HealthCheckResponse.NOT_SERVING
+        for name in running.service_names:
+            await running.health.set(name, status)
+        await asyncio.sleep(every_s)
+
+
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     quiet_http_client_logs()
     registry = CollectorRegistry()
@@ -320,15 +347,23 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     running = await start_server(
         settings.server,
         register,
-        SERVICE_NAMES,
+        # Only what this process serves is advertised (mock mode serves no ingestion).
+        SERVICE_NAMES if stack.ingestor is not None else SERVICE_NAMES[:1],
         registry,
         domain="visior.retrieval",
         tracing=tracing,
     )
     if stack.optimizer is not None:
         stack.optimizer.start()
+    watcher = (
+        asyncio.create_task(watch_backend(running, probe))
+        if settings.production and stack.index is not None
+        else None
+    )
 
     async def close() -> None:
+        if watcher is not None:
+            watcher.cancel()
         await stack.close()
         store.close()
 
