@@ -7,7 +7,9 @@ local-reply body), with three production changes:
 - the listener binds 0.0.0.0 (other containers / pods call it), the JSON port stays the
   dev one (orchestrator 8081, llm 8082, retrieval 8083, toolsproxy 8084);
 - no fault-injection filter (callers are not trusted to abort or delay requests);
-- a JSON access log on stdout (the container log).
+- a JSON access log on stdout (the container log);
+- a heap limit (overload manager) of HEAP_SHARE of the sidecar container's memory limit in
+  deploy/k8s/<svc>.yaml, so Envoy refuses new requests before the container is OOM-killed.
 
 The cluster stays 127.0.0.1:<gRPC port>: the sidecar shares the service's network
 namespace (a Kubernetes Pod; `network_mode: service:<svc>` in docker-compose). Admin stays
@@ -30,9 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "gen" / "python")]
 
 from services.common.topology import SERVICES, Ports  # noqa: E402
-from services.devtools.envoy_config import render  # noqa: E402
+from services.devtools.envoy_config import heap_floor_bytes, render  # noqa: E402
 
 OUT = ROOT / "deploy" / "envoy"
+K8S = ROOT / "deploy" / "k8s"
+HEAP_SHARE = 0.8
+"""Share of the sidecar container's memory limit Envoy's heap may use; the rest is for its
+binary, thread stacks and the allocator's own overhead (Envoy Gateway leaves the same 20 %)."""
+_QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 DESCRIPTOR = "/etc/envoy/visior.pb"
 """Where the sidecar container finds the descriptor set (compose and k8s mount it there)."""
 DESCRIPTOR_SOURCE = ROOT / "envoy" / "visior.pb"
@@ -41,9 +48,47 @@ HEADER = (
 )
 
 
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity in a binary unit ("256Mi", "1Gi") as bytes."""
+    number, unit = quantity[:-2], quantity[-2:]
+    if unit not in _QUANTITY or not number.isdigit():
+        raise ValueError(f"memory quantity {quantity!r}: write it in Ki, Mi or Gi")
+    return int(number) * _QUANTITY[unit]
+
+
+def sidecar_memory_limit(key: str) -> int:
+    """The memory limit of service `key`'s Envoy container in deploy/k8s/<key>.yaml, in bytes."""
+    for doc in yaml.safe_load_all((K8S / f"{key}.yaml").read_text()):
+        if doc and doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == "envoy":
+                    return memory_bytes(container["resources"]["limits"]["memory"])
+    raise ValueError(f"no envoy container in deploy/k8s/{key}.yaml")
+
+
+def max_heap_bytes(key: str) -> int:
+    """Service `key`'s sidecar heap limit: HEAP_SHARE of its container's. ValueError when that
+    cannot hold the requests it should (envoy_config.heap_floor_bytes)."""
+    heap = int(sidecar_memory_limit(key) * HEAP_SHARE)
+    if heap < heap_floor_bytes(key):
+        raise ValueError(
+            f"the {key} sidecar's memory limit gives Envoy a {heap >> 20} MiB heap; its largest "
+            f"requests need {heap_floor_bytes(key) >> 20} MiB (raise it in deploy/k8s/{key}.yaml)"
+        )
+    return heap
+
+
 def sidecar(key: str) -> str:
     """The sidecar config of service `key` as YAML text."""
-    full = yaml.safe_load(render(Ports(), DESCRIPTOR, access_log=True, fault_injection=False))
+    full = yaml.safe_load(
+        render(
+            Ports(),
+            DESCRIPTOR,
+            access_log=True,
+            fault_injection=False,
+            max_heap_bytes=max_heap_bytes(key),
+        )
+    )
     resources = full["static_resources"]
     (listener,) = [x for x in resources["listeners"] if x["name"] == f"{key}_http"]
     (cluster,) = [x for x in resources["clusters"] if x["name"] == f"{key}_grpc"]

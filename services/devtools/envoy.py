@@ -7,6 +7,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import IO
@@ -87,10 +88,13 @@ class EnvoyProcess:
         concurrency: int = 2,
         log_level: str = "warn",
         binary: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.concurrency = concurrency
         self.log_level = log_level
         self.binary = binary
+        self.extra_args = tuple(extra_args)
+        """More command-line options (`--drain-time-s`, `--file-flush-interval-msec`, ...)."""
         self.admin_port: int | None = None
         self.config_path: Path | None = None
         self.log_path: Path | None = None
@@ -148,6 +152,7 @@ class EnvoyProcess:
             "--log-level",
             self.log_level,
             "--disable-hot-restart",
+            *self.extra_args,
         ]
         self._proc = subprocess.Popen(
             cmd,

@@ -9,6 +9,7 @@ operator's view (routes, error body, limits, timeouts).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +27,7 @@ from services.common.call_budgets import (
     CallBudget,
 )
 from services.common.shared_config import MAX_REQUEST_METADATA_BYTES, UTF8_MAX_BYTES
-from services.common.topology import SERVICES, Ports, ServiceSpec
+from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports, ServiceSpec
 from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
 from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
 from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
@@ -149,7 +150,33 @@ def _rule(budget: CallBudget) -> RouteRule:
 # takes the first route that matches, and the prefix route comes after all of these.
 ROUTE_RULES: tuple[RouteRule, ...] = tuple(_rule(budget) for budget in CALL_BUDGETS)
 
-_LUA_502 = """\
+ACCESS_LOG_METADATA = "visior.request"
+"""Dynamic-metadata namespace where the Lua filter keeps the caller's own method and path."""
+
+_LUA = f"""\
+-- Runs first on every request, before the transcoder rewrites it into a gRPC call.
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  -- The caller's own verb and route for the access log: the transcoder turns them into
+  -- POST /pkg.Service/Method, and the route removes the x-envoy-original-path it keeps.
+  local meta = handle:streamInfo():dynamicMetadata()
+  meta:set("{ACCESS_LOG_METADATA}", "method", headers:get(":method"))
+  meta:set("{ACCESS_LOG_METADATA}", "path", headers:get(":path"))
+  -- gRPC's own headers (grpc-timeout, grpc-encoding, ...) and binary metadata (*-bin, which
+  -- must be base64) are parsed by the server's gRPC library, and a bad one fails the call
+  -- with a bare INTERNAL. A JSON caller has no use for either; grpc-timeout is the route's
+  -- own, added after this.
+  local drop = {{}}
+  for name, _ in pairs(headers) do
+    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" then
+      drop[#drop + 1] = name
+    end
+  end
+  for _, name in ipairs(drop) do
+    headers:remove(name)
+  end
+end
+
 -- The transcoder maps gRPC UNAVAILABLE to HTTP 503; the specs want 502 for a failed
 -- downstream. Only the status changes: the google.rpc.Status JSON body stays.
 function envoy_on_response(handle)
@@ -404,6 +431,44 @@ def route_timeout(
     return overrides.get(DEFAULT_ROUTE, DEFAULT_TIMEOUT_S)
 
 
+def longest_route_timeout(key: str) -> float:
+    """The longest overall route timeout of service `key`'s listener in seconds (streams, which
+    have none, left out): how long a JSON call in flight may still take."""
+    return max([DEFAULT_TIMEOUT_S] + [r.timeout_s for r in _rules_for(SERVICE_BY_KEY[key], {})])
+
+
+def largest_request_bytes(key: str) -> int:
+    """The largest request body service `key`'s listener takes (its routes' buffer limits)."""
+    rules = _rules_for(SERVICE_BY_KEY[key], {})
+    return max([DEFAULT_MAX_REQUEST_BYTES] + [r.max_request_bytes or 0 for r in rules])
+
+
+ENVOY_IDLE_BYTES = 96 * MiB
+"""What an idle sidecar holds, with room: 68 MB RSS measured (Envoy 1.40, one listener and the
+descriptor set)."""
+ENVOY_BYTES_PER_BODY_BYTE = 5
+"""Peak sidecar memory per byte of a request body in flight, with room: the buffer filter's
+copy, the transcoder's, the proto message and the frames to the server. Measured (Envoy 1.40,
+the retrieval sidecar's config): a 45.8 MB ingestion body took it from 68 MB to 284 MB RSS, two
+at once to 472 MB, four to 834 MB (4.1 to 4.7 bytes a body byte); a 12.6 MB Generate body of
+escaped text took 32 MB."""
+LARGEST_BODIES_HELD = 2
+"""How many of its largest requests at once a sidecar holds before its heap limit makes it
+refuse new requests (render's `max_heap_bytes`)."""
+HEAP_STOP_ACCEPTING = 0.95
+"""Share of `max_heap_bytes` in use at which Envoy answers new requests 503 "envoy overloaded"
+(a 502 UPSTREAM_UNAVAILABLE to the caller, who retries it like any UNAVAILABLE)."""
+HEAP_SHRINK = 0.9
+"""Share of `max_heap_bytes` in use at which Envoy hands its free heap back to the system."""
+
+
+def heap_floor_bytes(key: str) -> int:
+    """The least heap limit for service `key`'s sidecar: idle, plus LARGEST_BODIES_HELD of its
+    largest request bodies in flight, below HEAP_STOP_ACCEPTING."""
+    held = LARGEST_BODIES_HELD * ENVOY_BYTES_PER_BODY_BYTE * largest_request_bytes(key)
+    return math.ceil((ENVOY_IDLE_BYTES + held) / HEAP_STOP_ACCEPTING)
+
+
 def _routes(
     spec: ServiceSpec,
     ports: Ports,
@@ -490,13 +555,14 @@ def _http_filters(
 ) -> list[dict[str, Any]]:
     max_body = max([DEFAULT_MAX_REQUEST_BYTES] + [r.max_request_bytes or 0 for r in rules])
     http_filters: list[dict[str, Any]] = [
-        # Encoding runs the chain backwards, so the Lua filter sees the transcoder's
-        # output (503 from UNAVAILABLE) and rewrites it to 502.
+        # First, so it sees the caller's request before the transcoder rewrites it; encoding
+        # runs the chain backwards, so it also sees the transcoder's output (503 from
+        # UNAVAILABLE) and rewrites it to 502.
         {
             "name": "envoy.filters.http.lua",
             "typed_config": {
                 "@type": _type("envoy.extensions.filters.http.lua.v3.Lua"),
-                "default_source_code": {"inline_string": _LUA_502},
+                "default_source_code": {"inline_string": _LUA},
             },
         },
     ]
@@ -538,8 +604,9 @@ def _connection_manager(
         "codec_type": "AUTO",
         # Every request gets an x-request-id (echoed in the response); a caller's own id is
         # kept, not replaced.
-        # Other headers (x-trace-id included) reach the server as gRPC metadata as-is; the
-        # servers take more than the listener lets through (upstream_metadata_bytes).
+        # Other headers (x-trace-id included) reach the server as gRPC metadata as-is, but
+        # for grpc-* and *-bin (the Lua filter's envoy_on_request); the servers take more
+        # than the listener lets through (upstream_metadata_bytes).
         "generate_request_id": True,
         "preserve_external_request_id": True,
         "always_set_request_id_in_response": True,
@@ -596,6 +663,22 @@ def _listener(
     }
 
 
+ACCESS_LOG_PATH_CHARS = 2048
+"""Where the access log cuts a path (a ListDocuments query string runs to ~1.5 MB)."""
+
+
+def _caller(key: str, header: str, max_chars: int | None = None) -> str:
+    """An access-log command operator for the caller's own `key` (method or path) as the Lua
+    filter kept it, cut at `max_chars`; the request's `header` for a request the filters never
+    saw (refused by the connection manager itself: headers too large, a bad request line)."""
+    kept = f"metadata.filter_metadata['{ACCESS_LOG_METADATA}']"
+    expression = (
+        f"'{ACCESS_LOG_METADATA}' in metadata.filter_metadata ? {kept}['{key}'] : "
+        f"request.headers['{header}']"
+    )
+    return f"%CEL({expression})" + (f":{max_chars}%" if max_chars else "%")
+
+
 def _access_log(spec: ServiceSpec) -> dict[str, Any]:
     return {
         "name": "envoy.access_loggers.stdout",
@@ -605,10 +688,9 @@ def _access_log(spec: ServiceSpec) -> dict[str, Any]:
                 "json_format": {
                     "time": "%START_TIME%",
                     "service": spec.key,
-                    "method": "%REQ(:METHOD)%",
-                    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+                    "method": _caller("method", ":method"),
+                    "path": _caller("path", ":path", ACCESS_LOG_PATH_CHARS),
                     "status": "%RESPONSE_CODE%",
-                    "grpc_status": "%GRPC_STATUS_NUMBER%",
                     "flags": "%RESPONSE_FLAGS%",
                     "details": "%RESPONSE_CODE_DETAILS%",
                     "duration_ms": "%DURATION%",
@@ -662,6 +744,52 @@ def _cluster(spec: ServiceSpec, ports: Ports) -> dict[str, Any]:
     }
 
 
+FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+
+
+def _overload_manager(max_heap_bytes: int | None) -> dict[str, Any]:
+    # A cap on open downstream connections (Envoy warns at start-up without one).
+    monitors: list[dict[str, Any]] = [
+        {
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": _type(
+                    "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+                ),
+                "max_active_downstream_connections": 10000,
+            },
+        }
+    ]
+    if max_heap_bytes is None:
+        return {"resource_monitors": monitors}
+    # Each request in flight holds several copies of its body (ENVOY_BYTES_PER_BODY_BYTE):
+    # without a bound, enough large ones at once would have the container OOM-killed, and
+    # every call in flight with it. New requests are refused instead. The admin's /ready
+    # stays LIVE (the compose healthcheck); a k8s readiness probe through the listener gets
+    # the refusal, so the Pod leaves its Service until calls in flight have finished.
+    monitors.append(
+        {
+            "name": FIXED_HEAP,
+            "typed_config": {
+                "@type": _type("envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig"),
+                "max_heap_size_bytes": max_heap_bytes,
+            },
+        }
+    )
+    actions = [
+        {
+            "name": f"envoy.overload_actions.{action}",
+            "triggers": [{"name": FIXED_HEAP, "threshold": {"value": threshold}}],
+        }
+        for action, threshold in (
+            ("shrink_heap", HEAP_SHRINK),
+            ("stop_accepting_requests", HEAP_STOP_ACCEPTING),
+        )
+    ]
+    # Read the heap every 0.25 s (Envoy's default is 1 s): a large body arrives faster.
+    return {"refresh_interval": "0.25s", "resource_monitors": monitors, "actions": actions}
+
+
 def render(
     ports: Ports,
     descriptor_path: str,
@@ -669,6 +797,7 @@ def render(
     access_log: bool = False,
     timeouts: Mapping[str, float] | None = None,
     fault_injection: bool = False,
+    max_heap_bytes: int | None = None,
 ) -> str:
     """Envoy YAML for one mesh instance: a listener per service on `ports.http[key]`.
 
@@ -680,6 +809,9 @@ def render(
     (`x-envoy-fault-abort-request`, `x-envoy-fault-delay-request`): for fault tests only,
     never where callers are not trusted; the committed envoy/envoy.yaml, `visior run` and
     deploy/ leave it out.
+    `max_heap_bytes` bounds Envoy's heap (a sidecar's, below its container's memory limit):
+    past HEAP_SHRINK of it Envoy returns free memory to the system, past HEAP_STOP_ACCEPTING
+    it answers new requests 503 until enough in-flight ones are done.
     """
     merged = dict(timeouts or {})
     config = {
@@ -700,20 +832,7 @@ def render(
             ],
             "clusters": [_cluster(spec, ports) for spec in SERVICES],
         },
-        # A cap on open downstream connections (Envoy warns at start-up without one).
-        "overload_manager": {
-            "resource_monitors": [
-                {
-                    "name": "envoy.resource_monitors.global_downstream_max_connections",
-                    "typed_config": {
-                        "@type": _type(
-                            "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
-                        ),
-                        "max_active_downstream_connections": 10000,
-                    },
-                }
-            ]
-        },
+        "overload_manager": _overload_manager(max_heap_bytes),
     }
     return yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=100)
 

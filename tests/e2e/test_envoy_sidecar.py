@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +19,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+import yaml
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -21,8 +29,8 @@ from visior.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
-from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports
-from services.devtools.envoy import REPO_ROOT, EnvoyProcess, validate
+from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports, free_ports
+from services.devtools.envoy import REPO_ROOT, EnvoyProcess, envoy_binary, validate
 from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, GRPC_TIMEOUT_MARGIN_S, render
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +106,11 @@ class Orchestrator(orchestrator_pb2_grpc.OrchestratorServiceServicer):
 
 
 class Llm(llm_pb2_grpc.LlmServiceServicer):
+    def __init__(self, seen: Seen) -> None:
+        self.seen = seen
+
     async def GenerateStream(self, request, context):
+        self.seen.record(request, context)
         for _ in range(3):
             yield llm_pb2.GenerateStreamResponse()
 
@@ -131,8 +143,11 @@ def ports() -> Ports:
 @pytest.fixture(scope="module")
 def envoy(ports: Ports, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvoyProcess]:
     assert DESCRIPTOR.is_file(), "run tools/gen.sh first"
-    config = render(ports, str(DESCRIPTOR), timeouts={SLOW_ROUTE: SLOW_ROUTE_TIMEOUT_S})
-    proc = EnvoyProcess(concurrency=1)
+    config = render(
+        ports, str(DESCRIPTOR), timeouts={SLOW_ROUTE: SLOW_ROUTE_TIMEOUT_S}, access_log=True
+    )
+    # The access log (envoy.stdout_path) is written out every 50 ms instead of every 10 s.
+    proc = EnvoyProcess(concurrency=1, extra_args=["--file-flush-interval-msec", "50"])
     proc.start(config, tmp_path_factory.mktemp("envoy"))
     try:
         proc.wait_ready(timeout=15)
@@ -160,7 +175,7 @@ async def mesh(envoy: EnvoyProcess, ports: Ports) -> AsyncIterator[Mesh]:
                 Orchestrator(), s
             )
         ],
-        "llm": [lambda s: llm_pb2_grpc.add_LlmServiceServicer_to_server(Llm(), s)],
+        "llm": [lambda s: llm_pb2_grpc.add_LlmServiceServicer_to_server(Llm(seen), s)],
         "retrieval": [
             lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(Retrieval(), s),
             lambda s: retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(Ingestion(seen), s),
@@ -377,3 +392,289 @@ async def test_route_timeout_is_504_json(mesh: Mesh, http: httpx.AsyncClient) ->
     detail = assert_status_body(resp, 504, code_pb2.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED")
     assert detail["metadata"]["response_flags"] == "UT"
     assert len(mesh.seen.requests) == 1
+
+
+# --- caller headers -------------------------------------------------------------------
+
+
+STREAM = "/internal/llm/generate:stream"
+
+
+@pytest.mark.parametrize(
+    ("key", "path", "body", "header"),
+    [
+        # Binary metadata must be base64: grpc refused the whole call with a bare INTERNAL.
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("x-caller-bin", "!!!")),
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("grpc-encoding", "bogus")),
+        # The route's own grpc-timeout replaces a caller's; the stream route has none.
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("grpc-timeout", "bogus")),
+        ("llm", STREAM, {}, ("grpc-timeout", "bogus")),
+    ],
+    ids=["bin", "grpc-encoding", "grpc-timeout", "grpc-timeout-stream"],
+)
+async def test_callers_grpc_and_binary_headers_stop_at_envoy(
+    mesh: Mesh, http: httpx.AsyncClient, key: str, path: str, body: dict, header: tuple[str, str]
+) -> None:
+    resp = await http.post(mesh.url(key) + path, json=body, headers=[header, ("x-trace-id", "t1")])
+    assert resp.status_code == 200, resp.text
+    [metadata] = mesh.seen.metadata
+    assert header[0] not in metadata
+    assert metadata["x-trace-id"] == "t1"  # other headers still pass
+
+
+async def test_the_route_deadline_survives_the_header_filter(
+    mesh: Mesh, http: httpx.AsyncClient
+) -> None:
+    """grpc-timeout is stripped from callers, not from Envoy's own route budget."""
+    resp = await http.post(
+        mesh.url("toolsproxy") + EXECUTE,
+        json={"tool_name": "echo"},
+        headers={"grpc-timeout": "1S"},
+    )
+    assert resp.status_code == 200, resp.text
+    [remaining] = mesh.seen.time_remaining
+    assert remaining is not None and 1 < remaining <= 30 + GRPC_TIMEOUT_MARGIN_S
+
+
+# --- access log -----------------------------------------------------------------------
+
+
+async def _logged(envoy: EnvoyProcess, request_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The access-log entries of `request_ids`, once Envoy has written them all out."""
+    assert envoy.stdout_path is not None
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 30
+    while True:
+        text = envoy.stdout_path.read_text()
+        lines = text[: text.rfind("\n") + 1].splitlines()  # whole lines only
+        entries = {e["request_id"]: e for e in map(json.loads, lines)}
+        if request_ids <= entries.keys():
+            return {r: entries[r] for r in request_ids}
+        assert loop.time() < give_up, f"not in the access log: {request_ids - entries.keys()}"
+        await asyncio.sleep(0.05)
+
+
+async def test_access_log_has_the_callers_method_and_path(
+    mesh: Mesh, envoy: EnvoyProcess, http: httpx.AsyncClient
+) -> None:
+    """The caller's own verb and route, not the transcoded POST /pkg.Service/Method; no
+    grpc_status, which Envoy derived from the HTTP status (a server's INVALID_ARGUMENT was
+    logged as 13, a timeout's 504 as 14)."""
+    calls = [
+        ("GET", "toolsproxy", "/health", None, 200),
+        ("POST", "toolsproxy", EXECUTE, {"tool_name": "invalid"}, 400),
+        ("GET", "toolsproxy", SLOW_ROUTE, None, 504),
+        ("GET", "retrieval", "/health?verbose=1", None, 400),  # refused by the transcoder
+        ("POST", "toolsproxy", "/internal/mcp/nope", {}, 404),
+    ]
+    ids = {}
+    for method, key, path, body, status in calls:
+        request_id = f"log-{uuid.uuid4()}"
+        resp = await http.request(
+            method, mesh.url(key) + path, json=body, headers={"x-request-id": request_id}
+        )
+        assert resp.status_code == status, resp.text
+        ids[request_id] = (method, key, path, status)
+    entries = await _logged(envoy, set(ids))
+    for request_id, (method, key, path, status) in ids.items():
+        entry = entries[request_id]
+        assert (entry["method"], entry["path"], entry["status"]) == (method, path, status)
+        assert entry["service"] == key
+        assert "grpc_status" not in entry
+
+
+# --- the deploy/ sidecars: healthcheck, drain, memory ------------------------------------
+
+
+DRAIN_SCRIPT = REPO_ROOT / "deploy" / "envoy" / "drain.sh"
+DRAIN_FLAGS = ["--drain-time-s", "1", "--drain-strategy", "immediate"]
+
+
+def test_compose_healthcheck_passes_against_envoy(envoy: EnvoyProcess) -> None:
+    """The sidecars' compose healthcheck, run against a real Envoy's admin: HTTP/1.0 got 426
+    Upgrade Required, so every sidecar stayed unhealthy."""
+    compose = yaml.safe_load((REPO_ROOT / "deploy" / "docker-compose.yml").read_text())
+    tests = {
+        tuple(svc["healthcheck"]["test"])
+        for name, svc in compose["services"].items()
+        if name.endswith("-envoy")
+    }
+    [(cmd, shell, flag, script)] = tests
+    assert (cmd, shell, flag) == ("CMD", "bash", "-c")
+    admin = f"/dev/tcp/127.0.0.1/{Ports().envoy_admin}"
+    assert admin in script
+
+    def run(port: int) -> int:
+        here = script.replace(admin, f"/dev/tcp/127.0.0.1/{port}")
+        return subprocess.run(["bash", "-c", here], timeout=10, check=False).returncode
+
+    assert envoy.admin_port is not None
+    assert run(envoy.admin_port) == 0
+    assert run(free_ports(1)[0]) != 0  # nothing listening there
+
+
+class Held:
+    """Calls that wait, in the server, until the test releases them: requests in flight."""
+
+    def __init__(self) -> None:
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def hold(self) -> None:
+        self.arrived.set()
+        await self.release.wait()
+
+
+@pytest.fixture
+async def held(ports_free: Ports) -> AsyncIterator[Held]:
+    """ToolsProxy's Execute and Retrieval's IngestDocument held until released, behind
+    `ports_free` (Envoy not started: each test runs its own)."""
+    held = Held()
+
+    class HeldToolsProxy(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
+        async def Execute(self, request, context):
+            await held.hold()
+            return toolsproxy_pb2.ExecuteResponse(status="ok")
+
+    class HeldIngestion(retrieval_pb2_grpc.IngestionServiceServicer):
+        async def IngestDocument(self, request, context):
+            await held.hold()
+            return retrieval_pb2.IngestDocumentResponse(doc_id=request.doc_id)
+
+    tools = grpc.aio.server()
+    toolsproxy_pb2_grpc.add_ToolsProxyServiceServicer_to_server(HeldToolsProxy(), tools)
+    retrieval = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    retrieval_pb2_grpc.add_IngestionServiceServicer_to_server(HeldIngestion(), retrieval)
+    retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(Retrieval(), retrieval)
+    for key, server in (("toolsproxy", tools), ("retrieval", retrieval)):
+        assert server.add_insecure_port(f"127.0.0.1:{ports_free.grpc[key]}") != 0
+        await server.start()
+    try:
+        yield held
+    finally:
+        held.release.set()
+        await asyncio.gather(tools.stop(None), retrieval.stop(None))
+
+
+@pytest.fixture
+def ports_free() -> Ports:
+    return Ports.free()
+
+
+def _json_url(ports: Ports, key: str) -> str:
+    return f"http://127.0.0.1:{ports.http[key]}"
+
+
+async def _stderr_until(proc: asyncio.subprocess.Process, text: str) -> None:
+    """Read `proc`'s stderr until a line with `text` (a state the script reports)."""
+    assert proc.stderr is not None
+    while True:
+        line = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert line, f"{text!r} never came; exit {await proc.wait()}"
+        if text in line.decode():
+            return
+
+
+async def test_prestop_drain_waits_for_the_call_in_flight(
+    held: Held, ports_free: Ports, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The k8s preStop (drain.sh SETTLE MAX): Envoy drains, and the hook returns (letting the
+    kubelet send SIGTERM) only once the JSON call in flight has its answer."""
+    with EnvoyProcess(concurrency=1, extra_args=DRAIN_FLAGS) as envoy:
+        envoy.start(render(ports_free, str(DESCRIPTOR)), tmp_path)
+        await asyncio.to_thread(envoy.wait_ready)
+        url = _json_url(ports_free, "toolsproxy") + EXECUTE
+        call = asyncio.create_task(http.post(url, json={"tool_name": "held"}))
+        await asyncio.wait_for(held.arrived.wait(), 30)
+        drain = await asyncio.create_subprocess_exec(
+            "bash", str(DRAIN_SCRIPT), "0", "60",
+            env={**os.environ, "ENVOY_ADMIN_PORT": str(ports_free.envoy_admin)},
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await _stderr_until(drain, "1 in flight")
+            assert drain.returncode is None  # still waiting: the call is held
+            held.release.set()
+            resp = await call
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["connection"] == "close"  # drained: reconnect elsewhere
+            assert await asyncio.wait_for(drain.wait(), 30) == 0
+        finally:
+            if drain.returncode is None:
+                drain.kill()
+
+
+async def test_compose_sidecar_drains_at_sigterm(
+    held: Held, ports_free: Ports, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The compose sidecar (drain.sh --run ... -- envoy ...): SIGTERM drains Envoy, waits for
+    the call in flight, then stops it; Envoy alone drops the call at SIGTERM."""
+    config = tmp_path / "envoy.yaml"
+    config.write_text(render(ports_free, str(DESCRIPTOR)))
+    sidecar = await asyncio.create_subprocess_exec(
+        "bash", str(DRAIN_SCRIPT), "--run", "0", "60", "--",
+        envoy_binary(), "-c", str(config), "--concurrency", "1", "--log-level", "warn",
+        "--disable-hot-restart", *DRAIN_FLAGS,
+        cwd=REPO_ROOT,
+        env={**os.environ, "ENVOY_ADMIN_PORT": str(ports_free.envoy_admin)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group: Envoy goes with it on failure
+    )  # fmt: skip
+    try:
+        await asyncio.to_thread(_wait_admin_ready, ports_free.envoy_admin)
+        url = _json_url(ports_free, "toolsproxy") + EXECUTE
+        call = asyncio.create_task(http.post(url, json={"tool_name": "held"}))
+        await asyncio.wait_for(held.arrived.wait(), 30)
+        sidecar.send_signal(signal.SIGTERM)
+        await _stderr_until(sidecar, "1 in flight")
+        held.release.set()
+        resp = await call
+        assert resp.status_code == 200, resp.text
+        assert sidecar.stderr is not None
+        await sidecar.stderr.read()
+        assert await asyncio.wait_for(sidecar.wait(), 30) == 0
+    finally:
+        if sidecar.returncode is None:
+            os.killpg(sidecar.pid, signal.SIGKILL)
+            await sidecar.wait()
+
+
+def _wait_admin_ready(port: int) -> None:
+    give_up = time.monotonic() + 15
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < give_up, "Envoy not ready"
+        time.sleep(0.05)
+
+
+async def test_sidecar_refuses_new_requests_past_its_heap_limit(
+    held: Held, ports_free: Ports, tmp_path: Path
+) -> None:
+    """render(max_heap_bytes=...) (the deploy sidecars'): with one large ingestion in flight
+    past the heap limit, Envoy answers new requests 503 "envoy overloaded" (502
+    UPSTREAM_UNAVAILABLE to the caller, who retries) instead of growing until the container is
+    OOM-killed; the call in flight still completes."""
+    with EnvoyProcess(concurrency=1) as envoy:
+        envoy.start(render(ports_free, str(DESCRIPTOR), max_heap_bytes=64 << 20), tmp_path)
+        await asyncio.to_thread(envoy.wait_ready)
+        url = _json_url(ports_free, "retrieval")
+        async with httpx.AsyncClient(timeout=60) as http:
+            document = base64.b64encode(b"x" * (30 << 20)).decode()
+            body = {"tenant_id": "t1", "doc_id": "d1", "content": document}
+            call = asyncio.create_task(http.post(url + "/internal/retrieval/documents", json=body))
+            await asyncio.wait_for(held.arrived.wait(), 30)
+            for _ in range(300):  # until the overload manager's next reading (every 0.25 s)
+                resp = await http.get(url + "/health")
+                if resp.status_code != 200:
+                    break
+                await asyncio.sleep(0.05)
+            detail = assert_status_body(resp, 502, code_pb2.UNAVAILABLE, "UPSTREAM_UNAVAILABLE")
+            assert detail["metadata"]["response_code_details"] == "overload"
+            held.release.set()
+            assert (await call).status_code == 200

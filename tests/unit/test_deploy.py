@@ -20,6 +20,16 @@ from services.common.settings import Env, refuse_undeclared
 from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT as ROOT
 from services.devtools.envoy import validate
+from services.devtools.envoy_config import (
+    ENVOY_BYTES_PER_BODY_BYTE,
+    ENVOY_IDLE_BYTES,
+    FIXED_HEAP,
+    HEAP_SHRINK,
+    HEAP_STOP_ACCEPTING,
+    LARGEST_BODIES_HELD,
+    largest_request_bytes,
+    longest_route_timeout,
+)
 
 DEPLOY = ROOT / "deploy"
 KEYS = [s.key for s in SERVICES]
@@ -42,6 +52,38 @@ def _k8s() -> list[dict]:
 
 def _deployments() -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in _k8s() if d["kind"] == "Deployment"}
+
+
+def _sidecar_container(key: str) -> dict:
+    pod = _deployments()[key]["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "envoy")
+
+
+_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(quantity: str) -> int:
+    """A k8s memory quantity ("256Mi") or a compose byte value ("256m"; binary units) in bytes."""
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|k|m|g)", str(quantity))
+    assert match, f"memory {quantity!r}: a whole number in Ki/Mi/Gi (k8s) or k/m/g (compose)"
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration in seconds ("15s")."""
+    match = re.fullmatch(r"(\d+)s", str(duration))
+    assert match, f"duration {duration!r}: write it in seconds"
+    return float(match.group(1))
+
+
+def _flag(args: list[str], name: str) -> str:
+    """The value after `name` in a command line."""
+    return args[args.index(name) + 1]
+
+
+STOP_MARGIN_S = 3
+"""What a container's stop budget leaves past the longest wait inside it: Envoy's own exit at
+SIGTERM, the service process's after its grace."""
 
 
 # -- Envoy sidecars --------------------------------------------------------------------------
@@ -89,6 +131,33 @@ def test_envoy_validates_sidecar_config(key, tmp_path):
     result = validate(config)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_sidecar_memory_holds_its_largest_requests(key):
+    """The sidecar's heap limit, a share of its container's memory limit (deploy/k8s), holds
+    LARGEST_BODIES_HELD of its listener's largest request bodies at once before Envoy refuses
+    new requests; the container limit leaves room above the heap (binary, stacks, allocator).
+    One 45.8 MB ingestion took Envoy 1.40 from 68 MB to 284 MB RSS: a 256 MiB sidecar was
+    OOM-killed, with every call in flight."""
+    limit = _bytes(_sidecar_container(key)["resources"]["limits"]["memory"])
+    (config,) = _docs(DEPLOY / "envoy" / f"{key}.yaml")
+    overload = config["overload_manager"]
+    (heap,) = [
+        m["typed_config"]["max_heap_size_bytes"]
+        for m in overload["resource_monitors"]
+        if m["name"] == FIXED_HEAP
+    ]
+    assert heap <= 0.8 * limit
+    in_flight = LARGEST_BODIES_HELD * ENVOY_BYTES_PER_BODY_BYTE * largest_request_bytes(key)
+    assert heap * HEAP_STOP_ACCEPTING >= ENVOY_IDLE_BYTES + in_flight
+    thresholds = {
+        a["name"]: t["threshold"]["value"] for a in overload["actions"] for t in a["triggers"]
+    }
+    assert thresholds == {
+        "envoy.overload_actions.shrink_heap": HEAP_SHRINK,
+        "envoy.overload_actions.stop_accepting_requests": HEAP_STOP_ACCEPTING,
+    }
 
 
 def test_envoy_validate_rejects_a_broken_sidecar(tmp_path):
@@ -152,6 +221,18 @@ def test_compose_services():
             assert dep == {"condition": "service_healthy"}
 
 
+def test_compose_retrieval_health_asks_the_search_service():
+    """Its status follows the stores in production; the others ask the server's own."""
+    services = _compose()["services"]
+    retrieval = next(s for s in SERVICES if s.key == "retrieval")
+    test = services["retrieval"]["healthcheck"]["test"]
+    assert test[-2:] == [f"127.0.0.1:{PORTS.grpc['retrieval']}", retrieval.grpc_services[0]]
+    assert services["retrieval"]["environment"]["RETR_PRODUCTION"] == "true"
+    for key in KEYS:
+        if key != "retrieval":
+            assert services[key]["healthcheck"]["test"] == ["CMD", "python", "/app/healthcheck.py"]
+
+
 def test_compose_retrieval_uses_the_qdrant_server():
     services = _compose()["services"]
     env = services["retrieval"]["environment"]
@@ -180,8 +261,46 @@ def test_compose_sidecar(key):
     mounts = {v.split(":")[1]: v.split(":")[0] for v in sidecar["volumes"]}
     assert mounts["/etc/envoy/envoy.yaml"] == f"./envoy/{key}.yaml"
     assert mounts[DESCRIPTOR] == "./envoy/visior.pb"
+    assert mounts["/etc/envoy/drain.sh"] == "./envoy/drain.sh"
     for src in mounts.values():
         assert (DEPLOY / src).is_file(), src
+
+
+@pytest.mark.parametrize("spec", SERVICES, ids=KEYS)
+def test_compose_sidecar_outlasts_the_calls_in_flight(spec):
+    """Compose stops a sidecar before its service; drain.sh keeps Envoy up until the JSON calls
+    in flight are done (Envoy alone would drop them at SIGTERM), within stop_grace_period."""
+    services = _compose()["services"]
+    sidecar, env = services[f"{spec.key}-envoy"], _compose_env(spec.key)
+    drain = float(env[spec.env_prefix + "DRAIN_SECONDS"])
+    command = sidecar["command"]
+    assert command[:3] == ["bash", "/etc/envoy/drain.sh", "--run"]
+    assert command[5:7] == ["--", "envoy"]
+    settle, wait = float(command[3]), float(command[4])
+    assert settle == drain
+    assert wait >= settle + longest_route_timeout(spec.key)
+    envoy_args = command[7:]
+    assert _flag(envoy_args, "-c") == "/etc/envoy/envoy.yaml"
+    assert _flag(envoy_args, "--drain-time-s") == command[3]
+    assert _flag(envoy_args, "--drain-strategy") == "immediate"
+    assert _seconds(sidecar["stop_grace_period"]) >= wait + STOP_MARGIN_S
+    grace = float(env[spec.env_prefix + "GRACE_SECONDS"])
+    assert _seconds(services[spec.key]["stop_grace_period"]) >= drain + grace + STOP_MARGIN_S
+
+
+def test_compose_memory_limits_are_the_k8s_ones():
+    """Every compose container has a memory limit, the one its k8s container has."""
+    k8s = {}
+    for doc in _k8s():
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                name = doc["metadata"]["name"] + ("-envoy" if c["name"] == "envoy" else "")
+                k8s[name] = _bytes(c["resources"]["limits"]["memory"])
+    services = _compose()["services"]
+    assert set(services) == set(k8s)
+    for name, svc in services.items():
+        assert "mem_limit" in svc, name
+        assert _bytes(svc["mem_limit"]) == k8s[name], name
 
 
 # -- Kubernetes ------------------------------------------------------------------------------
@@ -211,8 +330,13 @@ def test_k8s_deployment(spec):
     app, envoy = containers[spec.key], containers["envoy"]
     grpc_port = PORTS.grpc[spec.key]
     assert {"name": "grpc", "containerPort": grpc_port} in app["ports"]
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        assert app[probe]["grpc"] == {"port": grpc_port}, probe
+    for probe in ("livenessProbe", "startupProbe"):
+        assert app[probe]["grpc"] == {"port": grpc_port}, probe  # the server's own status
+    # Readiness: Retrieval's search service, whose status follows its stores in production.
+    ready = {"port": grpc_port}
+    if spec.key == "retrieval":
+        ready["service"] = spec.grpc_services[0]
+    assert app["readinessProbe"]["grpc"] == ready
     assert app["command"] == ["python", "-m", spec.module]
     for c in (app, envoy):
         assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
@@ -226,10 +350,36 @@ def test_k8s_deployment(spec):
     generated = {g["name"]: g["files"] for g in kustomization["configMapGenerator"]}
     assert generated[f"{spec.key}-envoy"] == [
         f"envoy.yaml=envoy/{spec.key}.yaml",
-        "envoy.yaml=envoy/visior.pb".replace("envoy.yaml", "visior.pb"),
+        "visior.pb=envoy/visior.pb",
+        "drain.sh=envoy/drain.sh",
     ]
     env_from = [e["configMapRef"]["name"] for e in app["envFrom"]]
     assert env_from == ["visior-common", f"{spec.key}-env"]
+
+
+@pytest.mark.parametrize("spec", SERVICES, ids=KEYS)
+def test_k8s_pod_outlasts_the_calls_in_flight(spec):
+    """A rollout cuts no JSON call short: the service lets a call run its whole route timeout
+    after its drain; the sidecar's preStop (drain.sh) drains Envoy and keeps it up while the
+    service still takes calls (its drain) and then while calls are in flight, up to the
+    service's drain + grace; the Pod's grace period covers that. A `sleep 8` preStop let
+    Envoy's SIGTERM cut a 120 s Respond or a 300 s ingestion."""
+    env = _k8s_env(spec.key)
+    drain = float(env[spec.env_prefix + "DRAIN_SECONDS"])
+    grace = float(env[spec.env_prefix + "GRACE_SECONDS"])
+    assert grace >= longest_route_timeout(spec.key)
+    envoy = _sidecar_container(spec.key)
+    command = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["bash", "/etc/envoy/drain.sh"] and len(command) == 4
+    settle, wait = float(command[2]), float(command[3])
+    assert settle == drain
+    assert wait >= drain + grace
+    assert _flag(envoy["args"], "--drain-time-s") == command[2]
+    assert _flag(envoy["args"], "--drain-strategy") == "immediate"
+    pod = _deployments()[spec.key]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= wait + STOP_MARGIN_S
+    mounts = {m["name"]: m["mountPath"] for m in envoy["volumeMounts"]}
+    assert mounts["envoy-config"] == "/etc/envoy"  # drain.sh is in that ConfigMap
 
 
 def test_k8s_secrets_come_from_secrets():

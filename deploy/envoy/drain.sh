@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Drains an Envoy sidecar before it stops, so the JSON calls in flight through it finish.
+# Envoy itself drops every connection at SIGTERM; this runs before that.
+#
+#   drain.sh SETTLE_S MAX_S                          Kubernetes: the sidecar's preStop hook
+#   drain.sh --run SETTLE_S MAX_S -- envoy ARGS...   docker compose: runs Envoy; at SIGTERM
+#                                                    drains, then stops it
+#
+# Asks the admin (127.0.0.1:${ENVOY_ADMIN_PORT:-9901}) for a graceful drain: with
+# `--drain-strategy immediate` every response from then on says `Connection: close`, and the
+# listeners close after `--drain-time-s`. Waits SETTLE_S (the service's drain, while callers
+# are still routed here), then until no request is in flight or MAX_S have passed since the
+# start. The image has bash but no curl, so the admin is spoken to over /dev/tcp.
+set -u
+
+admin() {  # METHOD PATH: the admin's answer, headers and all
+  { exec 3<>"/dev/tcp/127.0.0.1/${ENVOY_ADMIN_PORT:-9901}"; } 2>/dev/null || return 1
+  printf '%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n' \
+    "$1" "$2" >&3
+  cat <&3
+  exec 3<&-
+}
+
+in_flight() {  # requests in flight on the sidecar's listeners (the admin's own left out)
+  admin GET '/stats?filter=downstream_rq_active$' | {
+    n=0
+    while read -r name value; do
+      case "$name" in
+        http.admin.*) ;;
+        http.*.downstream_rq_active:) n=$((n + ${value//[!0-9]/})) ;;
+      esac
+    done
+    echo "$n"
+  }
+}
+
+drain() {  # SETTLE_S MAX_S
+  local settle=$1 max=$2 n
+  SECONDS=0
+  if ! admin POST '/drain_listeners?graceful' >/dev/null; then
+    echo "drain: no admin on port ${ENVOY_ADMIN_PORT:-9901}; nothing to drain" >&2
+    return 0
+  fi
+  echo "drain: listeners draining; waiting ${settle}s, then for calls in flight (${max}s at most)" >&2
+  sleep "$settle"
+  while ((SECONDS < max)); do
+    n=$(in_flight) || break
+    ((n > 0)) || break
+    echo "drain: $n in flight" >&2
+    sleep 1
+  done
+  echo "drain: done after ${SECONDS}s" >&2
+}
+
+if [[ ${1:-} == --run ]]; then
+  settle=$2 max=$3
+  shift 4  # --run SETTLE_S MAX_S --
+  "$@" &
+  envoy=$!
+  trap 'drain "$settle" "$max"; kill -TERM "$envoy"' TERM INT
+  # `wait` returns early when the trap runs; Envoy exits once the trap has stopped it.
+  while wait "$envoy"; status=$?; kill -0 "$envoy" 2>/dev/null; do :; done
+  exit "$status"
+fi
+
+drain "$1" "$2"
