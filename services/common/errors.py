@@ -124,3 +124,11 @@ class DeadlineExceededError(ServiceError, code=DEADLINE_EXCEEDED, reason="DEADLI
 
 class InternalError(ServiceError, code=INTERNAL, reason="INTERNAL"):
     """A bug. The message never carries internals; the log has the traceback."""
+
+
+def as_service_error(exc: BaseException) -> ServiceError:
+    """`exc` as the caller sees it: a ServiceError as it is, anything else (a bug, logged with
+    its traceback where it is caught) as a generic INTERNAL."""
+    if isinstance(exc, ServiceError):
+        return exc
+    return InternalError("internal error; see the server log for this trace_id")

@@ -16,13 +16,17 @@ from services.common import errors
 log = logging.getLogger("visior.downstream")
 
 
-def to_status(err: errors.ServiceError, domain: str) -> grpc.Status:
-    """The grpc.Status (code, message, details trailer) for a ServiceError."""
+def status_proto(err: errors.ServiceError, domain: str) -> status_pb2.Status:
+    """The google.rpc.Status of a ServiceError: code, message and one ErrorInfo."""
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=domain, metadata=err.metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    proto = status_pb2.Status(code=err.code, message=err.message, details=[detail])
-    return rpc_status.to_status(proto)
+    return status_pb2.Status(code=err.code, message=err.message, details=[detail])
+
+
+def to_status(err: errors.ServiceError, domain: str) -> grpc.Status:
+    """The grpc.Status (code, message, details trailer) for a ServiceError."""
+    return rpc_status.to_status(status_proto(err, domain))
 
 
 def error_info(

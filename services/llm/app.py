@@ -23,7 +23,7 @@ from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import ToolLoop
 from services.llm.metrics import LlmMetrics
-from services.llm.servicer import LlmServicer
+from services.llm.servicer import ERROR_DOMAIN, LlmServicer
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.tools_client import GrpcToolRunner, ToolCatalogue
 from services.model_runtime.chat import ChatRuntime, ToolSpec
@@ -77,7 +77,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, runtime.name), server)
 
     running = await start_server(
-        settings.server, register, SERVICE_NAMES, registry, domain="visior.llm", tracing=tracing
+        settings.server, register, SERVICE_NAMES, registry, domain=ERROR_DOMAIN, tracing=tracing
     )
 
     async def close() -> None:

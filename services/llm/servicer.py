@@ -12,6 +12,7 @@ from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from services.common import errors
 from services.common.context import check_trace_id, current_trace_id
 from services.common.logging import bind_trace_id
+from services.common.status import status_proto
 from services.common.structs import optional, request_struct
 from services.common.topology import SERVICE_BY_KEY
 from services.llm.engine import LlmEngine
@@ -29,6 +30,8 @@ from services.llm.model import (
 from services.model_runtime.chat import GenerationParams
 
 SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
+ERROR_DOMAIN = "visior.llm"
+"""The ErrorInfo domain of this service's errors."""
 """The gRPC service GetHealth names (services/common/topology.py)."""
 
 
@@ -148,10 +151,17 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
             self._engine.generate(generate_input(inner), _QueueSink(queue))
         )
         task.add_done_callback(lambda _t: queue.put_nowait(None))
+        began = False
         try:
             while (event := await queue.get()) is not None:
+                began = True
                 yield event
             out = task.result()  # re-raises the generation's error, after the events so far
+        except Exception as exc:
+            if began:  # a JSON caller's array has begun (HTTP 200): the error is its last element
+                error = status_proto(errors.as_service_error(exc), ERROR_DOMAIN)
+                yield llm_pb2.GenerateStreamResponse(error=error)
+            raise
         finally:
             task.cancel()
         yield llm_pb2.GenerateStreamResponse(final=generate_response(out))

@@ -150,3 +150,53 @@ def test_a_withheld_answer_over_the_json_and_grpc_streams(mesh_with_model: Mesh)
     deltas = "".join(e.delta for e in events[:-1])
     assert list(final.meta.withheld_for) == ["kubernetes"]
     assert deltas == final.answer and "Helm" not in deltas
+
+
+def test_a_stream_that_fails_after_it_began_ends_with_the_error_over_json_and_grpc(
+    mesh_with_model: Mesh, runtime
+) -> None:
+    """Over JSON the array has begun with HTTP 200 when the runtime drops the stream: its
+    last element is the error (code, message, ErrorInfo); a gRPC caller gets the same error
+    as the last event and as the call's status."""
+    long = "LDAP настраивается в разделе «Настройки» → «Аутентификация». " * 8
+    body = {"messages": [{"role": "user", "content": "LDAP?"}],
+            "user": {"user_id": "u", "tenant_id": "acme"}}  # fmt: skip
+    runtime.script(Reply(content=long, chunk_chars=6))
+    runtime.cut_stream(after_chunks=4)
+    r = httpx.post(
+        f"{mesh_with_model.json_url('llm')}/internal/llm/generate:stream", json=body, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    events = r.json()
+    assert all("delta" in e for e in events[:-1]) and len(events) > 1
+    error = events[-1]["error"]
+    assert error["code"] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert error["details"][0]["reason"] == "LLM_RUNTIME_ERROR"
+    assert not any("final" in e for e in events)
+
+    runtime.script(Reply(content=long, chunk_chars=6))
+    runtime.cut_stream(after_chunks=4)
+    request = json_format.ParseDict(body, llm_pb2.GenerateRequest())
+    received = []
+    address = f"127.0.0.1:{mesh_with_model.ports.grpc['llm']}"
+    with grpc.insecure_channel(address) as channel:
+        stream = llm_pb2_grpc.LlmServiceStub(channel).GenerateStream(
+            llm_pb2.GenerateStreamRequest(request=request), timeout=60
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            for event in stream:
+                received.append(event)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert received[0].WhichOneof("event") == "delta"
+    assert received[-1].WhichOneof("event") == "error"
+    assert received[-1].error.message == info.value.details()
+
+
+def test_a_stream_that_fails_before_it_began_is_an_http_error(mesh_with_model: Mesh, runtime):
+    runtime.fail(503, times=2)  # the first try and its one retry: no event was sent
+    body = {"messages": [{"role": "user", "content": "LDAP?"}],
+            "user": {"user_id": "u", "tenant_id": "acme"}}  # fmt: skip
+    r = httpx.post(
+        f"{mesh_with_model.json_url('llm')}/internal/llm/generate:stream", json=body, timeout=60
+    )
+    assert_error(r, 502, "LLM_RUNTIME_ERROR")

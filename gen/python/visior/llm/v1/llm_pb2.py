@@ -25,10 +25,11 @@ _sym_db = _symbol_database.Default()
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from visior.common.v1 import common_pb2 as visior_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17visior/llm/v1/llm.proto\x12\rvisior.llm.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1dvisior/common/v1/common.proto\"\x87\x01\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\npage_start\x18\x04 \x01(\x05\x12\x10\n\x08page_end\x18\x05 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"\xac\x02\n\x10GenerationParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x30\n\x0fresponse_schema\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"J\n\x0b\x41nchorChunk\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61nchor_chunk_id\x18\x03 \x01(\t\"\xaa\x02\n\nToolPolicy\x12\x15\n\rallowed_tools\x18\x01 \x03(\t\x12+\n\x07\x61nchors\x18\x02 \x03(\x0b\x32\x1a.visior.llm.v1.AnchorChunk\x12\x1e\n\x16window_radius_schedule\x18\x03 \x03(\x05\x12\x1b\n\x0emax_tool_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12!\n\x14\x63ontext_token_budget\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x31\n\rplanned_calls\x18\x06 \x03(\x0b\x32\x1a.visior.llm.v1.PlannedCall\x12\x19\n\x11require_tool_call\x18\x07 \x01(\x08\x42\x11\n\x0f_max_tool_stepsB\x17\n\x15_context_token_budget\"L\n\x0bPlannedCall\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xf5\x02\n\x0fGenerateRequest\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x35\n\x08messages\x18\x03 \x03(\x0b\x32\x1d.visior.common.v1.ChatMessageB\x04\xe2\x41\x01\x02\x12\x33\n\x0e\x63ontext_chunks\x18\x04 \x03(\x0b\x32\x1b.visior.llm.v1.ContextChunk\x12:\n\x11generation_params\x18\x05 \x01(\x0b\x32\x1f.visior.llm.v1.GenerationParams\x12\x10\n\x08trace_id\x18\x06 \x01(\t\x12+\n\x04user\x18\x07 \x01(\x0b\x32\x1d.visior.common.v1.UserContext\x12.\n\x0btool_policy\x18\x08 \x01(\x0b\x32\x19.visior.llm.v1.ToolPolicy\x12\r\n\x05model\x18\t \x01(\t\x12\x17\n\x0f\x61nswer_language\x18\n \x01(\t\"]\n\nUsedTokens\x12\x0e\n\x06prompt\x18\x01 \x01(\x05\x12\x12\n\ncompletion\x18\x02 \x01(\x05\x12\x15\n\rprompt_cached\x18\x03 \x01(\x05\x12\x14\n\x0c\x66inal_prompt\x18\x04 \x01(\x05\"\xaf\x01\n\x0cGenerateMeta\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nlatency_ms\x18\x02 \x01(\x05\x12\x12\n\ntool_steps\x18\x03 \x01(\x05\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x12\n\nextractive\x18\x05 \x01(\x08\x12\x12\n\nruntime_ms\x18\x06 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x14\n\x0cwithheld_for\x18\x08 \x03(\t\"\xaf\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12.\n\x0bused_tokens\x18\x02 \x01(\x0b\x32\x19.visior.llm.v1.UsedTokens\x12\x30\n\x0ctools_called\x18\x03 \x03(\x0b\x32\x1a.visior.common.v1.ToolCall\x12)\n\x04meta\x18\x04 \x01(\x0b\x32\x1b.visior.llm.v1.GenerateMeta\"N\n\x15GenerateStreamRequest\x12\x35\n\x07request\x18\x01 \x01(\x0b\x32\x1e.visior.llm.v1.GenerateRequestB\x04\xe2\x41\x01\x02\"\x95\x01\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12/\n\ttool_call\x18\x02 \x01(\x0b\x32\x1a.visior.common.v1.ToolCallH\x00\x12\x30\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x1f.visior.llm.v1.GenerateResponseH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetHealthRequest\"\xa4\x01\n\x11GetHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12>\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32-.visior.llm.v1.GetHealthResponse.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xef\x02\n\nLlmService\x12n\n\x08Generate\x12\x1e.visior.llm.v1.GenerateRequest\x1a\x1f.visior.llm.v1.GenerateResponse\"!\x82\xd3\xe4\x93\x02\x1b\"\x16/internal/llm/generate:\x01*\x12\x8f\x01\n\x0eGenerateStream\x12$.visior.llm.v1.GenerateStreamRequest\x1a%.visior.llm.v1.GenerateStreamResponse\".\x82\xd3\xe4\x93\x02(\"\x1d/internal/llm/generate:stream:\x07request0\x01\x12_\n\tGetHealth\x12\x1f.visior.llm.v1.GetHealthRequest\x1a .visior.llm.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/healthb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17visior/llm/v1/llm.proto\x12\rvisior.llm.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17google/rpc/status.proto\x1a\x1dvisior/common/v1/common.proto\"\x87\x01\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x12\n\npage_start\x18\x04 \x01(\x05\x12\x10\n\x08page_end\x18\x05 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"\xac\x02\n\x10GenerationParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x30\n\x0fresponse_schema\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"J\n\x0b\x41nchorChunk\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\nsection_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61nchor_chunk_id\x18\x03 \x01(\t\"\xaa\x02\n\nToolPolicy\x12\x15\n\rallowed_tools\x18\x01 \x03(\t\x12+\n\x07\x61nchors\x18\x02 \x03(\x0b\x32\x1a.visior.llm.v1.AnchorChunk\x12\x1e\n\x16window_radius_schedule\x18\x03 \x03(\x05\x12\x1b\n\x0emax_tool_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12!\n\x14\x63ontext_token_budget\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x31\n\rplanned_calls\x18\x06 \x03(\x0b\x32\x1a.visior.llm.v1.PlannedCall\x12\x19\n\x11require_tool_call\x18\x07 \x01(\x08\x42\x11\n\x0f_max_tool_stepsB\x17\n\x15_context_token_budget\"L\n\x0bPlannedCall\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xf5\x02\n\x0fGenerateRequest\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x35\n\x08messages\x18\x03 \x03(\x0b\x32\x1d.visior.common.v1.ChatMessageB\x04\xe2\x41\x01\x02\x12\x33\n\x0e\x63ontext_chunks\x18\x04 \x03(\x0b\x32\x1b.visior.llm.v1.ContextChunk\x12:\n\x11generation_params\x18\x05 \x01(\x0b\x32\x1f.visior.llm.v1.GenerationParams\x12\x10\n\x08trace_id\x18\x06 \x01(\t\x12+\n\x04user\x18\x07 \x01(\x0b\x32\x1d.visior.common.v1.UserContext\x12.\n\x0btool_policy\x18\x08 \x01(\x0b\x32\x19.visior.llm.v1.ToolPolicy\x12\r\n\x05model\x18\t \x01(\t\x12\x17\n\x0f\x61nswer_language\x18\n \x01(\t\"]\n\nUsedTokens\x12\x0e\n\x06prompt\x18\x01 \x01(\x05\x12\x12\n\ncompletion\x18\x02 \x01(\x05\x12\x15\n\rprompt_cached\x18\x03 \x01(\x05\x12\x14\n\x0c\x66inal_prompt\x18\x04 \x01(\x05\"\xaf\x01\n\x0cGenerateMeta\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nlatency_ms\x18\x02 \x01(\x05\x12\x12\n\ntool_steps\x18\x03 \x01(\x05\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x12\n\nextractive\x18\x05 \x01(\x08\x12\x12\n\nruntime_ms\x18\x06 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x07 \x01(\x05\x12\x14\n\x0cwithheld_for\x18\x08 \x03(\t\"\xaf\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12.\n\x0bused_tokens\x18\x02 \x01(\x0b\x32\x19.visior.llm.v1.UsedTokens\x12\x30\n\x0ctools_called\x18\x03 \x03(\x0b\x32\x1a.visior.common.v1.ToolCall\x12)\n\x04meta\x18\x04 \x01(\x0b\x32\x1b.visior.llm.v1.GenerateMeta\"N\n\x15GenerateStreamRequest\x12\x35\n\x07request\x18\x01 \x01(\x0b\x32\x1e.visior.llm.v1.GenerateRequestB\x04\xe2\x41\x01\x02\"\xba\x01\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12/\n\ttool_call\x18\x02 \x01(\x0b\x32\x1a.visior.common.v1.ToolCallH\x00\x12\x30\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x1f.visior.llm.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetHealthRequest\"\xa4\x01\n\x11GetHealthResponse\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12>\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32-.visior.llm.v1.GetHealthResponse.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xef\x02\n\nLlmService\x12n\n\x08Generate\x12\x1e.visior.llm.v1.GenerateRequest\x1a\x1f.visior.llm.v1.GenerateResponse\"!\x82\xd3\xe4\x93\x02\x1b\"\x16/internal/llm/generate:\x01*\x12\x8f\x01\n\x0eGenerateStream\x12$.visior.llm.v1.GenerateStreamRequest\x1a%.visior.llm.v1.GenerateStreamResponse\".\x82\xd3\xe4\x93\x02(\"\x1d/internal/llm/generate:stream:\x07request0\x01\x12_\n\tGetHealth\x12\x1f.visior.llm.v1.GetHealthRequest\x1a .visior.llm.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/healthb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,34 +48,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LLMSERVICE'].methods_by_name['GenerateStream']._serialized_options = b'\202\323\344\223\002(\"\035/internal/llm/generate:stream:\007request'
   _globals['_LLMSERVICE'].methods_by_name['GetHealth']._loaded_options = None
   _globals['_LLMSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\t\022\007/health'
-  _globals['_CONTEXTCHUNK']._serialized_start=167
-  _globals['_CONTEXTCHUNK']._serialized_end=302
-  _globals['_GENERATIONPARAMS']._serialized_start=305
-  _globals['_GENERATIONPARAMS']._serialized_end=605
-  _globals['_ANCHORCHUNK']._serialized_start=607
-  _globals['_ANCHORCHUNK']._serialized_end=681
-  _globals['_TOOLPOLICY']._serialized_start=684
-  _globals['_TOOLPOLICY']._serialized_end=982
-  _globals['_PLANNEDCALL']._serialized_start=984
-  _globals['_PLANNEDCALL']._serialized_end=1060
-  _globals['_GENERATEREQUEST']._serialized_start=1063
-  _globals['_GENERATEREQUEST']._serialized_end=1436
-  _globals['_USEDTOKENS']._serialized_start=1438
-  _globals['_USEDTOKENS']._serialized_end=1531
-  _globals['_GENERATEMETA']._serialized_start=1534
-  _globals['_GENERATEMETA']._serialized_end=1709
-  _globals['_GENERATERESPONSE']._serialized_start=1712
-  _globals['_GENERATERESPONSE']._serialized_end=1887
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=1889
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=1967
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1970
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2119
-  _globals['_GETHEALTHREQUEST']._serialized_start=2121
-  _globals['_GETHEALTHREQUEST']._serialized_end=2139
-  _globals['_GETHEALTHRESPONSE']._serialized_start=2142
-  _globals['_GETHEALTHRESPONSE']._serialized_end=2306
-  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_start=2260
-  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_end=2306
-  _globals['_LLMSERVICE']._serialized_start=2309
-  _globals['_LLMSERVICE']._serialized_end=2676
+  _globals['_CONTEXTCHUNK']._serialized_start=192
+  _globals['_CONTEXTCHUNK']._serialized_end=327
+  _globals['_GENERATIONPARAMS']._serialized_start=330
+  _globals['_GENERATIONPARAMS']._serialized_end=630
+  _globals['_ANCHORCHUNK']._serialized_start=632
+  _globals['_ANCHORCHUNK']._serialized_end=706
+  _globals['_TOOLPOLICY']._serialized_start=709
+  _globals['_TOOLPOLICY']._serialized_end=1007
+  _globals['_PLANNEDCALL']._serialized_start=1009
+  _globals['_PLANNEDCALL']._serialized_end=1085
+  _globals['_GENERATEREQUEST']._serialized_start=1088
+  _globals['_GENERATEREQUEST']._serialized_end=1461
+  _globals['_USEDTOKENS']._serialized_start=1463
+  _globals['_USEDTOKENS']._serialized_end=1556
+  _globals['_GENERATEMETA']._serialized_start=1559
+  _globals['_GENERATEMETA']._serialized_end=1734
+  _globals['_GENERATERESPONSE']._serialized_start=1737
+  _globals['_GENERATERESPONSE']._serialized_end=1912
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=1914
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=1992
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1995
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2181
+  _globals['_GETHEALTHREQUEST']._serialized_start=2183
+  _globals['_GETHEALTHREQUEST']._serialized_end=2201
+  _globals['_GETHEALTHRESPONSE']._serialized_start=2204
+  _globals['_GETHEALTHRESPONSE']._serialized_end=2368
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_start=2322
+  _globals['_GETHEALTHRESPONSE_DETAILSENTRY']._serialized_end=2368
+  _globals['_LLMSERVICE']._serialized_start=2371
+  _globals['_LLMSERVICE']._serialized_end=2738
 # @@protoc_insertion_point(module_scope)

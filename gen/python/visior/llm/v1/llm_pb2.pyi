@@ -1,6 +1,7 @@
 from google.api import annotations_pb2 as _annotations_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.rpc import status_pb2 as _status_pb2
 from visior.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -157,14 +158,16 @@ class GenerateStreamRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("delta", "tool_call", "final")
+    __slots__ = ("delta", "tool_call", "final", "error")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     delta: str
     tool_call: _common_pb2.ToolCall
     final: GenerateResponse
-    def __init__(self, delta: _Optional[str] = ..., tool_call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., final: _Optional[_Union[GenerateResponse, _Mapping]] = ...) -> None: ...
+    error: _status_pb2.Status
+    def __init__(self, delta: _Optional[str] = ..., tool_call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., final: _Optional[_Union[GenerateResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class GetHealthRequest(_message.Message):
     __slots__ = ()

@@ -17,6 +17,7 @@ import betterproto.lib.google.protobuf as betterproto_lib_google_protobuf
 import grpclib
 from betterproto.grpc.grpclib_server import ServiceBase
 
+from ....google import rpc as ___google_rpc__
 from ...common import v1 as __common_v1__
 
 if TYPE_CHECKING:
@@ -307,6 +308,14 @@ class GenerateStreamResponse(betterproto.Message):
 
     final: "GenerateResponse" = betterproto.message_field(3, group="event")
     """final is the complete response; it is the last event."""
+
+    error: "___google_rpc__.Status" = betterproto.message_field(4, group="event")
+    """
+    error is why the stream failed after its first event: the last event, and the call
+     then ends with the same status. Over JSON the array has begun with HTTP 200 by then,
+     so this element is where a JSON caller reads the failure (code, message, ErrorInfo);
+     a failure before any event is the call's status alone (an HTTP error over JSON).
+    """
 
 
 @dataclass(eq=False, repr=False)
