@@ -18,6 +18,7 @@ import yaml
 from google.api import annotations_pb2, field_behavior_pb2
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format
 from google.protobuf.descriptor import FieldDescriptor
+from google.rpc import error_details_pb2
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 from visior.llm.v1 import llm_pb2
 from visior.orchestrator.v1 import orchestrator_pb2
@@ -196,7 +197,10 @@ def _filled(msg: Any, depth: int = 0) -> Any:
             getattr(msg, fd.name)["k"] = "v"
         elif fd.message_type is not None:
             full = fd.message_type.full_name
-            if full in ("google.protobuf.Struct", "google.protobuf.Value"):
+            if full == "google.protobuf.Any":  # the only Any: a Status's ErrorInfo
+                info = error_details_pb2.ErrorInfo(reason="R", domain="d", metadata={"k": "v"})
+                (getattr(msg, fd.name).add() if repeated else getattr(msg, fd.name)).Pack(info)
+            elif full in ("google.protobuf.Struct", "google.protobuf.Value"):
                 target = getattr(msg, fd.name).add() if repeated else getattr(msg, fd.name)
                 json_format.ParseDict({"a": [1, "x", None, {"b": True}]}, target) if full.endswith(
                     "Struct"
@@ -268,9 +272,12 @@ def test_the_stream_is_an_array_of_events_with_one_field_each(doc: dict[str, Any
     events = [
         llm_pb2.GenerateStreamResponse(delta="Hel"),
         llm_pb2.GenerateStreamResponse(tool_call={"name": "read_doc_pages"}),
-        _filled(llm_pb2.GenerateStreamResponse()),
+        llm_pb2.GenerateStreamResponse(final=_filled(llm_pb2.GenerateResponse())),
+        _filled(llm_pb2.GenerateStreamResponse()),  # the last of the oneof: error
     ]
+    assert events[-1].WhichOneof("event") == "error"
     v.validate([printed(e) for e in events])
+    assert not v.is_valid([{"error": {"code": 14}}])  # a Status has message and details
     assert not v.is_valid([{"delta": "a", "final": printed(llm_pb2.GenerateResponse())}])
     assert not v.is_valid(printed(events[0]))  # not an array
 
