@@ -126,9 +126,10 @@ class InternalError(ServiceError, code=INTERNAL, reason="INTERNAL"):
     """A bug. The message never carries internals; the log has the traceback."""
 
 
-def as_service_error(exc: BaseException) -> ServiceError:
+def as_service_error(exc: BaseException, trace_id: str) -> ServiceError:
     """`exc` as the caller sees it: a ServiceError as it is, anything else (a bug, logged with
-    its traceback where it is caught) as a generic INTERNAL."""
+    its traceback where it is caught) as a generic INTERNAL naming the call's `trace_id`,
+    under which the server logged it."""
     if isinstance(exc, ServiceError):
         return exc
-    return InternalError("internal error; see the server log for this trace_id")
+    return InternalError(f"internal error; the server log has it under trace_id {trace_id}")

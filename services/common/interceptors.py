@@ -82,12 +82,26 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Wraps every handler: sets trace id and deadline context, maps errors, logs, counts,
-    and with `tracing` (None = off) opens a SERVER span per RPC."""
+    and with `tracing` (None = off) opens a SERVER span per RPC.
 
-    def __init__(self, domain: str, metrics: RpcMetrics, tracing: Tracing | None = None) -> None:
+    With `max_concurrent_rpcs`, a call of the service's own RPCs that would make more in
+    flight is refused with RESOURCE_EXHAUSTED SERVER_BUSY, which carries an ErrorInfo and is
+    counted like any other answer. Health and reflection are exempt: grpc's own
+    `maximum_concurrent_rpcs` counted them too, so a busy server failed its liveness probe.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        metrics: RpcMetrics,
+        tracing: Tracing | None = None,
+        max_concurrent_rpcs: int | None = None,
+    ) -> None:
         self._domain = domain
         self._metrics = metrics
         self._tracing = tracing
+        self._max_in_flight = max_concurrent_rpcs
+        self._in_flight = 0
 
     async def intercept_service(
         self,
@@ -141,6 +155,18 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             else time.monotonic() + remaining
         )
 
+    def _admit(self) -> None:
+        """Take one of the `max_concurrent_rpcs` places, else refuse the call (the caller's
+        `_Rpc` gives the place back when the call ends)."""
+        cap = self._max_in_flight
+        if cap is not None and self._in_flight >= cap:
+            raise errors.ResourceExhaustedError(
+                f"the server is handling its limit of {cap} concurrent calls; retry later",
+                reason="SERVER_BUSY",
+                metadata=errors.limit_metadata(cap, name="max_concurrent_rpcs"),
+            )
+        self._in_flight += 1
+
     def _failure(self, exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, Any]:
         """The status an exception becomes: code, details and trailing metadata (an unexpected
         exception is logged with its traceback and becomes a generic INTERNAL)."""
@@ -150,7 +176,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 log.error("rpc failed: %s", err, extra={"method": method, "reason": err.reason})
         else:
             log.exception("unhandled error", extra={"method": method})
-            err = errors.InternalError("internal error; see the server log for this trace_id")
+            err = errors.as_service_error(exc, trace_id_var.get())
         status = to_status(err, self._domain)
         trailing = tuple(status.trailing_metadata)
         if err.code == errors.UNAVAILABLE:
@@ -206,18 +232,28 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async with _Rpc(self, context, rpc) as scope:
                 scope.enter(request, trace)
-                async for item in behavior(request, context):
-                    yield item
+                stream = behavior(request, context)
+                try:
+                    async for item in stream:
+                        yield item
+                finally:
+                    # When the caller goes away, grpc closes this generator (GeneratorExit at
+                    # the yield); the handler's own generator is closed now, not whenever the
+                    # collector finds it, so its cleanup runs while the call is still counted.
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
 
         return wrapper
 
 
 class _Rpc:
     """One RPC (service, name, kind) from start to finish, unary or streamed: trace id and
-    deadline (`enter`), span, metrics and the "rpc" line; an exception becomes the caller's
-    status. A class, not @asynccontextmanager: it runs on every call (~2 µs less)."""
+    deadline (`enter`), a place among the server's concurrent calls, span, metrics and the
+    "rpc" line; an exception becomes the caller's status. A class, not @asynccontextmanager:
+    it runs on every call (~2 µs less)."""
 
-    __slots__ = ("_context", "_owner", "_rpc", "_span", "_started")
+    __slots__ = ("_admitted", "_context", "_owner", "_rpc", "_span", "_started")
 
     def __init__(
         self, owner: ServerInterceptor, context: grpc.aio.ServicerContext, rpc: RpcKey
@@ -226,6 +262,7 @@ class _Rpc:
         self._context = context
         self._rpc = rpc
         self._span: ServerSpan | None = None
+        self._admitted = False
 
     async def __aenter__(self) -> _Rpc:
         self._started = time.perf_counter()
@@ -238,6 +275,8 @@ class _Rpc:
         meta_trace, traceparent = trace
         try:
             self._owner._enter(request, self._context, meta_trace)
+            self._owner._admit()
+            self._admitted = True
         finally:
             self._span = self._owner._span(self._rpc[0], self._rpc[1], traceparent)
 
@@ -247,11 +286,16 @@ class _Rpc:
         service, name, kind = self._rpc
         code = grpc.StatusCode.OK
         finished = False
+        if self._admitted:
+            self._admitted = False
+            self._owner._in_flight -= 1
         try:
             if isinstance(exc, grpc.aio.AbortError):
                 code = self._context.code() or grpc.StatusCode.UNKNOWN  # type: ignore[assignment]
-            elif isinstance(exc, asyncio.CancelledError):
-                code = grpc.StatusCode.CANCELLED
+            elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                # grpc cancels a handler whose caller went away or whose deadline passed, and
+                # closes a stream's generator (GeneratorExit) when it cannot write to the caller.
+                code = self._ended_code()
             elif isinstance(exc, Exception):
                 code = _code_of(exc)
                 status, details, trailing = self._owner._failure(exc, f"{service}/{name}")
@@ -265,6 +309,15 @@ class _Rpc:
         finally:
             if not finished:
                 self._owner._finish(service, name, kind, code, self._started, self._span)
+
+    def _ended_code(self) -> grpc.StatusCode:
+        """The status of a call grpc ended under the handler: DEADLINE_EXCEEDED once the
+        caller's deadline has passed (time_remaining() is then 0), else CANCELLED (the caller
+        cancelled; time_remaining() is None without a deadline)."""
+        remaining = self._context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
 
 
 _CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from services.common.logging import configure_logging
-from services.common.server import RunningServer, run_until_signal
+from services.common.server import ListenError, RunningServer, run_until_signal
 from services.common.settings import ServerSettings, SettingsError
 
 
@@ -40,7 +40,12 @@ def freeze_startup_heap() -> int:
 def run_service(
     load: Callable[[], S], start: Callable[[S], Awaitable[tuple[RunningServer, Closer]]]
 ) -> None:
-    """Load settings (exit 2 on a bad one), start, serve until SIGTERM, clean up."""
+    """Load settings (exit 2 on a bad one), start (exit 1 when it cannot listen), serve until
+    SIGTERM, clean up.
+
+    A port it cannot listen on is not always a bad setting (another process may hold it for
+    a while, and a restart may then succeed): it is one "cannot start" line and exit 1, where a
+    setting that can never work is one "bad setting" line and exit 2; neither a traceback."""
     try:
         settings = load()
     except SettingsError as exc:
@@ -55,6 +60,9 @@ def run_service(
         except SettingsError as exc:  # found while starting: a model file that will not load
             logging.getLogger("visior").error("bad setting: %s", exc)
             sys.exit(2)
+        except ListenError as exc:
+            logging.getLogger("visior").error("cannot start: %s", exc)
+            sys.exit(1)
         freeze_startup_heap()
         try:
             await run_until_signal(

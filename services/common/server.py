@@ -7,6 +7,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +24,67 @@ from services.common.tracing import Tracing, install_tracing
 log = logging.getLogger("visior.server")
 
 Register = Callable[[grpc.aio.Server], None]
+
+
+class ListenError(OSError):
+    """The server cannot listen where its settings say: the port is taken, or the host is not
+    an address of this machine."""
+
+
+class HealthServicer(health.aio.HealthServicer):
+    """grpc's health servicer, whose Watch streams end when the server stops.
+
+    A Watch never ends on its own, and server.stop(grace) waits for every open call: one
+    watcher held every stop for the whole grace period. `end_watches` ends them: a watcher
+    last told SERVING is told NOT_SERVING, then the stream ends UNAVAILABLE (as grpc ends the
+    calls it cancels at stop), which tells a client to look for another server.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watches: set[asyncio.Task[None]] = set()
+        self._ending = False
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
+        sent = _SentStatus(context)
+        if not self._ending:
+            # grpc's Watch runs in a task of its own, so that ending it ends this call with
+            # a status: a cancelled handler sends none, and its call stays open.
+            watch = asyncio.ensure_future(super().Watch(request, sent))
+            self._watches.add(watch)
+            try:
+                await asyncio.wait((watch,))
+            finally:
+                watch.cancel()  # this call was cancelled (the caller went away)
+                self._watches.discard(watch)
+            if not watch.cancelled():
+                return watch.result()  # grpc's Watch ends only by an error: raise it
+        if sent.last == health_pb2.HealthCheckResponse.SERVING:
+            await context.write(
+                health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+            )
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+
+    def end_watches(self) -> None:
+        """End every Watch stream, and any opened from now on."""
+        self._ending = True
+        for watch in self._watches:
+            watch.cancel()
+
+
+class _SentStatus:
+    """A Watch's context, keeping the last status written through it."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self.last: int | None = None
+
+    async def write(self, message: health_pb2.HealthCheckResponse) -> None:
+        await self._context.write(message)
+        self.last = message.status
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
 
 
 @dataclass
@@ -49,11 +111,14 @@ class RunningServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float, drain: float = 0.0) -> None:
-        """Health NOT_SERVING, wait `drain` s for balancers to notice, then refuse new RPCs
-        and let in-flight ones finish for up to `grace` s (on the companion listeners too)."""
-        await self.set_serving(False)
+        """Health NOT_SERVING for good, wait `drain` s for balancers to notice, end the health
+        Watch streams, then refuse new RPCs and let in-flight ones finish for up to `grace` s
+        (on the companion listeners too)."""
+        await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)
+        if isinstance(self.health, HealthServicer):
+            self.health.end_watches()
         await asyncio.gather(self.server.stop(grace), *(stop(grace) for stop in self.companions))
 
 
@@ -89,29 +154,48 @@ async def start_server(
 
     Spans go to `tracing`, else to the process's own when settings.tracing enables it."""
     tracing = tracing or install_tracing(settings.tracing, settings.service)
-    server = grpc.aio.server(
-        interceptors=[ServerInterceptor(domain, RpcMetrics(registry), tracing)],
-        options=server_options(settings),
-        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+    # The cap is the interceptor's, not grpc's maximum_concurrent_rpcs: grpc's counts health
+    # and reflection calls too, and refuses without an ErrorInfo or a count in the metrics.
+    interceptor = ServerInterceptor(
+        domain, RpcMetrics(registry), tracing, max_concurrent_rpcs=settings.max_concurrent_rpcs
     )
+    server = grpc.aio.server(interceptors=[interceptor], options=server_options(settings))
     register(server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
     enable_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot bind {settings.host}:{settings.port}")
-    await server.start()
-    running = RunningServer(server, port, health_servicer, names, registry)
-    await running.set_serving(True)
+    address = f"{settings.host}:{settings.port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind to address ...", which names no cause
+        port = 0
+    if port == 0:  # older grpc returned 0
+        raise ListenError(_cannot_listen("gRPC", address))
+    metrics_port = None
     if settings.metrics_port:
-        running.metrics_port = serve_metrics(registry, settings.host, settings.metrics_port)
+        try:
+            metrics_port = serve_metrics(registry, settings.host, settings.metrics_port)
+        except OSError as exc:
+            await server.stop(None)  # let go of the gRPC port
+            where = f"{settings.host}:{settings.metrics_port}"
+            cause = exc.strerror or type(exc).__name__
+            raise ListenError(f"{_cannot_listen('metrics', where)} ({cause})") from None
+    await server.start()
+    running = RunningServer(server, port, health_servicer, names, registry, metrics_port)
+    await running.set_serving(True)
     log.info(
         "listening",
         extra={"grpc": f"{settings.host}:{port}", "metrics_port": running.metrics_port},
     )
     return running
+
+
+def _cannot_listen(what: str, address: str) -> str:
+    return (
+        f"cannot listen for {what} on {address}: the port is in use, or the host is not an "
+        "address of this machine"
+    )
 
 
 async def run_until_signal(running: RunningServer, grace: float, drain: float = 0.0) -> None:

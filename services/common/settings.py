@@ -120,7 +120,9 @@ class Env:
             value = parse(text)
         except ValueError:
             raise SettingsError(f"{name}={text!r} is not {what}") from None
-        if not math.isfinite(value):  # nan passes every comparison; inf lifts every limit
+        # nan passes every comparison; inf lifts every limit. An int is always finite (and
+        # math.isfinite cannot take one past float's range: OverflowError).
+        if isinstance(value, float) and not math.isfinite(value):
             raise SettingsError(f"{name}={text!r} is not a finite number")
         if minimum is not None and value < minimum:
             raise SettingsError(f"{name}={value} is below the minimum {minimum}")
@@ -456,8 +458,9 @@ class ServerSettings:
     keepalive_seconds: int = 30
     """Server keepalive ping interval (a constant, not read from the environment)."""
     max_concurrent_rpcs: int = 256
-    """Concurrent RPCs before new ones get RESOURCE_EXHAUSTED (a constant, not read from the
-    environment)."""
+    """Concurrent calls of the service's own RPCs before new ones get RESOURCE_EXHAUSTED
+    (reason SERVER_BUSY); health and reflection calls are neither counted nor refused (a
+    constant, not read from the environment)."""
     tracing: TracingSettings = TracingSettings()
     """Optional OpenTelemetry tracing (OTEL_* variables); off by default."""
 
@@ -561,9 +564,14 @@ TARGET_SCHEMES = ("grpc://", "http://", "dns:///")
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+MAX_PORT = 65535
+
+
 def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
     """The host (an IPv6 one still in brackets) and port of a gRPC target: host:port, or a
-    URL with one of TARGET_SCHEMES; any other scheme (https://, grpcs://) is a SettingsError."""
+    URL with one of TARGET_SCHEMES; any other scheme (https://, grpcs://) is a SettingsError,
+    and so is a port that is not 1..MAX_PORT in ASCII digits (0 picks a free port when
+    listening; a target cannot be there)."""
     target = value
     url = _URL_SCHEME.match(value)
     if url is not None:
@@ -576,9 +584,12 @@ def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
         target = value[len(scheme) :]
     host, colon, port = target.rstrip("/").rpartition(":")
     host = host or (default_host if colon else "")
-    if not host or not port.isdigit():
+    # str.isdigit() also takes "²" and full-width digits, which int() reads or refuses.
+    if not host or not (port.isascii() and port.isdigit()):
         raise SettingsError(f"{name}={value!r} is not host:port")
-    return host, port
+    if len(port) > len(str(MAX_PORT)) or not 1 <= int(port) <= MAX_PORT:
+        raise SettingsError(f"{name}={value!r}: the port is not in 1..{MAX_PORT}")
+    return host, str(int(port))
 
 
 def grpc_target(value: str, name: str) -> str:

@@ -58,7 +58,11 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     too big: it stays a 400 with the downstream's reason and its `limit` and `limit_name`
     (not its `field`, which names the downstream's request, not the caller's). Access and
     not-found answers keep their meaning. A downstream INVALID_ARGUMENT for anything else
-    means we sent a bad request: that is our bug (INTERNAL), never the caller's 400.
+    means we sent a bad request: that is our bug (INTERNAL), never the caller's 400. A
+    downstream RESOURCE_EXHAUSTED stays one (429, slow down) only when the downstream said so
+    with an ErrorInfo (a rate limit, SERVER_BUSY); without one it is grpc's own message-size
+    refusal (a reply past our receive limit, or our request past the downstream's), which a
+    caller slowing down cannot cure: a downstream failure.
     Everything else is a downstream failure: UNAVAILABLE (HTTP 502) with the downstream's
     reason.
     """
@@ -83,7 +87,7 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
         return errors.NotFoundError(message, reason=reason, metadata=meta)
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return errors.PermissionDeniedError(message, reason=reason, metadata=meta)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and info is not None:
         return errors.ResourceExhaustedError(
             message, reason=reason or "RESOURCE_EXHAUSTED", metadata=meta
         )

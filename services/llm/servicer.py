@@ -159,7 +159,8 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
             out = task.result()  # re-raises the generation's error, after the events so far
         except Exception as exc:
             if began:  # a JSON caller's array has begun (HTTP 200): the error is its last element
-                error = status_proto(errors.as_service_error(exc), ERROR_DOMAIN)
+                err = errors.as_service_error(exc, current_trace_id())
+                error = status_proto(err, ERROR_DOMAIN)
                 yield llm_pb2.GenerateStreamResponse(error=error)
             raise
         finally:

@@ -1,6 +1,7 @@
 """services.common.runner: the start-up heap freeze, run_service's exit on a bad setting
-(found while loading or while starting: status 2 and one log line, not a traceback), and a
-RunningServer's stop taking its companion listeners along."""
+(found while loading or while starting: status 2 and one log line, not a traceback) and on
+an address it cannot listen on (status 1, one line), and a RunningServer's stop taking its
+companion listeners along."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import gc
 import itertools
 import logging
+import socket
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +17,7 @@ from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry
 
 from services.common.runner import freeze_startup_heap, run_service
-from services.common.server import RunningServer
+from services.common.server import RunningServer, start_server
 from services.common.settings import ServerSettings, SettingsError
 
 
@@ -86,6 +88,30 @@ def test_a_setting_refused_while_starting_exits_2(capfd: pytest.CaptureFixture[s
     assert started and exit_info.value.code == 2
     err = capfd.readouterr().err
     assert "bad setting: RERANK_MODEL_PATH /m: cannot load the ONNX model" in err
+    assert "Traceback" not in err
+
+
+def test_a_port_it_cannot_listen_on_exits_1_naming_it(capfd: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+
+        def load() -> _Settings:
+            return _Settings(server=ServerSettings(service="test", port=port))
+
+        async def start(settings: _Settings):
+            running = await start_server(
+                settings.server, lambda server: None, (), CollectorRegistry(), domain="visior.test"
+            )
+            await running.stop(0)  # pragma: no cover - only when the test fails
+            raise AssertionError("listening on a taken port")
+
+        with pytest.raises(SystemExit) as exit_info:
+            run_service(load, start)
+    assert exit_info.value.code == 1
+    err = capfd.readouterr().err
+    assert f"cannot start: cannot listen for gRPC on 127.0.0.1:{port}" in err
     assert "Traceback" not in err
 
 

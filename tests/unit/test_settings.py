@@ -42,6 +42,19 @@ def test_numbers_must_be_finite(raw):
         Env({"N": raw}).number("N", 1.0, minimum=0.01)
 
 
+def test_an_integer_past_floats_range_is_held_to_its_limits_not_a_crash():
+    """math.isfinite cannot take an int past float's range (OverflowError): 400 nines for a
+    port was a traceback, not the setting's error."""
+    huge = "9" * 400
+    with pytest.raises(SettingsError, match=r"^N=9+ is above the maximum 65535$"):
+        Env({"N": huge}).integer("N", 1, minimum=0, maximum=65535)
+    with pytest.raises(SettingsError, match=r"^LLM_SERVICE_PORT=9+ is above the maximum 65535$"):
+        LlmSettings.from_env(Env({"LLM_SERVICE_PORT": huge}))
+    assert Env({"N": huge}).integer("N", 1) == int(huge)  # no limit: an int is finite
+    with pytest.raises(SettingsError, match="is not a finite number"):
+        Env({"N": huge}).number("N", 1.0)
+
+
 LLM = {
     "RETR_LLM_SUMMARIES": "true",
     "LLM_RUNTIME_URL": "http://127.0.0.1:9",

@@ -50,6 +50,41 @@ def test_the_schemes_the_mesh_speaks_and_host_port_are_taken(value, target):
 
 
 @pytest.mark.parametrize(
+    ("value", "target"),
+    [("retrieval:1", "retrieval:1"), ("retrieval:65535", "retrieval:65535"),
+     ("grpc://[::1]:65535/", "[::1]:65535")],
+)  # fmt: skip
+def test_a_target_port_is_taken_up_to_65535(value, target):
+    assert grpc_target(value, "X") == target
+    settings = OrchestratorSettings.from_env(Env({"ORCH_RETRIEVAL_URL": value}))
+    assert settings.retrieval.target == target
+
+
+@pytest.mark.parametrize(
+    "port",
+    [
+        "65536",
+        "70000",
+        "99999",
+        "0",  # listening on 0 picks a free port; no target is there
+        pytest.param("9" * 5000, id="5000-digits"),  # past int()'s digit limit
+        "\uff15\uff10\uff10\uff15\uff13",  # full-width 50053, which int() reads
+        "\u00b2",  # superscript two: isdigit() says yes, int() refuses
+        "5\u00b2",
+        "-1",
+    ],
+)
+def test_a_target_port_outside_1_to_65535_or_not_in_ascii_digits_is_refused(port):
+    value = f"retrieval:{port}"
+    with pytest.raises(SettingsError, match=r"^X="):
+        grpc_target(value, "X")
+    with pytest.raises(SettingsError, match=r"^X="):
+        grpc_address(value, "X")
+    with pytest.raises(SettingsError, match=r"^ORCH_RETRIEVAL_URL="):
+        OrchestratorSettings.from_env(Env({"ORCH_RETRIEVAL_URL": value}))
+
+
+@pytest.mark.parametrize(
     ("env", "named"),
     [
         ({"LOG_LEVEL": "verbose"}, "LOG_LEVEL"),

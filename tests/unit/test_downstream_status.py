@@ -1,0 +1,71 @@
+"""A downstream's RESOURCE_EXHAUSTED reaches the caller as one (429, slow down) only when the
+downstream said so with an ErrorInfo; grpc's own, without one (a reply past this service's
+receive limit), is a downstream failure: UNAVAILABLE, which a caller slowing down cannot cure."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from services.common import errors
+from services.common.channels import open_channel
+from services.common.settings import DownstreamSettings
+from services.common.status import call_downstream, from_rpc_error
+
+RECEIVE_LIMIT = 64 * 1024
+
+
+def _rpc_error(code: grpc.StatusCode, details: str, info: error_details_pb2.ErrorInfo | None):
+    trailing: tuple[tuple[str, bytes], ...] = ()
+    if info is not None:
+        packed = any_pb2.Any()
+        packed.Pack(info)
+        status = status_pb2.Status(code=code.value[0], message=details, details=[packed])
+        trailing = (("grpc-status-details-bin", status.SerializeToString()),)
+    return grpc.aio.AioRpcError(
+        code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), details=details
+    )
+
+
+def test_a_resource_exhausted_without_error_info_is_a_downstream_failure() -> None:
+    err = from_rpc_error(
+        _rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max", None),
+        "retrieval",
+    )
+    assert isinstance(err, errors.UnavailableError)
+    assert err.code == errors.UNAVAILABLE and err.reason == "UPSTREAM_UNAVAILABLE"
+    assert err.metadata == {"downstream": "retrieval", "downstream_code": "RESOURCE_EXHAUSTED"}
+    assert "larger than max" not in err.message  # grpc's text stays in the log
+
+
+@pytest.mark.parametrize("reason", ["RATE_LIMIT_EXCEEDED", "SERVER_BUSY"])
+def test_a_resource_exhausted_the_downstream_explained_stays_one(reason: str) -> None:
+    info = error_details_pb2.ErrorInfo(reason=reason, domain="visior.toolsproxy")
+    err = from_rpc_error(_rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down", info), "t")
+    assert isinstance(err, errors.ResourceExhaustedError)
+    assert err.code == errors.RESOURCE_EXHAUSTED and err.reason == reason
+
+
+async def test_a_reply_past_the_receive_limit_is_unavailable_naming_the_downstream() -> None:
+    async def big(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"x" * (RECEIVE_LIMIT * 3)
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(big)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("toy.Big", {"Get": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 10.0, 1), RECEIVE_LIMIT)
+    try:
+        with pytest.raises(errors.ServiceError) as caught:
+            await call_downstream(channel.unary_unary("/toy.Big/Get"), b"", "toolsproxy")
+    finally:
+        await channel.close()
+        await server.stop(0)
+    assert caught.value.code == errors.UNAVAILABLE
+    assert caught.value.metadata["downstream"] == "toolsproxy"
+    assert caught.value.metadata["downstream_code"] == "RESOURCE_EXHAUSTED"
