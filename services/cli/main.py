@@ -9,9 +9,11 @@ import os
 import signal
 import sys
 import tempfile
-import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -24,6 +26,7 @@ from services.devtools.envoy import REPO_ROOT
 from services.devtools.envoy_config import route_timeout
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import Mesh, MeshError, local_envoy_timeouts
+from services.devtools.processes import child_pids, stop_strays
 from services.docstore.parsing import SUFFIX_FORMATS
 from services.retrieval.listing import MAX_PAGE_SIZE
 
@@ -229,6 +232,94 @@ def _start(mesh: Mesh) -> bool:
     return True
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops `run` and `demo`: Ctrl-C, a service manager's or `kill`'s SIGTERM, and the
+SIGHUP of a closed terminal."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal arrived: raised where the command was, so its `finally` stops the mesh.
+    A KeyboardInterrupt, so no `except Exception` takes it for an error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _ignore_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    """The first stop signal raises Stopped; those after it are ignored, so that none cuts
+    the stop short."""
+    _ignore_stop_signals()
+    raise Stopped(signum)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[None]:
+    """Inside, STOP_SIGNALS raise Stopped; the handlers before are back on leaving.
+
+    Entered before any process starts: Python's default SIGTERM and SIGHUP end the process
+    at once, with no `finally`, and would leave the servers, Envoy and the local model running.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise_stopped)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _say(text: str) -> None:
+    """Print `text`, if there is still a terminal to print to (after a SIGHUP there may not be)."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+STRAY_GRACE_S = 10.0
+"""Seconds a child process the mesh lost track of gets after SIGTERM, before SIGKILL."""
+
+
+def _stop(mesh: Mesh, children_before: set[int]) -> None:
+    """Stop `mesh`, then the child processes started since `children_before` that it does not
+    know of: a Stopped raised inside Popen, after its fork, loses that child."""
+    try:
+        mesh.stop()
+    finally:
+        stop_strays(children_before, STRAY_GRACE_S)
+
+
+@contextmanager
+def _running(mesh: Mesh, announce: bool = False) -> Iterator[bool]:
+    """Start `mesh` (True when it came up, else False with the reason printed) and stop it,
+    and every process it started, on leaving, however that comes: a return, an error, or
+    Stopped, during the start too. Use inside `_stop_signals`. With `announce`, a mesh that
+    came up says it is stopping and when it has stopped."""
+    children_before = child_pids()
+    up = False
+    try:
+        up = _start(mesh)
+        yield up
+    finally:
+        # A signal arriving now raises Stopped at most once (the handler ignores the next
+        # ones), and the inner `finally` stops the mesh even then.
+        try:
+            _ignore_stop_signals()
+            if announce and up:
+                _say("stopping …")
+        finally:
+            _stop(mesh, children_before)
+        if announce and up:
+            _say("stopped")
+
+
 def _print_where(mesh: Mesh) -> None:
     p = mesh.ports
     print("Visior mesh is up:")
@@ -283,35 +374,38 @@ def run(
     model: str = "extractive",
     n_ctx: int = LocalModelConfig.n_ctx,
 ) -> int:
-    """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C."""
-    mesh = Mesh(
-        Ports(),
-        data_dir,
-        workdir,
-        bank_standin=bank_standin,
-        local_model=_local_model(model, data_dir, n_ctx),
-    )
-    if not _start(mesh):
-        return 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        if samples:
-            ingest_samples(
-                mesh.json_url("retrieval"), wait_s(DOCUMENTS_PATH, "POST", mesh.envoy_timeouts())
-            )
-        _print_where(mesh)
-        print("Ctrl-C stops everything.", flush=True)
-        while not stop.wait(1.0):
-            dead = [k for k, up in mesh.alive().items() if not up]
-            if dead:
-                return _fail(f"{', '.join(dead)} exited; see {mesh.workdir}/")
-    finally:
-        print("stopping …", flush=True)
-        mesh.stop()
-        print("stopped")
-    return 0
+    """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C, SIGTERM
+    or SIGHUP (exit code 0, everything stopped, during the start too); 1 when it does not
+    come up or a process of it exits."""
+    with _stop_signals():
+        mesh = Mesh(
+            Ports(),
+            data_dir,
+            workdir,
+            bank_standin=bank_standin,
+            local_model=_local_model(model, data_dir, n_ctx),
+        )
+        try:
+            with _running(mesh, announce=True) as up:
+                return _serve(mesh, samples) if up else 1
+        except Stopped:
+            return 0
+
+
+def _serve(mesh: Mesh, samples: bool) -> int:
+    """`run` with the mesh up: ingest the samples if asked, say where everything is, then
+    watch the processes until one exits (1) or a stop signal arrives (Stopped)."""
+    if samples:
+        ingest_samples(
+            mesh.json_url("retrieval"), wait_s(DOCUMENTS_PATH, "POST", mesh.envoy_timeouts())
+        )
+    _print_where(mesh)
+    print("Ctrl-C stops everything.", flush=True)
+    while True:
+        time.sleep(1.0)
+        dead = [k for k, up in mesh.alive().items() if not up]
+        if dead:
+            return _fail(f"{', '.join(dead)} exited; see {mesh.workdir}/")
 
 
 def demo(
@@ -326,8 +420,10 @@ def demo(
     The document question comes first, then `rate_question`, answered from the demo stand-in
     of the Bank of Russia (its data are labelled as not real). With `model="local"` the
     local model answers; its weights are kept under `model_data_dir` between demos.
+    Ctrl-C, SIGTERM or SIGHUP stop everything it started and remove its temporary directory
+    (`main` exits with 128 + the signal's number).
     """
-    with tempfile.TemporaryDirectory(prefix="visior-demo-") as tmp:
+    with _stop_signals(), tempfile.TemporaryDirectory(prefix="visior-demo-") as tmp:
         mesh = Mesh(
             Ports.free(),
             Path(tmp) / "data",
@@ -335,9 +431,9 @@ def demo(
             bank_standin=True,
             local_model=_local_model(model, model_data_dir, n_ctx),
         )
-        if not _start(mesh):
-            return 1
-        try:
+        with _running(mesh) as up:
+            if not up:
+                return 1
             _print_where(mesh)
             print()
             timeouts = mesh.envoy_timeouts()
@@ -352,8 +448,6 @@ def demo(
             rc = ask(url, question, "demo", "demo-user", False, timeout)
             print(f"\nQ: {rate_question}   (the bank is a DEMO stand-in: not real data)\n")
             return ask(url, rate_question, "demo", "demo-user", False, timeout) or rc
-        finally:
-            mesh.stop()
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -447,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(a)
     except SettingsError as exc:
         return _fail(str(exc), 2)
+    except Stopped as exc:  # `demo` stopped before its end, everything it started stopped
+        return 128 + exc.signum
 
 
 def _dispatch(a: argparse.Namespace) -> int:

@@ -46,6 +46,16 @@ class InProcessMesh:
         self._closers.append(closer)
 
     async def __aenter__(self) -> InProcessMesh:
+        # Python calls __aexit__ only after __aenter__ returned: a server that fails to start
+        # must not leave the ones before it listening.
+        try:
+            await self._start_all()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _start_all(self) -> None:
         env = dict(self._env)
         await self._add(
             "retrieval", await retrieval_app.start(RetrievalSettings.from_env(Env(env)))
@@ -59,11 +69,19 @@ class InProcessMesh:
         await self._add(
             "orchestrator", await orch_app.start(OrchestratorSettings.from_env(Env(env)))
         )
-        return self
 
     async def stop(self, key: str, grace: float = 0.0) -> None:
         """Stop one server (to test what its callers do when it is gone)."""
         await self.servers[key].stop(grace)
+
+    async def close(self) -> None:
+        """Stop every server started, then close what they opened; safe to call twice."""
+        servers, self.servers = list(self.servers.values()), {}
+        closers, self._closers = self._closers, []
+        for running in reversed(servers):
+            await running.stop(0)
+        for close in reversed(closers):
+            await close()
 
     async def __aexit__(
         self,
@@ -71,7 +89,4 @@ class InProcessMesh:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for running in reversed(list(self.servers.values())):
-            await running.stop(0)
-        for close in reversed(self._closers):
-            await close()
+        await self.close()

@@ -11,6 +11,7 @@ Retrieval's model features, when switched on) at it, unless a remote runtime is 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,13 +31,14 @@ from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess, absolute_path
 from services.devtools.envoy_config import STREAM_IDLE, render
 from services.devtools.local_model import LocalModel, LocalModelConfig
-from services.devtools.processes import terminate
+from services.devtools.processes import exited, terminate
 from services.llm.loop import MIN_TOOL_RESULT_ROOM
 from services.model_runtime.config import URL as RUNTIME_URL
 
 
 class MeshError(RuntimeError):
-    """A process of the mesh did not start or did not become healthy."""
+    """A process of the mesh did not start or did not become healthy, or a port it needs is
+    taken."""
 
 
 LOCAL_CALL_TIMEOUT_S = 300.0
@@ -114,6 +116,19 @@ def local_model_env(
         "ORCH_MAX_TOOL_STEPS": "2",
         "ORCH_MODEL_ROUTING": "false",
     }
+
+
+def listening_allowed(port: int) -> bool:
+    """Whether a server may listen on 127.0.0.1:`port` now, i.e. nothing listens there. The
+    probe binds as the servers and Envoy do (SO_REUSEADDR), so the connections of an earlier
+    run still in TIME_WAIT do not count; a listener does, SO_REUSEPORT or not."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def stop_wait(key: str, env: Mapping[str, str]) -> float:
@@ -260,18 +275,18 @@ class Mesh:
         )
 
     def wait_healthy(self, key: str, timeout: float = 30.0) -> None:
-        """Block until the service's grpc.health.v1 says SERVING."""
+        """Block until the service's grpc.health.v1 says SERVING, and the service still runs:
+        a SERVING from another process on its port is no start."""
         deadline = time.monotonic() + timeout
         target = f"127.0.0.1:{self.ports.grpc[key]}"
         with grpc.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                proc = self._procs[key]
-                if proc.poll() is not None:
-                    raise MeshError(f"{key} exited with {proc.returncode}:\n{self.log_tail(key)}")
+                self._check_running(key)
                 try:
                     status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
                     if status == health_pb2.HealthCheckResponse.SERVING:
+                        self._check_running(key)
                         return
                 except grpc.RpcError:
                     pass
@@ -279,8 +294,47 @@ class Mesh:
                     raise MeshError(f"{key} not healthy after {timeout:g}s:\n{self.log_tail(key)}")
                 time.sleep(0.1)
 
+    def _check_running(self, key: str) -> None:
+        """MeshError with its log tail when service `key` has exited."""
+        proc = self._procs[key]
+        if proc.poll() is not None:
+            raise MeshError(f"{key} exited with {proc.returncode}:\n{self.log_tail(key)}")
+
+    def listen_ports(self) -> dict[str, int]:
+        """Each port this mesh will listen on, by the role that listens there (a port 0 is
+        picked by the OS, so is left out)."""
+        p = self.ports
+        roles: dict[str, int] = {}
+        for spec in SERVICES:
+            roles[f"{spec.key} gRPC"] = p.grpc[spec.key]
+            roles[f"{spec.key} metrics"] = p.metrics[spec.key]
+            roles[f"Envoy's {spec.key} JSON listener"] = p.http[spec.key]
+        roles["Envoy admin"] = p.envoy_admin
+        if self.bank_standin and self.bank is None:
+            roles["the bank stand-in"] = self.bank_port
+        if self.model is not None and not self.model.alive():
+            roles["the local model"] = self.model.config.port
+        return {role: port for role, port in roles.items() if port}
+
+    def check_ports_free(self) -> None:
+        """MeshError naming each port of `listen_ports` something already listens on, and the
+        role that needs it: a server that cannot bind exits, but another process on its port
+        could answer the health checks in its place."""
+        taken = [
+            f"{port} ({role})"
+            for role, port in self.listen_ports().items()
+            if not listening_allowed(port)
+        ]
+        if taken:
+            raise MeshError(
+                f"already in use on 127.0.0.1: {', '.join(taken)}; stop what listens there or "
+                "give the mesh other ports"
+            )
+
     def start(self) -> Mesh:
-        """The bank stand-in (if asked), the four servers (healthy), then Envoy (ready)."""
+        """The bank stand-in (if asked), the four servers (healthy), then Envoy (ready);
+        MeshError, with nothing started, when a port it needs is taken (check_ports_free)."""
+        self.check_ports_free()
         try:
             if self.bank_standin and self.bank is None:
                 try:
@@ -307,6 +361,7 @@ class Mesh:
             )
             self.envoy.start(config, self.workdir / "envoy")
             self.envoy.wait_ready()
+            self._check_all_running()
         except BaseException:
             self.stop()
             raise
@@ -342,10 +397,20 @@ class Mesh:
             self.bank = None
 
     def alive(self) -> dict[str, bool]:
+        """Whether each process started is still running: the servers, the local model and
+        Envoy. (The bank stand-in is a thread of this process.)"""
         alive = {k: p.poll() is None for k, p in self._procs.items()}
         if self.model is not None and self.model.pid is not None:
             alive["model"] = self.model.alive()
+        if self.envoy.pid is not None:
+            alive["envoy"] = not exited(self.envoy.pid)
         return alive
+
+    def _check_all_running(self) -> None:
+        """MeshError naming the processes that have exited since they were found ready."""
+        dead = [key for key, up in self.alive().items() if not up]
+        if dead:
+            raise MeshError(f"{', '.join(dead)} exited during start-up; see {self.workdir}/")
 
     def pids(self) -> dict[str, int]:
         pids = {k: p.pid for k, p in self._procs.items()}

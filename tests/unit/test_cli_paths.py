@@ -61,6 +61,8 @@ def fake_procs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[st
     monkeypatch.setattr(envoy_mod, "envoy_binary", lambda: "envoy")
     monkeypatch.setattr(envoy_mod, "terminate", lambda proc, grace: 0)
     monkeypatch.setattr(mesh_mod, "terminate", lambda proc, grace: 0)
+    monkeypatch.setattr(mesh_mod, "exited", lambda pid: False)
+    monkeypatch.setattr(Mesh, "check_ports_free", lambda self: None)  # Ports(): make run's
     monkeypatch.setattr(Mesh, "wait_healthy", lambda self, key, timeout=30.0: None)
     monkeypatch.setattr(EnvoyProcess, "wait_ready", lambda self, timeout=15.0: None)
     return FakeProc.calls

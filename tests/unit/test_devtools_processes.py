@@ -1,12 +1,14 @@
-"""terminate(): the one way the dev tools stop a child process."""
+"""terminate(): the one way the dev tools stop a child process; stop_strays(): the children no
+Popen holds any longer; exited(): a child's liveness without reaping it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 
-from services.devtools.processes import terminate
+from services.devtools.processes import child_pids, exited, stop_strays, terminate
 
 
 def _python(code: str) -> subprocess.Popen[bytes]:
@@ -32,3 +34,61 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace() -> None:
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
     assert terminate(proc, grace=0.2) == -signal.SIGKILL
+
+
+# --- children no Popen holds any longer (stop_strays) ---
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
+def _started(code: str = SLEEPER) -> subprocess.Popen[bytes]:
+    proc = _python(code)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def test_a_child_started_since_the_snapshot_is_stopped_and_reaped() -> None:
+    before = child_pids()
+    proc = _started()
+    try:
+        assert proc.pid in child_pids()
+        assert stop_strays(before, grace=30) == [proc.pid]
+        assert proc.pid not in child_pids()  # reaped: not even a zombie
+    finally:
+        if proc.pid in child_pids():
+            proc.kill()
+            proc.wait()
+
+
+def test_a_child_from_before_the_snapshot_is_left_alone() -> None:
+    proc = _started()
+    try:
+        assert stop_strays(child_pids(), grace=30) == []
+        assert proc.poll() is None
+    finally:
+        terminate(proc, grace=30)
+
+
+def test_a_stray_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    before = child_pids()
+    proc = _started(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('up', flush=True); time.sleep(60)"
+    )
+    try:
+        assert stop_strays(before, grace=0.2) == [proc.pid]
+        assert proc.pid not in child_pids()
+    finally:
+        if proc.pid in child_pids():
+            proc.kill()
+            proc.wait()
+
+
+def test_exited_tells_a_running_child_from_a_dead_one_and_leaves_its_exit_code() -> None:
+    proc = _started()
+    assert not exited(proc.pid)
+    proc.kill()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+    assert exited(proc.pid)
+    assert proc.wait() == -signal.SIGKILL
+    assert exited(proc.pid)  # reaped: exited all the same
