@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any, Generic, Self, TypeVar, overload
 import betterproto
 from grpclib.client import Channel
 from grpclib.encoding.proto import ProtoStatusDetailsCodec
-from grpclib.metadata import Deadline
+from grpclib.metadata import Deadline, encode_metadata
 from visior_sdk.visior.common.v1 import ChatMessage, UserContext
 from visior_sdk.visior.llm.v1 import (
     GenerateStreamRequest,
@@ -36,15 +37,18 @@ from visior_sdk.visior.retrieval.v1 import (
 from visior_sdk.visior.toolsproxy.v1 import ExecuteRequest, ToolError, ToolsProxyServiceStub
 from visior_sdk.visior.toolsproxy.v1 import GetHealthRequest as ToolsGetHealthRequest
 
-from services.client.errors import from_exception
+from services.client.errors import DeadlineExceeded, VisiorRpcError, from_exception
 from services.client.structs import from_value, to_struct
-from services.common.call_budgets import grpc_method_timeout
+from services.common.call_budgets import STREAM_IDLE_TIMEOUT_S, grpc_method_timeout
 from services.common.context import (
     TRACE_METADATA_KEY,
     call_timeout,
+    check_trace_id,
     current_trace_id,
+    new_trace_id,
     remaining_seconds,
 )
+from services.common.errors import ServiceError
 from services.common.settings import grpc_address
 from services.common.topology import SERVICE_BY_KEY, Ports
 
@@ -89,62 +93,123 @@ def targets_from_ports(ports: Ports, host: str = "127.0.0.1") -> dict[str, Targe
     return {key: Target(host, port) for key, port in ports.grpc.items()}
 
 
+def _check_trace_id(value: str, name: str) -> None:
+    """ValueError unless `value` is a trace id the services take (check_trace_id's rule):
+    one they would not take is dropped by the server, so logs would not show it."""
+    try:
+        check_trace_id(value)
+    except ServiceError as err:
+        raise ValueError(f"{name} {value!r}: {err.message}") from err
+
+
 def _pairs(metadata: Metadata | None) -> list[tuple[str, str | bytes]]:
+    """`metadata` as (lowercase key, value) pairs, each one that gRPC can send.
+
+    ValueError for a key gRPC refuses (not lowercase letters, digits, '-', '_', '.'; or
+    grpc-*), a value it refuses (a str that is not printable ASCII) or an `x-trace-id` that
+    is not a valid trace id; TypeError for a value of the wrong type (bytes for a key ending
+    in -bin, str otherwise). grpclib would only find out while sending, with its raw error.
+    """
     if metadata is None:
         return []
     items = metadata.items() if isinstance(metadata, Mapping) else metadata
-    return [(key.lower(), value) for key, value in items]
+    pairs = [(key.lower(), value) for key, value in items]
+    for key, value in pairs:
+        if key == TRACE_METADATA_KEY and isinstance(value, str):
+            _check_trace_id(value, f"metadata {TRACE_METADATA_KEY}")
+        try:
+            encode_metadata([(key, value)])  # grpclib's own rule, the one applied when sending
+        except ValueError as err:
+            raise ValueError(
+                f"metadata {key!r}: {value!r} cannot be sent as gRPC metadata ({err}); keys are "
+                "lowercase letters, digits, '-', '_', '.' (not grpc-*), values printable ASCII"
+            ) from err
+        except TypeError as err:
+            raise TypeError(
+                f"metadata {key!r}: a key ending in -bin takes bytes, any other a str ({err})"
+            ) from err
+    return pairs
+
+
+def _with_trace(pairs: list[tuple[str, str | bytes]], default: str) -> tuple[list[Any], str]:
+    """`pairs` with exactly one `x-trace-id`: the last one given (the one the servers read),
+    else `default`; and that trace id."""
+    given = [value for key, value in pairs if key == TRACE_METADATA_KEY]
+    trace = str(given[-1]) if given and given[-1] else default
+    rest = [(key, value) for key, value in pairs if key != TRACE_METADATA_KEY]
+    return [*rest, (TRACE_METADATA_KEY, trace)], trace
 
 
 class _TypedStub(betterproto.ServiceStub):
     """A generated stub whose calls carry a deadline and the trace id, and raise VisiorRpcError.
 
-    Per call: the timeout is the call's own, else the client's, else the RPC's budget
-    (services.common.call_budgets, the timeouts of Envoy's JSON routes; a stream has none),
-    clamped to the remaining time of the request being served when this runs inside one of
-    our servers (services.common.context); `x-trace-id` is the call's own, else the client's,
-    else the served request's. Per-call metadata is merged into the client's (betterproto
-    would replace it), so passing `metadata={...}` never drops the trace id.
+    Per call: the deadline is the call's own (`timeout` and/or `deadline`, grpclib takes the
+    earlier), else the client's timeout, else the RPC's budget (services.common.call_budgets,
+    the timeouts of Envoy's JSON routes; a stream has none), capped by the remaining time of
+    the request being served when this runs inside one of our servers
+    (services.common.context). A stream also ends with DeadlineExceeded when no event comes
+    for `stream_idle_timeout` seconds, as Envoy ends a silent JSON stream. `x-trace-id` is
+    the call's own, else the client's, else the served request's, else a new one per call;
+    a failure's VisiorRpcError.trace_id names it. Per-call metadata is merged into the
+    client's (betterproto would replace it), so passing `metadata={...}` never drops the trace
+    id; metadata gRPC cannot send raises ValueError (TypeError for a value of the wrong type)
+    before anything is sent.
     """
 
-    def __init__(self, channel: Channel, *, timeout: float | None, metadata: Metadata):
-        super().__init__(channel, timeout=timeout)
-        self.timeout: float | None = timeout  # None: each RPC's own budget
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        timeout: float | None,
+        metadata: Metadata,
+        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT_S,
+    ):
+        # Not betterproto's own `timeout`: it would stand in for every call we send without
+        # one (a call with only its own deadline, a stream), overriding them.
+        super().__init__(channel)
+        self.client_timeout = timeout
+        """The client's timeout for every call; None: each RPC's own budget."""
+        self.stream_idle_timeout = stream_idle_timeout
         self._base_metadata = _pairs(metadata)
 
-    def _timeout(self, route: str, given: float | None) -> float | None:
-        """Seconds a call of `route` (its full method name) may take: `given`, else the
-        client's timeout, else the RPC's budget, capped by the served request's remaining
-        time; None is no deadline (a stream given none, outside a served request)."""
-        own = given if given is not None else self.timeout
-        if own is None:
-            own = grpc_method_timeout(route) or None
+    def _timeout(self, route: str, given: float | None, deadline: Deadline | None) -> float | None:
+        """Seconds a call of `route` (its full method name) may take: `given`, else none of
+        ours when the call has its own `deadline` (grpclib applies it), else the client's
+        timeout, else the RPC's budget; capped by the served request's remaining time. None
+        is no timeout (a stream given none, or a call given a deadline, outside a served
+        request)."""
+        own = given
+        if own is None and deadline is None:
+            own = self.client_timeout
+            if own is None:
+                own = grpc_method_timeout(route) or None
         if own is not None:
             return call_timeout(own)
         left = remaining_seconds()
         return None if left is None else max(0.0, left)
 
-    def _call_options(self, route: str, options: dict[str, Any]) -> dict[str, Any]:
-        """The generated stub's call options with our deadline and merged metadata."""
-        timeout = self._timeout(route, options.pop("timeout", None))
+    def _call_options(self, route: str, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The generated stub's call options with our timeout and merged metadata, and the
+        trace id the call is sent with."""
+        timeout = self._timeout(route, options.pop("timeout", None), options.get("deadline"))
         pairs = _pairs(options.pop("metadata", None))
         given = {key for key, _ in pairs}
         merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
-        if not any(key == TRACE_METADATA_KEY for key, _ in merged) and current_trace_id():
-            merged.append((TRACE_METADATA_KEY, current_trace_id()))
+        # A trace id of our own when nobody gave one: the caller's error then names the id the
+        # server logged the call under (a server that made one up would not tell us).
+        merged, trace = _with_trace(merged, current_trace_id() or new_trace_id())
         # grpclib turns a deadline already passed into asyncio.TimeoutError -> DeadlineExceeded.
-        return {**options, "timeout": timeout, "metadata": merged}
+        return {**options, "timeout": timeout, "metadata": merged}, trace
 
     async def _unary_unary(  # type: ignore[override]
         self, route: str, request: Any, response_type: Any, **options: Any
     ) -> Any:
         """`options`: timeout (sent as grpc-timeout), deadline, metadata."""
+        call_options, trace = self._call_options(route, options)
         try:
-            return await super()._unary_unary(
-                route, request, response_type, **self._call_options(route, options)
-            )
+            return await super()._unary_unary(route, request, response_type, **call_options)
         except Exception as exc:
-            typed = from_exception(exc)
+            typed = _typed(exc, trace)
             if typed is None:
                 raise
             raise typed from exc
@@ -152,20 +217,42 @@ class _TypedStub(betterproto.ServiceStub):
     async def _unary_stream(  # type: ignore[override]
         self, route: str, request: Any, response_type: Any, **options: Any
     ) -> AsyncIterator[Any]:
+        call_options, trace = self._call_options(route, options)
         stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
-            route, request, response_type, **self._call_options(route, options)
+            route, request, response_type, **call_options
         )
         # aclosing: when the caller closes this generator (contextlib.aclosing at the call site),
         # the inner one and its HTTP/2 stream close at once instead of whenever GC finalises it.
         async with aclosing(stream):
-            try:
-                async for message in stream:
-                    yield message
-            except Exception as exc:
-                typed = from_exception(exc)
-                if typed is None:
-                    raise
-                raise typed from exc
+            while True:
+                idle = asyncio.timeout(self.stream_idle_timeout)
+                try:
+                    # On expiry the wait is cancelled inside the inner generator, which closes
+                    # its HTTP/2 stream (RST_STREAM: the server sees the call cancelled).
+                    async with idle:
+                        message = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                except Exception as exc:
+                    if idle.expired():
+                        raise DeadlineExceeded(
+                            f"{route}: no stream event for {self.stream_idle_timeout:g} s "
+                            "(the client's stream_idle_timeout)",
+                            trace_id=trace,
+                        ) from exc
+                    typed = _typed(exc, trace)
+                    if typed is None:
+                        raise
+                    raise typed from exc
+                yield message
+
+
+def _typed(exc: BaseException, trace_id: str) -> VisiorRpcError | None:
+    """from_exception's typed error, naming the trace id the call was sent with."""
+    typed = from_exception(exc)
+    if typed is not None:
+        typed.trace_id = trace_id
+    return typed
 
 
 class OrchestratorStub(_TypedStub, OrchestratorServiceStub):
@@ -184,6 +271,9 @@ class LlmStub(_TypedStub, LlmServiceStub):
         metadata: Metadata | None = None,
     ) -> AsyncGenerator[GenerateStreamResponse, None]:
         """GenerateStream's events; to stop early, close it (`contextlib.aclosing`).
+
+        No overall deadline unless `timeout` / `deadline` (or the client's timeout) gives
+        one, but DeadlineExceeded when no event comes for the client's `stream_idle_timeout`.
 
         The generated method wraps `_unary_stream` in a second async generator that does not
         close it, so closing the outer one left the HTTP/2 stream open until GC; this returns
@@ -291,12 +381,21 @@ class VisiorClient:
     `targets` maps service keys (orchestrator, llm, retrieval, toolsproxy and, when it runs
     apart from retrieval, ingestion) to a Target, "host:port" or a bare port on `host`; a
     `Ports` value (services.common.topology) names all four. Only the services named get a
-    channel. A call's deadline is its own `timeout`, else the client's `timeout` when given
-    (for every call), else its RPC's budget, the timeout of its JSON route in Envoy
-    (services.common.call_budgets; GenerateStream has none). Inside one of our servers the
-    remaining deadline of the request being served caps it. Each call sends `x-trace-id`
-    metadata (`trace_id`; without one, the trace id of the request being served there).
-    Failures raise VisiorRpcError subclasses (services.client.errors).
+    channel. A call's deadline is its own `timeout` and/or `deadline` (grpclib takes the
+    earlier), else the client's `timeout` when given (for every call), else its RPC's
+    budget, the timeout of its JSON route in Envoy (services.common.call_budgets;
+    GenerateStream has none). Inside one of our servers the remaining deadline of the
+    request being served caps it. A stream also fails with DeadlineExceeded after
+    `stream_idle_timeout` seconds without an event (default: Envoy's idle timeout of the
+    JSON streaming route, STREAM_IDLE_TIMEOUT_S). Each call sends `x-trace-id` metadata
+    (`trace_id`; without one, the trace id of the request being served there, else a new
+    one per call) and a failure's `trace_id` names it. Failures raise VisiorRpcError
+    subclasses (services.client.errors).
+
+    ValueError at construction for a `trace_id` the services would not take (1-128 of
+    letters, digits, '.', '_', ':', '-'), for `metadata` gRPC cannot send, and for a timeout
+    that is not positive; a call's own `metadata=` is checked the same way and raises
+    ValueError (TypeError for a value of the wrong type) before anything is sent.
 
         async with VisiorClient(Ports(), trace_id="t-1") as visior:
             answer = await visior.respond("How do I back up?", tenant_id="demo", user_id="u1")
@@ -308,6 +407,7 @@ class VisiorClient:
         *,
         host: str = "127.0.0.1",
         timeout: float | None = None,
+        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT_S,
         trace_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> None:
@@ -318,13 +418,19 @@ class VisiorClient:
             raise ValueError(f"unknown service keys {sorted(unknown)}; known: {TARGET_KEYS}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if not stream_idle_timeout > 0:  # also refuses NaN
+            raise ValueError(f"stream_idle_timeout must be positive, got {stream_idle_timeout}")
+        if trace_id:
+            _check_trace_id(trace_id, "trace_id")
+        self._metadata = _pairs(metadata)
         self.targets: dict[str, Target] = {k: Target.parse(v, host) for k, v in targets.items()}
         if "retrieval" in self.targets:
             self.targets.setdefault("ingestion", self.targets["retrieval"])
         self.timeout = timeout
+        self.stream_idle_timeout = stream_idle_timeout
         self.trace_id = trace_id
-        self._metadata = _pairs(metadata)
-        if trace_id:
+        if trace_id:  # one x-trace-id on the wire; trace_id wins over metadata's
+            self._metadata = [(k, v) for k, v in self._metadata if k != TRACE_METADATA_KEY]
             self._metadata.append((TRACE_METADATA_KEY, trace_id))
         self._channels: dict[Target, Channel] = {}
         self._stubs: dict[str, _TypedStub] = {}
@@ -348,7 +454,10 @@ class VisiorClient:
                 )
                 self._channels[target] = channel
             self._stubs[key] = STUB_TYPES[key](
-                channel, timeout=self.timeout, metadata=self._metadata
+                channel,
+                timeout=self.timeout,
+                metadata=self._metadata,
+                stream_idle_timeout=self.stream_idle_timeout,
             )
 
     def close(self) -> None:

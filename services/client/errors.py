@@ -36,8 +36,12 @@ class VisiorRpcError(Exception):
         error_info: error_details_pb2.ErrorInfo | None = None,
         details: Sequence[Any] = (),
         handler_may_have_run: bool = False,
+        trace_id: str = "",
     ) -> None:
         super().__init__(message)
+        self.trace_id = trace_id
+        """The `x-trace-id` the call was sent with (VisiorClient sets it on every failure of a
+        call): the id the server logged it under, e.g. for an INTERNAL's traceback."""
         self.handler_may_have_run = handler_may_have_run
         """True when the connection was lost after the request went out, with no status
         (grpclib's StreamTerminatedError): the server may have handled the call."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import yaml
 from google.api import annotations_pb2
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
@@ -27,7 +28,9 @@ from visior_sdk.visior.toolsproxy.v1 import ToolsProxyServiceBase
 
 from services.client import client as client_module
 from services.client.client import VisiorClient
+from services.common import call_budgets
 from services.common.call_budgets import CALL_BUDGETS, DEFAULT_TIMEOUT_S, grpc_method_timeout
+from services.common.topology import Ports
 from services.devtools import envoy_config
 
 TARGET_KEY = {
@@ -180,10 +183,32 @@ async def test_every_rpc_has_the_same_budget_over_grpc_and_over_json(connect, re
         await _call(visior, recorder, method)
         route = envoy_config.route_timeout(path, verb)
         sent = recorder.timeouts[method]
-        if route == 0:  # a stream: Envoy has only its idle timeout, the client no deadline
+        if route == 0:  # a stream: Envoy and the client have only their idle timeouts
             assert sent is None, method
         else:
             assert sent == _about(route), (method, verb, path)
+
+
+def test_a_streams_idle_limit_is_its_json_routes_by_default() -> None:
+    config = yaml.safe_load(envoy_config.render(Ports(), "visior.pb"))
+    idle = {
+        route["match"]["path"]: route["route"].get("idle_timeout")
+        for listener in config["static_resources"]["listeners"]
+        for host in listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+            "virtual_hosts"
+        ]
+        for route in host["routes"]
+        if "path" in route["match"]
+    }
+    client_idle = VisiorClient(TARGETS).stream_idle_timeout
+    assert idle[call_budgets.GENERATE_STREAM.http_path] == f"{client_idle:g}s"
+    assert VisiorClient(TARGETS, stream_idle_timeout=5.0).stream_idle_timeout == 5.0
+
+
+@pytest.mark.parametrize("idle", [0.0, -1.0, float("nan")])
+def test_a_stream_idle_limit_must_be_positive(idle: float) -> None:
+    with pytest.raises(ValueError, match="stream_idle_timeout"):
+        VisiorClient(TARGETS, stream_idle_timeout=idle)
 
 
 def test_every_budget_names_real_rpcs_and_their_binding() -> None:

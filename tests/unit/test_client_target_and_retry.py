@@ -1,13 +1,16 @@
-"""The typed client follows the services' rules: how a gRPC target is written, what may be retried."""
+"""The typed client follows the services' rules: how a gRPC target is written, what may be
+retried, which trace ids and metadata may be sent."""
 
 import pytest
 from google.rpc import error_details_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from visior_sdk.visior.retrieval.v1 import SearchRequest
 
-from services.client.client import Target
+from services.client.client import Target, VisiorClient
 from services.client.errors import Unavailable, from_exception, from_grpc_error
 from services.common.settings import SettingsError, grpc_address, grpc_target
+from services.common.topology import free_ports
 
 
 @pytest.mark.parametrize(
@@ -81,3 +84,38 @@ def test_a_handlers_own_unavailable_is_not_retryable():
 @pytest.mark.parametrize("status", [Status.INVALID_ARGUMENT, Status.INTERNAL, Status.UNKNOWN])
 def test_no_other_status_is_retryable(status):
     assert from_grpc_error(GRPCError(status, "no")).retryable is False
+
+
+BAD_TRACE_IDS = ["трасса", "two words", "x" * 129, "id\n"]
+"""Trace ids the services refuse (services.common.context.check_trace_id)."""
+
+
+@pytest.mark.parametrize("trace_id", BAD_TRACE_IDS)
+def test_a_trace_id_the_services_refuse_is_refused_when_the_client_is_built(trace_id):
+    with pytest.raises(ValueError, match="trace_id"):
+        VisiorClient({"retrieval": 1}, trace_id=trace_id)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{"x-note": "значение"}, {"bad key": "v"}, {"grpc-timeout": "1S"}, {"x-trace-id": "a b"}],
+)
+def test_metadata_grpc_cannot_send_is_refused_when_the_client_is_built(metadata):
+    with pytest.raises(ValueError, match=r"^metadata"):
+        VisiorClient({"retrieval": 1}, metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "error", "match"),
+    [
+        ({"x-note": "значение"}, ValueError, "cannot be sent as gRPC metadata"),
+        ({"x-trace-id": "a b"}, ValueError, "trace_id must be"),  # ASCII, yet no trace id
+        ({"x-note-bin": "not bytes"}, TypeError, "-bin takes bytes"),
+    ],
+)
+async def test_per_call_metadata_grpc_cannot_send_fails_before_sending(metadata, error, match):
+    # Nobody listens on the port: an error raised while sending would be Unavailable.
+    (port,) = free_ports(1)
+    async with VisiorClient({"retrieval": port}) as visior:
+        with pytest.raises(error, match=match):
+            await visior.retrieval.search(SearchRequest(query="q"), metadata=metadata)
