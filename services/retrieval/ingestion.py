@@ -60,6 +60,10 @@ log = logging.getLogger("visior.retrieval.ingestion")
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
 _DOC_ID = re.compile(rf"^[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}$")
 _PROGRESS_LOG_S = 5.0
+EMBED_SLICE = 32
+"""Passages embedded per worker-thread call at ingest (a multiple of every profile's batch):
+between slices a cancelled caller stops the work (one slice is ~5 s of e5 on 2 cores, 0.2 s
+of fast), the pace is checked against the call's deadline, and progress is logged."""
 _POINT_NS = uuid.UUID("6f1d5c3e-8a4b-4f8e-9d7a-2c1b0e9f4a31")
 _T = TypeVar("_T")
 
@@ -220,6 +224,39 @@ def kb_file_key(file_name: str) -> str:
     return file_name.replace("\\", "/").rsplit("/", 1)[-1] or DEFAULT_KB_FILE
 
 
+class _Pace:
+    """The progress of embedding one document: logged every _PROGRESS_LOG_S, and checked
+    against the caller's deadline from the rate after the first slice (which pays the warm-up).
+    """
+
+    def __init__(self, total: int, now: float, deadline: float | None) -> None:
+        self.total = total
+        self.deadline = deadline
+        self._started = self._logged = now
+        self._first: tuple[int, float] | None = None  # passages and time after the first slice
+
+    def done(self, passages: int, now: float) -> None:
+        if passages >= self.total:
+            return
+        if self._first is None:
+            self._first = (passages, now)
+            return
+        rate = (passages - self._first[0]) / max(now - self._first[1], 1e-9)
+        finish = now + (self.total - passages) / rate
+        if now - self._logged >= _PROGRESS_LOG_S:
+            self._logged = now
+            log.info("embedding", extra={"passages": passages, "of": self.total,
+                                         "per_second": round(rate, 1)})  # fmt: skip
+        if self.deadline is not None and finish > self.deadline:
+            raise errors.DeadlineExceededError(
+                f"embedding the document's {self.total} passages at the {rate:.1f} a second "
+                f"of the first {passages} takes about {finish - self._started:.0f} s, past "
+                f"this call's deadline ({self.deadline - self._started:.0f} s): ingest it in "
+                "smaller files, or call over gRPC with a longer deadline",
+                metadata={"passages": str(self.total), "passages_per_second": f"{rate:.1f}"},
+            )
+
+
 class Ingestor:
     """Documents in and out of the index and the document store; the store is the truth."""
 
@@ -235,8 +272,10 @@ class Ingestor:
         chunking: ChunkingConfig | None = None,
         summarizer: SectionSummarizer | None = None,
         pdf_reader: Callable[[bytes], PdfText] = read_pdf,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._pdf_reader = pdf_reader
         # None: the parser's extractive summaries are the summaries.
         self._summarizer = summarizer
@@ -406,14 +445,17 @@ class Ingestor:
         """IngestDocument calls in progress (parsing, embedding or writing)."""
         return self._ingesting
 
-    async def ingest(self, item: IngestInput) -> IngestOutcome:
+    async def ingest(self, item: IngestInput, *, time_left_s: float | None = None) -> IngestOutcome:
+        """Ingest one file. `time_left_s`: the caller's deadline, when it has one; a document
+        whose embedding would run past it is refused as soon as its pace shows it (`_embed`)."""
+        deadline = None if time_left_s is None else self._clock() + time_left_s
         self._ingesting += 1
         try:
-            return await self._ingest(item)
+            return await self._ingest(item, deadline)
         finally:
             self._ingesting -= 1
 
-    async def _ingest(self, item: IngestInput) -> IngestOutcome:
+    async def _ingest(self, item: IngestInput, deadline: float | None) -> IngestOutcome:
         doc_id, fmt = self._validate(item)
         docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
         if not docs:  # a knowledge-base CSV with a header and no rows
@@ -427,8 +469,16 @@ class Ingestor:
             # Before the lock: model calls can take a while, and other ingests need not wait.
             todo = await self._summarized_all(docs, self._summarizer)
 
+        # Embedded before the lock too: it is the slow part (e5: ~7 passages/s on 2 cores), and
+        # neither other ingests nor deletes need wait for it. A caller who gives up stops it.
+        ready = {
+            doc.doc_id: await self._embedded_points(doc, deadline) for doc, final in todo if final
+        }
+
         async def write_all() -> tuple[list[IngestOutcome], tuple[str, ...]]:
-            written = [await self._ingest_one(doc, final) for doc, final in todo]
+            written = [
+                await self._ingest_one(doc, final, ready.get(doc.doc_id)) for doc, final in todo
+            ]
             # Only once every article is in: a failure above leaves the old ones where they
             # were, and running the file again completes it.
             removed = await self._prune_articles(docs) if fmt == "csv" else ()
@@ -513,7 +563,19 @@ class Ingestor:
         PostgreSQL store answers over the network)."""
         return await asyncio.to_thread(self._store.document_generation, doc.tenant_id, doc.doc_id)
 
-    async def _ingest_one(self, doc: Document, summarized: bool = True) -> IngestOutcome:
+    async def _embedded_points(
+        self, doc: Document, deadline: float | None
+    ) -> list[IndexPoint] | None:
+        """`doc`'s points with their vectors, or None when the store and the index already
+        hold its generation (an unchanged re-ingest embeds nothing)."""
+        if await self._live_generation(doc) == doc.generation and await self._indexed(doc):
+            return None
+        return await self._points(doc, deadline)
+
+    async def _ingest_one(
+        self, doc: Document, summarized: bool = True, points: list[IndexPoint] | None = None
+    ) -> IngestOutcome:
+        """Write `doc` (under the lock), with its `points` when they are embedded already."""
         live = await self._live_generation(doc)
         counts = (len(doc.sections), len(doc.chunks), doc.pages)
         if live == doc.generation and await self._indexed(doc):
@@ -521,7 +583,8 @@ class Ingestor:
                                  doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
         if not summarized:
             doc = await self._final_summaries(doc, live)
-        points = await self._points(doc)
+        if points is None:
+            points = await self._points(doc)
         entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, live or "")
         try:
             await asyncio.to_thread(self._index.upsert, points)
@@ -581,17 +644,25 @@ class Ingestor:
             ) from None
         return have >= len(document_points(doc, None))
 
-    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        """The passages' embeddings, in one call: the embedder batches them its own way
-        (PASSAGE_BATCH_DEFAULTS)."""
+    async def _embed(self, texts: Sequence[str], deadline: float | None = None) -> np.ndarray:
+        """The passages' embeddings, EMBED_SLICE at a time in a worker thread (the embedder
+        batches each slice its own way, PASSAGE_BATCH_DEFAULTS). Raises DeadlineExceededError
+        as soon as the pace so far says the rest would end past `deadline`."""
         if not texts:
             return np.zeros((0, self._embedder.dim), np.float32)
-        return await asyncio.to_thread(self._embedder.embed_passages, list(texts))
+        texts = list(texts)
+        parts = []
+        pace = _Pace(len(texts), self._clock(), deadline)
+        for start in range(0, len(texts), EMBED_SLICE):
+            piece = texts[start : start + EMBED_SLICE]
+            parts.append(await asyncio.to_thread(self._embedder.embed_passages, piece))
+            pace.done(start + len(piece), self._clock())
+        return np.concatenate(parts)
 
-    async def _points(self, doc: Document) -> list[IndexPoint]:
+    async def _points(self, doc: Document, deadline: float | None = None) -> list[IndexPoint]:
         """The document's points (document_points) with their dense vectors."""
         texts = chunk_texts(doc)
-        return document_points(doc, await self._embed(texts), texts)
+        return document_points(doc, await self._embed(texts, deadline), texts)
 
     async def _locked(self, work: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
         """`work()` under the lock, in a task of its own that a cancelled caller (a client's

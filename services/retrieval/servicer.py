@@ -165,7 +165,8 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
                 version=request.version,
                 tags=tuple(request.tags),
                 metadata=dict(request.metadata),
-            )
+            ),
+            time_left_s=context.time_remaining(),
         )
         return retrieval_pb2.IngestDocumentResponse(
             doc_id=out.doc_id, sections=out.sections, chunks=out.chunks, pages=out.pages,

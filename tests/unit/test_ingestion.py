@@ -19,11 +19,17 @@ from services.docstore.model import Document
 from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
-from services.retrieval.embeddings import EmbeddingSettings
+from services.retrieval.embeddings import PASSAGE_BATCH_DEFAULTS, EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.index.base import IndexUnavailableError
 from services.retrieval.index.server import QdrantServerIndex
-from services.retrieval.ingestion import IngestInput, Ingestor, chunk_texts, document_points
+from services.retrieval.ingestion import (
+    EMBED_SLICE,
+    IngestInput,
+    Ingestor,
+    chunk_texts,
+    document_points,
+)
 from services.retrieval.journal import IngestJournal
 from services.retrieval.search import SearchQuery
 from services.retrieval.sections import SectionCatalog
@@ -516,13 +522,17 @@ class CallRecorder:
         return self.inner.embed_passages(texts)
 
 
-async def test_a_documents_passages_reach_the_embedder_in_one_call_it_batches_itself(
+async def test_a_documents_passages_reach_the_embedder_in_slices_it_batches_itself(
     tmp_path, embedder
 ):
+    """Slices of EMBED_SLICE, a multiple of every profile's batch, so no batch runs short
+    but the last."""
+    assert all(EMBED_SLICE % batch == 0 for batch in PASSAGE_BATCH_DEFAULTS.values())
     recorder = CallRecorder(embedder)
     s = make_stack(tmp_path, recorder)
     body = "\n\n".join(f"## Part {i}\n\nPart {i} of the guide covers topic {i}." for i in range(80))
     await s.ingestor.ingest(IngestInput("a", f"# Guide\n\n{body}\n".encode(), file_name="g.md"))
     passages = len(chunk_texts(s.store.get_document("a", "g", with_chunks=True)))
-    assert recorder.calls == [passages] and passages > 64  # more than any profile's batch
+    full, rest = divmod(passages, EMBED_SLICE)
+    assert recorder.calls == [EMBED_SLICE] * full + ([rest] if rest else []) and full >= 2
     s.index.close()

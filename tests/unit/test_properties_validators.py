@@ -16,6 +16,7 @@ import asyncio
 import math
 import string
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -190,7 +191,7 @@ class _Capture:
 
     item: Any = None
 
-    async def ingest(self, item: Any) -> Any:
+    async def ingest(self, item: Any, *, time_left_s: float | None = None) -> Any:
         self.item = item
         raise _Stop
 
@@ -205,7 +206,8 @@ LOOP = asyncio.new_event_loop()
 def validate_ingest(req: retrieval_pb2.IngestDocumentRequest) -> None:
     capture = _Capture()
     with pytest.raises(_Stop):
-        LOOP.run_until_complete(IngestionServicer(capture).IngestDocument(req, None))  # type: ignore[arg-type]
+        context = SimpleNamespace(time_remaining=lambda: None)  # no deadline
+        LOOP.run_until_complete(IngestionServicer(capture).IngestDocument(req, context))  # type: ignore[arg-type]
     INGESTOR._validate(capture.item)
 
 
