@@ -8,7 +8,7 @@ import grpc
 
 from services.common.interceptors import ClientContextInterceptor, ClientStreamContextInterceptor
 from services.common.metrics import ClientRpcMetrics
-from services.common.settings import DownstreamSettings
+from services.common.settings import DEFAULT_MAX_MESSAGE_BYTES, DownstreamSettings
 from services.common.tracing import Tracing
 
 
@@ -42,11 +42,17 @@ def open_channel(
 ) -> grpc.aio.Channel:
     """An insecure channel to settings.target (the mesh is loopback / sidecar-local).
 
+    It sends at most `max_message_bytes` (the service's own message limit: what it forwards
+    is within what it accepted) and receives at most that or DEFAULT_MAX_MESSAGE_BYTES,
+    whichever is larger: a service whose own requests are held small still takes its
+    downstreams' replies (a whole-document read, a search's context), which their own limits
+    bound.
+
     Every call carries the trace id (x-trace-id, and traceparent when tracing is on) and a
     deadline; with `metrics`, calls are counted in the grpc_client_* metrics; with
     `tracing`, each call is a CLIENT span."""
     options: list[tuple[str, object]] = [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max(max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),

@@ -434,6 +434,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The levels a service's LOG_LEVEL takes (any case): logging's names."""
 
 
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""A server's message limit unless the service or <prefix>MAX_MESSAGE_BYTES gives another;
+also the least a channel receives (`channels.open_channel`)."""
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """How a gRPC server listens; the same knobs for every service, under its prefix."""
@@ -448,7 +453,7 @@ class ServerSettings:
     """Prometheus /metrics port; 0 disables the HTTP exporter."""
     log_level: str = "INFO"
     """Root log level, in any case."""
-    max_message_bytes: int = 4 * 1024 * 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest gRPC message received or sent."""
     grace_seconds: float = 10.0
     """How long in-flight calls may finish after SIGTERM (gRPC RPCs; on a service with an MCP

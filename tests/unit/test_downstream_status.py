@@ -11,7 +11,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from services.common import errors
 from services.common.channels import open_channel
-from services.common.settings import DownstreamSettings
+from services.common.settings import DEFAULT_MAX_MESSAGE_BYTES, DownstreamSettings
 from services.common.status import call_downstream, from_rpc_error
 
 RECEIVE_LIMIT = 64 * 1024
@@ -48,24 +48,40 @@ def test_a_resource_exhausted_the_downstream_explained_stays_one(reason: str) ->
     assert err.code == errors.RESOURCE_EXHAUSTED and err.reason == reason
 
 
-async def test_a_reply_past_the_receive_limit_is_unavailable_naming_the_downstream() -> None:
-    async def big(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return b"x" * (RECEIVE_LIMIT * 3)
+async def _reply_of(size: int, own_limit: int) -> bytes:
+    """A reply of `size` bytes through a channel opened with the service's `own_limit`."""
 
-    server = grpc.aio.server()
+    async def big(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"x" * size
+
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
     handler = grpc.unary_unary_rpc_method_handler(big)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("toy.Big", {"Get": handler}),)
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 10.0, 1), RECEIVE_LIMIT)
+    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 10.0, 1), own_limit)
     try:
-        with pytest.raises(errors.ServiceError) as caught:
-            await call_downstream(channel.unary_unary("/toy.Big/Get"), b"", "toolsproxy")
+        reply: bytes = await call_downstream(channel.unary_unary("/toy.Big/Get"), b"", "toolsproxy")
+        return reply
     finally:
         await channel.close()
         await server.stop(0)
+
+
+@pytest.mark.parametrize("size", [RECEIVE_LIMIT * 3, DEFAULT_MAX_MESSAGE_BYTES])
+async def test_a_service_holding_its_own_requests_small_still_takes_replies_up_to_the_default(
+    size: int,
+) -> None:
+    """LLM_SERVICE_MAX_MESSAGE_BYTES at 64 KiB bounds Generate requests, not the ToolsProxy
+    replies the service reads (a whole-document read is up to 200,000 bytes of text)."""
+    assert len(await _reply_of(size, RECEIVE_LIMIT)) == size
+
+
+async def test_a_reply_past_the_receive_limit_is_unavailable_naming_the_downstream() -> None:
+    with pytest.raises(errors.ServiceError) as caught:
+        await _reply_of(DEFAULT_MAX_MESSAGE_BYTES + 1, RECEIVE_LIMIT)
     assert caught.value.code == errors.UNAVAILABLE
     assert caught.value.metadata["downstream"] == "toolsproxy"
     assert caught.value.metadata["downstream_code"] == "RESOURCE_EXHAUSTED"
