@@ -21,7 +21,7 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
-from services.common.logging import bind_trace_id
+from services.common.logging import bind_request_id, bind_trace_id
 from services.common.metrics import ClientRpcMetrics, RpcKey, RpcMetrics, split_method
 from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
@@ -36,18 +36,23 @@ log = logging.getLogger("visior.rpc")
 _NO_DEADLINE_SECONDS = 24 * 3600.0
 
 
-def _trace_metadata(metadata: Any) -> tuple[str, str]:
-    """(x-trace-id, traceparent) of the call's metadata ('' when absent)."""
-    trace = parent = ""
+REQUEST_ID_METADATA_KEY = "x-request-id"
+"""The id Envoy gives every JSON request (the caller's own when it sent one) and logs in its
+access log: the service's log lines carry it as `request_id`, which joins the two."""
+_MAX_REQUEST_ID_CHARS = 128
+
+
+def _trace_metadata(metadata: Any) -> tuple[str, str, str]:
+    """(x-trace-id, traceparent, x-request-id) of the call's metadata ('' when absent)."""
+    found = {TRACE_METADATA_KEY: "", TRACEPARENT_METADATA_KEY: "", REQUEST_ID_METADATA_KEY: ""}
     for item in metadata or ():
-        key = item[0]
-        if key == TRACE_METADATA_KEY:
+        if item[0] in found:
             value = item[1]
-            trace = value.decode() if isinstance(value, bytes) else str(value)
-        elif key == TRACEPARENT_METADATA_KEY:
-            value = item[1]
-            parent = value.decode() if isinstance(value, bytes) else str(value)
-    return trace, parent
+            found[item[0]] = value.decode() if isinstance(value, bytes) else str(value)
+    request_id = found[REQUEST_ID_METADATA_KEY]
+    if len(request_id) > _MAX_REQUEST_ID_CHARS or not request_id.isprintable():
+        request_id = ""  # a caller's own id is logged only when it is a short printable one
+    return found[TRACE_METADATA_KEY], found[TRACEPARENT_METADATA_KEY], request_id
 
 
 def _trace_of_traceparent(traceparent: str) -> str:
@@ -115,10 +120,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         service, name = split_method(method)
         if service.startswith("grpc."):  # health and reflection: no logs, no wrapping
             return handler
-        meta_trace, traceparent = _trace_metadata(handler_call_details.invocation_metadata)
+        meta_trace, traceparent, request_id = _trace_metadata(
+            handler_call_details.invocation_metadata
+        )
         if not meta_trace and traceparent:  # a W3C caller's trace id names the request
             meta_trace = _trace_of_traceparent(traceparent)
-        trace = (meta_trace, traceparent)
+        trace = (meta_trace, traceparent, request_id)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, (service, name, "unary"), trace),
@@ -133,7 +140,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    def _enter(self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str) -> None:
+    def _enter(
+        self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str, request_id: str
+    ) -> None:
+        if request_id:
+            bind_request_id(request_id)
         if isinstance(request, _Undecodable):
             bind_trace_id(new_trace_id())
             raise errors.InvalidArgumentError(f"the request could not be decoded: {request.reason}")
@@ -217,7 +228,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             span.end(code.name, code.value[0])
 
     def _wrap_unary(
-        self, behavior: Callable[..., Awaitable[Any]], rpc: RpcKey, trace: tuple[str, str]
+        self, behavior: Callable[..., Awaitable[Any]], rpc: RpcKey, trace: tuple[str, str, str]
     ) -> Callable[..., Awaitable[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with _Rpc(self, context, rpc) as scope:
@@ -227,7 +238,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return wrapper
 
     def _wrap_stream(
-        self, behavior: Callable[..., AsyncIterator[Any]], rpc: RpcKey, trace: tuple[str, str]
+        self, behavior: Callable[..., AsyncIterator[Any]], rpc: RpcKey, trace: tuple[str, str, str]
     ) -> Callable[..., AsyncIterator[Any]]:
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async with _Rpc(self, context, rpc) as scope:
@@ -269,12 +280,12 @@ class _Rpc:
         self._owner._metrics.start(self._rpc)
         return self
 
-    def enter(self, request: Any, trace: tuple[str, str]) -> None:
+    def enter(self, request: Any, trace: tuple[str, str, str]) -> None:
         """Bind the request's trace id and deadline, then open its span (even when the
         request is refused here: the refusal is traced too)."""
-        meta_trace, traceparent = trace
+        meta_trace, traceparent, request_id = trace
         try:
-            self._owner._enter(request, self._context, meta_trace)
+            self._owner._enter(request, self._context, meta_trace, request_id)
             self._owner._admit()
             self._admitted = True
         finally:

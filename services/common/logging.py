@@ -170,6 +170,11 @@ def bind_trace_id(trace_id: str) -> None:
     bind_contextvars(trace_id=trace_id)
 
 
+def bind_request_id(request_id: str) -> None:
+    """Log lines of the current request carry `request_id` (Envoy's x-request-id)."""
+    bind_contextvars(request_id=request_id)
+
+
 @contextmanager
 def trace_id_bound(trace_id: str) -> Iterator[None]:
     """`bind_trace_id` for the block only."""

@@ -20,6 +20,7 @@ from services.common.context import current_trace_id
 from services.common.server import RunningServer, start_server
 from services.common.settings import ServerSettings
 from services.common.status import error_info
+from tests.unit.json_logs import json_lines
 
 SERVICE = "toy.v1.Toy"
 WAIT_BOUND_SECONDS = 10.0
@@ -262,3 +263,25 @@ async def test_a_stream_holds_its_place_until_it_ends(capped: Served) -> None:
     assert await capped.finished("Trickle") == "CANCELLED"  # its place is free again
     capped.toy.release.set()
     assert await capped.unary()(b"", timeout=10) == b"done"
+
+
+# --- Envoy's request id in the log -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sent", "logged"),
+    [("5f0c6e1a-0b6d-4c59-9f0e-2a7b6f3d9c11", "5f0c6e1a-0b6d-4c59-9f0e-2a7b6f3d9c11"),
+     ("r" * 128, "r" * 128), ("r" * 129, None), ("", None)],
+)  # fmt: skip
+async def test_the_rpc_line_carries_envoys_request_id_to_join_its_access_log(
+    served: Served, sent: str, logged: str | None
+) -> None:
+    """Envoy logs x-request-id; a JSON caller's trace id is in the body, which it never
+    reads. A short printable id is logged as request_id; a longer one is not."""
+    metadata = (("x-request-id", sent),) if sent else ()
+    with json_lines() as lines:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await served.unary("Boom")(b"", metadata=metadata)
+        await served.finished("Boom")
+    (rpc,) = [line for line in lines.events("rpc") if line.get("method", "").endswith("Boom")]
+    assert rpc.get("request_id") == logged
