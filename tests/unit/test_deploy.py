@@ -400,6 +400,15 @@ def test_k8s_secrets_come_from_secrets():
     assert secret_env("retrieval") == {
         "QDRANT_API_KEY": "visior-qdrant", "METADATA_DB_URL": "visior-docstore",
     }  # fmt: skip
+    # The server checks the key Retrieval sends: the same secret, the same key in it.
+    (qdrant,) = [d for d in _k8s() if d["kind"] == "StatefulSet"]
+    (server,) = qdrant["spec"]["template"]["spec"]["containers"]
+    keys = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in server["env"] if "valueFrom" in e}
+    retrieval = deployments["retrieval"]["spec"]["template"]["spec"]["containers"][0]
+    sent = next(e for e in retrieval["env"] if e["name"] == "QDRANT_API_KEY")
+    assert keys == {"QDRANT__SERVICE__API_KEY": sent["valueFrom"]["secretKeyRef"]}
+    assert server["image"].endswith("-unprivileged")  # runs as the pod's non-root user
+    assert qdrant["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 1000
     for doc in _k8s():
         assert doc["kind"] != "Secret"
         if doc["kind"] == "ConfigMap":
