@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -27,7 +28,8 @@ from services.devtools.envoy_config import route_timeout
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import Mesh, MeshError, local_envoy_timeouts
 from services.devtools.processes import child_pids, stop_strays
-from services.docstore.parsing import SUFFIX_FORMATS
+from services.docstore.kb_csv import kb_file_key
+from services.docstore.parsing import SUFFIX_FORMATS, derived_doc_id, guess_format
 from services.retrieval.listing import MAX_PAGE_SIZE
 
 DEFAULT_ORCH_URL = f"http://127.0.0.1:{Ports().http['orchestrator']}"
@@ -99,14 +101,26 @@ class RouteFailed(Exception):
     """A JSON route gave no answer: the line the CLI prints, then exits 1."""
 
 
+def unanswered(exc: httpx.HTTPError) -> bool:
+    """Whether `exc` is a wait for an answer running out (a read, write or pool timeout), not
+    a failure to connect: the server may have the request and still carry it out."""
+    return isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)
+
+
 def call_route(
     method: str, url: str, path: str, service: str, timeout: float, **request: Any
 ) -> dict[str, Any]:
     """The JSON answer of `method url+path`; RouteFailed saying why when `service` cannot be
-    reached or answers with an error (its status, reason and message)."""
+    reached, gives no answer within `timeout`, or answers with an error (its status, reason
+    and message)."""
     try:
         response = httpx.request(method, f"{url}{path}", timeout=timeout, **request)
     except httpx.HTTPError as exc:
+        if unanswered(exc):
+            raise RouteFailed(
+                f"no answer from {service} at {url} within {timeout:g} s "
+                "(the request may still be processed there)"
+            ) from None
         raise RouteFailed(f"cannot reach {service} at {url}: {exc}") from None
     if response.status_code != 200:
         raise RouteFailed(_error_text(response))
@@ -154,7 +168,52 @@ def folder_files(folder: Path, tenant: str) -> list[Path]:
     return files
 
 
+def stored_as(file_name: str, tenant: str) -> str:
+    """What retrieval stores a file sent as `file_name` to `tenant` under, by its own rules:
+    a knowledge-base CSV under its base name (kb_file_key), any other file under the doc_id
+    derived from its name (derived_doc_id); "" for a file it stores nothing of (an unknown
+    format, a CSV outside KB_TENANT, a name giving no doc_id)."""
+    fmt = guess_format(file_name, "")
+    if fmt == "unknown":
+        return ""
+    if fmt == "csv":
+        key = kb_file_key(file_name)
+        return f"knowledge-base CSV {key!r}" if tenant == KB_TENANT else ""
+    doc_id = derived_doc_id(file_name)
+    return f"document {doc_id!r}" if doc_id else ""
+
+
+def clashes(files: Sequence[Path], tenant: str) -> dict[str, list[Path]]:
+    """The files of one run that retrieval would store as one (stored_as), by what they would
+    be stored as. The same file named twice is no clash."""
+    by_key: dict[str, dict[Path, Path]] = {}
+    for f in files:
+        if key := stored_as(f.name, tenant):
+            by_key.setdefault(key, {}).setdefault(f.resolve(), f)
+    return {key: list(same.values()) for key, same in by_key.items() if len(same) > 1}
+
+
+def _clash_message(found: Mapping[str, list[Path]]) -> str:
+    lines = ["these files would be stored as one, each replacing the one before; nothing sent:"]
+    lines += [f"  {key}: {', '.join(map(str, paths))}" for key, paths in found.items()]
+    if any(key.startswith("document") for key in found):
+        lines.append(
+            "a document's id is its file name without the suffix, lowercased, other "
+            "characters than letters and digits as '-': rename them apart, or ingest the "
+            "folders separately, into different tenants"
+        )
+    if any(key.startswith("knowledge-base") for key in found):
+        lines.append(
+            "a knowledge-base CSV is known by its file name, and ingesting it deletes the "
+            "articles an earlier CSV of that name wrote: rename them apart"
+        )
+    return "\n".join(lines)
+
+
 def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
+    """Send each file of `paths` (folders walked, folder_files) to retrieval at `url`, one
+    request each. A run holding files that would be stored as one (clashes) is refused
+    before anything is sent, exit code 2."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -163,7 +222,10 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
             files.append(p)
     if not files:
         return _fail("no files to ingest")
-    failed = 0
+    found = clashes(files, tenant)
+    if found:
+        return _fail(_clash_message(found), 2)
+    failed = unanswered_files = 0
     total_bytes = sum(f.stat().st_size for f in files if f.exists()) or 1
     done_bytes = 0
     with httpx.Client(timeout=timeout) as client:
@@ -179,7 +241,16 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                     "content": base64.b64encode(path.read_bytes()).decode(),
                 }
                 response = client.post(f"{url}{DOCUMENTS_PATH}", json=payload)
-            except (OSError, httpx.HTTPError) as exc:
+            except httpx.HTTPError as exc:
+                if not unanswered(exc):
+                    print(f"\r{prefix} failed: {exc}")
+                    failed += 1
+                    continue
+                print(f"\r{prefix} no answer from retrieval at {url} within {timeout:g} s "
+                      "(the document may still be ingested there)")  # fmt: skip
+                unanswered_files += 1
+                continue
+            except OSError as exc:
                 print(f"\r{prefix} failed: {exc}")
                 failed += 1
                 continue
@@ -198,8 +269,13 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
             print(f"\r{prefix} -> {name}: {r.get('sections', 0)} sections, "
                   f"{r.get('chunks', 0)} chunks, {r.get('pages', 0)} pages{note}"
                   + " " * 30)  # fmt: skip
-    print(f"{len(files) - failed} of {len(files)} ingested into tenant {tenant!r}")
-    return 1 if failed else 0
+    done = len(files) - failed - unanswered_files
+    print(f"{done} of {len(files)} ingested into tenant {tenant!r}")
+    if unanswered_files:
+        url_flag = "" if url == DEFAULT_RETR_URL else f" --url {url}"
+        print(f"{unanswered_files} not answered in time, which may still be ingested: see "
+              f"`visior list --tenant {tenant}{url_flag}`")  # fmt: skip
+    return 1 if failed or unanswered_files else 0
 
 
 def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) -> int:
@@ -450,6 +526,31 @@ def demo(
             return ask(url, rate_question, "demo", "demo-user", False, timeout) or rc
 
 
+def timeout_arg(text: str) -> float:
+    """`--timeout`'s type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
+    return value
+
+
+def page_size_arg(text: str) -> int:
+    """`--page-size`'s type: 1 to the listing's MAX_PAGE_SIZE, which the service refuses
+    more than."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PAGE_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number from 1 to {MAX_PAGE_SIZE}"
+        )
+    return value
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", choices=MODELS, default="extractive",
@@ -505,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default=DEFAULT_ORCH_URL, help="the orchestrator's sidecar")
     p.add_argument("--json", action="store_true", help="print the raw JSON response")
     p.add_argument(
-        "--timeout", type=float, default=ASK_TIMEOUT_S,
+        "--timeout", type=timeout_arg, default=ASK_TIMEOUT_S,
         help=f"seconds to wait for the answer (default {ASK_TIMEOUT_S:g}: the respond route's "
         f"longest timeout, the local model's, + {ENVOY_FIRST_MARGIN_S:g}; the CLI cannot tell "
         "which model the mesh runs, and Envoy's own 504 comes first either way)",
@@ -520,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--url", default=DEFAULT_RETR_URL, help="retrieval's sidecar")
     p.add_argument(
-        "--timeout", type=float, default=INGEST_TIMEOUT_S,
+        "--timeout", type=timeout_arg, default=INGEST_TIMEOUT_S,
         help=f"seconds to wait for each document (default {INGEST_TIMEOUT_S:g}: the ingestion "
         f"route's timeout + {ENVOY_FIRST_MARGIN_S:g}, so Envoy's 504 comes first)",
     )  # fmt: skip
@@ -528,12 +629,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenant", required=True)
     p.add_argument("--url", default=DEFAULT_RETR_URL)
     p.add_argument(
-        "--timeout", type=float, default=LIST_TIMEOUT_S,
+        "--timeout", type=timeout_arg, default=LIST_TIMEOUT_S,
         help=f"seconds to wait for each page (default {LIST_TIMEOUT_S:g}: the listing route's "
         f"timeout + {ENVOY_FIRST_MARGIN_S:g}, so Envoy's 504 comes first)",
     )  # fmt: skip
     p.add_argument(
-        "--page-size", type=int, default=0,
+        "--page-size", type=page_size_arg, default=0,
         help=f"documents per request (1-{MAX_PAGE_SIZE}; default: the server's)",
     )  # fmt: skip
     a = parser.parse_args(argv)

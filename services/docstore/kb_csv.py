@@ -21,14 +21,20 @@ from services.docstore.summaries import Summarizer
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
 """Every knowledge-base CSV has these columns (header names are case-insensitive)."""
 DEFAULT_KB_FILE = "train_data.csv"
+"""The knowledge base's file (agent.md) when an ingest names none."""
 SNIFF_CHARS = 1024
 """The header's first characters the delimiter is guessed from: csv.Sniffer is about
 quadratic in its sample, and a header's delimiters show within its first names."""
-"""The knowledge base's file (agent.md) when an ingest names none."""
 _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
 _ROW_METADATA = ("topic", "jurisdiction", "url")
 """The metadata an article takes from its row's cells (the rest is made by this module)."""
+
+
+def kb_file_key(file_name: str) -> str:
+    """Which knowledge-base CSV a file is, by its base name: re-ingesting it replaces the
+    articles an earlier version of it wrote (the spec's train_data.csv when unnamed)."""
+    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or DEFAULT_KB_FILE
 
 
 @dataclass(frozen=True)

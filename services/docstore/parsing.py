@@ -86,6 +86,17 @@ def slugify(text: str, limit: int = 40, fallback: str = "x") -> str:
     return slug[:limit].strip("-") or fallback
 
 
+DERIVED_DOC_ID_CHARS = 100
+"""The longest doc_id derived from a file name."""
+
+
+def derived_doc_id(file_name: str) -> str:
+    """The doc_id a file is stored under when the caller names none: its name without folders
+    and suffix, slugified ("" when that leaves nothing)."""
+    stem = file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return slugify(stem, DERIVED_DOC_ID_CHARS, fallback="")
+
+
 def guess_format(file_name: str, content_type: str) -> str:
     """ "markdown", "text", "pdf" or "csv" from the file name or MIME type; else "unknown"."""
     name = file_name.lower()

@@ -34,14 +34,14 @@ from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, c
 from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.fields import check_fields
-from services.docstore.kb_csv import DEFAULT_KB_FILE, read_knowledge_base_csv
+from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.docstore.model import Document, DocumentSummary, StoredPoint
 from services.docstore.parsing import (
     ChunkingConfig,
     UnsupportedFormatError,
+    derived_doc_id,
     guess_format,
     parse_document,
-    slugify,
 )
 from services.docstore.pdf import PdfText, PdfTextLimitError, read_pdf
 from services.docstore.pdf_worker import PdfMemoryLimitError
@@ -218,12 +218,6 @@ def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
     )
 
 
-def kb_file_key(file_name: str) -> str:
-    """Which knowledge-base CSV a file is, by its base name: re-ingesting it replaces the
-    articles an earlier version of it wrote (the spec's train_data.csv when unnamed)."""
-    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or DEFAULT_KB_FILE
-
-
 class _Pace:
     """The progress of embedding one document: logged every _PROGRESS_LOG_S, and checked
     against the caller's deadline from the rate after the first slice (which pays the warm-up).
@@ -386,8 +380,7 @@ class Ingestor:
                     "(visior ingest --knowledge-base)",
                 )
             return "", fmt
-        stem = item.file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-        doc_id = item.doc_id or slugify(stem, 100, fallback="")
+        doc_id = item.doc_id or derived_doc_id(item.file_name)
         if not _DOC_ID.fullmatch(doc_id):
             if item.doc_id:
                 raise errors.invalid(
