@@ -36,6 +36,8 @@ log = logging.getLogger("visior.rpc")
 _NO_DEADLINE_SECONDS = 24 * 3600.0
 
 
+UNCAPPED_METHODS = frozenset({"GetHealth"})
+"""Methods the concurrency cap never refuses (besides grpc.health and reflection)."""
 REQUEST_ID_METADATA_KEY = "x-request-id"
 """The id Envoy gives every JSON request (the caller's own when it sent one) and logs in its
 access log: the service's log lines carry it as `request_id`, which joins the two."""
@@ -166,9 +168,13 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             else time.monotonic() + remaining
         )
 
-    def _admit(self) -> None:
-        """Take one of the `max_concurrent_rpcs` places, else refuse the call (the caller's
-        `_Rpc` gives the place back when the call ends)."""
+    def _admit(self, name: str) -> bool:
+        """Take one of the `max_concurrent_rpcs` places (True), else refuse the call (the
+        caller's `_Rpc` gives the place back when the call ends). A service's own GetHealth
+        takes none: the sidecar's readiness probe asks it (GET /health), and a busy replica
+        must still answer it."""
+        if name in UNCAPPED_METHODS:
+            return False
         cap = self._max_in_flight
         if cap is not None and self._in_flight >= cap:
             raise errors.ResourceExhaustedError(
@@ -177,6 +183,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 metadata=errors.limit_metadata(cap, name="max_concurrent_rpcs"),
             )
         self._in_flight += 1
+        return True
 
     def _failure(self, exc: BaseException, method: str) -> tuple[grpc.StatusCode, str, Any]:
         """The status an exception becomes: code, details and trailing metadata (an unexpected
@@ -286,8 +293,7 @@ class _Rpc:
         meta_trace, traceparent, request_id = trace
         try:
             self._owner._enter(request, self._context, meta_trace, request_id)
-            self._owner._admit()
-            self._admitted = True
+            self._admitted = self._owner._admit(self._rpc[1])
         finally:
             self._span = self._owner._span(self._rpc[0], self._rpc[1], traceparent)
 

@@ -171,7 +171,7 @@ async def start_server(
     except RuntimeError:  # grpc's "Failed to bind to address ...", which names no cause
         port = 0
     if port == 0:  # older grpc returned 0
-        raise ListenError(_cannot_listen("gRPC", address))
+        raise ListenError(cannot_listen("gRPC", address))
     metrics_port = None
     if settings.metrics_port:
         try:
@@ -180,7 +180,7 @@ async def start_server(
             await server.stop(None)  # let go of the gRPC port
             where = f"{settings.host}:{settings.metrics_port}"
             cause = exc.strerror or type(exc).__name__
-            raise ListenError(f"{_cannot_listen('metrics', where)} ({cause})") from None
+            raise ListenError(f"{cannot_listen('metrics', where)} ({cause})") from None
     await server.start()
     running = RunningServer(server, port, health_servicer, names, registry, metrics_port)
     await running.set_serving(True)
@@ -191,7 +191,8 @@ async def start_server(
     return running
 
 
-def _cannot_listen(what: str, address: str) -> str:
+def cannot_listen(what: str, address: str) -> str:
+    """The ListenError message for `what` (gRPC, metrics, MCP) at `address`."""
     return (
         f"cannot listen for {what} on {address}: the port is in use, or the host is not an "
         "address of this machine"

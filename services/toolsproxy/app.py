@@ -10,7 +10,7 @@ from services.common.channels import open_channel
 from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
-from services.common.server import RunningServer, start_server
+from services.common.server import ListenError, RunningServer, start_server
 from services.common.tool_contract import FETCH_CBR_DATA, FETCH_FINANCE_NEWS
 from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
@@ -72,18 +72,27 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         domain="visior.toolsproxy",
         tracing=tracing,
     )
+
+    async def close_clients() -> None:
+        await retrieval.close()
+        await cbr_http.aclose()
+        await tavily_http.aclose()
+        store.close()
+
     endpoint: McpEndpoint | None = None
     if settings.mcp.enabled:
         endpoint = McpEndpoint(executor, settings.mcp)
-        await endpoint.start()
+        try:
+            await endpoint.start()
+        except ListenError:
+            await running.stop(0)  # let go of the gRPC port too
+            await close_clients()
+            raise
         running.companions.append(endpoint.stop)  # stops with gRPC, in the same grace
 
     async def close() -> None:
         if endpoint is not None:
             await endpoint.stop()
-        await retrieval.close()
-        await cbr_http.aclose()
-        await tavily_http.aclose()
-        store.close()
+        await close_clients()
 
     return running, close

@@ -47,6 +47,7 @@ from services.common.context import (
 from services.common.http import is_loopback_host
 from services.common.logging import trace_id_bound
 from services.common.retry import whole_seconds
+from services.common.server import ListenError, cannot_listen
 from services.common.settings import SettingsError
 from services.common.tool_contract import check_tool_user
 from services.toolsproxy.tools import Caller, Outcome, ToolExecutor
@@ -360,7 +361,11 @@ class McpEndpoint:
         if host != self._settings.host:
             self._settings = replace(self._settings, host=host)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family)
+        try:
+            sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            cause = exc.strerror or type(exc).__name__
+            raise ListenError(f"{cannot_listen('MCP', f'{host}:{port}')} ({cause})") from None
         self._port = sock.getsockname()[1]
         started = asyncio.Event()
         config = uvicorn.Config(

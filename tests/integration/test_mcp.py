@@ -658,3 +658,24 @@ async def test_past_the_grace_an_open_call_is_cut():
     await endpoint.stop(grace=1)  # never released: cut after a second
     with pytest.raises(httpx2.HTTPError):
         (await call).raise_for_status()
+
+
+async def test_a_taken_mcp_port_is_a_listen_error_and_lets_go_of_the_grpc_port(tmp_path):
+    """One clear line and exit 1 (the runner's ListenError), not a traceback; the gRPC server
+    already started is stopped, so a restart can have its port."""
+    import socket
+
+    from services.common.server import ListenError
+    from services.toolsproxy import app as tools_app
+    from services.toolsproxy.config import ToolsProxySettings
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        mcp_port = taken.getsockname()[1]
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            grpc_port = probe.getsockname()[1]
+        env = {"MCP_PROXY_PORT": str(grpc_port), "MCP_PROXY_MCP_ENABLED": "true",
+               "MCP_PROXY_MCP_PORT": str(mcp_port), "VISIOR_DATA_DIR": str(tmp_path)}  # fmt: skip
+        with pytest.raises(ListenError, match=rf"MCP on 127\.0\.0\.1:{mcp_port}"):
+            await tools_app.start(ToolsProxySettings.from_env(Env(env)))
+    with socket.create_server(("127.0.0.1", grpc_port)):  # free again
+        pass

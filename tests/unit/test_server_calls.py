@@ -62,8 +62,12 @@ class Toy:
     async def boom(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         raise RuntimeError("a bug with internals: /etc/secret")
 
+    async def get_health(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b"ok"
+
     def register(self, server: grpc.aio.Server) -> None:
         handlers = {
+            "GetHealth": grpc.unary_unary_rpc_method_handler(self.get_health),
             "Boom": grpc.unary_unary_rpc_method_handler(self.boom),
             "Wait": grpc.unary_unary_rpc_method_handler(self.wait),
             "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
@@ -245,6 +249,10 @@ async def test_past_the_cap_an_app_call_is_refused_with_error_info_and_counted_h
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     answer = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=10)
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    # Nor is the service's own GetHealth, which the sidecar's readiness probe asks (GET
+    # /health): it answers, and takes no place from the calls.
+    for _ in range(3):
+        assert await capped.unary("GetHealth")(b"", timeout=10) == b"ok"
 
     # Finished and refused calls give their places back.
     capped.toy.release.set()
