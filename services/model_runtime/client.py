@@ -878,6 +878,34 @@ def _detail(content: bytes, secret: str | None) -> str:
 
 _TAG_OPEN = "<tool_call>"
 _FENCE = "```"
+_FENCE_OPENING = re.compile(r"```(?:json)?\s*")
+
+
+def _fence_kind(text: str, at: int) -> str:
+    """What the fence opening at `at` holds: "json" (optionally a ``json`` tag, then ``{``:
+    a call `_FENCED_JSON` may read), "tag" (a ``<tool_call>`` tag opens its first line),
+    "plain" (anything else: a code block), or "open" (the text ends before that shows)."""
+    start = at + len(_FENCE)
+    tail = text[start : start + 4]
+    if len(tail) < 4 and "json".startswith(tail):
+        return "open"
+    info = _FENCE_OPENING.match(text, at)
+    end = info.end() if info else start
+    if end >= len(text):
+        return "open"
+    if text[end] == "{":
+        return "json"
+    line = text.find("\n", start)  # the block's first line, after the language name
+    first = len(text) if line < 0 else line + 1 + _leading_space(text, line + 1)
+    head = text[first : first + len(_TAG_OPEN)]
+    if first >= len(text) or (_TAG_OPEN.startswith(head) and len(head) < len(_TAG_OPEN)):
+        return "open"
+    return "tag" if head == _TAG_OPEN else "plain"
+
+
+def _leading_space(text: str, at: int) -> int:
+    """How many whitespace characters stand at `at`."""
+    return len(text) - at - len(text[at:].lstrip())
 
 
 class _Holdback:
@@ -933,14 +961,20 @@ class _Holdback:
             if not _FENCE.startswith(text[j : j + len(_FENCE)]):
                 i = j + 1
                 continue
-            close = text.find(_FENCE, j + len(_FENCE))
-            if close < 0:
-                return j  # a fence still open, or what may become one
-            call = _FENCED_JSON.match(text, j, close + len(_FENCE))
-            if call and _written_call(call.group(1), self._offered):
-                self._call = True
-                return j
-            i = close + len(_FENCE)
+            kind = _fence_kind(text, j)
+            if kind in ("open", "tag"):
+                self._call = kind == "tag"  # a call written as a tag inside a fence
+                return j  # (or not yet known what the fence holds, or whether it is one)
+            if kind == "json":  # may be a call written as a JSON block: held until it closes
+                close = text.find(_FENCE, j + len(_FENCE))
+                if close < 0:
+                    return j
+                call = _FENCED_JSON.match(text, j, close + len(_FENCE))
+                if call and _written_call(call.group(1), self._offered):
+                    self._call = True
+                    return j
+            # A code block (or JSON that is no call) streams; a tag inside it is still a call.
+            i = j + len(_FENCE)
 
 
 class OpenAiChatRuntime:

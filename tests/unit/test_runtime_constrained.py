@@ -256,11 +256,14 @@ async def test_a_streamed_plain_answer_still_streams_piece_by_piece(fake, http) 
     [
         f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>",
         f"```json\n{json.dumps(CALL)}\n```",
+        f"```\n{json.dumps(CALL)}\n```",
+        f"```xml\n<tool_call>\n{json.dumps(CALL)}\n</tool_call>\n```",  # a tag in a fence
     ],
 )
 async def test_a_call_written_after_prose_streams_the_prose_but_never_the_call(
     fake, http, call_text: str, chunk_chars: int
 ) -> None:
+    """The prose streams; nothing of the call does, nor the fence around it."""
     prose = "Прочитаю раздел <b>LDAP</b>, `ldapsearch` и ``x``.\n"
     fake.script(Reply(content=prose + call_text, chunk_chars=chunk_chars))
     deltas, out = await stream(runtime(fake, http))
@@ -285,6 +288,21 @@ async def test_an_answer_with_fences_or_tags_that_are_no_call_arrives_whole_and_
     fake.script(Reply(content=answer, chunk_chars=chunk_chars))
     deltas, out = await stream(runtime(fake, http))
     assert "".join(deltas) == answer == out.content and out.tool_calls == ()
+
+
+@pytest.mark.parametrize("language", ["bash", "", "json"])
+async def test_a_code_block_streams_as_it_is_written_not_when_it_closes(
+    fake, http, language: str
+) -> None:
+    """A fence is held only while it may be a call (a ``json`` tag or none, then ``{``)."""
+    body = "\n".join(f"ldapsearch -x -b dc=example{i}" for i in range(40))
+    if language == "json":
+        body = '["not", "an", "object"]\n' + body
+    answer = f"Run:\n```{language}\n{body}\n```\nDone."
+    fake.script(Reply(content=answer, chunk_chars=4))
+    deltas, out = await stream(runtime(fake, http))
+    assert "".join(deltas) == answer == out.content
+    assert max(len(d) for d in deltas) <= 16  # no delta holds the block whole
 
 
 async def test_text_after_a_code_block_that_is_no_call_streams_before_the_answer_ends(
