@@ -165,10 +165,13 @@ function envoy_on_request(handle)
   -- gRPC's own headers (grpc-timeout, grpc-encoding, ...) and binary metadata (*-bin, which
   -- must be base64) are parsed by the server's gRPC library, and a bad one fails the call
   -- with a bare INTERNAL. A JSON caller has no use for either; grpc-timeout is the route's
-  -- own, added after this.
+  -- own, added after this. So is a name with a character HTTP allows but a gRPC metadata
+  -- key does not (+ | ~ ...: "Illegal header key"); names arrive lowercased. Pseudo-headers
+  -- (:path, :method, ...) stay.
   local drop = {{}}
   for name, _ in pairs(headers) do
-    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" then
+    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin"
+        or (name:byte(1) ~= 58 and name:find("[^a-z0-9._%-]")) then
       drop[#drop + 1] = name
     end
   end
@@ -605,8 +608,9 @@ def _connection_manager(
         # Every request gets an x-request-id (echoed in the response); a caller's own id is
         # kept, not replaced.
         # Other headers (x-trace-id included) reach the server as gRPC metadata as-is, but
-        # for grpc-* and *-bin (the Lua filter's envoy_on_request); the servers take more
-        # than the listener lets through (upstream_metadata_bytes).
+        # for grpc-*, *-bin and names that are not valid gRPC metadata keys (the Lua filter's
+        # envoy_on_request); the servers take more than the listener lets through
+        # (upstream_metadata_bytes).
         "generate_request_id": True,
         "preserve_external_request_id": True,
         "always_set_request_id_in_response": True,

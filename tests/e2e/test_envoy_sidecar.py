@@ -409,17 +409,28 @@ STREAM = "/internal/llm/generate:stream"
         # The route's own grpc-timeout replaces a caller's; the stream route has none.
         ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("grpc-timeout", "bogus")),
         ("llm", STREAM, {}, ("grpc-timeout", "bogus")),
+        # Legal in an HTTP header name, not in a gRPC metadata key: grpc refused the whole
+        # call with a bare INTERNAL ("Illegal header key").
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("X-Foo+Bar", "1")),
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("x-a|b", "1")),
+        ("toolsproxy", EXECUTE, {"tool_name": "echo"}, ("x~y", "1")),
     ],
-    ids=["bin", "grpc-encoding", "grpc-timeout", "grpc-timeout-stream"],
+    ids=["bin", "grpc-encoding", "grpc-timeout", "grpc-timeout-stream", "plus", "pipe", "tilde"],
 )
 async def test_callers_grpc_and_binary_headers_stop_at_envoy(
     mesh: Mesh, http: httpx.AsyncClient, key: str, path: str, body: dict, header: tuple[str, str]
 ) -> None:
-    resp = await http.post(mesh.url(key) + path, json=body, headers=[header, ("x-trace-id", "t1")])
+    resp = await http.post(
+        mesh.url(key) + path,
+        json=body,
+        headers=[header, ("x-trace-id", "t1"), ("x-custom-ok", "yes")],
+    )
     assert resp.status_code == 200, resp.text
     [metadata] = mesh.seen.metadata
-    assert header[0] not in metadata
-    assert metadata["x-trace-id"] == "t1"  # other headers still pass
+    assert header[0].lower() not in metadata
+    # other headers still pass
+    assert metadata["x-trace-id"] == "t1"
+    assert metadata["x-custom-ok"] == "yes"
 
 
 async def test_the_route_deadline_survives_the_header_filter(
