@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -218,24 +219,31 @@ def _store_unavailable(exc: StoreUnavailableError) -> errors.UnavailableError:
     )
 
 
+PACE_SLICES = 3
+"""Slices timed (after the first, which pays the warm-up) before the pace may refuse."""
+
+
 class _Pace:
-    """The progress of embedding one document: logged every _PROGRESS_LOG_S, and checked
-    against the caller's deadline from the rate after the first slice (which pays the warm-up).
-    """
+    """The progress of embedding one file's passages, EMBED_SLICE at a time: logged every
+    _PROGRESS_LOG_S, and checked against the caller's deadline once PACE_SLICES slices after
+    the first are timed, at the median of their times (one slice slowed by a search or a
+    collection does not make the rate)."""
 
     def __init__(self, total: int, now: float, deadline: float | None) -> None:
         self.total = total
         self.deadline = deadline
-        self._started = self._logged = now
-        self._first: tuple[int, float] | None = None  # passages and time after the first slice
+        self._started = self._logged = self._last = now
+        self._slices: list[float] = []  # seconds of each slice, the first left out
 
     def done(self, passages: int, now: float) -> None:
+        took, self._last = now - self._last, now
         if passages >= self.total:
             return
-        if self._first is None:
-            self._first = (passages, now)
+        if passages > EMBED_SLICE:  # the first slice pays the warm-up
+            self._slices.append(took)
+        if len(self._slices) < PACE_SLICES:
             return
-        rate = (passages - self._first[0]) / max(now - self._first[1], 1e-9)
+        rate = EMBED_SLICE / max(statistics.median(self._slices), 1e-9)
         finish = now + (self.total - passages) / rate
         if now - self._logged >= _PROGRESS_LOG_S:
             self._logged = now
@@ -243,8 +251,9 @@ class _Pace:
                                          "per_second": round(rate, 1)})  # fmt: skip
         if self.deadline is not None and finish > self.deadline:
             raise errors.DeadlineExceededError(
-                f"embedding the document's {self.total} passages at the {rate:.1f} a second "
-                f"of the first {passages} takes about {finish - self._started:.0f} s, past "
+                f"embedding the file's {self.total} passages at {rate:.1f} a second "
+                f"(the pace of the first {passages}) takes about "
+                f"{finish - self._started:.0f} s, past "
                 f"this call's deadline ({self.deadline - self._started:.0f} s): ingest it in "
                 "smaller files, or call over gRPC with a longer deadline",
                 metadata={"passages": str(self.total), "passages_per_second": f"{rate:.1f}"},
@@ -464,13 +473,12 @@ class Ingestor:
 
         # Embedded before the lock too: it is the slow part (e5: ~7 passages/s on 2 cores), and
         # neither other ingests nor deletes need wait for it. A caller who gives up stops it.
-        ready = {
-            doc.doc_id: await self._embedded_points(doc, deadline) for doc, final in todo if final
-        }
+        ready = await self._prepared(todo, deadline)
 
         async def write_all() -> tuple[list[IngestOutcome], tuple[str, ...]]:
             written = [
-                await self._ingest_one(doc, final, ready.get(doc.doc_id)) for doc, final in todo
+                await self._ingest_one(doc, final, ready.get(doc.doc_id), deadline)
+                for doc, final in todo
             ]
             # Only once every article is in: a failure above leaves the old ones where they
             # were, and running the file again completes it.
@@ -556,28 +564,49 @@ class Ingestor:
         PostgreSQL store answers over the network)."""
         return await asyncio.to_thread(self._store.document_generation, doc.tenant_id, doc.doc_id)
 
-    async def _embedded_points(
-        self, doc: Document, deadline: float | None
-    ) -> list[IndexPoint] | None:
-        """`doc`'s points with their vectors, or None when the store and the index already
-        hold its generation (an unchanged re-ingest embeds nothing)."""
-        if await self._live_generation(doc) == doc.generation and await self._indexed(doc):
-            return None
-        return await self._points(doc, deadline)
+    async def _prepared(
+        self, todo: Sequence[tuple[Document, bool]], deadline: float | None
+    ) -> dict[str, tuple[Document, list[IndexPoint]]]:
+        """Before the lock, each document of a file that the store and the index do not hold
+        already (an unchanged re-ingest embeds nothing), as it is to be written: its summaries
+        final (`_final_summaries`, for one whose summaries `_summarized` skipped) and its
+        points with their vectors. The file's passages are embedded together, in slices, at
+        one pace checked against `deadline` (a knowledge-base CSV's articles are small)."""
+        docs = []
+        for doc, final in todo:
+            live = await self._live_generation(doc)
+            if live == doc.generation and await self._indexed(doc):
+                continue
+            docs.append(doc if final else await self._final_summaries(doc, live))
+        texts = [chunk_texts(doc) for doc in docs]
+        vectors = await self._embed([t for some in texts for t in some], deadline)
+        ready, at = {}, 0
+        for doc, some in zip(docs, texts, strict=True):
+            points = document_points(doc, vectors[at : at + len(some)], some)
+            ready[doc.doc_id] = (doc, points)
+            at += len(some)
+        return ready
 
     async def _ingest_one(
-        self, doc: Document, summarized: bool = True, points: list[IndexPoint] | None = None
+        self,
+        doc: Document,
+        summarized: bool = True,
+        ready: tuple[Document, list[IndexPoint]] | None = None,
+        deadline: float | None = None,
     ) -> IngestOutcome:
-        """Write `doc` (under the lock), with its `points` when they are embedded already."""
+        """Write `doc` (under the lock): as `_prepared` made it ready, or, when the store
+        changed since (another ingest of the same id), made ready here."""
         live = await self._live_generation(doc)
         counts = (len(doc.sections), len(doc.chunks), doc.pages)
         if live == doc.generation and await self._indexed(doc):
             return IngestOutcome(doc.doc_id, *counts, replaced=False, unchanged=True,
                                  doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
-        if not summarized:
-            doc = await self._final_summaries(doc, live)
-        if points is None:
-            points = await self._points(doc)
+        if ready is not None:
+            doc, points = ready
+        else:
+            if not summarized:
+                doc = await self._final_summaries(doc, live)
+            points = await self._points(doc, deadline)
         entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, live or "")
         try:
             await asyncio.to_thread(self._index.upsert, points)

@@ -12,7 +12,13 @@ import pytest
 
 from services.common import errors
 from services.docstore.parsing import parse_document
-from services.retrieval.ingestion import EMBED_SLICE, IngestInput, chunk_texts
+from services.retrieval.ingestion import (
+    EMBED_SLICE,
+    KB_TENANT,
+    PACE_SLICES,
+    IngestInput,
+    chunk_texts,
+)
 from tests.unit.test_ingestion import CallRecorder
 from tests.unit.test_pdf_text_limit import embedder  # noqa: F401 (fixture)
 from tests.unit.test_search import make_stack
@@ -107,11 +113,12 @@ async def test_a_document_is_refused_as_soon_as_its_pace_runs_past_the_deadline(
     slack: int,
 ) -> None:
     """At one passage a second, N passages need N seconds: a deadline of N is met, one of
-    N - 1 is refused after the second slice (the first pays the warm-up), not at its end."""
+    N - 1 is refused once PACE_SLICES slices after the first (the warm-up) are timed, not at
+    the end."""
     paced = Paced(embedder)
-    content = guide(150)
+    content = guide(250)
     n = passages(content)
-    assert n > 4 * EMBED_SLICE
+    assert n > (PACE_SLICES + 2) * EMBED_SLICE
     s = make_stack(tmp_path, paced, clock=paced.clock)
     item = IngestInput("a", content, file_name="g.md")
     if slack == 0:
@@ -120,10 +127,107 @@ async def test_a_document_is_refused_as_soon_as_its_pace_runs_past_the_deadline(
         return
     with pytest.raises(errors.DeadlineExceededError) as info:
         await s.ingestor.ingest(item, time_left_s=n + slack)
-    assert paced.calls == [EMBED_SLICE, EMBED_SLICE]
+    assert paced.calls == [EMBED_SLICE] * (PACE_SLICES + 1)
     assert f"{n} passages" in str(info.value) and "smaller files" in str(info.value)
     assert info.value.metadata == {"passages": str(n), "passages_per_second": "1.0"}
     assert await s.ingestor.list("a") == ([], "")
+    s.index.close()
+
+
+class Spiked(Paced):
+    """One passage a second, but for one slow slice (a search or a collection beside it)."""
+
+    def __init__(self, inner, slow_slice: int, seconds: float) -> None:
+        super().__init__(inner)
+        self.slow_slice, self.seconds = slow_slice, seconds
+
+    def embed_passages(self, texts):
+        if len(self.calls) == self.slow_slice:
+            self.now += self.seconds - len(texts)
+        return super().embed_passages(texts)
+
+
+async def test_one_slow_slice_does_not_make_the_pace(
+    tmp_path,
+    embedder,  # noqa: F811
+) -> None:
+    """The second slice takes 10 times its time; the median of the timed ones is the pace,
+    and the file, which ends within its deadline, is written."""
+    spiked = Spiked(embedder, slow_slice=1, seconds=10 * EMBED_SLICE)
+    content = guide(250)
+    n = passages(content)
+    s = make_stack(tmp_path, spiked, clock=spiked.clock)
+    out = await s.ingestor.ingest(
+        IngestInput("a", content, file_name="g.md"), time_left_s=n + 10 * EMBED_SLICE
+    )
+    assert out.chunks > 0 and sum(spiked.calls) == n
+    s.index.close()
+
+
+async def test_a_knowledge_base_file_of_small_articles_is_paced_as_one(
+    tmp_path,
+    embedder,  # noqa: F811
+) -> None:
+    """300 articles of one passage each: the file's pace, not each article's (which never
+    reaches a timed slice), meets the deadline; its articles are embedded in shared slices."""
+    paced = Paced(embedder)
+    s = make_stack(tmp_path, paced, clock=paced.clock)
+    rows = "".join(
+        f"a{i},Article {i},Article {i} explains topic {i} in one sentence.,tax,RU,2026-01-10,\n"
+        for i in range(300)
+    )
+    csv = ("id,title,content,topic,jurisdiction,updated_at,tags\n" + rows).encode()
+    item = IngestInput(KB_TENANT, csv, file_name="kb.csv")
+    with pytest.raises(errors.DeadlineExceededError, match="300 passages"):
+        await s.ingestor.ingest(item, time_left_s=10)
+    assert paced.calls == [EMBED_SLICE] * (PACE_SLICES + 1)
+    paced.calls.clear()
+    out = await s.ingestor.ingest(item, time_left_s=300)  # at the limit
+    assert len(out.doc_ids) == 300 and len(paced.calls) == -(-300 // EMBED_SLICE)
+    s.index.close()
+
+
+class KeepSummaries:
+    """A summarizer whose summaries are the parser's (its generation differs)."""
+
+    name, concurrency = "keep", 2
+
+    def generation(self, doc):
+        return doc.generation + "-keep"
+
+    async def summarize_sections(self, doc, max_chars):
+        return doc
+
+
+async def test_a_re_ingest_whose_summaries_were_skipped_is_embedded_before_the_lock_too(
+    tmp_path,
+    embedder,  # noqa: F811
+) -> None:
+    """The store holds the generation but the index lost its points (a lost index, which an
+    operator re-ingests): it is embedded before the lock and paced like any other."""
+
+    class Watched(Paced):
+        def __init__(self, inner) -> None:
+            super().__init__(inner)
+            self.ingestor = None
+            self.locked: list[bool] = []
+
+        def embed_passages(self, texts):
+            self.locked.append(self.ingestor._lock.locked())
+            return super().embed_passages(texts)
+
+    watched = Watched(embedder)
+    s = make_stack(tmp_path, watched, summarizer=KeepSummaries(), clock=watched.clock)
+    watched.ingestor = s.ingestor
+    item = IngestInput("a", guide(250), file_name="g.md")
+    first = await s.ingestor.ingest(item)
+    s.index.delete_document("a", first.doc_id)
+    watched.locked.clear()
+    with pytest.raises(errors.DeadlineExceededError):
+        await s.ingestor.ingest(item, time_left_s=first.chunks / 4)
+    assert watched.locked and not any(watched.locked)
+    again = await s.ingestor.ingest(item)
+    assert again.replaced and not any(watched.locked)
     s.index.close()
 
 
