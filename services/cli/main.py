@@ -28,7 +28,8 @@ from services.devtools.envoy_config import route_timeout
 from services.devtools.local_model import LocalModelConfig
 from services.devtools.mesh import Mesh, MeshError, local_envoy_timeouts
 from services.devtools.processes import child_pids, stop_strays
-from services.docstore.kb_csv import kb_file_key
+from services.docstore.errors import ParseError
+from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.docstore.parsing import SUFFIX_FORMATS, derived_doc_id, guess_format
 from services.retrieval.listing import MAX_PAGE_SIZE
 
@@ -183,19 +184,77 @@ def stored_as(file_name: str, tenant: str) -> str:
     return f"document {doc_id!r}" if doc_id else ""
 
 
+class _NoSummaries:
+    """A Summarizer writing none: article_ids wants the articles' ids, and summaries were most
+    of the reader's time on a large CSV."""
+
+    name = "none"
+
+    def summarize(self, title: str, text: str, max_chars: int) -> str:
+        return ""
+
+
+def article_ids(path: Path) -> list[str]:
+    """The doc_ids retrieval would store the articles of the knowledge-base CSV at `path` under,
+    read by its own reader (read_knowledge_base_csv, which makes them; nothing is embedded).
+    None of a CSV retrieval would refuse whole (unreadable, no knowledge base, or holding a
+    bad row): it stores nothing of it, and says why when it is sent."""
+    try:
+        parsed = read_knowledge_base_csv(
+            path.read_bytes(),
+            KB_TENANT,
+            file_name=kb_file_key(path.name),
+            summarizer=_NoSummaries(),
+        )
+    except (OSError, ParseError):
+        return []
+    return [] if parsed.problems else [doc.doc_id for doc in parsed.documents]
+
+
 def clashes(files: Sequence[Path], tenant: str) -> dict[str, list[Path]]:
     """The files of one run that retrieval would store as one (stored_as), by what they would
-    be stored as. The same file named twice is no clash."""
+    be stored as; and in KB_TENANT, the files of different names holding an article of one
+    doc_id (article_ids), or an article and a document of it, keyed "article <doc_id>": the
+    later would replace the earlier. The same file named twice is no clash."""
     by_key: dict[str, dict[Path, Path]] = {}
     for f in files:
         if key := stored_as(f.name, tenant):
             by_key.setdefault(key, {}).setdefault(f.resolve(), f)
-    return {key: list(same.values()) for key, same in by_key.items() if len(same) > 1}
+    found = {key: list(same.values()) for key, same in by_key.items() if len(same) > 1}
+    if tenant == KB_TENANT:
+        found.update(_article_clashes(by_key))
+    return found
+
+
+def _article_clashes(by_key: Mapping[str, Mapping[Path, Path]]) -> dict[str, list[Path]]:
+    """The doc_ids that files of more than one stored_as key would store an article or a
+    document under (files of one key already clash by name), with those files."""
+    holders: dict[str, dict[str, list[Path]]] = {}
+    for key, same in by_key.items():
+        for f in same.values():
+            ids = article_ids(f) if key.startswith("knowledge-base") else [derived_doc_id(f.name)]
+            for doc_id in ids:
+                holders.setdefault(doc_id, {}).setdefault(key, []).append(f)
+    return {
+        f"article {doc_id!r}": [f for paths in keys.values() for f in paths]
+        for doc_id, keys in holders.items()
+        if len(keys) > 1
+    }
+
+
+SHOWN_ARTICLE_CLASHES = 20
+"""How many article ids a refusal lists (two versions of one knowledge base share them all)."""
 
 
 def _clash_message(found: Mapping[str, list[Path]]) -> str:
     lines = ["these files would be stored as one, each replacing the one before; nothing sent:"]
-    lines += [f"  {key}: {', '.join(map(str, paths))}" for key, paths in found.items()]
+    articles = 0
+    for key, paths in found.items():
+        articles += key.startswith("article")
+        if not key.startswith("article") or articles <= SHOWN_ARTICLE_CLASHES:
+            lines.append(f"  {key}: {', '.join(map(str, paths))}")
+    if articles > SHOWN_ARTICLE_CLASHES:
+        lines.append(f"  (and {articles - SHOWN_ARTICLE_CLASHES} more article ids)")
     if any(key.startswith("document") for key in found):
         lines.append(
             "a document's id is its file name without the suffix, lowercased, other "
@@ -207,13 +266,19 @@ def _clash_message(found: Mapping[str, list[Path]]) -> str:
             "a knowledge-base CSV is known by its file name, and ingesting it deletes the "
             "articles an earlier CSV of that name wrote: rename them apart"
         )
+    if articles:
+        lines.append(
+            "a knowledge-base article is stored under an id made from its row's id (else its "
+            "title), whichever CSV holds it, and an article or document of that id in a later "
+            "file replaces it: give the rows different ids, or rename the document"
+        )
     return "\n".join(lines)
 
 
 def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     """Send each file of `paths` (folders walked, folder_files) to retrieval at `url`, one
-    request each. A run holding files that would be stored as one (clashes) is refused
-    before anything is sent, exit code 2."""
+    request each. A run holding files that would be stored as one (clashes: by name, or in
+    KB_TENANT by an article's id) is refused before anything is sent, exit code 2."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():

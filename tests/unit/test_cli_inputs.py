@@ -17,7 +17,7 @@ import pytest
 
 import services.cli.main as cli
 from services.common.search_contract import KB_TENANT
-from services.docstore.kb_csv import kb_file_key
+from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.listing import MAX_PAGE_SIZE
 
@@ -98,6 +98,104 @@ def test_knowledge_base_csvs_are_told_apart_by_their_name_as_written(
 def test_csvs_a_tenant_skips_do_not_clash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = _tree(tmp_path / "tree", "2024/x.csv", "2025/x.csv", "a.md")
     assert _ingest(monkeypatch, [tree]) == (0, ["a.md"])
+
+
+_KB_HEADER = "id,title,content,topic,jurisdiction,updated_at,tags\n"
+
+
+def _kb_csv(path: Path, *ids: str, date: str = "2025-01-10") -> Path:
+    """A knowledge-base CSV at `path` holding one article per id."""
+    rows = "".join(f"{i},About {i},The text of {i}.,tax,RU,{date},tax\n" for i in ids)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_KB_HEADER + rows, encoding="utf-8")
+    return path
+
+
+def test_knowledge_base_csvs_sharing_an_article_id_stop_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Retrieval stores an article under an id made from its row's id, whatever its CSV: the
+    # second file's "vat" would replace the first's, and "2 of 2 ingested" store one article.
+    a = _kb_csv(tmp_path / "kb_2025.csv", "vat", "ndfl")
+    b = _kb_csv(tmp_path / "kb_2026.csv", "VAT", "usn")
+    rc, sent = _ingest(monkeypatch, [a, b], KB_TENANT)
+    assert (rc, sent) == (2, [])
+    err = capsys.readouterr().err
+    assert f"article 'kb-vat': {a}, {b}" in err
+    assert "ndfl" not in err and "usn" not in err and "different ids" in err
+
+
+def test_a_document_of_an_article_id_stops_a_knowledge_base_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kb = _kb_csv(tmp_path / "kb.csv", "vat")
+    doc = _tree(tmp_path, "KB VAT.md") / "KB VAT.md"
+    rc, sent = _ingest(monkeypatch, [kb, doc], KB_TENANT)
+    assert (rc, sent) == (2, [])
+    assert f"article 'kb-vat': {kb}, {doc}" in capsys.readouterr().err
+
+
+def test_many_shared_article_ids_are_shown_in_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = [f"a{n:02d}" for n in range(30)]
+    rc, sent = _ingest(
+        monkeypatch,
+        [_kb_csv(tmp_path / "x.csv", *ids), _kb_csv(tmp_path / "y.csv", *ids)],
+        KB_TENANT,
+    )
+    assert (rc, sent) == (2, [])
+    err = capsys.readouterr().err
+    assert "article 'kb-a19'" in err and "article 'kb-a20'" not in err
+    assert "and 10 more article ids" in err
+
+
+def test_knowledge_base_csvs_of_distinct_article_ids_are_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kb = tmp_path / "kb"
+    _kb_csv(kb / "kb_2025.csv", "vat", "ndfl")
+    _kb_csv(kb / "kb_2026.csv", "vat-2026", "usn")
+    _tree(kb, "notes.md")
+    rc, sent = _ingest(monkeypatch, [kb], KB_TENANT)
+    assert rc == 0 and sorted(sent) == ["kb_2025.csv", "kb_2026.csv", "notes.md"]
+
+
+def test_one_knowledge_base_csv_named_twice_is_no_article_clash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kb = _kb_csv(tmp_path / "kb.csv", "vat")
+    assert _ingest(monkeypatch, [kb, kb], KB_TENANT) == (0, ["kb.csv", "kb.csv"])
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "id,title\nvat,VAT rate\n",  # required columns missing: the file is refused
+        _KB_HEADER + "vat,VAT rate,text,tax,RU,not a date,tax\n",  # a bad row: refused whole
+        _KB_HEADER + "vat,VAT rate,text,tax,RU,2025-01-10,tax\nvat,Again,text,tax,RU,2025-01-10,\n",
+        b"\xff\xfe\x00id\x00",  # not text
+    ],
+)
+def test_a_csv_retrieval_would_refuse_is_no_article_clash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str | bytes
+) -> None:
+    # Retrieval stores nothing of a CSV it refuses, so its ids replace nothing: it is sent,
+    # and refused there with the reason, as any broken CSV is.
+    good = _kb_csv(tmp_path / "good.csv", "vat")
+    bad = tmp_path / "bad.csv"
+    if isinstance(broken, bytes):
+        bad.write_bytes(broken)
+    else:
+        bad.write_text(broken, encoding="utf-8")
+    assert cli.clashes([good, bad], KB_TENANT) == {}
+    assert _ingest(monkeypatch, [good, bad], KB_TENANT) == (0, ["good.csv", "bad.csv"])
+
+
+def test_the_cli_reads_article_ids_as_the_service_stores_them(tmp_path: Path) -> None:
+    kb = _kb_csv(tmp_path / "Мой файл.csv", "vat", "НДФЛ 2025", "a.b")
+    parsed = read_knowledge_base_csv(kb.read_bytes(), KB_TENANT, file_name=kb_file_key(kb.name))
+    assert cli.article_ids(kb) == [d.doc_id for d in parsed.strict()]
 
 
 @pytest.mark.parametrize(
