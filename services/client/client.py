@@ -47,6 +47,7 @@ from services.common.context import (
     current_trace_id,
     new_trace_id,
     remaining_seconds,
+    valid_trace_id,
 )
 from services.common.errors import ServiceError
 from services.common.settings import grpc_address
@@ -131,6 +132,21 @@ def _pairs(metadata: Metadata | None) -> list[tuple[str, str | bytes]]:
     return pairs
 
 
+def _body_trace(request: Any) -> str:
+    """The trace id `request` carries in its body (`trace_id`; GenerateStreamRequest: its
+    inner `request.trace_id`) when it is one the services take, else "".
+
+    The servers log a call under its body's trace id before any `x-trace-id`
+    (services.common.interceptors; the LLM service binds GenerateStream's inner one), so
+    the call must be sent, and its failure named, under that id. A body trace id they would
+    not take is refused by the server (INVALID_ARGUMENT on `trace_id`): "", and the usual
+    `x-trace-id`."""
+    if isinstance(request, GenerateStreamRequest):
+        request = request.request
+    trace = getattr(request, "trace_id", "")
+    return trace if isinstance(trace, str) and valid_trace_id(trace) else ""
+
+
 def _with_trace(pairs: list[tuple[str, str | bytes]], default: str) -> tuple[list[Any], str]:
     """`pairs` with exactly one `x-trace-id`: the last one given (the one the servers read),
     else `default`; and that trace id."""
@@ -149,8 +165,10 @@ class _TypedStub(betterproto.ServiceStub):
     the request being served when this runs inside one of our servers
     (services.common.context). A stream also ends with DeadlineExceeded when no event comes
     for `stream_idle_timeout` seconds, as Envoy ends a silent JSON stream. `x-trace-id` is
-    the call's own, else the client's, else the served request's, else a new one per call;
-    a failure's VisiorRpcError.trace_id names it. Per-call metadata is merged into the
+    the request body's own `trace_id` (GenerateStreamRequest: `request.trace_id`) when it
+    has one, the id the servers log the call under; else the call's own, else the
+    client's, else the served request's, else a new one per call; a failure's
+    VisiorRpcError.trace_id names it. Per-call metadata is merged into the
     client's (betterproto would replace it), so passing `metadata={...}` never drops the trace
     id; metadata gRPC cannot send raises ValueError (TypeError for a value of the wrong type)
     before anything is sent.
@@ -170,6 +188,8 @@ class _TypedStub(betterproto.ServiceStub):
         self.client_timeout = timeout
         """The client's timeout for every call; None: each RPC's own budget."""
         self.stream_idle_timeout = stream_idle_timeout
+        """Seconds without an event before a stream fails (VisiorClient.stream_idle_timeout:
+        a slower runtime, the local CPU model, needs longer than the default)."""
         self._base_metadata = _pairs(metadata)
 
     def _timeout(self, route: str, given: float | None, deadline: Deadline | None) -> float | None:
@@ -188,16 +208,21 @@ class _TypedStub(betterproto.ServiceStub):
         left = remaining_seconds()
         return None if left is None else max(0.0, left)
 
-    def _call_options(self, route: str, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    def _call_options(
+        self, route: str, request: Any, options: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
         """The generated stub's call options with our timeout and merged metadata, and the
-        trace id the call is sent with."""
+        trace id the call of `request` is sent with."""
         timeout = self._timeout(route, options.pop("timeout", None), options.get("deadline"))
         pairs = _pairs(options.pop("metadata", None))
         given = {key for key, _ in pairs}
         merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
+        body = _body_trace(request)
+        if body:  # the servers take the body's over any x-trace-id: send that one alone
+            merged = [(k, v) for k, v in merged if k != TRACE_METADATA_KEY]
         # A trace id of our own when nobody gave one: the caller's error then names the id the
         # server logged the call under (a server that made one up would not tell us).
-        merged, trace = _with_trace(merged, current_trace_id() or new_trace_id())
+        merged, trace = _with_trace(merged, body or current_trace_id() or new_trace_id())
         # grpclib turns a deadline already passed into asyncio.TimeoutError -> DeadlineExceeded.
         return {**options, "timeout": timeout, "metadata": merged}, trace
 
@@ -205,7 +230,7 @@ class _TypedStub(betterproto.ServiceStub):
         self, route: str, request: Any, response_type: Any, **options: Any
     ) -> Any:
         """`options`: timeout (sent as grpc-timeout), deadline, metadata."""
-        call_options, trace = self._call_options(route, options)
+        call_options, trace = self._call_options(route, request, options)
         try:
             return await super()._unary_unary(route, request, response_type, **call_options)
         except Exception as exc:
@@ -217,7 +242,7 @@ class _TypedStub(betterproto.ServiceStub):
     async def _unary_stream(  # type: ignore[override]
         self, route: str, request: Any, response_type: Any, **options: Any
     ) -> AsyncIterator[Any]:
-        call_options, trace = self._call_options(route, options)
+        call_options, trace = self._call_options(route, request, options)
         stream: AsyncGenerator[Any, None] = super()._unary_stream(  # type: ignore[assignment]
             route, request, response_type, **call_options
         )
@@ -387,10 +412,16 @@ class VisiorClient:
     GenerateStream has none). Inside one of our servers the remaining deadline of the
     request being served caps it. A stream also fails with DeadlineExceeded after
     `stream_idle_timeout` seconds without an event (default: Envoy's idle timeout of the
-    JSON streaming route, STREAM_IDLE_TIMEOUT_S). Each call sends `x-trace-id` metadata
-    (`trace_id`; without one, the trace id of the request being served there, else a new
-    one per call) and a failure's `trace_id` names it. Failures raise VisiorRpcError
-    subclasses (services.client.errors).
+    JSON streaming route, STREAM_IDLE_TIMEOUT_S, sized for the default runtime). A slower
+    runtime needs a longer limit: with the local CPU model (MODEL=local) one model step can
+    be silent for longer, and the mesh raises Envoy's stream idle timeout to
+    `local_envoy_timeouts()[STREAM_IDLE]` (services.devtools.mesh /
+    services.devtools.envoy_config); pass that as `stream_idle_timeout`, or the client cuts
+    a stream the mesh would keep. Each call sends `x-trace-id` metadata: the request
+    body's own `trace_id` when it has one (GenerateStreamRequest: `request.trace_id`; the
+    servers log the call under it), else `trace_id`, else the trace id of the request
+    being served there, else a new one per call; a failure's `trace_id` names it. Failures
+    raise VisiorRpcError subclasses (services.client.errors).
 
     ValueError at construction for a `trace_id` the services would not take (1-128 of
     letters, digits, '.', '_', ':', '-'), for `metadata` gRPC cannot send, and for a timeout
@@ -428,6 +459,11 @@ class VisiorClient:
             self.targets.setdefault("ingestion", self.targets["retrieval"])
         self.timeout = timeout
         self.stream_idle_timeout = stream_idle_timeout
+        """Seconds a stream may go without an event before DeadlineExceeded. The default,
+        STREAM_IDLE_TIMEOUT_S, is Envoy's for the default runtime; a slower one needs more:
+        with the local CPU model the mesh gives Envoy local_envoy_timeouts()[STREAM_IDLE]
+        (services.devtools.mesh), and a held model step can be silent longer than the
+        default."""
         self.trace_id = trace_id
         if trace_id:  # one x-trace-id on the wire; trace_id wins over metadata's
             self._metadata = [(k, v) for k, v in self._metadata if k != TRACE_METADATA_KEY]

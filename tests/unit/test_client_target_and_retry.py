@@ -1,16 +1,23 @@
 """The typed client follows the services' rules: how a gRPC target is written, what may be
-retried, which trace ids and metadata may be sent."""
+retried, which trace ids and metadata may be sent, how long a stream may stay silent."""
 
 import pytest
 from google.rpc import error_details_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from visior_sdk.visior.llm.v1 import GenerateRequest, GenerateStreamRequest
+from visior_sdk.visior.llm.v1 import GetHealthRequest as LlmGetHealthRequest
 from visior_sdk.visior.retrieval.v1 import SearchRequest
+from visior_sdk.visior.toolsproxy.v1 import ExecuteRequest
 
-from services.client.client import Target, VisiorClient
+from services.client.client import Target, VisiorClient, _body_trace
 from services.client.errors import Unavailable, from_exception, from_grpc_error
+from services.common.call_budgets import STREAM_IDLE_TIMEOUT_S
 from services.common.settings import SettingsError, grpc_address, grpc_target
 from services.common.topology import free_ports
+from services.devtools.envoy import REPO_ROOT
+from services.devtools.envoy_config import STREAM_IDLE
+from services.devtools.mesh import local_envoy_timeouts
 
 
 @pytest.mark.parametrize(
@@ -119,3 +126,29 @@ async def test_per_call_metadata_grpc_cannot_send_fails_before_sending(metadata,
     async with VisiorClient({"retrieval": port}) as visior:
         with pytest.raises(error, match=match):
             await visior.retrieval.search(SearchRequest(query="q"), metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("request_", "trace"),
+    [
+        (ExecuteRequest(tool_name="t", trace_id="body-1"), "body-1"),
+        (GenerateStreamRequest(request=GenerateRequest(trace_id="body-2")), "body-2"),
+        (GenerateStreamRequest(), ""),
+        (ExecuteRequest(tool_name="t"), ""),
+        (LlmGetHealthRequest(), ""),  # no trace_id field
+        *[(ExecuteRequest(tool_name="t", trace_id=bad), "") for bad in BAD_TRACE_IDS],
+    ],
+)
+def test_the_trace_id_the_servers_log_a_request_under_is_its_bodys(request_, trace):
+    # services.common.interceptors takes a body's trace_id over x-trace-id (the LLM service
+    # GenerateStream's inner one); one it refuses is not sent as x-trace-id.
+    assert _body_trace(request_) == trace
+
+
+def test_the_client_page_names_the_local_models_stream_idle_timeout():
+    # A typed client left at the default cuts streams the local-model mesh keeps open.
+    local = local_envoy_timeouts()[STREAM_IDLE]
+    assert local > STREAM_IDLE_TIMEOUT_S
+    page = (REPO_ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+    assert f"Envoy's stream idle timeout to {local:g} s" in page
+    assert "local_envoy_timeouts()[STREAM_IDLE]" in (VisiorClient.__doc__ or "")
