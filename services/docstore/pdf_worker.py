@@ -35,6 +35,10 @@ copy to send) with room for PDFium's own state of one page; the sample and bench
 read within 128 MiB. A 30 KB file of one Flate-compressed page needs about 1 GB. A constant
 like the text bound it follows."""
 
+READ_SECONDS = 120.0
+"""How long the worker may read one PDF: 10,000 pages at the text bound take about 25 s on
+2 cores, the sample and benchmark PDFs well under a second. A constant like the memory cap."""
+
 _REQUEST = struct.Struct(">QQ")
 _ANSWER = struct.Struct(">Q")
 
@@ -47,49 +51,93 @@ class PdfMemoryLimitError(ParseError):
         self.limit = limit
 
 
+class PdfTimeLimitError(ParseError):
+    """Reading the PDF took longer than the worker may take (`limit` seconds)."""
+
+    def __init__(self, message: str, *, limit: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class PdfWorker:
-    """`read_pdf` in a child process capped at `memory_bytes` of address space. One PDF at a
-    time (PDFium reads one document at a time per process anyway); thread-safe. The child
-    starts at the first PDF and again after one that ended it."""
+    """`read_pdf` in a child process capped at `memory_bytes` of address space and
+    `read_seconds` a PDF. One PDF at a time (PDFium reads one document at a time per process
+    anyway); thread-safe. The child starts at the first PDF and again after one that ended
+    it, in a session of its own (a terminal's Ctrl-C is the service's to handle)."""
 
     def __init__(
-        self, memory_bytes: int = MEMORY_BYTES, *, command: tuple[str, ...] | None = None
+        self,
+        memory_bytes: int = MEMORY_BYTES,
+        *,
+        read_seconds: float = READ_SECONDS,
+        command: tuple[str, ...] | None = None,
     ) -> None:
         self.memory_bytes = memory_bytes
+        self.read_seconds = read_seconds
         self._command = command or (sys.executable, "-m", __name__, str(memory_bytes))
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._overran: subprocess.Popen[bytes] | None = None  # a child killed at its limit
+        self._closed = False
 
     def __call__(self, content: bytes, *, max_text_bytes: int = MAX_TEXT_BYTES) -> PdfText:
         with self._lock:
+            if self._closed:
+                raise ParseError("cannot read the PDF: the service is stopping")
             if self._child is not None and self._child.poll() is not None:
                 _stop(self._child)  # ended between PDFs (killed): start another
                 self._child = None
             child = self._child = self._child or self._start()
             assert child.stdin is not None and child.stdout is not None
+            limit = threading.Timer(self.read_seconds, self._overrun, args=(child,))
+            limit.daemon = True
+            limit.start()
             try:
                 child.stdin.write(_REQUEST.pack(len(content), max_text_bytes))
                 child.stdin.write(content)
                 child.stdin.flush()
                 answer = _read_answer(child.stdout)
-            except (OSError, EOFError):
+            except (OSError, EOFError, ValueError):  # ValueError: a pipe closed under it
                 raise self._ended(child) from None
+            finally:
+                limit.cancel()
         return _result(answer, self.memory_bytes)
 
     def close(self) -> None:
-        """Stop the child (it ends when its stdin closes)."""
-        with self._lock:
-            child, self._child = self._child, None
-        if child is not None:
-            _stop(child)
+        """Stop the child: an idle one ends when its stdin closes; one reading a PDF is
+        killed (that read fails), without waiting for it. Later calls are refused."""
+        self._closed = True
+        if self._lock.acquire(blocking=False):
+            try:
+                child, self._child = self._child, None
+            finally:
+                self._lock.release()
+            if child is not None:
+                _stop(child)
+        elif (child := self._child) is not None:
+            child.kill()  # the reading thread sees it end and cleans up
 
     def _start(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        return subprocess.Popen(
+            self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+
+    def _overrun(self, child: subprocess.Popen[bytes]) -> None:
+        self._overran = child
+        child.kill()
 
     def _ended(self, child: subprocess.Popen[bytes]) -> ParseError:
         """The error for a PDF during which the child ended."""
         self._child = None
         code = _stop(child)
+        if self._overran is child:
+            return PdfTimeLimitError(
+                f"reading the PDF took more than {self.read_seconds:g} s: its pages are more "
+                "than one document may hold",
+                limit=self.read_seconds,
+            )
+        if self._closed:
+            return ParseError("cannot read the PDF: the service is stopping")
         if code in (-signal.SIGABRT, -signal.SIGKILL):  # PDFium's out-of-memory abort; OOM killer
             return _memory_error(self.memory_bytes)
         return ParseError(f"cannot read the PDF: the reader ended on it (exit status {code})")
@@ -166,6 +214,7 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
 def main(argv: list[str]) -> None:
     limit = int(argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of ~1 GiB per abort
     # The answers get the real stdout; anything else written to it (a library's message)
     # goes to stderr instead of into the protocol.
     answers = os.fdopen(os.dup(1), "wb")

@@ -45,7 +45,7 @@ from services.docstore.parsing import (
     parse_document,
 )
 from services.docstore.pdf import PdfText, PdfTextLimitError, read_pdf
-from services.docstore.pdf_worker import PdfMemoryLimitError
+from services.docstore.pdf_worker import PdfMemoryLimitError, PdfTimeLimitError
 from services.docstore.store import DocumentStore
 from services.docstore.summaries import section_texts
 from services.retrieval.embeddings import Embedder
@@ -436,6 +436,10 @@ class Ingestor:
         except PdfMemoryLimitError as exc:
             raise errors.over_limit(
                 str(exc), exc.limit, field="content", name="max_pdf_memory_bytes"
+            ) from None
+        except PdfTimeLimitError as exc:
+            raise errors.over_limit(
+                str(exc), exc.limit, field="content", name="max_pdf_read_seconds"
             ) from None
         except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
             raise errors.InvalidArgumentError(

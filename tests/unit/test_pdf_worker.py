@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,12 @@ import pytest
 from services.common import errors
 from services.docstore.errors import ParseError
 from services.docstore.pdf import MAX_TEXT_BYTES, PdfTextLimitError, read_pdf
-from services.docstore.pdf_worker import MEMORY_BYTES, PdfMemoryLimitError, PdfWorker
+from services.docstore.pdf_worker import (
+    MEMORY_BYTES,
+    PdfMemoryLimitError,
+    PdfTimeLimitError,
+    PdfWorker,
+)
 from services.retrieval.ingestion import IngestInput
 from tests.unit.test_pdf_text_limit import compressed_pdf, embedder  # noqa: F401 (fixture)
 from tests.unit.test_search import make_stack
@@ -123,5 +130,59 @@ async def test_an_ingest_past_the_memory_cap_is_refused_as_past_a_limit(
         sample = next(SAMPLES.glob("*.pdf"))
         out = await s.ingestor.ingest(IngestInput("a", sample.read_bytes(), file_name=sample.name))
         assert out.chunks > 0
+    finally:
+        worker.close()
+
+
+SLEEPER = "import sys, time; sys.stdin.buffer.read(16); time.sleep(60)"
+"""A reader that takes the request and never answers (PDFium spinning on a page)."""
+
+
+def test_a_pdf_read_past_its_time_limit_is_refused_and_the_reader_ended() -> None:
+    w = PdfWorker(256 * MIB, read_seconds=0.5, command=(sys.executable, "-c", SLEEPER))
+    with pytest.raises(PdfTimeLimitError, match=r"more than 0\.5 s") as info:
+        w(b"%PDF-1.4")
+    assert info.value.limit == 0.5 and w._child is None
+    w.close()
+
+
+def test_close_stops_a_read_in_progress_at_once_and_refuses_later_ones() -> None:
+    w = PdfWorker(256 * MIB, command=(sys.executable, "-c", SLEEPER))
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            w(b"%PDF-1.4")
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for _ in range(500):  # until the child has the request
+        if w._child is not None:
+            break
+        time.sleep(0.01)
+    closer = threading.Thread(target=w.close)
+    closer.start()
+    closer.join(10)  # a bound on a hang, not a timing: the read would take 60 s
+    reader.join(10)
+    assert not closer.is_alive() and not reader.is_alive()
+    assert len(failed) == 1 and "stopping" in str(failed[0])
+    with pytest.raises(ParseError, match="stopping"):
+        w(b"%PDF-1.4")
+
+
+async def test_an_ingest_of_a_pdf_past_the_time_limit_is_refused_as_past_a_limit(
+    tmp_path,
+    embedder,  # noqa: F811 (fixture)
+) -> None:
+    worker = PdfWorker(256 * MIB, read_seconds=0.5, command=(sys.executable, "-c", SLEEPER))
+    try:
+        s = make_stack(tmp_path, embedder, pdf_reader=worker)
+        with pytest.raises(errors.LimitExceededError) as info:
+            await s.ingestor.ingest(IngestInput("a", b"%PDF-1.4 ...", file_name="slow.pdf"))
+        assert info.value.metadata == {
+            "field": "content", "limit": "0.5", "limit_name": "max_pdf_read_seconds",
+        }  # fmt: skip
     finally:
         worker.close()
