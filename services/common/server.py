@@ -171,6 +171,9 @@ async def start_server(
     except RuntimeError:  # grpc's "Failed to bind to address ...", which names no cause
         port = 0
     if port == 0:  # older grpc returned 0
+        # Stopped, not left to the collector: a grpc.aio server dropped unstarted is
+        # finalised whenever, on whatever event loop, and grpc's aio state is global.
+        await server.stop(None)
         raise ListenError(cannot_listen("gRPC", address))
     metrics_port = None
     if settings.metrics_port:
