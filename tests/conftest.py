@@ -8,9 +8,8 @@ would make every ingest in the suite take seconds. The e5 profile has its own te
 
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import grpc
 import httpx
 import pytest
 from _pytest.nodeid import NodeId
@@ -19,19 +18,6 @@ os.environ.setdefault("RETR_EMBEDDING_PROFILE", "fast")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as services/retrieval/__main__.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tests.pg_server import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def grpc_aio_engine() -> Iterator[None]:
-    """Holds grpc's process-wide aio engine for the whole session. Each test runs on an event
-    loop of its own; without this hold, the engine shuts down whenever a test's last server
-    and channel close and starts again with the next, and a call object of an earlier test
-    (a cancelled call's state, kept by a task) finalised after that shutdown fails grpc's
-    refcount assertion and crashes the worker (a segfault seen in `make test`). A service
-    process runs one loop for its life, so this is the test run's concern only."""
-    grpc.aio.init_grpc_aio()
-    yield
-    grpc.aio.shutdown_grpc_aio()
 
 
 @pytest.fixture

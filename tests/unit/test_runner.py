@@ -9,15 +9,19 @@ import asyncio
 import gc
 import itertools
 import logging
+import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry
 
 from services.common.runner import freeze_startup_heap, run_service
-from services.common.server import RunningServer, start_server
+from services.common.server import RunningServer
 from services.common.settings import ServerSettings, SettingsError
 
 
@@ -41,6 +45,10 @@ def test_the_startup_heap_is_frozen_so_full_collections_skip_it():
         assert all(gc.is_tracked(n) for n in heap[:3]) and heap[1].peer is heap[2]
     finally:
         gc.unfreeze()
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+_PATH = os.pathsep.join([str(_ROOT / "gen" / "python"), str(_ROOT)])
 
 
 @dataclass(frozen=True)
@@ -91,28 +99,43 @@ def test_a_setting_refused_while_starting_exits_2(capfd: pytest.CaptureFixture[s
     assert "Traceback" not in err
 
 
-def test_a_port_it_cannot_listen_on_exits_1_naming_it(capfd: pytest.CaptureFixture[str]) -> None:
+_LISTEN_ON_A_TAKEN_PORT = """
+import sys
+from dataclasses import dataclass
+from prometheus_client import CollectorRegistry
+from services.common.runner import run_service
+from services.common.server import start_server
+from services.common.settings import ServerSettings
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings
+
+async def start(settings):
+    running = await start_server(
+        settings.server, lambda server: None, (), CollectorRegistry(), domain="visior.test"
+    )
+    await running.stop(0)
+    raise AssertionError("listening on a taken port")
+
+run_service(lambda: Settings(ServerSettings(service="test", port=int(sys.argv[1]))), start)
+"""
+"""run_service as a service's process runs it: a grpc.aio server made on asyncio.run's loop
+is left in its own process, not in the test worker's, where grpc's aio engine outlives it."""
+
+
+def test_a_port_it_cannot_listen_on_exits_1_naming_it() -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-
-        def load() -> _Settings:
-            return _Settings(server=ServerSettings(service="test", port=port))
-
-        async def start(settings: _Settings):
-            running = await start_server(
-                settings.server, lambda server: None, (), CollectorRegistry(), domain="visior.test"
-            )
-            await running.stop(0)  # pragma: no cover - only when the test fails
-            raise AssertionError("listening on a taken port")
-
-        with pytest.raises(SystemExit) as exit_info:
-            run_service(load, start)
-    assert exit_info.value.code == 1
-    err = capfd.readouterr().err
-    assert f"cannot start: cannot listen for gRPC on 127.0.0.1:{port}" in err
-    assert "Traceback" not in err
+        done = subprocess.run(
+            [sys.executable, "-c", _LISTEN_ON_A_TAKEN_PORT, str(port)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": _PATH},
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"cannot start: cannot listen for gRPC on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 class _HeldServer:
