@@ -30,9 +30,9 @@ from services.llm.model import (
 from services.model_runtime.chat import GenerationParams
 
 SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
+"""The gRPC service GetHealth names (services/common/topology.py)."""
 ERROR_DOMAIN = "visior.llm"
 """The ErrorInfo domain of this service's errors."""
-"""The gRPC service GetHealth names (services/common/topology.py)."""
 
 
 def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
