@@ -137,7 +137,7 @@ class _Stack:
         if self.rerank_http is not None:
             await self.rerank_http.aclose()
         if self.pdf_reader is not None:
-            await asyncio.to_thread(self.pdf_reader.close)  # waits for a PDF being read
+            await asyncio.to_thread(self.pdf_reader.close)  # waits for the child to exit
 
 
 def _open_reranker(
@@ -307,18 +307,19 @@ async def watch_backend(
     (a down vector store or document store is NOT_SERVING), so a readiness probe asking for
     them takes the replica out until the stores are back. The server's own status ("") stays
     SERVING: a liveness probe asks that one, and a restart does not bring a store back."""
-    serving = True
+    serving: bool | None = None  # not yet set by this watcher
     while True:
         try:
             ok = (await asyncio.to_thread(probe)).get("status") == "ok"
         except errors.ServiceError:
             ok = False
         if ok != serving:
+            if serving is not None or not ok:
+                log.warning("serving" if ok else "not serving: a store is down")
             serving = ok
-            log.warning("serving" if ok else "not serving: a store is down")
-        status = HealthCheckResponse.SERVING if ok else HealthCheckResponse.NOT_SERVING
-        for name in running.service_names:
-            await running.health.set(name, status)
+            status = HealthCheckResponse.SERVING if ok else HealthCheckResponse.NOT_SERVING
+            for name in running.service_names:
+                await running.health.set(name, status)
         await asyncio.sleep(every_s)
 
 
