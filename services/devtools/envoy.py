@@ -14,7 +14,7 @@ from typing import IO
 
 import yaml
 
-from services.devtools.processes import terminate
+from services.devtools.processes import dying_with_us, terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Where the committed envoy/envoy.yaml is run from (its descriptor path is relative), and
@@ -155,7 +155,7 @@ class EnvoyProcess:
             *self.extra_args,
         ]
         self._proc = subprocess.Popen(
-            cmd,
+            dying_with_us(cmd),
             cwd=str(cwd or REPO_ROOT),
             stdin=subprocess.DEVNULL,
             stdout=out,

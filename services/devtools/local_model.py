@@ -38,7 +38,7 @@ import httpx
 from services.common.shared_config import DATA_DIR
 from services.common.topology import free_ports
 from services.devtools.envoy import absolute_path
-from services.devtools.processes import terminate
+from services.devtools.processes import dying_with_us, terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -453,7 +453,7 @@ class LocalModel:
             out = self._log
         started = time.monotonic()
         self._proc = subprocess.Popen(
-            self.command(model_path),
+            dying_with_us(self.command(model_path)),
             cwd=str(REPO_ROOT),
             env=env,
             stdin=subprocess.DEVNULL,

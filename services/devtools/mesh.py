@@ -31,7 +31,7 @@ from services.devtools.cbr_standin import BankStandIn
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess, absolute_path
 from services.devtools.envoy_config import STREAM_IDLE, render
 from services.devtools.local_model import LocalModel, LocalModelConfig
-from services.devtools.processes import exited, terminate
+from services.devtools.processes import dying_with_us, exited, terminate
 from services.llm.loop import MIN_TOOL_RESULT_ROOM
 from services.model_runtime.config import URL as RUNTIME_URL
 
@@ -266,7 +266,7 @@ class Mesh:
         self._logs[key] = log
         env = self._envs[key] = self.env()
         self._procs[key] = subprocess.Popen(
-            [sys.executable, "-m", spec.module],
+            dying_with_us([sys.executable, "-m", spec.module]),
             cwd=str(REPO_ROOT),
             env=env,
             stdin=subprocess.DEVNULL,

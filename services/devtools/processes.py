@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
 
 PROC = Path("/proc")
+
+
+def dying_with_us(cmd: list[str]) -> list[str]:
+    """`cmd`, run so that the child gets SIGTERM when this process dies, even by SIGKILL
+    (Linux's parent-death signal, which util-linux's setpriv sets before it execs `cmd`).
+
+    The signal follows the thread that starts the child, so only the main thread's children
+    get it: a worker thread's end would stop them. Elsewhere, or without setpriv, `cmd` as it
+    is (preexec_fn could set the signal without setpriv, but is unsafe beside other threads).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return cmd
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd]
 
 
 def terminate(proc: subprocess.Popen[bytes], grace: float) -> int | None:

@@ -198,3 +198,15 @@ def test_run_ends_and_stops_everything_when_envoy_dies(
     assert cli.proc.wait(STOP_S) == 1
     assert "error: envoy exited" in cli.said()
     assert _wait_for(lambda: not cli.started(), 10), cli.started()
+
+
+def test_run_killed_by_sigkill_leaves_nothing_running(
+    launch: Callable[..., Cli], tmp_path: Path
+) -> None:
+    """SIGKILL gives the CLI no handler to run: its children stop on their parent-death
+    signal (services.devtools.processes.dying_with_us), each as at a SIGTERM."""
+    cli = launch(*_run(tmp_path))
+    _up(cli, "Ctrl-C stops everything.")
+    cli.proc.kill()
+    cli.proc.wait()
+    assert _wait_for(lambda: not cli.started(), STOP_S), cli.started()

@@ -7,8 +7,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
-from services.devtools.processes import child_pids, exited, stop_strays, terminate
+import pytest
+
+from services.devtools import processes
+from services.devtools.processes import (
+    child_pids,
+    dying_with_us,
+    exited,
+    stop_strays,
+    terminate,
+)
 
 
 def _python(code: str) -> subprocess.Popen[bytes]:
@@ -92,3 +104,55 @@ def test_exited_tells_a_running_child_from_a_dead_one_and_leaves_its_exit_code()
     assert exited(proc.pid)
     assert proc.wait() == -signal.SIGKILL
     assert exited(proc.pid)  # reaped: exited all the same
+
+
+# --- children that outlive a killed parent (dying_with_us) ---
+
+
+def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed by SIGKILL (no handler of its own runs) still stops its child: the
+    parent-death signal set through setpriv sends it SIGTERM."""
+    marker = tmp_path / "terminated"
+    child = (
+        "import signal, sys, time\n"
+        f"stop = lambda *_: (open({str(marker)!r}, 'w').close(), sys.exit(0))\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = _python(
+        "import subprocess, sys, time\n"
+        "from services.devtools.processes import dying_with_us\n"
+        f"subprocess.Popen(dying_with_us([sys.executable, '-c', {child!r}]))\n"
+        "time.sleep(60)\n"
+    )
+    assert parent.stdout is not None and parent.stdout.readline() == b"up\n"  # the child's
+    parent.kill()
+    parent.wait()
+    give_up = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < give_up, "the child was not stopped"
+        time.sleep(0.05)
+
+
+def test_a_child_of_the_main_thread_runs_under_setpriv() -> None:
+    cmd = ["envoy", "-c", "x.yaml"]
+    wrapped = dying_with_us(cmd)
+    assert Path(wrapped[0]).name == "setpriv"
+    assert wrapped[1:] == ["--pdeathsig", "TERM", "--", *cmd]
+
+
+def test_a_worker_thread_s_child_is_left_as_it_is() -> None:
+    """The signal follows the thread that starts the child: from a worker thread the command
+    is left as it is, or the thread's end would stop the child."""
+    cmd = ["envoy", "-c", "x.yaml"]
+    found: list[list[str]] = []
+    worker = threading.Thread(target=lambda: found.append(dying_with_us(cmd)))
+    worker.start()
+    worker.join()
+    assert found == [cmd]
+
+
+def test_without_setpriv_the_command_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes.shutil, "which", lambda name: None)
+    assert dying_with_us(["envoy"]) == ["envoy"]
