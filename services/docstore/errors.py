@@ -15,6 +15,17 @@ class UnsupportedFormatError(ParseError):
     """The file's format has no parser."""
 
 
+class DocumentLimitError(ParseError):
+    """The document runs past one of the parser's bounds: `limit` (bytes, pages, seconds…),
+    named `limit_name` as the caller sees it (the ErrorInfo's limit_name, LIMIT_EXCEEDED)."""
+
+    limit_name = "max_document_size"
+
+    def __init__(self, message: str, *, limit: float) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class RowProblem:
     """What is wrong with one knowledge-base CSV record; `line` is where it starts (header = 1)."""

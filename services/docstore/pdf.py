@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pypdfium2 as pdfium
 
-from services.docstore.errors import ParseError
+from services.docstore.errors import DocumentLimitError, ParseError
 
 # PDFium is not thread-safe: one document at a time per process.
 _PDFIUM_LOCK = threading.Lock()
@@ -28,13 +28,11 @@ text per byte of file. A constant, not a setting: the parser is not told the ser
 limits, and the page count bounds real text whatever RETR_MAX_DOCUMENT_BYTES is."""
 
 
-class PdfTextLimitError(ParseError):
+class PdfTextLimitError(DocumentLimitError):
     """The PDF's text runs past `limit` UTF-8 bytes (`MAX_TEXT_BYTES` unless given): reading
-    stopped at the page that crossed it."""
+    stopped at the page that crossed it (as a file over RETR_MAX_DOCUMENT_BYTES is refused)."""
 
-    def __init__(self, message: str, *, limit: int) -> None:
-        super().__init__(message)
-        self.limit = limit
+    limit_name = "max_pdf_text_bytes"
 
 
 @dataclass(frozen=True)

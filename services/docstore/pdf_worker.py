@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import IO, Any
 
-from services.docstore.errors import ParseError
+from services.docstore.errors import DocumentLimitError, ParseError
 from services.docstore.pdf import MAX_TEXT_BYTES, PdfText, PdfTextLimitError, read_pdf
 
 MEMORY_BYTES = 8 * MAX_TEXT_BYTES
@@ -43,20 +43,16 @@ _REQUEST = struct.Struct(">QQ")
 _ANSWER = struct.Struct(">Q")
 
 
-class PdfMemoryLimitError(ParseError):
+class PdfMemoryLimitError(DocumentLimitError):
     """Reading the PDF needs more memory than the worker may take (`limit` bytes)."""
 
-    def __init__(self, message: str, *, limit: int) -> None:
-        super().__init__(message)
-        self.limit = limit
+    limit_name = "max_pdf_memory_bytes"
 
 
-class PdfTimeLimitError(ParseError):
+class PdfTimeLimitError(DocumentLimitError):
     """Reading the PDF took longer than the worker may take (`limit` seconds)."""
 
-    def __init__(self, message: str, *, limit: float) -> None:
-        super().__init__(message)
-        self.limit = limit
+    limit_name = "max_pdf_read_seconds"
 
 
 class PdfWorker:

@@ -33,7 +33,7 @@ import numpy as np
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
-from services.docstore.errors import StoreUnavailableError
+from services.docstore.errors import DocumentLimitError, StoreUnavailableError
 from services.docstore.fields import check_fields
 from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.docstore.model import Document, DocumentSummary, StoredPoint
@@ -44,8 +44,7 @@ from services.docstore.parsing import (
     guess_format,
     parse_document,
 )
-from services.docstore.pdf import PdfText, PdfTextLimitError, read_pdf
-from services.docstore.pdf_worker import PdfMemoryLimitError, PdfTimeLimitError
+from services.docstore.pdf import PdfText, read_pdf
 from services.docstore.store import DocumentStore
 from services.docstore.summaries import section_texts
 from services.retrieval.embeddings import Embedder
@@ -429,17 +428,9 @@ class Ingestor:
             ]
         except UnsupportedFormatError as exc:
             raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
-        except PdfTextLimitError as exc:  # as a file over RETR_MAX_DOCUMENT_BYTES is refused
+        except DocumentLimitError as exc:
             raise errors.over_limit(
-                str(exc), exc.limit, field="content", name="max_pdf_text_bytes"
-            ) from None
-        except PdfMemoryLimitError as exc:
-            raise errors.over_limit(
-                str(exc), exc.limit, field="content", name="max_pdf_memory_bytes"
-            ) from None
-        except PdfTimeLimitError as exc:
-            raise errors.over_limit(
-                str(exc), exc.limit, field="content", name="max_pdf_read_seconds"
+                str(exc), exc.limit, field="content", name=exc.limit_name
             ) from None
         except ValueError as exc:  # ParseError and CSV validation errors subclass ValueError
             raise errors.InvalidArgumentError(
