@@ -2,7 +2,8 @@
 
 Keys are `tenant_id:doc_id` for a call that reads named documents (one key per document),
 and `tenant_id:*` for a call that reads none (a search, whose document ids only filter it;
-external data). Each key keeps a log of its calls in the last `window_seconds` (one entry
+external data); calls that named what the tenant does not have are counted once more on the
+tenant's UNKNOWN_DOCUMENTS key. Each key keeps a log of its calls in the last `window_seconds` (one entry
 per call: when, and the tokens its result carried), so both limits are exact and the wait
 until a call fits again is known.
 
@@ -50,7 +51,8 @@ class RateLimits:
     """Result tokens per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN)."""
     tenant_calls_per_minute: int = 120
     """Calls per tenant of tools that read no named document: searches (whatever document ids
-    they filter on) and external data (MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN)."""
+    they filter on) and external data; and, apart from those, calls that named a document
+    the tenant does not have (MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN)."""
     tenant_tokens_per_minute: int = 200_000
     """Result tokens per tenant of tools that read no named document: searches and external
     data (MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN)."""
@@ -61,12 +63,25 @@ class RateLimits:
 RateKey = tuple[str, str | None]
 """(tenant_id, doc_id); doc_id None is the tenant's key for calls that read no named document."""
 
+UNKNOWN_DOCUMENTS = "\x00unknown documents"
+"""The doc_id of a tenant's key for calls that named what it does not have (a document, or a
+section, chunk or page of one: NOT_FOUND): each is counted there after the fact
+(`RateLimiter.record_unknown`), under the tenant limits, and a call naming documents is
+refused while that key is at its limit. Made-up ids would otherwise each get a key of their
+own and never meet a limit."""
+
 
 class RateLimitExceeded(Exception):
     """A key is at its limit; `retry_after_s` whole seconds until the next call fits."""
 
     def __init__(self, key: RateKey, what: str, limit: int, retry_after_s: int) -> None:
-        scope = "tenant" if key[1] is None else f"document {key[1]!r}"
+        scope = (
+            "tenant"
+            if key[1] is None
+            else "tenant's calls naming unknown documents"
+            if key[1] == UNKNOWN_DOCUMENTS
+            else f"document {key[1]!r}"
+        )
         super().__init__(
             f"rate limit of {limit} {what} per minute for this {scope} reached;"
             f" retry after {retry_after_s} s"
@@ -188,26 +203,28 @@ class RateLimiter:
         self._since_sweep = 0
 
     def _limits_of(self, key: RateKey) -> tuple[int, int]:
-        if key[1] is None:
+        if key[1] is None or key[1] == UNKNOWN_DOCUMENTS:
             return self.limits.tenant_calls_per_minute, self.limits.tenant_tokens_per_minute
         return self.limits.calls_per_minute, self.limits.tokens_per_minute
 
     def acquire(self, tenant_id: str, doc_ids: Sequence[str] = (), bound: int = 0) -> Reservation:
         """Admit one call naming `doc_ids` (none: the tenant's key) or raise RateLimitExceeded.
 
-        All keys are checked before any is counted, so a refused call counts nowhere.
-        `bound` is the most tokens the call can charge to any one key: it counts on each key
-        until the call's `Reservation` charges or releases it.
+        All keys are checked before any is counted, so a refused call counts nowhere. A call
+        naming documents is also checked, not counted, against the tenant's
+        UNKNOWN_DOCUMENTS key. `bound` is the most tokens the call can charge to any one key:
+        it counts on each key until the call's `Reservation` charges or releases it.
         """
         keys: list[RateKey] = [(tenant_id, d) for d in dict.fromkeys(doc_ids)] or [
             (tenant_id, None)
         ]
+        checked = [*keys, (tenant_id, UNKNOWN_DOCUMENTS)] if doc_ids else keys
         window_s = self.limits.window_seconds
         with self._lock:
             now = self._clock()
             self._sweep(now)
             worst: RateLimitExceeded | None = None
-            for key in keys:
+            for key in checked:
                 window = self._windows.get(key)
                 if window is None:
                     continue
@@ -232,6 +249,15 @@ class RateLimiter:
                 window.tokens += pending
                 entries[key] = (entry, window)
             return Reservation(entries, self._lock)
+
+    def record_unknown(self, tenant_id: str) -> None:
+        """A call of the tenant named a document it does not have: count it on the tenant's
+        UNKNOWN_DOCUMENTS key."""
+        with self._lock:
+            now = self._clock()
+            window = self._windows.setdefault((tenant_id, UNKNOWN_DOCUMENTS), _Window())
+            window.prune(now, self.limits.window_seconds)
+            window.entries.append(_Entry(now))
 
     def _sweep(self, now: float) -> None:
         """Every so often, forget keys with no call left in the window (bounded memory)."""

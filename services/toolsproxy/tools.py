@@ -826,6 +826,8 @@ class ToolExecutor:
                 if inspect.isawaitable(raw):
                     raw = await raw
         except ToolFailure as exc:
+            if exc.code == NOT_FOUND and tool.doc_rate_keys and _named_documents(args):
+                self._limiter.record_unknown(caller.tenant_id)
             return _error(exc.code, exc.message), 0
         except StoreUnavailableError:  # the store's error names its host: not for the model
             log.warning("document store unavailable", exc_info=True)

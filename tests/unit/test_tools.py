@@ -749,6 +749,39 @@ def test_tenant_limit_for_tools_that_name_no_document(store, clock):
     ok(ex, "news")
 
 
+@pytest.mark.parametrize(("limit", "outcome"), [(3, "NOT_FOUND"), (2, "RATE_LIMIT_EXCEEDED")])
+def test_calls_naming_unknown_documents_meet_the_tenant_limit(store, clock, limit, outcome):
+    """Made-up document ids each have a key of their own: the calls that named what the
+    tenant does not have are also counted on one tenant key, at the tenant limit (at the
+    limit, the third unknown id is still looked up; one past it, it is refused)."""
+    ex = make_executor(
+        store, clock,
+        rates=RateLimits(calls_per_minute=5, tokens_per_minute=0, tenant_calls_per_minute=limit),
+    )  # fmt: skip
+    err(ex, "read_doc_metadata", "NOT_FOUND", doc_id="made-up-1")
+    err(ex, "doc_local_search", "NOT_FOUND", doc_id="made-up-2", query="ldap settings")
+    out = run(ex, "read_doc_metadata", doc_id="made-up-3")
+    assert out.error_code == outcome
+    if outcome == "RATE_LIMIT_EXCEEDED":
+        assert "unknown documents" in out.error_message and out.retry_after_s == 60
+        err(ex, "read_doc_metadata", "RATE_LIMIT_EXCEEDED", doc_id="guide")  # any named one
+    assert run(ex, "read_doc_metadata", Caller("b", "u"), doc_id="guide").status == "ok"
+    clock.now += 60
+    ok(ex, "read_doc_metadata", doc_id="guide")
+
+
+def test_documents_found_and_tools_naming_none_do_not_count_as_unknown(store, clock):
+    ex = make_executor(
+        store, clock, extra=[external_tool({"text": "x"})],
+        rates=RateLimits(calls_per_minute=0, tokens_per_minute=0, tenant_calls_per_minute=1),
+    )  # fmt: skip
+    for _ in range(3):
+        ok(ex, "read_doc_metadata", doc_id="guide")
+    ok(ex, "news")  # the tenant's own key: one call
+    err(ex, "read_doc_metadata", "NOT_FOUND", doc_id="made-up")
+    err(ex, "read_doc_metadata", "RATE_LIMIT_EXCEEDED", doc_id="guide")
+
+
 @pytest.mark.parametrize(("limit", "third"), [(21, "ok"), (20, "error")])
 def test_tenant_tokens_at_the_limit_and_one_past(store, clock, limit, third):
     ex = make_executor(
