@@ -51,8 +51,9 @@ raw UTF-8 (`ensure_ascii=False`) it fits."""
 TEXT_ENVELOPE_BYTES = 1 << 20
 """Room a Respond or Generate body leaves for everything but the texts its limit counts: ids,
 names, filters, the message roles and the JSON around them. For Generate also the fields its
-validator does not bound in size (system prompt, context chunk texts, stop sequences, anchors,
-planned calls): they share it, and a body with more of them is refused with 413."""
+limit does not count: the system prompt and each context chunk text (each bounded on its own
+by the validator, not all at once within this room), stop sequences, anchors and planned
+calls; they share it, and a body with more of them is refused with 413."""
 
 
 def text_body_bytes(chars: int) -> int:

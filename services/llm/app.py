@@ -55,7 +55,9 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         )
         runtime = OpenAiChatRuntime(settings.runtime, http)
     else:
-        runtime = ExtractiveRuntime()
+        runtime = ExtractiveRuntime(
+            max_consecutive_tool_errors=settings.loop.max_consecutive_tool_errors
+        )
     loop = ToolLoop(
         runtime,
         runner,

@@ -149,20 +149,23 @@ def fit_prompt(
     limit: int,
     tokenizer: Tokenizer,
     render_chunk: Callable[[ContextChunk], str],
+    limit_name: str = "max_prompt_tokens",
 ) -> tuple[list[ChatMessage], tuple[ContextChunk, ...]]:
     """The prompt `build(kept)` for the best context that fits `limit` tokens, and `kept`.
 
     Chunks are taken best score first while they fit whole; then the best chunk left out
     is cut to the room that remains (when at least MIN_TRIMMED_CHUNK_TOKENS of it fit).
     Kept chunks stay in the caller's order. `render_chunk` is how the prompt shows a chunk,
-    used to price chunks without rebuilding the prompt for each. Raises LLM_LIMIT_EXCEEDED when the prompt does not fit without context.
+    used to price chunks without rebuilding the prompt for each. Raises LLM_LIMIT_EXCEEDED,
+    naming `limit_name` (the limit that set `limit`), when the prompt does not fit without
+    context.
     """
     bare = build(())
     fixed = prompt_tokens(tokenizer, bare, tools)
     if fixed > limit:
         raise limit_exceeded(
-            f"the prompt is {fixed} tokens without context; the limit is {limit}",
-            "max_prompt_tokens",
+            f"the prompt is {fixed} tokens without context; the limit is {limit} ({limit_name})",
+            limit_name,
             limit,
             field="messages",
         )
@@ -233,6 +236,12 @@ class TokenBudget:
         """The most the first prompt may hold."""
         return min(self.max_prompt_tokens, self.conversation_limit)
 
+    def prompt_limit_name(self) -> str:
+        """Which limit sets `prompt_limit`: max_prompt_tokens, else `limit_name()`'s."""
+        if self.prompt_limit == self.max_prompt_tokens:
+            return "max_prompt_tokens"
+        return self.limit_name()
+
     def limit_name(self) -> str:
         """Which limit bounds the conversation: the caller's context budget or the total."""
         if (
@@ -248,9 +257,7 @@ class TokenBudget:
         if self.conversation > self.prompt_limit:
             raise limit_exceeded(
                 f"the prompt is {self.conversation} tokens; the limit is {self.prompt_limit}",
-                "max_prompt_tokens"
-                if self.prompt_limit == self.max_prompt_tokens
-                else self.limit_name(),
+                self.prompt_limit_name(),
                 self.prompt_limit,
                 field="messages",
             )
@@ -264,10 +271,14 @@ class TokenBudget:
             self.tool_result_tokens += n
         return n
 
-    def add_note(self, message: ChatMessage) -> int:
-        """Count a note of the loop's own into the conversation as far as its room goes;
-        returns the tokens past it, which the caller takes out of the answer's share."""
+    def add_note(self, message: ChatMessage, replaced: ChatMessage | None = None) -> int:
+        """Count a note of the loop's own into the conversation as far as its room goes:
+        `message`, or what it adds to `replaced` when it is that message with the note
+        appended. Returns the tokens past the room, which ride on the conversation
+        (`notes_room`)."""
         n = message_tokens(self.tokenizer, message)
+        if replaced is not None:
+            n = max(0, n - message_tokens(self.tokenizer, replaced))
         kept = min(n, max(0, self.room()))
         self.conversation += kept
         return n - kept
@@ -275,6 +286,12 @@ class TokenBudget:
     def room(self) -> int:
         """Tokens the conversation may still grow by (negative when past the limit)."""
         return self.conversation_limit - self.conversation
+
+    def notes_room(self) -> int:
+        """Tokens `max_total_tokens` leaves past the conversation and the answer's share: the
+        room of the loop's notes riding on the conversation before they take from the answer.
+        It holds `room()` and what the caller's context budget keeps of the total besides."""
+        return self.max_total_tokens - self.max_completion_tokens - self.conversation
 
     def before_call(self) -> int:
         """Check the conversation still fits; the completion cap for the next runtime call."""
@@ -289,11 +306,18 @@ class TokenBudget:
         return self.max_completion_tokens
 
     def record_call(
-        self, *, reported_prompt: int, reported_completion: int, completion_estimate: int
+        self,
+        *,
+        reported_prompt: int,
+        reported_completion: int,
+        completion_estimate: int,
+        notes: int = 0,
     ) -> None:
-        """Add one runtime call to the totals: its reported counts, else our own."""
+        """Add one runtime call to the totals: its reported counts, else our own (the
+        conversation and the `notes` tokens that rode on it in the call)."""
         self.calls += 1
-        self.prompt_used += reported_prompt if reported_prompt > 0 else self.conversation
+        estimate = self.conversation + notes
+        self.prompt_used += reported_prompt if reported_prompt > 0 else estimate
         self.completion_used += (
             reported_completion if reported_completion > 0 else completion_estimate
         )

@@ -24,6 +24,13 @@ MODES = (RAG, CHAT)
 MAX_MESSAGES = 64
 MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
+MAX_SYSTEM_PROMPT_CHARS = MAX_MESSAGE_CHARS
+"""The longest system prompt: as long as a message. The Orchestrator's longest is about
+6,100 characters (the routing prompt with a question of MAX_QUERY_CHARS); the limit is
+checked before anything is counted, so a huge one costs no tokenising."""
+MAX_CONTEXT_CHUNK_CHARS = MAX_MESSAGE_CHARS
+"""The longest text of one context chunk (the Orchestrator sends none; other callers send
+retrieved chunks of a few thousand characters), checked likewise."""
 
 
 def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
@@ -38,7 +45,8 @@ GENERATE_MAX_REQUEST_BYTES = text_body_bytes(
 /internal/llm/generate` and `generate:stream`) and as a gRPC message
 (LLM_SERVICE_MAX_MESSAGE_BYTES' default): MAX_MESSAGES messages of the longest text `validate`
 takes and its largest response schema (bounded in UTF-8 bytes, so in characters too), with the
-envelope."""
+envelope. The system prompt and the context chunk texts share the envelope: each within its
+own limit, a body with more of them than it holds is refused with 413."""
 
 
 def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None:
@@ -54,6 +62,27 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
         raise errors.invalid(field_name, "response_schema must not be empty")
     if allowed_tools:
         raise errors.invalid(field_name, "response_schema cannot be combined with allowed_tools")
+
+
+def _validate_texts(req: GenerateInput) -> None:
+    """The sizes of the texts besides the messages, before anything counts their tokens."""
+    if len(req.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+        raise _over_limit(
+            "system_prompt",
+            f"system_prompt is longer than {MAX_SYSTEM_PROMPT_CHARS} characters",
+            MAX_SYSTEM_PROMPT_CHARS,
+        )
+    if len(req.context_chunks) > MAX_CONTEXT_CHUNKS:
+        raise _over_limit(
+            "context_chunks", f"at most {MAX_CONTEXT_CHUNKS} context chunks", MAX_CONTEXT_CHUNKS
+        )
+    for i, c in enumerate(req.context_chunks):
+        if len(c.text) > MAX_CONTEXT_CHUNK_CHARS:
+            raise _over_limit(
+                f"context_chunks[{i}].text",
+                f"context_chunks[{i}].text is longer than {MAX_CONTEXT_CHUNK_CHARS} characters",
+                MAX_CONTEXT_CHUNK_CHARS,
+            )
 
 
 def validate(req: GenerateInput, limits: LoopSettings) -> None:
@@ -76,10 +105,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
             )
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
         raise errors.invalid("messages", "no user message with content")
-    if len(req.context_chunks) > MAX_CONTEXT_CHUNKS:
-        raise _over_limit(
-            "context_chunks", f"at most {MAX_CONTEXT_CHUNKS} context chunks", MAX_CONTEXT_CHUNKS
-        )
+    _validate_texts(req)
     p = req.params
     if p.max_tokens is not None and not 1 <= p.max_tokens <= limits.max_completion_tokens:
         raise _over_limit(
@@ -109,6 +135,11 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
         raise errors.invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
+    budget = req.policy.context_token_budget
+    if budget is not None and budget < 1:
+        raise errors.invalid(
+            "tool_policy.context_token_budget", "context_token_budget must be at least 1"
+        )
     if any(r < 0 for r in req.policy.radius_schedule):
         raise errors.invalid("tool_policy.window_radius_schedule", "radii must not be negative")
 

@@ -3,13 +3,15 @@
 `ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would. While
 it has read no document text and the prompt lists a section it has not tried, it asks to
 read it (read_chunk_window on its anchor, or read_doc_section when no anchor chunk is known;
-after a tool error, the next section). Otherwise it answers from every tool result in the
-conversation, the caller's planned calls included, in the answer format of agent.md §8:
-Markdown, a short conclusion, the details, the sources, then the extractive marker line.
+after a tool error, the next section, unless one more failure would reach the loop's limit of
+tool errors in a row: it then answers from what it has, saying the documents could not be
+read). Otherwise it answers from every tool result in the conversation, the caller's planned
+calls included, in the answer format of agent.md §8: Markdown, a short conclusion, the
+details, the sources, then the extractive marker line.
 
 - document text (read tools, load_documents_full, search hits): the sentences sharing the
-  most words with the question, quoted with their document and pages; knowledge-base hits
-  are marked as resting on the corporate knowledge base;
+  most words with the question, quoted with their document and pages (read_doc_pages: the
+  page each is on); knowledge-base hits are marked as resting on the corporate knowledge base;
 - Bank of Russia data (fetch_cbr_data): currency rates, rate dynamics, the key rate, the
   bank's news, footnoted `[Источник: cbr.ru]`; data from a demo stand-in is labelled so;
 - finance news (fetch_finance_news): titles with links and dates, `[Источник: Tavily]`;
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +85,8 @@ _NOT_READING = frozenset(
 )
 """Tools whose results do not count as reading a document (the responder may still read)."""
 _PIECE = re.compile(r"\S+\s*")
+_CALL_ID_PREFIX = "extractive-"
+"""How the ids of the responder's own tool calls begin."""
 _ASKS_ENGLISH = re.compile(
     r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin english\b|на английском", re.IGNORECASE
 )
@@ -146,6 +151,9 @@ _TEXT: dict[str, dict[str, str]] = {
         "news": "Найдено финансовых новостей: {}; главная — «{}».",
         "news_source": "Tavily — поиск финансовых новостей",
         "failed": "Не удалось получить данные ({}): {}.",
+        "unread": "Документы не удалось прочитать ({}), поэтому ответить на вопрос по ним нельзя.",
+        "unread_partly": "Документы не удалось прочитать целиком ({}): ответ опирается на "
+        "фрагменты, найденные поиском.",
         "clarify": "Чтобы ответить точнее, уточните, пожалуйста:",
         "thanks": "Пожалуйста! Если появятся вопросы — спрашивайте.",
         "hello": "Здравствуйте! Я Visior: отвечаю на вопросы по вашим документам и "
@@ -194,6 +202,10 @@ _TEXT: dict[str, dict[str, str]] = {
         "news": "Finance news found: {}; the top one is “{}”.",
         "news_source": "Tavily — finance news search",
         "failed": "Could not get the data ({}): {}.",
+        "unread": "The documents could not be read ({}), so this question cannot be answered "
+        "from them.",
+        "unread_partly": "The documents could not be read in full ({}): the answer rests on "
+        "the passages the search found.",
         "clarify": "To answer precisely, please clarify:",
         "thanks": "You are welcome! Ask any time.",
         "hello": "Hello! I am Visior: I answer questions about your documents and the "
@@ -212,6 +224,11 @@ _NAMED = re.compile(r"%\w|(?<![\w%])\d*[A-Za-z][\w.+#%-]*[A-Za-z0-9+#]")
 
 _HYPHEN_FORMS = str.maketrans({"\u2010": "-", "\u2011": "-", "\u00ad": None})
 """Unicode hyphens as the ASCII one, and no soft hyphens (PDF text keeps them inside words)."""
+
+
+_LATIN = frozenset(string.ascii_lowercase)
+_WORD_CHARS = _LATIN | frozenset(string.digits)
+"""What a word of text is made of when names are looked for in it (`_found`)."""
 
 
 _ANSWER_LANGUAGE_NAMES = frozenset({"english", "russian"})
@@ -264,14 +281,32 @@ def _plain(text: str) -> str:
     return text.translate(_HYPHEN_FORMS).lower()
 
 
+def _word(term: str) -> str:
+    """A pattern matching `term` as a whole word of text (`_found`)."""
+    word = re.escape(term)
+    ending = ""
+    if term[-1] in _LATIN:
+        if term.endswith("y"):
+            word = f"(?:{word}|{re.escape(term[:-1])}ies)"
+        ending = "(?:e?s|[0-9]+)?"
+    before = "(?<![a-z0-9])" if term[0] in _WORD_CHARS else ""
+    after = "(?![a-z0-9])" if term[-1] in _WORD_CHARS else ""
+    return before + word + ending + after
+
+
 def _found(term: str, plain: str, joined: str) -> bool:
-    """Whether `term` occurs in the text read (`plain`, and `joined`: the same without
-    hyphens): as written, or, as a whole word, with its hyphens dropped or added ("Wi-Fi" in
-    "WiFi", "email" in "e-mail"; not "A-B" in "table")."""
-    if term in plain:
+    """Whether `term` occurs as a whole word in the text read (`plain`, and `joined`: the same
+    without hyphens): as written, or with its hyphens dropped or added ("Wi-Fi" in "WiFi",
+    "email" in "e-mail"; not "A-B" in "table"). Only Latin letters and digits make up a word:
+    a name inside another is not found ("Git" in "digit", "Excel" in "excellent", "AWS" in
+    "laws"), one beside any other character is ("Kafka's", "Kafka-based", and the Cyrillic
+    ending Russian text gives a Latin name: "Kafka-кластер", "SAPом"). A term ending in a
+    letter is found with an English plural ending too ("APIs", "boxes", "proxies") or a
+    version number ("python3"). The terms are Latin-script names (`named_terms`), so the
+    inflection of Russian words is not at stake: no Cyrillic word is a term."""
+    if re.search(_word(term), plain):
         return True
-    bare = re.escape(term.replace("-", ""))
-    return re.search(rf"(?<![a-z0-9]){bare}(?![a-z0-9])", joined) is not None
+    return re.search(_word(term.replace("-", "")), joined) is not None
 
 
 def missing_terms(question: str, texts: Sequence[str]) -> list[str]:
@@ -360,19 +395,27 @@ def _where(r: Reading, t: dict[str, str]) -> str:
     return t["pages_count"].format(r.page_count) if r.page_count else ""
 
 
-def _reading_from_tool(content: ToolContent) -> Reading | None:
+def _readings_from_tool(content: ToolContent) -> list[Reading]:
+    """The text a read tool returned: one reading per delimited block when each block names
+    its own pages (read_doc_pages: a block a page), so a quote cites the page it is on; else
+    one reading of all the text over the result's pages."""
     texts = [b for b in content.texts if b.text.strip()]
     if not texts:
-        return None
+        return []
     r = content.result
     first = texts[0].attrs
     doc_id = str(r.get("doc_id") or r.get("document_id") or first.get("doc_id", ""))
+    title = str(r.get("title") or "")
+    pages = [parse_pages(b.attrs.get("pages", "")) for b in texts]
+    if len(texts) > 1 and all(start for start, _ in pages):
+        return [
+            Reading(doc_id, title, b.text, start, end)
+            for b, (start, end) in zip(texts, pages, strict=True)
+        ]
     start, end = _int(r.get("page_start")), _int(r.get("page_end"))
-    if not start and "pages" in first:
-        start, end = parse_pages(first["pages"])
-    return Reading(
-        doc_id, str(r.get("title") or ""), "\n\n".join(b.text for b in texts), start, end or start
-    )
+    if not start:
+        start, end = pages[0]
+    return [Reading(doc_id, title, "\n\n".join(b.text for b in texts), start, end or start)]
 
 
 def _readings_from_blocks(blocks: Sequence[DelimitedText]) -> list[Reading]:
@@ -449,6 +492,8 @@ class _Results:
     searched: bool = False
     data: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+    """Why each failed read of a section failed (its error message, else its code)."""
 
 
 def _hit_readings(result: dict[str, Any], texts: Sequence[DelimitedText]) -> list[Reading]:
@@ -490,8 +535,11 @@ def gather(messages: Sequence[ChatMessage]) -> _Results:
             continue
         name = content.name or m.name
         if not content.ok:
-            if name not in READ_TOOLS:
-                out.failures.append((name, content.error_message or content.error_code))
+            why = content.error_message or content.error_code
+            if name in READ_TOOLS:
+                out.unread.append(why)
+            else:
+                out.failures.append((name, why))
             continue
         result = fill_placeholders(content.result, content.texts)
         if name == LOAD_DOCUMENTS_FULL:
@@ -503,8 +551,8 @@ def gather(messages: Sequence[ChatMessage]) -> _Results:
             out.kb = (out.kb or []) + _hit_readings(result, content.texts)
         elif name in (FETCH_CBR_DATA, FETCH_FINANCE_NEWS):
             out.data.append((name, result))
-        elif (reading := _reading_from_tool(content)) is not None:
-            out.documents.append(reading)
+        else:
+            out.documents += _readings_from_tool(content)
     return out
 
 
@@ -575,6 +623,12 @@ class _Composer:
 
     def nothing(self, key: str) -> None:
         self.answer.summary.append(self.t[key])
+
+    def unread(self, why: str) -> None:
+        """Say the documents could not be read (`why`: the last failed read's error), and
+        what the answer rests on instead: the passages quoted, if any."""
+        key = "unread_partly" if self.answer.quoted else "unread"
+        self.answer.summary.append(self.t[key].format(why.rstrip(".")))
 
     # --- external data ----------------------------------------------------------------
 
@@ -805,13 +859,15 @@ def compose(question: str, messages: Sequence[ChatMessage], system: str = "") ->
             c.news(result)
     for name, message in results.failures:
         c.failed(name, message)
+    context = _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
+    if c.answer.empty and context:
+        c.passages(context)
+    if results.unread and not _has_read(messages):
+        c.unread(results.unread[-1])
     if c.answer.empty:
         tried = any(m.role == "assistant" and m.tool_calls for m in messages)
         questions = clarification_questions(system)
-        context = _readings_from_blocks(delimited_blocks(system, CONTEXT_KIND))
-        if context:
-            c.passages(context)
-        elif questions:
+        if questions:
             c.answer.summary.append(
                 c.t["clarify"] + "\n\n" + "\n".join(f"- {q}" for q in questions)
             )
@@ -892,6 +948,21 @@ def _question(messages: Sequence[ChatMessage]) -> str:
     return ""
 
 
+def _failed_in_a_row(messages: Sequence[ChatMessage]) -> int:
+    """The responder's own tool calls that failed since the last call that did not fail: what
+    the loop counts towards its abort (a failed planned call of the caller's does not count)."""
+    n = 0
+    for m in messages:
+        c = parse_tool_content(m.content) if m.role == "tool" else None
+        if c is None:
+            continue
+        if c.ok:
+            n = 0
+        elif m.tool_call_id.startswith(_CALL_ID_PREFIX):
+            n += 1
+    return n
+
+
 def _tried(anchor: Anchor, asked: list[dict[str, Any]]) -> bool:
     return any(
         a.get("doc_id") == anchor.doc_id
@@ -908,6 +979,15 @@ class ExtractiveRuntime:
 
     name = EXTRACTIVE
     extractive = True
+
+    def __init__(self, *, max_consecutive_tool_errors: int | None = None) -> None:
+        """`max_consecutive_tool_errors`: the loop's limit of that name (LoopSettings), the
+        tool errors in a row that abort a request; the responder's own failed reads stop one
+        short of it. Not given, it stops after one failed read, short of any limit above one.
+        (Under a limit of one, the first failure aborts whatever the responder does.)"""
+        limit = max_consecutive_tool_errors
+        self._failures_allowed = 1 if limit is None else max(1, limit - 1)
+        """Own failed reads in a row after which the responder answers from what it has."""
 
     async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
         """The next move: a tool call, or the answer."""
@@ -940,7 +1020,12 @@ class ExtractiveRuntime:
                     except json.JSONDecodeError:
                         args = {}
                     reads.append(args if isinstance(args, dict) else {})
-        if not _has_read(messages) and tools and len(reads) < MAX_SECTIONS_TRIED:
+        if (
+            not _has_read(messages)
+            and tools
+            and len(reads) < MAX_SECTIONS_TRIED
+            and _failed_in_a_row(messages) < self._failures_allowed
+        ):
             read = self._next_read(system, {t.name for t in tools}, reads, calls)
             if read is not None:
                 return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
@@ -959,7 +1044,7 @@ class ExtractiveRuntime:
         for anchor in anchors:
             if not anchor.doc_id or _tried(anchor, asked):
                 continue
-            call_id = f"extractive-{calls + 1}"
+            call_id = f"{_CALL_ID_PREFIX}{calls + 1}"
             if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in names:
                 args = {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id}
                 return ToolCall(call_id, READ_CHUNK_WINDOW, json.dumps(args, ensure_ascii=False))

@@ -16,8 +16,11 @@ How a run stops:
 - `max_tool_steps` calls executed (the server's MAX_TOOL_STEPS, or fewer if the policy asks),
   or the same call repeated (runaway): the tools are withdrawn and the model is asked once
   more for the answer; if it still calls a tool, LLM_LIMIT_EXCEEDED ("Tool-call limit");
-- two tool errors in a row (a refused call or a tool that failed): LLM_LIMIT_EXCEEDED;
-- the token budget spent (services/llm/budget.py): LLM_LIMIT_EXCEEDED;
+- two tool errors in a row (a refused call or a tool that failed): a downstream failure, by
+  the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED (429), else LLM_RUNTIME_ERROR for
+  calls the loop refused, UPSTREAM_UNAVAILABLE for a tool that failed (502);
+- the token budget spent (services/llm/budget.py), or no room left for the answer's least
+  share beside the loop's notes (MIN_ANSWER_TOKENS): LLM_LIMIT_EXCEEDED;
 - the watchdog (the whole request, LoopSettings.watchdog_s or the caller's time left):
   LLM_RUNTIME_ERROR ("Model timeout", llm-service.md §9.1), 502;
 - a runtime failure: its own error, as the runtime raised it (LLM_RUNTIME_ERROR).
@@ -37,7 +40,7 @@ from services.common import errors
 from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
-from services.common.tool_contract import EXTERNAL_TOOLS
+from services.common.tool_contract import EXTERNAL_TOOLS, RATE_LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE
 from services.llm import prompt as prompts
 from services.llm.budget import (
     TokenBudget,
@@ -65,6 +68,7 @@ from services.llm.toolcalls import (
     Approved,
     CallGate,
     error_message,
+    refused_record,
     render_result,
     result_message,
     summarise,
@@ -90,9 +94,16 @@ TOOL_RESULT_MESSAGE_TOKENS = 64
 """Room kept for what a tool result's message adds around its text (role, tool name, call
 id): 12-34 tokens measured for the tools with call ids of up to 24 random characters (the
 runtime client's own and OpenAI-style ones)."""
+MIN_ANSWER_TOKENS = 128
+"""The least of its share the loop's notes (the answer language, the request for the final
+answer) leave an answer, or half the share when that is less: the notes come out of the
+answer's share down to it, then out of a tool result's room; a call that cannot keep it is
+refused (LLM_LIMIT_EXCEEDED) rather than sent for a few tokens of answer."""
 MIN_TOOL_RESULT_ROOM = MIN_TOOL_RESULT_TOKENS + TOOL_RESULT_MESSAGE_TOKENS
 """What LLM_SERVICE_MAX_TOTAL_TOKENS must leave past MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS
 so that one minimal tool result fits (services/llm/config.py refuses to start otherwise)."""
+TOOLS_DOWNSTREAM = "toolsproxy"
+"""The `downstream` an abort for failed tool calls names (services/llm/tools_client.py's)."""
 CANCELLED = "CANCELLED"
 INTERNAL = "INTERNAL"
 
@@ -208,9 +219,10 @@ class ToolLoop:
     async def run(
         self, req: GenerateInput, sink: EventSink | None = None, *, timeout_s: float | None = None
     ) -> GenerateOutput:
-        """Generate the answer to `req` (already validated). `sink` gets answer deltas and
-        executed tool calls as they happen (the runtime is then streamed); `timeout_s` is
-        the caller's time left, which shortens the watchdog."""
+        """Generate the answer to `req` (already validated). `sink` gets each step's text
+        as it is streamed and a tool_call event for each tool call, executed or refused, which
+        ends its step: the answer is the text after the last one. `timeout_s` is the caller's
+        time left, which shortens the watchdog."""
         return await _Run(self, req, _Sink(sink), timeout_s).go()
 
 
@@ -261,13 +273,16 @@ class _Run:
         """Whether the runtime is the built-in extractive responder, which keeps the loop's
         rules itself (services/llm/extractive.py)."""
         self.language_note = prompts.language_note(req.answer_language, last_question(req.messages))
-        """Sent as the last message of every call, never kept in the conversation."""
-        self.note_tokens = (
-            message_tokens(loop.tokenizer, self.language_note) if self.language_note else 0
-        )
-        """Tokens of the loop's notes riding on top of the conversation (the language note,
-        and what of the final-answer note the conversation has no room for): taken from the
-        conversation's room left, then from the answer's share."""
+        """Closes every call (`_sent`), never kept in the conversation."""
+        self.final_note: ChatMessage | None = prompts.final_answer_note() if self.offered else None
+        """The final-answer note until the tools are withdrawn and it closes the conversation."""
+        self.note_overflow = 0
+        """What of the final-answer note the conversation had no room for: it rides on the
+        conversation with the language note (`_answer_tokens`)."""
+        self.min_answer = min(MIN_ANSWER_TOKENS, max(1, completion // 2))
+        """The least of its share the notes leave the answer."""
+        self.riding = 0
+        """Tokens of the notes riding on the conversation in the latest call."""
         self.final_prompt = 0
         """The last call's prompt tokens, as the runtime reported them."""
 
@@ -301,22 +316,14 @@ class _Run:
     async def _go(self) -> GenerateOutput:
         messages = self._prompt()
         self.budget.start(messages, self.offered)
+        self._fit_language_note(messages)
         await self._planned(messages)
-        noted = False
         while True:
-            if self.closed and self.offered and not noted:
-                note = prompts.final_answer_note()
-                messages.append(note)
-                self.note_tokens += self.budget.add_note(note)
-                noted = True
+            if self.closed and self.final_note is not None:
+                messages[:] = self._close_tools(messages, self.final_note)
             # Withdrawn tools stay in the prompt (tool_choice "none"): each step then extends
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
-            # The language note rides on top of the conversation, and so does the part of the
-            # final-answer note the conversation has no room left for: they take what room the
-            # conversation has left, and only the rest comes out of the answer's share, so the
-            # whole call fits the total budget however much the tool results took.
-            share = self.budget.before_call()
-            max_tokens = max(1, share - max(0, self.note_tokens - self.budget.room()))
+            max_tokens = self._answer_tokens(messages)
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
@@ -340,6 +347,7 @@ class _Run:
                 reported_prompt=completion.prompt_tokens,
                 reported_completion=completion.completion_tokens,
                 completion_estimate=estimate,
+                notes=self.riding,
             )
             self.model_name = completion.model or self.model_name
             if log.isEnabledFor(logging.DEBUG):
@@ -373,6 +381,92 @@ class _Run:
             if self.steps >= self.max_steps:
                 self.closed = True
 
+    # --- the loop's notes ------------------------------------------------------------------
+    # The language note and the part of the final-answer note the conversation has no room
+    # for ride on the conversation: they take what the total budget leaves past it and the
+    # answer's share, then that share down to `min_answer`; a tool result's room leaves them
+    # the rest. So every call fits LLM_SERVICE_MAX_TOTAL_TOKENS with an answer of at least
+    # `min_answer` tokens, however much the tool results took.
+
+    def _merges(self) -> bool:
+        """Whether a note joins a last user turn (`prompts.with_note`): not for the extractive
+        responder, which reads the notes as turns of their own (no chat template there)."""
+        return not self.extractive
+
+    def _sent(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """`messages` as a call sends them: closed by the language note."""
+        note = self.language_note
+        if note is None:
+            return messages
+        return prompts.with_note(messages, note) if self._merges() else [*messages, note]
+
+    def _noted(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """`messages` with the language note as a turn of its own, as the extractive
+        responder's readers (ungrounded_terms, answer_without_model) take a conversation."""
+        return messages if self.language_note is None else [*messages, self.language_note]
+
+    def _language_tokens(self, messages: list[ChatMessage]) -> int:
+        """Tokens the language note adds to `messages` as a call sends them."""
+        sent = self._sent(messages)
+        tok = self.loop.tokenizer
+        if len(sent) > len(messages):
+            return message_tokens(tok, sent[-1])
+        return max(0, message_tokens(tok, sent[-1]) - message_tokens(tok, messages[-1]))
+
+    def _spare(self) -> int:
+        """Tokens the notes may ride on besides the conversation's room: the total budget's
+        past the caller's context budget, and the answer's share down to `min_answer`."""
+        b = self.budget
+        return b.notes_room() - b.room() + b.max_completion_tokens - self.min_answer
+
+    def _fit_language_note(self, messages: list[ChatMessage]) -> None:
+        """Keep the language note that repeats the question only when it fits beside the
+        first prompt; else it names the language alone."""
+        if self.language_note is None:
+            return
+        if self._language_tokens(messages) > self.budget.room() + self._spare():
+            self.language_note = prompts.language_note(self.req.answer_language)
+
+    def _notes_reserve(self) -> int:
+        """Room a tool result leaves for the notes riding on the next call's conversation,
+        past what `_spare` holds of them: the language note (as a turn of its own: a tool
+        turn precedes it), and the final-answer note when this call takes the last step."""
+        tok = self.loop.tokenizer
+        riding = self.note_overflow
+        if self.language_note is not None:
+            riding += message_tokens(tok, self.language_note)
+        if self.final_note is not None and self.steps + 1 >= self.max_steps:
+            riding += message_tokens(tok, self.final_note)
+        return max(0, riding - self._spare())
+
+    def _close_tools(self, messages: list[ChatMessage], note: ChatMessage) -> list[ChatMessage]:
+        """`messages` closed by the final-answer note, counted into the conversation as far
+        as its room goes; the rest rides on it (`note_overflow`)."""
+        self.final_note = None
+        if not self._merges():
+            self.note_overflow += self.budget.add_note(note)
+            return [*messages, note]
+        closed = prompts.with_note(messages, note)
+        replaced = messages[-1] if len(closed) == len(messages) else None
+        self.note_overflow += self.budget.add_note(closed[-1], replaced)
+        return closed
+
+    def _answer_tokens(self, messages: list[ChatMessage]) -> int:
+        """The next call's max_tokens: the answer's share less what of the notes the total
+        budget has no room for; LLM_LIMIT_EXCEEDED when that leaves less than `min_answer`."""
+        share = self.budget.before_call()
+        riding = self.riding = self.note_overflow + self._language_tokens(messages)
+        max_tokens = share - max(0, riding - self.budget.notes_room())
+        if max_tokens < self.min_answer:
+            raise limit_exceeded(
+                f"token budget spent: the conversation is {self.budget.conversation} tokens "
+                f"and the service's notes {riding}, which leaves {max(0, max_tokens)} tokens "
+                f"for the answer; at least {self.min_answer} are kept for it",
+                "max_total_tokens",
+                self.s.max_total_tokens,
+            )
+        return max_tokens
+
     def _tool_choice(self) -> str:
         if self.closed:
             return "none"
@@ -400,6 +494,7 @@ class _Run:
             limit=self.budget.prompt_limit,
             tokenizer=self.loop.tokenizer,
             render_chunk=prompts.render_chunk,
+            limit_name=self.budget.prompt_limit_name(),
         )
         return messages
 
@@ -418,10 +513,6 @@ class _Run:
             reason=LLM_RUNTIME_ERROR,
             metadata=errors.limit_metadata(self.watchdog, name="watchdog_s"),
         )
-
-    def _sent(self, messages: list[ChatMessage]) -> list[ChatMessage]:
-        """`messages` as a call sends them: with the closing language note."""
-        return messages if self.language_note is None else [*messages, self.language_note]
 
     async def _call(
         self,
@@ -463,40 +554,66 @@ class _Run:
 
     # --- one tool call --------------------------------------------------------------------
 
-    def _refuse(self, call: ToolCall, code: str, message: str, *, counts: bool) -> ChatMessage:
+    async def _refuse(
+        self, call: ToolCall, code: str, message: str, *, counts: bool
+    ) -> ChatMessage:
+        """The tool_error a refused call is answered with. The stream gets a tool_call event
+        for it, as for an executed call: the event ends the step whose text was streamed."""
         log.info(
             "tool call refused",
             extra={"tool": call.name, "code": code, "trace_id": self.req.trace_id},
         )
+        record = refused_record(call, code, message)
+        await self.sink.tool_call(record)
         if counts:
-            self._failed(call.name, code)
+            self._failed(record.name, code, refused=True)  # the name as a status can carry it
         return error_message(call.id, call.name, code, message)
 
-    def _failed(self, name: str, code: str) -> None:
+    def _failed(self, name: str, code: str, *, refused: bool) -> None:
+        """Count a tool error; the one that makes `max_consecutive_tool_errors` in a row
+        aborts the request (llm-service.md §9.2) with the status of the last error.
+
+        The request was within its limits (§9.3's LLM_LIMIT_EXCEEDED is not this): a rate
+        limit is a 429 the caller can wait out (RESOURCE_EXHAUSTED, RATE_LIMIT_EXCEEDED);
+        calls the loop refused are the model failing at its task (LLM_RUNTIME_ERROR, as §9.1's
+        model errors); any other failed call is the tools failing it (UPSTREAM_UNAVAILABLE).
+        Both are 502s. A tool's NOT_FOUND or ACCESS_DENIED is not passed on as the caller's
+        404 or 403: the missing document may be one the model named, the caller's request names
+        nothing missing, and the Orchestrator would pass a 404 on as its own. The tool's code
+        is in the metadata (`tool_error`), and ToolsProxy is its `downstream` when a tool
+        failed."""
         self.errors_in_a_row += 1
-        if self.errors_in_a_row >= self.s.max_consecutive_tool_errors:
-            raise limit_exceeded(
-                f"{self.errors_in_a_row} tool errors in a row; the last: {name} {code}",
-                "max_consecutive_tool_errors",
-                self.s.max_consecutive_tool_errors,
-                tool=name,
-                tool_error=code,
-            )
+        if self.errors_in_a_row < self.s.max_consecutive_tool_errors:
+            return
+        message = f"{self.errors_in_a_row} tool errors in a row; the last: {name} {code}"
+        metadata = {
+            **errors.limit_metadata(
+                self.s.max_consecutive_tool_errors, name="max_consecutive_tool_errors"
+            ),
+            "tool": name,
+            "tool_error": code,
+        }
+        if refused:
+            raise errors.UnavailableError(message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
+        metadata["downstream"] = TOOLS_DOWNSTREAM
+        if code == RATE_LIMIT_EXCEEDED:
+            raise errors.ResourceExhaustedError(message, metadata=metadata)
+        raise errors.UnavailableError(message, reason=UPSTREAM_UNAVAILABLE, metadata=metadata)
 
     async def _tool(self, call: ToolCall) -> ChatMessage:
         if self.closed or self.steps >= self.max_steps:
             self.closed = True
-            return self._refuse(
+            return await self._refuse(
                 call, TOOL_LIMIT_REACHED,
                 f"no more tool calls in this request (at most {self.max_steps})", counts=False,
             )  # fmt: skip
         verdict = self.gate.review(call)
         if not isinstance(verdict, Approved):
-            return self._refuse(call, verdict.code, verdict.message, counts=True)
+            return await self._refuse(call, verdict.code, verdict.message, counts=True)
         if self.gate.is_repeat(verdict):
             # A runaway loop: the answer to this exact call is already in the conversation.
             self.closed = True
-            return self._refuse(
+            return await self._refuse(
                 call, REPEATED_CALL,
                 f"{verdict.name} was already called with these arguments; its result is above",
                 counts=False,
@@ -509,9 +626,9 @@ class _Run:
         """Execute an approved call within the budget; its result (or tool_error) message.
         `share`: the calls (this one included) still to be fed from the room left, so a
         first planned result cannot crowd out the next."""
-        room = min(self.budget.room() // share, self.s.max_tool_result_tokens) - message_tokens(
-            self.loop.tokenizer, result_message(call.id, call.name, "")
-        )
+        room = min(
+            (self.budget.room() - self._notes_reserve()) // share, self.s.max_tool_result_tokens
+        ) - message_tokens(self.loop.tokenizer, result_message(call.id, call.name, ""))
         if room < self.s.min_tool_result_tokens:
             raise limit_exceeded(
                 f"token budget spent: {max(room, 0)} tokens left for a tool result, the "
@@ -538,7 +655,7 @@ class _Run:
         if result.status == "ok":
             self.errors_in_a_row = 0
         elif not planned:
-            self._failed(verdict.name, result.error_code)
+            self._failed(verdict.name, result.error_code, refused=False)
         return message
 
     # --- the caller's planned calls -------------------------------------------------------
@@ -684,12 +801,12 @@ class _Run:
             return []
         if self.extractive:
             return []
-        return ungrounded_terms(self._sent(messages))
+        return ungrounded_terms(self._noted(messages))
 
     async def _withhold(self, messages: list[ChatMessage], terms: list[str]) -> GenerateOutput:
         """The extractive answer in place of the model's, which named none of `terms` from
         the text read: it says the documents do not answer and quotes what was read."""
-        answer = answer_without_model(self._sent(messages))
+        answer = answer_without_model(self._noted(messages))
         log.info(
             "answer withheld",
             extra={"model": self._model_name(), "terms": terms, "trace_id": self.req.trace_id},

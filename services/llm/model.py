@@ -110,7 +110,8 @@ class ToolRunner(Protocol):
 
 
 class EventSink(Protocol):
-    """Receives streaming events: answer deltas and executed tool calls."""
+    """Receives streaming events: each step's text and a tool call event, executed or refused,
+    for each of its tool calls (which ends the step)."""
 
     async def delta(self, text: str) -> None: ...
 

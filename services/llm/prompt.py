@@ -17,6 +17,7 @@ services/common/untrusted.py's; the anchor line is services/common/prompt_limits
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from services.common.prompt_limits import MAX_LISTED_ANCHORS, anchor_line, parse_anchor_line
 from services.common.untrusted import DelimitedText as DelimitedText
@@ -72,7 +73,7 @@ FINAL_ANSWER_NOTE = (
     "[Visior service] No more tool calls are available in this request. Answer the question "
     "now from the text you already have, without calling tools."
 )
-"""Appended as a user turn when the loop withdraws the tools (step limit, repeated call)."""
+"""Closes the conversation when the loop withdraws the tools (step limit, repeated call)."""
 SERVICE_NOTE_PREFIX = "[Visior service]"
 
 
@@ -164,7 +165,7 @@ QUESTION_NOTES = {
     "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке на вопрос: ",
     "en": f"{SERVICE_NOTE_PREFIX} Answer in English the question: ",
 }
-"""The last message of every model call when the caller names the answer's language: a small
+"""What closes every model call (`with_note`) when the caller names the answer's language: a small
 model answers in the language of the text it read last (a tool result, an English prompt)
 unless the instruction comes after it, and asked for the language alone it may answer that
 ("Вот ответ на русском языке:") and stop; the note therefore ends with the question
@@ -172,7 +173,9 @@ unless the instruction comes after it, and asked for the language alone it may a
 than MAX_RESTATED_QUESTION_CHARS. Sent, never kept: the next call's prompt still extends the
 previous one up to this note, so the runtime's prompt cache loses only its few tokens."""
 MAX_RESTATED_QUESTION_CHARS = 500
-"""The longest question the language note repeats; its tokens come out of the answer's."""
+"""The longest question the language note repeats. The note rides on the conversation
+(services/llm/loop.py): a question whose note the total budget has no room for gets the
+language alone too."""
 
 
 def language_note(language: str, question: str = "") -> ChatMessage | None:
@@ -197,8 +200,19 @@ def noted_language(notes: Sequence[str]) -> str:
 
 
 def final_answer_note() -> ChatMessage:
-    """The user turn that asks for the final answer once the tools are withdrawn."""
+    """The note that asks for the final answer once the tools are withdrawn (`with_note`
+    closes the conversation with it)."""
     return ChatMessage("user", FINAL_ANSWER_NOTE)
+
+
+def with_note(messages: Sequence[ChatMessage], note: ChatMessage) -> list[ChatMessage]:
+    """`messages` closed by the loop's `note` (a user turn): appended to the last message's
+    text after a blank line when that is a user turn, else as a message of its own. Strict
+    chat templates (Mistral, Llama 2, Gemma) refuse two user turns in a row."""
+    if messages and messages[-1].role == "user":
+        last = messages[-1]
+        return [*messages[:-1], replace(last, content=f"{last.content}\n\n{note.content}")]
+    return [*messages, note]
 
 
 def is_service_note(message: ChatMessage) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.generate_contract import failed_call_summary
+from services.common.generate_contract import ToolCallRecord, failed_call_summary
 from services.common.tokenizer import Tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
@@ -58,6 +58,13 @@ TOOL_LIMIT_REACHED = "TOOL_LIMIT_REACHED"
 
 MAX_ARGUMENTS_CHARS = 8192
 """Longer argument text is refused before parsing (a runaway generation, not a call)."""
+MAX_REFUSED_NAME_CHARS = 64
+"""A refused call's tool name is reported cut to this (the longest function name the OpenAI
+API accepts): a model may write any text there."""
+MIN_CUT_TEXT_TOKENS = 8
+"""A tool result's text is cut to the room left only when at least this many of its tokens
+remain; with less it is left out whole (a marker pair with a word or two in it tells the
+model nothing)."""
 MAX_ARGUMENTS_DEPTH = 20
 """Deeper nesting is refused: tool arguments are flat, and ToolsProxy's request (a Struct,
 three protobuf levels per JSON level) must stay within protobuf's 100-level limit."""
@@ -289,6 +296,33 @@ def error_message(call_id: str, name: str, code: str, message: str) -> ChatMessa
     return ChatMessage("tool", error_content(name, code, message), tool_call_id=call_id, name=name)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _wire_text(text: str, max_chars: int | None = None) -> str:
+    """`text` as a proto string carries it: valid UTF-8 (an unpaired surrogate a model's
+    JSON escaped becomes U+FFFD), at most `max_chars` characters."""
+    text = _SURROGATE.sub("\ufffd", text)
+    if max_chars is not None and len(text) > max_chars:
+        return text[: max_chars - 1] + "…"
+    return text
+
+
+def refused_record(call: ToolCall, code: str, message: str) -> ToolCallRecord:
+    """The stream's tool_call event of a call the loop refused: the tool as the model named it
+    (MAX_REFUSED_NAME_CHARS at most), its arguments when they are a JSON object ToolsProxy's
+    request could carry (else none), and the tool_error the model gets back."""
+    try:
+        arguments = parse_arguments(call.arguments)
+    except ValueError:
+        arguments = {}
+    return ToolCallRecord(
+        _wire_text(call.name, MAX_REFUSED_NAME_CHARS),
+        arguments,
+        _wire_text(failed_call_summary(code, message)),
+    )
+
+
 @dataclass(frozen=True)
 class RenderedResult:
     """A tool result as message content, and whether its texts were cut to the budget."""
@@ -343,25 +377,65 @@ def fill_placeholders(value: Any, texts: Sequence[DelimitedText]) -> Any:
     return value
 
 
-def _cut_block(block: str, max_tokens: int, tokenizer: Tokenizer) -> str:
+def _cut_block(block: str, max_tokens: int, tokenizer: Tokenizer) -> str | None:
+    """`block` cut to `max_tokens` with its markers kept; None when fewer than
+    MIN_CUT_TEXT_TOKENS of its text would remain."""
     head, _, rest = block.partition("\n")
     inner, _, tail = rest.rpartition("\n")
     frame = tokenizer.count(head) + tokenizer.count(tail) + 2
-    kept = tokenizer.truncate(inner, max(0, max_tokens - frame)).rstrip()
+    if max_tokens - frame < MIN_CUT_TEXT_TOKENS:
+        return None
+    kept = tokenizer.truncate(inner, max_tokens - frame).rstrip()
     return f"{head}\n{kept}…\n{tail}"
 
 
-def _cut_blocks(blocks: list[str], budget: int, tokenizer: Tokenizer) -> list[str]:
-    out: list[str] = []
-    for block in blocks:
-        cost = tokenizer.count(block) + 1
+def _fit_blocks(blocks: Sequence[str], budget: int, tokenizer: Tokenizer) -> dict[int, str]:
+    """The blocks kept within `budget` tokens, by index: each whole while it fits; the first
+    that does not is cut to the room left when enough of its text fits, and spends it;
+    a block that neither fits nor can be cut is left out, and a later, shorter one may fit."""
+    kept: dict[int, str] = {}
+    for i, block in enumerate(blocks):
+        cost = count_tokens(tokenizer, block) + 1
         if cost <= budget:
-            out.append(block)
+            kept[i] = block
             budget -= cost
-        else:
-            out.append(_cut_block(block, budget, tokenizer))
-            budget = 0
-    return out
+            continue
+        cut = _cut_block(block, budget, tokenizer)
+        if cut is not None:
+            kept[i] = cut
+            return kept
+    return kept
+
+
+def _renumbered(value: Any, numbers: Mapping[int, int]) -> Any:
+    """A result header with each `[text N below]` placeholder renumbered to `numbers[N]`,
+    or emptied when text N was left out."""
+    if isinstance(value, dict):
+        return {k: _renumbered(v, numbers) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renumbered(v, numbers) for v in value]
+    if isinstance(value, str):
+        m = _PLACEHOLDER_RE.fullmatch(value)
+        if m:
+            n = numbers.get(int(m.group(1)))
+            return _PLACEHOLDER.format(n) if n else ""
+    return value
+
+
+def _cut_content(
+    header: dict[str, Any], texts: Sequence[str], kept: Mapping[int, str], compact: bool
+) -> str:
+    """The content of a result cut to `kept` texts: the header (its placeholders renumbered,
+    the texts left out counted) and the kept texts in order."""
+    order = sorted(kept)
+    numbers = {i + 1: rank + 1 for rank, i in enumerate(order)}
+    line: dict[str, Any] = {"tool_name": header["tool_name"], "status": "ok"}
+    if not compact:
+        line["result"] = _renumbered(header["result"], numbers)
+    line["truncated"] = True
+    if omitted := len(texts) - len(kept):
+        line["omitted"] = omitted
+    return "\n".join([json.dumps(line, ensure_ascii=False), *(kept[i] for i in order)])
 
 
 def render_result(
@@ -370,8 +444,11 @@ def render_result(
     """Result content within `max_tokens`: a JSON header line, then its texts as data.
 
     The header holds the result with each text replaced by `[text N below]`; the texts
-    follow in order, delimited. When the whole does not fit, texts are cut in order (the
-    markers stay) and the header says `"truncated": true`.
+    follow in order, delimited. When the whole does not fit, the texts are kept whole in
+    order while they fit, the first that does not is cut (its markers stay), and the texts
+    with no room left are left out whole: the header says `"truncated": true`, counts them
+    in `"omitted"`, and their placeholders are empty. A header whose metadata would crowd out
+    the text keeps only the tool's name, the status and those two fields.
     """
     texts: list[str] = []
     header: dict[str, Any] = {
@@ -383,19 +460,25 @@ def render_result(
     # Counted through the shared cache: the result message is counted again when added.
     if count_tokens(tokenizer, whole) <= max_tokens:
         return RenderedResult(whole, False, tuple(texts))
-    header["truncated"] = True
-    line = json.dumps(header, ensure_ascii=False)
-    if tokenizer.count(line) > max_tokens // 2:  # metadata alone would crowd out the text
-        line = json.dumps({"tool_name": name, "status": "ok", "truncated": True})
+    # The header line is priced as it reads with every text kept; leaving texts out changes
+    # it by a few tokens, which the loop below settles.
+    line = json.dumps({**header, "truncated": True}, ensure_ascii=False)
+    compact = tokenizer.count(line) > max_tokens // 2  # metadata would crowd out the text
+    if compact:
+        line = _cut_content(header, (), {}, compact)
     budget = max_tokens - tokenizer.count(line) - 1
-    content = line
-    for _ in range(4):  # token counts of joined text differ by a token or two: converge
-        content = "\n".join([line, *_cut_blocks(texts, budget, tokenizer)])
+    kept = _fit_blocks(texts, budget, tokenizer)
+    while True:
+        content = _cut_content(header, texts, kept, compact)
         over = tokenizer.count(content) - max_tokens
-        if over <= 0:
-            return RenderedResult(content, True, tuple(texts))
+        if over <= 0 or not kept:
+            break
+        # Token counts of joined text differ by a token or two from the parts' sum.
         budget -= over
-    return RenderedResult(tokenizer.truncate(line, max_tokens), True, tuple(texts))
+        kept = _fit_blocks(texts, budget, tokenizer)
+    if over > 0:  # not even the header line fits
+        content = tokenizer.truncate(content, max_tokens)
+    return RenderedResult(content, True, tuple(texts))
 
 
 def result_message(call_id: str, name: str, content: str) -> ChatMessage:

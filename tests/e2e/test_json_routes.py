@@ -532,7 +532,9 @@ def test_generate_stream(mesh: Mesh) -> None:
     assert "final" in events[-1]
     assert all("final" not in e for e in events[:-1])
     final = events[-1]["final"]
-    deltas = [e["delta"] for e in events if "delta" in e]
+    # A tool_call event ends a step: the answer is the deltas after the last one.
+    last_call = max((i for i, e in enumerate(events) if "tool_call" in e), default=-1)
+    deltas = [e["delta"] for e in events[last_call + 1 :] if "delta" in e]
     assert deltas and "".join(deltas) == final["answer"]
     tool_events = [e["tool_call"] for e in events if "tool_call" in e]
     assert [t["name"] for t in tool_events] == [t["name"] for t in final["tools_called"]]

@@ -151,3 +151,48 @@ def test_totals_take_the_runtimes_counts_else_the_estimate():
     b.record_call(reported_prompt=0, reported_completion=0, completion_estimate=7)
     b.record_call(reported_prompt=55, reported_completion=9, completion_estimate=7)
     assert (b.prompt_used, b.completion_used, b.calls) == (40 + 55, 7 + 9, 2)
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({}, "max_prompt_tokens"),
+        ({"max_total_tokens": 110}, "max_total_tokens"),
+        ({"context_token_budget": 60}, "context_token_budget"),
+    ],
+)
+def test_fit_prompt_names_the_limit_it_applied(kw, name):
+    """fit_prompt named max_prompt_tokens whatever set its limit (a context_token_budget of
+    100 was reported as max_prompt_tokens = 100)."""
+    b = budget(**kw)
+    assert b.prompt_limit_name() == name
+    bare = prompt_tokens(TOK, build(()))
+    with pytest.raises(errors.LimitExceededError) as info:
+        fit_prompt(build, CHUNKS, tools=(), limit=bare - 1, tokenizer=TOK,
+                   render_chunk=render_chunk, limit_name=b.prompt_limit_name())  # fmt: skip
+    assert info.value.metadata["limit_name"] == name
+    assert f"({name})" in info.value.message
+
+
+def test_the_notes_room_holds_the_total_past_a_context_budget():
+    b = budget(context_token_budget=60)
+    b.start(msgs_of(50), ())
+    assert b.room() == 10  # the caller's budget
+    assert b.notes_room() == 150 - 20 - 50  # what the total leaves past the answer's share
+    b2 = budget()
+    b2.start(msgs_of(50), ())
+    assert b2.notes_room() == b2.room() == 80
+
+
+def test_a_note_counted_into_a_turn_it_joins_counts_what_it_adds():
+    b = budget()
+    b.start(msgs_of(100), ())
+    question = ChatMessage("user", "How?")
+    joined = ChatMessage("user", "How?\n\n" + " x" * 10)
+    added = message_tokens(TOK, joined) - message_tokens(TOK, question)
+    assert 10 <= added < message_tokens(TOK, ChatMessage("user", " x" * 10))
+    assert b.add_note(joined, question) == 0 and b.conversation == 100 + added
+    # Past the room, the rest is returned (it rides on the conversation).
+    b.add(ChatMessage("tool", " x" * (b.room() - MESSAGE_OVERHEAD - 2), tool_call_id="c"))
+    left = b.room()
+    assert b.add_note(joined, question) == added - left and b.room() == 0

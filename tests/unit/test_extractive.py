@@ -17,6 +17,7 @@ from services.llm.extractive import (
     best_sentences,
     missing_terms,
     named_terms,
+    ungrounded_terms,
 )
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import (
@@ -56,12 +57,17 @@ def req(**kw: Any) -> GenerateInput:
     return GenerateInput(**{**base, **kw})
 
 
-def run(tools, r: GenerateInput, sink=None, **settings):
+def run(tools, r: GenerateInput, sink=None, runtime=None, **settings):
     loop = ToolLoop(
-        ExtractiveRuntime(), tools, READ_TOOL_SPECS, LoopSettings(**settings),
+        runtime or ExtractiveRuntime(), tools, READ_TOOL_SPECS, LoopSettings(**settings),
         clock=FakeClock(), tokenizer=default_tokenizer(),
     )  # fmt: skip
     return loop.run(r, sink)
+
+
+def told(limit: int) -> ExtractiveRuntime:
+    """The responder told the loop's limit of tool errors in a row."""
+    return ExtractiveRuntime(max_consecutive_tool_errors=limit)
 
 
 async def test_reads_the_window_around_the_best_anchor_then_quotes_it():
@@ -82,27 +88,83 @@ async def test_reads_the_window_around_the_best_anchor_then_quotes_it():
     assert out.prompt_tokens > 0 and out.completion_tokens > 0
 
 
-async def test_after_a_tool_error_it_reads_the_next_section():
+async def test_after_a_tool_error_it_reads_the_next_section_when_the_limit_allows():
     tools = FakeTools([TOOL_NOT_FOUND, window(text=TEXT)])
-    out = await run(tools, req())
+    out = await run(tools, req(), runtime=told(3), max_consecutive_tool_errors=3)
     assert [(c[0], c[1]) for c in tools.calls] == [
         ("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1", "radius": 2}),
         ("read_doc_section", {"doc_id": "guide", "section_id": "s2"}),
     ]
     assert out.tools_called[0].result_summary.startswith("tool_error NOT_FOUND")
-    assert "open Settings" in out.answer
+    assert "open Settings" in out.answer and "could not be read" not in out.answer
 
 
-async def test_two_failed_sections_abort_as_the_spec_says():
-    with pytest.raises(errors.LimitExceededError) as info:
-        await run(FakeTools([TOOL_NOT_FOUND, TOOL_NOT_FOUND]), req())
-    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+RATE_LIMITED = ToolResult(
+    "error", error_code="RATE_LIMIT_EXCEEDED", error_message="too many calls for t1:guide"
+)
 
 
-async def test_one_failed_section_and_nothing_else_answers_not_found():
+@pytest.mark.parametrize("failure", [TOOL_NOT_FOUND, RATE_LIMITED])
+@pytest.mark.parametrize("runtime", [ExtractiveRuntime, lambda: told(2)])
+async def test_failed_reads_never_reach_the_abort_of_tool_errors_in_a_row(failure, runtime):
+    # A document deleted after the search, or ToolsProxy's per-document rate limit: one
+    # failure short of the loop's limit (2), the responder stops reading and says so.
+    tools = FakeTools([failure, failure, window(text=TEXT)])
+    out = await run(tools, req(), runtime=runtime())
+    assert len(tools.calls) == 1
+    why = failure.error_message
+    assert out.answer == (
+        f"The documents could not be read ({why}), so this question cannot be answered from "
+        "them.\n\n_Composed without a language model (extractive)._"
+    )
+
+
+async def test_under_a_higher_limit_it_still_stops_one_failure_short():
+    tools = FakeTools([TOOL_NOT_FOUND] * 3)
+    policy = ToolPolicy(allowed_tools=BOTH, anchors=(*ANCHORS, Anchor("faq", "f1", "")))
+    out = await run(tools, req(policy=policy), runtime=told(3), max_consecutive_tool_errors=3)
+    assert len(tools.calls) == 2 and "could not be read (gone)" in out.answer
+    # Told a limit of one, no read can fail without the abort: nothing to keep under.
+    with pytest.raises(errors.UnavailableError):
+        await run(
+            FakeTools([TOOL_NOT_FOUND]), req(), runtime=told(1), max_consecutive_tool_errors=1
+        )
+
+
+async def test_a_failed_planned_read_does_not_count_towards_the_limit():
+    # The loop does not count a failed planned call; neither does the responder.
+    plan = (PlannedCall("read_doc_section", {"doc_id": "guide", "section_id": "s1"}),)
+    policy = ToolPolicy(allowed_tools=BOTH, anchors=ANCHORS, planned_calls=plan)
+    tools = FakeTools([TOOL_NOT_FOUND, window(text=TEXT)])
+    out = await run(tools, req(policy=policy))
+    assert len(tools.calls) == 2  # the plan's, then the responder's own
+    assert tools.calls[1][:2] == ("read_doc_section", {"doc_id": "guide", "section_id": "s2"})
+    assert "open Settings" in out.answer and "could not be read" not in out.answer
+
+
+async def test_one_failed_section_and_nothing_else_says_the_documents_could_not_be_read():
     policy = ToolPolicy(allowed_tools=BOTH, anchors=ANCHORS[:1])
     out = await run(FakeTools([TOOL_NOT_FOUND]), req(policy=policy))
-    assert out.answer == NOT_FOUND_EN and len(out.tools_called) == 1
+    assert len(out.tools_called) == 1
+    assert out.answer.startswith("The documents could not be read (gone), so this question")
+    assert out.answer != NOT_FOUND_EN  # the documents were not read: no "they do not answer"
+    question = (Turn("user", "Как настроить LDAP?"),)
+    out = await run(FakeTools([TOOL_NOT_FOUND]), req(policy=policy, messages=question))
+    assert out.answer == (
+        "Документы не удалось прочитать (gone), поэтому ответить на вопрос по ним нельзя."
+        "\n\n_Ответ составлен без языковой модели (extractive)._"
+    )
+
+
+async def test_a_failed_read_beside_the_context_quotes_the_context_and_says_so():
+    chunk = ContextChunk("guide", "s", "LDAP is set up in Settings. Other things.", 4, 4)
+    out = await run(FakeTools([TOOL_NOT_FOUND]), req(context_chunks=(chunk,)))
+    assert out.answer.startswith("**In short:** LDAP is set up in Settings.")
+    assert (
+        "The documents could not be read in full (gone): the answer rests on the passages the "
+        "search found." in out.answer
+    )
+    assert "- guide, p. 4" in out.answer
 
 
 async def test_only_read_doc_section_allowed_reads_the_section():
@@ -160,6 +222,48 @@ def test_quotes_page_texts_of_other_read_tools():
     ]
     answer = ExtractiveRuntime().respond(messages, ()).content
     assert "> LDAP settings are on page five." in answer and "(p. 5)" in answer
+
+
+def pages_read(pages: dict[int, str], question: str) -> str:
+    """The answer to `question` from one read_doc_pages result holding `pages`, each text
+    delimited as ToolsProxy delimits it (with its page)."""
+    result = {
+        "doc_id": "guide", "title": "Guide", "page_start": min(pages), "page_end": max(pages),
+        "pages": [
+            {"page": n, "text": wrap_untrusted(t, "DOCUMENT", {"doc_id": "guide", "pages": str(n)})}
+            for n, t in pages.items()
+        ],
+    }  # fmt: skip
+    content = render_result("read_doc_pages", result, default_tokenizer(), 2000).content
+    messages = [
+        ChatMessage("system", "s"),
+        ChatMessage("user", question),
+        ChatMessage("tool", content, tool_call_id="x", name="read_doc_pages"),
+    ]
+    return ExtractiveRuntime().respond(messages, ()).content
+
+
+PAGES = {
+    3: "Introduction to Orion X.",
+    4: "Installing the agent.",
+    5: "Backups run nightly.",
+    6: "To set up LDAP open Settings and choose Directory.",
+    7: "Troubleshooting.",
+}
+
+
+def test_a_quote_from_several_pages_read_cites_the_page_it_is_on():
+    answer = pages_read(PAGES, "How do I set up LDAP?")
+    assert answer.startswith("**In short:** To set up LDAP open Settings and choose Directory.")
+    assert "From “Guide” (p. 6):" in answer and "- “Guide” — guide, p. 6" in answer
+    assert "3–7" not in answer
+    # Sentences from two pages: each cited with its own.
+    answer = pages_read(
+        {**PAGES, 4: "Installing the agent needs LDAP credentials."}, "How do I set up LDAP?"
+    )
+    assert "From “Guide” (p. 4):\n\n> Installing the agent needs LDAP credentials." in answer
+    assert "From “Guide” (p. 6):\n\n> To set up LDAP open Settings" in answer
+    assert "- “Guide” — guide, p. 4" in answer and "- “Guide” — guide, p. 6" in answer
 
 
 def test_a_rendered_result_reads_back_as_it_was():
@@ -627,6 +731,77 @@ def test_missing_terms_are_the_ones_no_text_contains() -> None:
 )
 def test_names_are_found_written_with_or_without_hyphens(question, text, missing) -> None:
     assert missing_terms(question, [text]) == missing
+
+
+WORDS = (
+    "Orion X: enter your password and the 6-digit code. Reports use the average of the weeks "
+    "recorded; the rapid export runs on any machine and gives excellent results for alternative "
+    "setups in international offices. Plugins come from vendors you trust, it does not "
+    "overwhelm small clusters and it follows the laws of each region."
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "missing"),
+    [
+        ("How do I connect Orion X to Git?", ["git"]),  # 6-digit
+        ("Can Orion X export to Excel?", ["excel"]),  # excellent
+        ("Does Orion X integrate with Word?", ["word"]),  # password
+        ("Does Orion X run on a Mac?", ["mac"]),  # machine
+        ("Can Orion X run on EKS?", ["eks"]),  # weeks
+        ("Does Orion X have a RAG mode?", ["rag"]),  # average
+        ("Is there a REST API in Orion X?", ["rest", "api"]),  # rapid
+        ("How do I set up NAT in Orion X?", ["nat"]),  # alternative, international
+        ("Does Orion X support Rust plugins?", ["rust"]),  # trust
+        ("Can Orion X deploy with Helm?", ["helm"]),  # overwhelm
+        ("Is there an AWS integration in Orion X?", ["aws"]),  # laws
+        ("Как подключить Orion X к Git?", ["git"]),
+        ("Поддерживает ли Orion X Rust?", ["rust"]),
+    ],
+)
+def test_a_short_name_inside_another_word_is_missing(question, missing) -> None:
+    assert missing_terms(question, [WORDS]) == missing
+
+
+@pytest.mark.parametrize(
+    ("question", "text"),
+    [
+        ("How do I connect Orion X to Git?", "Orion X keeps its settings in Git."),
+        ("How do I connect Orion X to Git?", "Clone Orion X with git, then run make."),
+        ("Is there a REST API in Orion X?", "Orion X offers REST APIs for reports."),
+        ("Does Orion X run on a Mac?", "Orion X runs on Macs and on Linux."),
+        ("Does Orion X support an Index?", "Orion X keeps two indexes."),
+        ("Does Orion X need a Proxy?", "Orion X talks to the proxies of your network."),
+        ("How is Kafka tuned in Orion X?", "Orion X reads Kafka's topics."),
+        ("How is Kafka tuned in Orion X?", "Orion X reads Kafka\u2019s topics."),
+        ("Can Orion X run on EKS?", "Orion X runs on EKS-based clusters."),
+        ("Can Orion X deploy with Helm?", "Orion X ships a Helm chart (helm/orion-x)."),
+        ("Does Orion X support Python?", "Orion X needs python3 on the host."),
+        ("Is LDAP used by Orion X?", "Orion X reads LDAP_URL at start."),
+        # Russian text gives a Latin name a Cyrillic ending, glued or after a hyphen.
+        ("Как подключить Orion X к Kafka?", "Orion X подключается к Kafka-кластеру."),
+        ("Как подключить Orion X к SAP?", "Orion X подключается к SAPу по RFC."),
+        ("Как подключить Orion X к Git?", "Orion X хранит настройки в Gitе."),
+    ],
+)
+def test_a_name_is_found_as_a_word_its_plural_possessive_or_with_a_hyphen(question, text) -> None:
+    assert missing_terms(question, [text]) == []
+
+
+def test_a_models_answer_about_a_name_found_only_inside_another_word_is_withheld() -> None:
+    # The rule for a model's answer (ungrounded_terms) is the same: "Git" is not in "digit".
+    def read(text: str) -> list[ChatMessage]:
+        wrapped = wrap_untrusted(text, "DOCUMENT", {"doc_id": "guide", "pages": "3"})
+        result = {"doc_id": "guide", "title": "Orion X Admin Guide", "text": wrapped}
+        content = render_result("read_doc_section", result, default_tokenizer(), 500).content
+        return [
+            ChatMessage("system", "You are Visior."),
+            ChatMessage("user", "How do I connect Orion X to Git?"),
+            ChatMessage("tool", content, tool_call_id="c1", name="read_doc_section"),
+        ]
+
+    assert ungrounded_terms(read("Orion X asks for the 6-digit code at sign-in.")) == ["git"]
+    assert ungrounded_terms(read("Orion X pushes its settings to Git.")) == []
 
 
 async def test_an_english_question_answered_in_russian_is_answered_from_the_text():

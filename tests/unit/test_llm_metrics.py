@@ -20,9 +20,9 @@ from tests.unit.test_llm import WINDOW, FakeTools, req
 from tests.unit.test_loop import ScriptedRuntime, asks, call
 
 
-def metered(tools, registry: CollectorRegistry) -> LlmEngine:
+def metered(tools, registry: CollectorRegistry, runtime=None) -> LlmEngine:
     settings = LoopSettings(default_model="extractive")
-    loop = ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings)
+    loop = ToolLoop(runtime or ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings)
     return LlmEngine(loop, LlmMetrics(registry))
 
 
@@ -52,25 +52,29 @@ TWO_READS = ToolPolicy(
     allowed_tools=("read_chunk_window", "read_doc_section"),
     anchors=(Anchor("guide", "s1", "guide:c1"), Anchor("guide", "s2", "")),
 )
-"""The extractive responder reads the window, then (after an error) the next section."""
-LIMIT = "LLM_LIMIT_EXCEEDED"
+"""The extractive responder reads the window, then (after an error, when the loop's limit
+of errors in a row allows one more) the next section."""
+ABORTED = "UPSTREAM_UNAVAILABLE"
+"""The reason of the abort after two tool errors in a row that are not rate limits."""
 
 
 async def test_two_tool_errors_in_a_row_count_everywhere():
     registry = CollectorRegistry()
     tools = FakeTools([NOT_FOUND, NOT_FOUND])
-    with pytest.raises(errors.LimitExceededError) as info:
-        await metered(tools, registry).generate(req(policy=TWO_READS))
-    assert info.value.reason == LIMIT and len(tools.calls) == 2
-    assert sample(registry, "llm_requests_total", outcome=LIMIT) == 1
+    # A responder told a higher limit than the loop's 2 tries a second section: the abort.
+    runtime = ExtractiveRuntime(max_consecutive_tool_errors=3)
+    with pytest.raises(errors.UnavailableError) as info:
+        await metered(tools, registry, runtime).generate(req(policy=TWO_READS))
+    assert info.value.reason == ABORTED and len(tools.calls) == 2
+    assert sample(registry, "llm_requests_total", outcome=ABORTED) == 1
     assert sample(registry, "llm_requests_total", outcome="ok") == 0
-    assert sample(registry, "llm_latency_ms_count", outcome=LIMIT) == 1
+    assert sample(registry, "llm_latency_ms_count", outcome=ABORTED) == 1
     assert sample(registry, "llm_mcp_errors_total", code="NOT_FOUND") == 2
-    assert sample(registry, "llm_tool_call_count_total", outcome=LIMIT) == 2
+    assert sample(registry, "llm_tool_call_count_total", outcome=ABORTED) == 2
     # Two model calls were made before the abort: their tokens count (estimated, as the
     # extractive responder reports none).
-    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=LIMIT) > 0
-    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=LIMIT) > 0
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=ABORTED) > 0
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=ABORTED) > 0
 
 
 async def test_a_proxy_that_is_down_counts_as_a_tool_error_and_a_failed_request():

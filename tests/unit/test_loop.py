@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -102,8 +103,8 @@ class ScriptedRuntime:
 
     async def stream(self, request, *, timeout_s):
         completion = self._next(request.messages, request.tools, request.params, timeout_s)
-        for word in completion.content.split(" "):
-            yield StreamDelta(word + " ")
+        for word in re.findall(r"\S+\s*|\s+", completion.content):
+            yield StreamDelta(word)
         yield completion
 
 
@@ -130,12 +131,27 @@ class Events:
     def __init__(self) -> None:
         self.deltas: list[str] = []
         self.tools: list[ToolCallRecord] = []
+        self.order: list[str | ToolCallRecord] = []
+        """Every event in the order it came: a delta's text or a tool call's record."""
 
     async def delta(self, text: str) -> None:
         self.deltas.append(text)
+        self.order.append(text)
 
     async def tool_call(self, record: ToolCallRecord) -> None:
         self.tools.append(record)
+        self.order.append(record)
+
+    def answer(self) -> str:
+        """The deltas after the last tool_call event, joined: the answer as a stream's reader
+        takes it (GenerateStreamResponse.delta)."""
+        tail: list[str] = []
+        for event in self.order:
+            if isinstance(event, str):
+                tail.append(event)
+            else:
+                tail = []
+        return "".join(tail)
 
 
 def call(name: str, args: dict[str, Any] | str, id: str = "c1") -> ToolCall:
@@ -401,7 +417,8 @@ async def test_one_tool_step_executes_with_the_users_context_and_feeds_the_resul
     assert [r.name for r in out.tools_called] == ["read_chunk_window"]
     assert out.tools_called[0].result_summary.startswith("read 27 characters of guide (pp. 2–3)")
     assert events.tools == list(out.tools_called)
-    assert "".join(events.deltas).strip() == out.answer  # streamed through the sink
+    assert events.answer() == out.answer  # streamed through the sink
+    assert isinstance(events.order[-2], str) and events.order[0] == events.tools[0]
     # Tokens add up over both calls: nothing reported, so the loop counted them.
     assert out.prompt_tokens > 0 and out.completion_tokens > 0
 
@@ -423,19 +440,58 @@ async def test_tool_errors_are_fed_back_and_a_success_resets_the_count():
     assert out.tools_called[1].result_summary == "tool_error NOT_FOUND: gone"
 
 
-@pytest.mark.parametrize("first", [call("nope", {}), call("read_doc_section", {"doc_id": "x"})])
-async def test_two_tool_errors_in_a_row_abort(first):
-    rt = ScriptedRuntime(
-        [asks(first), asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"}))]
-    )
-    tools = FakeTools([NOT_FOUND])
+RATE_LIMITED = ToolResult("error", error_code="RATE_LIMIT_EXCEEDED", error_message="slow down")
+READ_S2 = call("read_doc_section", {"doc_id": "guide", "section_id": "s2"}, "c2")
+READ_F1 = call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "c3")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "results", "status", "reason", "tool_error"),
+    [
+        # A document gone since the search: the tools failed the request (502), not the
+        # caller (no 404: the caller named nothing missing), and not a limit (no 400).
+        (READ_F1, READ_S2, [NOT_FOUND, NOT_FOUND], errors.UNAVAILABLE, "UPSTREAM_UNAVAILABLE",
+         "NOT_FOUND"),
+        # ToolsProxy's rate limit: a 429 the caller can wait out, whatever came before it.
+        (READ_F1, READ_S2, [RATE_LIMITED, RATE_LIMITED], errors.RESOURCE_EXHAUSTED,
+         "RATE_LIMIT_EXCEEDED", "RATE_LIMIT_EXCEEDED"),
+        (call("nope", {}), READ_S2, [RATE_LIMITED], errors.RESOURCE_EXHAUSTED,
+         "RATE_LIMIT_EXCEEDED", "RATE_LIMIT_EXCEEDED"),
+        # A refusal of ToolsProxy's own (raised, not returned) counts the same.
+        (READ_F1, READ_S2,
+         [NOT_FOUND, errors.ResourceExhaustedError("limit", reason="RATE_LIMIT_EXCEEDED")],
+         errors.RESOURCE_EXHAUSTED, "RATE_LIMIT_EXCEEDED", "RATE_LIMIT_EXCEEDED"),
+        (call("nope", {}), READ_S2, [NOT_FOUND], errors.UNAVAILABLE, "UPSTREAM_UNAVAILABLE",
+         "NOT_FOUND"),
+        # Calls the loop refused: the model failed at its task (LLM_RUNTIME_ERROR, 502).
+        (READ_F1, call("nope", {}, "c2"), [NOT_FOUND], errors.UNAVAILABLE, "LLM_RUNTIME_ERROR",
+         UNKNOWN_TOOL),
+        (call("nope", {}), call("read_doc_section", {"doc_id": "x"}, "c2"), [],
+         errors.UNAVAILABLE, "LLM_RUNTIME_ERROR", INVALID_ARGUMENT),
+    ],
+)  # fmt: skip
+async def test_two_tool_errors_in_a_row_abort_with_the_last_errors_status(
+    first, second, results, status, reason, tool_error
+):
+    rt = ScriptedRuntime([asks(first), asks(second)])
+    tools = FakeTools(results)
     events = Events()
-    with pytest.raises(errors.LimitExceededError) as info:
+    with pytest.raises(errors.ServiceError) as info:
         await loop(rt, tools).run(req(), events)
-    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert not isinstance(info.value, errors.LimitExceededError)
+    assert (info.value.code, info.value.reason) == (status, reason)
     assert info.value.metadata["limit_name"] == "max_consecutive_tool_errors"
-    assert info.value.metadata["tool_error"] == "NOT_FOUND"
-    assert len(events.tools) == 1  # the executed failing call was still reported
+    assert info.value.metadata["limit"] == "2"
+    assert info.value.metadata["tool_error"] == tool_error
+    downstream = info.value.metadata.get("downstream")
+    assert downstream == (None if reason == "LLM_RUNTIME_ERROR" else "toolsproxy")
+    assert len(events.tools) == 2  # both calls, executed or refused, were reported
+
+
+async def test_one_tool_error_does_not_abort():
+    rt = ScriptedRuntime([asks(READ_F1), says("The section is gone.")])
+    out = await loop(rt, FakeTools([NOT_FOUND])).run(req())
+    assert out.answer == "The section is gone."
 
 
 async def test_a_proxy_refusal_is_a_tool_error_not_a_crash():
@@ -698,7 +754,7 @@ async def test_the_summary_line_names_the_failure(caplog):
     with pytest.raises(errors.ServiceError):
         await loop(rt, FakeTools()).run(req())
     summary = [r for r in caplog.records if r.getMessage() == "generate"]
-    assert len(summary) == 1 and summary[0].outcome == "LLM_LIMIT_EXCEEDED"
+    assert len(summary) == 1 and summary[0].outcome == "LLM_RUNTIME_ERROR"
     assert summary[0].step_ms == [0, 0] and summary[0].tool_ms == []
 
 
@@ -781,10 +837,14 @@ async def test_the_answer_language_closes_every_call_and_is_never_kept(language,
     out = await loop(rt, FakeTools(default=window())).run(request)
     assert out.answer == "ответ"
     first, second = (c["messages"] for c in rt.calls)
-    assert first[-1] == second[-1] == ChatMessage("user", note)
+    # After the question the note joins its turn (no two user turns in a row); after a tool
+    # turn it is a turn of its own.
+    assert first[-1] == ChatMessage("user", f"{asked}\n\n{note}")
+    assert second[-1] == ChatMessage("user", note)
     # The next call extends the previous one up to the note: the prompt cache keeps it all.
     assert second[: len(first) - 1] == first[:-1]
-    assert sum(m.content == note for m in second) == 1
+    assert second[len(first) - 1] == ChatMessage("user", asked)
+    assert sum(note in m.content for m in second) == 1
 
 
 @pytest.mark.parametrize(("extra", "restated"), [(0, True), (1, False)])
@@ -792,8 +852,9 @@ async def test_a_question_past_the_restated_length_gets_the_language_alone(extra
     question = "Q" * (MAX_RESTATED_QUESTION_CHARS + extra)
     rt = ScriptedRuntime([says("ответ")])
     await loop(rt, FakeTools()).run(req(messages=(Turn("user", question),), answer_language="ru"))
-    note = rt.calls[0]["messages"][-1].content
-    assert note == (QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"])
+    closing = rt.calls[0]["messages"][-1].content
+    note = QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"]
+    assert closing == f"{question}\n\n{note}"
 
 
 @pytest.mark.parametrize("short", [0, 1])
@@ -806,9 +867,11 @@ async def test_the_language_note_takes_the_rooms_left_before_the_answers_share(s
     probe = ScriptedRuntime([says("ответ")])
     await loop(probe, FakeTools(), max_completion_tokens=100).run(r)
     sent = probe.calls[0]
-    conversation = prompt_tokens(TOK, sent["messages"][:-1], sent["tools"])
-    note = message_tokens(TOK, sent["messages"][-1])
-    assert sent["messages"][-1].content.startswith("[Visior service]") and note > 20
+    bare = [*sent["messages"][:-1], ChatMessage("user", r.messages[-1].content)]
+    conversation = prompt_tokens(TOK, bare, sent["tools"])
+    note = prompt_tokens(TOK, sent["messages"], sent["tools"]) - conversation
+    # What the note adds to the question's turn it joins: its text and the blank line.
+    assert note == message_tokens(TOK, sent["messages"][-1]) - message_tokens(TOK, bare[-1]) > 20
     rt = ScriptedRuntime([says("ответ")])
     total = conversation + note + 100 - short
     await loop(rt, FakeTools(), max_completion_tokens=100, max_total_tokens=total).run(r)
@@ -848,8 +911,8 @@ async def test_a_withheld_answer_never_reaches_a_stream():
                           Completion("Redis listens on port 6379.", model="m1")])  # fmt: skip
     events = Events()
     out = await loop(rt, FakeTools(default=window())).run(redis_req(), events)
-    # (The scripted tool call's empty text streams as one space.)
-    assert "".join(events.deltas).strip() == out.answer and "6379" not in out.answer
+    assert events.answer() == out.answer and "6379" not in out.answer
+    assert "".join(events.deltas) == out.answer  # the tool-call step had no text
 
 
 async def test_while_the_rule_holds_no_text_of_a_step_is_streamed():
@@ -866,7 +929,7 @@ async def test_while_the_rule_holds_no_text_of_a_step_is_streamed():
     events = Events()
     tools = FakeTools([window(), window("faq", "Redis listens on port 6379 by default.")])
     out = await loop(rt, tools).run(redis_req(), events)
-    assert "".join(events.deltas).strip() == "Redis uses 6379."
+    assert "".join(events.deltas) == events.answer() == "Redis uses 6379."
     assert out.answer == "Redis uses 6379." and out.withheld_for == ()
 
 

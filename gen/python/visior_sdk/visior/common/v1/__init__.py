@@ -48,7 +48,10 @@ class ToolCall(betterproto.Message):
     """name is the tool's name, e.g. "read_chunk_window"."""
 
     arguments: "betterproto_lib_google_protobuf.Struct" = betterproto.message_field(2)
-    """arguments are the arguments the tool was executed with."""
+    """
+    arguments are the arguments the tool was called with (in a GenerateStream event of a
+     refused call, the ones the model asked for; result_summary then says why it was refused).
+    """
 
     result_summary: str = betterproto.string_field(3)
     """result_summary is a short human-readable summary of the result."""

@@ -301,10 +301,16 @@ class GenerateStreamResponse(betterproto.Message):
     """GenerateStreamResponse is one event of a streamed generation."""
 
     delta: str = betterproto.string_field(1, group="event")
-    """delta is the next piece of answer text."""
+    """
+    delta is the next piece of the current step's text. A tool_call event ends a step:
+     the deltas before it were the model's words before it called tools, not answer text,
+     so final.answer is the deltas after the last tool_call event, joined.
+    """
 
     tool_call: "__common_v1__.ToolCall" = betterproto.message_field(2, group="event")
-    """tool_call is a tool that was executed."""
+    """
+    tool_call is a tool call of the step that just ended, executed or refused.
+    """
 
     final: "GenerateResponse" = betterproto.message_field(3, group="event")
     """final is the complete response; it is the last event."""

@@ -1,0 +1,155 @@
+"""Generate's request limits (services/llm/engine.py validate): the caller's context budget,
+and the sizes of the system prompt and the context chunks' texts, refused before anything
+is tokenised."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.common import errors
+from services.common.tokenizer import default_tokenizer
+from services.llm.engine import (
+    MAX_CONTEXT_CHUNK_CHARS,
+    MAX_CONTEXT_CHUNKS,
+    MAX_SYSTEM_PROMPT_CHARS,
+    LlmEngine,
+    validate,
+)
+from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.model import ContextChunk, ToolPolicy
+from services.llm.toolcalls import READ_TOOL_SPECS
+from tests.unit.test_loop import POLICY, FakeClock, FakeTools, ScriptedRuntime, req, says
+
+LIMITS = LoopSettings()
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the calls made to it."""
+
+    def __init__(self) -> None:
+        self._tok = default_tokenizer()
+        self.name = "counting-" + self._tok.name  # its own cache entries
+        self.calls = 0
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        return self._tok.count(text)
+
+    def encode(self, text: str) -> list[int]:
+        self.calls += 1
+        return self._tok.encode(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self._tok.decode(tokens)
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        self.calls += 1
+        return self._tok.truncate(text, max_tokens)
+
+
+def engine(tokenizer=None) -> LlmEngine:
+    rt = ScriptedRuntime([says("ok")])
+    loop = ToolLoop(rt, FakeTools(), READ_TOOL_SPECS, LoopSettings(), clock=FakeClock(),
+                    tokenizer=tokenizer or default_tokenizer())  # fmt: skip
+    return LlmEngine(loop)
+
+
+# --- tool_policy.context_token_budget ------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [0, -5, -(2**31)])
+def test_a_context_budget_below_one_is_an_invalid_argument(budget):
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        validate(req(policy=replace(POLICY, context_token_budget=budget)), LIMITS)
+    assert not isinstance(info.value, errors.LimitExceededError)
+    assert info.value.reason == "INVALID_ARGUMENT"
+    assert info.value.metadata == {"field": "tool_policy.context_token_budget"}
+
+
+@pytest.mark.parametrize("budget", [1, 100])
+async def test_a_context_budget_too_small_for_the_prompt_is_named_as_the_limit(budget):
+    validate(req(policy=replace(POLICY, context_token_budget=budget)), LIMITS)  # taken
+    with pytest.raises(errors.LimitExceededError) as info:
+        await engine().generate(req(policy=replace(POLICY, context_token_budget=budget)))
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert info.value.metadata["limit_name"] == "context_token_budget"
+    assert info.value.metadata["limit"] == str(budget)
+    assert info.value.metadata["field"] == "messages"
+
+
+async def test_a_context_budget_too_small_with_context_chunks_is_named_too():
+    chunks = (ContextChunk("guide", "s1", "LDAP is set up in Settings.", score=0.9),)
+    r = req(policy=replace(POLICY, context_token_budget=100), context_chunks=chunks)
+    with pytest.raises(errors.LimitExceededError) as info:
+        await engine().generate(r)
+    assert info.value.metadata["limit_name"] == "context_token_budget"
+
+
+async def test_without_a_context_budget_the_prompt_limit_is_named():
+    r = req(system_prompt="word " * 5000, policy=ToolPolicy())
+    with pytest.raises(errors.LimitExceededError) as info:
+        await engine().generate(r)
+    assert info.value.metadata["limit_name"] == "max_prompt_tokens"
+    assert info.value.metadata["limit"] == str(LIMITS.max_prompt_tokens)
+
+
+# --- system_prompt and context_chunks[].text -----------------------------------------------
+
+
+@pytest.mark.parametrize("past", [0, 1])
+def test_the_system_prompt_is_capped(past):
+    r = req(system_prompt="ж" * (MAX_SYSTEM_PROMPT_CHARS + past))
+    if not past:
+        validate(r, LIMITS)
+        return
+    with pytest.raises(errors.LimitExceededError) as info:
+        validate(r, LIMITS)
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert info.value.metadata == {"field": "system_prompt", "limit": str(MAX_SYSTEM_PROMPT_CHARS)}
+
+
+@pytest.mark.parametrize("past", [0, 1])
+def test_a_context_chunks_text_is_capped(past):
+    chunks = [ContextChunk(f"d{i}", "s", "ok") for i in range(MAX_CONTEXT_CHUNKS)]
+    chunks[7] = ContextChunk("d7", "s", "ж" * (MAX_CONTEXT_CHUNK_CHARS + past))
+    r = req(context_chunks=tuple(chunks))
+    if not past:
+        validate(r, LIMITS)
+        return
+    with pytest.raises(errors.LimitExceededError) as info:
+        validate(r, LIMITS)
+    assert info.value.reason == "LLM_LIMIT_EXCEEDED"
+    assert info.value.metadata == {
+        "field": "context_chunks[7].text",
+        "limit": str(MAX_CONTEXT_CHUNK_CHARS),
+    }
+
+
+def test_the_caps_sit_well_above_what_the_orchestrator_sends():
+    from services.common.search_contract import MAX_QUERY_CHARS
+    from services.orchestrator.scenarios import decision_prompt
+
+    longest = decision_prompt("я" * MAX_QUERY_CHARS)  # the routing prompt, the longest
+    assert 4 * len(longest) < MAX_SYSTEM_PROMPT_CHARS
+
+
+OVERSIZED_CHUNKS = tuple(
+    ContextChunk(f"d{i}", "s", "ж" * (MAX_CONTEXT_CHUNK_CHARS * 8))
+    for i in range(MAX_CONTEXT_CHUNKS)
+)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"system_prompt": "ж" * (MAX_SYSTEM_PROMPT_CHARS * 300)},
+        {"context_chunks": OVERSIZED_CHUNKS},
+    ],
+)
+async def test_an_oversized_text_is_refused_before_anything_is_tokenised(kw):
+    tokenizer = CountingTokenizer()
+    with pytest.raises(errors.LimitExceededError):
+        await engine(tokenizer).generate(req(policy=ToolPolicy(), **kw))
+    assert tokenizer.calls == 0
