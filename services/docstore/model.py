@@ -54,7 +54,9 @@ class Document:
     """A parsed document of one tenant.
 
     `generation` is a hash of everything the parse depended on (content, options, chunking
-    config, parser version): identical input gives an identical generation. `metadata` holds
+    config, parser version): identical input gives an identical generation. Retrieval mixes
+    the embedding model and the summarizer into it before storing (services/retrieval/
+    ingestion.py), so a document indexed another way is not `unchanged`. `metadata` holds
     free-form string facts (file_name, format, topic, jurisdiction, updated_at, ...).
     `page_texts[i]` is the text of page i+1 (may be empty when the store read left them out).
     """

@@ -46,11 +46,11 @@ from services.docstore.parsing import (
 )
 from services.docstore.pdf import PdfText, read_pdf
 from services.docstore.store import DocumentStore
-from services.docstore.summaries import section_texts
+from services.docstore.summaries import mix_generation, section_texts
 from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
-from services.retrieval.journal import IngestJournal
+from services.retrieval.journal import IngestJournal, JournalEntry
 from services.retrieval.limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import ListPage, list_page, page_token, read_page
 from services.retrieval.sections import SectionCatalog
@@ -59,6 +59,10 @@ log = logging.getLogger("visior.retrieval.ingestion")
 
 # Letters of any script (ids are derived from file names, often Russian), digits, . _ -
 _DOC_ID = re.compile(rf"^[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}$")
+_DOC_ID_RULE = (
+    f"doc_id must be 1-{MAX_DOC_ID_CHARS} characters of letters, digits, '.', '_' or '-', "
+    "starting with a letter or digit"
+)
 _PROGRESS_LOG_S = 5.0
 EMBED_SLICE = 32
 """Passages embedded per worker-thread call at ingest (a multiple of every profile's batch):
@@ -114,6 +118,35 @@ class IngestOutcome:
     removed_doc_ids: tuple[str, ...] = ()
     """Knowledge-base articles an earlier version of the same CSV held and this one does
     not: deleted."""
+
+
+def check_doc_id(doc_id: str) -> None:
+    """INVALID_ARGUMENT naming `doc_id` when it is not one a document could be stored under:
+    a request naming such an id is refused, never answered as a document not found."""
+    if not _DOC_ID.fullmatch(doc_id):
+        raise errors.invalid("doc_id", _DOC_ID_RULE)
+
+
+def embedding_identity(embedder: Embedder) -> str:
+    """What of `embedder` makes a passage's vector, mixed into every document's generation
+    (`mix_generation`): its model's name and the text it puts before each passage. A new
+    model or prefix gives every document a new generation, so ingesting it again embeds it
+    again instead of answering unchanged with the old model's vectors.
+
+    Query stages in front of the model (the query cache, query batching: `QueryStage`) carry
+    its name and pass passages through to `inner`; the prefix is read from the first layer
+    that has one (`RemoteEmbedder.passage_prefix`; the local models add theirs themselves).
+    """
+    prefix, seen = "", set()
+    layer: object = embedder
+    while layer is not None and id(layer) not in seen:
+        seen.add(id(layer))
+        found = getattr(layer, "passage_prefix", None)
+        if isinstance(found, str):
+            prefix = found
+            break
+        layer = getattr(layer, "inner", None)
+    return f"embedder={embedder.name}\0passage_prefix={prefix}"
 
 
 def _listed_points(doc: Document) -> list[StoredPoint]:
@@ -388,14 +421,11 @@ class Ingestor:
                     "(visior ingest --knowledge-base)",
                 )
             return "", fmt
-        doc_id = item.doc_id or derived_doc_id(item.file_name)
+        if item.doc_id:
+            check_doc_id(item.doc_id)
+            return item.doc_id, fmt
+        doc_id = derived_doc_id(item.file_name)
         if not _DOC_ID.fullmatch(doc_id):
-            if item.doc_id:
-                raise errors.invalid(
-                    "doc_id",
-                    f"doc_id must be 1-{MAX_DOC_ID_CHARS} characters of letters, digits, '.', "
-                    "'_' or '-', starting with a letter or digit",
-                )
             raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
         return doc_id, fmt
 
@@ -454,7 +484,10 @@ class Ingestor:
 
     async def _ingest(self, item: IngestInput, deadline: float | None) -> IngestOutcome:
         doc_id, fmt = self._validate(item)
-        docs = await asyncio.to_thread(self._parse, item, doc_id, fmt)
+        parsed = await asyncio.to_thread(self._parse, item, doc_id, fmt)
+        # The embedder is part of the generation as the summarizer is (`_summarized`).
+        embedding = embedding_identity(self._embedder)
+        docs = [replace(d, generation=mix_generation(d.generation, embedding)) for d in parsed]
         if not docs:  # a knowledge-base CSV with a header and no rows
             raise errors.invalid("content", "the knowledge-base CSV has no rows")
         for doc in docs:
@@ -602,7 +635,9 @@ class Ingestor:
             if not summarized:
                 doc = await self._final_summaries(doc, live)
             points = await self._points(doc, deadline)
-        entry = self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, live or "")
+        entry = await asyncio.to_thread(
+            self._journal.begin, doc.tenant_id, doc.doc_id, doc.generation, live or ""
+        )
         try:
             await asyncio.to_thread(self._index.upsert, points)
             previous = await asyncio.to_thread(self._store.replace, doc, stored_points(points))
@@ -616,29 +651,10 @@ class Ingestor:
             raise _store_unavailable(exc) from None
         # Committed: visible from here on. The rest is cleanup that recovery would redo.
         self._sections.forget(doc.tenant_id, doc.doc_id)
-        replaced = previous is not None
-        try:
-            # Only the generation replaced, not "every one but mine": another process
-            # ingesting this document into the same Qdrant server may have written its
-            # points and not yet committed them. The one the commit replaced, not `live`:
-            # another process may have committed its own generation since `live` was read,
-            # and its points would then stay in the index, invisible, for good.
-            # The entry names `live` as replaced; if another commit came between, recovery must
-            # know the generation actually replaced too, should this process stop here.
-            raced = (
-                self._journal.begin(doc.tenant_id, doc.doc_id, doc.generation, previous)
-                if previous and previous != live
-                else None
-            )
-            if previous and previous != doc.generation:
-                await asyncio.to_thread(
-                    self._index.delete_document, doc.tenant_id, doc.doc_id, generation=previous
-                )
-            self._journal.finish(entry)
-            if raced is not None:
-                self._journal.finish(raced)
-        except IndexUnavailableError:
-            log.warning("old points not deleted; recovery will", extra={"doc_id": doc.doc_id})
+        # A commit replayed after its acknowledgement was lost reports its own generation as
+        # the one it replaced (`_drop_replaced`): a document new then was not replaced.
+        replaced = previous is not None and (previous != doc.generation or live is not None)
+        await self._drop_replaced(doc, live, previous, entry)
         log.info(
             "ingested",
             extra={"tenant_id": doc.tenant_id, "doc_id": doc.doc_id, "chunks": len(doc.chunks),
@@ -646,6 +662,39 @@ class Ingestor:
         )  # fmt: skip
         return IngestOutcome(doc.doc_id, *counts, replaced=replaced,
                              doc_ids=(doc.doc_id,), generation=doc.generation)  # fmt: skip
+
+    async def _drop_replaced(
+        self, doc: Document, live: str | None, previous: str | None, entry: JournalEntry
+    ) -> None:
+        """Once `doc` is committed: delete the points of the generations it replaced, `live`
+        (read before the commit) and `previous` (the one the commit reports replaced), and
+        finish its journal entry; the index down, the entry stays open for recovery."""
+        # Only the generations replaced, not "every one but mine": another process ingesting
+        # this document into the same Qdrant server may have written its points and not yet
+        # committed them. Both, as either alone can miss the one replaced: another process
+        # may have committed its own generation since `live` was read (`previous` names it),
+        # and a PostgreSQL commit replayed after its acknowledgement was lost
+        # (PostgresDocumentStore runs a write again on a broken connection) reports `doc`'s
+        # own generation as `previous` (`live` names the one replaced). Each of the two was
+        # committed and then replaced, so no ingest in flight still needs its points.
+        stale = sorted({g for g in (live, previous) if g and g != doc.generation})
+        raced = None
+        if previous and previous not in (live, doc.generation):
+            # The entry names `live` as replaced: should this process stop here, recovery must
+            # know the generation actually replaced too.
+            raced = await asyncio.to_thread(
+                self._journal.begin, doc.tenant_id, doc.doc_id, doc.generation, previous
+            )
+        try:
+            for generation in stale:
+                await asyncio.to_thread(
+                    self._index.delete_document, doc.tenant_id, doc.doc_id, generation=generation
+                )
+            await asyncio.to_thread(self._journal.finish, entry)
+            if raced is not None:
+                await asyncio.to_thread(self._journal.finish, raced)
+        except IndexUnavailableError:
+            log.warning("old points not deleted; recovery will", extra={"doc_id": doc.doc_id})
 
     async def _indexed(self, doc: Document) -> bool:
         """Whether the index holds every point of `doc`'s generation. The store holding it is
@@ -708,15 +757,18 @@ class Ingestor:
     # -- delete / list ----------------------------------------------------------------------
 
     async def delete(self, tenant_id: str, doc_id: str) -> bool:
+        """Delete the document (every generation's points too); whether the store held it.
+        A `doc_id` no document could be stored under (`check_doc_id`) is refused."""
         check_tenant_id(tenant_id)
         if not doc_id.strip():
             raise errors.invalid("doc_id", "doc_id is required")
+        check_doc_id(doc_id)
         return await self._locked(lambda: self._delete(tenant_id, doc_id))
 
     async def _delete(self, tenant_id: str, doc_id: str) -> bool:
         try:
             live = await asyncio.to_thread(self._store.document_generation, tenant_id, doc_id)
-            entry = self._journal.begin(tenant_id, doc_id, "", live or "")
+            entry = await asyncio.to_thread(self._journal.begin, tenant_id, doc_id, "", live or "")
             deleted = await asyncio.to_thread(self._store.delete, tenant_id, doc_id)
         except StoreUnavailableError as exc:
             raise _store_unavailable(exc) from None
@@ -725,7 +777,7 @@ class Ingestor:
             # Every generation's points: the document is gone, and so are strays an earlier
             # crash left (an ingest of it racing this delete in another process loses anyway).
             await asyncio.to_thread(self._index.delete_document, tenant_id, doc_id)
-            self._journal.finish(entry)
+            await asyncio.to_thread(self._journal.finish, entry)
         except IndexUnavailableError:
             log.warning("points not deleted; recovery will", extra={"doc_id": doc_id})
         return deleted

@@ -210,6 +210,55 @@ async def test_a_commit_deletes_the_generation_it_replaced_not_the_one_it_first_
     s.index.close()
 
 
+def replayed_commits(s) -> None:
+    """The store's replace applied twice, as PostgresDocumentStore._run runs a write again
+    when the connection breaks after the server applied its COMMIT (the acknowledgement lost):
+    the second run reports the generation the first wrote as the one replaced."""
+    real = s.store.replace
+
+    def replace_twice(doc, points=()):
+        real(doc, points)
+        return real(doc, points)
+
+    s.store.replace = replace_twice  # type: ignore[method-assign]
+
+
+async def test_a_replayed_commit_still_deletes_the_generation_it_replaced(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    v1 = await s.ingestor.ingest(guide(V1))
+    replayed_commits(s)
+    v2 = await s.ingestor.ingest(guide(V2))
+    assert v2.replaced and s.store.document_generation("a", "guide") == v2.generation
+    assert s.index.count_document("a", "guide", v1.generation) == 0
+    assert s.index.document_generations("a") == {"guide": {v2.generation}}
+    assert s.journal.pending() == []
+    # A document new at the replayed commit replaced nothing, and lost nothing of its own.
+    new = await s.ingestor.ingest(IngestInput("a", V3, file_name="new.md"))
+    assert not new.replaced
+    assert s.index.count_document("a", "new", new.generation) > 0
+    s.index.close()
+
+
+async def test_a_replayed_commit_with_the_index_down_leaves_the_cleanup_to_recovery(
+    tmp_path, embedder
+):
+    s = make_stack(tmp_path, embedder)
+    v1 = await s.ingestor.ingest(guide(V1))
+    replayed_commits(s)
+    real_delete = s.index.delete_document
+
+    def down(*args, **kwargs):
+        raise IndexUnavailableError("gone")
+
+    s.index.delete_document = down  # type: ignore[method-assign]
+    v2 = await s.ingestor.ingest(guide(V2))
+    s.index.delete_document = real_delete  # type: ignore[method-assign]
+    assert s.index.count_document("a", "guide", v1.generation) > 0
+    assert s.ingestor.recover() == 1
+    assert s.index.document_generations("a") == {"guide": {v2.generation}}
+    s.index.close()
+
+
 # -- the journal -----------------------------------------------------------------------------
 
 

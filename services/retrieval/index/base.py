@@ -114,7 +114,8 @@ class IndexPayload:
     version: str
     tags: tuple[str, ...]
     generation: str
-    """Ingest generation of the document (content hash), for crash recovery."""
+    """Ingest generation of the document (a hash of its content, chunking, embedding model
+    and summarizer), for crash recovery."""
 
 
 @dataclass(frozen=True)

@@ -452,7 +452,8 @@ class IngestDocumentResponse(betterproto.Message):
 
     generation: str = betterproto.string_field(8)
     """
-    generation identifies the indexed content (a hash of content and chunking).
+    generation identifies the indexed content: a hash of the content, its chunking, and the
+     embedding model and summarizer it was indexed with.
     """
 
     removed_doc_ids: List[str] = betterproto.string_field(9)
@@ -551,7 +552,8 @@ class DocumentInfo(betterproto.Message):
 
     generation: str = betterproto.string_field(8)
     """
-    generation identifies the indexed content (a hash of content and chunking).
+    generation identifies the indexed content: a hash of the content, its chunking, and the
+     embedding model and summarizer it was indexed with.
     """
 
     metadata: Dict[str, str] = betterproto.map_field(
