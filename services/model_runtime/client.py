@@ -619,10 +619,20 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
         arguments = json.dumps(arguments, ensure_ascii=False)
     call_id = raw.get("id")
     return ToolCall(
-        id=call_id if isinstance(call_id, str) and call_id else new_call_id(),
-        name=name,
+        id=valid_text(call_id) if isinstance(call_id, str) and call_id else new_call_id(),
+        name=valid_text(name),
         arguments=arguments,
     )
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with every unpaired surrogate as U+FFFD. JSON may escape one ("\\ud800"), and
+    json.loads keeps it, but no UTF-8 carries it: the tokenizer, protobuf and the stores refuse
+    such text. A pair json.loads has already joined, so any surrogate left is unpaired."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def _tokens(usage: Any, name: str) -> int:
@@ -660,7 +670,7 @@ def _finish(
     if calls and reason == "stop":
         reason = "tool_calls"
     return Completion(
-        content=content,
+        content=valid_text(content),
         tool_calls=calls,
         finish_reason=reason,
         prompt_tokens=_tokens(usage, "prompt_tokens"),
@@ -749,6 +759,7 @@ class StreamAssembler:
                 raise BadResponse("a stream chunk's delta is not an object")
             piece = delta.get("content")
             if isinstance(piece, str) and piece:
+                piece = valid_text(piece)
                 self.content.append(piece)
                 text += piece
             for fragment in delta.get("tool_calls") or []:
@@ -779,7 +790,11 @@ class StreamAssembler:
             if not c.name:
                 raise BadResponse(f"streamed tool call {index} has no function name")
             calls.append(
-                ToolCall(id=c.id or new_call_id(), name=c.name, arguments="".join(c.arguments))
+                ToolCall(
+                    id=valid_text(c.id) or new_call_id(),
+                    name=valid_text(c.name),
+                    arguments="".join(c.arguments),
+                )
             )
         return _finish(
             "".join(self.content),
