@@ -129,6 +129,10 @@ KEY_RATE_DAYS = 30
 """Days fetch_cbr_data's key_rate looks back from its last day: the range when a call gives
 no date_from, and how far back it seeks the rate in force on a `date`. The orchestrator
 plans this range."""
+CBR_MAX_RANGE_DAYS = 366
+"""Longest date_to - date_from, in days, of one fetch_cbr_data call (a leap year's whole
+length): ToolsProxy refuses a longer range, and the orchestrator asks back for a shorter
+period rather than plan one."""
 
 
 def bank_today(now: datetime | None = None) -> date:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -67,6 +68,7 @@ from services.orchestrator.model import (
     Retriever,
     SectionCandidate,
     Source,
+    ToolCallRecord,
     Turn,
     User,
 )
@@ -185,6 +187,101 @@ def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:
         Source(s.doc_id, s.section_id, s.page_start, s.page_end, s.score)
         for s in sections[:MAX_SOURCES]
     )
+
+
+_READ_PAGES = re.compile(r"\(pp\. (\d+)[–-](\d+)\)")
+"""The pages a read names in its `result_summary`: "read N characters of <doc> (pp. a–b)", the
+LLM service's summary of a result with a page range (services/llm/toolcalls.summarise)."""
+_READ_PREFIX = "read "
+"""How the `result_summary` of a read that returned text begins (a failed one: "tool_error")."""
+
+
+def _read_section(
+    call: ToolCallRecord, sections: tuple[SectionCandidate, ...]
+) -> SectionCandidate | None:
+    """The listed section a successful read tool call read, by the arguments it was executed
+    with: read_chunk_window names the section's anchor chunk, read_doc_section the section."""
+    if call.name not in READ_TOOLS or not call.result_summary.startswith(_READ_PREFIX):
+        return None
+    doc_id, chunk_id, section_id = (
+        str(call.arguments.get(k) or "") for k in ("doc_id", "anchor_chunk_id", "section_id")
+    )
+    same_doc = [s for s in sections if s.doc_id == doc_id]
+    if chunk_id:
+        return next((s for s in same_doc if s.anchor_chunk_id == chunk_id), None)
+    return next((s for s in same_doc if section_id and s.section_id == section_id), None)
+
+
+def _pages_read(section: SectionCandidate, summary: str) -> tuple[int, int]:
+    """The pages of `section` a read of it returned: the range its `summary` names, within
+    the section's own pages (a window around the anchor chunk can reach into the sections
+    beside it); the section's pages when the summary names none, and the range named when
+    the section's pages are unknown or apart from it."""
+    m = _READ_PAGES.search(summary)
+    first, last = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if first < 1 or last < first:
+        return section.page_start, section.page_end
+    inside = max(first, section.page_start), min(last, section.page_end)
+    return inside if inside[0] <= inside[1] else (first, last)
+
+
+def read_sources(
+    sections: tuple[SectionCandidate, ...], tools: tuple[ToolCallRecord, ...]
+) -> tuple[Source, ...]:
+    """S1's and S4's sources: the listed `sections` the answer's `tools` read, in the order
+    listed, each with its pages read (`_pages_read`, over every read of it), then the
+    sections listed but not read, MAX_SOURCES in all. Nothing read (no read, or every read
+    failed): the listed sections, as `sources_of` cites them."""
+    pages: dict[SectionCandidate, tuple[int, int]] = {}
+    for call in tools:
+        section = _read_section(call, sections)
+        if section is None:
+            continue
+        first, last = _pages_read(section, call.result_summary)
+        seen = pages.get(section, (first, last))
+        pages[section] = (min(first, seen[0]), max(last, seen[1]))
+    read = [Source(s.doc_id, s.section_id, *pages[s], s.score) for s in sections if s in pages]
+    unread = sources_of(tuple(s for s in sections if s not in pages))
+    return (*read, *unread)[:MAX_SOURCES]
+
+
+def routed_question(history: Sequence[Turn], today: date) -> str:
+    """The user's last turn in `history` that the rules route on its own, to anything but a
+    clarification or small talk ("" without one): the question a follow-up continues. A
+    chain of follow-ups («а для Беты?», then «а для Гаммы?») walks back to it. Each turn is
+    judged by its first MAX_QUERY_CHARS characters, the most of it a search can take (a
+    turn may be far longer: MAX_MESSAGE_CHARS)."""
+    for turn in reversed(history):
+        if turn.role != "user" or not turn.content.strip():
+            continue
+        route = rule_decision(turn.content[:MAX_QUERY_CHARS], today=today)
+        if route.intent not in ("clarify", "small_talk"):
+            return turn.content
+    return ""
+
+
+def _when_args(decision: Decision, today: date) -> dict[str, object]:
+    """fetch_cbr_data's day or period for `decision`: the period it names (date_from,
+    date_to), else the day it names, else today."""
+    if decision.date_from and decision.date_to:
+        return {"date_from": decision.date_from, "date_to": decision.date_to}
+    return {"date": decision.date or today.isoformat()}
+
+
+def follow_up_query(earlier: str, query: str, limit: int) -> str:
+    """What a follow-up is searched with: the `earlier` question it continues, then `query`,
+    in at most `limit` characters. The earlier question (normalised) is cut to the room the
+    query leaves, at a word's end, and left out when no word of it fits; the query itself is
+    cut only when it alone is longer than `limit` (a tool's limit, tighter than a query's)."""
+    if len(query) >= limit:
+        return query[:limit]
+    text = normalise_query(earlier)
+    room = limit - len(query) - 1
+    head = text[:room]
+    if len(text) > room and text[room] != " ":
+        head = head.rpartition(" ")[0]  # the word the cut runs through goes whole
+    head = head.rstrip()
+    return f"{head} {query}" if head else query
 
 
 def radius_schedule(radius: int) -> tuple[int, ...]:
@@ -416,24 +513,25 @@ class Responder:
             decision = replace(decision, knowledge_base_fallback=False)
             if decision.intent == "knowledge_base":
                 decision = replace(decision, intent="documents", scenario="S1")
+        earlier = self._followed_up(req, selection, decision)
         log.info(
             "scenario_decision",
             extra={"scenario": decision.scenario, "intent": decision.intent,
                    "decided_by": decision.decided_by, "trace_id": req.trace_id},
         )  # fmt: skip
         if decision.intent in ("documents", "selected_search"):
-            found = await self._search_documents(req, decision)
+            found = await self._search_documents(req, decision, earlier)
             if not found.sections and decision.knowledge_base_fallback:
                 # A definitional question the user's documents have nothing on (a tenant
                 # without documents): the knowledge base answers (docs/architecture.md §14).
                 decision = replace(decision, intent="knowledge_base", scenario="S2")
-                out = await self._general(req, cfg, decision)
+                out = await self._general(req, cfg, decision, earlier)
             else:
                 out = await self._documents(req, cfg, decision, found)
         elif decision.intent == "selected_full":
             out = await self._full(req, cfg, selected, decision)
         else:
-            out = await self._general(req, cfg, decision)
+            out = await self._general(req, cfg, decision, earlier)
         return out, decision
 
     # -- deciding -----------------------------------------------------------------------------
@@ -472,6 +570,17 @@ class Responder:
         )
         return decided or rules
 
+    def _followed_up(self, req: RespondInput, selection: Selection, decision: Decision) -> str:
+        """The earlier question (`routed_question`) a follow-up continues, "" for a question
+        of its own: `req.query` alone is too vague to route (the rules would ask to clarify
+        it), yet `decision` routes it, which only the conversation before it can have done.
+        A follow-up ("а для Беты?") is searched with that question before it."""
+        if not req.history or decision.intent == "clarify":
+            return ""
+        today = self._today()
+        alone = rule_decision(req.query, selection=selection, today=today, locale=req.locale)
+        return routed_question(req.history, today) if alone.intent == "clarify" else ""
+
     @staticmethod
     def _request(
         req: RespondInput, cfg: RuntimeConfig, system: str, fitted: FirstPrompt, language: str = ""
@@ -508,9 +617,11 @@ class Responder:
 
     # -- scenarios ----------------------------------------------------------------------------
 
-    async def _search_documents(self, req: RespondInput, decision: Decision) -> RetrievalOutcome:
+    async def _search_documents(
+        self, req: RespondInput, decision: Decision, earlier: str
+    ) -> RetrievalOutcome:
         """S1 searches all the user's documents, S4 the selected ones by their ids (with query
-        expansion merged by RRF)."""
+        expansion merged by RRF); a follow-up with the `earlier` question it continues."""
         max_results = req.max_results or self._default_top_k
         filters = req.filters
         if not self._enable_filters:
@@ -519,8 +630,8 @@ class Responder:
             filters = replace(filters, doc_ids=req.selected_doc_ids)
         return await self._retriever.search(
             RetrievalRequest(
-                req.query, req.user, filters, max_results, req.trace_id,
-                expand_query=decision.intent == "selected_search",
+                follow_up_query(earlier, req.query, MAX_QUERY_CHARS), req.user, filters,
+                max_results, req.trace_id, expand_query=decision.intent == "selected_search",
             )
         )  # fmt: skip
 
@@ -545,7 +656,7 @@ class Responder:
                 require_tool_call=bool(sections),
             )
         )
-        return self._output(req, outcome, sources_of(sections), found.latency_ms)
+        return self._output(req, outcome, read_sources(sections, outcome.tools), found.latency_ms)
 
     async def _full(
         self,
@@ -575,58 +686,68 @@ class Responder:
         """S3's sources: the sections (and their pages) of the selected documents the answer
         drew on. The model read them whole, without page boundaries, so they are found by
         searching the selected documents for the answer's own text (for the question when
-        that finds nothing); a document nothing was found in is cited without pages (0-0)."""
+        that finds nothing); a document nothing was found in is cited without pages (0-0).
+        The answer needs no search (agent.md §5.4): when the search fails, the documents are
+        cited without pages and the failure is logged."""
         latency = 0
         for text in (answer, req.query):
             query = normalise_query(text)[:ANSWER_QUERY_CHARS].strip()
             if not query:
                 continue
-            found = await self._retriever.search(
-                RetrievalRequest(
-                    query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
+            try:
+                found = await self._retriever.search(
+                    RetrievalRequest(
+                        query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
+                    )
                 )
-            )
+            except errors.ServiceError as exc:
+                log.warning(
+                    "S3 source pages not found: the search failed; the documents are cited "
+                    "without pages",
+                    extra={"trace_id": req.trace_id, "reason": exc.reason, "error": exc.message},
+                )
+                break
             latency += found.latency_ms
             if found.sections:
                 return sources_of(found.sections), latency
         return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES]), latency
 
     async def _general(
-        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision
+        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, earlier: str
     ) -> RespondOutput:
-        """S2 (knowledge base, rates, key rate, news, small talk) and S5 (clarification)."""
+        """S2 (knowledge base, rates, key rate, news, small talk) and S5 (clarification); the
+        knowledge base is searched for a follow-up with the `earlier` question it continues."""
         planned: tuple[PlannedCall, ...] = ()
         sources: tuple[Source, ...] = ()
         latency = 0
         system = GENERAL_SYSTEM_PROMPT
         today = self._today()
         if decision.intent == "knowledge_base":
-            query = req.query[:MAX_TOOL_QUERY_CHARS]  # the tool's limit; the search takes all
+            # The tool's limit is tighter than the search's, which takes the whole query.
+            query = follow_up_query(earlier, req.query, MAX_TOOL_QUERY_CHARS)
             kb_args: dict[str, object] = {"query": query, "top_k": SEARCH_TOP_K}
             if self._score_threshold is not None:
                 kb_args["score_threshold"] = self._score_threshold
             planned = (PlannedCall(SEARCH_GENERAL_KB, kb_args),)
+            searched = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
             found = await self._retriever.search(
                 RetrievalRequest(
-                    req.query, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
+                    searched, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
                 )
             )
             latency = found.latency_ms
             sources = sources_of(found.sections)
         elif decision.intent == "currency_rates":
-            args: dict[str, object] = {
-                "mode": "currency",
-                "date": decision.date or today.isoformat(),
-            }
+            args: dict[str, object] = {"mode": "currency", **_when_args(decision, today)}
             if decision.currency:
                 args["code"] = decision.currency
             planned = (PlannedCall(FETCH_CBR_DATA, args),)
         elif decision.intent == "key_rate":
-            # The rate in force on the day the question names, else the last KEY_RATE_DAYS
-            # (the current rate with its recent changes).
+            # The rate in force on the day the question names, its changes over the period
+            # it names, else the last KEY_RATE_DAYS (the current rate with its recent changes).
             key_args: dict[str, object] = (
-                {"mode": "key_rate", "date": decision.date}
-                if decision.date
+                {"mode": "key_rate", **_when_args(decision, today)}
+                if decision.date or decision.date_from
                 else {"mode": "key_rate",
                       "date_from": (today - timedelta(days=KEY_RATE_DAYS)).isoformat(),
                       "date_to": today.isoformat()}

@@ -49,6 +49,7 @@ from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, wh
 from services.common.settings import SettingsError
 from services.common.tool_contract import (
     BANK_TIMEZONE,
+    CBR_MAX_RANGE_DAYS,
     FETCH_CBR_DATA,
     INVALID_ARGUMENT,
     KEY_RATE_DAYS,
@@ -137,7 +138,7 @@ class CbrSettings:
     breaker: BreakerPolicy = BreakerPolicy(failures=3, reset_s=30.0)
     """Failed calls in a row that open the circuit (1-5), and how long it stays open before
     one trial call."""
-    max_range_days: int = 366
+    max_range_days: int = CBR_MAX_RANGE_DAYS
     """Longest date_to - date_from in days."""
     max_items: int = 400
     """Most items in one result; the newest are kept."""

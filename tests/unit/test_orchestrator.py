@@ -306,6 +306,16 @@ async def test_a_selected_document_that_does_not_exist_is_404():
          {"mode": "key_rate", "date": "2024-03-01"}),
         ("What was the key rate on 2023-07-01?", "key_rate", "fetch_cbr_data",
          {"mode": "key_rate", "date": "2023-07-01"}),
+        # A named period: the rates over it.
+        ("курс доллара с 1 по 10 марта 2024", "currency_rates", "fetch_cbr_data",
+         {"mode": "currency", "date_from": "2024-03-01", "date_to": "2024-03-10",
+          "code": "USD"}),
+        ("Key rate in 2023", "key_rate", "fetch_cbr_data",
+         {"mode": "key_rate", "date_from": "2023-01-01", "date_to": "2023-12-31"}),
+        # 366 days, the most one call takes (CBR_MAX_RANGE_DAYS): planned.
+        ("курс евро с 01.01.2024 по 01.01.2025", "currency_rates", "fetch_cbr_data",
+         {"mode": "currency", "date_from": "2024-01-01", "date_to": "2025-01-01",
+          "code": "EUR"}),
         ("Последние новости о рынке облигаций", "finance_news", "fetch_finance_news", None),
         ("Какая ставка НДС на услуги?", "knowledge_base", "search_general_kb",
          {"query": "Какая ставка НДС на услуги?", "top_k": 5}),
@@ -328,6 +338,23 @@ async def test_s2_general_questions_plan_the_right_tool(query, intent, tool, arg
         assert retriever.calls[0][2].source == "knowledge_base"  # sources from the KB
     else:
         assert retriever.calls == []
+
+
+@pytest.mark.parametrize(
+    ("query", "asked"),
+    [
+        ("курс евро с 01.01.2024 по 02.01.2025", "длиннее 366 дней"),  # one day past
+        ("USD rate from 2023-01-01 to 2024-06-30", "longer than 366 days"),
+    ],
+)
+async def test_a_period_longer_than_one_rates_call_takes_is_asked_back(query, asked):
+    """ToolsProxy refuses a range over CBR_MAX_RANGE_DAYS: the question is asked back (S5)
+    instead of planning a call that fails."""
+    responder, _, generator, _ = make()
+    out = await responder.respond(inp(query=query))
+    assert out.scenario == "S5"
+    (request,) = generator.requests
+    assert asked in request.system_prompt and not request.planned_calls
 
 
 @pytest.mark.parametrize("threshold", [None, 0.0, 0.6])

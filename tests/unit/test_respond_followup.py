@@ -1,0 +1,243 @@
+"""A follow-up whose route comes from the conversation ("а для Беты?" after a question about a
+contract) is searched with the earlier user question before it, within the query limits."""
+
+import json
+from datetime import date
+
+import pytest
+
+from services.common import errors
+from services.common.generate_contract import MAX_MESSAGE_CHARS, last_question
+from services.common.search_contract import MAX_QUERY_CHARS
+from services.common.tool_contract import MAX_TOOL_QUERY_CHARS, SEARCH_GENERAL_KB
+from services.orchestrator.model import (
+    LlmOutcome,
+    RespondInput,
+    RetrievalOutcome,
+    SectionCandidate,
+    Turn,
+    User,
+)
+from services.orchestrator.respond import Responder, follow_up_query
+from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+
+TODAY = date(2026, 11, 28)
+ALPHA = "Какой штраф за просрочку поставки в договоре с Альфой?"
+HISTORY = (Turn("user", ALPHA), Turn("assistant", "Штраф 0,1% в день (договор alpha, с. 4)."))
+SECTION = SectionCandidate("beta", "s-fines", "Штрафы", "Штраф за просрочку.", 0.8, 4, 4, "beta:c9")
+
+
+class Retriever:
+    def __init__(self, sections=(SECTION,)):
+        self.sections = sections
+        self.requests = []
+
+    async def search(self, request):
+        self.requests.append(request)
+        if request.filters.source == "knowledge_base":
+            return RetrievalOutcome((SECTION,), 1)
+        return RetrievalOutcome(self.sections, 1)
+
+    async def document_sizes(self, user, doc_ids):
+        return {d: (200_000, 0, "t") for d in doc_ids}  # too big to read whole: S4
+
+
+class Generator:
+    def __init__(self, routing=None):
+        self.requests = []
+        self.routing = routing
+
+    async def generate(self, request):
+        self.requests.append(request)
+        if request.response_schema is not None:
+            if self.routing is None:
+                return LlmOutcome("", (), 0, 1, extractive=True)
+            return LlmOutcome(json.dumps(self.routing), (), 0, 1)
+        return LlmOutcome("answer", (), 0, 1)
+
+
+def make(sections=(SECTION,), routing=None):
+    retriever, generator = Retriever(sections), Generator(routing)
+    responder = Responder(
+        retriever, generator, ConfigHolder(RuntimeConfig(), 3),
+        today=lambda: TODAY, model_routing=routing is not None,
+    )  # fmt: skip
+    return responder, retriever, generator
+
+
+async def ask(responder, query, history=HISTORY, **kw):
+    return await responder.respond(
+        RespondInput(query=query, user=User("t1", "u1"), trace_id="tr", history=history, **kw)
+    )
+
+
+@pytest.mark.parametrize("follow_up", ["а для Беты?", "and for Beta?", "а на какой странице?"])
+async def test_a_document_follow_up_is_searched_with_the_earlier_question(follow_up):
+    responder, retriever, generator = make()
+    out = await ask(responder, follow_up)
+    assert (out.scenario, out.intent) == ("S1", "documents")
+    assert [r.query for r in retriever.requests] == [f"{ALPHA} {follow_up}"]
+    # The model is asked the follow-up itself, the earlier turns before it.
+    assert last_question(generator.requests[-1].messages) == follow_up
+    assert generator.requests[-1].messages[0] == HISTORY[0]
+
+
+async def test_a_question_that_routes_on_its_own_is_searched_alone():
+    responder, retriever, _ = make()
+    await ask(responder, "Какой штраф за просрочку в договоре с Бетой?")
+    assert [r.query for r in retriever.requests] == ["Какой штраф за просрочку в договоре с Бетой?"]
+
+
+async def test_the_follow_up_continues_the_last_user_turn_that_says_something():
+    responder, retriever, _ = make()
+    history = (
+        Turn("user", "Какая ставка НДС в договоре с Гаммой?"),
+        Turn("user", ALPHA),
+        Turn("user", "   "),
+        Turn("assistant", "Штраф 0,1% в день."),
+    )
+    await ask(responder, "а для Беты?", history=history)
+    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Беты?"]
+
+
+async def test_the_earlier_question_is_searched_as_one_line():
+    responder, retriever, _ = make()
+    history = (Turn("user", "Какой штраф\n\tза просрочку   в договоре с Альфой?"),)
+    await ask(responder, "а для Беты?", history=history)
+    assert retriever.requests[0].query == f"{ALPHA.replace('поставки ', '')} а для Беты?"
+
+
+async def test_without_an_earlier_user_question_a_vague_query_is_clarified_not_searched():
+    responder, retriever, _ = make()
+    out = await ask(responder, "а для Беты?", history=(Turn("assistant", ALPHA),))
+    assert out.scenario == "S5" and retriever.requests == []
+    out = await ask(responder, "а для Беты?", history=())
+    assert out.scenario == "S5" and retriever.requests == []
+
+
+async def test_a_knowledge_base_follow_up_plans_and_searches_with_the_earlier_question():
+    responder, retriever, generator = make()
+    history = (Turn("user", "Какие налоговые ставки для ИП?"), Turn("assistant", "..."))
+    out = await ask(responder, "а для ООО?", history=history)
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
+    (planned,) = generator.requests[-1].planned_calls
+    assert planned.tool_name == SEARCH_GENERAL_KB
+    assert planned.arguments["query"] == "Какие налоговые ставки для ИП? а для ООО?"
+    assert [r.query for r in retriever.requests] == ["Какие налоговые ставки для ИП? а для ООО?"]
+
+
+async def test_a_definition_follow_up_falling_back_to_the_knowledge_base_keeps_the_question():
+    # The documents find nothing for "Что такое НДС? а ставки?": the knowledge base answers.
+    responder, retriever, generator = make(sections=())
+    out = await ask(
+        responder, "а ставки?", history=(Turn("user", "Что такое НДС?"), Turn("assistant", "..."))
+    )
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
+    assert [r.query for r in retriever.requests] == ["Что такое НДС? а ставки?"] * 2
+    assert generator.requests[-1].planned_calls[0].arguments["query"] == "Что такое НДС? а ставки?"
+
+
+ROUTED_TO_DOCUMENTS = {"scenario": "S1", "intent": "documents", "clarifications": [],
+                       "currency": "", "date": "", "news_query": ""}  # fmt: skip
+
+
+async def test_a_follow_up_the_model_routes_is_searched_with_the_earlier_question():
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    out = await ask(responder, "а для Беты?")
+    assert out.decided_by == "model"
+    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Беты?"]
+    await ask(responder, "Какой штраф за просрочку в договоре с Бетой?")
+    assert retriever.requests[-1].query == "Какой штраф за просрочку в договоре с Бетой?"
+
+
+async def test_a_chain_of_follow_ups_is_searched_with_the_question_it_started_from():
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    history = (*HISTORY, Turn("user", "а для Беты?"), Turn("assistant", "Штраф 0,2% в день."))
+    await ask(responder, "а для Гаммы?", history=history)
+    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Гаммы?"]
+
+
+async def test_small_talk_before_a_vague_question_is_not_searched_with_it():
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    await ask(responder, "а для Беты?", history=(Turn("user", "Привет!"), Turn("assistant", "Hi")))
+    assert [r.query for r in retriever.requests] == ["а для Беты?"]
+
+
+async def test_a_search_in_selected_documents_is_routed_by_the_selection_not_the_history():
+    responder, retriever, _ = make()
+    out = await ask(responder, "а для Беты?", selected_doc_ids=("beta",))
+    assert out.scenario == "S4"
+    assert [r.query for r in retriever.requests] == ["а для Беты?"]
+
+
+# -- the query limits ----------------------------------------------------------------------
+
+
+def vague(length: int) -> str:
+    """A follow-up of `length` characters that routes only by the conversation."""
+    return "а для Беты" + "?" * (length - len("а для Беты"))
+
+
+@pytest.mark.parametrize("past", [0, 1])
+async def test_the_search_holds_max_query_chars_by_cutting_the_earlier_question(past):
+    # At the limit the earlier question is whole; one character more cuts its last word
+    # («Альфой?»), never the follow-up.
+    query = vague(MAX_QUERY_CHARS - len(ALPHA) - 1 + past)
+    responder, retriever, _ = make()
+    await ask(responder, query)
+    kept = ALPHA if not past else ALPHA.removesuffix(" Альфой?")
+    assert [r.query for r in retriever.requests] == [f"{kept} {query}"]
+    assert len(retriever.requests[0].query) == MAX_QUERY_CHARS - past * len(" Альфой")
+
+
+async def test_a_follow_up_at_max_query_chars_is_searched_alone_and_one_past_is_refused():
+    responder, retriever, _ = make()
+    await ask(responder, vague(MAX_QUERY_CHARS))
+    assert [r.query for r in retriever.requests] == [vague(MAX_QUERY_CHARS)]
+    with pytest.raises(errors.LimitExceededError) as info:
+        await ask(responder, vague(MAX_QUERY_CHARS + 1))
+    assert info.value.metadata == {"field": "query", "limit": str(MAX_QUERY_CHARS)}
+    assert len(retriever.requests) == 1
+
+
+@pytest.mark.parametrize("past", [0, 1])
+async def test_the_planned_knowledge_base_query_holds_the_tool_limit_the_same_way(past):
+    earlier = "Какие налоговые ставки для ИП?"
+    query = "а для ООО" + "?" * (MAX_TOOL_QUERY_CHARS - len(earlier) - 1 + past - len("а для ООО"))
+    responder, retriever, generator = make()
+    await ask(responder, query, history=(Turn("user", earlier),))
+    planned = generator.requests[-1].planned_calls[0].arguments["query"]
+    kept = earlier if not past else earlier.removesuffix(" ИП?")
+    assert planned == f"{kept} {query}" and len(planned) <= MAX_TOOL_QUERY_CHARS
+    assert retriever.requests[0].query == f"{earlier} {query}"  # the search's limit is wider
+
+
+def test_follow_up_query_at_and_past_its_limit():
+    assert follow_up_query("ab cd", "q", 7) == "ab cd q"  # at the limit: whole
+    assert follow_up_query("ab cd", "q", 6) == "ab q"  # one past: the cut word goes whole
+    assert follow_up_query("ab cd", "q", 5) == "ab q"  # the cut at a space: no word lost
+    assert follow_up_query("abcd", "q", 5) == "q"  # no whole word fits: the follow-up alone
+    assert follow_up_query("ab cd", "qqq", 4) == "qqq"  # no room: the follow-up alone
+    assert follow_up_query("ab cd", "qqqq", 4) == "qqqq"
+    assert follow_up_query("ab cd", "qqqqq", 4) == "qqqq"  # longer than the tool takes
+    assert follow_up_query("", "q", 7) == "q"
+    assert follow_up_query(" \n ", "q", 7) == "q"
+
+
+async def test_a_long_earlier_turn_is_cut_to_what_the_search_holds():
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    earlier = ALPHA + " Подробности:" + " текст" * (MAX_MESSAGE_CHARS // 6)
+    await ask(responder, "а для Беты?", history=(Turn("user", earlier[:MAX_MESSAGE_CHARS]),))
+    searched = retriever.requests[0].query
+    assert MAX_QUERY_CHARS - len(" текст") < len(searched) <= MAX_QUERY_CHARS
+    assert searched.startswith(ALPHA) and searched.endswith(" текст а для Беты?")
+
+
+@pytest.mark.parametrize(("past", "routed"), [(0, True), (1, False)])
+async def test_an_earlier_turn_is_judged_by_its_first_max_query_chars(past, routed):
+    # "договор" routes a turn to the documents: within the first MAX_QUERY_CHARS, and one
+    # character past them.
+    earlier = ("? " * MAX_QUERY_CHARS)[: MAX_QUERY_CHARS - len("договор") + past] + "договор"
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    await ask(responder, "а для Беты?", history=(Turn("user", earlier),))
+    assert (retriever.requests[0].query != "а для Беты?") is routed
