@@ -37,6 +37,10 @@ from google.protobuf import descriptor_pb2  # noqa: E402
 
 from services.common import search_contract as contract  # noqa: E402
 from services.common.context import _TRACE_ID  # noqa: E402
+from services.common.document_limits import (  # noqa: E402
+    FILTER_VALUE_CHARS,
+    MAX_DOC_ID_CHARS,
+)
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
@@ -49,7 +53,6 @@ from services.orchestrator import runtime_config as orch_config  # noqa: E402
 from services.retrieval import search as retr_search  # noqa: E402
 from services.retrieval.engine import RANKINGS  # noqa: E402
 from services.retrieval.fusion import FUSIONS  # noqa: E402
-from services.retrieval.limits import MAX_DOC_ID_CHARS  # noqa: E402
 from services.toolsproxy import servicer as tools_servicer  # noqa: E402
 from services.toolsproxy.cbr import CbrSettings, cbr_schema  # noqa: E402
 from services.toolsproxy.tavily import tavily_schema  # noqa: E402
@@ -294,6 +297,14 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     **{
         f"visior.retrieval.v1.SearchFilters.{name}": {"maxItems": contract.MAX_FILTER_VALUES}
         for name in ("tags", "doc_ids", "section_ids")
+    },
+    **{
+        f"visior.retrieval.v1.SearchFilters.{name}": (
+            {"maxItems": contract.MAX_FILTER_VALUES, "items": {"maxLength": chars}}
+            if name in ("tags", "doc_ids")
+            else {"maxLength": chars}
+        )
+        for name, chars in FILTER_VALUE_CHARS.items()
     },
     "visior.retrieval.v1.IngestDocumentRequest.tenant_id": TENANT_ID,
     "visior.retrieval.v1.IngestDocumentRequest": {

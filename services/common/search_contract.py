@@ -15,6 +15,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from services.common import errors
+from services.common.document_limits import FILTER_VALUE_CHARS
 from services.common.wording import fold_yo
 
 KB_TENANT = "__knowledge_base__"
@@ -81,14 +82,29 @@ def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> Non
 
 
 def check_query(query: str) -> None:
-    """A query every service can search: InvalidArgumentError when it normalises to nothing
-    (blank, or only controls, format marks, private-use characters), LimitExceededError past
-    MAX_QUERY_CHARS."""
-    if not normalise_query(query):
-        raise errors.invalid("query", "query is required (a word, not only spaces or marks)")
+    """A query every service can search: LimitExceededError past MAX_QUERY_CHARS, as sent or
+    as :func:`normalise_query` makes it; InvalidArgumentError when it normalises to nothing
+    (blank, or only controls, format marks, private-use characters).
+
+    The length as sent is checked before anything reads the text, so a query of any size is
+    refused at once. The normalised length is checked too: NFKC writes some characters as
+    several (U+FDFA as 18), and the normalised text is what is searched and embedded. A query
+    past the limit once normalised is refused, not cut: every service checks with this one
+    function, so each accepts and refuses the same queries, and no caller is answered about
+    only the first part of its question."""
     if len(query) > MAX_QUERY_CHARS:
         raise errors.over_limit(
             f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}",
+            MAX_QUERY_CHARS,
+            field="query",
+        )
+    normalised = normalise_query(query)
+    if not normalised:
+        raise errors.invalid("query", "query is required (a word, not only spaces or marks)")
+    if len(normalised) > MAX_QUERY_CHARS:
+        raise errors.over_limit(
+            f"query is {len(normalised)} characters once normalised (Unicode NFKC);"
+            f" the limit is {MAX_QUERY_CHARS}",
             MAX_QUERY_CHARS,
             field="query",
         )
@@ -123,8 +139,10 @@ class Filters:
 
 
 def validate_filters(f: Filters) -> None:
-    """filters.source and the filter lists' limits; the orchestrator checks a Respond's
-    filters with it before they reach Retrieval."""
+    """filters.source, the filter lists' limits and the longest value each filter may hold
+    (FILTER_VALUE_CHARS); the orchestrator checks a Respond's filters with it before they
+    reach Retrieval, and Retrieval checks every search's. A value longer than any a document
+    can be stored with matches nothing, and is refused before it is searched or logged."""
     if f.source and f.source not in SOURCES:
         raise errors.invalid("filters.source", "filters.source must be 'user' or 'knowledge_base'")
     for name in ("tags", "doc_ids", "section_ids"):
@@ -132,6 +150,15 @@ def validate_filters(f: Filters) -> None:
             raise errors.over_limit(
                 f"filters.{name} has more than {MAX_FILTER_VALUES} values",
                 MAX_FILTER_VALUES,
+                field=f"filters.{name}",
+            )
+    for name, limit in FILTER_VALUE_CHARS.items():
+        value = getattr(f, name)
+        longest = max(map(len, value), default=0) if isinstance(value, tuple) else len(value)
+        if longest > limit:
+            raise errors.over_limit(
+                f"filters.{name} has a value of {longest} characters; the limit is {limit}",
+                limit,
                 field=f"filters.{name}",
             )
 

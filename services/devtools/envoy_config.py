@@ -26,11 +26,12 @@ from services.common.call_budgets import (
     STREAM_IDLE_TIMEOUT_S,
     CallBudget,
 )
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.common.shared_config import MAX_REQUEST_METADATA_BYTES, UTF8_MAX_BYTES
 from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports, ServiceSpec
 from services.llm.engine import GENERATE_MAX_REQUEST_BYTES
 from services.orchestrator.respond import RESPOND_MAX_REQUEST_BYTES
-from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
+from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES
 from services.retrieval.listing import MAX_LISTED_IDS
 
 MiB = 1 << 20

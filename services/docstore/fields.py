@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from services.common import errors
+from services.common.document_limits import MAX_PRODUCT_CHARS, MAX_TAG_CHARS
 
 MAX_TAGS = 32
-MAX_TAG_CHARS = 128
 MAX_TITLE_CHARS = 1024
-MAX_PRODUCT_CHARS = 256
-"""Also the limit of `version`."""
 MAX_METADATA = 32
 """Entries of the document's own metadata (the caller's, or a knowledge-base row's); the
 SERVICE_METADATA entries come on top of them."""

@@ -34,6 +34,7 @@ from services.docstore.model import Chunk, StoredPoint
 from services.docstore.sql_store import (
     CHUNK_COLUMNS,
     POINT_COLUMNS,
+    KeyRead,
     Row,
     SqlDocumentStore,
     T,
@@ -288,27 +289,31 @@ class PostgresDocumentStore(SqlDocumentStore):
         )
         return {p.point_id: p for p in map(self._point, rows)}
 
-    def chunks_by_ids(
-        self, tenant_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], Chunk]:
-        """Chunks by (doc_id, chunk_id) in one query; missing keys are absent.
+    def _chunks_by_keys(self, tenant_id: str, keys: Sequence[KeyRead]) -> dict[KeyRead, Chunk]:
+        """Chunks by (doc_id, chunk_id, generation or None) in one query.
 
-        The keys go in as two arrays joined with `unnest`: one lookup per key in the
-        (tenant_id, doc_id, chunk_id) index, one round trip.
+        The keys go in as three arrays joined with `unnest`: one lookup per key in the
+        (tenant_id, doc_id, chunk_id) index and one in the documents' primary key for the
+        generation, one round trip.
         """
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
         cols = ", ".join("c." + n for n in CHUNK_COLUMNS.split(", "))
         rows = self._query(
-            f"SELECT {cols} FROM unnest(?::text[], ?::text[]) AS k(doc_id, chunk_id)"
-            " JOIN chunks c ON c.tenant_id=? AND c.doc_id=k.doc_id AND c.chunk_id=k.chunk_id",
-            ([_enc(k[0]) for k in wanted], [_enc(k[1]) for k in wanted], _enc(tenant_id)),
+            f"SELECT k.generation, {cols}"
+            " FROM unnest(?::text[], ?::text[], ?::text[]) AS k(doc_id, chunk_id, generation)"
+            " JOIN chunks c ON c.tenant_id=? AND c.doc_id=k.doc_id AND c.chunk_id=k.chunk_id"
+            " JOIN documents d ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id"
+            " WHERE k.generation IS NULL OR d.generation=k.generation",
+            (
+                [_enc(k[0]) for k in keys],
+                [_enc(k[1]) for k in keys],
+                [None if k[2] is None else _enc(k[2]) for k in keys],
+                _enc(tenant_id),
+            ),
         )
-        out: dict[tuple[str, str], Chunk] = {}
+        out: dict[KeyRead, Chunk] = {}
         for r in rows:
-            chunk = self._chunk(r)
-            out[(chunk.doc_id, chunk.chunk_id)] = chunk
+            chunk = self._chunk(r[1:])
+            out[(chunk.doc_id, chunk.chunk_id, None if r[0] is None else _dec(r[0]))] = chunk
         return out
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ connections: how a query runs and a write transaction is taken (`_query`, `_writ
 `_execute`, `_executemany`), its placeholders (`_sql`), a membership test (`_member`), the
 id collation for ordering (`ID_ORDER`), how strings are stored (`_enc` / `_dec`, identity
 unless the database cannot hold every string), and the two batched lookups a search makes
-(`points_by_ids`, `chunks_by_ids`), whose fastest form differs per database.
+(`points_by_ids`, and `_chunks_by_keys` under `chunks_by_ids`), whose fastest form differs
+per database.
 
 SQL here is written with `?` placeholders; `_sql` turns them into the dialect's.
 """
@@ -32,6 +33,11 @@ from services.docstore.model import (
 
 T = TypeVar("T")
 Row = Sequence[Any]
+ChunkKey = TypeVar("ChunkKey", tuple[str, str], tuple[str, str, str])
+"""A chunk asked for by (doc_id, chunk_id), or by (doc_id, chunk_id, generation): then only
+while the store holds that generation of its document."""
+KeyRead = tuple[str, str, str | None]
+"""(doc_id, chunk_id, generation or None for any) as a dialect's `_chunks_by_keys` reads it."""
 
 DOC_COLUMNS = "doc_id, title, source, product, version, tags, pages, generation, metadata, tokens"
 """The columns a Document's own fields are read from, in this order."""
@@ -85,6 +91,11 @@ def _same(text: str) -> str:
     return text
 
 
+def _generation(key: tuple[str, ...]) -> str | None:
+    """The generation a ChunkKey names, None when it names none."""
+    return key[2] if len(key) > 2 else None
+
+
 class SqlDocumentStore(ABC):
     """The queries and writes of a document store; a subclass is one database's dialect."""
 
@@ -130,11 +141,22 @@ class SqlDocumentStore(ABC):
         """The tenant's stored points among `point_ids`, by id; ids of points the store does
         not hold (another tenant's, an uncommitted or replaced generation's) are absent."""
 
+    def chunks_by_ids(self, tenant_id: str, keys: Sequence[ChunkKey]) -> dict[ChunkKey, Chunk]:
+        """The tenant's chunks by key (ChunkKey), each under the key it was asked by; missing
+        keys are absent, and so is a key naming another generation than the one stored.
+
+        A search reads its candidates' texts by their generation: between its read of the
+        candidates and of their texts a re-ingest may commit, whose chunks have the same ids
+        and other texts, sections and pages. The generation is compared in the one query that
+        reads the text, against the document row committed with it.
+        """
+        asked = {(k[0], k[1], _generation(k)): k for k in keys}
+        found = self._chunks_by_keys(tenant_id, list(asked)) if asked else {}
+        return {asked[key]: chunk for key, chunk in found.items()}
+
     @abstractmethod
-    def chunks_by_ids(
-        self, tenant_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], Chunk]:
-        """Chunks by (doc_id, chunk_id); missing keys are absent."""
+    def _chunks_by_keys(self, tenant_id: str, keys: Sequence[KeyRead]) -> dict[KeyRead, Chunk]:
+        """`chunks_by_ids` with every key in KeyRead's form (distinct, at least one)."""
 
     @abstractmethod
     def close(self) -> None:

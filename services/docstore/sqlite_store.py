@@ -23,6 +23,7 @@ from services.docstore.model import Chunk, StoredPoint
 from services.docstore.sql_store import (
     CHUNK_COLUMNS,
     POINT_COLUMNS,
+    KeyRead,
     Row,
     SqlDocumentStore,
     T,
@@ -268,29 +269,29 @@ class SqliteDocumentStore(SqlDocumentStore):
                 out[pid] = StoredPoint(pid, *r[1:])
         return out
 
-    def chunks_by_ids(
-        self, tenant_id: str, keys: Sequence[tuple[str, str]]
-    ) -> dict[tuple[str, str], Chunk]:
-        """Chunks by (doc_id, chunk_id) in one query per 500 keys; missing keys are absent.
+    def _chunks_by_keys(self, tenant_id: str, keys: Sequence[KeyRead]) -> dict[KeyRead, Chunk]:
+        """Chunks by (doc_id, chunk_id, generation or None) in one query per 500 keys.
 
         A join against the keys as a VALUES table, so each key is one lookup in the
-        (tenant_id, doc_id, chunk_id) index (a row-value IN or an OR list scanned the
-        tenant's chunks instead: 2-8 ms for 40 keys at 10k chunks, against 0.3 ms). Row by
-        row, not packed (`_query_packed`): for ~45 texts of a search, escaping and parsing
-        them as JSON cost 0.1-0.2 ms more alone and won nothing under load.
+        (tenant_id, doc_id, chunk_id) index and one in the documents' primary key for the
+        generation (a row-value IN or an OR list scanned the tenant's chunks instead: 2-8 ms
+        for 40 keys at 10k chunks, against 0.3 ms). Row by row, not packed (`_query_packed`):
+        for ~45 texts of a search, escaping and parsing them as JSON cost 0.1-0.2 ms more
+        alone and won nothing under load.
         """
-        wanted = list(dict.fromkeys(keys))
-        out: dict[tuple[str, str], Chunk] = {}
-        for i in range(0, len(wanted), 500):
-            part = wanted[i : i + 500]
+        out: dict[KeyRead, Chunk] = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
             rows = self._query(
-                f"SELECT {', '.join('c.' + n for n in CHUNK_COLUMNS.split(', '))} "
-                f"FROM (VALUES {','.join(['(?,?)'] * len(part))}) AS k CROSS JOIN chunks c "
-                "ON c.tenant_id=? AND c.doc_id=k.column1 AND c.chunk_id=k.column2",
+                f"SELECT k.column3, {', '.join('c.' + n for n in CHUNK_COLUMNS.split(', '))} "
+                f"FROM (VALUES {','.join(['(?,?,?)'] * len(part))}) AS k CROSS JOIN chunks c "
+                "ON c.tenant_id=? AND c.doc_id=k.column1 AND c.chunk_id=k.column2 "
+                "CROSS JOIN documents d ON d.tenant_id=c.tenant_id AND d.doc_id=c.doc_id "
+                "WHERE k.column3 IS NULL OR d.generation=k.column3",
                 (*[v for key in part for v in key], tenant_id),
             )
             for r in rows:
-                out[(r[0], r[1])] = Chunk(*r)
+                out[(r[1], r[2], r[0])] = Chunk(*r[1:])
         return out
 
     def close(self, wait_s: float = 30.0) -> None:

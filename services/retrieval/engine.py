@@ -8,7 +8,8 @@ Index queries return point ids and scores only. The candidates' fields (`StoredP
 fusion and shaping need) come from the document store's list of each committed document's
 points, read by id under the request's tenant, so a point of an uncommitted or replaced
 generation is never shown; the text of the few that survive is read from the store in one
-more query.
+more query, by their generation, so a re-ingest that commits in between never lends them
+its texts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import takewhile
@@ -70,6 +72,8 @@ log = logging.getLogger("visior.retrieval.engine")
 
 T = TypeVar("T")
 Key = tuple[str, str]  # (doc_id, chunk_id | section_id | "")
+TextKey = tuple[str, str, str]
+"""(doc_id, chunk_id, generation): what a candidate chunk's text is read by."""
 Scored = tuple[StoredPoint, float]
 """A candidate and its score in the ranking at hand."""
 
@@ -82,6 +86,10 @@ ACRONYM_WEIGHT = 0.5
 
 class BackendUnavailableError(errors.BackendUnavailableError):
     """The vector store cannot be reached (retrieval.md §7.2); 502 through Envoy."""
+
+
+_Started = SearchResult | tuple[list[Scored], dict[TextKey, str]] | BackendUnavailableError
+"""What a search's first worker hop answers (`RetrievalEngine._start`)."""
 
 
 class ChunkText(Protocol):
@@ -99,9 +107,9 @@ class ChunkStore(Protocol):
         self, tenant_id: str, point_ids: Collection[PointId]
     ) -> Mapping[PointId, StoredPoint]: ...
 
-    def chunks_by_ids(
-        self, tenant_id: str, keys: Sequence[tuple[str, str]]
-    ) -> Mapping[tuple[str, str], ChunkText]: ...
+    def chunks_by_ids(self, tenant_id: str, keys: Sequence[TextKey]) -> Mapping[TextKey, ChunkText]:
+        """The chunks among `keys` the store holds in that generation of their document."""
+        ...
 
 
 class SearchMetrics(Protocol):
@@ -178,6 +186,7 @@ class _Plan:
 
     q: SearchQuery
     tenant_id: str
+    """The tenant searched: the caller's (q.tenant_id), or the knowledge base's."""
     text: str
     language: str
     variants: tuple[str, ...]
@@ -204,10 +213,12 @@ class _Plan:
 
 
 class RetrievalEngine:
-    """Runs searches: embedding, index work and shaping in one worker thread per request.
+    """Runs searches: planning, embedding, index work and shaping in one worker thread per
+    request.
 
-    With rerank the request makes three hops (retrieve in a thread, rerank on the loop,
-    shape in a thread); without, one.
+    With rerank the request makes three hops (plan and retrieve in a thread, rerank on the
+    loop, shape in a thread); without, one. A model query expander adds one in front: the
+    plan in a thread, the model's variants on the loop.
     """
 
     def __init__(
@@ -242,7 +253,7 @@ class RetrievalEngine:
         self._metrics = metrics
         # Chunk languages by point id (an id names one generation's chunk, so its text never
         # changes), for impute_cross_language; bounded, oldest first out.
-        self._languages: dict[PointId, str] = {}
+        self._languages: OrderedDict[PointId, str] = OrderedDict()
         self._languages_lock = threading.Lock()
 
     @property
@@ -264,32 +275,55 @@ class RetrievalEngine:
 
     async def _search(self, q: SearchQuery) -> SearchResult:
         started = time.perf_counter()
-        plan = self._plan(q)
-        if plan.expand and self._expander is not None:
-            plan = await self._model_variants(plan, self._expander)
         timing = SearchTiming()
-        try:
-            if plan.rerank:
-                chunks, texts = await asyncio.to_thread(self._find, plan, timing)
-                rerank_used = False
-                if chunks:
-                    chunks, rerank_used = await self._rerank(plan, chunks, texts, timing)
-                result = await asyncio.to_thread(
-                    self._shape, plan, chunks, texts, rerank_used, timing, started
-                )
-            else:
-                result = await asyncio.to_thread(self._search_sync, plan, timing, started)
-        except BackendUnavailableError as exc:
-            if not self._settings.empty_on_backend_error:
-                raise  # counted by search()
+        # Planning normalises the query and looks its words up in the synonym table (tens of
+        # ms for a long query): never on the event loop. It shares the search's first hop
+        # unless the model writes variants in between.
+        if self._expander is None:
+            plan, first = await asyncio.to_thread(self._plan_and_start, q, timing, started)
+        else:
+            plan = await asyncio.to_thread(self._plan, q)
+            if plan.expand:
+                plan = await self._model_variants(plan, self._expander)
+            first = await asyncio.to_thread(self._start, plan, timing, started)
+        if isinstance(first, BackendUnavailableError):
             if self._metrics is not None:
-                self._metrics.failed(exc.reason)
-            log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=exc)
+                self._metrics.failed(first.reason)
+            log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=first)
             result = self._shape(plan, [], {}, False, timing, started)
+        elif isinstance(first, SearchResult):
+            result = first
+        else:
+            chunks, texts = first
+            rerank_used = False
+            if chunks:
+                chunks, rerank_used = await self._rerank(plan, chunks, texts, timing)
+            result = await asyncio.to_thread(
+                self._shape, plan, chunks, texts, rerank_used, timing, started
+            )
         if self._metrics is not None:
             self._metrics.observe(result)
         log_search(plan, result, timing, self._settings.slow_search_ms)
         return result
+
+    def _plan_and_start(
+        self, q: SearchQuery, timing: SearchTiming, started: float
+    ) -> tuple[_Plan, _Started]:
+        plan = self._plan(q)
+        return plan, self._start(plan, timing, started)
+
+    def _start(self, plan: _Plan, timing: SearchTiming, started: float) -> _Started:
+        """The search's first hop (worker thread): all of it without rerank; with rerank, the
+        candidates and the texts the reranker reads. The index being down is returned when
+        RETR_EMPTY_ON_BACKEND_ERROR answers it with an empty result, raised otherwise."""
+        try:
+            if plan.rerank:
+                return self._find(plan, timing)
+            return self._search_sync(plan, timing, started)
+        except BackendUnavailableError as exc:
+            if not self._settings.empty_on_backend_error:
+                raise  # counted by search()
+            return exc
 
     def _search_sync(self, plan: _Plan, timing: SearchTiming, started: float) -> SearchResult:
         """A search without rerank, start to end in the worker thread."""
@@ -297,7 +331,7 @@ class RetrievalEngine:
         count_candidates(timing, chunks)
         return self._shape(plan, chunks, {}, False, timing, started)
 
-    def _find(self, plan: _Plan, timing: SearchTiming) -> tuple[list[Scored], dict[Key, str]]:
+    def _find(self, plan: _Plan, timing: SearchTiming) -> tuple[list[Scored], dict[TextKey, str]]:
         """Candidates for rerank, with the texts of the head the reranker reads."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
         count_candidates(timing, chunks)
@@ -527,14 +561,14 @@ class RetrievalEngine:
         """passage_language of the chunks among `ids`; two store reads for the ids not cached.
 
         Section and document points are cached as "" (no language: not imputed), so they are
-        not read again; a point the store does not list (yet), or a chunk whose text is gone,
-        is left out and not cached."""
+        not read again; a point the store does not list (yet), or a chunk whose text is gone
+        from its generation, is left out and not cached."""
         cache = self._languages
         missing = [i for i in ids if i not in cache]
         found: dict[PointId, str] = {}
         if missing:
             points = self._chunks.points_by_ids(tenant_id, missing)
-            keys = {(p.doc_id, p.chunk_id): i for i, p in points.items() if p.kind == "chunk"}
+            keys = {_key(p): i for i, p in points.items() if p.kind == "chunk"}
             found = {i: "" for i, p in points.items() if p.kind != "chunk"}
             if keys:
                 texts = self._chunks.chunks_by_ids(tenant_id, list(keys))
@@ -542,7 +576,7 @@ class RetrievalEngine:
             with self._languages_lock:
                 cache.update(found)
                 for _ in range(len(cache) - CHUNK_LANGUAGES_CACHED):
-                    del cache[next(iter(cache))]
+                    cache.popitem(last=False)
         return {i: lang for i in ids if (lang := found.get(i) or cache.get(i))}
 
     def _resolve(
@@ -572,11 +606,14 @@ class RetrievalEngine:
             for out, part in zip(outs, parts, strict=True):
                 out.extend((p, score) for key, score in part if (p := found.get(key)) is not None)
 
-    def _texts(self, plan: _Plan, items: Sequence[Scored], have: dict[Key, str]) -> dict[Key, str]:
-        """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped.
+    def _texts(
+        self, plan: _Plan, items: Sequence[Scored], have: dict[TextKey, str]
+    ) -> dict[TextKey, str]:
+        """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped,
+        each text of its candidate's generation.
 
-        A chunk the store no longer has (its document re-ingested or deleted since the
-        visibility check) gets no text, and the caller drops it.
+        A chunk the store no longer has in that generation (its document re-ingested or
+        deleted since the visibility check) gets no text, and the caller drops it.
         """
         missing = [_key(h) for h, _ in items if _key(h) not in have]
         if missing:
@@ -622,6 +659,11 @@ class RetrievalEngine:
             {"dense": dense, "sparse": sparse},
             {"dense": s.dense_weight, "sparse": s.sparse_weight},
         )
+        total = s.dense_weight + s.sparse_weight
+        if total != 1.0:
+            # Scaled so that first place in both lists scores 1, as with RRF: min_score,
+            # add_exact_matches and the rerank scaling read scores in [0, 1].
+            fused = [(k, v / total) for k, v in fused]
         if exact:
             # The embedding reads an unknown abbreviation as noise; BM25 matches it exactly.
             fused = add_exact_matches(fused, exact, ACRONYM_WEIGHT)
@@ -630,7 +672,11 @@ class RetrievalEngine:
     # -- rerank -----------------------------------------------------------------------------
 
     async def _rerank(
-        self, plan: _Plan, chunks: list[Scored], texts: Mapping[Key, str], timing: SearchTiming
+        self,
+        plan: _Plan,
+        chunks: list[Scored],
+        texts: Mapping[TextKey, str],
+        timing: SearchTiming,
     ) -> tuple[list[Scored], bool]:
         assert self._reranker is not None
         # Only the leading candidates whose texts `_find` read: past a dropped one (its text
@@ -699,7 +745,7 @@ class RetrievalEngine:
         self,
         plan: _Plan,
         chunks: list[Scored],
-        texts: dict[Key, str],
+        texts: dict[TextKey, str],
         rerank_used: bool,
         timing: SearchTiming,
         started: float,
@@ -739,20 +785,27 @@ class RetrievalEngine:
         )
 
     def _with_texts(
-        self, plan: _Plan, selected: list[Scored], texts: dict[Key, str], timing: SearchTiming
-    ) -> tuple[list[Scored], list[Scored], dict[Key, str]]:
+        self, plan: _Plan, selected: list[Scored], texts: dict[TextKey, str], timing: SearchTiming
+    ) -> tuple[list[Scored], list[Scored], dict[TextKey, str]]:
         """The selection without chunks whose text is gone, its head (what the response
-        carries: hits and context candidates) and the texts of that head."""
-        head = selected[: max(plan.max_results, plan.max_chunks)]
-        if head:
-            t0 = time.perf_counter()
-            texts = self._texts(plan, head, texts)
-            timing.engine_ms += (time.perf_counter() - t0) * 1000
+        carries: hits and context candidates) and the texts of that head.
+
+        A chunk dropped lets the next one into the head, whose text is read in turn: one
+        store query when every text is there, one more per round that finds some gone."""
+        size = max(plan.max_results, plan.max_chunks)
+        t0 = time.perf_counter()
+        while True:
+            head = selected[:size]
             # By key, not by count: `texts` may hold texts of candidates _select dropped.
-            gone = {_key(h) for h, _ in head if _key(h) not in texts}
-            if gone:
-                selected = [hs for hs in selected if _key(hs[0]) not in gone]
-                head = selected[: max(plan.max_results, plan.max_chunks)]
+            lacking = [hs for hs in head if _key(hs[0]) not in texts]
+            if not lacking:
+                break
+            texts = self._texts(plan, lacking, texts)
+            gone = {_key(h) for h, _ in lacking if _key(h) not in texts}
+            if not gone:
+                break
+            selected = [hs for hs in selected if _key(hs[0]) not in gone]
+        timing.engine_ms += (time.perf_counter() - t0) * 1000
         return selected, head, texts
 
     def _sections_and_docs(
@@ -815,6 +868,6 @@ class RetrievalEngine:
         ]
 
 
-def _key(h: StoredPoint) -> Key:
-    """The (doc_id, chunk_id) a chunk candidate's text is stored under."""
-    return (h.doc_id, h.chunk_id)
+def _key(h: StoredPoint) -> TextKey:
+    """The (doc_id, chunk_id, generation) a chunk candidate's text is read by."""
+    return (h.doc_id, h.chunk_id, h.generation)

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import DocumentLimitError, StoreUnavailableError
@@ -51,7 +52,6 @@ from services.retrieval.embeddings import Embedder
 from services.retrieval.index.base import IndexPoint, IndexUnavailableError
 from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.journal import IngestJournal, JournalEntry
-from services.retrieval.limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import ListPage, list_page, page_token, read_page
 from services.retrieval.sections import SectionCatalog
 

@@ -6,5 +6,3 @@ from __future__ import annotations
 
 DEFAULT_MAX_DOCUMENT_BYTES = 32 << 20
 """The largest document IngestDocument accepts by default (RETR_MAX_DOCUMENT_BYTES)."""
-MAX_DOC_ID_CHARS = 128
-"""A doc_id's longest spelling, in characters of any script."""

@@ -1,7 +1,8 @@
 """One structured log line per search (retrieval-v1 §7, retrieval.md §7.4).
 
-Event ``search``: tenant_id, max_results, filters, mode, hits_count, backend, the candidates
-each stage produced and the time each stage took. A search slower than
+Event ``search``: tenant_id (the caller's), searched_tenant (the tenant whose documents were
+searched: the caller's, or the knowledge base's), max_results, filters, mode, hits_count,
+backend, the candidates each stage produced and the time each stage took. A search slower than
 ``EngineSettings.slow_search_ms`` (300) is logged at WARNING with ``slow: true``, otherwise at INFO. The
 query's text is the user's: it is never logged (its variants are counted only).
 """
@@ -20,6 +21,9 @@ log = get_logger("visior.retrieval.search")
 
 MAX_FILTER_VALUES = 20
 """A list filter (doc_ids, section_ids, tags) is logged up to this many values."""
+MAX_FILTER_VALUE_CHARS = 256
+"""A filter value is logged up to this many characters, then "…" (the longest product or
+version a document can be stored with)."""
 
 
 class _Plan(Protocol):
@@ -66,26 +70,34 @@ def count_candidates(timing: SearchTiming, chunks: Sequence[tuple[Any, float]]) 
 
 
 def filters_logged(filters: Filters) -> dict[str, Any]:
-    """The filters the caller set (empty ones left out); lists cut to MAX_FILTER_VALUES."""
+    """The filters the caller set (empty ones left out); lists cut to MAX_FILTER_VALUES,
+    values to MAX_FILTER_VALUE_CHARS."""
     out: dict[str, Any] = {}
     for name in ("product", "version", "source"):
         value = getattr(filters, name)
         if value:
-            out[name] = value
+            out[name] = _cut(value)
     for name in ("tags", "doc_ids", "section_ids"):
         values = getattr(filters, name)
         if values:
-            out[name] = list(values[:MAX_FILTER_VALUES])
+            out[name] = [_cut(v) for v in values[:MAX_FILTER_VALUES]]
             if len(values) > MAX_FILTER_VALUES:
                 out[f"{name}_count"] = len(values)
     return out
+
+
+def _cut(value: str) -> str:
+    if len(value) <= MAX_FILTER_VALUE_CHARS:
+        return value
+    return value[:MAX_FILTER_VALUE_CHARS] + "…"
 
 
 def log_search(plan: _Plan, result: SearchResult, timing: SearchTiming, slow_ms: float) -> None:
     """The search's line; WARNING when it took more than `slow_ms` (0: never)."""
     slow = 0 < slow_ms < result.elapsed_ms
     fields: dict[str, Any] = {
-        "tenant_id": plan.tenant_id,
+        "tenant_id": plan.q.tenant_id,
+        "searched_tenant": plan.tenant_id,
         "max_results": plan.max_results,
         "filters": filters_logged(plan.q.filters),
         "mode": plan.mode,
@@ -116,7 +128,7 @@ def log_search(plan: _Plan, result: SearchResult, timing: SearchTiming, slow_ms:
         # where they came from: the synonym table or the model), never their text.
         log.info(
             "query_expansion",
-            tenant_id=plan.tenant_id,
+            tenant_id=plan.q.tenant_id,
             variants=len(plan.variants),
             source=plan.variants_source,
             language=plan.language,

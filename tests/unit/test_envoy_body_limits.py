@@ -17,6 +17,7 @@ from visior.orchestrator.v1 import orchestrator_pb2
 
 import services.devtools.envoy_config as envoy_config
 import services.orchestrator.respond as respond
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.common.generate_contract import MAX_MESSAGE_CHARS
 from services.common.search_contract import MAX_FILTER_VALUES, MAX_QUERY_CHARS
 from services.common.settings import Env
@@ -27,7 +28,6 @@ from services.llm.loop import LoopSettings
 from services.llm.servicer import generate_input
 from services.orchestrator.config import OrchestratorSettings
 from services.orchestrator.servicer import respond_input
-from services.retrieval.limits import MAX_DOC_ID_CHARS
 
 MiB = 1 << 20
 RESPOND = "/internal/orchestrator/respond"

@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from visior.retrieval.v1 import retrieval_pb2
 
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.common.settings import Env
 from services.devtools.envoy_config import (
     INGEST_MAX_REQUEST_BYTES,
@@ -15,7 +16,7 @@ from services.devtools.envoy_config import (
 )
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.ingestion import _DOC_ID
-from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES, MAX_DOC_ID_CHARS
+from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES
 from services.retrieval.listing import MAX_LISTED_IDS
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 
 from services.common import errors
+from services.common.document_limits import MAX_PRODUCT_CHARS, MAX_TAG_CHARS
 from services.common.search_contract import KB_TENANT
 from services.docstore.fields import (
     MAX_METADATA,
     MAX_METADATA_VALUE,
-    MAX_PRODUCT_CHARS,
-    MAX_TAG_CHARS,
     MAX_TAGS,
     MAX_TITLE_CHARS,
     check_fields,

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from services.common import errors
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.retrieval.ingestion import IngestInput, Ingestor
 from services.retrieval.journal import IngestJournal, JournalEntry
-from services.retrieval.limits import MAX_DOC_ID_CHARS
 from tests.unit.test_ingestion import V1, V2, guide
 from tests.unit.test_pdf_text_limit import embedder  # noqa: F401 (fixture)
 from tests.unit.test_search import make_stack

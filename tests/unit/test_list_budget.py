@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from visior.retrieval.v1 import retrieval_pb2
 
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.docstore.fields import (
     MAX_METADATA,
     MAX_METADATA_KEY_CHARS,
@@ -22,7 +23,6 @@ from services.docstore.model import Document
 from services.retrieval import listing
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
-from services.retrieval.limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import (
     FIRST_READ_ROWS,
     MAX_LIST_RESPONSE_BYTES,

@@ -21,13 +21,13 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from services.common import errors
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.common.search_contract import MAX_TENANT_ID_CHARS
 from services.devtools.envoy import REPO_ROOT as ROOT
 from services.docstore.parsing import SUFFIX_FORMATS
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.ingestion import IngestInput, Ingestor
-from services.retrieval.limits import MAX_DOC_ID_CHARS
 from tests.unit.test_search import make_stack
 
 PREFIX = "#/components/schemas/"

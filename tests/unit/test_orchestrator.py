@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
+from services.common.document_limits import FILTER_VALUE_CHARS
 from services.common.generate_contract import listed_clarifications
 from services.common.search_contract import MAX_QUERY_CHARS, Filters, normalise_query
 from services.common.settings import Env, SettingsError
@@ -192,6 +193,24 @@ async def test_filter_lists_at_the_limit_pass(name):
     values = tuple(f"v{i}" for i in range(MAX_FILTER_VALUES))
     await responder.respond(inp(filters=Filters(**{name: values})))
     assert len(getattr(retriever.calls[0][2], name)) == MAX_FILTER_VALUES
+
+
+@pytest.mark.parametrize("name", sorted(FILTER_VALUE_CHARS))
+async def test_filter_values_at_their_stored_limits_pass_and_one_past_is_refused(name):
+    """A filter value longer than any document can be stored with is refused here, before
+    Retrieval is asked, as Retrieval itself refuses it (the same validate_filters)."""
+    limit = FILTER_VALUE_CHARS[name]
+
+    def value(n: int) -> str | tuple[str, ...]:
+        return ("v" * n,) if name in ("tags", "doc_ids") else "v" * n
+
+    responder, retriever, *_ = make()
+    await responder.respond(inp(filters=Filters(**{name: value(limit)})))
+    assert retriever.calls
+    responder, retriever, *_ = make()
+    with pytest.raises(errors.LimitExceededError) as info:
+        await responder.respond(inp(filters=Filters(**{name: value(limit + 1)})))
+    assert info.value.metadata["field"] == f"filters.{name}" and retriever.calls == []
 
 
 async def test_limits_at_the_limit_pass():

@@ -31,7 +31,7 @@ from visior.orchestrator.v1 import orchestrator_pb2
 from visior.retrieval.v1 import retrieval_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
-from services.common import errors
+from services.common import document_limits, errors
 from services.common import search_contract as contract
 from services.docstore import fields
 from services.llm import engine as llm_engine
@@ -537,10 +537,10 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
      _ingest(metadata={f"k{i}": "v" for i in range(fields.MAX_METADATA + 1)}), LIMIT, "metadata"),
     ("ingest", _ingest(metadata={"k": "v" * fields.MAX_METADATA_VALUE}), _ingest(metadata={"k": "v" * (fields.MAX_METADATA_VALUE + 1)}), LIMIT, "metadata"),
     ("ingest", _ingest(metadata={"k" * 128: "v"}), _ingest(metadata={"k" * 129: "v"}), LIMIT, "metadata"),
-    ("ingest", _ingest(tags=["a", "t" * fields.MAX_TAG_CHARS]), _ingest(tags=["a", "t" * (fields.MAX_TAG_CHARS + 1)]), LIMIT, "tags"),
+    ("ingest", _ingest(tags=["a", "t" * document_limits.MAX_TAG_CHARS]), _ingest(tags=["a", "t" * (document_limits.MAX_TAG_CHARS + 1)]), LIMIT, "tags"),
     ("ingest", _ingest(title="t" * fields.MAX_TITLE_CHARS), _ingest(title="t" * (fields.MAX_TITLE_CHARS + 1)), LIMIT, "title"),
     *[
-        ("ingest", _ingest(**{n: "v" * fields.MAX_PRODUCT_CHARS}), _ingest(**{n: "v" * (fields.MAX_PRODUCT_CHARS + 1)}), LIMIT, n)
+        ("ingest", _ingest(**{n: "v" * document_limits.MAX_PRODUCT_CHARS}), _ingest(**{n: "v" * (document_limits.MAX_PRODUCT_CHARS + 1)}), LIMIT, n)
         for n in ("product", "version")
     ],
     ("ingest", _ingest(tenant_id="t" * 128), _ingest(tenant_id="t" * 129), INVALID, "tenant_id"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common import errors
+from services.common import errors, search_contract
 from services.common.breaker import CLOSED, OPEN, BreakerPolicy, CircuitBreaker
 from services.common.search_contract import KB_TENANT, MAX_QUERY_CHARS, Filters
 from services.common.tokenizer import default_tokenizer
@@ -227,6 +227,87 @@ async def test_query_length_at_and_past_the_limit(shared):
         await shared.engine.search(q(query="a" * (MAX_QUERY_CHARS + 1)))
 
 
+async def test_a_query_normalised_past_the_limit_is_refused(shared):
+    # NFKC writes U+FDFA as 18 characters: 227 of them are 4,086, 228 are 4,104.
+    fits = "\ufdfa" * (MAX_QUERY_CHARS // 18)
+    await shared.engine.search(q(query=fits))
+    for query in (fits + "\ufdfa", "\ufdfa" * MAX_QUERY_CHARS):
+        with pytest.raises(errors.LimitExceededError) as info:
+            await shared.engine.search(q(query=query))
+        assert info.value.metadata == {"field": "query", "limit": str(MAX_QUERY_CHARS)}
+
+
+def test_a_query_past_the_limit_is_refused_before_it_is_normalised(monkeypatch):
+    def never(*_args, **_kw):
+        raise AssertionError("normalised")
+
+    monkeypatch.setattr(search_contract, "normalise_query", never)
+    for query in ("a" * (MAX_QUERY_CHARS + 1), "\ufdfa" * 1_000_000, " " * 10_000):
+        with pytest.raises(errors.LimitExceededError):
+            search_contract.check_query(query)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        Filters(doc_ids=("d" * 128,), tags=("t" * 128,)),
+        Filters(product="p" * 256, version="v" * 256),
+    ],
+)
+async def test_filter_values_at_their_stored_limits_are_searched(shared, filters):
+    assert (await shared.engine.search(q(filters=filters))).hits == []
+
+
+async def test_planning_runs_off_the_event_loop(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    await fill(s)
+    planned: list[threading.Thread] = []
+    plan = s.engine._plan
+
+    def recorded(query):
+        planned.append(threading.current_thread())
+        return plan(query)
+
+    s.engine._plan = recorded  # type: ignore[method-assign]
+    try:
+        assert (await s.engine.search(q())).hits
+        s.engine._expander = Echo()  # the model writes variants between planning and search
+        assert (await s.engine.search(q(expand_query=True))).query_variants_source == "llm"
+        with pytest.raises(errors.LimitExceededError):  # a refusal is raised from the thread
+            await s.engine.search(q(query="\ufdfa" * MAX_QUERY_CHARS))
+    finally:
+        s.index.close()
+    assert len(planned) == 3 and threading.main_thread() not in planned
+
+
+class Echo:
+    """A query expander answering one variant of its own."""
+
+    async def expand(self, text, language, limit, *, scope=""):
+        return [text, f"{text} configuration"]
+
+
+@pytest.mark.parametrize(("dense", "sparse"), [(0.35, 0.15), (2.1, 0.9), (1.0, 1.0), (0.2, 1.0)])
+async def test_fusion_weights_score_in_unit_range_whatever_their_sum(
+    tmp_path, embedder, dense, sparse
+):
+    # LDAP is an abbreviation: its own BM25 list joins the weighted fusion too.
+    s = make_stack(tmp_path, embedder)
+    await fill(s)
+    settings = EngineSettings(dense_weight=dense, sparse_weight=sparse)
+    try:
+        default = await s.engine.search(q())  # 0.7 and 0.3
+        got = await engine_over(s, s.store, settings=settings).search(q())
+        cut = await engine_over(s, s.store, settings=settings).search(q(min_score=0.6))
+    finally:
+        s.index.close()
+    assert got.hits and all(0.0 <= h.score <= 1.0 for h in got.hits)
+    if sparse * 0.7 == pytest.approx(dense * 0.3):  # the default's ratio: the same scores
+        assert [h.chunk_id for h in got.hits] == [h.chunk_id for h in default.hits]
+        assert [h.score for h in got.hits] == pytest.approx([h.score for h in default.hits])
+    assert [h.chunk_id for h in cut.hits] == [h.chunk_id for h in got.hits if h.score >= 0.6]
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
@@ -244,6 +325,10 @@ async def test_query_length_at_and_past_the_limit(shared):
         ({"min_score": 1.5}, "params.min_score"),
         ({"filters": Filters(source="web")}, "filters.source"),
         ({"filters": Filters(doc_ids=tuple(str(i) for i in range(101)))}, "filters.doc_ids"),
+        ({"filters": Filters(doc_ids=("guide", "d" * 129))}, "filters.doc_ids"),
+        ({"filters": Filters(tags=("admin", "t" * 129))}, "filters.tags"),
+        ({"filters": Filters(product="p" * 257)}, "filters.product"),
+        ({"filters": Filters(version="v" * 257)}, "filters.version"),
     ],
 )
 async def test_bad_requests_name_the_field(shared, kw, field):
@@ -442,7 +527,8 @@ async def test_the_qdrant_client_backend_serves_the_same_search(tmp_path, embedd
 
 class RecordingChunks:
     """The document store's chunks_by_ids and points_by_ids, recorded; `drop` hides chunk
-    texts (deleted meanwhile), `drop_points` point ids (deleted after they were ranked)."""
+    texts by (doc_id, chunk_id) (deleted meanwhile), `drop_points` point ids (deleted after
+    they were ranked)."""
 
     def __init__(
         self, store: SqliteDocumentStore, drop: frozenset = frozenset(), drop_points=frozenset()
@@ -459,7 +545,7 @@ class RecordingChunks:
     def chunks_by_ids(self, tenant_id, keys):
         self.calls.append((tenant_id, list(keys)))
         found = self.store.chunks_by_ids(tenant_id, keys)
-        return {k: v for k, v in found.items() if k not in self.drop}
+        return {k: v for k, v in found.items() if k[:2] not in self.drop}
 
 
 def engine_over(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from services.common.logging import trace_id_bound
-from services.common.search_contract import Filters
+from services.common.search_contract import KB_TENANT, Filters
 from services.common.settings import Env
 from services.retrieval import engine as engine_module
 from services.retrieval.config import RetrievalSettings
@@ -19,6 +19,7 @@ from services.retrieval.factories import build_embedder, build_reranker
 from services.retrieval.rerank import RerankSettings
 from services.retrieval.search import SearchQuery, SearchResult
 from services.retrieval.search_log import (
+    MAX_FILTER_VALUE_CHARS,
     MAX_FILTER_VALUES,
     SearchTiming,
     filters_logged,
@@ -74,6 +75,7 @@ def test_one_line_with_the_spec_fields():
         "info", "retrieval", "visior.retrieval.search",
     )  # fmt: skip
     assert line["tenant_id"] == "t1" and line["max_results"] == 10
+    assert line["searched_tenant"] == "t1"
     assert line["filters"] == {"product": "x", "tags": ["a"]}
     assert (line["mode"], line["ranking"], line["backend"]) == (
         "section_first", "hybrid", "qdrant-edge",
@@ -115,6 +117,25 @@ def test_list_filters_are_logged_up_to_the_limit_and_counted_past_it():
     assert filters_logged(Filters()) == {}
 
 
+def test_filter_values_are_logged_cut_to_their_limit():
+    at, past = "p" * MAX_FILTER_VALUE_CHARS, "d" * 300_000
+    logged = filters_logged(Filters(product=at, version=past, doc_ids=(past,) * 25))
+    assert logged["product"] == at
+    assert logged["version"] == "d" * MAX_FILTER_VALUE_CHARS + "…"
+    assert logged["doc_ids"] == ["d" * MAX_FILTER_VALUE_CHARS + "…"] * MAX_FILTER_VALUES
+    assert logged["doc_ids_count"] == 25
+
+
+def test_a_knowledge_base_search_is_logged_under_the_caller():
+    ask = SearchQuery("q", "caller", filters=Filters(source="knowledge_base"))
+    with json_lines("retrieval") as logs:
+        log_search(Plan(ask, tenant_id=KB_TENANT), result(5), timing(), 0)
+    [line] = logs.events("search")
+    assert (line["tenant_id"], line["searched_tenant"]) == ("caller", KB_TENANT)
+    [event] = logs.events("query_expansion")
+    assert event["tenant_id"] == "caller"
+
+
 def test_the_slow_search_threshold_is_300_ms():
     assert RetrievalSettings.from_env(Env({})).engine.slow_search_ms == 300.0
 
@@ -152,6 +173,24 @@ async def test_every_engine_search_writes_one_line_under_the_request_trace(tmp_p
     assert lines[0]["doc_candidates"] >= len({h.doc_id for h in first.hits})
     assert lines[1]["doc_candidates"] is None  # chunk_priority has no document stage
     assert lines[1]["filters"] == {"doc_ids": ["guide", "notes"]}
+
+
+async def test_knowledge_base_searches_are_logged_under_each_caller(tmp_path, embedder):
+    stack = make_stack(tmp_path, embedder)
+    await fill(stack)
+    kb = Filters(source="knowledge_base")
+    try:
+        with json_lines("retrieval") as logs:
+            for caller in ("a", "b"):
+                assert (
+                    await stack.engine.search(q(query="НДФЛ ставка", tenant_id=caller, filters=kb))
+                ).hits
+    finally:
+        stack.index.close()
+    lines = logs.events("search")
+    assert [(x["tenant_id"], x["searched_tenant"]) for x in lines] == [
+        ("a", KB_TENANT), ("b", KB_TENANT),
+    ]  # fmt: skip
 
 
 async def test_the_engine_passes_its_slow_threshold(tmp_path, embedder, monkeypatch):
