@@ -382,7 +382,7 @@ _MONTHS: tuple[tuple[int, str], ...] = (
     (2, r"феврал\w*|feb(?:ruary)?"),
     (3, r"март\w*|mar(?:ch)?"),
     (4, r"апрел\w*|apr(?:il)?"),
-    (5, r"ма[йя]|may"),
+    (5, r"ма[йяе]|may"),
     (6, r"июн\w*|june?"),
     (7, r"июл\w*|july?"),
     (8, r"август\w*|aug(?:ust)?"),
@@ -414,6 +414,20 @@ _YEAR_PERIOD = re.compile(
     r"(?<!\w)(?:в|во|за|in|for|during)\s+(?P<year>\d{4})(?:\s*(?:год\w*|г\.?))?(?![\w./-])"
 )
 """A whole year: «в 2023 году», «за 2024 год», "in 2023"."""
+_MONTH_PERIOD = re.compile(
+    rf"(?<!\w)(?:в|во|за|in|for|during)\s+(?:{_MONTH_ALT})"
+    r"(?:\s+(?P<year>\d{4})(?:\s*(?:год\w*|г\.?))?)?(?![\w./-])"
+)
+"""A whole month: «в марте 2024», «за февраль», "in March 2024"."""
+_TRAILING_PERIOD = re.compile(
+    r"(?<!\w)(?:за\s+(?:(?:последн|прошедш|прошл)\w*\s+)?|(?:last|past)\s+)"
+    r"(?:(?P<n>\d{1,3})\s+)?"
+    r"(?:(?P<day>дн\w*|день|days?)|(?P<week>недел\w*|weeks?)|(?P<month>месяц\w*|months?)"
+    r"|(?P<year>год\w*|лет|years?))(?!\w)"
+)
+"""The days up to today: «за неделю», «за последние 10 дней», «за 3 месяца», "past week",
+"last 30 days" (a month counts 30 days, a year 365)."""
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _RELATIVE_DAYS: tuple[tuple[re.Pattern[str], int], ...] = (
     (whole_words(r"позавчера\w*", r"day before yesterday"), -2),
     (whole_words(r"вчера\w*", r"yesterday"), -1),
@@ -578,6 +592,28 @@ def _year_period(year: int, *, today: date) -> tuple[date, date] | None:
     return date(year, 1, 1), (today if year == today.year else date(year, 12, 31))
 
 
+def _month_period(m: re.Match[str], *, today: date, year: int = 0) -> tuple[date, date] | None:
+    """The month `m` (_MONTH_PERIOD) names: in its year, else in `year` (a follow-up's earlier
+    turn's) when it has begun by today, else the latest such month that has begun; up to today
+    for the current month; None for a month yet to come."""
+    month = next(n for n, _ in _MONTHS if m.group(f"m{n}"))
+    if m["year"]:
+        year = int(m["year"])
+    elif not (year and date(year, month, 1) <= today):
+        year = today.year - (month > today.month)
+    first = _make_date(year, month, 1)
+    if first is None or first > today:
+        return None
+    following = date(year + month // 12, month % 12 + 1, 1)
+    return first, min(today, following - timedelta(days=1))
+
+
+def _trailing_period(m: re.Match[str], *, today: date) -> tuple[date, date]:
+    """The days up to today `m` (_TRAILING_PERIOD) names."""
+    unit = next(u for u in _UNIT_DAYS if m[u])
+    return today - timedelta(days=int(m["n"] or 1) * _UNIT_DAYS[unit]), today
+
+
 def _when(query: str, *, today: date, year: int = 0) -> _When:
     """What `query` says about when: the first date it writes, unless one of them names no
     day (see `extract_date`, `extract_period`). `year`: the year a date written without one
@@ -606,6 +642,17 @@ def _when(query: str, *, today: date, year: int = 0) -> _When:
         whole = _year_period(int(m["year"]), today=today)
         if whole and not any(t.start < m.end() and m.start() < t.end for t in tokens):
             found.append((m.start(), _When(period=whole)))
+    for m in _MONTH_PERIOD.finditer(text):
+        month = _month_period(m, today=today, year=year)
+        if month and not any(t.start < m.end() and m.start() < t.end for t in tokens):
+            found.append((m.start(), _When(period=month)))
+    for m in _TRAILING_PERIOD.finditer(text):
+        span = _trailing_period(m, today=today)
+        if (span[1] - span[0]).days > CBR_MAX_RANGE_DAYS:
+            written = _written(query, text, m.start(), m.end())
+            found.append((m.start(), _When(unusable=written, too_long=True)))
+        else:
+            found.append((m.start(), _When(period=span)))
     if found:
         unusable = next((w for _, w in found if w.unusable), None)
         return unusable or min(found, key=lambda f: f[0])[1]
@@ -636,7 +683,9 @@ def extract_period(query: str, *, today: date) -> tuple[str, str]:
     """The first and last day (YYYY-MM-DD) of the period the query names, or ("", ""):
     «с 1 марта по 1 апреля 2024», «с 1 по 10 марта», "from March 1 to March 10, 2024",
     "between 2024-03-01 and 2024-03-10", «1–10 марта 2024», «в 2023 году» / "in 2023" (the
-    year, up to today). A named week or month («за неделю», «в марте») is not read."""
+    year, up to today), «в марте 2024» / "in March 2024" (a month; without its year the latest
+    that has begun), «за неделю», «за последние 10 дней», "past 3 months" (the days up to
+    today)."""
     period = _when(query, today=today).period
     return (period[0].isoformat(), period[1].isoformat()) if period else ("", "")
 
@@ -867,7 +916,10 @@ query as written: the first that matches decides."""
 
 def _without_dates(text: str) -> str:
     """The text with the dates it names blanked out: a date alone is not a subject."""
-    written = (_ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY)
+    written = (
+        _ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY,
+        _MONTH_PERIOD, _TRAILING_PERIOD,
+    )  # fmt: skip
     for rx in (DATE_WORDS, *written):
         text = _strip(rx, text)
     return text

@@ -186,13 +186,54 @@ def test_what_is_not_a_period(query, day):
     assert (d.date, d.date_from, d.date_to) == (day, "", "")
 
 
-@pytest.mark.parametrize(
-    "query", ["курс доллара 2023", "курс доллара за неделю", "курс доллара в марте 2024"]
-)
+@pytest.mark.parametrize("query", ["курс доллара 2023", "курс доллара 2023-2024"])
 def test_periods_the_rules_do_not_read(query):
-    """A bare year, a named week or month: not read (the rate for today)."""
+    """A bare year: not read (the rate for today)."""
     d = decide(query)
     assert (d.intent, d.date, d.date_from) == ("currency_rates", "", "")
+
+
+@pytest.mark.parametrize(
+    ("query", "first", "last"),
+    [
+        ("курс доллара в марте 2024", "2024-03-01", "2024-03-31"),
+        ("USD rate in February 2024", "2024-02-01", "2024-02-29"),
+        ("курс евро за февраль", "2026-02-01", "2026-02-28"),  # the latest February
+        ("курс доллара в декабре", "2025-12-01", "2025-12-31"),  # this one has not begun
+        ("курс евро в ноябре", "2026-11-01", "2026-11-28"),  # the current month: up to today
+        ("курс доллара в мае", "2026-05-01", "2026-05-31"),  # «мае», the month's own case
+        ("ключевая ставка в январе 2025 года", "2025-01-01", "2025-01-31"),
+    ],
+)
+def test_a_named_month_is_a_period(query, first, last):
+    d = decide(query)
+    assert (d.date, d.date_from, d.date_to) == ("", first, last)
+
+
+@pytest.mark.parametrize(
+    ("query", "first"),
+    [
+        ("динамика курса доллара за неделю", "2026-11-21"),
+        ("курс доллара за последние 10 дней", "2026-11-18"),
+        ("курс евро за последний месяц", "2026-10-29"),
+        ("USD rate over the past 3 months", "2026-08-30"),
+        ("key rate for the last year", "2025-11-28"),
+        ("ключевая ставка за 366 дней", "2025-11-27"),  # CBR_MAX_RANGE_DAYS: at the limit
+    ],
+)
+def test_the_days_up_to_today_are_a_period(query, first):
+    d = decide(query)
+    assert (d.date, d.date_from, d.date_to) == ("", first, "2026-11-28")
+
+
+@pytest.mark.parametrize(
+    ("query", "written"),
+    [("ключевая ставка за 367 дней", "за 367 дней"), ("курс доллара за 2 года", "за 2 года")],
+)
+def test_days_up_to_today_past_one_call_s_range_are_asked_back(query, written):
+    d = decide(query)
+    assert d.intent == "clarify" and written in d.clarifications[0]
+    assert "366" in d.clarifications[0]
 
 
 # -- the model's date ------------------------------------------------------------------------

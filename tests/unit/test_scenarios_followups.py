@@ -152,3 +152,10 @@ def test_a_history_turn_is_read_up_to_the_longest_question():
     assert after(at, "а на вчера?").intent == "currency_rates"
     past = "ы" * (MAX_QUERY_CHARS - len("курс ") - 1) + " " + words  # "доллара" is cut off
     assert after(past, "а на вчера?").intent == "documents"
+
+
+def test_a_follow_up_month_takes_the_earlier_turn_s_year():
+    d = after("курс евро на 1 марта 2024", "а в апреле?")
+    assert rates(d) == ("currency_rates", "EUR", "", "2024-04-01", "2024-04-30")
+    d = after("курс доллара", "а за неделю?")
+    assert rates(d) == ("currency_rates", "USD", "", "2026-11-21", "2026-11-28")
