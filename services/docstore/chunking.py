@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.common.lexical import split_sentences
@@ -43,7 +44,7 @@ class ChunkingConfig:
             raise ValueError("pdf_pages_per_section must be at least 1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Paragraph:
     """A paragraph of a section and the page it is on."""
 
@@ -61,36 +62,48 @@ class ChunkText:
     page_end: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Unit:
     text: str
     tokens: int
     page: int
     new_paragraph: bool
+    glued: bool = False
+    """A piece of the same word as the unit before it: joined to it with nothing between."""
 
 
 def chunk_paragraphs(
-    paragraphs: Sequence[Paragraph],
+    paragraphs: Iterable[Paragraph],
     config: ChunkingConfig,
     tokenizer: BpeTokenizer | None = None,
 ) -> list[ChunkText]:
     """Pack sentences into chunks of at most `config.chunk_tokens`, overlapping by whole sentences.
 
     Paragraph breaks are kept as blank lines. A sentence longer than a chunk is cut between
-    words (or, for a single giant word, between tokens). Overlap repeats the trailing
-    sentences of the previous chunk (or its trailing words when one sentence is too long).
+    words (or, for a single giant word, between tokens at character boundaries). Overlap
+    repeats the trailing sentences of the previous chunk (or its trailing words when one
+    sentence is too long).
     """
+    return list(iter_chunks(paragraphs, config, tokenizer))
+
+
+def iter_chunks(
+    paragraphs: Iterable[Paragraph],
+    config: ChunkingConfig,
+    tokenizer: BpeTokenizer | None = None,
+) -> Iterator[ChunkText]:
+    """`chunk_paragraphs` one chunk at a time, reading sentences only as far as the chunk it
+    cuts: a caller that bounds the chunks stops the work at its bound."""
     tok = tokenizer or default_tokenizer(config.encoding)
     units = _units(paragraphs, config.chunk_tokens, tok)
     limit = config.chunk_tokens
-    out: list[ChunkText] = []
     current: list[_Unit] = []
     fresh = False  # whether `current` holds anything beyond the carried-over overlap
     used = 0  # BPE of a concatenation is within about one token per join of its parts' sum
     for unit in units:
         if current and used + 1 + unit.tokens > limit:
             if fresh:
-                out.append(_finish(current, limit, tok))
+                yield _finish(current, limit, tok)
             current = _overlap(current, config.overlap_tokens, limit - unit.tokens - 1, tok)
             used = sum(u.tokens + 1 for u in current) - 1 if current else 0
             fresh = False
@@ -98,53 +111,136 @@ def chunk_paragraphs(
         current.append(unit)
         fresh = True
     if current and fresh:
-        out.append(_finish(current, limit, tok))
-    return out
+        yield _finish(current, limit, tok)
 
 
-def _units(paragraphs: Sequence[Paragraph], limit: int, tok: BpeTokenizer) -> list[_Unit]:
-    units: list[_Unit] = []
+def _units(paragraphs: Iterable[Paragraph], limit: int, tok: BpeTokenizer) -> Iterator[_Unit]:
     for para in paragraphs:
         first = True
-        for sentence in split_sentences(para.text):
-            for piece in _fit(sentence, limit, tok):
-                units.append(_Unit(piece, tok.count(piece), para.page, first))
-                first = False
-    return units
+        for sentence in _sentences(para.text):
+            for piece, glued in _fit(sentence, limit, tok):
+                if piece:
+                    yield _Unit(piece, tok.count(piece), para.page, first, glued)
+                    first = False
 
 
-def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> list[str]:
-    """`sentence` cut into pieces of at most `limit` tokens, between words where possible."""
-    if tok.count(sentence) <= limit:
-        return [sentence]
-    pieces: list[str] = []
+_CUT = re.compile(r"[^\W_]\s")
+"""A letter or digit before whitespace: never a sentence's end, which is a stop (and the
+quotes or brackets closing it) before whitespace (lexical.split_sentences)."""
+
+
+def _sentences(text: str) -> Iterator[str]:
+    """`split_sentences(text)` a slice at a time: a paragraph of a million sentences (or one
+    sentence of a million words) is never a list of them. A slice ends after a letter or
+    digit that whitespace follows, so the sentence that runs over the cut is joined back."""
+    start = 0
+    carry = ""
+    while len(text) - start > _SPLIT_SLICE:
+        cut = _CUT.search(text, start + _SPLIT_SLICE)
+        if cut is None:
+            break
+        sentences = split_sentences(text[start : cut.start() + 1])
+        if carry:
+            sentences[0] = f"{carry} {sentences[0]}"
+        carry = sentences.pop()
+        yield from sentences
+        start = cut.start() + 1
+    sentences = split_sentences(text[start:])
+    if carry:
+        if sentences:
+            sentences[0] = f"{carry} {sentences[0]}"
+        else:
+            sentences = [carry]
+    yield from sentences
+
+
+_MAX_TOKEN_BYTES = 128
+"""The longest token of the bundled encodings (cl100k_base, o200k_base: 128 spaces), in
+bytes: a text of more than `limit` times this many characters has more than `limit` tokens,
+which `_fit` knows without counting them (a list of every token of a 32 MiB sentence)."""
+
+
+def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> Iterator[tuple[str, bool]]:
+    """`sentence` cut into pieces of at most `limit` tokens, between words where possible;
+    each with whether it goes on the word of the piece before (a giant word's pieces)."""
+    if len(sentence) <= limit * _MAX_TOKEN_BYTES and tok.count(sentence) <= limit:
+        yield sentence, False
+        return
     words: list[str] = []
     used = 0
-    for word in sentence.split(" "):
-        n = tok.count(" " + word)
+    for word in iter_split(sentence, " "):
+        n = tok.count(" " + word) if len(word) < limit * _MAX_TOKEN_BYTES else limit + 1
         if n > limit:  # one giant "word" (a hash, a URL): cut it by tokens
             if words:
-                pieces.append(" ".join(words))
+                yield " ".join(words), False
                 words, used = [], 0
-            ids = tok.encode(word)
-            pieces.extend(
-                tok.decode(ids[i : i + limit]).strip("\ufffd") for i in range(0, len(ids), limit)
-            )
+            for k, piece in enumerate(_cut_word(word, limit, tok)):
+                yield piece, k > 0
             continue
         if words and used + n > limit:
-            pieces.append(" ".join(words))
+            yield " ".join(words), False
             words, used = [], 0
         words.append(word)
         used += n
     if words:
-        pieces.append(" ".join(words))
-    return [p for p in pieces if p]
+        yield " ".join(words), False
+
+
+_SPLIT_SLICE = 1 << 16
+"""`iter_split` splits this many characters at a time (and on to the next separator)."""
+
+
+def iter_split(text: str, sep: str) -> Iterator[str]:
+    """`text.split(sep)` a slice at a time: a text of a million short pieces is never a list
+    of a million strings."""
+    start = 0
+    while len(text) - start > _SPLIT_SLICE:
+        end = text.find(sep, start + _SPLIT_SLICE)
+        if end < 0:
+            break
+        yield from text[start:end].split(sep)
+        start = end + len(sep)
+    yield from text[start:].split(sep)
+
+
+def _cut_word(word: str, limit: int, tok: BpeTokenizer) -> Iterator[str]:
+    """`word` in pieces of at most `limit` of its tokens, cut only between characters: the
+    pieces join back to `word`. A cut that falls inside a character's UTF-8 bytes moves back
+    to the character's start, and the character goes whole to the next piece. A word is
+    encoded a window at a time (2 * limit * _MAX_TOKEN_BYTES characters, more than 2 * limit
+    tokens), so a word of megabytes is never a list of all its tokens."""
+    if "\ufffd" in word:
+        # A cut inside a character decodes to U+FFFD, which the word's own would match. A
+        # character is at most 4 bytes and a token at least 1: pieces of limit/4 characters.
+        step = max(1, limit // 4)
+        yield from (word[i : i + step] for i in range(0, len(word), step))
+        return
+    window = 2 * limit * _MAX_TOKEN_BYTES
+    position = 0
+    while position < len(word):
+        part = word[position : position + window]
+        final = position + window >= len(word)
+        ids = tok.encode(part)
+        start = offset = 0
+        # Short of the window's end its last `limit` tokens are cut from the next window.
+        while start < len(ids) and (final or len(ids) - start > limit):
+            end = min(len(ids), start + limit)
+            piece = tok.decode(ids[start:end])
+            # `start` is at a character's start, so the piece is the word's own text exactly
+            # when `end` is too; at most 3 tokens end inside one character (limit >= 8).
+            while not part.startswith(piece, offset):
+                end -= 1
+                piece = tok.decode(ids[start:end])
+            yield piece
+            offset += len(piece)
+            start = end
+        position += offset
 
 
 def _join(units: Sequence[_Unit]) -> str:
     parts: list[str] = []
     for i, u in enumerate(units):
-        if i:
+        if i and not u.glued:
             parts.append("\n\n" if u.new_paragraph else " ")
         parts.append(u.text)
     return "".join(parts)

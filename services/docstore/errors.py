@@ -26,6 +26,28 @@ class DocumentLimitError(ParseError):
         self.limit = limit
 
 
+class PageLimitError(DocumentLimitError):
+    """The document has more pages than one may hold (`limit`, `pdf.MAX_PAGES`): a PDF's pages,
+    or a text or Markdown file's (each form feed starts a page). One name for every format:
+    the bound is the same, and so is what the caller does about it (split the document)."""
+
+    limit_name = "max_pages"
+
+
+class SectionLimitError(DocumentLimitError):
+    """The document has more headings (each starts a section) than one may hold (`limit`,
+    `parsing.MAX_SECTIONS`); parsing stopped at the first heading past it."""
+
+    limit_name = "max_sections"
+
+
+class ChunkLimitError(DocumentLimitError):
+    """The document cuts into more chunks than one may hold (`limit`, `parsing.MAX_CHUNKS`);
+    chunking stopped at the first chunk past it."""
+
+    limit_name = "max_chunks"
+
+
 @dataclass(frozen=True)
 class RowProblem:
     """What is wrong with one knowledge-base CSV record; `line` is where it starts (header = 1)."""

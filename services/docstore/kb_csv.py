@@ -29,6 +29,12 @@ _TAG_SPLIT = re.compile(r"[;,]")
 _RU_DATE = re.compile(r"^(\d{2})\.(\d{2})\.(\d{4})$")
 _ROW_METADATA = ("topic", "jurisdiction", "url")
 """The metadata an article takes from its row's cells (the rest is made by this module)."""
+MAX_FIELD_CHARS = 2**31 - 1
+"""The csv field size limit a knowledge-base CSV is read under. csv's default (131,072
+characters) refused a longer article as malformed CSV and left the rows after it unread.
+No field of a file Retrieval accepts reaches this one (a field is at most its file, and
+RETR_MAX_DOCUMENT_BYTES at most 256 MiB), and it is the largest every platform's csv takes
+(a C long); an article is held to a document's bounds (pages, sections, chunks) instead."""
 
 
 def kb_file_key(file_name: str) -> str:
@@ -78,6 +84,7 @@ def read_knowledge_base_csv(
     required columns missing (the error names them).
     """
     text = decode_text(content)
+    _allow_long_fields()
     try:
         dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(
             text[:SNIFF_CHARS].split("\n", 1)[0], delimiters=",;\t"
@@ -134,6 +141,15 @@ def read_knowledge_base_csv(
         seen[doc.doc_id] = start
         documents.append(doc)
     return KnowledgeBaseParse(documents, problems)
+
+
+def _allow_long_fields() -> None:
+    """Raise csv's field size limit to MAX_FIELD_CHARS. The limit is one value for the whole
+    process (the csv module has no per-reader setting), so it is only ever raised, never set
+    back: no reader, in this thread or another, sees it fall mid-file. Other CSV readers of
+    the process get the raised limit too (the services read no other CSV)."""
+    if csv.field_size_limit() < MAX_FIELD_CHARS:
+        csv.field_size_limit(MAX_FIELD_CHARS)
 
 
 def _article(

@@ -6,24 +6,34 @@ import codecs
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from services.common.tokenizer import count_tokens, default_tokenizer
 from services.docstore.chunking import (
     ChunkingConfig,
     Paragraph,
-    chunk_paragraphs,
+    iter_chunks,
+    iter_split,
     whole_text_tokens,
 )
-from services.docstore.errors import ParseError, UnsupportedFormatError
+from services.docstore.errors import (
+    ChunkLimitError,
+    PageLimitError,
+    ParseError,
+    SectionLimitError,
+    UnsupportedFormatError,
+)
 from services.docstore.fields import MAX_TITLE_CHARS
 from services.docstore.model import Chunk, Document, Section
-from services.docstore.pdf import PdfText, read_pdf, title_pattern
+from services.docstore.pdf import MAX_PAGES, OutlineEntry, PdfText, read_pdf, title_pattern
 from services.docstore.summaries import ExtractiveSummarizer, Summarizer, extractive_summary
 
 __all__ = [
     "FORMATS",
+    "MAX_CHUNKS",
+    "MAX_PAGES",
+    "MAX_SECTIONS",
     "PAGE_BREAK",
     "PARSER_VERSION",
     "SUFFIX_FORMATS",
@@ -40,7 +50,7 @@ __all__ = [
     "slugify",
 ]
 
-PARSER_VERSION = "2"
+PARSER_VERSION = "3"
 """Bumped whenever parsing or chunking changes its output, so every generation changes too."""
 FORMATS = ("markdown", "text", "pdf", "csv")
 SUFFIX_FORMATS: Mapping[str, str] = {
@@ -57,6 +67,30 @@ TITLE_SEPARATOR = " › "
 MAX_FIRST_LINE_TITLE = 120
 """A first line longer than this is a paragraph, not a title: the document without one is
 titled by its doc_id."""
+MAX_SECTIONS = 20_000
+"""The most headings (each starts a section) one document may have; past it
+`SectionLimitError` (`max_sections`), raised at the first heading past it.
+
+The sample and benchmark documents have at most 155 sections (the Debian FAQ: 73 pages,
+about 2 a page; its 250 KB text edition 115, one per 2 KB): at that density the page bound
+(`MAX_PAGES`) and the default RETR_MAX_DOCUMENT_BYTES (32 MiB) come to 15,000-21,000. Each
+section is a summary passage to embed and an entry of Retrieval's section cache besides its
+chunks. Without a bound, 8 MiB of one-line Markdown sections (`# h` / `x`) made 1.4 million
+of them and took 1.5 GiB to parse; at the bound parsing takes about 50 MiB."""
+MAX_CHUNKS = 50_000
+"""The most chunks one document may cut into; past it `ChunkLimitError` (`max_chunks`),
+raised at the first chunk past it, before the rest of the document is cut.
+
+The sample and benchmark documents cut into at most 459 chunks (69 pages, about 7 a page);
+this is a hundred times that, about what the default RETR_MAX_DOCUMENT_BYTES (32 MiB) of
+prose makes at the default chunk size, and at the e5 profile's pace (~7 passages/s) hours of
+embedding. Ingesting a document at both bounds (20,000 sections, 50,000 chunks) peaked at
+1.3 GiB in the Retrieval process, 0.5 GiB of it parsing."""
+
+SUMMARY_INPUT_CHARS = 1 << 20
+"""A section's summary is written from at most its first this many characters: 18 times the
+longest section of the sample and benchmark documents (56 KB, ssh_config(5)'s options), and
+a bound on what the summarizer holds for one section (its sentences and their word counts)."""
 
 _MD_HEADING = re.compile(r"(#{1,6})\s+(\S.*)")
 """An ATX heading's level and text, on a stripped line (`_md_heading` drops closing #s);
@@ -133,13 +167,89 @@ def decode_text(content: bytes | str) -> str:
     return text
 
 
+_BLOCK = 1024
+"""How many strings a `_Joined` keeps apart before it joins them into one."""
+
+
+class _Joined:
+    """Strings to be joined by `sep`, kept as blocks of `_BLOCK` already joined: a paragraph of
+    a million one-word lines, or a section of a million one-word paragraphs, is then a
+    thousand strings instead of a million objects of 60 bytes and more each."""
+
+    def __init__(self, sep: str) -> None:
+        self.sep = sep
+        self._blocks: list[str] = []
+        self._parts: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._blocks)
+
+    def append(self, text: str) -> None:
+        self._parts.append(text)
+        if len(self._parts) == _BLOCK:
+            self._blocks.append(self.sep.join(self._parts))
+            self._parts = []
+
+    def text(self) -> str:
+        """The strings joined by `sep`."""
+        return self.sep.join([*self._blocks, *self._parts])
+
+    def parts(self) -> Iterator[str]:
+        """The strings one at a time (when none of them holds `sep`)."""
+        for block in self._blocks:
+            yield from block.split(self.sep)
+        yield from self._parts
+
+
+class _Paragraphs:
+    """A section's paragraphs as few objects: their texts, which hold no newline (a
+    paragraph's lines are joined by spaces), joined by newlines; their pages as runs."""
+
+    def __init__(self) -> None:
+        self._texts = _Joined("\n")
+        self._pages: list[list[int]] = []  # [page, paragraphs on it in a row]
+
+    def __bool__(self) -> bool:
+        return bool(self._texts)
+
+    def __iter__(self) -> Iterator[Paragraph]:
+        pages = (page for page, n in self._pages for _ in range(n))
+        return map(Paragraph, self._texts.parts(), pages)
+
+    def append(self, text: str, page: int) -> None:
+        self._texts.append(text)
+        if self._pages and self._pages[-1][0] == page:
+            self._pages[-1][1] += 1
+        else:
+            self._pages.append([page, 1])
+
+    def extend(self, paragraphs: Iterable[Paragraph]) -> None:
+        for paragraph in paragraphs:
+            self.append(paragraph.text, paragraph.page)
+
+    def body(self, limit: int) -> str:
+        """The paragraphs' texts, a blank line between them, cut at `limit` characters."""
+        out: list[str] = []
+        size = 0
+        for text in self._texts.parts():
+            if size >= limit:
+                break
+            out.append(text)
+            size += len(text) + 2
+        return "\n\n".join(out)[:limit]
+
+
 @dataclass
 class _RawSection:
     heading: str
     """The section's own heading ("" for text before the first heading)."""
     path: tuple[str, ...]
     """The heading path shown as the title ("Parent", "Child"); empty = the document title."""
-    paragraphs: list[Paragraph] = field(default_factory=list)
+    paragraphs: _Paragraphs = field(default_factory=_Paragraphs)
+    page: int = 1
+    """The page the heading is on."""
+    heading_is_text: bool = True
+    """Whether the heading is the document's own text (not a page group's name, "pp. 1–5")."""
 
 
 def parse_document(
@@ -184,8 +294,7 @@ def parse_document(
         if not any(p.strip() for p in page_texts):
             raise ParseError("the PDF has no text layer (a scan?); OCR is not supported")
     else:
-        decoded = decode_text(content)
-        page_texts = tuple(decoded.split(PAGE_BREAK))
+        page_texts = _text_pages(decode_text(content))
         if fmt == "markdown":
             sections, heading_title = _markdown_sections(page_texts)
             title = title or derived_title(heading_title or doc_id)
@@ -215,6 +324,19 @@ def parse_document(
         page_texts=page_texts,
         tokens=whole_text_tokens(page_texts, (c.text for c in chunks), cfg.encoding),
     )
+
+
+def _text_pages(text: str) -> tuple[str, ...]:
+    """A text or Markdown document's pages (a form feed starts each), or `PageLimitError`
+    for more than MAX_PAGES, counted before the text is cut."""
+    breaks = text.count(PAGE_BREAK)
+    if breaks >= MAX_PAGES:
+        raise PageLimitError(
+            f"the document has {breaks + 1} pages (each form feed starts one); at most "
+            f"{MAX_PAGES} are accepted",
+            limit=MAX_PAGES,
+        )
+    return tuple(text.split(PAGE_BREAK))
 
 
 def document_generation(
@@ -257,16 +379,19 @@ def _build(
     summarizer: Summarizer,
 ) -> tuple[tuple[Section, ...], tuple[Chunk, ...]]:
     tok = default_tokenizer(cfg.encoding)
+    _keep_bare_headings(raw_sections)
     sections: list[Section] = []
     chunks: list[Chunk] = []
     for index, raw in enumerate(raw_sections):
-        pieces = chunk_paragraphs(raw.paragraphs, cfg, tok) if raw.paragraphs else []
-        if not pieces:
-            continue
         section_id = f"{doc_id}:s{index:03d}-{slugify(raw.heading or 'intro')}"
-        section_title = derived_title(TITLE_SEPARATOR.join(raw.path) or raw.heading or title)
         first = len(chunks)
-        for piece in pieces:
+        for piece in iter_chunks(raw.paragraphs, cfg, tok):
+            if len(chunks) == MAX_CHUNKS:
+                raise ChunkLimitError(
+                    f"the document cuts into more than {MAX_CHUNKS} chunks of at most "
+                    f"{cfg.chunk_tokens} tokens",
+                    limit=MAX_CHUNKS,
+                )
             chunks.append(
                 Chunk(
                     doc_id=doc_id,
@@ -279,7 +404,10 @@ def _build(
                     page_end=piece.page_end,
                 )
             )
-        body = "\n\n".join(p.text for p in raw.paragraphs)
+        if len(chunks) == first:
+            continue
+        section_title = derived_title(TITLE_SEPARATOR.join(raw.path) or raw.heading or title)
+        body = raw.paragraphs.body(SUMMARY_INPUT_CHARS)
         sections.append(
             Section(
                 section_id=section_id,
@@ -293,6 +421,20 @@ def _build(
             )
         )
     return tuple(sections), tuple(chunks)
+
+
+def _keep_bare_headings(raw_sections: list[_RawSection]) -> None:
+    """A heading with no text under it is dropped as a section when the next section is its
+    child, whose title path carries it; any other such heading (the next one is a sibling or
+    shallower, or there is none) becomes its own section's one line of text, so no heading's
+    words are lost ("### Support: +7 495 123-45-67" followed by "### Sales: …")."""
+    for raw, after in zip(raw_sections, [*raw_sections[1:], None], strict=True):
+        if raw.paragraphs or not raw.path or not raw.heading_is_text:
+            continue
+        depth = len(raw.path)
+        if after is not None and len(after.path) > depth and after.path[:depth] == raw.path:
+            continue
+        raw.paragraphs.append(raw.heading, raw.page)
 
 
 _WORD_END = re.compile(r"([\s\S]*\S)\s")
@@ -314,7 +456,7 @@ def _first_line(page_texts: Sequence[str]) -> str:
     """The first non-blank line (Markdown '#' marks off) when it is short enough to be a
     title (MAX_FIRST_LINE_TITLE); else ""."""
     for page in page_texts:
-        for line in page.split("\n"):
+        for line in iter_split(page, "\n"):
             line = line.strip().lstrip("#").strip()
             if line:
                 return line if len(line) <= MAX_FIRST_LINE_TITLE else ""
@@ -334,50 +476,63 @@ def _md_heading(line: str) -> tuple[int, str] | None:
     return len(m.group(1)), text.rstrip("#").rstrip() or text
 
 
-def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], str]:
-    """Sections by ATX headings (not inside code fences); the lone top heading is the title."""
-    headings: list[tuple[int, str]] = []  # (level, text) in order, to find the title heading
-    lines: list[tuple[int, str, int]] = []  # (page, line, heading level or 0)
+def _md_lines(page_texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
+    """(page, line, heading level or 0) of every line: a heading's text, a line in a code
+    fence right-stripped, any other stripped. Headings in code fences are lines."""
     fence: str | None = None
     for page_no, page in enumerate(page_texts, start=1):
-        for line in page.split("\n"):
+        for line in iter_split(page, "\n"):
             stripped = line.strip()
+            if not stripped:
+                yield page_no, "", 0
+                continue
             m = _FENCE.match(stripped)
             if m:
                 fence = None if fence == m.group(1) else (fence or m.group(1))
             heading = _md_heading(stripped) if fence is None else None
             if heading:
                 level, text = heading
-                headings.append((level, text))
-                lines.append((page_no, text, level))
+                yield page_no, text, level
             else:
-                lines.append((page_no, line.rstrip() if fence else stripped, 0))
+                yield page_no, line.rstrip() if fence else stripped, 0
+
+
+def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], str]:
+    """Sections by ATX headings (not inside code fences); the lone top heading is the title.
+
+    Two reads of the lines: the first takes the headings (the title is the first one only
+    when no other is as shallow) and refuses a document of more than MAX_SECTIONS."""
+    headings: list[tuple[int, str]] = []
+    for _, text, level in _md_lines(page_texts):
+        if level:
+            if len(headings) == MAX_SECTIONS:
+                raise _too_many_sections()
+            headings.append((level, text))
     title_heading = _title_heading(headings)
     sections = [_RawSection("", ())]
     stack: list[tuple[int, str]] = []
-    para: list[str] = []
+    para = _Joined(" ")
     para_page = 1
-    seen_headings = 0
 
     def flush() -> None:
+        nonlocal para
         if para:
-            sections[-1].paragraphs.append(Paragraph(" ".join(para), para_page))
-            para.clear()
+            sections[-1].paragraphs.append(para.text(), para_page)
+            para = _Joined(" ")
 
     prev_page = 1
-    for page_no, line, level in lines:
+    for page_no, line, level in _md_lines(page_texts):
         if page_no != prev_page:
             flush()
             prev_page = page_no
         if level:
             flush()
-            is_title = seen_headings == 0 and title_heading is not None
-            seen_headings += 1
+            is_title = len(sections) == 1 and title_heading is not None
             while stack and stack[-1][0] >= level:
                 stack.pop()
             if not is_title:
                 stack.append((level, line))
-            sections.append(_RawSection(line, tuple(t for _, t in stack)))
+            sections.append(_RawSection(line, tuple(t for _, t in stack), page=page_no))
         elif not line:
             flush()
         else:
@@ -386,6 +541,13 @@ def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], st
             para.append(line)
     flush()
     return sections, title_heading or ""
+
+
+def _too_many_sections() -> SectionLimitError:
+    return SectionLimitError(
+        f"the document has more than {MAX_SECTIONS} headings (each starts a section)",
+        limit=MAX_SECTIONS,
+    )
 
 
 def _title_heading(headings: list[tuple[int, str]]) -> str | None:
@@ -408,8 +570,9 @@ class _Numbering:
     def __init__(self) -> None:
         self.current: list[int] = []
 
-    def heading(self, line: str) -> tuple[int, str] | None:
-        """(level, title) when `line` is the next heading in sequence, else None."""
+    def heading(self, line: str) -> tuple[int, bool] | None:
+        """(level, whether it is numbered: not a "Глава 2" chapter) when `line` is the next
+        heading in sequence, else None."""
         if len(line) > 160:
             return None
         m = _CHAPTER.match(line)
@@ -419,7 +582,7 @@ class _Numbering:
             title = m.group("title")
             if title[:1] in ",;)" or line.rstrip().endswith((").", "),", ",")):
                 return None
-            return 1, line
+            return 1, False
         m = _NUMBERED.match(line)
         if not m:
             return None
@@ -434,7 +597,7 @@ class _Numbering:
         if not self._follows(num):
             return None
         self.current = num
-        return len(num), line
+        return len(num), True
 
     def _follows(self, num: list[int]) -> bool:
         cur = self.current
@@ -446,29 +609,76 @@ class _Numbering:
         return k <= len(cur) and num[: k - 1] == cur[: k - 1] and num[-1] == cur[k - 1] + 1
 
 
+@dataclass
+class _BareHeading:
+    """A numbered heading no text has followed yet, and the state to go back to should the
+    next heading be its sibling (then both are items of a list)."""
+
+    level: int
+    line: str
+    page: int
+    numbering: list[int]
+    stack: list[tuple[int, str]]
+    closed: bool = False
+    """Whether a blank line followed it (as text, it is then a paragraph of its own)."""
+
+
 def _text_sections(page_texts: Sequence[str]) -> list[_RawSection]:
-    """Sections by numbered headings ("1.", "2.3 Title", "Глава 2"); paragraphs by blank lines."""
+    """Sections by numbered headings ("1.", "2.3 Title", "Глава 2"); paragraphs by blank lines.
+
+    Numbered lines in a row with no text between them ("1. Stop the service", "2. Copy the
+    data") are a list, not headings: when a numbered heading's next line of text is its
+    sibling, both are taken back and read as text, and the numbering goes on from before
+    them, as do the items after them."""
     sections = [_RawSection("", ())]
     numbering = _Numbering()
     stack: list[tuple[int, str]] = []
+    bare: _BareHeading | None = None
     for page_no, page in enumerate(page_texts, start=1):
-        para: list[str] = []
-        for raw_line in [*page.split("\n"), ""]:
+        para = _Joined(" ")
+        for raw_line in iter_split(page, "\n"):
             line = raw_line.strip()
-            found = numbering.heading(line) if line else None
-            if found or not line:
-                if para:
-                    sections[-1].paragraphs.append(Paragraph(" ".join(para), page_no))
-                    para = []
-            if found:
-                level, heading = found
-                while stack and stack[-1][0] >= level:
-                    stack.pop()
-                stack.append((level, heading))
-                sections.append(_RawSection(heading, tuple(t for _, t in stack)))
-            elif line:
+            before = numbering.current
+            if not line or (found := numbering.heading(line)) is None:
+                bare = None if line else bare
+                if bare is not None:
+                    bare.closed = True
+                para = _add_line(sections[-1], para, line, page_no)
+                continue
+            if bare is not None and found == (bare.level, True):
+                # The bare heading and this one are list items: text of the section before.
+                del sections[-1]
+                numbering.current, stack = bare.numbering, bare.stack
+                if bare.closed or bare.page != page_no:
+                    sections[-1].paragraphs.append(bare.line, bare.page)
+                else:
+                    para.append(bare.line)
                 para.append(line)
+                bare = None
+                continue
+            para = _add_line(sections[-1], para, "", page_no)
+            level, numbered = found
+            saved = _BareHeading(level, line, page_no, before, list(stack))
+            bare = saved if numbered else None
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, line))
+            if len(sections) > MAX_SECTIONS:
+                raise _too_many_sections()
+            sections.append(_RawSection(line, tuple(t for _, t in stack), page=page_no))
+        _add_line(sections[-1], para, "", page_no)
     return sections
+
+
+def _add_line(section: _RawSection, para: _Joined, line: str, page: int) -> _Joined:
+    """`line` added to the paragraph being read; a blank one ends it (into `section`)."""
+    if line:
+        para.append(line)
+        return para
+    if para:
+        section.paragraphs.append(para.text(), page)
+        return _Joined(" ")
+    return para
 
 
 # --- PDF -------------------------------------------------------------------------------------
@@ -477,69 +687,89 @@ def _text_sections(page_texts: Sequence[str]) -> list[_RawSection]:
 def _pdf_sections(pdf: PdfText, cfg: ChunkingConfig) -> list[_RawSection]:
     """Sections from the outline; else numbered headings; else groups of pages."""
     furniture = _running_lines(pdf.pages)
+    pages = [_without_furniture(page, furniture) for page in pdf.pages]
     if pdf.outline:
-        return _pdf_outline_sections(pdf, furniture)
-    by_headings = _text_sections(
-        ["\n".join(_pdf_lines(p, True, True, furniture)) for p in pdf.pages]
-    )
+        return _pdf_outline_sections(pages, pdf.outline)
+    by_headings = _text_sections(["\n".join(_pdf_lines(p, True, True)) for p in pages])
     if len(by_headings) > 1:
         return by_headings
     groups: list[_RawSection] = []
     step = cfg.pdf_pages_per_section
-    for first in range(0, len(pdf.pages), step):
-        last = min(len(pdf.pages), first + step)
+    for first in range(0, len(pages), step):
+        last = min(len(pages), first + step)
         name = f"pp. {first + 1}–{last}" if last > first + 1 else f"p. {first + 1}"
-        section = _RawSection(name, (name,))
+        section = _RawSection(name, (name,), page=first + 1, heading_is_text=False)
         for page_no in range(first + 1, last + 1):
-            section.paragraphs.extend(
-                _pdf_paragraphs(pdf.pages[page_no - 1], page_no, True, True, furniture)
-            )
+            section.paragraphs.extend(_pdf_paragraphs(pages[page_no - 1], page_no, True, True))
         groups.append(section)
     return groups
 
 
+_EDGE_LINES = 2
+"""Running headers and footers are looked for in a page's first and last this many
+non-blank lines, and removed only there."""
+
+
 def _running_lines(pages: Sequence[str]) -> frozenset[str]:
-    """Running headers/footers: edge lines (digits ignored) repeated on at least 40% of pages."""
+    """Running headers/footers: keys (digits as '#') of edge lines repeated on at least 40% of
+    pages. A line of digits alone is no key: the body has such lines ("389", a port; "1", a
+    runlevel), and a bare page number at a page's very edge goes by `_BARE_NUMBER`."""
     if len(pages) < 3:
         return frozenset()
     seen: dict[str, int] = {}
     for page in pages:
         lines = [line.strip() for line in page.split("\n") if line.strip()]
-        for line in {*lines[:2], *lines[-2:]}:
+        for line in {*lines[:_EDGE_LINES], *lines[-_EDGE_LINES:]}:
             key = _furniture_key(line)
             seen[key] = seen.get(key, 0) + 1
-    return frozenset(k for k, n in seen.items() if k and n >= max(3, 0.4 * len(pages)))
+    return frozenset(
+        k for k, n in seen.items() if k.replace("#", "").strip() and n >= max(3, 0.4 * len(pages))
+    )
 
 
 def _furniture_key(line: str) -> str:
     return re.sub(r"\d+", "#", line.strip()) if len(line) <= 100 else ""
 
 
-def _pdf_outline_sections(pdf: PdfText, furniture: frozenset[str]) -> list[_RawSection]:
-    entries = sorted(pdf.outline, key=lambda e: (e.page, e.offset))
+def _without_furniture(page: str, furniture: frozenset[str]) -> str:
+    """`page` with the running header and footer lines among its first and last non-blank
+    lines (`_EDGE_LINES`) blanked to spaces: offsets into the page (an outline heading's)
+    still hold, and the same words in the body stay."""
+    if not furniture:
+        return page
+    lines = page.split("\n")
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    for i in {*filled[:_EDGE_LINES], *filled[-_EDGE_LINES:]}:
+        if _furniture_key(lines[i]) in furniture:
+            lines[i] = " " * len(lines[i])
+    return "\n".join(lines)
+
+
+def _pdf_outline_sections(
+    pages: Sequence[str], outline: Sequence[OutlineEntry]
+) -> list[_RawSection]:
+    entries = sorted(outline, key=lambda e: (e.page, e.offset))
     # Section k runs from its heading to the next heading; text before the first is the intro.
-    bounds = [(1, 0), *((e.page, e.offset) for e in entries), (len(pdf.pages), -1)]
+    bounds = [(1, 0), *((e.page, e.offset) for e in entries), (len(pages), -1)]
     sections = [_RawSection("", ())]
     stack: list[tuple[int, str]] = []
     for entry in entries:
         while stack and stack[-1][0] >= entry.level:
             stack.pop()
         stack.append((entry.level, entry.title))
-        sections.append(_RawSection(entry.title, tuple(t for _, t in stack)))
+        sections.append(_RawSection(entry.title, tuple(t for _, t in stack), page=entry.page))
     for k, section in enumerate(sections):
         (p0, o0), (p1, o1) = bounds[k], bounds[k + 1]
         first_piece = True
         for page_no in range(p0, p1 + 1):
-            page = pdf.pages[page_no - 1]
+            page = pages[page_no - 1]
             start = o0 if page_no == p0 else 0
             end = o1 if page_no == p1 and o1 >= 0 else len(page)
             piece = page[start:end]
             if first_piece and section.heading:
                 piece = _drop_heading(piece, section.heading)
             first_piece = False
-            section.paragraphs.extend(
-                _pdf_paragraphs(piece, page_no, start == 0, end == len(page), furniture)
-            )
+            section.paragraphs.extend(_pdf_paragraphs(piece, page_no, start == 0, end == len(page)))
     return sections
 
 
@@ -549,12 +779,9 @@ def _drop_heading(text: str, heading: str) -> str:
     return text.lstrip()[m.end() :] if m else text
 
 
-def _pdf_lines(text: str, page_start: bool, page_end: bool, furniture: frozenset[str]) -> list[str]:
-    """Lines of a page (piece) without running headers/footers or a bare page number."""
-    lines = [
-        "" if _furniture_key(line) in furniture else _DOT_LEADER.sub(" … ", line).strip()
-        for line in text.split("\n")
-    ]
+def _pdf_lines(text: str, page_start: bool, page_end: bool) -> list[str]:
+    """Lines of a page (piece) without a bare page number at the page's edge."""
+    lines = [_DOT_LEADER.sub(" … ", line).strip() for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     while lines and not lines[0]:
@@ -566,11 +793,9 @@ def _pdf_lines(text: str, page_start: bool, page_end: bool, furniture: frozenset
     return lines
 
 
-def _pdf_paragraphs(
-    text: str, page: int, page_start: bool, page_end: bool, furniture: frozenset[str]
-) -> list[Paragraph]:
+def _pdf_paragraphs(text: str, page: int, page_start: bool, page_end: bool) -> list[Paragraph]:
     """PDF lines joined into paragraphs: a short line ending a sentence closes one."""
-    lines = _pdf_lines(text, page_start, page_end, furniture)
+    lines = _pdf_lines(text, page_start, page_end)
     lengths = sorted(len(line) for line in lines if line)
     typical = lengths[int(len(lengths) * 0.8)] if lengths else 0
     out: list[Paragraph] = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pypdfium2 as pdfium
 
-from services.docstore.errors import DocumentLimitError, ParseError
+from services.docstore.errors import DocumentLimitError, PageLimitError, ParseError
 
 # PDFium is not thread-safe: one document at a time per process.
 _PDFIUM_LOCK = threading.Lock()
@@ -26,6 +26,12 @@ page of the sample and benchmark PDFs (2-4 KB a page, English and Russian); and 
 times the default RETR_MAX_DOCUMENT_BYTES (32 MiB), where those PDFs hold 0.2-0.6 bytes of
 text per byte of file. A constant, not a setting: the parser is not told the service's
 limits, and the page count bounds real text whatever RETR_MAX_DOCUMENT_BYTES is."""
+
+MAX_PAGES = 10_000
+"""The most pages one document may have, in every format (a text or Markdown file's form
+feeds each start a page): 137 times the longest sample or benchmark document (73 pages, the
+Debian FAQ), and every page is a row of the document store. Past it `PageLimitError`
+(`max_pages`) before any page is read."""
 
 
 class PdfTextLimitError(DocumentLimitError):
@@ -56,10 +62,11 @@ class PdfText:
 
 
 def read_pdf(
-    content: bytes, *, max_pages: int = 10_000, max_text_bytes: int = MAX_TEXT_BYTES
+    content: bytes, *, max_pages: int = MAX_PAGES, max_text_bytes: int = MAX_TEXT_BYTES
 ) -> PdfText:
-    """Extract page texts and the outline; raise `ParseError` for anything PDFium cannot open
-    and `PdfTextLimitError` as soon as the pages read so far hold more than `max_text_bytes`
+    """Extract page texts and the outline; raise `ParseError` for anything PDFium cannot open,
+    `PageLimitError` for a PDF of more than `max_pages` pages (before reading any), and
+    `PdfTextLimitError` as soon as the pages read so far hold more than `max_text_bytes`
     of text (UTF-8): a page's text is counted before the next page is opened."""
     if not content.lstrip()[:5].startswith(b"%PDF"):
         raise ParseError("not a PDF file (no %PDF header)")
@@ -81,7 +88,9 @@ def _read(pdf: pdfium.PdfDocument, max_pages: int, max_text_bytes: int) -> PdfTe
     if n == 0:
         raise ParseError("the PDF has no pages")
     if n > max_pages:
-        raise ParseError(f"the PDF has {n} pages; at most {max_pages} are accepted")
+        raise PageLimitError(
+            f"the PDF has {n} pages; at most {max_pages} are accepted", limit=max_pages
+        )
     marks: dict[int, list[tuple[int, str, float | None]]] = {}
     order: list[tuple[int, int, str]] = []  # (page_index, level, title) in outline order
     for i, mark in enumerate(pdf.get_toc(max_depth=8)):

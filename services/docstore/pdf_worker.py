@@ -26,7 +26,7 @@ import threading
 from typing import IO, Any
 
 from services.docstore.errors import DocumentLimitError, ParseError
-from services.docstore.pdf import MAX_TEXT_BYTES, PdfText, PdfTextLimitError, read_pdf
+from services.docstore.pdf import MAX_TEXT_BYTES, PdfText, read_pdf
 
 MEMORY_BYTES = 8 * MAX_TEXT_BYTES
 """The address space the worker may take: 1 GiB. It holds a PDF whose text is at the text
@@ -178,8 +178,8 @@ def _result(answer: Any, memory_bytes: int) -> PdfText:
     if kind == "ok":
         text: PdfText = answer[1]
         return text
-    if kind == "text_limit":
-        raise PdfTextLimitError(answer[1], limit=answer[2])
+    if kind == "limit":  # a DocumentLimitError of read_pdf's (text, pages), by its class
+        raise answer[1](answer[2], limit=answer[3])
     if kind == "memory":
         raise _memory_error(memory_bytes)
     raise ParseError(answer[1])
@@ -188,8 +188,8 @@ def _result(answer: Any, memory_bytes: int) -> PdfText:
 def _answer(content: bytes, max_text_bytes: int) -> tuple[Any, ...]:
     try:
         return ("ok", read_pdf(content, max_text_bytes=max_text_bytes))
-    except PdfTextLimitError as exc:
-        return ("text_limit", str(exc), exc.limit)
+    except DocumentLimitError as exc:
+        return ("limit", type(exc), str(exc), exc.limit)
     except ParseError as exc:
         return ("parse", str(exc))
     except MemoryError:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from services.common import errors
-from services.docstore.errors import ParseError
-from services.docstore.pdf import MAX_TEXT_BYTES, PdfTextLimitError, read_pdf
+from services.docstore.errors import PageLimitError, ParseError
+from services.docstore.pdf import MAX_PAGES, MAX_TEXT_BYTES, PdfTextLimitError, read_pdf
 from services.docstore.pdf_worker import (
     MEMORY_BYTES,
     PdfMemoryLimitError,
@@ -77,6 +77,15 @@ def test_the_text_bound_and_parse_errors_come_back_as_in_the_service_process(wor
     assert str(broken.value) == str(same.value)
     with pytest.raises(ParseError, match="no %PDF header"):
         worker(b"plain text")
+
+
+def test_the_page_bound_comes_back_by_its_own_class(worker) -> None:
+    """Every DocumentLimitError read_pdf raises crosses the process as itself, so the service
+    answers LIMIT_EXCEEDED naming it (here `max_pages`), not a parse error."""
+    with pytest.raises(PageLimitError) as info:
+        worker(compressed_pdf(lines=1, pages=MAX_PAGES + 1))
+    assert (info.value.limit, info.value.limit_name) == (MAX_PAGES, "max_pages")
+    assert len(worker(compressed_pdf(lines=1, pages=MAX_PAGES)).pages) == MAX_PAGES
 
 
 def test_a_worker_killed_between_pdfs_is_replaced(worker) -> None:

@@ -25,3 +25,18 @@ def test_truncate_keeps_a_prefix_within_the_limit_and_never_a_broken_character()
         assert tok.count(cut) <= limit
         assert "\ufffd" not in cut
     assert tok.truncate("short", 100) == "short"
+
+
+def test_count_is_the_length_of_the_encoding_special_tokens_as_text():
+    """count() asks quicktok for the count without the token list: the same number as
+    len(encode()), special tokens counted as the plain text they are in a document."""
+    tok = BpeTokenizer()
+    texts = [
+        "hello world",
+        "Как настроить LDAP? 😀 " * 50,
+        "a <|endoftext|> b <|fim_prefix|>",
+        "\n\t  ",
+        "x" * 10_000,
+    ]
+    for text in texts:
+        assert tok.count(text) == len(tok.encode(text))
