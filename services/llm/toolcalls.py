@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,18 +363,25 @@ def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
     return value
 
 
+def _map_placeholders(value: Any, replace: Callable[[int, str], Any]) -> Any:
+    """`value` (a result header, parsed JSON) with each `[text N below]` placeholder string
+    replaced by `replace(N, the placeholder)`."""
+    if isinstance(value, dict):
+        return {k: _map_placeholders(v, replace) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_placeholders(v, replace) for v in value]
+    if isinstance(value, str) and (m := _PLACEHOLDER_RE.fullmatch(value)):
+        return replace(int(m.group(1)), value)
+    return value
+
+
 def fill_placeholders(value: Any, texts: Sequence[DelimitedText]) -> Any:
     """A result header (`render_result`) with each `[text N below]` placeholder replaced by
     its text, unwrapped: the inverse of `_split_texts`."""
-    if isinstance(value, dict):
-        return {k: fill_placeholders(v, texts) for k, v in value.items()}
-    if isinstance(value, list):
-        return [fill_placeholders(v, texts) for v in value]
-    if isinstance(value, str):
-        m = _PLACEHOLDER_RE.fullmatch(value)
-        if m and 0 < int(m.group(1)) <= len(texts):
-            return unwrap_untrusted(texts[int(m.group(1)) - 1].text)
-    return value
+    return _map_placeholders(
+        value,
+        lambda n, held: unwrap_untrusted(texts[n - 1].text) if 0 < n <= len(texts) else held,
+    )
 
 
 def _cut_block(block: str, max_tokens: int, tokenizer: Tokenizer) -> str | None:
@@ -410,16 +417,9 @@ def _fit_blocks(blocks: Sequence[str], budget: int, tokenizer: Tokenizer) -> dic
 def _renumbered(value: Any, numbers: Mapping[int, int]) -> Any:
     """A result header with each `[text N below]` placeholder renumbered to `numbers[N]`,
     or emptied when text N was left out."""
-    if isinstance(value, dict):
-        return {k: _renumbered(v, numbers) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_renumbered(v, numbers) for v in value]
-    if isinstance(value, str):
-        m = _PLACEHOLDER_RE.fullmatch(value)
-        if m:
-            n = numbers.get(int(m.group(1)))
-            return _PLACEHOLDER.format(n) if n else ""
-    return value
+    return _map_placeholders(
+        value, lambda n, _: _PLACEHOLDER.format(numbers[n]) if numbers.get(n) else ""
+    )
 
 
 def _cut_content(
