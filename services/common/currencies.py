@@ -96,6 +96,30 @@ ToolsProxy's to say (it resolves a code through the bank's own list)."""
 _WORD_CODES = frozenset({"ALL", "BOB", "CUP", "MAD", "MOP", "PEN", "SOS", "TOP", "XXX"})
 """Codes that are also English words: written in capitals they are more often the word."""
 _UPPER_CODE = re.compile(r"(?<![A-Za-z0-9])[A-Z]{3}(?![A-Za-z0-9])")
+_BARE_CODES = frozenset({"USD", "EUR", "GBP", "CNY", "JPY", "CHF"})
+"""Codes that in capitals are the currency wherever they stand («сколько стоит USD?»): the
+world's most traded, rarely anything else."""
+_CODE_BEFORE = re.compile(r"(?:курс\w*|котировк\w*|rates?|exchange|[\d$€£¥])[\s(]*$", re.IGNORECASE)
+_CODE_AFTER = re.compile(
+    r"^[\s)]*(?:курс\w*|котировк\w*|rates?|exchange|to\b|в рубл)", re.IGNORECASE
+)
+"""Beside any other code, a rate word or an amount makes it a currency («курс PLN», "SGD
+rate", «100 PLN», "PLN to"): alone, capitals such as AMD, PHP or IRR are more often a
+company, a language or an abbreviation."""
+
+
+def _is_code(text: str, m: re.Match[str]) -> bool:
+    """Whether the capitals `m` matched in `text` name a currency: one of _BARE_CODES, or
+    another code beside a rate word or an amount."""
+    code = m[0]
+    if code not in ISO_4217_CODES or code in _WORD_CODES:
+        return False
+    if code in _BARE_CODES:
+        return True
+    before, after = text[max(0, m.start() - 24) : m.start()], text[m.end() : m.end() + 24]
+    return bool(_CODE_BEFORE.search(before) or _CODE_AFTER.search(after))
+
+
 _PAIR_CODES = "|".join(sorted(c.lower() for c in ISO_4217_CODES - _WORD_CODES))
 CURRENCY_PAIR = re.compile(
     rf"(?<![\w/])(?P<base>{_PAIR_CODES})"
@@ -138,9 +162,7 @@ def _spans(text: str) -> list[tuple[int, int, int, str]]:
         for m in re.finditer(re.escape(symbol), folded)
     ]
     found += [
-        (m.start(), 0, -m.end(), m[0])
-        for m in _UPPER_CODE.finditer(text)
-        if m[0] in ISO_4217_CODES and m[0] not in _WORD_CODES
+        (m.start(), 0, -m.end(), m[0]) for m in _UPPER_CODE.finditer(text) if _is_code(text, m)
     ]
     for m in CURRENCY_PAIR.finditer(folded):
         for side in ("base", "quote"):

@@ -55,9 +55,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         )
         runtime = OpenAiChatRuntime(settings.runtime, http)
     else:
-        runtime = ExtractiveRuntime(
-            max_consecutive_tool_errors=settings.loop.max_consecutive_tool_errors
-        )
+        runtime = ExtractiveRuntime()
     loop = ToolLoop(
         runtime,
         runner,

@@ -271,14 +271,10 @@ class TokenBudget:
             self.tool_result_tokens += n
         return n
 
-    def add_note(self, message: ChatMessage, replaced: ChatMessage | None = None) -> int:
-        """Count a note of the loop's own into the conversation as far as its room goes:
-        `message`, or what it adds to `replaced` when it is that message with the note
-        appended. Returns the tokens past the room, which ride on the conversation
-        (`notes_room`)."""
+    def add_note(self, message: ChatMessage) -> int:
+        """Count a note of the loop's own into the conversation as far as its room goes.
+        Returns the tokens past the room, which ride on the conversation (`notes_room`)."""
         n = message_tokens(self.tokenizer, message)
-        if replaced is not None:
-            n = max(0, n - message_tokens(self.tokenizer, replaced))
         kept = min(n, max(0, self.room()))
         self.conversation += kept
         return n - kept

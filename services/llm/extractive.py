@@ -3,9 +3,8 @@
 `ExtractiveRuntime` answers the tool loop (services/llm/loop.py) the way a model would. While
 it has read no document text and the prompt lists a section it has not tried, it asks to
 read it (read_chunk_window on its anchor, or read_doc_section when no anchor chunk is known;
-after a tool error, the next section, unless one more failure would reach the loop's limit of
-tool errors in a row: it then answers from what it has, saying the documents could not be
-read). Otherwise it answers from every tool result in the conversation, the caller's planned
+after a tool error, the next section; MAX_SECTIONS_TRIED in all, then it answers from what it
+has, saying what could not be read; the loop counts none of its tool errors). Otherwise it answers from every tool result in the conversation, the caller's planned
 calls included, in the answer format of agent.md §8: Markdown, a short conclusion, the
 details, the sources, then the extractive marker line.
 
@@ -85,8 +84,6 @@ _NOT_READING = frozenset(
 )
 """Tools whose results do not count as reading a document (the responder may still read)."""
 _PIECE = re.compile(r"\S+\s*")
-_CALL_ID_PREFIX = "extractive-"
-"""How the ids of the responder's own tool calls begin."""
 _ASKS_ENGLISH = re.compile(
     r"\b(?:answer|respond|reply|write)\b[^.\n]{0,20}\bin english\b|на английском", re.IGNORECASE
 )
@@ -948,21 +945,6 @@ def _question(messages: Sequence[ChatMessage]) -> str:
     return ""
 
 
-def _failed_in_a_row(messages: Sequence[ChatMessage]) -> int:
-    """The responder's own tool calls that failed since the last call that did not fail: what
-    the loop counts towards its abort (a failed planned call of the caller's does not count)."""
-    n = 0
-    for m in messages:
-        c = parse_tool_content(m.content) if m.role == "tool" else None
-        if c is None:
-            continue
-        if c.ok:
-            n = 0
-        elif m.tool_call_id.startswith(_CALL_ID_PREFIX):
-            n += 1
-    return n
-
-
 def _tried(anchor: Anchor, asked: list[dict[str, Any]]) -> bool:
     return any(
         a.get("doc_id") == anchor.doc_id
@@ -979,15 +961,6 @@ class ExtractiveRuntime:
 
     name = EXTRACTIVE
     extractive = True
-
-    def __init__(self, *, max_consecutive_tool_errors: int | None = None) -> None:
-        """`max_consecutive_tool_errors`: the loop's limit of that name (LoopSettings), the
-        tool errors in a row that abort a request; the responder's own failed reads stop one
-        short of it. Not given, it stops after one failed read, short of any limit above one.
-        (Under a limit of one, the first failure aborts whatever the responder does.)"""
-        limit = max_consecutive_tool_errors
-        self._failures_allowed = 1 if limit is None else max(1, limit - 1)
-        """Own failed reads in a row after which the responder answers from what it has."""
 
     async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
         """The next move: a tool call, or the answer."""
@@ -1020,12 +993,7 @@ class ExtractiveRuntime:
                     except json.JSONDecodeError:
                         args = {}
                     reads.append(args if isinstance(args, dict) else {})
-        if (
-            not _has_read(messages)
-            and tools
-            and len(reads) < MAX_SECTIONS_TRIED
-            and _failed_in_a_row(messages) < self._failures_allowed
-        ):
+        if not _has_read(messages) and tools and len(reads) < MAX_SECTIONS_TRIED:
             read = self._next_read(system, {t.name for t in tools}, reads, calls)
             if read is not None:
                 return Completion("", (read,), finish_reason="tool_calls", model=EXTRACTIVE)
@@ -1044,7 +1012,7 @@ class ExtractiveRuntime:
         for anchor in anchors:
             if not anchor.doc_id or _tried(anchor, asked):
                 continue
-            call_id = f"{_CALL_ID_PREFIX}{calls + 1}"
+            call_id = f"extractive-{calls + 1}"
             if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in names:
                 args = {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id}
                 return ToolCall(call_id, READ_CHUNK_WINDOW, json.dumps(args, ensure_ascii=False))

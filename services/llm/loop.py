@@ -388,30 +388,16 @@ class _Run:
     # the rest. So every call fits LLM_SERVICE_MAX_TOTAL_TOKENS with an answer of at least
     # `min_answer` tokens, however much the tool results took.
 
-    def _merges(self) -> bool:
-        """Whether a note joins a last user turn (`prompts.with_note`): not for the extractive
-        responder, which reads the notes as turns of their own (no chat template there)."""
-        return not self.extractive
-
     def _sent(self, messages: list[ChatMessage]) -> list[ChatMessage]:
-        """`messages` as a call sends them: closed by the language note."""
-        note = self.language_note
-        if note is None:
-            return messages
-        return prompts.with_note(messages, note) if self._merges() else [*messages, note]
-
-    def _noted(self, messages: list[ChatMessage]) -> list[ChatMessage]:
-        """`messages` with the language note as a turn of its own, as the extractive
-        responder's readers (ungrounded_terms, answer_without_model) take a conversation."""
+        """`messages` as a call sends them: closed by the language note, a turn of its own.
+        (Joined to a user turn before it, it changed what the bundled 1.5B model answers:
+        "28" where a sentence in the question's language was asked for.)"""
         return messages if self.language_note is None else [*messages, self.language_note]
 
-    def _language_tokens(self, messages: list[ChatMessage]) -> int:
-        """Tokens the language note adds to `messages` as a call sends them."""
-        sent = self._sent(messages)
-        tok = self.loop.tokenizer
-        if len(sent) > len(messages):
-            return message_tokens(tok, sent[-1])
-        return max(0, message_tokens(tok, sent[-1]) - message_tokens(tok, messages[-1]))
+    def _language_tokens(self) -> int:
+        """Tokens the language note adds to a call."""
+        note = self.language_note
+        return 0 if note is None else message_tokens(self.loop.tokenizer, note)
 
     def _spare(self) -> int:
         """Tokens the notes may ride on besides the conversation's room: the total budget's
@@ -424,7 +410,7 @@ class _Run:
         first prompt; else it names the language alone."""
         if self.language_note is None:
             return
-        if self._language_tokens(messages) > self.budget.room() + self._spare():
+        if self._language_tokens() > self.budget.room() + self._spare():
             self.language_note = prompts.language_note(self.req.answer_language)
 
     def _notes_reserve(self) -> int:
@@ -443,19 +429,14 @@ class _Run:
         """`messages` closed by the final-answer note, counted into the conversation as far
         as its room goes; the rest rides on it (`note_overflow`)."""
         self.final_note = None
-        if not self._merges():
-            self.note_overflow += self.budget.add_note(note)
-            return [*messages, note]
-        closed = prompts.with_note(messages, note)
-        replaced = messages[-1] if len(closed) == len(messages) else None
-        self.note_overflow += self.budget.add_note(closed[-1], replaced)
-        return closed
+        self.note_overflow += self.budget.add_note(note)
+        return [*messages, note]
 
     def _answer_tokens(self, messages: list[ChatMessage]) -> int:
         """The next call's max_tokens: the answer's share less what of the notes the total
         budget has no room for; LLM_LIMIT_EXCEEDED when that leaves less than `min_answer`."""
         share = self.budget.before_call()
-        riding = self.riding = self.note_overflow + self._language_tokens(messages)
+        riding = self.riding = self.note_overflow + self._language_tokens()
         max_tokens = share - max(0, riding - self.budget.notes_room())
         if max_tokens < self.min_answer:
             raise limit_exceeded(
@@ -581,7 +562,13 @@ class _Run:
         404 or 403: the missing document may be one the model named, the caller's request names
         nothing missing, and the Orchestrator would pass a 404 on as its own. The tool's code
         is in the metadata (`tool_error`), and ToolsProxy is its `downstream` when a tool
-        failed."""
+        failed.
+
+        The extractive responder's errors are not counted: it is no model that may keep
+        failing, it tries at most MAX_SECTIONS_TRIED sections and then answers from what it
+        has, saying what could not be read."""
+        if self.extractive:
+            return
         self.errors_in_a_row += 1
         if self.errors_in_a_row < self.s.max_consecutive_tool_errors:
             return
@@ -801,12 +788,12 @@ class _Run:
             return []
         if self.extractive:
             return []
-        return ungrounded_terms(self._noted(messages))
+        return ungrounded_terms(self._sent(messages))
 
     async def _withhold(self, messages: list[ChatMessage], terms: list[str]) -> GenerateOutput:
         """The extractive answer in place of the model's, which named none of `terms` from
         the text read: it says the documents do not answer and quotes what was read."""
-        answer = answer_without_model(self._noted(messages))
+        answer = answer_without_model(self._sent(messages))
         log.info(
             "answer withheld",
             extra={"model": self._model_name(), "terms": terms, "trace_id": self.req.trace_id},

@@ -17,7 +17,6 @@ services/common/untrusted.py's; the anchor line is services/common/prompt_limits
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from services.common.prompt_limits import MAX_LISTED_ANCHORS, anchor_line, parse_anchor_line
 from services.common.untrusted import DelimitedText as DelimitedText
@@ -165,7 +164,7 @@ QUESTION_NOTES = {
     "ru": f"{SERVICE_NOTE_PREFIX} Ответь на русском языке на вопрос: ",
     "en": f"{SERVICE_NOTE_PREFIX} Answer in English the question: ",
 }
-"""What closes every model call (`with_note`) when the caller names the answer's language: a small
+"""What closes every model call (a turn of its own) when the caller names the answer's language: a small
 model answers in the language of the text it read last (a tool result, an English prompt)
 unless the instruction comes after it, and asked for the language alone it may answer that
 ("Вот ответ на русском языке:") and stop; the note therefore ends with the question
@@ -200,19 +199,9 @@ def noted_language(notes: Sequence[str]) -> str:
 
 
 def final_answer_note() -> ChatMessage:
-    """The note that asks for the final answer once the tools are withdrawn (`with_note`
-    closes the conversation with it)."""
+    """The note that asks for the final answer once the tools are withdrawn (it closes the
+    conversation, a turn of its own)."""
     return ChatMessage("user", FINAL_ANSWER_NOTE)
-
-
-def with_note(messages: Sequence[ChatMessage], note: ChatMessage) -> list[ChatMessage]:
-    """`messages` closed by the loop's `note` (a user turn): appended to the last message's
-    text after a blank line when that is a user turn, else as a message of its own. Strict
-    chat templates (Mistral, Llama 2, Gemma) refuse two user turns in a row."""
-    if messages and messages[-1].role == "user":
-        last = messages[-1]
-        return [*messages[:-1], replace(last, content=f"{last.content}\n\n{note.content}")]
-    return [*messages, note]
 
 
 def is_service_note(message: ChatMessage) -> bool:

@@ -327,18 +327,12 @@ def _json_mode_messages(
         if m.role == "tool":
             name = m.name or names.get(m.tool_call_id, "")
             result = json.dumps({"tool_name": name, "tool_result": m.content}, ensure_ascii=False)
-            turn = {"role": "user", "content": result}
+            out.append({"role": "user", "content": result})
         elif m.role == "assistant" and m.tool_calls:
             text = "\n".join(_json_call_text(c) for c in m.tool_calls)
-            turn = {"role": "assistant", "content": text}
+            out.append({"role": "assistant", "content": text})
         else:
-            turn = {"role": m.role, "content": m.content}
-        if turn["role"] == "user" and out and out[-1]["role"] == "user":
-            # Tool results go as user turns: several in a row, or one and the turn after it,
-            # are one turn, as chat templates that want the roles to alternate take them.
-            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{turn['content']}"}
-        else:
-            out.append(turn)
+            out.append({"role": m.role, "content": m.content})
     instruction = json_mode_instruction(tools)
     # One leading system message: several chat templates accept no other.
     if out and out[0]["role"] == "system":

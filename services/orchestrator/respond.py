@@ -269,10 +269,12 @@ def _when_args(decision: Decision, today: date) -> dict[str, object]:
 
 
 def follow_up_query(earlier: str, query: str, limit: int) -> str:
-    """What a follow-up is searched with: the `earlier` question it continues, then `query`,
-    in at most `limit` characters. The earlier question (normalised) is cut to the room the
-    query leaves, at a word's end, and left out when no word of it fits; the query itself is
-    cut only when it alone is longer than `limit` (a tool's limit, tighter than a query's)."""
+    """What a follow-up is searched with: `query`, then the `earlier` question it continues,
+    in at most `limit` characters (the follow-up first: a dense model that reads one window,
+    e5's 512 tokens, keeps it whatever the length of the earlier question). The earlier
+    question (normalised) is cut to the room the query leaves, at a word's end, and left out
+    when no word of it fits; the query itself is cut only when it alone is longer than
+    `limit` (a tool's limit, tighter than a query's)."""
     if len(query) >= limit:
         return query[:limit]
     text = normalise_query(earlier)
@@ -281,7 +283,7 @@ def follow_up_query(earlier: str, query: str, limit: int) -> str:
     if len(text) > room and text[room] != " ":
         head = head.rpartition(" ")[0]  # the word the cut runs through goes whole
     head = head.rstrip()
-    return f"{head} {query}" if head else query
+    return f"{query} {head}" if head else query
 
 
 def radius_schedule(radius: int) -> tuple[int, ...]:

@@ -203,16 +203,61 @@ KEY_RATE_WORDS = whole_words(
 )
 """The Bank of Russia key rate: S2 key_rate."""
 
-_BANK = r"(?:цб|центробанк\w*|центральн\w* банк\w*|банк\w* россии|cbr|central bank|bank of russia)"
+_BANK = (
+    r"(?:цб(?: рф)?|центробанк\w*|центральн\w* банк\w* (?:рф|россии)|банк(?:а|у|ом|е)? россии"
+    r"|cbr|bank of russia|central bank of russia|russian central bank)"
+)
+"""The Bank of Russia by name (not «банки России», the country's banks)."""
+_ANY_CENTRAL = r"(?:центральн\w* банк\w*|central bank)"
+"""A central bank: the Bank of Russia only right beside a rate, and no other country named."""
 BANK_RATE = whole_words(
     rf"ставк\w* (?:у |в )?{_BANK}",
     rf"{_BANK}(?: \w+){{0,2}} ставк\w*",
     rf"{_BANK}(?:['’]s)?(?: \w+){{0,2}} rates?",
-    rf"rates? (?:\w+ ){{0,3}}{_BANK}",
+    rf"rates? (?:(?:did|does|has|will|set by|of|from) )?(?:the )?{_BANK}",
+    rf"ставк\w* {_ANY_CENTRAL}",
+    rf"{_ANY_CENTRAL}(?:['’]s)? (?:key |policy |interest )?rates?",
 )
 """The bank and a rate («ставка ЦБ», «ЦБ повысил ставку», "What rate did the Bank of Russia
 set?", "the central bank's rate"): the key rate unless a currency or an exchange word makes
-it an exchange rate ("the central bank's USD rate", "Bank of Russia exchange rate")."""
+it an exchange rate ("the central bank's USD rate", "Bank of Russia exchange rate"), or
+`NOT_KEY_RATE` another rate or another country's bank."""
+NOT_KEY_RATE = whole_words(
+    r"вклад\w*",
+    r"депозит\w*",
+    r"ипотек\w*",
+    r"кредит\w*",
+    r"инфляци\w*",
+    r"ндс",
+    r"налог\w*",
+    r"deposits?",
+    r"mortgages?",
+    r"loans?",
+    r"inflation",
+    r"tax\w*",
+    r"vat",
+    r"казахстан\w*",
+    r"беларус\w*",
+    r"белорус\w*",
+    r"украин\w*",
+    r"европ\w*",
+    r"кита\w*",
+    r"сша",
+    r"турц\w*",
+    r"kazakh\w*",
+    r"belarus\w*",
+    r"ukrain\w*",
+    r"europe\w*",
+    r"ecb",
+    r"chin\w*",
+    r"turk\w*",
+    r"fed",
+    r"federal reserve",
+    r"фрс",
+    r"ецб",
+)
+"""Words that make the bank and a rate something else than the Bank of Russia's key rate:
+a deposit, mortgage or tax rate, inflation, or another country's bank."""
 FX_WORDS = whole_words(r"курс\w*", r"валют\w*", r"обмен\w*", r"конверт\w*", r"exchange",
                        r"currenc\w*", r"fx", r"forex")  # fmt: skip
 """Words that make the bank's rate an exchange rate."""
@@ -371,7 +416,8 @@ _ISO_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{1,2})-(\d{1,2})(?!\d)")
 _DOT_DATE = re.compile(r"(?<![\d.])(\d{1,2})\.(\d{1,2})\.(\d{4}|\d{2})(?!\d|\.\d)")
 _SLASH_DATE = re.compile(r"(?<![\d/.])(\d{1,2})/(\d{1,2})/(\d{4})(?![\d/])")
 _SHORT_DOT_DATE = re.compile(r"(?<![\d.,/])(\d{1,2})\.(\d{2})(?!\d|[.,/]\d)")
-"""dd.mm without a year («на 15.01»); a decimal («95.50») is not one: see `_date_tokens`."""
+"""dd.mm without a year («на 15.01»); read only after a preposition (`_ON_SHORT_DOT_DATE`),
+and a decimal («95.50») is not one: see `_date_tokens`."""
 _ON_SHORT_DOT_DATE = re.compile(
     rf"(?<!\w)(?:на|за|с|со|по|до|от|on|for|from|to|until)\s+{_SHORT_DOT_DATE.pattern}"
 )
@@ -507,9 +553,10 @@ def _date_tokens(text: str, language: str) -> list[_DateToken]:
         month_first = second > 12 >= first or (language == "en" and max(first, second) <= 12)
         day, month = (second, first) if month_first else (first, second)
         found.append(_DateToken(m.start(), m.end(), day, month, int(m[3])))
-    for m in _SHORT_DOT_DATE.finditer(text):
+    for m in _ON_SHORT_DOT_DATE.finditer(text):
+        # dd.mm only after a preposition: "1.11 EUR" is an amount, «на 1.11» a day.
         if 1 <= int(m[1]) <= 31 and 1 <= int(m[2]) <= 12:  # else a number such as 95.50
-            found.append(_DateToken(m.start(), m.end(), int(m[1]), int(m[2]), 0))
+            found.append(_DateToken(m.start(1), m.end(), int(m[1]), int(m[2]), 0))
     for rx in (_DAY_MONTH, _MONTH_DAY):
         for m in rx.finditer(text):
             month = next(n for n, _ in _MONTHS if m.group(f"m{n}"))
@@ -856,7 +903,7 @@ def _general_intent(query: str) -> str:
             return intent
     if SMALL_TALK.search(text) and len(_content_words(_strip(SMALL_TALK, text))) <= 1:
         return "small_talk"
-    if len(_content_words(_without_dates(text))) < MIN_CONTENT_WORDS:
+    if len(_content_words(_without_dates(text, periods=False))) < MIN_CONTENT_WORDS:
         return "clarify"
     return ""
 
@@ -892,6 +939,7 @@ def _asks_key_rate(text: str, query: str) -> bool:
     return (
         bool(BANK_RATE.search(text))
         and not FX_WORDS.search(text)
+        and not NOT_KEY_RATE.search(text)
         and not (named_currencies(query) or foreign_currency_names(query))
     )
 
@@ -914,13 +962,15 @@ _TRIGGERS: tuple[tuple[Callable[[str, str], object], str], ...] = (
 query as written: the first that matches decides."""
 
 
-def _without_dates(text: str) -> str:
-    """The text with the dates it names blanked out: a date alone is not a subject."""
-    written = (
-        _ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY,
-        _MONTH_PERIOD, _TRAILING_PERIOD,
-    )  # fmt: skip
-    for rx in (DATE_WORDS, *written):
+_DAYS_WRITTEN = (_ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY)
+_PERIODS_WRITTEN = (_MONTH_PERIOD, _TRAILING_PERIOD)
+
+
+def _without_dates(text: str, *, periods: bool = True) -> str:
+    """The text with the dates it names blanked out: a date alone is not a subject. With
+    `periods` False a month or a span of days stays: in a question of its own («выручка в
+    марте», "sales last week") it is part of the subject."""
+    for rx in (DATE_WORDS, *_DAYS_WRITTEN, *(_PERIODS_WRITTEN if periods else ())):
         text = _strip(rx, text)
     return text
 

@@ -978,7 +978,7 @@ async def test_generate_grpc_and_stream_with_obedient_model(
 
 
 @pytest.mark.parametrize(
-    ("obey", "status"), [(1, 200), (3, 400)], ids=["obeys-once", "obeys-everything"]
+    ("obey", "status"), [(1, 200), (3, 502)], ids=["obeys-once", "obeys-everything"]
 )
 def test_respond_with_obedient_model(
     model_mesh: Mesh, obedient: FakeChatServer, obey: int, status: int
@@ -989,9 +989,10 @@ def test_respond_with_obedient_model(
     r = post(model_mesh, "orchestrator", RESPOND, body)
     leak = C.Leak.of(body, C.INJECTION_TEXT)
     _check_model_case(obedient, since, leak, *http_parts(r))
-    if status == 400:
-        # Two refused calls in a row end the tool loop: the documented limit error, not a 5xx.
-        assert (r.status_code, json_reason(r)) == (400, "LLM_LIMIT_EXCEEDED"), r.text
+    if status == 502:
+        # Two refused calls in a row end the tool loop as the model failing at its task
+        # (LLM_RUNTIME_ERROR, docs/architecture.md §7), not as the caller's error.
+        assert (r.status_code, json_reason(r)) == (502, "LLM_RUNTIME_ERROR"), r.text
         return
     assert r.status_code == 200, r.text
     out = r.json()

@@ -182,17 +182,3 @@ def test_the_notes_room_holds_the_total_past_a_context_budget():
     b2 = budget()
     b2.start(msgs_of(50), ())
     assert b2.notes_room() == b2.room() == 80
-
-
-def test_a_note_counted_into_a_turn_it_joins_counts_what_it_adds():
-    b = budget()
-    b.start(msgs_of(100), ())
-    question = ChatMessage("user", "How?")
-    joined = ChatMessage("user", "How?\n\n" + " x" * 10)
-    added = message_tokens(TOK, joined) - message_tokens(TOK, question)
-    assert 10 <= added < message_tokens(TOK, ChatMessage("user", " x" * 10))
-    assert b.add_note(joined, question) == 0 and b.conversation == 100 + added
-    # Past the room, the rest is returned (it rides on the conversation).
-    b.add(ChatMessage("tool", " x" * (b.room() - MESSAGE_OVERHEAD - 2), tool_call_id="c"))
-    left = b.room()
-    assert b.add_note(joined, question) == added - left and b.room() == 0

@@ -48,8 +48,7 @@ def engine(tools, **limits):
         max_total_tokens=b.max_prompt_tokens + b.max_completion_tokens + 2048,
         default_model="extractive",
     )
-    runtime = ExtractiveRuntime(max_consecutive_tool_errors=settings.max_consecutive_tool_errors)
-    return LlmEngine(ToolLoop(runtime, tools, READ_TOOL_SPECS, settings))
+    return LlmEngine(ToolLoop(ExtractiveRuntime(), tools, READ_TOOL_SPECS, settings))
 
 
 def req(**kw):
@@ -85,9 +84,7 @@ async def test_falls_back_to_the_section_without_an_anchor_and_after_a_tool_erro
         allowed_tools=("read_chunk_window", "read_doc_section"),
         anchors=(Anchor("guide", "s1", "guide:c1"), Anchor("guide", "s2", "")),
     )
-    # Under a limit of 3 errors in a row the responder may fail twice: after a failed read it
-    # reads the next section (at the default limit of 2 it answers after the first failure).
-    out = await engine(tools, max_consecutive_tool_errors=3).generate(req(policy=policy))
+    out = await engine(tools).generate(req(policy=policy))
     assert [c[0] for c in tools.calls] == ["read_chunk_window", "read_doc_section"]
     assert out.tools_called[0].result_summary.startswith("tool_error NOT_FOUND")
 

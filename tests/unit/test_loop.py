@@ -837,14 +837,10 @@ async def test_the_answer_language_closes_every_call_and_is_never_kept(language,
     out = await loop(rt, FakeTools(default=window())).run(request)
     assert out.answer == "ответ"
     first, second = (c["messages"] for c in rt.calls)
-    # After the question the note joins its turn (no two user turns in a row); after a tool
-    # turn it is a turn of its own.
-    assert first[-1] == ChatMessage("user", f"{asked}\n\n{note}")
-    assert second[-1] == ChatMessage("user", note)
+    assert first[-1] == second[-1] == ChatMessage("user", note)
     # The next call extends the previous one up to the note: the prompt cache keeps it all.
     assert second[: len(first) - 1] == first[:-1]
-    assert second[len(first) - 1] == ChatMessage("user", asked)
-    assert sum(note in m.content for m in second) == 1
+    assert sum(m.content == note for m in second) == 1
 
 
 @pytest.mark.parametrize(("extra", "restated"), [(0, True), (1, False)])
@@ -852,9 +848,8 @@ async def test_a_question_past_the_restated_length_gets_the_language_alone(extra
     question = "Q" * (MAX_RESTATED_QUESTION_CHARS + extra)
     rt = ScriptedRuntime([says("ответ")])
     await loop(rt, FakeTools()).run(req(messages=(Turn("user", question),), answer_language="ru"))
-    closing = rt.calls[0]["messages"][-1].content
-    note = QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"]
-    assert closing == f"{question}\n\n{note}"
+    note = rt.calls[0]["messages"][-1].content
+    assert note == (QUESTION_NOTES["ru"] + question if restated else LANGUAGE_NOTES["ru"])
 
 
 @pytest.mark.parametrize("short", [0, 1])
@@ -867,11 +862,9 @@ async def test_the_language_note_takes_the_rooms_left_before_the_answers_share(s
     probe = ScriptedRuntime([says("ответ")])
     await loop(probe, FakeTools(), max_completion_tokens=100).run(r)
     sent = probe.calls[0]
-    bare = [*sent["messages"][:-1], ChatMessage("user", r.messages[-1].content)]
-    conversation = prompt_tokens(TOK, bare, sent["tools"])
-    note = prompt_tokens(TOK, sent["messages"], sent["tools"]) - conversation
-    # What the note adds to the question's turn it joins: its text and the blank line.
-    assert note == message_tokens(TOK, sent["messages"][-1]) - message_tokens(TOK, bare[-1]) > 20
+    conversation = prompt_tokens(TOK, sent["messages"][:-1], sent["tools"])
+    note = message_tokens(TOK, sent["messages"][-1])
+    assert sent["messages"][-1].content.startswith("[Visior service]") and note > 20
     rt = ScriptedRuntime([says("ответ")])
     total = conversation + note + 100 - short
     await loop(rt, FakeTools(), max_completion_tokens=100, max_total_tokens=total).run(r)

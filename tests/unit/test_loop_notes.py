@@ -1,11 +1,9 @@
 """The loop's notes (services/llm/loop.py, services/llm/prompt.py): the answer language and
 the request for the final answer ride on the conversation within LLM_SERVICE_MAX_TOTAL_TOKENS,
-leave the answer its least share (MIN_ANSWER_TOKENS), and join a last user turn rather than
-follow it (strict chat templates refuse two user turns in a row)."""
+leave the answer its least share (MIN_ANSWER_TOKENS), and each is a turn of its own."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -19,8 +17,6 @@ from services.llm.prompt import (
     FINAL_ANSWER_NOTE,
     LANGUAGE_NOTES,
     QUESTION_NOTES,
-    final_answer_note,
-    with_note,
 )
 from services.model_runtime.chat import ChatMessage, GenerationParams
 from tests.unit.test_loop import (
@@ -54,11 +50,6 @@ def sent_tokens(sent: dict[str, Any]) -> int:
     return prompt_tokens(TOK, sent["messages"], sent["tools"])
 
 
-def no_two_user_turns(messages: list[ChatMessage]) -> bool:
-    roles = [m.role for m in messages]
-    return all((a, b) != ("user", "user") for a, b in itertools.pairwise(roles))
-
-
 # --- the total budget and the answer's least share ----------------------------------------
 
 
@@ -86,7 +77,6 @@ async def test_every_call_fits_the_total_and_leaves_the_answer_its_least_share(
         assert least_answer(share) <= sent["params"].max_tokens <= share
     last = rt.calls[-1]
     assert (last["messages"][-1].content == FINAL_ANSWER_NOTE) == (steps == 1 and not language)
-    assert no_two_user_turns(last["messages"])
 
 
 async def _probe(r: GenerateInput, **settings: Any) -> tuple[int, int]:
@@ -94,8 +84,7 @@ async def _probe(r: GenerateInput, **settings: Any) -> tuple[int, int]:
     rt = ScriptedRuntime([says("ok")])
     await loop(rt, FakeTools(), **settings).run(r)
     sent = rt.calls[0]
-    bare = [*sent["messages"][:-1], ChatMessage("user", r.messages[-1].content)]
-    conversation = prompt_tokens(TOK, bare, sent["tools"])
+    conversation = prompt_tokens(TOK, sent["messages"][:-1], sent["tools"])
     return conversation, sent_tokens(sent) - conversation
 
 
@@ -114,10 +103,10 @@ async def test_the_note_takes_the_answers_share_down_to_its_least(past):
     sent = rt.calls[0]
     closing = sent["messages"][-1].content
     if past:
-        assert closing == f"{question}\n\n{LANGUAGE_NOTES['ru']}"
+        assert closing == LANGUAGE_NOTES["ru"]
         assert sent["params"].max_tokens == 512
     else:
-        assert closing == f"{question}\n\n{QUESTION_NOTES['ru']}{question}"
+        assert closing == f"{QUESTION_NOTES['ru']}{question}"
         assert sent["params"].max_tokens == MIN_ANSWER_TOKENS
     assert sent_tokens(sent) + sent["params"].max_tokens <= total
 
@@ -158,72 +147,35 @@ async def test_a_planned_read_that_takes_the_last_step_leaves_room_for_both_note
     r = req(policy=policy, answer_language="en", params=GenerationParams(max_tokens=40))
     await loop(rt, FakeTools([window(text=BIG)]), max_total_tokens=total).run(r)
     sent = rt.calls[0]
-    # The language note joins the final-answer note's turn, which follows the tool turn.
-    assert sent["messages"][-2].role == "tool"
-    assert sent["messages"][-1].content == (
-        f"{FINAL_ANSWER_NOTE}\n\n{QUESTION_NOTES['en']}How do I set up LDAP?"
-    )
+    # The final-answer note follows the tool turn, and the language note closes the call.
+    assert sent["messages"][-3].role == "tool"
+    assert sent["messages"][-2].content == FINAL_ANSWER_NOTE
+    assert sent["messages"][-1].content == f"{QUESTION_NOTES['en']}How do I set up LDAP?"
     assert sent_tokens(sent) + sent["params"].max_tokens <= total
     assert sent["params"].max_tokens >= least_answer(40)
 
 
-# --- no two user turns in a row ------------------------------------------------------------
+# --- the notes as turns of their own -------------------------------------------------------
 
 
-def test_a_note_joins_a_last_user_turn_and_follows_any_other():
-    note = final_answer_note()
-    question = ChatMessage("user", "How?")
-    assert with_note([question], note) == [ChatMessage("user", f"How?\n\n{FINAL_ANSWER_NOTE}")]
-    result = ChatMessage("tool", "{}", tool_call_id="c1", name="read_doc_section")
-    assert with_note([question, result], note) == [question, result, note]
-    assert with_note([], note) == [note]
-    answer = ChatMessage("assistant", "Fine.")
-    assert with_note([question, answer], note) == [question, answer, note]
-
-
-@pytest.mark.parametrize(
-    "messages",
-    [
-        (Turn("user", "How do I set up LDAP?"),),
-        (Turn("user", "Hi"), Turn("assistant", "Hello."), Turn("user", "How do I set up LDAP?")),
-        # The caller's conversation ends with a tool turn of its own (sent as user data).
-        (Turn("user", "How do I set up LDAP?"), Turn("tool", "LDAP: Settings → Directory.")),
-    ],
-)
-async def test_the_language_note_joins_the_last_user_turn(messages):
+async def test_the_language_note_is_a_turn_of_its_own():
+    """Each note is a user turn of its own after the conversation: joined to the question's
+    turn, the bundled 1.5B model answered "28" where a Russian sentence was asked for."""
     rt = ScriptedRuntime([says("ok")])
     policy = replace(POLICY, allowed_tools=())
-    await loop(rt, FakeTools()).run(req(messages=messages, answer_language="ru", policy=policy))
-    sent = rt.calls[0]["messages"]
-    assert len(sent) == 1 + len(messages)  # the system message and the caller's turns only
-    last, _, note = sent[-1].content.rpartition("\n\n")
-    assert sent[-1].role == "user" and note == QUESTION_NOTES["ru"] + "How do I set up LDAP?"
-    assert last.endswith(("How do I set up LDAP?", "<<<END EXTERNAL>>>"))
-    if messages[-1].role == "user":
-        assert no_two_user_turns(sent)
-
-
-class ExtractiveScripted(ScriptedRuntime):
-    """A scripted runtime that says it is the extractive responder."""
-
-    extractive = True
-
-
-async def test_the_extractive_responder_reads_the_note_as_a_turn_of_its_own():
-    rt = ExtractiveScripted([says("ok")])
-    await loop(rt, FakeTools()).run(req(answer_language="en", policy=replace(POLICY,
-                                        allowed_tools=())))  # fmt: skip
+    await loop(rt, FakeTools()).run(req(answer_language="ru", policy=policy))
     sent = rt.calls[0]["messages"]
     assert sent[-2] == ChatMessage("user", "How do I set up LDAP?")
-    assert sent[-1].content == QUESTION_NOTES["en"] + "How do I set up LDAP?"
+    assert sent[-1] == ChatMessage("user", QUESTION_NOTES["ru"] + "How do I set up LDAP?")
 
 
 @pytest.mark.parametrize("language", ["ru", ""])
 async def test_the_prompt_estimate_counts_the_notes_as_sent(language):
     """With no count from the runtime, the prompt tokens reported are what each call sent,
-    the notes joined to a turn or riding as one included."""
+    the notes included."""
     rt = ScriptedRuntime([asks(READ), says("ok")])
     r = req(answer_language=language)
     out = await loop(rt, FakeTools(default=window()), max_tool_steps=1).run(r)
     assert out.prompt_tokens == sum(sent_tokens(c) for c in rt.calls)
-    assert rt.calls[-1]["messages"][-1].content.startswith(FINAL_ANSWER_NOTE)
+    notes = [m.content for m in rt.calls[-1]["messages"][-2:]]
+    assert FINAL_ANSWER_NOTE in notes

@@ -76,7 +76,7 @@ async def test_a_document_follow_up_is_searched_with_the_earlier_question(follow
     responder, retriever, generator = make()
     out = await ask(responder, follow_up)
     assert (out.scenario, out.intent) == ("S1", "documents")
-    assert [r.query for r in retriever.requests] == [f"{ALPHA} {follow_up}"]
+    assert [r.query for r in retriever.requests] == [f"{follow_up} {ALPHA}"]
     # The model is asked the follow-up itself, the earlier turns before it.
     assert last_question(generator.requests[-1].messages) == follow_up
     assert generator.requests[-1].messages[0] == HISTORY[0]
@@ -97,14 +97,14 @@ async def test_the_follow_up_continues_the_last_user_turn_that_says_something():
         Turn("assistant", "Штраф 0,1% в день."),
     )
     await ask(responder, "а для Беты?", history=history)
-    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Беты?"]
+    assert [r.query for r in retriever.requests] == [f"а для Беты? {ALPHA}"]
 
 
 async def test_the_earlier_question_is_searched_as_one_line():
     responder, retriever, _ = make()
     history = (Turn("user", "Какой штраф\n\tза просрочку   в договоре с Альфой?"),)
     await ask(responder, "а для Беты?", history=history)
-    assert retriever.requests[0].query == f"{ALPHA.replace('поставки ', '')} а для Беты?"
+    assert retriever.requests[0].query == f"а для Беты? {ALPHA.replace('поставки ', '')}"
 
 
 async def test_without_an_earlier_user_question_a_vague_query_is_clarified_not_searched():
@@ -122,19 +122,19 @@ async def test_a_knowledge_base_follow_up_plans_and_searches_with_the_earlier_qu
     assert (out.scenario, out.intent) == ("S2", "knowledge_base")
     (planned,) = generator.requests[-1].planned_calls
     assert planned.tool_name == SEARCH_GENERAL_KB
-    assert planned.arguments["query"] == "Какие налоговые ставки для ИП? а для ООО?"
-    assert [r.query for r in retriever.requests] == ["Какие налоговые ставки для ИП? а для ООО?"]
+    assert planned.arguments["query"] == "а для ООО? Какие налоговые ставки для ИП?"
+    assert [r.query for r in retriever.requests] == ["а для ООО? Какие налоговые ставки для ИП?"]
 
 
 async def test_a_definition_follow_up_falling_back_to_the_knowledge_base_keeps_the_question():
-    # The documents find nothing for "Что такое НДС? а ставки?": the knowledge base answers.
+    # The documents find nothing for "а ставки? Что такое НДС?": the knowledge base answers.
     responder, retriever, generator = make(sections=())
     out = await ask(
         responder, "а ставки?", history=(Turn("user", "Что такое НДС?"), Turn("assistant", "..."))
     )
     assert (out.scenario, out.intent) == ("S2", "knowledge_base")
-    assert [r.query for r in retriever.requests] == ["Что такое НДС? а ставки?"] * 2
-    assert generator.requests[-1].planned_calls[0].arguments["query"] == "Что такое НДС? а ставки?"
+    assert [r.query for r in retriever.requests] == ["а ставки? Что такое НДС?"] * 2
+    assert generator.requests[-1].planned_calls[0].arguments["query"] == "а ставки? Что такое НДС?"
 
 
 ROUTED_TO_DOCUMENTS = {"scenario": "S1", "intent": "documents", "clarifications": [],
@@ -145,7 +145,7 @@ async def test_a_follow_up_the_model_routes_is_searched_with_the_earlier_questio
     responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
     out = await ask(responder, "а для Беты?")
     assert out.decided_by == "model"
-    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Беты?"]
+    assert [r.query for r in retriever.requests] == [f"а для Беты? {ALPHA}"]
     await ask(responder, "Какой штраф за просрочку в договоре с Бетой?")
     assert retriever.requests[-1].query == "Какой штраф за просрочку в договоре с Бетой?"
 
@@ -154,7 +154,7 @@ async def test_a_chain_of_follow_ups_is_searched_with_the_question_it_started_fr
     responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
     history = (*HISTORY, Turn("user", "а для Беты?"), Turn("assistant", "Штраф 0,2% в день."))
     await ask(responder, "а для Гаммы?", history=history)
-    assert [r.query for r in retriever.requests] == [f"{ALPHA} а для Гаммы?"]
+    assert [r.query for r in retriever.requests] == [f"а для Гаммы? {ALPHA}"]
 
 
 async def test_small_talk_before_a_vague_question_is_not_searched_with_it():
@@ -186,7 +186,7 @@ async def test_the_search_holds_max_query_chars_by_cutting_the_earlier_question(
     responder, retriever, _ = make()
     await ask(responder, query)
     kept = ALPHA if not past else ALPHA.removesuffix(" Альфой?")
-    assert [r.query for r in retriever.requests] == [f"{kept} {query}"]
+    assert [r.query for r in retriever.requests] == [f"{query} {kept}"]
     assert len(retriever.requests[0].query) == MAX_QUERY_CHARS - past * len(" Альфой")
 
 
@@ -208,14 +208,14 @@ async def test_the_planned_knowledge_base_query_holds_the_tool_limit_the_same_wa
     await ask(responder, query, history=(Turn("user", earlier),))
     planned = generator.requests[-1].planned_calls[0].arguments["query"]
     kept = earlier if not past else earlier.removesuffix(" ИП?")
-    assert planned == f"{kept} {query}" and len(planned) <= MAX_TOOL_QUERY_CHARS
-    assert retriever.requests[0].query == f"{earlier} {query}"  # the search's limit is wider
+    assert planned == f"{query} {kept}" and len(planned) <= MAX_TOOL_QUERY_CHARS
+    assert retriever.requests[0].query == f"{query} {earlier}"  # the search's limit is wider
 
 
 def test_follow_up_query_at_and_past_its_limit():
-    assert follow_up_query("ab cd", "q", 7) == "ab cd q"  # at the limit: whole
-    assert follow_up_query("ab cd", "q", 6) == "ab q"  # one past: the cut word goes whole
-    assert follow_up_query("ab cd", "q", 5) == "ab q"  # the cut at a space: no word lost
+    assert follow_up_query("ab cd", "q", 7) == "q ab cd"  # at the limit: whole
+    assert follow_up_query("ab cd", "q", 6) == "q ab"  # one past: the cut word goes whole
+    assert follow_up_query("ab cd", "q", 5) == "q ab"  # the cut at a space: no word lost
     assert follow_up_query("abcd", "q", 5) == "q"  # no whole word fits: the follow-up alone
     assert follow_up_query("ab cd", "qqq", 4) == "qqq"  # no room: the follow-up alone
     assert follow_up_query("ab cd", "qqqq", 4) == "qqqq"
@@ -230,7 +230,7 @@ async def test_a_long_earlier_turn_is_cut_to_what_the_search_holds():
     await ask(responder, "а для Беты?", history=(Turn("user", earlier[:MAX_MESSAGE_CHARS]),))
     searched = retriever.requests[0].query
     assert MAX_QUERY_CHARS - len(" текст") < len(searched) <= MAX_QUERY_CHARS
-    assert searched.startswith(ALPHA) and searched.endswith(" текст а для Беты?")
+    assert searched.startswith(f"а для Беты? {ALPHA}") and searched.endswith(" текст")
 
 
 @pytest.mark.parametrize(("past", "routed"), [(0, True), (1, False)])

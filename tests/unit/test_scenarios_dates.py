@@ -297,3 +297,33 @@ def test_an_unknown_country_needs_the_models_currency():
 def test_an_impossible_date_in_a_document_question_is_the_models_to_route():
     d = parse(json.dumps({"scenario": "S1", "intent": "documents"}), "Найди договор от 31.02.2024")
     assert d is not None and d.intent == "documents"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Какая выручка была в марте 2024?",
+        "What were the sales in March 2024?",
+        "What was the revenue last year?",
+        "Продажи за неделю",
+        "Сколько заказов за последние 7 дней?",
+        "Who joined in March?",
+    ],
+)
+def test_a_month_or_span_in_a_question_of_its_own_is_part_of_its_subject(query):
+    """A month or a span of days is no rate question by itself: a question that names one
+    beside its subject is searched, not asked back."""
+    assert decide(query).intent == "documents"
+    earlier = [("user", "Какой курс доллара?"), ("assistant", "…")]
+    assert rule_decision(query, history=earlier, today=TODAY).intent == "documents"
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [("Convert 1.11 EUR to RUB", "EUR"), ("How much is 10.12 USD in RUB?", "USD")],
+)
+def test_an_amount_is_not_a_day(query, code):
+    """dd.mm without a year is a day only after a preposition («на 15.01»): 1.11 EUR is an
+    amount."""
+    d = decide(query)
+    assert (d.intent, d.currency, d.date, d.date_from) == ("currency_rates", code, "", "")

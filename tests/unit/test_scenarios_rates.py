@@ -24,7 +24,8 @@ def decide(query: str) -> Decision:
         ("курс PLN на 02.10.2026", "PLN", "2026-10-02"),
         ("курс SGD", "SGD", ""),
         ("PLN rate", "PLN", ""),
-        ("PLN", "PLN", ""),  # a currency alone is a rate question
+        ("USD", "USD", ""),  # one of the most traded alone is a rate question
+        ("100 PLN в рублях", "PLN", ""),  # another beside an amount
         ("SGD/RUB", "SGD", ""),
         ("sgd/rub", "SGD", ""),  # a pair counts in any case
         ("EUR-RUB", "EUR", ""),
@@ -45,6 +46,11 @@ def test_an_iso_code_goes_to_the_bank(query, code, day):
         ("VAT rate", "knowledge_base"),
         ("сумма в PLN по договору", "documents"),
         ("сумма в PLN", "documents"),  # a code with a subject of its own is no rate question
+        # capitals that are a code but, with no rate word or amount beside them, mostly not
+        ("What is the error rate of the AMD GPU?", "documents"),
+        ("What internal rate of return (IRR) does the project have?", "documents"),
+        ("Сколько стоит курс по PHP?", "documents"),
+        ("AMD 7800X3D", "documents"),
     ],
 )
 def test_capitals_that_are_no_rate_question(query, intent):
@@ -192,4 +198,21 @@ def test_the_bank_and_a_rate_is_the_key_rate(query):
     ],
 )
 def test_a_rate_that_is_not_the_key_rate(query, intent):
+    assert decide(query).intent == intent
+
+
+@pytest.mark.parametrize(
+    ("query", "intent"),
+    [
+        ("Средние ставки в банках России по вкладам", "documents"),  # the banks, not the Bank
+        ("Ставка центрального банка Казахстана", "documents"),  # another country's bank
+        ("What inflation rate does the central bank forecast?", "documents"),
+        ("Mortgage rates after the Bank of Russia decision", "documents"),
+        ("ЦБ и ставка НДС по услугам", "knowledge_base"),
+        ("Какая ставка центрального банка?", "key_rate"),
+        ("What is the central bank's rate?", "key_rate"),
+        ("ставка Банка России", "key_rate"),
+    ],
+)
+def test_a_bank_and_a_rate_is_the_key_rate_only_for_the_bank_of_russia(query, intent):
     assert decide(query).intent == intent
