@@ -210,10 +210,8 @@ def _cut_word(word: str, limit: int, tok: BpeTokenizer) -> Iterator[str]:
     encoded a window at a time (2 * limit * _MAX_TOKEN_BYTES characters, more than 2 * limit
     tokens), so a word of megabytes is never a list of all its tokens."""
     if "\ufffd" in word:
-        # A cut inside a character decodes to U+FFFD, which the word's own would match. A
-        # character is at most 4 bytes and a token at least 1: pieces of limit/4 characters.
-        step = max(1, limit // 4)
-        yield from (word[i : i + step] for i in range(0, len(word), step))
+        # A cut inside a character decodes to U+FFFD, which the word's own would match.
+        yield from _by_characters(word, limit)
         return
     window = 2 * limit * _MAX_TOKEN_BYTES
     position = 0
@@ -228,13 +226,25 @@ def _cut_word(word: str, limit: int, tok: BpeTokenizer) -> Iterator[str]:
             piece = tok.decode(ids[start:end])
             # `start` is at a character's start, so the piece is the word's own text exactly
             # when `end` is too; at most 3 tokens end inside one character (limit >= 8).
-            while not part.startswith(piece, offset):
+            while not part.startswith(piece, offset) and end > start + 1:
                 end -= 1
                 piece = tok.decode(ids[start:end])
+            if not part.startswith(piece, offset):
+                # No piece decodes back to the word as written (an encoding that normalises,
+                # as qwen3 does to NFC): the rest goes by characters.
+                yield from _by_characters(word[position + offset :], limit)
+                return
             yield piece
             offset += len(piece)
             start = end
         position += offset
+
+
+def _by_characters(word: str, limit: int) -> Iterator[str]:
+    """`word` in pieces of limit/4 characters: a character is at most 4 bytes and a token at
+    least 1, so each piece is within `limit` tokens."""
+    step = max(1, limit // 4)
+    yield from (word[i : i + step] for i in range(0, len(word), step))
 
 
 def _join(units: Sequence[_Unit]) -> str:

@@ -609,57 +609,22 @@ class _Numbering:
         return k <= len(cur) and num[: k - 1] == cur[: k - 1] and num[-1] == cur[k - 1] + 1
 
 
-@dataclass
-class _BareHeading:
-    """A numbered heading no text has followed yet, and the state to go back to should the
-    next heading be its sibling (then both are items of a list)."""
-
-    level: int
-    line: str
-    page: int
-    numbering: list[int]
-    stack: list[tuple[int, str]]
-    closed: bool = False
-    """Whether a blank line followed it (as text, it is then a paragraph of its own)."""
-
-
 def _text_sections(page_texts: Sequence[str]) -> list[_RawSection]:
     """Sections by numbered headings ("1.", "2.3 Title", "Глава 2"); paragraphs by blank lines.
-
-    Numbered lines in a row with no text between them ("1. Stop the service", "2. Copy the
-    data") are a list, not headings: when a numbered heading's next line of text is its
-    sibling, both are taken back and read as text, and the numbering goes on from before
-    them, as do the items after them."""
+    A numbered line with no text after it before the next ("1. Stop the service" in a
+    list of steps) is a section of its own, and keeps its line as its text (`_build`)."""
     sections = [_RawSection("", ())]
     numbering = _Numbering()
     stack: list[tuple[int, str]] = []
-    bare: _BareHeading | None = None
     for page_no, page in enumerate(page_texts, start=1):
         para = _Joined(" ")
         for raw_line in iter_split(page, "\n"):
             line = raw_line.strip()
-            before = numbering.current
             if not line or (found := numbering.heading(line)) is None:
-                bare = None if line else bare
-                if bare is not None:
-                    bare.closed = True
                 para = _add_line(sections[-1], para, line, page_no)
                 continue
-            if bare is not None and found == (bare.level, True):
-                # The bare heading and this one are list items: text of the section before.
-                del sections[-1]
-                numbering.current, stack = bare.numbering, bare.stack
-                if bare.closed or bare.page != page_no:
-                    sections[-1].paragraphs.append(bare.line, bare.page)
-                else:
-                    para.append(bare.line)
-                para.append(line)
-                bare = None
-                continue
             para = _add_line(sections[-1], para, "", page_no)
-            level, numbered = found
-            saved = _BareHeading(level, line, page_no, before, list(stack))
-            bare = saved if numbered else None
+            level, _ = found
             while stack and stack[-1][0] >= level:
                 stack.pop()
             stack.append((level, line))

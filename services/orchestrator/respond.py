@@ -12,6 +12,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common import errors
+from services.common.document_limits import FILTER_VALUE_CHARS
 from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
@@ -134,8 +135,17 @@ def filter_ids(name: str, filtered: Sequence[str], selected: Sequence[str]) -> t
     Retrieval's limit, MAX_FILTER_VALUES, holds for that list, and its refusal names the
     field the caller sent past it: the top-level <name> (the message says "with
     filters.<name>" when only the two together pass it). filters.<name> past it alone is
-    returned as it is, for `validate_filters` to refuse as filters.<name>.
+    returned as it is, for `validate_filters` to refuse as filters.<name>. So is a top-level
+    id longer than a filter value may be (FILTER_VALUE_CHARS): refused naming <name>.
     """
+    longest = FILTER_VALUE_CHARS.get(name)
+    too_long = next((v for v in selected if longest is not None and len(v) > longest), None)
+    if too_long is not None and longest is not None:
+        raise errors.over_limit(
+            f"{name} has a value of {len(too_long)} characters; the limit is {longest}",
+            longest,
+            field=name,
+        )
     merged = tuple(dict.fromkeys([*filtered, *selected]))
     if len(merged) > MAX_FILTER_VALUES and len(set(filtered)) <= MAX_FILTER_VALUES:
         counted = name if len(set(selected)) > MAX_FILTER_VALUES else f"{name} with filters.{name}"
@@ -274,7 +284,9 @@ def follow_up_query(earlier: str, query: str, limit: int) -> str:
     e5's 512 tokens, keeps it whatever the length of the earlier question). The earlier
     question (normalised) is cut to the room the query leaves, at a word's end, and left out
     when no word of it fits; the query itself is cut only when it alone is longer than
-    `limit` (a tool's limit, tighter than a query's)."""
+    `limit` (a tool's limit, tighter than a query's). Both are measured normalised (NFKC can
+    lengthen a text), as the search that gets them measures them."""
+    query = normalise_query(query)
     if len(query) >= limit:
         return query[:limit]
     text = normalise_query(earlier)

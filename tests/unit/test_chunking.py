@@ -97,3 +97,14 @@ def test_iter_split_is_split(monkeypatch, text: str) -> None:
     monkeypatch.setattr(chunking, "_SPLIT_SLICE", 3)
     assert list(iter_split(text, "\n")) == text.split("\n")
     assert list(iter_split(text, "\n\n")) == text.split("\n\n")
+
+
+def test_a_word_an_encoding_does_not_decode_back_is_cut_by_characters():
+    """qwen3 normalises to NFC: no piece of "cafe" + a combining acute decodes back as written.
+    The word is still cut, into pieces that join back to it, within the limit; it was an
+    endless loop."""
+    tok = default_tokenizer("qwen3")
+    word = "cafe\u0301" * 20
+    pieces = list(chunking._cut_word(word, 8, tok))
+    assert "".join(pieces) == word
+    assert all(p and tok.count(p) <= 8 for p in pieces)

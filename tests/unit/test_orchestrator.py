@@ -28,6 +28,7 @@ from services.orchestrator.respond import (
     MAX_FILTER_VALUES,
     MAX_HISTORY_TURNS,
     Responder,
+    filter_ids,
     radius_schedule,
     resolve_user,
     validate,
@@ -211,6 +212,15 @@ async def test_filter_values_at_their_stored_limits_pass_and_one_past_is_refused
     with pytest.raises(errors.LimitExceededError) as info:
         await responder.respond(inp(filters=Filters(**{name: value(limit + 1)})))
     assert info.value.metadata["field"] == f"filters.{name}" and retriever.calls == []
+
+
+def test_a_top_level_doc_id_past_its_length_is_refused_naming_doc_ids():
+    """The request's top-level doc_ids join filters.doc_ids (filter_ids): one longer than a
+    document id can be is refused as doc_ids, the field the caller sent."""
+    assert filter_ids("doc_ids", (), ("d" * 128,)) == ("d" * 128,)
+    with pytest.raises(errors.LimitExceededError) as info:
+        filter_ids("doc_ids", (), ("d" * 129,))
+    assert info.value.metadata["field"] == "doc_ids"
 
 
 async def test_limits_at_the_limit_pass():
@@ -485,8 +495,8 @@ async def test_a_long_knowledge_base_question_plans_a_query_the_tool_takes():
     assert MAX_TOOL_QUERY_CHARS < len(question) <= MAX_QUERY_CHARS
     await responder.respond(inp(query=question, filters=Filters(source="knowledge_base")))
     (planned,) = generator.requests[-1].planned_calls
-    assert planned.arguments["query"] == question[:MAX_TOOL_QUERY_CHARS]
-    assert retriever.calls[0][0] == question
+    assert planned.arguments["query"] == normalise_query(question)[:MAX_TOOL_QUERY_CHARS]
+    assert retriever.calls[0][0] == normalise_query(question)
 
 
 @settings(max_examples=2000, deadline=None)

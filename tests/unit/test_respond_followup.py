@@ -8,7 +8,7 @@ import pytest
 
 from services.common import errors
 from services.common.generate_contract import MAX_MESSAGE_CHARS, last_question
-from services.common.search_contract import MAX_QUERY_CHARS
+from services.common.search_contract import MAX_QUERY_CHARS, normalise_query
 from services.common.tool_contract import MAX_TOOL_QUERY_CHARS, SEARCH_GENERAL_KB
 from services.orchestrator.model import (
     LlmOutcome,
@@ -241,3 +241,13 @@ async def test_an_earlier_turn_is_judged_by_its_first_max_query_chars(past, rout
     responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
     await ask(responder, "а для Беты?", history=(Turn("user", earlier),))
     assert (retriever.requests[0].query != "а для Беты?") is routed
+
+
+def test_the_follow_up_is_measured_as_the_search_measures_it():
+    """NFKC lengthens "…" to "...": the combined query is held to the limit normalised, so
+    Retrieval's own check (the normalised length) never refuses it."""
+    earlier = "слово " * 1000
+    query = "а для Беты…?"
+    combined = follow_up_query(earlier, query, MAX_QUERY_CHARS)
+    assert len(normalise_query(combined)) <= MAX_QUERY_CHARS
+    assert combined.startswith("а для Беты...?")
