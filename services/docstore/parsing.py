@@ -570,9 +570,8 @@ class _Numbering:
     def __init__(self) -> None:
         self.current: list[int] = []
 
-    def heading(self, line: str) -> tuple[int, bool] | None:
-        """(level, whether it is numbered: not a "Глава 2" chapter) when `line` is the next
-        heading in sequence, else None."""
+    def heading(self, line: str) -> int | None:
+        """The heading's level when `line` is the next heading in sequence, else None."""
         if len(line) > 160:
             return None
         m = _CHAPTER.match(line)
@@ -582,7 +581,7 @@ class _Numbering:
             title = m.group("title")
             if title[:1] in ",;)" or line.rstrip().endswith((").", "),", ",")):
                 return None
-            return 1, False
+            return 1
         m = _NUMBERED.match(line)
         if not m:
             return None
@@ -597,7 +596,7 @@ class _Numbering:
         if not self._follows(num):
             return None
         self.current = num
-        return len(num), True
+        return len(num)
 
     def _follows(self, num: list[int]) -> bool:
         cur = self.current
@@ -620,11 +619,10 @@ def _text_sections(page_texts: Sequence[str]) -> list[_RawSection]:
         para = _Joined(" ")
         for raw_line in iter_split(page, "\n"):
             line = raw_line.strip()
-            if not line or (found := numbering.heading(line)) is None:
+            if not line or (level := numbering.heading(line)) is None:
                 para = _add_line(sections[-1], para, line, page_no)
                 continue
             para = _add_line(sections[-1], para, "", page_no)
-            level, _ = found
             while stack and stack[-1][0] >= level:
                 stack.pop()
             stack.append((level, line))

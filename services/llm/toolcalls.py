@@ -46,7 +46,7 @@ from services.common.untrusted import (
 from services.llm.budget import count_tokens
 from services.llm.model import Anchor, ToolPolicy, ToolResult
 from services.llm.prompt import DelimitedText, delimited_blocks
-from services.model_runtime.chat import ChatMessage, ToolCall, ToolSpec
+from services.model_runtime.chat import ChatMessage, ToolCall, ToolSpec, valid_text
 
 # Codes of the tool_error messages the loop feeds back to the model.
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
@@ -296,13 +296,10 @@ def error_message(call_id: str, name: str, code: str, message: str) -> ChatMessa
     return ChatMessage("tool", error_content(name, code, message), tool_call_id=call_id, name=name)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _wire_text(text: str, max_chars: int | None = None) -> str:
-    """`text` as a proto string carries it: valid UTF-8 (an unpaired surrogate a model's
-    JSON escaped becomes U+FFFD), at most `max_chars` characters."""
-    text = _SURROGATE.sub("\ufffd", text)
+    """`text` as a proto string carries it: valid UTF-8 (`valid_text`), at most `max_chars`
+    characters."""
+    text = valid_text(text)
     if max_chars is not None and len(text) > max_chars:
         return text[: max_chars - 1] + "…"
     return text

@@ -7,6 +7,7 @@ and by Retrieval's summaries and query variants.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -58,6 +59,16 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""  # for role "tool": which call this answers
     name: str = ""  # for role "tool": the tool's name
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with every unpaired surrogate as U+FFFD. JSON may escape one ("\\ud800"), and
+    json.loads keeps it, but no UTF-8 carries it: the tokenizer, protobuf and the stores refuse
+    such text. A pair json.loads has already joined, so any surrogate left is unpaired."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def message_chars(message: ChatMessage) -> int:

@@ -90,6 +90,7 @@ from services.model_runtime.chat import (
     ToolCall,
     ToolSpec,
     message_chars,
+    valid_text,
 )
 
 log = logging.getLogger(__name__)
@@ -623,16 +624,6 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
         name=valid_text(name),
         arguments=arguments,
     )
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def valid_text(text: str) -> str:
-    """`text` with every unpaired surrogate as U+FFFD. JSON may escape one ("\\ud800"), and
-    json.loads keeps it, but no UTF-8 carries it: the tokenizer, protobuf and the stores refuse
-    such text. A pair json.loads has already joined, so any surrogate left is unpaired."""
-    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def _tokens(usage: Any, name: str) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.common.document_limits import FILTER_VALUE_CHARS
 from services.common.logging import get_logger
 from services.common.search_contract import Filters
 from services.retrieval.search import SearchQuery, SearchResult
@@ -21,9 +22,9 @@ log = get_logger("visior.retrieval.search")
 
 MAX_FILTER_VALUES = 20
 """A list filter (doc_ids, section_ids, tags) is logged up to this many values."""
-MAX_FILTER_VALUE_CHARS = 256
-"""A filter value is logged up to this many characters, then "…" (the longest product or
-version a document can be stored with)."""
+MAX_FILTER_VALUE_CHARS = max(FILTER_VALUE_CHARS.values())
+"""A filter value is logged up to this many characters, then "…": the longest any filter
+accepts (a section id has no bound of its own)."""
 
 
 class _Plan(Protocol):

@@ -11,7 +11,6 @@ from services.common.generate_contract import MAX_MESSAGE_CHARS, last_question
 from services.common.search_contract import MAX_QUERY_CHARS, normalise_query
 from services.common.tool_contract import MAX_TOOL_QUERY_CHARS, SEARCH_GENERAL_KB
 from services.orchestrator.model import (
-    LlmOutcome,
     RespondInput,
     RetrievalOutcome,
     SectionCandidate,
@@ -20,6 +19,7 @@ from services.orchestrator.model import (
 )
 from services.orchestrator.respond import Responder, follow_up_query
 from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+from tests.unit.test_orchestrator import FakeGenerator
 
 TODAY = date(2026, 11, 28)
 ALPHA = "Какой штраф за просрочку поставки в договоре с Альфой?"
@@ -42,22 +42,9 @@ class Retriever:
         return {d: (200_000, 0, "t") for d in doc_ids}  # too big to read whole: S4
 
 
-class Generator:
-    def __init__(self, routing=None):
-        self.requests = []
-        self.routing = routing
-
-    async def generate(self, request):
-        self.requests.append(request)
-        if request.response_schema is not None:
-            if self.routing is None:
-                return LlmOutcome("", (), 0, 1, extractive=True)
-            return LlmOutcome(json.dumps(self.routing), (), 0, 1)
-        return LlmOutcome("answer", (), 0, 1)
-
-
 def make(sections=(SECTION,), routing=None):
-    retriever, generator = Retriever(sections), Generator(routing)
+    routed = None if routing is None else json.dumps(routing)
+    retriever, generator = Retriever(sections), FakeGenerator(routed)
     responder = Responder(
         retriever, generator, ConfigHolder(RuntimeConfig(), 3),
         today=lambda: TODAY, model_routing=routing is not None,

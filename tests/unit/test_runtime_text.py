@@ -1,6 +1,6 @@
 """What the runtime client takes from an answer is valid Unicode: JSON may escape an unpaired
 surrogate ("\\ud800"), which json.loads keeps, and the tokenizer, protobuf and the document
-stores refuse (services/model_runtime/client.valid_text)."""
+stores refuse (services/model_runtime/chat.valid_text)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import json
 import pytest
 
 from services.common.tokenizer import count_tokens
-from services.model_runtime.client import StreamAssembler, parse_completion, valid_text
+from services.model_runtime.chat import valid_text
+from services.model_runtime.client import StreamAssembler, parse_completion
 
 LONE = json.loads('"a\\ud800b\\udfffc"')
 """As json.loads gives it: two unpaired surrogates."""
