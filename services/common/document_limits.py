@@ -5,8 +5,23 @@ and Retrieval both run)."""
 
 from __future__ import annotations
 
+import re
+
 MAX_DOC_ID_CHARS = 128
 """A doc_id's longest spelling, in characters of any script."""
+_DOC_ID = re.compile(rf"[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}")
+"""Letters of any script (ids are derived from file names, often Russian), digits, . _ -"""
+DOC_ID_RULE = (
+    f"doc_id must be 1-{MAX_DOC_ID_CHARS} characters of letters, digits, '.', '_' or '-', "
+    "starting with a letter or digit"
+)
+
+
+def is_doc_id(value: str) -> bool:
+    """Whether a document could be stored under `value` (ingestion holds every id to it)."""
+    return _DOC_ID.fullmatch(value) is not None
+
+
 MAX_TAG_CHARS = 128
 MAX_PRODUCT_CHARS = 256
 """Also the limit of `version`."""

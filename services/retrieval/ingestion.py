@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import statistics
 import time
 import uuid
@@ -31,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
-from services.common.document_limits import MAX_DOC_ID_CHARS
+from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import DocumentLimitError, StoreUnavailableError
@@ -57,12 +56,6 @@ from services.retrieval.sections import SectionCatalog
 
 log = logging.getLogger("visior.retrieval.ingestion")
 
-# Letters of any script (ids are derived from file names, often Russian), digits, . _ -
-_DOC_ID = re.compile(rf"^[^\W_][\w.-]{{0,{MAX_DOC_ID_CHARS - 1}}}$")
-_DOC_ID_RULE = (
-    f"doc_id must be 1-{MAX_DOC_ID_CHARS} characters of letters, digits, '.', '_' or '-', "
-    "starting with a letter or digit"
-)
 _PROGRESS_LOG_S = 5.0
 EMBED_SLICE = 32
 """Passages embedded per worker-thread call at ingest (a multiple of every profile's batch):
@@ -123,8 +116,8 @@ class IngestOutcome:
 def check_doc_id(doc_id: str) -> None:
     """INVALID_ARGUMENT naming `doc_id` when it is not one a document could be stored under:
     a request naming such an id is refused, never answered as a document not found."""
-    if not _DOC_ID.fullmatch(doc_id):
-        raise errors.invalid("doc_id", _DOC_ID_RULE)
+    if not is_doc_id(doc_id):
+        raise errors.invalid("doc_id", DOC_ID_RULE)
 
 
 def embedding_identity(embedder: Embedder) -> str:
@@ -425,7 +418,7 @@ class Ingestor:
             check_doc_id(item.doc_id)
             return item.doc_id, fmt
         doc_id = derived_doc_id(item.file_name)
-        if not _DOC_ID.fullmatch(doc_id):
+        if not is_doc_id(doc_id):
             raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
         return doc_id, fmt
 

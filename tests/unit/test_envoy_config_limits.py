@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from visior.retrieval.v1 import retrieval_pb2
 
-from services.common.document_limits import MAX_DOC_ID_CHARS
+from services.common.document_limits import MAX_DOC_ID_CHARS, is_doc_id
 from services.common.settings import Env
 from services.devtools.envoy_config import (
     INGEST_MAX_REQUEST_BYTES,
@@ -15,7 +15,6 @@ from services.devtools.envoy_config import (
     ROUTE_RULES,
 )
 from services.retrieval.config import RetrievalSettings
-from services.retrieval.ingestion import _DOC_ID
 from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES
 from services.retrieval.listing import MAX_LISTED_IDS
 
@@ -42,7 +41,7 @@ def test_the_ingestion_route_takes_the_largest_default_document_in_base64():
 
 def test_the_retrieval_listener_takes_the_longest_list_request():
     longest = "𠀀" * MAX_DOC_ID_CHARS  # four UTF-8 bytes a character
-    assert _DOC_ID.match(longest) and not _DOC_ID.match(longest + "𠀀")
+    assert is_doc_id(longest) and not is_doc_id(longest + "𠀀")
     query = urlencode({"tenant_id": "t" * 128, "doc_ids": [longest] * MAX_LISTED_IDS}, doseq=True)
     line = f"GET /internal/retrieval/documents?{query} HTTP/1.1\r\n"
     assert len(line) + 60 * 1024 <= MAX_REQUEST_HEADERS_KB * 1024

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common import errors
+from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.retrieval.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_LISTED_IDS,
@@ -40,6 +41,17 @@ def test_the_doc_ids_limit() -> None:
     with pytest.raises(errors.LimitExceededError) as past:
         list_page(0, "", (*at, "one-more"))
     assert past.value.metadata["field"] == "doc_ids"
+
+
+@pytest.mark.parametrize("doc_id", ["", "-lead", "has space", "d" * (MAX_DOC_ID_CHARS + 1)])
+def test_a_doc_id_no_document_could_have_is_refused(doc_id: str) -> None:
+    longest = "д" * MAX_DOC_ID_CHARS
+    assert list_page(0, "", ("guide", longest)).doc_ids == ("guide", longest)
+    with pytest.raises(errors.InvalidArgumentError) as refused:
+        list_page(0, "", ("guide", doc_id))
+    assert refused.value.metadata == {"field": "doc_ids"}
+    assert not isinstance(refused.value, errors.LimitExceededError)
+    assert len(str(refused.value)) < 2 * MAX_DOC_ID_CHARS + 200
 
 
 @pytest.mark.parametrize(

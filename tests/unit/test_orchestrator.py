@@ -223,6 +223,17 @@ def test_a_top_level_doc_id_past_its_length_is_refused_naming_doc_ids():
     assert info.value.metadata["field"] == "doc_ids"
 
 
+@pytest.mark.parametrize("doc_id", ["has space", "-lead", ""])
+async def test_a_selected_doc_id_no_document_could_have_is_refused_naming_doc_ids(doc_id):
+    """Retrieval's ListDocuments refuses such an id; the Orchestrator refuses it first, as the
+    caller's error, before anything is read (a real but missing id stays NOT_FOUND)."""
+    responder, retriever, *_ = make()
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await responder.respond(inp(selected_doc_ids=("a", doc_id)))
+    assert info.value.metadata == {"field": "doc_ids"}
+    assert retriever.calls == []
+
+
 async def test_limits_at_the_limit_pass():
     responder, retriever, *_ = make()
     await responder.respond(inp(query=("LDAP setup " * 410)[:4096], max_results=50))

@@ -519,8 +519,9 @@ class ListDocumentsRequest(betterproto.Message):
     doc_ids: List[str] = betterproto.string_field(5)
     """
     doc_ids lists only these documents (at most 1000; still inside the
-     tenant); ids the tenant does not hold are left out. Empty lists every
-     document.
+     tenant); ids the tenant does not hold are left out, and an id no document
+     could have (the IngestDocumentRequest doc_id rule) is INVALID_ARGUMENT.
+     Empty lists every document.
     """
 
 
