@@ -107,6 +107,11 @@ class ResourceExhaustedError(ServiceError, code=RESOURCE_EXHAUSTED, reason="RATE
     """A rate limit or size limit of the server was hit (HTTP 429)."""
 
 
+SERVER_BUSY = "SERVER_BUSY"
+"""The reason of a ResourceExhaustedError a server at its concurrency cap answers
+(services.common.interceptors): retry later."""
+
+
 class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILABLE"):
     """A dependency is down or failed (HTTP 502 through Envoy). The handler has already
     retried it; the status goes out marked not to be repeated (services.common.interceptors),

@@ -179,7 +179,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if cap is not None and self._in_flight >= cap:
             raise errors.ResourceExhaustedError(
                 f"the server is handling its limit of {cap} concurrent calls; retry later",
-                reason="SERVER_BUSY",
+                reason=errors.SERVER_BUSY,
                 metadata=errors.limit_metadata(cap, name="max_concurrent_rpcs"),
             )
         self._in_flight += 1

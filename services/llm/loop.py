@@ -17,7 +17,7 @@ How a run stops:
   or the same call repeated (runaway): the tools are withdrawn and the model is asked once
   more for the answer; if it still calls a tool, LLM_LIMIT_EXCEEDED ("Tool-call limit");
 - two tool errors in a row (a refused call or a tool that failed): a downstream failure, by
-  the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED (429), else LLM_RUNTIME_ERROR for
+  the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED or SERVER_BUSY (429), else LLM_RUNTIME_ERROR for
   calls the loop refused, UPSTREAM_UNAVAILABLE for a tool that failed (502);
 - the token budget spent (services/llm/budget.py), or no room left for the answer's least
   share beside the loop's notes (MIN_ANSWER_TOKENS): LLM_LIMIT_EXCEEDED;
@@ -555,7 +555,8 @@ class _Run:
         aborts the request (llm-service.md §9.2) with the status of the last error.
 
         The request was within its limits (§9.3's LLM_LIMIT_EXCEEDED is not this): a rate
-        limit is a 429 the caller can wait out (RESOURCE_EXHAUSTED, RATE_LIMIT_EXCEEDED);
+        limit, or ToolsProxy at its concurrency cap, is a 429 the caller can wait out
+        (RESOURCE_EXHAUSTED, RATE_LIMIT_EXCEEDED or SERVER_BUSY);
         calls the loop refused are the model failing at its task (LLM_RUNTIME_ERROR, as §9.1's
         model errors); any other failed call is the tools failing it (UPSTREAM_UNAVAILABLE).
         Both are 502s. A tool's NOT_FOUND or ACCESS_DENIED is not passed on as the caller's
@@ -583,8 +584,8 @@ class _Run:
         if refused:
             raise errors.UnavailableError(message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
         metadata["downstream"] = TOOLS_DOWNSTREAM
-        if code == RATE_LIMIT_EXCEEDED:
-            raise errors.ResourceExhaustedError(message, metadata=metadata)
+        if code in (RATE_LIMIT_EXCEEDED, errors.SERVER_BUSY):
+            raise errors.ResourceExhaustedError(message, reason=code, metadata=metadata)
         raise errors.UnavailableError(message, reason=UPSTREAM_UNAVAILABLE, metadata=metadata)
 
     async def _tool(self, call: ToolCall) -> ChatMessage:

@@ -461,6 +461,10 @@ READ_F1 = call("read_doc_section", {"doc_id": "faq", "section_id": "f1"}, "c3")
         (READ_F1, READ_S2,
          [NOT_FOUND, errors.ResourceExhaustedError("limit", reason="RATE_LIMIT_EXCEEDED")],
          errors.RESOURCE_EXHAUSTED, "RATE_LIMIT_EXCEEDED", "RATE_LIMIT_EXCEEDED"),
+        # ToolsProxy at its concurrency cap: a 429 too, with its own reason.
+        (READ_F1, READ_S2,
+         [NOT_FOUND, errors.ResourceExhaustedError("busy", reason=errors.SERVER_BUSY)],
+         errors.RESOURCE_EXHAUSTED, "SERVER_BUSY", "SERVER_BUSY"),
         (call("nope", {}), READ_S2, [NOT_FOUND], errors.UNAVAILABLE, "UPSTREAM_UNAVAILABLE",
          "NOT_FOUND"),
         # Calls the loop refused: the model failed at its task (LLM_RUNTIME_ERROR, 502).
