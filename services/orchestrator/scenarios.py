@@ -423,6 +423,9 @@ _ON_SHORT_DOT_DATE = re.compile(
 )
 """dd.mm after a preposition («а на 28.02?»): a date, not a subject, where "Orion X 2.10"
 is a version."""
+_END_SHORT_DOT_DATE = re.compile(rf"{_SHORT_DOT_DATE.pattern}(?=[\s?!.…]*$)")
+"""dd.mm ending the question («курс доллара 15.01»): a date; an amount stands before its
+currency ("1.11 EUR")."""
 _MONTHS: tuple[tuple[int, str], ...] = (
     (1, r"январ\w*|jan(?:uary)?"),
     (2, r"феврал\w*|feb(?:ruary)?"),
@@ -460,6 +463,19 @@ _YEAR_PERIOD = re.compile(
     r"(?<!\w)(?:в|во|за|in|for|during)\s+(?P<year>\d{4})(?:\s*(?:год\w*|г\.?))?(?![\w./-])"
 )
 """A whole year: «в 2023 году», «за 2024 год», "in 2023"."""
+_YEAR = r"(?:19|20)\d\d"
+_YEAR_WORD = r"\s*(?:год\w*|гг?\.|г(?!\w)|years?)"
+_YEAR_SPAN = re.compile(
+    rf"(?<![\w./-])(?P<open>(?:с|со|from|between)\s+)?(?P<a>{_YEAR})"
+    rf"(?:\s*[-–—]\s*|\s+(?:по|до|to|until|till|through|and)\s+)(?P<b>{_YEAR})"
+    rf"(?P<word>{_YEAR_WORD})?(?![\w./-])"
+)
+"""Years from one to another: «с 2023 по 2024», «за 2023–2024 годы», "2023-2024" ending the
+question. Without «с»/"from", a year word or the question's end, "2000-2010 долларов" is
+an amount."""
+_BARE_YEAR = re.compile(rf"(?<![\w./-])(?P<year>{_YEAR})(?P<word>{_YEAR_WORD})?(?![\w./-])")
+"""A year with its word («2023 год», «2023 г.») or ending the question («курс доллара
+2023»); "2000 долларов" is an amount."""
 _MONTH_PERIOD = re.compile(
     rf"(?<!\w)(?:в|во|за|in|for|during)\s+(?:{_MONTH_ALT})"
     r"(?:\s+(?P<year>\d{4})(?:\s*(?:год\w*|г\.?))?)?(?![\w./-])"
@@ -553,8 +569,9 @@ def _date_tokens(text: str, language: str) -> list[_DateToken]:
         month_first = second > 12 >= first or (language == "en" and max(first, second) <= 12)
         day, month = (second, first) if month_first else (first, second)
         found.append(_DateToken(m.start(), m.end(), day, month, int(m[3])))
-    for m in _ON_SHORT_DOT_DATE.finditer(text):
-        # dd.mm only after a preposition: "1.11 EUR" is an amount, «на 1.11» a day.
+    for m in (*_ON_SHORT_DOT_DATE.finditer(text), *_END_SHORT_DOT_DATE.finditer(text)):
+        # dd.mm only after a preposition or ending the question: "1.11 EUR" is an amount,
+        # «на 1.11» a day.
         if 1 <= int(m[1]) <= 31 and 1 <= int(m[2]) <= 12:  # else a number such as 95.50
             found.append(_DateToken(m.start(1), m.end(), int(m[1]), int(m[2]), 0))
     for rx in (_DAY_MONTH, _MONTH_DAY):
@@ -639,7 +656,30 @@ def _year_period(year: int, *, today: date) -> tuple[date, date] | None:
     return date(year, 1, 1), (today if year == today.year else date(year, 12, 31))
 
 
-def _month_period(m: re.Match[str], *, today: date, year: int = 0) -> tuple[date, date] | None:
+def _at_end(text: str, end: int) -> bool:
+    return not text[end:].strip(" ?!.…")
+
+
+def _years_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[date, date] | None:
+    """The years `m` (_YEAR_SPAN) names, whole (up to today for the current one); None where
+    they are not written as a period (an amount: no «с», year word or end)."""
+    if not (m["open"] or m["word"] or _at_end(text, m.end())):
+        return None
+    return date(int(m["a"]), 1, 1), (
+        today if int(m["b"]) == today.year else date(int(m["b"]), 12, 31)
+    )
+
+
+def _year_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[date, date] | None:
+    """The year `m` (_YEAR_PERIOD, or _BARE_YEAR with its year word or ending the question)."""
+    if m.re is _BARE_YEAR and not (m["word"] or _at_end(text, m.end())):
+        return None
+    return _year_period(int(m["year"]), today=today)
+
+
+def _month_period(
+    m: re.Match[str], *, today: date, year: int = 0, text: str = ""
+) -> tuple[date, date] | None:
     """The month `m` (_MONTH_PERIOD) names: in its year, else in `year` (a follow-up's earlier
     turn's) when it has begun by today, else the latest such month that has begun; up to today
     for the current month; None for a month yet to come."""
@@ -655,10 +695,23 @@ def _month_period(m: re.Match[str], *, today: date, year: int = 0) -> tuple[date
     return first, min(today, following - timedelta(days=1))
 
 
-def _trailing_period(m: re.Match[str], *, today: date) -> tuple[date, date]:
+def _trailing_period(
+    m: re.Match[str], *, today: date, year: int = 0, text: str = ""
+) -> tuple[date, date]:
     """The days up to today `m` (_TRAILING_PERIOD) names."""
     unit = next(u for u in _UNIT_DAYS if m[u])
     return today - timedelta(days=int(m["n"] or 1) * _UNIT_DAYS[unit]), today
+
+
+_PERIODS: tuple[tuple[re.Pattern[str], Callable[..., tuple[date, date] | None]], ...] = (
+    (_YEAR_SPAN, _years_of),
+    (_YEAR_PERIOD, _year_of),
+    (_MONTH_PERIOD, _month_period),
+    (_TRAILING_PERIOD, _trailing_period),
+    (_BARE_YEAR, _year_of),
+)
+"""The periods a question may write besides its days, each with what reads it (None: not a
+period here); in this order, so a span's years or «в 2023» are not read again alone."""
 
 
 def _when(query: str, *, today: date, year: int = 0) -> _When:
@@ -685,21 +738,22 @@ def _when(query: str, *, today: date, year: int = 0) -> _When:
             day = _day_of(t, today=today, year=year)
             when = _When(day=day, year_written=bool(t.year)) if day else None
             found.append((t.start, when or _When(unusable=_written(query, text, t.start, t.end))))
-    for m in _YEAR_PERIOD.finditer(text):
-        whole = _year_period(int(m["year"]), today=today)
-        if whole and not any(t.start < m.end() and m.start() < t.end for t in tokens):
-            found.append((m.start(), _When(period=whole)))
-    for m in _MONTH_PERIOD.finditer(text):
-        month = _month_period(m, today=today, year=year)
-        if month and not any(t.start < m.end() and m.start() < t.end for t in tokens):
-            found.append((m.start(), _When(period=month)))
-    for m in _TRAILING_PERIOD.finditer(text):
-        span = _trailing_period(m, today=today)
-        if (span[1] - span[0]).days > CBR_MAX_RANGE_DAYS:
+    taken = [(t.start, t.end) for t in tokens]
+    for rx, period_of in _PERIODS:
+        for m in rx.finditer(text):
+            if any(a < m.end() and m.start() < b for a, b in taken):
+                continue  # a day's year, or a span's years
+            period = period_of(m, today=today, year=year, text=text)
+            if period is None:
+                continue
+            taken.append((m.start(), m.end()))
             written = _written(query, text, m.start(), m.end())
-            found.append((m.start(), _When(unusable=written, too_long=True)))
-        else:
-            found.append((m.start(), _When(period=span)))
+            if period[0] > period[1]:
+                found.append((m.start(), _When(unusable=written, backwards=True)))
+            elif (period[1] - period[0]).days > CBR_MAX_RANGE_DAYS:
+                found.append((m.start(), _When(unusable=written, too_long=True)))
+            else:
+                found.append((m.start(), _When(period=period)))
     if found:
         unusable = next((w for _, w in found if w.unusable), None)
         return unusable or min(found, key=lambda f: f[0])[1]
@@ -719,7 +773,7 @@ def extract_date(query: str, *, today: date) -> str:
     01/02/2025 (day first in a Russian question, month first in an English one; 01/15/2026
     either way), «1 февраля 2025», "February 1, 2025", "1st of Feb", and сегодня/вчера/
     позавчера/завтра, today/yesterday/tomorrow, resolved against `today`. A day written
-    without a year («31 декабря», «15.01») is the latest such day up to tomorrow: on
+    without a year («31 декабря», «на 15.01», «курс доллара 15.01») is the latest such day up to tomorrow: on
     2026-11-28 «31 декабря» is 2025-12-31 (the bank has no rates further ahead).
     """
     found = _when(query, today=today).day
@@ -729,8 +783,8 @@ def extract_date(query: str, *, today: date) -> str:
 def extract_period(query: str, *, today: date) -> tuple[str, str]:
     """The first and last day (YYYY-MM-DD) of the period the query names, or ("", ""):
     «с 1 марта по 1 апреля 2024», «с 1 по 10 марта», "from March 1 to March 10, 2024",
-    "between 2024-03-01 and 2024-03-10", «1–10 марта 2024», «в 2023 году» / "in 2023" (the
-    year, up to today), «в марте 2024» / "in March 2024" (a month; without its year the latest
+    "between 2024-03-01 and 2024-03-10", «1–10 марта 2024», «в 2023 году» / "in 2023" / «курс
+    доллара 2023» (the year, up to today; «2023–2024», a span of years), «в марте 2024» / "in March 2024" (a month; without its year the latest
     that has begun), «за неделю», «за последние 10 дней», "past 3 months" (the days up to
     today)."""
     period = _when(query, today=today).period
@@ -962,7 +1016,10 @@ _TRIGGERS: tuple[tuple[Callable[[str, str], object], str], ...] = (
 query as written: the first that matches decides."""
 
 
-_DAYS_WRITTEN = (_ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY)
+_DAYS_WRITTEN = (
+    _ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _END_SHORT_DOT_DATE, _DAY_MONTH,
+    _MONTH_DAY,
+)  # fmt: skip
 _PERIODS_WRITTEN = (_MONTH_PERIOD, _TRAILING_PERIOD)
 
 

@@ -186,11 +186,60 @@ def test_what_is_not_a_period(query, day):
     assert (d.date, d.date_from, d.date_to) == (day, "", "")
 
 
-@pytest.mark.parametrize("query", ["курс доллара 2023", "курс доллара 2023-2024"])
-def test_periods_the_rules_do_not_read(query):
-    """A bare year: not read (the rate for today)."""
+@pytest.mark.parametrize(
+    ("query", "first", "last"),
+    [
+        ("курс доллара 2023", "2023-01-01", "2023-12-31"),  # ending the question
+        ("USD rate 2025?", "2025-01-01", "2025-12-31"),
+        ("курс доллара 2023 год", "2023-01-01", "2023-12-31"),
+        ("курс доллара 2024 г. по месяцам", "2024-01-01", "2024-12-31"),
+        ("курс евро 2026", "2026-01-01", "2026-11-28"),  # up to today
+        ("курс доллара 2025-2025", "2025-01-01", "2025-12-31"),
+    ],
+)
+def test_a_year_with_its_word_or_ending_the_question_is_a_period(query, first, last):
     d = decide(query)
-    assert (d.intent, d.date, d.date_from) == ("currency_rates", "", "")
+    assert (d.intent, d.date, d.date_from, d.date_to) == ("currency_rates", "", first, last)
+
+
+@pytest.mark.parametrize(
+    ("query", "written"),
+    [
+        ("курс доллара 2023–2024", "2023–2024"),
+        ("курс доллара за 2023-2024 годы", "2023-2024 годы"),
+        ("курс доллара с 2023 по 2024", "с 2023 по 2024"),
+        ("USD rate from 2022 to 2024", "from 2022 to 2024"),
+    ],
+)
+def test_years_from_one_to_another_are_asked_back_past_one_call_s_range(query, written):
+    d = decide(query)
+    assert (d.intent, d.date_from) == ("clarify", "")
+    assert written in d.clarifications[0] and "366" in d.clarifications[0]
+
+
+def test_years_that_end_before_they_start_are_asked_back():
+    d = decide("курс доллара с 2024 по 2023")
+    assert d.intent == "clarify" and "«с 2024 по 2023»" in d.clarifications[0]
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [("2000 долларов в рублях", "USD"), ("сколько рублей 1999-2010 евро?", "EUR"),
+     ("курс доллара 2023 и евро", "USD")],
+)  # fmt: skip
+def test_a_number_like_a_year_is_no_period_without_its_word_or_the_end(query, code):
+    d = decide(query)
+    assert (d.intent, d.currency, d.date, d.date_from) == ("currency_rates", code, "", "")
+
+
+@pytest.mark.parametrize(
+    ("query", "day"),
+    [("курс доллара 15.01", "2026-01-15"), ("евро 28.11?", "2026-11-28"),
+     ("курс юаня 01.03.", "2026-03-01")],
+)  # fmt: skip
+def test_dd_mm_ending_the_question_is_a_day(query, day):
+    d = decide(query)
+    assert (d.intent, d.date) == ("currency_rates", day)
 
 
 @pytest.mark.parametrize(
