@@ -53,7 +53,8 @@ class IndexSettings:
     """The vector index Retrieval searches and ingestion writes (services/retrieval/index/)."""
 
     backend: str
-    """"edge" (Qdrant Edge in-process, default) or "qdrant" (server; RETR_INDEX_BACKEND)."""
+    """"edge" (Qdrant Edge in-process) or "qdrant" (server; RETR_INDEX_BACKEND); "qdrant" when
+    QDRANT_URL (or VECTOR_DB_URL) is set, else "edge". "edge" with a URL is refused."""
     path: str
     """Qdrant Edge shard directory (RETR_INDEX_PATH; default VISIOR_DATA_DIR/index)."""
     qdrant_url: str
@@ -155,9 +156,17 @@ def engine_settings(env: Env, profile: str) -> EngineSettings:
 
 def index_settings(env: Env, data: Path) -> IndexSettings:
     """The vector index (RETR_INDEX_*, QDRANT_*, HNSW, quantization, optimizers)."""
-    index = INDEX.read(env, {"path": str(data / "index")})
+    url = INDEX.vars["qdrant_url"].read(env)
+    backend = "qdrant" if url else "edge"
+    index = INDEX.read(env, {"path": str(data / "index"), "backend": backend})
     if index.backend == "qdrant" and not index.qdrant_url:
         raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
+    if index.backend == "edge" and index.qdrant_url:
+        # Each replica would keep an index of its own while the operator meant one server.
+        raise SettingsError(
+            "RETR_INDEX_BACKEND=edge keeps the index in-process, but QDRANT_URL (or "
+            "VECTOR_DB_URL) names a Qdrant server: unset one of them"
+        )
     return index
 
 
@@ -296,7 +305,12 @@ SETTINGS = Fields(
 MAX_DOCUMENT_BYTES = SETTINGS.vars["max_document_bytes"]
 INDEX = Fields(
     IndexSettings,
-    backend=text("RETR_INDEX_BACKEND", "edge", choices=("edge", "qdrant")),
+    backend=text(
+        "RETR_INDEX_BACKEND",
+        "edge",
+        choices=("edge", "qdrant"),
+        default_doc="qdrant with QDRANT_URL, else edge",
+    ),
     path=text("RETR_INDEX_PATH", "", default_doc="VISIOR_DATA_DIR/index"),
     qdrant_url=text("QDRANT_URL", "", also=("VECTOR_DB_URL",)),
     qdrant_api_key=text("QDRANT_API_KEY", ""),

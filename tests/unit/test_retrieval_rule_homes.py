@@ -47,6 +47,22 @@ def test_rerank_threads_0_is_accepted_and_means_half_the_usable_cpus(tmp_path: P
         rerank_settings(Env({**base, "RERANK_THREADS": "-1"}))
 
 
+# -- the index backend: a Qdrant URL means the server --------------------------------------
+
+
+@pytest.mark.parametrize("name", ["QDRANT_URL", "VECTOR_DB_URL"])
+def test_a_qdrant_url_alone_chooses_the_server_backend(tmp_path: Path, name: str):
+    """retrieval.md §8.1's VECTOR_DB_URL is the vector store's address: set alone, it is used,
+    not left beside an in-process index of each replica's own."""
+    index = index_settings(Env({name: "http://qdrant:6334"}), tmp_path)
+    assert (index.backend, index.qdrant_url) == ("qdrant", "http://qdrant:6334")
+    assert index_settings(Env({}), tmp_path).backend == "edge"
+    with pytest.raises(SettingsError, match="RETR_INDEX_BACKEND=edge"):
+        index_settings(Env({"RETR_INDEX_BACKEND": "edge", name: "http://qdrant:6334"}), tmp_path)
+    with pytest.raises(SettingsError, match="needs QDRANT_URL"):
+        index_settings(Env({"RETR_INDEX_BACKEND": "qdrant"}), tmp_path)
+
+
 # -- RETR_INDEX_TIMEOUT_S: rounded up to qdrant-client's whole seconds -----------------------
 
 
