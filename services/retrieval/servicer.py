@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 import grpc
@@ -136,7 +137,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def GetHealth(
         self, request: retrieval_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.GetHealthResponse:
-        details = self._probe()
+        # The probe pings the document store and the index: a slow or hung one must not
+        # hold every search on the event loop while it answers.
+        details = await asyncio.to_thread(self._probe)
         return retrieval_pb2.GetHealthResponse(
             status=details.pop("status", "ok"),
             service=SERVICE_NAME,

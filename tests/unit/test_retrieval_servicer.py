@@ -87,3 +87,28 @@ def test_an_empty_result_still_carries_its_meta() -> None:
     got = search_response(empty, "t")
     assert not (got.hits or got.chunks or got.used_docs or got.used_sections)
     assert got.HasField("meta") and got.meta.mode == "doc_first" and got.meta.trace_id == "t"
+
+
+async def test_get_health_runs_its_probe_off_the_event_loop() -> None:
+    """The probe pings the store and the index: while one hangs, the loop serves others. The
+    probe here answers only once a coroutine on the loop has run; on the loop it could not."""
+    import asyncio
+    import threading
+
+    from services.retrieval.servicer import RetrievalServicer
+
+    loop_ran = threading.Event()
+
+    def probe() -> dict[str, str]:
+        return {"status": "ok", "loop_ran": str(loop_ran.wait(5)).lower()}
+
+    async def on_the_loop() -> None:
+        await asyncio.sleep(0)
+        loop_ran.set()
+
+    servicer = RetrievalServicer(engine=None, probe=probe)  # type: ignore[arg-type]
+    answer, _ = await asyncio.gather(
+        servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None),  # type: ignore[arg-type]
+        on_the_loop(),
+    )
+    assert answer.status == "ok" and answer.details["loop_ran"] == "true"
