@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
+
+from jsonschema import Draft202012Validator, SchemaError
 
 from services.common import errors
 from services.common.context import remaining_seconds
@@ -18,12 +21,18 @@ from services.llm.loop import LoopSettings, ToolLoop, outcome_of
 from services.llm.metrics import USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 from services.llm.prompt import CHAT, RAG
-from services.model_runtime.chat import ROLES, SAMPLING_RANGES
+from services.model_runtime.chat import LLM_RUNTIME_ERROR, ROLES, SAMPLING_RANGES
 
 MODES = (RAG, CHAT)
 MAX_MESSAGES = 64
 MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+"""The longest stop sequence."""
+MAX_MODEL_CHARS = 256
+_MODEL_NAME = re.compile(rf"[^\s\x00-\x1f\x7f]{{1,{MAX_MODEL_CHARS}}}")
+"""A model name as runtimes spell them ("qwen2.5:1.5b", "org/Model-7B-Instruct"): no spaces
+or control characters."""
 MAX_SYSTEM_PROMPT_CHARS = MAX_MESSAGE_CHARS
 """The longest system prompt: as long as a message. The Orchestrator's longest is about
 6,100 characters (the routing prompt with a question of MAX_QUERY_CHARS); the limit is
@@ -60,6 +69,13 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
         )
     if not schema:
         raise errors.invalid(field_name, "response_schema must not be empty")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        # The runtime would refuse it as its own 400, which reaches the caller as our 502.
+        raise errors.invalid(
+            field_name, f"response_schema is not a JSON schema: {exc.message[:200]}"
+        ) from None
     if allowed_tools:
         raise errors.invalid(field_name, "response_schema cannot be combined with allowed_tools")
 
@@ -121,6 +137,16 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         raise errors.invalid(
             "generation_params.stop", f"at most {MAX_STOP_SEQUENCES} stop sequences"
         )
+    if any(not 1 <= len(stop) <= MAX_STOP_CHARS for stop in p.stop):
+        raise errors.invalid(
+            "generation_params.stop", f"each stop sequence is 1-{MAX_STOP_CHARS} characters"
+        )
+    if len(req.model) > MAX_MODEL_CHARS:
+        raise _over_limit(
+            "model", f"model is longer than {MAX_MODEL_CHARS} characters", MAX_MODEL_CHARS
+        )
+    if req.model and not _MODEL_NAME.fullmatch(req.model):
+        raise errors.invalid("model", "model must have no spaces or control characters")
     if p.response_schema is not None:
         _validate_response_schema(p.response_schema, req.policy.allowed_tools)
     if req.answer_language and req.answer_language not in ANSWER_LANGUAGES:
@@ -205,4 +231,17 @@ class LlmEngine:
             req = replace(req, policy=replace(req.policy, max_tool_steps=0))
         elif self._catalogue is not None:
             await self._catalogue.require(needed_tools(req))
-        return await self._loop.run(req, sink, timeout_s=remaining_seconds())
+        try:
+            return await self._loop.run(req, sink, timeout_s=remaining_seconds())
+        except errors.UnavailableError as exc:
+            if req.model and _runtime_has_no_such_model(exc):
+                raise errors.invalid(
+                    "model", f"the model runtime serves no model {req.model!r} (HTTP 404)"
+                ) from None
+            raise
+
+
+def _runtime_has_no_such_model(exc: errors.UnavailableError) -> bool:
+    """Whether the runtime refused the call with 404, which an OpenAI-compatible runtime
+    answers for a model it does not serve: with the caller's `model`, the caller's mistake."""
+    return exc.reason == LLM_RUNTIME_ERROR and exc.metadata.get("status") == "404"

@@ -153,3 +153,50 @@ async def test_an_oversized_text_is_refused_before_anything_is_tokenised(kw):
     with pytest.raises(errors.LimitExceededError):
         await engine(tokenizer).generate(req(policy=ToolPolicy(), **kw))
     assert tokenizer.calls == 0
+
+
+# --- the caller's model name and response schema ---------------------------------------------
+
+
+def runtime_404(*_args):
+    raise errors.UnavailableError(
+        "LLM runtime rejected the request (HTTP 404)",
+        reason="LLM_RUNTIME_ERROR",
+        metadata={"kind": "rejected", "status": "404"},
+    )
+
+
+def engine_answering(step) -> LlmEngine:
+    loop = ToolLoop(ScriptedRuntime([step]), FakeTools(), READ_TOOL_SPECS, LoopSettings(),
+                    clock=FakeClock(), tokenizer=default_tokenizer())  # fmt: skip
+    return LlmEngine(loop)
+
+
+async def test_a_model_the_runtime_does_not_serve_is_the_callers_invalid_argument():
+    """An OpenAI-compatible runtime answers 404 for a model it does not serve: with the
+    caller's `model`, that is the caller's mistake (400 naming model), not our outage (502)."""
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await engine_answering(runtime_404).generate(req(model="qwen-typo"))
+    assert info.value.metadata == {"field": "model"} and "'qwen-typo'" in info.value.message
+
+
+async def test_a_404_for_the_services_own_model_stays_a_runtime_failure():
+    with pytest.raises(errors.UnavailableError) as info:
+        await engine_answering(runtime_404).generate(req())
+    assert info.value.reason == "LLM_RUNTIME_ERROR"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "objekt"}, {"type": "object", "required": "answer"},
+     {"properties": {"a": {"minLength": -1}}}],
+)  # fmt: skip
+def test_a_response_schema_that_is_no_json_schema_is_refused(schema):
+    from services.llm.model import GenerationParams
+
+    ok = req(params=GenerationParams(response_schema={"type": "object"}), policy=ToolPolicy())
+    validate(ok, LIMITS)
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        validate(replace(ok, params=GenerationParams(response_schema=schema)), LIMITS)
+    assert info.value.metadata == {"field": "generation_params.response_schema"}
+    assert "not a JSON schema" in info.value.message

@@ -464,6 +464,18 @@ def _generate(**kw: Any) -> llm_pb2.GenerateRequest:
     return req
 
 
+def _stops(*stops: str) -> llm_pb2.GenerateRequest:
+    req = _generate()
+    req.generation_params.stop.extend(stops)
+    return req
+
+
+def _model(name: str) -> llm_pb2.GenerateRequest:
+    req = _generate()
+    req.model = name
+    return req
+
+
 def _radii(*schedule: int) -> llm_pb2.GenerateRequest:
     req = _generate()
     req.tool_policy.window_radius_schedule.extend(schedule)
@@ -590,6 +602,11 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ("generate", _generate(content="c" * llm_engine.MAX_MESSAGE_CHARS), _generate(content="c" * (llm_engine.MAX_MESSAGE_CHARS + 1)), LLM_LIMIT, "messages[0].content"),
     ("generate", _generate(context_chunks=llm_engine.MAX_CONTEXT_CHUNKS), _generate(context_chunks=llm_engine.MAX_CONTEXT_CHUNKS + 1), LLM_LIMIT, "context_chunks"),
     ("generate", _generate(stop=llm_engine.MAX_STOP_SEQUENCES), _generate(stop=llm_engine.MAX_STOP_SEQUENCES + 1), INVALID, "generation_params.stop"),
+    ("generate", _stops("s" * llm_engine.MAX_STOP_CHARS), _stops("s" * (llm_engine.MAX_STOP_CHARS + 1)), INVALID, "generation_params.stop"),
+    ("generate", _stops("s"), _stops("s", ""), INVALID, "generation_params.stop"),
+    ("generate", _model("m" * llm_engine.MAX_MODEL_CHARS), _model("m" * (llm_engine.MAX_MODEL_CHARS + 1)), LLM_LIMIT, "model"),
+    ("generate", _model("org/Qwen2.5-1.5B:q4"), _model("qwen 2.5"), INVALID, "model"),
+    ("generate", _model("qwen2.5"), _model("qwen2.5\n"), INVALID, "model"),
     ("generate", _generate(max_tokens=BUDGETS.max_completion_tokens), _generate(max_tokens=BUDGETS.max_completion_tokens + 1), LLM_LIMIT, "generation_params.max_tokens"),
     ("generate", _generate(max_tokens=1), _generate(max_tokens=0), LLM_LIMIT, "generation_params.max_tokens"),
     ("generate", _generate(temperature=2.0), _generate(temperature=up(2.0, 3.0)), INVALID, "generation_params.temperature"),

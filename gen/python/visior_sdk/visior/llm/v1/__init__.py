@@ -77,7 +77,7 @@ class GenerationParams(betterproto.Message):
     """frequency_penalty is -2..2."""
 
     stop: List[str] = betterproto.string_field(6)
-    """stop are stop sequences, at most 4."""
+    """stop are stop sequences, at most 4, each of 1-256 characters."""
 
     response_schema: "betterproto_lib_google_protobuf.Struct" = (
         betterproto.message_field(7)
@@ -86,7 +86,8 @@ class GenerationParams(betterproto.Message):
     response_schema asks for an answer that is one JSON object matching this
      JSON schema (the runtime's constrained output, `response_format`
      json_schema, where it offers it); only without tools. At most 16 KiB as
-     JSON. The extractive responder ignores it.
+     JSON, and a valid JSON schema (draft 2020-12). The extractive responder
+     ignores it.
     """
 
 
@@ -198,7 +199,11 @@ class GenerateRequest(betterproto.Message):
     """tool_policy governs the tool loop."""
 
     model: str = betterproto.string_field(9)
-    """model overrides DEFAULT_MODEL_NAME."""
+    """
+    model overrides DEFAULT_MODEL_NAME: at most 256 characters, no spaces or
+     control characters. A model the runtime does not serve (its HTTP 404) is
+     INVALID_ARGUMENT naming model.
+    """
 
     answer_language: str = betterproto.string_field(10)
     """
