@@ -572,14 +572,23 @@ class Responder:
             # a question too long for it is routed by the rules, and only a question the
             # answering prompt cannot hold is the caller's error.
             return rules
-        outcome = await self._generate(
-            replace(
-                self._request(req, cfg, system, fitted),
-                mode="chat",
-                response_schema=decision_schema(selection),
-                max_tokens=self._decision_tokens,
+        try:
+            outcome = await self._generate(
+                replace(
+                    self._request(req, cfg, system, fitted),
+                    mode="chat",
+                    response_schema=decision_schema(selection),
+                    max_tokens=self._decision_tokens,
+                )
             )
-        )
+        except errors.ServiceError as exc:
+            # agent.md §4: the rules are the fallback. The answering call meets the same
+            # LLM service and says itself what is wrong with it, if anything still is.
+            log.warning(
+                "routing call failed; the rules route",
+                extra={"reason": exc.reason, "code": exc.code, "trace_id": req.trace_id},
+            )
+            return rules
         if outcome.extractive:
             self._rules_only_until = self._clock() + ROUTER_CACHE_S
             return rules

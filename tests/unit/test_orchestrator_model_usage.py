@@ -7,6 +7,7 @@ import json
 import pytest
 from visior.orchestrator.v1 import orchestrator_pb2 as pb
 
+from services.common import errors
 from services.orchestrator.model import LlmOutcome, ModelUsage
 from services.orchestrator.respond import DECISION_MAX_TOKENS
 from services.orchestrator.scenarios import (
@@ -210,3 +211,34 @@ async def test_routing_asks_for_no_more_than_the_llm_services_answer_limit(compl
     )  # fmt: skip
     await responder.respond(inp())
     assert gen.requests[0].max_tokens == asked
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [errors.UnavailableError("llm: runtime timed out", reason="LLM_RUNTIME_ERROR"),
+     errors.LimitExceededError("routing prompt too long", reason="LLM_LIMIT_EXCEEDED"),
+     errors.ResourceExhaustedError("busy", reason="SERVER_BUSY")],
+)  # fmt: skip
+async def test_a_failed_routing_call_falls_back_on_the_rules(failure):
+    """agent.md §4: rule_guess_scenario is the fallback of the model's routing. The request
+    goes on to its answering call, routed by the rules."""
+    from services.orchestrator.model import LlmOutcome
+    from services.orchestrator.respond import Responder
+    from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+    from tests.unit.test_orchestrator import FakeRetriever
+
+    class RoutingFails(FakeGenerator):
+        async def generate(self, request):
+            self.requests.append(request)
+            if request.response_schema is not None:
+                raise failure
+            return LlmOutcome("answer", (), 1, 7)
+
+    gen = RoutingFails()
+    responder = Responder(
+        FakeRetriever(), gen, ConfigHolder(RuntimeConfig(), 3), model_routing=True,
+        today=lambda: TODAY,
+    )  # fmt: skip
+    out = await responder.respond(inp())
+    assert len(gen.requests) == 2 and gen.requests[1].response_schema is None
+    assert out.answer == "answer" and out.decided_by == "rules"
