@@ -83,6 +83,7 @@ from services.orchestrator.scenarios import (
     Selection,
     decision_prompt,
     decision_schema,
+    needs_earlier,
     parse_model_decision,
     rule_decision,
 )
@@ -268,8 +269,10 @@ def routed_question(history: Sequence[Turn], today: date) -> str:
     for turn in reversed(history):
         if turn.role != "user" or not turn.content.strip():
             continue
-        route = rule_decision(turn.content[:MAX_QUERY_CHARS], today=today)
-        if route.intent not in ("clarify", "small_talk"):
+        content = turn.content[:MAX_QUERY_CHARS]
+        if needs_earlier(content):
+            continue  # a follow-up itself, or a word alone: the chain walks back past it
+        if rule_decision(content, today=today).intent not in ("clarify", "small_talk"):
             return turn.content
     return ""
 
@@ -599,14 +602,11 @@ class Responder:
 
     def _followed_up(self, req: RespondInput, selection: Selection, decision: Decision) -> str:
         """The earlier question (`routed_question`) a follow-up continues, "" for a question
-        of its own: `req.query` alone is too vague to route (the rules would ask to clarify
-        it), yet `decision` routes it, which only the conversation before it can have done.
-        A follow-up ("а для Беты?") is searched with that question before it."""
-        if not req.history or decision.intent == "clarify":
+        of its own: `req.query` alone is too vague to route (`needs_earlier`), yet `decision`
+        routes it. A follow-up ("а для Беты?") is searched with that question before it."""
+        if not req.history or decision.intent == "clarify" or selection.doc_ids:
             return ""
-        today = self._today()
-        alone = rule_decision(req.query, selection=selection, today=today, locale=req.locale)
-        return routed_question(req.history, today) if alone.intent == "clarify" else ""
+        return routed_question(req.history, self._today()) if needs_earlier(req.query) else ""
 
     @staticmethod
     def _request(

@@ -396,6 +396,7 @@ VAGUE_WORDS = tuple(
         r"tell|explain\w*|details?|more",
         r"problems?|issues?",
         r"info|information",
+        r"have|has|got",
         r"want|need|wanna",
         r"something|anything|stuff|thing|things",
     )
@@ -957,9 +958,25 @@ def _general_intent(query: str) -> str:
             return intent
     if SMALL_TALK.search(text) and len(_content_words(_strip(SMALL_TALK, text))) <= 1:
         return "small_talk"
-    if len(_content_words(_without_dates(text, periods=False))) < MIN_CONTENT_WORDS:
+    if len(_subject_words(text)) < MIN_CONTENT_WORDS:
         return "clarify"
     return ""
+
+
+def _subject_words(query: str) -> list[str]:
+    """The content words of `query` beside its dates and the words that ask what something
+    is («что такое», "define"): what a search could look for."""
+    return _content_words(
+        _strip(DEFINITION_MARKERS, _without_dates(fold_case(query), periods=False))
+    )
+
+
+def needs_earlier(query: str) -> bool:
+    """Whether the rules find `query` too vague to route on its own (one content word or
+    none, no trigger): a follow-up takes the route of the user's turn before it; with none,
+    a query that names something is searched as it is and one that names nothing is asked
+    back."""
+    return _general_intent(query) == "clarify"
 
 
 def is_definitional(query: str) -> bool:
@@ -1242,6 +1259,10 @@ def rule_decision(
         return _size_decision(selection.fits_whole, language)
     earlier = _history_route(history, today=today, language=language)
     decision = replace(_route(earlier, query, today=today, language=language), language=language)
+    if decision.intent == "clarify" and _subject_words(query):
+        # Too vague to route, and no earlier turn to lean on, yet it names something: it is
+        # searched as it is (S5 only when there is nothing to search).
+        decision = _complete("documents", query, today=today, language=language, by="rules")
     questions = _unreadable(decision, query, today=today)
     if questions:
         return Decision("S5", "clarify", "rules", clarifications=questions, language=language)

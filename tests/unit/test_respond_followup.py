@@ -94,11 +94,18 @@ async def test_the_earlier_question_is_searched_as_one_line():
     assert retriever.requests[0].query == f"а для Беты? {ALPHA.replace('поставки ', '')}"
 
 
-async def test_without_an_earlier_user_question_a_vague_query_is_clarified_not_searched():
+async def test_without_an_earlier_user_question_a_follow_up_is_searched_alone():
+    """Nothing earlier to lean on, but something to search: searched as it is (S5 only when
+    there is nothing to search); an assistant's turn is no question to continue."""
+    for history in ((Turn("assistant", ALPHA),), ()):
+        responder, retriever, _ = make()
+        out = await ask(responder, "а для Беты?", history=history)
+        assert out.scenario == "S1" and [r.query for r in retriever.requests] == ["а для Беты?"]
+
+
+async def test_with_nothing_to_search_and_no_earlier_question_it_is_asked_back():
     responder, retriever, _ = make()
-    out = await ask(responder, "а для Беты?", history=(Turn("assistant", ALPHA),))
-    assert out.scenario == "S5" and retriever.requests == []
-    out = await ask(responder, "а для Беты?", history=())
+    out = await ask(responder, "а на вчера?", history=(Turn("assistant", ALPHA),))
     assert out.scenario == "S5" and retriever.requests == []
 
 
