@@ -73,7 +73,8 @@ class GrpcRetriever:
             request.params.min_score = self._min_score
         started = time.perf_counter()
         response = await call_downstream(self._stub.Search, request, "retrieval")
-        # The hits' text is dropped (orchestrator.md §3.2): only section summaries go on.
+        # The hits' text never reaches a prompt (orchestrator.md §3.2: only section summaries
+        # go on); it is kept to see whether the sections speak of a definition's term.
         return RetrievalOutcome(
             sections=tuple(
                 SectionCandidate(
@@ -89,6 +90,7 @@ class GrpcRetriever:
                 for s in response.used_sections
             ),
             latency_ms=round((time.perf_counter() - started) * 1000),
+            passages=tuple((h.section_id, h.text) for h in response.hits),
         )
 
 

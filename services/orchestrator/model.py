@@ -58,6 +58,9 @@ class RetrievalRequest:
 class RetrievalOutcome:
     sections: tuple[SectionCandidate, ...]
     latency_ms: int
+    passages: tuple[tuple[str, str], ...] = ()
+    """(section_id, text) of the hits: never prompted (only summaries are), read only to see
+    whether the sections found speak of what a definitional question asks about."""
 
 
 @dataclass(frozen=True)

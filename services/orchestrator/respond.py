@@ -14,6 +14,7 @@ from typing import Any
 from services.common import errors
 from services.common.document_limits import DOC_ID_RULE, FILTER_VALUE_CHARS, is_doc_id
 from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
+from services.common.lexical import search_terms
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
     DEFAULT_LLM_PROMPT_TOKENS,
@@ -83,6 +84,7 @@ from services.orchestrator.scenarios import (
     Selection,
     decision_prompt,
     decision_schema,
+    definition_terms,
     needs_earlier,
     parse_model_decision,
     rule_decision,
@@ -258,6 +260,31 @@ def read_sources(
     read = [Source(s.doc_id, s.section_id, *pages[s], s.score) for s in sections if s in pages]
     unread = sources_of(tuple(s for s in sections if s not in pages))
     return (*read, *unread)[:MAX_SOURCES]
+
+
+def _alike(term: str, word: str) -> bool:
+    """One stem for two words: the same, or one the other's start where both have four letters
+    or more (the crude stemmer leaves «суточны» of «суточные», «суточн» of «суточных»)."""
+    if term == word:
+        return True
+    return min(len(term), len(word)) >= 4 and (word.startswith(term) or term.startswith(word))
+
+
+def speaks_of(terms: frozenset[str], found: RetrievalOutcome) -> bool:
+    """Whether one section found speaks of a definitional question's `terms`
+    (`definition_terms`): its title, summary and hit texts hold every term (all but one of
+    three or more)."""
+    if not terms:
+        return True
+    texts: dict[str, list[str]] = {}
+    for section_id, text in found.passages:
+        texts.setdefault(section_id, []).append(text)
+    needed = len(terms) - (len(terms) >= 3)
+    for s in found.sections:
+        words = set(search_terms(" ".join((s.title, s.summary, *texts.get(s.section_id, ())))))
+        if sum(any(_alike(t, w) for w in words) for t in terms) >= needed:
+            return True
+    return False
 
 
 def routed_question(history: Sequence[Turn], today: date) -> str:
@@ -542,11 +569,12 @@ class Responder:
         )  # fmt: skip
         if decision.intent in ("documents", "selected_search"):
             found = await self._search_documents(req, decision, earlier)
-            if not found.sections and decision.knowledge_base_fallback:
-                # A definitional question the user's documents have nothing on (a tenant
-                # without documents): the knowledge base answers (docs/architecture.md §14).
+            kb = None
+            if decision.knowledge_base_fallback:
+                kb = await self._knowledge_base_evidence(req, found, earlier)
+            if kb is not None:
                 decision = replace(decision, intent="knowledge_base", scenario="S2")
-                out = await self._general(req, cfg, decision, earlier)
+                out = await self._general(req, cfg, decision, earlier, kb)
             else:
                 out = await self._documents(req, cfg, decision, found)
         elif decision.intent == "selected_full":
@@ -644,6 +672,29 @@ class Responder:
 
     # -- scenarios ----------------------------------------------------------------------------
 
+    async def _knowledge_base_evidence(
+        self, req: RespondInput, found: RetrievalOutcome, earlier: str
+    ) -> RetrievalOutcome | None:
+        """What the knowledge base has on a definitional question, when it is where the
+        evidence is (docs/architecture.md §14): the user's documents found nothing, or
+        nothing that speaks of the term while the knowledge base does. None: the documents
+        answer (they speak of it, or neither does)."""
+        terms = definition_terms(req.query)
+        if found.sections and speaks_of(terms, found):
+            return None
+        kb = await self._search_knowledge_base(req, earlier)
+        if not found.sections or (kb.sections and speaks_of(terms, kb)):
+            return kb
+        return None
+
+    async def _search_knowledge_base(self, req: RespondInput, earlier: str) -> RetrievalOutcome:
+        searched = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
+        return await self._retriever.search(
+            RetrievalRequest(
+                searched, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
+            )
+        )
+
     async def _search_documents(
         self, req: RespondInput, decision: Decision, earlier: str
     ) -> RetrievalOutcome:
@@ -740,10 +791,12 @@ class Responder:
         return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES]), latency
 
     async def _general(
-        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, earlier: str
-    ) -> RespondOutput:
+        self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, earlier: str,
+        kb: RetrievalOutcome | None = None,
+    ) -> RespondOutput:  # fmt: skip
         """S2 (knowledge base, rates, key rate, news, small talk) and S5 (clarification); the
-        knowledge base is searched for a follow-up with the `earlier` question it continues."""
+        knowledge base is searched for a follow-up with the `earlier` question it continues
+        (`kb`: what that search found already)."""
         planned: tuple[PlannedCall, ...] = ()
         sources: tuple[Source, ...] = ()
         latency = 0
@@ -756,12 +809,7 @@ class Responder:
             if self._score_threshold is not None:
                 kb_args["score_threshold"] = self._score_threshold
             planned = (PlannedCall(SEARCH_GENERAL_KB, kb_args),)
-            searched = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
-            found = await self._retriever.search(
-                RetrievalRequest(
-                    searched, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
-                )
-            )
+            found = kb or await self._search_knowledge_base(req, earlier)
             latency = found.latency_ms
             sources = sources_of(found.sections)
         elif decision.intent == "currency_rates":

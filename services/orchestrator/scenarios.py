@@ -17,6 +17,7 @@ from services.common.currencies import (
     without_currencies,
 )
 from services.common.generate_contract import ANSWER_LANGUAGES, question_language
+from services.common.lexical import stem
 from services.common.search_contract import MAX_QUERY_CHARS
 from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
@@ -977,6 +978,12 @@ def needs_earlier(query: str) -> bool:
     a query that names something is searched as it is and one that names nothing is asked
     back."""
     return _general_intent(query) == "clarify"
+
+
+def definition_terms(query: str) -> frozenset[str]:
+    """The stems (services.common.lexical.stem) of what a definitional question asks about:
+    «Что такое суточные?» → {"суточн"}."""
+    return frozenset(stem(w) for w in _definition_subject(fold_case(query)))
 
 
 def is_definitional(query: str) -> bool:

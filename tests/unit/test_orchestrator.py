@@ -549,6 +549,62 @@ async def test_a_definitional_question_reads_the_users_documents_and_cites_them(
     assert [s.doc_id for s in out.sources] == ["guide"]
 
 
+KB_VAT = SectionCandidate("kb-vat", "kb-vat:s", "НДС", "Налог на добавленную стоимость…", 0.8,
+                          1, 1, "kb-vat:c0")  # fmt: skip
+
+
+class _EvidenceRetriever(FakeRetriever):
+    """The user's documents find SECTION (LDAP) with `passage` as its hit text; the
+    knowledge base finds KB_VAT with `kb_passage`."""
+
+    def __init__(self, passage: str, kb_passage: str) -> None:
+        super().__init__()
+        self.passage, self.kb_passage = passage, kb_passage
+
+    async def search(self, request):
+        await super().search(request)
+        if request.filters.source == "knowledge_base":
+            return RetrievalOutcome((KB_VAT,), 2, ((KB_VAT.section_id, self.kb_passage),))
+        return RetrievalOutcome((SECTION,), 3, ((SECTION.section_id, self.passage),))
+
+
+def _evidence(passage: str, kb_passage: str = "НДС — налог на добавленную стоимость."):
+    r = _EvidenceRetriever(passage, kb_passage)
+    return Responder(r, FakeGenerator(), ConfigHolder(RuntimeConfig(), 3), model_routing=False), r
+
+
+async def test_a_definition_only_the_knowledge_base_speaks_of_comes_from_it():
+    """The documents always find something (scores are relative): what they found must speak
+    of the term, else the knowledge base answers where it does (DESIGN §12: the answer comes
+    from where the evidence is). Its search is made once."""
+    responder, r = _evidence("Bind DN and the LDAP server address.")
+    out = await responder.respond(inp(query="Что такое НДС?"))
+    assert (out.scenario, out.intent) == ("S2", "knowledge_base")
+    assert [c[2].source for c in r.calls] == ["", "knowledge_base"]
+    assert [s.doc_id for s in out.sources] == ["kb-vat"]
+
+
+@pytest.mark.parametrize(
+    ("query", "passage"),
+    [("Что такое суточные?", "Суточных не платят за дни в пути."),  # another form of the word
+     ("What is a bind DN?", "The Bind DN names the account Orion X binds with."),
+     ("Что такое LDAP?", "")],  # the section's own title and summary
+)  # fmt: skip
+async def test_a_definition_the_documents_speak_of_is_answered_from_them(query, passage):
+    responder, r = _evidence(passage)
+    out = await responder.respond(inp(query=query))
+    assert (out.scenario, out.intent) == ("S1", "documents") and len(r.calls) == 1
+    assert [s.doc_id for s in out.sources] == ["guide"]
+
+
+async def test_a_definition_neither_speaks_of_is_answered_from_the_documents():
+    """Cross-language documents may hold it in other words: with no evidence anywhere, the
+    user's documents come first."""
+    responder, r = _evidence("Bind DN and the LDAP server address.", "Ставки НДС.")
+    out = await responder.respond(inp(query="What is a maintainer?"))
+    assert (out.scenario, out.intent) == ("S1", "documents") and len(r.calls) == 2
+
+
 @pytest.mark.parametrize("query", ["Что такое НДС?", "What is a VAT invoice?"])
 async def test_a_definition_the_users_documents_lack_comes_from_the_knowledge_base(query):
     r, g = _EmptyRetriever(), FakeGenerator()
