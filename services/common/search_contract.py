@@ -71,6 +71,44 @@ def check_tenant_id(tenant_id: str, field_name: str = "tenant_id") -> None:
         )
 
 
+MAX_USER_ID_CHARS = 256
+MAX_ROLES = 32
+MAX_ROLE_CHARS = 128
+_PRINTABLE = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]*")
+"""No control characters or line separators: the id is written into every log line of a
+tool call and into ToolsProxy's rate-limit and cache keys."""
+
+
+def check_user(user_id: str, roles: tuple[str, ...] = (), prefix: str = "") -> None:
+    """LIMIT_EXCEEDED / INVALID_ARGUMENT for a user id or roles no service keeps: longer than
+    MAX_USER_ID_CHARS, more than MAX_ROLES roles or one over MAX_ROLE_CHARS, or a control
+    character in any. `prefix` ("user.") names the user id as the request spells it; roles
+    only ever come in a user context (`user.roles`)."""
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise errors.over_limit(
+            f"{prefix}user_id is {len(user_id)} characters; the limit is {MAX_USER_ID_CHARS}",
+            MAX_USER_ID_CHARS,
+            field=f"{prefix}user_id",
+        )
+    if not _PRINTABLE.fullmatch(user_id):
+        raise errors.invalid(f"{prefix}user_id", f"{prefix}user_id has a control character")
+    if len(roles) > MAX_ROLES:
+        raise errors.over_limit(
+            f"user.roles has {len(roles)} values; the limit is {MAX_ROLES}",
+            MAX_ROLES,
+            field="user.roles",
+        )
+    for role in roles:
+        if len(role) > MAX_ROLE_CHARS:
+            raise errors.over_limit(
+                f"user.roles has a value of {len(role)} characters; the limit is {MAX_ROLE_CHARS}",
+                MAX_ROLE_CHARS,
+                field="user.roles",
+            )
+        if not _PRINTABLE.fullmatch(role):
+            raise errors.invalid("user.roles", "user.roles has a control character")
+
+
 def refuse_reserved_tenant(tenant_id: str, field_name: str, instead: str) -> None:
     """INVALID_ARGUMENT when a caller names KB_TENANT as its own tenant: the knowledge base
     is asked for the way `instead` says (docs/architecture.md §15), never as a caller's own

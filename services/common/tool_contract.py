@@ -17,6 +17,7 @@ from typing import Any
 
 from services.common.search_contract import (
     check_tenant_id,
+    check_user,
     missing_user_context,
     refuse_reserved_tenant,
 )
@@ -51,7 +52,7 @@ UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
 # -- who calls -------------------------------------------------------------------------------
 
 
-def check_tool_user(tenant_id: str, user_id: str) -> None:
+def check_tool_user(tenant_id: str, user_id: str, roles: tuple[str, ...] = ()) -> None:
     """A tool runs for a tenant and a user (docs/architecture.md §16): ToolsProxy refuses an
     Execute without both, and the LLM service a Generate that offers tools, with the same
     errors. The rate limits and the logs name the user: no tool runs for an anonymous one,
@@ -61,6 +62,7 @@ def check_tool_user(tenant_id: str, user_id: str) -> None:
     if not user_id.strip():
         raise missing_user_context("user.user_id", "user.user_id is required")
     check_tenant_id(tenant_id, "user.tenant_id")
+    check_user(user_id, roles, "user.")
     refuse_reserved_tenant(tenant_id, "user.tenant_id", "search it with search_general_kb")
 
 

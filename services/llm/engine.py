@@ -157,7 +157,9 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         # ToolsProxy runs a tool for a tenant and a user (docs/architecture.md §16): what it
         # would refuse is refused here, as it refuses it.
         user = req.user
-        check_tool_user(user.tenant_id if user else "", user.user_id if user else "")
+        check_tool_user(
+            user.tenant_id if user else "", user.user_id if user else "", user.roles if user else ()
+        )
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
         raise errors.invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")

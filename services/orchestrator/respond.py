@@ -28,6 +28,7 @@ from services.common.search_contract import (
     check_max_results,
     check_query,
     check_tenant_id,
+    check_user,
     missing_user_context,
     normalise_query,
     refuse_reserved_tenant,
@@ -128,6 +129,7 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
             "user_id", "user context is required: user.user_id (or user_id) is missing"
         )
     check_tenant_id(resolved.tenant_id)
+    check_user(resolved.user_id, resolved.roles)
     return resolved
 
 

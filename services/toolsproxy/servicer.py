@@ -22,7 +22,7 @@ MAX_TOOL_NAME = 64
 def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     """The caller from the request's user context; a missing tenant or user is the caller's
     error."""
-    check_tool_user(user.tenant_id, user.user_id)
+    check_tool_user(user.tenant_id, user.user_id, tuple(user.roles))
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 
 

@@ -502,6 +502,10 @@ def _user(tenant_id: str) -> common_pb2.UserContext:
     return common_pb2.UserContext(user_id="u1", tenant_id=tenant_id)
 
 
+def _person(user_id: str, roles: Sequence[str] = ()) -> common_pb2.UserContext:
+    return common_pb2.UserContext(user_id=user_id, tenant_id="t1", roles=list(roles))
+
+
 def _with_tools(
     req: llm_pb2.GenerateRequest, user: common_pb2.UserContext
 ) -> llm_pb2.GenerateRequest:
@@ -560,6 +564,13 @@ LIMITS: list[tuple[str, Any, Any, str, str]] = [
     ("respond", _respond(user=_user("t" * 128)), _respond(user=_user("t" * 129)), INVALID, "tenant_id"),
     ("generate", _with_tools(_generate(), _user("t" * 128)), _with_tools(_generate(), _user("t" * 129)), INVALID, "user.tenant_id"),
     ("execute", _execute("read_doc_metadata", _user("t" * 128)), _execute("read_doc_metadata", _user("t" * 129)), INVALID, "user.tenant_id"),
+    ("respond", _respond(user=_person("u" * contract.MAX_USER_ID_CHARS)), _respond(user=_person("u" * (contract.MAX_USER_ID_CHARS + 1))), LIMIT, "user_id"),
+    ("respond", _respond(user=_person("u", ["r"] * contract.MAX_ROLES)), _respond(user=_person("u", ["r"] * (contract.MAX_ROLES + 1))), LIMIT, "user.roles"),
+    ("respond", _respond(user=_person("u", ["r" * contract.MAX_ROLE_CHARS])), _respond(user=_person("u", ["r" * (contract.MAX_ROLE_CHARS + 1)])), LIMIT, "user.roles"),
+    ("respond", _respond(user=_person("Иван Петров")), _respond(user=_person("u\nforged log line")), INVALID, "user_id"),
+    ("generate", _with_tools(_generate(), _person("u" * contract.MAX_USER_ID_CHARS)), _with_tools(_generate(), _person("u" * (contract.MAX_USER_ID_CHARS + 1))), LIMIT, "user.user_id"),
+    ("execute", _execute("read_doc_metadata", _person("u" * contract.MAX_USER_ID_CHARS)), _execute("read_doc_metadata", _person("u" * (contract.MAX_USER_ID_CHARS + 1))), LIMIT, "user.user_id"),
+    ("execute", _execute("read_doc_metadata", _person("u", ["r"] * contract.MAX_ROLES)), _execute("read_doc_metadata", _person("u", ["r"] * (contract.MAX_ROLES + 1))), LIMIT, "user.roles"),
     ("ingest", _ingest(doc_id="d" * 128), _ingest(doc_id="d" * 129), INVALID, "doc_id"),
     ("respond", _respond(query="q" * contract.MAX_QUERY_CHARS), _respond(query="q" * (contract.MAX_QUERY_CHARS + 1)), LIMIT, "query"),
     ("respond", _respond(max_results=contract.MAX_RESULTS_LIMIT), _respond(max_results=contract.MAX_RESULTS_LIMIT + 1), LIMIT, "max_results"),

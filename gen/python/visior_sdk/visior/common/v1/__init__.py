@@ -18,7 +18,10 @@ class UserContext(betterproto.Message):
     """
 
     user_id: str = betterproto.string_field(1)
-    """user_id is the end user's identifier inside the tenant."""
+    """
+    user_id is the end user's identifier inside the tenant: at most 256
+     characters, no control characters.
+    """
 
     tenant_id: str = betterproto.string_field(2)
     """
@@ -26,7 +29,10 @@ class UserContext(betterproto.Message):
     """
 
     roles: List[str] = betterproto.string_field(3)
-    """roles are the user's roles as the gateway resolved them."""
+    """
+    roles are the user's roles as the gateway resolved them: at most 32, each
+     of at most 128 characters, no control characters.
+    """
 
 
 @dataclass(eq=False, repr=False)
