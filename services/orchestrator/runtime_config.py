@@ -104,6 +104,13 @@ class ConfigHolder:
                 raise errors.invalid("window_max", "window_max must be at least 1")
             radius = window_radius(None, u.window_max)
         if radius is not None:
+            if u.window_max is not None and radius > self._max_radius:
+                largest = 2 * self._max_radius + 2  # (N - 1) // 2 is still the limit
+                raise errors.invalid(
+                    "window_max",
+                    f"window_max must be within 1..{largest} (window_radius "
+                    f"{self._max_radius}, the tools proxy's limit)",
+                )
             if not 0 <= radius <= self._max_radius:
                 raise errors.invalid(
                     "window_radius",

@@ -266,6 +266,10 @@ def test_config_update_validates_and_applies_whole():
     assert holder.update(ConfigUpdate(window_radius=3)).window_radius == 3
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(window_radius=1, window_max=3))
+    assert holder.update(ConfigUpdate(window_max=8)).window_radius == 3  # at the limit: 2R+1..2R+2
+    with pytest.raises(errors.InvalidArgumentError) as past:
+        holder.update(ConfigUpdate(window_max=9))  # R 4: the field the caller sent is named
+    assert past.value.metadata == {"field": "window_max"} and "1..8" in past.value.message
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(max_tool_steps=21))
     assert holder.update(ConfigUpdate(max_tool_steps=20)).max_tool_steps == 20
