@@ -731,7 +731,8 @@ class Responder:
                 context=sections,
                 allowed_tools=READ_TOOLS,
                 radius_schedule=radius_schedule(cfg.window_radius),
-                max_tool_steps=cfg.max_tool_steps,
+                # Answers come from what was read: 0 steps would cite sections never read.
+                max_tool_steps=max(1, cfg.max_tool_steps),
                 # The first prompt holds summaries, not the text: read before answering.
                 require_tool_call=bool(sections),
             )

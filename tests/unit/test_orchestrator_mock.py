@@ -92,11 +92,14 @@ async def test_the_tool_loop_follows_the_configured_window_radius():
     assert out.tools[0].result_summary == "read 56 characters of doc_1 (pp. 6–6)"
 
 
-async def test_no_tool_steps_means_no_read():
+async def test_no_tool_steps_still_reads_once_in_a_document_scenario():
+    """max_tool_steps 0 would leave S1 citing sections it never read, answering "nothing
+    found": a document scenario reads at least once, as S3 does."""
     responder, _, holder = make()
     holder.update(ConfigUpdate(max_tool_steps=0))
     out = await responder.respond(ask("How do I set up LDAP integration?"))
-    assert out.tools == () and out.tool_steps == 0 and out.sources
+    assert out.tool_steps == 1 and len(out.tools) == 1 and out.sources
+    assert out.sources[0].doc_id == out.tools[0].arguments["doc_id"]
 
 
 async def test_answers_follow_the_question_language():

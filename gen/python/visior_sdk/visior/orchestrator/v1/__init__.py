@@ -233,7 +233,11 @@ class UpdateConfigRequest(betterproto.Message):
     """
 
     max_tool_steps: Optional[int] = betterproto.int32_field(4, optional=True)
-    """max_tool_steps replaces the tool step cap (0..20)."""
+    """
+    max_tool_steps replaces the tool step cap (0..20). A document scenario
+     (S1, S3, S4) reads at least once whatever it is: its answer comes from what
+     it read.
+    """
 
     window_radius: Optional[int] = betterproto.int32_field(5, optional=True)
     """window_radius replaces R (0..the proxy's maximum)."""
