@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ from services.common.tool_contract import (
     UPSTREAM_UNAVAILABLE,
     tool_arguments,
 )
+from services.common.wording import fold_case
 from services.toolsproxy.tools import DOCUMENT_TEXT, Caller, Tool, ToolFailure
 
 MAX_TOP_K = 20
@@ -55,6 +56,23 @@ class Searcher(Protocol):
     """The Retrieval port (services/toolsproxy/clients.py adapts RetrievalService.Search)."""
 
     async def search(self, call: SearchCall) -> list[SearchHitView]: ...
+
+
+_KB_FACETS: dict[str, Any] = {
+    "topic": {"type": "string", "maxLength": 100},
+    "jurisdiction": {"type": "string", "maxLength": 100},
+}
+"""What a knowledge-base article is tagged with (`kb_tag`): search_general_kb's filters."""
+
+
+def _facet(args: Mapping[str, Any], name: str) -> str:
+    """search_general_kb's `name` (topic, jurisdiction), as an argument of its own or in
+    `filters` (agent.md §3: `query, top_k, filters?`); given both ways, they must agree."""
+    given = args.get(name, "").strip()
+    nested = args.get("filters", {}).get(name, "").strip()
+    if given and nested and fold_case(given) != fold_case(nested):
+        raise ToolFailure(INVALID_ARGUMENT, f"{name} and filters.{name} disagree: give one of them")
+    return given or nested
 
 
 def _hits(hits: Sequence[SearchHitView], threshold: float) -> dict[str, Any]:
@@ -108,12 +126,17 @@ class SearchTools:
                 Tool(
                     SEARCH_GENERAL_KB,
                     "Search the shared knowledge base (general questions: taxes, law, "
-                    f"finance); optional topic/jurisdiction; top_k at most {MAX_TOP_K}.",
+                    "finance); optional topic/jurisdiction (also as filters, agent.md's "
+                    f"spelling); top_k at most {MAX_TOP_K}.",
                     tool_arguments(
                         {
                             **common,
-                            "topic": {"type": "string", "maxLength": 100},
-                            "jurisdiction": {"type": "string", "maxLength": 100},
+                            **_KB_FACETS,
+                            "filters": {
+                                "type": "object",
+                                "properties": _KB_FACETS,
+                                "additionalProperties": False,
+                            },
                         },
                         ["query"],
                     ),
@@ -160,7 +183,7 @@ class SearchTools:
         # joins the query text; alone, it filters hard.
         query = args["query"]
         filters: dict[str, str] = {}
-        topic, jurisdiction = args.get("topic", "").strip(), args.get("jurisdiction", "").strip()
+        topic, jurisdiction = (_facet(args, name) for name in _KB_FACETS)
         if topic:
             filters["tag"] = kb_tag("topic", topic)
             if jurisdiction:

@@ -80,6 +80,24 @@ async def test_knowledge_base_search_uses_the_source_filter_and_topic_tag():
     assert s.calls[1].filters == {"tag": "jurisdiction:ru"}
 
 
+async def test_the_kb_tool_takes_its_facets_as_filters_too():
+    """agent.md §3 spells search_general_kb's input `query, top_k, filters?`."""
+    s = FakeSearcher()
+    out = await executor(s).execute(
+        "search_general_kb", {"query": "НДС", "filters": {"topic": "Tax", "jurisdiction": "RU"}}, A
+    )
+    assert out.status == "ok"
+    assert s.calls[0].filters == {"tag": "topic:tax"} and s.calls[0].query == "НДС RU"
+    agreed = {"query": "НДС", "topic": "tax", "filters": {"topic": "TAX"}}
+    assert (await executor(s).execute("search_general_kb", agreed, A)).status == "ok"
+    assert s.calls[1].filters == {"tag": "topic:tax"}
+    for refused in ({"query": "НДС", "topic": "tax", "filters": {"topic": "travel"}},
+                    {"query": "НДС", "filters": {"tags": ["x"]}}):  # fmt: skip
+        out = await executor(s).execute("search_general_kb", refused, A)
+        assert (out.status, out.error_code) == ("error", "INVALID_ARGUMENT")
+    assert len(s.calls) == 2
+
+
 @pytest.mark.parametrize("argument", ["topic", "jurisdiction"])
 async def test_the_kb_tool_filters_on_the_tag_a_csv_article_carries(argument):
     csv = (
