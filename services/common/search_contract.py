@@ -32,6 +32,12 @@ SOURCES = (USER_SOURCE, KB_SOURCE)
 """The values of filters.source (empty: any)."""
 
 
+KB_FACETS = ("topic", "jurisdiction")
+"""What a knowledge-base article is tagged with besides its own tags (`kb_tag`)."""
+KB_FACET_CHARS = 100
+"""The longest facet value search_general_kb takes."""
+
+
 def kb_tag(kind: str, value: str) -> str:
     """The tag a knowledge-base article carries for its "topic" or "jurisdiction" (`kind`),
     which search_general_kb filters on: ``kind:value``, the value trimmed and lowercased."""

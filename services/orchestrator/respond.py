@@ -20,6 +20,8 @@ from services.common.prompt_limits import (
     DEFAULT_LLM_PROMPT_TOKENS,
 )
 from services.common.search_contract import (
+    KB_FACET_CHARS,
+    KB_FACETS,
     KB_SOURCE,
     MAX_FILTER_VALUES,
     MAX_QUERY_CHARS,
@@ -262,6 +264,18 @@ def read_sources(
     read = [Source(s.doc_id, s.section_id, *pages[s], s.score) for s in sections if s in pages]
     unread = sources_of(tuple(s for s in sections if s not in pages))
     return (*read, *unread)[:MAX_SOURCES]
+
+
+def kb_facets(tags: Sequence[str]) -> dict[str, str]:
+    """search_general_kb's topic and jurisdiction from the first `topic:` and `jurisdiction:`
+    tags a Respond filters on (`kb_tag`'s spelling), so the tool reads what the sources
+    were searched for."""
+    facets: dict[str, str] = {}
+    for tag in tags:
+        kind, _, value = tag.partition(":")
+        if kind in KB_FACETS and value.strip():
+            facets.setdefault(kind, value.strip()[:KB_FACET_CHARS])
+    return facets
 
 
 def _alike(term: str, word: str) -> bool:
@@ -689,12 +703,18 @@ class Responder:
             return kb
         return None
 
+    def _kb_filters(self, req: RespondInput) -> Filters:
+        """The knowledge base's search filters: the caller's own when it asked for the
+        knowledge base by filter (its tags, product, version narrow it), else the source
+        alone (a routed or fallen-back question's filters are for the user's documents)."""
+        if self._enable_filters and req.filters.source == KB_SOURCE:
+            return req.filters
+        return Filters(source=KB_SOURCE)
+
     async def _search_knowledge_base(self, req: RespondInput, earlier: str) -> RetrievalOutcome:
         searched = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
         return await self._retriever.search(
-            RetrievalRequest(
-                searched, req.user, Filters(source=KB_SOURCE), MAX_SOURCES, req.trace_id
-            )
+            RetrievalRequest(searched, req.user, self._kb_filters(req), MAX_SOURCES, req.trace_id)
         )
 
     async def _search_documents(
@@ -809,6 +829,7 @@ class Responder:
             # The tool's limit is tighter than the search's, which takes the whole query.
             query = follow_up_query(earlier, req.query, MAX_TOOL_QUERY_CHARS)
             kb_args: dict[str, object] = {"query": query, "top_k": SEARCH_TOP_K}
+            kb_args.update(kb_facets(self._kb_filters(req).tags))
             if self._score_threshold is not None:
                 kb_args["score_threshold"] = self._score_threshold
             planned = (PlannedCall(SEARCH_GENERAL_KB, kb_args),)

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.search_contract import KB_SOURCE, USER_SOURCE, check_query, kb_tag
+from services.common.search_contract import (
+    KB_FACET_CHARS,
+    KB_FACETS,
+    KB_SOURCE,
+    USER_SOURCE,
+    check_query,
+    kb_tag,
+)
 from services.common.tool_contract import (
     ID_SCHEMA,
     INVALID_ARGUMENT,
@@ -59,8 +66,7 @@ class Searcher(Protocol):
 
 
 _KB_FACETS: dict[str, Any] = {
-    "topic": {"type": "string", "maxLength": 100},
-    "jurisdiction": {"type": "string", "maxLength": 100},
+    facet: {"type": "string", "maxLength": KB_FACET_CHARS} for facet in KB_FACETS
 }
 """What a knowledge-base article is tagged with (`kb_tag`): search_general_kb's filters."""
 

@@ -502,6 +502,26 @@ async def test_a_knowledge_base_filter_sends_a_documents_question_to_the_knowled
     assert (out.scenario, out.intent) == ("S1", "documents")
 
 
+async def test_a_knowledge_base_filter_keeps_the_callers_tags_for_the_search_and_the_tool():
+    responder, retriever, generator, _ = make()
+    asked = Filters(source="knowledge_base", tags=("topic:Travel", "jurisdiction:RU", "x"),
+                    product="Orion X")  # fmt: skip
+    await responder.respond(inp(query="Какие нормы суточных?", filters=asked))
+    assert retriever.calls[0][2] == asked  # the sources come from the narrowed search
+    (planned,) = generator.requests[-1].planned_calls
+    assert (planned.arguments["topic"], planned.arguments["jurisdiction"]) == ("Travel", "RU")
+
+
+async def test_a_routed_knowledge_base_question_drops_the_document_filters():
+    """filters.product narrows the user's documents; a tax question routed to the knowledge
+    base searches all of it."""
+    responder, retriever, generator, _ = make()
+    await responder.respond(inp(query="Какая ставка НДС?", filters=Filters(product="Orion X")))
+    assert retriever.calls[0][2] == Filters(source="knowledge_base")
+    (planned,) = generator.requests[-1].planned_calls
+    assert "topic" not in planned.arguments
+
+
 async def test_a_long_knowledge_base_question_plans_a_query_the_tool_takes():
     # search_general_kb takes at most MAX_TOOL_QUERY_CHARS; a longer planned query was refused
     # by the LLM service's schema check (500 DOWNSTREAM_REJECTED). The search takes it whole.
