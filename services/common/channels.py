@@ -1,4 +1,6 @@
-"""Channels to downstream services: deadline on every call, trace id propagated, retry only on an UNAVAILABLE that never reached a handler, optional client metrics."""
+"""Channels to downstream services: deadline on every call, trace id propagated, reads retried
+on UNAVAILABLE, everything else only where grpc knows it never reached a handler, optional
+client metrics."""
 
 from __future__ import annotations
 
@@ -11,16 +13,30 @@ from services.common.metrics import ClientRpcMetrics
 from services.common.settings import DEFAULT_MAX_MESSAGE_BYTES, DownstreamSettings
 from services.common.tracing import Tracing
 
+READ_METHODS = (
+    {"service": "visior.retrieval.v1.RetrievalService"},  # Search, GetHealth
+    {"service": "visior.retrieval.v1.IngestionService", "method": "ListDocuments"},
+    {"service": "visior.toolsproxy.v1.ToolsProxyService", "method": "ListTools"},
+    {"service": "visior.toolsproxy.v1.ToolsProxyService", "method": "GetHealth"},
+    {"service": "visior.llm.v1.LlmService", "method": "GetHealth"},
+    {"service": "visior.orchestrator.v1.OrchestratorService", "method": "GetConfig"},
+    {"service": "visior.orchestrator.v1.OrchestratorService", "method": "GetHealth"},
+)
+"""The calls that only read: run twice, they cost a second read and change nothing."""
+
 
 def _service_config(attempts: int) -> str:
-    # Transparent retries by grpc core, and only for UNAVAILABLE from the transport (no
-    # connection, the server shutting down): the call never reached a handler, so
-    # repeating it cannot do the work twice. A handler's own UNAVAILABLE carries a negative
-    # grpc-retry-pushback-ms (interceptors.py) and is not retried.
+    # grpc-core answers UNAVAILABLE without telling whether a handler ran: for a peer it
+    # cannot reach, and for a call a stopping or crashing peer cut off mid-way ("Cancelling
+    # all calls", a reset connection). Only reads are retried on it: a Generate, Respond,
+    # tool call or ingest repeated on another replica would do its work twice. Those keep
+    # grpc's transparent retries (a call that never left this client, or that the peer's
+    # transport refused). A handler's own UNAVAILABLE carries a negative
+    # grpc-retry-pushback-ms (interceptors.py) and is not retried either.
     policy = {
         "methodConfig": [
             {
-                "name": [{}],
+                "name": list(READ_METHODS),
                 "retryPolicy": {
                     "maxAttempts": max(2, min(attempts, 5)),
                     "initialBackoff": "0.2s",

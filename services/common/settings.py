@@ -559,9 +559,10 @@ class DownstreamSettings:
     timeout_seconds: float
     """Deadline of one call when the caller's own deadline is longer (or absent)."""
     retry_attempts: int = 3
-    """Attempts in all of a call that fails UNAVAILABLE in transport, never reaching a handler
-    (the peer unreachable, or refusing new calls as it stops); an UNAVAILABLE a handler
-    returned is not retried (channels.py). 1 = no retry."""
+    """Attempts in all of a read (Search, ListDocuments, ListTools, health: channels.py
+    READ_METHODS) that fails UNAVAILABLE in transport; an UNAVAILABLE a handler returned is
+    not retried, and other calls only where grpc knows they never reached a handler.
+    1 = no retry."""
 
 
 TARGET_SCHEMES = ("grpc://", "http://", "dns:///")
@@ -653,7 +654,9 @@ def retry_attempts(prefix: str) -> Var:
     """`<prefix>RETRY_ATTEMPTS`: one count for every downstream gRPC call of a service."""
     return integer(
         prefix + "RETRY_ATTEMPTS", 3, 1, 5,
-        doc="Attempts in all of a downstream gRPC call that fails UNAVAILABLE without "
-        "reaching a handler (the peer unreachable, or refusing new calls as it stops); an "
-        "UNAVAILABLE the handler returned is not retried. 1 = no retry.",
+        doc="Attempts in all of a downstream read (Search, ListDocuments, ListTools, "
+        "health) that fails UNAVAILABLE in transport (the peer unreachable, stopping or "
+        "crashed); an UNAVAILABLE the handler returned is not retried, and a call that "
+        "does work (Generate, Respond, Execute, ingest) is repeated only where grpc knows it "
+        "never reached a handler. 1 = no retry.",
     )  # fmt: skip
