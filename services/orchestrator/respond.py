@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import date, timedelta
 from typing import Any
 
@@ -421,13 +421,35 @@ ROUTER_CACHE_S = 60.0
 DECISION_MAX_TOKENS = 200
 """The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap);
 never more than the LLM service's answer limit (MAX_COMPLETION_TOKENS), which refuses more."""
-_USAGE: ContextVar[list[ModelUsage] | None] = ContextVar("visior_model_usage", default=None)
-"""The model usage of each Generate the current Respond made (one list per request)."""
+
+
+@dataclass
+class _Spent:
+    """What the current Respond's calls took: each Generate's model usage, and the time of
+    all its Generate and all its Retrieval calls (the telemetry's llm_latency_ms and
+    retrieval_latency_ms: the routing call, a knowledge-base fallback's first search and the
+    selected documents' lookup count too)."""
+
+    usage: list[ModelUsage] = field(default_factory=list)
+    llm_ms: int = 0
+    retrieval_ms: int = 0
+
+
+_SPENT: ContextVar[_Spent | None] = ContextVar("visior_spent", default=None)
 ANSWER_QUERY_CHARS = 400
 """S3 looks up the pages an answer drew on by its first this many characters: the
 conclusion, where the answer's claim stands. Chosen on the dev split of bench/answers
 (S3, extractive): the whole answer found the page for 14 of 15 questions at 456 ms of
 search on average, 1,000 characters 14 of 15 at 304 ms, 400 characters 15 of 15 at 123 ms."""
+
+
+def _spend(*, llm_ms: int = 0, retrieval_ms: int = 0, usage: ModelUsage | None = None) -> None:
+    spent = _SPENT.get()
+    if spent is not None:
+        spent.llm_ms += llm_ms
+        spent.retrieval_ms += retrieval_ms
+        if usage is not None:
+            spent.usage.append(usage)
 
 
 def _today() -> date:
@@ -523,36 +545,53 @@ class Responder:
     async def _respond(self, req: RespondInput, cfg: RuntimeConfig) -> RespondOutput:
         selected = req.selected_doc_ids
         sizes: dict[str, tuple[int, int, str]] = {}
-        if selected:
-            sizes = await self._retriever.document_sizes(req.user, selected)
-            missing = [d for d in selected if d not in sizes]
-            if missing:
-                raise errors.NotFoundError(
-                    f"document(s) not found: {', '.join(missing[:5])}",
-                    reason="NOT_FOUND",
-                    metadata={"field": "doc_ids"},
-                )
-        usage: list[ModelUsage] = []
-        token = _USAGE.set(usage)
+        spent = _Spent()
+        token = _SPENT.set(spent)
         try:
+            if selected:
+                sizes = await self._sizes(req, selected)
             out, decision = await self._answer(req, cfg, selected, sizes)
         finally:
-            _USAGE.reset(token)
+            _SPENT.reset(token)
         return replace(
             out,
+            retrieval_latency_ms=spent.retrieval_ms,
+            llm_latency_ms=spent.llm_ms if out.llm_latency_ms is not None else None,
             scenario=decision.scenario,
             intent=decision.intent,
             decided_by=decision.decided_by,
-            model_usage=sum(usage, ModelUsage()),
+            model_usage=sum(spent.usage, ModelUsage()),
         )
 
+    async def _sizes(
+        self, req: RespondInput, selected: tuple[str, ...]
+    ) -> dict[str, tuple[int, int, str]]:
+        """The selected documents' sizes; NOT_FOUND naming doc_ids for one the tenant lacks."""
+        started = time.perf_counter()
+        try:
+            sizes = await self._retriever.document_sizes(req.user, selected)
+        finally:
+            _spend(retrieval_ms=round((time.perf_counter() - started) * 1000))
+        missing = [d for d in selected if d not in sizes]
+        if missing:
+            raise errors.NotFoundError(
+                f"document(s) not found: {', '.join(missing[:5])}",
+                reason="NOT_FOUND",
+                metadata={"field": "doc_ids"},
+            )
+        return sizes
+
     async def _generate(self, request: LlmRequest) -> LlmOutcome:
-        """One Generate; its model usage counts toward the request's telemetry."""
+        """One Generate; its model usage and time count toward the request's telemetry."""
         outcome = await self._generator.generate(request)
-        usage = _USAGE.get()
-        if usage is not None:
-            usage.append(outcome.usage)
+        _spend(llm_ms=outcome.latency_ms, usage=outcome.usage)
         return outcome
+
+    async def _search(self, request: RetrievalRequest) -> RetrievalOutcome:
+        """One Retrieval search; its time counts toward the request's telemetry."""
+        found = await self._retriever.search(request)
+        _spend(retrieval_ms=found.latency_ms)
+        return found
 
     async def _answer(
         self, req: RespondInput, cfg: RuntimeConfig, selected: tuple[str, ...],
@@ -713,7 +752,7 @@ class Responder:
 
     async def _search_knowledge_base(self, req: RespondInput, earlier: str) -> RetrievalOutcome:
         searched = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
-        return await self._retriever.search(
+        return await self._search(
             RetrievalRequest(searched, req.user, self._kb_filters(req), MAX_SOURCES, req.trace_id)
         )
 
@@ -728,7 +767,7 @@ class Responder:
             filters = Filters(doc_ids=filters.doc_ids, section_ids=filters.section_ids)
         if decision.intent == "selected_search":
             filters = replace(filters, doc_ids=req.selected_doc_ids)
-        return await self._retriever.search(
+        return await self._search(
             RetrievalRequest(
                 follow_up_query(earlier, req.query, MAX_QUERY_CHARS), req.user, filters,
                 max_results, req.trace_id, expand_query=decision.intent == "selected_search",
@@ -757,7 +796,7 @@ class Responder:
                 require_tool_call=bool(sections),
             )
         )
-        return self._output(req, outcome, read_sources(sections, outcome.tools), found.latency_ms)
+        return self._output(req, outcome, read_sources(sections, outcome.tools))
 
     async def _full(
         self,
@@ -778,25 +817,23 @@ class Responder:
                 planned_calls=(PlannedCall(LOAD_DOCUMENTS_FULL, {"document_ids": list(selected)}),),
             )
         )
-        sources, latency = await self._answer_sources(req, selected, outcome.answer)
-        return self._output(req, outcome, sources, latency)
+        return self._output(req, outcome, await self._answer_sources(req, selected, outcome.answer))
 
     async def _answer_sources(
         self, req: RespondInput, selected: tuple[str, ...], answer: str
-    ) -> tuple[tuple[Source, ...], int]:
+    ) -> tuple[Source, ...]:
         """S3's sources: the sections (and their pages) of the selected documents the answer
         drew on. The model read them whole, without page boundaries, so they are found by
         searching the selected documents for the answer's own text (for the question when
         that finds nothing); a document nothing was found in is cited without pages (0-0).
         The answer needs no search (agent.md §5.4): when the search fails, the documents are
         cited without pages and the failure is logged."""
-        latency = 0
         for text in (answer, req.query):
             query = normalise_query(text)[:ANSWER_QUERY_CHARS].strip()
             if not query:
                 continue
             try:
-                found = await self._retriever.search(
+                found = await self._search(
                     RetrievalRequest(
                         query, req.user, Filters(doc_ids=selected), MAX_SOURCES, req.trace_id
                     )
@@ -808,10 +845,9 @@ class Responder:
                     extra={"trace_id": req.trace_id, "reason": exc.reason, "error": exc.message},
                 )
                 break
-            latency += found.latency_ms
             if found.sections:
-                return sources_of(found.sections), latency
-        return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES]), latency
+                return sources_of(found.sections)
+        return tuple(Source(d, "", 0, 0, 0.0) for d in selected[:MAX_SOURCES])
 
     async def _general(
         self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, earlier: str,
@@ -822,7 +858,6 @@ class Responder:
         (`kb`: what that search found already)."""
         planned: tuple[PlannedCall, ...] = ()
         sources: tuple[Source, ...] = ()
-        latency = 0
         system = GENERAL_SYSTEM_PROMPT
         today = self._today()
         if decision.intent == "knowledge_base":
@@ -834,7 +869,6 @@ class Responder:
                 kb_args["score_threshold"] = self._score_threshold
             planned = (PlannedCall(SEARCH_GENERAL_KB, kb_args),)
             found = kb or await self._search_knowledge_base(req, earlier)
-            latency = found.latency_ms
             sources = sources_of(found.sections)
         elif decision.intent == "currency_rates":
             args: dict[str, object] = {"mode": "currency", **_when_args(decision, today)}
@@ -879,12 +913,14 @@ class Responder:
                 mode="chat",
             )
         )
-        return self._output(req, outcome, sources, latency)
+        return self._output(req, outcome, sources)
 
     @staticmethod
     def _output(
-        req: RespondInput, outcome: LlmOutcome, sources: tuple[Source, ...], retrieval_ms: int
+        req: RespondInput, outcome: LlmOutcome, sources: tuple[Source, ...]
     ) -> RespondOutput:
+        """The answer of one scenario; `_respond` sets the request's latencies over all its
+        calls."""
         return RespondOutput(
             answer=outcome.answer,
             sources=sources,
@@ -892,7 +928,7 @@ class Responder:
             safety_input=req.safety_input,
             safety_output="allowed",
             trace_id=req.trace_id,
-            retrieval_latency_ms=retrieval_ms,
+            retrieval_latency_ms=0,
             llm_latency_ms=outcome.latency_ms,
             tool_steps=outcome.tool_steps,
         )

@@ -621,6 +621,18 @@ async def test_a_definition_the_documents_speak_of_is_answered_from_them(query, 
     assert [s.doc_id for s in out.sources] == ["guide"]
 
 
+async def test_the_telemetry_counts_every_generate_and_every_search():
+    """orchestrator.md's telemetry: the routing Generate (1 ms here) joins the answer's (7 ms),
+    and the documents' search (3 ms) the knowledge base's (2 ms)."""
+    r = _EvidenceRetriever("Bind DN and the LDAP server address.", "НДС — налог.")
+    route = '{"scenario": "S1", "intent": "documents", "clarifications": []}'
+    responder = Responder(r, FakeGenerator(route), ConfigHolder(RuntimeConfig(), 3),
+                          model_routing=True, today=lambda: TODAY)  # fmt: skip
+    out = await responder.respond(inp(query="Что такое НДС?"))
+    assert out.intent == "knowledge_base"
+    assert (out.llm_latency_ms, out.retrieval_latency_ms) == (1 + 7, 3 + 2)
+
+
 async def test_a_definition_neither_speaks_of_is_answered_from_the_documents():
     """Cross-language documents may hold it in other words: with no evidence anywhere, the
     user's documents come first."""

@@ -108,11 +108,15 @@ class Telemetry(betterproto.Message):
     """trace_id is the request's trace id."""
 
     retrieval_latency_ms: int = betterproto.int32_field(2)
-    """retrieval_latency_ms is the time spent in Retrieval."""
+    """
+    retrieval_latency_ms is the time spent in Retrieval, over all its calls
+     (searches, the selected documents' lookup).
+    """
 
     llm_latency_ms: Optional[int] = betterproto.int32_field(3, optional=True)
     """
-    llm_latency_ms is the time spent in the LLM service; null when not called.
+    llm_latency_ms is the time spent in the LLM service, over all its calls (the
+     routing call and the answer); null when not called.
     """
 
     tool_steps: int = betterproto.int32_field(4)
