@@ -73,5 +73,5 @@ breaking: $(STAMP) ## buf breaking: proto/ against main (FILE rules)
 	$(BUF) breaking --against '.git#branch=main'
 
 clean: ## Remove caches, run logs and local data (keeps .venv)
-	rm -rf .run data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .run data .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis
 	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +
