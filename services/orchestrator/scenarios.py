@@ -194,6 +194,15 @@ NEWS_WORDS = whole_words(
     r"latest developments?",
 )
 """Finance news: S2 finance_news (Tavily)."""
+WHATS_NEW = whole_words(r"что нового", r"what'?s new")
+"""News words that also ask about a product or a document («что нового в Orion X 2.10»):
+news only alone or about finance (`FINANCE_WORDS`)."""
+FINANCE_WORDS = whole_words(
+    r"рын\w*", r"бирж\w*", r"акци\w*", r"нефт\w*", r"рубл\w*", r"экономик\w*",
+    r"финанс\w*", r"банк\w*", r"инфляци\w*", r"валют\w*", r"ставк\w*", r"санкци\w*",
+    r"markets?", r"stocks?", r"shares", r"oil", r"roubles?", r"rubles?", r"econom\w*",
+    r"financ\w*", r"banks?", r"banking", r"inflation", r"currenc\w*", r"rates?", r"sanctions",
+)  # fmt: skip
 
 KEY_RATE_WORDS = whole_words(
     r"ключев\w* ставк\w*",
@@ -1022,6 +1031,21 @@ def _asks_key_rate(text: str, query: str) -> bool:
     )
 
 
+def _asks_news(text: str, query: str) -> bool:
+    """News words («новости», "headlines"); «что нового» / "what's new" only alone or about
+    finance («что нового на рынке?»), not about a product («что нового в Orion X 2.10?»)."""
+    rest = _strip(WHATS_NEW, text)
+    if NEWS_WORDS.search(rest):
+        return True  # «новости», "headlines", with or without «что нового»
+    if rest == text:
+        return False
+    return (
+        not _content_words(rest)
+        or bool(FINANCE_WORDS.search(rest))
+        or bool(named_currencies(query) or foreign_currency_names(query))
+    )
+
+
 def _matches(rx: re.Pattern[str]) -> Callable[[str, str], object]:
     return lambda text, _query: rx.search(text)
 
@@ -1029,7 +1053,7 @@ def _matches(rx: re.Pattern[str]) -> Callable[[str, str], object]:
 _TRIGGERS: tuple[tuple[Callable[[str, str], object], str], ...] = (
     (_matches(DEFINITION), "definition"),
     (_matches(DOCUMENT_WORDS), "documents"),
-    (_matches(NEWS_WORDS), "finance_news"),
+    (_asks_news, "finance_news"),
     (_asks_key_rate, "key_rate"),
     (_asks_currency_rate, "currency_rates"),
     (_matches(WHAT_IS), "definition"),

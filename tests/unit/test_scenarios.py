@@ -142,6 +142,9 @@ ROUTES = {
         "latest finance news",
         "Any news about the rouble?",
         "headlines about Gazprom",
+        "Что нового?",
+        "что нового на рынке нефти?",
+        "What's new with the rouble?",
     ],
     "knowledge_base": [
         "Какая ставка НДС на услуги?",
@@ -181,6 +184,16 @@ ROUTES = {
     ],
 }
 SCENARIO = {"documents": "S1", "clarify": "S5"}
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["что нового в Orion X 2.10?", "What's new in release 3.2?", "Что нового в договоре с Альфой?"],
+)
+def test_whats_new_about_a_product_or_a_document_is_a_documents_question(query):
+    """«что нового» asks about release notes and contracts too: news only alone or about
+    finance (DESIGN §12: the user's own documents come first)."""
+    assert decide(query).intent == "documents"
 
 
 @pytest.mark.parametrize("query", ["Orion X", "Орион", "курс", "LDAP?", "помоги с LDAP", "отпуск"])
