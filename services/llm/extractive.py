@@ -12,7 +12,11 @@ details, the sources, then the extractive marker line.
   most words with the question, quoted with their document and pages (read_doc_pages: the
   page each is on); knowledge-base hits are marked as resting on the corporate knowledge base;
 - Bank of Russia data (fetch_cbr_data): currency rates, rate dynamics, the key rate, the
-  bank's news, footnoted `[Источник: cbr.ru]`; data from a demo stand-in is labelled so;
+  bank's news, footnoted `[Источник: cbr.ru]`; data from a demo stand-in is labelled so; a
+  series over a period gives its first and last values, its lowest and highest and how many
+  values it has, and how many were left out when it was thinned to the token budget
+  (toolcalls.render_result); a result with nothing readable says the rates could not be
+  read, never that the documents do not answer;
 - finance news (fetch_finance_news): titles with links and dates, `[Источник: Tavily]`;
 - nothing at all: the context chunks of the prompt if any; else the clarification questions
   the system prompt carries (lines ending with "?"), a polite short answer in chat mode, or
@@ -139,10 +143,20 @@ _TEXT: dict[str, dict[str, str]] = {
         "dynamic": "Курс {code} с {first} по {last}: {v1} ₽ → {v2} ₽ за {nominal} {code}.",
         "dynamic_item": "- {}: {} ₽",
         "no_dynamic": "Банк России не устанавливал курс {} за этот период.",
+        "values": "Значений за период: {}.",
+        "values_range": "Значений за период: {count}; минимум {low} ({low_on}), максимум {high} "
+        "({high_on}).",
+        "rub": "{} ₽",
+        "percent": "{} %",
+        "thinned": "Ответ Банка России не поместился целиком: здесь {kept} из {count} значений "
+        "(первое, последнее, минимум, максимум и промежуточные); не вошло значений: {omitted}.",
+        "key_rate_period": "С {first} по {last}: {v1} % → {v2} % годовых.",
         "key_rate": "Ключевая ставка Банка России на {}: {} % годовых.",
         "key_rate_changes": "Изменения за период:",
         "key_rate_item": "- с {}: {} %",
         "no_key_rate": "Банк России не публиковал ключевую ставку за этот период.",
+        "cbr_unread": "Данные Банка России получены, но прочитать из них курсы или ставку не "
+        "удалось.",
         "cbr_news": "Новости Банка России: {}.",
         "no_news": "Новостей по запросу не нашлось.",
         "news": "Найдено финансовых новостей: {}; главная — «{}».",
@@ -190,10 +204,20 @@ _TEXT: dict[str, dict[str, str]] = {
         "dynamic": "{code} rate from {first} to {last}: {v1} → {v2} RUB per {nominal} {code}.",
         "dynamic_item": "- {}: {} RUB",
         "no_dynamic": "The Bank of Russia set no {} rate in this period.",
+        "values": "Values in the period: {}.",
+        "values_range": "Values in the period: {count}; lowest {low} ({low_on}), highest {high} "
+        "({high_on}).",
+        "rub": "{} RUB",
+        "percent": "{}%",
+        "thinned": "The Bank of Russia's answer did not fit whole: {kept} of its {count} values "
+        "are here (the first, the last, the lowest, the highest and some between), {omitted} "
+        "left out.",
+        "key_rate_period": "From {first} to {last}: {v1}% → {v2}% per annum.",
         "key_rate": "Bank of Russia key rate on {}: {}% per annum.",
         "key_rate_changes": "Changes in the period:",
         "key_rate_item": "- from {}: {}%",
         "no_key_rate": "The Bank of Russia published no key rate in this period.",
+        "cbr_unread": "The Bank of Russia data arrived, but no rates could be read from it.",
         "cbr_news": "News of the Bank of Russia: {}.",
         "no_news": "No news was found for this request.",
         "news": "Finance news found: {}; the top one is “{}”.",
@@ -441,6 +465,16 @@ def _number(value: Any, lang: str, decimals: int = 0) -> str:
     return text.replace(".", ",") if lang == RU else text
 
 
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
 def _date(value: Any, lang: str) -> str:
     text = str(value or "")
     m = re.match(r"(\d{4})-(\d{2})-(\d{2})", text)
@@ -521,6 +555,16 @@ def _loaded_documents(result: dict[str, Any], texts: Sequence[DelimitedText]) ->
     return out
 
 
+def _text_only(texts: Sequence[DelimitedText]) -> dict[str, Any]:
+    """A data result whose header was cut to the budget (`render_result`): its texts remain,
+    with the source their markers name."""
+    blocks = [b for b in texts if b.text.strip()]
+    if not blocks:
+        return {}
+    source = next((b.attrs["source"] for b in blocks if b.attrs.get("source")), "")
+    return {"text": "\n".join(b.text for b in blocks), **({"source": source} if source else {})}
+
+
 def gather(messages: Sequence[ChatMessage]) -> _Results:
     """Every tool result of the conversation, sorted by kind."""
     out = _Results()
@@ -547,7 +591,7 @@ def gather(messages: Sequence[ChatMessage]) -> _Results:
         elif name == SEARCH_GENERAL_KB:
             out.kb = (out.kb or []) + _hit_readings(result, content.texts)
         elif name in (FETCH_CBR_DATA, FETCH_FINANCE_NEWS):
-            out.data.append((name, result))
+            out.data.append((name, result or _text_only(content.texts)))
         else:
             out.documents += _readings_from_tool(content)
     return out
@@ -662,8 +706,8 @@ class _Composer:
         else:  # the header was cut, or a mode this responder does not know
             text = str(result.get("text") or "")
             lines = [" ".join(text.split())] if text.strip() else []
-        if not lines:
-            return
+        if not lines:  # nothing readable: say so, not that the documents lack an answer
+            lines = [self.t["cbr_unread"]]
         self.answer.conclude(f"{lines[0]} {footnote}")
         if demo:
             self.answer.summary.append(self.t["demo"].format(url or "?"))
@@ -721,13 +765,39 @@ class _Composer:
             v2=_number(last.get("value"), self.lang, 2),
             nominal=_int(last.get("nominal")) or 1,
         )
+        facts, thinned = self._series(result, items, "rub", 2)
         listed = [
             self.t["dynamic_item"].format(
                 _date(i.get("date"), self.lang), _number(i.get("value"), self.lang, 2)
             )
             for i in items[-MAX_LISTED:]
         ]
-        return [summary, "\n".join(listed)]
+        return [f"{summary} {facts}", *thinned, "\n".join(listed)]
+
+    def _series(
+        self, result: dict[str, Any], items: list[dict[str, Any]], unit: str, decimals: int
+    ) -> tuple[str, list[str]]:
+        """How many values the period has, its lowest and highest (with their dates), and,
+        when the result was thinned to the token budget (`items_omitted`), how many of them
+        it lists."""
+        omitted = max(_int(result.get("items_omitted")), 0)
+        count = len(items) + omitted
+        thinned = []
+        if omitted:
+            thinned.append(self.t["thinned"].format(kept=len(items), count=count, omitted=omitted))
+        numbers = [(v, i) for i in items if (v := _float(i.get("value"))) is not None]
+        if len(numbers) < 3:
+            return self.t["values"].format(count), thinned
+        low = min(numbers, key=lambda x: x[0])[1]
+        high = max(numbers, key=lambda x: x[0])[1]
+        facts = self.t["values_range"].format(
+            count=count,
+            low=self.t[unit].format(_number(low.get("value"), self.lang, decimals)),
+            low_on=_date(low.get("date"), self.lang),
+            high=self.t[unit].format(_number(high.get("value"), self.lang, decimals)),
+            high_on=_date(high.get("date"), self.lang),
+        )
+        return facts, thinned
 
     def _key_rate(self, result: dict[str, Any]) -> list[str]:
         items = [i for i in _dicts(result.get("items")) if i.get("value") is not None]
@@ -738,19 +808,30 @@ class _Composer:
         summary = self.t["key_rate"].format(
             _date(latest.get("date"), self.lang), _number(latest.get("value"), self.lang)
         )
+        period: list[str] = []
+        if len(items) > 1:  # a series over a range: its first and last values, how many
+            first, last = items[0], items[-1]
+            facts, thinned = self._series(result, items, "percent", 0)
+            line = self.t["key_rate_period"].format(
+                first=_date(first.get("date"), self.lang),
+                last=_date(last.get("date"), self.lang),
+                v1=_number(first.get("value"), self.lang),
+                v2=_number(last.get("value"), self.lang),
+            )
+            period = [f"{line} {facts}", *thinned]
         changes: list[dict[str, Any]] = []
         for i in items:
             if not changes or changes[-1].get("value") != i.get("value"):
                 changes.append(i)
         if len(changes) < 2:
-            return [summary]
+            return [summary, *period]
         listed = [
             self.t["key_rate_item"].format(
                 _date(c.get("date"), self.lang), _number(c.get("value"), self.lang)
             )
             for c in changes[-MAX_LISTED:]
         ]
-        return [summary, self.t["key_rate_changes"] + "\n" + "\n".join(listed)]
+        return [summary, *period, self.t["key_rate_changes"] + "\n" + "\n".join(listed)]
 
     def _cbr_news(self, result: dict[str, Any]) -> list[str]:
         items = _dicts(result.get("items"))

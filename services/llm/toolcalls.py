@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from services.common.generate_contract import ToolCallRecord, failed_call_summar
 from services.common.tokenizer import Tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
+    FETCH_CBR_DATA,
     INVALID_ARGUMENT,
     READ_CHUNK_WINDOW,
     READ_DOC_SECTION,
@@ -435,6 +437,93 @@ def _cut_content(
     return "\n".join([json.dumps(line, ensure_ascii=False), *(kept[i] for i in order)])
 
 
+MIN_THINNED_ITEMS = 2
+"""A thinned series keeps at least its first and last values; when not even those fit, the
+result is cut as any other (`render_result`)."""
+
+
+def _series_items(name: str, result: Any) -> list[Mapping[str, Any]] | None:
+    """The dated values of a fetch_cbr_data series result (rate dynamics, the key rate over a
+    range), oldest first as ToolsProxy sorts them; None for any other result."""
+    if name != FETCH_CBR_DATA or not isinstance(result, Mapping):
+        return None
+    items = result.get("items")
+    if not isinstance(items, list) or len(items) <= MIN_THINNED_ITEMS:
+        return None
+    if not all(isinstance(i, Mapping) and "date" in i and "value" in i for i in items):
+        return None
+    return items
+
+
+def _series_value(item: Mapping[str, Any]) -> float | None:
+    value = item.get("value")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _spread(indices: Sequence[int]) -> list[int]:
+    """`indices` ordered so that every prefix spreads evenly over them: both ends, then the
+    middle, then the quarters, and so on."""
+    if not indices:
+        return []
+    order = [indices[0], indices[-1]]
+    halves = deque([(0, len(indices) - 1)])
+    while halves:
+        lo, hi = halves.popleft()
+        if hi - lo < 2:
+            continue
+        mid = (lo + hi) // 2
+        order.append(indices[mid])
+        halves.extend(((lo, mid), (mid, hi)))
+    return order
+
+
+def _thinning_order(items: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The indices of a series' items, the most telling first: the first and the last, the
+    lowest and the highest value, each change of value (spread over the period), then the
+    rest spread evenly. The first k of them are the k items a thinned series keeps."""
+    values = [_series_value(i) for i in items]
+    numbered = {i: v for i, v in enumerate(values) if v is not None}
+    ends = [0, len(items) - 1]
+    if numbered:
+        ends += [min(numbered, key=numbered.__getitem__), max(numbered, key=numbered.__getitem__)]
+    changes = [i for i in range(1, len(items)) if values[i] != values[i - 1]]
+    return list(dict.fromkeys([*ends, *_spread(changes), *_spread(range(len(items)))]))
+
+
+def _thinned_series(
+    name: str, header: Mapping[str, Any], texts: Sequence[str], tokenizer: Tokenizer,
+    max_tokens: int,
+) -> RenderedResult | None:  # fmt: skip
+    """A series result of fetch_cbr_data that does not fit, within `max_tokens` with its
+    header and texts whole and as many of its items as fit (`_thinning_order`, kept in date
+    order), the number left out in `items_omitted`; None when it is no such series or not
+    even MIN_THINNED_ITEMS of its items fit."""
+    result = header["result"]
+    items = _series_items(name, result)
+    if items is None:
+        return None
+    order = _thinning_order(items)
+
+    def content(k: int) -> str:
+        kept = [items[i] for i in sorted(order[:k])]
+        thinned = {**result, "items": kept, "items_omitted": len(items) - k}
+        line = {"tool_name": name, "status": "ok", "result": thinned, "truncated": True}
+        return "\n".join([json.dumps(line, ensure_ascii=False), *texts])
+
+    lo, hi = MIN_THINNED_ITEMS, len(items) - 1
+    if tokenizer.count(content(lo)) > max_tokens:
+        return None
+    while lo < hi:  # the most items that fit: each one kept adds tokens
+        mid = (lo + hi + 1) // 2
+        if tokenizer.count(content(mid)) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return RenderedResult(content(lo), True, tuple(texts))
+
+
 def render_result(
     name: str, result: Mapping[str, Any], tokenizer: Tokenizer, max_tokens: int
 ) -> RenderedResult:
@@ -446,6 +535,11 @@ def render_result(
     with no room left are left out whole: the header says `"truncated": true`, counts them
     in `"omitted"`, and their placeholders are empty. A header whose metadata would crowd out
     the text keeps only the tool's name, the status and those two fields.
+
+    A series of dated values of fetch_cbr_data (rate dynamics, the key rate over a range) is
+    thinned instead: its header and texts stay whole, its items keep the first and last
+    values, the lowest and highest, the changes and an even spread of the rest, as many as
+    fit, and `"items_omitted"` in the result counts the others (`_thinned_series`).
     """
     texts: list[str] = []
     header: dict[str, Any] = {
@@ -457,6 +551,8 @@ def render_result(
     # Counted through the shared cache: the result message is counted again when added.
     if count_tokens(tokenizer, whole) <= max_tokens:
         return RenderedResult(whole, False, tuple(texts))
+    if thinned := _thinned_series(name, header, texts, tokenizer, max_tokens):
+        return thinned
     # The header line is priced as it reads with every text kept; leaving texts out changes
     # it by a few tokens, which the loop below settles.
     line = json.dumps({**header, "truncated": True}, ensure_ascii=False)
