@@ -6,6 +6,11 @@ or the call says nothing about it (the caller's deadline or cancellation ended i
 exception states its verdict in a `breaker_verdict` attribute; a cancellation has none to
 give; any other exception is an outage, so that a failure nobody classified never leaves a
 half-open trial hanging.
+
+A verdict counts only while it still speaks for the breaker's state: `before_call` hands each
+call a Ticket, and the verdict of a call admitted before the breaker last opened or closed
+(a straggler) changes nothing. Only the half-open trial's own verdict closes the breaker,
+opens it again or frees the trial.
 """
 
 from __future__ import annotations
@@ -77,9 +82,27 @@ class BreakerPolicy:
             raise ValueError(f"BreakerPolicy.reset_s must not be negative, got {self.reset_s}")
 
 
+class Ticket:
+    """One call `before_call` let through, handed back with its verdict: it tells the trial
+    from a straggler admitted before the breaker last opened or closed, whose verdict no
+    longer speaks for the breaker's state."""
+
+    __slots__ = ("generation",)
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        """The breaker's state changes (openings and closings) before the call was let in."""
+
+
 class CircuitBreaker:
     """Closed -> open after `policy.failures` consecutive failures; after `policy.reset_s`
     one trial call goes through (half-open): success closes it, failure opens it again.
+
+    The verdict methods (`settle`, `record_success`, `record_failure`, `release`) take the
+    Ticket `before_call` returned; a call whose breaker has opened or closed since it was let
+    in is a straggler and its verdict is ignored. Without a ticket a verdict is taken as the
+    running trial's (or, closed, the latest call's): right only for a caller that never has
+    two calls in flight.
 
     Thread-safe (the retrieval engine calls it from worker threads). The clock is injected so
     tests step time instead of sleeping.
@@ -99,7 +122,10 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._failures = 0
         self._opened_at: float | None = None
-        self._trial_running = False
+        self._generation = 0
+        """Openings and closings so far: a Ticket of an earlier one is a straggler's."""
+        self._trial: Ticket | None = None
+        """The running half-open trial's ticket; None when no trial runs."""
 
     @property
     def state(self) -> str:
@@ -113,47 +139,71 @@ class CircuitBreaker:
             return HALF_OPEN
         return OPEN
 
-    def before_call(self) -> None:
-        """Raise CircuitOpenError unless a call may go through now."""
+    def before_call(self) -> Ticket:
+        """The Ticket of a call that may go through now; CircuitOpenError when none may."""
         with self._lock:
             state = self._state()
             if state == CLOSED:
-                return
-            if state == HALF_OPEN and not self._trial_running:
-                self._trial_running = True
-                return
+                return Ticket(self._generation)
+            if state == HALF_OPEN and self._trial is None:
+                self._trial = Ticket(self._generation)
+                return self._trial
             assert self._opened_at is not None
             retry_in = max(0.0, self._opened_at + self._reset_after - self._clock())
             raise CircuitOpenError(self.name, retry_in)
 
-    def record_success(self) -> None:
+    def record_success(self, ticket: Ticket | None = None) -> None:
+        """The call answered: the failure count restarts, and the trial's answer closes the
+        breaker. A straggler's answer changes nothing."""
         with self._lock:
+            if not self._speaks(ticket):
+                return
             self._failures = 0
-            self._opened_at = None
-            self._trial_running = False
+            if self._opened_at is not None:
+                self._change(opened_at=None)
 
-    def release(self) -> None:
+    def release(self, ticket: Ticket | None = None) -> None:
         """A call ended without a verdict on the dependency (its caller cancelled it): the
         failure count stays, but a half-open trial is freed for the next call."""
         with self._lock:
-            self._trial_running = False
+            if ticket is None or ticket is self._trial:
+                self._trial = None
 
-    def record_failure(self) -> None:
+    def record_failure(self, ticket: Ticket | None = None) -> None:
+        """The call found the dependency out: one more failure, and the breaker opens at the
+        threshold, or again when it was the trial. A straggler's failure changes nothing."""
         with self._lock:
-            self._trial_running = False
+            if not self._speaks(ticket):
+                return
             self._failures += 1
             if self._opened_at is not None or self._failures >= self._threshold:
-                self._opened_at = self._clock()
+                self._change(opened_at=self._clock())
 
-    def settle(self, failure: BaseException | None) -> None:
-        """End a call `before_call` let through, by the verdict its ending gives (`verdict_of`)."""
+    def _speaks(self, ticket: Ticket | None) -> bool:
+        """The verdict of the call holding `ticket` speaks for the breaker's state: it is the
+        running trial's, or a call's let in while closed since the last change; a verdict
+        without a ticket is taken as one that does."""
+        if ticket is None or ticket is self._trial:
+            return True
+        return self._opened_at is None and ticket.generation == self._generation
+
+    def _change(self, *, opened_at: float | None) -> None:
+        """Open (at `opened_at`) or close the breaker: the running trial ends, and the calls
+        let in before become stragglers."""
+        self._opened_at = opened_at
+        self._trial = None
+        self._generation += 1
+
+    def settle(self, failure: BaseException | None, ticket: Ticket | None = None) -> None:
+        """End the call `before_call` let through with `ticket`, by the verdict its ending
+        gives (`verdict_of`)."""
         verdict = verdict_of(failure)
         if verdict == ANSWERED:
-            self.record_success()
+            self.record_success(ticket)
         elif verdict == NO_VERDICT:
-            self.release()
+            self.release(ticket)
         else:
-            self.record_failure()
+            self.record_failure(ticket)
 
     def trial(self) -> _Trial:
         """`with breaker.trial(): ...`: one call through the breaker. Entering raises
@@ -163,13 +213,17 @@ class CircuitBreaker:
 
 
 class _Trial:
-    __slots__ = ("_breaker",)
+    """`CircuitBreaker.trial`'s context manager: it keeps its call's Ticket, so that the
+    call's ending is settled as that call's and a straggler's changes nothing."""
+
+    __slots__ = ("_breaker", "_ticket")
 
     def __init__(self, breaker: CircuitBreaker) -> None:
         self._breaker = breaker
+        self._ticket: Ticket | None = None
 
     def __enter__(self) -> None:
-        self._breaker.before_call()
+        self._ticket = self._breaker.before_call()
 
     def __exit__(
         self,
@@ -177,4 +231,4 @@ class _Trial:
         failure: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._breaker.settle(failure)
+        self._breaker.settle(failure, self._ticket)

@@ -11,7 +11,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
-from services.common.settings import SettingsError
+from services.common.settings import MAX_PORT, SettingsError
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 """HTTP answers another attempt may fix: rate limited, or the upstream (or a gateway before
@@ -20,14 +20,28 @@ it) failing for now. Any other 5xx (501 Not Implemented, 505, ...) fails the sam
 
 def check_base_url(url: str, name: str) -> SplitResult:
     """`url`, the setting `name`, split; SettingsError unless it is an upstream's base URL:
-    http(s) with a host, and no credentials, query or fragment (a key there would reach logs
-    and traces, which is also why that error, checked first, leaves the URL out)."""
+    http(s) with a host, a port (when given) in 1..MAX_PORT, and no credentials, query or
+    fragment (a key there would reach logs and traces, which is also why that error, checked
+    first, leaves the URL out)."""
     parts = urlsplit(url)
     if parts.username or parts.password or parts.query or parts.fragment:
         raise SettingsError(f"{name} must not carry credentials, query or fragment")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SettingsError(f"{name}={url!r} is not an http(s) URL")
+    _check_port(parts, url, name)
     return parts
+
+
+def _check_port(parts: SplitResult, url: str, name: str) -> None:
+    """SettingsError unless the port of `url` (split into `parts`) is absent or in
+    1..MAX_PORT in ASCII digits: urlsplit reads it only when asked, and httpx refuses one it
+    cannot read only at the first request, with InvalidURL rather than an HTTP error."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= MAX_PORT:
+        raise SettingsError(f"{name}={url!r}: the port is not a number in 1..{MAX_PORT}")
 
 
 def is_loopback_host(host: str | None) -> bool:

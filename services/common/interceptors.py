@@ -95,6 +95,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     flight is refused with RESOURCE_EXHAUSTED SERVER_BUSY, which carries an ErrorInfo and is
     counted like any other answer. Health and reflection are exempt: grpc's own
     `maximum_concurrent_rpcs` counted them too, so a busy server failed its liveness probe.
+    Once the server begins to stop (`draining`), its own GetHealth fails as grpc.health does.
     """
 
     def __init__(
@@ -109,6 +110,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._tracing = tracing
         self._max_in_flight = max_concurrent_rpcs
         self._in_flight = 0
+        self.draining = False
+        """Set when the server begins to stop (RunningServer.stop): a service's own GetHealth
+        answers UNAVAILABLE DRAINING (502 over JSON) while the calls in flight finish."""
 
     async def intercept_service(
         self,
@@ -174,6 +178,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         takes none: the sidecar's readiness probe asks it (GET /health), and a busy replica
         must still answer it."""
         if name in UNCAPPED_METHODS:
+            if self.draining:
+                # The JSON /health a balancer probes says what grpc.health already says.
+                raise errors.UnavailableError(
+                    "the server is shutting down: ask another replica", reason="DRAINING"
+                )
             return False
         cap = self._max_in_flight
         if cap is not None and self._in_flight >= cap:

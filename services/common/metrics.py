@@ -8,8 +8,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
-    disable_created_metrics,
-    start_http_server,
 )
 
 LATENCY_BUCKETS_SECONDS = (
@@ -87,13 +85,3 @@ def split_method(method: str | bytes) -> tuple[str, str]:
     text = method.decode() if isinstance(method, bytes) else method
     service, _, name = text.lstrip("/").partition("/")
     return service, name
-
-
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> int:
-    """Expose `registry` on http://host:port/metrics; returns the bound port.
-
-    Without the `*_created` series: in the Prometheus text format they are extra gauges
-    that double the series count and carry nothing a dashboard uses."""
-    disable_created_metrics()
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return int(server.server_address[1])

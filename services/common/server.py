@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
 from services.common.interceptors import ServerInterceptor
-from services.common.metrics import RpcMetrics, serve_metrics
+from services.common.metrics import RpcMetrics
 from services.common.reflection import enable_reflection
 from services.common.settings import ServerSettings
 from services.common.shared_config import MAX_REQUEST_METADATA_BYTES
@@ -87,6 +89,34 @@ class _SentStatus:
         return getattr(self._context, name)
 
 
+class MetricsExporter:
+    """The Prometheus HTTP exporter of a server's registry (http://host:port/metrics), in a
+    thread of its own. Stopped with its server, so that a server started again in the same
+    process can bind the same port."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        """Serve `registry` on `host` (an IPv6 address without brackets) and `port`; OSError
+        when that cannot be bound. Without the `*_created` series: in the Prometheus text
+        format they are extra gauges that double the series count and carry nothing a
+        dashboard uses."""
+        disable_created_metrics()
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.port = int(self._server.server_address[1])
+        """The bound port."""
+
+    async def stop(self) -> None:
+        """Stop serving and let go of the port; stopping again does nothing. Runs in a
+        worker thread: the exporter's loop notices the stop only at its next poll."""
+        await asyncio.to_thread(self._shut_down)
+
+    def _shut_down(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
 @dataclass
 class RunningServer:
     """A started server and what tests and the runner need to reach it."""
@@ -100,6 +130,10 @@ class RunningServer:
     companions: list[Callable[[float], Awaitable[None]]] = field(default_factory=list)
     """The stops of the process's other listeners (ToolsProxy's MCP endpoint): each runs
     beside the gRPC server's, with the same grace."""
+    metrics: MetricsExporter | None = None
+    """The Prometheus exporter serving `registry` on `metrics_port`, stopped last."""
+    interceptor: ServerInterceptor | None = None
+    """The server's interceptor: told when the server begins to stop (`draining`)."""
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -111,15 +145,23 @@ class RunningServer:
             await self.health.set(name, status)
 
     async def stop(self, grace: float, drain: float = 0.0) -> None:
-        """Health NOT_SERVING for good, wait `drain` s for balancers to notice, end the health
-        Watch streams, then refuse new RPCs and let in-flight ones finish for up to `grace` s
-        (on the companion listeners too)."""
+        """Health NOT_SERVING for good (each service's own GetHealth too), wait `drain` s for
+        balancers to notice, end the health Watch streams, then refuse new RPCs and let
+        in-flight ones finish for up to `grace` s (on the companion listeners too)."""
         await self.health.enter_graceful_shutdown()
+        if self.interceptor is not None:
+            self.interceptor.draining = True
         if drain > 0:
             await asyncio.sleep(drain)
         if isinstance(self.health, HealthServicer):
             self.health.end_watches()
-        await asyncio.gather(self.server.stop(grace), *(stop(grace) for stop in self.companions))
+        try:
+            await asyncio.gather(
+                self.server.stop(grace), *(stop(grace) for stop in self.companions)
+            )
+        finally:
+            if self.metrics is not None:
+                await self.metrics.stop()
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
@@ -165,33 +207,70 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
     enable_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    address = f"{settings.host}:{settings.port}"
+    port = await _bind(server, grpc_host(settings.host), settings.port)
+    metrics = await _start_metrics(server, settings, registry) if settings.metrics_port else None
+    metrics_port = metrics.port if metrics else None
+    running = RunningServer(
+        server, port, health_servicer, names, registry, metrics_port, metrics=metrics,
+        interceptor=interceptor,
+    )  # fmt: skip
     try:
-        port = server.add_insecure_port(address)
+        await server.start()
+        await running.set_serving(True)
+    except BaseException:
+        # Stopped, so that nothing keeps the ports: a start in the same process binds them.
+        await running.stop(0)
+        raise
+    log.info(
+        "listening",
+        extra={"grpc": f"{grpc_host(settings.host)}:{port}", "metrics_port": running.metrics_port},
+    )
+    return running
+
+
+def grpc_host(host: str) -> str:
+    """`host` as grpc's bind address takes it: an IPv6 address in brackets ([::1]), whether
+    the setting gives it so or bare (::1, which grpc reads as a name it cannot resolve)."""
+    bare = bare_host(host)
+    return f"[{bare}]" if ":" in bare else bare
+
+
+def bare_host(host: str) -> str:
+    """`host` as a socket binds it (the metrics exporter): an IPv6 address without brackets,
+    whether the setting gives it so or in brackets ([::1], which is no address to bind)."""
+    if host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
+
+
+async def _bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """The port `server` listens on at `host`:`port` (0 = any free one); ListenError, the
+    unstarted server stopped, when it cannot bind there."""
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
     except RuntimeError:  # grpc's "Failed to bind to address ...", which names no cause
-        port = 0
-    if port == 0:  # older grpc returned 0
+        bound = 0
+    if bound == 0:  # older grpc returned 0
         # Stopped, not left to the collector: a grpc.aio server dropped unstarted is
         # finalised whenever, on whatever event loop, and grpc's aio state is global.
         await server.stop(None)
         raise ListenError(cannot_listen("gRPC", address))
-    metrics_port = None
-    if settings.metrics_port:
-        try:
-            metrics_port = serve_metrics(registry, settings.host, settings.metrics_port)
-        except OSError as exc:
-            await server.stop(None)  # let go of the gRPC port
-            where = f"{settings.host}:{settings.metrics_port}"
-            cause = exc.strerror or type(exc).__name__
-            raise ListenError(f"{cannot_listen('metrics', where)} ({cause})") from None
-    await server.start()
-    running = RunningServer(server, port, health_servicer, names, registry, metrics_port)
-    await running.set_serving(True)
-    log.info(
-        "listening",
-        extra={"grpc": f"{settings.host}:{port}", "metrics_port": running.metrics_port},
-    )
-    return running
+    return int(bound)
+
+
+async def _start_metrics(
+    server: grpc.aio.Server, settings: ServerSettings, registry: CollectorRegistry
+) -> MetricsExporter:
+    """The exporter of `registry` on settings.host and settings.metrics_port; ListenError,
+    the unstarted gRPC server stopped (letting go of its port), when it cannot bind there."""
+    try:
+        return MetricsExporter(registry, bare_host(settings.host), settings.metrics_port)
+    except OSError as exc:
+        await server.stop(None)
+        where = f"{grpc_host(settings.host)}:{settings.metrics_port}"
+        cause = exc.strerror or type(exc).__name__
+        raise ListenError(f"{cannot_listen('metrics', where)} ({cause})") from None
 
 
 def cannot_listen(what: str, address: str) -> str:

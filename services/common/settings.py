@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import ipaddress
 import math
 import os
 import re
@@ -573,35 +574,80 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 MAX_PORT = 65535
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]*[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A host name or IPv4 address as a gRPC target names it: ASCII letters, digits, dots, hyphens
+and underscores, at least one letter or digit (a host of punctuation alone resolves to
+nothing)."""
+
+
 def _host_port(value: str, name: str, default_host: str) -> tuple[str, str]:
     """The host (an IPv6 one still in brackets) and port of a gRPC target: host:port, or a
     URL with one of TARGET_SCHEMES; any other scheme (https://, grpcs://) is a SettingsError,
     and so is a port that is not 1..MAX_PORT in ASCII digits (0 picks a free port when
-    listening; a target cannot be there)."""
-    target = value
-    url = _URL_SCHEME.match(value)
-    if url is not None:
-        scheme = next((s for s in TARGET_SCHEMES if value.lower().startswith(s)), None)
-        if scheme is None:
-            raise SettingsError(
-                f"{name}={value!r}: {url[0]} is not supported (no TLS: the mesh speaks "
-                "plaintext gRPC); use grpc:// or http:// or host:port"
-            )
-        target = value[len(scheme) :]
-    host, colon, port = target.rstrip("/").rpartition(":")
-    host = host or (default_host if colon else "")
-    # str.isdigit() also takes "²" and full-width digits, which int() reads or refuses.
+    listening; a target cannot be there), a missing port, an IPv6 address out of brackets
+    (grpc reads `::1:50052` as a host name it cannot resolve) and a host that is no name or
+    address (`_HOST_NAME`). An empty host (':50051') is `default_host`, when one is given."""
+    host, port = _split_target(_without_scheme(value, name).rstrip("/"), value, name)
+    if not host:
+        host = default_host
     if not host or not (port.isascii() and port.isdigit()):
+        # str.isdigit() also takes "²" and full-width digits, which int() reads or refuses.
         raise SettingsError(f"{name}={value!r} is not host:port")
     if len(port) > len(str(MAX_PORT)) or not 1 <= int(port) <= MAX_PORT:
         raise SettingsError(f"{name}={value!r}: the port is not in 1..{MAX_PORT}")
     return host, str(int(port))
 
 
+def _without_scheme(value: str, name: str) -> str:
+    """`value` less its URL scheme, one of TARGET_SCHEMES; SettingsError for another."""
+    url = _URL_SCHEME.match(value)
+    if url is None:
+        return value
+    scheme = next((s for s in TARGET_SCHEMES if value.lower().startswith(s)), None)
+    if scheme is None:
+        raise SettingsError(
+            f"{name}={value!r}: {url[0]} is not supported (no TLS: the mesh speaks "
+            "plaintext gRPC); use grpc:// or http:// or host:port"
+        )
+    return value[len(scheme) :]
+
+
+def _split_target(target: str, value: str, name: str) -> tuple[str, str]:
+    """(host, port) of `target`, host:port or [IPv6]:port; the host may be empty (':port'),
+    the port anything after the last colon. SettingsError without a colon before the port,
+    for an IPv6 address out of brackets, and for a host that is no name or address."""
+    if target.startswith("["):
+        host, bracket, rest = target.partition("]")
+        host += bracket
+        if not _is_ipv6(host[1:-1] if bracket else ""):
+            raise SettingsError(f"{name}={value!r}: {host!r} is not an IPv6 address in brackets")
+        colon, port = rest[:1], rest[1:]
+    else:
+        host, colon, port = target.rpartition(":")
+        if ":" in host:
+            raise SettingsError(
+                f"{name}={value!r}: an IPv6 address goes in brackets, before the port ([::1]:50051)"
+            )
+        if host and not _HOST_NAME.fullmatch(host):
+            raise SettingsError(f"{name}={value!r}: {host!r} is not a host name or address")
+    if colon != ":":
+        raise SettingsError(f"{name}={value!r} is not host:port")
+    return host, port
+
+
+def _is_ipv6(text: str) -> bool:
+    """`text` is an IPv6 address (a scope, `%eth0`, included), as brackets in a target hold."""
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def grpc_target(value: str, name: str) -> str:
     """host:port from 'host:port', 'grpc://host:port', 'http://host:port/' or
     'dns:///host:port' (the specs use URLs; any other scheme is refused); the host is
-    required."""
+    required, an IPv6 one in brackets ('[::1]:port', as grpc reads it)."""
     host, port = _host_port(value, name, "")
     return f"{host}:{port}"
 

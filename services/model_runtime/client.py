@@ -66,6 +66,7 @@ from services.common.breaker import (
     BreakerPolicy,
     CircuitBreaker,
     CircuitOpenError,
+    Ticket,
 )
 from services.common.context import MIN_VERDICT_S
 from services.common.http import (
@@ -1040,7 +1041,7 @@ class OpenAiChatRuntime:
         start = self._clock()
         model, body, json_mode, offered = self._prepare(request, False)
         budget_s = min(timeout_s, self.settings.timeout_s)
-        self._enter(timeout_s)
+        ticket = self._enter(timeout_s)
         attempts = 0
         try:
             _, content, attempts = await self._send(body, start, budget_s, stream=False)
@@ -1054,16 +1055,17 @@ class OpenAiChatRuntime:
                 ) from None
         except _Failure as failed:
             attempts = attempts or failed.attempts
-            self.breaker.settle(failed)
+            self.breaker.settle(failed, ticket)
             self._log("error", model, start, attempts, kind=failed.kind, status=failed.status)
             raise failed.error(attempts, self.name) from None
         except asyncio.CancelledError:
-            self._cut_short(model, start, budget_s, timeout_s, attempts)
+            self._cut_short(ticket, model, start, budget_s, timeout_s, attempts)
             raise
         except BaseException as exc:
-            self.breaker.settle(exc)  # a bug: counted, so a half-open trial is not left taken
+            # A bug: counted, so a half-open trial is not left taken.
+            self.breaker.settle(exc, ticket)
             raise
-        self._answered(model, completion, start, attempts)
+        self._answered(ticket, model, completion, start, attempts)
         return completion
 
     async def stream(
@@ -1079,7 +1081,7 @@ class OpenAiChatRuntime:
         model, body, json_mode, offered = self._prepare(request, True)
         budget_s = min(timeout_s, self.settings.timeout_s)
         deadline = start + budget_s
-        self._enter(timeout_s)
+        ticket = self._enter(timeout_s)
         attempts = 0
         response: httpx.Response | None = None
         settled = False
@@ -1088,7 +1090,7 @@ class OpenAiChatRuntime:
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
-                self.breaker.settle(None)
+                self.breaker.settle(None, ticket)
                 settled = True
                 self._log("ok", model, start, attempts, stream=False)
                 if completion.content:
@@ -1106,7 +1108,7 @@ class OpenAiChatRuntime:
                 raise _Failure(
                     "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
                 ) from None
-            self._answered(model, completion, start, attempts, stream=True)
+            self._answered(ticket, model, completion, start, attempts, stream=True)
             settled = True
             if json_mode and completion.content:
                 yield StreamDelta(completion.content)
@@ -1115,7 +1117,7 @@ class OpenAiChatRuntime:
             yield completion
         except _Failure as failed:
             attempts = attempts or failed.attempts
-            self.breaker.settle(failed)
+            self.breaker.settle(failed, ticket)
             self._log(
                 "error", model, start, attempts, stream=True, kind=failed.kind,
                 status=failed.status,
@@ -1125,13 +1127,13 @@ class OpenAiChatRuntime:
             # Cancelled, or the consumer stopped reading: never a success, since a stream that
             # stalled after its 200 is the runtime failing (it is a timeout at the deadline).
             if not settled:
-                self._cut_short(model, start, budget_s, timeout_s, attempts, stream=True)
+                self._cut_short(ticket, model, start, budget_s, timeout_s, attempts, stream=True)
             raise
         except BaseException as exc:
             # A bug: before the 200 it is counted (a half-open trial is not left taken);
             # after it, the runtime was answering.
             if not settled:
-                self.breaker.settle(exc if response is None else None)
+                self.breaker.settle(exc if response is None else None, ticket)
             raise
         finally:
             if response is not None:
@@ -1192,11 +1194,13 @@ class OpenAiChatRuntime:
         offered = frozenset(t.name for t in tools) if allow and not json_mode else frozenset()
         return json_mode, tools, offered
 
-    def _enter(self, timeout_s: float) -> None:
+    def _enter(self, timeout_s: float) -> Ticket:
+        """The breaker's Ticket for one call; UnavailableError when there is no time left or
+        the breaker is open."""
         if not timeout_s > 0:
             raise _Failure("timeout", "no time left to call the LLM runtime").error(0, self.name)
         try:
-            self.breaker.before_call()
+            return self.breaker.before_call()
         except CircuitOpenError as exc:
             self._log("circuit_open", self.settings.default_model, self._clock(), 0)
             raise errors.UnavailableError(
@@ -1208,6 +1212,7 @@ class OpenAiChatRuntime:
 
     def _cut_short(
         self,
+        ticket: Ticket,
         model: str,
         start: float,
         budget_s: float,
@@ -1223,10 +1228,10 @@ class OpenAiChatRuntime:
         for everyone (docs/operations.md, "Failure handling")."""
         at_deadline = self._clock() >= start + budget_s - DEADLINE_SLACK_S
         if not at_deadline or (timeout_s < self.settings.timeout_s and budget_s < MIN_VERDICT_S):
-            self.breaker.release()
+            self.breaker.release(ticket)
             return
         failed = _Failure("timeout", "LLM runtime did not answer in time")
-        self.breaker.settle(failed)
+        self.breaker.settle(failed, ticket)
         self._log("error", model, start, attempts or 1, kind=failed.kind, **extra)
 
     def _headers(self, stream: bool) -> dict[str, str]:
@@ -1376,10 +1381,11 @@ class OpenAiChatRuntime:
             yield "\n".join(data)
 
     def _answered(
-        self, model: str, completion: Completion, start: float, attempts: int, **extra: Any
-    ) -> None:
+        self, ticket: Ticket, model: str, completion: Completion, start: float, attempts: int,
+        **extra: Any,
+    ) -> None:  # fmt: skip
         """A call that answered: a success for the breaker, and its "ok" line with the counts."""
-        self.breaker.settle(None)
+        self.breaker.settle(None, ticket)
         self._log(
             "ok",
             model,

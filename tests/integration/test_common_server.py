@@ -225,9 +225,10 @@ async def test_metrics_are_served_over_http():
         registry,
         domain="visior.toy",
     )
-    from services.common.metrics import serve_metrics
+    from services.common.server import MetricsExporter
 
-    port = serve_metrics(registry, "127.0.0.1", 0)
+    exporter = MetricsExporter(registry, "127.0.0.1", 0)
+    port = exporter.port
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
     await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="ok"))
     body = await asyncio.to_thread(
@@ -237,6 +238,7 @@ async def test_metrics_are_served_over_http():
     )
     assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Execute"' in body
     await channel.close()
+    await exporter.stop()
     await running.stop(0)
 
 
@@ -251,6 +253,12 @@ async def test_graceful_stop_finishes_in_flight_and_refuses_new_work(toy):
     health = health_pb2_grpc.HealthStub(channel)
     status = (await health.Check(health_pb2.HealthCheckRequest())).status
     assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    # The service's own GetHealth (JSON GET /health) says so too, while work is still taken.
+    with pytest.raises(grpc.aio.AioRpcError) as draining:
+        await stub.GetHealth(pb.GetHealthRequest(), timeout=2)
+    assert draining.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(draining.value).reason == "DRAINING"
+    assert (await stub.Execute(pb.ExecuteRequest(tool_name="ok"), timeout=2)).status == "ok"
     await asyncio.sleep(0.6)  # past the drain: the server now refuses new RPCs
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.Execute(pb.ExecuteRequest(tool_name="ok"), timeout=2)
