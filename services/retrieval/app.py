@@ -269,18 +269,20 @@ def _search_stack(
 
 
 def _health_probe(
-    settings: RetrievalSettings, store: DocumentStore, stack: _Stack
+    settings: RetrievalSettings, store: DocumentStore | None, stack: _Stack
 ) -> Callable[[], dict[str, str]]:
-    """The health answer: backend, docstore, reranker and index state; in production a
-    down vector store fails it (backend_unavailable)."""
+    """The health answer: backend, docstore ("none" in mock mode, which opens none),
+    reranker and index state; in production a down vector store fails it
+    (backend_unavailable)."""
 
     def probe() -> dict[str, str]:
-        details = {"backend": stack.backend, "docstore": store.kind,
+        details = {"backend": stack.backend, "docstore": store.kind if store else "none",
                    "reranker": stack.reranker_kind}  # fmt: skip
-        try:
-            store.ping()
-        except Exception as exc:  # the health answer must say why, not raise
-            return {"status": "down", **details, "docstore": f"error: {exc}"}
+        if store is not None:
+            try:
+                store.ping()
+            except Exception as exc:  # the health answer must say why, not raise
+                return {"status": "down", **details, "docstore": f"error: {exc}"}
         if stack.index is not None:
             state = stack.index.health()
             details.update({f"index_{k}": v for k, v in state.items() if k != "status"})
@@ -328,10 +330,13 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
     tracing = install_tracing(settings.server.tracing, settings.server.service)
     reranker, rerank_http = _open_reranker(settings, tracing)
-    store = settings.docstore.open()
+    store: DocumentStore | None = None
     if settings.mock_mode:
+        # Fixed hits from memory (retrieval-v1 §5): no document store is opened (no data
+        # directory or database needed), and no ingestion is served, which would need one.
         stack = _Stack(MockSearchEngine(settings.defaults), "mock")
     else:
+        store = settings.docstore.open()
         stack = _search_stack(settings, store, tracing, registry, reranker)
     stack.rerank_http = rerank_http
     probe = _health_probe(settings, store, stack)
@@ -366,6 +371,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
         if watcher is not None:
             watcher.cancel()
         await stack.close()
-        store.close()
+        if store is not None:
+            store.close()
 
     return running, close

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import takewhile
 from typing import Any, Protocol, TypeVar
@@ -32,7 +32,7 @@ from services.common.search_contract import KB_SOURCE, KB_TENANT, normalise_quer
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
-from services.retrieval.embeddings import Embedder, ScopedQueryEmbedder
+from services.retrieval.embeddings import Embedder, EmbeddingBackendError, ScopedQueryEmbedder
 from services.retrieval.fusion import (
     FUSIONS,
     add_exact_matches,
@@ -88,8 +88,9 @@ class BackendUnavailableError(errors.BackendUnavailableError):
     """The vector store cannot be reached (retrieval.md §7.2); 502 through Envoy."""
 
 
-_Started = SearchResult | tuple[list[Scored], dict[TextKey, str]] | BackendUnavailableError
-"""What a search's first worker hop answers (`RetrievalEngine._start`)."""
+_Started = SearchResult | tuple[list[Scored], dict[TextKey, str]] | errors.BackendUnavailableError
+"""What a search's first worker hop answers (`RetrievalEngine._start`): a backend outage
+only when RETR_EMPTY_ON_BACKEND_ERROR answers it with an empty result."""
 
 
 class ChunkText(Protocol):
@@ -147,7 +148,8 @@ class EngineSettings:
     retries: int = 2
     """Retries of a failed index call, at most 2 (retrieval.md §7.2)."""
     empty_on_backend_error: bool = False
-    """Answer an empty result instead of 502 when the index is down (RETR_EMPTY_ON_BACKEND_ERROR)."""
+    """Answer a search an empty result instead of 502 when a backend it needs is down: the
+    vector store, the embedding backend or the document store (RETR_EMPTY_ON_BACKEND_ERROR)."""
     cross_language: bool = True
     """Hybrid: a dense candidate written in the other language than a ru/en query gets its
     keyword evidence from its dense score (fusion.impute_cross_language; RETR_CROSS_LANGUAGE)."""
@@ -181,7 +183,53 @@ class _Guarded:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class RequestLimits:
+    """A request's caps with the server defaults applied: what shaping reads
+    (`select_chunks`, `sections_and_docs`, `context_chunks`; mock mode shapes its fixed
+    list with them too)."""
+
+    max_results: int
+    max_docs: int
+    max_sections: int
+    max_chunks: int
+    token_limit: int
+    topk_per_doc: int
+    min_score: float
+    hard_trim: bool
+
+
+def request_limits(q: SearchQuery, d: SearchDefaults) -> RequestLimits:
+    """The caps of a validated request (`check_request`), each default applied."""
+    return RequestLimits(
+        max_results=q.max_results or d.max_results,
+        max_docs=q.max_docs or d.max_docs,
+        max_sections=q.max_sections or d.max_sections,
+        max_chunks=q.max_chunks or d.max_chunks,
+        token_limit=q.context_token_limit or d.context_token_limit,
+        topk_per_doc=q.topk_per_doc if q.topk_per_doc is not None else d.topk_per_doc,
+        min_score=q.min_score if q.min_score is not None else d.min_score,
+        hard_trim=bool(q.hard_trim),
+    )
+
+
+def check_request(q: SearchQuery, d: SearchDefaults) -> None:
+    """`search.validate` and the ranking and fusion names: INVALID_ARGUMENT / LIMIT_EXCEEDED
+    for a request every search (the engine's, mock mode's) refuses."""
+    validate(q, d)
+    if q.ranking and q.ranking not in RANKINGS:
+        raise errors.InvalidArgumentError(
+            f"params.ranking must be one of {', '.join(RANKINGS)}",
+            metadata={"field": "params.ranking"},
+        )
+    if q.fusion and q.fusion not in FUSIONS:
+        raise errors.InvalidArgumentError(
+            f"params.fusion must be one of {', '.join(FUSIONS)}",
+            metadata={"field": "params.fusion"},
+        )
+
+
+@dataclass(frozen=True)
+class _Plan(RequestLimits):
     """A validated request with every default applied."""
 
     q: SearchQuery
@@ -198,14 +246,6 @@ class _Plan:
     ranking: str
     fusion: str
     rerank: bool
-    max_results: int
-    max_docs: int
-    max_sections: int
-    max_chunks: int
-    token_limit: int
-    topk_per_doc: int
-    min_score: float
-    hard_trim: bool
     base_filter: IndexFilter
     acronyms: tuple[str, ...] = ()
     """Abbreviations the query writes in capitals: the BM25 list of them alone joins the
@@ -286,11 +326,8 @@ class RetrievalEngine:
             if plan.expand:
                 plan = await self._model_variants(plan, self._expander)
             first = await asyncio.to_thread(self._start, plan, timing, started)
-        if isinstance(first, BackendUnavailableError):
-            if self._metrics is not None:
-                self._metrics.failed(first.reason)
-            log.warning("index down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)", exc_info=first)
-            result = self._shape(plan, [], {}, False, timing, started)
+        if isinstance(first, errors.BackendUnavailableError):
+            result = self._empty(plan, first, timing, started)
         elif isinstance(first, SearchResult):
             result = first
         else:
@@ -298,13 +335,38 @@ class RetrievalEngine:
             rerank_used = False
             if chunks:
                 chunks, rerank_used = await self._rerank(plan, chunks, texts, timing)
-            result = await asyncio.to_thread(
-                self._shape, plan, chunks, texts, rerank_used, timing, started
-            )
+            try:
+                # Shaping reads the document store too: the texts of hits the reranker
+                # moved up and the sections' titles and summaries.
+                result = await asyncio.to_thread(
+                    self._shape, plan, chunks, texts, rerank_used, timing, started
+                )
+            except errors.BackendUnavailableError as exc:
+                if not self._settings.empty_on_backend_error:
+                    raise  # counted by search()
+                result = self._empty(plan, exc, timing, started)
         if self._metrics is not None:
             self._metrics.observe(result)
         log_search(plan, result, timing, self._settings.slow_search_ms)
         return result
+
+    def _empty(
+        self,
+        plan: _Plan,
+        outage: errors.BackendUnavailableError,
+        timing: SearchTiming,
+        started: float,
+    ) -> SearchResult:
+        """RETR_EMPTY_ON_BACKEND_ERROR's answer to a backend outage (retrieval.md §7.2): no
+        chunks, the Orchestrator decides the fallback. Counted as a failure and logged."""
+        if self._metrics is not None:
+            self._metrics.failed(outage.reason)
+        log.warning(
+            "backend down; answering empty (RETR_EMPTY_ON_BACKEND_ERROR)",
+            extra={"backend": _outage_backend(outage), "error": outage.message},
+            exc_info=outage,
+        )
+        return self._shape(plan, [], {}, False, timing, started)
 
     def _plan_and_start(
         self, q: SearchQuery, timing: SearchTiming, started: float
@@ -314,13 +376,15 @@ class RetrievalEngine:
 
     def _start(self, plan: _Plan, timing: SearchTiming, started: float) -> _Started:
         """The search's first hop (worker thread): all of it without rerank; with rerank, the
-        candidates and the texts the reranker reads. The index being down is returned when
-        RETR_EMPTY_ON_BACKEND_ERROR answers it with an empty result, raised otherwise."""
+        candidates and the texts the reranker reads. A backend being down (the vector store,
+        the embedding backend, the document store: every errors.BackendUnavailableError) is
+        returned when RETR_EMPTY_ON_BACKEND_ERROR answers it with an empty result, raised
+        otherwise."""
         try:
             if plan.rerank:
                 return self._find(plan, timing)
             return self._search_sync(plan, timing, started)
-        except BackendUnavailableError as exc:
+        except errors.BackendUnavailableError as exc:
             if not self._settings.empty_on_backend_error:
                 raise  # counted by search()
             return exc
@@ -343,17 +407,7 @@ class RetrievalEngine:
 
     def _plan(self, q: SearchQuery) -> _Plan:
         d, s = self._defaults, self._settings
-        validate(q, d)
-        if q.ranking and q.ranking not in RANKINGS:
-            raise errors.InvalidArgumentError(
-                f"params.ranking must be one of {', '.join(RANKINGS)}",
-                metadata={"field": "params.ranking"},
-            )
-        if q.fusion and q.fusion not in FUSIONS:
-            raise errors.InvalidArgumentError(
-                f"params.fusion must be one of {', '.join(FUSIONS)}",
-                metadata={"field": "params.fusion"},
-            )
+        check_request(q, d)
         text = normalise_query(q.query)  # not empty: validate() refuses such a query
         language = detect_language(text, q.language)  # a hint as its primary subtag; auto detects
         mode = q.mode or d.mode
@@ -383,7 +437,9 @@ class RetrievalEngine:
             tags=f.tags,
             source=f.source,
         )
+        limits = request_limits(q, d)
         return _Plan(
+            **vars(limits),
             q=q,
             tenant_id=tenant,
             text=text,
@@ -395,14 +451,6 @@ class RetrievalEngine:
             ranking=ranking,
             fusion=q.fusion or s.fusion,
             rerank=rerank,
-            max_results=q.max_results or d.max_results,
-            max_docs=q.max_docs or d.max_docs,
-            max_sections=q.max_sections or d.max_sections,
-            max_chunks=q.max_chunks or d.max_chunks,
-            token_limit=q.context_token_limit or d.context_token_limit,
-            topk_per_doc=q.topk_per_doc if q.topk_per_doc is not None else d.topk_per_doc,
-            min_score=q.min_score if q.min_score is not None else d.min_score,
-            hard_trim=bool(q.hard_trim),
             base_filter=base,
             acronyms=acronyms(q.query),
         )
@@ -714,33 +762,6 @@ class RetrievalEngine:
 
     # -- shaping (worker thread) ------------------------------------------------------------
 
-    def _select(self, plan: _Plan, chunks: list[Scored]) -> list[Scored]:
-        """Best first, min_score, topk_per_doc, max_docs and max_sections applied.
-
-        The caps hold the chunks to the documents and sections `used_docs` / `used_sections`
-        can list, in every mode: chunk_priority and hybrid_only rank chunks alone, and a
-        section_first shortlist of max_sections sections may span more than max_docs
-        documents."""
-        per_doc: dict[str, int] = {}
-        sections: set[tuple[str, str]] = set()
-        kept: list[Scored] = []
-        for h, score in sorted(chunks, key=lambda hs: (-hs[1], hs[0].doc_id, hs[0].ord)):
-            if score < plan.min_score:
-                continue
-            n = per_doc.get(h.doc_id, 0)
-            if (n == 0 and len(per_doc) >= plan.max_docs) or (
-                plan.topk_per_doc and n >= plan.topk_per_doc
-            ):
-                continue
-            section = (h.doc_id, h.section_id)
-            if section not in sections:
-                if len(sections) >= plan.max_sections:
-                    continue
-                sections.add(section)
-            per_doc[h.doc_id] = n + 1
-            kept.append((h, score))
-        return kept
-
     def _shape(
         self,
         plan: _Plan,
@@ -750,25 +771,14 @@ class RetrievalEngine:
         timing: SearchTiming,
         started: float,
     ) -> SearchResult:
-        selected, head, texts = self._with_texts(plan, self._select(plan, chunks), texts, timing)
-        kept = [
-            ChunkHit(
-                doc_id=h.doc_id,
-                section_id=h.section_id,
-                chunk_id=h.chunk_id,
-                text=texts[_key(h)],
-                tokens=h.tokens,
-                page_start=h.page_start,
-                page_end=h.page_end,
-                score=round(score, 6),
-                ord=h.ord,
-            )
-            for h, score in head
-        ]
-        sections, docs = self._sections_and_docs(plan, selected)
+        selected, head, texts = self._with_texts(plan, select_chunks(plan, chunks), texts, timing)
+        kept = [chunk_hit(h, texts[_key(h)], score) for h, score in head]
+        sections, docs = sections_and_docs(
+            plan, selected, lambda doc_id: self._sections.document(plan.tenant_id, doc_id)
+        )
         return SearchResult(
             hits=kept[: plan.max_results],
-            chunks=self._context(plan, kept),
+            chunks=context_chunks(plan, kept, self._tokenizer),
             docs=docs,
             sections=sections,
             mode=plan.mode,
@@ -796,7 +806,7 @@ class RetrievalEngine:
         t0 = time.perf_counter()
         while True:
             head = selected[:size]
-            # By key, not by count: `texts` may hold texts of candidates _select dropped.
+            # By key, not by count: `texts` may hold texts of candidates select_chunks dropped.
             lacking = [hs for hs in head if _key(hs[0]) not in texts]
             if not lacking:
                 break
@@ -808,64 +818,124 @@ class RetrievalEngine:
         timing.engine_ms += (time.perf_counter() - t0) * 1000
         return selected, head, texts
 
-    def _sections_and_docs(
-        self, plan: _Plan, selected: list[Scored]
-    ) -> tuple[list[SectionHit], list[DocHit]]:
-        """The best sections and documents of the selection, in score order, with their
-        catalog titles and summaries."""
-        sections: dict[tuple[str, str], SectionHit] = {}
-        docs: dict[str, DocHit] = {}
-        entries: dict[str, DocSections | None] = {}  # one catalog lookup per document
-        for c, raw in selected:
-            if len(sections) >= plan.max_sections and len(docs) >= plan.max_docs:
-                break
-            key = (c.doc_id, c.section_id)
-            new_section = key not in sections and len(sections) < plan.max_sections
-            new_doc = c.doc_id not in docs and len(docs) < plan.max_docs
-            if not (new_section or new_doc):
-                continue
-            if c.doc_id in entries:
-                entry = entries[c.doc_id]
-            else:
-                entry = entries[c.doc_id] = self._sections.document(plan.tenant_id, c.doc_id)
-            if new_section:
-                info = entry[1].get(c.section_id) if entry else None
-                sections[key] = SectionHit(
-                    section_id=c.section_id,
-                    doc_id=c.doc_id,
-                    title=info.title if info else "",
-                    summary=info.summary if info else "",
-                    page_start=info.page_start if info else c.page_start,
-                    page_end=info.page_end if info else c.page_end,
-                    anchor_chunk_id=c.chunk_id,
-                    score=round(raw, 6),
-                )
-            if new_doc:
-                docs[c.doc_id] = DocHit(c.doc_id, entry[0] if entry else "", round(raw, 6))
-        return list(sections.values()), list(docs.values())
 
-    def _context(self, plan: _Plan, kept: list[ChunkHit]) -> list[ChunkHit]:
-        """The context blocks built from the best `plan.max_chunks` hits."""
-        built = build_context(
-            kept[: plan.max_chunks],
-            token_limit=plan.token_limit,
-            tokenizer=self._tokenizer,
-            options=ContextOptions(hard_trim=plan.hard_trim),
-        )
-        return [
-            ChunkHit(
-                doc_id=b.doc_id,
-                section_id=b.section_id,
-                chunk_id=b.chunk_ids[0],
-                text=b.text,
-                tokens=b.tokens,
-                page_start=b.page_start,
-                page_end=b.page_end,
-                score=round(b.score, 6),
-                ord=b.ord_start,
+# -- shaping, shared with mock mode (services/retrieval/mock.py) ------------------------------
+
+
+def select_chunks(limits: RequestLimits, chunks: Iterable[Scored]) -> list[Scored]:
+    """Best first, min_score, topk_per_doc, max_docs and max_sections applied.
+
+    The caps hold the chunks to the documents and sections `used_docs` / `used_sections`
+    can list, in every mode: chunk_priority and hybrid_only rank chunks alone, and a
+    section_first shortlist of max_sections sections may span more than max_docs
+    documents."""
+    per_doc: dict[str, int] = {}
+    sections: set[tuple[str, str]] = set()
+    kept: list[Scored] = []
+    for h, score in sorted(chunks, key=lambda hs: (-hs[1], hs[0].doc_id, hs[0].ord)):
+        if score < limits.min_score:
+            continue
+        n = per_doc.get(h.doc_id, 0)
+        if (n == 0 and len(per_doc) >= limits.max_docs) or (
+            limits.topk_per_doc and n >= limits.topk_per_doc
+        ):
+            continue
+        section = (h.doc_id, h.section_id)
+        if section not in sections:
+            if len(sections) >= limits.max_sections:
+                continue
+            sections.add(section)
+        per_doc[h.doc_id] = n + 1
+        kept.append((h, score))
+    return kept
+
+
+def chunk_hit(h: StoredPoint, text: str, score: float) -> ChunkHit:
+    """A selected candidate as the response carries it."""
+    return ChunkHit(
+        doc_id=h.doc_id,
+        section_id=h.section_id,
+        chunk_id=h.chunk_id,
+        text=text,
+        tokens=h.tokens,
+        page_start=h.page_start,
+        page_end=h.page_end,
+        score=round(score, 6),
+        ord=h.ord,
+    )
+
+
+def sections_and_docs(
+    limits: RequestLimits,
+    selected: Sequence[Scored],
+    document: Callable[[str], DocSections | None],
+) -> tuple[list[SectionHit], list[DocHit]]:
+    """The best sections and documents of the selection, in score order, with the titles and
+    summaries `document(doc_id)` (the section catalog) gives."""
+    sections: dict[tuple[str, str], SectionHit] = {}
+    docs: dict[str, DocHit] = {}
+    entries: dict[str, DocSections | None] = {}  # one catalog lookup per document
+    for c, raw in selected:
+        if len(sections) >= limits.max_sections and len(docs) >= limits.max_docs:
+            break
+        key = (c.doc_id, c.section_id)
+        new_section = key not in sections and len(sections) < limits.max_sections
+        new_doc = c.doc_id not in docs and len(docs) < limits.max_docs
+        if not (new_section or new_doc):
+            continue
+        if c.doc_id in entries:
+            entry = entries[c.doc_id]
+        else:
+            entry = entries[c.doc_id] = document(c.doc_id)
+        if new_section:
+            info = entry[1].get(c.section_id) if entry else None
+            sections[key] = SectionHit(
+                section_id=c.section_id,
+                doc_id=c.doc_id,
+                title=info.title if info else "",
+                summary=info.summary if info else "",
+                page_start=info.page_start if info else c.page_start,
+                page_end=info.page_end if info else c.page_end,
+                anchor_chunk_id=c.chunk_id,
+                score=round(raw, 6),
             )
-            for b in built.blocks
-        ]
+        if new_doc:
+            docs[c.doc_id] = DocHit(c.doc_id, entry[0] if entry else "", round(raw, 6))
+    return list(sections.values()), list(docs.values())
+
+
+def context_chunks(
+    limits: RequestLimits, kept: Sequence[ChunkHit], tokenizer: Tokenizer
+) -> list[ChunkHit]:
+    """The context blocks built from the best `limits.max_chunks` hits."""
+    built = build_context(
+        kept[: limits.max_chunks],
+        token_limit=limits.token_limit,
+        tokenizer=tokenizer,
+        options=ContextOptions(hard_trim=limits.hard_trim),
+    )
+    return [
+        ChunkHit(
+            doc_id=b.doc_id,
+            section_id=b.section_id,
+            chunk_id=b.chunk_ids[0],
+            text=b.text,
+            tokens=b.tokens,
+            page_start=b.page_start,
+            page_end=b.page_end,
+            score=round(b.score, 6),
+            ord=b.ord_start,
+        )
+        for b in built.blocks
+    ]
+
+
+def _outage_backend(exc: errors.BackendUnavailableError) -> str:
+    """What was down, for the log: the error's `backend` metadata (the index's backend,
+    "docstore"), "embedder" for the embedding backend."""
+    if isinstance(exc, EmbeddingBackendError):
+        return "embedder"
+    return exc.metadata.get("backend", "") or type(exc).__name__
 
 
 def _key(h: StoredPoint) -> TextKey:

@@ -38,7 +38,8 @@ class RetrievalMetrics:
             registry=registry,
         )  # fmt: skip
         self.backend_unavailable = Counter(
-            "backend_unavailable_total", "Searches that found the vector store down.",
+            "backend_unavailable_total",
+            "Searches that found a backend down (the vector store, the embedder, the store).",
             registry=registry,
         )  # fmt: skip
 

@@ -14,6 +14,7 @@ from tests.retrieval_server import retrieval_channel
 EXPECTED_HITS = [
     ("doc_1", "sec_intro", "chunk_1", 1, 2, pytest.approx(0.92)),
     ("doc_1", "sec_ldap", "chunk_2", 6, 7, pytest.approx(0.81)),
+    ("doc_2", "sec_changes", "chunk_3", 1, 1, pytest.approx(0.64)),
 ]
 
 
@@ -44,11 +45,16 @@ async def test_search_in_mock_mode_returns_the_fixed_shape_without_a_backend(tmp
     assert [(c.chunk_id, c.mcp_link.doc_id, c.mcp_link.page_start) for c in first.chunks] == [
         ("chunk_1", "doc_1", 1),
         ("chunk_2", "doc_1", 6),
+        ("chunk_3", "doc_2", 1),
     ]
-    assert [(d.doc_id, d.title) for d in first.used_docs] == [("doc_1", "Orion X guide")]
+    assert [(d.doc_id, d.title) for d in first.used_docs] == [
+        ("doc_1", "Orion X guide"),
+        ("doc_2", "Orion X release notes"),
+    ]
     assert [(s.doc_id, s.section_id, s.anchor_chunk_id) for s in first.used_sections] == [
         ("doc_1", "sec_intro", "chunk_1"),
         ("doc_1", "sec_ldap", "chunk_2"),
+        ("doc_2", "sec_changes", "chunk_3"),
     ]
     assert first.meta.backend == "mock" and first.meta.trace_id == "tr-9"
     assert not first.meta.hybrid_used and not first.meta.rerank_used
@@ -63,11 +69,14 @@ async def test_mock_mode_still_refuses_an_invalid_search(tmp_path, no_backend):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize(("max_results", "count"), [(None, 2), (1, 1), (2, 2), (50, 2)])
+@pytest.mark.parametrize(("max_results", "count"), [(None, 3), (1, 1), (2, 2), (50, 3)])
 async def test_mock_engine_caps_the_fixed_hits_at_max_results(max_results, count):
     engine = MockSearchEngine(SearchDefaults())
     result = await engine.search(SearchQuery(query="q", tenant_id="t", max_results=max_results))
-    assert len(result.hits) == len(result.sections) == count
+    assert len(result.hits) == count
+    # As the engine's: used_sections and the context are the selection's (max_sections,
+    # max_chunks), not max_results'.
+    assert len(result.sections) == len(result.chunks) == 3
     assert result.backend == "mock"
 
 
