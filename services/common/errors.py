@@ -79,6 +79,19 @@ def limit_metadata(limit: int | float, field: str = "", name: str = "") -> dict[
     return metadata
 
 
+def too_many(field: str, count: int, limit: int) -> LimitExceededError:
+    """LIMIT_EXCEEDED for a repeated `field` holding `count` values, past `limit`."""
+    return over_limit(f"{field} has {count} values; the limit is {limit}", limit, field=field)
+
+
+def value_too_long(field: str, length: int, limit: int) -> LimitExceededError:
+    """LIMIT_EXCEEDED for a value of `field` (one of a repeated field's, or the field's own)
+    `length` characters long, past `limit`."""
+    return over_limit(
+        f"{field} has a value of {length} characters; the limit is {limit}", limit, field=field
+    )
+
+
 def over_limit(
     message: str,
     limit: int | float,

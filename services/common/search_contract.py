@@ -99,18 +99,10 @@ def check_user(user_id: str, roles: tuple[str, ...] = (), prefix: str = "") -> N
     if not _PRINTABLE.fullmatch(user_id):
         raise errors.invalid(f"{prefix}user_id", f"{prefix}user_id has a control character")
     if len(roles) > MAX_ROLES:
-        raise errors.over_limit(
-            f"user.roles has {len(roles)} values; the limit is {MAX_ROLES}",
-            MAX_ROLES,
-            field="user.roles",
-        )
+        raise errors.too_many("user.roles", len(roles), MAX_ROLES)
     for role in roles:
         if len(role) > MAX_ROLE_CHARS:
-            raise errors.over_limit(
-                f"user.roles has a value of {len(role)} characters; the limit is {MAX_ROLE_CHARS}",
-                MAX_ROLE_CHARS,
-                field="user.roles",
-            )
+            raise errors.value_too_long("user.roles", len(role), MAX_ROLE_CHARS)
         if not _PRINTABLE.fullmatch(role):
             raise errors.invalid("user.roles", "user.roles has a control character")
 
@@ -200,11 +192,7 @@ def validate_filters(f: Filters) -> None:
         value = getattr(f, name)
         longest = max(map(len, value), default=0) if isinstance(value, tuple) else len(value)
         if longest > limit:
-            raise errors.over_limit(
-                f"filters.{name} has a value of {longest} characters; the limit is {limit}",
-                limit,
-                field=f"filters.{name}",
-            )
+            raise errors.value_too_long(f"filters.{name}", longest, limit)
 
 
 def normalise_query(text: str, *, lowercase: bool = False, fold: bool = False) -> str:

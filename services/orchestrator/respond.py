@@ -148,11 +148,7 @@ def filter_ids(name: str, filtered: Sequence[str], selected: Sequence[str]) -> t
     longest = FILTER_VALUE_CHARS.get(name)
     too_long = next((v for v in selected if longest is not None and len(v) > longest), None)
     if too_long is not None and longest is not None:
-        raise errors.over_limit(
-            f"{name} has a value of {len(too_long)} characters; the limit is {longest}",
-            longest,
-            field=name,
-        )
+        raise errors.value_too_long(name, len(too_long), longest)
     merged = tuple(dict.fromkeys([*filtered, *selected]))
     if len(merged) > MAX_FILTER_VALUES and len(set(filtered)) <= MAX_FILTER_VALUES:
         counted = name if len(set(selected)) > MAX_FILTER_VALUES else f"{name} with filters.{name}"

@@ -179,11 +179,7 @@ def list_page(page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
             field="page_size",
         )
     if len(doc_ids) > MAX_LISTED_IDS:
-        raise errors.over_limit(
-            f"doc_ids has {len(doc_ids)} values; the limit is {MAX_LISTED_IDS}",
-            MAX_LISTED_IDS,
-            field="doc_ids",
-        )
+        raise errors.too_many("doc_ids", len(doc_ids), MAX_LISTED_IDS)
     for doc_id in doc_ids:
         if not is_doc_id(doc_id):
             # Never answered as a document the tenant does not have: no document has this id.
