@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -76,30 +77,79 @@ DEMO_RATE_QUESTION = "Какой курс доллара сегодня?"
 """Asked after the document question: answered from the bank (the demo stand-in here)."""
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Control characters: C0, DEL and C1."""
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but newline and tab."""
+_JSON_UNESCAPED = re.compile(r"[\x7f-\x9f]")
+"""The control characters json.dumps leaves as they are (it escapes C0 itself)."""
+
+
+def printable(text: object, lines: bool = False) -> str:
+    """`text` with its control characters written as \\xNN, so that text from the mesh (an
+    answer, a document's title or id, an error message) cannot move the cursor, rewrite a
+    line or send the terminal escape sequences. With `lines`, newline and tab stay."""
+    pattern = _CONTROL_BUT_LINES if lines else _CONTROL
+    return pattern.sub(lambda m: f"\\x{ord(m[0]):02x}", str(text))
+
+
+def json_text(body: Any) -> str:
+    """`body` as indented JSON for a terminal: non-ASCII text as it is, every control
+    character escaped (json.dumps leaves DEL and C1 raw); json.loads reads it back as `body`."""
+    text = json.dumps(body, ensure_ascii=False, indent=2)
+    return _JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
 def _fail(message: str, code: int = 1) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {printable(message, lines=True)}", file=sys.stderr)
     return code
 
 
 def http_error(response: httpx.Response, limit: int = 500) -> tuple[str, str]:
     """("HTTP <status> <reason>", message) of a JSON route's error answer: the body Envoy
     writes for a gRPC error (`message`, `details[].reason`, envoy/README.md), or the start of
-    a body that is not JSON."""
+    a body that is not a JSON object."""
     try:
         body = response.json()
     except ValueError:
+        body = None
+    if not isinstance(body, dict):
         return f"HTTP {response.status_code}", response.text[:limit]
-    reason = next((d.get("reason") for d in body.get("details", []) if "reason" in d), "")
+    reason = _detail_reason(body.get("details"))
     return f"HTTP {response.status_code} {reason}".strip(), str(body.get("message", ""))[:limit]
 
 
+def _detail_reason(details: Any) -> str:
+    """The first `reason` of an error body's `details`, a list of objects ("" when none)."""
+    if not isinstance(details, list):
+        return ""
+    return next((str(d["reason"]) for d in details if isinstance(d, dict) and "reason" in d), "")
+
+
 def _error_text(response: httpx.Response) -> str:
+    """http_error as one printable line: whitespace runs (newlines too) become one space."""
     kind, message = http_error(response)
-    return f"{kind}: {message}".strip()
+    return printable(" ".join(f"{kind}: {message}".split()))
 
 
 class RouteFailed(Exception):
     """A JSON route gave no answer: the line the CLI prints, then exits 1."""
+
+
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+"""What reading an answer of an unexpected shape raises (a field missing or of another type)."""
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object a route's 200 answer holds; RouteFailed when it holds anything else."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        start = " ".join(response.text[:200].split())
+        raise RouteFailed(f"HTTP {response.status_code}: not a JSON object: {printable(start)}")
+    return body
 
 
 def unanswered(exc: httpx.HTTPError) -> bool:
@@ -125,27 +175,44 @@ def call_route(
         raise RouteFailed(f"cannot reach {service} at {url}: {exc}") from None
     if response.status_code != 200:
         raise RouteFailed(_error_text(response))
-    return response.json()
+    return json_object(response)
 
 
 def ask(url: str, question: str, tenant: str, user: str, as_json: bool, timeout: float) -> int:
+    """Print the orchestrator's answer to `question` (with `as_json`, its JSON); 1 when there
+    is none, or it is not the shape the respond route gives."""
     payload = {"query": question, "user": {"user_id": user, "tenant_id": tenant}}
     try:
         body = call_route("POST", url, RESPOND_PATH, "the orchestrator", timeout, json=payload)
     except RouteFailed as exc:
         return _fail(str(exc))
     if as_json:
-        print(json.dumps(body, ensure_ascii=False, indent=2))
+        print(json_text(body))
         return 0
-    print(body["answer"])
-    print("\nSources:")
-    for s in body.get("sources", []):
-        print(f"  - {s['doc_id']} / {s['section_id']}, pages {s['page_start']}–{s['page_end']} "
-              f"(score {s['score']:.2f})")  # fmt: skip
-    t = body.get("telemetry", {})
-    print(f"\ntrace_id={t.get('trace_id')} retrieval={t.get('retrieval_latency_ms')} ms "
-          f"llm={t.get('llm_latency_ms')} ms tool_steps={t.get('tool_steps')}")  # fmt: skip
+    try:
+        text = answer_text(body)
+    except MALFORMED as exc:
+        return _fail(f"the orchestrator's answer is not a respond answer ({exc!r})")
+    print(text)
     return 0
+
+
+def answer_text(body: Mapping[str, Any]) -> str:
+    """A respond answer for the terminal: the answer, its sources and telemetry, the text
+    from the mesh printable (its lines kept in the answer, one line per field else)."""
+    lines = [printable(body["answer"], lines=True), "\nSources:"]
+    for s in body.get("sources", []):
+        lines.append(
+            f"  - {printable(s['doc_id'])} / {printable(s['section_id'])}, pages "
+            f"{printable(s['page_start'])}–{printable(s['page_end'])} (score {s['score']:.2f})"
+        )
+    t = body.get("telemetry", {})
+    lines.append(
+        f"\ntrace_id={printable(t.get('trace_id'))} "
+        f"retrieval={printable(t.get('retrieval_latency_ms'))} ms "
+        f"llm={printable(t.get('llm_latency_ms'))} ms tool_steps={printable(t.get('tool_steps'))}"
+    )
+    return "\n".join(lines)
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:
@@ -162,7 +229,8 @@ def folder_files(folder: Path, tenant: str) -> list[Path]:
         fmt = SUFFIX_FORMATS.get(f.suffix.lower())
         if fmt == "csv" and tenant != KB_TENANT:
             print(
-                f"{f}: skipped, a CSV goes to the knowledge base (visior ingest --knowledge-base)"
+                f"{printable(f)}: skipped, a CSV goes to the knowledge base "
+                "(visior ingest --knowledge-base)"
             )
         elif fmt is not None:
             files.append(f)
@@ -252,7 +320,7 @@ def _clash_message(found: Mapping[str, list[Path]]) -> str:
     for key, paths in found.items():
         articles += key.startswith("article")
         if not key.startswith("article") or articles <= SHOWN_ARTICLE_CLASHES:
-            lines.append(f"  {key}: {', '.join(map(str, paths))}")
+            lines.append(f"  {printable(key)}: {', '.join(map(printable, paths))}")
     if articles > SHOWN_ARTICLE_CLASHES:
         lines.append(f"  (and {articles - SHOWN_ARTICLE_CLASHES} more article ids)")
     if any(key.startswith("document") for key in found):
@@ -295,7 +363,7 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     done_bytes = 0
     with httpx.Client(timeout=timeout) as client:
         for i, path in enumerate(files, 1):
-            prefix = f"[{i}/{len(files)}] {path.name}"
+            prefix = f"[{i}/{len(files)}] {printable(path.name)}"
             if sys.stdout.isatty():
                 print(f"{_bar(done_bytes, total_bytes)} {prefix} …", end="", flush=True)
             done_bytes += path.stat().st_size if path.exists() else 0
@@ -308,7 +376,7 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                 response = client.post(f"{url}{DOCUMENTS_PATH}", json=payload)
             except httpx.HTTPError as exc:
                 if not unanswered(exc):
-                    print(f"\r{prefix} failed: {exc}")
+                    print(f"\r{prefix} failed: {printable(exc)}")
                     failed += 1
                     continue
                 print(f"\r{prefix} no answer from retrieval at {url} within {timeout:g} s "
@@ -316,24 +384,16 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                 unanswered_files += 1
                 continue
             except OSError as exc:
-                print(f"\r{prefix} failed: {exc}")
+                print(f"\r{prefix} failed: {printable(exc)}")
                 failed += 1
                 continue
-            if response.status_code != 200:
-                print(f"\r{prefix} failed: {_error_text(response)}")
+            try:
+                line = _ingest_result(response)
+            except RouteFailed as exc:
+                print(f"\r{prefix} failed: {printable(exc)}")
                 failed += 1
                 continue
-            r = response.json()
-            note = (
-                " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
-            )
-            if r.get("removed_doc_ids"):
-                note += f", {len(r['removed_doc_ids'])} articles no longer in it removed"
-            ids = r.get("doc_ids") or [r.get("doc_id", "")]
-            name = ids[0] if len(ids) == 1 else f"{len(ids)} documents"
-            print(f"\r{prefix} -> {name}: {r.get('sections', 0)} sections, "
-                  f"{r.get('chunks', 0)} chunks, {r.get('pages', 0)} pages{note}"
-                  + " " * 30)  # fmt: skip
+            print(f"\r{prefix} -> {line}" + " " * 30)
     done = len(files) - failed - unanswered_files
     print(f"{done} of {len(files)} ingested into tenant {tenant!r}")
     if unanswered_files:
@@ -341,6 +401,47 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
         print(f"{unanswered_files} not answered in time, which may still be ingested: see "
               f"`visior list --tenant {tenant}{url_flag}`")  # fmt: skip
     return 1 if failed or unanswered_files else 0
+
+
+def _ingest_result(response: httpx.Response) -> str:
+    """ingested_line of retrieval's answer to one document; RouteFailed, saying why, for an
+    error answer or a 200 that is not an ingest answer."""
+    if response.status_code != 200:
+        raise RouteFailed(_error_text(response))
+    try:
+        return ingested_line(json_object(response))
+    except MALFORMED as exc:
+        raise RouteFailed(f"retrieval's answer is not an ingest answer ({exc!r})") from None
+
+
+def ingested_line(r: Mapping[str, Any]) -> str:
+    """What one ingested document became (its doc_id or how many documents, its counts), the
+    text from the mesh printable."""
+    note = " (unchanged)" if r.get("unchanged") else " (replaced)" if r.get("replaced") else ""
+    if r.get("removed_doc_ids"):
+        note += f", {len(r['removed_doc_ids'])} articles no longer in it removed"
+    ids = r.get("doc_ids") or [r.get("doc_id", "")]
+    name = printable(ids[0]) if len(ids) == 1 else f"{len(ids)} documents"
+    return (
+        f"{name}: {printable(r.get('sections', 0))} sections, "
+        f"{printable(r.get('chunks', 0))} chunks, {printable(r.get('pages', 0))} pages{note}"
+    )
+
+
+def document_line(d: Mapping[str, Any]) -> str:
+    """One listed document, tab-separated; its fields printable, tabs in them escaped too."""
+    return (
+        f"{printable(d['doc_id'])}\t{printable(d['title'])}\t{printable(d['pages'])} pages\t"
+        f"{printable(d['chunks'])} chunks"
+    )
+
+
+def listing_page(body: Mapping[str, Any]) -> tuple[list[str], str]:
+    """The document_lines of one ListDocuments page and its next_page_token ("" at the end)."""
+    token = body.get("next_page_token") or ""
+    if not isinstance(token, str):
+        raise TypeError(f"next_page_token is a {type(token).__name__}")
+    return [document_line(d) for d in body.get("documents", [])], token
 
 
 def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) -> int:
@@ -356,9 +457,12 @@ def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) ->
             body = call_route("GET", url, DOCUMENTS_PATH, "retrieval", timeout, params=params)
         except RouteFailed as exc:
             return _fail(str(exc))
-        for d in body.get("documents", []):
-            print(f"{d['doc_id']}\t{d['title']}\t{d['pages']} pages\t{d['chunks']} chunks")
-        token = body.get("next_page_token", "")
+        try:
+            lines, token = listing_page(body)
+        except MALFORMED as exc:
+            return _fail(f"retrieval's answer is not a document listing ({exc!r})")
+        if lines:
+            print("\n".join(lines))
         if not token:
             return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -50,10 +51,15 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.errors import ServiceError
-from services.common.settings import grpc_address
+from services.common.settings import MAX_PORT, grpc_address
 from services.common.topology import SERVICE_BY_KEY, Ports
 
 Metadata = Mapping[str, str | bytes] | Collection[tuple[str, str | bytes]]
+
+
+def _usable_host(host: str) -> bool:
+    """Whether `host` can name a host: not empty, no whitespace or control characters."""
+    return bool(host) and host.isprintable() and not any(ch.isspace() for ch in host)
 
 
 @dataclass(frozen=True)
@@ -63,20 +69,46 @@ class Target:
     host: str
     port: int
 
+    def __post_init__(self) -> None:
+        """ValueError for a host that is empty or holds whitespace or control characters, or
+        a port outside 1..MAX_PORT: grpclib would only fail at the first call, to connect."""
+        if not isinstance(self.host, str) or isinstance(self.port, bool):
+            raise TypeError(f"not a target: {self.host!r}, {self.port!r}")
+        if not isinstance(self.port, int):
+            raise TypeError(f"target port {self.port!r}: not an int")
+        if not _usable_host(self.host):
+            raise ValueError(f"target host {self.host!r} is not a host name or address")
+        if not 1 <= self.port <= MAX_PORT:
+            raise ValueError(f"target {self}: the port is not in 1..{MAX_PORT}")
+
     @classmethod
     def parse(cls, value: Target | str | int | tuple[str, int], host: str) -> Target:
         """A Target from a Target, a bare port (on `host`), (host, port) or a string the
         services' *_URL settings take (services.common.settings.grpc_address: "host:port",
-        "[::1]:port", a grpc:// / http:// / dns:/// URL), where ":port" is on `host`."""
+        "[::1]:port", a grpc:// / http:// / dns:/// URL), where ":port" is on `host`.
+
+        A bare port and (host, port) are held to the string's rule (ValueError): they are
+        read as "host:port" (an IPv6 host, bracketed or not, as "[host]:port"); a pair's port
+        may be an int or a str of ASCII digits."""
         if isinstance(value, Target):
             return value
         if isinstance(value, bool):
             raise TypeError(f"not a target: {value!r}")
         if isinstance(value, int):
-            return cls(host, value)
+            return cls._from_pair(host, value)
         if isinstance(value, tuple):
-            return cls(value[0], int(value[1]))
+            if len(value) != 2:
+                raise ValueError(f"target {value!r}: not (host, port)")
+            return cls._from_pair(*value)
         return cls(*grpc_address(value, "target", default_host=host))
+
+    @classmethod
+    def _from_pair(cls, host: object, port: object) -> Target:
+        """A Target from a host and a port, read as the string "host:port" is."""
+        if not isinstance(host, str) or isinstance(port, bool):
+            raise TypeError(f"not a target: ({host!r}, {port!r})")
+        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return cls(*grpc_address(f"{bracketed}:{port}", "target"))
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
@@ -130,6 +162,23 @@ def _pairs(metadata: Metadata | None) -> list[tuple[str, str | bytes]]:
                 f"metadata {key!r}: a key ending in -bin takes bytes, any other a str ({err})"
             ) from err
     return pairs
+
+
+def _check_timeout(value: float, name: str) -> None:
+    """ValueError unless `value` is a positive, finite number of seconds: with NaN every call
+    fails at once, and infinity cannot be sent as grpc-timeout."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+
+
+def _check_call_deadline(timeout: float | None, deadline: Deadline | None) -> None:
+    """ValueError for a call's `timeout` or `deadline` that is NaN or infinite (grpclib cannot
+    send it). Zero or less is a deadline already passed: the call fails with
+    DeadlineExceeded before anything is sent."""
+    if timeout is not None and not math.isfinite(timeout):
+        raise ValueError(f"timeout must be a finite number of seconds, got {timeout!r}")
+    if deadline is not None and not math.isfinite(deadline.time_remaining()):
+        raise ValueError("deadline must be a finite time from now")
 
 
 def _body_trace(request: Any) -> str:
@@ -191,6 +240,9 @@ class _TypedStub(betterproto.ServiceStub):
         """Seconds without an event before a stream fails (VisiorClient.stream_idle_timeout:
         a slower runtime, the local CPU model, needs longer than the default)."""
         self._base_metadata = _pairs(metadata)
+        self.closed = False
+        """Set by VisiorClient.close(): every later call raises RuntimeError (grpclib would
+        open a new connection on the closed Channel, one that nothing closes)."""
 
     def _timeout(self, route: str, given: float | None, deadline: Deadline | None) -> float | None:
         """Seconds a call of `route` (its full method name) may take: `given`, else none of
@@ -212,8 +264,13 @@ class _TypedStub(betterproto.ServiceStub):
         self, route: str, request: Any, options: dict[str, Any]
     ) -> tuple[dict[str, Any], str]:
         """The generated stub's call options with our timeout and merged metadata, and the
-        trace id the call of `request` is sent with."""
-        timeout = self._timeout(route, options.pop("timeout", None), options.get("deadline"))
+        trace id the call of `request` is sent with. RuntimeError once the client is closed,
+        ValueError for a timeout or deadline that is not finite, before anything is sent."""
+        if self.closed:
+            raise RuntimeError(f"{route}: VisiorClient is closed; open a client to call again")
+        own, deadline = options.pop("timeout", None), options.get("deadline")
+        _check_call_deadline(own, deadline)
+        timeout = self._timeout(route, own, deadline)
         pairs = _pairs(options.pop("metadata", None))
         given = {key for key, _ in pairs}
         merged = [(k, v) for k, v in self._base_metadata if k not in given] + pairs
@@ -424,9 +481,12 @@ class VisiorClient:
     raise VisiorRpcError subclasses (services.client.errors).
 
     ValueError at construction for a `trace_id` the services would not take (1-128 of
-    letters, digits, '.', '_', ':', '-'), for `metadata` gRPC cannot send, and for a timeout
-    that is not positive; a call's own `metadata=` is checked the same way and raises
-    ValueError (TypeError for a value of the wrong type) before anything is sent.
+    letters, digits, '.', '_', ':', '-'), for `metadata` gRPC cannot send, for a target that
+    is not one (Target.parse), and for a timeout that is not a positive, finite number of
+    seconds; a call's own `metadata=` is checked the same way and raises ValueError
+    (TypeError for a value of the wrong type) before anything is sent, and so does a call's
+    NaN or infinite `timeout` or infinite `deadline`. Once the client is closed, a call
+    through a stub taken from it raises RuntimeError.
 
         async with VisiorClient(Ports(), trace_id="t-1") as visior:
             answer = await visior.respond("How do I back up?", tenant_id="demo", user_id="u1")
@@ -447,8 +507,8 @@ class VisiorClient:
         unknown = set(targets) - set(TARGET_KEYS)
         if unknown:
             raise ValueError(f"unknown service keys {sorted(unknown)}; known: {TARGET_KEYS}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        if timeout is not None:
+            _check_timeout(timeout, "timeout")
         if not stream_idle_timeout > 0:  # also refuses NaN
             raise ValueError(f"stream_idle_timeout must be positive, got {stream_idle_timeout}")
         if trace_id:
@@ -479,8 +539,11 @@ class VisiorClient:
         self.close()
 
     def open(self) -> None:
-        """Create the channels (grpclib connects on the first call). Needs a running loop."""
+        """Create the channels (grpclib connects on the first call). Needs a running loop.
+        A key that has a stub already keeps it, so that close() reaches every stub handed out."""
         for key, target in self.targets.items():
+            if key in self._stubs:
+                continue
             channel = self._channels.get(target)
             if channel is None:
                 # Explicit, although grpclib picks the same codec when googleapis-common-protos
@@ -497,7 +560,10 @@ class VisiorClient:
             )
 
     def close(self) -> None:
-        """Close every channel; in-flight calls fail."""
+        """Close every channel; in-flight calls fail, and a later call through a stub taken
+        from this client raises RuntimeError instead of connecting again."""
+        for stub in self._stubs.values():
+            stub.closed = True
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()

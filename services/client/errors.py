@@ -21,6 +21,8 @@ from google.rpc import error_details_pb2  # registers google.rpc.ErrorInfo for g
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from services.common.errors import BUSY_LIMIT_NAME, SERVER_BUSY
+
 
 class VisiorRpcError(Exception):
     """A failed call: the gRPC status, the server's message and its ErrorInfo (reason, domain)."""
@@ -56,9 +58,10 @@ class VisiorRpcError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Whether repeating the call is safe: only an UNAVAILABLE without ErrorInfo, and not a
-        connection lost after the request was sent (grpclib's StreamTerminatedError: the
-        handler may have run).
+        """Whether repeating the call is safe because no handler ran: an UNAVAILABLE without
+        ErrorInfo that is not a connection lost after the request was sent (grpclib's
+        StreamTerminatedError: the handler may have run), or the server's own SERVER_BUSY
+        refusal at its concurrency cap, which wants a backoff before the repeat.
 
         Every error a handler raises carries an ErrorInfo (services.common.status.to_status),
         so an UNAVAILABLE status without one came from the transport (no connection, the
@@ -68,10 +71,26 @@ class VisiorRpcError(Exception):
         (grpc-retry-pushback-ms -1, services.common.interceptors), which grpclib does not
         expose, so its ErrorInfo is the signal.
         """
+        return self._transport_failure() or self._refused_busy()
+
+    def _transport_failure(self) -> bool:
+        """An UNAVAILABLE the transport produced before any handler ran."""
         return (
             self.status == Status.UNAVAILABLE
             and self.error_info is None
             and not self.handler_may_have_run
+        )
+
+    def _refused_busy(self) -> bool:
+        """RESOURCE_EXHAUSTED SERVER_BUSY from the called server's interceptor (limit_name
+        BUSY_LIMIT_NAME), refused before its handler ran. A SERVER_BUSY a service passes on
+        from a neighbour (metadata `downstream`, services.common.status.from_rpc_error; the
+        LLM service's tool loop) comes from a handler that ran: not this."""
+        return (
+            self.status == Status.RESOURCE_EXHAUSTED
+            and self.reason == SERVER_BUSY
+            and self.metadata.get("limit_name") == BUSY_LIMIT_NAME
+            and "downstream" not in self.metadata
         )
 
     @property
@@ -145,7 +164,8 @@ class PermissionDenied(VisiorRpcError):
 
 
 class ResourceExhausted(VisiorRpcError):
-    """A rate or size limit of the server was hit."""
+    """A rate or size limit of the server was hit; `retryable` (after a backoff) when it is
+    the server's own SERVER_BUSY refusal at its concurrency cap."""
 
     status = Status.RESOURCE_EXHAUSTED
 

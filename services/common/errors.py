@@ -123,6 +123,8 @@ class ResourceExhaustedError(ServiceError, code=RESOURCE_EXHAUSTED, reason="RATE
 SERVER_BUSY = "SERVER_BUSY"
 """The reason of a ResourceExhaustedError a server at its concurrency cap answers
 (services.common.interceptors): retry later."""
+BUSY_LIMIT_NAME = "max_concurrent_rpcs"
+"""The `limit_name` of that refusal: the cap it met (ServerSettings.max_concurrent_rpcs)."""
 
 
 class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILABLE"):

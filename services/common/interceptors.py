@@ -189,7 +189,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             raise errors.ResourceExhaustedError(
                 f"the server is handling its limit of {cap} concurrent calls; retry later",
                 reason=errors.SERVER_BUSY,
-                metadata=errors.limit_metadata(cap, name="max_concurrent_rpcs"),
+                metadata=errors.limit_metadata(cap, name=errors.BUSY_LIMIT_NAME),
             )
         self._in_flight += 1
         return True

@@ -1,17 +1,24 @@
 """The typed client follows the services' rules: how a gRPC target is written, what may be
-retried, which trace ids and metadata may be sent, how long a stream may stay silent."""
+retried, which trace ids, metadata and timeouts may be sent, how long a stream may stay
+silent."""
 
 import pytest
 from google.rpc import error_details_pb2
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.metadata import Deadline
 from visior_sdk.visior.llm.v1 import GenerateRequest, GenerateStreamRequest
 from visior_sdk.visior.llm.v1 import GetHealthRequest as LlmGetHealthRequest
 from visior_sdk.visior.retrieval.v1 import SearchRequest
 from visior_sdk.visior.toolsproxy.v1 import ExecuteRequest
 
 from services.client.client import Target, VisiorClient, _body_trace
-from services.client.errors import Unavailable, from_exception, from_grpc_error
+from services.client.errors import (
+    ResourceExhausted,
+    Unavailable,
+    from_exception,
+    from_grpc_error,
+)
 from services.common.call_budgets import STREAM_IDLE_TIMEOUT_S
 from services.common.settings import SettingsError, grpc_address, grpc_target
 from services.common.topology import free_ports
@@ -152,3 +159,91 @@ def test_the_client_page_names_the_local_models_stream_idle_timeout():
     page = (REPO_ROOT / "docs" / "client.md").read_text(encoding="utf-8")
     assert f"Envoy's stream idle timeout to {local:g} s" in page
     assert "local_envoy_timeouts()[STREAM_IDLE]" in (VisiorClient.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (0, "the port is not in 1..65535"),
+        (70000, "the port is not in 1..65535"),
+        (("svc", 0), "the port is not in 1..65535"),
+        (("svc", "70000"), "the port is not in 1..65535"),
+        (("svc", "port"), "is not host:port"),
+        (("svc", " 8"), "is not host:port"),
+        (("svc", 8.0), "is not host:port"),
+        (("svc", 1, 2), r"not \(host, port\)"),
+        ((" svc", 50053), "' svc' is not a host name or address"),
+        (("sv\nc", 50053), "'sv\\\\nc' is not a host name or address"),
+        (("", 50053), "is not host:port"),
+    ],
+)
+def test_every_target_form_refuses_what_the_string_form_refuses(value, match):
+    with pytest.raises(ValueError, match=match):
+        Target.parse(value, "h")
+
+
+@pytest.mark.parametrize(("host", "port"), [("h", 0), ("h", 65536), (" h", 1), ("", 1)])
+def test_a_target_built_directly_is_held_to_the_same_rule(host, port):
+    with pytest.raises(ValueError, match=r"is not a host name or address|is not in 1\.\.65535"):
+        Target(host, port)
+
+
+@pytest.mark.parametrize("host", ["", " h", "h\t"])
+def test_a_bare_port_on_a_host_that_is_none_is_refused(host):
+    with pytest.raises(ValueError, match=r"is not host:port|is not a host name or address"):
+        VisiorClient({"retrieval": 50053}, host=host)
+
+
+def test_a_pair_names_an_ipv6_host_as_a_string_does():
+    assert Target.parse(("[::1]", 50053), "h") == Target.parse("[::1]:50053", "h")
+    assert Target.parse(("::1", "50053"), "h") == Target("::1", 50053)
+    assert Target.parse(50053, "::1") == Target("::1", 50053)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -float("inf"), 0.0, -1.0])
+def test_a_client_timeout_that_is_no_positive_finite_number_is_refused(timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        VisiorClient({"retrieval": 1}, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"timeout": float("inf")}, "timeout must be a finite number"),
+        ({"timeout": float("nan")}, "timeout must be a finite number"),
+        ({"deadline": Deadline.from_timeout(float("inf"))}, "deadline must be a finite"),
+    ],
+)
+async def test_a_call_timeout_that_is_not_finite_fails_before_sending(options, match):
+    # Nobody listens on the port: a call that went out would be Unavailable (or, for
+    # infinity, grpclib's OverflowError while encoding grpc-timeout).
+    (port,) = free_ports(1)
+    async with VisiorClient({"retrieval": port}) as visior:
+        with pytest.raises(ValueError, match=match):
+            await visior.retrieval.search(SearchRequest(query="q"), **options)
+
+
+def _busy(**metadata: str) -> ResourceExhausted:
+    info = error_details_pb2.ErrorInfo(reason="SERVER_BUSY", domain="visior.retrieval")
+    info.metadata.update(metadata)
+    err = from_grpc_error(GRPCError(Status.RESOURCE_EXHAUSTED, "retry later", [info]))
+    assert isinstance(err, ResourceExhausted)
+    return err
+
+
+def test_only_a_servers_own_busy_refusal_is_retryable():
+    # services.common.interceptors refuses at its concurrency cap before any handler runs.
+    assert _busy(limit="256", limit_name="max_concurrent_rpcs").retryable is True
+    # A SERVER_BUSY passed on by a handler that ran: the Orchestrator's from retrieval
+    # (services.common.status.from_rpc_error), the LLM tool loop's from ToolsProxy.
+    passed_on = [
+        {"downstream": "retrieval", "downstream_code": "RESOURCE_EXHAUSTED"},
+        {"limit": "2", "limit_name": "max_consecutive_tool_errors", "downstream": "toolsproxy"},
+        {"limit": "2", "limit_name": "max_concurrent_rpcs", "downstream": "retrieval"},
+        {},
+    ]
+    assert [_busy(**metadata).retryable for metadata in passed_on] == [False] * 4
+    info = error_details_pb2.ErrorInfo(reason="RATE_LIMIT_EXCEEDED", domain="visior.toolsproxy")
+    info.metadata.update(limit_name="max_concurrent_rpcs")
+    limited = from_grpc_error(GRPCError(Status.RESOURCE_EXHAUSTED, "slow down", [info]))
+    assert limited.retryable is False
