@@ -36,6 +36,8 @@ log = logging.getLogger("visior.rpc")
 _NO_DEADLINE_SECONDS = 24 * 3600.0
 
 
+_RECORDING: set[asyncio.Future[None]] = set()
+"""The client streams' metric and span recordings still running."""
 UNCAPPED_METHODS = frozenset({"GetHealth"})
 """Methods the concurrency cap never refuses (besides grpc.health and reflection)."""
 REQUEST_ID_METADATA_KEY = "x-request-id"
@@ -480,5 +482,11 @@ class ClientStreamContextInterceptor(_ClientContext, grpc.aio.UnaryStreamClientI
             if span is not None:
                 span.end(code.name, _code_number(code))
 
-        call.add_done_callback(lambda done: asyncio.ensure_future(record(done)))
+        def on_done(done: Any) -> None:
+            # Held until it ends: the event loop keeps only a weak reference to a task.
+            task = asyncio.ensure_future(record(done))
+            _RECORDING.add(task)
+            task.add_done_callback(_RECORDING.discard)
+
+        call.add_done_callback(on_done)
         return call
