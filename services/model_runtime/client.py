@@ -481,6 +481,34 @@ def encode_request(request: ChatRequest, form: WireForm = NATIVE) -> bytes:
     return "".join(parts).encode()
 
 
+MAX_JOINING_MODELS = 64
+"""Models remembered as wanting strictly alternating turns: a caller names the model, so the
+set is bounded; past it a refused call is still sent again joined, each time."""
+
+
+def joined_user_turns(body: bytes) -> bytes | None:
+    """`body` with each run of adjacent user turns of text joined into one (a blank line
+    between them), for a chat template that wants user and assistant turns to alternate;
+    None when no two user turns are adjacent."""
+    data = json.loads(body)
+    messages = data.get("messages") or []
+    joined: list[dict[str, Any]] = []
+    for m in messages:
+        last = joined[-1] if joined else None
+        if (
+            last is not None
+            and m.get("role") == last.get("role") == "user"
+            and isinstance(m.get("content"), str)
+            and isinstance(last.get("content"), str)
+        ):
+            joined[-1] = {**last, "content": f"{last['content']}\n\n{m['content']}"}
+        else:
+            joined.append(m)
+    if len(joined) == len(messages):
+        return None
+    return _dumps({**data, "messages": joined}).encode()
+
+
 # -- answer parsing --------------------------------------------------------------------------
 
 
@@ -1016,6 +1044,8 @@ class OpenAiChatRuntime:
             settings.breaker,
             clock=clock,
         )
+        self._joining: set[str] = set()
+        """The models whose runtime refused adjacent user turns (`_send_turns`)."""
         # The wire forms of this runtime's calls (JSON mode or not, streamed or not).
         self._forms = {
             (json_mode, stream): WireForm(
@@ -1044,7 +1074,9 @@ class OpenAiChatRuntime:
         ticket = self._enter(timeout_s)
         attempts = 0
         try:
-            _, content, attempts = await self._send(body, start, budget_s, stream=False)
+            _, content, attempts = await self._send_turns(
+                model, body, start, budget_s, stream=False
+            )
             try:
                 completion = parse_completion(
                     self._json(content), model=model, json_mode=json_mode, offered=offered
@@ -1086,7 +1118,9 @@ class OpenAiChatRuntime:
         response: httpx.Response | None = None
         settled = False
         try:
-            response, _, attempts = await self._send(body, start, budget_s, stream=True)
+            response, _, attempts = await self._send_turns(
+                model, body, start, budget_s, stream=True
+            )
             if response.headers.get("content-type", "").startswith("application/json"):
                 # A server that ignores `stream: true` answers with one chat.completion.
                 completion = await self._unstreamed(response, deadline, model, json_mode, offered)
@@ -1242,6 +1276,31 @@ class OpenAiChatRuntime:
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key}"
         return headers
+
+    async def _send_turns(
+        self, model: str, body: bytes, start: float, budget_s: float, *, stream: bool
+    ) -> tuple[httpx.Response, bytes, int]:
+        """`_send`, adjacent user turns joined for a model whose runtime refused them: a chat
+        template that wants user and assistant turns to alternate strictly (Mistral's, Llama
+        2's) answers 400 to the loop's notes and JSON mode's tool results, which are user
+        turns of their own. The refusal is met once per model (remembered for up to
+        MAX_JOINING_MODELS of them), then every call of that model is sent joined."""
+        if model in self._joining and (joined := joined_user_turns(body)) is not None:
+            body = joined
+        try:
+            return await self._send(body, start, budget_s, stream=stream)
+        except _Failure as failed:
+            if failed.kind != "rejected" or failed.status not in (400, 422):
+                raise
+            if model in self._joining or (joined := joined_user_turns(body)) is None:
+                raise
+            if len(self._joining) < MAX_JOINING_MODELS:
+                self._joining.add(model)
+            log.warning(
+                "llm runtime refused adjacent user turns; sending them joined",
+                extra={"model": model, "status": failed.status},
+            )
+        return await self._send(joined, start, budget_s, stream=stream)
 
     async def _send(
         self, body: bytes, start: float, budget_s: float, *, stream: bool
