@@ -418,9 +418,9 @@ def test_config_legacy_window_max(mesh: Mesh, restore_config: dict[str, Any]) ->
         assert r.status_code == 200, r.text
         assert r.json()["window_radius"] == radius, window_max
         assert "window_max" not in r.json()
-    # 9 -> R = 4, past the proxy's per-side maximum of 3.
+    # 9 -> R = 4, past the proxy's per-side maximum of 3: the field sent is named.
     info = assert_error(set_config(mesh, {"window_max": 9}), 400, "INVALID_ARGUMENT")
-    assert info["metadata"]["field"] == "window_radius"
+    assert info["metadata"]["field"] == "window_max"
     assert_error(set_config(mesh, {"window_max": 0}), 400, "INVALID_ARGUMENT")
     r = set_config(mesh, {"window_max": 5, "window_radius": 2})
     assert_error(r, 400, "INVALID_ARGUMENT")
