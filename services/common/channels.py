@@ -5,6 +5,7 @@ client metrics."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -25,12 +26,19 @@ READ_METHODS = (
 """The calls that only read: run twice, they cost a second read and change nothing."""
 
 
+def _method_names(config_names: Sequence[Mapping[str, str]]) -> tuple[str, ...]:
+    """Service-config names as request paths: "/pkg.Service/Method", or "/pkg.Service/" for
+    all of a service's methods."""
+    return tuple(f"/{n['service']}/{n.get('method', '')}" for n in config_names)
+
+
 def _service_config(attempts: int) -> str:
     # grpc-core answers UNAVAILABLE without telling whether a handler ran: for a peer it
     # cannot reach, and for a call a stopping or crashing peer cut off mid-way ("Cancelling
-    # all calls", a reset connection). Only reads are retried on it: a Generate, Respond,
-    # tool call or ingest repeated on another replica would do its work twice. Those keep
-    # grpc's transparent retries (a call that never left this client, or that the peer's
+    # all calls", a reset connection). Only reads are retried on it by this policy: a
+    # Generate, Respond, tool call or ingest repeated on another replica would do its work
+    # twice. Those are sent again only when they reached no server at all
+    # (ClientContextInterceptor), besides grpc's transparent retries (a call the peer's
     # transport refused). A handler's own UNAVAILABLE carries a negative
     # grpc-retry-pushback-ms (interceptors.py) and is not retried either.
     policy = {
@@ -88,7 +96,14 @@ def open_channel(
         settings.target,
         options=options,
         interceptors=[
-            ClientContextInterceptor(settings.timeout_seconds, metrics, tracing, settings.target),
+            ClientContextInterceptor(
+                settings.timeout_seconds,
+                metrics,
+                tracing,
+                settings.target,
+                attempts=settings.retry_attempts,
+                retried=_method_names(READ_METHODS),
+            ),
             ClientStreamContextInterceptor(
                 settings.timeout_seconds, metrics, tracing, settings.target
             ),

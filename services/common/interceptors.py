@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -417,28 +417,91 @@ class _ClientContext:
         self._target = target
 
 
+_UNREACHED = "failed to connect to all addresses"
+"""How grpc-core begins the UNAVAILABLE of a call no connection could carry."""
+UNREACHED_PAUSE_S = 0.2
+"""The first pause before a call that reached no server is sent again (doubling after)."""
+
+
+def _unreached(exc: grpc.aio.AioRpcError) -> bool:
+    """A call that never left this client: no connection to the server could be made."""
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and (exc.details() or "").startswith(
+        _UNREACHED
+    )
+
+
 class ClientContextInterceptor(_ClientContext, grpc.aio.UnaryUnaryClientInterceptor):
     """Puts the trace id (and, when tracing, the W3C traceparent) in metadata and a deadline
     (clamped to the caller's) on every unary call; with `metrics`, counts and times it; with
     `tracing`, makes a CLIENT span of it (`target` names the server in it).
 
+    A call the channel's retry policy does not cover (`retried`: "/pkg.Service/Method"
+    names, or "/pkg.Service/" for all of a service's) that reached no server (a neighbour
+    restarting) is sent again, up to `attempts` in all within its deadline: it never left
+    this client, so no handler ran. Any other failure is the caller's to see.
+
     grpc.aio files an interceptor under its first matching kind only (unary-unary before
     unary-stream), so server-streaming calls need their own: ClientStreamContextInterceptor.
     """
+
+    def __init__(
+        self,
+        default_timeout: float,
+        metrics: ClientRpcMetrics | None = None,
+        tracing: Tracing | None = None,
+        target: str = "",
+        *,
+        attempts: int = 1,
+        retried: Collection[str] = (),
+    ) -> None:
+        super().__init__(default_timeout, metrics, tracing, target)
+        self._attempts = attempts
+        self._retried = tuple(retried)
+
+    def _covered(self, method: str | bytes) -> bool:
+        method = method.decode() if isinstance(method, bytes) else method
+        return any(
+            method.startswith(name) if name.endswith("/") else method == name
+            for name in self._retried
+        )
+
+    async def _send(self, continuation, details, request):  # type: ignore[no-untyped-def]
+        """The call, sent again while it reaches no server (see the class docstring)."""
+        call = await continuation(details, request)
+        if self._attempts <= 1 or self._covered(details.method):
+            return call
+        deadline = time.monotonic() + details.timeout
+        for attempt in range(1, self._attempts):
+            try:
+                await call
+                return call
+            except grpc.aio.AioRpcError as exc:
+                if not _unreached(exc):
+                    return call
+            pause = UNREACHED_PAUSE_S * 2 ** (attempt - 1)
+            if time.monotonic() + pause >= deadline:
+                return call
+            await asyncio.sleep(pause)
+            details = _ClientDetails(
+                details.method, deadline - time.monotonic(), details.metadata,
+                details.credentials, details.wait_for_ready,
+            )  # fmt: skip
+            call = await continuation(details, request)
+        return call
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         span = _client_span(self._tracing, client_call_details, self._target)
         details = _with_context(client_call_details, self._timeout, span)
         metrics = self._metrics
         if metrics is None and span is None:
-            return await continuation(details, request)
+            return await self._send(continuation, details, request)
         key = (*split_method(details.method), "unary")
         if metrics is not None:
             metrics.start(key)
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
         try:
-            call = await continuation(details, request)
+            call = await self._send(continuation, details, request)
             await call  # the caller awaits the same finished call: its response or its error
             code = grpc.StatusCode.OK
         except grpc.aio.AioRpcError as exc:

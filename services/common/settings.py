@@ -561,9 +561,9 @@ class DownstreamSettings:
     """Deadline of one call when the caller's own deadline is longer (or absent)."""
     retry_attempts: int = 3
     """Attempts in all of a read (Search, ListDocuments, ListTools, health: channels.py
-    READ_METHODS) that fails UNAVAILABLE in transport; an UNAVAILABLE a handler returned is
-    not retried, and other calls only where grpc knows they never reached a handler.
-    1 = no retry."""
+    READ_METHODS) that fails UNAVAILABLE in transport, and of any other call that reached no
+    server (a neighbour restarting: no handler ran); an UNAVAILABLE a handler returned is not
+    retried. 1 = no retry."""
 
 
 TARGET_SCHEMES = ("grpc://", "http://", "dns:///")
@@ -702,7 +702,7 @@ def retry_attempts(prefix: str) -> Var:
         prefix + "RETRY_ATTEMPTS", 3, 1, 5,
         doc="Attempts in all of a downstream read (Search, ListDocuments, ListTools, "
         "health) that fails UNAVAILABLE in transport (the peer unreachable, stopping or "
-        "crashed); an UNAVAILABLE the handler returned is not retried, and a call that "
-        "does work (Generate, Respond, Execute, ingest) is repeated only where grpc knows it "
-        "never reached a handler. 1 = no retry.",
+        "crashed); a call that does work (Generate, Respond, Execute, ingest) is sent again "
+        "only when it reached no server (a neighbour restarting), and an UNAVAILABLE a "
+        "handler returned never. 1 = no retry.",
     )  # fmt: skip

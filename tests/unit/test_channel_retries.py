@@ -19,6 +19,7 @@ from services.common.channels import READ_METHODS, open_channel
 from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics
 from services.common.settings import DownstreamSettings
+from services.common.topology import free_ports
 
 RUNS: list[str] = []
 STARTED: list[asyncio.Event] = []
@@ -99,3 +100,38 @@ def test_every_read_method_named_exists(name):
     service = descriptor_pool.Default().FindServiceByName(name["service"])
     if "method" in name:
         assert service.FindMethodByName(name["method"]) is not None
+
+
+async def test_a_call_that_reached_no_server_is_sent_again_when_it_comes_up():
+    """A neighbour restarting: the connection is refused, so no handler ran, and the tool call
+    (or Generate, Respond) is sent again once the server is up, within the call's deadline."""
+    RUNS.clear()
+    STARTED.append(asyncio.Event())
+    port = free_ports(1)[0]
+    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 10.0, 3), 4 << 20)
+    try:
+        call = asyncio.ensure_future(
+            toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel).Execute(
+                toolsproxy_pb2.ExecuteRequest(tool_name="fetch_finance_news")
+            )
+        )
+        await asyncio.sleep(0.1)  # the first attempt has found nothing listening
+        RUNS.append("warm")  # the handler answers at once (its first run sleeps)
+        server, _ = await _serve(port)
+        assert (await call).status == "ok" and RUNS == ["warm", "Execute"]
+        await server.stop(0)
+    finally:
+        await channel.close()
+
+
+async def test_with_one_attempt_a_call_that_reached_no_server_fails_at_once():
+    port = free_ports(1)[0]
+    channel = open_channel(DownstreamSettings(f"127.0.0.1:{port}", 10.0, 1), 4 << 20)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await toolsproxy_pb2_grpc.ToolsProxyServiceStub(channel).Execute(
+                toolsproxy_pb2.ExecuteRequest(tool_name="x")
+            )
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await channel.close()
