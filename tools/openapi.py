@@ -41,6 +41,7 @@ from services.common.document_limits import (  # noqa: E402
     FILTER_VALUE_CHARS,
     MAX_DOC_ID_CHARS,
 )
+from services.common.generate_contract import MAX_MODEL_CHARS  # noqa: E402
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS  # noqa: E402
 from services.common.topology import SERVICES, Ports  # noqa: E402
 from services.devtools import envoy_config  # noqa: E402
@@ -67,6 +68,8 @@ COMPONENT_PREFIX = "#/components/schemas/"
 
 _NON_SPACE = r"[^\s\x1c-\x1f\x85]"
 NOT_BLANK = {"minLength": 1, "pattern": _NON_SPACE}
+MODEL_NAME = {"maxLength": MAX_MODEL_CHARS, "pattern": r"^[^\s\x00-\x1f\x7f]*$"}
+"""generate_contract.is_model_name, empty allowed (the default model)."""
 """A required string: the servers strip it (Python's whitespace, which has \\x1c-\\x1f and
 \\x85 beyond ECMA's \\s) and refuse what is left empty."""
 EMPTY = {"maxLength": 0}
@@ -186,10 +189,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "distinct ids in all.)",
     },
     "visior.orchestrator.v1.RespondRequest.trace_id": TRACE_ID,
-    "visior.orchestrator.v1.UpdateConfigRequest.default_model": {
-        "maxLength": orch_config.MAX_MODEL_NAME,
-        "pattern": f"^({_NON_SPACE}([\\s\\S]*{_NON_SPACE})?)?$",
-    },
+    "visior.orchestrator.v1.UpdateConfigRequest.default_model": MODEL_NAME,
     **{
         f"visior.orchestrator.v1.UpdateConfigRequest.{name}": {"minimum": lo, "maximum": hi}
         for name, (lo, hi) in orch_config.LIMITS.items()
@@ -221,6 +221,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     },
     "visior.llm.v1.GenerateRequest.context_chunks": {"maxItems": llm_engine.MAX_CONTEXT_CHUNKS},
     "visior.llm.v1.GenerateRequest.trace_id": TRACE_ID,
+    "visior.llm.v1.GenerateRequest.model": MODEL_NAME,
     "visior.llm.v1.GenerateRequest": {
         "if": {
             "required": ["tool_policy"],

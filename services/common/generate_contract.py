@@ -16,6 +16,18 @@ MAX_MESSAGE_CHARS = 32_768
 """The most characters one message's text may have: the LLM service refuses a longer message
 of a Generate, and the Orchestrator a longer history turn of a Respond (its question is held
 lower, to search_contract.MAX_QUERY_CHARS)."""
+MAX_MODEL_CHARS = 200
+_MODEL_NAME = re.compile(rf"[^\s\x00-\x1f\x7f]{{1,{MAX_MODEL_CHARS}}}")
+MODEL_NAME_RULE = f"1-{MAX_MODEL_CHARS} characters without spaces or control characters"
+"""A model's name as runtimes spell them ("qwen2.5:1.5b", "org/Model-7B-Instruct"): what a
+Generate's `model` may be, and the Orchestrator's default_model (ORCH_DEFAULT_MODEL,
+UpdateConfig), which it sends as one."""
+
+
+def is_model_name(name: str) -> bool:
+    return _MODEL_NAME.fullmatch(name) is not None
+
+
 ANSWER_LANGUAGES = ("ru", "en")
 """The languages answers are given in (GenerateRequest.answer_language; docs/architecture.md
 §14: the callers are bilingual)."""

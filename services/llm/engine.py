@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
@@ -13,7 +12,13 @@ from jsonschema import Draft202012Validator, SchemaError
 
 from services.common import errors
 from services.common.context import remaining_seconds
-from services.common.generate_contract import ANSWER_LANGUAGES, MAX_MESSAGE_CHARS
+from services.common.generate_contract import (
+    ANSWER_LANGUAGES,
+    MAX_MESSAGE_CHARS,
+    MAX_MODEL_CHARS,
+    MODEL_NAME_RULE,
+    is_model_name,
+)
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.common.shared_config import text_body_bytes
 from services.common.tool_contract import check_tool_user
@@ -29,10 +34,6 @@ MAX_CONTEXT_CHUNKS = 50
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 """The longest stop sequence."""
-MAX_MODEL_CHARS = 256
-_MODEL_NAME = re.compile(rf"[^\s\x00-\x1f\x7f]{{1,{MAX_MODEL_CHARS}}}")
-"""A model name as runtimes spell them ("qwen2.5:1.5b", "org/Model-7B-Instruct"): no spaces
-or control characters."""
 MAX_SYSTEM_PROMPT_CHARS = MAX_MESSAGE_CHARS
 """The longest system prompt: as long as a message. The Orchestrator's longest is about
 6,100 characters (the routing prompt with a question of MAX_QUERY_CHARS); the limit is
@@ -145,8 +146,8 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         raise _over_limit(
             "model", f"model is longer than {MAX_MODEL_CHARS} characters", MAX_MODEL_CHARS
         )
-    if req.model and not _MODEL_NAME.fullmatch(req.model):
-        raise errors.invalid("model", "model must have no spaces or control characters")
+    if req.model and not is_model_name(req.model):
+        raise errors.invalid("model", f"model must be {MODEL_NAME_RULE}")
     if p.response_schema is not None:
         _validate_response_schema(p.response_schema, req.policy.allowed_tools)
     if req.answer_language and req.answer_language not in ANSWER_LANGUAGES:

@@ -9,8 +9,11 @@ from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.status import call_downstream
+from services.common import errors
+from services.common.generate_contract import MAX_MODEL_CHARS
+from services.common.status import call_downstream, error_info, from_rpc_error
 from services.common.structs import struct_to_dict
+from services.model_runtime.chat import LLM_RUNTIME_ERROR
 from services.orchestrator.model import (
     LlmOutcome,
     LlmRequest,
@@ -94,6 +97,24 @@ class GrpcRetriever:
         )
 
 
+def _generate_error(exc: grpc.aio.AioRpcError, model: str) -> errors.ServiceError:
+    """A failed Generate as `from_rpc_error` types it, but for the model: the Orchestrator
+    sends its own default_model, so a model the LLM service or its runtime refuses is this
+    deployment's misconfiguration, a 502 naming it, not a bad request of ours (500)."""
+    info = error_info(exc)
+    if (
+        exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and info
+        and info.metadata.get("field") == "model"
+    ):
+        return errors.UnavailableError(
+            f"llm: {exc.details()} (the Orchestrator's default_model, ORCH_DEFAULT_MODEL)",
+            reason=LLM_RUNTIME_ERROR,
+            metadata={"downstream": "llm", "model": model[:MAX_MODEL_CHARS]},
+        )
+    return from_rpc_error(exc, "llm")
+
+
 class GrpcGenerator:
     """Generator over LlmService.Generate."""
 
@@ -133,7 +154,10 @@ class GrpcGenerator:
             call = request.tool_policy.planned_calls.add(tool_name=planned.tool_name)
             call.arguments.update(planned.arguments)
         started = time.perf_counter()
-        response = await call_downstream(self._stub.Generate, request, "llm")
+        try:
+            response = await self._stub.Generate(request)
+        except grpc.aio.AioRpcError as exc:
+            raise _generate_error(exc, req.model) from None
         return LlmOutcome(
             answer=response.answer,
             tools=tuple(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.generate_contract import MODEL_NAME_RULE, is_model_name
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, MAX_RESULTS_LIMIT
 from services.common.settings import (
@@ -11,6 +12,7 @@ from services.common.settings import (
     Env,
     Fields,
     ServerSettings,
+    SettingsError,
     Var,
     downstream,
     flag,
@@ -116,6 +118,8 @@ class OrchestratorSettings:
             if asked > limit
         )
         runtime = RUNTIME.read(env, window_radius=min(asked_radius, proxy_max))
+        if runtime.default_model and not is_model_name(runtime.default_model):
+            raise SettingsError(f"ORCH_DEFAULT_MODEL must be {MODEL_NAME_RULE}")
         return SETTINGS.read(
             env,
             max_context_chars=min(asked_chars, whole_chars),

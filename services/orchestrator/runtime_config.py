@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from services.common import errors
-from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT
+from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT, MODEL_NAME_RULE, is_model_name
 from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
 from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET
 
@@ -19,7 +19,6 @@ LIMITS: dict[str, tuple[int, int]] = {
     "max_tool_steps": (0, MAX_TOOL_STEPS_LIMIT),
 }
 """The range of each numeric field, for its ORCH_* setting and for UpdateConfig."""
-MAX_MODEL_NAME = 200
 DEFAULT_MAX_RESULTS = 10
 """Sections in the first prompt when a request gives no max_results (ORCH_DEFAULT_TOP_K's
 default)."""
@@ -81,11 +80,10 @@ class ConfigHolder:
         changes: dict[str, object] = {}
         if u.default_model is not None:
             # "" means "the LLM service's own DEFAULT_MODEL_NAME"; blanks alone are a mistake.
-            if u.default_model != u.default_model.strip() or len(u.default_model) > MAX_MODEL_NAME:
+            if u.default_model and not is_model_name(u.default_model):
                 raise errors.invalid(
                     "default_model",
-                    f"default_model must be empty (the LLM default) or 1..{MAX_MODEL_NAME} "
-                    "characters without surrounding spaces",
+                    f"default_model must be empty (the LLM default) or {MODEL_NAME_RULE}",
                 )
             changes["default_model"] = u.default_model
         for name, (lo, hi) in LIMITS.items():

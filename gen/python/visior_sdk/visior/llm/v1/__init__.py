@@ -200,7 +200,7 @@ class GenerateRequest(betterproto.Message):
 
     model: str = betterproto.string_field(9)
     """
-    model overrides DEFAULT_MODEL_NAME: at most 256 characters, no spaces or
+    model overrides DEFAULT_MODEL_NAME: at most 200 characters, no spaces or
      control characters. A model the runtime does not serve (its HTTP 404) is
      INVALID_ARGUMENT naming model.
     """

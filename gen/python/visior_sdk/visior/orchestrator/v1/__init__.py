@@ -225,7 +225,10 @@ class UpdateConfigRequest(betterproto.Message):
     """UpdateConfigRequest changes some configuration fields."""
 
     default_model: Optional[str] = betterproto.string_field(1, optional=True)
-    """default_model replaces the default model."""
+    """
+    default_model replaces the default model: empty (the LLM service's own) or
+     1-200 characters without spaces or control characters, as Generate's model.
+    """
 
     prompt_token_budget: Optional[int] = betterproto.int32_field(2, optional=True)
     """prompt_token_budget replaces the prompt budget (1..131072)."""
