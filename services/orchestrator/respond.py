@@ -302,18 +302,24 @@ def speaks_of(terms: frozenset[str], found: RetrievalOutcome) -> bool:
 def routed_question(history: Sequence[Turn], today: date) -> str:
     """The user's last turn in `history` that the rules route on its own, to anything but a
     clarification or small talk ("" without one): the question a follow-up continues. A
-    chain of follow-ups («а для Беты?», then «а для Гаммы?») walks back to it. Each turn is
-    judged by its first MAX_QUERY_CHARS characters, the most of it a search can take (a
-    turn may be far longer: MAX_MESSAGE_CHARS)."""
+    chain of follow-ups («а для Беты?», then «а для Гаммы?») walks back to it; a word alone
+    that started the conversation («LDAP») is one. Each turn is judged by its first
+    MAX_QUERY_CHARS characters, the most of it a search can take (a turn may be far longer:
+    MAX_MESSAGE_CHARS)."""
+    first_word = ""
     for turn in reversed(history):
         if turn.role != "user" or not turn.content.strip():
             continue
         content = turn.content[:MAX_QUERY_CHARS]
+        routed = rule_decision(content, today=today).intent not in ("clarify", "small_talk")
         if needs_earlier(content):
-            continue  # a follow-up itself, or a word alone: the chain walks back past it
-        if rule_decision(content, today=today).intent not in ("clarify", "small_talk"):
+            # A follow-up itself, or a word alone: the chain walks back past it, to the word
+            # only when nothing before it was asked.
+            first_word = turn.content if routed else first_word
+            continue
+        if routed:
             return turn.content
-    return ""
+    return first_word
 
 
 def _when_args(decision: Decision, today: date) -> dict[str, object]:
@@ -578,8 +584,14 @@ class Responder:
         return sizes
 
     async def _generate(self, request: LlmRequest) -> LlmOutcome:
-        """One Generate; its model usage and time count toward the request's telemetry."""
-        outcome = await self._generator.generate(request)
+        """One Generate; its model usage and time count toward the request's telemetry (a
+        failed one's time too: a routing call that failed may be the slow part)."""
+        started = time.perf_counter()
+        try:
+            outcome = await self._generator.generate(request)
+        except errors.ServiceError:
+            _spend(llm_ms=round((time.perf_counter() - started) * 1000))
+            raise
         _spend(llm_ms=outcome.latency_ms, usage=outcome.usage)
         return outcome
 
@@ -733,7 +745,17 @@ class Responder:
         terms = definition_terms(req.query)
         if found.sections and speaks_of(terms, found):
             return None
-        kb = await self._search_knowledge_base(req, earlier)
+        try:
+            kb = await self._search_knowledge_base(req, earlier)
+        except errors.ServiceError as exc:
+            if not found.sections:
+                raise
+            # The documents found something: they answer, as they would without this check.
+            log.warning(
+                "knowledge-base search for a definition failed; the documents answer",
+                extra={"trace_id": req.trace_id, "reason": exc.reason},
+            )
+            return None
         if not found.sections or (kb.sections and speaks_of(terms, kb)):
             return kb
         return None

@@ -17,7 +17,7 @@ from services.common.currencies import (
     without_currencies,
 )
 from services.common.generate_contract import ANSWER_LANGUAGES, question_language
-from services.common.lexical import stem
+from services.common.lexical import search_terms
 from services.common.search_contract import MAX_QUERY_CHARS
 from services.common.shared_config import (
     DEFAULT_FULL_DOCUMENTS,
@@ -90,8 +90,9 @@ class Decision:
     """"ru" or "en": the language to answer in (the locale's, else the question's:
     `question_language`)."""
     knowledge_base_fallback: bool = False
-    """S1 for a definitional question: the user's documents first; when their search finds
-    nothing (a tenant without documents), the knowledge base answers (S2)."""
+    """S1 for a definitional question: the user's documents first; when none of the sections
+    found speaks of the term and the knowledge base's do (or the documents found nothing),
+    the knowledge base answers (S2; respond.speaks_of)."""
 
 
 # -- text helpers -----------------------------------------------------------------------------
@@ -685,6 +686,8 @@ def _year_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[da
     """The year `m` (_YEAR_PERIOD, or _BARE_YEAR with its year word or ending the question)."""
     if m.re is _BARE_YEAR and not (m["word"] or _at_end(text, m.end())):
         return None
+    if m.re is _BARE_YEAR and int(m["year"]) > today.year:
+        return None  # «курс доллара 2030»: no rate yet, and likely no year either
     return _year_period(int(m["year"]), today=today)
 
 
@@ -991,8 +994,9 @@ def needs_earlier(query: str) -> bool:
 
 def definition_terms(query: str) -> frozenset[str]:
     """The stems (services.common.lexical.stem) of what a definitional question asks about:
-    «Что такое суточные?» → {"суточн"}."""
-    return frozenset(stem(w) for w in _definition_subject(fold_case(query)))
+    «Что такое суточные?» → {"суточн"}. Split as the sections' texts are (`search_terms`):
+    «wi-fi» is two terms there and here."""
+    return frozenset(search_terms(" ".join(_definition_subject(fold_case(query)))))
 
 
 def is_definitional(query: str) -> bool:
@@ -1015,7 +1019,8 @@ def _asks_currency_rate(text: str, query: str) -> bool:
     if RATE_WORDS.search(text):
         return True
     rest = _without_dates(_strip(CURRENCY_FILLER, fold_case(without_currencies(query))))
-    return not _content_words(_AMOUNT.sub(" ", _strip(_YEAR_PERIOD, rest)))
+    rest = _strip(_END_SHORT_DOT_DATE, _strip(_YEAR_PERIOD, rest))
+    return not _content_words(_AMOUNT.sub(" ", rest))
 
 
 def _asks_key_rate(text: str, query: str) -> bool:
@@ -1040,7 +1045,7 @@ def _asks_news(text: str, query: str) -> bool:
     if rest == text:
         return False
     return (
-        not _content_words(rest)
+        not _content_words(_without_dates(rest))
         or bool(FINANCE_WORDS.search(rest))
         or bool(named_currencies(query) or foreign_currency_names(query))
     )
@@ -1064,10 +1069,9 @@ _TRIGGERS: tuple[tuple[Callable[[str, str], object], str], ...] = (
 query as written: the first that matches decides."""
 
 
-_DAYS_WRITTEN = (
-    _ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _END_SHORT_DOT_DATE, _DAY_MONTH,
-    _MONTH_DAY,
-)  # fmt: skip
+_DAYS_WRITTEN = (_ISO_DATE, _DOT_DATE, _SLASH_DATE, _ON_SHORT_DOT_DATE, _DAY_MONTH, _MONTH_DAY)
+"""The days a question writes, blanked out where a date alone is no subject; dd.mm ending the
+question is one only in a rate question (`_asks_currency_rate`): «Orion 2.10» is a version."""
 _PERIODS_WRITTEN = (_MONTH_PERIOD, _TRAILING_PERIOD)
 
 
@@ -1169,6 +1173,10 @@ def _route(earlier: Decision | None, query: str, *, today: date, language: str) 
             return _follow(earlier, earlier.intent, query, today=today)
         if intent in DATED_INTENTS and earlier.intent in DATED_INTENTS and _leans_on_earlier(query):
             return _follow(earlier, intent, query, today=today)
+    if intent == "clarify" and _subject_words(query):
+        # Too vague to route, and no earlier turn to lean on, yet it names something: it is
+        # searched as it is (S5 only when there is nothing to search).
+        intent = "documents"
     return _complete(intent, query, today=today, language=language, by="rules")
 
 
@@ -1266,15 +1274,18 @@ def rule_decision(
        selected_search.
     2. Without a selection: a definitional question («что такое», "what is a", "define")
        naming its term → S1 documents with the knowledge base as the fallback
-       (docs/architecture.md §14), naming none («что такое?») → S5 clarify; a document word
-       («договор», «файл», "contract") → S1 documents; news → S2 finance_news; key rate
+       (docs/architecture.md §14: the knowledge base answers where the documents do not
+       speak of the term), naming none («что такое?») → S5 clarify; a document word
+       («договор», «файл», "contract") → S1 documents; news (and «что нового» alone or about
+       finance) → S2 finance_news; key rate
        («ключевая ставка», «ЦБ повысил ставку?») → S2 key_rate; a currency rate (a currency
        by name, symbol or ISO code with a rate word, a pair, or with price words alone) →
        S2 currency_rates; "what is …" as for definitions; a search verb («найди», "find") →
        S1; tax/law/regulation → S2 knowledge_base; greetings and thanks alone → S2
-       small_talk; fewer than two content words → S5 clarify, unless the user's earlier
-       turns (in `history`) give the follow-up its route (`_route`, `_history_route`);
-       anything else → S1 documents.
+       small_talk; fewer than two content words: the route of the user's earlier turns (in
+       `history`: `_route`, `_history_route`), else S1 documents when it names something
+       («LDAP») and S5 clarify when it names nothing («помоги»); anything else → S1
+       documents.
     3. A rate or key-rate question that names a date with no such day («29.02.2025», «с 10
        по 1 марта 2024») or a currency of a common name whose country the tables do not
        know («ямайского доллара», which is not USD) → S5 clarify, asking for the date or
@@ -1290,10 +1301,6 @@ def rule_decision(
         return _size_decision(selection.fits_whole, language)
     earlier = _history_route(history, today=today, language=language)
     decision = replace(_route(earlier, query, today=today, language=language), language=language)
-    if decision.intent == "clarify" and _subject_words(query):
-        # Too vague to route, and no earlier turn to lean on, yet it names something: it is
-        # searched as it is (S5 only when there is nothing to search).
-        decision = _complete("documents", query, today=today, language=language, by="rules")
     questions = _unreadable(decision, query, today=today)
     if questions:
         return Decision("S5", "clarify", "rules", clarifications=questions, language=language)

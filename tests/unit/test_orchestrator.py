@@ -621,6 +621,27 @@ async def test_a_definition_the_documents_speak_of_is_answered_from_them(query, 
     assert [s.doc_id for s in out.sources] == ["guide"]
 
 
+async def test_a_failed_knowledge_base_search_leaves_the_documents_answer():
+    """The evidence check adds a search; when it fails, the documents answer as before it."""
+
+    class KbDown(_EvidenceRetriever):
+        async def search(self, request):
+            if request.filters.source == "knowledge_base":
+                raise errors.UnavailableError("retrieval down", reason="backend_unavailable")
+            return await super().search(request)
+
+    r = KbDown("Bind DN and the LDAP server address.", "")
+    responder = Responder(r, FakeGenerator(), ConfigHolder(RuntimeConfig(), 3), model_routing=False)
+    out = await responder.respond(inp(query="Что такое НДС?"))
+    assert (out.scenario, out.intent) == ("S1", "documents")
+
+
+async def test_a_hyphenated_term_is_found_as_the_texts_spell_it():
+    responder, r = _evidence("Wi-Fi is configured under Network > Wireless.")
+    out = await responder.respond(inp(query="What is Wi-Fi?"))
+    assert (out.scenario, out.intent) == ("S1", "documents") and len(r.calls) == 1
+
+
 async def test_the_telemetry_counts_every_generate_and_every_search():
     """orchestrator.md's telemetry: the routing Generate (1 ms here) joins the answer's (7 ms),
     and the documents' search (3 ms) the knowledge base's (2 ms)."""

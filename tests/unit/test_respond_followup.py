@@ -103,6 +103,16 @@ async def test_without_an_earlier_user_question_a_follow_up_is_searched_alone():
         assert out.scenario == "S1" and [r.query for r in retriever.requests] == ["а для Беты?"]
 
 
+async def test_a_follow_up_of_a_word_alone_is_searched_with_it():
+    responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
+    out = await ask(responder, "а для Беты?", history=(Turn("user", "LDAP"),))
+    assert out.scenario == "S1" and retriever.requests[0].query == "а для Беты? LDAP"
+    # In a chain, the question before the word wins: the word was its follow-up.
+    history = (Turn("user", ALPHA), Turn("user", "пени?"))
+    await ask(responder, "а для Беты?", history=history)
+    assert retriever.requests[1].query.startswith(f"а для Беты? {ALPHA[:20]}")
+
+
 async def test_with_nothing_to_search_and_no_earlier_question_it_is_asked_back():
     responder, retriever, _ = make()
     out = await ask(responder, "а на вчера?", history=(Turn("assistant", ALPHA),))
@@ -227,10 +237,10 @@ async def test_a_long_earlier_turn_is_cut_to_what_the_search_holds():
     assert searched.startswith(f"а для Беты? {ALPHA}") and searched.endswith(" текст")
 
 
-@pytest.mark.parametrize(("past", "routed"), [(0, True), (1, False)])
+@pytest.mark.parametrize(("past", "routed"), [(0, True), (len("договор"), False)])
 async def test_an_earlier_turn_is_judged_by_its_first_max_query_chars(past, routed):
-    # "договор" routes a turn to the documents: within the first MAX_QUERY_CHARS, and one
-    # character past them.
+    # "договор" routes a turn to the documents: within the first MAX_QUERY_CHARS, and just
+    # past them (where the turn's first MAX_QUERY_CHARS name nothing).
     earlier = ("? " * MAX_QUERY_CHARS)[: MAX_QUERY_CHARS - len("договор") + past] + "договор"
     responder, retriever, _ = make(routing=ROUTED_TO_DOCUMENTS)
     await ask(responder, "а для Беты?", history=(Turn("user", earlier),))

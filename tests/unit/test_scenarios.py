@@ -143,6 +143,7 @@ ROUTES = {
         "Any news about the rouble?",
         "headlines about Gazprom",
         "Что нового?",
+        "Что нового сегодня?",
         "что нового на рынке нефти?",
         "What's new with the rouble?",
     ],

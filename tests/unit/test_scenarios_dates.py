@@ -232,6 +232,20 @@ def test_a_number_like_a_year_is_no_period_without_its_word_or_the_end(query, co
     assert (d.intent, d.currency, d.date, d.date_from) == ("currency_rates", code, "", "")
 
 
+def test_a_version_ending_a_question_is_no_day_outside_a_rate_question():
+    """«Orion 2.10» names a version: after a rate question it is a documents question of its
+    own, not the rate on 2 October."""
+    earlier = [("user", "курс доллара на вчера"), ("assistant", "…")]
+    for query in ("Orion 2.10", "Что нового в Orion X 2.10?"):
+        d = rule_decision(query, history=earlier, today=TODAY)
+        assert (d.scenario, d.intent) == ("S1", "documents"), query
+
+
+def test_a_bare_year_still_to_come_is_not_read():
+    d = decide("курс доллара 2030")
+    assert (d.intent, d.date_from, d.date_to) == ("currency_rates", "", "")
+
+
 @pytest.mark.parametrize(
     ("query", "day"),
     [("курс доллара 15.01", "2026-01-15"), ("евро 28.11?", "2026-11-28"),
