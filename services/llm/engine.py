@@ -71,7 +71,9 @@ def _validate_response_schema(schema: Any, allowed_tools: Sequence[str]) -> None
     if not schema:
         raise errors.invalid(field_name, "response_schema must not be empty")
     try:
-        Draft202012Validator.check_schema(schema)
+        # No format checks: a pattern is checked by the runtime's regex dialect, not
+        # Python's, which refuses (?<name>…) and \p{L}.
+        Draft202012Validator.check_schema(schema, format_checker=None)
     except SchemaError as exc:
         # The runtime would refuse it as its own 400, which reaches the caller as our 502.
         raise errors.invalid(

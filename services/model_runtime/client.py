@@ -1294,13 +1294,18 @@ class OpenAiChatRuntime:
                 raise
             if model in self._joining or (joined := joined_user_turns(body)) is None:
                 raise
-            if len(self._joining) < MAX_JOINING_MODELS:
-                self._joining.add(model)
-            log.warning(
-                "llm runtime refused adjacent user turns; sending them joined",
-                extra={"model": model, "status": failed.status},
-            )
-        return await self._send(joined, start, budget_s, stream=stream)
+            status = failed.status
+        answered = await self._send(joined, start, budget_s, stream=stream)
+        # Remembered once the joined call is answered: a 400 of another cause (a prompt too
+        # long) is no sign of a strict template.
+        if len(self._joining) < MAX_JOINING_MODELS:
+            self._joining.add(model)
+        log.warning(
+            "llm runtime refused adjacent user turns and took them joined; joining them for "
+            "this model",
+            extra={"model": model, "status": status},
+        )
+        return answered
 
     async def _send(
         self, body: bytes, start: float, budget_s: float, *, stream: bool

@@ -269,8 +269,8 @@ def kb_facets(tags: Sequence[str]) -> dict[str, str]:
     facets: dict[str, str] = {}
     for tag in tags:
         kind, _, value = tag.partition(":")
-        if kind in KB_FACETS and value.strip():
-            facets.setdefault(kind, value.strip()[:KB_FACET_CHARS])
+        if kind in KB_FACETS and 0 < len(value.strip()) <= KB_FACET_CHARS:
+            facets.setdefault(kind, value.strip())
     return facets
 
 

@@ -128,6 +128,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     def __init__(self, engine: SearchBackend, probe: HealthProbe) -> None:
         self._engine = engine
         self._probe = probe
+        self._probing: asyncio.Future[dict[str, str]] | None = None
+        """The probe running now: health calls meanwhile share its answer, so a hung store
+        holds one worker thread, not one a call."""
 
     async def Search(
         self, request: retrieval_pb2.SearchRequest, context: grpc.aio.ServicerContext
@@ -139,7 +142,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> retrieval_pb2.GetHealthResponse:
         # The probe pings the document store and the index: a slow or hung one must not
         # hold every search on the event loop while it answers.
-        details = await asyncio.to_thread(self._probe)
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(asyncio.to_thread(self._probe))
+        details = dict(await asyncio.shield(self._probing))
         return retrieval_pb2.GetHealthResponse(
             status=details.pop("status", "ok"),
             service=SERVICE_NAME,

@@ -200,3 +200,13 @@ def test_a_response_schema_that_is_no_json_schema_is_refused(schema):
         validate(replace(ok, params=GenerationParams(response_schema=schema)), LIMITS)
     assert info.value.metadata == {"field": "generation_params.response_schema"}
     assert "not a JSON schema" in info.value.message
+
+
+def test_a_response_schema_pattern_in_another_regex_dialect_is_taken():
+    """A pattern is the runtime's to read (named groups, Unicode classes): not refused by
+    Python's regex syntax."""
+    from services.llm.model import GenerationParams
+
+    schema = {"type": "object", "properties": {"year": {"type": "string",
+              "pattern": "(?<year>\\d{4})"}, "name": {"type": "string", "pattern": "\\p{L}+"}}}  # fmt: skip
+    validate(req(params=GenerationParams(response_schema=schema), policy=ToolPolicy()), LIMITS)

@@ -112,3 +112,30 @@ async def test_get_health_runs_its_probe_off_the_event_loop() -> None:
         on_the_loop(),
     )
     assert answer.status == "ok" and answer.details["loop_ran"] == "true"
+
+
+async def test_health_calls_while_a_probe_runs_share_its_answer() -> None:
+    """A hung store holds one worker thread, whatever the number of health polls."""
+    import asyncio
+    import threading
+
+    from services.retrieval.servicer import RetrievalServicer
+
+    release, runs = threading.Event(), []
+
+    def probe() -> dict[str, str]:
+        runs.append(1)
+        release.wait(5)
+        return {"status": "ok", "docstore": "sqlite"}
+
+    servicer = RetrievalServicer(engine=None, probe=probe)  # type: ignore[arg-type]
+    calls = [
+        asyncio.ensure_future(servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None))  # type: ignore[arg-type]
+        for _ in range(5)
+    ]
+    await asyncio.sleep(0.05)
+    release.set()
+    answers = await asyncio.gather(*calls)
+    assert len(runs) == 1 and all(a.details["docstore"] == "sqlite" for a in answers)
+    await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)  # type: ignore[arg-type]
+    assert len(runs) == 2  # a later call asks again

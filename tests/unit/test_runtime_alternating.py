@@ -88,12 +88,18 @@ async def test_a_refusal_of_alternating_turns_stays_the_runtimes_error():
     assert info.value.metadata["status"] == "400" and len(server.bodies) == 1
 
 
-async def test_a_refusal_of_joined_turns_is_not_sent_a_third_time():
+async def test_a_refusal_of_joined_turns_is_not_sent_a_third_time_nor_remembered():
+    """A 400 of another cause (a prompt too long) is refused joined too: the model is not
+    taken for one with a strict template, and its next call goes as it is first."""
     server = StrictTemplate(refuse_all=True)
     async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as http:
+        rt = runtime(server, http)
         with pytest.raises(errors.UnavailableError):
-            await runtime(server, http).complete(ChatRequest(NOTED), timeout_s=5)
-    assert len(server.bodies) == 2
+            await rt.complete(ChatRequest(NOTED), timeout_s=5)
+        assert len(server.bodies) == 2
+        with pytest.raises(errors.UnavailableError):
+            await rt.complete(ChatRequest(NOTED), timeout_s=5)
+    assert len(server.bodies[2]["messages"]) == 3  # not joined: nothing was remembered
 
 
 def test_only_adjacent_user_turns_of_text_are_joined():
