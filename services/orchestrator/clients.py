@@ -174,4 +174,5 @@ class GrpcGenerator:
                 prompt_cached=response.used_tokens.prompt_cached,
                 final_prompt=response.used_tokens.final_prompt,
             ),
+            withheld_for=tuple(response.meta.withheld_for),
         )

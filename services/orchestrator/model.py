@@ -120,6 +120,8 @@ class LlmOutcome:
     latency_ms: int
     extractive: bool = False
     usage: ModelUsage = field(default_factory=ModelUsage)
+    withheld_for: tuple[str, ...] = ()
+    """The question's names nothing read mentions: the model's answer was withheld."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class RespondOutput:
     intent: str = ""
     decided_by: str = ""
     model_usage: ModelUsage = field(default_factory=ModelUsage)
+    withheld_for: tuple[str, ...] = ()
 
 
 class Retriever(Protocol):

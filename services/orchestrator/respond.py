@@ -949,6 +949,7 @@ class Responder:
             retrieval_latency_ms=0,
             llm_latency_ms=outcome.latency_ms,
             tool_steps=outcome.tool_steps,
+            withheld_for=outcome.withheld_for,
         )
 
 

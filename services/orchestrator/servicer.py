@@ -85,6 +85,7 @@ def respond_response(out: RespondOutput) -> pb.RespondResponse:
         prompt_tokens=out.model_usage.prompt_tokens,
         prompt_tokens_cached=out.model_usage.prompt_cached,
         final_prompt_tokens=out.model_usage.final_prompt,
+        withheld_for=out.withheld_for,
     )
     if out.llm_latency_ms is not None:
         telemetry.llm_latency_ms = out.llm_latency_ms

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
-from visior.llm.v1 import llm_pb2_grpc
+from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common import errors
 from services.common.generate_contract import MAX_MODEL_CHARS, User
@@ -59,6 +59,28 @@ async def test_a_model_the_llm_service_refuses_is_a_502_naming_it():
         assert info.value.reason == "LLM_RUNTIME_ERROR"
         assert info.value.metadata == {"downstream": "llm", "model": "qwen-typo"}
         assert "ORCH_DEFAULT_MODEL" in info.value.message
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+class Withholds(llm_pb2_grpc.LlmServiceServicer):
+    async def Generate(self, request, context):
+        response = llm_pb2.GenerateResponse(answer="Документы не отвечают.")
+        response.meta.withheld_for.extend(["Kubernetes", "Helm"])
+        return response
+
+
+async def test_the_llm_services_withheld_names_reach_the_outcome():
+    server = grpc.aio.server()
+    llm_pb2_grpc.add_LlmServiceServicer_to_server(Withholds(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        request = LlmRequest("system", (), (), User("t1", "u1"), (), (0,), 0, 8192, "", "tr")
+        outcome = await GrpcGenerator(channel).generate(request)
+        assert outcome.withheld_for == ("Kubernetes", "Helm")
     finally:
         await channel.close()
         await server.stop(0)

@@ -242,3 +242,28 @@ async def test_a_failed_routing_call_falls_back_on_the_rules(failure):
     out = await responder.respond(inp())
     assert len(gen.requests) == 2 and gen.requests[1].response_schema is None
     assert out.answer == "answer" and out.decided_by == "rules"
+
+
+async def test_a_withheld_answer_is_named_in_the_telemetry():
+    """The LLM service withheld the model's answer (the question names what nothing read
+    mentions): the Respond says so, over gRPC and JSON alike."""
+
+    class Withholding(FakeGenerator):
+        async def generate(self, request):
+            self.requests.append(request)
+            return LlmOutcome("Документы не отвечают на вопрос.", (), 1, 7,
+                              withheld_for=("Kubernetes",))  # fmt: skip
+
+    from services.orchestrator.respond import Responder
+    from services.orchestrator.runtime_config import ConfigHolder, RuntimeConfig
+    from tests.unit.test_orchestrator import FakeRetriever
+
+    responder = Responder(
+        FakeRetriever(), Withholding(), ConfigHolder(RuntimeConfig(), 3), model_routing=False,
+        today=lambda: TODAY,
+    )  # fmt: skip
+    out = await responder.respond(inp(query="Как настроить Kubernetes в Orion X?"))
+    assert out.withheld_for == ("Kubernetes",)
+    assert list(respond_response(out).telemetry.withheld_for) == ["Kubernetes"]
+    plain = await make()[0].respond(inp())
+    assert list(respond_response(plain).telemetry.withheld_for) == []

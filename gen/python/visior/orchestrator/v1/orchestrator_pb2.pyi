@@ -61,7 +61,7 @@ class Safety(_message.Message):
     def __init__(self, input: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps", "scenario", "intent", "decided_by", "llm_runtime_ms", "model_calls", "prompt_tokens", "prompt_tokens_cached", "final_prompt_tokens")
+    __slots__ = ("trace_id", "retrieval_latency_ms", "llm_latency_ms", "tool_steps", "scenario", "intent", "decided_by", "llm_runtime_ms", "model_calls", "prompt_tokens", "prompt_tokens_cached", "final_prompt_tokens", "withheld_for")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     LLM_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class Telemetry(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_CACHED_FIELD_NUMBER: _ClassVar[int]
     FINAL_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WITHHELD_FOR_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     retrieval_latency_ms: int
     llm_latency_ms: int
@@ -86,7 +87,8 @@ class Telemetry(_message.Message):
     prompt_tokens: int
     prompt_tokens_cached: int
     final_prompt_tokens: int
-    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., scenario: _Optional[str] = ..., intent: _Optional[str] = ..., decided_by: _Optional[str] = ..., llm_runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_cached: _Optional[int] = ..., final_prompt_tokens: _Optional[int] = ...) -> None: ...
+    withheld_for: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trace_id: _Optional[str] = ..., retrieval_latency_ms: _Optional[int] = ..., llm_latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., scenario: _Optional[str] = ..., intent: _Optional[str] = ..., decided_by: _Optional[str] = ..., llm_runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prompt_tokens_cached: _Optional[int] = ..., final_prompt_tokens: _Optional[int] = ..., withheld_for: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RespondResponse(_message.Message):
     __slots__ = ("answer", "sources", "tools", "safety", "telemetry")

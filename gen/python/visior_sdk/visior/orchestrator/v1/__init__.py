@@ -159,6 +159,14 @@ class Telemetry(betterproto.Message):
     final_prompt_tokens is the prompt tokens of the answer's last model call.
     """
 
+    withheld_for: List[str] = betterproto.string_field(13)
+    """
+    withheld_for lists the names the question is about that nothing read
+     mentions (the LLM service's GenerateMeta.withheld_for): when set, the
+     model's answer was withheld and `answer` says the documents do not answer,
+     with the closest passages read.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class RespondResponse(betterproto.Message):
