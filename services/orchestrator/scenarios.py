@@ -200,7 +200,7 @@ WHATS_NEW = whole_words(r"что нового", r"what'?s new")
 news only alone or about finance (`FINANCE_WORDS`)."""
 FINANCE_WORDS = whole_words(
     r"рын\w*", r"бирж\w*", r"акци\w*", r"нефт\w*", r"рубл\w*", r"экономик\w*",
-    r"финанс\w*", r"банк\w*", r"инфляци\w*", r"валют\w*", r"ставк\w*", r"санкци\w*",
+    r"финанс\w*", r"банк(?:а|у|ом|е|и|ов|ам|ами|ах)?", r"инфляци\w*", r"валют\w*", r"ставк\w*", r"санкци\w*",
     r"markets?", r"stocks?", r"shares", r"oil", r"roubles?", r"rubles?", r"econom\w*",
     r"financ\w*", r"banks?", r"banking", r"inflation", r"currenc\w*", r"rates?", r"sanctions",
 )  # fmt: skip

@@ -189,7 +189,12 @@ SCENARIO = {"documents": "S1", "clarify": "S5"}
 
 @pytest.mark.parametrize(
     "query",
-    ["что нового в Orion X 2.10?", "What's new in release 3.2?", "Что нового в договоре с Альфой?"],
+    [
+        "что нового в Orion X 2.10?",
+        "What's new in release 3.2?",
+        "Что нового в договоре с Альфой?",
+        "что нового в банковском модуле?",
+    ],
 )
 def test_whats_new_about_a_product_or_a_document_is_a_documents_question(query):
     """«что нового» asks about release notes and contracts too: news only alone or about
