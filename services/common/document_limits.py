@@ -6,6 +6,9 @@ and Retrieval both run)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+
+from services.common import errors
 
 MAX_DOC_ID_CHARS = 128
 """A doc_id's longest spelling, in characters of any script."""
@@ -20,6 +23,14 @@ DOC_ID_RULE = (
 def is_doc_id(value: str) -> bool:
     """Whether a document could be stored under `value` (ingestion holds every id to it)."""
     return _DOC_ID.fullmatch(value) is not None
+
+
+def check_doc_ids(values: Iterable[str], field_name: str) -> None:
+    """INVALID_ARGUMENT naming `field_name` for the first of `values` no document could have:
+    a request naming one is refused, never answered as a document the tenant lacks."""
+    bad = next((v for v in values if not is_doc_id(v)), None)
+    if bad is not None:
+        raise errors.invalid(field_name, f"{DOC_ID_RULE}; {bad[:MAX_DOC_ID_CHARS]!r} is not")
 
 
 MAX_TAG_CHARS = 128

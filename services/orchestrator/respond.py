@@ -12,7 +12,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common import errors
-from services.common.document_limits import DOC_ID_RULE, FILTER_VALUE_CHARS, is_doc_id
+from services.common.document_limits import FILTER_VALUE_CHARS, check_doc_ids
 from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
 from services.common.lexical import search_terms
 from services.common.prompt_limits import (
@@ -193,9 +193,7 @@ def validate(req: RespondInput) -> None:
     # The attached doc_ids are searched as filters.doc_ids: Retrieval's limit holds for both.
     filter_ids("doc_ids", req.filters.doc_ids, req.selected_doc_ids)
     # Retrieval's listing refuses an id no document could have; so do we, naming doc_ids.
-    bad = next((d for d in req.selected_doc_ids if not is_doc_id(d)), None)
-    if bad is not None:
-        raise errors.invalid("doc_ids", f"{DOC_ID_RULE}; {bad!r} is not")
+    check_doc_ids(req.selected_doc_ids, "doc_ids")
 
 
 def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:

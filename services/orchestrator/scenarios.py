@@ -677,9 +677,8 @@ def _years_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[d
     they are not written as a period (an amount: no «с», year word or end)."""
     if not (m["open"] or m["word"] or _at_end(text, m.end())):
         return None
-    return date(int(m["a"]), 1, 1), (
-        today if int(m["b"]) == today.year else date(int(m["b"]), 12, 31)
-    )
+    last = _year_period(int(m["b"]), today=today)
+    return (date(int(m["a"]), 1, 1), last[1]) if last else None
 
 
 def _year_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[date, date] | None:

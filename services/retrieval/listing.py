@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.common import errors
-from services.common.document_limits import DOC_ID_RULE, MAX_DOC_ID_CHARS, is_doc_id
+from services.common.document_limits import check_doc_ids
 
 if TYPE_CHECKING:
     from services.docstore.model import DocumentSummary
@@ -180,10 +180,7 @@ def list_page(page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
         )
     if len(doc_ids) > MAX_LISTED_IDS:
         raise errors.too_many("doc_ids", len(doc_ids), MAX_LISTED_IDS)
-    for doc_id in doc_ids:
-        if not is_doc_id(doc_id):
-            # Never answered as a document the tenant does not have: no document has this id.
-            raise errors.invalid("doc_ids", f"{DOC_ID_RULE}; {doc_id[:MAX_DOC_ID_CHARS]!r} is not")
+    check_doc_ids(doc_ids, "doc_ids")
     return ListPage(
         after=_after(token),
         size=page_size or DEFAULT_PAGE_SIZE,

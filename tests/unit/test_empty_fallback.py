@@ -9,8 +9,7 @@ import logging
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 from services.common import errors
@@ -26,6 +25,7 @@ from services.retrieval.rerank import RerankResult
 from services.retrieval.search import SearchDefaults
 from services.retrieval.sections import SectionCatalog
 from tests.retrieval_server import retrieval_channel
+from tests.unit.test_retrieval_metrics import sample
 from tests.unit.test_search import Stack, embedder, q, shared  # noqa: F401
 
 
@@ -94,14 +94,6 @@ def engine(
         breaker=CircuitBreaker("vector store", BreakerPolicy(3, 60)),
         reranker=reranker, metrics=RetrievalMetrics(registry),
     )  # fmt: skip
-
-
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return 0.0
 
 
 def outages(shared: Stack) -> dict[str, dict]:  # noqa: F811
