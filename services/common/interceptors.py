@@ -23,6 +23,7 @@ from services.common.context import (
 )
 from services.common.logging import bind_request_id, bind_trace_id
 from services.common.metrics import ClientRpcMetrics, RpcKey, RpcMetrics, split_method
+from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.status import to_status
 from services.common.tracing import TRACEPARENT_METADATA_KEY, parse_traceparent, traceparent_var
 
@@ -423,6 +424,14 @@ UNREACHED_PAUSE_S = 0.2
 """The first pause before a call that reached no server is sent again (doubling after)."""
 
 
+class _Unreached(AttemptFailed):
+    """A call that reached no server, finished: the one its caller gets if it is the last."""
+
+    def __init__(self, call: Any) -> None:
+        super().__init__("the call reached no server", retry=True)
+        self.call = call
+
+
 def _unreached(exc: grpc.aio.AioRpcError) -> bool:
     """A call that never left this client: no connection to the server could be made."""
     return exc.code() == grpc.StatusCode.UNAVAILABLE and (exc.details() or "").startswith(
@@ -467,26 +476,33 @@ class ClientContextInterceptor(_ClientContext, grpc.aio.UnaryUnaryClientIntercep
 
     async def _send(self, continuation, details, request):  # type: ignore[no-untyped-def]
         """The call, sent again while it reaches no server (see the class docstring)."""
-        call = await continuation(details, request)
         if self._attempts <= 1 or self._covered(details.method):
-            return call
+            return await continuation(details, request)
         deadline = time.monotonic() + details.timeout
-        for attempt in range(1, self._attempts):
+
+        async def attempt() -> Any:
+            timeout = deadline - time.monotonic()
+            call = await continuation(
+                _ClientDetails(
+                    details.method, timeout, details.metadata, details.credentials,
+                    details.wait_for_ready,
+                ),
+                request,
+            )  # fmt: skip
             try:
                 await call
-                return call
             except grpc.aio.AioRpcError as exc:
-                if not _unreached(exc):
-                    return call
-            pause = UNREACHED_PAUSE_S * 2 ** (attempt - 1)
-            if time.monotonic() + pause >= deadline:
-                return call
-            await asyncio.sleep(pause)
-            details = _ClientDetails(
-                details.method, deadline - time.monotonic(), details.metadata,
-                details.credentials, details.wait_for_ready,
-            )  # fmt: skip
-            call = await continuation(details, request)
+                if _unreached(exc):
+                    raise _Unreached(call) from None
+            return call
+
+        policy = RetryPolicy(
+            self._attempts, UNREACHED_PAUSE_S, factor=2.0, deadline_s=details.timeout
+        )
+        try:
+            call, _ = await run_with_retry(attempt, policy, retry_on=_Unreached)
+        except _Unreached as last:
+            return last.call
         return call
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
