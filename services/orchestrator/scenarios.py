@@ -682,11 +682,17 @@ def _years_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[d
 
 
 def _year_of(m: re.Match[str], *, today: date, year: int, text: str) -> tuple[date, date] | None:
-    """The year `m` (_YEAR_PERIOD, or _BARE_YEAR with its year word or ending the question)."""
-    if m.re is _BARE_YEAR and not (m["word"] or _at_end(text, m.end())):
+    """The year `m` (_YEAR_PERIOD) names."""
+    return _year_period(int(m["year"]), today=today)
+
+
+def _bare_year_of(
+    m: re.Match[str], *, today: date, year: int, text: str
+) -> tuple[date, date] | None:
+    """The year `m` (_BARE_YEAR) names when it carries its word or ends the question, and has
+    begun: «курс доллара 2030» has no rate yet, and likely no year either."""
+    if not (m["word"] or _at_end(text, m.end())) or int(m["year"]) > today.year:
         return None
-    if m.re is _BARE_YEAR and int(m["year"]) > today.year:
-        return None  # «курс доллара 2030»: no rate yet, and likely no year either
     return _year_period(int(m["year"]), today=today)
 
 
@@ -721,7 +727,7 @@ _PERIODS: tuple[tuple[re.Pattern[str], Callable[..., tuple[date, date] | None]],
     (_YEAR_PERIOD, _year_of),
     (_MONTH_PERIOD, _month_period),
     (_TRAILING_PERIOD, _trailing_period),
-    (_BARE_YEAR, _year_of),
+    (_BARE_YEAR, _bare_year_of),
 )
 """The periods a question may write besides its days, each with what reads it (None: not a
 period here); in this order, so a span's years or «в 2023» are not read again alone."""
