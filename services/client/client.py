@@ -51,15 +51,10 @@ from services.common.context import (
     valid_trace_id,
 )
 from services.common.errors import ServiceError
-from services.common.settings import MAX_PORT, grpc_address
+from services.common.settings import MAX_PORT, grpc_address, is_target_host
 from services.common.topology import SERVICE_BY_KEY, Ports
 
 Metadata = Mapping[str, str | bytes] | Collection[tuple[str, str | bytes]]
-
-
-def _usable_host(host: str) -> bool:
-    """Whether `host` can name a host: not empty, no whitespace or control characters."""
-    return bool(host) and host.isprintable() and not any(ch.isspace() for ch in host)
 
 
 @dataclass(frozen=True)
@@ -70,13 +65,14 @@ class Target:
     port: int
 
     def __post_init__(self) -> None:
-        """ValueError for a host that is empty or holds whitespace or control characters, or
-        a port outside 1..MAX_PORT: grpclib would only fail at the first call, to connect."""
+        """ValueError for a host that is no host name or address (the *_URL settings' rule,
+        settings.is_target_host; an IPv6 address without brackets) or a port outside
+        1..MAX_PORT: grpclib would only fail at the first call, to connect."""
         if not isinstance(self.host, str) or isinstance(self.port, bool):
             raise TypeError(f"not a target: {self.host!r}, {self.port!r}")
         if not isinstance(self.port, int):
             raise TypeError(f"target port {self.port!r}: not an int")
-        if not _usable_host(self.host):
+        if not is_target_host(self.host):
             raise ValueError(f"target host {self.host!r} is not a host name or address")
         if not 1 <= self.port <= MAX_PORT:
             raise ValueError(f"target {self}: the port is not in 1..{MAX_PORT}")

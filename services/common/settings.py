@@ -635,6 +635,13 @@ def _split_target(target: str, value: str, name: str) -> tuple[str, str]:
     return host, port
 
 
+def is_target_host(host: str) -> bool:
+    """Whether `host` (an IPv6 address without its brackets) can be a gRPC target's host: a
+    name or IPv4 address (`_HOST_NAME`) or an IPv6 address. The one rule of a target's host,
+    for the *_URL settings and the typed client's Target alike."""
+    return bool(_HOST_NAME.fullmatch(host)) or _is_ipv6(host)
+
+
 def _is_ipv6(text: str) -> bool:
     """`text` is an IPv6 address (a scope, `%eth0`, included), as brackets in a target hold."""
     try:

@@ -182,7 +182,10 @@ def test_every_target_form_refuses_what_the_string_form_refuses(value, match):
         Target.parse(value, "h")
 
 
-@pytest.mark.parametrize(("host", "port"), [("h", 0), ("h", 65536), (" h", 1), ("", 1)])
+@pytest.mark.parametrize(
+    ("host", "port"),
+    [("h", 0), ("h", 65536), (" h", 1), ("", 1), ("h/x", 1), ("[::1]", 1), ("...", 1), ("é", 1)],
+)
 def test_a_target_built_directly_is_held_to_the_same_rule(host, port):
     with pytest.raises(ValueError, match=r"is not a host name or address|is not in 1\.\.65535"):
         Target(host, port)
@@ -192,6 +195,13 @@ def test_a_target_built_directly_is_held_to_the_same_rule(host, port):
 def test_a_bare_port_on_a_host_that_is_none_is_refused(host):
     with pytest.raises(ValueError, match=r"is not host:port|is not a host name or address"):
         VisiorClient({"retrieval": 50053}, host=host)
+
+
+@pytest.mark.parametrize("host", ["svc", "10.0.0.5", "::1", "fe80::1%eth0", "my_host-1.local"])
+def test_a_target_built_directly_takes_what_the_string_form_takes(host):
+    target = Target(host, 50053)
+    bracketed = f"[{host}]" if ":" in host else host
+    assert Target.parse(f"{bracketed}:50053", "h") == target
 
 
 def test_a_pair_names_an_ipv6_host_as_a_string_does():
