@@ -71,7 +71,12 @@ from services.llm.prompt import (
     listed_anchors,
     noted_language,
 )
-from services.llm.toolcalls import ToolContent, fill_placeholders, parse_tool_content
+from services.llm.toolcalls import (
+    ToolContent,
+    fill_placeholders,
+    parse_tool_content,
+    series_value,
+)
 from services.model_runtime.chat import (
     ChatMessage,
     ChatRequest,
@@ -465,16 +470,6 @@ def _number(value: Any, lang: str, decimals: int = 0) -> str:
     return text.replace(".", ",") if lang == RU else text
 
 
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number and abs(number) != float("inf") else None
-
-
 def _date(value: Any, lang: str) -> str:
     text = str(value or "")
     m = re.match(r"(\d{4})-(\d{2})-(\d{2})", text)
@@ -785,7 +780,7 @@ class _Composer:
         thinned = []
         if omitted:
             thinned.append(self.t["thinned"].format(kept=len(items), count=count, omitted=omitted))
-        numbers = [(v, i) for i in items if (v := _float(i.get("value"))) is not None]
+        numbers = [(v, i) for i in items if (v := series_value(i)) is not None]
         if len(numbers) < 3:
             return self.t["values"].format(count), thinned
         low = min(numbers, key=lambda x: x[0])[1]

@@ -455,7 +455,9 @@ def _series_items(name: str, result: Any) -> list[Mapping[str, Any]] | None:
     return items
 
 
-def _series_value(item: Mapping[str, Any]) -> float | None:
+def series_value(item: Mapping[str, Any]) -> float | None:
+    """A rate series item's `value` when it is a finite number (the tool's contract), else
+    None: the one reading of it for thinning a series and for answering from one."""
     value = item.get("value")
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -483,7 +485,7 @@ def _thinning_order(items: Sequence[Mapping[str, Any]]) -> list[int]:
     """The indices of a series' items, the most telling first: the first and the last, the
     lowest and the highest value, each change of value (spread over the period), then the
     rest spread evenly. The first k of them are the k items a thinned series keeps."""
-    values = [_series_value(i) for i in items]
+    values = [series_value(i) for i in items]
     numbered = {i: v for i, v in enumerate(values) if v is not None}
     ends = [0, len(items) - 1]
     if numbered:
