@@ -566,11 +566,13 @@ class RetrievalEngine:
         """Each (filter, limit) level's ranking: its dense and/or BM25 lists (by point id, no
         payload) fused; every level's lists from one batched index call."""
         factor = self._settings.candidate_factor
-        keyword_text = plan.text
+        inside_text = plan.text
         if plan.ranking in ("sparse", "hybrid"):
             # Words naming one of the tenant's documents say which, not what in it
-            # (docs/architecture.md §6); the dense query keeps them.
-            keyword_text = self._sections.title_index(plan.tenant_id).without_titles(plan.text)
+            # (docs/architecture.md §6): gone from the keyword query of sections and chunks,
+            # kept for documents (doc_first's first level), which they do name. The dense
+            # query keeps them.
+            inside_text = self._sections.title_index(plan.tenant_id).without_titles(plan.text)
         named: list[list[tuple[str, RankQuery]]] = []
         for flt, limit in levels:
             depth = max(limit, 1) * factor
@@ -578,6 +580,7 @@ class RetrievalEngine:
             if plan.ranking in ("dense", "hybrid") and vector is not None:
                 lists.append(("dense", RankQuery(flt, depth, vector=vector)))
             if plan.ranking in ("sparse", "hybrid"):
+                keyword_text = plan.text if flt.kinds == ("doc",) else inside_text
                 lists.append(("sparse", RankQuery(flt, depth, text=keyword_text)))
                 for i, variant in enumerate(plan.variants):
                     lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))

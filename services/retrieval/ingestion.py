@@ -142,6 +142,12 @@ def embedding_identity(embedder: Embedder) -> str:
     return f"embedder={embedder.name}\0passage_prefix={prefix}"
 
 
+POINTS_VERSION = 2
+"""Bumped whenever `document_points` changes what a point holds for the same document (2: a
+document's BM25 text is all of it), mixed into every generation (`_ingest`): ingesting an
+unchanged document again then writes its points anew instead of answering unchanged."""
+
+
 def _listed_points(doc: Document) -> list[StoredPoint]:
     """The point list of a stored document (no vectors needed: ids and fields only)."""
     return stored_points(document_points(doc, None))
@@ -174,7 +180,8 @@ def document_points(
     doc: Document, vectors: np.ndarray | None, texts: Sequence[str] | None = None
 ) -> list[IndexPoint]:
     """Chunk points, section points (centroid vector; for BM25 the section's text, each
-    chunk's overlap with the one before counted once: `summaries.section_texts`), a doc point.
+    chunk's overlap with the one before counted once: `summaries.section_texts`), a doc point
+    (mean vector; for BM25 the title and every section's title and text).
 
     `vectors` are the chunks' passage embeddings, in order; None leaves every dense
     vector out (the points' fields and ids are the same either way). `texts` are
@@ -220,11 +227,18 @@ def document_points(
                   page_end=s.page_end, tokens=sum(doc.chunks[i].tokens for i in idx),
                   sparse_text=f"{s.title}\n{section_text[s.section_id]}")
         )  # fmt: skip
-    outline = " ".join(f"{s.title}. {s.summary}" for s in doc.sections)
+    # The document's BM25 text is all of it: its title and every section's title and text.
+    # doc_first ranks documents before sections, and a word only in a section's body must
+    # still find its document when ranking is sparse.
+    body = "\n".join(
+        f"{s.title}\n{section_text[s.section_id]}"
+        for s in doc.sections
+        if s.section_id in by_section
+    )
     points.append(
         point("doc", "doc", None if vectors is None else _unit(vectors.mean(axis=0)),
               section_id="", chunk_id="", ord=0, page_start=1, page_end=doc.pages, tokens=0,
-              sparse_text=f"{doc.title}\n{outline}")
+              sparse_text=f"{doc.title}\n{body}")
     )  # fmt: skip
     return points
 
@@ -478,9 +492,10 @@ class Ingestor:
     async def _ingest(self, item: IngestInput, deadline: float | None) -> IngestOutcome:
         doc_id, fmt = self._validate(item)
         parsed = await asyncio.to_thread(self._parse, item, doc_id, fmt)
-        # The embedder is part of the generation as the summarizer is (`_summarized`).
-        embedding = embedding_identity(self._embedder)
-        docs = [replace(d, generation=mix_generation(d.generation, embedding)) for d in parsed]
+        # The embedder and the points' layout are part of the generation as the summarizer is
+        # (`_summarized`).
+        made_by = f"{embedding_identity(self._embedder)}\0points={POINTS_VERSION}"
+        docs = [replace(d, generation=mix_generation(d.generation, made_by)) for d in parsed]
         if not docs:  # a knowledge-base CSV with a header and no rows
             raise errors.invalid("content", "the knowledge-base CSV has no rows")
         for doc in docs:

@@ -12,6 +12,7 @@ import pytest
 from services.common import errors
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.summaries import mix_generation
+from services.retrieval import ingestion
 from services.retrieval.embeddings import CachedQueryEmbedder, EmbeddingSettings, RemoteEmbedder
 from services.retrieval.factories import build_embedder
 from services.retrieval.index.base import IndexFilter
@@ -164,3 +165,19 @@ async def test_with_model_summaries_the_generation_holds_both_and_unchanged_stil
     assert again.generation != mix_generation(first.generation, ModelSummaries.name)
     assert (await ing.ingest(guide(V1))).unchanged
     s.index.close()
+
+
+async def test_a_new_points_layout_writes_an_unchanged_document_again(
+    tmp_path, embedder, monkeypatch
+):
+    # POINTS_VERSION is mixed into the generation as the embedder is: a build whose points
+    # hold other text for the same document (2: the doc point's BM25 text is all of it)
+    # rewrites them on the next ingest, where the unchanged shortcut would keep the old ones.
+    s = make_stack(tmp_path, embedder)
+    first = await s.ingestor.ingest(guide(V1))
+    assert (await s.ingestor.ingest(guide(V1))).unchanged
+    monkeypatch.setattr(ingestion, "POINTS_VERSION", ingestion.POINTS_VERSION + 1)
+    again = await s.ingestor.ingest(guide(V1))
+    assert not again.unchanged and again.replaced and again.generation != first.generation
+    assert s.index.document_generations("a") == {"guide": {again.generation}}
+    assert (await s.ingestor.ingest(guide(V1))).unchanged

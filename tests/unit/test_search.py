@@ -897,3 +897,52 @@ async def test_the_query_cache_is_kept_apart_per_calling_tenant(shared, embedder
     await shared.engine.search(replace(kb, filters=replace(kb.filters, source="knowledge_base")))
     # b's knowledge-base search is b's too (a hit), never a's or the KB tenant's.
     assert (embedder.hits - before[0], embedder.misses - before[1]) == (2, 2)
+
+
+OPERATIONS = """# Operations handbook
+
+## Backups
+
+Backups run daily at 02:00 on every server. Backups are kept for thirty days on every server.
+Backups are verified weekly on every server. Backup reports go to the operators every day.
+Backup restores are tested monthly on every server. The tape library is labelled with barcodes.
+"""
+HANDBOOK = """# Operator Handbook
+
+## Sayings
+
+An old proverb says that practice makes perfect.
+"""
+RUNBOOK = """# Plant Runbook
+
+## Proverbs
+
+A proverb a day: the runbook quotes a proverb on every page, proverb after proverb.
+"""
+
+
+async def test_doc_first_sparse_finds_a_word_written_only_in_a_sections_body(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    try:
+        await s.ingestor.ingest(IngestInput("a", OPERATIONS.encode(), file_name="ops.md"))
+        doc = s.store.get_document("a", "ops")
+        assert doc is not None and "barcodes" not in doc.sections[-1].summary  # the premise
+        r = await s.engine.search(q(query="barcodes", mode="doc_first", ranking="sparse"))
+    finally:
+        s.index.close()
+    assert r.hits and "barcodes" in r.hits[0].text
+
+
+async def test_doc_first_ranks_documents_on_the_title_a_query_names(tmp_path, embedder):
+    # The title's words leave the keyword query of sections and chunks (query.TitleIndex),
+    # not the documents': they name the one to read.
+    s = make_stack(tmp_path, embedder)
+    query = "Which proverb does the operator handbook quote?"
+    try:
+        for name, text in (("handbook.md", HANDBOOK), ("runbook.md", RUNBOOK)):
+            await s.ingestor.ingest(IngestInput("a", text.encode(), file_name=name))
+        one = await s.engine.search(q(query=query, mode="doc_first", ranking="sparse", max_docs=1))
+    finally:
+        s.index.close()
+    assert {h.doc_id for h in one.hits} == {"handbook"}
+    assert "proverb" in one.hits[0].text
