@@ -11,16 +11,19 @@ Tokens are charged after the call, once its result is known: a call is admitted 
 key is below both limits, and the call that crosses the token limit is served in full; the
 next one waits. A limit of 0 switches that limit off.
 
-Calls in flight at once: each is admitted with `bound`, the most tokens it can charge (the
-executor gives its text byte budget: a cl100k token is at least one UTF-8 byte), and a
-key's token count is its charged tokens plus the bounds of its calls in flight.
-`Reservation.charge` replaces the bound with the real count; `Reservation.release` (the
-call ended, failed or was cancelled) drops what is left of it. So the calls admitted on a
-key carry at most the limit plus the one call that crosses it, however many run at once,
-and a call that runs alone is admitted and charged exactly as above. A call refused only
-for the bounds in flight is told to retry after IN_FLIGHT_WAIT_S; otherwise the retry-after
-assumes every call in flight charges its whole bound (it may be longer than needed, never
-shorter).
+Calls in flight at once: each is admitted with a `reserve`, the tokens it is expected to
+charge (the executor gives about what a full result of prose holds, or 0 for a call that
+returns no text), never more than the key's token limit. While it runs, a key's token
+count is its charged tokens plus the reservations of its calls in flight; a call that
+reserves tokens is admitted while that count is below the limit, a call that reserves
+none while the charged tokens alone are. `Reservation.charge` replaces the reservation
+with the real count; `Reservation.release` (the call ended, failed or was cancelled)
+drops what is left of it. So calls running at once are refused only once the tokens used
+and expected reach the limit, and a call that runs alone is admitted and charged exactly
+as above. A reservation is an estimate, not a bound: calls in flight that charge more
+than they reserved take the key past its limit by that much, as the one crossing call
+does. A call refused only for the reservations in flight is told to retry after
+IN_FLIGHT_WAIT_S; otherwise after the charged tokens fall below the limit.
 """
 
 from __future__ import annotations
@@ -94,35 +97,37 @@ class RateLimitExceeded(Exception):
 
 class _Entry:
     """One admitted call: when, the tokens its result carried (filled in after the call) and,
-    while it runs, the most it can still charge."""
+    while it runs, what is left of its reservation."""
 
-    __slots__ = ("at", "live", "pending", "tokens")
+    __slots__ = ("at", "live", "reserved", "tokens")
 
-    def __init__(self, at: float, pending: int = 0) -> None:
+    def __init__(self, at: float, reserved: int = 0) -> None:
         self.at = at
         self.tokens = 0
-        self.pending = pending
-        """Tokens the running call may still charge (its bound less what it charged); 0 once
-        it is released."""
+        self.reserved = reserved
+        """Tokens the running call still holds on the key (its reservation less what it
+        charged); 0 once it is released."""
         self.live = True
         """False once the entry has left its window (its tokens no longer count)."""
 
 
 class _Window:
-    """The calls of one key inside the window, oldest first, with their token sum (charged
-    tokens plus what the calls in flight may still charge)."""
+    """The calls of one key inside the window, oldest first, with the tokens they charged and
+    those the calls in flight still hold."""
 
-    __slots__ = ("entries", "tokens")
+    __slots__ = ("charged", "entries", "reserved")
 
     def __init__(self) -> None:
         self.entries: deque[_Entry] = deque()
-        self.tokens = 0
+        self.charged = 0
+        self.reserved = 0
 
     def prune(self, now: float, window: float) -> None:
         while self.entries and self.entries[0].at + window <= now:
             gone = self.entries.popleft()
             gone.live = False
-            self.tokens -= gone.tokens + gone.pending
+            self.charged -= gone.tokens
+            self.reserved -= gone.reserved
 
     def calls_wait(self, limit: int, now: float, window: float) -> float:
         """Seconds until one more call fits under `limit` calls (0 when it fits now)."""
@@ -131,17 +136,20 @@ class _Window:
         # The oldest len-limit+1 calls must leave the window first.
         return self.entries[len(self.entries) - limit].at + window - now
 
-    def tokens_wait(self, limit: int, now: float, window: float) -> float:
-        """Seconds until the tokens in the window drop below `limit` (0 when they are); when
-        only the bounds of calls in flight take it there, IN_FLIGHT_WAIT_S (they end soon,
-        and most charge far less than their bound)."""
-        if not limit or self.tokens < limit:
+    def tokens_wait(self, limit: int, now: float, window: float, *, reserves: bool) -> float:
+        """Seconds until a call fits under `limit` tokens (0 when it fits now).
+
+        A call that `reserves` tokens fits while the charged tokens plus the reservations in
+        flight are below the limit; one that reserves none, while the charged tokens are.
+        When only the reservations take the key to its limit, IN_FLIGHT_WAIT_S: they end
+        soon, and most charge less than they reserved."""
+        if not limit or self.charged + (self.reserved if reserves else 0) < limit:
             return 0.0
-        if self.tokens - sum(e.pending for e in self.entries) < limit:
+        if self.charged < limit:
             return IN_FLIGHT_WAIT_S
-        left = self.tokens
+        left = self.charged
         for entry in self.entries:
-            left -= entry.tokens + entry.pending
+            left -= entry.tokens
             if left < limit:
                 return entry.at + window - now
         return 0.0  # unreachable: with every entry gone the sum is 0 < limit
@@ -149,7 +157,8 @@ class _Window:
 
 class Reservation:
     """The calls one tool call was admitted as; `charge` adds its result tokens to them and
-    `release` drops what is left of its bound once the call has ended (always call it)."""
+    `release` drops what is left of its reservation once the call has ended (always call
+    it)."""
 
     def __init__(
         self, entries: dict[RateKey, tuple[_Entry, _Window]], lock: threading.Lock
@@ -162,29 +171,36 @@ class Reservation:
         """The keys the call was counted against."""
         return tuple(self._entries)
 
+    @property
+    def reserved(self) -> dict[RateKey, int]:
+        """The tokens the call still holds on each of its keys."""
+        with self._lock:
+            return {key: entry.reserved for key, (entry, _) in self._entries.items()}
+
     def charge(self, tokens: int, doc_id: str | None = None) -> None:
         """Add `tokens` to the key of `doc_id` when the call named it, else to all its keys;
-        they replace as much of the call's bound on that key."""
+        they replace as much of the call's reservation on that key."""
         if tokens <= 0:
             return
         targets = [k for k in self._entries if k[1] == doc_id] if doc_id is not None else []
         with self._lock:
             for key in targets or list(self._entries):
                 entry, window = self._entries[key]
-                from_bound = min(entry.pending, tokens)
-                entry.pending -= from_bound
+                from_reserve = min(entry.reserved, tokens)
+                entry.reserved -= from_reserve
                 entry.tokens += tokens
                 if entry.live:
-                    window.tokens += tokens - from_bound
+                    window.reserved -= from_reserve
+                    window.charged += tokens
 
     def release(self) -> None:
-        """The call has ended (served, failed or cancelled): drop what is left of its bound.
-        Idempotent."""
+        """The call has ended (served, failed or cancelled): drop what is left of its
+        reservation. Idempotent."""
         with self._lock:
             for entry, window in self._entries.values():
                 if entry.live:
-                    window.tokens -= entry.pending
-                entry.pending = 0
+                    window.reserved -= entry.reserved
+                entry.reserved = 0
 
 
 class RateLimiter:
@@ -207,19 +223,21 @@ class RateLimiter:
             return self.limits.tenant_calls_per_minute, self.limits.tenant_tokens_per_minute
         return self.limits.calls_per_minute, self.limits.tokens_per_minute
 
-    def acquire(self, tenant_id: str, doc_ids: Sequence[str] = (), bound: int = 0) -> Reservation:
+    def acquire(self, tenant_id: str, doc_ids: Sequence[str] = (), reserve: int = 0) -> Reservation:
         """Admit one call naming `doc_ids` (none: the tenant's key) or raise RateLimitExceeded.
 
         All keys are checked before any is counted, so a refused call counts nowhere. A call
         naming documents is also checked, not counted, against the tenant's
-        UNKNOWN_DOCUMENTS key. `bound` is the most tokens the call can charge to any one key:
-        it counts on each key until the call's `Reservation` charges or releases it.
+        UNKNOWN_DOCUMENTS key. `reserve` is the tokens the call is expected to charge to each
+        key: it holds them, cut to the key's token limit, until its `Reservation` charges or
+        releases them; a call that reserves none is refused for charged tokens only.
         """
         keys: list[RateKey] = [(tenant_id, d) for d in dict.fromkeys(doc_ids)] or [
             (tenant_id, None)
         ]
         checked = [*keys, (tenant_id, UNKNOWN_DOCUMENTS)] if doc_ids else keys
         window_s = self.limits.window_seconds
+        reserves = reserve > 0
         with self._lock:
             now = self._clock()
             self._sweep(now)
@@ -232,7 +250,11 @@ class RateLimiter:
                 calls, tokens = self._limits_of(key)
                 for what, limit, wait in (
                     ("calls", calls, window.calls_wait(calls, now, window_s)),
-                    ("tokens", tokens, window.tokens_wait(tokens, now, window_s)),
+                    (
+                        "tokens",
+                        tokens,
+                        window.tokens_wait(tokens, now, window_s, reserves=reserves),
+                    ),
                 ):
                     if wait > 0:
                         retry = whole_seconds(wait)
@@ -241,12 +263,12 @@ class RateLimiter:
             if worst is not None:
                 raise worst
             entries: dict[RateKey, tuple[_Entry, _Window]] = {}
-            pending = max(0, bound)
             for key in keys:
-                entry = _Entry(now, pending)
+                held = _reservation(reserve, self._limits_of(key)[1])
+                entry = _Entry(now, held)
                 window = self._windows.setdefault(key, _Window())
                 window.entries.append(entry)
-                window.tokens += pending
+                window.reserved += held
                 entries[key] = (entry, window)
             return Reservation(entries, self._lock)
 
@@ -275,3 +297,10 @@ class RateLimiter:
         """How many keys the limiter holds (the tests check that idle keys are let go)."""
         with self._lock:
             return len(self._windows)
+
+
+def _reservation(reserve: int, limit: int) -> int:
+    """What a call reserving `reserve` tokens holds on a key of token limit `limit`: never
+    more than the limit (one call cannot hold a key past full), nothing when the limit is
+    off (no count to hold a place in)."""
+    return max(0, min(reserve, limit)) if limit else 0

@@ -112,6 +112,7 @@ class TavilySettings:
     """Longest snippet per result; longer ones are cut and end with an ellipsis."""
 
     def __post_init__(self) -> None:
+        _check_api_key(self.api_key)
         parts = check_base_url(self.base_url, "MCP_PROXY_TAVILY_URL")
         if parts.scheme == "http" and not self.allow_http:
             raise SettingsError(
@@ -125,6 +126,21 @@ class TavilySettings:
     def configured(self) -> bool:
         """True when an API key is set."""
         return bool(self.api_key)
+
+
+def _check_api_key(key: str | None) -> None:
+    """SettingsError, naming the variable and never the key, unless `key` can travel as a
+    Bearer token: printable ASCII without spaces. A key with a newline around it would
+    fail every request as "unreachable" (retried, feeding the breaker), and a non-ASCII one
+    could not be encoded into the header at all."""
+    if not key:
+        return
+    if key != key.strip():
+        raise SettingsError("MCP_PROXY_TAVILY_API_KEY has white space around it; set the key alone")
+    if not all("!" <= c <= "~" for c in key):
+        raise SettingsError(
+            "MCP_PROXY_TAVILY_API_KEY must be printable ASCII without spaces, as Tavily's keys are"
+        )
 
 
 class TavilyError(Exception):
@@ -194,7 +210,8 @@ def _checked(
 
 
 class TavilyClient:
-    """Searches Tavily for finance news: ``POST {base_url}/search``, topic finance, advanced.
+    """Searches Tavily for finance news: ``POST {base_url}/search``, topic finance, advanced,
+    with publication dates asked for (``include_published_date``).
 
     Retries 5xx, 429 (honouring ``Retry-After``) and refused connections with exponential
     backoff, caches results per (tenant, user, query, options), and stops calling Tavily
@@ -269,6 +286,8 @@ class TavilyClient:
             "include_answer": False,
             "include_raw_content": False,
             "include_images": False,
+            # Tavily dates its results only when asked (by default for topic news alone).
+            "include_published_date": True,
         }
         if time_range is not None:
             body["time_range"] = time_range

@@ -9,8 +9,9 @@ tool (document, search or external) under the same rules:
 - arguments are checked against the tool's JSON schema, whose limits are stated in it;
 - rate limits by calls and by result tokens per `tenant_id:doc_id` of the documents a call
   reads (per tenant for calls that read none: searches, whatever ids they filter on, and
-  external data), see `ratelimit.py`; a call in flight counts at its text budget until
-  its result's tokens are charged;
+  external data), see `ratelimit.py`; a call in flight reserves the tokens a full result
+  of prose holds (RESERVED_BYTES_PER_TOKEN; none when it returns no text) until its
+  result's tokens are charged;
 - every text field of a result (`text`, `content`, `snippet`) counts against the tool's
   `max_text_bytes`, is trimmed at a character boundary when over (its object gets
   `truncated: true`, and so does the result), and is returned as delimited data:
@@ -90,6 +91,11 @@ MAX_LOCAL_SEARCH_RESULTS = 5
 SNIPPET_CHARS = 300
 """Length of a doc_local_search snippet, in characters."""
 MAX_PAGE_NUMBER = 1_000_000
+RESERVED_BYTES_PER_TOKEN = 4
+"""A call in flight reserves its text budget divided by this many tokens: about what a full
+result of prose holds (cl100k: Russian and English prose run near 4 UTF-8 bytes a token),
+not the most it could hold (a token a byte), so calls running at once are refused for
+tokens they are likely to use, not for ones they almost never do."""
 IDENTITY_ARGUMENTS = ("tenant_id", "user_id")
 """Argument names no tool accepts: identity comes from the request context only."""
 log = logging.getLogger("visior.toolsproxy")
@@ -133,8 +139,34 @@ class ToolFailure(Exception):
 
 ToolResult = dict[str, Any]
 
+
 MAX_METADATA_SECTIONS = 500
 """Sections one read_doc_metadata result lists at most."""
+
+
+def _changed_while_read(doc_id: str) -> ToolFailure:
+    """NOT_FOUND for a document deleted or ingested again between two reads of one call:
+    the ids the model holds may no longer name what they did."""
+    return ToolFailure(
+        NOT_FOUND,
+        f"document {doc_id!r} changed while it was being read (deleted or ingested again); "
+        "search again for its current chunks",
+    )
+
+
+def _always_text(args: Mapping[str, Any]) -> bool:
+    """Tool.returns_text of a tool that may return text whatever its arguments."""
+    return True
+
+
+def _never_text(args: Mapping[str, Any]) -> bool:
+    """Tool.returns_text of a tool whose results hold no text field (read_doc_metadata)."""
+    return False
+
+
+def _content_asked(args: Mapping[str, Any]) -> bool:
+    """Tool.returns_text of load_documents_full: text unless include_content is false."""
+    return args.get("include_content", True) is not False
 
 
 @dataclass(frozen=True)
@@ -150,6 +182,9 @@ class Tool:
     `doc_rate_keys` says whether the documents a call names (`doc_id`, `document_ids`,
     `doc_ids`) are documents it reads, each its own rate-limit key; a search sets it False:
     its ids only filter the search, and it counts against the tenant key alone.
+    `returns_text(args)` says whether a call with these (checked) arguments can return
+    text: one that cannot reserves no tokens while it runs, so a key full of reservations
+    does not refuse it.
     """
 
     name: str
@@ -159,6 +194,7 @@ class Tool:
     content: str = "document"
     max_text_bytes: int | None = None
     doc_rate_keys: bool = True
+    returns_text: Callable[[Mapping[str, Any]], bool] = _always_text
 
 
 # --- untrusted text: trimming and delimiting -------------------------------------------------
@@ -336,7 +372,10 @@ class DocumentTools:
                 READ_DOC_PAGES,
                 "Read pages page_start..page_end (1-based, inclusive) of a document, at most "
                 f"{limits.max_pages_per_call} pages per call; page_end defaults to "
-                "page_start and is clamped to the last page.",
+                "page_start and is clamped to the last page. A longer range returns its "
+                f"first {limits.max_pages_per_call} pages with truncated: true and "
+                "next_page_start, the page_start of the call that reads on (null when the "
+                "range was read to its end).",
                 tool_arguments(
                     {"doc_id": _ID, "page_start": page, "page_end": page},
                     ["doc_id", "page_start"],
@@ -351,6 +390,7 @@ class DocumentTools:
                 "limit; sections_total and truncated say when some were left out).",
                 tool_arguments({"doc_id": _ID}, ["doc_id"]),
                 self.read_doc_metadata,
+                returns_text=_never_text,  # titles are short fields, not text
             ),
         )
 
@@ -400,6 +440,7 @@ class DocumentTools:
                 ),
                 self.load_documents_full,
                 max_text_bytes=limits.max_full_text_bytes,
+                returns_text=_content_asked,
             ),
         )
 
@@ -432,6 +473,8 @@ class DocumentTools:
         chunks = self._store.chunk_range(
             caller.tenant_id, doc.doc_id, anchor.ord - before, anchor.ord + after
         )
+        if anchor.chunk_id not in {c.chunk_id for c in chunks}:
+            raise _changed_while_read(doc.doc_id)
         return {
             "doc_id": doc.doc_id,
             "title": doc.title,
@@ -465,29 +508,28 @@ class DocumentTools:
         }
 
     def read_doc_pages(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
-        """Pages page_start..page_end, one text per page.
+        """Pages page_start..page_end, one text per page, at most max_pages_per_call of them.
 
         A range starting past the last page is NOT_FOUND; one running past it is clamped to
-        the last page, and the clamped range counts against max_pages_per_call: more pages
-        than that is INVALID_ARGUMENT (not WINDOW_TOO_LARGE, which callers read as "shrink
-        the chunk radius").
+        the last page. A longer range than max_pages_per_call (a search hit's mcp_link names
+        its chunk's pages, and a chunk may span more: slides, short pages) returns its first
+        max_pages_per_call pages with `truncated` and `next_page_start`, where the next call
+        starts; `next_page_start` is None when the range was read to its end.
         """
         first = args["page_start"]
-        last = args.get("page_end", first)
-        limit = self._limits.max_pages_per_call
-        if last < first:
-            raise ToolFailure(INVALID_ARGUMENT, f"page_end {last} is before page_start {first}")
+        asked_last = args.get("page_end", first)
+        if asked_last < first:
+            raise ToolFailure(
+                INVALID_ARGUMENT, f"page_end {asked_last} is before page_start {first}"
+            )
         doc = self._doc(caller, args["doc_id"])
         if first > doc.pages:
             raise ToolFailure(
                 NOT_FOUND, f"page {first} not in {doc.doc_id!r}, which has {doc.pages} page(s)"
             )
-        last = min(last, doc.pages)
-        if last - first + 1 > limit:
-            raise ToolFailure(
-                INVALID_ARGUMENT,
-                f"asked {last - first + 1} pages ({first}-{last}); at most {limit} per call",
-            )
+        wanted = min(asked_last, doc.pages)
+        last = min(wanted, first + self._limits.max_pages_per_call - 1)
+        cut = last < wanted
         pages = [
             {"page": p.number, "text": p.text}
             for p in self._store.pages_text(caller.tenant_id, doc.doc_id, first, last)
@@ -508,6 +550,8 @@ class DocumentTools:
             "page_end": last,
             "pages_in_document": doc.pages,
             "pages": pages,
+            "truncated": cut,
+            "next_page_start": last + 1 if cut else None,
         }
 
     def read_doc_metadata(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
@@ -695,6 +739,12 @@ def _named_documents(args: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def _reserve(tool: Tool, args: Mapping[str, Any], budget: int) -> int:
+    """The tokens a call reserves while it runs: what `budget` bytes of prose hold, or none
+    for a call that returns no text. Its result's real count replaces it once charged."""
+    return budget // RESERVED_BYTES_PER_TOKEN if tool.returns_text(args) else 0
+
+
 def check_tool(tool: Tool) -> None:
     """Raise ValueError unless the tool's schema is closed and takes no identity arguments."""
     schema = tool.schema
@@ -794,12 +844,10 @@ class ToolExecutor:
             return _error(exc.code, str(exc)), 0
         budget = tool.max_text_bytes or self._limits.max_text_bytes
         try:
-            # A result's text is at most `budget` bytes, hence at most `budget` tokens: the
-            # call counts at that until it is charged, so calls in flight cannot all pass.
             reservation = self._limiter.acquire(
                 caller.tenant_id,
                 _named_documents(args) if tool.doc_rate_keys else (),
-                bound=budget,
+                reserve=_reserve(tool, args, budget),
             )
         except RateLimitExceeded as exc:
             return _error(RATE_LIMIT_EXCEEDED, str(exc), exc.retry_after_s), 0

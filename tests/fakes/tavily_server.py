@@ -13,7 +13,9 @@ Follows Tavily's documented contract (docs.tavily.com, API reference "Search"; t
   | m | y), ``days`` (> 0); unknown fields are ignored;
 - response: ``{query, follow_up_questions, answer, images, results[{title, url, content,
   score, raw_content, published_date?}], response_time, request_id}``; ``published_date``
-  (RFC 1123, as Tavily's news results carry it) only for the news and finance topics.
+  (RFC 1123, as Tavily's news results carry it) only when the request's
+  ``include_published_date`` (default false) is true, or for the news topic, which dates
+  its results without being asked.
 
 Results are deterministic functions of the request. Faults on demand: ``fail_next`` (5xx
 with the API's error body), ``rate_limit_next`` (429 with ``Retry-After``), ``hang_next``
@@ -56,8 +58,11 @@ def _error(message: str) -> dict[str, Any]:
     return {"detail": {"error": message}}
 
 
-def make_results(query: str, topic: str, count: int, depth: str) -> list[dict[str, Any]]:
-    """The deterministic results the fake returns for a query."""
+def make_results(
+    query: str, topic: str, count: int, depth: str, dated: bool
+) -> list[dict[str, Any]]:
+    """The deterministic results the fake returns for a query; `dated`: with their
+    published_date."""
     slug = "-".join(query.lower().split())[:60] or "q"
     results: list[dict[str, Any]] = []
     for i in range(count):
@@ -71,7 +76,7 @@ def make_results(query: str, topic: str, count: int, depth: str) -> list[dict[st
             "score": round(0.9 - 0.1 * i, 4),
             "raw_content": None,
         }
-        if topic in ("news", "finance"):
+        if dated:
             item["published_date"] = f"Mon, {10 + i:02d} Mar 2025 09:30:00 GMT"
         results.append(item)
     return results
@@ -200,7 +205,8 @@ class FakeTavilyServer:
         if self.results_override is not None:
             results = [dict(r) if isinstance(r, dict) else r for r in self.results_override]
         else:
-            results = make_results(query, topic, count, depth)
+            dated = topic == "news" or body.get("include_published_date") is True
+            results = make_results(query, topic, count, depth, dated)
         if body.get("include_raw_content"):
             for r in results:
                 if isinstance(r, dict):

@@ -199,23 +199,56 @@ def test_idle_keys_are_forgotten():
     assert rl.tracked_keys() == 1
 
 
-# --- calls in flight: each counts at its bound until it is charged or released ---------------
+# --- calls in flight: each holds its reservation until it is charged or released ------------
 
 
-@pytest.mark.parametrize(("limit", "third_ok"), [(101, True), (100, False)])
-def test_calls_in_flight_count_at_their_bound(limit, third_ok):
+@pytest.mark.parametrize(("limit", "third_ok"), [(101, True), (100, False), (99, False)])
+def test_calls_in_flight_count_at_their_reservation(limit, third_ok):
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=limit)
-    rl.acquire("t", ["d"], bound=50)
-    rl.acquire("t", ["d"], bound=50)  # 50 in flight, below the limit
+    rl.acquire("t", ["d"], reserve=50)
+    rl.acquire("t", ["d"], reserve=50)  # 50 in flight, below the limit
     if third_ok:  # 100 in flight, below 101
-        rl.acquire("t", ["d"], bound=50)
+        rl.acquire("t", ["d"], reserve=50)
         return
-    with pytest.raises(RateLimitExceeded) as exc:  # 100 in flight: at the limit
-        rl.acquire("t", ["d"], bound=50)
+    with pytest.raises(RateLimitExceeded) as exc:  # 100 in flight: at the limit or past it
+        rl.acquire("t", ["d"], reserve=50)
     # Only the calls in flight fill the key: they end soon, so a short retry-after.
     assert (exc.value.what, exc.value.retry_after_s) == ("tokens", IN_FLIGHT_WAIT_S)
-    rl.acquire("t", ["other"], bound=50)  # another key
+    rl.acquire("t", ["other"], reserve=50)  # another key
+
+
+def test_a_reservation_never_exceeds_the_limit_it_is_checked_against():
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100, tenant_tokens_per_minute=300)
+    whole = rl.acquire("t", ["d", "e"], reserve=1_000)  # admitted alone, however big
+    assert whole.reserved == {("t", "d"): 100, ("t", "e"): 100}
+    assert rl.acquire("t", reserve=1_000).reserved == {("t", None): 300}
+    assert rl.acquire("t", ["f"], reserve=99).reserved == {("t", "f"): 99}
+    whole.charge(30, "d")
+    assert whole.reserved == {("t", "d"): 70, ("t", "e"): 100}
+    whole.release()
+    assert whole.reserved == {("t", "d"): 0, ("t", "e"): 0}
+    off = limiter(clock, tokens_per_minute=0)  # no token limit: nothing to hold
+    assert off.acquire("t", ["d"], reserve=1_000).reserved == {("t", "d"): 0}
+
+
+@pytest.mark.parametrize(("charged", "admitted"), [(99, True), (100, False), (101, False)])
+def test_a_call_that_reserves_nothing_is_refused_for_charged_tokens_only(charged, admitted):
+    clock = Clock()
+    rl = limiter(clock, tokens_per_minute=100)
+    served = rl.acquire("t", ["d"])
+    rl.acquire("t", ["d"], reserve=100)  # in flight, holding the whole limit
+    served.charge(charged)
+    if admitted:
+        with pytest.raises(RateLimitExceeded) as exc:  # a call that may add text waits
+            rl.acquire("t", ["d"], reserve=1)
+        assert exc.value.retry_after_s == IN_FLIGHT_WAIT_S
+        rl.acquire("t", ["d"])  # one that adds none: 99 charged, below the limit
+        return
+    with pytest.raises(RateLimitExceeded) as exc:  # at the limit or past it by charged tokens
+        rl.acquire("t", ["d"])
+    assert (exc.value.what, exc.value.retry_after_s) == ("tokens", 60)
 
 
 def test_a_key_over_its_limit_by_charged_tokens_waits_for_them_to_leave_the_window():
@@ -223,70 +256,70 @@ def test_a_key_over_its_limit_by_charged_tokens_waits_for_them_to_leave_the_wind
     rl = limiter(clock, tokens_per_minute=100)
     rl.acquire("t", ["d"]).charge(99)  # charged, 1 below the limit
     clock.now += 10
-    running = rl.acquire("t", ["d"], bound=50)  # admitted: 99 < 100; 149 with its bound
+    running = rl.acquire("t", ["d"], reserve=50)  # admitted: 99 < 100; 149 with its reservation
     with pytest.raises(RateLimitExceeded) as exc:  # the charged 99 alone stays under: in flight
-        rl.acquire("t", ["d"], bound=50)
+        rl.acquire("t", ["d"], reserve=50)
     assert exc.value.retry_after_s == IN_FLIGHT_WAIT_S
     running.charge(1)  # now at the limit by charged tokens alone
     running.release()
     with pytest.raises(RateLimitExceeded) as exc:
-        rl.acquire("t", ["d"], bound=50)
+        rl.acquire("t", ["d"], reserve=50)
     assert exc.value.retry_after_s == 50  # the first call leaves the window then
 
 
-def test_the_real_count_replaces_the_bound():
+def test_the_real_count_replaces_the_reservation():
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=61)
-    first = rl.acquire("t", ["d"], bound=50)
-    rl.acquire("t", ["d"], bound=50)
+    first = rl.acquire("t", ["d"], reserve=50)
+    rl.acquire("t", ["d"], reserve=50)
     with pytest.raises(RateLimitExceeded):
-        rl.acquire("t", ["d"], bound=50)  # 100 in flight
+        rl.acquire("t", ["d"], reserve=50)  # 100 in flight
     first.charge(5)
     with pytest.raises(RateLimitExceeded):
-        rl.acquire("t", ["d"], bound=50)  # 5 charged + 45 + 50 still possible
+        rl.acquire("t", ["d"], reserve=50)  # 5 charged + 45 + 50 still possible
     first.release()
-    rl.acquire("t", ["d"], bound=50)  # 5 + 50 < 61
+    rl.acquire("t", ["d"], reserve=50)  # 5 + 50 < 61
     with pytest.raises(RateLimitExceeded):
-        rl.acquire("t", ["d"], bound=50)  # 5 + 50 + 50
+        rl.acquire("t", ["d"], reserve=50)  # 5 + 50 + 50
 
 
-def test_a_released_call_that_charged_nothing_frees_its_bound():
+def test_a_released_call_that_charged_nothing_frees_its_reservation():
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=100)
-    failed = rl.acquire("t", ["d"], bound=100)
+    failed = rl.acquire("t", ["d"], reserve=100)
     with pytest.raises(RateLimitExceeded):
-        rl.acquire("t", ["d"], bound=100)
+        rl.acquire("t", ["d"], reserve=100)
     failed.release()
     failed.release()  # idempotent
-    rl.acquire("t", ["d"], bound=100)
+    rl.acquire("t", ["d"], reserve=100)
 
 
-@pytest.mark.parametrize("bound", [0, 1_000])
-def test_one_call_at_a_time_is_limited_as_without_bounds(bound):
+@pytest.mark.parametrize("reserve", [0, 1_000])
+def test_one_call_at_a_time_is_limited_as_without_reservations(reserve):
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=20)
     for _ in range(2):
-        r = rl.acquire("t", ["d"], bound=bound)  # admitted below the limit, bound or not
+        r = rl.acquire("t", ["d"], reserve=reserve)  # admitted below the limit, reserving or not
         r.charge(10)
         r.release()
         clock.now += 5
     with pytest.raises(RateLimitExceeded) as exc:
-        rl.acquire("t", ["d"], bound=bound)
+        rl.acquire("t", ["d"], reserve=reserve)
     assert (exc.value.what, exc.value.retry_after_s) == ("tokens", 50)
     clock.now += 50
-    big = rl.acquire("t", ["d"], bound=bound)
+    big = rl.acquire("t", ["d"], reserve=reserve)
     big.charge(500)  # the call that crosses the limit is served in full
     big.release()
     with pytest.raises(RateLimitExceeded):
-        rl.acquire("t", ["d"], bound=bound)
+        rl.acquire("t", ["d"], reserve=reserve)
 
 
 def test_a_call_in_flight_past_its_window_is_not_counted_twice():
     clock = Clock()
     rl = limiter(clock, tokens_per_minute=100)
-    late = rl.acquire("t", ["d"], bound=50)
+    late = rl.acquire("t", ["d"], reserve=50)
     clock.now += 61
-    rl.acquire("t", ["d"]).charge(100)  # prunes the late call's entry, bound and all
-    late.release()  # must not take its bound off the window a second time
+    rl.acquire("t", ["d"]).charge(100)  # prunes the late call's entry, reservation and all
+    late.release()  # must not take its reservation off the window a second time
     with pytest.raises(RateLimitExceeded):
         rl.acquire("t", ["d"])

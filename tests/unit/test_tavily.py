@@ -157,7 +157,34 @@ async def test_our_request_matches_what_the_official_client_sends(h: Harness) ->
         "include_answer": False,
         "include_raw_content": False,
         "include_images": False,
+        "include_published_date": True,  # the finance topic is not dated unless asked
     }
+
+
+def test_the_fake_dates_results_only_as_tavily_does(fake: FakeTavilyServer) -> None:
+    # Tavily's published_date comes with include_published_date, or by itself for news only.
+    session = requests.Session()
+    session.trust_env = False
+    session.headers["Authorization"] = f"Bearer {KEY}"
+    client = official.TavilyClient(api_key=KEY, api_base_url=fake.url, session=session)
+    for topic, asked, dated in [
+        ("finance", None, False),
+        ("general", None, False),
+        ("news", None, True),
+        ("finance", True, True),
+        ("finance", False, False),
+    ]:
+        extra = {} if asked is None else {"include_published_date": asked}
+        results = client.search("rates", topic=topic, **extra)["results"]
+        assert all(("published_date" in r) is dated for r in results), (topic, asked)
+    client.close()
+
+
+async def test_results_carry_their_publication_dates(h: Harness) -> None:
+    result = await h.client().search("rates", tenant_id="t1", user_id="u")
+    assert [r["published_at"] for r in result["results"]] == [
+        f"2025-03-{10 + i}T09:30:00+00:00" for i in range(5)
+    ]
 
 
 # -- happy path and normalisation ----------------------------------------------------------
@@ -633,6 +660,46 @@ def test_settings_read_key_from_file(tmp_path: Path) -> None:
     empty.write_text("\n", encoding="utf-8")
     with pytest.raises(SettingsError, match="empty"):
         tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY_FILE": str(empty)}))
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        (KEY + "\n", "white space around it"),
+        (" " + KEY, "white space around it"),
+        ("\t" + KEY, "white space around it"),
+        ("tvly-tést-key", "printable ASCII"),
+        ("tvly-two words", "printable ASCII"),
+        ("tvly-two\nlines", "printable ASCII"),
+        ("tvly-\x7f", "printable ASCII"),
+    ],
+)
+def test_a_key_that_cannot_travel_in_the_header_is_refused(key: str, said: str) -> None:
+    # Sent as is, white space fails every search as "unreachable" (retried, opening the
+    # breaker) and a non-ASCII key cannot be encoded into the Authorization header at all.
+    with pytest.raises(SettingsError, match=said) as info:
+        TavilySettings(api_key=key)
+    assert "MCP_PROXY_TAVILY_API_KEY" in str(info.value)
+    assert key.strip() not in str(info.value)  # the key itself is never echoed
+
+
+@pytest.mark.parametrize("key", ["tvly-tést-key", "tvly-two words", "tvly-two\nlines"])
+def test_a_key_from_the_environment_that_cannot_travel_is_refused_at_start(key: str) -> None:
+    with pytest.raises(SettingsError, match="MCP_PROXY_TAVILY_API_KEY") as info:
+        tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY": key}))
+    assert key not in str(info.value)
+
+
+def test_white_space_around_a_key_in_the_environment_is_dropped() -> None:
+    # Environment values are read stripped (services.common.settings.Env), as files are.
+    env = Env({"MCP_PROXY_TAVILY_API_KEY": f" {KEY}\n"})
+    assert tavily_settings(env).api_key == KEY
+
+
+def test_the_printable_ascii_edges_of_a_key_are_accepted() -> None:
+    edges = "!tvly-" + "".join(chr(c) for c in range(0x21, 0x7F)) + "~"
+    assert TavilySettings(api_key=edges).api_key == edges
+    assert tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY": KEY})).api_key == KEY
 
 
 def test_http_base_url_refused_without_override() -> None:

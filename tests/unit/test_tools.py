@@ -310,15 +310,20 @@ def test_pages_at_the_limit(executor):
     r = ok(executor, "read_doc_pages", doc_id="guide", page_start=2, page_end=6)
     assert [p["page"] for p in r["pages"]] == [2, 3, 4, 5, 6]
     assert (r["page_start"], r["page_end"], r["pages_in_document"]) == (2, 6, 8)
+    assert (r["truncated"], r["next_page_start"]) == (False, None)
     assert "topic1." in inner(r["pages"][0]["text"])
     assert r["pages"][0]["text"].startswith('<<<DOCUMENT doc_id="guide" pages="2">>>\n')
     assert r["pages"][0]["content_type"] == "untrusted_document_text"
 
 
-def test_one_page_past_the_limit_is_invalid_argument(executor):
-    msg = err(executor, "read_doc_pages", "INVALID_ARGUMENT", doc_id="guide", page_start=2,
-              page_end=7)  # fmt: skip
-    assert "6 pages" in msg and "at most 5" in msg
+def test_one_page_past_the_limit_returns_the_first_pages_and_where_to_go_on(executor):
+    r = ok(executor, "read_doc_pages", doc_id="guide", page_start=2, page_end=7)
+    assert [p["page"] for p in r["pages"]] == [2, 3, 4, 5, 6]
+    assert (r["page_start"], r["page_end"]) == (2, 6)
+    assert (r["truncated"], r["next_page_start"]) == (True, 7)
+    rest = ok(executor, "read_doc_pages", doc_id="guide", page_start=7, page_end=7)
+    assert [p["page"] for p in rest["pages"]] == [7]
+    assert (rest["truncated"], rest["next_page_start"]) == (False, None)
 
 
 def test_pages_range_rules(executor):
@@ -914,7 +919,8 @@ def test_load_documents_full_states_the_characters_its_limit_holds(tmp_path, ful
 
 
 class Gate:
-    """A tool (budget 100 bytes) that holds every call until opened; `fail` makes it fail."""
+    """A tool (budget 400 bytes: it reserves 100 tokens) that holds every call until opened;
+    `fail` makes it fail."""
 
     def __init__(self) -> None:
         self.open = asyncio.Event()
@@ -929,7 +935,7 @@ class Gate:
         return {"text": "x"}
 
     def tool(self):
-        return replace(external_tool({}, name="held"), run=self.run, max_text_bytes=100)
+        return replace(external_tool({}, name="held"), run=self.run, max_text_bytes=400)
 
 
 async def settled(tasks, gate, expected):
@@ -953,8 +959,8 @@ def tenant_tokens(limit):
     return RateLimits(calls_per_minute=0, tokens_per_minute=0, tenant_tokens_per_minute=limit)
 
 
-@pytest.mark.parametrize(("limit", "admitted"), [(301, 4), (300, 3)])
-async def test_calls_in_flight_are_refused_once_their_bounds_reach_the_limit(
+@pytest.mark.parametrize(("limit", "admitted"), [(301, 4), (300, 3), (299, 3)])
+async def test_calls_in_flight_are_refused_once_their_reservations_reach_the_limit(
     store, clock, limit, admitted
 ):
     gate = Gate()
@@ -972,7 +978,7 @@ async def test_calls_in_flight_are_refused_once_their_bounds_reach_the_limit(
 
 
 @pytest.mark.parametrize("failure", ["tool failure", "bug", "cancelled"])
-async def test_a_call_that_ends_without_a_result_releases_its_bound(store, clock, failure):
+async def test_a_call_that_ends_without_a_result_releases_its_reservation(store, clock, failure):
     held, failing = Gate(), Gate()
     failing.fail = {
         "tool failure": ToolFailure("UPSTREAM_UNAVAILABLE", "down"),
@@ -994,7 +1000,7 @@ async def test_a_call_that_ends_without_a_result_releases_its_bound(store, clock
         await second
     third = asyncio.create_task(ex.execute("held", {}, A))  # 100 in flight when it asks
     await settled([first, third], held, 2)
-    assert not third.done()  # admitted: the failed call's bound was released
+    assert not third.done()  # admitted: the failed call's reservation was released
     await refused_at_once(ex, held)  # 200 in flight again
     held.open.set()
     assert [o.status for o in await asyncio.gather(first, third)] == ["ok", "ok"]

@@ -1,5 +1,6 @@
 """read_doc_pages clamps page_end to the document's last page before counting the pages
-against MCP_PROXY_MAX_PAGES_PER_CALL."""
+against MCP_PROXY_MAX_PAGES_PER_CALL, and returns the first pages of a longer range with
+where to read on."""
 
 import asyncio
 
@@ -58,15 +59,30 @@ def test_the_limit_counts_the_clamped_range(executor):
     tail = read(executor, "long", 16, 30)  # 15 asked, pages 16-20 exist: 5, at the limit
     assert tail.status == "ok", (tail.error_code, tail.error_message)
     assert [p["page"] for p in tail.result["pages"]] == [16, 17, 18, 19, 20]
-    over = read(executor, "long", 15, 30)  # pages 15-20: 6, over the limit
-    assert (over.status, over.error_code) == ("error", "INVALID_ARGUMENT")
-    assert "6 pages (15-20)" in over.error_message and "at most 5" in over.error_message
+    assert (tail.result["truncated"], tail.result["next_page_start"]) == (False, None)
+    over = read(executor, "long", 15, 30)  # pages 15-20: 6, one past the limit
+    assert over.status == "ok", (over.error_code, over.error_message)
+    assert [p["page"] for p in over.result["pages"]] == [15, 16, 17, 18, 19]
+    assert (over.result["truncated"], over.result["next_page_start"]) == (True, 20)
 
 
-def test_a_wide_range_on_a_long_document_is_refused_naming_the_limit(executor):
-    out = read(executor, "long", 1, 10)
+def test_a_chunk_range_longer_than_the_limit_is_read_a_call_at_a_time(executor):
+    # A search hit's mcp_link is its chunk's pages, which may be more than one call reads.
+    read_pages, start, calls = [], 1, 0
+    while start is not None:
+        out = read(executor, "long", start, 12)
+        assert out.status == "ok", (out.error_code, out.error_message)
+        read_pages += [p["page"] for p in out.result["pages"]]
+        assert len(out.result["pages"]) <= 5
+        assert out.result["truncated"] is (out.result["next_page_start"] is not None)
+        start, calls = out.result["next_page_start"], calls + 1
+    assert (read_pages, calls) == (list(range(1, 13)), 3)
+
+
+@pytest.mark.parametrize(("page_start", "page_end"), [(3, 2), (0, 4), (-1, 1)])
+def test_a_range_that_is_not_one_is_still_refused(executor, page_start, page_end):
+    out = read(executor, "long", page_start, page_end)
     assert (out.status, out.error_code) == ("error", "INVALID_ARGUMENT")
-    assert "10 pages" in out.error_message and "at most 5 per call" in out.error_message
 
 
 def test_a_range_starting_past_the_last_page_is_not_found(executor):
@@ -80,3 +96,4 @@ def test_the_schema_states_the_limit_and_the_clamp(executor):
     assert tool.schema["x-max-pages-per-call"] == 5
     assert "at most 5 pages per call" in tool.description
     assert "clamped to the last page" in tool.description
+    assert "first 5 pages with truncated: true and next_page_start" in tool.description
