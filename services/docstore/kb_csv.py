@@ -5,17 +5,23 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
+from typing import Any
 
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, kb_tag
 from services.docstore.chunking import ChunkingConfig
-from services.docstore.errors import KnowledgeBaseError, ParseError, RowProblem
+from services.docstore.errors import (
+    ChunkLimitError,
+    KnowledgeBaseError,
+    ParseError,
+    RowProblem,
+)
 from services.docstore.fields import MAX_TAGS, check_fields
 from services.docstore.model import Document
-from services.docstore.parsing import decode_text, parse_document, slugify
+from services.docstore.parsing import MAX_CHUNKS, decode_text, parse_document, slugify
 from services.docstore.summaries import Summarizer
 
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
@@ -106,10 +112,30 @@ def read_knowledge_base_csv(
             f"{', '.join(n for n in names if n) or 'none'}",
             missing_columns=missing,
         )
+    return _articles(
+        reader,
+        names,
+        lambda cells, line: _article(
+            cells, tenant_id, file_name, line, config, summarizer, doc_id_prefix
+        ),
+    )
+
+
+def _articles(
+    reader: Any,  # a csv reader: its records, and line_num
+    names: list[str],
+    article: Callable[[Mapping[str, str], int], Document],
+) -> KnowledgeBaseParse:
+    """Every record of `reader` after the header as an `article` (cells by column name, its
+    first line), or the problem that kept it out. The articles of one file are held to the
+    chunks one document may hold (`parsing.MAX_CHUNKS`, ChunkLimitError at the record that
+    crosses it): a file of many small rows takes memory and the index as one long document
+    would."""
     index = {name: i for i, name in reversed(list(enumerate(names)))}
     documents: list[Document] = []
     problems: list[RowProblem] = []
     seen: dict[str, int] = {}
+    chunks = 0
     line = reader.line_num + 1
     while True:
         try:
@@ -127,9 +153,8 @@ def read_knowledge_base_csv(
                 RowProblem(start, f"has {len(row)} fields; the header has {len(names)}")
             )
             continue
-        cells = {name: row[i].strip() for name, i in index.items()}
         try:
-            doc = _article(cells, tenant_id, file_name, start, config, summarizer, doc_id_prefix)
+            doc = article({name: row[i].strip() for name, i in index.items()}, start)
         except ParseError as exc:
             problems.append(RowProblem(start, str(exc)))
             continue
@@ -138,6 +163,13 @@ def read_knowledge_base_csv(
                 RowProblem(start, f"doc_id {doc.doc_id!r} repeats line {seen[doc.doc_id]}")
             )
             continue
+        chunks += len(doc.chunks)
+        if chunks > MAX_CHUNKS:
+            raise ChunkLimitError(
+                f"the knowledge-base CSV cuts into more than {MAX_CHUNKS} chunks in all (line "
+                f"{start} crosses it); split it into files of fewer articles",
+                limit=MAX_CHUNKS,
+            )
         seen[doc.doc_id] = start
         documents.append(doc)
     return KnowledgeBaseParse(documents, problems)

@@ -142,6 +142,8 @@ def embedding_identity(embedder: Embedder) -> str:
     return f"embedder={embedder.name}\0passage_prefix={prefix}"
 
 
+WRITE_BATCH = 64
+"""Knowledge-base articles written under one hold of the ingest lock."""
 POINTS_VERSION = 2
 """Bumped whenever `document_points` changes what a point holds for the same document (2: a
 document's BM25 text is all of it), mixed into every generation (`_ingest`): ingesting an
@@ -330,6 +332,9 @@ class Ingestor:
         # One document at a time per process: the Edge shard is single-writer anyway, and
         # two ingests of the same doc_id must not interleave their steps.
         self._lock = asyncio.Lock()
+        # One knowledge-base CSV at a time: its articles are written WRITE_BATCH at a time,
+        # the lock let go between, and pruning must see only its own file's writes.
+        self._csv_lock = asyncio.Lock()
         self._ingesting = 0
         # Locked work whose caller was cancelled, still running (asyncio keeps weak refs).
         self._abandoned: set[asyncio.Task[Any]] = set()
@@ -511,17 +516,17 @@ class Ingestor:
         # neither other ingests nor deletes need wait for it. A caller who gives up stops it.
         ready = await self._prepared(todo, deadline)
 
-        async def write_all() -> tuple[list[IngestOutcome], tuple[str, ...]]:
-            written = [
-                await self._ingest_one(doc, final, ready.get(doc.doc_id), deadline)
-                for doc, final in todo
+        if fmt == "csv":
+            async with self._csv_lock:
+                outcomes, removed = await self._write_articles(todo, ready, deadline)
+        else:
+            ((doc, final),) = todo
+            outcomes = [
+                await self._locked(
+                    lambda: self._ingest_one(doc, final, ready.get(doc.doc_id), deadline)
+                )
             ]
-            # Only once every article is in: a failure above leaves the old ones where they
-            # were, and running the file again completes it.
-            removed = await self._prune_articles(docs) if fmt == "csv" else ()
-            return written, removed
-
-        outcomes, removed = await self._locked(write_all)
+            removed = ()
         first = outcomes[0]
         return IngestOutcome(
             doc_id=first.doc_id if len(outcomes) == 1 else "",
@@ -534,6 +539,31 @@ class Ingestor:
             generation=first.generation if len(outcomes) == 1 else "",
             removed_doc_ids=removed,
         )
+
+    async def _write_articles(
+        self,
+        todo: Sequence[tuple[Document, bool]],
+        ready: Mapping[str, tuple[Document, list[IndexPoint]]],
+        deadline: float | None,
+    ) -> tuple[list[IngestOutcome], tuple[str, ...]]:
+        """Write a knowledge-base CSV's articles, WRITE_BATCH under the lock at a time, so
+        a file of many articles keeps no other ingest or delete waiting for all of them;
+        then delete the articles of the file's earlier version it no longer holds. A
+        failure or a cancel leaves the old articles where they were; running the file
+        again completes it."""
+        written: list[IngestOutcome] = []
+        for at in range(0, len(todo), WRITE_BATCH):
+            batch = todo[at : at + WRITE_BATCH]
+
+            async def write(batch: Sequence[tuple[Document, bool]] = batch) -> None:
+                for doc, final in batch:
+                    written.append(
+                        await self._ingest_one(doc, final, ready.get(doc.doc_id), deadline)
+                    )
+
+            await self._locked(write)
+        removed = await self._locked(lambda: self._prune_articles([d for d, _ in todo]))
+        return written, removed
 
     async def _prune_articles(self, articles: Sequence[Document]) -> tuple[str, ...]:
         """Delete the knowledge-base articles that an earlier ingest of the CSV these

@@ -12,6 +12,7 @@ from qdrant_client import QdrantClient
 
 from services.common import errors
 from services.common.search_contract import KB_TENANT
+from services.docstore import kb_csv as kb_csv_module
 from services.docstore.chunking import ChunkingConfig
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.kb_csv import read_knowledge_base_csv
@@ -19,6 +20,7 @@ from services.docstore.model import Document
 from services.docstore.parsing import parse_document
 from services.docstore.sqlite_store import SqliteDocumentStore
 from services.docstore.summaries import mix_generation
+from services.retrieval import ingestion
 from services.retrieval.embeddings import PASSAGE_BATCH_DEFAULTS, EmbeddingSettings
 from services.retrieval.factories import build_embedder
 from services.retrieval.index.base import IndexUnavailableError
@@ -585,3 +587,62 @@ async def test_a_documents_passages_reach_the_embedder_in_slices_it_batches_itse
     full, rest = divmod(passages, EMBED_SLICE)
     assert recorder.calls == [EMBED_SLICE] * full + ([rest] if rest else []) and full >= 2
     s.index.close()
+
+
+async def test_a_knowledge_base_csv_past_one_documents_chunks_is_limit_exceeded(
+    tmp_path, embedder, monkeypatch
+):
+    monkeypatch.setattr(kb_csv_module, "MAX_CHUNKS", 2)
+    s = make_stack(tmp_path, embedder)
+    try:
+        with pytest.raises(errors.LimitExceededError) as info:
+            await s.ingestor.ingest(
+                IngestInput(KB_TENANT, kb_csv("t1", "t2", "t3"), file_name="train_data.csv")
+            )
+        assert info.value.metadata["limit_name"] == "max_chunks"
+        assert kb_ids(s) == []  # nothing of the file written
+        out = await s.ingestor.ingest(
+            IngestInput(KB_TENANT, kb_csv("t1", "t2"), file_name="train_data.csv")
+        )
+        assert out.chunks == 2 and sorted(kb_ids(s)) == ["kb-t1", "kb-t2"]
+    finally:
+        s.index.close()
+
+
+async def test_a_knowledge_base_csvs_articles_let_a_delete_in_between_batches(
+    tmp_path, embedder, monkeypatch
+):
+    monkeypatch.setattr(ingestion, "WRITE_BATCH", 1)
+    s = make_stack(tmp_path, embedder)
+    order: list[str] = []
+    started, go = asyncio.Event(), asyncio.Event()
+    write_one = s.ingestor._ingest_one
+
+    async def noted(doc, *args):
+        if not order:
+            started.set()
+            await go.wait()
+        order.append(doc.doc_id)
+        return await write_one(doc, *args)
+
+    delete_one = s.ingestor._delete
+
+    async def noted_delete(tenant_id, doc_id):
+        order.append("delete")  # under the lock, as the article writes are
+        return await delete_one(tenant_id, doc_id)
+
+    monkeypatch.setattr(s.ingestor, "_ingest_one", noted)
+    monkeypatch.setattr(s.ingestor, "_delete", noted_delete)
+    try:
+        csv_file = IngestInput(KB_TENANT, kb_csv("t1", "t2", "t3"), file_name="train_data.csv")
+        writing = asyncio.create_task(s.ingestor.ingest(csv_file))
+        await started.wait()
+        deleting = asyncio.create_task(s.ingestor.delete("a", "gone"))
+        await asyncio.sleep(0.05)  # the delete waits for the lock the first article holds
+        go.set()
+        assert await deleting is False
+        out = await writing
+    finally:
+        s.index.close()
+    assert order == ["kb-t1", "delete", "kb-t2", "kb-t3"]
+    assert out.doc_ids == ("kb-t1", "kb-t2", "kb-t3")

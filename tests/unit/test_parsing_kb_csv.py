@@ -7,6 +7,8 @@ import csv
 
 import pytest
 
+from services.docstore import kb_csv
+from services.docstore.errors import ChunkLimitError
 from services.docstore.kb_csv import MAX_FIELD_CHARS, read_knowledge_base_csv
 from services.retrieval.config import MAX_DOCUMENT_BYTES
 
@@ -52,3 +54,23 @@ def test_the_field_limit_is_raised_never_lowered():
 
 def test_no_file_retrieval_accepts_holds_a_field_past_the_limit():
     assert MAX_FIELD_CHARS >= MAX_DOCUMENT_BYTES.maximum
+
+
+def test_a_files_articles_are_held_to_one_documents_chunks(monkeypatch):
+    # Each short row is one chunk: at the bound the file is read, one row past it refused
+    # at that row, before the rest is parsed (600,000 tiny rows took 1.5 GB unbounded).
+    monkeypatch.setattr(kb_csv, "MAX_CHUNKS", 3)
+    at = read_knowledge_base_csv((HEAD + "".join(row(i, 40) for i in range(3))).encode(), "kb")
+    assert [len(d.chunks) for d in at.strict()] == [1, 1, 1]
+    with pytest.raises(ChunkLimitError) as info:
+        read_knowledge_base_csv((HEAD + "".join(row(i, 40) for i in range(4))).encode(), "kb")
+    assert (info.value.limit, info.value.limit_name) == (3, "max_chunks")
+    assert "line 5 crosses it" in str(info.value)
+
+
+def test_bad_and_repeated_rows_count_no_chunks(monkeypatch):
+    monkeypatch.setattr(kb_csv, "MAX_CHUNKS", 2)
+    text = HEAD + row(1, 40) + row(1, 40) + "a9,Bad,x,tax,RU,never\n" + row(2, 40)
+    parsed = read_knowledge_base_csv(text.encode(), "kb")
+    assert [d.doc_id for d in parsed.documents] == ["kb-a1", "kb-a2"]
+    assert [p.line for p in parsed.problems] == [3, 4]
