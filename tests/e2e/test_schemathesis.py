@@ -5,8 +5,9 @@ Each operation gets MAX_EXAMPLES generated cases, drawn from valid (positive) an
 description states, unexpected methods). Each case goes to the sidecar of the service that
 owns the route (`x-visior-listeners`; /health to all four). Checks: no 5xx (on a healthy
 mesh even the documented 502 means a bug), the response matches the described schema,
-its status code and content type are described. Afterwards every server is alive, the
-shared mesh's documents are intact and the orchestrator's runtime config is as before.
+its status code and content type are described. Afterwards (the teardown of `fuzzed_mesh`)
+every operation fuzzed made calls, every server is alive, the shared mesh's documents are
+intact and the orchestrator's runtime config is as before.
 
 Cases that found bugs are kept below as regression tests.
 """
@@ -106,13 +107,8 @@ schema.config.generation.update(
 
 STATS: dict[str, dict[str, Any]] = {}
 """Per operation: calls, seconds, status codes by generation mode (printed with -s)."""
-
-
-@pytest.fixture(scope="module")
-def fuzzed_mesh(mesh: Mesh) -> Iterator[Mesh]:
-    yield mesh
-    for label, st in STATS.items():
-        print(f"{label}: {st['calls']} calls in {st['seconds']:.1f} s, {st['codes']}")
+FUZZED: set[str] = set()
+"""The operations test_api was set up for under the current `fuzzed_mesh`."""
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +123,51 @@ def config_before(mesh: Mesh, client: httpx.Client) -> dict[str, Any]:
     r = client.get(f"{mesh.json_url('orchestrator')}{CONFIG_PATH}")
     assert r.status_code == 200, r.text
     return dict(r.json())
+
+
+@pytest.fixture(scope="module")
+def fuzzed_mesh(mesh: Mesh, config_before: dict[str, Any], client: httpx.Client) -> Iterator[Mesh]:
+    """The mesh test_api fuzzes. At teardown, once this process has run its share of test_api
+    (all of it, or what -k, --lf or an xdist worker gave it): every operation fuzzed made
+    calls, then the mesh survived them. Checked here, not in a test of its own, so it runs
+    after the fuzzing whatever the order or selection, and never without fuzzing."""
+    STATS.clear()
+    FUZZED.clear()
+    yield mesh
+    for label, st in STATS.items():
+        print(f"{label}: {st['calls']} calls in {st['seconds']:.1f} s, {st['codes']}")
+    idle = sorted(label for label in FUZZED if STATS.get(label, {}).get("calls", 0) == 0)
+    assert FUZZED and not idle, f"operations set up for fuzzing that made no call: {idle}"
+    assert_the_mesh_survived(mesh, config_before, client)
+
+
+@pytest.fixture
+def operation_mesh(request: pytest.FixtureRequest, fuzzed_mesh: Mesh) -> Mesh:
+    """`fuzzed_mesh`, with this item's operation noted as fuzzed before any case runs."""
+    FUZZED.add(request.node.operation_label)
+    return fuzzed_mesh
+
+
+def assert_the_mesh_survived(
+    mesh: Mesh, config_before: dict[str, Any], client: httpx.Client
+) -> None:
+    """Servers alive and healthy, the shared documents and the orchestrator's config intact."""
+    assert mesh.alive() == {**{s.key: True for s in SERVICES}, "envoy": True}
+    for s in SERVICES:
+        r = client.get(f"{mesh.json_url(s.key)}/health")
+        assert r.status_code == 200 and r.json()["status"] == "ok", (s.key, r.text)
+    r = client.get(f"{mesh.json_url('orchestrator')}{CONFIG_PATH}")
+    assert r.status_code == 200 and r.json() == config_before, r.text
+    r = client.get(
+        f"{mesh.json_url('retrieval')}/internal/retrieval/documents", params={"tenant_id": TENANT}
+    )
+    assert r.status_code == 200, r.text
+    assert len(r.json()["documents"]) == len(list(SAMPLES.glob("*.md"))), r.text
+    r = client.post(
+        f"{mesh.json_url('retrieval')}/internal/retrieval/search",
+        json={"query": LDAP_QUESTION, "tenant_id": TENANT},
+    )
+    assert r.status_code == 200 and r.json()["hits"][0]["doc_id"] == LDAP_DOC, r.text
 
 
 def _record(case: schemathesis.Case, status: int, started: float) -> None:
@@ -147,13 +188,13 @@ def _record(case: schemathesis.Case, status: int, started: float) -> None:
 )
 def test_api(
     case: schemathesis.Case,
-    fuzzed_mesh: Mesh,
+    operation_mesh: Mesh,
     config_before: dict[str, Any],
     client: httpx.Client,
 ) -> None:
     for key in case.operation.definition.raw["x-visior-listeners"]:
         started = time.perf_counter()
-        response = case.call(base_url=fuzzed_mesh.json_url(key), timeout=TIMEOUT_S)
+        response = case.call(base_url=operation_mesh.json_url(key), timeout=TIMEOUT_S)
         _record(case, response.status_code, started)
         try:
             case.validate_response(response, checks=CHECKS)
@@ -161,31 +202,9 @@ def test_api(
             if case.operation.method.upper() == "POST" and case.operation.path == CONFIG_PATH:
                 # The mesh is shared: a fuzzed config (prompt budget 1, mock mode, ...)
                 # would turn every later Respond into a 400 and leak into other tests.
-                url = f"{fuzzed_mesh.json_url('orchestrator')}{CONFIG_PATH}"
+                url = f"{operation_mesh.json_url('orchestrator')}{CONFIG_PATH}"
                 r = client.post(url, json=config_before)
                 assert r.status_code == 200, r.text
-
-
-def test_the_mesh_survives_the_fuzzing(mesh: Mesh, config_before: dict[str, Any]) -> None:
-    # Runs after test_api (file order): servers alive, health, data and config intact.
-    assert mesh.alive() == {**{s.key: True for s in SERVICES}, "envoy": True}
-    for s in SERVICES:
-        r = httpx.get(f"{mesh.json_url(s.key)}/health", timeout=TIMEOUT_S)
-        assert r.status_code == 200 and r.json()["status"] == "ok", (s.key, r.text)
-    r = httpx.get(f"{mesh.json_url('orchestrator')}{CONFIG_PATH}", timeout=TIMEOUT_S)
-    assert r.json() == config_before
-    r = httpx.get(
-        f"{mesh.json_url('retrieval')}/internal/retrieval/documents",
-        params={"tenant_id": TENANT},
-        timeout=TIMEOUT_S,
-    )
-    assert len(r.json()["documents"]) == len(list(SAMPLES.glob("*.md")))
-    r = httpx.post(
-        f"{mesh.json_url('retrieval')}/internal/retrieval/search",
-        json={"query": LDAP_QUESTION, "tenant_id": TENANT},
-        timeout=TIMEOUT_S,
-    )
-    assert r.status_code == 200 and r.json()["hits"][0]["doc_id"] == LDAP_DOC, r.text
 
 
 def test_the_fuzzed_tool_names_are_the_proxys(mesh: Mesh) -> None:

@@ -1,4 +1,10 @@
-"""The real Envoy in front of small in-test gRPC servers: routing, JSON shape, errors, limits."""
+"""The real Envoy, on the config render() gives it, in front of small in-test gRPC servers:
+routing, JSON shape, errors, limits, the headers and deadline a server is handed, the access
+log, and the deploy/ sidecars' healthcheck, drain and heap limit.
+
+The servers are fakes that record what Envoy forwarded (metadata, time_remaining()), which
+only an in-test server can see. tests/e2e/test_sidecar_headers.py checks what the callers
+see of the same header filter and access log with the real servers."""
 
 from __future__ import annotations
 
@@ -32,8 +38,6 @@ from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 from services.common.topology import SERVICE_BY_KEY, SERVICES, Ports, free_ports
 from services.devtools.envoy import REPO_ROOT, EnvoyProcess, envoy_binary, validate
 from services.devtools.envoy_config import DEFAULT_MAX_REQUEST_BYTES, GRPC_TIMEOUT_MARGIN_S, render
-
-pytestmark = pytest.mark.e2e
 
 DESCRIPTOR = REPO_ROOT / "envoy" / "visior.pb"
 SLOW_ROUTE = "/internal/mcp/tools"

@@ -666,13 +666,15 @@ async def test_a_taken_mcp_port_is_a_listen_error_and_lets_go_of_the_grpc_port(t
     import socket
 
     from services.common.server import ListenError
+    from services.common.topology import free_ports
     from services.toolsproxy import app as tools_app
     from services.toolsproxy.config import ToolsProxySettings
 
+    # The gRPC port stays unbound until the server binds it: free_ports keeps it from other
+    # workers (and outside the ephemeral range, where `taken`'s port 0 comes from).
+    [grpc_port] = free_ports(1)
     with socket.create_server(("127.0.0.1", 0)) as taken:
         mcp_port = taken.getsockname()[1]
-        with socket.create_server(("127.0.0.1", 0)) as probe:
-            grpc_port = probe.getsockname()[1]
         env = {"MCP_PROXY_PORT": str(grpc_port), "MCP_PROXY_MCP_ENABLED": "true",
                "MCP_PROXY_MCP_PORT": str(mcp_port), "VISIOR_DATA_DIR": str(tmp_path)}  # fmt: skip
         with pytest.raises(ListenError, match=rf"MCP on 127\.0\.0\.1:{mcp_port}"):

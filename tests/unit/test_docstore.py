@@ -531,9 +531,19 @@ def test_sqlite_close_waits_for_a_read_in_flight_and_refuses_later_ones(tmp_path
         except BaseException as exc:  # reported below
             outcome.append(exc)
 
+    # The read takes an idle pooled connection (none is in use now): each tells once SQLite
+    # is stepping through a statement on it.
+    stepping = threading.Event()
+
+    def progress() -> int:
+        stepping.set()
+        return 0  # go on
+
+    for conn in store._all_readers:
+        conn.set_progress_handler(progress, 1000)
     reader = threading.Thread(target=read)
     reader.start()
-    time.sleep(0.2)  # the read is stepping
+    assert stepping.wait(60), f"the read never started: {outcome}"
     store.close()
     reader.join(60)
     assert outcome == [2_000_000]

@@ -92,7 +92,9 @@ def test_a_field_named_like_the_envelope_never_replaces_it():
     with json_lines("toolsproxy") as logs:
         get_logger("x").info("e", service="cbr", level="fake", ts="never", logger="no")
         logging.getLogger("x").info("f", extra={"service": "cbr"})
-    for line in logs.lines:
+    native, stdlib = logs.lines
+    assert (native["msg"], stdlib["msg"]) == ("e", "f")
+    for line in (native, stdlib):
         assert line["service"] == "toolsproxy" and line["logger"] == "x"
         assert line["level"] == "info" and TS.match(line["ts"])
 

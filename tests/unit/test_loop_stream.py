@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.common import errors
 from services.common.tool_contract import INVALID_ARGUMENT
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import Anchor, ToolCallRecord, ToolPolicy
@@ -21,7 +22,7 @@ from services.llm.toolcalls import (
     TOOL_NOT_ALLOWED,
     UNKNOWN_TOOL,
 )
-from services.model_runtime.chat import Completion, ToolCall
+from services.model_runtime.chat import LLM_RUNTIME_ERROR, Completion, ToolCall
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from tests.fakes.openai_chat import FakeChatServer, Reply, ScriptedCall, text
 from tests.unit.test_loop import (
@@ -159,8 +160,13 @@ async def test_a_call_past_the_step_limit_after_prose_is_a_tool_call_event():
 async def test_a_refused_call_is_reported_before_the_abort_it_causes():
     rt = ScriptedRuntime([prose_and(call("nope", {})), prose_and(call("nope", {}, "c2"))])
     events = Events()
-    with pytest.raises(Exception):  # noqa: B017 - the status is test_loop.py's
+    with pytest.raises(errors.UnavailableError) as info:  # two refusals in a row
         await loop(rt, FakeTools()).run(req(), events)
+    assert info.value.reason == LLM_RUNTIME_ERROR
+    assert (info.value.metadata["tool"], info.value.metadata["tool_error"]) == (
+        "nope",
+        UNKNOWN_TOOL,
+    )
     assert texts_between_tool_calls(events) == [PROSE, PROSE, ""]
     assert [r.name for r in events.tools] == ["nope", "nope"]
 

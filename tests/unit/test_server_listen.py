@@ -22,6 +22,7 @@ from services.common.server import (
     start_server,
 )
 from services.common.settings import ServerSettings
+from services.common.topology import free_ports
 
 CALL_TIMEOUT_S = 10.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -41,13 +42,6 @@ def _has_ipv6_loopback() -> bool:
 
 
 needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
-
-
-def _free_port(family: socket.AddressFamily, host: str) -> int:
-    """A port free on `host` now (the socket that found it is closed)."""
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -109,7 +103,7 @@ def test_each_listener_gets_the_host_in_its_own_form(
 @needs_ipv6
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
 async def test_an_ipv6_host_bare_or_in_brackets_serves_grpc_and_metrics(host: str) -> None:
-    metrics_port = _free_port(socket.AF_INET6, "::1")
+    [metrics_port] = free_ports(1)
     running = await _start(ServerSettings("toy", host=host, port=0, metrics_port=metrics_port))
     try:
         assert running.metrics_port == metrics_port
@@ -133,7 +127,7 @@ async def test_a_taken_metrics_port_on_an_ipv6_host_names_the_metrics_address(
 
 
 async def test_the_metrics_port_is_let_go_at_stop_and_taken_again_by_a_restart() -> None:
-    metrics_port = _free_port(socket.AF_INET, "127.0.0.1")
+    [metrics_port] = free_ports(1)
     settings = ServerSettings("toy", port=0, metrics_port=metrics_port)
     for _ in range(2):  # the second start binds the port the first one held
         running = await _start(settings)
@@ -147,8 +141,8 @@ async def test_the_metrics_port_is_let_go_at_stop_and_taken_again_by_a_restart()
 async def test_a_failed_start_lets_go_of_the_metrics_and_grpc_ports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    metrics_port = _free_port(socket.AF_INET, "127.0.0.1")
-    grpc_port = _free_port(socket.AF_INET, "127.0.0.1")
+    # One call: two distinct ports, kept from other workers until the servers bind them.
+    metrics_port, grpc_port = free_ports(2)
     settings = ServerSettings("toy", port=grpc_port, metrics_port=metrics_port)
 
     async def fail(self: RunningServer, serving: bool) -> None:
