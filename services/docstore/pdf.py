@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pypdfium2 as pdfium
@@ -98,7 +99,7 @@ def _read(pdf: pdfium.PdfDocument, max_pages: int, max_text_bytes: int) -> PdfTe
             break
         dest = mark.get_dest()
         page_index = dest.get_index() if dest is not None else None
-        title = _WS.sub(" ", mark.get_title() or "").strip()
+        title = _WS.sub(" ", _lenient(mark.get_title)).strip()
         if page_index is None or not 0 <= page_index < n or not title:
             continue
         top: float | None = None
@@ -138,8 +139,20 @@ def _read(pdf: pdfium.PdfDocument, max_pages: int, max_text_bytes: int) -> PdfTe
         OutlineEntry(level, title, page_index + 1, offsets.get(k, 0))
         for k, (page_index, level, title) in enumerate(order)
     )
-    meta_title = _WS.sub(" ", str(pdf.get_metadata_dict().get("Title", "") or "")).strip()
+    meta_title = _WS.sub(" ", _lenient(lambda: pdf.get_metadata_value("Title"))).strip()
     return PdfText(tuple(pages), outline, meta_title)
+
+
+def _lenient(read: Callable[[], str]) -> str:
+    """A string of the PDF's own (a bookmark's title, the /Title entry) that pypdfium2 decodes
+    strictly from UTF-16: invalid UTF-16 (a lone surrogate) is repaired with U+FFFD from the
+    bytes the error carries, and a string of nothing else reads as "" (no title), so one bad
+    string does not refuse a PDF whose pages are readable."""
+    try:
+        text = read() or ""
+    except UnicodeDecodeError as exc:
+        text = bytes(exc.object).decode(exc.encoding, errors="replace")
+    return text if text.replace("\ufffd", "").strip() else ""
 
 
 def _normalise(raw: str) -> str:
@@ -160,6 +173,13 @@ def _locate(
             raw_off = len(textpage.get_text_range(0, char)) if char else 0
     # The destination points at (or just below) the heading; its own text nearby wins.
     found = _find_title(raw, title, start, raw_off)
+    if found is None and raw_off is not None:
+        # Not near it (a destination at the page top over a heading far down the page):
+        # the heading as without a destination, first from the destination on, then
+        # anywhere after the previous bookmark, which it never precedes.
+        found = _find_title(raw, title, max(start, raw_off), None)
+        if found is None and raw_off > start:
+            found = _find_title(raw, title, start, None)
     if found is not None:
         raw_off = found
     return start if raw_off is None else max(start, raw_off)

@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import threading
+import traceback
 from typing import IO, Any
 
 from services.docstore.errors import DocumentLimitError, ParseError
@@ -41,6 +42,7 @@ READ_SECONDS = 120.0
 
 _REQUEST = struct.Struct(">QQ")
 _ANSWER = struct.Struct(">Q")
+_MAX_REASON = 200  # characters of an unexpected error's text in the refusal
 
 
 class PdfMemoryLimitError(DocumentLimitError):
@@ -194,6 +196,10 @@ def _answer(content: bytes, max_text_bytes: int) -> tuple[Any, ...]:
         return ("parse", str(exc))
     except MemoryError:
         return ("memory",)
+    except Exception as exc:  # a reader's bug on this PDF: refuse it, not every PDF after it
+        traceback.print_exc(file=sys.stderr)  # the service's stderr, where its logs go
+        reason = f"{type(exc).__name__}: {exc}"[:_MAX_REASON]
+        return ("parse", f"cannot read the PDF: the reader failed on it ({reason})")
 
 
 def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
