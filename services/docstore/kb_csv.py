@@ -232,7 +232,7 @@ def _article(
         many = exc.metadata.get("field") == "tags" and len(tags) > MAX_TAGS
         note = " (the topic and jurisdiction tags included)" if many else ""
         raise ParseError(f"{exc.message}{note}") from None
-    return parse_document(
+    doc = parse_document(
         tenant_id=tenant_id,
         doc_id=doc_id,
         content=cells["content"].replace("\r\n", "\n"),
@@ -246,6 +246,9 @@ def _article(
         config=config,
         summarizer=summarizer,
     )
+    if not doc.chunks:  # Markdown marks alone ("---", "#"): a bad row, named by its line
+        raise ParseError("content has no text (Markdown marks alone)")
+    return doc
 
 
 def _iso_date(value: str) -> str:

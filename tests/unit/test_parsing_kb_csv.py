@@ -74,3 +74,13 @@ def test_bad_and_repeated_rows_count_no_chunks(monkeypatch):
     parsed = read_knowledge_base_csv(text.encode(), "kb")
     assert [d.doc_id for d in parsed.documents] == ["kb-a1", "kb-a2"]
     assert [p.line for p in parsed.problems] == [3, 4]
+
+
+def test_a_row_whose_content_is_markdown_marks_alone_is_a_bad_row_named_by_its_line():
+    parsed = read_knowledge_base_csv(
+        (HEAD + row(1, 40) + "a2,Marks,---,tax,RU,2024-01-01\n").encode(), "kb"
+    )
+    assert [d.doc_id for d in parsed.documents] == ["kb-a1"]
+    assert [str(p) for p in parsed.problems] == [
+        "line 3: content has no text (Markdown marks alone)"
+    ]
