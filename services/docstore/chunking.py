@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.common.lexical import split_sentences
@@ -95,33 +96,49 @@ def iter_chunks(
     """`chunk_paragraphs` one chunk at a time, reading sentences only as far as the chunk it
     cuts: a caller that bounds the chunks stops the work at its bound."""
     tok = tokenizer or default_tokenizer(config.encoding)
-    units = _units(paragraphs, config.chunk_tokens, tok)
     limit = config.chunk_tokens
+    units = _units(paragraphs, limit, tok)
+    backlog: deque[_Unit] = deque()  # units to read before `units`: what a chunk handed back
     current: list[_Unit] = []
-    fresh = False  # whether `current` holds anything beyond the carried-over overlap
+    carried = 0  # how many of `current`'s first units repeat the previous chunk (overlap)
     used = 0  # BPE of a concatenation is within about one token per join of its parts' sum
-    for unit in units:
-        if current and used + 1 + unit.tokens > limit:
-            if fresh:
-                yield _finish(current, limit, tok)
-            current = _overlap(current, config.overlap_tokens, limit - unit.tokens - 1, tok)
-            used = sum(u.tokens + 1 for u in current) - 1 if current else 0
-            fresh = False
-        used += unit.tokens + (1 if current else 0)
-        current.append(unit)
-        fresh = True
-    if current and fresh:
-        yield _finish(current, limit, tok)
+    while True:
+        unit = backlog.popleft() if backlog else next(units, None)
+        if unit is not None and (not current or used + 1 + unit.tokens <= limit):
+            used += unit.tokens + (1 if current else 0)
+            current.append(unit)
+            continue
+        if unit is not None:
+            backlog.appendleft(unit)
+        kept = current
+        if len(current) > carried:
+            chunk, kept, left = _finish(current, carried, limit, tok)
+            yield chunk
+            backlog.extendleft(reversed(left))
+        if not backlog:
+            return
+        current = _overlap(kept, config.overlap_tokens, limit - backlog[0].tokens - 1, tok)
+        carried = len(current)
+        used = sum(u.tokens + 1 for u in current) - 1 if current else 0
 
 
 def _units(paragraphs: Iterable[Paragraph], limit: int, tok: BpeTokenizer) -> Iterator[_Unit]:
+    """The paragraphs' sentences, and the pieces of those longer than `limit`, each with its
+    real token count, which is within `limit`: a chunk of one unit always fits."""
     for para in paragraphs:
         first = True
         for sentence in _sentences(para.text):
             for piece, glued in _fit(sentence, limit, tok):
-                if piece:
-                    yield _Unit(piece, tok.count(piece), para.page, first, glued)
-                    first = False
+                if not piece:
+                    continue
+                tokens = tok.count(piece)
+                if tokens > limit:  # a giant word's piece that encodes longer on its own
+                    for k, part in enumerate(_by_characters(piece, limit)):
+                        yield _Unit(part, tok.count(part), para.page, first, glued or k > 0)
+                        first = False
+                    continue
+                yield _Unit(piece, tokens, para.page, first, glued)
+                first = False
 
 
 _CUT = re.compile(r"[^\W_]\s")
@@ -162,28 +179,60 @@ which `_fit` knows without counting them (a list of every token of a 32 MiB sent
 
 def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> Iterator[tuple[str, bool]]:
     """`sentence` cut into pieces of at most `limit` tokens, between words where possible;
-    each with whether it goes on the word of the piece before (a giant word's pieces)."""
+    each with whether it goes on the word of the piece before (a giant word's pieces). The
+    pieces joined (by a space, or nothing when glued) are the sentence."""
     if len(sentence) <= limit * _MAX_TOKEN_BYTES and tok.count(sentence) <= limit:
         yield sentence, False
         return
     words: list[str] = []
-    used = 0
+    used = 0  # the words' tokens counted one by one: the piece's count, give or take a few
     for word in iter_split(sentence, " "):
-        n = tok.count(" " + word) if len(word) < limit * _MAX_TOKEN_BYTES else limit + 1
-        if n > limit:  # one giant "word" (a hash, a URL): cut it by tokens
-            if words:
-                yield " ".join(words), False
-                words, used = [], 0
+        spaced = _word_tokens(" " + word, limit, tok)
+        while words and used + spaced > limit:
+            words = yield from _fill(words, limit, tok)
+            used = _words_tokens(words, limit, tok)
+        if words:
+            words.append(word)
+            used += spaced
+            continue
+        alone = _word_tokens(word, limit, tok)
+        if max(alone, spaced) > limit:  # one giant "word" (a hash, a URL): cut it by tokens
             for k, piece in enumerate(_cut_word(word, limit, tok)):
                 yield piece, k > 0
             continue
-        if words and used + n > limit:
-            yield " ".join(words), False
-            words, used = [], 0
-        words.append(word)
-        used += n
-    if words:
-        yield " ".join(words), False
+        words, used = [word], alone
+    while words:
+        words = yield from _fill(words, limit, tok)
+
+
+def _word_tokens(word: str, limit: int, tok: BpeTokenizer) -> int:
+    """Tokens of `word`; `limit` + 1 for one too long to be worth counting."""
+    return tok.count(word) if len(word) <= limit * _MAX_TOKEN_BYTES else limit + 1
+
+
+def _words_tokens(words: Sequence[str], limit: int, tok: BpeTokenizer) -> int:
+    """Tokens of `words` counted one by one, as `_fit` adds them up: the first on its own, each
+    other after its space (" данные" is one token of cl100k_base, "данные" three)."""
+    if not words:
+        return 0
+    return _word_tokens(words[0], limit, tok) + sum(
+        _word_tokens(" " + word, limit, tok) for word in words[1:]
+    )
+
+
+def _fill(
+    words: list[str], limit: int, tok: BpeTokenizer
+) -> Generator[tuple[str, bool], None, list[str]]:
+    """Yields the longest run of `words`' first words whose text is within `limit` tokens as a
+    piece (the first word at least, which is within it alone); returns the words after it.
+    The words' own counts only estimate the piece's, so its text is counted."""
+    end = len(words)
+    piece = " ".join(words)
+    while end > 1 and tok.count(piece) > limit:
+        end -= 1
+        piece = " ".join(words[:end])
+    yield piece, False
+    return words[end:]
 
 
 _SPLIT_SLICE = 1 << 16
@@ -256,18 +305,29 @@ def _join(units: Sequence[_Unit]) -> str:
     return "".join(parts)
 
 
-def _finish(units: list[_Unit], limit: int, tok: BpeTokenizer) -> ChunkText:
+def _finish(
+    units: list[_Unit], carried: int, limit: int, tok: BpeTokenizer
+) -> tuple[ChunkText, list[_Unit], list[_Unit]]:
+    """The chunk of `units` (the first `carried` of them repeated from the chunk before), the
+    units it holds, and the units left over for the next chunk.
+
+    The units' counts add up to within a token or so per join of the chunk's real count, and
+    can fall short of it: then the last units go back to start the next chunk, and when the
+    first new unit is still too long after the repeated ones, repeated ones are dropped from
+    the front. A unit alone is within `limit`, so nothing is ever cut off or lost."""
+    start, end = 0, len(units)
     text = _join(units)
     tokens = tok.count(text)
-    while tokens > limit and len(units) > 1:  # the estimate was short: trim (rare)
-        units = units[:-1]
-        text = _join(units)
+    while tokens > limit and end - start > 1:
+        if end > carried + 1:
+            end -= 1
+        else:
+            start += 1
+        text = _join(units[start:end])
         tokens = tok.count(text)
-    if tokens > limit:
-        text = tok.truncate(text, limit)
-        tokens = tok.count(text)
-    pages = [u.page for u in units]
-    return ChunkText(text, tokens, min(pages), max(pages))
+    kept = units[start:end]
+    pages = [u.page for u in kept]
+    return ChunkText(text, tokens, min(pages), max(pages)), kept, units[end:]
 
 
 def _overlap(units: list[_Unit], budget: int, room: int, tok: BpeTokenizer) -> list[_Unit]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -50,7 +52,7 @@ __all__ = [
     "slugify",
 ]
 
-PARSER_VERSION = "3"
+PARSER_VERSION = "4"
 """Bumped whenever parsing or chunking changes its output, so every generation changes too."""
 FORMATS = ("markdown", "text", "pdf", "csv")
 SUFFIX_FORMATS: Mapping[str, str] = {
@@ -96,7 +98,9 @@ _MD_HEADING = re.compile(r"(#{1,6})\s+(\S.*)")
 """An ATX heading's level and text, on a stripped line (`_md_heading` drops closing #s);
 linear: no pattern here can match the same characters two ways."""
 _FENCE = re.compile(r"^(```|~~~)")
-_SLUG = re.compile(r"[^0-9a-zа-яё]+")
+_SLUG = re.compile(r"[\W_]+")
+"""What is not a letter or digit (of any script): `\\w` less `_`, so a slug is what
+document_limits.DOC_ID_RULE takes."""
 # "2.3 Title", "1. Introduction", "8.1.3. aptitude", "7.8. Что такое виртуальный пакет?" — a
 # short title with no sentence punctuation; a lowercase start only under a dotted number
 # (a command name), never after a bare "1 " (a list item).
@@ -111,12 +115,21 @@ _CHAPTER = re.compile(
     re.IGNORECASE,
 )
 _DOT_LEADER = re.compile(r"(?:\.\s?){4,}")
-_BARE_NUMBER = re.compile(r"^(\d{1,4}|[ivxlc]{1,6})$", re.IGNORECASE)
+_PAGE_NUMBER = re.compile(
+    r"\d{1,4}|(?=[mdclxvi])m{0,3}(?:cm|cd|d?c{0,3})(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})"
+)
+"""A page number on a line of its own (fullmatch): digits, or a valid lowercase roman numeral,
+the style of front matter's page numbers. An uppercase word of those letters ("CLI", "MIX")
+is text."""
 
 
 def slugify(text: str, limit: int = 40, fallback: str = "x") -> str:
-    """A lowercase id fragment of letters and digits (Cyrillic kept); `fallback` when none."""
-    slug = _SLUG.sub("-", text.lower()).strip("-")
+    """A lowercase id fragment of at most `limit` characters: the letters and digits of `text`
+    in any script (NFKC, so "ｆｕｌｌ" is "full" and "²" is "2"), every run of anything else one
+    "-", none at either end; `fallback` when no letter or digit is left. One that is not
+    empty is a valid doc_id (document_limits.is_doc_id) when `limit` is within its length."""
+    lowered = unicodedata.normalize("NFKC", text).lower()
+    slug = _SLUG.sub("-", lowered).strip("-")
     return slug[:limit].strip("-") or fallback
 
 
@@ -126,7 +139,7 @@ DERIVED_DOC_ID_CHARS = 100
 
 def derived_doc_id(file_name: str) -> str:
     """The doc_id a file is stored under when the caller names none: its name without folders
-    and suffix, slugified ("" when that leaves nothing)."""
+    and suffix, slugified ("" when that leaves no letter or digit)."""
     stem = file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
     return slugify(stem, DERIVED_DOC_ID_CHARS, fallback="")
 
@@ -148,12 +161,13 @@ def guess_format(file_name: str, content_type: str) -> str:
 
 
 def decode_text(content: bytes | str) -> str:
-    """UTF-8 (BOM dropped; UTF-16 with a BOM accepted) or `ParseError` naming the bad byte."""
+    """UTF-8 (BOM dropped; UTF-16 with a BOM accepted) with every line ending (CR LF, or a lone
+    CR as old Mac files have) a LF, or `ParseError` naming the bad byte."""
     if isinstance(content, str):
-        return content.removeprefix("\ufeff")
+        return _lf_lines(content.removeprefix("\ufeff"))
     if content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
-            return content.decode("utf-16")
+            return _lf_lines(content.decode("utf-16"))
         except UnicodeDecodeError as exc:
             raise ParseError(f"content is not valid UTF-16 text: {exc.reason}") from None
     try:
@@ -164,7 +178,14 @@ def decode_text(content: bytes | str) -> str:
         ) from None
     if "\x00" in text:
         raise ParseError("content is binary, not text (it contains NUL characters)")
-    return text
+    return _lf_lines(text)
+
+
+def _lf_lines(text: str) -> str:
+    """`text` with CR LF and lone CR line endings as LF: lines are split at LF alone."""
+    if "\r" not in text:
+        return text
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _BLOCK = 1024
@@ -476,14 +497,77 @@ def _md_heading(line: str) -> tuple[int, str] | None:
     return len(m.group(1)), text.rstrip("#").rstrip() or text
 
 
+def _setext_level(line: str) -> int:
+    """1 for a setext heading's underline of "=" (at most three spaces in, nothing else on
+    the line), 2 for one of "-", else 0."""
+    stripped = line.strip()
+    if not stripped or len(line) - len(line.lstrip(" ")) > 3:
+        return 0
+    if stripped.strip("=") == "":
+        return 1
+    return 2 if stripped.strip("-") == "" else 0
+
+
+def _is_thematic_break(line: str) -> bool:
+    """Whether `line` is a thematic break ("---", "* * *", "___"): three or more of one of
+    `-*_` and spaces or tabs between, at most three spaces in. It ends a paragraph and is
+    no text of its own."""
+    stripped = line.strip()
+    if not stripped or stripped[0] not in "-*_" or len(line) - len(line.lstrip(" ")) > 3:
+        return False
+    marks = stripped.replace(" ", "").replace("\t", "")
+    return len(marks) >= 3 and marks.strip(stripped[0]) == ""
+
+
+_YAML_KEY = re.compile(r"[A-Za-z_][\w-]*[ \t]*:(?:[ \t]|$)")
+_MAX_FRONT_MATTER_LINES = 200
+
+
+def _front_matter_lines(page: str) -> int:
+    """How many lines YAML front matter takes at the top of `page`, both "---" lines included;
+    0 when there is none. Front matter opens with a "---" line followed by a "key:" line and
+    closes with a "---" or "..." line within `_MAX_FRONT_MATTER_LINES`: a document that opens
+    with a thematic break ("---", then "# Title") is no front matter."""
+    lines = iter_split(page, "\n")
+    if next(lines, "").rstrip() != "---" or not _YAML_KEY.match(next(lines, "")):
+        return 0
+    for count, line in enumerate(itertools.islice(lines, _MAX_FRONT_MATTER_LINES), start=3):
+        if line.rstrip() in ("---", "..."):
+            return count
+    return 0
+
+
+_LIST_OR_QUOTE = re.compile(r"(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)|>")
+"""The start of a list item or block quote (on a stripped line): an underline after one is a
+thematic break, not a setext heading."""
+
+
 def _md_lines(page_texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
     """(page, line, heading level or 0) of every line: a heading's text, a line in a code
-    fence right-stripped, any other stripped. Headings in code fences are lines."""
+    fence right-stripped, a thematic break blank, any other stripped. Headings in code fences
+    are lines.
+
+    Headings are ATX ("## Title") or setext: a paragraph line underlined by "===" (level 1)
+    or "---" (level 2) on the next line of its page. CommonMark makes the whole paragraph
+    above an underline the heading; here it is the line just above, and the lines before it
+    stay text. A "---" after a blank line (or a list item, or a block quote) is a thematic
+    break. YAML front matter is text: its closing "---" underlines nothing."""
     fence: str | None = None
+    front_matter = _front_matter_lines(page_texts[0]) if page_texts else 0
     for page_no, page in enumerate(page_texts, start=1):
-        for line in iter_split(page, "\n"):
+        held: str | None = None  # a paragraph line an underline on the next line would head
+        for index, line in enumerate(iter_split(page, "\n")):
+            if page_no == 1 and index < front_matter:
+                yield page_no, line.strip() if 0 < index < front_matter - 1 else "", 0
+                continue
+            if held is not None:
+                level = _setext_level(line)
+                yield page_no, held, level
+                held = None
+                if level:
+                    continue
             stripped = line.strip()
-            if not stripped:
+            if not stripped or (fence is None and _is_thematic_break(line)):
                 yield page_no, "", 0
                 continue
             m = _FENCE.match(stripped)
@@ -493,12 +577,17 @@ def _md_lines(page_texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
             if heading:
                 level, text = heading
                 yield page_no, text, level
+            elif fence is None and m is None and not _LIST_OR_QUOTE.match(stripped):
+                held = stripped
             else:
                 yield page_no, line.rstrip() if fence else stripped, 0
+        if held is not None:
+            yield page_no, held, 0
 
 
 def _markdown_sections(page_texts: Sequence[str]) -> tuple[list[_RawSection], str]:
-    """Sections by ATX headings (not inside code fences); the lone top heading is the title.
+    """Sections by ATX and setext headings (not inside code fences); the lone top heading is
+    the title.
 
     Two reads of the lines: the first takes the headings (the title is the first one only
     when no other is as shallow) and refuses a document of more than MAX_SECTIONS."""
@@ -676,7 +765,7 @@ non-blank lines, and removed only there."""
 def _running_lines(pages: Sequence[str]) -> frozenset[str]:
     """Running headers/footers: keys (digits as '#') of edge lines repeated on at least 40% of
     pages. A line of digits alone is no key: the body has such lines ("389", a port; "1", a
-    runlevel), and a bare page number at a page's very edge goes by `_BARE_NUMBER`."""
+    runlevel), and a bare page number at a page's very edge goes by `_PAGE_NUMBER`."""
     if len(pages) < 3:
         return frozenset()
     seen: dict[str, int] = {}
@@ -737,9 +826,25 @@ def _pdf_outline_sections(
 
 
 def _drop_heading(text: str, heading: str) -> str:
+    """`text` without the outline heading it opens with, when it opens with the whole heading:
+    the heading's last word must end where a word of the text does ("Backup" over "Backups run
+    nightly" is not there, and the text stays whole)."""
+    body = text.lstrip()
     pattern = title_pattern(heading)
-    m = pattern.match(text.lstrip()) if pattern else None
-    return text.lstrip()[m.end() :] if m else text
+    m = pattern.match(body) if pattern else None
+    if m is None or not _ends_word(body, m.end()):
+        return text
+    return body[m.end() :]
+
+
+def _ends_word(text: str, end: int) -> bool:
+    """Whether `text[:end]` stops between words: not between two word characters."""
+    return not (0 < end < len(text) and _is_word_char(text[end - 1]) and _is_word_char(text[end]))
+
+
+def _is_word_char(char: str) -> bool:
+    """A letter or digit of any script, or "_" (what `\\w` matches)."""
+    return char.isalnum() or char == "_"
 
 
 def _pdf_lines(text: str, page_start: bool, page_end: bool) -> list[str]:
@@ -749,9 +854,9 @@ def _pdf_lines(text: str, page_start: bool, page_end: bool) -> list[str]:
         lines.pop()
     while lines and not lines[0]:
         lines.pop(0)
-    if page_end and lines and _BARE_NUMBER.match(lines[-1]):
+    if page_end and lines and _PAGE_NUMBER.fullmatch(lines[-1]):
         lines.pop()
-    if page_start and lines and _BARE_NUMBER.match(lines[0]):
+    if page_start and lines and _PAGE_NUMBER.fullmatch(lines[0]):
         lines.pop(0)
     return lines
 

@@ -642,7 +642,8 @@ def test_a_document_cannot_close_its_delimiters(executor):
         body = inner(text)
         assert "<<<" not in body and "\uff1c\uff1c\uff1c" not in body
         assert "ignore all rules" in body  # the text is kept, as data, inside the markers
-        assert "‹‹‹END DOCUMENT" in body
+        # Neutralised and kept (a chunk boundary may fall inside the marker: words apart).
+        assert "‹‹‹END DOCUMENT" in " ".join(body.split())
     meta = ok(executor, "read_doc_metadata", doc_id="evil")
     assert "<<<" not in json.dumps(meta, ensure_ascii=False)
     hits = ok(executor, "doc_local_search", doc_id="evil", query="ignore rules")["hits"]
