@@ -7,7 +7,7 @@ headings vanished from every chunk and section title."""
 from __future__ import annotations
 
 from services.docstore.parsing import parse_document
-from tests.unit.test_parsing_pdf_furniture import make_pdf
+from tests.pdf_bytes import text_pdf
 
 
 def parse(text: str, fmt: str = "text"):
@@ -75,7 +75,7 @@ def test_a_pdf_without_bookmarks_keeps_its_steps():
         ["1. Backup", "To back up the server:", *(f"{n}. {s}" for n, s in enumerate(STEPS, 1))],
         ["2. Restore", "Restores need the operator role."],
     ]
-    doc = parse_document(tenant_id="t", doc_id="p", content=make_pdf(pages), fmt="pdf")
+    doc = parse_document(tenant_id="t", doc_id="p", content=text_pdf(pages), fmt="pdf")
     assert all(step in held(doc) for step in STEPS)
     assert "Restores need the operator role." in held(doc)
 
@@ -96,7 +96,7 @@ def test_markdown_sibling_headings_without_text_keep_their_lines():
 def test_a_bookmark_with_no_text_of_its_own_keeps_its_title():
     pages = [["Contacts"], ["Support line"], ["Sales", "Working hours 9-18."]]
     outline = [("Contacts", 0), ("Support line", 1), ("Sales", 2)]
-    doc = parse_document(tenant_id="t", doc_id="p", content=make_pdf(pages, outline), fmt="pdf")
+    doc = parse_document(tenant_id="t", doc_id="p", content=text_pdf(pages, outline), fmt="pdf")
     titles = [s.title for s in doc.sections]
     assert titles == ["Contacts", "Support line", "Sales"]
     assert [c.text for c in doc.chunks] == ["Contacts", "Support line", "Working hours 9-18."]

@@ -6,52 +6,7 @@ page-number footer had made a bare number a running line."""
 from __future__ import annotations
 
 from services.docstore.parsing import parse_document
-from tests.pdf_bytes import assemble_pdf
-
-
-def _escaped(text: str) -> bytes:
-    return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)").encode("latin-1")
-
-
-def make_pdf(pages: list[list[str]], outline: list[tuple[str, int]] = ()) -> bytes:
-    """A PDF of `pages` (Helvetica, one text line an entry) with top-level bookmarks
-    (title, 0-based page index) pointing at each page's top."""
-    objects = [b"", b"", b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    kids = []
-    for lines in pages:
-        page, content = len(objects) + 1, len(objects) + 2
-        kids.append(page)
-        ops = b"\n".join(
-            [b"BT /F1 11 Tf 14 TL 72 760 Td", *(b"(%b) Tj T*" % _escaped(x) for x in lines), b"ET"]
-        )
-        objects.append(
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-            b"/Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>" % content
-        )
-        objects.append(b"<< /Length %d >>\nstream\n%b\nendstream" % (len(ops), ops))
-    catalog = b"<< /Type /Catalog /Pages 2 0 R"
-    if outline:
-        root = len(objects) + 1
-        first = root + 1
-        objects.append(
-            b"<< /Type /Outlines /First %d 0 R /Last %d 0 R /Count %d >>"
-            % (first, first + len(outline) - 1, len(outline))
-        )
-        for i, (title, page_index) in enumerate(outline):
-            prev = b" /Prev %d 0 R" % (first + i - 1) if i else b""
-            after = b" /Next %d 0 R" % (first + i + 1) if i < len(outline) - 1 else b""
-            objects.append(
-                b"<< /Title (%b) /Parent %d 0 R /Dest [%d 0 R /XYZ 0 792 0]%b%b >>"
-                % (_escaped(title), root, kids[page_index], prev, after)
-            )
-        catalog += b" /Outlines %d 0 R" % root
-    objects[0] = catalog + b" >>"
-    objects[1] = b"<< /Type /Pages /Kids [%b] /Count %d >>" % (
-        b" ".join(b"%d 0 R" % k for k in kids),
-        len(kids),
-    )
-    return assemble_pdf(objects)
-
+from tests.pdf_bytes import text_pdf
 
 SERVICES = [("ldap", "389"), ("https", "8443"), ("smtp", "25"), ("ssh", "2222"), ("dns", "53")]
 
@@ -77,7 +32,7 @@ def chunk_text(doc) -> str:
 
 
 def test_numbers_on_lines_of_their_own_stay_and_page_numbers_go():
-    doc = parse_document(tenant_id="t", doc_id="p", content=make_pdf(port_pages()), fmt="pdf")
+    doc = parse_document(tenant_id="t", doc_id="p", content=text_pdf(port_pages()), fmt="pdf")
     text = chunk_text(doc)
     for name, port in SERVICES:
         assert f"Port of {name}:\n\n{port} Open it in the firewall" in text
@@ -88,8 +43,8 @@ def test_numbers_on_lines_of_their_own_stay_and_page_numbers_go():
 def test_a_running_header_goes_at_the_edge_and_its_words_stay_in_the_body():
     pages = port_pages(header="Orion X operations manual")
     pages[2].insert(4, "Orion X operations manual")  # the same words mid-page
-    outlined = make_pdf(pages, [(f"{name} service", i) for i, (name, _) in enumerate(SERVICES)])
-    for content in (make_pdf(pages), outlined):
+    outlined = text_pdf(pages, [(f"{name} service", i) for i, (name, _) in enumerate(SERVICES)])
+    for content in (text_pdf(pages), outlined):
         doc = parse_document(tenant_id="t", doc_id="h", content=content, fmt="pdf")
         text = chunk_text(doc)
         assert text.count("Orion X operations manual") == 1

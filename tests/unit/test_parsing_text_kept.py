@@ -13,7 +13,7 @@ import pytest
 from services.common.document_limits import MAX_DOC_ID_CHARS, is_doc_id
 from services.docstore.errors import ParseError
 from services.docstore.parsing import decode_text, derived_doc_id, parse_document, slugify
-from tests.unit.test_parsing_pdf_furniture import make_pdf
+from tests.pdf_bytes import text_pdf
 
 
 def parse(content: bytes | str, fmt: str = "markdown"):
@@ -37,7 +37,7 @@ def test_an_outline_heading_that_is_a_words_prefix_leaves_the_word_whole():
         ["Backups run nightly at two and are kept for thirty days.", "Restores take an hour."],
         ["Monitoring alerts page the on-call engineer.", "Dashboards live in Grafana."],
     ]
-    doc = parse(make_pdf(pages, outline=[("Backup", 0), ("Monitor", 1)]), "pdf")
+    doc = parse(text_pdf(pages, outline=[("Backup", 0), ("Monitor", 1)]), "pdf")
     assert titles(doc) == ["Backup", "Monitor"]
     assert texts(doc) == [
         "Backups run nightly at two and are kept for thirty days. Restores take an hour.",
@@ -47,7 +47,7 @@ def test_an_outline_heading_that_is_a_words_prefix_leaves_the_word_whole():
 
 def test_an_outline_heading_printed_above_its_text_still_comes_off():
     pages = [["Backup", "Backups run nightly."], ["2.1 Monitor:", "Alerts page the on-call."]]
-    doc = parse(make_pdf(pages, outline=[("Backup", 0), ("Monitor:", 1)]), "pdf")
+    doc = parse(text_pdf(pages, outline=[("Backup", 0), ("Monitor:", 1)]), "pdf")
     assert texts(doc) == ["Backups run nightly.", "Alerts page the on-call."]
 
 
@@ -61,7 +61,7 @@ def test_a_page_edge_word_of_roman_letters_is_text_and_a_lowercase_numeral_a_pag
         ["Mix the logs of both nodes.", "civil"],
         ["iv", "Restores take an hour.", "17"],
     ]
-    words = " ".join(texts(parse(make_pdf(pages), "pdf"))).split()
+    words = " ".join(texts(parse(text_pdf(pages), "pdf"))).split()
     assert {"CLI", "XL", "Mix", "civil"} <= set(words)
     assert not {"xii", "iv", "17"} & set(words)
 

@@ -17,9 +17,8 @@ from services.docstore.errors import ParseError
 from services.docstore.parsing import parse_document
 from services.docstore.pdf import PdfTextLimitError, read_pdf
 from services.docstore.pdf_worker import PdfWorker
-from tests.pdf_bytes import assemble_pdf
+from tests.pdf_bytes import LINE_GAP, text_pdf
 
-LINE_GAP = 14  # points between text lines: the first line's baseline is at 760
 BODY = [
     f"Line {i} of the overview explains how the cluster is deployed and maintained."
     for i in range(12)
@@ -29,64 +28,6 @@ SECTIONS = {
     "Security": ["Passwords rotate every ninety days. Keys live in the vault."],
     "Backups": ["Backups run nightly at two."],
 }
-
-
-def _escaped(text: str) -> bytes:
-    return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)").encode("latin-1")
-
-
-def make_pdf(
-    pages: list[list[str]],
-    outline: list[tuple[str | bytes, int, int]] = (),
-    info: bytes = b"",
-) -> bytes:
-    """A PDF of `pages` (Helvetica, one text line an entry) with top-level bookmarks (title,
-    0-based page index, the /XYZ destination's top); a bytes title is written as is (a hex
-    string), and `info` is the /Info dictionary."""
-    objects = [b"", b"", b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    kids = []
-    for lines in pages:
-        page, content = len(objects) + 1, len(objects) + 2
-        kids.append(page)
-        ops = b"\n".join(
-            [
-                b"BT /F1 11 Tf %d TL 72 760 Td" % LINE_GAP,
-                *(b"(%b) Tj T*" % _escaped(x) for x in lines),
-                b"ET",
-            ]
-        )
-        objects.append(
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-            b"/Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>" % content
-        )
-        objects.append(b"<< /Length %d >>\nstream\n%b\nendstream" % (len(ops), ops))
-    catalog = b"<< /Type /Catalog /Pages 2 0 R"
-    if outline:
-        root = len(objects) + 1
-        first = root + 1
-        objects.append(
-            b"<< /Type /Outlines /First %d 0 R /Last %d 0 R /Count %d >>"
-            % (first, first + len(outline) - 1, len(outline))
-        )
-        for i, (title, page_index, top) in enumerate(outline):
-            written = title if isinstance(title, bytes) else b"(%b)" % _escaped(title)
-            prev = b" /Prev %d 0 R" % (first + i - 1) if i else b""
-            after = b" /Next %d 0 R" % (first + i + 1) if i < len(outline) - 1 else b""
-            objects.append(
-                b"<< /Title %b /Parent %d 0 R /Dest [%d 0 R /XYZ 0 %d 0]%b%b >>"
-                % (written, root, kids[page_index], top, prev, after)
-            )
-        catalog += b" /Outlines %d 0 R" % root
-    objects[0] = catalog + b" >>"
-    objects[1] = b"<< /Type /Pages /Kids [%b] /Count %d >>" % (
-        b" ".join(b"%d 0 R" % k for k in kids),
-        len(kids),
-    )
-    trailer = b""
-    if info:
-        objects.append(info)
-        trailer = b"/Info %d 0 R" % len(objects)
-    return assemble_pdf(objects, trailer)
 
 
 def line_top(index: int) -> int:
@@ -99,7 +40,7 @@ def section_pdf() -> bytes:
     more than 400 characters below it. An appendix on page 2."""
     page = [line for title, body in SECTIONS.items() for line in (title, *body)]
     outline = [(title, 0, 792) for title in SECTIONS]
-    return make_pdf([page, ["Appendix", "Nothing more."]], [*outline, ("Appendix", 1, 792)])
+    return text_pdf([page, ["Appendix", "Nothing more."]], [*outline, ("Appendix", 1, 792)])
 
 
 def section_texts(content: bytes) -> dict[str, str]:
@@ -133,7 +74,7 @@ def test_a_heading_after_its_destination_wins_over_a_mention_before_it() -> None
     # destination (line 10); its heading is more than 400 characters below it.
     body = BODY + BODY
     lines = ["Overview", "Security is covered further down.", *body, "Security", "Keys."]
-    content = make_pdf([lines], [("Overview", 0, 792), ("Security", 0, line_top(10))])
+    content = text_pdf([lines], [("Overview", 0, 792), ("Security", 0, line_top(10))])
     text = read_pdf(content)
     page = text.pages[0]
     destination = len("\n".join(page.split("\n")[:10])) + 1
@@ -144,7 +85,7 @@ def test_a_heading_after_its_destination_wins_over_a_mention_before_it() -> None
 
 def test_a_heading_near_its_destination_still_wins_over_a_later_mention() -> None:
     lines = ["Overview", *BODY[:4], "Security", "Keys.", *BODY[4:12], "See Security above."]
-    content = make_pdf([lines], [("Overview", 0, 792), ("Security", 0, line_top(5))])
+    content = text_pdf([lines], [("Overview", 0, 792), ("Security", 0, line_top(5))])
     page, security = read_pdf(content).pages[0], read_pdf(content).outline[1]
     assert security.offset == page.index("Security\nKeys.")
 
@@ -153,7 +94,7 @@ def test_bookmarks_on_a_page_never_go_back_up_it() -> None:
     # Listed out of reading order, and one whose title is not on the page at all.
     lines = ["Security", *BODY, "Backups", "Nightly.", "Overview", "Done."]
     outline = [("Backups", 0, 792), ("Security", 0, 792), ("Nowhere", 0, 792), ("Overview", 0, 792)]
-    text = read_pdf(make_pdf([lines], outline))
+    text = read_pdf(text_pdf([lines], outline))
     offsets = [entry.offset for entry in text.outline]
     assert offsets == sorted(offsets)
     page = text.pages[0]
@@ -174,22 +115,22 @@ PAGE = ["Installation guide", "Install the package with apt. It takes a minute."
     ],
 )
 def test_invalid_utf16_in_the_title_is_repaired_or_dropped(info: bytes, title: str) -> None:
-    text = read_pdf(make_pdf([PAGE], info=info))
+    text = read_pdf(text_pdf([PAGE], info=info))
     assert text.title == title
     assert text.pages[0] == "\n".join(PAGE)
 
 
 def test_a_bookmark_with_invalid_utf16_is_repaired_or_skipped() -> None:
     outline = [(b"<FEFFDC00>", 0, 792), (b"<FEFF0041DC000042>", 0, 792), ("Installation", 0, 792)]
-    text = read_pdf(make_pdf([PAGE], outline))
+    text = read_pdf(text_pdf([PAGE], outline))
     assert [entry.title for entry in text.outline] == ["A\ufffdB", "Installation"]
     assert text.pages[0] == "\n".join(PAGE)
 
 
 def test_the_worker_reads_pdfs_with_invalid_utf16_titles() -> None:
     bad = [
-        make_pdf([PAGE], info=b"<< /Title <FEFFD800> >>"),
-        make_pdf([PAGE], [(b"<FEFFDC00>", 0, 792)]),
+        text_pdf([PAGE], info=b"<< /Title <FEFFD800> >>"),
+        text_pdf([PAGE], [(b"<FEFFDC00>", 0, 792)]),
     ]
     worker = PdfWorker()
     try:
@@ -219,7 +160,7 @@ def _answers(stream: io.BytesIO) -> list[tuple[object, ...]]:
 def test_an_unexpected_error_refuses_that_pdf_and_the_worker_reads_the_next(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    good = make_pdf([PAGE])
+    good = text_pdf([PAGE])
 
     def read(content: bytes, *, max_text_bytes: int):
         if content == b"%PDF boom":
