@@ -184,7 +184,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             if self.draining:
                 # The JSON /health a balancer probes says what grpc.health already says.
                 raise errors.UnavailableError(
-                    "the server is shutting down: ask another replica", reason="DRAINING"
+                    "the server is shutting down: ask another replica", reason=errors.DRAINING
                 )
             return False
         cap = self._max_in_flight

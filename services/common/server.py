@@ -128,8 +128,9 @@ class RunningServer:
     registry: CollectorRegistry
     metrics_port: int | None = None
     companions: list[Callable[[float], Awaitable[None]]] = field(default_factory=list)
-    """The stops of the process's other listeners (ToolsProxy's MCP endpoint): each runs
-    beside the gRPC server's, with the same grace."""
+    """The stops of the process's other listeners (ToolsProxy's MCP endpoint) and of handlers
+    that must end before the grace runs out (the LLM service's streams): each runs beside
+    the gRPC server's, with the same grace."""
     metrics: MetricsExporter | None = None
     """The Prometheus exporter serving `registry` on `metrics_port`, stopped last."""
     interceptor: ServerInterceptor | None = None

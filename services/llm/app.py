@@ -50,8 +50,15 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     http: httpx.AsyncClient | None = None
     runtime: ChatRuntime
     if settings.runtime is not None:
+        # A Generate makes one runtime call at a time: a connection for each call the server
+        # admits, so that no call waits for one (the default pool holds 100).
+        cap = settings.server.max_concurrent_rpcs
         http = traced_async_client(
-            tracing, peer="llm-runtime", propagate=True, follow_redirects=False
+            tracing,
+            peer="llm-runtime",
+            propagate=True,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=cap, max_keepalive_connections=cap),
         )
         runtime = OpenAiChatRuntime(settings.runtime, http)
     else:
@@ -73,12 +80,16 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     engine = LlmEngine(loop, LlmMetrics(registry), catalogue=catalogue)
     catalogue_task = asyncio.create_task(catalogue.keep_loaded())
 
+    servicer = LlmServicer(engine, runtime.name)
+
     def register(server):  # type: ignore[no-untyped-def]
-        llm_pb2_grpc.add_LlmServiceServicer_to_server(LlmServicer(engine, runtime.name), server)
+        llm_pb2_grpc.add_LlmServiceServicer_to_server(servicer, server)
 
     running = await start_server(
         settings.server, register, SERVICE_NAMES, registry, domain=ERROR_DOMAIN, tracing=tracing
     )
+    # At stop, streams still running end with an error event before the grace runs out.
+    running.companions.append(servicer.end_streams)
 
     async def close() -> None:
         catalogue_task.cancel()

@@ -21,9 +21,11 @@ How a run stops:
   calls the loop refused, UPSTREAM_UNAVAILABLE for a tool that failed (502);
 - the token budget spent (services/llm/budget.py), or no room left for the answer's least
   share beside the loop's notes (MIN_ANSWER_TOKENS): LLM_LIMIT_EXCEEDED;
-- the watchdog (the whole request, LoopSettings.watchdog_s or the caller's time left):
-  LLM_RUNTIME_ERROR ("Model timeout", llm-service.md §9.1), 502;
-- a runtime failure: its own error, as the runtime raised it (LLM_RUNTIME_ERROR).
+- the watchdog (the whole request, LoopSettings.watchdog_s): LLM_RUNTIME_ERROR ("Model
+  timeout", llm-service.md §9.1), 502; the caller's time left, when that is shorter:
+  DEADLINE_EXCEEDED;
+- a runtime failure: its own error, as the runtime raised it (LLM_RUNTIME_ERROR; SERVER_BUSY
+  when no connection to it came free; DEADLINE_EXCEEDED when the caller's deadline ended it).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
+from services.common.context import remaining_seconds
 from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
@@ -106,15 +109,29 @@ TOOLS_DOWNSTREAM = "toolsproxy"
 """The `downstream` an abort for failed tool calls names (services/llm/tools_client.py's)."""
 CANCELLED = "CANCELLED"
 INTERNAL = "INTERNAL"
+DEADLINE_EXCEEDED = errors.DeadlineExceededError.default_reason
+DEADLINE_SLACK_S = 0.01
+"""A request that ends this close to its caller's deadline, or later, was ended by it: grpc's
+timer and the service's own, set to the same instant, fire in either order."""
+
+
+def deadline_passed() -> bool:
+    """Whether the current request's caller's deadline has passed (DEADLINE_SLACK_S)."""
+    left = remaining_seconds()
+    return left is not None and left <= DEADLINE_SLACK_S
 
 
 def outcome_of(failure: BaseException | None) -> str:
     """A Generate's outcome, from what it raised (None: nothing): the `outcome` label of the
-    LLM metrics and of the `generate` log line alike (docs/operations.md). `ok`; a
-    ServiceError's reason; CANCELLED when the caller went away; INTERNAL for any other
-    exception (the status the server answers it with)."""
+    LLM metrics and of the `generate` log line alike (docs/operations.md). `ok`;
+    DEADLINE_EXCEEDED for any failure once the caller's deadline has passed (what the caller
+    was told, whichever timer ended the request); a ServiceError's reason; CANCELLED when the
+    caller went away; INTERNAL for any other exception (the status the server answers it
+    with)."""
     if failure is None:
         return OK
+    if deadline_passed():
+        return DEADLINE_EXCEEDED
     if isinstance(failure, errors.ServiceError):
         return failure.reason
     if isinstance(failure, asyncio.CancelledError):
@@ -159,15 +176,26 @@ class LoopSettings:
 
 
 class LoopObserver(Protocol):
-    """Told of every model call that completed and every tool call the loop made (the LLM
-    metrics count what each request used, whatever its outcome)."""
+    """Told of every model call the loop made and every tool call (the LLM metrics count
+    what each request used, whatever its outcome)."""
 
     def model_call(self, messages: tuple[ChatMessage, ...], completion: Completion) -> None:
-        """`messages`: what was sent, the closing language note included."""
+        """`messages`: what was sent, the closing language note included. `completion`: the
+        answer; for a call that failed or was cancelled once made, the text streamed so far
+        with no counts (`_Run._call`)."""
 
     def tool_call(self, name: str, code: str) -> None:
         """`code`: "" when the tool answered ok, else its error code (the exception's reason
         when the call raised; DEADLINE_EXCEEDED when it timed out)."""
+
+
+def _made(failure: BaseException) -> bool:
+    """Whether a model call that ended with `failure` was made: the runtime client refuses
+    some without calling (its breaker open, no time left, no free connection), saying so
+    with `attempts` 0."""
+    return not (
+        isinstance(failure, errors.ServiceError) and failure.metadata.get("attempts") == "0"
+    )
 
 
 class _NoObserver:
@@ -237,6 +265,8 @@ class _Run:
         self.started = loop.clock()
         watchdog = s.watchdog_s if timeout_s is None else min(s.watchdog_s, timeout_s)
         self.watchdog = watchdog
+        self.callers = watchdog < s.watchdog_s
+        """Whether the watchdog is the caller's deadline, not the service's own."""
         self.deadline = self.started + watchdog
         steps = s.max_tool_steps
         if req.policy.max_tool_steps is not None:
@@ -487,7 +517,12 @@ class _Run:
             raise self._timeout()
         return left
 
-    def _timeout(self) -> errors.UnavailableError:
+    def _timeout(self) -> errors.ServiceError:
+        if self.callers:
+            return errors.DeadlineExceededError(
+                f"the caller's deadline passed: {self.watchdog:g} s were left for the request "
+                f"({self.steps} tool call(s) made)"
+            )
         return errors.UnavailableError(
             f"Model timeout: the request took longer than {self.watchdog:g} s "
             f"({self.steps} tool call(s) made)",
@@ -511,9 +546,10 @@ class _Run:
         messages = self._sent(messages)
         request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
+        streamed: list[str] = []
         try:
             # This timer and the runtime client's own end at the same instant; the client
-            # counts a call cut at its deadline as a runtime timeout, whichever fires first.
+            # judges a call cut at its deadline the same, whichever fires first.
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
                     final = await runtime.complete(request, timeout_s=left)
@@ -523,10 +559,18 @@ class _Run:
                     if not isinstance(event, StreamDelta):
                         final = event
                         self.loop.observer.model_call(tuple(messages), final)
-                    elif not hold:
-                        await self.sink.delta(event.text)
-        except TimeoutError:
-            raise self._timeout() from None
+                    else:
+                        streamed.append(event.text)
+                        if not hold:
+                            await self.sink.delta(event.text)
+        except BaseException as exc:
+            if final is None and _made(exc):
+                # What a failed or cancelled call used counts too: the prompt sent, and the
+                # text so far (both estimated, as no counts came).
+                self.loop.observer.model_call(tuple(messages), Completion("".join(streamed)))
+            if isinstance(exc, TimeoutError):
+                raise self._timeout() from None
+            raise
         if final is None:
             raise errors.UnavailableError(
                 "the model's stream ended without a completion", reason=LLM_RUNTIME_ERROR

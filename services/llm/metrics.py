@@ -2,9 +2,10 @@
 
 Every Generate counts, whatever its outcome (`ok`, or the error's reason): its latency, the
 tokens its model calls used and the tool calls it made are recorded when it ends, under the
-request's outcome. The tool loop tells `USAGE` (its LoopObserver) of every model call that
-completed and every tool call it made, so that what a failed request used is known too:
-each adds to the current request's RequestUsage (a contextvar the engine sets per request).
+request's outcome. The tool loop tells `USAGE` (its LoopObserver) of every model call it made
+(one that failed or was cancelled with the text it streamed so far) and every tool call, so
+that what a failed request used is known too: each adds to the current request's
+RequestUsage (a contextvar the engine sets per request).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ OK = "ok"
 
 @dataclass
 class _ModelCall:
-    """One completed model call: the runtime's counts, and what to estimate from when it
-    reported none (the loop's own rule: the conversation sent, the answer written)."""
+    """One model call: the runtime's counts, and what to estimate from when it reported none
+    (the loop's own rule: the conversation sent, the answer written; for a call that failed or
+    was cancelled, the text written so far, nothing when there was none)."""
 
     messages: tuple[ChatMessage, ...]
     completion: Completion
@@ -45,9 +47,11 @@ class RequestUsage:
         for call in self.model_calls:
             c = call.completion
             prompt += c.prompt_tokens or sum(message_tokens(tokenizer, m) for m in call.messages)
-            completion += c.completion_tokens or message_tokens(
-                tokenizer, ChatMessage("assistant", c.content, c.tool_calls)
-            )
+            if c.completion_tokens:
+                completion += c.completion_tokens
+            elif c.content or c.tool_calls:
+                answer = ChatMessage("assistant", c.content, c.tool_calls)
+                completion += message_tokens(tokenizer, answer)
         return prompt, completion
 
 

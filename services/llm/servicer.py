@@ -33,6 +33,9 @@ SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
 """The gRPC service GetHealth names (services/common/topology.py)."""
 ERROR_DOMAIN = "visior.llm"
 """The ErrorInfo domain of this service's errors."""
+END_MARGIN_S = 1.0
+"""How long before the stop's grace runs out a stream still running ends (at most half the
+grace): time for its error event to go out before grpc cancels the call."""
 
 
 def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
@@ -111,8 +114,17 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
     )
 
 
+class _Stopping:
+    """Put in a stream's queue when the stop's grace is about to run out: the stream ends."""
+
+
+_STOPPING = _Stopping()
+_Item = llm_pb2.GenerateStreamResponse | _Stopping | None
+"""What a stream's queue holds: an event, the stop, or None once the generation has ended."""
+
+
 class _QueueSink:
-    def __init__(self, queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None]) -> None:
+    def __init__(self, queue: asyncio.Queue[_Item]) -> None:
         self._queue = queue
 
     async def delta(self, text: str) -> None:
@@ -126,6 +138,34 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
     def __init__(self, engine: LlmEngine, runtime: str) -> None:
         self._engine = engine
         self._runtime = runtime
+        self._streams: dict[asyncio.Queue[_Item], asyncio.TimerHandle | None] = {}
+        """The queues of the streams running, each with its stop's timer once the server stops."""
+        self._end_at: float | None = None
+        """When streams still running end (event loop time), once the server stops."""
+
+    async def end_streams(self, grace: float) -> None:
+        """The server stops, giving the calls in flight `grace` s (a companion stop of
+        RunningServer): a stream still running END_MARGIN_S before that (at most half the
+        grace) ends with an UNAVAILABLE DRAINING error event, so that a JSON caller's array
+        ends with an error, not as a short finished answer, and a gRPC caller learns why.
+        Returns at once."""
+        loop = asyncio.get_running_loop()
+        self._end_at = loop.time() + max(0.0, grace - min(END_MARGIN_S, grace / 2))
+        for queue in self._streams:
+            self._streams[queue] = self._stop_timer(queue)
+
+    def _stop_timer(self, queue: asyncio.Queue[_Item]) -> asyncio.TimerHandle | None:
+        if self._end_at is None:
+            return None
+        return asyncio.get_running_loop().call_at(self._end_at, queue.put_nowait, _STOPPING)
+
+    def _opened(self, queue: asyncio.Queue[_Item]) -> None:
+        self._streams[queue] = self._stop_timer(queue)
+
+    def _closed(self, queue: asyncio.Queue[_Item]) -> None:
+        timer = self._streams.pop(queue, None)
+        if timer is not None:
+            timer.cancel()
 
     async def Generate(
         self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -146,14 +186,19 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
             bind_trace_id(inner.trace_id)
         else:
             inner.trace_id = current_trace_id()
-        queue: asyncio.Queue[llm_pb2.GenerateStreamResponse | None] = asyncio.Queue()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
         task = asyncio.ensure_future(
             self._engine.generate(generate_input(inner), _QueueSink(queue))
         )
         task.add_done_callback(lambda _t: queue.put_nowait(None))
+        self._opened(queue)
         began = False
         try:
             while (event := await queue.get()) is not None:
+                if isinstance(event, _Stopping):
+                    raise errors.UnavailableError(
+                        "the LLM service is stopping; ask again", reason=errors.DRAINING
+                    )
                 began = True
                 yield event
             out = task.result()  # re-raises the generation's error, after the events so far
@@ -164,6 +209,7 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
                 yield llm_pb2.GenerateStreamResponse(error=error)
             raise
         finally:
+            self._closed(queue)
             task.cancel()
         yield llm_pb2.GenerateStreamResponse(final=generate_response(out))
 

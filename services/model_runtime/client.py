@@ -32,10 +32,16 @@ connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/5
 Timeouts are not retried (a second full timeout would double the latency the caller waits),
 nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
 calls (timeouts, unreachable, 429/5xx after the retry, unreadable answers); a 4xx answer
-means the runtime is up and does not count. A call its caller cancels (or a stream it stops
-reading) at the call's deadline timed out and counts too, whichever timer fired first,
-unless the caller's deadline cut it below 1 s; one cancelled sooner gives no verdict, even
-after a stream's 200. Every failure is
+means the runtime is up and does not count. A call ended at its deadline is the runtime's
+timeout and counts, whichever timer fired first: the client's, or its caller's set to the
+same instant (a cancellation, or a stream it stops reading). Except where a caller's
+deadline shorter than ``timeout_s`` ended it: a call it left under 1 s (cancelled, or a
+stream) and a stream whose runtime was still sending (a chunk, or its 200, within
+``stall_s``) give no verdict, a stream the client's timer ended so being DEADLINE_EXCEEDED
+(``kind=deadline``); a stream that had stalled counts. A call cancelled before its deadline
+gives no verdict, even after a stream's 200. A call that finds no free connection in the
+HTTP client's pool before its deadline gives none either: the service is busy
+(``ResourceExhaustedError`` SERVER_BUSY, ``kind=busy``). Every other failure is
 ``UnavailableError(reason="LLM_RUNTIME_ERROR")`` with metadata ``kind`` (timeout,
 unreachable, overloaded, rejected, bad_response, circuit_open), ``status`` when an HTTP
 status arrived, and ``attempts``.
@@ -62,6 +68,7 @@ from services.common import errors
 from services.common.bounded_cache import BoundedCache
 from services.common.breaker import (
     ANSWERED,
+    NO_VERDICT,
     OUTAGE,
     BreakerPolicy,
     CircuitBreaker,
@@ -103,6 +110,10 @@ DEADLINE_SLACK_S = 0.01
 """A call its caller cancels this close to the call's deadline, or later, was ended by that
 deadline: the caller's own timer (the tool loop's, the RPC's) is set to the same instant as
 the client's, a hair sooner, and whichever fires first the runtime did not answer in time."""
+POOL_MARGIN_S = 0.1
+"""A call waits for a free connection until this long before its deadline (at most half its
+time), so that the wait ends as the service being busy before any timer at the deadline ends
+it as a timeout."""
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -160,6 +171,10 @@ class RuntimeSettings:
     breaker: BreakerPolicy = BreakerPolicy(failures=5, reset_s=30.0)
     """Consecutive failed calls that open the breaker, and how long it then refuses calls
     before a trial."""
+    stall_s: float = 3.0
+    """A stream whose runtime sent nothing for this long (no chunk since the last one, or
+    since its 200) has stalled: ended at the caller's deadline, it counts as the runtime's
+    timeout; one still sending is the caller's deadline and no verdict."""
     temperature: float | None = None
     """Sampling temperature when the request sets none (LLM_RUNTIME_TEMPERATURE, 0..2);
     unset leaves it to the runtime. 0 makes a local model's answers repeatable."""
@@ -171,7 +186,7 @@ class RuntimeSettings:
         check_base_url(self.url, "LLM_RUNTIME_URL")
         if not self.default_model.strip():
             raise SettingsError("DEFAULT_MODEL_NAME is required when LLM_RUNTIME_URL is set")
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.stall_s <= 0:
             raise SettingsError("LLM runtime timeouts must be positive")
         if not 1 <= self.retry.attempts <= 4:
             raise SettingsError("RuntimeSettings.retry.attempts must be within 1..4")
@@ -830,9 +845,17 @@ class StreamAssembler:
 # -- the client ------------------------------------------------------------------------------
 
 
+BUSY = "busy"
+"""The `kind` of a call that found no free connection to the runtime in time: every one was
+taken by the service's other calls. The service is busy, not the runtime failing."""
+DEADLINE = "deadline"
+"""The `kind` of a call its caller's deadline ended with no word on the runtime
+(`OpenAiChatRuntime._cut_by_caller`)."""
+
+
 class _Failure(AttemptFailed):
-    """One failed attempt: the error to raise if it is the last, whether to retry, and whether
-    it counts against the breaker."""
+    """One failed attempt: the error to raise if it is the last, whether to retry, and its
+    verdict on the runtime for the breaker (OUTAGE, ANSWERED or NO_VERDICT)."""
 
     def __init__(
         self,
@@ -841,24 +864,32 @@ class _Failure(AttemptFailed):
         *,
         status: int | None = None,
         retry: bool = False,
-        outage: bool = True,
+        verdict: str = OUTAGE,
         delay: float | None = None,
     ) -> None:
         super().__init__(message, retry=retry, delay=delay)
         self.kind = kind
         self.message = message
         self.status = status
-        self.outage = outage
+        self.breaker_verdict = verdict
         self.attempts = 1
 
-    @property
-    def breaker_verdict(self) -> str:
-        return OUTAGE if self.outage else ANSWERED
-
-    def error(self, attempts: int, runtime: str) -> errors.UnavailableError:
+    def error(self, attempts: int, runtime: str) -> errors.ServiceError:
+        """What the caller is told: UNAVAILABLE LLM_RUNTIME_ERROR for the runtime's failures;
+        RESOURCE_EXHAUSTED SERVER_BUSY when no connection was free (`attempts` then counts
+        only those that reached the runtime); DEADLINE_EXCEEDED when the caller's deadline
+        ended the call."""
+        if self.kind == BUSY:
+            attempts -= 1
         metadata = {"kind": self.kind, "attempts": str(attempts), "runtime": runtime}
         if self.status is not None:
             metadata["status"] = str(self.status)
+        if self.kind == BUSY:
+            return errors.ResourceExhaustedError(
+                self.message, reason=errors.SERVER_BUSY, metadata=metadata
+            )
+        if self.kind == DEADLINE:
+            return errors.DeadlineExceededError(self.message, metadata=metadata)
         return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
 
 
@@ -887,12 +918,12 @@ def _status_failure(response: httpx.Response) -> _Failure:
             "rejected",
             f"LLM runtime refused the credentials (HTTP {status})",
             status=status,
-            outage=False,
+            verdict=ANSWERED,
         )
     if 400 <= status < 500:
         return _Failure(
             "rejected", f"LLM runtime rejected the request (HTTP {status})", status=status,
-            outage=False,
+            verdict=ANSWERED,
         )  # fmt: skip
     return _Failure("bad_response", f"LLM runtime answered HTTP {status}", status=status)
 
@@ -1012,6 +1043,16 @@ class _Holdback:
             i = j + len(_FENCE)
 
 
+class _Progress:
+    """When a streamed answer last showed the runtime at work: its 200, then each chunk of
+    its body (a clock reading; None before the 200)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+
 class OpenAiChatRuntime:
     """`ChatRuntime` over an OpenAI-compatible ``/v1/chat/completions`` (see module docstring).
 
@@ -1117,6 +1158,7 @@ class OpenAiChatRuntime:
         attempts = 0
         response: httpx.Response | None = None
         settled = False
+        progress = _Progress()
         try:
             response, _, attempts = await self._send_turns(
                 model, body, start, budget_s, stream=True
@@ -1131,9 +1173,10 @@ class OpenAiChatRuntime:
                     yield StreamDelta(completion.content)
                 yield completion
                 return
+            progress.last = self._clock()  # the 200: the stream has begun
             assembler = StreamAssembler(model=model, json_mode=json_mode, offered=offered)
             holdback = _Holdback(offered)
-            async for piece in self._stream_text(response, deadline, assembler):
+            async for piece in self._stream_text(response, deadline, assembler, progress):
                 if not json_mode and (piece := holdback.release(piece)):
                     yield StreamDelta(piece)
             try:
@@ -1151,6 +1194,7 @@ class OpenAiChatRuntime:
             yield completion
         except _Failure as failed:
             attempts = attempts or failed.attempts
+            failed = self._judged(failed, start, budget_s, timeout_s, progress)
             self.breaker.settle(failed, ticket)
             self._log(
                 "error", model, start, attempts, stream=True, kind=failed.kind,
@@ -1161,7 +1205,9 @@ class OpenAiChatRuntime:
             # Cancelled, or the consumer stopped reading: never a success, since a stream that
             # stalled after its 200 is the runtime failing (it is a timeout at the deadline).
             if not settled:
-                self._cut_short(ticket, model, start, budget_s, timeout_s, attempts, stream=True)
+                self._cut_short(
+                    ticket, model, start, budget_s, timeout_s, attempts, progress, stream=True
+                )
             raise
         except BaseException as exc:
             # A bug: before the 200 it is counted (a half-open trial is not left taken);
@@ -1190,12 +1236,16 @@ class OpenAiChatRuntime:
         return model, body, json_mode, offered
 
     async def _stream_text(
-        self, response: httpx.Response, deadline: float, assembler: StreamAssembler
+        self,
+        response: httpx.Response,
+        deadline: float,
+        assembler: StreamAssembler,
+        progress: _Progress,
     ) -> AsyncIterator[str]:
         """The answer text of each SSE chunk as it arrives; `assembler` collects the rest.
         Raises _Failure for an unreadable chunk or a stream that ends before it finished."""
         done = False
-        async for data in self._events(response, deadline):
+        async for data in self._events(response, deadline, progress):
             if data == "[DONE]":
                 done = True
                 break
@@ -1252,21 +1302,56 @@ class OpenAiChatRuntime:
         budget_s: float,
         timeout_s: float,
         attempts: int,
+        progress: _Progress | None = None,
         **extra: Any,
     ) -> None:
         """Settle a call its caller ended before the runtime had answered. Before the call's
         deadline that says nothing about the runtime (the caller went away): no verdict. At
-        the deadline it is the runtime's timeout, counted as the client's own would be (the
-        caller's timer set to the same instant fires first), unless the caller's deadline cut
-        the call below MIN_VERDICT_S: a caller with tiny deadlines must not open the breaker
-        for everyone (docs/operations.md, "Failure handling")."""
-        at_deadline = self._clock() >= start + budget_s - DEADLINE_SLACK_S
-        if not at_deadline or (timeout_s < self.settings.timeout_s and budget_s < MIN_VERDICT_S):
+        the deadline it is judged as the client's own timer's end would be (the caller's
+        timer set to the same instant fires first): see `_cut_by_caller`."""
+        at_deadline = self._at_deadline(start, budget_s)
+        if not at_deadline or self._cut_by_caller(budget_s, timeout_s, progress):
             self.breaker.release(ticket)
             return
         failed = _Failure("timeout", "LLM runtime did not answer in time")
         self.breaker.settle(failed, ticket)
         self._log("error", model, start, attempts or 1, kind=failed.kind, **extra)
+
+    def _at_deadline(self, start: float, budget_s: float) -> bool:
+        """Whether a call begun at `start` with `budget_s` seconds has reached its deadline."""
+        return self._clock() >= start + budget_s - DEADLINE_SLACK_S
+
+    def _cut_by_caller(self, budget_s: float, timeout_s: float, progress: _Progress | None) -> bool:
+        """Whether a call ended at its deadline says nothing about the runtime, its caller's
+        deadline having ended it (docs/operations.md, "Failure handling"): a deadline shorter
+        than LLM_RUNTIME_TIMEOUT_S that left the call under MIN_VERDICT_S (a caller with tiny
+        deadlines must not open the breaker for everyone), or that cut a stream the runtime
+        was still sending (its last chunk, or its 200, within `stall_s`). A call the runtime's
+        own timeout ended, a stream that had stalled, and any other call the caller's
+        deadline gave MIN_VERDICT_S or more are the runtime's timeout."""
+        if timeout_s >= self.settings.timeout_s:
+            return False
+        if budget_s < MIN_VERDICT_S:
+            return True
+        last = None if progress is None else progress.last
+        return last is not None and self._clock() - last < self.settings.stall_s
+
+    def _judged(
+        self, failed: _Failure, start: float, budget_s: float, timeout_s: float, progress: _Progress
+    ) -> _Failure:
+        """`failed`, or, for a stream's timeout at a deadline its caller's ended
+        (`_cut_by_caller`), the caller's deadline: no verdict, DEADLINE_EXCEEDED."""
+        if failed.kind != "timeout" or not self._at_deadline(start, budget_s):
+            return failed
+        if not self._cut_by_caller(budget_s, timeout_s, progress):
+            return failed
+        judged = _Failure(
+            DEADLINE,
+            "the caller's deadline passed while the LLM runtime was answering",
+            verdict=NO_VERDICT,
+        )
+        judged.attempts = failed.attempts
+        return judged
 
     def _headers(self, stream: bool) -> dict[str, str]:
         headers = {
@@ -1334,13 +1419,25 @@ class OpenAiChatRuntime:
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise _Failure("timeout", "LLM runtime did not answer in time")
-        timeout = httpx.Timeout(remaining, connect=min(remaining, self.settings.connect_timeout_s))
+        timeout = httpx.Timeout(
+            remaining,
+            connect=min(remaining, self.settings.connect_timeout_s),
+            pool=remaining - min(POOL_MARGIN_S, remaining / 2),
+        )
         request = self._http.build_request(
             "POST", self._request_url, content=body, headers=self._headers(stream), timeout=timeout
         )
         try:
             async with asyncio.timeout(remaining):
                 response = await self._http.send(request, stream=True, follow_redirects=False)
+        except httpx.PoolTimeout:
+            # Every connection is taken by the service's other calls: no word on the runtime.
+            raise _Failure(
+                BUSY,
+                "the LLM service is busy: no connection to the LLM runtime came free in time; "
+                "retry later",
+                verdict=NO_VERDICT,
+            ) from None
         except (TimeoutError, httpx.TimeoutException):
             raise _Failure("timeout", "LLM runtime did not answer in time") from None
         except httpx.TransportError:
@@ -1404,9 +1501,12 @@ class OpenAiChatRuntime:
         except ValueError:
             raise _Failure("bad_response", "LLM runtime sent an answer that is not JSON") from None
 
-    async def _body_chunks(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
-        """A streamed body's chunks, each read within the deadline; more than
-        MAX_RESPONSE_BYTES in all is refused, as `_read_body` refuses an answer."""
+    async def _body_chunks(
+        self, response: httpx.Response, deadline: float, progress: _Progress
+    ) -> AsyncIterator[bytes]:
+        """A streamed body's chunks, each read within the deadline (and its time kept in
+        `progress`); more than MAX_RESPONSE_BYTES in all is refused, as `_read_body` refuses
+        an answer."""
         chunks = response.aiter_bytes()
         size = 0
         while True:
@@ -1422,15 +1522,18 @@ class OpenAiChatRuntime:
                 raise _Failure("timeout", "LLM runtime did not finish in time") from None
             except httpx.TransportError:
                 raise _Failure("unreachable", "LLM runtime dropped the stream") from None
+            progress.last = self._clock()
             size += len(chunk)
             if size > MAX_RESPONSE_BYTES:
                 raise _Failure("bad_response", "LLM runtime sent an oversized stream")
             yield chunk
 
-    async def _events(self, response: httpx.Response, deadline: float) -> AsyncIterator[str]:
+    async def _events(
+        self, response: httpx.Response, deadline: float, progress: _Progress
+    ) -> AsyncIterator[str]:
         """The ``data:`` payloads of an SSE body (`_body_chunks`: the deadline, the size)."""
         data: list[str] = []
-        async for line in sse_lines(self._body_chunks(response, deadline)):
+        async for line in sse_lines(self._body_chunks(response, deadline, progress)):
             if not line:
                 if data:
                     yield "\n".join(data)

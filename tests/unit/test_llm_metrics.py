@@ -4,18 +4,22 @@ request, its latency, the tokens and tool calls it used, the tool errors; read f
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import errors
+from services.common.tokenizer import default_tokenizer
+from services.llm.budget import message_tokens
 from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
-from services.llm.loop import LoopSettings, ToolLoop
+from services.llm.loop import CANCELLED, LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
 from services.llm.model import Anchor, ToolPolicy, ToolResult, Turn
 from services.llm.toolcalls import READ_TOOL_SPECS
-from services.model_runtime.chat import Completion
+from services.model_runtime.chat import LLM_RUNTIME_ERROR, ChatMessage, Completion, StreamDelta
 from tests.unit.test_llm import WINDOW, FakeTools, req
 from tests.unit.test_loop import ScriptedRuntime, asks, call
 
@@ -132,3 +136,107 @@ async def test_a_withheld_answer_counts():
     await engine.generate(req(policy=ToolPolicy()))
     assert sample(registry, "llm_answers_withheld_total") == 1
     assert sample(registry, "llm_requests_total", outcome="ok") == 2
+
+
+# -- a model call that fails or is cancelled once made counts its tokens ---------------------
+
+
+class BrokenStream:
+    """A runtime whose stream writes two words, then fails as `then` says: "fail" (the runtime
+    dropped it), "hang" (until cancelled); whose completion fails once sent; or that refuses
+    every call without making it ("refuse": the breaker open)."""
+
+    name = "broken"
+
+    def __init__(self, then: str) -> None:
+        self.then = then
+        self.wrote = asyncio.Event()
+
+    def _refusal(self) -> errors.UnavailableError:
+        return errors.UnavailableError(
+            "LLM runtime is unavailable", reason=LLM_RUNTIME_ERROR,
+            metadata={"kind": "circuit_open", "attempts": "0"},
+        )  # fmt: skip
+
+    async def complete(self, request, *, timeout_s):
+        if self.then == "refuse":
+            raise self._refusal()
+        raise errors.UnavailableError(
+            "LLM runtime did not answer in time", reason=LLM_RUNTIME_ERROR,
+            metadata={"kind": "timeout", "attempts": "1"},
+        )  # fmt: skip
+
+    async def stream(self, request, *, timeout_s):
+        if self.then == "refuse":
+            raise self._refusal()
+        yield StreamDelta("LDAP is set up ")
+        yield StreamDelta("in the Settings page")
+        self.wrote.set()
+        if self.then == "hang":
+            await asyncio.Event().wait()
+        raise errors.UnavailableError(
+            "LLM runtime dropped the stream", reason=LLM_RUNTIME_ERROR,
+            metadata={"kind": "unreachable", "attempts": "1"},
+        )  # fmt: skip
+
+
+class Sink:
+    async def delta(self, text):
+        pass
+
+    async def tool_call(self, record):
+        pass
+
+
+WRITTEN = message_tokens(
+    default_tokenizer(), ChatMessage("assistant", "LDAP is set up in the Settings page")
+)
+"""The estimate of what the broken stream wrote."""
+
+
+async def test_a_stream_that_fails_counts_the_prompt_sent_and_the_text_so_far():
+    registry = CollectorRegistry()
+    engine = metered(FakeTools([]), registry, BrokenStream("fail"))
+    with pytest.raises(errors.UnavailableError):
+        await engine.generate(req(policy=ToolPolicy()), Sink())
+    outcome = LLM_RUNTIME_ERROR
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=outcome) > 0
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=outcome) == WRITTEN
+
+
+async def test_a_cancelled_stream_counts_the_prompt_sent_and_the_text_so_far():
+    registry = CollectorRegistry()
+    runtime = BrokenStream("hang")
+    task = asyncio.ensure_future(
+        metered(FakeTools([]), registry, runtime).generate(req(policy=ToolPolicy()), Sink())
+    )
+    await asyncio.wait_for(runtime.wrote.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sample(registry, "llm_requests_total", outcome=CANCELLED) == 1
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=CANCELLED) > 0
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=CANCELLED) == (
+        WRITTEN
+    )
+
+
+async def test_a_completion_that_fails_once_sent_counts_its_prompt():
+    registry = CollectorRegistry()
+    with pytest.raises(errors.UnavailableError):
+        await metered(FakeTools([]), registry, BrokenStream("fail")).generate(
+            req(policy=ToolPolicy())
+        )
+    outcome = LLM_RUNTIME_ERROR
+    assert sample(registry, "llm_token_usage_total", kind="prompt", outcome=outcome) > 0
+    assert sample(registry, "llm_token_usage_total", kind="completion", outcome=outcome) == 0
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_call_the_runtime_client_refused_without_making_it_counts_no_tokens(streamed):
+    registry = CollectorRegistry()
+    engine = metered(FakeTools([]), registry, BrokenStream("refuse"))
+    with pytest.raises(errors.UnavailableError):
+        await engine.generate(req(policy=ToolPolicy()), Sink() if streamed else None)
+    assert sample(registry, "llm_requests_total", outcome=LLM_RUNTIME_ERROR) == 1
+    assert sample(registry, "llm_token_usage_total") == 0

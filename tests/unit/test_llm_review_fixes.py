@@ -237,12 +237,15 @@ class HangingRuntime:
 
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
 
-    def client(self, failures: int, clock: Callable[[], float] | None = None) -> OpenAiChatRuntime:
+    def client(
+        self, failures: int, clock: Callable[[], float] | None = None, stall_s: float = 3.0
+    ) -> OpenAiChatRuntime:
         settings = RuntimeSettings(
             url="http://runtime:8000/v1",
             default_model="m",
             retry=RetryPolicy(attempts=1, first_delay_s=0.0),
             breaker=BreakerPolicy(failures, 30.0),
+            stall_s=stall_s,
         )
         if clock is None:
             return OpenAiChatRuntime(settings, self.http)
@@ -361,7 +364,7 @@ async def test_generates_the_watchdog_ends_open_the_runtime_breaker(fake: Hangin
 async def test_a_stalled_stream_the_watchdog_ends_counts_as_a_failure(
     fake: HangingRuntime,
 ) -> None:
-    rt = fake.client(2)
+    rt = fake.client(2, stall_s=WATCHDOG_S / 2)  # silent for the watchdog's second half: stalled
     fake.script += ["fail", "stall"]
     engine = LlmEngine(ToolLoop(rt, None, (), loop_settings(watchdog_s=WATCHDOG_S)))  # type: ignore[arg-type]
     question = GenerateInput(messages=(Turn("user", "hi"),))

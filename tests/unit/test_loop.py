@@ -614,7 +614,7 @@ async def test_the_callers_time_left_shortens_the_watchdog():
     clock = FakeClock()
     rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})),
                           says("x")], clock, tick=6.0)  # fmt: skip
-    with pytest.raises(errors.UnavailableError):
+    with pytest.raises(errors.DeadlineExceededError):  # the caller's deadline, not the model's
         await loop(rt, FakeTools(default=window()), clock).run(req(), timeout_s=5.0)
     assert rt.calls[0]["timeout_s"] == 5.0
 
