@@ -6,14 +6,16 @@ Rules, in the order they apply:
    their best score, each document's chunks by score), so one document cannot fill the
    window before every other document has had its best chunk; ``max_chunks_per_doc``
    caps a document outright.
-2. Greedy fit: in that priority order a chunk is kept when the whole context, counted
-   exactly with the tokenizer, still fits ``token_limit``; otherwise it is dropped and
-   the next (lower-priority, maybe shorter) one is tried. Lowest scores are dropped first.
+2. Fit: in that priority order a chunk is kept when the whole context, counted exactly
+   with the tokenizer, still fits ``token_limit``. Once a chunk does not fit, no chunk
+   scoring lower than it is kept: the lowest scores are dropped, never a better chunk for
+   a worse one that happens to be shorter. (A later chunk scoring at least as high, one
+   the round-robin put after another document's best, is still tried.)
 3. Merging: kept chunks of one section with consecutive ``ord`` form one block, in
    document order, pages spanning all parts. Chunks overlap by a few dozen tokens; the
    overlap (the longest suffix of one chunk that is a prefix of the next) appears once.
-4. Hard trim (optional): when the window still has room, the best dropped chunk is cut
-   to fit it exactly, as the one truncated block.
+4. Hard trim (optional): when the window still has room, the first chunk that did not
+   fit is cut to the room left, however little, as the one truncated block.
 5. Output: blocks grouped by document (documents by best score), in reading order
    inside a document, or by score with ``order="score"``. The total never exceeds the
    limit.
@@ -89,9 +91,7 @@ class ContextOptions:
     merge_adjacent: bool = True
     """Merge consecutive chunks of a section into one block, overlap removed."""
     hard_trim: bool = False
-    """Cut the best chunk that does not fit to fill the remaining room exactly."""
-    min_trim_tokens: int = 16
-    """Do not add a trimmed block shorter than this (a few words are noise)."""
+    """Cut the first chunk that does not fit to fill the room left exactly."""
     block_overhead_tokens: int = 0
     """Tokens reserved per block for the caller's header / separator in the prompt."""
     order: str = "document"
@@ -163,7 +163,11 @@ class ContextBuilder:
 
         state = _State()
         rejected: list[ChunkHit] = []
+        floor: float | None = None  # the best score of a chunk that did not fit
         for cand in priority:
+            if floor is not None and cand.score < floor:
+                rejected.append(cand)
+                continue
             key = (cand.doc_id, cand.section_id)
             trial = _insert(state.pieces.get(key, []), _Piece(cand, cand.text))
             cost = ctx.section_cost(trial)
@@ -171,6 +175,7 @@ class ContextBuilder:
                 state.pieces[key], state.cost[key] = trial, cost
             else:
                 rejected.append(cand)
+                floor = cand.score if floor is None else max(floor, cand.score)
 
         if self._opt.hard_trim and rejected:
             trimmed = self._trim_one(ctx, state, rejected, token_limit)
@@ -215,9 +220,10 @@ class ContextBuilder:
         rejected: list[ChunkHit],
         token_limit: int,
     ) -> ChunkHit | None:
-        """Add the best rejected chunk, cut to the room left; return it, or None."""
+        """Add the first rejected chunk (the first that did not fit), cut to the room left;
+        return it, or None when there is no room or its cut text would be blank."""
         room = token_limit - state.total - self._opt.block_overhead_tokens
-        if room < self._opt.min_trim_tokens:
+        if room < 1:
             return None
         cand = rejected[0]
         key = (cand.doc_id, cand.section_id)
@@ -236,7 +242,7 @@ class ContextBuilder:
         budget = token_limit - (state.total - old_cost)
         keep = room
         # BPE counts are not additive at joins: shrink until the exact count fits.
-        while keep >= self._opt.min_trim_tokens:
+        while keep >= 1:
             text = self._tok.truncate(core, keep)
             if not text.strip():
                 return None

@@ -57,6 +57,7 @@ from services.retrieval.query import (
 )
 from services.retrieval.rerank import Reranker
 from services.retrieval.search import (
+    PARAM_LIMITS,
     ChunkHit,
     DocHit,
     SearchDefaults,
@@ -82,6 +83,15 @@ CHUNK_LANGUAGES_CACHED = 200_000
 """Chunk languages the engine keeps (point id -> language, ~100 bytes each)."""
 ACRONYM_WEIGHT = 0.5
 """Weight of the BM25 list of a query's abbreviations alone, next to dense 0.7 + BM25 0.3."""
+DEEPER = 4
+"""How much deeper the chunk stage fetches again when the caps leave the answer short
+(`RetrievalEngine._deepening`)."""
+MAX_CHUNK_DEPTH = 2 * PARAM_LIMITS["max_chunks"]
+"""Chunk candidates (x candidate_factor per list) fetched again at most: as deep as
+chunk_priority's first look with the largest max_chunks."""
+Ranking = tuple[list[tuple[PointId, float]], bool]
+"""A level's fused ranking, and whether the index may hold more candidates past it that
+score at least min_score (one of its lists came back full, its last candidate scores so)."""
 
 
 class BackendUnavailableError(errors.BackendUnavailableError):
@@ -498,53 +508,84 @@ class RetrievalEngine:
             # first could leave those sections' documents out of the top max_docs.
             if plan.mode == "doc_first" and not flt.section_ids:
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
-                docs = self._level(plan, vector, doc_filter, plan.max_docs)
+                docs, _ = self._level(plan, vector, doc_filter, plan.max_docs)
                 timing.doc_candidates = len(docs)
                 if not docs:
                     return []
                 flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
             if plan.mode in ("doc_first", "section_first"):
-                return self._section_first(plan, vector, flt, keep)
+                return self._deepening(
+                    plan, lambda depth: self._section_first(plan, vector, flt, depth), keep
+                )
             # chunk_priority / hybrid_only: straight to chunks; chunk_priority looks deeper.
-            depth = keep * (2 if plan.mode == "chunk_priority" else 1)
-            return self._level(plan, vector, replace(flt, kinds=("chunk",)), depth)
+            chunk_filter = replace(flt, kinds=("chunk",))
+            return self._deepening(
+                plan,
+                lambda depth: self._level(plan, vector, chunk_filter, depth, whole=True),
+                keep * (2 if plan.mode == "chunk_priority" else 1),
+            )
         finally:
             timing.engine_ms = (time.perf_counter() - t0) * 1000
+
+    def _deepening(
+        self,
+        plan: _Plan,
+        fetch: Callable[[int], tuple[list[Scored], bool]],
+        depth: int,
+    ) -> list[Scored]:
+        """The chunk candidates `fetch(depth)` gives; fetched again DEEPER times deeper (up to
+        MAX_CHUNK_DEPTH) while the caps leave fewer than max_results of them in the answer,
+        the answer has room for another section and document, and the index may hold more.
+
+        topk_per_doc is the cap that leaves an answer short: a document matching more chunks
+        than were fetched fills every candidate and is cut to topk_per_doc, and the other
+        documents that match were never fetched. When no cap binds, the first fetch fills the
+        answer and there is no second index call; an answer already at max_sections or
+        max_docs is what the caller asked for. A deeper fetch normalises longer lists, so its
+        candidates replace the first ones only when the caps keep more of them."""
+        chunks, more = fetch(depth)
+        kept = select_chunks(plan, chunks)
+        while len(kept) < plan.max_results and more and depth < MAX_CHUNK_DEPTH:
+            if (
+                len({(h.doc_id, h.section_id) for h, _ in kept}) >= plan.max_sections
+                or len({h.doc_id for h, _ in kept}) >= plan.max_docs
+            ):
+                break
+            depth = min(depth * DEEPER, MAX_CHUNK_DEPTH)
+            deeper, more = fetch(depth)
+            found = select_chunks(plan, deeper)
+            if len(found) > len(kept):
+                chunks, kept = deeper, found
+        return chunks
 
     def _section_first(
         self,
         plan: _Plan,
         vector: np.ndarray | None,
         flt: IndexFilter,
-        keep: int,
-    ) -> list[Scored]:
-        # Sections ranked by their own summary/text match fused with their best chunk's
-        # match, so a section whose summary misses the query but whose text answers it
-        # still makes the shortlist; the answer is the chunk ranking's committed chunks inside
-        # the shortlisted sections. Both levels' lists come from one batched index call
-        # and both levels' heads are read from the document store in one query.
-        section_rank, chunk_rank = self._rank(
+        depth: int,
+    ) -> tuple[list[Scored], bool]:
+        """Every fetched chunk candidate (`depth` x candidate_factor per list) inside the
+        max_sections shortlisted sections, and whether the chunk ranking may hold more.
+
+        Sections are ranked by their own summary/text match fused with their best chunk's
+        match, so a section whose summary misses the query but whose text answers it still
+        makes the shortlist (`shortlist_sections`). The answer is the chunk ranking's
+        committed chunks inside the shortlisted sections, all of them, for `select_chunks` to
+        apply topk_per_doc and max_docs to. Both levels' lists come from one batched index
+        call and are read from the document store in one query, whole: the section list is
+        normalised over what was fetched, not over the max_sections it is cut to."""
+        (section_rank, _), (chunk_rank, more) = self._rank(
             plan,
             vector,
             [(replace(flt, kinds=("section",)), plan.max_sections),
-             (replace(flt, kinds=("chunk",)), keep)],
+             (replace(flt, kinds=("chunk",)), depth)],
         )  # fmt: skip
         sections, chunks = self._resolve(
-            plan.tenant_id, [(section_rank, plan.max_sections), (chunk_rank, 2 * keep)]
+            plan.tenant_id, [(section_rank, len(section_rank)), (chunk_rank, len(chunk_rank))]
         )
-        best: dict[Key, float] = {}
-        for hit, score in chunks[:keep]:
-            key = (hit.doc_id, hit.section_id)
-            best[key] = max(best.get(key, 0.0), score)
-        ranked = weighted_fusion(
-            {
-                "section": [((h.doc_id, h.section_id), s) for h, s in sections],
-                "chunk": sorted(best.items(), key=lambda kv: -kv[1]),
-            },
-            {"section": 0.5, "chunk": 0.5},
-        )
-        allowed = {key for key, _ in ranked[: plan.max_sections]}
-        return [(h, s) for h, s in chunks if (h.doc_id, h.section_id) in allowed][:keep]
+        allowed = shortlist_sections(plan, sections, chunks)
+        return [(h, s) for h, s in chunks if (h.doc_id, h.section_id) in allowed], more
 
     def _level(
         self,
@@ -552,19 +593,27 @@ class RetrievalEngine:
         vector: np.ndarray | None,
         flt: IndexFilter,
         limit: int,
-    ) -> list[Scored]:
-        """One level's candidates: dense and/or BM25 lists, fused, committed points only."""
-        ranking = self._rank(plan, vector, [(flt, limit)])[0]
-        return self._resolve(plan.tenant_id, [(ranking, limit)])[0]
+        *,
+        whole: bool = False,
+    ) -> tuple[list[Scored], bool]:
+        """One level's candidates: dense and/or BM25 lists `limit` x candidate_factor deep,
+        fused, committed points only; the first `limit`, or with `whole` every one fetched
+        (chunks: `select_chunks` fills the answer from them, past a document that would
+        take every one of the first `limit` places and be cut to topk_per_doc); and whether
+        the index may hold more."""
+        ranking, more = self._rank(plan, vector, [(flt, limit)])[0]
+        keep = len(ranking) if whole else limit
+        return self._resolve(plan.tenant_id, [(ranking, keep)])[0], more
 
     def _rank(
         self,
         plan: _Plan,
         vector: np.ndarray | None,
         levels: Sequence[tuple[IndexFilter, int]],
-    ) -> list[list[tuple[PointId, float]]]:
+    ) -> list[Ranking]:
         """Each (filter, limit) level's ranking: its dense and/or BM25 lists (by point id, no
-        payload) fused; every level's lists from one batched index call."""
+        payload) fused, and whether the index may hold more (`Ranking`); every level's lists
+        from one batched index call."""
         factor = self._settings.candidate_factor
         inside_text = plan.text
         if plan.ranking in ("sparse", "hybrid"):
@@ -606,7 +655,12 @@ class RetrievalEngine:
             languages = self._chunk_languages(
                 plan.tenant_id, {k for r in results for k, _ in r.get("dense", ())}
             )
-        return [self._fuse(plan, r, languages) for r in results]
+        out: list[Ranking] = []
+        for r, lists in zip(results, named, strict=True):
+            fused = self._fuse(plan, r, languages)
+            full = any(len(r[name]) >= q.limit for name, q in lists)
+            out.append((fused, full and bool(fused) and fused[-1][1] >= plan.min_score))
+        return out
 
     def _chunk_languages(self, tenant_id: str, ids: Collection[PointId]) -> dict[PointId, str]:
         """passage_language of the chunks among `ids`; two store reads for the ids not cached.
@@ -774,10 +828,12 @@ class RetrievalEngine:
         timing: SearchTiming,
         started: float,
     ) -> SearchResult:
-        selected, head, texts = self._with_texts(plan, select_chunks(plan, chunks), texts, timing)
+        head, texts = self._with_texts(plan, select_chunks(plan, chunks), texts, timing)
         kept = [chunk_hit(h, texts[_key(h)], score) for h, score in head]
+        # The head's, not the whole selection's: the candidates past it (fetched
+        # candidate_factor deep) contribute no hit and no context chunk.
         sections, docs = sections_and_docs(
-            plan, selected, lambda doc_id: self._sections.document(plan.tenant_id, doc_id)
+            plan, head, lambda doc_id: self._sections.document(plan.tenant_id, doc_id)
         )
         return SearchResult(
             hits=kept[: plan.max_results],
@@ -799,9 +855,10 @@ class RetrievalEngine:
 
     def _with_texts(
         self, plan: _Plan, selected: list[Scored], texts: dict[TextKey, str], timing: SearchTiming
-    ) -> tuple[list[Scored], list[Scored], dict[TextKey, str]]:
-        """The selection without chunks whose text is gone, its head (what the response
-        carries: hits and context candidates) and the texts of that head.
+    ) -> tuple[list[Scored], dict[TextKey, str]]:
+        """The head of the selection without chunks whose text is gone (what the response
+        carries: hits, context candidates, the sections and documents they are in) and the
+        texts of that head.
 
         A chunk dropped lets the next one into the head, whose text is read in turn: one
         store query when every text is there, one more per round that finds some gone."""
@@ -819,7 +876,7 @@ class RetrievalEngine:
                 break
             selected = [hs for hs in selected if _key(hs[0]) not in gone]
         timing.engine_ms += (time.perf_counter() - t0) * 1000
-        return selected, head, texts
+        return head, texts
 
 
 # -- shaping, shared with mock mode (services/retrieval/mock.py) ------------------------------
@@ -851,6 +908,47 @@ def select_chunks(limits: RequestLimits, chunks: Iterable[Scored]) -> list[Score
         per_doc[h.doc_id] = n + 1
         kept.append((h, score))
     return kept
+
+
+def shortlist_sections(
+    limits: RequestLimits, sections: Sequence[Scored], chunks: Sequence[Scored]
+) -> set[Key]:
+    """The (doc_id, section_id) of the max_sections best sections: each scored by its own
+    match (`sections`, section points) and its best chunk's (`chunks`, best first), both
+    lists normalised, weighted 0.5 each.
+
+    Only a section holding one of `chunks` takes a place, and at most topk_per_doc sections
+    of one document: another could not contribute to the answer. Ties go to the better
+    chunk, then to the one earlier in `chunks`, never to the key text as weighted_fusion's
+    do: a section ranked first by its summary alone ties with the one holding the best
+    chunk."""
+    best: dict[Key, float] = {}
+    first: dict[Key, int] = {}  # the section's best chunk's place in `chunks`
+    for n, (hit, score) in enumerate(chunks):
+        key = (hit.doc_id, hit.section_id)
+        if key not in best or score > best[key]:
+            best[key], first[key] = score, n
+    fused = dict(
+        weighted_fusion(
+            {
+                "section": [((h.doc_id, h.section_id), s) for h, s in sections],
+                "chunk": sorted(best.items(), key=lambda kv: -kv[1]),
+            },
+            {"section": 0.5, "chunk": 0.5},
+        )
+    )
+    order = sorted(best, key=lambda key: (-fused[key], -best[key], first[key]))
+    allowed: set[Key] = set()
+    per_doc: dict[str, int] = {}
+    for doc_id, section_id in order:
+        if len(allowed) >= limits.max_sections:
+            break
+        n = per_doc.get(doc_id, 0)
+        if limits.topk_per_doc and n >= limits.topk_per_doc:
+            continue
+        per_doc[doc_id] = n + 1
+        allowed.add((doc_id, section_id))
+    return allowed
 
 
 def chunk_hit(h: StoredPoint, text: str, score: float) -> ChunkHit:

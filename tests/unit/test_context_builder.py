@@ -135,14 +135,40 @@ def test_lowest_scores_are_dropped_first():
     assert build(cands, 14).dropped_chunk_ids == ("lo",)
 
 
-def test_a_chunk_too_big_is_skipped_and_smaller_ones_still_fill():
+def test_a_lower_chunk_never_takes_the_place_of_a_better_one_that_does_not_fit():
+    # retrieval.md §5.6.4: over the limit the lowest scores go. The shorter, worse chunk
+    # does not get in because the best one is too long.
     cands = [
         cand("big", words(0, 20), 0.9, doc="a"),
         cand("small", words(30, 35), 0.4, doc="b"),
     ]
-    result = build(cands, 10)
-    assert result.chunk_ids == ("small",)
-    assert result.dropped_chunk_ids == ("big",)
+    at = build(cands, 25)
+    assert set(at.chunk_ids) == {"big", "small"} and at.total_tokens == 25
+    past = build(cands, 24)
+    assert past.chunk_ids == ("big",) and past.dropped_chunk_ids == ("small",)
+    at_big = build(cands, 20)
+    assert at_big.chunk_ids == ("big",) and at_big.dropped_chunk_ids == ("small",)
+    past_big = build(cands, 19)
+    assert past_big.blocks == () and past_big.dropped_chunk_ids == ("big", "small")
+
+
+def test_after_a_chunk_does_not_fit_only_chunks_scoring_at_least_as_high_are_tried():
+    # Round-robin puts b1 (B's best, 0.40) before a2 (0.90): when b1 does not fit, a2 still
+    # may, and a3 (0.30, lower than b1) may not.
+    cands = [
+        cand("a1", words(0, 5), 0.95, doc="A", ord=0),
+        cand("a2", words(10, 15), 0.90, doc="A", ord=5),
+        cand("a3", words(20, 22), 0.30, doc="A", ord=9),
+        cand("b1", words(30, 45), 0.40, doc="B", ord=0),
+    ]
+    at = build(cands, 10)
+    assert at.chunk_ids == ("a1", "a2") and at.dropped_chunk_ids == ("b1", "a3")
+    past = build(cands, 9)
+    assert past.chunk_ids == ("a1",) and past.dropped_chunk_ids == ("b1", "a2", "a3")
+    # With room for b1 the round-robin order stands: a2 is the one left out, a3 with it.
+    room = build(cands, 22)
+    assert set(room.chunk_ids) == {"a1", "b1"}
+    assert room.dropped_chunk_ids == ("a2", "a3")
 
 
 def test_block_overhead_is_counted_per_block():
@@ -268,19 +294,38 @@ def test_hard_trim_fills_the_limit_exactly():
     ]
     plain = build(cands, 15)
     assert plain.chunk_ids == ("a",) and plain.total_tokens == 10
-    trimmed = build(cands, 15, hard_trim=True, min_trim_tokens=5)
+    trimmed = build(cands, 15, hard_trim=True)
     assert trimmed.chunk_ids == ("a", "b") and trimmed.total_tokens == 15
     last = trimmed.blocks[-1]
     assert last.truncated and last.text == words(20, 25)
     assert trimmed.dropped_chunk_ids == ()
-    # One token less room than min_trim_tokens: nothing is trimmed in.
-    assert build(cands, 14, hard_trim=True, min_trim_tokens=5).chunk_ids == ("a",)
+    # Any room at all is filled: one token of it, then none.
+    one = build(cands, 11, hard_trim=True)
+    assert one.total_tokens == 11 and one.blocks[-1].text == words(20, 21)
+    assert build(cands, 10, hard_trim=True).chunk_ids == ("a",)
+
+
+def test_hard_trim_cuts_the_best_chunk_that_does_not_fit_not_a_lower_one():
+    cands = [
+        cand("best", words(0, 50), 0.9, doc="A"),
+        cand("low", words(60, 65), 0.2, doc="B"),
+    ]
+    at = build(cands, 50, hard_trim=True)
+    assert at.chunk_ids == ("best",) and not at.blocks[0].truncated
+    assert at.dropped_chunk_ids == ("low",)
+    past = build(cands, 49, hard_trim=True)
+    assert past.chunk_ids == ("best",) and past.blocks[0].truncated
+    assert past.blocks[0].text == words(0, 49) and past.total_tokens == 49
+    assert past.dropped_chunk_ids == ("low",)
+    tiny = build(cands, 3, hard_trim=True)
+    assert tiny.chunk_ids == ("best",) and tiny.blocks[0].text == words(0, 3)
+    assert build(cands, 49).blocks == ()  # without hard trim: nothing, not the low chunk
 
 
 def test_hard_trim_continues_the_previous_chunk_without_its_overlap():
     first = cand("c1", words(0, 10), 0.9, ord=0)
     second = cand("c2", words(7, 27), 0.5, ord=1)  # 3 overlap + 17 new words
-    result = build([first, second], 15, hard_trim=True, min_trim_tokens=3)
+    result = build([first, second], 15, hard_trim=True)
     assert len(result.blocks) == 1
     block = result.blocks[0]
     assert block.chunk_ids == ("c1", "c2") and block.truncated
@@ -290,7 +335,7 @@ def test_hard_trim_continues_the_previous_chunk_without_its_overlap():
 def test_hard_trim_before_a_kept_chunk_drops_the_shared_tail():
     later = cand("c2", words(7, 17), 0.9, ord=1)
     earlier = cand("c1", words(0, 10), 0.5, ord=0)  # its last 3 words are in c2
-    result = build([earlier, later], 15, hard_trim=True, min_trim_tokens=3)
+    result = build([earlier, later], 15, hard_trim=True)
     assert [b.chunk_ids for b in result.blocks] == [("c1",), ("c2",)]
     assert result.blocks[0].text == words(0, 5) and result.blocks[0].truncated
     assert result.total_tokens == 15
@@ -334,9 +379,7 @@ def test_never_over_the_limit_with_random_input(seed):
     trimmed = merged = 0
     for limit in (0, 17, 40, 60, 100, 150, 250, 333, 700, 5000):
         for hard_trim in (False, True):
-            options = ContextOptions(
-                hard_trim=hard_trim, min_trim_tokens=1, block_overhead_tokens=seed % 3
-            )
+            options = ContextOptions(hard_trim=hard_trim, block_overhead_tokens=seed % 3)
             result = ContextBuilder(tok, options).build(cands, limit)
             trimmed += sum(b.truncated for b in result.blocks)
             merged += sum(len(b.chunk_ids) > 1 for b in result.blocks)
@@ -481,7 +524,6 @@ def test_blocks_counted_in_segments_choose_the_same_context_as_blocks_counted_wh
         for hard_trim in (False, True):
             options = ContextOptions(
                 hard_trim=hard_trim,
-                min_trim_tokens=1 + seed % 5,
                 block_overhead_tokens=seed % 3,
                 merge_adjacent=seed != 5,
                 min_overlap_chars=(12, 1, 40)[seed % 3],

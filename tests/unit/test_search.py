@@ -599,7 +599,8 @@ async def test_a_hit_whose_text_is_gone_from_the_store_is_dropped(shared):
 
 
 async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_read(shared):
-    # chunk_priority keeps max(max_chunks, max_results) = 2 and reads the head 2 x 2 deep.
+    # chunk_priority keeps max(max_chunks, max_results) = 2, ranks 2 x 2 x candidate_factor
+    # deep and reads every candidate ranked: the caps apply as the answer fills from them.
     ask = q(mode="chunk_priority", max_results=2, max_chunks=2)
     first = await shared.engine.search(ask)
     assert len(first.hits) == 2
@@ -613,9 +614,21 @@ async def test_a_ranked_point_the_store_no_longer_lists_is_skipped_and_the_next_
     assert top in rec.point_calls[0][1]
     assert len(r.hits) == 2 and r.hits[0].chunk_id == first.hits[1].chunk_id
     assert first.hits[0].chunk_id not in {h.chunk_id for h in r.hits}
-    # One read of the head (4 ids, one missing), then the next id down the ranking.
-    assert [len(ids) for _, ids in rec.point_calls] == [4, 1]
+    # One read of every ranked id, the missing one among them: the next one read with it.
+    assert len(rec.point_calls) == 1 and len(rec.point_calls[0][1]) > 2
     assert all(t == "a" for t, _ in rec.point_calls)
+    # doc_first's documents are read by their head (max_docs), the next id when one is gone.
+    one_doc = q(mode="doc_first", max_docs=1)
+    top_doc = (await shared.engine.search(one_doc)).docs[0].doc_id
+    gen = shared.store.document_generation("a", top_doc)
+    rec = RecordingChunks(
+        shared.store, drop_points=frozenset({point_id("a", top_doc, "doc", "doc", gen)})
+    )
+    r = await engine_over(shared, rec, settings=EngineSettings(cross_language=False)).search(
+        one_doc
+    )
+    assert [len(ids) for _, ids in rec.point_calls[:2]] == [1, 1]
+    assert r.docs and r.docs[0].doc_id != top_doc
 
 
 @pytest.mark.parametrize(("top_n", "candidates"), [(2, 40), (0, 2)])

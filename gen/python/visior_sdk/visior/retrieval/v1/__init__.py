@@ -74,20 +74,28 @@ class SearchParams(betterproto.Message):
     """
     retrieval_mode is "doc_first", "section_first" (default),
      "chunk_priority" or "hybrid_only". A string so the JSON reads as the spec.
+     "hybrid_only" is chunks ranked by dense + BM25 and nothing else (retrieval.md
+     §4.1): it ranks "hybrid" and does not rerank whatever ranking, enable_hybrid
+     and enable_rerank say; meta.hybrid_used and meta.rerank_used report what ran.
     """
 
     enable_hybrid: Optional[bool] = betterproto.bool_field(6, optional=True)
     """
     enable_hybrid mixes dense and sparse scores; server default when unset.
+     Ignored with retrieval_mode "hybrid_only" (always hybrid).
     """
 
     enable_rerank: Optional[bool] = betterproto.bool_field(7, optional=True)
-    """enable_rerank runs the final reranker; server default when unset."""
+    """
+    enable_rerank runs the final reranker; server default when unset.
+     Ignored with retrieval_mode "hybrid_only" (never reranks).
+    """
 
     ranking: str = betterproto.string_field(8)
     """
     ranking picks the signals: "hybrid" (dense + BM25, the default when
      enable_hybrid is not false), "dense" or "sparse" (BM25 only).
+     Ignored with retrieval_mode "hybrid_only" (always "hybrid").
     """
 
     fusion: str = betterproto.string_field(9)
@@ -117,7 +125,10 @@ class SearchParams(betterproto.Message):
 
     hard_trim: Optional[bool] = betterproto.bool_field(13, optional=True)
     """
-    hard_trim cuts the last context chunk to fit context_token_limit exactly.
+    hard_trim cuts the first chunk that does not fit context_token_limit to the
+     room left, however little, so the context fills the limit exactly. Without
+     it that chunk is left out, and so is every chunk scoring lower: a shorter,
+     worse chunk never takes a better one's place.
     """
 
 

@@ -1,0 +1,306 @@
+"""What a search's caps leave in the answer (topk_per_doc, max_docs, max_sections), the
+section_first shortlist and the context at its token limit, over a real Qdrant Edge shard
+and the fast-profile embedder (docs/architecture.md §5)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from services.common.tokenizer import default_tokenizer
+from services.docstore.model import StoredPoint
+from services.retrieval.embeddings import EmbeddingSettings
+from services.retrieval.engine import RequestLimits, shortlist_sections
+from services.retrieval.factories import build_embedder
+from services.retrieval.ingestion import IngestInput
+from services.retrieval.search import MODES, SearchQuery, SearchResult
+from tests.unit.test_search import Reverse, Stack, fill, make_stack
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "docs"
+BIG = "# LDAP handbook\n\n" + "".join(
+    f"## LDAP setup step {i}\n\nConfigure LDAP server binding, LDAP directory sync and "
+    f"LDAP authentication, part {i}.\n\n"
+    for i in range(40)
+)
+"""One document whose 40 sections all match the query better than any other document."""
+SMALL = "# Note {n}\n\n## Misc\n\nThe LDAP server configuration is described in the handbook; see also topic {n}.\n"
+LDAP = "LDAP server configuration"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return build_embedder(EmbeddingSettings(profile="fast"))
+
+
+@pytest.fixture(scope="module")
+def one_big(tmp_path_factory, embedder):
+    """Tenant t: big.md (40 LDAP sections) and b, c, d.md (one LDAP sentence each)."""
+    stack = make_stack(tmp_path_factory.mktemp("big"), embedder)
+
+    async def ingest() -> None:
+        await stack.ingestor.ingest(IngestInput("t", BIG.encode(), file_name="big.md"))
+        for n in "bcd":
+            text = SMALL.format(n=n).encode()
+            await stack.ingestor.ingest(IngestInput("t", text, file_name=f"{n}.md"))
+
+    asyncio.run(ingest())
+    yield stack
+    stack.index.close()
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory, embedder):
+    """Tenant demo: the sample Markdown documents (the mesh's demo tenant)."""
+    stack = make_stack(tmp_path_factory.mktemp("samples"), embedder)
+
+    async def ingest() -> None:
+        for path in sorted(SAMPLES.glob("*.md")):
+            await stack.ingestor.ingest(IngestInput("demo", path.read_bytes(), file_name=path.name))
+
+    asyncio.run(ingest())
+    yield stack
+    stack.index.close()
+
+
+def assert_consistent(r: SearchResult, q: SearchQuery) -> None:
+    """The invariants every answer keeps, whatever the caps."""
+    sections = {(s.doc_id, s.section_id) for s in r.sections}
+    docs = {d.doc_id for d in r.docs}
+    assert len(r.hits) <= (q.max_results or 10)
+    assert len(r.chunks) <= (q.max_chunks or 40)
+    assert not q.max_docs or len(r.docs) <= q.max_docs
+    assert not q.max_sections or len(r.sections) <= q.max_sections
+    for h in [*r.hits, *r.chunks]:
+        assert (h.doc_id, h.section_id) in sections and h.doc_id in docs
+        assert 0.0 <= h.score <= 1.0
+    assert all(0.0 <= x.score <= 1.0 for x in [*r.sections, *r.docs])
+    if q.topk_per_doc:
+        assert max(Counter(h.doc_id for h in r.hits).values(), default=0) <= q.topk_per_doc
+    assert [h.score for h in r.hits] == sorted((h.score for h in r.hits), reverse=True)
+
+
+# -- topk_per_doc / max_docs: the other documents fill the answer ----------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("caps", "hits", "docs"),
+    [
+        ({"max_results": 3, "topk_per_doc": 1}, 3, 3),
+        ({"max_results": 3, "topk_per_doc": 1, "max_chunks": 3}, 3, 3),
+        ({"max_results": 4, "max_docs": 4, "topk_per_doc": 1}, 4, 4),
+        ({"max_results": 5, "max_docs": 4, "topk_per_doc": 1}, 4, 4),  # one past: 4 docs
+        ({"max_results": 1, "max_chunks": 1, "topk_per_doc": 1}, 1, 1),
+        ({"max_results": 6, "topk_per_doc": 2}, 5, 4),  # big's 2, then b, c, d
+    ],
+)
+async def test_one_large_document_does_not_crowd_out_the_others(one_big, mode, caps, hits, docs):
+    # Before: big.md filled the first max(max_chunks, max_results) candidates and was cut
+    # to topk_per_doc, so the answer was big's one hit.
+    q = SearchQuery(query=LDAP, tenant_id="t", mode=mode, **caps)
+    r = await one_big.engine.search(q)
+    assert_consistent(r, q)
+    assert len(r.hits) == hits
+    assert len({h.doc_id for h in r.hits}) == docs
+    assert r.hits[0].doc_id == "big"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_caps_still_hold(one_big, mode):
+    q = SearchQuery(query=LDAP, tenant_id="t", mode=mode, max_results=5, max_docs=1)
+    r = await one_big.engine.search(q)
+    assert_consistent(r, q)
+    assert {h.doc_id for h in r.hits} == {"big"} and len(r.hits) == 5
+    q = SearchQuery(query=LDAP, tenant_id="t", mode=mode, max_results=5, max_docs=2, topk_per_doc=1)
+    r = await one_big.engine.search(q)
+    assert_consistent(r, q)
+    assert len(r.hits) == 2 and len({h.doc_id for h in r.hits}) == 2
+
+
+class CountingIndex:
+    """The stack's index, counting the batched rank calls a search makes."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.calls = 0
+        self._inner = stack.index.search_ids_batch
+        stack.index.search_ids_batch = self  # type: ignore[method-assign]
+
+    def __call__(self, queries):
+        self.calls += 1
+        return self._inner(queries)
+
+
+@pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])
+async def test_only_a_short_answer_fetches_again_and_a_bounded_number_of_times(one_big, mode):
+    counter = CountingIndex(one_big)
+    try:
+        await one_big.engine.search(SearchQuery(query=LDAP, tenant_id="t", mode=mode))
+        assert counter.calls == 1
+        counter.calls = 0
+        short = SearchQuery(
+            query=LDAP, tenant_id="t", mode=mode, max_results=3, max_chunks=3, topk_per_doc=1
+        )
+        r = await one_big.engine.search(short)
+        assert len({h.doc_id for h in r.hits}) == 3
+        assert 1 < counter.calls <= 5
+        # Short, but at the caller's max_sections or max_docs: nothing deeper can get in.
+        for caps in ({"max_sections": 1}, {"max_docs": 1}):
+            counter.calls = 0
+            capped = SearchQuery(
+                query=LDAP,
+                tenant_id="t",
+                mode=mode,
+                max_results=3,
+                max_chunks=3,
+                topk_per_doc=1,
+                **caps,
+            )
+            r = await one_big.engine.search(capped)
+            assert len(r.hits) == 1 and counter.calls == 1, caps
+    finally:
+        del one_big.index.search_ids_batch
+
+
+# -- section_first's shortlist ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ranking", ["hybrid", "dense", "sparse"])
+@pytest.mark.parametrize("max_sections", [1, 2])
+async def test_a_small_section_shortlist_still_answers(samples, ranking, max_sections):
+    # The reviewer's repro: the section ranked first by its summary had no fetched chunk,
+    # tied with the section of the best chunk and won by its id; the answer was empty.
+    for query in ("пользователя parts", "LDAP", "отпуск", "release backup"):
+        base = await samples.engine.search(
+            SearchQuery(query=query, tenant_id="demo", ranking=ranking, max_results=1, max_chunks=1)
+        )
+        q = SearchQuery(
+            query=query,
+            tenant_id="demo",
+            ranking=ranking,
+            max_results=1,
+            max_chunks=1,
+            max_sections=max_sections,
+        )
+        r = await samples.engine.search(q)
+        assert_consistent(r, q)
+        assert bool(r.hits) == bool(base.hits), query
+
+
+async def test_the_repro_answers_with_the_section_of_the_best_chunk(samples):
+    q = SearchQuery(
+        query="пользователя parts", tenant_id="demo", max_results=1, max_chunks=1, max_sections=1
+    )
+    r = await samples.engine.search(q)
+    base = await samples.engine.search(replace_sections(q))
+    assert_consistent(r, q)
+    assert [h.chunk_id for h in r.hits] == [base.hits[0].chunk_id]
+    assert r.hits[0].section_id.endswith("ldap-интеграции")
+
+
+def replace_sections(q: SearchQuery) -> SearchQuery:
+    return SearchQuery(
+        query=q.query, tenant_id=q.tenant_id, max_results=q.max_results, max_chunks=q.max_chunks
+    )
+
+
+def point(doc: str, section: str, n: int = 0) -> StoredPoint:
+    return StoredPoint(n, doc, f"{doc}:{section}", f"{doc}:c{n}", "chunk", n, 1, 1, 10, "g")
+
+
+def limits(max_sections: int, topk_per_doc: int = 0) -> RequestLimits:
+    return RequestLimits(
+        max_results=10,
+        max_docs=20,
+        max_sections=max_sections,
+        max_chunks=40,
+        token_limit=4096,
+        topk_per_doc=topk_per_doc,
+        min_score=0.0,
+        hard_trim=False,
+    )
+
+
+def test_a_tie_goes_to_the_better_chunk_never_to_the_id():
+    # "a" is first by its summary alone, "z" holds the best chunk: 0.5 each after fusion.
+    sections = [(point("a", "s"), 0.9), (point("z", "s"), 0.1)]
+    chunks = [(point("z", "s", 1), 0.8), (point("a", "s", 2), 0.1)]
+    assert shortlist_sections(limits(1), sections, chunks) == {("z", "z:s")}
+    # Without a chunk a section takes no place, however well its summary matches.
+    assert shortlist_sections(limits(1), sections, chunks[:1]) == {("z", "z:s")}
+    assert shortlist_sections(limits(2), sections, chunks[:1]) == {("z", "z:s")}
+    # Equal chunks too: the earlier one in the chunk ranking, whatever the ids.
+    tied = [(point("z", "s", 1), 0.5), (point("a", "s", 2), 0.5)]
+    even = [(point("a", "s"), 0.5), (point("z", "s"), 0.5)]
+    assert shortlist_sections(limits(1), even, tied) == {("z", "z:s")}
+    assert shortlist_sections(limits(1), even, tied[::-1]) == {("a", "a:s")}
+
+
+def test_a_document_takes_at_most_topk_per_doc_places():
+    sections = [(point("big", f"s{i}"), 1.0 - i / 10) for i in range(4)]
+    chunks = [(point("big", f"s{i}", i), 1.0 - i / 10) for i in range(4)]
+    chunks.append((point("b", "s", 9), 0.2))
+    assert shortlist_sections(limits(2, topk_per_doc=1), sections, chunks) == {
+        ("big", "big:s0"),
+        ("b", "b:s"),
+    }
+    assert shortlist_sections(limits(2), sections, chunks) == {("big", "big:s0"), ("big", "big:s1")}
+
+
+# -- the context at its token limit ----------------------------------------------------------
+
+
+async def test_the_context_never_keeps_a_worse_chunk_in_place_of_the_best(samples):
+    tok = default_tokenizer()
+    q = SearchQuery(query="LDAP", tenant_id="demo", max_results=3)
+    full = await samples.engine.search(q)
+    best = full.hits[0]
+    assert best.doc_id == "orion-x-admin-guide" and best.tokens > 40
+    for limit in (40, best.tokens - 1):
+        r = await samples.engine.search(SearchQuery(**{**vars(q), "context_token_limit": limit}))
+        assert r.chunks == [], limit  # not the vacation policy's or the notes' shorter chunk
+        trimmed = await samples.engine.search(
+            SearchQuery(**{**vars(q), "context_token_limit": limit, "hard_trim": True})
+        )
+        assert [c.chunk_id for c in trimmed.chunks] == [best.chunk_id]
+        assert trimmed.chunks[0].tokens == tok.count(trimmed.chunks[0].text) == limit
+    at = await samples.engine.search(SearchQuery(**{**vars(q), "context_token_limit": best.tokens}))
+    assert [c.chunk_id for c in at.chunks] == [best.chunk_id] and at.chunks[0].text == best.text
+
+
+# -- hybrid_only is dense + BM25 and nothing else ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {},
+        {"ranking": "dense"},
+        {"ranking": "sparse"},
+        {"enable_hybrid": False},
+        {"enable_rerank": True},
+        {"ranking": "dense", "enable_hybrid": False, "enable_rerank": True},
+    ],
+)
+async def test_hybrid_only_ranks_hybrid_and_never_reranks_whatever_the_request_says(
+    tmp_path, embedder, asked
+):
+    # Documented (proto SearchParams.retrieval_mode, docs/architecture.md §5), not refused:
+    # callers send one ranking to every mode. meta reports what ran.
+    reranker = Reverse()
+    stack = make_stack(tmp_path, embedder, reranker=reranker)
+    try:
+        await fill(stack)
+        ask = SearchQuery(query="LDAP integration setup", tenant_id="a", **asked)
+        plain = await stack.engine.search(SearchQuery(**{**vars(ask), "mode": "hybrid_only"}))
+        hybrid = SearchQuery(query=ask.query, tenant_id="a", mode="hybrid_only")
+        assert plain.hybrid_used and not plain.rerank_used and not reranker.calls
+        assert plain.hits == (await stack.engine.search(hybrid)).hits
+        # The same fields in another mode do what they say.
+        other = await stack.engine.search(SearchQuery(**{**vars(ask), "mode": "chunk_priority"}))
+        assert other.hybrid_used == (not asked or asked == {"enable_rerank": True})
+        assert other.rerank_used == bool(asked.get("enable_rerank"))
+    finally:
+        stack.index.close()
