@@ -174,12 +174,10 @@ def _locate(
     # The destination points at (or just below) the heading; its own text nearby wins.
     found = _find_title(raw, title, start, raw_off)
     if found is None and raw_off is not None:
-        # Not near it (a destination at the page top over a heading far down the page):
-        # the heading as without a destination, first from the destination on, then
-        # anywhere after the previous bookmark, which it never precedes.
-        found = _find_title(raw, title, max(start, raw_off), None)
-        if found is None and raw_off > start:
-            found = _find_title(raw, title, start, None)
+        # Not near it (a destination at the page top over a heading far down the page): the
+        # first line below the destination that begins with the title. Never above the
+        # destination, and never a mention inside a sentence.
+        found = _find_title(raw, title, max(start, raw_off), None, line_start=True)
     if found is not None:
         raw_off = found
     return start if raw_off is None else max(start, raw_off)
@@ -201,14 +199,19 @@ def _first_char_below(textpage: pdfium.PdfTextPage, top: float) -> int | None:
     return lo if lo < count else None
 
 
-def _find_title(raw: str, title: str, start: int, near: int | None) -> int | None:
+def _find_title(
+    raw: str, title: str, start: int, near: int | None, *, line_start: bool = False
+) -> int | None:
     """Where `title` (optionally after its section number) occurs from `start`: the occurrence
-    nearest to `near` (within 400 characters) when given, else the first."""
+    nearest to `near` (within 400 characters) when given, else the first (with `line_start`,
+    the first that begins a line)."""
     pattern = title_pattern(title)
     if pattern is None:
         return None
     best: int | None = None
     for match in pattern.finditer(raw, start):
+        if line_start and match.start() > 0 and raw[match.start() - 1] != "\n":
+            continue
         if near is None:
             return match.start()
         if abs(match.start() - near) <= 400 and (

@@ -90,6 +90,19 @@ def test_a_heading_near_its_destination_still_wins_over_a_later_mention() -> Non
     assert security.offset == page.index("Security\nKeys.")
 
 
+def test_a_title_met_only_inside_a_sentence_leaves_the_bookmark_at_its_destination() -> None:
+    # "Backup" points at the heading "Saving your data"; the title's words occur only
+    # inside a sentence above it: that mention is no heading, and never above the bookmark.
+    lines = ["Overview", "This guide also says where the backup copies are kept.", *BODY[:10],
+             "Saving your data", "Copies run nightly at two."]  # fmt: skip
+    content = text_pdf([lines], [("Overview", 0, 792), ("Backup", 0, line_top(12))])
+    text = read_pdf(content)
+    assert text.pages[0][text.outline[1].offset :].startswith("Saving your data")
+    texts = section_texts(content)
+    assert "backup copies are kept" in texts["Overview"]
+    assert texts["Backup"].startswith("Saving your data")
+
+
 def test_bookmarks_on_a_page_never_go_back_up_it() -> None:
     # Listed out of reading order, and one whose title is not on the page at all.
     lines = ["Security", *BODY, "Backups", "Nightly.", "Overview", "Done."]
