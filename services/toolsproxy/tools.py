@@ -375,7 +375,8 @@ class DocumentTools:
                 "page_start and is clamped to the last page. A longer range returns its "
                 f"first {limits.max_pages_per_call} pages with truncated: true and "
                 "next_page_start, the page_start of the call that reads on (null when the "
-                "range was read to its end).",
+                "range was read to its end); so does a range whose pages' text is past "
+                "the result's size limit, at the first page that would not fit whole.",
                 tool_arguments(
                     {"doc_id": _ID, "page_start": page, "page_end": page},
                     ["doc_id", "page_start"],
@@ -514,7 +515,8 @@ class DocumentTools:
         the last page. A longer range than max_pages_per_call (a search hit's mcp_link names
         its chunk's pages, and a chunk may span more: slides, short pages) returns its first
         max_pages_per_call pages with `truncated` and `next_page_start`, where the next call
-        starts; `next_page_start` is None when the range was read to its end.
+        starts; `next_page_start` is None when the range was read to its end. The pages end
+        before the first that would not fit max_text_bytes whole (`_whole_pages`).
         """
         first = args["page_start"]
         asked_last = args.get("page_end", first)
@@ -543,6 +545,9 @@ class DocumentTools:
                 }
                 for n in range(first, last + 1)
             ]
+        pages = self._whole_pages(pages)
+        last = pages[-1]["page"] if pages else last
+        cut = last < wanted
         return {
             "doc_id": doc.doc_id,
             "title": doc.title,
@@ -553,6 +558,20 @@ class DocumentTools:
             "truncated": cut,
             "next_page_start": last + 1 if cut else None,
         }
+
+    def _whole_pages(self, pages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The leading `pages` whose texts fit max_text_bytes together, so that a call that
+        reads on from `next_page_start` skips nothing; the first page always (a page longer
+        than the budget is cut, its rest never readable whole)."""
+        left = self._limits.max_text_bytes
+        kept: list[dict[str, Any]] = []
+        for page in pages:
+            size = len(neutralise_markers(page["text"]).encode("utf-8"))
+            if kept and size > left:
+                break
+            kept.append(page)
+            left -= size
+        return kept
 
     def read_doc_metadata(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """Title, pages, tags, product, version and sections with their page ranges: the

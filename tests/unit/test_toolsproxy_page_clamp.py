@@ -97,3 +97,36 @@ def test_the_schema_states_the_limit_and_the_clamp(executor):
     assert "at most 5 pages per call" in tool.description
     assert "clamped to the last page" in tool.description
     assert "first 5 pages with truncated: true and next_page_start" in tool.description
+
+
+def test_pages_past_the_byte_budget_are_left_for_the_next_call(tmp_path):
+    # Pages of ~1,900 bytes against 4,096: two fit whole; the third is left for the next
+    # call (next_page_start), never cut and skipped. A page alone past the budget is cut.
+    limits = ToolLimits(max_pages_per_call=5, max_text_bytes=4096)
+    store = SqliteDocumentStore(tmp_path / "s.sqlite")
+    body = "\f".join(f"## P{i}\n\npage {i} " + "word " * 380 for i in range(1, 9))
+    store.put(parse_document(tenant_id="a", doc_id="big", content=f"# big\n\n{body}",
+                             fmt="markdown"))  # fmt: skip
+    huge = "## H\n\n" + "word " * 2000 + "\f## I\n\nend."
+    store.put(parse_document(tenant_id="a", doc_id="huge", content=huge, fmt="markdown"))
+    executor = ToolExecutor(
+        dict(DocumentTools(store, limits).tools), limits=limits,
+        rate_limiter=RateLimiter(RateLimits(calls_per_minute=0, tokens_per_minute=0)),
+    )  # fmt: skip
+    try:
+        seen, start, calls = [], 1, 0
+        while start is not None:
+            out = read(executor, "big", start, 8)
+            assert out.status == "ok", (out.error_code, out.error_message)
+            pages = out.result["pages"]
+            assert all(not p["truncated"] for p in pages)  # every page returned whole
+            assert out.result["page_end"] == pages[-1]["page"]
+            seen += [p["page"] for p in pages]
+            start, calls = out.result["next_page_start"], calls + 1
+        assert (seen, calls) == (list(range(1, 9)), 4)
+        alone = read(executor, "huge", 1, 2)
+        assert [p["page"] for p in alone.result["pages"]] == [1]
+        assert alone.result["pages"][0]["truncated"] is True
+        assert (alone.result["truncated"], alone.result["next_page_start"]) == (True, 2)
+    finally:
+        store.close()
