@@ -1501,12 +1501,9 @@ class OpenAiChatRuntime:
         except ValueError:
             raise _Failure("bad_response", "LLM runtime sent an answer that is not JSON") from None
 
-    async def _body_chunks(
-        self, response: httpx.Response, deadline: float, progress: _Progress
-    ) -> AsyncIterator[bytes]:
-        """A streamed body's chunks, each read within the deadline (and its time kept in
-        `progress`); more than MAX_RESPONSE_BYTES in all is refused, as `_read_body` refuses
-        an answer."""
+    async def _body_chunks(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
+        """A streamed body's chunks, each read within the deadline; more than
+        MAX_RESPONSE_BYTES in all is refused, as `_read_body` refuses an answer."""
         chunks = response.aiter_bytes()
         size = 0
         while True:
@@ -1522,7 +1519,6 @@ class OpenAiChatRuntime:
                 raise _Failure("timeout", "LLM runtime did not finish in time") from None
             except httpx.TransportError:
                 raise _Failure("unreachable", "LLM runtime dropped the stream") from None
-            progress.last = self._clock()
             size += len(chunk)
             if size > MAX_RESPONSE_BYTES:
                 raise _Failure("bad_response", "LLM runtime sent an oversized stream")
@@ -1531,11 +1527,14 @@ class OpenAiChatRuntime:
     async def _events(
         self, response: httpx.Response, deadline: float, progress: _Progress
     ) -> AsyncIterator[str]:
-        """The ``data:`` payloads of an SSE body (`_body_chunks`: the deadline, the size)."""
+        """The ``data:`` payloads of an SSE body (`_body_chunks`: the deadline, the size),
+        each one's arrival kept in `progress`: a comment (a proxy's keep-alive while the model
+        is stuck) is no sign of the runtime at work."""
         data: list[str] = []
-        async for line in sse_lines(self._body_chunks(response, deadline, progress)):
+        async for line in sse_lines(self._body_chunks(response, deadline)):
             if not line:
                 if data:
+                    progress.last = self._clock()
                     yield "\n".join(data)
                     data = []
                 continue
@@ -1545,6 +1544,7 @@ class OpenAiChatRuntime:
             if field_name == "data":
                 data.append(value.removeprefix(" "))
         if data:
+            progress.last = self._clock()
             yield "\n".join(data)
 
     def _answered(

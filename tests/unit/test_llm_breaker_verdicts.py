@@ -65,8 +65,9 @@ class FakeClock:
 
 class SlowRuntime:
     """An in-process OpenAI-compatible runtime: a stream sends a chunk at once, then one
-    every `every` s ("flowing"; it finishes after `chunks` of them when that is set) or
-    nothing more ("stalled"). A call that is not a stream hangs."""
+    every `every` s ("flowing"; it finishes after `chunks` of them when that is set),
+    nothing more ("stalled"), or only SSE comments every `every` s ("keepalive": a proxy
+    whose model is stuck). A call that is not a stream hangs."""
 
     def __init__(self, kind: str = "flowing", every: float = 0.05, chunks: int = 0) -> None:
         self.kind, self.every, self.chunks = kind, every, chunks
@@ -85,6 +86,9 @@ class SlowRuntime:
                 if self.kind == "stalled":
                     await asyncio.Event().wait()
                 await asyncio.sleep(self.every)
+                if self.kind == "keepalive":
+                    yield b": PROCESSING\n\n"
+                    continue
                 yield sse(CHUNK)
                 sent += 1
             yield sse(LAST) + sse("[DONE]")
@@ -244,6 +248,17 @@ async def test_a_stream_that_stalled_before_the_callers_deadline_counts(
     with pytest.raises(errors.UnavailableError) as caught:
         await drain(rt, 1.0)
     assert caught.value.reason == LLM_RUNTIME_ERROR
+    assert caught.value.metadata["kind"] == "timeout"
+    assert rt.breaker.state == OPEN
+
+
+async def test_a_stream_sending_only_keepalive_comments_has_stalled() -> None:
+    # OpenRouter-style ": PROCESSING" comments while the model is stuck are no chunk.
+    keepalive = SlowRuntime("keepalive")
+    async with keepalive.http:
+        rt = keepalive.client(stall_s=0.3)
+        with pytest.raises(errors.UnavailableError) as caught:
+            await drain(rt, 1.0)
     assert caught.value.metadata["kind"] == "timeout"
     assert rt.breaker.state == OPEN
 
