@@ -531,8 +531,7 @@ class DocumentTools:
             )
         wanted = min(asked_last, doc.pages)
         last = min(wanted, first + self._limits.max_pages_per_call - 1)
-        cut = last < wanted
-        pages = [
+        pages: list[dict[str, Any]] = [
             {"page": p.number, "text": p.text}
             for p in self._store.pages_text(caller.tenant_id, doc.doc_id, first, last)
         ]
@@ -546,7 +545,7 @@ class DocumentTools:
                 for n in range(first, last + 1)
             ]
         pages = self._whole_pages(pages)
-        last = pages[-1]["page"] if pages else last
+        last = int(pages[-1]["page"]) if pages else last
         cut = last < wanted
         return {
             "doc_id": doc.doc_id,
