@@ -20,8 +20,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
@@ -37,11 +36,13 @@ from services.llm.config import LlmSettings
 from services.llm.engine import LlmEngine
 from services.llm.loop import CANCELLED, DEADLINE_EXCEEDED, LoopSettings, ToolLoop, outcome_of
 from services.llm.metrics import LlmMetrics
-from services.llm.model import GenerateInput, ToolCallRecord, Turn
+from services.llm.model import GenerateInput, Turn
 from services.llm.servicer import LlmServicer
 from services.model_runtime.chat import LLM_RUNTIME_ERROR, ChatMessage, ChatRequest, StreamDelta
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 from tests.fakes.openai_chat import FakeChatServer
+from tests.unit.test_llm_metrics import sample
+from tests.unit.test_llm_review_fixes import Sink
 
 USER = [ChatMessage("user", "Как настроить LDAP?")]
 QUESTION = GenerateInput(messages=(Turn("user", "How do I set up LDAP?"),), mode="chat")
@@ -307,26 +308,6 @@ async def test_a_stream_cancelled_at_the_callers_deadline_is_judged_by_its_last_
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert rt.breaker.state == state
-
-
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.deltas: list[str] = []
-
-    async def delta(self, text: str) -> None:
-        self.deltas.append(text)
-
-    async def tool_call(self, record: ToolCallRecord) -> None:
-        pass
 
 
 def engine(rt: OpenAiChatRuntime, registry: CollectorRegistry) -> LlmEngine:
