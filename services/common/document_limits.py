@@ -6,6 +6,7 @@ and Retrieval both run)."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 
 from services.common import errors
@@ -20,9 +21,18 @@ DOC_ID_RULE = (
 )
 
 
+def is_mark(char: str) -> bool:
+    """Whether `char` is a combining mark (Unicode category M): part of the letter before it
+    (a Devanagari vowel sign, Hebrew points, an accent NFKC has no single letter for)."""
+    return unicodedata.category(char).startswith("M")
+
+
 def is_doc_id(value: str) -> bool:
-    """Whether a document could be stored under `value` (ingestion holds every id to it)."""
-    return _DOC_ID.fullmatch(value) is not None
+    """Whether a document could be stored under `value` (ingestion holds every id to it).
+    A letter's combining marks count as part of it, anywhere but first."""
+    if not value or len(value) > MAX_DOC_ID_CHARS or is_mark(value[0]):
+        return False
+    return _DOC_ID.fullmatch("".join(c for c in value if not is_mark(c))) is not None
 
 
 def check_doc_ids(values: Iterable[str], field_name: str) -> None:

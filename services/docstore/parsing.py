@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from services.common.document_limits import is_mark
 from services.common.tokenizer import count_tokens, default_tokenizer
 from services.docstore.chunking import (
     ChunkingConfig,
@@ -98,9 +99,6 @@ _MD_HEADING = re.compile(r"(#{1,6})\s+(\S.*)")
 """An ATX heading's level and text, on a stripped line (`_md_heading` drops closing #s);
 linear: no pattern here can match the same characters two ways."""
 _FENCE = re.compile(r"^(```|~~~)")
-_SLUG = re.compile(r"[\W_]+")
-"""What is not a letter or digit (of any script): `\\w` less `_`, so a slug is what
-document_limits.DOC_ID_RULE takes."""
 # "2.3 Title", "1. Introduction", "8.1.3. aptitude", "7.8. Что такое виртуальный пакет?" — a
 # short title with no sentence punctuation; a lowercase start only under a dotted number
 # (a command name), never after a bare "1 " (a list item).
@@ -129,8 +127,14 @@ def slugify(text: str, limit: int = 40, fallback: str = "x") -> str:
     "-", none at either end; `fallback` when no letter or digit is left. One that is not
     empty is a valid doc_id (document_limits.is_doc_id) when `limit` is within its length."""
     lowered = unicodedata.normalize("NFKC", text).lower()
-    slug = _SLUG.sub("-", lowered).strip("-")
-    return slug[:limit].strip("-") or fallback
+    kept: list[str] = []
+    for char in lowered:
+        # A combining mark stays with the letter it follows (हिन्दी); alone it is no letter.
+        if char.isalnum() or (is_mark(char) and kept and kept[-1] != "-"):
+            kept.append(char)
+        elif kept and kept[-1] != "-":
+            kept.append("-")
+    return "".join(kept)[:limit].strip("-") or fallback
 
 
 DERIVED_DOC_ID_CHARS = 100

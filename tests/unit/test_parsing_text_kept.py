@@ -145,6 +145,9 @@ def test_front_matter_is_text_and_its_closing_line_underlines_nothing():
         ("ＦＵＬＬ＿ｗｉｄｔｈ².pdf", "full-width2"),  # NFKC
         ("Straße & Café (v2).txt", "straße-café-v2"),
         ("--__--.md", ""),
+        ("हिन्दी.md", "हिन्दी"),  # vowel signs and the virama stay with their letters
+        ("ก้าว.md", "ก้าว"),
+        ("\u0301abc.md", "abc"),  # a mark with no letter before it is no letter
     ],
 )
 def test_a_derived_doc_id_keeps_letters_and_digits_of_any_script(file_name: str, doc_id: str):
@@ -154,11 +157,16 @@ def test_a_derived_doc_id_keeps_letters_and_digits_of_any_script(file_name: str,
 
 def test_every_derived_doc_id_is_a_doc_id():
     rng = random.Random(3)
-    alphabet = "aZ9_-. ÜßİıǅĲ²½Ⅻ日本語Ελλάδαабв\u0301\u0307\u200b\u00a0🙂ｆ٣"
+    alphabet = "aZ9_-. ÜßİıǅĲ²½Ⅻ日本語Ελλάδαабв\u0301\u0307\u200b\u00a0🙂ｆ٣हिन्दीก้"
     for _ in range(2_000):
         name = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 150)))
         doc_id = derived_doc_id(name + ".md")
         assert doc_id == "" or (is_doc_id(doc_id) and len(doc_id) <= MAX_DOC_ID_CHARS), name
+
+
+def test_a_doc_id_takes_combining_marks_after_its_first_character():
+    assert is_doc_id("a\u0301") and is_doc_id("हिन्दी") and is_doc_id("a" * 127 + "\u0301")
+    assert not is_doc_id("\u0301a") and not is_doc_id("a" * 128 + "\u0301")
 
 
 def test_a_slug_is_held_to_its_limit_and_falls_back_when_empty():
