@@ -89,7 +89,7 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
         settings.server, register, SERVICE_NAMES, registry, domain=ERROR_DOMAIN, tracing=tracing
     )
     # At stop, streams still running end with an error event before the grace runs out.
-    running.companions.append(servicer.end_streams)
+    running.companions.append(servicer.end_calls)
 
     async def close() -> None:
         catalogue_task.cancel()

@@ -115,12 +115,17 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
 
 
 class _Stopping:
-    """Put in a stream's queue when the stop's grace is about to run out: the stream ends."""
+    """Put in a call's queue when the stop's grace is about to run out: the call ends."""
 
 
 _STOPPING = _Stopping()
 _Item = llm_pb2.GenerateStreamResponse | _Stopping | None
 """What a stream's queue holds: an event, the stop, or None once the generation has ended."""
+
+
+def _stopping() -> errors.UnavailableError:
+    """What a call still running as the stop's grace runs out ends with."""
+    return errors.UnavailableError("the LLM service is stopping; ask again", reason=errors.DRAINING)
 
 
 class _QueueSink:
@@ -138,21 +143,21 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
     def __init__(self, engine: LlmEngine, runtime: str) -> None:
         self._engine = engine
         self._runtime = runtime
-        self._streams: dict[asyncio.Queue[_Item], asyncio.TimerHandle | None] = {}
-        """The queues of the streams running, each with its stop's timer once the server stops."""
+        self._calls: dict[asyncio.Queue[_Item], asyncio.TimerHandle | None] = {}
+        """The queues of the calls running, each with its stop's timer once the server stops."""
         self._end_at: float | None = None
-        """When streams still running end (event loop time), once the server stops."""
+        """When calls still running end (event loop time), once the server stops."""
 
-    async def end_streams(self, grace: float) -> None:
+    async def end_calls(self, grace: float) -> None:
         """The server stops, giving the calls in flight `grace` s (a companion stop of
-        RunningServer): a stream still running END_MARGIN_S before that (at most half the
-        grace) ends with an UNAVAILABLE DRAINING error event, so that a JSON caller's array
-        ends with an error, not as a short finished answer, and a gRPC caller learns why.
-        Returns at once."""
+        RunningServer): a Generate still running END_MARGIN_S before that (at most half the
+        grace) ends with UNAVAILABLE DRAINING, a stream with it as its last event, so that
+        a JSON caller's array ends with an error, not as a short finished answer, and every
+        caller learns why instead of grpc's bare cancel. Returns at once."""
         loop = asyncio.get_running_loop()
         self._end_at = loop.time() + max(0.0, grace - min(END_MARGIN_S, grace / 2))
-        for queue in self._streams:
-            self._streams[queue] = self._stop_timer(queue)
+        for queue in self._calls:
+            self._calls[queue] = self._stop_timer(queue)
 
     def _stop_timer(self, queue: asyncio.Queue[_Item]) -> asyncio.TimerHandle | None:
         if self._end_at is None:
@@ -160,17 +165,27 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         return asyncio.get_running_loop().call_at(self._end_at, queue.put_nowait, _STOPPING)
 
     def _opened(self, queue: asyncio.Queue[_Item]) -> None:
-        self._streams[queue] = self._stop_timer(queue)
+        self._calls[queue] = self._stop_timer(queue)
 
     def _closed(self, queue: asyncio.Queue[_Item]) -> None:
-        timer = self._streams.pop(queue, None)
+        timer = self._calls.pop(queue, None)
         if timer is not None:
             timer.cancel()
 
     async def Generate(
         self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.GenerateResponse:
-        return generate_response(await self._engine.generate(generate_input(request)))
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        task = asyncio.ensure_future(self._engine.generate(generate_input(request)))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        self._opened(queue)
+        try:
+            if isinstance(await queue.get(), _Stopping):
+                raise _stopping()
+            return generate_response(task.result())
+        finally:
+            self._closed(queue)
+            task.cancel()
 
     async def GenerateStream(
         self, request: llm_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
@@ -196,9 +211,7 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
         try:
             while (event := await queue.get()) is not None:
                 if isinstance(event, _Stopping):
-                    raise errors.UnavailableError(
-                        "the LLM service is stopping; ask again", reason=errors.DRAINING
-                    )
+                    raise _stopping()
                 began = True
                 yield event
             out = task.result()  # re-raises the generation's error, after the events so far

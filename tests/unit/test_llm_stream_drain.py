@@ -46,7 +46,10 @@ class SlowModel:
         self.started = asyncio.Event()
 
     async def complete(self, request: ChatRequest, *, timeout_s: float) -> Completion:
-        raise AssertionError("GenerateStream streams")
+        """A unary Generate's call: silent for `first_s` s (the tests stop the server first)."""
+        self.started.set()
+        await asyncio.sleep(self.first_s)
+        raise AssertionError("the server was to stop first")
 
     async def stream(self, request: ChatRequest, *, timeout_s: float) -> AsyncIterator[Any]:
         self.started.set()
@@ -73,7 +76,7 @@ async def serve(model: SlowModel) -> RunningServer:
         CollectorRegistry(),
         domain=ERROR_DOMAIN,
     )
-    running.companions.append(servicer.end_streams)
+    running.companions.append(servicer.end_calls)
     return running
 
 
@@ -150,3 +153,19 @@ async def test_a_stream_that_ends_within_the_grace_ends_as_usual(words: int) -> 
     assert failed is None
     assert events[-1].WhichOneof("event") == "final"
     assert events[-1].final.answer == "w " * words
+
+
+async def test_a_generate_running_when_the_server_stops_fails_draining() -> None:
+    """A unary Generate ends as the streams do, not with grpc's bare cancel at the grace."""
+    model = SlowModel(first_s=60.0)
+    running = await serve(model)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        call = llm_pb2_grpc.LlmServiceStub(channel).Generate(REQUEST.request)
+        await asyncio.wait_for(model.started.wait(), STOP_BOUND_S)
+        stop = asyncio.ensure_future(running.stop(GRACE_S))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await call
+        await asyncio.wait_for(stop, STOP_BOUND_S)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    info = error_info(failed.value)
+    assert info is not None and info.reason == DRAINING
