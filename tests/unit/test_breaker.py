@@ -16,18 +16,11 @@ from services.common.breaker import (
     CircuitOpenError,
     verdict_of,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import ManualClock
 
 
 def test_opens_at_the_threshold_not_before():
-    clock = Clock()
+    clock = ManualClock(100.0)
     b = CircuitBreaker("vector store", BreakerPolicy(5, 10), clock=clock)
     for _ in range(4):
         b.before_call()
@@ -43,7 +36,7 @@ def test_opens_at_the_threshold_not_before():
 
 
 def test_a_success_resets_the_count():
-    b = CircuitBreaker("x", BreakerPolicy(2), clock=Clock())
+    b = CircuitBreaker("x", BreakerPolicy(2), clock=ManualClock(100.0))
     b.record_failure()
     b.record_success()
     b.record_failure()
@@ -51,7 +44,7 @@ def test_a_success_resets_the_count():
 
 
 def test_half_open_lets_one_trial_through_then_closes_or_reopens():
-    clock = Clock()
+    clock = ManualClock(100.0)
     b = CircuitBreaker("x", BreakerPolicy(1, 5), clock=clock)
     b.record_failure()
     assert b.state == OPEN
@@ -75,7 +68,7 @@ def test_half_open_lets_one_trial_through_then_closes_or_reopens():
 )
 def test_a_breaker_policy_at_and_past_its_limits(failures: int, reset_s: float, ok: bool):
     if ok:
-        b = CircuitBreaker("x", BreakerPolicy(failures, reset_s), clock=Clock())
+        b = CircuitBreaker("x", BreakerPolicy(failures, reset_s), clock=ManualClock(100.0))
         assert b.state == CLOSED
     else:
         with pytest.raises(ValueError, match="BreakerPolicy"):
@@ -110,7 +103,7 @@ def test_the_verdict_of_each_ending(failure: BaseException | None, verdict: str)
     assert verdict_of(failure) == verdict
 
 
-def half_open(clock: Clock) -> CircuitBreaker:
+def half_open(clock: ManualClock) -> CircuitBreaker:
     """Two failures counted, open, and past its reset: the next call is the trial."""
     b = CircuitBreaker("x", BreakerPolicy(2, 5), clock=clock)
     b.record_failure()
@@ -121,7 +114,7 @@ def half_open(clock: Clock) -> CircuitBreaker:
 
 
 def test_a_trial_that_returns_closes_the_breaker():
-    b = half_open(Clock())
+    b = half_open(ManualClock(100.0))
     with b.trial():
         pass
     assert b.state == CLOSED
@@ -140,7 +133,7 @@ def test_a_trial_that_returns_closes_the_breaker():
 def test_a_trial_that_raises_settles_by_its_verdict_and_reraises(
     failure: BaseException, state_after: str
 ):
-    b = half_open(Clock())
+    b = half_open(ManualClock(100.0))
     with pytest.raises(type(failure)), b.trial():
         raise failure
     assert b.state == state_after
@@ -151,7 +144,7 @@ def test_a_trial_that_raises_settles_by_its_verdict_and_reraises(
 
 
 def test_a_refused_trial_runs_nothing_and_settles_nothing():
-    b = half_open(Clock())
+    b = half_open(ManualClock(100.0))
     b.before_call()  # another caller's trial is running
     ran = []
     with pytest.raises(CircuitOpenError), b.trial():
@@ -162,7 +155,7 @@ def test_a_refused_trial_runs_nothing_and_settles_nothing():
 
 
 def test_a_no_verdict_ending_keeps_the_count():
-    b = CircuitBreaker("x", BreakerPolicy(2, 5), clock=Clock())
+    b = CircuitBreaker("x", BreakerPolicy(2, 5), clock=ManualClock(100.0))
     b.record_failure()
     with pytest.raises(DeadlineTooShort), b.trial():
         raise DeadlineTooShort

@@ -34,6 +34,7 @@ from services.toolsproxy.cbr import CbrClient, CbrSettings, cbr_tool
 from services.toolsproxy.tavily import TavilyClient, TavilySettings
 from services.toolsproxy.tools import Caller
 from tests.fakes.cbr_server import FakeCbrServer
+from tests.fakes.clock import ManualClock
 from tests.fakes.openai_chat import FakeChatServer
 from tests.fakes.tavily_server import FakeTavilyServer
 
@@ -41,14 +42,6 @@ USER = [ChatMessage("user", "Как настроить LDAP?")]
 NO_RETRY = RetryPolicy(attempts=1, first_delay_s=0.0)
 WAIT_S = 10.0
 """How long a loaded machine may take to deliver a request to a fake."""
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def arrived(count: Callable[[], int], n: int) -> None:
@@ -70,7 +63,7 @@ async def cancel_all(tasks: list[asyncio.Task[object]]) -> None:
 
 
 def test_release_keeps_the_count_and_frees_the_half_open_trial() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     b = CircuitBreaker("dep", BreakerPolicy(2, 10.0), clock=clock)
     b.record_failure()
     b.release()
@@ -102,7 +95,7 @@ def runtime(
     settings = RuntimeSettings(
         url=chat.url, default_model="fake", retry=NO_RETRY, breaker=BreakerPolicy(1, 10.0)
     )
-    return OpenAiChatRuntime(settings, http, clock=clock or FakeClock())
+    return OpenAiChatRuntime(settings, http, clock=clock or ManualClock())
 
 
 async def test_cancelled_completions_do_not_open_the_llm_runtime_breaker(
@@ -140,7 +133,7 @@ async def test_a_cancelled_stream_does_not_open_the_llm_runtime_breaker(
 async def test_a_cancelled_half_open_trial_lets_the_next_call_try(
     chat: FakeChatServer, http: httpx.AsyncClient
 ) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     rt = runtime(chat, http, clock)
     chat.fail(503)
     with pytest.raises(Exception, match="LLM runtime"):

@@ -18,23 +18,16 @@ from services.common.breaker import (
     CircuitOpenError,
     Ticket,
 )
+from tests.fakes.clock import ManualClock
 
 RESET_S = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Down(Exception):
     """The dependency is out."""
 
 
-def opened(clock: Clock, failures: int = 2) -> tuple[CircuitBreaker, Ticket]:
+def opened(clock: ManualClock, failures: int = 2) -> tuple[CircuitBreaker, Ticket]:
     """A breaker opened by `failures` failed calls, and the ticket of a straggler let through
     while it was still closed."""
     b = CircuitBreaker("dep", BreakerPolicy(failures, RESET_S), clock=clock)
@@ -45,7 +38,7 @@ def opened(clock: Clock, failures: int = 2) -> tuple[CircuitBreaker, Ticket]:
     return b, straggler
 
 
-def trial_running(b: CircuitBreaker, clock: Clock) -> Ticket:
+def trial_running(b: CircuitBreaker, clock: ManualClock) -> Ticket:
     """Past the reset: the half-open trial's ticket, the trial still running."""
     clock.now += RESET_S
     trial = b.before_call()
@@ -60,7 +53,7 @@ def assert_trial_runs(b: CircuitBreaker) -> None:
 
 
 def test_a_cancelled_straggler_does_not_free_the_running_trial() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b, straggler = opened(clock)
     trial = trial_running(b, clock)
     b.settle(asyncio.CancelledError(), straggler)
@@ -71,7 +64,7 @@ def test_a_cancelled_straggler_does_not_free_the_running_trial() -> None:
 
 @pytest.mark.parametrize("verdict", ["answered", "failed"])
 def test_a_stragglers_verdict_leaves_an_open_breaker_as_it_is(verdict: str) -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b, straggler = opened(clock)
     clock.now += RESET_S / 2
     b.settle(None if verdict == "answered" else Down(), straggler)
@@ -82,7 +75,7 @@ def test_a_stragglers_verdict_leaves_an_open_breaker_as_it_is(verdict: str) -> N
 
 @pytest.mark.parametrize("verdict", ["answered", "failed"])
 def test_a_stragglers_verdict_neither_ends_nor_decides_the_trial(verdict: str) -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b, straggler = opened(clock)
     trial = trial_running(b, clock)
     b.settle(None if verdict == "answered" else Down(), straggler)
@@ -92,7 +85,7 @@ def test_a_stragglers_verdict_neither_ends_nor_decides_the_trial(verdict: str) -
 
 
 def test_a_straggler_from_before_the_trial_closed_the_breaker_is_not_counted() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b, straggler = opened(clock, failures=1)
     b.record_success(trial_running(b, clock))
     b.record_failure(straggler)  # it started when the dependency was out
@@ -102,7 +95,7 @@ def test_a_straggler_from_before_the_trial_closed_the_breaker_is_not_counted() -
 
 
 def test_the_trials_verdict_after_a_straggler_is_still_its_own() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     b, straggler = opened(clock)
     trial = trial_running(b, clock)
     b.record_success(straggler)
@@ -115,7 +108,7 @@ def test_the_trials_verdict_after_a_straggler_is_still_its_own() -> None:
 
 
 def test_a_ticket_of_a_call_let_in_while_closed_counts_until_the_breaker_changes() -> None:
-    b = CircuitBreaker("dep", BreakerPolicy(2, RESET_S), clock=Clock())
+    b = CircuitBreaker("dep", BreakerPolicy(2, RESET_S), clock=ManualClock(100.0))
     first, second = b.before_call(), b.before_call()
     b.record_failure(first)
     assert b.state == CLOSED  # one short of the threshold
@@ -125,7 +118,7 @@ def test_a_ticket_of_a_call_let_in_while_closed_counts_until_the_breaker_changes
 
 async def test_a_cancelled_call_through_trial_does_not_free_another_callers_trial() -> None:
     """The breaker as its clients use it: each call in `with breaker.trial():`, in a task."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     b = CircuitBreaker("dep", BreakerPolicy(2, RESET_S), clock=clock)
     answer = asyncio.Event()
 

@@ -10,6 +10,7 @@ import pytest
 from services.common.settings import Env, SettingsError
 from services.retrieval.config import RetrievalSettings
 from services.retrieval.index_maintenance import IndexOptimizer
+from tests.fakes.clock import ManualClock
 
 
 class FakeIndex:
@@ -27,14 +28,6 @@ class FakeIndex:
             raise RuntimeError("disk full")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _step(opt: IndexOptimizer) -> bool:
     """One poll: run an optimize when due; whether one ran."""
     if opt.due():
@@ -44,7 +37,7 @@ async def _step(opt: IndexOptimizer) -> bool:
 
 
 async def test_runs_once_at_start_after_the_quiet_period_then_only_after_new_writes() -> None:
-    index, clock = FakeIndex(), Clock()
+    index, clock = FakeIndex(), ManualClock()
     opt = IndexOptimizer(index, quiet_s=10, clock=clock)
     assert not await _step(opt)  # just opened: not quiet long enough yet
     clock.now += 9.9
@@ -57,7 +50,7 @@ async def test_runs_once_at_start_after_the_quiet_period_then_only_after_new_wri
 
 
 async def test_a_burst_of_writes_is_optimised_once_after_it_ends() -> None:
-    index, clock = FakeIndex(), Clock()
+    index, clock = FakeIndex(), ManualClock()
     opt = IndexOptimizer(index, quiet_s=10, clock=clock)
     clock.now += 10
     assert await _step(opt)
@@ -73,7 +66,7 @@ async def test_a_burst_of_writes_is_optimised_once_after_it_ends() -> None:
 
 
 async def test_an_ingest_in_progress_keeps_it_from_starting() -> None:
-    index, clock, ingesting = FakeIndex(), Clock(), [True]
+    index, clock, ingesting = FakeIndex(), ManualClock(), [True]
     opt = IndexOptimizer(index, quiet_s=10, clock=clock, busy=lambda: ingesting[0])
     for _ in range(5):  # a long document still embedding: no writes, but not quiet either
         clock.now += 10
@@ -88,7 +81,7 @@ async def test_an_ingest_in_progress_keeps_it_from_starting() -> None:
 async def test_a_failed_optimize_is_logged_and_retried_after_the_next_quiet_period(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    index, clock = FakeIndex(fail=True), Clock()
+    index, clock = FakeIndex(fail=True), ManualClock()
     opt = IndexOptimizer(index, quiet_s=10, clock=clock)
     clock.now += 10
     assert await _step(opt)
@@ -126,7 +119,7 @@ async def test_the_loop_runs_it_in_the_background_and_stop_does_not_wait() -> No
 
 
 async def test_a_start_up_run_covers_what_is_there_and_the_loop_waits_for_new_writes() -> None:
-    index, clock = FakeIndex(), Clock()
+    index, clock = FakeIndex(), ManualClock()
     index.write_count = 0
     opt = IndexOptimizer(index, quiet_s=10, clock=clock)
     opt.run_blocking()

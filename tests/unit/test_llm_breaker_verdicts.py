@@ -40,6 +40,7 @@ from services.llm.model import GenerateInput, Turn
 from services.llm.servicer import LlmServicer
 from services.model_runtime.chat import LLM_RUNTIME_ERROR, ChatMessage, ChatRequest, StreamDelta
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
+from tests.fakes.clock import ManualClock
 from tests.fakes.openai_chat import FakeChatServer
 from tests.unit.test_llm_metrics import sample
 from tests.unit.test_llm_review_fixes import Sink
@@ -54,14 +55,6 @@ LAST = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 def sse(obj: dict[str, Any] | str) -> bytes:
     data = obj if isinstance(obj, str) else json.dumps(obj)
     return f"data: {data}\n\n".encode()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class SlowRuntime:
@@ -297,7 +290,7 @@ async def test_a_stream_cancelled_at_the_callers_deadline_is_judged_by_its_last_
 ) -> None:
     """The caller's timer fires first (the tool loop's, the RPC's): the client is cancelled
     at the deadline, `silent_s` after the stream's one chunk."""
-    clock = FakeClock()
+    clock = ManualClock()
     rt = stalled.client(stall_s=3.0, clock=clock)
     events = rt.stream(ChatRequest(USER), timeout_s=silent_s)
     assert isinstance(await anext(events), StreamDelta)

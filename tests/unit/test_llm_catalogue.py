@@ -15,6 +15,7 @@ from services.llm.model import PlannedCall, ToolPolicy, ToolResult
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.llm.tools_client import ToolCatalogue
 from services.model_runtime.chat import ToolSpec
+from tests.fakes.clock import ManualClock
 from tests.unit.test_llm import FakeTools, req
 
 CBR = ToolSpec(
@@ -41,21 +42,15 @@ class Source:
         return list(self.specs)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def stack(source: Source, clock: Clock | None = None):
+def stack(source: Source, clock: ManualClock | None = None):
     loop = ToolLoop(ExtractiveRuntime(), FakeTools([]), READ_TOOL_SPECS, LoopSettings())
 
     def offer(specs):
         loop.catalogue = tuple(specs)
 
-    catalogue = ToolCatalogue(source, offer, READ_TOOL_SPECS, refresh_s=60, clock=clock or Clock())
+    catalogue = ToolCatalogue(
+        source, offer, READ_TOOL_SPECS, refresh_s=60, clock=clock or ManualClock(0.0)
+    )
     return loop, catalogue
 
 
@@ -77,7 +72,7 @@ async def test_a_needed_tool_while_the_proxy_never_answered_is_unavailable():
 
 
 async def test_once_loaded_a_missing_tool_is_asked_for_at_most_every_refresh():
-    source, clock = Source(READ_TOOL_SPECS), Clock()
+    source, clock = Source(READ_TOOL_SPECS), ManualClock(0.0)
     loop, catalogue = stack(source, clock)
     await catalogue.load()
     assert source.calls == 1

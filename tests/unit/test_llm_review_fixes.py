@@ -40,6 +40,7 @@ from services.model_runtime.chat import (
     ToolCall,
 )
 from services.model_runtime.client import DEADLINE_SLACK_S, OpenAiChatRuntime, RuntimeSettings
+from tests.fakes.clock import ManualClock
 
 TOK = default_tokenizer()
 USER = [ChatMessage("user", "Как настроить LDAP?")]
@@ -199,14 +200,6 @@ def test_messages_are_bounded_by_their_texts_and_ordinary_ones_counted_once(
 # -- 3. runtime timeouts count towards the runtime's breaker ----------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def sse(obj: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
@@ -281,7 +274,7 @@ async def consume(rt: OpenAiChatRuntime, timeout_s: float) -> list[Any]:
 async def test_a_call_its_caller_cancels_at_the_deadline_is_a_timeout(
     fake: HangingRuntime, early: float, state: str, stream: bool
 ) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     rt = fake.client(1, clock)
     if stream:
         fake.script.append("stall")  # a 200, then the stream stalls
@@ -299,7 +292,7 @@ async def test_a_call_its_caller_cancels_at_the_deadline_is_a_timeout(
 async def test_a_deadline_the_caller_cut_below_a_second_is_not_counted(
     fake: HangingRuntime, timeout_s: float, state: str
 ) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     rt = fake.client(1, clock)
     task = asyncio.ensure_future(rt.complete(ChatRequest(USER), timeout_s=timeout_s))
     await asyncio.wait_for(fake.arrived.wait(), 5)
@@ -311,7 +304,7 @@ async def test_a_deadline_the_caller_cut_below_a_second_is_not_counted(
 async def test_a_stream_cancelled_after_its_200_is_no_success(fake: HangingRuntime) -> None:
     """Before, the cancelled stream reset the failure count: a runtime that stalls every
     stream never opened its breaker."""
-    rt = fake.client(2, FakeClock())
+    rt = fake.client(2, ManualClock())
     fake.script += ["fail", "stall", "fail"]
     with pytest.raises(errors.UnavailableError):
         await rt.complete(ChatRequest(USER), timeout_s=5.0)

@@ -58,20 +58,11 @@ from services.model_runtime.chat import (
     ToolCall,
     ToolSpec,
 )
+from tests.fakes.clock import ManualClock
 
 TOK = default_tokenizer()
 
 # --- fakes ------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 Step = Completion | Callable[[list[ChatMessage], Sequence[ToolSpec]], Completion]
@@ -82,7 +73,7 @@ class ScriptedRuntime:
 
     name = "scripted"
 
-    def __init__(self, script: list[Step], clock: FakeClock | None = None, tick: float = 0.0):
+    def __init__(self, script: list[Step], clock: ManualClock | None = None, tick: float = 0.0):
         self.script = list(script)
         self.clock = clock
         self.tick = tick
@@ -195,7 +186,7 @@ def req(**kw: Any) -> GenerateInput:
 def loop(runtime, tools, clock=None, **settings) -> ToolLoop:
     return ToolLoop(
         runtime, tools, READ_TOOL_SPECS, LoopSettings(**settings),
-        clock=clock or FakeClock(), tokenizer=TOK,
+        clock=clock or ManualClock(), tokenizer=TOK,
     )  # fmt: skip
 
 
@@ -596,7 +587,7 @@ async def test_no_tools_without_a_user_or_with_zero_steps():
 
 
 async def test_watchdog_stops_the_run_after_a_slow_model_call():
-    clock = FakeClock()
+    clock = ManualClock()
     rt = ScriptedRuntime(
         [asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})), says("late")],
         clock, tick=31.0,
@@ -611,7 +602,7 @@ async def test_watchdog_stops_the_run_after_a_slow_model_call():
 
 
 async def test_the_callers_time_left_shortens_the_watchdog():
-    clock = FakeClock()
+    clock = ManualClock()
     rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})),
                           says("x")], clock, tick=6.0)  # fmt: skip
     with pytest.raises(errors.DeadlineExceededError):  # the caller's deadline, not the model's
@@ -620,7 +611,7 @@ async def test_the_callers_time_left_shortens_the_watchdog():
 
 
 async def test_watchdog_stops_a_hanging_tool():
-    clock = FakeClock()
+    clock = ManualClock()
 
     class Hanging:
         async def execute(self, request, *, timeout_s=None):
@@ -733,7 +724,7 @@ async def test_a_long_tool_call_turn_can_spend_the_budget(name):
 
 
 async def test_one_info_line_per_request_with_every_steps_latency(caplog):
-    clock = FakeClock()
+    clock = ManualClock()
     rt = ScriptedRuntime(
         [asks(call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})),
          says("Done.")], clock=clock, tick=0.25,
@@ -814,7 +805,7 @@ async def test_require_tool_call_yields_to_planned_calls_and_a_closed_loop():
 
 
 async def test_the_output_reports_cached_tokens_runtime_time_and_calls():
-    clock = FakeClock()
+    clock = ManualClock()
     read = call("read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c1"})
     first = replace(asks(read), prompt_tokens=1000, cached_prompt_tokens=0)
     second = says("done", prompt_tokens=1300, cached_prompt_tokens=990)
@@ -962,7 +953,7 @@ async def test_a_chat_answer_from_a_knowledge_base_search_is_judged_too():
         planned_calls=(PlannedCall("search_general_kb", {"query": "redis"}),),
     )
     kb_spec = ToolSpec("search_general_kb", "Search the knowledge base.", {"type": "object"})
-    lp = ToolLoop(rt, FakeTools(default=kb), (kb_spec,), LoopSettings(), clock=FakeClock(),
+    lp = ToolLoop(rt, FakeTools(default=kb), (kb_spec,), LoopSettings(), clock=ManualClock(),
                   tokenizer=TOK)  # fmt: skip
     out = await lp.run(redis_req(mode="chat", policy=policy))
     assert out.withheld_for == ("redis",) and "6379" not in out.answer
@@ -1032,7 +1023,7 @@ async def test_a_withheld_answer_names_the_missing_and_quotes_the_context_read()
                           Completion("Redis listens on 6379.", model="m1")])  # fmt: skip
     policy = replace(POLICY, allowed_tools=("search_user_documents",))
     tools = FakeTools(default=empty)
-    lp = ToolLoop(rt, tools, (*READ_TOOL_SPECS, SEARCH_SPEC), LoopSettings(), clock=FakeClock(),
+    lp = ToolLoop(rt, tools, (*READ_TOOL_SPECS, SEARCH_SPEC), LoopSettings(), clock=ManualClock(),
                   tokenizer=TOK)  # fmt: skip
     out = await lp.run(redis_req(policy=policy, context_chunks=(chunk,)))
     assert out.withheld_for == ("redis",)

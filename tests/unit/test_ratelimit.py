@@ -8,14 +8,7 @@ from services.toolsproxy.ratelimit import (
     RateLimitExceeded,
     RateLimits,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import ManualClock
 
 
 def limiter(clock, **limits):
@@ -23,7 +16,7 @@ def limiter(clock, **limits):
 
 
 def test_calls_at_the_limit_pass_and_one_past_is_refused_until_the_window_moves():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=3)
     for _ in range(3):
         rl.acquire("t", ["d"])
@@ -41,7 +34,7 @@ def test_calls_at_the_limit_pass_and_one_past_is_refused_until_the_window_moves(
 
 
 def test_the_window_slides_one_call_at_a_time():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=3)
     for _ in range(3):
         rl.acquire("t", ["d"])
@@ -58,7 +51,7 @@ def test_the_window_slides_one_call_at_a_time():
 
 @pytest.mark.parametrize(("limit", "third_ok"), [(21, True), (20, False)])
 def test_tokens_at_and_past_the_limit(limit, third_ok):
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=limit)
     rl.acquire("t", ["d"]).charge(10)
     clock.now += 5
@@ -75,7 +68,7 @@ def test_tokens_at_and_past_the_limit(limit, third_ok):
 
 @pytest.mark.parametrize(("limit", "third_ok"), [(21, True), (20, False)])
 def test_tenant_tokens_at_and_past_the_limit(limit, third_ok):
-    clock = Clock()  # the per-document token limit does not bind the tenant key
+    clock = ManualClock()  # the per-document token limit does not bind the tenant key
     rl = limiter(clock, tokens_per_minute=1, tenant_tokens_per_minute=limit)
     rl.acquire("t").charge(10)
     clock.now += 5
@@ -93,7 +86,7 @@ def test_tenant_tokens_at_and_past_the_limit(limit, third_ok):
 
 
 def test_one_big_result_is_served_then_the_key_waits():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100)
     rl.acquire("t", ["d"]).charge(500)
     with pytest.raises(RateLimitExceeded):
@@ -103,7 +96,7 @@ def test_one_big_result_is_served_then_the_key_waits():
 
 
 def test_keys_are_per_tenant_and_document():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=1, tenant_calls_per_minute=1)
     rl.acquire("a", ["d"])
     rl.acquire("a", ["e"])  # another document of the same tenant
@@ -117,7 +110,7 @@ def test_keys_are_per_tenant_and_document():
 
 
 def test_tenant_limits_apply_to_calls_naming_no_document():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=1, tenant_calls_per_minute=2, tenant_tokens_per_minute=5)
     rl.acquire("t").charge(1)
     rl.acquire("t").charge(1)
@@ -132,7 +125,7 @@ def test_tenant_limits_apply_to_calls_naming_no_document():
 
 
 def test_a_refused_call_counts_nowhere():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=1)
     rl.acquire("t", ["full"])
     for _ in range(3):
@@ -144,7 +137,7 @@ def test_a_refused_call_counts_nowhere():
 
 
 def test_the_longest_wait_is_reported():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=1)
     rl.acquire("t", ["a"])
     clock.now += 40
@@ -155,7 +148,7 @@ def test_the_longest_wait_is_reported():
 
 
 def test_tokens_go_to_the_document_they_came_from():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=10)
     r = rl.acquire("t", ["a", "b"])
     r.charge(10, "a")
@@ -171,14 +164,14 @@ def test_tokens_go_to_the_document_they_came_from():
 
 
 def test_zero_switches_a_limit_off():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=0, tokens_per_minute=0)
     for _ in range(200):
         rl.acquire("t", ["d"]).charge(10_000)
 
 
 def test_a_charge_after_the_entry_left_the_window_is_not_counted():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=10)
     late = rl.acquire("t", ["d"])
     clock.now += 61
@@ -188,7 +181,7 @@ def test_a_charge_after_the_entry_left_the_window_is_not_counted():
 
 
 def test_idle_keys_are_forgotten():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, calls_per_minute=0)
     for i in range(100):
         rl.acquire("t", [f"d{i}"])
@@ -204,7 +197,7 @@ def test_idle_keys_are_forgotten():
 
 @pytest.mark.parametrize(("limit", "third_ok"), [(101, True), (100, False), (99, False)])
 def test_calls_in_flight_count_at_their_reservation(limit, third_ok):
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=limit)
     rl.acquire("t", ["d"], reserve=50)
     rl.acquire("t", ["d"], reserve=50)  # 50 in flight, below the limit
@@ -219,7 +212,7 @@ def test_calls_in_flight_count_at_their_reservation(limit, third_ok):
 
 
 def test_a_reservation_never_exceeds_the_limit_it_is_checked_against():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100, tenant_tokens_per_minute=300)
     whole = rl.acquire("t", ["d", "e"], reserve=1_000)  # admitted alone, however big
     assert whole.reserved == {("t", "d"): 100, ("t", "e"): 100}
@@ -235,7 +228,7 @@ def test_a_reservation_never_exceeds_the_limit_it_is_checked_against():
 
 @pytest.mark.parametrize(("charged", "admitted"), [(99, True), (100, False), (101, False)])
 def test_a_call_that_reserves_nothing_is_refused_for_charged_tokens_only(charged, admitted):
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100)
     served = rl.acquire("t", ["d"])
     rl.acquire("t", ["d"], reserve=100)  # in flight, holding the whole limit
@@ -252,7 +245,7 @@ def test_a_call_that_reserves_nothing_is_refused_for_charged_tokens_only(charged
 
 
 def test_a_key_over_its_limit_by_charged_tokens_waits_for_them_to_leave_the_window():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100)
     rl.acquire("t", ["d"]).charge(99)  # charged, 1 below the limit
     clock.now += 10
@@ -268,7 +261,7 @@ def test_a_key_over_its_limit_by_charged_tokens_waits_for_them_to_leave_the_wind
 
 
 def test_the_real_count_replaces_the_reservation():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=61)
     first = rl.acquire("t", ["d"], reserve=50)
     rl.acquire("t", ["d"], reserve=50)
@@ -284,7 +277,7 @@ def test_the_real_count_replaces_the_reservation():
 
 
 def test_a_released_call_that_charged_nothing_frees_its_reservation():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100)
     failed = rl.acquire("t", ["d"], reserve=100)
     with pytest.raises(RateLimitExceeded):
@@ -296,7 +289,7 @@ def test_a_released_call_that_charged_nothing_frees_its_reservation():
 
 @pytest.mark.parametrize("reserve", [0, 1_000])
 def test_one_call_at_a_time_is_limited_as_without_reservations(reserve):
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=20)
     for _ in range(2):
         r = rl.acquire("t", ["d"], reserve=reserve)  # admitted below the limit, reserving or not
@@ -315,7 +308,7 @@ def test_one_call_at_a_time_is_limited_as_without_reservations(reserve):
 
 
 def test_a_call_in_flight_past_its_window_is_not_counted_twice():
-    clock = Clock()
+    clock = ManualClock()
     rl = limiter(clock, tokens_per_minute=100)
     late = rl.acquire("t", ["d"], reserve=50)
     clock.now += 61

@@ -38,6 +38,7 @@ from services.model_runtime.client import (
     parse_json_mode,
 )
 from services.model_runtime.config import RUNTIME, runtime_settings
+from tests.fakes.clock import ManualClock
 from tests.fakes.openai_chat import (
     FakeChatServer,
     Reply,
@@ -68,16 +69,6 @@ READ_WINDOW = ToolSpec(
 )
 
 
-class FakeClock:
-    """Monotonic seconds that tests step by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeChatServer]:
     with FakeChatServer(api_key=KEY) as server:
@@ -90,7 +81,7 @@ class Harness:
     def __init__(self, fake: FakeChatServer, http: httpx.AsyncClient) -> None:
         self.fake = fake
         self.http = http
-        self.clock = FakeClock()
+        self.clock = ManualClock()
         self.delays: list[float] = []
 
     async def sleep(self, seconds: float) -> None:

@@ -35,6 +35,7 @@ from services.toolsproxy.tavily import (
     tavily_tool,
 )
 from services.toolsproxy.tools import Caller, Tool, ToolExecutor, ToolFailure
+from tests.fakes.clock import ManualClock
 from tests.fakes.tavily_server import FakeTavilyServer
 from tests.unit.json_logs import json_lines
 
@@ -43,23 +44,13 @@ ALICE = Caller(tenant_id="t1", user_id="alice", trace_id="tr-1")
 BOB = Caller(tenant_id="t1", user_id="bob")
 
 
-class FakeClock:
-    """Monotonic seconds that tests step by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Harness:
     """A TavilyClient wired to the fake server with an injected clock and sleep."""
 
     def __init__(self, fake: FakeTavilyServer, http: httpx.AsyncClient) -> None:
         self.fake = fake
         self.http = http
-        self.clock = FakeClock()
+        self.clock = ManualClock()
         self.delays: list[float] = []
 
     async def sleep(self, seconds: float) -> None:

@@ -31,6 +31,7 @@ from services.toolsproxy.tools import (
     unwrap_untrusted,
     wrap_untrusted,
 )
+from tests.fakes.clock import ManualClock
 
 CFG = ChunkingConfig(chunk_tokens=8, overlap_tokens=0)
 # Eight sections, one page each: chunk guide:c0000N is section N on page N+1.
@@ -50,14 +51,6 @@ LIMITS = ToolLimits(
     max_full_text_bytes=400,
 )
 A = Caller("a", "u1", "trace-1")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Metrics:
@@ -93,7 +86,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return ManualClock(0.0)
 
 
 @pytest.fixture

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from services.toolsproxy.ttl_cache import TtlCache
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import ManualClock
 
 
 def test_a_value_is_fresh_until_the_ttl_and_gone_at_it() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     cache: TtlCache[str, int] = TtlCache(10.0, 4, clock)
     cache.put("a", 1)
     clock.now = 109.5
@@ -26,7 +19,7 @@ def test_a_value_is_fresh_until_the_ttl_and_gone_at_it() -> None:
 
 
 def test_at_most_max_entries_the_oldest_stored_going_first() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     cache: TtlCache[str, int] = TtlCache(10.0, 2, clock)
     cache.put("a", 1)
     cache.put("b", 2)
@@ -39,6 +32,6 @@ def test_at_most_max_entries_the_oldest_stored_going_first() -> None:
 
 
 def test_a_zero_ttl_keeps_nothing() -> None:
-    cache: TtlCache[str, int] = TtlCache(0.0, 2, Clock())
+    cache: TtlCache[str, int] = TtlCache(0.0, 2, ManualClock(100.0))
     cache.put("a", 1)
     assert cache.get("a") is None
