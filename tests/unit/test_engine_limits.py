@@ -20,7 +20,8 @@ from services.llm.engine import (
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import ContextChunk, ToolPolicy
 from services.llm.toolcalls import READ_TOOL_SPECS
-from tests.unit.test_loop import POLICY, FakeClock, FakeTools, ScriptedRuntime, req, says
+from tests.fakes.clock import ManualClock
+from tests.unit.test_loop import POLICY, FakeTools, ScriptedRuntime, req, says
 
 LIMITS = LoopSettings()
 
@@ -51,7 +52,7 @@ class CountingTokenizer:
 
 def engine(tokenizer=None) -> LlmEngine:
     rt = ScriptedRuntime([says("ok")])
-    loop = ToolLoop(rt, FakeTools(), READ_TOOL_SPECS, LoopSettings(), clock=FakeClock(),
+    loop = ToolLoop(rt, FakeTools(), READ_TOOL_SPECS, LoopSettings(), clock=ManualClock(),
                     tokenizer=tokenizer or default_tokenizer())  # fmt: skip
     return LlmEngine(loop)
 
@@ -168,7 +169,7 @@ def runtime_404(*_args):
 
 def engine_answering(step) -> LlmEngine:
     loop = ToolLoop(ScriptedRuntime([step]), FakeTools(), READ_TOOL_SPECS, LoopSettings(),
-                    clock=FakeClock(), tokenizer=default_tokenizer())  # fmt: skip
+                    clock=ManualClock(), tokenizer=default_tokenizer())  # fmt: skip
     return LlmEngine(loop)
 
 

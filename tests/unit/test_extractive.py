@@ -38,8 +38,9 @@ from services.llm.toolcalls import (
     render_result,
 )
 from services.model_runtime.chat import ChatMessage
+from tests.fakes.clock import ManualClock
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
-from tests.unit.test_loop import Events, FakeClock, FakeTools, window
+from tests.unit.test_loop import Events, FakeTools, window
 from tests.unit.test_planned_calls import ALL_TOOLS, CATALOGUE
 
 TEXT = "Intro. To set up LDAP open Settings and choose Directory. Bye."
@@ -60,7 +61,7 @@ def req(**kw: Any) -> GenerateInput:
 def run(tools, r: GenerateInput, sink=None, runtime=None, **settings):
     loop = ToolLoop(
         runtime or ExtractiveRuntime(), tools, READ_TOOL_SPECS, LoopSettings(**settings),
-        clock=FakeClock(), tokenizer=default_tokenizer(),
+        clock=ManualClock(), tokenizer=default_tokenizer(),
     )  # fmt: skip
     return loop.run(r, sink)
 
@@ -400,7 +401,7 @@ async def planned(
     tools = FakeTools([*results])
     loop = ToolLoop(
         ExtractiveRuntime(), tools, CATALOGUE, LoopSettings(),
-        clock=FakeClock(), tokenizer=default_tokenizer(),
+        clock=ManualClock(), tokenizer=default_tokenizer(),
     )  # fmt: skip
     r = GenerateInput(
         messages=(Turn("user", question),), mode=mode, system_prompt=system,

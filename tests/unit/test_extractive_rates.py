@@ -17,7 +17,8 @@ from services.llm.extractive import ExtractiveRuntime, compose
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import GenerateInput, PlannedCall, ToolPolicy, ToolResult, Turn, User
 from services.model_runtime.chat import ChatMessage, ToolCall
-from tests.unit.test_loop import FakeClock, FakeTools
+from tests.fakes.clock import ManualClock
+from tests.unit.test_loop import FakeTools
 from tests.unit.test_planned_calls import ALL_TOOLS, CATALOGUE
 from tests.unit.test_toolcalls_series import HIGH, KEY_RATE_YEAR, LOW, USD_YEAR, fetch, usd_value
 
@@ -34,7 +35,7 @@ async def ask(question: str, args: dict[str, Any], settings: LoopSettings, budge
     tools = FakeTools([ToolResult("ok", await fetch(args))])
     loop = ToolLoop(
         ExtractiveRuntime(), tools, CATALOGUE, settings,
-        clock=FakeClock(), tokenizer=default_tokenizer(),
+        clock=ManualClock(), tokenizer=default_tokenizer(),
     )  # fmt: skip
     policy = ToolPolicy(
         allowed_tools=ALL_TOOLS, planned_calls=(PlannedCall("fetch_cbr_data", args),),

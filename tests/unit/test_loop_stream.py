@@ -24,12 +24,12 @@ from services.llm.toolcalls import (
 )
 from services.model_runtime.chat import LLM_RUNTIME_ERROR, Completion, ToolCall
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
+from tests.fakes.clock import ManualClock
 from tests.fakes.openai_chat import FakeChatServer, Reply, ScriptedCall, text
 from tests.unit.test_loop import (
     POLICY,
     TOK,
     Events,
-    FakeClock,
     FakeTools,
     ScriptedRuntime,
     call,
@@ -76,7 +76,7 @@ async def _openai_run(stream: bool) -> tuple[Any, Events | None, FakeChatServer]
     async with httpx.AsyncClient(transport=fake.transport()) as http:
         runtime = OpenAiChatRuntime(RuntimeSettings(url="http://fake", default_model="m"), http)
         lp = ToolLoop(runtime, FakeTools(default=window()), READ_TOOL_SPECS, LoopSettings(),
-                      clock=FakeClock(), tokenizer=TOK)  # fmt: skip
+                      clock=ManualClock(), tokenizer=TOK)  # fmt: skip
         events = Events() if stream else None
         out = await lp.run(req(), events)
     return out, events, fake

@@ -19,11 +19,11 @@ from services.llm.toolcalls import READ_TOOL_SPECS
 from services.model_runtime.chat import ToolSpec
 from services.toolsproxy.cbr import CbrSettings, cbr_schema
 from services.toolsproxy.tavily import tavily_schema
+from tests.fakes.clock import ManualClock
 from tests.unit.test_loop import (
     NOT_FOUND,
     TOK,
     Events,
-    FakeClock,
     FakeTools,
     ScriptedRuntime,
     asks,
@@ -71,7 +71,7 @@ def req(planned: tuple[PlannedCall, ...], **policy: Any) -> GenerateInput:
 
 def loop(runtime, tools, **settings) -> ToolLoop:
     return ToolLoop(
-        runtime, tools, CATALOGUE, LoopSettings(**settings), clock=FakeClock(), tokenizer=TOK
+        runtime, tools, CATALOGUE, LoopSettings(**settings), clock=ManualClock(), tokenizer=TOK
     )
 
 
@@ -275,7 +275,7 @@ async def test_a_tools_deadline_never_passes_the_requests_time_left(request_s, e
 
 
 async def test_the_deadline_shrinks_with_the_time_the_request_has_spent():
-    clock = FakeClock()
+    clock = ManualClock()
 
     class Slow(FakeTools):
         async def execute(self, request, *, timeout_s=None):
