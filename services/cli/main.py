@@ -813,6 +813,17 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc), 2)
     except Stopped as exc:  # `demo` stopped before its end, everything it started stopped
         return 128 + exc.signum
+    except BrokenPipeError:  # `visior list … | head`: the reader has all it wanted
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Exit as a program SIGPIPE ends, without a traceback: what is still buffered for the
+    closed pipe goes to /dev/null, or the interpreter's last flush fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _dispatch(a: argparse.Namespace) -> int:
