@@ -34,6 +34,7 @@ ANSWER_LANGUAGES = ("ru", "en")
 
 _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
+_LOWERCASE_LATIN = re.compile(r"[a-z]")
 
 
 _QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
@@ -51,9 +52,12 @@ def question_language(question: str) -> str:
     its quotes, it has a lowercase Cyrillic word (Russian is written with them; "Как настроить
     LDAP в Kubernetes?" is Russian though its Latin letters outnumber the Cyrillic ones); else
     by the letters outside its quotes (`text_language`: "What is НДС?", "What does «Не удалось
-    подключиться» mean?" are English)."""
+    подключиться» mean?" are English). Capitals alone ("LDAP", "HTTP 502?") are no
+    language's words: Russian, the default (agent.md §8)."""
     bare = _QUOTED.sub(" ", question)
     if _LOWERCASE_CYRILLIC_WORD.search(bare):
+        return "ru"
+    if _LATIN.search(bare) and not _LOWERCASE_LATIN.search(bare):
         return "ru"
     return text_language(bare if _LATIN.search(bare) or _CYRILLIC.search(bare) else question)
 

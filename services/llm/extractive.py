@@ -592,6 +592,11 @@ def gather(messages: Sequence[ChatMessage]) -> _Results:
     return out
 
 
+def _other_language(question: str, readings: Sequence[Reading]) -> bool:
+    """Whether `question` is asked in another language than the text read is written in."""
+    return question_language(question) != text_language("\n".join(r.text for r in readings))
+
+
 class _Composer:
     """Writes the answer to one question in one language."""
 
@@ -614,10 +619,15 @@ class _Composer:
         """Quote the best sentences of the best few readings, conclusion first; `also_read`:
         more text the question's names may occur in (not quoted)."""
         scorer, scored = self._ranked(readings, self.question)
-        if scored and max(x[0] for x in scored) <= 0 and self._turn != self.question:
-            # No sentence shares a word with the question (asked in the other language): the
+        if (
+            scored
+            and max(x[0] for x in scored) <= 0
+            and self._turn != self.question
+            and _other_language(self.question, readings)
+        ):
+            # No sentence shares a word with a question asked in the other language: the
             # summaries of the sections the search found for it, listed with it, say which
-            # sentences it matched.
+            # sentences it matched. In the text's own language no shared word means no answer.
             scorer, scored = self._ranked(readings, self._turn)
         if not scored:
             return

@@ -466,6 +466,20 @@ async def test_a_question_sharing_no_word_with_the_text_is_matched_through_the_l
     assert alone.answer.startswith("The passages found do not answer this directly")
 
 
+async def test_a_question_sharing_no_word_with_text_in_its_own_language_is_not_answered():
+    """A question in the text's own language that shares no word with it is not about it
+    (the search found the nearest sections all the same): the summaries listed with it do
+    not pick a sentence to answer with."""
+    listing = (
+        "1. doc_id=contract section_id=s1 anchor_chunk_id=contract:c1 pages=1-4 score=0.400\n"
+        "   title: Договор\n   summary: Срок поставки товара составляет 30 дней."
+    )
+    turn = question_turn("Сколько стоит пицца в Риме?", listing)
+    out, _ = await planned(turn, LOAD_BOTH, [documents_full(CONTRACT_RU)], mode="rag")
+    assert out.answer.startswith("Прямого ответа в найденных фрагментах нет")
+    assert "**Кратко:**" not in out.answer
+
+
 async def test_search_hits_are_quoted_with_pages():
     search = (PlannedCall("search_user_documents", {"query": "срок поставки"}),)
     out, tools = await planned("Найди срок поставки", search, [hits(CONTRACT_RU)], mode="rag")
@@ -635,7 +649,9 @@ async def test_no_tool_results_small_talk_and_clarifications():
 def test_answer_language_follows_the_question_script_or_the_instructions():
     assert answer_language("Какой курс доллара?") == "ru"
     assert answer_language("What is the USD rate?") == "en"
-    assert answer_language("USD?") == "en" and answer_language("2+2") == "ru"
+    assert (
+        answer_language("USD?") == "ru" and answer_language("2+2") == "ru"
+    )  # no words: the default
     assert answer_language("Курс USD?", "Always answer in English.") == "en"
     assert answer_language("What is it?", "Отвечай на русском.") == "ru"
     # Instructions inside quoted data are not instructions.

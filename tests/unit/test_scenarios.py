@@ -371,6 +371,12 @@ def test_news_query_is_the_question_or_a_generic_one():
         ("What does «Не удалось подключиться к серверу» mean?", "en"),
         ("How do I configure Орион Х?", "en"),
         ("«Не удалось подключиться»?", "ru"),
+        # Capitals alone are no language's words: Russian by default.
+        ("LDAP", "ru"),
+        ("HTTP 502?", "ru"),
+        ("LDAP setup", "en"),
+        ("Orion", "en"),
+        ("What is LDAP?", "en"),
     ],
 )
 def test_language(query, language):
