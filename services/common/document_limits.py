@@ -55,3 +55,15 @@ FILTER_VALUE_CHARS = {
 }
 """The longest value of each search filter: the longest a document can be stored with. A
 section id has no bound of its own (its document's id and a slug of its heading)."""
+
+
+def section_key(doc_id: str, index: int, slug: str) -> str:
+    """The id ingestion gives a document's `index`-th section: `<doc_id>:s<NNN>-<slug>`."""
+    return f"{doc_id}:s{index:03d}-{slug}"
+
+
+def section_document(section_id: str) -> str:
+    """The document a section id (`section_key`) names: the part before the first ':', as a
+    doc_id holds none (DOC_ID_RULE); "" for an id of another form, which names no document."""
+    doc_id, colon, _ = section_id.partition(":")
+    return doc_id if colon else ""

@@ -85,19 +85,24 @@ _PRINTABLE = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]*")
 tool call and into ToolsProxy's rate-limit and cache keys."""
 
 
+def check_label(name: str, value: str, limit: int) -> None:
+    """LIMIT_EXCEEDED for a `value` of request field `name` past `limit` characters,
+    INVALID_ARGUMENT for one holding a control character or a line separator: a label (a user
+    id, a channel, a locale) is written into log lines as it was sent."""
+    if len(value) > limit:
+        raise errors.over_limit(
+            f"{name} is {len(value)} characters; the limit is {limit}", limit, field=name
+        )
+    if not _PRINTABLE.fullmatch(value):
+        raise errors.invalid(name, f"{name} has a control character")
+
+
 def check_user(user_id: str, roles: tuple[str, ...] = (), prefix: str = "") -> None:
     """LIMIT_EXCEEDED / INVALID_ARGUMENT for a user id or roles no service keeps: longer than
     MAX_USER_ID_CHARS, more than MAX_ROLES roles or one over MAX_ROLE_CHARS, or a control
     character in any. `prefix` ("user.") names the user id as the request spells it; roles
     only ever come in a user context (`user.roles`)."""
-    if len(user_id) > MAX_USER_ID_CHARS:
-        raise errors.over_limit(
-            f"{prefix}user_id is {len(user_id)} characters; the limit is {MAX_USER_ID_CHARS}",
-            MAX_USER_ID_CHARS,
-            field=f"{prefix}user_id",
-        )
-    if not _PRINTABLE.fullmatch(user_id):
-        raise errors.invalid(f"{prefix}user_id", f"{prefix}user_id has a control character")
+    check_label(f"{prefix}user_id", user_id, MAX_USER_ID_CHARS)
     if len(roles) > MAX_ROLES:
         raise errors.too_many("user.roles", len(roles), MAX_ROLES)
     for role in roles:

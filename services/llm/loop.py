@@ -6,7 +6,11 @@ conversation as one assistant tool-call turn and its results, exactly as if the 
 made them; call the model; for each tool call it makes, review it
 (services/llm/toolcalls.py), execute it through ToolsProxy on the request's user, append the
 result as delimited data cut to the budget; call the model again, until it answers without
-tools. Planned calls count as tool steps; one the request may not make (not in
+tools. A first step that must read (`policy.require_tool_call`: the prompt holds only the
+sections' summaries) answered with text, as a runtime ignoring tool_choice "required" does,
+gets the policy's own read of its top anchor in its place (`CallGate.first_read`), appended
+as the model's call and its result, the text discarded; it is a tool step, made once.
+Planned calls count as tool steps; one the request may not make (not in
 allowed_tools, not in the catalogue, bad arguments, more than the step limit) refuses the
 request (INVALID_ARGUMENT, field tool_policy.planned_calls); one that fails is fed back as a
 tool_error (it does not count towards the errors-in-a-row abort: the model did not make it).
@@ -19,8 +23,12 @@ How a run stops:
 - two tool errors in a row (a refused call or a tool that failed): a downstream failure, by
   the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED or SERVER_BUSY (429), else LLM_RUNTIME_ERROR for
   calls the loop refused, UPSTREAM_UNAVAILABLE for a tool that failed (502);
-- the token budget spent (services/llm/budget.py), or no room left for the answer's least
-  share beside the loop's notes (MIN_ANSWER_TOKENS): LLM_LIMIT_EXCEEDED;
+- no room left for a further tool result (the token budget, services/llm/budget.py, with
+  the caller's context_token_budget) once a result was read: the model's call is refused
+  (TOOL_LIMIT_REACHED, reported as a call past the step limit is), the tools are withdrawn
+  and the model is asked for the answer from what it read, as at the step limit;
+- the token budget spent with nothing read, or no room left for the answer's least share
+  beside the loop's notes (MIN_ANSWER_TOKENS): LLM_LIMIT_EXCEEDED;
 - the watchdog (the whole request, LoopSettings.watchdog_s): LLM_RUNTIME_ERROR ("Model
   timeout", llm-service.md §9.1), 502; the caller's time left, when that is shorter:
   DEADLINE_EXCEEDED;
@@ -82,6 +90,7 @@ from services.model_runtime.chat import (
     ChatRequest,
     ChatRuntime,
     Completion,
+    GenerationParams,
     StreamDelta,
     ToolCall,
     ToolSpec,
@@ -91,8 +100,11 @@ log = logging.getLogger("visior.llm.loop")
 PLANNED_FIELD = "tool_policy.planned_calls"
 PLANNED_CALL_ID = "planned-{}"
 """Ids of the planned calls in the conversation (1-based, in order)."""
+STAND_IN_CALL_ID = "policy-read-1"
+"""Id of the policy's read in place of a text answer to a step that had to read."""
 MIN_TOOL_RESULT_TOKENS = 64
-"""With less room than this for a tool result's text, the budget is spent (LLM_LIMIT_EXCEEDED)."""
+"""With less room than this for a tool result's text, the budget is spent: the tools are
+withdrawn once something was read, else LLM_LIMIT_EXCEEDED."""
 TOOL_RESULT_MESSAGE_TOKENS = 64
 """Room kept for what a tool result's message adds around its text (role, tool name, call
 id): 12-34 tokens measured for the tools with call ids of up to 24 random characters (the
@@ -159,7 +171,8 @@ class LoopSettings:
     what the first prompt and the answer leave of max_total_tokens
     (services/common/shared_config.py tool_result_room)."""
     min_tool_result_tokens: int = MIN_TOOL_RESULT_TOKENS
-    """With less room than this for a result, the budget is spent: LLM_LIMIT_EXCEEDED."""
+    """With less room than this for a result, the budget is spent: the tools are withdrawn
+    once something was read, else LLM_LIMIT_EXCEEDED."""
     max_consecutive_tool_errors: int = 2
     """Tool errors in a row that abort the request (llm-service.md §9.2)."""
     watchdog_s: float = 60.0
@@ -292,6 +305,11 @@ class _Run:
         self.steps = 0
         self.errors_in_a_row = 0
         self.closed = not self.offered
+        self.read = False
+        """Whether a tool result was fed to the model (status ok)."""
+        self.spent = False
+        """Whether the token budget left no room for a further tool result once something was
+        read (`_no_room`): the tools are withdrawn, the model answers from what it read."""
         self.model_name = ""
         self.step_ms: list[int] = []
         """Each model call's latency (ms), for the request's summary log line."""
@@ -357,59 +375,124 @@ class _Run:
             params = replace(
                 self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
             )
-            # An answer to a question naming what nothing read mentions is withheld: while
-            # that holds, no text of the step is streamed.
-            withheld = self._ungrounded(messages)
-            step_started = self.loop.clock()
-            completion = await self._call(messages, self.offered, params, hold=bool(withheld))
-            step_ms = round((self.loop.clock() - step_started) * 1000)
-            self.step_ms.append(step_ms)
-            self.prompt_cached += completion.cached_prompt_tokens
-            self.final_prompt = completion.prompt_tokens
-            # Our own count of the answer is needed only when the runtime reports none.
-            estimate = 0
-            if completion.completion_tokens <= 0:
-                estimate = message_tokens(
-                    self.loop.tokenizer,
-                    ChatMessage("assistant", completion.content, completion.tool_calls),
-                )
-            self.budget.record_call(
-                reported_prompt=completion.prompt_tokens,
-                reported_completion=completion.completion_tokens,
-                completion_estimate=estimate,
-                notes=self.riding,
+            # A step that must read, answered with text, gets the policy's read in its place.
+            stand_in = (
+                self.gate.first_read(STAND_IN_CALL_ID) if params.tool_choice == "required" else None
             )
-            self.model_name = completion.model or self.model_name
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "model step",
-                    extra={
-                        "model": self._model_name(),
-                        "step": self.budget.calls,
-                        "tool_calls": len(completion.tool_calls),
-                        "step_ms": step_ms,
-                        "trace_id": self.req.trace_id,
-                    },
-                )
+            # An answer to a question naming what nothing read mentions is withheld: while
+            # that holds, no text of the step is streamed; nor is a text a read would replace.
+            withheld = self._ungrounded(messages)
+            hold = bool(withheld) or stand_in is not None
+            completion = await self._step(messages, params, hold=hold)
             if not completion.tool_calls:
+                if stand_in is not None:
+                    await self._read_in_its_place(messages, stand_in)
+                    continue
                 if withheld:
                     return await self._withhold(messages, withheld)
                 return self._output(completion.content)
             if self.closed:
-                raise limit_exceeded(
-                    f"Tool-call limit reached: the model asked for tools after {self.steps} "
-                    "tool call(s) and the request for its final answer",
-                    "max_tool_steps",
-                    self.max_steps,
-                )
-            turn = ChatMessage("assistant", completion.content, completion.tool_calls)
-            messages.append(turn)
-            self.budget.add(turn)
+                raise self._tools_after_closing()
+            await self._tool_turn(messages, completion)
+
+    def _tools_after_closing(self) -> errors.LimitExceededError:
+        """The model asked for tools after they were withdrawn: LLM_LIMIT_EXCEEDED, naming the
+        limit that withdrew them (the token budget when it was spent, else the step limit)."""
+        message = (
+            f"Tool-call limit reached: the model asked for tools after {self.steps} tool "
+            "call(s) and the request for its final answer"
+        )
+        if self.spent:
+            return limit_exceeded(
+                f"{message} (the token budget was spent)",
+                self.budget.limit_name(),
+                self.budget.conversation_limit,
+            )
+        return limit_exceeded(message, "max_tool_steps", self.max_steps)
+
+    async def _step(
+        self, messages: list[ChatMessage], params: GenerationParams, *, hold: bool
+    ) -> Completion:
+        """One model call (`_call`), timed and counted into the budget."""
+        step_started = self.loop.clock()
+        completion = await self._call(messages, self.offered, params, hold=hold)
+        step_ms = round((self.loop.clock() - step_started) * 1000)
+        self.step_ms.append(step_ms)
+        self.prompt_cached += completion.cached_prompt_tokens
+        self.final_prompt = completion.prompt_tokens
+        # Our own count of the answer is needed only when the runtime reports none.
+        estimate = 0
+        if completion.completion_tokens <= 0:
+            estimate = message_tokens(
+                self.loop.tokenizer,
+                ChatMessage("assistant", completion.content, completion.tool_calls),
+            )
+        self.budget.record_call(
+            reported_prompt=completion.prompt_tokens,
+            reported_completion=completion.completion_tokens,
+            completion_estimate=estimate,
+            notes=self.riding,
+        )
+        self.model_name = completion.model or self.model_name
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "model step",
+                extra={
+                    "model": self._model_name(),
+                    "step": self.budget.calls,
+                    "tool_calls": len(completion.tool_calls),
+                    "step_ms": step_ms,
+                    "trace_id": self.req.trace_id,
+                },
+            )
+        return completion
+
+    async def _tool_turn(self, messages: list[ChatMessage], completion: Completion) -> None:
+        """The model's tool calls, executed or refused, appended with its turn.
+
+        With no room left for even a minimal result once something was read, the budget is
+        spent (orchestrator.md §3.5: the loop cuts at context_token_budget): the tools are
+        withdrawn as at the step limit and the model answers from what it read. The turn is
+        then left out, the conversation it would overfill as it was before it; a call of the
+        turn that finds no room after the turn's first ones were executed is answered with
+        the refusal, which rides on the conversation as the loop's notes do."""
+        turn = ChatMessage("assistant", completion.content, completion.tool_calls)
+        pending = message_tokens(self.loop.tokenizer, turn)
+        if self._no_room(completion.tool_calls[0], pending=pending):
             for call in completion.tool_calls:
-                messages.append(await self._tool(call))
+                await self._refuse(call, TOOL_LIMIT_REACHED, self._spent(), counts=False)
+            self.closed = True
+            return
+        messages.append(turn)
+        self.budget.add(turn)
+        for call in completion.tool_calls:
+            messages.append(await self._tool(call))
+            if self.spent:
+                self.note_overflow += self.budget.add_note(messages[-1])
+            else:
                 self.budget.add(messages[-1])
-            if self.steps >= self.max_steps:
-                self.closed = True
+        if self.steps >= self.max_steps:
+            self.closed = True
+
+    async def _read_in_its_place(self, messages: list[ChatMessage], read: Approved) -> None:
+        """The policy's `read` (`CallGate.first_read`) in place of a text answer to a step
+        that had to read (orchestrator.md §3.3: the first prompt holds only summaries, and a
+        runtime may ignore tool_choice "required"): appended as the model's call and its
+        result, the text discarded. It is a tool step; as a planned call, a failure of it
+        does not count towards the errors-in-a-row abort (the model did not make it)."""
+        log.info(
+            "no tool call where one was required: the policy's read in its place",
+            extra={"model": self._model_name(), "tool": read.name, "trace_id": self.req.trace_id},
+        )
+        arguments = json.dumps(read.arguments, ensure_ascii=False)
+        call = ToolCall(read.call_id, read.name, arguments)
+        turn = ChatMessage("assistant", "", (call,))
+        messages.append(turn)
+        self.budget.add(turn)
+        messages.append(await self._run_approved(call, read, planned=True))
+        self.budget.add(messages[-1])
+        if self.steps >= self.max_steps:
+            self.closed = True
 
     # --- the loop's notes ------------------------------------------------------------------
     # The language note and the part of the final-answer note the conversation has no room
@@ -635,10 +718,12 @@ class _Run:
     async def _tool(self, call: ToolCall) -> ChatMessage:
         if self.closed or self.steps >= self.max_steps:
             self.closed = True
-            return await self._refuse(
-                call, TOOL_LIMIT_REACHED,
-                f"no more tool calls in this request (at most {self.max_steps})", counts=False,
-            )  # fmt: skip
+            message = (
+                self._spent()
+                if self.spent
+                else f"no more tool calls in this request (at most {self.max_steps})"
+            )
+            return await self._refuse(call, TOOL_LIMIT_REACHED, message, counts=False)
         verdict = self.gate.review(call)
         if not isinstance(verdict, Approved):
             return await self._refuse(call, verdict.code, verdict.message, counts=True)
@@ -657,10 +742,12 @@ class _Run:
     ) -> ChatMessage:
         """Execute an approved call within the budget; its result (or tool_error) message.
         `share`: the calls (this one included) still to be fed from the room left, so a
-        first planned result cannot crowd out the next."""
-        room = min(
-            (self.budget.room() - self._notes_reserve()) // share, self.s.max_tool_result_tokens
-        ) - message_tokens(self.loop.tokenizer, result_message(call.id, call.name, ""))
+        first planned result cannot crowd out the next. With no room for the result once
+        something was read, a model's call is refused and the tools withdrawn (`_no_room`)."""
+        if not planned and self._no_room(call):
+            self.closed = True
+            return await self._refuse(call, TOOL_LIMIT_REACHED, self._spent(), counts=False)
+        room = self._result_room(call, share=share)
         if room < self.s.min_tool_result_tokens:
             raise limit_exceeded(
                 f"token budget spent: {max(room, 0)} tokens left for a tool result, the "
@@ -686,9 +773,35 @@ class _Run:
         await self.sink.tool_call(record)
         if result.status == "ok":
             self.errors_in_a_row = 0
+            self.read = True
         elif not planned:
             self._failed(verdict.name, result.error_code, refused=False)
         return message
+
+    def _result_room(self, call: ToolCall, *, share: int = 1, pending: int = 0) -> int:
+        """Tokens a result of `call` may take: its `share` of the room the conversation has
+        left past `pending` tokens not yet counted into it and the notes' reserve, within
+        max_tool_result_tokens, less what the result's message adds around its text."""
+        room = (self.budget.room() - pending - self._notes_reserve()) // share
+        frame = message_tokens(self.loop.tokenizer, result_message(call.id, call.name, ""))
+        return min(room, self.s.max_tool_result_tokens) - frame
+
+    def _no_room(self, call: ToolCall, *, pending: int = 0) -> bool:
+        """Whether the budget is spent for a model's `call` (`_tool_turn`): something was
+        read, and no minimal result of it fits beside `pending` tokens (its turn, when not yet
+        counted). Once spent, it stays so: the refusals then ride on the conversation."""
+        if not self.spent and self.read:
+            room = self._result_room(call, pending=pending)
+            self.spent = room < self.s.min_tool_result_tokens
+        return self.spent
+
+    def _spent(self) -> str:
+        """The tool_error message of a call refused for the spent budget."""
+        return (
+            f"the token budget is spent ({self.budget.limit_name()} "
+            f"{self.budget.conversation_limit}): no room for another tool result in this "
+            "request; answer from the text already read"
+        )
 
     # --- the caller's planned calls -------------------------------------------------------
 

@@ -3,12 +3,18 @@
 A model's tool call goes through `CallGate.review`:
 
 1. the tool must be offered (in the catalogue and in `policy.allowed_tools`);
-2. its arguments must be a JSON object matching the tool's JSON schema;
+2. its arguments must be a JSON object matching the tool's JSON schema, but for the window
+   of a read (`POLICY_WINDOW_FIELDS`), which is the policy's to set: what the model wrote
+   there is replaced, not checked (a radius past the schema's maximum reads the scheduled
+   window, it is no tool_error);
 3. the policy decides what is executed (docs/architecture.md §7, orchestrator.md §3.4–3.5): a read of a
    section (`read_chunk_window` or `read_doc_section`) goes to the policy's anchor for that
    section, as `read_chunk_window` when the anchor chunk is known and allowed, else as
    `read_doc_section`; the window radius follows `policy.radius_schedule` (1 → 2 → … → R,
    the last entry repeating) per anchor, never past the tool schema's `maximum`.
+
+`CallGate.first_read` is the read the policy makes of its own for a model that answered a
+step that had to read (orchestrator.md §3.3).
 
 A rejected call is not an exception: it becomes a `tool_error` message fed back to the model.
 Results are rendered as a JSON header line followed by their texts as delimited data.
@@ -67,6 +73,9 @@ MIN_CUT_TEXT_TOKENS = 8
 """A tool result's text is cut to the room left only when at least this many of its tokens
 remain; with less it is left out whole (a marker pair with a word or two in it tells the
 model nothing)."""
+POLICY_WINDOW_FIELDS = ("radius", "window_before", "window_after")
+"""The arguments of a read that the policy sets (its radius schedule): the model's are
+dropped before its call is checked against the tool's schema."""
 MAX_ARGUMENTS_DEPTH = 20
 """Deeper nesting is refused: tool arguments are flat, and ToolsProxy's request (a Struct,
 three protobuf levels per JSON level) must stay within protobuf's 100-level limit."""
@@ -204,15 +213,31 @@ class CallGate:
                 call.id, call.name, UNKNOWN_TOOL,
                 f"there is no tool {call.name!r} in this request; the tools are: {offered}",
             )  # fmt: skip
+        read = call.name in READ_TOOLS
         try:
-            args = check_arguments(spec.parameters, parse_arguments(call.arguments))
+            args = parse_arguments(call.arguments)
+            if read:
+                # The window is the policy's (orchestrator.md §3.5): the model's is replaced.
+                args = {k: v for k, v in args.items() if k not in POLICY_WINDOW_FIELDS}
+            args = check_arguments(spec.parameters, args)
         except ArgumentError as exc:
             return Rejected(call.id, call.name, INVALID_ARGUMENT, str(exc))
         except ValueError as exc:
             return Rejected(call.id, call.name, INVALID_JSON, str(exc))
-        if call.name in READ_TOOLS:
+        if read:
             return self._read(call, args)
         return Approved(call.id, call.name, call.name, args)
+
+    def first_read(self, call_id: str) -> Approved | None:
+        """The read the policy schedules for its top anchor (anchors come best first), as if
+        the model had asked for it: for a model that answered a step that had to read
+        (orchestrator.md §3.3). None when the policy lists no anchor or may not read it."""
+        if not self.policy.anchors:
+            return None
+        anchor = self.policy.anchors[0]
+        asked = READ_CHUNK_WINDOW if anchor.anchor_chunk_id else READ_DOC_SECTION
+        verdict = self._at(anchor, call_id, asked)
+        return verdict if isinstance(verdict, Approved) else None
 
     def _anchor_for(self, args: Mapping[str, Any]) -> Anchor | None:
         doc_id = args.get("doc_id")
@@ -229,7 +254,6 @@ class CallGate:
         return same_doc[0] if same_doc else None
 
     def _read(self, call: ToolCall, args: dict[str, Any]) -> Approved | Rejected:
-        allowed = set(self.policy.allowed_tools) & set(self._specs)
         if self.policy.anchors:
             anchor = self._anchor_for(args)
             if anchor is None:
@@ -245,20 +269,25 @@ class CallGate:
                 str(args.get("section_id", "")),
                 str(args.get("anchor_chunk_id", "")),
             )
+        return self._at(anchor, call.id, call.name)
+
+    def _at(self, anchor: Anchor, call_id: str, asked: str) -> Approved | Rejected:
+        """The read of `anchor` the policy executes for a call of tool `asked`."""
+        allowed = set(self.policy.allowed_tools) & set(self._specs)
         if anchor.anchor_chunk_id and READ_CHUNK_WINDOW in allowed:
             radius = self._radius(anchor)
             return Approved(
-                call.id, call.name, READ_CHUNK_WINDOW,
+                call_id, asked, READ_CHUNK_WINDOW,
                 {"doc_id": anchor.doc_id, "anchor_chunk_id": anchor.anchor_chunk_id,
                  "radius": radius},
             )  # fmt: skip
         if anchor.section_id and READ_DOC_SECTION in allowed:
             return Approved(
-                call.id, call.name, READ_DOC_SECTION,
+                call_id, asked, READ_DOC_SECTION,
                 {"doc_id": anchor.doc_id, "section_id": anchor.section_id},
             )  # fmt: skip
         return Rejected(
-            call.id, call.name, TOOL_NOT_ALLOWED,
+            call_id, asked, TOOL_NOT_ALLOWED,
             f"{anchor.doc_id!r} has no anchor chunk and no section this request may read "
             f"with {', '.join(sorted(allowed))}",
         )  # fmt: skip

@@ -12,8 +12,13 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common import errors
-from services.common.document_limits import FILTER_VALUE_CHARS, check_doc_ids
-from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
+from services.common.document_limits import (
+    FILTER_VALUE_CHARS,
+    MAX_DOC_ID_CHARS,
+    check_doc_ids,
+    section_document,
+)
+from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list, question_language
 from services.common.lexical import search_terms
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
@@ -27,6 +32,7 @@ from services.common.search_contract import (
     MAX_QUERY_CHARS,
     USER_SOURCE,
     Filters,
+    check_label,
     check_max_results,
     check_query,
     check_tenant_id,
@@ -59,7 +65,12 @@ from services.common.tool_contract import (
     SEARCH_TOP_K,
     bank_today,
 )
-from services.orchestrator.mock import MockGenerator, MockRetriever
+from services.orchestrator.mock import (
+    KNOWLEDGE_BASE,
+    SAMPLE_DOCUMENTS,
+    MockGenerator,
+    MockRetriever,
+)
 from services.orchestrator.model import (
     Generator,
     LlmOutcome,
@@ -88,6 +99,7 @@ from services.orchestrator.scenarios import (
     decision_prompt,
     decision_schema,
     definition_terms,
+    locale_language,
     needs_earlier,
     parse_model_decision,
     rule_decision,
@@ -102,6 +114,12 @@ RESPOND_MAX_REQUEST_BYTES = text_body_bytes(MAX_QUERY_CHARS + MAX_HISTORY_TURNS 
 longest query and MAX_HISTORY_TURNS turns of the longest message `validate` takes, with the
 envelope."""
 MAX_SOURCES = 5
+MAX_CHANNEL_CHARS = 64
+"""The longest `channel` a Respond takes: a label of where the question came from ("web",
+"telegram"), not text."""
+MAX_LOCALE_CHARS = 35
+"""The longest `locale` a Respond takes: the longest BCP 47 tag RFC 5646 §4.4.1 asks to be
+supported ("ru-RU", "zh-Hant-CN"); POSIX spellings ("ru_RU.UTF-8") fit too."""
 SYSTEM_PROMPT = (
     "You are Visior, Orion Soft's internal assistant. Answer from the user's documents only. "
     "Below is a list of document sections found for the question: ids, summaries, pages and "
@@ -113,7 +131,8 @@ SYSTEM_PROMPT = (
 
 
 def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
-    """The caller from `user` or the user_id + tenant_id pair (orchestrator.md §3.1)."""
+    """The caller from `user` or the user_id + tenant_id pair (orchestrator.md §3.1). The
+    roles are `user`'s whichever of the two carries the ids, and are checked either way."""
     if user is not None and (user.tenant_id or user.user_id):
         if (tenant_id and tenant_id != user.tenant_id) or (user_id and user_id != user.user_id):
             raise errors.InvalidArgumentError(
@@ -121,7 +140,8 @@ def resolve_user(user: User | None, user_id: str, tenant_id: str) -> User:
             )
         resolved = user
     else:
-        resolved = User(tenant_id=tenant_id, user_id=user_id)
+        roles = user.roles if user is not None else ()
+        resolved = User(tenant_id=tenant_id, user_id=user_id, roles=roles)
     if not resolved.tenant_id.strip():
         raise missing_user_context(
             "tenant_id", "user context is required: user.tenant_id (or tenant_id) is missing"
@@ -160,6 +180,33 @@ def filter_ids(name: str, filtered: Sequence[str], selected: Sequence[str]) -> t
     return merged
 
 
+def mock_section_document(section_id: str) -> str:
+    """`section_document` in mock_mode: the sample corpus's section ids ("sec_ldap") do not
+    carry their document's id, so a sample section is looked up by its id."""
+    for doc in (*SAMPLE_DOCUMENTS, *KNOWLEDGE_BASE):
+        if any(s.section_id == section_id for s in doc.sections):
+            return doc.doc_id
+    return section_document(section_id)
+
+
+def check_section_ids(req: RespondInput, document_of: Callable[[str], str]) -> None:
+    """INVALID_ARGUMENT naming section_ids for the first section id (section_ids,
+    filters.section_ids) that `document_of` finds in none of the documents the request names
+    (doc_ids, filters.doc_ids), when it names both: the sections pick parts of those
+    documents, in every scenario, never other documents beside them. Sections without
+    documents are not checked (Retrieval keeps them inside the tenant)."""
+    documents = {d for d in (*req.selected_doc_ids, *req.filters.doc_ids) if d}
+    if not documents:
+        return
+    stray = next((s for s in req.filters.section_ids if document_of(s) not in documents), None)
+    if stray is not None:
+        raise errors.invalid(
+            "section_ids",
+            "section_ids must be sections of the documents in doc_ids (filters.doc_ids "
+            f"included); {stray[: 2 * MAX_DOC_ID_CHARS]!r} is not",
+        )
+
+
 def validate(req: RespondInput) -> None:
     """Raise InvalidArgumentError / LimitExceededError for a request the Orchestrator refuses:
     what Retrieval or the LLM service would refuse is refused here, naming the caller's field."""
@@ -167,6 +214,8 @@ def validate(req: RespondInput) -> None:
     # relayed as ours.
     check_query(req.query)
     check_max_results(req.max_results)
+    check_label("channel", req.channel, MAX_CHANNEL_CHARS)
+    check_label("locale", req.locale, MAX_LOCALE_CHARS)
     if len(req.history) > MAX_HISTORY_TURNS:
         raise errors.over_limit(
             f"at most {MAX_HISTORY_TURNS} history turns", MAX_HISTORY_TURNS, field="history"
@@ -194,6 +243,38 @@ def validate(req: RespondInput) -> None:
     filter_ids("doc_ids", req.filters.doc_ids, req.selected_doc_ids)
     # Retrieval's listing refuses an id no document could have; so do we, naming doc_ids.
     check_doc_ids(req.selected_doc_ids, "doc_ids")
+
+
+BLOCKED_ANSWERS = {
+    "ru": "Не могу ответить на этот запрос: его остановила проверка безопасности.",
+    "en": "I can't answer this request: the safety check stopped it.",
+}
+"""The answer to an input the gateway's safety check blocked, by the answer's language."""
+BLOCKED_INTENT = "blocked"
+"""Telemetry's intent for that answer; no scenario ran (its scenario is "")."""
+BLOCKED_BY = "safety"
+"""Telemetry's decided_by for that answer: the gateway's verdict, not the rules or the model."""
+
+
+def blocked_output(req: RespondInput) -> RespondOutput:
+    """The answer to an input the gateway's safety check blocked (x-visior-safety-input,
+    orchestrator.md §6): a short refusal in the answer's language (the locale's, else the
+    question's, Russian unless it is clearly English), no sources and no tools; nothing was
+    searched, read or sent to a model."""
+    language = locale_language(req.locale) or question_language(req.query)
+    return RespondOutput(
+        answer=BLOCKED_ANSWERS[language],
+        sources=(),
+        tools=(),
+        safety_input=req.safety_input,
+        safety_output="allowed",
+        trace_id=req.trace_id,
+        retrieval_latency_ms=0,
+        llm_latency_ms=None,
+        tool_steps=0,
+        intent=BLOCKED_INTENT,
+        decided_by=BLOCKED_BY,
+    )
 
 
 def sources_of(sections: tuple[SectionCandidate, ...]) -> tuple[Source, ...]:
@@ -527,6 +608,11 @@ class Responder:
     async def respond(self, req: RespondInput) -> RespondOutput:
         validate(req)
         cfg = self._config.current
+        check_section_ids(req, mock_section_document if cfg.mock_mode else section_document)
+        if req.safety_input == "blocked":
+            # The gateway blocked the input: nothing of it is searched, read or sent on.
+            log.info("input_blocked", extra={"trace_id": req.trace_id})
+            return blocked_output(req)
         if cfg.mock_mode:
             # The same Respond path over the stand-ins; mock_mode is read per request, so
             # UpdateConfig switches it at runtime.
@@ -606,7 +692,9 @@ class Responder:
         selection = NO_SELECTION
         if selected:
             size = selection_size(sizes, self._fitter.tokenizer.count)
-            selection = Selection(selected, **size, **self._whole_read)
+            selection = Selection(
+                selected, **size, **self._whole_read, section_ids=req.filters.section_ids
+            )
         decision = await self._decide(req, cfg, selection)
         if (
             decision.intent == "documents"

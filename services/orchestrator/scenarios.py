@@ -899,13 +899,19 @@ class Selection:
     """What one load_documents_full call takes (MCP_PROXY_MAX_FULL_DOCUMENTS)."""
     result_tokens: int | None = None
     """One tool result's room in the LLM service; None: not bounded."""
+    section_ids: tuple[str, ...] = ()
+    """Sections of these documents the request names: they are searched (S4), since a whole
+    read would answer from the rest of the documents too."""
 
     @property
     def fits_whole(self) -> bool:
-        """Whether the documents are read whole (S3): their total size is known and at most
-        `max_context_chars`, there are no more of them than `max_documents`, and one tool
-        result of the LLM service holds the read uncut: their texts' `tokens`, their entries
-        and the call around them (shared_config.whole_read_tokens)."""
+        """Whether the documents are read whole (S3): the request names no sections of them,
+        their total size is known and at most `max_context_chars`, there are no more of them
+        than `max_documents`, and one tool result of the LLM service holds the read uncut:
+        their texts' `tokens`, their entries and the call around them
+        (shared_config.whole_read_tokens)."""
+        if self.section_ids:
+            return False
         if self.chars is None or self.chars > self.max_context_chars:
             return False
         if len(self.doc_ids) > self.max_documents:
@@ -932,8 +938,11 @@ class Selection:
             limits += f" and {max(0, room)} tokens"
         if len(self.doc_ids) > self.max_documents:
             limits += f" and {self.max_documents} documents"
+        sections = ""
+        if self.section_ids:
+            sections = f" and {len(self.section_ids)} section(s) of them, which are searched"
         return (
-            f"The user selected {len(self.doc_ids)} document(s); total size: {size}; "
+            f"The user selected {len(self.doc_ids)} document(s){sections}; total size: {size}; "
             f"the limit for reading them whole is {limits}. "
             f'Choose "{"selected_full" if self.fits_whole else "selected_search"}", '
             'or "clarify" if the request cannot be acted on.'

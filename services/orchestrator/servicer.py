@@ -23,21 +23,29 @@ SERVICE_NAME = SERVICE_BY_KEY["orchestrator"].grpc_services[0]
 
 SAFETY_HEADER = "x-visior-safety-input"
 SAFETY_VERDICTS = ("allowed", "flagged", "blocked")
+"""The gateway's verdicts, least severe first."""
 
 
 def safety_verdict(metadata: Any) -> str:
-    """The gateway's input-safety verdict (header x-visior-safety-input, orchestrator.md §6);
-    "allowed" when absent. An unknown value is the caller's error."""
+    """The gateway's input-safety verdict (header x-visior-safety-input, orchestrator.md §6):
+    the most severe of every value sent (each header, and each comma-separated value of one,
+    as HTTP joins repeated fields), so a client that sends its own "allowed" before the
+    gateway's verdict cannot override it; "allowed" when absent. An unknown value is the
+    caller's error."""
+    verdict = 0
     for key, value in metadata or ():
-        if key == SAFETY_HEADER:
-            verdict = (value.decode() if isinstance(value, bytes) else str(value)).strip().lower()
-            if verdict not in SAFETY_VERDICTS:
+        if key != SAFETY_HEADER:
+            continue
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        for said in text.split(","):
+            said = said.strip().lower()
+            if said not in SAFETY_VERDICTS:
                 raise errors.InvalidArgumentError(
                     f"{SAFETY_HEADER} must be one of {', '.join(SAFETY_VERDICTS)}",
                     metadata={"field": SAFETY_HEADER},
                 )
-            return verdict
-    return "allowed"
+            verdict = max(verdict, SAFETY_VERDICTS.index(said))
+    return SAFETY_VERDICTS[verdict]
 
 
 def respond_input(req: pb.RespondRequest) -> RespondInput:

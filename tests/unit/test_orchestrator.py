@@ -473,9 +473,9 @@ async def test_enable_filters_off_keeps_only_the_id_scopes():
         r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False, enable_filters=False,
         today=lambda: TODAY,
     )  # fmt: skip
-    f = Filters(product="x", version="1", tags=("a",), doc_ids=("d",), section_ids=("s",))
+    f = Filters(product="x", version="1", tags=("a",), doc_ids=("d",), section_ids=("d:s000-a",))
     await responder.respond(inp(filters=f))
-    assert r.calls[0][2] == Filters(doc_ids=("d",), section_ids=("s",))
+    assert r.calls[0][2] == Filters(doc_ids=("d",), section_ids=("d:s000-a",))
     on, r2, _, _ = make()
     await on.respond(inp(filters=f))
     assert r2.calls[0][2] == f

@@ -730,13 +730,19 @@ SAFETY_VERDICT_TEXTS = st.sampled_from(["allowed", "flagged", "blocked"]).flatma
 @given(st.lists(st.tuples(st.sampled_from(["x-visior-safety-input", "other"]),
                           st.one_of(SAFETY_VERDICT_TEXTS, wire_text)), max_size=3))  # fmt: skip
 def test_safety_header_is_its_verdict_or_invalid_argument(pairs: list[tuple[str, str]]) -> None:
-    """The first x-visior-safety-input decides: a known verdict (any case, blanks around) is
-    that verdict, anything else is INVALID_ARGUMENT naming the header; none is "allowed"."""
-    header = next((value for key, value in pairs if key == "x-visior-safety-input"), None)
-    said = None if header is None else header.strip().lower()
-    if said is not None and said not in ("allowed", "flagged", "blocked"):
+    """Every x-visior-safety-input counts, each comma-separated value of it too: known
+    verdicts (any case, blanks around) give the most severe of them, any other value is
+    INVALID_ARGUMENT naming the header; none is "allowed"."""
+    severity = ("allowed", "flagged", "blocked")
+    said = [
+        v.strip().lower()
+        for key, value in pairs
+        if key == "x-visior-safety-input"
+        for v in value.split(",")
+    ]
+    if any(v not in severity for v in said):
         with pytest.raises(errors.InvalidArgumentError) as info:
             safety_verdict(pairs)
         assert info.value.metadata["field"] == "x-visior-safety-input"
     else:
-        assert safety_verdict(pairs) == (said or "allowed")
+        assert safety_verdict(pairs) == max(said, key=severity.index, default="allowed")

@@ -134,7 +134,12 @@ class ToolPolicy(betterproto.Message):
     """max_tool_steps caps tool calls in this request."""
 
     context_token_budget: Optional[int] = betterproto.int32_field(5, optional=True)
-    """context_token_budget caps prompt tokens plus tool text."""
+    """
+    context_token_budget caps prompt tokens plus tool text; once a tool result
+     was read and no room is left for another, the tools are withdrawn and the
+     model answers from what it read (LLM_LIMIT_EXCEEDED only when not even one
+     result fits).
+    """
 
     planned_calls: List["PlannedCall"] = betterproto.message_field(6)
     """
@@ -148,7 +153,10 @@ class ToolPolicy(betterproto.Message):
     require_tool_call makes the model's first step a tool call (runtime
      `tool_choice` "required", or a JSON-mode schema without the answer): the
      summaries-only first prompt is not the text, so the model reads before it
-     answers. Ignored when no tool is offered or planned calls ran.
+     answers. Ignored when no tool is offered or planned calls ran. A runtime
+     that answers that step with text anyway gets the policy's read of the first
+     anchor in its place (the text is discarded; the read counts as a tool
+     step); without anchors the text is the answer.
     """
 
 

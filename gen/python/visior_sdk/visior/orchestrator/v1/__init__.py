@@ -32,7 +32,10 @@ class RespondRequest(betterproto.Message):
     """query is the user's question. Required, at most 4,096 characters."""
 
     user: "__common_v1__.UserContext" = betterproto.message_field(2)
-    """user is the caller; either this or user_id + tenant_id is required."""
+    """
+    user is the caller; either this or user_id + tenant_id is required. Its
+     roles count, and are checked, whichever of the two carries the ids.
+    """
 
     user_id: str = betterproto.string_field(3)
     """user_id is the caller's id when `user` is not given."""
@@ -41,10 +44,17 @@ class RespondRequest(betterproto.Message):
     """tenant_id is the caller's tenant when `user` is not given."""
 
     channel: str = betterproto.string_field(5)
-    """channel is where the question came from, e.g. "web", "telegram"."""
+    """
+    channel is where the question came from, e.g. "web", "telegram": at most
+     64 characters, no control characters.
+    """
 
     locale: str = betterproto.string_field(6)
-    """locale is the user's locale, e.g. "ru-RU"; answers follow it."""
+    """
+    locale is the user's locale, e.g. "ru-RU"; answers follow it. At most 35
+     characters (a BCP 47 tag's practical maximum; "ru_RU.UTF-8" fits), no
+     control characters.
+    """
 
     trace_id: str = betterproto.string_field(7)
     """trace_id ties the whole request together; generated when empty."""
@@ -56,7 +66,12 @@ class RespondRequest(betterproto.Message):
     """doc_ids are documents the user selected."""
 
     section_ids: List[str] = betterproto.string_field(10)
-    """section_ids are sections the user selected."""
+    """
+    section_ids are sections the user selected. With doc_ids (or
+     filters.doc_ids) each must be a section of one of those documents, else
+     INVALID_ARGUMENT naming section_ids; selected documents with sections are
+     searched in those sections (S4), never read whole.
+    """
 
     max_results: Optional[int] = betterproto.int32_field(11, optional=True)
     """max_results caps retrieval hits, at most 50."""
@@ -91,7 +106,12 @@ class Safety(betterproto.Message):
 
     input: str = betterproto.string_field(1)
     """
-    input is the gateway's input verdict, "allowed" unless told otherwise.
+    input is the gateway's input verdict, header x-visior-safety-input: the
+     most severe value sent ("blocked" > "flagged" > "allowed"; repeated headers
+     and comma-separated values all count), "allowed" when absent; any other
+     value is INVALID_ARGUMENT. A "blocked" input gets a short refusal in the
+     answer's language: no sources, no tools, nothing searched, read or sent to
+     a model.
     """
 
     output: str = betterproto.string_field(2)
@@ -123,17 +143,22 @@ class Telemetry(betterproto.Message):
     """tool_steps is how many tools ran."""
 
     scenario: str = betterproto.string_field(5)
-    """scenario is the agent's route (agent.md §4): "S1".."S5"."""
+    """
+    scenario is the agent's route (agent.md §4): "S1".."S5"; "" for a blocked
+     input (no route taken).
+    """
 
     intent: str = betterproto.string_field(6)
     """
     intent is the route's sub-intent, e.g. "documents", "knowledge_base",
-     "currency_rates", "key_rate", "finance_news", "small_talk", "clarify".
+     "currency_rates", "key_rate", "finance_news", "small_talk", "clarify",
+     "blocked".
     """
 
     decided_by: str = betterproto.string_field(7)
     """
-    decided_by is "model" (the model's JSON decision) or "rules" (the fallback).
+    decided_by is "model" (the model's JSON decision), "rules" (the fallback)
+     or "safety" (the gateway blocked the input).
     """
 
     llm_runtime_ms: int = betterproto.int32_field(8)
