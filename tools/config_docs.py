@@ -85,7 +85,7 @@ def collect() -> Reads:
                 for name in names:
                     asked.setdefault(name, set()).add(service)
     known = {n for var, _ in found.values() for n in var.names}
-    known |= {n + "_FILE" for var, _ in found.values() if var.kind == "secret" for n in var.names}
+    known |= {var.name + "_FILE" for var, _ in found.values() if var.kind == "secret"}
     undeclared = {n: s for n, s in asked.items() if n not in known}
     return Reads(found, undeclared)
 
@@ -217,9 +217,7 @@ def render(reads: Reads) -> str:
 def all_names(reads: Reads) -> list[str]:
     """Every environment name the services read (a secret's NAME_FILE too), sorted."""
     names = {n for var, _ in reads.vars.values() for n in var.names}
-    names |= {
-        n + "_FILE" for var, _ in reads.vars.values() if var.kind == "secret" for n in var.names
-    }
+    names |= {var.name + "_FILE" for var, _ in reads.vars.values() if var.kind == "secret"}
     return sorted(names)
 
 

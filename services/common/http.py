@@ -32,6 +32,16 @@ def check_base_url(url: str, name: str) -> SplitResult:
     return parts
 
 
+def check_public_api_url(url: str, name: str) -> SplitResult:
+    """`check_base_url` for a public API's URL (the Bank of Russia, Tavily): https, or http
+    only to this machine (a local stand-in or fake), so a key or a query never crosses the
+    network in clear."""
+    parts = check_base_url(url, name)
+    if parts.scheme != "https" and not is_loopback_host(parts.hostname):
+        raise SettingsError(f"{name}={url!r} must be an https URL (http only to localhost)")
+    return parts
+
+
 def _check_port(parts: SplitResult, url: str, name: str) -> None:
     """SettingsError unless the port of `url` (split into `parts`) is absent or in
     1..MAX_PORT in ASCII digits: urlsplit reads it only when asked, and httpx refuses one it

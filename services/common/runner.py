@@ -9,9 +9,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
+from services.common import errors
 from services.common.logging import configure_logging
 from services.common.server import ListenError, RunningServer, run_until_signal
 from services.common.settings import ServerSettings, SettingsError
+from services.common.startup import DependencyUnavailableError
 
 
 class HasServer(Protocol):
@@ -21,6 +23,12 @@ class HasServer(Protocol):
 
 S = TypeVar("S", bound=HasServer)
 Closer = Callable[[], Awaitable[None]]
+CANNOT_START = (ListenError, DependencyUnavailableError, errors.UnavailableError)
+"""What `run_service` reports as one "cannot start" line (exit 1) when starting raises it: a
+port it cannot listen on, a dependency that cannot be reached or is held by another process
+(a store, an index, an embedding backend: DependencyUnavailableError, and the services'
+UnavailableErrors such as the document store's StoreUnavailableError and Retrieval's
+EmbeddingBackendError). None is a bad setting: a restart may succeed."""
 
 
 def freeze_startup_heap() -> int:
@@ -40,12 +48,13 @@ def freeze_startup_heap() -> int:
 def run_service(
     load: Callable[[], S], start: Callable[[S], Awaitable[tuple[RunningServer, Closer]]]
 ) -> None:
-    """Load settings (exit 2 on a bad one), start (exit 1 when it cannot listen), serve until
-    SIGTERM, clean up.
+    """Load settings (exit 2 on a bad one), start (exit 1 when it cannot listen or reach what
+    it opens), serve until SIGTERM, clean up.
 
-    A port it cannot listen on is not always a bad setting (another process may hold it for
-    a while, and a restart may then succeed): it is one "cannot start" line and exit 1, where a
-    setting that can never work is one "bad setting" line and exit 2; neither a traceback."""
+    A port it cannot listen on, or a store it cannot reach, is not a bad setting (another
+    process may hold it for a while, a server may come back, and a restart may then succeed):
+    it is one "cannot start" line and exit 1 (CANNOT_START), where a setting that can never
+    work is one "bad setting" line and exit 2; neither a traceback."""
     try:
         settings = load()
     except SettingsError as exc:
@@ -60,7 +69,7 @@ def run_service(
         except SettingsError as exc:  # found while starting: a model file that will not load
             logging.getLogger("visior").error("bad setting: %s", exc)
             sys.exit(2)
-        except ListenError as exc:
+        except CANNOT_START as exc:
             logging.getLogger("visior").error("cannot start: %s", exc)
             sys.exit(1)
         freeze_startup_heap()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
 from services.common.topology import SERVICE_BY_KEY, Ports, default_grpc_target
 
 T = TypeVar("T")
@@ -132,10 +133,15 @@ class Env:
         return value
 
     def secret(self, names: Sequence[str]) -> str | None:
-        """A secret from the first of `names` set, each also read as NAME_FILE (a file holding
-        it, e.g. a mounted Kubernetes Secret); None when none is set."""
+        """A secret from the first of `names` set; None when none is set. The first name is
+        also read as NAME_FILE (a file holding it, e.g. a mounted Kubernetes Secret); a name
+        read in its place (a spec's own, OPENROUTER_API_KEY) is read as itself only: the spec
+        names no file variant, and one more name would be ours, not the spec's."""
         for base in names:
-            for name, is_file in ((base, False), (base + "_FILE", True)):
+            forms = (
+                ((base, False), (base + "_FILE", True)) if base == names[0] else ((base, False),)
+            )
+            for name, is_file in forms:
                 found = self.raw([name])
                 if found is None:
                     continue
@@ -438,6 +444,24 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A server's message limit unless the service or <prefix>MAX_MESSAGE_BYTES gives another;
 also the least a channel receives (`channels.open_channel`)."""
+MAX_TOKEN_BYTES = 64
+"""UTF-8 bytes one cl100k token of a prompt takes at most, for sizing messages: prose takes
+3-5 (the samples: English 3.8, Russian 4.8), a run of one punctuation character ('=', '-')
+up to 64 (one token holds a run of 64)."""
+MIN_MESSAGE_BYTES = DEFAULT_LLM_PROMPT_TOKENS * MAX_TOKEN_BYTES
+"""The least <prefix>MAX_MESSAGE_BYTES (256 KiB): a service's message limit is also the send
+limit of its replies and of its own outgoing calls, so it must hold the largest message it
+sends with the other settings at their defaults. That is a Generate holding a full first
+prompt (MAX_PROMPT_TOKENS' default of 4,096 tokens, at MAX_TOKEN_BYTES a token; 10 KB
+measured with the samples' listed sections), larger than a Respond's answer or a Generate's
+(MAX_COMPLETION_TOKENS' 512 tokens). ToolsProxy's results, whose text its own limits bound,
+are held to them apart (toolsproxy/config.py). With the old minimum, 1 KiB (and at 4 KiB),
+a service started and then failed every Respond with RESOURCE_EXHAUSTED."""
+MAX_GRACE_SECONDS = 3600.0
+"""The longest <prefix>GRACE_SECONDS: an hour for in-flight calls to finish after SIGTERM (a
+value past any orchestrator's kill timeout would leave the process running)."""
+MAX_DRAIN_SECONDS = 3600.0
+"""The longest <prefix>DRAIN_SECONDS: an hour of NOT_SERVING before new RPCs are refused."""
 
 
 @dataclass(frozen=True)
@@ -455,12 +479,16 @@ class ServerSettings:
     log_level: str = "INFO"
     """Root log level, in any case."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    """Largest gRPC message received or sent."""
+    """Largest gRPC message received or sent: also the send limit of the service's replies and
+    of its own calls to other services, so at least what a Generate with a full default
+    prompt takes (256 KiB); ToolsProxy's at least its largest result (its text limits plus
+    1 MiB)."""
     grace_seconds: float = 10.0
     """How long in-flight calls may finish after SIGTERM (gRPC RPCs; on a service with an MCP
-    endpoint, its calls too)."""
+    endpoint, its calls too); at most an hour."""
     drain_seconds: float = 0.5
-    """After SIGTERM, how long health says NOT_SERVING before new RPCs are refused."""
+    """After SIGTERM, how long health says NOT_SERVING before new RPCs are refused; at most an
+    hour."""
     keepalive_seconds: int = 30
     """Server keepalive ping interval (a constant, not read from the environment)."""
     max_concurrent_rpcs: int = 256
@@ -526,7 +554,7 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
         else {
             "max_message_bytes": integer(
                 prefix + "MAX_MESSAGE_BYTES",
-                minimum=1024,
+                minimum=MIN_MESSAGE_BYTES,
                 maximum=300 * 1024 * 1024,
                 default_doc=MESSAGE_BYTES_DEFAULT_DOCS.get(prefix, ""),
             )
@@ -539,8 +567,8 @@ def server_fields(prefix: str, default_port: int) -> Fields[ServerSettings]:
         metrics_port=integer(prefix + "METRICS_PORT", minimum=0, maximum=65535),
         log_level=log_level,
         **size,
-        grace_seconds=number(prefix + "GRACE_SECONDS", minimum=0.0),
-        drain_seconds=number(prefix + "DRAIN_SECONDS", minimum=0.0),
+        grace_seconds=number(prefix + "GRACE_SECONDS", minimum=0.0, maximum=MAX_GRACE_SECONDS),
+        drain_seconds=number(prefix + "DRAIN_SECONDS", minimum=0.0, maximum=MAX_DRAIN_SECONDS),
     )  # fmt: skip
 
 
@@ -683,6 +711,12 @@ class Downstream:
         )
 
 
+MAX_TIMEOUT_SECONDS = 86_400.0
+"""The longest timeout of one call a setting may give: a day. grpc takes a deadline as
+nanoseconds in a signed 64-bit integer: from ~9.2e9 s on, every call without an earlier
+deadline of its caller failed at once with DEADLINE_EXCEEDED."""
+
+
 def downstream(url: str, timeout: str, seconds: float, key: str, **url_doc: str) -> Downstream:
     """The Vars of one downstream, the mesh's service `key`: `url` (doc in `url_doc`, or a
     generic one; by default where the service listens by default) and `timeout`."""
@@ -695,9 +729,9 @@ def downstream(url: str, timeout: str, seconds: float, key: str, **url_doc: str)
             doc=url_doc.get("doc", f"{service}: host:port or a grpc:// / http:// URL."),
         ),
         number(
-            timeout, seconds, 0.001,
+            timeout, seconds, 0.001, MAX_TIMEOUT_SECONDS,
             doc=f"Deadline of one {service} call when the caller's own deadline is longer "
-            "or absent.",
+            "or absent; at most a day.",
         ),
         default_target,
     )  # fmt: skip
@@ -713,3 +747,33 @@ def retry_attempts(prefix: str) -> Var:
         "only when it reached no server (a neighbour restarting), and an UNAVAILABLE a "
         "handler returned never. 1 = no retry.",
     )  # fmt: skip
+
+
+def check_directory(path: str | Path, name: str, value: str) -> None:
+    """SettingsError naming `name`=`value` unless `path` is a directory, or does not exist and
+    can be made one at start: the nearest of its parents that exists is a directory this
+    process may write. Otherwise making or opening it failed while starting, with a traceback
+    (NotADirectoryError, FileExistsError, PermissionError)."""
+    target = Path(path)
+    for at in (target, *target.absolute().parents):
+        try:
+            if not at.exists():
+                continue
+            if not at.is_dir():
+                raise SettingsError(f"{name}={value!r}: {at} is a file, not a directory")
+            if at != target and not os.access(at, os.W_OK | os.X_OK):
+                raise SettingsError(
+                    f"{name}={value!r}: cannot create {target}: {at} is not writable"
+                )
+        except OSError as exc:
+            raise SettingsError(f"{name}={value!r}: {at}: {exc.strerror or exc}") from None
+        return
+
+
+def check_file_path(path: str | Path, name: str, value: str) -> None:
+    """SettingsError naming `name`=`value` unless `path` can be a file opened or created at
+    start: not a directory, and its parent a directory (`check_directory`)."""
+    target = Path(path)
+    if target.is_dir():
+        raise SettingsError(f"{name}={value!r}: {target} is a directory, not a file")
+    check_directory(target.parent, name, value)

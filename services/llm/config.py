@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT
 from services.common.settings import (
+    MAX_TIMEOUT_SECONDS,
     DownstreamSettings,
     Env,
     Fields,
@@ -102,8 +103,10 @@ LOOP = Fields(
     LoopSettings,
     max_tool_steps=integer("MAX_TOOL_STEPS", minimum=MIN_TOOL_STEPS, maximum=MAX_TOOL_STEPS_LIMIT),
     max_total_tokens=MAX_TOTAL_TOKENS,
-    watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", minimum=0.1),
-    external_tool_timeout_s=number("LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", minimum=0.1),
+    watchdog_s=number("LLM_SERVICE_WATCHDOG_SECONDS", minimum=0.1, maximum=MAX_TIMEOUT_SECONDS),
+    external_tool_timeout_s=number(
+        "LLM_SERVICE_EXTERNAL_TOOL_TIMEOUT_S", minimum=0.1, maximum=MAX_TIMEOUT_SECONDS
+    ),
 )  # fmt: skip
 TOOLS_PROXY = downstream(
     "MCP_PROXY_URL", "LLM_SERVICE_MCP_TIMEOUT_SECONDS", 5.0, "toolsproxy",

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from services.common.settings import Env, Fields, flag, number, secret, text
+from services.common.generate_contract import MODEL_NAME_RULE, is_model_name
+from services.common.settings import (
+    MAX_TIMEOUT_SECONDS,
+    Env,
+    Fields,
+    SettingsError,
+    flag,
+    number,
+    secret,
+    text,
+)
 from services.model_runtime.chat import SAMPLING_RANGES
 from services.model_runtime.client import RuntimeSettings
 
@@ -12,10 +22,11 @@ RUNTIME = Fields(
     RuntimeSettings,
     url=text("LLM_RUNTIME_URL", "", default_doc="unset: the built-in extractive responder"),
     default_model=text("DEFAULT_MODEL_NAME", "", default_doc="required with LLM_RUNTIME_URL"),
-    api_key=secret("LLM_RUNTIME_API_KEY"),
+    # agent.md §10 keeps the runtime's key (an OpenRouter one) as OPENROUTER_API_KEY.
+    api_key=secret("LLM_RUNTIME_API_KEY", also=("OPENROUTER_API_KEY",)),
     enable_json_mode=flag("ENABLE_JSON_MODE"),
     json_schema=flag("LLM_RUNTIME_JSON_SCHEMA"),
-    timeout_s=number("LLM_RUNTIME_TIMEOUT_S", minimum=0.01),
+    timeout_s=number("LLM_RUNTIME_TIMEOUT_S", minimum=0.01, maximum=MAX_TIMEOUT_SECONDS),
     stream_usage=flag("LLM_RUNTIME_STREAM_USAGE"),
     temperature=number(
         "LLM_RUNTIME_TEMPERATURE",
@@ -28,7 +39,17 @@ URL, DEFAULT_MODEL = RUNTIME.vars["url"], RUNTIME.vars["default_model"]
 
 
 def runtime_settings(env: Env) -> RuntimeSettings | None:
-    """The runtime LLM_RUNTIME_URL names, or None when it is unset (the extractive responder)."""
-    if not URL.read(env):
+    """The runtime LLM_RUNTIME_URL names, or None when it is unset (the extractive responder).
+
+    Every setting of the group is checked either way: one an operator set is meant to be used,
+    and a bad value (a temperature of "abc", a key file that is missing) is a SettingsError
+    now, not once LLM_RUNTIME_URL is set. DEFAULT_MODEL_NAME is held to the model-name rule
+    ORCH_DEFAULT_MODEL is (generate_contract.is_model_name): it is sent as a Generate's model.
+    """
+    values = RUNTIME.values(env)
+    model = values["default_model"]
+    if model and not is_model_name(model):
+        raise SettingsError(f"DEFAULT_MODEL_NAME must be {MODEL_NAME_RULE}")
+    if not values["url"]:
         return None
-    return RUNTIME.read(env)
+    return RuntimeSettings(**values)

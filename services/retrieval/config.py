@@ -9,18 +9,21 @@ from services.common.breaker import BreakerPolicy
 from services.common.http import check_base_url
 from services.common.search_contract import MAX_RESULTS_LIMIT
 from services.common.settings import (
+    MAX_TIMEOUT_SECONDS,
     Env,
     Fields,
     ServerSettings,
     SettingsError,
+    check_directory,
+    check_file_path,
     flag,
     integer,
     number,
     text,
 )
-from services.common.shared_config import data_dir
+from services.common.shared_config import DATA_DIR, data_dir
 from services.docstore.chunking import ChunkingConfig
-from services.docstore.config import DocstoreSettings, docstore_settings
+from services.docstore.config import DOCSTORE_URL, DocstoreSettings, docstore_settings
 from services.model_runtime import config as runtime_config
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.embeddings import E5_DIM, PROFILES, USE_DIM, EmbeddingSettings
@@ -30,6 +33,7 @@ from services.retrieval.index.base import QUANTIZATIONS
 from services.retrieval.intra_op import AUTO, usable_cpus
 from services.retrieval.limits import DEFAULT_MAX_DOCUMENT_BYTES
 from services.retrieval.llm_assist import LlmAssistSettings
+from services.retrieval.query import load_synonyms
 from services.retrieval.rerank import (
     API_STYLES,
     THREADS_LIMIT,
@@ -58,7 +62,10 @@ class IndexSettings:
     path: str
     """Qdrant Edge shard directory (RETR_INDEX_PATH; default VISIOR_DATA_DIR/index)."""
     qdrant_url: str
-    """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL)."""
+    """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL):
+    http(s)://HOST[:PORT][/PREFIX]; https for TLS. Retrieval speaks gRPC to the server, so PORT
+    is Qdrant's gRPC port (its service.grpc_port), 6334 when the URL names none, not the REST
+    port (6333)."""
     qdrant_api_key: str
     """Qdrant server API key (QDRANT_API_KEY); never logged."""
     qdrant_collection: str
@@ -106,7 +113,9 @@ class RetrievalSettings:
     rerank: RerankSettings
     """Optional reranker (RERANK_*)."""
     synonyms_path: str
-    """Extra synonyms for query expansion (RETR_SYNONYMS_PATH); built-in table when empty."""
+    """Extra synonyms for query expansion (RETR_SYNONYMS_PATH): a file of JSON or text groups
+    (retrieval/query.py SynonymTable.load), read and checked at start; the built-in table
+    when empty."""
     llm: LlmAssistSettings
     """Model-written section summaries and query variants (RETR_LLM_*; llm_assist.py)."""
     production: bool
@@ -122,7 +131,7 @@ class RetrievalSettings:
         max_doc = MAX_DOCUMENT_BYTES.read(env)
         embedding = embedding_settings(env)
         root = data_dir(env)
-        return SETTINGS.read(
+        settings = SETTINGS.read(
             env,
             # A document travels in one message: leave room for it plus the envelope.
             server=ServerSettings.for_service("retrieval", env, max_message_bytes=max_doc + (1 << 20)),
@@ -137,6 +146,36 @@ class RetrievalSettings:
             index=index_settings(env, root),
             chunking=chunking(env),
         )  # fmt: skip
+        check_synonyms(settings.synonyms_path)
+        if not settings.mock_mode:  # mock mode opens no store
+            check_paths(env, settings)
+        return settings
+
+
+def check_paths(env: Env, settings: RetrievalSettings) -> None:
+    """SettingsError naming the setting when the data directory, the Edge index's directory or
+    the SQLite document store's file is under a regular file (or is the wrong kind), so it
+    cannot be made or opened at start (`settings.check_directory`)."""
+    data = ("VISIOR_DATA_DIR", DATA_DIR.read(env))
+    check_directory(data[1], *data)
+    if settings.index.backend == "edge":
+        check_directory(settings.index.path, *(INDEX.vars["path"].found(env) or data))
+    store = settings.docstore
+    if store.kind == "sqlite" and store.target != ":memory:":
+        check_file_path(store.target, *(DOCSTORE_URL.found(env) or data))
+
+
+def check_synonyms(path: str) -> None:
+    """SettingsError naming RETR_SYNONYMS_PATH unless `path` is empty or a synonyms file that
+    loads (it exists, is a file, and parses)."""
+    if not path:
+        return
+    try:
+        load_synonyms(path)
+    except OSError as exc:
+        raise SettingsError(f"RETR_SYNONYMS_PATH={path!r}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        raise SettingsError(f"RETR_SYNONYMS_PATH={path!r}: {exc}") from None
 
 
 def search_defaults(env: Env) -> SearchDefaults:
@@ -156,8 +195,10 @@ def engine_settings(env: Env, profile: str) -> EngineSettings:
 
 def index_settings(env: Env, data: Path) -> IndexSettings:
     """The vector index (RETR_INDEX_*, QDRANT_*, HNSW, quantization, optimizers)."""
-    url = INDEX.vars["qdrant_url"].read(env)
-    backend = "qdrant" if url else "edge"
+    found = INDEX.vars["qdrant_url"].found(env)
+    if found is not None:
+        check_base_url(found[1], found[0])
+    backend = "qdrant" if found else "edge"
     index = INDEX.read(env, {"path": str(data / "index"), "backend": backend})
     if index.backend == "qdrant" and not index.qdrant_url:
         raise SettingsError("RETR_INDEX_BACKEND=qdrant needs QDRANT_URL (or VECTOR_DB_URL)")
@@ -288,9 +329,11 @@ def _assist_runtime(env: Env, summaries: bool, variants: bool) -> RuntimeSetting
         if not var.read(env):
             raise SettingsError(f"{on} needs {var.name}")
     try:
-        return runtime_config.RUNTIME.read(env)
+        runtime = runtime_config.runtime_settings(env)
     except SettingsError as exc:
         raise SettingsError(f"retrieval's model runtime (LLM_RUNTIME_*): {exc}") from None
+    assert runtime is not None  # LLM_RUNTIME_URL is set
+    return runtime
 
 
 SETTINGS = Fields(
@@ -315,7 +358,7 @@ INDEX = Fields(
     qdrant_url=text("QDRANT_URL", "", also=("VECTOR_DB_URL",)),
     qdrant_api_key=text("QDRANT_API_KEY", ""),
     qdrant_collection=text("QDRANT_COLLECTION", "visior_chunks"),
-    timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01),
+    timeout_s=number("RETR_INDEX_TIMEOUT_S", 2.0, 0.01, MAX_TIMEOUT_SECONDS),
     hnsw_ef=integer("RETR_HNSW_EF", 128, 8, 4096),
     quantization=text("RETR_QUANTIZATION", "int8", choices=QUANTIZATIONS, lower=True),
     indexing_threshold_kb=integer("RETR_INDEXING_THRESHOLD_KB", 0, 0, 100_000_000),
@@ -364,7 +407,7 @@ EMBEDDING = Fields(
     model=text("RETR_EMBEDDING_MODEL", ""),
     api_key=text("RETR_EMBEDDING_API_KEY", ""),
     dim=integer("RETR_EMBEDDING_DIM", minimum=1, maximum=65536),
-    timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", minimum=0.001),
+    timeout_s=number("RETR_EMBEDDING_TIMEOUT_S", minimum=0.001, maximum=MAX_TIMEOUT_SECONDS),
     query_cache_size=integer("RETR_QUERY_CACHE_SIZE", minimum=0, maximum=10_000_000),
     query_prefix=text("RETR_EMBEDDING_QUERY_PREFIX"),
     passage_prefix=text("RETR_EMBEDDING_PASSAGE_PREFIX"),
@@ -376,7 +419,7 @@ RERANK = Fields(
     api_style=text("RERANK_API_STYLE", lower=True),
     model=text("RERANK_MODEL"),
     api_key=text("RERANK_API_KEY"),
-    timeout_s=number("RERANK_TIMEOUT_S", minimum=0.01),
+    timeout_s=number("RERANK_TIMEOUT_S", minimum=0.01, maximum=MAX_TIMEOUT_SECONDS),
     model_path=text("RERANK_MODEL_PATH"),
     model_file=text("RERANK_MODEL_FILE"),
     threads=integer("RERANK_THREADS", minimum=0, maximum=THREADS_LIMIT),

@@ -40,8 +40,7 @@ from services.common.breaker import (
 from services.common.context import upstream_timeout
 from services.common.http import (
     TRANSIENT_STATUSES,
-    check_base_url,
-    is_loopback_host,
+    check_public_api_url,
     read_capped,
 )
 from services.common.logging import get_logger
@@ -148,12 +147,7 @@ class CbrSettings:
     """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results."""
 
     def __post_init__(self) -> None:
-        parts = check_base_url(self.url, "MCP_PROXY_CBR_URL")
-        loopback = is_loopback_host(parts.hostname)
-        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
-            raise SettingsError(
-                f"MCP_PROXY_CBR_URL={self.url!r} must be an https URL (http only to localhost)"
-            )
+        check_public_api_url(self.url, "MCP_PROXY_CBR_URL")
         if not 1 <= self.breaker.failures <= 5:
             raise SettingsError("CbrSettings.breaker.failures must be between 1 and 5")
 

@@ -9,6 +9,8 @@ from services.common.settings import (
     Env,
     Fields,
     ServerSettings,
+    SettingsError,
+    check_file_path,
     downstream,
     flag,
     integer,
@@ -17,16 +19,26 @@ from services.common.settings import (
     text,
 )
 from services.common.shared_config import (
+    DATA_DIR,
+    PROXY_MAX_FULL_TEXT_BYTES,
     proxy_full_documents,
     proxy_full_text_bytes,
     proxy_max_window_radius,
 )
-from services.docstore.config import DocstoreSettings, docstore_settings
+from services.docstore.config import DOCSTORE_URL, DocstoreSettings, docstore_settings
 from services.toolsproxy.cbr import CbrSettings
 from services.toolsproxy.mcp_server import McpSettings
 from services.toolsproxy.ratelimit import RateLimits
 from services.toolsproxy.tavily import TavilySettings
 from services.toolsproxy.tools import ToolLimits
+
+RESULT_ENVELOPE_BYTES = 1 << 20
+"""Room one tool result takes beside the texts its limits count (MCP_PROXY_MAX_TEXT_BYTES,
+MCP_PROXY_MAX_FULL_TEXT_BYTES): ids, titles, section lists, pages, the delimiters around each
+text and protobuf's Struct encoding. Measured on the samples: 1.1 KB for a whole read of five
+documents, 7.6 KB for a search of 20 hits; estimated, a metadata read of 500 sections or a
+whole read of 50 documents with 128-character ids and long titles takes 100-400 KB. The
+largest whole read (3 MiB of text) and it make the default message limit (4 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -54,20 +66,44 @@ class ToolsProxySettings:
     @classmethod
     def from_env(cls, env: Env | None = None) -> ToolsProxySettings:
         env = env or Env()
+        server = ServerSettings.for_service("toolsproxy", env)
+        limits = LIMITS.read(
+            env,
+            max_window_radius=proxy_max_window_radius(env),
+            max_full_text_bytes=proxy_full_text_bytes(env),
+            max_full_documents=proxy_full_documents(env),
+        )
+        check_message_room(server.max_message_bytes, limits)
+        docstore = docstore_settings(env, "MCP_PROXY_")
+        if docstore.kind == "sqlite" and docstore.target != ":memory:":
+            # Made or opened at start: a path under a regular file is refused now, named.
+            data = ("VISIOR_DATA_DIR", DATA_DIR.read(env))
+            check_file_path(docstore.target, *(DOCSTORE_URL.found(env) or data))
         return cls(
-            server=ServerSettings.for_service("toolsproxy", env),
-            limits=LIMITS.read(
-                env,
-                max_window_radius=proxy_max_window_radius(env),
-                max_full_text_bytes=proxy_full_text_bytes(env),
-                max_full_documents=proxy_full_documents(env),
-            ),
+            server=server,
+            limits=limits,
             rate_limits=RATE_LIMITS.read(env),
-            docstore=docstore_settings(env, "MCP_PROXY_"),
+            docstore=docstore,
             retrieval=RETRIEVAL.read(env, retry_attempts("MCP_PROXY_")),
             cbr=cbr_settings(env),
             tavily=tavily_settings(env),
             mcp=mcp_settings(env),
+        )
+
+
+def check_message_room(max_message_bytes: int, limits: ToolLimits) -> None:
+    """SettingsError naming both settings when MCP_PROXY_MAX_MESSAGE_BYTES (also the send limit
+    of ToolsProxy's replies) cannot hold its largest result: the larger of its two text limits
+    plus RESULT_ENVELOPE_BYTES. Such a result would fail with RESOURCE_EXHAUSTED."""
+    text, name = max(
+        (limits.max_full_text_bytes, PROXY_MAX_FULL_TEXT_BYTES.name),
+        (limits.max_text_bytes, LIMITS.vars["max_text_bytes"].name),
+    )
+    if max_message_bytes < text + RESULT_ENVELOPE_BYTES:
+        raise SettingsError(
+            f"MCP_PROXY_MAX_MESSAGE_BYTES={max_message_bytes} cannot hold a result of "
+            f"{name}={text} bytes of text and its envelope ({RESULT_ENVELOPE_BYTES}): "
+            f"raise it to at least {text + RESULT_ENVELOPE_BYTES}, or lower {name}"
         )
 
 
@@ -121,7 +157,6 @@ TAVILY = Fields(
     TavilySettings,
     api_key=secret("MCP_PROXY_TAVILY_API_KEY"),
     base_url=text("MCP_PROXY_TAVILY_URL"),
-    allow_http=flag("MCP_PROXY_TAVILY_ALLOW_HTTP"),
 )
 MCP = Fields(
     McpSettings,

@@ -49,16 +49,19 @@ class RateLimits:
     """Rate limits of tool calls (MCP_PROXY_RATE_LIMIT_*); 0 switches a limit off."""
 
     calls_per_minute: int = 60
-    """Calls per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN)."""
+    """Calls per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_CALLS_PER_MIN); 0
+    switches this limit off."""
     tokens_per_minute: int = 100_000
-    """Result tokens per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN)."""
+    """Result tokens per `tenant_id:doc_id` in the window (MCP_PROXY_RATE_LIMIT_TOKENS_PER_MIN);
+    0 switches this limit off."""
     tenant_calls_per_minute: int = 120
     """Calls per tenant of tools that read no named document: searches (whatever document ids
     they filter on) and external data; and, apart from those, calls that named a document
-    the tenant does not have (MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN)."""
+    the tenant does not have (MCP_PROXY_RATE_LIMIT_TENANT_CALLS_PER_MIN); 0 switches this
+    limit off."""
     tenant_tokens_per_minute: int = 200_000
     """Result tokens per tenant of tools that read no named document: searches and external
-    data (MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN)."""
+    data (MCP_PROXY_RATE_LIMIT_TENANT_TOKENS_PER_MIN); 0 switches this limit off."""
     window_seconds: float = 60.0
     """Length of the sliding window; the limits above are per this window."""
 

@@ -33,7 +33,7 @@ from services.common.breaker import (
 from services.common.context import upstream_timeout
 from services.common.http import (
     TRANSIENT_STATUSES,
-    check_base_url,
+    check_public_api_url,
     read_capped,
     retry_after_seconds,
 )
@@ -89,9 +89,8 @@ class TavilySettings:
     api_key: str | None = field(default=None, repr=False)
     """Tavily API key; None leaves the tool listed but answering "not configured"."""
     base_url: str = DEFAULT_BASE_URL
-    """Tavily API base URL; ``/search`` is appended. https only unless ``allow_http``."""
-    allow_http: bool = False
-    """Accept an http:// base URL (local fakes in tests and dev only, never production)."""
+    """Tavily API base URL; ``/search`` is appended. https, or http only to localhost (a
+    local fake): the key never crosses the network in clear."""
     timeout_s: float = 9.0
     """Timeout of one HTTP attempt (connect, read, write, pool)."""
     retry: RetryPolicy = RetryPolicy(
@@ -113,12 +112,7 @@ class TavilySettings:
 
     def __post_init__(self) -> None:
         _check_api_key(self.api_key)
-        parts = check_base_url(self.base_url, "MCP_PROXY_TAVILY_URL")
-        if parts.scheme == "http" and not self.allow_http:
-            raise SettingsError(
-                f"Tavily base URL {self.base_url!r} is not https; set "
-                "MCP_PROXY_TAVILY_ALLOW_HTTP=true only for local fakes"
-            )
+        check_public_api_url(self.base_url, "MCP_PROXY_TAVILY_URL")
         if self.timeout_s <= 0:
             raise SettingsError("Tavily timeout must be positive")
 

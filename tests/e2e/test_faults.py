@@ -293,7 +293,6 @@ def faulty(
         "LLM_RUNTIME_TIMEOUT_S": deadline,
         "MCP_PROXY_CBR_URL": bank.url,
         "MCP_PROXY_TAVILY_URL": tavily.url,
-        "MCP_PROXY_TAVILY_ALLOW_HTTP": "true",
         "MCP_PROXY_TAVILY_API_KEY": TAVILY_KEY,
         # Constants in the services (not environment settings), shortened in these processes.
         **settings_overrides(

@@ -187,7 +187,6 @@ async def test_a_cancelled_tavily_search_does_not_open_its_breaker() -> None:
             settings = TavilySettings(
                 api_key=key,
                 base_url=tavily.url,
-                allow_http=True,
                 retry=replace(TavilySettings.retry, attempts=1),
                 breaker=BreakerPolicy(1, 30.0),
             )

@@ -59,7 +59,7 @@ class Harness:
 
     def client(self, *, retry: dict[str, Any] | None = None, **overrides: Any) -> TavilyClient:
         """`retry` changes fields of the default retry policy."""
-        fields: dict[str, Any] = {"api_key": KEY, "base_url": self.fake.url, "allow_http": True}
+        fields: dict[str, Any] = {"api_key": KEY, "base_url": self.fake.url}
         fields.update(overrides)
         if retry:
             fields["retry"] = replace(TavilySettings.retry, **retry)
@@ -505,9 +505,7 @@ async def test_dropped_connection_is_retried(h: Harness) -> None:
 
 async def test_unreachable_host(http: httpx.AsyncClient) -> None:
     harness = Harness(FakeTavilyServer(), http)  # never started: only its clock and sleep
-    settings = TavilySettings(
-        api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}", allow_http=True
-    )
+    settings = TavilySettings(api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}")
     client = TavilyClient(settings, http, clock=harness.clock, sleep=harness.sleep)
     with pytest.raises(ToolFailure) as info:
         await call(tavily_tool(client), ALICE, {"query": "rates"})
@@ -597,9 +595,7 @@ async def test_key_never_in_logs_errors_or_repr(
         except ToolFailure as exc:
             messages.append(f"{exc.code} {exc.message} {exc!r}")
     unreachable = TavilyClient(
-        TavilySettings(
-            api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}", allow_http=True
-        ),
+        TavilySettings(api_key=KEY, base_url=f"http://127.0.0.1:{free_ports(1)[0]}"),
         h.http,
         sleep=h.sleep,
     )
@@ -622,7 +618,7 @@ def test_settings_defaults_from_env() -> None:
     s = tavily_settings(Env({}))
     assert s.base_url == "https://api.tavily.com"
     assert s.configured is False
-    assert (s.timeout_s, s.cache_ttl_s, s.allow_http) == (9.0, 300.0, False)
+    assert (s.timeout_s, s.cache_ttl_s) == (9.0, 300.0)
 
 
 def test_settings_read_key_and_knobs() -> None:
@@ -693,15 +689,21 @@ def test_the_printable_ascii_edges_of_a_key_are_accepted() -> None:
     assert tavily_settings(Env({"MCP_PROXY_TAVILY_API_KEY": KEY})).api_key == KEY
 
 
-def test_http_base_url_refused_without_override() -> None:
-    with pytest.raises(SettingsError, match="ALLOW_HTTP"):
-        TavilySettings(api_key=KEY, base_url="http://127.0.0.1:9")
-    with pytest.raises(SettingsError, match="ALLOW_HTTP"):
-        tavily_settings(Env({"MCP_PROXY_TAVILY_URL": "http://tavily.local"}))
-    allowed = tavily_settings(
-        Env({"MCP_PROXY_TAVILY_URL": "http://127.0.0.1:9", "MCP_PROXY_TAVILY_ALLOW_HTTP": "1"})
-    )
-    assert allowed.base_url == "http://127.0.0.1:9"
+@pytest.mark.parametrize(
+    "url", ["http://tavily.local", "http://10.0.0.5:8080", "http://api.tavily.com"]
+)
+def test_an_http_base_url_off_this_machine_is_refused(url: str) -> None:
+    with pytest.raises(SettingsError, match="http only to localhost"):
+        TavilySettings(api_key=KEY, base_url=url)
+    with pytest.raises(SettingsError, match="MCP_PROXY_TAVILY_URL"):
+        tavily_settings(Env({"MCP_PROXY_TAVILY_URL": url}))
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9", "http://127.5.0.1"]
+)
+def test_an_http_base_url_to_this_machine_is_a_local_fake(url: str) -> None:
+    assert tavily_settings(Env({"MCP_PROXY_TAVILY_URL": url})).base_url == url
 
 
 @pytest.mark.parametrize(
@@ -710,13 +712,13 @@ def test_http_base_url_refused_without_override() -> None:
 )
 def test_odd_base_urls_refused(url: str) -> None:
     with pytest.raises(SettingsError):
-        TavilySettings(base_url=url, allow_http=True)
+        TavilySettings(base_url=url)
 
 
 @pytest.mark.parametrize(
     "env",
     [
-        {"MCP_PROXY_TAVILY_ALLOW_HTTP": "maybe"},
+        {"MCP_PROXY_TAVILY_URL": "http://tavily.local"},
         {"MCP_PROXY_TAVILY_URL": "ftp://api.tavily.com"},
     ],
 )

@@ -152,7 +152,7 @@ def _trial_running() -> CircuitBreaker:
 async def test_tavily_says_at_least_one_second_while_a_trial_runs(
     http: httpx.AsyncClient,
 ) -> None:
-    settings = TavilySettings(api_key="k", base_url="http://127.0.0.1:9", allow_http=True)
+    settings = TavilySettings(api_key="k", base_url="http://127.0.0.1:9")
     client = TavilyClient(settings, http, breaker=_trial_running())
     with pytest.raises(TavilyError) as info:
         await client.search("rates", tenant_id="t1", user_id="u1")

@@ -332,7 +332,7 @@ def _counting_http(sent: list[str]) -> httpx.AsyncClient:
 
 def _hung_tavily(url: str, sent: list[str]) -> tuple[Any, Any]:
     settings = TavilySettings(
-        api_key="k", base_url=url, allow_http=True, timeout_s=3.0, breaker=BreakerPolicy(2, 30.0)
+        api_key="k", base_url=url, timeout_s=3.0, breaker=BreakerPolicy(2, 30.0)
     )
     client = TavilyClient(settings, _counting_http(sent))
     return client, ToolExecutor({"fetch_finance_news": tavily_tool(client)})

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from services.common.breaker import ANSWERED
+from services.common.startup import DependencyUnavailableError
 from services.docstore.model import MAX_POINT_ID
 
 LAYOUT_VERSION = 3
@@ -66,7 +67,7 @@ KEYWORD_FIELDS = (
 """Payload fields with a keyword index besides the tenant."""
 
 
-class IndexUnavailableError(Exception):
+class IndexUnavailableError(DependencyUnavailableError):
     """The backend cannot be reached or is not open (server down, shard closed)."""
 
 

@@ -7,6 +7,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 from qdrant_client import QdrantClient, models
@@ -32,6 +33,8 @@ from services.retrieval.index.qdrant_common import (
 from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 
 _T = TypeVar("_T")
+QDRANT_GRPC_PORT = 6334
+"""Qdrant's default gRPC port (qdrant-client's too): where a URL without a port is reached."""
 LAYOUT_KEY = "visior_layout_version"
 """Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
@@ -163,14 +166,20 @@ class QdrantServerIndex(VectorIndex):
         prefer_grpc: bool = True,
         **kwargs: Any,
     ) -> QdrantServerIndex:
-        """Connect to `url` (gRPC on its gRPC port when `prefer_grpc`); no I/O until first use.
+        """Connect to `url`; no I/O until first use.
 
-        qdrant-client takes its call `timeout` in whole seconds: it is rounded up (0.25 -> 1).
+        The URL's port is the port of the protocol the client speaks: with `prefer_grpc`, gRPC
+        (the server's service.grpc_port; qdrant-client would take it as the REST port and speak
+        gRPC to 6334 whatever the URL said), else REST. A URL without one leaves
+        qdrant-client's defaults (gRPC 6334, REST 6333). qdrant-client takes its call `timeout`
+        in whole seconds: it is rounded up (0.25 -> 1).
         """
+        port = urlsplit(url).port
         client = QdrantClient(
             url=url,
             api_key=api_key,
             prefer_grpc=prefer_grpc,
+            grpc_port=port if prefer_grpc and port is not None else QDRANT_GRPC_PORT,
             timeout=whole_seconds(timeout),
             check_compatibility=False,
         )
