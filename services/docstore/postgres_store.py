@@ -13,15 +13,18 @@ ESC (U+001B) is written as ESC "1" and NUL as ESC "0" (`_enc` / `_dec`). Only st
 an ESC or a NUL change; `psql` shows those two characters in that form.
 
 Connections come from a `psycopg_pool.ConnectionPool` (autocommit; a write opens its own
-transaction). A lost connection (a server restart) is noticed on use: the pool drops its
-broken connections and the call is tried once more; a server that stays down raises
-`StoreUnavailableError`, as a locked SQLite file does.
+transaction, and so does a read snapshot: REPEATABLE READ, READ ONLY). A lost connection (a
+server restart) is noticed on use: the pool drops its broken connections and the call is
+tried once more; a server that stays down raises `StoreUnavailableError`, as a locked SQLite
+file does.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -118,6 +121,20 @@ def tcp_settings(url: str, timeout_s: float) -> dict[str, Any]:
     return {k: v for k, v in wanted.items() if k not in given}
 
 
+_READ_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+"""The first statement of a read snapshot's transaction (`_read_transaction`)."""
+
+
+@dataclass
+class _Snapshot:
+    """A read snapshot: its connection, in its transaction."""
+
+    conn: psycopg.Connection[Row]
+    no_schema: bool = False
+    """The schema did not exist when it was taken (a read-only store before any writer): every
+    read answers nothing, as outside a snapshot."""
+
+
 def _lock_key(tenant_id: str, doc_id: str) -> int:
     """A signed 64-bit advisory lock key for one document."""
     digest = hashlib.blake2b(f"{tenant_id}\x00{doc_id}".encode(), digest_size=8).digest()
@@ -149,6 +166,7 @@ class PostgresDocumentStore(SqlDocumentStore):
         a fresh one: after an outage of any length the first call once the server is back
         finds it.
         """
+        super().__init__()
         self._url = url
         self.location = mask_url(url)
         """Where the store is, password masked (logs, errors)."""
@@ -249,7 +267,7 @@ class PostgresDocumentStore(SqlDocumentStore):
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s")
 
-    def _query(self, sql: str, args: Sequence[object] = ()) -> list[Row]:
+    def _read(self, sql: str, args: Sequence[object]) -> list[Row]:
         def work(conn: psycopg.Connection[Row]) -> list[Row]:
             try:
                 return conn.execute(self._sql(sql), args).fetchall()  # type: ignore[arg-type]
@@ -257,6 +275,44 @@ class PostgresDocumentStore(SqlDocumentStore):
                 return []
 
         return self._run(work)
+
+    @contextmanager
+    def _read_transaction(self) -> Iterator[_Snapshot]:
+        """A pooled connection in a REPEATABLE READ, READ ONLY transaction: every read in it
+        sees the database as its first read did. A connection found broken as the transaction
+        begins is replaced and the transaction begun once more (as `_run` does); one lost
+        later fails the read that finds it (StoreUnavailableError)."""
+        for attempt in (0, 1):
+            snapshot: _Snapshot | None = None
+            broken = False
+            try:
+                with self._pool.connection() as conn:
+                    try:
+                        with conn.transaction():
+                            conn.execute(_READ_SNAPSHOT)
+                            snapshot = _Snapshot(conn)
+                            yield snapshot
+                        return
+                    except psycopg.OperationalError:
+                        broken = conn.broken or conn.closed
+                        raise
+            except psycopg.OperationalError as exc:
+                if attempt == 0 and broken and snapshot is None:
+                    self._pool.check()  # drop the other stale connections too
+                    continue
+                raise self._unavailable(exc) from None
+        raise AssertionError("unreachable")
+
+    def _read_in(self, snapshot: _Snapshot, sql: str, args: Sequence[object]) -> list[Row]:
+        if snapshot.no_schema:
+            return []
+        try:
+            return snapshot.conn.execute(self._sql(sql), args).fetchall()  # type: ignore[arg-type]
+        except pg_errors.UndefinedTable:  # read-only, before any writer made the schema
+            snapshot.no_schema = True  # nor later in the snapshot: its transaction is aborted
+            return []
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from None
 
     def _write(self, tenant_id: str, doc_id: str, work: Callable[[Any], T]) -> T:
         def locked(conn: psycopg.Connection[Row]) -> T:

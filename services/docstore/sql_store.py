@@ -2,12 +2,17 @@
 services/docstore/store.py names this class).
 
 `SqlDocumentStore` holds every query and write; a subclass supplies the dialect and the
-connections: how a query runs and a write transaction is taken (`_query`, `_write`,
-`_execute`, `_executemany`), its placeholders (`_sql`), a membership test (`_member`), the
-id collation for ordering (`ID_ORDER`), how strings are stored (`_enc` / `_dec`, identity
-unless the database cannot hold every string), and the two batched lookups a search makes
-(`points_by_ids`, and `_chunks_by_keys` under `chunks_by_ids`), whose fastest form differs
-per database.
+connections: how a read runs alone (`_read`) and in a read snapshot (`_read_transaction`,
+`_read_in`), how a write transaction is taken (`_write`, `_execute`, `_executemany`), its
+placeholders (`_sql`), a membership test (`_member`), the id collation for ordering
+(`ID_ORDER`), how strings are stored (`_enc` / `_dec`, identity unless the database cannot
+hold every string), and the two batched lookups a search makes (`points_by_ids`, and
+`_chunks_by_keys` under `chunks_by_ids`), whose fastest form differs per database.
+
+Every read goes through `_query`, which runs it in the calling thread's `snapshot` when
+there is one: several reads that make one answer (`get_document`, a document tool's reads)
+see one committed state, never part of two versions of a document a re-ingest replaced
+between them.
 
 SQL here is written with `?` placeholders; `_sql` turns them into the dialect's.
 """
@@ -15,8 +20,10 @@ SQL here is written with `?` placeholders; `_sql` turns them into the dialect's.
 from __future__ import annotations
 
 import json
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -108,11 +115,25 @@ class SqlDocumentStore(ABC):
     _dec: Callable[[str], str] = staticmethod(_same)
     """A stored string as it was written (`_enc`'s inverse)."""
 
+    def __init__(self) -> None:
+        self._pinned = threading.local()
+        """`.snapshot`: what `_read_transaction` gave this thread's `snapshot`, None outside one."""
+
     # --- the dialect ----------------------------------------------------------------------------
 
     @abstractmethod
-    def _query(self, sql: str, args: Sequence[object] = ()) -> list[Row]:
-        """The rows of one read (`?` placeholders); [] before the schema exists."""
+    def _read(self, sql: str, args: Sequence[object]) -> list[Row]:
+        """The rows of one read (`?` placeholders) in a transaction of its own, on a connection
+        taken for it; [] before the schema exists."""
+
+    @abstractmethod
+    def _read_transaction(self) -> AbstractContextManager[Any]:
+        """A connection held for the block in one read-only transaction whose reads all see
+        the store as its first read did (`snapshot`); what it gives goes to `_read_in`."""
+
+    @abstractmethod
+    def _read_in(self, snapshot: Any, sql: str, args: Sequence[object]) -> list[Row]:
+        """`_read` inside `snapshot` (what `_read_transaction` gave)."""
 
     @abstractmethod
     def _write(self, tenant_id: str, doc_id: str, work: Callable[[Any], T]) -> T:
@@ -161,6 +182,38 @@ class SqlDocumentStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connections."""
+
+    # --- reads in one snapshot -------------------------------------------------------------------
+
+    def _query(self, sql: str, args: Sequence[object] = ()) -> list[Row]:
+        """The rows of one read (`?` placeholders); [] before the schema exists. In this
+        thread's `snapshot` when it has one, else alone."""
+        pinned = getattr(self._pinned, "snapshot", None)
+        return self._read(sql, args) if pinned is None else self._read_in(pinned, sql, args)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every read this thread makes of the store inside the block sees one committed
+        state: the one its first read saw. A write committed meanwhile (a re-ingest, a
+        delete) is not seen at all, so reads that make one answer (`get_document`, a
+        document tool's document, then its chunks or pages) are of one version whole.
+
+        One connection in one read-only transaction for the block (SQLite: BEGIN … COMMIT,
+        which WAL lets writers commit beside; PostgreSQL: REPEATABLE READ, READ ONLY). It is
+        held until the block ends, so keep the block to the reads, in the worker thread that
+        makes them, never across an await, and write nothing in it (a store of one connection,
+        a read-only or in-memory SQLite, holds that one: other threads' reads wait for the
+        block). Reads of other threads are not in it; a block inside one is the outer one.
+        """
+        if getattr(self._pinned, "snapshot", None) is not None:
+            yield
+            return
+        with self._read_transaction() as pinned:
+            self._pinned.snapshot = pinned
+            try:
+                yield
+            finally:
+                self._pinned.snapshot = None
 
     # --- rows ---------------------------------------------------------------------------------
 
@@ -424,26 +477,28 @@ class SqlDocumentStore(ABC):
     def get_document(
         self, tenant_id: str, doc_id: str, *, with_chunks: bool = True
     ) -> Document | None:
-        """One document with its sections (and chunks and page texts unless `with_chunks=False`)."""
+        """One document with its sections (and chunks and page texts unless `with_chunks=False`),
+        all of one version: read in one `snapshot`."""
         t, d, dec = self._enc(tenant_id), self._enc(doc_id), self._dec
-        rows = self._query(
-            f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?", (t, d)
-        )
-        if not rows:
-            return None
-        sections = tuple(
-            Section(dec(s[0]), s[1], dec(s[2]), dec(s[3]), s[4], s[5], s[6], s[7])
-            for s in self._query(
-                f"SELECT {SECTION_COLUMNS} FROM sections WHERE tenant_id=? AND doc_id=?"
-                " ORDER BY ord",
-                (t, d),
+        with self.snapshot():
+            rows = self._query(
+                f"SELECT {DOC_COLUMNS} FROM documents WHERE tenant_id=? AND doc_id=?", (t, d)
             )
-        )
-        doc = replace(self._document(tenant_id, rows[0]), sections=sections)
-        if not with_chunks:
-            return doc
-        chunks = self.chunk_range(tenant_id, doc_id, 0, TO_THE_END)
-        pages = self.pages_text(tenant_id, doc_id, 1, TO_THE_END)
+            if not rows:
+                return None
+            sections = tuple(
+                Section(dec(s[0]), s[1], dec(s[2]), dec(s[3]), s[4], s[5], s[6], s[7])
+                for s in self._query(
+                    f"SELECT {SECTION_COLUMNS} FROM sections WHERE tenant_id=? AND doc_id=?"
+                    " ORDER BY ord",
+                    (t, d),
+                )
+            )
+            doc = replace(self._document(tenant_id, rows[0]), sections=sections)
+            if not with_chunks:
+                return doc
+            chunks = self.chunk_range(tenant_id, doc_id, 0, TO_THE_END)
+            pages = self.pages_text(tenant_id, doc_id, 1, TO_THE_END)
         return replace(doc, chunks=tuple(chunks), page_texts=tuple(p.text for p in pages))
 
     def chunk_by_id(self, tenant_id: str, doc_id: str, chunk_id: str) -> Chunk | None:

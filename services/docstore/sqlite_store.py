@@ -4,7 +4,7 @@ Every read takes the tenant; a document of another tenant is simply not found. A
 is written in one transaction, so a crash mid-document leaves the previous version (or
 nothing) visible, never half of it. The queries and writes are the shared SQL core's
 (services/docstore/sql_store.py); this is the dialect: one file in WAL mode, a write
-connection and a pool of read connections.
+connection and a pool of read connections (a read snapshot holds one of them).
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class SqliteDocumentStore(SqlDocumentStore):
         `timeout_s` is every connection's busy_timeout: a write that finds another writer
         holding the file's lock waits that long, then raises StoreUnavailableError.
         """
+        super().__init__()
         self.path = str(path)
         self._read_only = read_only
         self._timeout_s = timeout_s
@@ -204,15 +205,44 @@ class SqliteDocumentStore(SqlDocumentStore):
                 return conn
         return self._readers.get()
 
-    def _query(self, sql: str, args: Sequence[object] = ()) -> list[Row]:
-        if self._write_lock is self._lock:  # one connection for everything (read-only, ":memory:")
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection to read on for the block: a pooled one, or the store's one connection
+        under its lock (read-only, ":memory:")."""
+        if self._write_lock is self._lock:
             with self._lock:
-                return self._run_query(self._conn, sql, args)
+                yield self._conn
+            return
         conn = self._reader()
         try:
-            return self._run_query(conn, sql, args)
+            yield conn
         finally:
             self._release(conn)
+
+    def _read(self, sql: str, args: Sequence[object]) -> list[Row]:
+        with self._reading() as conn:
+            return self._run_query(conn, sql, args)
+
+    @contextmanager
+    def _read_transaction(self) -> Iterator[sqlite3.Connection]:
+        """A read connection in a deferred transaction: its first read takes the snapshot,
+        which WAL keeps for it until COMMIT while writers commit beside it."""
+        with self._reading() as conn:
+            self._statement(conn, "BEGIN")
+            try:
+                yield conn
+            finally:
+                self._statement(conn, "COMMIT")  # ends a read: nothing to write, no lock to wait
+
+    def _read_in(self, snapshot: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Row]:
+        return self._run_query(snapshot, sql, args)
+
+    @staticmethod
+    def _statement(conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except (sqlite3.OperationalError, sqlite3.ProgrammingError) as exc:  # closed, disk error
+            raise StoreUnavailableError(f"document store: {exc}") from exc
 
     @staticmethod
     def _run_query(conn: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Row]:

@@ -144,16 +144,6 @@ MAX_METADATA_SECTIONS = 500
 """Sections one read_doc_metadata result lists at most."""
 
 
-def _changed_while_read(doc_id: str) -> ToolFailure:
-    """NOT_FOUND for a document deleted or ingested again between two reads of one call:
-    the ids the model holds may no longer name what they did."""
-    return ToolFailure(
-        NOT_FOUND,
-        f"document {doc_id!r} changed while it was being read (deleted or ingested again); "
-        "search again for its current chunks",
-    )
-
-
 def _always_text(args: Mapping[str, Any]) -> bool:
     """Tool.returns_text of a tool that may return text whatever its arguments."""
     return True
@@ -335,6 +325,10 @@ class DocumentTools:
 
     read_chunk_window, read_doc_section, read_doc_pages, read_doc_metadata,
     doc_local_search, load_documents_full; `tools` maps their names to `Tool`s.
+
+    A call makes its reads in one snapshot of the store (`DocumentStore.snapshot`): a
+    document ingested again or deleted while it is read is read as it was, whole, never
+    one version's sections or page count with another's text.
     """
 
     def __init__(self, store: DocumentStore, limits: ToolLimits) -> None:
@@ -465,17 +459,16 @@ class DocumentTools:
         default = min(1, self._limits.max_window_radius)
         before = args.get("window_before", args.get("radius", default))
         after = args.get("window_after", args.get("radius", default))
-        doc = self._doc(caller, args["doc_id"])
-        anchor = self._store.chunk_by_id(caller.tenant_id, doc.doc_id, args["anchor_chunk_id"])
-        if anchor is None:
-            raise ToolFailure(
-                NOT_FOUND, f"chunk {args['anchor_chunk_id']!r} not found in {doc.doc_id!r}"
+        with self._store.snapshot():
+            doc = self._doc(caller, args["doc_id"])
+            anchor = self._store.chunk_by_id(caller.tenant_id, doc.doc_id, args["anchor_chunk_id"])
+            if anchor is None:
+                raise ToolFailure(
+                    NOT_FOUND, f"chunk {args['anchor_chunk_id']!r} not found in {doc.doc_id!r}"
+                )
+            chunks = self._store.chunk_range(
+                caller.tenant_id, doc.doc_id, anchor.ord - before, anchor.ord + after
             )
-        chunks = self._store.chunk_range(
-            caller.tenant_id, doc.doc_id, anchor.ord - before, anchor.ord + after
-        )
-        if anchor.chunk_id not in {c.chunk_id for c in chunks}:
-            raise _changed_while_read(doc.doc_id)
         return {
             "doc_id": doc.doc_id,
             "title": doc.title,
@@ -490,15 +483,16 @@ class DocumentTools:
 
     def read_doc_section(self, caller: Caller, args: dict[str, Any]) -> ToolResult:
         """The text of one section, with its page range."""
-        doc = self._doc(caller, args["doc_id"])
-        section = next((s for s in doc.sections if s.section_id == args["section_id"]), None)
-        if section is None:
-            raise ToolFailure(
-                NOT_FOUND, f"section {args['section_id']!r} not found in {doc.doc_id!r}"
+        with self._store.snapshot():
+            doc = self._doc(caller, args["doc_id"])
+            section = next((s for s in doc.sections if s.section_id == args["section_id"]), None)
+            if section is None:
+                raise ToolFailure(
+                    NOT_FOUND, f"section {args['section_id']!r} not found in {doc.doc_id!r}"
+                )
+            chunks = self._store.chunk_range(
+                caller.tenant_id, doc.doc_id, section.first_chunk_ord, section.last_chunk_ord
             )
-        chunks = self._store.chunk_range(
-            caller.tenant_id, doc.doc_id, section.first_chunk_ord, section.last_chunk_ord
-        )
         return {
             "doc_id": doc.doc_id,
             "section_id": section.section_id,
@@ -524,26 +518,15 @@ class DocumentTools:
             raise ToolFailure(
                 INVALID_ARGUMENT, f"page_end {asked_last} is before page_start {first}"
             )
-        doc = self._doc(caller, args["doc_id"])
-        if first > doc.pages:
-            raise ToolFailure(
-                NOT_FOUND, f"page {first} not in {doc.doc_id!r}, which has {doc.pages} page(s)"
-            )
-        wanted = min(asked_last, doc.pages)
-        last = min(wanted, first + self._limits.max_pages_per_call - 1)
-        pages: list[dict[str, Any]] = [
-            {"page": p.number, "text": p.text}
-            for p in self._store.pages_text(caller.tenant_id, doc.doc_id, first, last)
-        ]
-        if not pages:  # page text not stored (older store files): rebuild pages from chunks
-            chunks = self._all_chunks(caller, doc.doc_id)
-            pages = [
-                {
-                    "page": n,
-                    "text": join_chunks(c.text for c in chunks if c.page_start <= n <= c.page_end),
-                }
-                for n in range(first, last + 1)
-            ]
+        with self._store.snapshot():
+            doc = self._doc(caller, args["doc_id"])
+            if first > doc.pages:
+                raise ToolFailure(
+                    NOT_FOUND, f"page {first} not in {doc.doc_id!r}, which has {doc.pages} page(s)"
+                )
+            wanted = min(asked_last, doc.pages)
+            last = min(wanted, first + self._limits.max_pages_per_call - 1)
+            pages = self._page_texts(caller, doc.doc_id, first, last)
         pages = self._whole_pages(pages)
         last = int(pages[-1]["page"]) if pages else last
         cut = last < wanted
@@ -557,6 +540,23 @@ class DocumentTools:
             "truncated": cut,
             "next_page_start": last + 1 if cut else None,
         }
+
+    def _page_texts(
+        self, caller: Caller, doc_id: str, first: int, last: int
+    ) -> list[dict[str, Any]]:
+        """{page, text} of pages first..last; rebuilt from the chunks on them when the store
+        holds no page texts (older store files)."""
+        pages = self._store.pages_text(caller.tenant_id, doc_id, first, last)
+        if pages:
+            return [{"page": p.number, "text": p.text} for p in pages]
+        chunks = self._all_chunks(caller, doc_id)
+        return [
+            {
+                "page": n,
+                "text": join_chunks(c.text for c in chunks if c.page_start <= n <= c.page_end),
+            }
+            for n in range(first, last + 1)
+        ]
 
     def _whole_pages(self, pages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The leading `pages` whose texts fit max_text_bytes together, so that a call that
@@ -610,8 +610,9 @@ class DocumentTools:
             raise ToolFailure(
                 INVALID_ARGUMENT, "query has no words to search for (stop words do not count)"
             )
-        doc = self._doc(caller, args["doc_id"])
-        chunks = self._all_chunks(caller, doc.doc_id)
+        with self._store.snapshot():
+            doc = self._doc(caller, args["doc_id"])
+            chunks = self._all_chunks(caller, doc.doc_id)
         scores = bm25_scores(terms, [search_terms(c.text) for c in chunks])
         ranked = sorted((i for i, s in enumerate(scores) if s > 0), key=lambda i: (-scores[i], i))
         titles = {s.section_id: s.title for s in doc.sections}
@@ -646,22 +647,18 @@ class DocumentTools:
         if ("document_ids" in args) == ("doc_ids" in args):
             raise ToolFailure(INVALID_ARGUMENT, "give document_ids (or its alias doc_ids)")
         wanted = list(dict.fromkeys(args.get("document_ids") or args["doc_ids"]))
-        docs = []
-        missing = []
-        for doc_id in wanted:
-            doc = self._store.get_document(caller.tenant_id, doc_id, with_chunks=False)
-            if doc is None:
-                missing.append(doc_id)
-            else:
-                docs.append(doc)
-        if missing:
-            raise ToolFailure(NOT_FOUND, f"document(s) not found: {', '.join(map(repr, missing))}")
+        with self._store.snapshot():
+            docs = [
+                self._store.get_document(caller.tenant_id, d, with_chunks=False) for d in wanted
+            ]
+            missing = [doc_id for doc_id, doc in zip(wanted, docs, strict=True) if doc is None]
+            if missing:
+                listed = ", ".join(map(repr, missing))
+                raise ToolFailure(NOT_FOUND, f"document(s) not found: {listed}")
+            texts = [(doc, self._whole_text(caller, doc.doc_id)) for doc in docs if doc is not None]
         include = args.get("include_content", True)
         out = []
-        for doc in docs:
-            pages = self._store.pages_text(caller.tenant_id, doc.doc_id, 1, TO_THE_END)
-            chunks = () if pages else self._all_chunks(caller, doc.doc_id)
-            text = whole_text((p.text for p in pages), (c.text for c in chunks))
+        for doc, text in texts:
             entry: dict[str, Any] = {
                 "document_id": doc.doc_id,
                 "title": doc.title,
@@ -672,6 +669,13 @@ class DocumentTools:
                 entry["content"] = text
             out.append(entry)
         return {"documents": out, "total_chars": sum(d["chars"] for d in out)}
+
+    def _whole_text(self, caller: Caller, doc_id: str) -> str:
+        """A document's whole text (chunking.whole_text): its pages, or its chunks when the
+        store holds no page texts."""
+        pages = self._store.pages_text(caller.tenant_id, doc_id, 1, TO_THE_END)
+        chunks = () if pages else self._all_chunks(caller, doc_id)
+        return whole_text((p.text for p in pages), (c.text for c in chunks))
 
 
 # --- the executor -----------------------------------------------------------------------------

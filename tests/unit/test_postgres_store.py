@@ -171,6 +171,42 @@ def test_connection_loss_is_store_unavailable_and_the_store_recovers(own_server)
         store.close()
 
 
+def _cut_connections(url: str) -> None:
+    """End every other session on `url`'s database (a failover, an idle timeout)."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+def test_a_snapshot_begun_on_cut_connections_replaces_them(pg_url):
+    # get_document reads in a snapshot (its own transaction): a pooled connection found cut
+    # as it begins is replaced, as a lone read's is.
+    store = PostgresDocumentStore(pg_url, pool_size=2)
+    try:
+        d = doc()
+        store.put(d)
+        _cut_connections(pg_url)
+        assert store.get_document("t1", "guide") == d
+    finally:
+        store.close()
+
+
+def test_a_connection_cut_inside_a_snapshot_is_store_unavailable(pg_url):
+    store = PostgresDocumentStore(pg_url, pool_size=2)
+    try:
+        d = doc()
+        store.put(d)
+        with pytest.raises(StoreUnavailableError), store.snapshot():
+            assert store.document_generation("t1", "guide") == d.generation
+            _cut_connections(pg_url)
+            store.get_document("t1", "guide")
+        assert store.get_document("t1", "guide") == d  # the store recovers
+    finally:
+        store.close()
+
+
 def test_an_unreachable_server_at_start_is_store_unavailable_without_the_password(pg_server):
     url = f"postgresql://visior:{PASSWORD}@127.0.0.1:1/visior"  # nothing listens on port 1
     with pytest.raises(StoreUnavailableError) as info:

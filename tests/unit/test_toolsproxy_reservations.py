@@ -1,7 +1,7 @@
 """ToolsProxy at its default limits with calls running at once: each call in flight reserves
 about what a full result holds (none when it returns no text), so calls under the token
 limits are admitted and only those that reach them wait; and a document that changes while
-read_chunk_window reads it is NOT_FOUND, not an internal error."""
+read_chunk_window reads it is read as it was, whole."""
 
 from __future__ import annotations
 
@@ -182,17 +182,22 @@ class ChangesAfterTheAnchor:
 
 
 @pytest.mark.parametrize("change", ["deleted", "ingested again, shorter"])
-async def test_a_document_changed_under_read_chunk_window_is_not_found(store, change):
+async def test_a_document_changed_under_read_chunk_window_is_read_as_it_was(store, change):
+    # The call's reads are one snapshot of the store: the window is the version whose anchor
+    # was found, whole.
     def changed() -> None:
         if change == "deleted":
             store.delete("a", "guide")
         else:
             store.put(parsed("guide", "# Guide\n\nOne short section now."))
 
-    ex = ToolExecutor(DocumentTools(ChangesAfterTheAnchor(store, changed), ToolLimits()).tools)  # type: ignore[arg-type]
-    out = await ex.execute(
-        "read_chunk_window", {"doc_id": "guide", "anchor_chunk_id": "guide:c00003"}, A
+    window = {"doc_id": "guide", "anchor_chunk_id": "guide:c00003"}
+    before = await ToolExecutor(DocumentTools(store, ToolLimits()).tools).execute(
+        "read_chunk_window", window, A
     )
-    assert (out.status, out.error_code) == ("error", "NOT_FOUND")
-    assert "changed while it was being read" in out.error_message
-    assert "search again" in out.error_message
+    assert before.status == "ok", before
+    ex = ToolExecutor(DocumentTools(ChangesAfterTheAnchor(store, changed), ToolLimits()).tools)  # type: ignore[arg-type]
+    out = await ex.execute("read_chunk_window", window, A)
+    assert out == before
+    after = await ex.execute("read_chunk_window", window, A)
+    assert (after.status, after.error_code) == ("error", "NOT_FOUND")  # it did change
