@@ -58,8 +58,20 @@ def remaining_seconds() -> float | None:
     return deadline - time.monotonic()
 
 
+CALLER_MARGIN_S = 0.25
+"""How long before the caller's deadline a call made for it is given up."""
+HOP_MARGIN_SHARE = 0.1
+"""A call to a mesh neighbour ends this share of the caller's time left before the caller's
+deadline, CALLER_MARGIN_S at most (`call_timeout`)."""
+
+
 def call_timeout(configured: float) -> float:
-    """The timeout for an outgoing call: the configured one, clamped to the caller's remaining time.
+    """The timeout for an outgoing call to a mesh neighbour: the configured one, cut to end
+    before the caller's deadline by a margin (HOP_MARGIN_SHARE of the time left, at most
+    CALLER_MARGIN_S). The inner call's deadline then fires first, and this service answers
+    its caller with what it makes of that (a tool error, an error naming the neighbour)
+    before the caller gives up: with both deadlines at one instant (the LLM's 5 s for a tool
+    call, ToolsProxy's 5 s for its search) the caller saw only its own DEADLINE_EXCEEDED.
 
     grpc's time_remaining() is huge when the caller set no deadline (grpc#26236); the
     interceptor stores None then, so the configured timeout applies.
@@ -67,11 +79,8 @@ def call_timeout(configured: float) -> float:
     left = remaining_seconds()
     if left is None:
         return configured
-    return max(0.0, min(configured, left))
-
-
-CALLER_MARGIN_S = 0.25
-"""How long before the caller's deadline a call to an outside service is given up."""
+    margin = min(CALLER_MARGIN_S, max(0.0, left) * HOP_MARGIN_SHARE)
+    return max(0.0, min(configured, left - margin))
 MIN_VERDICT_S = 1.0
 """A timeout cut shorter than this by the caller's deadline says nothing about the service."""
 
