@@ -50,8 +50,8 @@ from services.retrieval.index.qdrant_common import VectorIndex
 from services.retrieval.query import (
     QueryExpander,
     SynonymTable,
-    acronyms,
     detect_language,
+    exact_terms,
     expand_query,
     passage_language,
 )
@@ -81,8 +81,9 @@ Scored = tuple[StoredPoint, float]
 RANKINGS = ("hybrid", "dense", "sparse")
 CHUNK_LANGUAGES_CACHED = 200_000
 """Chunk languages the engine keeps (point id -> language, ~100 bytes each)."""
-ACRONYM_WEIGHT = 0.5
-"""Weight of the BM25 list of a query's abbreviations alone, next to dense 0.7 + BM25 0.3."""
+EXACT_WEIGHT = 0.5
+"""Weight of the BM25 list of a query's exact terms alone (`query.exact_terms`: its
+abbreviations, a Russian query's Latin words), next to dense 0.7 + BM25 0.3."""
 DEEPER = 4
 """How much deeper the chunk stage fetches again when the caps leave the answer short
 (`RetrievalEngine._deepening`)."""
@@ -257,7 +258,7 @@ class _Plan(RequestLimits):
     fusion: str
     rerank: bool
     base_filter: IndexFilter
-    acronyms: tuple[str, ...] = ()
+    exact_terms: tuple[str, ...] = ()
     """Abbreviations the query writes in capitals: the BM25 list of them alone joins the
     weighted fusion (docs/architecture.md §6)."""
 
@@ -462,7 +463,7 @@ class RetrievalEngine:
             fusion=q.fusion or s.fusion,
             rerank=rerank,
             base_filter=base,
-            acronyms=acronyms(q.query),
+            exact_terms=exact_terms(q.query),
         )
 
     async def _model_variants(self, plan: _Plan, expander: QueryExpander) -> _Plan:
@@ -633,10 +634,10 @@ class RetrievalEngine:
                 lists.append(("sparse", RankQuery(flt, depth, text=keyword_text)))
                 for i, variant in enumerate(plan.variants):
                     lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))
-                if plan.acronyms and plan.ranking == "hybrid" and plan.fusion == "weighted":
+                if plan.exact_terms and plan.ranking == "hybrid" and plan.fusion == "weighted":
                     # Only the weighted fusion reads it (_level): no index query for nothing.
-                    text = " ".join(plan.acronyms)
-                    lists.append(("acronyms", RankQuery(flt, depth, text=text)))
+                    text = " ".join(plan.exact_terms)
+                    lists.append(("exact", RankQuery(flt, depth, text=text)))
             named.append(lists)
         queries = [q for lists in named for _, q in lists]
         index = self._index
@@ -737,8 +738,8 @@ class RetrievalEngine:
         if plan.ranking == "dense":
             # Cosine similarity, clipped to [0, 1] so min_score reads the same everywhere.
             return [(k, max(0.0, min(1.0, v))) for k, v in lists.get("dense", [])]
-        exact = lists.get("acronyms", [])
-        sparse_lists = {n: v for n, v in lists.items() if n not in ("dense", "acronyms")}
+        exact = lists.get("exact", [])
+        sparse_lists = {n: v for n, v in lists.items() if n not in ("dense", "exact")}
         if len(sparse_lists) > 1:
             # Query variants (expansion) merge with RRF into one BM25 list.
             merged = rrf_fusion({n: [k for k, _ in v] for n, v in sparse_lists.items()}, k=s.rrf_k)
@@ -770,8 +771,9 @@ class RetrievalEngine:
             # add_exact_matches and the rerank scaling read scores in [0, 1].
             fused = [(k, v / total) for k, v in fused]
         if exact:
-            # The embedding reads an unknown abbreviation as noise; BM25 matches it exactly.
-            fused = add_exact_matches(fused, exact, ACRONYM_WEIGHT)
+            # The embedding reads an unknown abbreviation as noise, and a borrowed word as a
+            # small part of a sentence; BM25 matches either exactly.
+            fused = add_exact_matches(fused, exact, EXACT_WEIGHT)
         return fused
 
     # -- rerank -----------------------------------------------------------------------------

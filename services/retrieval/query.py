@@ -315,18 +315,27 @@ class QueryExpander(Protocol):
 
 _ACRONYM = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,7}(?![\w-])")
 _LOWER = re.compile(r"[a-zа-яё]")
+_CYRILLIC_WORD = re.compile(r"[а-яё]{2,}")
+_LATIN_WORD = re.compile(r"(?<![\w-])[A-Za-z][A-Za-z0-9_]{2,}(?!\w)")
 
 
-def acronyms(text: str) -> tuple[str, ...]:
-    """The abbreviations written in capitals in a query ("FTBFS", "RC", "HTTP2"), in order.
+def exact_terms(text: str) -> tuple[str, ...]:
+    """The words of a query that BM25 should match as written, in order: the abbreviations
+    written in capitals ("FTBFS", "RC", "HTTP2"), and in a query with Russian words its
+    Latin-script words of three letters or more that are no stop words (the names and
+    identifiers a Russian question borrows: "hardening", "dh_make", "Kubernetes").
 
-    A dense embedding reads an abbreviation it has not learnt as noise, while BM25 matches it
-    exactly; the engine leans on BM25 for such queries (docs/architecture.md §6). A query
-    written all in capitals has none: its capitals say nothing about any one word.
+    A dense embedding reads an abbreviation it has not learnt as noise, and a borrowed word
+    in a Russian sentence as a small part of its meaning, while BM25 matches either exactly;
+    the engine leans on BM25 for such queries (docs/architecture.md §6). A query written
+    all in capitals has none: its capitals say nothing about any one word.
     """
     if not _LOWER.search(text):
         return ()
-    return tuple(dict.fromkeys(_ACRONYM.findall(text)))
+    found = _ACRONYM.findall(text)
+    if _CYRILLIC_WORD.search(text):
+        found += [w for w in _LATIN_WORD.findall(text) if _content(w)]
+    return tuple(dict.fromkeys(found))
 
 
 # --- a document named by its title ------------------------------------------------------

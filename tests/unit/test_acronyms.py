@@ -1,15 +1,16 @@
-"""Abbreviations in a query ("What is FTBFS?", «Что такое RC?»): a dense embedding reads one it
-has not learnt as noise, BM25 matches it exactly, so the engine adds the BM25 list of the
-query's abbreviations alone to the weighted fusion (query.acronyms, fusion.add_exact_matches,
-the engine's `acronyms` list)."""
+"""Exact terms of a query: abbreviations ("What is FTBFS?", «Что такое RC?») and a Russian
+question's borrowed Latin words («… (hardening) …»). A dense embedding reads the first as
+noise and the second as a small part of a sentence, BM25 matches either exactly, so the
+engine adds the BM25 list of those words alone to the weighted fusion (query.exact_terms,
+fusion.add_exact_matches, the engine's `exact` list)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.retrieval.engine import ACRONYM_WEIGHT
+from services.retrieval.engine import EXACT_WEIGHT
 from services.retrieval.fusion import add_exact_matches
-from services.retrieval.query import acronyms
+from services.retrieval.query import exact_terms
 from services.retrieval.search import SearchQuery
 from tests.unit.small_corpus import StandInEmbedder, small_corpus
 
@@ -21,7 +22,7 @@ from tests.unit.small_corpus import StandInEmbedder, small_corpus
     [
         ("What is FTBFS?", ("FTBFS",)),
         ("Что такое RC?", ("RC",)),
-        ("Кто такой DM в Debian?", ("DM",)),
+        ("Кто такой DM в Debian?", ("DM", "Debian")),
         ("Is HTTP2 faster than HTTP2 over TLS?", ("HTTP2", "TLS")),
         # Two to eight characters, a capital letter first.
         ("What is a B tree?", ()),
@@ -39,7 +40,29 @@ from tests.unit.small_corpus import StandInEmbedder, small_corpus
     ],
 )
 def test_acronyms_are_the_words_written_in_capitals(query, found):
-    assert acronyms(query) == found
+    assert exact_terms(query) == found
+
+
+@pytest.mark.parametrize(
+    ("query", "found"),
+    [
+        # A Russian question's borrowed Latin words are matched as written too.
+        ("Как включить все флаги усиления безопасности (hardening) при сборке пакета?",
+         ("hardening",)),
+        ("Как настроить LDAP в Kubernetes?", ("LDAP", "Kubernetes")),
+        ("Что делает dh_make?", ("dh_make",)),
+        ("Как передать DEB_BUILD_OPTIONS=nocheck?", ("DEB_BUILD_OPTIONS", "nocheck")),
+        # Three letters or more, no stop words, whole words only.
+        ("Что такое io в Linux?", ("Linux",)),
+        ("Что значит the и and в man?", ("man",)),
+        ("Что делает X-Forwarded-For?", ()),
+        # Not in an English query: its words are the sentence itself.
+        ("How does dh_make work?", ()),
+        ("Debian Linux", ()),
+    ],
+)  # fmt: skip
+def test_a_russian_querys_latin_words_are_exact_terms(query, found):
+    assert exact_terms(query) == found
 
 
 # -- add_exact_matches --------------------------------------------------------------------
@@ -62,7 +85,7 @@ def test_exact_matches_are_added_at_their_weight_and_the_scale_stays_zero_to_one
 
 
 def test_a_strong_exact_match_overtakes_the_dense_favourite():
-    out = add_exact_matches([(1, 0.7), (2, 0.3)], [(2, 5.0)], ACRONYM_WEIGHT)
+    out = add_exact_matches([(1, 0.7), (2, 0.3)], [(2, 5.0)], EXACT_WEIGHT)
     assert out[0][0] == 2
 
 
