@@ -17,7 +17,7 @@ from _pytest.nodeid import NodeId
 os.environ.setdefault("RETR_EMBEDDING_PROFILE", "fast")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as services/retrieval/__main__.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-from tests.pg_server import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)
+from tests.pg_server import open_store, pg_server, pg_url  # noqa: F401  (a real PostgreSQL server)
 
 
 @pytest.fixture

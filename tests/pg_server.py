@@ -4,7 +4,8 @@ free loopback port, stopped at the end (no Docker, no system service).
 The binaries come from Debian's `postgresql` package (/usr/lib/postgresql/<major>/bin, not on
 PATH); `make test` and `make test-fast` install it when missing. initdb and postgres refuse
 to run as root: as root they run as the package's `postgres` system user. Fixtures:
-`pg_server` (one per session) and `pg_url` (a fresh, empty database per test).
+`pg_server` (one per session), `pg_url` (a fresh, empty database per test) and `open_store`
+(document stores on either backend, for the tests both stores must pass).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from services.common.topology import free_ports
+from services.docstore.factory import open_document_store
+from services.docstore.store import DocumentStore
 
 INSTALL_HINT = (
     "PostgreSQL server binaries not found (looked for /usr/lib/postgresql/*/bin/initdb and "
@@ -139,3 +143,28 @@ def pg_url(pg_server: PgCluster) -> Iterator[str]:
     name = pg_server.create_database()
     yield pg_server.url(name)
     pg_server.drop_database(name)
+
+
+Opener = Callable[..., DocumentStore]
+"""Opens a document store (each call a new one) on the location `open_store` chose."""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens stores (each call a new one, with its own connections) on one location of the
+    parametrized backend: an SQLite file, or a fresh database on the test PostgreSQL."""
+    where = (
+        str(tmp_path / "s.sqlite")
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    opened: list[DocumentStore] = []
+
+    def opener(**kw: Any) -> DocumentStore:
+        store = open_document_store(where, **kw)
+        opened.append(store)
+        return store
+
+    yield opener
+    for store in opened:
+        store.close()

@@ -6,21 +6,15 @@ starting is one "cannot start" line and exit 1."""
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from services.common.runner import run_service
-from services.common.settings import Env, ServerSettings, SettingsError
-from services.docstore.errors import StoreUnavailableError
+from services.common.settings import Env, SettingsError
 from services.retrieval.config import RetrievalSettings
-from services.retrieval.embeddings import EmbeddingBackendError
-from services.retrieval.index.base import IndexLockedError, IndexUnavailableError
 from services.toolsproxy.config import ToolsProxySettings
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -113,77 +107,6 @@ def test_a_synonyms_file_that_is_missing_a_directory_or_bad_json_is_a_bad_settin
     good = tmp_path / "good.txt"
     good.write_text("договор, контракт\n", encoding="utf-8")
     assert _retrieval({**data, "RETR_SYNONYMS_PATH": str(good)}).synonyms_path == str(good)
-
-
-# -- start-up failures with no bad setting: one "cannot start" line, exit 1 ------------------
-
-
-@dataclass(frozen=True)
-class _Settings:
-    server: ServerSettings
-
-
-@pytest.fixture(autouse=True)
-def _keep_logging():
-    """run_service configures the root logger (JSON to stderr); put pytest's back after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def _exit_of(failure: BaseException, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """run_service's exit status and stderr when starting raises `failure`."""
-
-    async def start(settings: _Settings):
-        raise failure
-
-    with pytest.raises(SystemExit) as exit_info:
-        run_service(lambda: _Settings(ServerSettings(service="test")), start)
-    code = exit_info.value.code
-    assert isinstance(code, int)
-    return code, capfd.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "failure",
-    [
-        StoreUnavailableError("document store (PostgreSQL postgresql://u:***@h:1/db): refused"),
-        EmbeddingBackendError("cannot reach the embedding backend"),
-    ],
-    ids=["store", "embedder"],
-)
-def test_an_unreachable_dependency_while_starting_is_one_line_and_exit_1(
-    failure: BaseException, capfd: pytest.CaptureFixture[str]
-) -> None:
-    code, err = _exit_of(failure, capfd)
-    assert code == 1
-    assert f"cannot start: {failure}" in err
-    assert "Traceback" not in err
-
-
-def test_the_shared_start_error_base_is_one_line_and_exit_1(
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    from services.common.startup import DependencyUnavailableError
-
-    class Held(DependencyUnavailableError):
-        pass
-
-    code, err = _exit_of(Held("the index is open in another process"), capfd)
-    assert code == 1
-    assert "cannot start: the index is open in another process" in err
-    assert "Traceback" not in err
-
-
-@pytest.mark.parametrize("cls", [IndexUnavailableError, IndexLockedError])
-def test_an_index_that_cannot_be_opened_while_starting_is_one_line_and_exit_1(
-    cls: type[Exception], capfd: pytest.CaptureFixture[str]
-) -> None:
-    code, err = _exit_of(cls("Qdrant Edge shard /d/index is already open"), capfd)
-    assert code == 1
-    assert "cannot start: Qdrant Edge shard /d/index is already open" in err
 
 
 def _run(module: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -5,20 +5,17 @@ import dataclasses
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
 from services.docstore.errors import StoreUnavailableError
-from services.docstore.factory import open_document_store
 from services.docstore.model import Page, StoredPoint
 from services.docstore.parsing import parse_document
 from services.docstore.postgres_store import PostgresDocumentStore
 from services.docstore.sqlite_store import SqliteDocumentStore, require_json_functions
 from services.docstore.store import DocumentStore
-
-Opener = Callable[..., DocumentStore]
+from tests.pg_server import Opener
 
 MD = (
     "# Guide\n\nIntro text here.\n\n## LDAP\n\nSet up LDAP. Use ldaps.\n\f\n"
@@ -30,27 +27,6 @@ def doc(tenant="t1", doc_id="guide", text=MD, **kw):
     return parse_document(
         tenant_id=tenant, doc_id=doc_id, content=text.encode(), fmt="markdown", **kw
     )
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def open_store(request, tmp_path) -> Iterator[Opener]:
-    """Opens stores (each call a new one, with its own connections) on one location of the
-    parametrized backend: an SQLite file, or a fresh database on the test PostgreSQL."""
-    where = (
-        str(tmp_path / "s.sqlite")
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    opened: list[DocumentStore] = []
-
-    def opener(**kw) -> DocumentStore:
-        store = open_document_store(where, **kw)
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
 
 
 @pytest.fixture

@@ -7,18 +7,16 @@ after its n-th read."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from services.docstore.factory import open_document_store
 from services.docstore.model import Document
 from services.docstore.parsing import ChunkingConfig, parse_document
 from services.docstore.store import DocumentStore
 from services.toolsproxy.tools import Caller, DocumentTools, ToolFailure, ToolLimits
+from tests.pg_server import Opener
 
-Opener = Callable[..., DocumentStore]
 CALLER = Caller("t1", "u1")
 TOOL_LIMITS = ToolLimits(max_window_radius=2, max_text_bytes=1 << 20, max_full_text_bytes=1 << 20)
 
@@ -48,26 +46,6 @@ def test_the_versions_differ_where_a_mix_would_show():
     for old, new in zip(OLD.sections[1:], NEW.sections[1:], strict=True):
         assert (old.first_chunk_ord, old.page_start) != (new.first_chunk_ord, new.page_start)
     assert OLD.title != NEW.title and len(OLD.chunks) < len(NEW.chunks)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def open_store(request, tmp_path) -> Iterator[Opener]:
-    """Opens stores on one location of the parametrized backend (as tests/unit/test_docstore.py)."""
-    where = (
-        str(tmp_path / "s.sqlite")
-        if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    opened: list[DocumentStore] = []
-
-    def opener(**kw: Any) -> DocumentStore:
-        store = open_document_store(where, **kw)
-        opened.append(store)
-        return store
-
-    yield opener
-    for store in opened:
-        store.close()
 
 
 @pytest.fixture(params=["read-only store", "the writer's own store"])

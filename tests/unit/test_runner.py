@@ -23,6 +23,10 @@ from prometheus_client import CollectorRegistry
 from services.common.runner import freeze_startup_heap, run_service
 from services.common.server import RunningServer
 from services.common.settings import ServerSettings, SettingsError
+from services.common.startup import DependencyUnavailableError
+from services.docstore.errors import StoreUnavailableError
+from services.retrieval.embeddings import EmbeddingBackendError
+from services.retrieval.index.base import IndexLockedError, IndexUnavailableError
 
 
 class Node:
@@ -164,3 +168,57 @@ async def test_companion_listeners_stop_beside_the_grpc_server_with_its_grace() 
     # One after the other, the gRPC stop would wait for the companion for ever.
     await asyncio.wait_for(running.stop(7.0), timeout=5)
     assert server.grace == 7.0 and graces == [7.0]
+
+
+# -- start-up failures with no bad setting: one "cannot start" line, exit 1 ------------------
+
+
+def _exit_of(failure: BaseException, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """run_service's exit status and stderr when starting raises `failure`."""
+
+    async def start(settings: _Settings):
+        raise failure
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_service(lambda: _Settings(ServerSettings(service="test")), start)
+    code = exit_info.value.code
+    assert isinstance(code, int)
+    return code, capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        StoreUnavailableError("document store (PostgreSQL postgresql://u:***@h:1/db): refused"),
+        EmbeddingBackendError("cannot reach the embedding backend"),
+    ],
+    ids=["store", "embedder"],
+)
+def test_an_unreachable_dependency_while_starting_is_one_line_and_exit_1(
+    failure: BaseException, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _exit_of(failure, capfd)
+    assert code == 1
+    assert f"cannot start: {failure}" in err
+    assert "Traceback" not in err
+
+
+def test_the_shared_start_error_base_is_one_line_and_exit_1(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    class Held(DependencyUnavailableError):
+        pass
+
+    code, err = _exit_of(Held("the index is open in another process"), capfd)
+    assert code == 1
+    assert "cannot start: the index is open in another process" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("cls", [IndexUnavailableError, IndexLockedError])
+def test_an_index_that_cannot_be_opened_while_starting_is_one_line_and_exit_1(
+    cls: type[Exception], capfd: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _exit_of(cls("Qdrant Edge shard /d/index is already open"), capfd)
+    assert code == 1
+    assert "cannot start: Qdrant Edge shard /d/index is already open" in err
