@@ -81,6 +81,8 @@ def call_timeout(configured: float) -> float:
         return configured
     margin = min(CALLER_MARGIN_S, max(0.0, left) * HOP_MARGIN_SHARE)
     return max(0.0, min(configured, left - margin))
+
+
 MIN_VERDICT_S = 1.0
 """A timeout cut shorter than this by the caller's deadline says nothing about the service."""
 

@@ -127,8 +127,8 @@ BUSY_LIMIT_NAME = "max_concurrent_rpcs"
 """The `limit_name` of that refusal: the cap it met (ServerSettings.max_concurrent_rpcs)."""
 DRAINING = "DRAINING"
 """The reason of the UnavailableError of a server that has begun to stop: its own GetHealth
-(services.common.interceptors) and a stream still running as the grace runs out
-(services.llm.servicer). Ask another replica, or again."""
+(services.common.interceptors) and a call still running as the grace runs out
+(services.common.draining). Ask another replica, or again."""
 
 
 class UnavailableError(ServiceError, code=UNAVAILABLE, reason="UPSTREAM_UNAVAILABLE"):

@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
+from services.common.draining import CallsInterceptor, RunningCalls
 from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics
 from services.common.reflection import enable_reflection
@@ -128,13 +129,15 @@ class RunningServer:
     registry: CollectorRegistry
     metrics_port: int | None = None
     companions: list[Callable[[float], Awaitable[None]]] = field(default_factory=list)
-    """The stops of the process's other listeners (ToolsProxy's MCP endpoint) and of handlers
-    that must end before the grace runs out (the LLM service's streams): each runs beside
-    the gRPC server's, with the same grace."""
+    """The stops of the process's other listeners (ToolsProxy's MCP endpoint): each runs
+    beside the gRPC server's, with the same grace."""
     metrics: MetricsExporter | None = None
     """The Prometheus exporter serving `registry` on `metrics_port`, stopped last."""
     interceptor: ServerInterceptor | None = None
     """The server's interceptor: told when the server begins to stop (`draining`)."""
+    calls: RunningCalls | None = None
+    """The server's calls in flight (services.common.draining): those still running as the
+    stop's grace is about to run out end with UNAVAILABLE DRAINING."""
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -148,7 +151,11 @@ class RunningServer:
     async def stop(self, grace: float, drain: float = 0.0) -> None:
         """Health NOT_SERVING for good (each service's own GetHealth too), wait `drain` s for
         balancers to notice, end the health Watch streams, then refuse new RPCs and let
-        in-flight ones finish for up to `grace` s (on the companion listeners too)."""
+        in-flight ones finish for up to `grace` s (on the companion listeners too).
+
+        A call still running END_MARGIN_S before the grace runs out (at most half the grace:
+        services.common.draining) ends with UNAVAILABLE DRAINING, a reason its caller can
+        read, before grpc cancels what is left with a bare UNAVAILABLE at the grace's end."""
         await self.health.enter_graceful_shutdown()
         if self.interceptor is not None:
             self.interceptor.draining = True
@@ -156,11 +163,14 @@ class RunningServer:
             await asyncio.sleep(drain)
         if isinstance(self.health, HealthServicer):
             self.health.end_watches()
+        ending = self.calls.end_before(grace) if self.calls is not None else None
         try:
             await asyncio.gather(
                 self.server.stop(grace), *(stop(grace) for stop in self.companions)
             )
         finally:
+            if ending is not None:
+                ending.cancel()  # every call has ended
             if self.metrics is not None:
                 await self.metrics.stop()
 
@@ -202,7 +212,11 @@ async def start_server(
     interceptor = ServerInterceptor(
         domain, RpcMetrics(registry), tracing, max_concurrent_rpcs=settings.max_concurrent_rpcs
     )
-    server = grpc.aio.server(interceptors=[interceptor], options=server_options(settings))
+    # Inside the interceptor (listed after it): a call the stop ends raises DRAINING there.
+    calls = RunningCalls(settings.service)
+    server = grpc.aio.server(
+        interceptors=[interceptor, CallsInterceptor(calls)], options=server_options(settings)
+    )
     register(server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -213,7 +227,7 @@ async def start_server(
     metrics_port = metrics.port if metrics else None
     running = RunningServer(
         server, port, health_servicer, names, registry, metrics_port, metrics=metrics,
-        interceptor=interceptor,
+        interceptor=interceptor, calls=calls,
     )  # fmt: skip
     try:
         await server.start()

@@ -88,8 +88,6 @@ async def start(settings: LlmSettings) -> tuple[RunningServer, Closer]:
     running = await start_server(
         settings.server, register, SERVICE_NAMES, registry, domain=ERROR_DOMAIN, tracing=tracing
     )
-    # At stop, streams still running end with an error event before the grace runs out.
-    running.companions.append(servicer.end_calls)
 
     async def close() -> None:
         catalogue_task.cancel()

@@ -9,7 +9,7 @@ import grpc
 from visior.common.v1 import common_pb2
 from visior.llm.v1 import llm_pb2, llm_pb2_grpc
 
-from services.common import errors
+from services.common import draining, errors
 from services.common.context import check_trace_id, current_trace_id
 from services.common.logging import bind_trace_id
 from services.common.status import status_proto
@@ -33,9 +33,6 @@ SERVICE_NAME = SERVICE_BY_KEY["llm"].grpc_services[0]
 """The gRPC service GetHealth names (services/common/topology.py)."""
 ERROR_DOMAIN = "visior.llm"
 """The ErrorInfo domain of this service's errors."""
-END_MARGIN_S = 1.0
-"""How long before the stop's grace runs out a stream still running ends (at most half the
-grace): time for its error event to go out before grpc cancels the call."""
 
 
 def generate_input(req: llm_pb2.GenerateRequest) -> GenerateInput:
@@ -114,18 +111,9 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
     )
 
 
-class _Stopping:
-    """Put in a call's queue when the stop's grace is about to run out: the call ends."""
-
-
-_STOPPING = _Stopping()
-_Item = llm_pb2.GenerateStreamResponse | _Stopping | None
-"""What a stream's queue holds: an event, the stop, or None once the generation has ended."""
-
-
-def _stopping() -> errors.UnavailableError:
-    """What a call still running as the stop's grace runs out ends with."""
-    return errors.UnavailableError("the LLM service is stopping; ask again", reason=errors.DRAINING)
+_Item = llm_pb2.GenerateStreamResponse | errors.UnavailableError | None
+"""What a stream's queue holds: an event, the server's stop (UNAVAILABLE DRAINING,
+services.common.draining), or None once the generation has ended."""
 
 
 class _QueueSink:
@@ -143,49 +131,13 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
     def __init__(self, engine: LlmEngine, runtime: str) -> None:
         self._engine = engine
         self._runtime = runtime
-        self._calls: dict[asyncio.Queue[_Item], asyncio.TimerHandle | None] = {}
-        """The queues of the calls running, each with its stop's timer once the server stops."""
-        self._end_at: float | None = None
-        """When calls still running end (event loop time), once the server stops."""
-
-    async def end_calls(self, grace: float) -> None:
-        """The server stops, giving the calls in flight `grace` s (a companion stop of
-        RunningServer): a Generate still running END_MARGIN_S before that (at most half the
-        grace) ends with UNAVAILABLE DRAINING, a stream with it as its last event, so that
-        a JSON caller's array ends with an error, not as a short finished answer, and every
-        caller learns why instead of grpc's bare cancel. Returns at once."""
-        loop = asyncio.get_running_loop()
-        self._end_at = loop.time() + max(0.0, grace - min(END_MARGIN_S, grace / 2))
-        for queue in self._calls:
-            self._calls[queue] = self._stop_timer(queue)
-
-    def _stop_timer(self, queue: asyncio.Queue[_Item]) -> asyncio.TimerHandle | None:
-        if self._end_at is None:
-            return None
-        return asyncio.get_running_loop().call_at(self._end_at, queue.put_nowait, _STOPPING)
-
-    def _opened(self, queue: asyncio.Queue[_Item]) -> None:
-        self._calls[queue] = self._stop_timer(queue)
-
-    def _closed(self, queue: asyncio.Queue[_Item]) -> None:
-        timer = self._calls.pop(queue, None)
-        if timer is not None:
-            timer.cancel()
 
     async def Generate(
         self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> llm_pb2.GenerateResponse:
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
-        task = asyncio.ensure_future(self._engine.generate(generate_input(request)))
-        task.add_done_callback(lambda _t: queue.put_nowait(None))
-        self._opened(queue)
-        try:
-            if isinstance(await queue.get(), _Stopping):
-                raise _stopping()
-            return generate_response(task.result())
-        finally:
-            self._closed(queue)
-            task.cancel()
+        # Still running as the server's stop is about to cancel it, it ends with UNAVAILABLE
+        # DRAINING as every service's calls do (services.common.draining).
+        return generate_response(await self._engine.generate(generate_input(request)))
 
     async def GenerateStream(
         self, request: llm_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
@@ -206,12 +158,15 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
             self._engine.generate(generate_input(inner), _QueueSink(queue))
         )
         task.add_done_callback(lambda _t: queue.put_nowait(None))
-        self._opened(queue)
+        # Still running as the server's stop is about to cancel it, the stream ends here, not
+        # where it waits: a JSON caller's array then ends with the DRAINING error, not as a
+        # short finished answer.
+        draining.when_ending(queue.put_nowait)
         began = False
         try:
             while (event := await queue.get()) is not None:
-                if isinstance(event, _Stopping):
-                    raise _stopping()
+                if isinstance(event, errors.UnavailableError):
+                    raise event
                 began = True
                 yield event
             out = task.result()  # re-raises the generation's error, after the events so far
@@ -222,7 +177,6 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
                 yield llm_pb2.GenerateStreamResponse(error=error)
             raise
         finally:
-            self._closed(queue)
             task.cancel()
         yield llm_pb2.GenerateStreamResponse(final=generate_response(out))
 

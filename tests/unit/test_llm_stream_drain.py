@@ -69,15 +69,13 @@ async def serve(model: SlowModel) -> RunningServer:
     def register(server: grpc.aio.Server) -> None:
         llm_pb2_grpc.add_LlmServiceServicer_to_server(servicer, server)
 
-    running = await start_server(
+    return await start_server(
         ServerSettings("llm", port=0),
         register,
         SERVICE_BY_KEY["llm"].grpc_services,
         CollectorRegistry(),
         domain=ERROR_DOMAIN,
     )
-    running.companions.append(servicer.end_calls)
-    return running
 
 
 REQUEST = llm_pb2.GenerateStreamRequest(
