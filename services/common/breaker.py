@@ -7,6 +7,11 @@ exception states its verdict in a `breaker_verdict` attribute; a cancellation ha
 give; any other exception is an outage, so that a failure nobody classified never leaves a
 half-open trial hanging.
 
+A timeout (the verdict TIMEOUT, or a TimeoutError nobody classified) is an outage, unless this
+process itself stood still for STALL_S or more while the call ran (services/common/loop_lag.py:
+CPU starvation, a long GC, a VM pause): the answer may have been waiting unread, so it is no
+verdict.
+
 A verdict counts only while it still speaks for the breaker's state: `before_call` hands each
 call a Ticket, and the verdict of a call admitted before the breaker last opened or closed
 (a straggler) changes nothing. Only the half-open trial's own verdict closes the breaker,
@@ -16,13 +21,17 @@ opens it again or frees the trial.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
+from services.common.loop_lag import PROCESS_STALLS, STALL_S, StallWatch
 from services.common.retry import whole_seconds
+
+log = logging.getLogger(__name__)
 
 CLOSED = "closed"
 OPEN = "open"
@@ -34,6 +43,9 @@ OUTAGE = "outage"
 """The dependency failed: counts towards opening the breaker."""
 NO_VERDICT = "no_verdict"
 """The call ended without a word on the dependency: the count stays, a trial is freed."""
+TIMEOUT = "timeout"
+"""The dependency did not answer in time: an OUTAGE, or NO_VERDICT when this process itself
+stood still for STALL_S or more during the call (`CircuitBreaker.settle`)."""
 
 
 def verdict_of(failure: BaseException | None) -> str:
@@ -45,6 +57,8 @@ def verdict_of(failure: BaseException | None) -> str:
         return str(verdict)
     if isinstance(failure, asyncio.CancelledError):
         return NO_VERDICT
+    if isinstance(failure, TimeoutError):
+        return TIMEOUT
     return OUTAGE
 
 
@@ -87,11 +101,13 @@ class Ticket:
     from a straggler admitted before the breaker last opened or closed, whose verdict no
     longer speaks for the breaker's state."""
 
-    __slots__ = ("generation",)
+    __slots__ = ("generation", "stalled")
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, stalled: float = 0.0) -> None:
         self.generation = generation
         """The breaker's state changes (openings and closings) before the call was let in."""
+        self.stalled = stalled
+        """The process's stall so far when the call was let in (`StallWatch.stalled_total`)."""
 
 
 class CircuitBreaker:
@@ -104,8 +120,9 @@ class CircuitBreaker:
     running trial's (or, closed, the latest call's): right only for a caller that never has
     two calls in flight.
 
-    Thread-safe (the retrieval engine calls it from worker threads). The clock is injected so
-    tests step time instead of sleeping.
+    Thread-safe (the retrieval engine calls it from worker threads). The clock and the watch
+    of the process's stalls (`stalls`, loop_lag.PROCESS_STALLS unless a test injects one) are
+    injected so tests step time instead of sleeping.
     """
 
     def __init__(
@@ -114,8 +131,10 @@ class CircuitBreaker:
         policy: BreakerPolicy = BreakerPolicy(),
         *,
         clock: Callable[[], float] = time.monotonic,
+        stalls: StallWatch = PROCESS_STALLS,
     ) -> None:
         self.name = name
+        self._stalls = stalls
         self._threshold = policy.failures
         self._reset_after = policy.reset_s
         self._clock = clock
@@ -140,13 +159,16 @@ class CircuitBreaker:
         return OPEN
 
     def before_call(self) -> Ticket:
-        """The Ticket of a call that may go through now; CircuitOpenError when none may."""
+        """The Ticket of a call that may go through now; CircuitOpenError when none may. The
+        first call in an event loop starts the loop's heartbeat (`StallWatch.watch`)."""
+        self._stalls.watch()
+        stalled = self._stalls.stalled_total()
         with self._lock:
             state = self._state()
             if state == CLOSED:
-                return Ticket(self._generation)
+                return Ticket(self._generation, stalled)
             if state == HALF_OPEN and self._trial is None:
-                self._trial = Ticket(self._generation)
+                self._trial = Ticket(self._generation, stalled)
                 return self._trial
             assert self._opened_at is not None
             retry_in = max(0.0, self._opened_at + self._reset_after - self._clock())
@@ -196,14 +218,31 @@ class CircuitBreaker:
 
     def settle(self, failure: BaseException | None, ticket: Ticket | None = None) -> None:
         """End the call `before_call` let through with `ticket`, by the verdict its ending
-        gives (`verdict_of`)."""
+        gives (`verdict_of`); a TIMEOUT is judged by `_timeout_verdict`."""
         verdict = verdict_of(failure)
+        if verdict == TIMEOUT:
+            verdict = self._timeout_verdict(ticket)
         if verdict == ANSWERED:
             self.record_success(ticket)
         elif verdict == NO_VERDICT:
             self.release(ticket)
         else:
             self.record_failure(ticket)
+
+    def _timeout_verdict(self, ticket: Ticket | None) -> str:
+        """A timeout is an OUTAGE, unless the process stood still for STALL_S or more since
+        the call holding `ticket` was let in: then NO_VERDICT (without a ticket the call's
+        start is unknown, and the timeout counts)."""
+        if ticket is None:
+            return OUTAGE
+        stalled = self._stalls.stalled_since(ticket.stalled)
+        if stalled < STALL_S:
+            return OUTAGE
+        log.warning(
+            "a call timed out while this process stood still: no verdict on the dependency",
+            extra={"breaker": self.name, "stalled_s": round(stalled, 3)},
+        )
+        return NO_VERDICT
 
     def trial(self) -> _Trial:
         """`with breaker.trial(): ...`: one call through the breaker. Entering raises

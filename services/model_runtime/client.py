@@ -41,7 +41,12 @@ stream) and a stream whose runtime was still sending (a chunk, or its 200, withi
 (``kind=deadline``); a stream that had stalled counts. A call cancelled before its deadline
 gives no verdict, even after a stream's 200. A call that finds no free connection in the
 HTTP client's pool before its deadline gives none either: the service is busy
-(``ResourceExhaustedError`` SERVER_BUSY, ``kind=busy``). Every other failure is
+(``ResourceExhaustedError`` SERVER_BUSY, ``kind=busy``). Nor does a timeout while this
+process itself stood still (its event loop stalled for ``loop_lag.STALL_S`` or more:
+the breaker's TIMEOUT verdict); and a deadline the loop reaches late waits
+``loop_lag.GRACE_S`` more for an answer that arrived meanwhile (`stall_tolerant_timeout`,
+which alone bounds reads and writes: httpx's own read and write timers, which would fire
+first on resuming, are off). Every other failure is
 ``UnavailableError(reason="LLM_RUNTIME_ERROR")`` with metadata ``kind`` (timeout,
 unreachable, overloaded, rejected, bad_response, circuit_open), ``status`` when an HTTP
 status arrived, and ``attempts``.
@@ -70,6 +75,7 @@ from services.common.breaker import (
     ANSWERED,
     NO_VERDICT,
     OUTAGE,
+    TIMEOUT,
     BreakerPolicy,
     CircuitBreaker,
     CircuitOpenError,
@@ -83,6 +89,7 @@ from services.common.http import (
     read_capped,
     retry_after_seconds,
 )
+from services.common.loop_lag import stall_tolerant_timeout
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
@@ -855,7 +862,8 @@ DEADLINE = "deadline"
 
 class _Failure(AttemptFailed):
     """One failed attempt: the error to raise if it is the last, whether to retry, and its
-    verdict on the runtime for the breaker (OUTAGE, ANSWERED or NO_VERDICT)."""
+    verdict on the runtime for the breaker (OUTAGE, ANSWERED or NO_VERDICT; unless given, a
+    timeout's is TIMEOUT, which the breaker judges by the process's own stalls)."""
 
     def __init__(
         self,
@@ -864,13 +872,15 @@ class _Failure(AttemptFailed):
         *,
         status: int | None = None,
         retry: bool = False,
-        verdict: str = OUTAGE,
+        verdict: str | None = None,
         delay: float | None = None,
     ) -> None:
         super().__init__(message, retry=retry, delay=delay)
         self.kind = kind
         self.message = message
         self.status = status
+        if verdict is None:
+            verdict = TIMEOUT if kind == "timeout" else OUTAGE
         self.breaker_verdict = verdict
         self.attempts = 1
 
@@ -1419,8 +1429,10 @@ class OpenAiChatRuntime:
         remaining = deadline - self._clock()
         if remaining <= 0:
             raise _Failure("timeout", "LLM runtime did not answer in time")
+        # No read or write timer of httpx's: the deadline (`stall_tolerant_timeout`) bounds
+        # them, and one would fire first when the process resumes from a stall.
         timeout = httpx.Timeout(
-            remaining,
+            None,
             connect=min(remaining, self.settings.connect_timeout_s),
             pool=remaining - min(POOL_MARGIN_S, remaining / 2),
         )
@@ -1428,7 +1440,7 @@ class OpenAiChatRuntime:
             "POST", self._request_url, content=body, headers=self._headers(stream), timeout=timeout
         )
         try:
-            async with asyncio.timeout(remaining):
+            async with stall_tolerant_timeout(remaining):
                 response = await self._http.send(request, stream=True, follow_redirects=False)
         except httpx.PoolTimeout:
             # Every connection is taken by the service's other calls: no word on the runtime.
@@ -1462,7 +1474,7 @@ class OpenAiChatRuntime:
     async def _read_body(self, response: httpx.Response, deadline: float) -> bytes:
         """The body, read within the deadline; more than MAX_RESPONSE_BYTES is refused."""
         try:
-            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+            async with stall_tolerant_timeout(max(0.0, deadline - self._clock())):
                 body = await read_capped(response, MAX_RESPONSE_BYTES)
         except (TimeoutError, httpx.TimeoutException):
             raise _Failure("timeout", "LLM runtime did not answer in time") from None
@@ -1511,7 +1523,7 @@ class OpenAiChatRuntime:
             if remaining <= 0:
                 raise _Failure("timeout", "LLM runtime did not finish in time")
             try:
-                async with asyncio.timeout(remaining):
+                async with stall_tolerant_timeout(remaining):
                     chunk = await anext(chunks)
             except StopAsyncIteration:
                 return

@@ -33,6 +33,7 @@ import httpx
 from services.common.breaker import (
     ANSWERED,
     NO_VERDICT,
+    TIMEOUT,
     BreakerPolicy,
     CircuitBreaker,
     CircuitOpenError,
@@ -189,6 +190,13 @@ class _Retryable(AttemptFailed):
 
 class _Fatal(Exception):
     """One attempt failed in a way a second attempt will not fix (timeout, bad answer)."""
+
+
+class _TimedOut(_Fatal):
+    """The bank did not answer within the timeout: an outage, unless this process itself
+    stood still meanwhile (the breaker's TIMEOUT verdict)."""
+
+    breaker_verdict = TIMEOUT
 
 
 class _NoVerdict(Exception):
@@ -569,7 +577,7 @@ class CbrClient:
             # A bank that hangs is not asked twice: the caller has waited long enough.
             if says_nothing:
                 raise _NoVerdict(f"no answer within the caller's {timeout_s:.2g} s") from None
-            raise _Fatal(f"no answer within {timeout_s:.3g} s") from None
+            raise _TimedOut(f"no answer within {timeout_s:.3g} s") from None
         except httpx.HTTPError as exc:
             raise _Fatal(f"transport error: {type(exc).__name__}") from None
         root = self._xml(body)

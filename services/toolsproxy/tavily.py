@@ -26,6 +26,7 @@ from services.common.breaker import (
     ANSWERED,
     NO_VERDICT,
     OUTAGE,
+    TIMEOUT,
     BreakerPolicy,
     CircuitBreaker,
     CircuitOpenError,
@@ -157,16 +158,20 @@ class _Attempt(AttemptFailed):
         outage: bool,
         delay: float | None = None,
         verdict: bool = True,
+        timed_out: bool = False,
     ) -> None:
         super().__init__(error.message, retry=retry, delay=delay)
         self.error = error
         self.outage = outage  # counts against the breaker (Tavily down, not refusing us)
         self.verdict = verdict  # False: the caller's time ran out, too short to judge Tavily
+        self.timed_out = timed_out  # no verdict if this process stood still meanwhile
 
     @property
     def breaker_verdict(self) -> str:
         if not self.verdict:
             return NO_VERDICT
+        if self.timed_out:
+            return TIMEOUT
         return OUTAGE if self.outage else ANSWERED
 
 
@@ -374,6 +379,7 @@ class TavilyClient:
                 retry=False,
                 outage=True,
                 verdict=not says_nothing,
+                timed_out=True,
             ) from None
         except httpx.TransportError:
             raise _Attempt(
