@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from services.common import errors
+from services.common.handlers import wrapped
 from services.common.metrics import split_method
 
 END_MARGIN_S = 1.0
@@ -194,19 +195,7 @@ class CallsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or split_method(handler_call_details.method)[0].startswith("grpc."):
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._kept_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._kept_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return wrapped(handler, self._kept_unary, self._kept_stream)
 
     def _kept_unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         calls = self.calls

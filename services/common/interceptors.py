@@ -21,6 +21,7 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
+from services.common.handlers import wrapped
 from services.common.logging import bind_request_id, bind_trace_id
 from services.common.metrics import ClientRpcMetrics, RpcKey, RpcMetrics, split_method
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
@@ -135,19 +136,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if not meta_trace and traceparent:  # a W3C caller's trace id names the request
             meta_trace = _trace_of_traceparent(traceparent)
         trace = (meta_trace, traceparent, request_id)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, (service, name, "unary"), trace),
-                request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, (service, name, "server_stream"), trace),
-                request_deserializer=_tolerant(handler.request_deserializer),
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return wrapped(
+            handler,
+            lambda behavior: self._wrap_unary(behavior, (service, name, "unary"), trace),
+            lambda behavior: self._wrap_stream(behavior, (service, name, "server_stream"), trace),
+            _tolerant(handler.request_deserializer),
+        )
 
     def _enter(
         self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str, request_id: str
