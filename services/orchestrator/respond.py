@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -187,6 +188,37 @@ def mock_section_document(section_id: str) -> str:
         if any(s.section_id == section_id for s in doc.sections):
             return doc.doc_id
     return section_document(section_id)
+
+
+def selection_scopes(
+    doc_ids: Sequence[str], section_ids: Sequence[str], document_of: Callable[[str], str]
+) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The (doc_ids, section_ids) of each search of a selection (S4): the documents with
+    sections named, in those sections, and the rest of the documents whole. Retrieval holds a
+    search to both its id lists at once, so one search would leave out every selected
+    document that has no section named."""
+    narrowed = {document_of(s) for s in section_ids}
+    inside = tuple(d for d in doc_ids if d in narrowed)
+    whole = tuple(d for d in doc_ids if d not in narrowed)
+    if not section_ids or not inside:
+        return [(tuple(doc_ids), tuple(section_ids))]
+    scopes = [(inside, tuple(section_ids))]
+    if whole:
+        scopes.append((whole, ()))
+    return scopes
+
+
+def merged_outcome(found: Sequence[RetrievalOutcome], limit: int) -> RetrievalOutcome:
+    """The searches of one selection as one: their sections best score first, at most
+    `limit`, their passages, and the longest search's time (they ran at once)."""
+    if len(found) == 1:
+        return found[0]
+    sections = sorted((s for f in found for s in f.sections), key=lambda s: -s.score)
+    return RetrievalOutcome(
+        tuple(sections[:limit]),
+        max(f.latency_ms for f in found),
+        tuple(p for f in found for p in f.passages),
+    )
 
 
 def check_section_ids(req: RespondInput, document_of: Callable[[str], str]) -> None:
@@ -869,14 +901,22 @@ class Responder:
         filters = req.filters
         if not self._enable_filters:
             filters = Filters(doc_ids=filters.doc_ids, section_ids=filters.section_ids)
-        if decision.intent == "selected_search":
-            filters = replace(filters, doc_ids=req.selected_doc_ids)
-        return await self._search(
-            RetrievalRequest(
-                follow_up_query(earlier, req.query, MAX_QUERY_CHARS), req.user, filters,
-                max_results, req.trace_id, expand_query=decision.intent == "selected_search",
+        selected = decision.intent == "selected_search"
+        query = follow_up_query(earlier, req.query, MAX_QUERY_CHARS)
+        if not selected:
+            return await self._search(
+                RetrievalRequest(query, req.user, filters, max_results, req.trace_id)
             )
-        )  # fmt: skip
+        document_of = mock_section_document if self._config.current.mock_mode else section_document
+        scopes = selection_scopes(req.selected_doc_ids, filters.section_ids, document_of)
+        found = await asyncio.gather(*(
+            self._search(RetrievalRequest(
+                query, req.user, replace(filters, doc_ids=doc_ids, section_ids=section_ids),
+                max_results, req.trace_id, expand_query=True,
+            ))
+            for doc_ids, section_ids in scopes
+        ))  # fmt: skip
+        return merged_outcome(found, max_results)
 
     async def _documents(
         self, req: RespondInput, cfg: RuntimeConfig, decision: Decision, found: RetrievalOutcome

@@ -156,6 +156,34 @@ async def test_selected_sections_are_searched_whatever_the_selection_size(doc):
     assert [s.section_id for s in out.sources] == [section]
 
 
+class WholeDocumentRetriever(Retriever):
+    """A search without section ids finds its first document's intro."""
+
+    async def search(self, request):
+        found = await super().search(request)
+        if request.filters.section_ids:
+            return found
+        doc = request.filters.doc_ids[0]
+        intro = SectionCandidate(doc, f"{doc}:s000-intro", "T", "s", 0.5, 1, 1, f"{doc}:c0")
+        return RetrievalOutcome((intro,), 1)
+
+
+async def test_a_selected_document_without_a_named_section_is_searched_whole_beside():
+    retriever = WholeDocumentRetriever()
+    responder = Responder(
+        retriever, Generator(), ConfigHolder(RuntimeConfig(mock_mode=False), 3),
+        model_routing=False,
+    )  # fmt: skip
+    out = await responder.respond(
+        _req(selected_doc_ids=("small", "other"),
+             filters=Filters(doc_ids=("small", "other"), section_ids=(SMALL_SECTION,)))
+    )  # fmt: skip
+    assert (out.scenario, out.intent) == ("S4", "selected_search")
+    searches = [(c[1].doc_ids, c[1].section_ids) for c in retriever.calls if c[0] == "search"]
+    assert sorted(searches) == [(("other",), ()), (("small",), (SMALL_SECTION,))]
+    assert [s.section_id for s in out.sources] == [SMALL_SECTION, OTHER_SECTION]
+
+
 async def test_a_small_selection_without_sections_is_still_read_whole():
     responder, _, generator = _make()
     out = await responder.respond(_req(selected_doc_ids=("small",),

@@ -69,8 +69,9 @@ class RespondRequest(betterproto.Message):
     """
     section_ids are sections the user selected. With doc_ids (or
      filters.doc_ids) each must be a section of one of those documents, else
-     INVALID_ARGUMENT naming section_ids; selected documents with sections are
-     searched in those sections (S4), never read whole.
+     INVALID_ARGUMENT naming section_ids; such a selection is searched (S4),
+     never read whole: the documents with sections named in those sections,
+     the others whole.
     """
 
     max_results: Optional[int] = betterproto.int32_field(11, optional=True)
