@@ -35,6 +35,11 @@ ANSWER_LANGUAGES = ("ru", "en")
 _CYRILLIC = re.compile(r"[а-яё]", re.IGNORECASE)
 _LATIN = re.compile(r"[a-z]", re.IGNORECASE)
 _LOWERCASE_LATIN = re.compile(r"[a-z]")
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
+CAPITALS_NAME_WORDS = 2
+"""Latin words in capitals a question may have and still be no language's words ("LDAP",
+"HTTP 502", "USD RATE"): more make a sentence written in capitals ("HOW DO I RESET MY
+PASSWORD?" is English)."""
 
 
 _QUOTED = re.compile(r"«[^»]*»|“[^”]*”|„[^“”]*[“”]|\"[^\"]*\"|`[^`]*`")
@@ -49,15 +54,21 @@ def text_language(text: str) -> str:
 
 def question_language(question: str) -> str:
     """The language a question is asked in, which its answer is given in: "ru" when, outside
-    its quotes, it has a lowercase Cyrillic word (Russian is written with them; "Как настроить
-    LDAP в Kubernetes?" is Russian though its Latin letters outnumber the Cyrillic ones); else
-    by the letters outside its quotes (`text_language`: "What is НДС?", "What does «Не удалось
-    подключиться» mean?" are English). Capitals alone ("LDAP", "HTTP 502?") are no
-    language's words: Russian, the default (agent.md §8)."""
+        its quotes, it has a lowercase Cyrillic word (Russian is written with them; "Как настроить
+        LDAP в Kubernetes?" is Russian though its Latin letters outnumber the Cyrillic ones); else
+        by the letters outside its quotes (`text_language`: "What is НДС?", "What does «Не удалось
+        подключиться» mean?" are English). Capitals alone ("LDAP", "HTTP 502?") are no
+        language's words: Russian, the default (agent.md §8); a sentence in capitals keeps its
+    letters' language (CAPITALS_NAME_WORDS)."""
     bare = _QUOTED.sub(" ", question)
     if _LOWERCASE_CYRILLIC_WORD.search(bare):
         return "ru"
-    if _LATIN.search(bare) and not _LOWERCASE_LATIN.search(bare):
+    latin_words = _LATIN_WORD.findall(bare)
+    if (
+        latin_words
+        and len(latin_words) <= CAPITALS_NAME_WORDS
+        and not _LOWERCASE_LATIN.search(bare)
+    ):
         return "ru"
     return text_language(bare if _LATIN.search(bare) or _CYRILLIC.search(bare) else question)
 

@@ -37,6 +37,13 @@ NOT_SETTINGS = frozenset({"VISIOR_PG_BIN"})
 """Names with our prefixes read by tooling, not by a service (tests/pg_server.py)."""
 
 
+RETIRED = {
+    "MCP_PROXY_TAVILY_ALLOW_HTTP": "an http MCP_PROXY_TAVILY_URL is taken when its host is "
+    "this machine (a local fake) and never otherwise; unset it",
+}
+"""Names no service reads any more, with what the operator does instead."""
+
+
 def refuse_undeclared(environ: Mapping[str, str], declared: Collection[str]) -> None:
     """SettingsError for the first name set (not blank) with one of our PREFIXES that no
     service declares, naming the closest declared one: a misspelt or dropped name is never
@@ -49,6 +56,10 @@ def refuse_undeclared(environ: Mapping[str, str], declared: Collection[str]) -> 
             and name not in NOT_SETTINGS
             and environ[name].strip()
         ):
+            if name in RETIRED:
+                raise SettingsError(
+                    f"{name} is set, but no Visior service reads it: {RETIRED[name]}"
+                )
             closest = difflib.get_close_matches(name, sorted(declared), n=1, cutoff=0.0)
             hint = f" (closest declared name: {closest[0]})" if closest else ""
             raise SettingsError(f"{name} is set, but no Visior service reads it{hint}")

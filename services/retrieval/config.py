@@ -64,8 +64,8 @@ class IndexSettings:
     qdrant_url: str
     """Qdrant server URL for the "qdrant" backend (QDRANT_URL / VECTOR_DB_URL):
     http(s)://HOST[:PORT][/PREFIX]; https for TLS. Retrieval speaks gRPC to the server, so PORT
-    is Qdrant's gRPC port (its service.grpc_port), 6334 when the URL names none, not the REST
-    port (6333)."""
+    is Qdrant's gRPC port (its service.grpc_port), 6334 when the URL names none or Qdrant's
+    REST port 6333 (the form Qdrant's docs give)."""
     qdrant_api_key: str
     """Qdrant server API key (QDRANT_API_KEY); never logged."""
     qdrant_collection: str

@@ -259,8 +259,8 @@ class _Plan(RequestLimits):
     rerank: bool
     base_filter: IndexFilter
     exact_terms: tuple[str, ...] = ()
-    """Abbreviations the query writes in capitals: the BM25 list of them alone joins the
-    weighted fusion (docs/architecture.md §6)."""
+    """The query's exact terms (`query.exact_terms`: abbreviations, a Russian query's Latin
+    words): the BM25 list of them alone joins the weighted fusion (docs/architecture.md §6)."""
 
 
 class RetrievalEngine:

@@ -316,6 +316,7 @@ class QueryExpander(Protocol):
 _ACRONYM = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,7}(?![\w-])")
 _LOWER = re.compile(r"[a-zа-яё]")
 _CYRILLIC_WORD = re.compile(r"[а-яё]{2,}")
+_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+", re.IGNORECASE)
 _LATIN_WORD = re.compile(r"(?<![\w-])[A-Za-z][A-Za-z0-9_]{2,}(?!\w)")
 
 
@@ -332,6 +333,7 @@ def exact_terms(text: str) -> tuple[str, ...]:
     """
     if not _LOWER.search(text):
         return ()
+    text = _ADDRESS.sub(" ", text)  # a URL's or an address's pieces are no terms of it
     found = _ACRONYM.findall(text)
     if _CYRILLIC_WORD.search(text):
         found += [w for w in _LATIN_WORD.findall(text) if _content(w)]

@@ -56,6 +56,10 @@ def test_acronyms_are_the_words_written_in_capitals(query, found):
         ("Что такое io в Linux?", ("Linux",)),
         ("Что значит the и and в man?", ("man",)),
         ("Что делает X-Forwarded-For?", ()),
+        # A URL or an address is no words of the question.
+        ("Как открыть https://docs.example.com/setup в браузере?", ()),
+        ("Почему не открывается www.debian.org/doc?", ()),
+        ("Кому писать на debian-mentors@lists.debian.org о пакете?", ()),
         # Not in an English query: its words are the sentence itself.
         ("How does dh_make work?", ()),
         ("Debian Linux", ()),

@@ -41,6 +41,9 @@ def _client(url: str, **options: bool):
         ("http://qdrant.example:7334", "qdrant.example", 7334),
         ("https://qdrant.example:443", "qdrant.example", 443),
         ("http://qdrant.example", "qdrant.example", 6334),
+        # Qdrant's REST port, as its docs and Cloud console write the URL: gRPC's default.
+        ("http://qdrant.example:6333", "qdrant.example", 6334),
+        ("http://qdrant.example:6334", "qdrant.example", 6334),
     ],
 )
 def test_the_urls_port_is_the_grpc_port_the_client_uses(url: str, host: str, grpc_port: int):

@@ -377,6 +377,10 @@ def test_news_query_is_the_question_or_a_generic_one():
         ("LDAP setup", "en"),
         ("Orion", "en"),
         ("What is LDAP?", "en"),
+        ("USD RATE", "ru"),
+        # A sentence in capitals is its letters' language.
+        ("HOW DO I RESET MY PASSWORD?", "en"),
+        ("КАК СБРОСИТЬ ПАРОЛЬ?", "ru"),
     ],
 )
 def test_language(query, language):

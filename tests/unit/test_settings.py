@@ -247,6 +247,15 @@ def test_an_undeclared_name_with_our_prefix_is_refused_naming_the_closest(name, 
     )
 
 
+def test_a_retired_name_is_refused_saying_what_to_do_instead():
+    with pytest.raises(SettingsError) as info:
+        refuse_undeclared({"MCP_PROXY_TAVILY_ALLOW_HTTP": "true"}, NAMES)
+    assert str(info.value).startswith(
+        "MCP_PROXY_TAVILY_ALLOW_HTTP is set, but no Visior service reads it: an http "
+        "MCP_PROXY_TAVILY_URL is taken when its host is this machine"
+    )
+
+
 def test_undeclared_names_accepted():
     # Every service's names, since one env file may serve the whole mesh; other prefixes,
     # blank values and the test tooling's own variable are not ours to refuse.

@@ -35,6 +35,9 @@ from services.retrieval.index.sparse import Bm25Encoder, SparseVector
 _T = TypeVar("_T")
 QDRANT_GRPC_PORT = 6334
 """Qdrant's default gRPC port (qdrant-client's too): where a URL without a port is reached."""
+QDRANT_REST_PORT = 6333
+"""Qdrant's default REST port: a URL naming it means the server whose gRPC port is the
+default."""
 LAYOUT_KEY = "visior_layout_version"
 """Collection metadata key recording LAYOUT_VERSION."""
 _UPSERT_BATCH = 256
@@ -170,16 +173,18 @@ class QdrantServerIndex(VectorIndex):
 
         The URL's port is the port of the protocol the client speaks: with `prefer_grpc`, gRPC
         (the server's service.grpc_port; qdrant-client would take it as the REST port and speak
-        gRPC to 6334 whatever the URL said), else REST. A URL without one leaves
-        qdrant-client's defaults (gRPC 6334, REST 6333). qdrant-client takes its call `timeout`
-        in whole seconds: it is rounded up (0.25 -> 1).
+        gRPC to 6334 whatever the URL said), else REST. A URL without one, or with Qdrant's
+        REST port 6333 (the form Qdrant's docs and Cloud console give), leaves qdrant-client's
+        defaults (gRPC 6334, REST 6333). qdrant-client takes its call `timeout` in whole
+        seconds: it is rounded up (0.25 -> 1).
         """
         port = urlsplit(url).port
+        grpc_port = QDRANT_GRPC_PORT if port in (None, QDRANT_REST_PORT) else port
         client = QdrantClient(
             url=url,
             api_key=api_key,
             prefer_grpc=prefer_grpc,
-            grpc_port=port if prefer_grpc and port is not None else QDRANT_GRPC_PORT,
+            grpc_port=grpc_port if prefer_grpc else QDRANT_GRPC_PORT,
             timeout=whole_seconds(timeout),
             check_compatibility=False,
         )
