@@ -316,6 +316,11 @@ class QueryExpander(Protocol):
 _ACRONYM = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,7}(?![\w-])")
 _LOWER = re.compile(r"[a-zа-яё]")
 _CYRILLIC_WORD = re.compile(r"[а-яё]{2,}")
+EXACT_TERMS_MAX_WORDS = 24
+"""The longest query (in words) whose Latin words are exact terms: a question (the gold sets'
+longest has 18). A longer text, such as an answer S3 searches for its pages by, names its
+products and tools everywhere; as exact terms they would outweigh its sentences."""
+_WORD = re.compile(r"\w+")
 _ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+", re.IGNORECASE)
 _LATIN_WORD = re.compile(r"(?<![\w-])[A-Za-z][A-Za-z0-9_]{2,}(?!\w)")
 
@@ -335,7 +340,7 @@ def exact_terms(text: str) -> tuple[str, ...]:
         return ()
     text = _ADDRESS.sub(" ", text)  # a URL's or an address's pieces are no terms of it
     found = _ACRONYM.findall(text)
-    if _CYRILLIC_WORD.search(text):
+    if _CYRILLIC_WORD.search(text) and len(_WORD.findall(text)) <= EXACT_TERMS_MAX_WORDS:
         found += [w for w in _LATIN_WORD.findall(text) if _content(w)]
     return tuple(dict.fromkeys(found))
 
