@@ -320,7 +320,6 @@ EXACT_TERMS_MAX_WORDS = 24
 """The longest query (in words) whose Latin words are exact terms: a question (the gold sets'
 longest has 18). A longer text, such as an answer S3 searches for its pages by, names its
 products and tools everywhere; as exact terms they would outweigh its sentences."""
-_WORD = re.compile(r"\w+")
 _ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+", re.IGNORECASE)
 _LATIN_WORD = re.compile(r"(?<![\w-])[A-Za-z][A-Za-z0-9_]{2,}(?!\w)")
 
