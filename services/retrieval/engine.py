@@ -617,12 +617,15 @@ class RetrievalEngine:
         from one batched index call."""
         factor = self._settings.candidate_factor
         inside_text = plan.text
+        exact = plan.exact_terms
         if plan.ranking in ("sparse", "hybrid"):
             # Words naming one of the tenant's documents say which, not what in it
             # (docs/architecture.md §6): gone from the keyword query of sections and chunks,
             # kept for documents (doc_first's first level), which they do name. The dense
-            # query keeps them.
-            inside_text = self._sections.title_index(plan.tenant_id).without_titles(plan.text)
+            # query keeps them; no title word is an exact term.
+            titles = self._sections.title_index(plan.tenant_id)
+            inside_text = titles.without_titles(plan.text)
+            exact = tuple(t for t in exact if not titles.names(t))
         named: list[list[tuple[str, RankQuery]]] = []
         for flt, limit in levels:
             depth = max(limit, 1) * factor
@@ -634,9 +637,9 @@ class RetrievalEngine:
                 lists.append(("sparse", RankQuery(flt, depth, text=keyword_text)))
                 for i, variant in enumerate(plan.variants):
                     lists.append((f"variant{i}", RankQuery(flt, depth, text=variant)))
-                if plan.exact_terms and plan.ranking == "hybrid" and plan.fusion == "weighted":
+                if exact and plan.ranking == "hybrid" and plan.fusion == "weighted":
                     # Only the weighted fusion reads it (_level): no index query for nothing.
-                    text = " ".join(plan.exact_terms)
+                    text = " ".join(exact)
                     lists.append(("exact", RankQuery(flt, depth, text=text)))
             named.append(lists)
         queries = [q for lists in named for _, q in lists]

@@ -373,6 +373,10 @@ class TitleIndex:
     def __bool__(self) -> bool:
         return bool(self._by_stem)
 
+    def names(self, word: str) -> bool:
+        """Whether `word` is a content word of one of the documents' titles."""
+        return stem(word) in self._by_stem
+
     def without_titles(self, text: str) -> str:
         """`text` without the words that name one of the documents by its title, for the
         keyword (BM25) query; `text` itself when it names none.

@@ -172,3 +172,24 @@ async def test_the_keyword_search_finds_the_passage_not_the_pages_that_repeat_th
     monkeypatch.setattr(handbook.sections, "title_index", lambda tenant_id: TitleIndex(()))
     plain = await engine.search(SearchQuery(query=Q, tenant_id="t", ranking="sparse"))
     assert "Handbook" in plain.hits[0].text and "proverb" not in plain.hits[0].text
+
+
+async def test_a_title_word_is_no_exact_term(handbook, monkeypatch):
+    """A Russian question's Latin word that names one of the documents says which document,
+    not what in it: it is no exact term (query.exact_terms) of the weighted fusion."""
+    assert TitleIndex(("Operator Handbook",)).names("handbook")
+    assert not TitleIndex(("Operator Handbook",)).names("proverb")
+    engine = handbook.engine()
+    index = engine._index.index
+    sent: list[str] = []
+    real = index.search_ids_batch
+
+    def recorded(queries):
+        sent.extend(q.text or "" for q in queries)
+        return real(queries)
+
+    monkeypatch.setattr(index, "search_ids_batch", recorded)
+    query = "Какую поговорку о practice цитирует Operator Handbook?"
+    await engine.search(SearchQuery(query=query, tenant_id="t"))
+    assert "practice" in sent  # the exact list: the question's own Latin word alone
+    assert not any("Handbook" in t and "поговорку" not in t for t in sent)
