@@ -485,14 +485,7 @@ class _Run:
             extra={"model": self._model_name(), "tool": read.name, "trace_id": self.req.trace_id},
         )
         arguments = json.dumps(read.arguments, ensure_ascii=False)
-        call = ToolCall(read.call_id, read.name, arguments)
-        turn = ChatMessage("assistant", "", (call,))
-        messages.append(turn)
-        self.budget.add(turn)
-        messages.append(await self._run_approved(call, read, planned=True))
-        self.budget.add(messages[-1])
-        if self.steps >= self.max_steps:
-            self.closed = True
+        await self._ours(messages, [(ToolCall(read.call_id, read.name, arguments), read)])
 
     # --- the loop's notes ------------------------------------------------------------------
     # The language note and the part of the final-answer note the conversation has no room
@@ -854,7 +847,15 @@ class _Run:
         planned = self.req.policy.planned_calls
         if not planned:
             return
-        approved = self._review_planned(planned)
+        await self._ours(messages, self._review_planned(planned))
+
+    async def _ours(
+        self, messages: list[ChatMessage], approved: list[tuple[ToolCall, Approved]]
+    ) -> None:
+        """Calls the loop makes itself (the caller's planned ones, the policy's read in place
+        of an answer), run in order and appended as one tool-call turn and their results,
+        exactly as if the model had made them: each a tool step, none counting towards the
+        errors-in-a-row abort; each result may take its share of the room left."""
         turn = ChatMessage("assistant", "", tuple(call for call, _ in approved))
         messages.append(turn)
         self.budget.add(turn)
