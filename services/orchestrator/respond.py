@@ -19,7 +19,7 @@ from services.common.document_limits import (
     check_doc_ids,
     section_document,
 )
-from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list, question_language
+from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
 from services.common.lexical import search_terms
 from services.common.prompt_limits import (
     DEFAULT_LLM_COMPLETION_TOKENS,
@@ -97,10 +97,10 @@ from services.orchestrator.scenarios import (
     NO_SELECTION,
     Decision,
     Selection,
+    answer_language,
     decision_prompt,
     decision_schema,
     definition_terms,
-    locale_language,
     needs_earlier,
     parse_model_decision,
     rule_decision,
@@ -188,6 +188,12 @@ def mock_section_document(section_id: str) -> str:
         if any(s.section_id == section_id for s in doc.sections):
             return doc.doc_id
     return section_document(section_id)
+
+
+def section_documents(mock_mode: bool) -> Callable[[str], str]:
+    """How a request's section ids name their documents: the ingestion's rule, or in
+    mock_mode the sample corpus's own ids."""
+    return mock_section_document if mock_mode else section_document
 
 
 def selection_scopes(
@@ -293,9 +299,8 @@ def blocked_output(req: RespondInput) -> RespondOutput:
     orchestrator.md §6): a short refusal in the answer's language (the locale's, else the
     question's, Russian unless it is clearly English), no sources and no tools; nothing was
     searched, read or sent to a model."""
-    language = locale_language(req.locale) or question_language(req.query)
     return RespondOutput(
-        answer=BLOCKED_ANSWERS[language],
+        answer=BLOCKED_ANSWERS[answer_language(req.locale, req.query)],
         sources=(),
         tools=(),
         safety_input=req.safety_input,
@@ -640,7 +645,7 @@ class Responder:
     async def respond(self, req: RespondInput) -> RespondOutput:
         validate(req)
         cfg = self._config.current
-        check_section_ids(req, mock_section_document if cfg.mock_mode else section_document)
+        check_section_ids(req, section_documents(cfg.mock_mode))
         if req.safety_input == "blocked":
             # The gateway blocked the input: nothing of it is searched, read or sent on.
             log.info("input_blocked", extra={"trace_id": req.trace_id})
@@ -907,7 +912,7 @@ class Responder:
             return await self._search(
                 RetrievalRequest(query, req.user, filters, max_results, req.trace_id)
             )
-        document_of = mock_section_document if self._config.current.mock_mode else section_document
+        document_of = section_documents(self._config.current.mock_mode)
         scopes = selection_scopes(req.selected_doc_ids, filters.section_ids, document_of)
         found = await asyncio.gather(*(
             self._search(RetrievalRequest(

@@ -108,6 +108,12 @@ def locale_language(locale: str) -> str:
     return primary if primary in ANSWER_LANGUAGES else ""
 
 
+def answer_language(locale: str, question: str) -> str:
+    """The language an answer is given in: the `locale`'s when it names one, else the
+    `question`'s (docs/architecture.md §14)."""
+    return locale_language(locale) or question_language(question)
+
+
 # -- the rules as data ------------------------------------------------------------------------
 
 DEFINITION = whole_words(
@@ -1307,10 +1313,8 @@ def rule_decision(
     `history` is (role, content) pairs, oldest first; roles "user" / "assistant".
     The answer language is the `locale`'s when it names one, else the question's.
     """
-    language = question_language(query)
-    if not query.strip() and history:
-        language = question_language(_last_user_turn(history))
-    language = locale_language(locale) or language
+    asked = _last_user_turn(history) if not query.strip() and history else query
+    language = answer_language(locale, asked)
     if selection.doc_ids:
         return _size_decision(selection.fits_whole, language)
     earlier = _history_route(history, today=today, language=language)
@@ -1514,7 +1518,7 @@ def parse_model_decision(
         return None  # not USD: the rules ask which currency is meant
     if days is None and intent in DATED_INTENTS:
         return None  # the query's date names no day: the rules ask which is meant
-    language = locale_language(locale) or question_language(query)
+    language = answer_language(locale, query)
     filled = _complete(intent, query, today=today, language=language, by="model")
     return Decision(
         scenario=filled.scenario,
