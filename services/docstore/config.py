@@ -6,8 +6,16 @@ from dataclasses import dataclass, field
 
 from psycopg import conninfo
 
-from services.common.settings import Env, Fields, SettingsError, integer, number, text
-from services.common.shared_config import data_dir
+from services.common.settings import (
+    Env,
+    Fields,
+    SettingsError,
+    check_file_path,
+    integer,
+    number,
+    text,
+)
+from services.common.shared_config import DATA_DIR, data_dir
 from services.docstore.factory import open_document_store
 from services.docstore.store import (
     DEFAULT_POOL_SIZE,
@@ -64,6 +72,15 @@ DOCSTORE_URL = text(
     "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (postgres:// too). Retrieval writes it, "
     "ToolsProxy reads it: give both the same URL. The password is never logged.",
 )  # fmt: skip
+
+
+def check_store_path(env: Env, store: DocstoreSettings) -> None:
+    """SettingsError naming the setting (METADATA_DB_URL, else VISIOR_DATA_DIR) when the
+    SQLite store's file cannot be made or opened at start: it is a directory, or under a
+    regular file (`settings.check_file_path`)."""
+    if store.kind == "sqlite" and store.target != ":memory:":
+        where = DOCSTORE_URL.found(env) or ("VISIOR_DATA_DIR", DATA_DIR.read(env))
+        check_file_path(store.target, *where)
 
 
 def docstore_settings(env: Env, prefix: str) -> DocstoreSettings:

@@ -15,7 +15,6 @@ from services.common.settings import (
     ServerSettings,
     SettingsError,
     check_directory,
-    check_file_path,
     flag,
     integer,
     number,
@@ -23,7 +22,7 @@ from services.common.settings import (
 )
 from services.common.shared_config import DATA_DIR, data_dir
 from services.docstore.chunking import ChunkingConfig
-from services.docstore.config import DOCSTORE_URL, DocstoreSettings, docstore_settings
+from services.docstore.config import DocstoreSettings, check_store_path, docstore_settings
 from services.model_runtime import config as runtime_config
 from services.model_runtime.client import RuntimeSettings
 from services.retrieval.embeddings import E5_DIM, PROFILES, USE_DIM, EmbeddingSettings
@@ -160,9 +159,7 @@ def check_paths(env: Env, settings: RetrievalSettings) -> None:
     check_directory(data[1], *data)
     if settings.index.backend == "edge":
         check_directory(settings.index.path, *(INDEX.vars["path"].found(env) or data))
-    store = settings.docstore
-    if store.kind == "sqlite" and store.target != ":memory:":
-        check_file_path(store.target, *(DOCSTORE_URL.found(env) or data))
+    check_store_path(env, settings.docstore)
 
 
 def check_synonyms(path: str) -> None:

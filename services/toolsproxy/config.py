@@ -10,7 +10,6 @@ from services.common.settings import (
     Fields,
     ServerSettings,
     SettingsError,
-    check_file_path,
     downstream,
     flag,
     integer,
@@ -19,13 +18,12 @@ from services.common.settings import (
     text,
 )
 from services.common.shared_config import (
-    DATA_DIR,
     PROXY_MAX_FULL_TEXT_BYTES,
     proxy_full_documents,
     proxy_full_text_bytes,
     proxy_max_window_radius,
 )
-from services.docstore.config import DOCSTORE_URL, DocstoreSettings, docstore_settings
+from services.docstore.config import DocstoreSettings, check_store_path, docstore_settings
 from services.toolsproxy.cbr import CbrSettings
 from services.toolsproxy.mcp_server import McpSettings
 from services.toolsproxy.ratelimit import RateLimits
@@ -75,10 +73,7 @@ class ToolsProxySettings:
         )
         check_message_room(server.max_message_bytes, limits)
         docstore = docstore_settings(env, "MCP_PROXY_")
-        if docstore.kind == "sqlite" and docstore.target != ":memory:":
-            # Made or opened at start: a path under a regular file is refused now, named.
-            data = ("VISIOR_DATA_DIR", DATA_DIR.read(env))
-            check_file_path(docstore.target, *(DOCSTORE_URL.found(env) or data))
+        check_store_path(env, docstore)  # made or opened at start
         return cls(
             server=server,
             limits=limits,
