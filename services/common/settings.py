@@ -466,8 +466,8 @@ sends with the other settings at their defaults. That is a Generate holding a fu
 prompt (MAX_PROMPT_TOKENS' default of 4,096 tokens, at MAX_TOKEN_BYTES a token; 10 KB
 measured with the samples' listed sections), larger than a Respond's answer or a Generate's
 (MAX_COMPLETION_TOKENS' 512 tokens). ToolsProxy's results, whose text its own limits bound,
-are held to them apart (toolsproxy/config.py). With the old minimum, 1 KiB (and at 4 KiB),
-a service started and then failed every Respond with RESOURCE_EXHAUSTED."""
+are held to them apart (toolsproxy/config.py). At 1 KiB or 4 KiB a service would start and
+then fail every Respond with RESOURCE_EXHAUSTED."""
 MAX_GRACE_SECONDS = 3600.0
 """The longest <prefix>GRACE_SECONDS: an hour for in-flight calls to finish after SIGTERM (a
 value past any orchestrator's kill timeout would leave the process running)."""
