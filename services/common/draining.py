@@ -5,12 +5,12 @@ grpc's `server.stop(grace)` cancels every call still running when the grace runs
 caller gets UNAVAILABLE "Cancelling all calls" with no ErrorInfo (through Envoy a 502 whose
 body is not the mesh's error), which by the mesh's rule says no handler ran (an UNAVAILABLE
 without ErrorInfo came from the transport: services/client/errors.py), although one did.
-So `CallsInterceptor` keeps every call of the server's own services here while its handler
-runs, and `end_before(grace)`, called as the stop begins (services.common.server), ends each
-one still running END_MARGIN_S before the grace runs out (at most half the grace) with
-UNAVAILABLE reason DRAINING: its handler is cancelled where it waits, and the server's
-ServerInterceptor answers the error with its ErrorInfo, as any handler's error. A call that
-finishes before then is untouched.
+So the server's ServerInterceptor keeps every call of the server's own services in its
+`RunningCalls` while its handler runs, and `end_before(grace)`, called as the stop begins
+(services.common.server), ends each one still running END_MARGIN_S before the grace runs out
+(at most half the grace) with UNAVAILABLE reason DRAINING: its handler is cancelled where it
+waits, and the ServerInterceptor answers the error with its ErrorInfo, as any handler's
+error. A call that finishes before then is untouched.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Any
 import grpc
 
 from services.common import errors
-from services.common.handlers import wrapped
-from services.common.metrics import split_method
 
 END_MARGIN_S = 1.0
 """How long before the stop's grace runs out a call still running ends (at most half the
@@ -130,8 +128,12 @@ def when_ending(callback: EndCallback) -> None:
 
 
 class RunningCalls:
-    """The calls a server is running: its interceptor opens and closes each; its stop
-    (services.common.server.RunningServer.stop) calls `end_before`."""
+    """The calls a server is running: its ServerInterceptor wraps each handler of the server's
+    own services in `kept_unary` / `kept_stream`, inside the interceptor's own wrapper, so the
+    DRAINING error a call stopped here raises becomes the caller's status with its ErrorInfo,
+    counted and logged as any handler's error (health and reflection are not kept: the stop
+    ends health's Watch streams itself). Its stop (services.common.server.RunningServer.stop)
+    calls `end_before`."""
 
     def __init__(self, service: str = "") -> None:
         self._calls: set[RunningCall] = set()
@@ -174,31 +176,10 @@ class RunningCalls:
         for call in list(self._calls):
             call.end()
 
-
-class CallsInterceptor(grpc.aio.ServerInterceptor):
-    """Keeps each call of the server's own services in `calls` while its handler runs (health
-    and reflection are not kept: the stop ends health's Watch streams itself).
-
-    Listed after the server's ServerInterceptor (services.common.server), so it runs inside
-    it: the DRAINING error a call stopped here raises becomes the caller's status, with its
-    ErrorInfo, counted and logged as any handler's error.
-    """
-
-    def __init__(self, calls: RunningCalls) -> None:
-        self.calls = calls
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or split_method(handler_call_details.method)[0].startswith("grpc."):
-            return handler
-        return wrapped(handler, self._kept_unary, self._kept_stream)
-
-    def _kept_unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        calls = self.calls
+    def kept_unary(self, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """`behavior`, a unary handler, kept here while it runs: ended by the stop, it raises
+        the DRAINING error (`_ended_by_stop`)."""
+        calls = self
 
         async def kept(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = calls.open()
@@ -213,10 +194,12 @@ class CallsInterceptor(grpc.aio.ServerInterceptor):
 
         return kept
 
-    def _kept_stream(
+    def kept_stream(
         self, behavior: Callable[..., AsyncIterator[Any]]
     ) -> Callable[..., AsyncIterator[Any]]:
-        calls = self.calls
+        """`behavior`, a server-streaming handler, kept here while it runs; the stop ends it
+        only between two messages, never while grpc writes one."""
+        calls = self
 
         async def kept(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = calls.open()

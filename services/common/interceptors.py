@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -21,6 +21,7 @@ from services.common.context import (
     trace_id_var,
     valid_trace_id,
 )
+from services.common.draining import RunningCalls
 from services.common.handlers import wrapped
 from services.common.logging import bind_request_id, bind_trace_id
 from services.common.metrics import ClientRpcMetrics, RpcKey, RpcMetrics, split_method
@@ -91,6 +92,13 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
+_B = TypeVar("_B")
+
+
+def _as_is(behavior: _B) -> _B:
+    return behavior
+
+
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Wraps every handler: sets trace id and deadline context, maps errors, logs, counts,
     and with `tracing` (None = off) opens a SERVER span per RPC.
@@ -100,6 +108,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     counted like any other answer. Health and reflection are exempt: grpc's own
     `maximum_concurrent_rpcs` counted them too, so a busy server failed its liveness probe.
     Once the server begins to stop (`draining`), its own GetHealth fails as grpc.health does.
+    With `calls`, each handler of the server's own services is kept there while it runs, so
+    the stop can end it with DRAINING (services.common.draining).
     """
 
     def __init__(
@@ -108,8 +118,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         metrics: RpcMetrics,
         tracing: Tracing | None = None,
         max_concurrent_rpcs: int | None = None,
+        calls: RunningCalls | None = None,
     ) -> None:
         self._domain = domain
+        self._calls = calls
         self._metrics = metrics
         self._tracing = tracing
         self._max_in_flight = max_concurrent_rpcs
@@ -136,10 +148,13 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if not meta_trace and traceparent:  # a W3C caller's trace id names the request
             meta_trace = _trace_of_traceparent(traceparent)
         trace = (meta_trace, traceparent, request_id)
+        calls = self._calls
+        keep_unary = calls.kept_unary if calls is not None else _as_is
+        keep_stream = calls.kept_stream if calls is not None else _as_is
         return wrapped(
             handler,
-            lambda behavior: self._wrap_unary(behavior, (service, name, "unary"), trace),
-            lambda behavior: self._wrap_stream(behavior, (service, name, "server_stream"), trace),
+            lambda b: self._wrap_unary(keep_unary(b), (service, name, "unary"), trace),
+            lambda b: self._wrap_stream(keep_stream(b), (service, name, "server_stream"), trace),
             _tolerant(handler.request_deserializer),
         )
 

@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
-from services.common.draining import CallsInterceptor, RunningCalls
+from services.common.draining import RunningCalls
 from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics
 from services.common.reflection import enable_reflection
@@ -209,14 +209,15 @@ async def start_server(
     tracing = tracing or install_tracing(settings.tracing, settings.service)
     # The cap is the interceptor's, not grpc's maximum_concurrent_rpcs: grpc's counts health
     # and reflection calls too, and refuses without an ErrorInfo or a count in the metrics.
-    interceptor = ServerInterceptor(
-        domain, RpcMetrics(registry), tracing, max_concurrent_rpcs=settings.max_concurrent_rpcs
-    )
-    # Inside the interceptor (listed after it): a call the stop ends raises DRAINING there.
     calls = RunningCalls(settings.service)
-    server = grpc.aio.server(
-        interceptors=[interceptor, CallsInterceptor(calls)], options=server_options(settings)
+    interceptor = ServerInterceptor(
+        domain,
+        RpcMetrics(registry),
+        tracing,
+        max_concurrent_rpcs=settings.max_concurrent_rpcs,
+        calls=calls,
     )
+    server = grpc.aio.server(interceptors=[interceptor], options=server_options(settings))
     register(server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
