@@ -47,14 +47,23 @@ MAX_TAG_CHARS = 128
 MAX_PRODUCT_CHARS = 256
 """Also the limit of `version`."""
 
+SECTION_SLUG_CHARS = 40
+"""The longest slug of a heading in its section's id (`section_key`)."""
+MAX_PART_ID_CHARS = 200
+"""The longest id of a document's section or chunk: its document's id (MAX_DOC_ID_CHARS) and
+what `section_key` adds (":s", the section's number, "-", a slug of SECTION_SLUG_CHARS at
+most: 176 characters at parsing's MAX_SECTIONS) or a chunk's ":c" and number; the longest
+id a document tool takes (tool_contract.ID_SCHEMA)."""
+
 FILTER_VALUE_CHARS = {
     "product": MAX_PRODUCT_CHARS,
     "version": MAX_PRODUCT_CHARS,
     "tags": MAX_TAG_CHARS,
     "doc_ids": MAX_DOC_ID_CHARS,
+    "section_ids": MAX_PART_ID_CHARS,
 }
-"""The longest value of each search filter: the longest a document can be stored with. A
-section id has no bound of its own (its document's id and a slug of its heading)."""
+"""The longest value of each search filter: the longest a document or section can be stored
+with."""
 
 
 def section_key(doc_id: str, index: int, slug: str) -> str:

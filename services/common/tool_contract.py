@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
+from services.common.document_limits import MAX_PART_ID_CHARS
 from services.common.search_contract import (
     check_tenant_id,
     check_user,
@@ -67,7 +68,7 @@ def check_tool_user(tenant_id: str, user_id: str, roles: tuple[str, ...] = ()) -
 
 
 # -- arguments and results -------------------------------------------------------------------
-ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
+ID_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": MAX_PART_ID_CHARS}
 """A doc_id, section_id or chunk id argument."""
 
 

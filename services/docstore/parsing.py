@@ -11,7 +11,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from services.common.document_limits import is_mark, section_key
+from services.common.document_limits import SECTION_SLUG_CHARS, is_mark, section_key
 from services.common.tokenizer import count_tokens, default_tokenizer
 from services.docstore.chunking import (
     ChunkingConfig,
@@ -408,7 +408,7 @@ def _build(
     sections: list[Section] = []
     chunks: list[Chunk] = []
     for index, raw in enumerate(raw_sections):
-        section_id = section_key(doc_id, index, slugify(raw.heading or "intro"))
+        section_id = section_key(doc_id, index, slugify(raw.heading or "intro", SECTION_SLUG_CHARS))
         first = len(chunks)
         for piece in iter_chunks(raw.paragraphs, cfg, tok):
             if len(chunks) == MAX_CHUNKS:

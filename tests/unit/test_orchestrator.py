@@ -203,7 +203,7 @@ async def test_filter_values_at_their_stored_limits_pass_and_one_past_is_refused
     limit = FILTER_VALUE_CHARS[name]
 
     def value(n: int) -> str | tuple[str, ...]:
-        return ("v" * n,) if name in ("tags", "doc_ids") else "v" * n
+        return ("v" * n,) if name in ("tags", "doc_ids", "section_ids") else "v" * n
 
     responder, retriever, *_ = make()
     await responder.respond(inp(filters=Filters(**{name: value(limit)})))
@@ -214,13 +214,14 @@ async def test_filter_values_at_their_stored_limits_pass_and_one_past_is_refused
     assert info.value.metadata["field"] == f"filters.{name}" and retriever.calls == []
 
 
-def test_a_top_level_doc_id_past_its_length_is_refused_naming_doc_ids():
-    """The request's top-level doc_ids join filters.doc_ids (filter_ids): one longer than a
-    document id can be is refused as doc_ids, the field the caller sent."""
-    assert filter_ids("doc_ids", (), ("d" * 128,)) == ("d" * 128,)
+@pytest.mark.parametrize(("name", "limit"), [("doc_ids", 128), ("section_ids", 200)])
+def test_a_top_level_id_past_its_length_is_refused_naming_its_field(name, limit):
+    """The request's top-level doc_ids and section_ids join their filters (filter_ids): one
+    longer than a stored id can be is refused naming the field the caller sent."""
+    assert filter_ids(name, (), ("d" * limit,)) == ("d" * limit,)
     with pytest.raises(errors.LimitExceededError) as info:
-        filter_ids("doc_ids", (), ("d" * 129,))
-    assert info.value.metadata["field"] == "doc_ids"
+        filter_ids(name, (), ("d" * (limit + 1),))
+    assert info.value.metadata["field"] == name
 
 
 @pytest.mark.parametrize("doc_id", ["has space", "-lead", ""])

@@ -11,6 +11,13 @@ import pypdfium2 as pdfium
 import pytest
 
 from services.common import errors
+from services.common.document_limits import (
+    MAX_DOC_ID_CHARS,
+    MAX_PART_ID_CHARS,
+    SECTION_SLUG_CHARS,
+    section_key,
+)
+from services.common.search_contract import Filters, validate_filters
 from services.docstore import parsing
 from services.docstore.errors import (
     ChunkLimitError,
@@ -137,3 +144,20 @@ def test_a_knowledge_base_article_past_a_bound_is_its_rows_problem():
     (problem,) = parsed.problems
     assert isinstance(problem, RowProblem) and problem.line == 3
     assert f"at most {MAX_PAGES}" in problem.message
+
+
+def test_the_longest_section_and_chunk_ids_fit_what_a_filter_and_a_tool_take():
+    """A section id is bounded (document_limits.MAX_PART_ID_CHARS, the search filter's and the
+    document tools' limit): its document's longest id, the number of its last section and a
+    slug of a heading as long as any, as ingestion writes it."""
+    doc_id = "д" * MAX_DOC_ID_CHARS
+    heading = "Заголовок " * 100
+    doc = parse_document(
+        tenant_id="t", doc_id=doc_id, content=f"# {heading}\ntext\n", fmt="markdown"
+    )
+    written = max((s.section_id for s in doc.sections), key=len)
+    assert written == section_key(doc_id, 1, "заголовок-" * 3 + "заголовок")
+    longest = section_key(doc_id, MAX_SECTIONS, "x" * SECTION_SLUG_CHARS)
+    assert len(longest) <= MAX_PART_ID_CHARS
+    assert all(len(c.chunk_id) <= MAX_PART_ID_CHARS for c in doc.chunks)
+    validate_filters(Filters(section_ids=(longest,)))

@@ -63,11 +63,14 @@ class RespondRequest(betterproto.Message):
     """filters narrow retrieval by metadata."""
 
     doc_ids: List[str] = betterproto.string_field(9)
-    """doc_ids are documents the user selected."""
+    """
+    doc_ids are documents the user selected, each at most 128 characters.
+    """
 
     section_ids: List[str] = betterproto.string_field(10)
     """
-    section_ids are sections the user selected. With doc_ids (or
+    section_ids are sections the user selected, each at most 200 characters
+     (else LIMIT_EXCEEDED naming section_ids). With doc_ids (or
      filters.doc_ids) each must be a section of one of those documents, else
      INVALID_ARGUMENT naming section_ids; such a selection is searched (S4),
      never read whole: the documents with sections named in those sections,

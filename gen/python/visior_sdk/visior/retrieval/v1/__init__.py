@@ -26,7 +26,7 @@ class SearchFilters(betterproto.Message):
     """
     SearchFilters narrow a search by document metadata (retrieval-v1 §3). A value longer
      than a document's field can be (product and version 256 characters, a tag and a doc id
-     128) is refused, LIMIT_EXCEEDED naming the filter.
+     128, a section id 200) is refused, LIMIT_EXCEEDED naming the filter.
     """
 
     product: str = betterproto.string_field(1)
