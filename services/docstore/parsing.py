@@ -29,7 +29,7 @@ from services.docstore.errors import (
 )
 from services.docstore.fields import MAX_TITLE_CHARS
 from services.docstore.model import Chunk, Document, Section
-from services.docstore.pdf import MAX_PAGES, OutlineEntry, PdfText, read_pdf, title_pattern
+from services.docstore.pdf import MAX_PAGES, OutlineEntry, PdfText, heading_end, read_pdf
 from services.docstore.summaries import ExtractiveSummarizer, Summarizer, extractive_summary
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
     "slugify",
 ]
 
-PARSER_VERSION = "4"
+PARSER_VERSION = "5"
 """Bumped whenever parsing or chunking changes its output, so every generation changes too."""
 FORMATS = ("markdown", "text", "pdf", "csv")
 SUFFIX_FORMATS: Mapping[str, str] = {
@@ -143,46 +143,59 @@ DERIVED_DOC_ID_CHARS = 100
 
 def derived_doc_id(file_name: str) -> str:
     """The doc_id a file is stored under when the caller names none: its name without folders
-    and suffix, slugified ("" when that leaves no letter or digit)."""
-    stem = file_name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    and suffix (folders split at "/" or, as Windows writes them, "\\"), slugified ("" when that
+    leaves no letter or digit)."""
+    stem = re.split(r"[/\\]", file_name)[-1].rsplit(".", 1)[0]
     return slugify(stem, DERIVED_DOC_ID_CHARS, fallback="")
 
 
+CONTENT_TYPE_FORMATS: Mapping[str, str] = {
+    "text/markdown": "markdown",
+    "text/x-markdown": "markdown",
+    "application/pdf": "pdf",
+    "text/csv": "csv",
+    "application/csv": "csv",
+    "text/plain": "text",
+}
+"""The format a MIME type (without its parameters) stands for, where the file name's suffix
+names none."""
+
+
 def guess_format(file_name: str, content_type: str) -> str:
-    """ "markdown", "text", "pdf" or "csv" from the file name or MIME type; else "unknown"."""
+    """ "markdown", "text", "pdf" or "csv": the file name's suffix (SUFFIX_FORMATS) decides,
+    else the MIME type (CONTENT_TYPE_FORMATS; a browser's application/octet-stream for a .md
+    file does not turn it away); "text" for neither given; else "unknown"."""
     name = file_name.lower()
-    ct = content_type.lower().split(";", 1)[0].strip()
     by_name = SUFFIX_FORMATS.get(name[name.rfind(".") :]) if "." in name else None
-    if ct in ("text/markdown", "text/x-markdown") or by_name == "markdown":
-        return "markdown"
-    if ct == "application/pdf" or by_name == "pdf":
-        return "pdf"
-    if ct in ("text/csv", "application/csv") or by_name == "csv":
-        return "csv"
-    if ct == "text/plain" or by_name == "text":
-        return "text"
-    return "text" if not ct and not name else "unknown"
+    if by_name is not None:
+        return by_name
+    ct = content_type.lower().split(";", 1)[0].strip()
+    return CONTENT_TYPE_FORMATS.get(ct, "text" if not ct and not name else "unknown")
 
 
 def decode_text(content: bytes | str) -> str:
     """UTF-8 (BOM dropped; UTF-16 with a BOM accepted) with every line ending (CR LF, or a lone
     CR as old Mac files have) a LF, or `ParseError` naming the bad byte."""
+    text = _decoded(content)
+    if "\x00" in text:  # in any encoding: binary, or a file of another kind
+        raise ParseError("content is binary, not text (it contains NUL characters)")
+    return _lf_lines(text)
+
+
+def _decoded(content: bytes | str) -> str:
     if isinstance(content, str):
-        return _lf_lines(content.removeprefix("\ufeff"))
+        return content.removeprefix("\ufeff")
     if content.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
-            return _lf_lines(content.decode("utf-16"))
+            return content.decode("utf-16")
         except UnicodeDecodeError as exc:
             raise ParseError(f"content is not valid UTF-16 text: {exc.reason}") from None
     try:
-        text = content.decode("utf-8-sig")
+        return content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ParseError(
             f"content is not UTF-8 text (byte {exc.start}: {content[exc.start : exc.start + 1]!r})"
         ) from None
-    if "\x00" in text:
-        raise ParseError("content is binary, not text (it contains NUL characters)")
-    return _lf_lines(text)
 
 
 def _lf_lines(text: str) -> str:
@@ -830,25 +843,10 @@ def _pdf_outline_sections(
 
 
 def _drop_heading(text: str, heading: str) -> str:
-    """`text` without the outline heading it opens with, when it opens with the whole heading:
-    the heading's last word must end where a word of the text does ("Backup" over "Backups run
-    nightly" is not there, and the text stays whole)."""
-    body = text.lstrip()
-    pattern = title_pattern(heading)
-    m = pattern.match(body) if pattern else None
-    if m is None or not _ends_word(body, m.end()):
-        return text
-    return body[m.end() :]
-
-
-def _ends_word(text: str, end: int) -> bool:
-    """Whether `text[:end]` stops between words: not between two word characters."""
-    return not (0 < end < len(text) and _is_word_char(text[end - 1]) and _is_word_char(text[end]))
-
-
-def _is_word_char(char: str) -> bool:
-    """A letter or digit of any script, or "_" (what `\\w` matches)."""
-    return char.isalnum() or char == "_"
+    """`text` without the outline heading it opens with, when the heading stands on a line of
+    its own (pdf.heading_end); else `text` whole."""
+    end = heading_end(text, heading)
+    return text if end is None else text[end:]
 
 
 def _pdf_lines(text: str, page_start: bool, page_end: bool) -> list[str]:

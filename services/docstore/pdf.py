@@ -171,13 +171,12 @@ def _locate(
         char = _first_char_below(textpage, top)
         if char is not None:
             raw_off = len(textpage.get_text_range(0, char)) if char else 0
-    # The destination points at (or just below) the heading; its own text nearby wins.
+    # The destination points at (or just below) the heading; its own line nearby wins.
     found = _find_title(raw, title, start, raw_off)
     if found is None and raw_off is not None:
         # Not near it (a destination at the page top over a heading far down the page): the
-        # first line below the destination that begins with the title. Never above the
-        # destination, and never a mention inside a sentence.
-        found = _find_title(raw, title, max(start, raw_off), None, line_start=True)
+        # first line below the destination that begins with the title, never above it.
+        found = _find_title(raw, title, max(start, raw_off), None)
     if found is not None:
         raw_off = found
     return start if raw_off is None else max(start, raw_off)
@@ -199,34 +198,57 @@ def _first_char_below(textpage: pdfium.PdfTextPage, top: float) -> int | None:
     return lo if lo < count else None
 
 
-def _find_title(
-    raw: str, title: str, start: int, near: int | None, *, line_start: bool = False
-) -> int | None:
-    """Where `title` (optionally after its section number) occurs from `start`: the occurrence
-    nearest to `near` (within 400 characters) when given, else the first (with `line_start`,
-    the first that begins a line)."""
+def _find_title(raw: str, title: str, start: int, near: int | None) -> int | None:
+    """Where `title` (optionally after its section number) begins a line from `start`: the
+    occurrence nearest to `near` (within 400 characters) when given, a line of the title alone
+    before one it only begins; else the first. Never inside a line: a heading has a line of
+    its own, and a mention in a sentence ("check the cluster backup status" under a bookmark
+    "Backup") would cut the sentence where it stands and drop its words as the heading."""
     pattern = title_pattern(title)
     if pattern is None:
         return None
-    best: int | None = None
+    best: tuple[bool, int, int] | None = None  # (only begins its line, distance, offset)
     for match in pattern.finditer(raw, start):
-        if line_start and match.start() > 0 and raw[match.start() - 1] != "\n":
+        at = match.start()
+        if at > 0 and raw[at - 1] != "\n":
             continue
         if near is None:
-            return match.start()
-        if abs(match.start() - near) <= 400 and (
-            best is None or abs(match.start() - near) < abs(best - near)
-        ):
-            best = match.start()
-        if match.start() > near + 400:
+            return at
+        if at > near + 400:
             break
-    return best
+        distance = abs(at - near)
+        if distance <= 400:
+            rank = (not _ends_line(raw, match.end()), distance, at)
+            best = rank if best is None or rank < best else best
+    return None if best is None else best[2]
+
+
+def _ends_line(raw: str, end: int) -> bool:
+    """Whether only spaces stand between `end` and the end of its line."""
+    rest = raw[end:].lstrip(" \t")
+    return not rest or rest[0] in "\r\n"
+
+
+def heading_end(text: str, title: str) -> int | None:
+    """Where the body begins after `title` when `text` opens with it (after any whitespace,
+    its section number allowed) on a line of its own; None when it does not, so a sentence
+    that only begins with the title's word ("Intro text on page one." under a bookmark
+    "Intro") keeps it."""
+    pattern = title_pattern(title)
+    body = text.lstrip()
+    m = pattern.match(body) if pattern else None
+    if m is None or not _ends_line(body, m.end()):
+        return None
+    return len(text) - len(body) + m.end()
 
 
 def title_pattern(title: str) -> re.Pattern[str] | None:
-    """A regex for a heading's text in extracted text: any whitespace, an optional number."""
+    """A regex for a heading's text in extracted text, from the start of a word: any
+    whitespace between its words, an optional section number ("2.1", "A.", "IV") before it.
+    The title's letters match in either case, the number's only as written: "ter " of
+    "cluster" or "the " is no number."""
     words = [re.escape(w) for w in title.split()]
     if not words:
         return None
-    number = r"(?:[0-9A-Z]{1,3}(?:\.[0-9]{1,3})*\.?[ \t]+)?"
-    return re.compile(number + r"\s*".join(words), re.IGNORECASE)
+    number = r"(?:(?-i:[0-9A-Z]{1,3})(?:\.[0-9]{1,3})*\.?[ \t]+)?"
+    return re.compile(r"(?<!\w)" + number + r"\s*".join(words), re.IGNORECASE)

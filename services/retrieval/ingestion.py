@@ -432,6 +432,14 @@ class Ingestor:
                     f"a knowledge-base CSV goes to the reserved tenant {KB_TENANT!r} "
                     "(visior ingest --knowledge-base)",
                 )
+            # Its rows name each article and its fields: a field of one document has no home.
+            for name in ("doc_id", "title", "product", "version", "tags", "metadata"):
+                if getattr(item, name):
+                    raise errors.invalid(
+                        name,
+                        f"a knowledge-base CSV's articles take their ids and fields from its "
+                        f"rows; {name} names one document's: leave it out",
+                    )
             return "", fmt
         if item.doc_id:
             check_doc_id(item.doc_id)

@@ -119,8 +119,8 @@ def test_the_suffix_table_is_what_guess_format_reads() -> None:
     for suffix, fmt in SUFFIX_FORMATS.items():
         assert guess_format(f"dir/Name{suffix.upper()}", "") == fmt
     assert guess_format("a.text", "") == "text"
-    assert guess_format("a.md", "text/plain") == "markdown"  # the order of formats stays
-    assert guess_format("a.txt", "application/pdf") == "pdf"
+    assert guess_format("a.md", "text/plain") == "markdown"  # the suffix decides
+    assert guess_format("a.txt", "application/pdf") == "text"
     assert guess_format("md", "") == "unknown" and guess_format("a.v2/readme", "") == "unknown"
 
 

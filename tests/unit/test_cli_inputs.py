@@ -260,7 +260,7 @@ def test_list_says_no_answer_not_cannot_reach(
     assert "cannot reach" not in err
 
 
-def test_an_unanswered_document_may_still_be_ingested(
+def test_an_unanswered_document_is_to_be_ingested_again(
     silent_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     doc = _tree(tmp_path, "a.md") / "a.md"
@@ -269,8 +269,9 @@ def test_an_unanswered_document_may_still_be_ingested(
     out = capsys.readouterr().out
     assert "failed" not in out
     assert f"no answer from retrieval at {silent_url} within 0.2 s" in out
-    assert "may still be ingested" in out
+    assert "retrieval stops an ingest its caller leaves" in out
     assert f"visior list --tenant acme --url {silent_url}" in out
+    assert "ingest the others again with a longer --timeout" in out
 
 
 def test_a_refused_connection_is_still_cannot_reach(
@@ -281,7 +282,7 @@ def test_a_refused_connection_is_still_cannot_reach(
     doc = _tree(tmp_path, "a.md") / "a.md"
     assert cli.main(["ingest", str(doc), "--tenant", "acme", "--url", refused_url]) == 1
     out = capsys.readouterr().out
-    assert "a.md failed:" in out and "may still be ingested" not in out
+    assert "a.md failed:" in out and "not answered in time" not in out
 
 
 # --- flags --------------------------------------------------------------------------------------

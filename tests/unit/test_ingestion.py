@@ -646,3 +646,21 @@ async def test_a_knowledge_base_csvs_articles_let_a_delete_in_between_batches(
         s.index.close()
     assert order == ["kb-t1", "delete", "kb-t2", "kb-t3"]
     assert out.doc_ids == ("kb-t1", "kb-t2", "kb-t3")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("doc_id", "my-article"), ("title", "T"), ("product", "orion"), ("version", "2"),
+     ("tags", ("a",)), ("metadata", {"k": "v"})],
+)  # fmt: skip
+async def test_a_knowledge_base_csv_refuses_one_documents_fields(tmp_path, embedder, name, value):
+    """A CSV's rows name its articles' ids and fields: a request field of one document would
+    be dropped unsaid, so it is refused naming the field, nothing written."""
+    s = make_stack(tmp_path, embedder)
+    item = IngestInput(KB_TENANT, kb_csv("z9"), file_name="train_data.csv")
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await s.ingestor.ingest(replace(item, **{name: value}))
+    assert info.value.metadata["field"] == name and kb_ids(s) == []
+    await s.ingestor.ingest(item)
+    assert kb_ids(s) == ["kb-z9"]
+    s.index.close()

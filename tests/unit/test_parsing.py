@@ -44,6 +44,25 @@ def test_guess_format():
     assert guess_format("a.bin", "") == "unknown"
 
 
+@pytest.mark.parametrize(
+    ("file_name", "content_type", "fmt"),
+    [
+        ("notes.md", "text/plain", "markdown"),  # the suffix decides
+        ("notes.txt", "text/markdown", "text"),
+        ("scan.pdf", "text/plain", "pdf"),
+        ("notes.md", "application/octet-stream", "markdown"),  # what browsers send
+        ("notes", "text/markdown; charset=utf-8", "markdown"),  # no suffix: the MIME type
+        ("notes", "application/octet-stream", "unknown"),
+        ("notes.bin", "text/csv", "csv"),
+        ("", "", "text"),
+    ],
+)
+def test_the_suffix_picks_the_parser_and_the_mime_type_only_without_one(
+    file_name: str, content_type: str, fmt: str
+):
+    assert guess_format(file_name, content_type) == fmt
+
+
 def test_markdown_heading_paths_pages_and_bom():
     md = "# Guide\n\nIntro.\n\n## Setup\n\n### LDAP\n\nUse ldaps.\n\f\nPage two.\n\n## Backup\n\nDaily."
     d = parse(("\ufeff" + md).encode(), "markdown", doc_id="guide")

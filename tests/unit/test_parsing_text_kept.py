@@ -95,6 +95,18 @@ def test_decode_text_makes_every_line_ending_a_lf():
         decode_text(b"a\rb\x00")
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-16-le", "utf-16-be"])
+def test_a_nul_is_binary_in_every_encoding(encoding: str):
+    """One rule whatever the file's encoding: UTF-16 with its BOM was taken with the NUL."""
+    content = "ab\x00cd".encode(encoding)
+    if encoding.endswith(("-le", "-be")):
+        content = "\ufeff".encode(encoding) + content
+    with pytest.raises(ParseError, match="NUL"):
+        decode_text(content)
+    with pytest.raises(ParseError, match="NUL"):
+        decode_text("ab\x00cd")
+
+
 def test_setext_headings_are_headings():
     doc = parse(
         "Guide\n=====\n\nBackups run nightly.\n\nRestore\n-------\n\nRestores take an hour.\n"
@@ -142,6 +154,8 @@ def test_front_matter_is_text_and_its_closing_line_underlines_nothing():
         ("中文.md", "中文"),
         ("docs/Регламент отпусков.md", "регламент-отпусков"),
         ("a/Read Me.md", "read-me"),
+        ("C:\\Users\\ivan\\Documents\\Отчёт.md", "отчёт"),  # Windows folders
+        ("share\\docs/Read Me.md", "read-me"),
         ("ＦＵＬＬ＿ｗｉｄｔｈ².pdf", "full-width2"),  # NFKC
         ("Straße & Café (v2).txt", "straße-café-v2"),
         ("--__--.md", ""),

@@ -103,6 +103,34 @@ def test_a_title_met_only_inside_a_sentence_leaves_the_bookmark_at_its_destinati
     assert texts["Backup"].startswith("Saving your data")
 
 
+@pytest.mark.parametrize(
+    ("before", "cut"),
+    [
+        ("Before upgrading, check the cluster backup status and logs.", "ter backup"),
+        ("Before upgrading, check the backup status and logs.", "the backup"),
+    ],
+)
+def test_a_mention_inside_a_line_is_never_taken_for_the_heading(before: str, cut: str) -> None:
+    """A bookmark to the page top over its heading's own line: the page's first sentence,
+    the previous section's end, mentions the title. Neither "ter " of "cluster" nor "the"
+    is a section number, and no mention inside a line is the heading: the sentence stays
+    whole in the previous section and the section starts at its heading's line."""
+    pages = [["Installation", "Install the package and reboot."],
+             [before, "Backup", "Backups run nightly at two."]]  # fmt: skip
+    texts = section_texts(text_pdf(pages, [("Installation", 0), ("Backup", 1)]))
+    assert before in texts["Installation"] and cut not in texts["Backup"]
+    assert texts["Backup"].strip() == "Backups run nightly at two."
+
+
+def test_a_title_met_only_inside_a_line_leaves_the_section_at_its_destination() -> None:
+    """No line holds the title: the section starts at the bookmark's destination (the page
+    top here) and keeps every word, the mention's too."""
+    pages = [["Intro text on page one."], ["Restore the cluster backup nightly."]]
+    texts = section_texts(text_pdf(pages, [("Intro", 0), ("Backup", 1)]))
+    assert texts["Intro"].strip() == "Intro text on page one."
+    assert texts["Backup"].strip() == "Restore the cluster backup nightly."
+
+
 def test_bookmarks_on_a_page_never_go_back_up_it() -> None:
     # Listed out of reading order, and one whose title is not on the page at all.
     lines = ["Security", *BODY, "Backups", "Nightly.", "Overview", "Done."]

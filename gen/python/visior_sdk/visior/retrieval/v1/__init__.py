@@ -388,23 +388,31 @@ class GetHealthResponse(betterproto.Message):
 
 @dataclass(eq=False, repr=False)
 class IngestDocumentRequest(betterproto.Message):
-    """IngestDocumentRequest carries one document to index."""
+    """
+    IngestDocumentRequest carries one document to index. A knowledge-base CSV (to the
+     reserved tenant) is many articles whose rows name their ids and fields: it takes none
+     of doc_id, title, product, version, tags, metadata (INVALID_ARGUMENT naming the one sent).
+    """
 
     tenant_id: str = betterproto.string_field(1)
     """tenant_id owns the document. Required."""
 
     doc_id: str = betterproto.string_field(2)
     """
-    doc_id is the document's stable id; derived from the file name when empty.
+    doc_id is the document's stable id; derived from the file name when empty
+     (without its folders, split at "/" or "\", and its extension).
     """
 
     file_name: str = betterproto.string_field(3)
-    """file_name is the original file name; its extension picks the parser."""
+    """
+    file_name is the original file name; its extension (.md, .markdown, .pdf,
+     .csv, .txt, .text) picks the parser.
+    """
 
     content_type: str = betterproto.string_field(4)
     """
     content_type is "text/markdown", "text/plain", "application/pdf" or
-     "text/csv"; guessed from file_name when empty.
+     "text/csv": it picks the parser when file_name's extension names none.
     """
 
     content: bytes = betterproto.bytes_field(5)
