@@ -312,10 +312,12 @@ def parse_document(
     Markdown mark page breaks with form feeds. Raises `UnsupportedFormatError` for other
     formats (a knowledge-base CSV goes through `kb_csv.read_knowledge_base_csv`) and
     `ParseError` for unreadable input. `pdf_reader` reads a PDF's text (`read_pdf` in this
-    process, or a `pdf_worker.PdfWorker`).
+    process, or a `pdf_worker.PdfWorker`). A caller's `title` is one line (its runs of
+    whitespace, newlines too, one space); a blank one gives way to the document's own.
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
+    title = " ".join(title.split())
     if fmt == "csv":
         raise UnsupportedFormatError(
             "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"

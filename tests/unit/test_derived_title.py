@@ -114,3 +114,13 @@ def test_a_first_line_is_a_title_only_when_short():
 
 def test_a_callers_title_is_kept_as_given():
     assert parse("# Heading\n\nBody.", "markdown", title="Mine").title == "Mine"
+
+
+@pytest.mark.parametrize(
+    ("given", "title"),
+    [("   ", "Heading"), ("\n\t", "Heading"), ("  Two\nlines  ", "Two lines"), ("Mine", "Mine")],
+)
+def test_a_callers_title_is_one_line_and_a_blank_one_gives_way(given: str, title: str):
+    """A blank title replaced the document's own with nothing to show; a title of lines
+    broke every listing line it stood in."""
+    assert parse("# Heading\n\nBody.", "markdown", title=given).title == title

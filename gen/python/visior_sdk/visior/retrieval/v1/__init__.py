@@ -419,7 +419,10 @@ class IngestDocumentRequest(betterproto.Message):
     """content is the raw file (base64 in JSON)."""
 
     title: str = betterproto.string_field(6)
-    """title overrides the title found in the document."""
+    """
+    title overrides the title found in the document; it is kept as one line
+     (each run of whitespace one space), and a blank one overrides nothing.
+    """
 
     product: str = betterproto.string_field(7)
     """product is metadata for filters."""
