@@ -308,12 +308,20 @@ class TokenBudget:
         reported_completion: int,
         completion_estimate: int,
         notes: int = 0,
-    ) -> None:
+        usage_reported: bool = False,
+    ) -> int:
         """Add one runtime call to the totals: its reported counts, else our own (the
-        conversation and the `notes` tokens that rode on it in the call)."""
+        conversation and the `notes` tokens that rode on it in the call). Returns the prompt
+        tokens counted for the call (the reported count, else that estimate).
+
+        `usage_reported`: the runtime sent its usage, so a completion count of 0 is its count
+        (an empty answer), not a missing one; without it a 0 means "not reported" and the
+        estimate is taken. A prompt of 0 tokens is never a real count: the estimate then."""
         self.calls += 1
-        estimate = self.conversation + notes
-        self.prompt_used += reported_prompt if reported_prompt > 0 else estimate
-        self.completion_used += (
-            reported_completion if reported_completion > 0 else completion_estimate
-        )
+        prompt = reported_prompt if reported_prompt > 0 else self.conversation + notes
+        self.prompt_used += prompt
+        completion = max(0, reported_completion)
+        if completion == 0 and not usage_reported:
+            completion = completion_estimate
+        self.completion_used += completion
+        return prompt

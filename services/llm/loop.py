@@ -19,10 +19,17 @@ How a run stops:
 - final text from the model: the answer;
 - `max_tool_steps` calls executed (the server's MAX_TOOL_STEPS, or fewer if the policy asks),
   or the same call repeated (runaway): the tools are withdrawn and the model is asked once
-  more for the answer; if it still calls a tool, LLM_LIMIT_EXCEEDED ("Tool-call limit");
+  more for the answer; if it still calls a tool, LLM_LIMIT_EXCEEDED ("Tool-call limit",
+  limit_name max_tool_steps) after the step limit, LLM_RUNTIME_ERROR (502, limit_name
+  repeated_call) after a repeated call: the model's failure, not the caller's;
+- a tool call in a request that offers no tools: the call is refused and the model asked
+  once for the answer without tools; if it still calls one, LLM_RUNTIME_ERROR (502,
+  limit_name tools_offered);
 - two tool errors in a row (a refused call or a tool that failed): a downstream failure, by
-  the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED or SERVER_BUSY (429), else LLM_RUNTIME_ERROR for
-  calls the loop refused, UPSTREAM_UNAVAILABLE for a tool that failed (502);
+  the last error (`_Run._failed`): RATE_LIMIT_EXCEEDED or SERVER_BUSY (429), else
+  LLM_RUNTIME_ERROR for calls the model got wrong (refused by the loop, or answered by
+  ToolsProxy with NOT_FOUND or INVALID_ARGUMENT for arguments the model chose), else
+  UPSTREAM_UNAVAILABLE for a tool that failed (502);
 - no room left for a further tool result (the token budget, services/llm/budget.py, with
   the caller's context_token_budget) once a result was read: the model's call is refused
   (TOOL_LIMIT_REACHED, reported as a call past the step limit is), the tools are withdrawn
@@ -51,7 +58,14 @@ from services.common.context import remaining_seconds
 from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import Tokenizer, default_tokenizer
-from services.common.tool_contract import EXTERNAL_TOOLS, RATE_LIMIT_EXCEEDED, UPSTREAM_UNAVAILABLE
+from services.common.tool_contract import (
+    EXTERNAL_TOOLS,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    RATE_LIMIT_EXCEEDED,
+    READ_TOOLS,
+    UPSTREAM_UNAVAILABLE,
+)
 from services.llm import prompt as prompts
 from services.llm.budget import (
     TokenBudget,
@@ -117,6 +131,19 @@ refused (LLM_LIMIT_EXCEEDED) rather than sent for a few tokens of answer."""
 MIN_TOOL_RESULT_ROOM = MIN_TOOL_RESULT_TOKENS + TOOL_RESULT_MESSAGE_TOKENS
 """What LLM_SERVICE_MAX_TOTAL_TOKENS must leave past MAX_PROMPT_TOKENS + MAX_COMPLETION_TOKENS
 so that one minimal tool result fits (services/llm/config.py refuses to start otherwise)."""
+MODEL_MISTAKE_CODES = frozenset({NOT_FOUND, INVALID_ARGUMENT})
+"""ToolsProxy's error codes that say a call's arguments were wrong (`_Run._models_mistake`):
+when the model chose them, two in a row are the model's failure (LLM_RUNTIME_ERROR), not
+the tools' (UPSTREAM_UNAVAILABLE)."""
+NO_TOOLS = "tools_offered"
+"""The `limit_name` (limit 0) of the abort of a model that asks for tools in a request that
+offers none, even after the request for its final answer (LLM_RUNTIME_ERROR)."""
+SPENT = "token_budget"
+"""`_Run.closed_by` when the spent token budget withdrew the tools (the abort then names the
+budget's own limit, `TokenBudget.limit_name`)."""
+REPEATED_CALL_GUARD = "repeated_call"
+"""The `limit_name` (limit 1: each distinct call runs once) of the abort of a model that
+repeated a call, and asked for tools again after the request for its final answer."""
 TOOLS_DOWNSTREAM = "toolsproxy"
 """The `downstream` an abort for failed tool calls names (services/llm/tools_client.py's)."""
 CANCELLED = "CANCELLED"
@@ -209,6 +236,14 @@ def _made(failure: BaseException) -> bool:
     return not (
         isinstance(failure, errors.ServiceError) and failure.metadata.get("attempts") == "0"
     )
+
+
+def usage_reported(completion: Completion) -> bool:
+    """Whether the runtime sent its usage with `completion`. The runtime client reads an
+    absent usage object, or an absent count, as 0 (services/model_runtime/client.py); a real
+    prompt is never 0 tokens, so a prompt count says the usage came and its completion count,
+    0 included, is the runtime's own (an empty answer)."""
+    return completion.prompt_tokens > 0
 
 
 class _NoObserver:
@@ -305,6 +340,10 @@ class _Run:
         self.steps = 0
         self.errors_in_a_row = 0
         self.closed = not self.offered
+        self.closed_by = NO_TOOLS if self.closed else ""
+        """The guard that withdrew the tools (`_close`): NO_TOOLS when none were offered."""
+        self.final_asked = False
+        """Whether a call was sent with the final-answer note (`_close_tools`)."""
         self.read = False
         """Whether a tool result was fed to the model (status ok)."""
         self.spent = False
@@ -332,7 +371,8 @@ class _Run:
         self.riding = 0
         """Tokens of the notes riding on the conversation in the latest call."""
         self.final_prompt = 0
-        """The last call's prompt tokens, as the runtime reported them."""
+        """The last call's prompt tokens, as the runtime reported them, else as the service
+        estimated them for `prompt_tokens` (`TokenBudget.record_call`)."""
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -392,12 +432,50 @@ class _Run:
                     return await self._withhold(messages, withheld)
                 return self._output(completion.content)
             if self.closed:
-                raise self._tools_after_closing()
+                if not self.final_asked:
+                    # No tools were offered, yet the model asked for some: asked once for
+                    # the answer without them, as when the tools are withdrawn.
+                    await self._ask_for_the_answer(completion)
+                    continue
+                raise self._tools_after_closing(completion)
             await self._tool_turn(messages, completion)
 
-    def _tools_after_closing(self) -> errors.LimitExceededError:
-        """The model asked for tools after they were withdrawn: LLM_LIMIT_EXCEEDED, naming the
-        limit that withdrew them (the token budget when it was spent, else the step limit)."""
+    async def _ask_for_the_answer(self, completion: Completion) -> None:
+        """The model asked for tools in a request that offers none: each call is refused
+        (a tool_call event ends the step, its text is not the answer), none is added to the
+        conversation, and the next call closes it with the final-answer note."""
+        for call in completion.tool_calls:
+            await self._refuse(
+                call, UNKNOWN_TOOL, "no tools are offered in this request", counts=False
+            )
+        self.final_note = prompts.final_answer_note()
+
+    def _close(self, guard: str) -> None:
+        """Withdraw the tools; `guard` names the limit that did it (the first one counts)."""
+        if not self.closed:
+            self.closed_by = guard
+        self.closed = True
+
+    def _tools_after_closing(self, completion: Completion) -> errors.ServiceError:
+        """The model asked for tools after they were withdrawn and it was asked for its final
+        answer. The caller's limits withdrew them (the token budget when it was spent, else
+        the step limit): LLM_LIMIT_EXCEEDED (llm-service.md §9.3, "Tool-call limit"), naming
+        that limit. The model did it (no tools offered, or a call it repeated): the model
+        failing at its task, LLM_RUNTIME_ERROR (502, as §9.1's), naming that guard."""
+        names = ", ".join(dict.fromkeys(c.name for c in completion.tool_calls))
+        if self.closed_by in (NO_TOOLS, REPEATED_CALL_GUARD):
+            if self.closed_by == NO_TOOLS:
+                what = "no tools are offered in this request"
+                metadata = errors.limit_metadata(0, name=NO_TOOLS)
+            else:
+                what = "it repeated a tool call, so the tools were withdrawn"
+                metadata = errors.limit_metadata(1, name=REPEATED_CALL_GUARD)
+            return errors.UnavailableError(
+                f"the model asked for tools ({names}) again after the request for its final "
+                f"answer: {what} ({self.steps} tool call(s) made)",
+                reason=LLM_RUNTIME_ERROR,
+                metadata={**metadata, "tool": completion.tool_calls[0].name},
+            )
         message = (
             f"Tool-call limit reached: the model asked for tools after {self.steps} tool "
             "call(s) and the request for its final answer"
@@ -418,21 +496,25 @@ class _Run:
         completion = await self._call(messages, self.offered, params, hold=hold)
         step_ms = round((self.loop.clock() - step_started) * 1000)
         self.step_ms.append(step_ms)
-        self.prompt_cached += completion.cached_prompt_tokens
-        self.final_prompt = completion.prompt_tokens
+        reported = usage_reported(completion)
         # Our own count of the answer is needed only when the runtime reports none.
         estimate = 0
-        if completion.completion_tokens <= 0:
+        if completion.completion_tokens <= 0 and not reported:
             estimate = message_tokens(
                 self.loop.tokenizer,
                 ChatMessage("assistant", completion.content, completion.tool_calls),
             )
-        self.budget.record_call(
+        prompt = self.budget.record_call(
             reported_prompt=completion.prompt_tokens,
             reported_completion=completion.completion_tokens,
             completion_estimate=estimate,
             notes=self.riding,
+            usage_reported=reported,
         )
+        # The last call's prompt as the totals count it (the runtime's count, else the same
+        # estimate); of it, no more than all can have come from the runtime's cache.
+        self.final_prompt = prompt
+        self.prompt_cached += min(max(0, completion.cached_prompt_tokens), prompt)
         self.model_name = completion.model or self.model_name
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -461,7 +543,7 @@ class _Run:
         if self._no_room(completion.tool_calls[0], pending=pending):
             for call in completion.tool_calls:
                 await self._refuse(call, TOOL_LIMIT_REACHED, self._spent(), counts=False)
-            self.closed = True
+            self._close(SPENT)
             return
         messages.append(turn)
         self.budget.add(turn)
@@ -472,7 +554,7 @@ class _Run:
             else:
                 self.budget.add(messages[-1])
         if self.steps >= self.max_steps:
-            self.closed = True
+            self._close("max_tool_steps")
 
     async def _read_in_its_place(self, messages: list[ChatMessage], read: Approved) -> None:
         """The policy's `read` (`CallGate.first_read`) in place of a text answer to a step
@@ -535,6 +617,7 @@ class _Run:
         """`messages` closed by the final-answer note, counted into the conversation as far
         as its room goes; the rest rides on it (`note_overflow`)."""
         self.final_note = None
+        self.final_asked = True
         self.note_overflow += self.budget.add_note(note)
         return [*messages, note]
 
@@ -667,23 +750,24 @@ class _Run:
         record = refused_record(call, code, message)
         await self.sink.tool_call(record)
         if counts:
-            self._failed(record.name, code, refused=True)  # the name as a status can carry it
+            self._failed(record.name, code, models=True)  # the name as a status can carry it
         return error_message(call.id, call.name, code, message)
 
-    def _failed(self, name: str, code: str, *, refused: bool) -> None:
+    def _failed(self, name: str, code: str, *, models: bool) -> None:
         """Count a tool error; the one that makes `max_consecutive_tool_errors` in a row
         aborts the request (llm-service.md §9.2) with the status of the last error.
 
         The request was within its limits (§9.3's LLM_LIMIT_EXCEEDED is not this): a rate
         limit, or ToolsProxy at its concurrency cap, is a 429 the caller can wait out
-        (RESOURCE_EXHAUSTED, RATE_LIMIT_EXCEEDED or SERVER_BUSY);
-        calls the loop refused are the model failing at its task (LLM_RUNTIME_ERROR, as §9.1's
-        model errors); any other failed call is the tools failing it (UPSTREAM_UNAVAILABLE).
-        Both are 502s. A tool's NOT_FOUND or ACCESS_DENIED is not passed on as the caller's
-        404 or 403: the missing document may be one the model named, the caller's request names
-        nothing missing, and the Orchestrator would pass a 404 on as its own. The tool's code
-        is in the metadata (`tool_error`), and ToolsProxy is its `downstream` when a tool
-        failed.
+        (RESOURCE_EXHAUSTED, RATE_LIMIT_EXCEEDED or SERVER_BUSY); an error that is the
+        model's (`models`: a call the loop refused, or one ToolsProxy answered with an error
+        saying the model's own arguments were wrong, `_models_mistake`) is the model failing
+        at its task (LLM_RUNTIME_ERROR, as §9.1's model errors); any other failed call is the
+        tools failing it (UPSTREAM_UNAVAILABLE, ToolsProxy its `downstream`). Both are 502s.
+        A tool's NOT_FOUND or ACCESS_DENIED is not passed on as the caller's 404 or 403: the
+        missing document may be one the model named, the caller's request names nothing
+        missing, and the Orchestrator would pass a 404 on as its own. The tool's code is in
+        the metadata (`tool_error`), with the limit.
 
         The extractive responder's errors are not counted: it is no model that may keep
         failing, it tries at most MAX_SECTIONS_TRIED sections and then answers from what it
@@ -701,16 +785,31 @@ class _Run:
             "tool": name,
             "tool_error": code,
         }
-        if refused:
+        if code in (RATE_LIMIT_EXCEEDED, errors.SERVER_BUSY):
+            metadata["downstream"] = TOOLS_DOWNSTREAM
+            raise errors.ResourceExhaustedError(message, reason=code, metadata=metadata)
+        if models:
+            message += ", a call the model got wrong"
             raise errors.UnavailableError(message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
         metadata["downstream"] = TOOLS_DOWNSTREAM
-        if code in (RATE_LIMIT_EXCEEDED, errors.SERVER_BUSY):
-            raise errors.ResourceExhaustedError(message, reason=code, metadata=metadata)
         raise errors.UnavailableError(message, reason=UPSTREAM_UNAVAILABLE, metadata=metadata)
+
+    def _models_mistake(self, call: Approved, code: str) -> bool:
+        """Whether ToolsProxy's error `code` for an executed `call` says the model's call was
+        wrong: the document, section or page it named does not exist (NOT_FOUND), or its
+        arguments are not what the tool takes (INVALID_ARGUMENT). Not when the policy chose
+        what the call reads (a read, rewritten to one of the caller's anchors,
+        `CallGate._read`): the caller found that section, so its NOT_FOUND is the store
+        changed since, a failure of the tools. Any other code (UPSTREAM_UNAVAILABLE, a
+        timeout, INTERNAL, ACCESS_DENIED: the request's identity, never the model's
+        arguments; WINDOW_TOO_LARGE: the window is the policy's) is the tools' failure."""
+        if code not in MODEL_MISTAKE_CODES:
+            return False
+        return not (call.name in READ_TOOLS and self.req.policy.anchors)
 
     async def _tool(self, call: ToolCall) -> ChatMessage:
         if self.closed or self.steps >= self.max_steps:
-            self.closed = True
+            self._close("max_tool_steps")
             message = (
                 self._spent()
                 if self.spent
@@ -722,7 +821,7 @@ class _Run:
             return await self._refuse(call, verdict.code, verdict.message, counts=True)
         if self.gate.is_repeat(verdict):
             # A runaway loop: the answer to this exact call is already in the conversation.
-            self.closed = True
+            self._close(REPEATED_CALL_GUARD)
             return await self._refuse(
                 call, REPEATED_CALL,
                 f"{verdict.name} was already called with these arguments; its result is above",
@@ -738,7 +837,7 @@ class _Run:
         first planned result cannot crowd out the next. With no room for the result once
         something was read, a model's call is refused and the tools withdrawn (`_no_room`)."""
         if not planned and self._no_room(call):
-            self.closed = True
+            self._close(SPENT)
             return await self._refuse(call, TOOL_LIMIT_REACHED, self._spent(), counts=False)
         room = self._result_room(call, share=share)
         if room < self.s.min_tool_result_tokens:
@@ -768,7 +867,8 @@ class _Run:
             self.errors_in_a_row = 0
             self.read = True
         elif not planned:
-            self._failed(verdict.name, result.error_code, refused=False)
+            code = result.error_code
+            self._failed(verdict.name, code, models=self._models_mistake(verdict, code))
         return message
 
     def _result_room(self, call: ToolCall, *, share: int = 1, pending: int = 0) -> int:
@@ -864,7 +964,7 @@ class _Run:
             messages.append(await self._run_approved(call, verdict, planned=True, share=share))
             self.budget.add(messages[-1])
         if self.steps >= self.max_steps:
-            self.closed = True
+            self._close("max_tool_steps")
 
     def tool_timeout(self, name: str, left: float) -> float:
         """The deadline of one call of tool `name`: the external tools' own (the bank,

@@ -235,12 +235,15 @@ class UsedTokens(betterproto.Message):
     prompt_cached: int = betterproto.int32_field(3)
     """
     prompt_cached is how many of `prompt` the runtime reported it took from
-     its prompt cache (`usage.prompt_tokens_details.cached_tokens`); prompt -
-     prompt_cached is what it had to process.
+     its prompt cache (`usage.prompt_tokens_details.cached_tokens`), never more
+     than one call's prompt; prompt - prompt_cached is what it had to process.
     """
 
     final_prompt: int = betterproto.int32_field(4)
-    """final_prompt is the prompt tokens of the last runtime call."""
+    """
+    final_prompt is the prompt tokens of the last runtime call: the runtime's
+     count, else the service's estimate, as `prompt` counts it.
+    """
 
 
 @dataclass(eq=False, repr=False)
