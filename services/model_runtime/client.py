@@ -24,15 +24,21 @@ Tool calling has two wire forms:
     as far as it got, with "…" (`truncated_answer`);
   - empty text, other JSON that does not parse (a cut tool call among it), or a JSON value of
     any other shape -> it cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
-    (``kind=bad_response``).
+    (``kind=bad_response``), not retried; the runtime answered, so it is no outage for the
+    breaker (`BadModelOutput`).
 
 Resilience. ``timeout_s`` bounds the whole call, the retry included (clamped to
 LLM_RUNTIME_TIMEOUT_S). Exactly one retry (``retry``) on transient errors: a
 connection refused/reset/dropped, 429 (honouring a short ``Retry-After``), 500/502/503/504.
 Timeouts are not retried (a second full timeout would double the latency the caller waits),
-nor are other 4xx (the same request fails the same way). A circuit breaker counts failed
-calls (timeouts, unreachable, 429/5xx after the retry, unreadable answers); a 4xx answer
-means the runtime is up and does not count. A call ended at its deadline is the runtime's
+nor are other 4xx (the same request fails the same way). A 200 answer that is the runtime's
+error, ``{"error": {"message", "type", "code"}}`` instead of a completion (proxy-style
+runtimes: OpenRouter, LiteLLM, vLLM), is judged as the status its ``code`` names (400..599),
+or as a 500 when it names none (a ``server_error``), its message (one line, 300 characters,
+key scrubbed) in the error and the log (`answer_error`). A circuit breaker counts failed
+calls (timeouts, unreachable, 429/5xx after the retry, answers that are no chat completion);
+a 4xx answer means the runtime is up and does not count, nor does a completion whose
+JSON-mode content the model got wrong. A call ended at its deadline is the runtime's
 timeout and counts, whichever timer fired first: the client's, or its caller's set to the
 same instant (a cancellation, or a stream it stops reading). Except where a caller's
 deadline shorter than ``timeout_s`` ended it: a call it left under 1 s (cancelled, or a
@@ -538,6 +544,12 @@ class BadResponse(Exception):
     """The runtime's answer cannot be read; the message says why (never echoes the key)."""
 
 
+class BadModelOutput(BadResponse):
+    """The runtime's answer is a well-formed completion, but the model's JSON-mode content
+    in it cannot be read (`parse_json_mode`): the model's output, not a runtime failure, so
+    no outage for the breaker (the runtime answered)."""
+
+
 def new_call_id() -> str:
     """An id for a tool call the runtime sent without one (JSON mode, lax servers)."""
     return "call_" + secrets.token_hex(12)
@@ -555,19 +567,20 @@ def _strip_fence(text: str) -> str:
 
 
 def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
-    """(answer text, tool calls) from a JSON-mode answer; raises BadResponse when unreadable.
+    """(answer text, tool calls) from a JSON-mode answer; raises BadModelOutput when
+    unreadable.
 
     The rule is in the module docstring.
     """
     body = _strip_fence(text)
     if not body:
-        raise BadResponse("the model's JSON-mode answer is empty")
+        raise BadModelOutput("the model's JSON-mode answer is empty")
     if body[0] not in "{[":
         return text.strip(), ()
     try:
         value, _ = json.JSONDecoder().raw_decode(body)
     except ValueError:
-        raise BadResponse("the model's JSON-mode answer is not valid JSON") from None
+        raise BadModelOutput("the model's JSON-mode answer is not valid JSON") from None
     if isinstance(value, dict):
         name = value.get("tool_name")
         if isinstance(name, str) and name.strip():
@@ -580,7 +593,9 @@ def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
         answer = value.get("answer")
         if isinstance(answer, str):
             return answer, ()
-    raise BadResponse('the model\'s JSON-mode answer has neither "tool_name" nor a string "answer"')
+    raise BadModelOutput(
+        'the model\'s JSON-mode answer has neither "tool_name" nor a string "answer"'
+    )
 
 
 _TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -903,6 +918,18 @@ class _Failure(AttemptFailed):
         return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
 
 
+def _unreadable(exc: BadResponse) -> _Failure:
+    """The failure of an answer that cannot be read: ``bad_response`` either way, but only a
+    broken envelope (no chat completion: HTML from a proxy, no choices, ...) is the runtime
+    failing; a completion whose JSON-mode content does not parse (`BadModelOutput`) is the
+    model's output from a runtime that answered: ANSWERED, like a 4xx, so that a model's bad
+    turns never open the breaker for every tenant."""
+    verdict = ANSWERED if isinstance(exc, BadModelOutput) else OUTAGE
+    return _Failure(
+        "bad_response", f"LLM runtime sent an unreadable answer: {exc}", verdict=verdict
+    )
+
+
 def _log_retry(failed: _Failure, attempt: int, delay: float) -> None:
     log.warning(
         "llm runtime attempt failed; retrying",
@@ -911,31 +938,48 @@ def _log_retry(failed: _Failure, attempt: int, delay: float) -> None:
     )  # fmt: skip
 
 
-def _status_failure(response: httpx.Response) -> _Failure:
-    status = response.status_code
+def _status_failure(
+    status: int, retry_after: str | None = None, *, label: str = "", detail: str = ""
+) -> _Failure:
+    """The failure of an answer with HTTP `status` (or of a 200 answer carrying an error the
+    runtime reported as `status`: `label` then says so, instead of "HTTP <status>"). `detail`,
+    the runtime's own message (`_error_text`), is appended, except to a refusal of the
+    credentials."""
+    label = label or f"HTTP {status}"
+    said = f": {detail}" if detail else ""
     if status in TRANSIENT_STATUSES:
         # A wait over the policy's max_retry_after_s ends the run at once.
         return _Failure(
             "overloaded",
-            f"LLM runtime is overloaded (HTTP {status})",
+            f"LLM runtime is overloaded ({label}){said}",
             status=status,
             retry=True,
-            delay=retry_after_seconds(response.headers.get("retry-after")),
+            delay=retry_after_seconds(retry_after),
         )
     if status in (401, 403):
         # The runtime's own message may quote part of the key: it is not passed on.
         return _Failure(
             "rejected",
-            f"LLM runtime refused the credentials (HTTP {status})",
+            f"LLM runtime refused the credentials ({label})",
             status=status,
             verdict=ANSWERED,
         )
     if 400 <= status < 500:
         return _Failure(
-            "rejected", f"LLM runtime rejected the request (HTTP {status})", status=status,
+            "rejected", f"LLM runtime rejected the request ({label}){said}", status=status,
             verdict=ANSWERED,
         )  # fmt: skip
-    return _Failure("bad_response", f"LLM runtime answered HTTP {status}", status=status)
+    return _Failure("bad_response", f"LLM runtime answered {label}{said}", status=status)
+
+
+def _error_text(err: Any, secret: str | None) -> str:
+    """The message of the runtime's error object (short, one line, key scrubbed, no lone
+    surrogates); "" when it has none."""
+    text = err.get("message") if isinstance(err, dict) else None
+    if not isinstance(text, str):
+        return ""
+    text = valid_text(" ".join(text.split())[:300])
+    return text.replace(secret, "***") if secret else text
 
 
 def _detail(content: bytes, secret: str | None) -> str:
@@ -944,12 +988,43 @@ def _detail(content: bytes, secret: str | None) -> str:
         body = json.loads(content)
     except ValueError:
         return ""
-    err = body.get("error") if isinstance(body, dict) else None
-    text = err.get("message") if isinstance(err, dict) else None
-    if not isinstance(text, str):
-        return ""
-    text = " ".join(text.split())[:300]
-    return text.replace(secret, "***") if secret else text
+    return _error_text(body.get("error") if isinstance(body, dict) else None, secret)
+
+
+def answer_error(content: bytes) -> dict[str, Any] | None:
+    """The error object of a 200 answer that is the runtime's error instead of a completion
+    (proxy-style runtimes, OpenRouter, LiteLLM, vLLM, answer an upstream failure so):
+    ``{"error": {"message", "type", "code"}}`` (or ``{"error": "<message>"}``) or vLLM's
+    ``{"object": "error", "message", "type", "code"}``, with no ``choices``; None for any
+    other body (a completion, or one `parse_completion` judges)."""
+    if b'"error"' not in content:  # a completion's text never holds it unescaped
+        return None
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or payload.get("choices"):
+        return None
+    err = payload.get("error")
+    if isinstance(err, dict):
+        return err
+    if isinstance(err, str) and err.strip():
+        return {"message": err}
+    if payload.get("object") == "error":
+        return payload
+    return None
+
+
+def error_status(err: dict[str, Any]) -> int | None:
+    """The HTTP status a runtime's error object names in its ``code`` (a number, or digits,
+    within 400..599); None when it names none (a ``server_error``, a code such as
+    ``"model_not_found"``)."""
+    code = err.get("code")
+    if isinstance(code, str) and code.strip().isdigit():
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        return code
+    return None
 
 
 _TAG_OPEN = "<tool_call>"
@@ -1053,6 +1128,12 @@ class _Holdback:
             i = j + len(_FENCE)
 
 
+def _is_json(response: httpx.Response) -> bool:
+    """Whether a 200 to a stream is one JSON answer (a chat.completion from a server that
+    ignores ``stream: true``, or the runtime's error), not an event stream."""
+    return response.headers.get("content-type", "").startswith("application/json")
+
+
 class _Progress:
     """When a streamed answer last showed the runtime at work: its 200, then each chunk of
     its body (a clock reading; None before the 200)."""
@@ -1133,9 +1214,7 @@ class OpenAiChatRuntime:
                     self._json(content), model=model, json_mode=json_mode, offered=offered
                 )
             except BadResponse as exc:
-                raise _Failure(
-                    "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
-                ) from None
+                raise _unreadable(exc) from None
         except _Failure as failed:
             attempts = attempts or failed.attempts
             self.breaker.settle(failed, ticket)
@@ -1170,12 +1249,12 @@ class OpenAiChatRuntime:
         settled = False
         progress = _Progress()
         try:
-            response, _, attempts = await self._send_turns(
+            response, content, attempts = await self._send_turns(
                 model, body, start, budget_s, stream=True
             )
-            if response.headers.get("content-type", "").startswith("application/json"):
+            if _is_json(response):
                 # A server that ignores `stream: true` answers with one chat.completion.
-                completion = await self._unstreamed(response, deadline, model, json_mode, offered)
+                completion = self._unstreamed(content, model, json_mode, offered)
                 self.breaker.settle(None, ticket)
                 settled = True
                 self._log("ok", model, start, attempts, stream=False)
@@ -1192,9 +1271,7 @@ class OpenAiChatRuntime:
             try:
                 completion = assembler.completion()
             except BadResponse as exc:
-                raise _Failure(
-                    "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
-                ) from None
+                raise _unreadable(exc) from None
             self._answered(ticket, model, completion, start, attempts, stream=True)
             settled = True
             if json_mode and completion.content:
@@ -1405,8 +1482,9 @@ class OpenAiChatRuntime:
     async def _send(
         self, body: bytes, start: float, budget_s: float, *, stream: bool
     ) -> tuple[httpx.Response, bytes, int]:
-        """A 200 response, its body (b"" for a stream: left unread) and the attempts it took,
-        all within `budget_s` seconds from `start`: no retry whose pause reaches past it."""
+        """A 200 response, its body (b"" for an event stream: left unread) and the attempts it
+        took, all within `budget_s` seconds from `start`: no retry whose pause reaches past
+        it."""
         deadline = start + budget_s
         (response, content), attempts = await run_with_retry(
             lambda: self._attempt(body, deadline, stream=stream),
@@ -1454,15 +1532,18 @@ class OpenAiChatRuntime:
             raise _Failure("timeout", "LLM runtime did not answer in time") from None
         except httpx.TransportError:
             raise _Failure("unreachable", "LLM runtime cannot be reached", retry=True) from None
-        if response.status_code == 200 and stream:
+        if response.status_code == 200 and stream and not _is_json(response):
             return response, b""
         try:
             content = await self._read_body(response, deadline)
         finally:
             await response.aclose()
         if response.status_code == 200:
-            return response, content
-        failed = _status_failure(response)
+            err = answer_error(content)
+            if err is None:
+                return response, content
+            raise self._reported_failure(err, response)
+        failed = _status_failure(response.status_code, response.headers.get("retry-after"))
         if failed.kind == "rejected" and response.status_code not in (401, 403):
             log.warning(
                 "llm runtime rejected the request",
@@ -1470,6 +1551,28 @@ class OpenAiChatRuntime:
                        "detail": _detail(content, self.settings.api_key)},
             )  # fmt: skip
         raise failed
+
+    def _reported_failure(self, err: dict[str, Any], response: httpx.Response) -> _Failure:
+        """The failure of a 200 answer carrying the runtime's error `err` (`answer_error`):
+        judged as the status its ``code`` names would be (`_status_failure`: retried, and
+        counted by the breaker, alike), a ``server_error`` or one naming no status as a 500.
+        The runtime's message reaches the error and the log (not for 401/403, whose
+        message may quote the key)."""
+        code = error_status(err)
+        status = code or 500
+        detail = "" if status in (401, 403) else _error_text(err, self.settings.api_key)
+        failed = _status_failure(
+            status,
+            response.headers.get("retry-after"),
+            label=f"HTTP 200 with error code {code}" if code else "HTTP 200 with an error",
+            detail=detail,
+        )
+        failed.status = code or 200  # the status that arrived, unless the error named one
+        log.warning(
+            "llm runtime answered HTTP 200 with an error",
+            extra={"status": 200, "error_code": code, "kind": failed.kind, "detail": detail},
+        )
+        return failed
 
     async def _read_body(self, response: httpx.Response, deadline: float) -> bytes:
         """The body, read within the deadline; more than MAX_RESPONSE_BYTES is refused."""
@@ -1488,23 +1591,17 @@ class OpenAiChatRuntime:
             raise _Failure("bad_response", "LLM runtime sent an oversized answer")
         return body
 
-    async def _unstreamed(
-        self,
-        response: httpx.Response,
-        deadline: float,
-        model: str,
-        json_mode: bool,
-        offered: frozenset[str],
+    def _unstreamed(
+        self, content: bytes, model: str, json_mode: bool, offered: frozenset[str]
     ) -> Completion:
-        content = await self._read_body(response, deadline)
+        """The Completion of a stream's answer that came as one chat.completion (read by
+        `_attempt`: a server that ignores ``stream: true``)."""
         try:
             return parse_completion(
                 self._json(content), model=model, json_mode=json_mode, offered=offered
             )
         except BadResponse as exc:
-            raise _Failure(
-                "bad_response", f"LLM runtime sent an unreadable answer: {exc}"
-            ) from None
+            raise _unreadable(exc) from None
 
     @staticmethod
     def _json(content: bytes) -> Any:
