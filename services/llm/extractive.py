@@ -32,7 +32,7 @@ import json
 import re
 import string
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,6 +44,7 @@ from services.common.generate_contract import (
     turn_parts,
 )
 from services.common.lexical import Bm25, search_terms, split_sentences
+from services.common.tokenizer import default_tokenizer
 from services.common.tool_contract import (
     DOC_LOCAL_SEARCH,
     FETCH_CBR_DATA,
@@ -1042,6 +1043,23 @@ def _tried(anchor: Anchor, asked: list[dict[str, Any]]) -> bool:
     )
 
 
+def held(completion: Completion, stop: Sequence[str], max_tokens: int | None) -> Completion:
+    """An answer held to the request's generation params as a runtime holds its own: it ends
+    before the first of the `stop` sequences, and at `max_tokens` tokens (finish_reason
+    "length"; None: the caller set none, and a quoting answer is not cut to the service's
+    share)."""
+    text = completion.content
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)
+    if cut >= 0:
+        text = text[:cut]
+    tokenizer = default_tokenizer()
+    if max_tokens is not None and tokenizer.count(text) > max_tokens:
+        return replace(
+            completion, content=tokenizer.truncate(text, max_tokens), finish_reason="length"
+        )
+    return completion if cut < 0 else replace(completion, content=text)
+
+
 class ExtractiveRuntime:
     """A ChatRuntime that reads with tools and answers by quotation; no model involved."""
 
@@ -1061,7 +1079,10 @@ class ExtractiveRuntime:
 
     def _answer(self, request: ChatRequest) -> Completion:
         tools = request.tools if request.params.tool_choice != "none" else ()
-        return self.respond(request.messages, tools)
+        completion = self.respond(request.messages, tools)
+        if completion.tool_calls:
+            return completion
+        return held(completion, request.params.stop, request.params.max_tokens)
 
     def respond(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Completion:
         """What a model would answer to `messages` with `tools` offered."""

@@ -57,6 +57,7 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
+from services.common.settings import MAX_TOKEN_BYTES
 from services.common.tokenizer import Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     EXTERNAL_TOOLS,
@@ -238,6 +239,34 @@ def _made(failure: BaseException) -> bool:
     )
 
 
+LENGTH = "length"
+"""A completion's finish_reason when it was cut at max_tokens."""
+
+
+def answer_chars(max_tokens: int | None) -> int | None:
+    """The most characters an answer of `max_tokens` tokens can hold (MAX_TOKEN_BYTES a token:
+    more than any tokenizer's longest token), past which a runtime ignored max_tokens; None:
+    no cap."""
+    return None if max_tokens is None else max_tokens * MAX_TOKEN_BYTES
+
+
+def capped(completion: Completion, room: int | None) -> Completion:
+    """`completion` with its text cut to `room` characters (`answer_chars`), finish_reason
+    "length", when a runtime sent more: a runaway answer never reaches the caller whole."""
+    if room is None or len(completion.content) <= room:
+        return completion
+    return replace(completion, content=completion.content[:room], finish_reason=LENGTH)
+
+
+FINISH_REASONS = frozenset({"stop", LENGTH, "content_filter"})
+
+
+def finish_reason(completion: Completion) -> str:
+    """How an answer ended (GenerateMeta.finish_reason): the runtime's "length" or
+    "content_filter", else "stop" (any other reason a runtime gives, or none)."""
+    return completion.finish_reason if completion.finish_reason in FINISH_REASONS else "stop"
+
+
 def usage_reported(completion: Completion) -> bool:
     """Whether the runtime sent its usage with `completion`. The runtime client reads an
     absent usage object, or an absent count, as 0 (services/model_runtime/client.py); a real
@@ -413,7 +442,11 @@ class _Run:
             # the previous prompt, and the runtime's prompt cache covers all but the new turns.
             max_tokens = self._answer_tokens(messages)
             params = replace(
-                self.req.params, max_tokens=max_tokens, tool_choice=self._tool_choice()
+                self.req.params,
+                # The extractive responder quotes whole sentences: held to the caller's own
+                # max_tokens only (its answers pass the service's default share).
+                max_tokens=self.req.params.max_tokens if self.extractive else max_tokens,
+                tool_choice=self._tool_choice(),
             )
             # A step that must read, answered with text, gets the policy's read in its place.
             stand_in = (
@@ -430,7 +463,7 @@ class _Run:
                     continue
                 if withheld:
                     return await self._withhold(messages, withheld)
-                return self._output(completion.content)
+                return self._output(completion.content, finish_reason(completion))
             if self.closed:
                 if not self.final_asked:
                     # No tools were offered, yet the model asked for some: asked once for
@@ -706,22 +739,39 @@ class _Run:
         request = ChatRequest(messages, tools, params, self.req.model)
         final: Completion | None = None
         streamed: list[str] = []
+        room = answer_chars(params.max_tokens)
         try:
             # This timer and the runtime client's own end at the same instant; the client
             # judges a call cut at its deadline the same, whichever fires first.
             async with asyncio.timeout(left):
                 if self.sink.sink is None:
-                    final = await runtime.complete(request, timeout_s=left)
+                    final = capped(await runtime.complete(request, timeout_s=left), room)
                     self.loop.observer.model_call(tuple(messages), final)
                     return final
-                async for event in runtime.stream(request, timeout_s=left):
-                    if not isinstance(event, StreamDelta):
-                        final = event
-                        self.loop.observer.model_call(tuple(messages), final)
-                    else:
-                        streamed.append(event.text)
-                        if not hold:
-                            await self.sink.delta(event.text)
+                events = runtime.stream(request, timeout_s=left)
+                left_chars = room
+                try:
+                    async for event in events:
+                        if not isinstance(event, StreamDelta):
+                            final = capped(event, room)
+                            self.loop.observer.model_call(tuple(messages), final)
+                            continue
+                        text = event.text
+                        if left_chars is not None:
+                            text = text[:left_chars]
+                            left_chars -= len(text)
+                        streamed.append(text)
+                        if text and not hold:
+                            await self.sink.delta(text)
+                        if text != event.text:
+                            # A runtime that ignores max_tokens: the answer ends here.
+                            final = Completion("".join(streamed), finish_reason=LENGTH)
+                            self.loop.observer.model_call(tuple(messages), final)
+                            break
+                finally:
+                    aclose = getattr(events, "aclose", None)
+                    if aclose is not None:
+                        await aclose()  # the runtime's stream ends now, not when collected
         except BaseException as exc:
             if final is None and _made(exc):
                 # What a failed or cancelled call used counts too: the prompt sent, and the
@@ -1060,9 +1110,10 @@ class _Run:
         await self.sink.delta(answer)
         return replace(self._output(answer), withheld_for=tuple(terms))
 
-    def _output(self, answer: str) -> GenerateOutput:
+    def _output(self, answer: str, ended: str = "stop") -> GenerateOutput:
         return GenerateOutput(
             answer=answer,
+            finish_reason=ended,
             prompt_tokens=self.budget.prompt_used,
             completion_tokens=self.budget.completion_used,
             tools_called=tuple(self.records),

@@ -89,6 +89,8 @@ class GenerateOutput:
     withheld_for: tuple[str, ...] = ()
     """The question's names no document text read mentions: the model's answer was withheld
     and `answer` is the extractive one (services/llm/extractive.ungrounded_terms)."""
+    finish_reason: str = "stop"
+    """How the answer ended: "stop", "length" (cut at max_tokens) or "content_filter"."""
 
 
 @dataclass(frozen=True)

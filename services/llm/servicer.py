@@ -107,6 +107,7 @@ def generate_response(out: GenerateOutput) -> llm_pb2.GenerateResponse:
             runtime_ms=out.runtime_ms,
             model_calls=out.model_calls,
             withheld_for=out.withheld_for,
+            finish_reason=out.finish_reason,
         ),
     )
 

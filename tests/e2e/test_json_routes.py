@@ -496,7 +496,15 @@ def test_generate(mesh: Mesh) -> None:
     assert body["meta"]["trace_id"] == trace
     assert body["meta"]["tool_steps"] == len(body["tools_called"]) >= 1
     assert body["meta"]["extractive"] is True
+    assert body["meta"]["finish_reason"] == "stop"
     assert body["used_tokens"]["prompt"] > 0 and body["used_tokens"]["completion"] > 0
+
+
+def test_generate_held_to_max_tokens_says_length(mesh: Mesh) -> None:
+    body = generate_body(generation_params={"max_tokens": 8, "stop": ["Sources"]})
+    r = post(mesh, "llm", "/internal/llm/generate", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["meta"]["finish_reason"] == "length"
 
 
 def test_generate_without_tools(mesh: Mesh) -> None:

@@ -120,7 +120,7 @@ class UsedTokens(_message.Message):
     def __init__(self, prompt: _Optional[int] = ..., completion: _Optional[int] = ..., prompt_cached: _Optional[int] = ..., final_prompt: _Optional[int] = ...) -> None: ...
 
 class GenerateMeta(_message.Message):
-    __slots__ = ("model_name", "latency_ms", "tool_steps", "trace_id", "extractive", "runtime_ms", "model_calls", "withheld_for")
+    __slots__ = ("model_name", "latency_ms", "tool_steps", "trace_id", "extractive", "runtime_ms", "model_calls", "withheld_for", "finish_reason")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     TOOL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class GenerateMeta(_message.Message):
     RUNTIME_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
     WITHHELD_FOR_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     latency_ms: int
     tool_steps: int
@@ -137,7 +138,8 @@ class GenerateMeta(_message.Message):
     runtime_ms: int
     model_calls: int
     withheld_for: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_name: _Optional[str] = ..., latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., trace_id: _Optional[str] = ..., extractive: _Optional[bool] = ..., runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ..., withheld_for: _Optional[_Iterable[str]] = ...) -> None: ...
+    finish_reason: str
+    def __init__(self, model_name: _Optional[str] = ..., latency_ms: _Optional[int] = ..., tool_steps: _Optional[int] = ..., trace_id: _Optional[str] = ..., extractive: _Optional[bool] = ..., runtime_ms: _Optional[int] = ..., model_calls: _Optional[int] = ..., withheld_for: _Optional[_Iterable[str]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("answer", "used_tokens", "tools_called", "meta")

@@ -62,7 +62,10 @@ class GenerationParams(betterproto.Message):
     """
 
     max_tokens: Optional[int] = betterproto.int32_field(1, optional=True)
-    """max_tokens caps the completion, at most MAX_COMPLETION_TOKENS."""
+    """
+    max_tokens caps the completion, at most MAX_COMPLETION_TOKENS. An answer
+     cut at it says so (GenerateMeta.finish_reason "length").
+    """
 
     temperature: Optional[float] = betterproto.double_field(2, optional=True)
     """temperature is the sampling temperature, 0..2."""
@@ -77,7 +80,11 @@ class GenerationParams(betterproto.Message):
     """frequency_penalty is -2..2."""
 
     stop: List[str] = betterproto.string_field(6)
-    """stop are stop sequences, at most 4, each of 1-256 characters."""
+    """
+    stop are stop sequences, at most 4, each of 1-256 characters: the answer
+     ends before the first one (the runtime's, or the extractive responder's
+     answer cut there).
+    """
 
     response_schema: "betterproto_lib_google_protobuf.Struct" = (
         betterproto.message_field(7)
@@ -284,6 +291,16 @@ class GenerateMeta(betterproto.Message):
      answer was withheld and `answer` is composed without the model: the documents
      do not answer, and the closest passages read. A stream then carries that
      answer, never the withheld one.
+    """
+
+    finish_reason: str = betterproto.string_field(9)
+    """
+    finish_reason says how the answer ended: "stop" (the model finished it, or
+     a stop sequence did), "length" (cut at max_tokens: by the runtime, or by
+     the service when a runtime sent more than max_tokens can hold,
+     MAX_TOKEN_BYTES characters a token; the extractive responder counts its
+     answer's tokens against a max_tokens the caller set) or "content_filter"
+     (the runtime's filter withheld it).
     """
 
 
