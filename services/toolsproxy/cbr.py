@@ -759,10 +759,19 @@ class CbrTool:
         items, truncated = _keep_newest(items, self._client.settings.max_items)
         if items:
             first, last = items[0], items[-1]
+            if first["nominal"] == last["nominal"]:
+                ends = (
+                    f"{first['value']} RUB on {first['date']}, {last['value']} RUB on "
+                    f"{last['date']} (per {last['nominal']} {currency.iso})"
+                )
+            else:  # the bank changed the quoting unit within the range: each end its own
+                ends = ", ".join(
+                    f"{i['value']} RUB per {i['nominal']} {currency.iso} on {i['date']}"
+                    for i in (first, last)
+                )
             text = (
                 f"{currency.iso} rate of the Bank of Russia, {len(items)} values from "
-                f"{first['date']} to {last['date']}: {first['value']} RUB on {first['date']}, "
-                f"{last['value']} RUB on {last['date']} (per {last['nominal']} {currency.iso})"
+                f"{first['date']} to {last['date']}: {ends}"
             )
         else:
             text = (

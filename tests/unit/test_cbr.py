@@ -813,3 +813,51 @@ def test_the_bank_url_is_https_or_http_to_a_loopback_host(url: str, accepted: bo
             cbr_settings(Env({"MCP_PROXY_CBR_URL": url}))
     host = httpx.URL(url).host
     assert is_loopback_host(host) == (accepted and not url.startswith("https"))
+
+
+def _dynamic_answer(rows: list[tuple[str, int, str]]) -> bytes:
+    """A GetCursDynamic answer shaped as the bank's: a DataSet whose rows each carry their
+    own Vnom."""
+    valutes = "".join(
+        f'<ValuteCursDynamic diffgr:id="ValuteCursDynamic{i + 1}" msdata:rowOrder="{i}">'
+        f"<CursDate>{day}T00:00:00+03:00</CursDate><Vcode>R01700J   </Vcode>"
+        f"<Vnom>{nominal}</Vnom><Vcurs>{value}</Vcurs></ValuteCursDynamic>"
+        for i, (day, nominal, value) in enumerate(rows)
+    )
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><soap:Envelope '
+        'xmlns:soap="http://schemas.xmlsoap.org/soap/envelope/"><soap:Body>'
+        '<GetCursDynamicResponse xmlns="http://web.cbr.ru/"><GetCursDynamicResult>'
+        '<xs:schema id="ValuteData" xmlns="" xmlns:xs="http://www.w3.org/2001/XMLSchema" '
+        'xmlns:msdata="urn:schemas-microsoft-com:xml-msdata"><xs:element name="ValuteData" '
+        'msdata:IsDataSet="true"/></xs:schema><diffgr:diffgram '
+        'xmlns:msdata="urn:schemas-microsoft-com:xml-msdata" '
+        'xmlns:diffgr="urn:schemas-microsoft-com:xml-diffgram-v1">'
+        f'<ValuteData xmlns="">{valutes}</ValuteData></diffgr:diffgram>'
+        "</GetCursDynamicResult></GetCursDynamicResponse></soap:Body></soap:Envelope>"
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("nominals", "text"),
+    [
+        ((1, 1, 10, 10), "8.1234 RUB per 1 TRY on 2021-10-05, 82.0 RUB per 10 TRY on 2021-10-08"),
+        ((10, 10, 10, 10), "8.1234 RUB on 2021-10-05, 82.0 RUB on 2021-10-08 (per 10 TRY)"),
+    ],
+)
+async def test_a_series_whose_unit_changes_states_each_ends_unit(nominals, text) -> None:
+    """The bank quotes some currencies per 10 or 100 and changes the unit now and then: the
+    summary the model reads names each end's own unit, never 8.12 per 1 and 82 per 10 as a
+    tenfold jump."""
+    values = ("8.1234", "8.1500", "81.7000", "82.0000")
+    days = ("2021-10-05", "2021-10-06", "2021-10-07", "2021-10-08")
+    body = _dynamic_answer(list(zip(days, nominals, values, strict=True)))
+    answer = httpx.Response(200, content=body, headers={"content-type": "text/xml"})
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: answer))
+    client = CbrClient(http, CbrSettings(), now=lambda: datetime(2021, 10, 20, 9, tzinfo=UTC))
+    result = await cbr_tool(client).run(
+        CALLER, {"mode": "currency", "code": "TRY", "date_from": days[0], "date_to": days[-1]}
+    )
+    await http.aclose()
+    assert result["text"].endswith(text), result["text"]
+    assert [i["nominal"] for i in result["items"]] == list(nominals)
