@@ -22,8 +22,12 @@ Tool calling has two wire forms:
     -> the model ignored the format but answered: that text is the final answer;
   - an ``{"answer": "…`` that max_tokens cut off (finish_reason ``length``) -> the answer
     as far as it got, with "…" (`truncated_answer`);
-  - empty text, other JSON that does not parse (a cut tool call among it), or a JSON value of
-    any other shape -> it cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
+  - a tool call whose JSON does not parse (a brace missing, or cut by max_tokens) that still
+    names its tool (``"tool_name": "<name>"``) -> that ToolCall with the unparsed text as its
+    arguments, which the tool loop refuses as INVALID_JSON and tells the model, as it does a
+    native call's bad arguments (`_named_call`);
+  - empty text, other JSON that does not parse, or a JSON value of any other shape -> it
+    cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
     (``kind=bad_response``), not retried; the runtime answered, so it is no outage for the
     breaker (`BadModelOutput`).
 
@@ -566,6 +570,11 @@ def _strip_fence(text: str) -> str:
     return body
 
 
+_NAMED_CALL = re.compile(r'\{\s*"tool_name"\s*:\s*"([^"\\]{1,200})"')
+"""The opening of a JSON-mode tool call that names its tool, read where the rest does not
+parse (`parse_json_mode`)."""
+
+
 def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     """(answer text, tool calls) from a JSON-mode answer; raises BadModelOutput when
     unreadable.
@@ -580,6 +589,9 @@ def parse_json_mode(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     try:
         value, _ = json.JSONDecoder().raw_decode(body)
     except ValueError:
+        named = _NAMED_CALL.match(body)
+        if named is not None:
+            return "", (ToolCall(id=new_call_id(), name=named.group(1).strip(), arguments=body),)
         raise BadModelOutput("the model's JSON-mode answer is not valid JSON") from None
     if isinstance(value, dict):
         name = value.get("tool_name")

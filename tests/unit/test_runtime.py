@@ -465,7 +465,7 @@ def test_parse_json_mode_readable_answers(
     [
         "",
         "   ",
-        '{"tool_name": "read", "argum',  # cut by max_tokens
+        '{"tool_nam',  # cut by max_tokens before it names its tool
         "{not json}",
         '{"result": "unknown shape"}',
         '{"tool_name": "", "arguments": {}}',
@@ -478,7 +478,7 @@ def test_parse_json_mode_unreadable_answers(answer: str) -> None:
         parse_json_mode(answer)
 
 
-@pytest.mark.parametrize("content", ['{"tool_name": "read", "argu', '{"unknown": "shape"}'])
+@pytest.mark.parametrize("content", ['{"tool": "read", "argu', '{"unknown": "shape"}'])
 async def test_unreadable_json_mode_answer_is_a_runtime_error(h: Harness, content: str) -> None:
     h.fake.script(text(content))
     err = await runtime_error(complete(h.runtime(enable_json_mode=True), tools=(READ_WINDOW,)))

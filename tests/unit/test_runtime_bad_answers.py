@@ -138,12 +138,11 @@ async def runtime_error(rt: OpenAiChatRuntime, stream: bool = False) -> errors.U
 @pytest.mark.parametrize(
     "reply",
     [
-        Reply(content=CUT_CALL),  # the closing brace missing
-        Reply(content=CUT_CALL[:-12], finish_reason="length"),  # a call cut by max_tokens
         Reply(content="{not json}"),
         Reply(content='{"result": "unknown shape"}'),
+        Reply(content='{"answer": 42'),
     ],
-    ids=["missing_brace", "cut_call", "not_json", "other_shape"],
+    ids=["not_json", "other_shape", "cut_non_call"],
 )
 async def test_malformed_json_mode_answers_in_a_row_leave_the_breaker_closed(
     h: Harness, stream: bool, reply: Reply
@@ -168,8 +167,38 @@ async def test_a_malformed_json_mode_answer_is_the_half_open_trial_answered(h: H
         await runtime_error(rt)
     assert rt.breaker.state == OPEN
     h.clock.now += 30.0
-    h.fake.script(Reply(content=CUT_CALL))
+    h.fake.script(Reply(content="{not json}"))
     await runtime_error(rt)
+    assert rt.breaker.state == CLOSED
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(content=CUT_CALL),  # the closing brace missing
+        Reply(content=CUT_CALL[:-12], finish_reason="length"),  # a call cut by max_tokens
+        Reply(content=f"```json\n{CUT_CALL}\n```"),
+    ],
+    ids=["missing_brace", "cut_call", "fenced"],
+)
+async def test_a_malformed_call_naming_its_tool_is_that_call_with_its_text(
+    h: Harness, stream: bool, reply: Reply
+) -> None:
+    """The tool loop refuses the call's unparsed arguments as INVALID_JSON and tells the model,
+    as it does a native call's bad arguments: the request goes on, nothing fails."""
+    rt = h.runtime(failures=3, enable_json_mode=True)
+    h.fake.script(reply)
+    if stream:
+        events = [e async for e in rt.stream(request((READ_META,)), timeout_s=5.0)]
+        completion = events[-1]
+    else:
+        completion = await rt.complete(request((READ_META,)), timeout_s=5.0)
+    assert isinstance(completion, Completion) and completion.content == ""
+    [call] = completion.tool_calls
+    assert call.name == "read_doc_metadata" and call.arguments.startswith(CUT_CALL[:30])
+    with pytest.raises(ValueError):
+        json.loads(call.arguments)
     assert rt.breaker.state == CLOSED
 
 
