@@ -145,8 +145,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         meta_trace, traceparent, request_id = _trace_metadata(
             handler_call_details.invocation_metadata
         )
-        if not meta_trace and traceparent:  # a W3C caller's trace id names the request
-            meta_trace = _trace_of_traceparent(traceparent)
+        if traceparent and not (meta_trace and valid_trace_id(meta_trace)):
+            # A W3C caller's trace id names the request, also over an x-trace-id no trace id
+            # can be (ignored, _enter says so).
+            meta_trace = _trace_of_traceparent(traceparent) or meta_trace
         trace = (meta_trace, traceparent, request_id)
         calls = self._calls
         keep_unary = calls.kept_unary if calls is not None else _as_is
@@ -172,11 +174,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if body_trace and not valid_trace_id(body_trace):
             bind_trace_id(new_trace_id())  # so the refusal is logged under some id
             check_trace_id(body_trace)
-        trace = body_trace or (meta_trace if meta_trace and valid_trace_id(meta_trace) else "")
-        trace = trace or new_trace_id()
+        usable = meta_trace if meta_trace and valid_trace_id(meta_trace) else ""
+        trace = body_trace or usable or new_trace_id()
         if hasattr(request, "trace_id") and not request.trace_id:
             request.trace_id = trace
         bind_trace_id(trace)
+        if meta_trace and not usable and not body_trace:
+            log.info(
+                "x-trace-id ignored: not a trace id (1-128 of A-Z a-z 0-9 . _ : -)",
+                extra={"x_trace_id": meta_trace[:128]},
+            )
         remaining = context.time_remaining()
         deadline_var.set(
             None
@@ -217,7 +224,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             log.exception("unhandled error", extra={"method": method})
             err = errors.as_service_error(exc, trace_id_var.get())
         status = to_status(err, self._domain)
-        trailing = tuple(status.trailing_metadata)
+        # The failed call's trace id, for a caller who sent none to quote to an operator
+        # (over JSON, Envoy makes it a response header).
+        trailing = (*status.trailing_metadata, (TRACE_METADATA_KEY, trace_id_var.get() or ""))
         if err.code == errors.UNAVAILABLE:
             # The handler ran and already retried its own dependency: a negative pushback
             # tells the caller's transparent retry (channels.py) not to run it again, so a

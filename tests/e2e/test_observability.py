@@ -506,3 +506,18 @@ def test_the_otlp_exporter_delivers_a_respond_trace_to_a_collector(
         server_ids = {s.span_id for s in received if s.service == f"visior-{key}" and s.kind == 2}
         lines = [e for e in log_lines(m, key) if e["msg"] == "rpc" and e["trace_id"] == trace]
         assert lines and {e.get("span_id") for e in lines} <= server_ids, (key, lines)
+
+
+def test_a_failed_json_call_answers_its_trace_id_in_a_header(mesh: Mesh) -> None:
+    """A caller who sent no trace id can quote the failed call's: Envoy turns the gRPC
+    trailer into a response header, and the service logged the call under it."""
+    r = httpx.post(
+        mesh.json_url("orchestrator") + "/internal/orchestrator/respond",
+        json={**RESPOND, "doc_ids": ["no-such-doc-e2e"]},
+        timeout=30,
+    )
+    assert r.status_code == 404, r.text
+    trace = r.headers["x-trace-id"]
+    assert len(trace) == 32
+    logged = [e for e in log_lines(mesh, "orchestrator") if e.get("trace_id") == trace]
+    assert any(e.get("code") == "NOT_FOUND" for e in logged), logged

@@ -291,6 +291,31 @@ async def test_a_bad_trace_id_in_metadata_is_replaced(toy):
     assert ok.trace_id == "x" * 128
 
 
+async def test_a_bad_x_trace_id_gives_way_to_a_traceparent(toy):
+    """An x-trace-id no trace id can be is ignored, not also the W3C id beside it."""
+    _, _, channel, _ = toy
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    r = await pbg.ToolsProxyServiceStub(channel).Execute(
+        pb.ExecuteRequest(tool_name="ok"),
+        metadata=(("x-trace-id", "checkout/42"), ("traceparent", parent)),
+    )
+    assert r.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_a_failed_call_names_its_trace_id_in_its_trailers(toy):
+    """A caller who sent no trace id can still quote the failed call's to an operator."""
+    _, _, channel, _ = toy
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pbg.ToolsProxyServiceStub(channel).Execute(pb.ExecuteRequest(tool_name="bug"))
+    trailers = dict(info.value.trailing_metadata() or ())
+    assert len(trailers["x-trace-id"]) == 32
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await pbg.ToolsProxyServiceStub(channel).Execute(
+            pb.ExecuteRequest(tool_name="bug"), metadata=(("x-trace-id", "mine-1"),)
+        )
+    assert dict(info.value.trailing_metadata() or ())["x-trace-id"] == "mine-1"
+
+
 async def test_transport_failures_do_not_leak_addresses():
     channel = grpc.aio.insecure_channel("127.0.0.1:1")
     with pytest.raises(grpc.aio.AioRpcError) as info:
