@@ -31,6 +31,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
+from services.common.context import call_timeout
 from services.common.retry import whole_seconds
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.model import Chunk, StoredPoint
@@ -248,7 +249,7 @@ class PostgresDocumentStore(SqlDocumentStore):
         for attempt in (0, 1):
             broken = False
             try:
-                with self._pool.connection() as conn:
+                with self._pool.connection(timeout=self._wait()) as conn:
                     try:
                         if write:
                             with conn.transaction():
@@ -263,6 +264,13 @@ class PostgresDocumentStore(SqlDocumentStore):
                     continue
                 raise self._unavailable(exc) from None
         raise AssertionError("unreachable")
+
+    def _wait(self) -> float:
+        """How long a call waits for a pooled connection: the store's timeout, cut to end
+        before the deadline of the request it serves (services.common.context.call_timeout),
+        so that a server that is down reaches the caller as this store's error
+        (StoreUnavailableError, backend_unavailable), not as the caller's own deadline."""
+        return max(0.001, call_timeout(self._timeout))
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s")
@@ -286,7 +294,7 @@ class PostgresDocumentStore(SqlDocumentStore):
             snapshot: _Snapshot | None = None
             broken = False
             try:
-                with self._pool.connection() as conn:
+                with self._pool.connection(timeout=self._wait()) as conn:
                     try:
                         with conn.transaction():
                             conn.execute(_READ_SNAPSHOT)

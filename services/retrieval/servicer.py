@@ -8,6 +8,7 @@ from typing import Protocol
 import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
+from services.common.context import call_timeout
 from services.common.search_contract import Filters
 from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
@@ -122,6 +123,11 @@ def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchRespo
     return resp  # fmt: skip
 
 
+HEALTH_PROBE_WAIT_S = 10.0
+"""The longest a GetHealth waits for the health probe (the document store's ping, the index's
+state), cut to end before the caller's deadline: past it the answer is "down"."""
+
+
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Search and health."""
 
@@ -144,7 +150,16 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         # hold every search on the event loop while it answers.
         if self._probing is None or self._probing.done():
             self._probing = asyncio.ensure_future(asyncio.to_thread(self._probe))
-        details = dict(await asyncio.shield(self._probing))
+        wait = call_timeout(HEALTH_PROBE_WAIT_S)
+        try:
+            details = dict(await asyncio.wait_for(asyncio.shield(self._probing), wait))
+        except TimeoutError:
+            # The caller (a balancer's probe behind a 5 s route timeout) hears "down" with
+            # the reason before its deadline, not the sidecar's 504.
+            details = {
+                "status": "down",
+                "probe": f"no answer within {wait:.1f} s: the document store or the index hangs",
+            }
         return retrieval_pb2.GetHealthResponse(
             status=details.pop("status", "ok"),
             service=SERVICE_NAME,

@@ -344,3 +344,24 @@ def test_connections_bound_a_dead_peer_with_tcp_keepalives_unless_the_url_says(p
         assert params.get("tcp_user_timeout") == "2000" and params.get("keepalives") == "1"
     finally:
         store.close()
+
+
+def test_a_wait_for_a_connection_ends_before_the_requests_deadline(pg_url):
+    """Every pooled connection busy (or the server down): a read made for a request whose
+    deadline is 1.5 s away fails with the store's error before it (1.35 s), not after the
+    store's 5 s timeout, which the caller's deadline cut short: the caller hears the store."""
+    from services.common.context import deadline_var
+
+    store = PostgresDocumentStore(pg_url, pool_size=1, timeout_s=5.0)
+    held = store._pool.getconn()  # the only connection, taken
+    try:
+        deadline_var.set(time.monotonic() + 1.5)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            store.ping()
+        took = time.monotonic() - started
+        assert 1.2 < took < 1.5
+    finally:
+        deadline_var.set(None)
+        store._pool.putconn(held)
+        store.close()

@@ -139,3 +139,32 @@ async def test_health_calls_while_a_probe_runs_share_its_answer() -> None:
     assert len(runs) == 1 and all(a.details["docstore"] == "sqlite" for a in answers)
     await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)  # type: ignore[arg-type]
     assert len(runs) == 2  # a later call asks again
+
+
+async def test_a_hung_probe_answers_down_before_the_callers_deadline() -> None:
+    """A store that hangs (PostgreSQL down: each ping waits the store's 5 s) must not outlast
+    a balancer's probe behind the sidecar's 5 s route timeout: "down", with the reason."""
+    import asyncio
+    import threading
+    import time
+
+    from services.common.context import deadline_var
+    from services.retrieval.servicer import RetrievalServicer
+
+    release = threading.Event()
+
+    def probe() -> dict[str, str]:
+        release.wait(5)
+        return {"status": "ok"}
+
+    servicer = RetrievalServicer(engine=None, probe=probe)  # type: ignore[arg-type]
+    deadline_var.set(time.monotonic() + 2.0)
+    started = time.monotonic()
+    answer = await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)  # type: ignore[arg-type]
+    took = time.monotonic() - started
+    release.set()
+    assert answer.status == "down" and "hangs" in answer.details["probe"]
+    assert 1.5 < took < 2.0  # 1.8 s: the deadline less its margin (context.call_timeout)
+    deadline_var.set(None)
+    await asyncio.sleep(0.05)
+    assert (await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)).status == "ok"  # type: ignore[arg-type]
