@@ -380,7 +380,7 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
                     failed += 1
                     continue
                 print(f"\r{prefix} no answer from retrieval at {url} within {timeout:g} s "
-                      "(retrieval stops an ingest its caller leaves)")  # fmt: skip
+                      "(retrieval stops an ingest its caller leaves before its write)")  # fmt: skip
                 unanswered_files += 1
                 continue
             except OSError as exc:
@@ -398,9 +398,9 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
     print(f"{done} of {len(files)} ingested into tenant {tenant!r}")
     if unanswered_files:
         url_flag = "" if url == DEFAULT_RETR_URL else f" --url {url}"
-        print(f"{unanswered_files} not answered in time: stored only if one finished as the "
-              f"call was left (see `visior list --tenant {tenant}{url_flag}`); ingest the others "
-              "again with a longer --timeout")  # fmt: skip
+        print(f"{unanswered_files} not answered in time: stored only if its write had begun "
+              f"(see `visior list --tenant {tenant}{url_flag}`); ingest the others again with a "
+              "longer --timeout")  # fmt: skip
     return 1 if failed or unanswered_files else 0
 
 

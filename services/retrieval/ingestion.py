@@ -18,6 +18,7 @@ a crash after 3 leaves old points that are invisible and deleted the same way.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import statistics
 import time
@@ -30,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
+from services.common.context import deadline_var
 from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
@@ -434,7 +436,8 @@ class Ingestor:
                 )
             # Its rows name each article and its fields: a field of one document has no home.
             for name in ("doc_id", "title", "product", "version", "tags", "metadata"):
-                if getattr(item, name):
+                value = getattr(item, name)
+                if value.strip() if isinstance(value, str) else value:  # a blank title is none
                     raise errors.invalid(
                         name,
                         f"a knowledge-base CSV's articles take their ids and fields from its "
@@ -781,9 +784,13 @@ class Ingestor:
         deadline or cancel: grpc.aio cancels the handler) stops waiting for but does not stop.
         Its worker threads cannot be stopped mid-write: releasing the lock while they still
         write let the next ingest of the same document interleave with them (a stored
-        generation with no points). The lock is released when the work has finished."""
+        generation with no points). The lock is released when the work has finished. The
+        task runs without its request's deadline (`deadline_var`): a write going on after the
+        caller left must not find it passed (the PostgreSQL store cuts its waits to it)."""
         await self._lock.acquire()
-        task = asyncio.create_task(work())
+        unbound = contextvars.copy_context()
+        unbound.run(deadline_var.set, None)
+        task = asyncio.create_task(work(), context=unbound)
         task.add_done_callback(self._locked_done)
         try:
             return await asyncio.shield(task)

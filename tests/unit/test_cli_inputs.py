@@ -269,7 +269,7 @@ def test_an_unanswered_document_is_to_be_ingested_again(
     out = capsys.readouterr().out
     assert "failed" not in out
     assert f"no answer from retrieval at {silent_url} within 0.2 s" in out
-    assert "retrieval stops an ingest its caller leaves" in out
+    assert "retrieval stops an ingest its caller leaves before its write" in out
     assert f"visior list --tenant acme --url {silent_url}" in out
     assert "ingest the others again with a longer --timeout" in out
 

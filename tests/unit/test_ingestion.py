@@ -664,3 +664,32 @@ async def test_a_knowledge_base_csv_refuses_one_documents_fields(tmp_path, embed
     await s.ingestor.ingest(item)
     assert kb_ids(s) == ["kb-z9"]
     s.index.close()
+
+
+async def test_a_write_under_the_lock_runs_without_its_requests_deadline(tmp_path, embedder):
+    """The locked write goes on when its caller leaves: it must not inherit a deadline that
+    then passes (the PostgreSQL store cuts its connection waits to the request's deadline)."""
+    import time
+
+    from services.common.context import deadline_var, remaining_seconds
+
+    s = make_stack(tmp_path, embedder)
+    seen: list[float | None] = []
+
+    async def work() -> None:
+        seen.append(remaining_seconds())
+
+    deadline_var.set(time.monotonic() - 1.0)  # the request's deadline, already passed
+    try:
+        await s.ingestor._locked(work)
+    finally:
+        deadline_var.set(None)
+    assert seen == [None]
+    s.index.close()
+
+
+async def test_a_blank_title_on_a_knowledge_base_csv_is_no_title(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(IngestInput(KB_TENANT, kb_csv("z9"), file_name="t.csv", title="  "))
+    assert kb_ids(s) == ["kb-z9"]
+    s.index.close()
