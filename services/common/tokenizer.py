@@ -8,6 +8,9 @@ from typing import Protocol
 import quicktok
 
 DEFAULT_ENCODING = "cl100k_base"
+LONGEST_TOKEN_BYTES = 128
+"""The longest token of the bundled encodings (cl100k_base, o200k_base: 128 spaces), in
+bytes: a text of more than N times this many characters has more than N tokens."""
 
 
 class Tokenizer(Protocol):

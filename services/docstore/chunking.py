@@ -8,7 +8,12 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.common.lexical import split_sentences
-from services.common.tokenizer import DEFAULT_ENCODING, BpeTokenizer, default_tokenizer
+from services.common.tokenizer import (
+    DEFAULT_ENCODING,
+    LONGEST_TOKEN_BYTES,
+    BpeTokenizer,
+    default_tokenizer,
+)
 from services.common.untrusted import neutralise_markers
 
 
@@ -171,10 +176,9 @@ def _sentences(text: str) -> Iterator[str]:
     yield from sentences
 
 
-_MAX_TOKEN_BYTES = 128
-"""The longest token of the bundled encodings (cl100k_base, o200k_base: 128 spaces), in
-bytes: a text of more than `limit` times this many characters has more than `limit` tokens,
-which `_fit` knows without counting them (a list of every token of a 32 MiB sentence)."""
+_MAX_TOKEN_BYTES = LONGEST_TOKEN_BYTES
+"""A text of more than `limit` times this many characters has more than `limit` tokens, which
+`_fit` knows without counting them (a list of every token of a 32 MiB sentence)."""
 
 
 def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> Iterator[tuple[str, bool]]:

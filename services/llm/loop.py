@@ -57,8 +57,7 @@ from services.common import errors
 from services.common.context import remaining_seconds
 from services.common.generate_contract import last_question
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
-from services.common.settings import MAX_TOKEN_BYTES
-from services.common.tokenizer import Tokenizer, default_tokenizer
+from services.common.tokenizer import LONGEST_TOKEN_BYTES, Tokenizer, default_tokenizer
 from services.common.tool_contract import (
     EXTERNAL_TOOLS,
     INVALID_ARGUMENT,
@@ -74,7 +73,7 @@ from services.llm.budget import (
     limit_exceeded,
     message_tokens,
 )
-from services.llm.extractive import answer_without_model, ungrounded_terms
+from services.llm.extractive import answer_without_model, held, ungrounded_terms
 from services.llm.metrics import OK
 from services.llm.model import (
     EventSink,
@@ -244,10 +243,10 @@ LENGTH = "length"
 
 
 def answer_chars(max_tokens: int | None) -> int | None:
-    """The most characters an answer of `max_tokens` tokens can hold (MAX_TOKEN_BYTES a token:
-    more than any tokenizer's longest token), past which a runtime ignored max_tokens; None:
-    no cap."""
-    return None if max_tokens is None else max_tokens * MAX_TOKEN_BYTES
+    """The most characters an answer of `max_tokens` tokens can hold (LONGEST_TOKEN_BYTES a
+    token, the bundled encodings' longest token: a model's own tokens are no longer in
+    practice), past which a runtime ignored max_tokens; None: no cap."""
+    return None if max_tokens is None else max_tokens * LONGEST_TOKEN_BYTES
 
 
 def capped(completion: Completion, room: int | None) -> Completion:
@@ -1101,14 +1100,17 @@ class _Run:
 
     async def _withhold(self, messages: list[ChatMessage], terms: list[str]) -> GenerateOutput:
         """The extractive answer in place of the model's, which named none of `terms` from
-        the text read: it says the documents do not answer and quotes what was read."""
-        answer = answer_without_model(self._sent(messages))
+        the text read: it says the documents do not answer and quotes what was read, held to
+        the caller's stop sequences and max_tokens as any extractive answer (`held`)."""
+        p = self.req.params
+        quoted = held(Completion(answer_without_model(self._sent(messages))), p.stop, p.max_tokens)
+        answer = quoted.content
         log.info(
             "answer withheld",
             extra={"model": self._model_name(), "terms": terms, "trace_id": self.req.trace_id},
         )
         await self.sink.delta(answer)
-        return replace(self._output(answer), withheld_for=tuple(terms))
+        return replace(self._output(answer, quoted.finish_reason), withheld_for=tuple(terms))
 
     def _output(self, answer: str, ended: str = "stop") -> GenerateOutput:
         return GenerateOutput(

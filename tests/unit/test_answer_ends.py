@@ -1,5 +1,5 @@
 """How an answer ends (GenerateMeta.finish_reason, services/llm/loop.py): a runtime that
-ignores max_tokens is cut where no answer of max_tokens tokens reaches (MAX_TOKEN_BYTES
+ignores max_tokens is cut where no answer of max_tokens tokens reaches (LONGEST_TOKEN_BYTES
 characters a token), whole or streamed, and says "length"; the runtime's own "length" and
 "content_filter" are passed on. The extractive responder holds its answer to the caller's
 stop sequences and max_tokens as a runtime would, and to nothing else."""
@@ -8,23 +8,35 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.settings import MAX_TOKEN_BYTES
+from services.common.tokenizer import LONGEST_TOKEN_BYTES
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import answer_chars
 from services.llm.model import ToolPolicy
 from services.model_runtime.chat import GenerationParams
-from tests.unit.test_loop import TOK, Events, FakeTools, ScriptedRuntime, loop, req, says, window
+from tests.unit.test_loop import (
+    TOK,
+    Events,
+    FakeTools,
+    ScriptedRuntime,
+    asks,
+    call,
+    loop,
+    redis_req,
+    req,
+    says,
+    window,
+)
 
 NO_TOOLS = ToolPolicy()
-RUNAWAY = "word " * 20_000  # 100,000 characters for a max_tokens of 100
+RUNAWAY = "word " * 40_000  # 200,000 characters for a max_tokens of 100
 
 
 async def test_a_runtime_ignoring_max_tokens_is_cut_and_says_length():
     rt = ScriptedRuntime([says(RUNAWAY)])
     params = GenerationParams(max_tokens=100)
     out = await loop(rt, FakeTools()).run(req(policy=NO_TOOLS, params=params))
-    assert out.answer == RUNAWAY[: 100 * MAX_TOKEN_BYTES] and out.finish_reason == "length"
-    assert answer_chars(100) == 100 * MAX_TOKEN_BYTES
+    assert out.answer == RUNAWAY[: 100 * LONGEST_TOKEN_BYTES] and out.finish_reason == "length"
+    assert answer_chars(100) == 100 * LONGEST_TOKEN_BYTES
 
 
 async def test_a_streamed_runaway_answer_stops_at_the_cap_and_its_deltas_are_the_answer():
@@ -43,7 +55,7 @@ async def test_a_streamed_runaway_answer_stops_at_the_cap_and_its_deltas_are_the
     out = await loop(rt, FakeTools()).run(
         req(policy=NO_TOOLS, params=GenerationParams(max_tokens=10)), events
     )
-    assert out.answer == RUNAWAY[: 10 * MAX_TOKEN_BYTES] == events.answer()
+    assert out.answer == RUNAWAY[: 10 * LONGEST_TOKEN_BYTES] == events.answer()
     assert out.finish_reason == "length" and closed == [True]
 
 
@@ -88,7 +100,28 @@ async def test_the_extractive_answer_is_held_to_the_callers_max_tokens_only():
     out = await extractive(GenerationParams(max_tokens=20), events)
     assert TOK.count(out.answer) <= 20 and whole.answer.startswith(out.answer)
     assert out.answer == events.answer() and out.finish_reason == "length"
-    # Not to the service's share: an answer quoting more than MAX_COMPLETION_TOKENS stays whole.
+
+
+async def test_the_extractive_answer_is_not_cut_to_the_services_share():
+    """Unset, max_tokens is the service's share of the answer (MAX_COMPLETION_TOKENS): a
+    quoting answer longer than it stays whole (answers of 800 tokens quote three passages)."""
     tools = FakeTools([window(text="LDAP is set up in Settings. " * 30)])
-    small = await loop(ExtractiveRuntime(), tools, max_completion_tokens=64).run(req())
-    assert TOK.count(small.answer) > 64 and small.finish_reason == "stop"
+    rt = ExtractiveRuntime()
+    out = await loop(rt, tools, max_completion_tokens=64).run(req())
+    assert TOK.count(out.answer) > 64 and out.finish_reason == "stop"
+
+
+async def test_a_withheld_answer_is_held_to_the_callers_params_too():
+    """The quoted answer that replaces a model's is an extractive answer like any other."""
+    redis = call("read_doc_section", {"doc_id": "guide", "section_id": "s1"})
+    script = [asks(redis), says("Redis listens on port 6379.")]
+    whole = await loop(ScriptedRuntime(list(script)), FakeTools(default=window())).run(redis_req())
+    assert whole.withheld_for == ("redis",) and whole.finish_reason == "stop"
+    events = Events()
+    params = GenerationParams(max_tokens=8, stop=("LDAP",))
+    out = await loop(ScriptedRuntime(list(script)), FakeTools(default=window())).run(
+        redis_req(params=params), events
+    )
+    assert out.withheld_for == ("redis",) and "LDAP" not in out.answer
+    assert TOK.count(out.answer) <= 8 and out.finish_reason == "length"
+    assert events.answer() == out.answer

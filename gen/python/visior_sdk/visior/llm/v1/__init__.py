@@ -297,8 +297,8 @@ class GenerateMeta(betterproto.Message):
     """
     finish_reason says how the answer ended: "stop" (the model finished it, or
      a stop sequence did), "length" (cut at max_tokens: by the runtime, or by
-     the service when a runtime sent more than max_tokens can hold,
-     MAX_TOKEN_BYTES characters a token; the extractive responder counts its
+     the service when a runtime sent more than max_tokens can hold, 128
+     characters a token; the extractive responder counts its
      answer's tokens against a max_tokens the caller set) or "content_filter"
      (the runtime's filter withheld it).
     """
