@@ -199,18 +199,19 @@ def _first_char_below(textpage: pdfium.PdfTextPage, top: float) -> int | None:
 
 
 def _find_title(raw: str, title: str, start: int, near: int | None) -> int | None:
-    """Where `title` (optionally after its section number) begins a line from `start`: the
-    occurrence nearest to `near` (within 400 characters) when given, a line of the title alone
-    before one it only begins; else the first. Never inside a line: a heading has a line of
-    its own, and a mention in a sentence ("check the cluster backup status" under a bookmark
-    "Backup") would cut the sentence where it stands and drop its words as the heading."""
+    """Where `title` (optionally after its section number) begins a line from `start`, after
+    any indent: the occurrence nearest to `near` (within 400 characters) when given, a line of
+    the title alone before one it only begins; else the first. Never inside a line: a heading
+    has a line of its own, and a mention in a sentence ("check the cluster backup status"
+    under a bookmark "Backup") would cut the sentence where it stands and drop its words as
+    the heading."""
     pattern = title_pattern(title)
     if pattern is None:
         return None
     best: tuple[bool, int, int] | None = None  # (only begins its line, distance, offset)
     for match in pattern.finditer(raw, start):
         at = match.start()
-        if at > 0 and raw[at - 1] != "\n":
+        if raw[raw.rfind("\n", 0, at) + 1 : at].strip(" \t"):
             continue
         if near is None:
             return at
@@ -218,15 +219,22 @@ def _find_title(raw: str, title: str, start: int, near: int | None) -> int | Non
             break
         distance = abs(at - near)
         if distance <= 400:
-            rank = (not _ends_line(raw, match.end()), distance, at)
+            rank = (_line_end(raw, match.end()) is None, distance, at)
             best = rank if best is None or rank < best else best
     return None if best is None else best[2]
 
 
-def _ends_line(raw: str, end: int) -> bool:
-    """Whether only spaces stand between `end` and the end of its line."""
-    rest = raw[end:].lstrip(" \t")
-    return not rest or rest[0] in "\r\n"
+def _line_end(raw: str, end: int) -> int | None:
+    """Where the line that `end` stands in ends, when only spaces and at most one closing ':'
+    or '.' stand between them (a heading's line: "Backup", "Backup:"); None otherwise."""
+    at = end
+    while at < len(raw) and raw[at] in " \t":
+        at += 1
+    if at < len(raw) and raw[at] in ":.":
+        at += 1
+        while at < len(raw) and raw[at] in " \t":
+            at += 1
+    return at if at == len(raw) or raw[at] in "\r\n" else None
 
 
 def heading_end(text: str, title: str) -> int | None:
@@ -237,18 +245,18 @@ def heading_end(text: str, title: str) -> int | None:
     pattern = title_pattern(title)
     body = text.lstrip()
     m = pattern.match(body) if pattern else None
-    if m is None or not _ends_line(body, m.end()):
-        return None
-    return len(text) - len(body) + m.end()
+    end = None if m is None else _line_end(body, m.end())
+    return None if end is None else len(text) - len(body) + end
 
 
 def title_pattern(title: str) -> re.Pattern[str] | None:
     """A regex for a heading's text in extracted text, from the start of a word: any
-    whitespace between its words, an optional section number ("2.1", "A.", "IV") before it.
-    The title's letters match in either case, the number's only as written: "ter " of
-    "cluster" or "the " is no number."""
+    whitespace between its words, an optional section number before it: digits or capitals
+    ("2.1", "3)", "A.", "IV"), or lowercase letters closed by '.' or ')' ("a.", "iv)"). The
+    title's letters match in either case, the number's only as written: "The" of "The backup
+    copies" or "a" of "a backup" is no number."""
     words = [re.escape(w) for w in title.split()]
     if not words:
         return None
-    number = r"(?:(?-i:[0-9A-Z]{1,3})(?:\.[0-9]{1,3})*\.?[ \t]+)?"
+    number = r"(?:(?-i:(?:[0-9]{1,3}|[A-Z]{1,3})(?:\.[0-9]{1,3})*[.)]?|[a-z]{1,4}[.)])[ \t]+)?"
     return re.compile(r"(?<!\w)" + number + r"\s*".join(words), re.IGNORECASE)

@@ -122,6 +122,18 @@ def test_a_mention_inside_a_line_is_never_taken_for_the_heading(before: str, cut
     assert texts["Backup"].strip() == "Backups run nightly at two."
 
 
+@pytest.mark.parametrize(
+    "heading", ["Backup", "2.1 Backup", "3) Backup", "A. Backup", "a. Backup", "iv) Backup",
+                "IV Backup", "    Backup", "Backup:"],
+)  # fmt: skip
+def test_a_heading_line_in_any_numbering_style_is_found_and_dropped(heading: str) -> None:
+    pages = [["Installation", "Install the package and reboot."],
+             ["The backup status is checked first.", heading, "Backups run nightly at two."]]  # fmt: skip
+    texts = section_texts(text_pdf(pages, [("Installation", 0), ("Backup", 1)]))
+    assert "The backup status is checked first." in texts["Installation"]
+    assert texts["Backup"].strip() == "Backups run nightly at two."
+
+
 def test_a_title_met_only_inside_a_line_leaves_the_section_at_its_destination() -> None:
     """No line holds the title: the section starts at the bookmark's destination (the page
     top here) and keeps every word, the mention's too."""
