@@ -145,10 +145,6 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         meta_trace, traceparent, request_id = _trace_metadata(
             handler_call_details.invocation_metadata
         )
-        if traceparent and not (meta_trace and valid_trace_id(meta_trace)):
-            # A W3C caller's trace id names the request, also over an x-trace-id no trace id
-            # can be (ignored, _enter says so).
-            meta_trace = _trace_of_traceparent(traceparent) or meta_trace
         trace = (meta_trace, traceparent, request_id)
         calls = self._calls
         keep_unary = calls.kept_unary if calls is not None else _as_is
@@ -161,7 +157,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _enter(
-        self, request: Any, context: grpc.aio.ServicerContext, meta_trace: str, request_id: str
+        self,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        meta_trace: str,
+        request_id: str,
+        traceparent: str = "",
     ) -> None:
         if request_id:
             bind_request_id(request_id)
@@ -175,11 +176,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             bind_trace_id(new_trace_id())  # so the refusal is logged under some id
             check_trace_id(body_trace)
         usable = meta_trace if meta_trace and valid_trace_id(meta_trace) else ""
+        # A W3C caller's trace id names the request, also over an x-trace-id no trace id can
+        # be (ignored, and said so below).
+        usable = usable or (_trace_of_traceparent(traceparent) if traceparent else "")
         trace = body_trace or usable or new_trace_id()
         if hasattr(request, "trace_id") and not request.trace_id:
             request.trace_id = trace
         bind_trace_id(trace)
-        if meta_trace and not usable and not body_trace:
+        if meta_trace and not valid_trace_id(meta_trace) and not body_trace:
             log.info(
                 "x-trace-id ignored: not a trace id (1-128 of A-Z a-z 0-9 . _ : -)",
                 extra={"x_trace_id": meta_trace[:128]},
@@ -322,7 +326,7 @@ class _Rpc:
         request is refused here: the refusal is traced too)."""
         meta_trace, traceparent, request_id = trace
         try:
-            self._owner._enter(request, self._context, meta_trace, request_id)
+            self._owner._enter(request, self._context, meta_trace, request_id, traceparent)
             self._admitted = self._owner._admit(self._rpc[1])
         finally:
             self._span = self._owner._span(self._rpc[0], self._rpc[1], traceparent)

@@ -168,3 +168,24 @@ async def test_a_hung_probe_answers_down_before_the_callers_deadline() -> None:
     deadline_var.set(None)
     await asyncio.sleep(0.05)
     assert (await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)).status == "ok"  # type: ignore[arg-type]
+
+
+async def test_the_probe_runs_without_the_deadline_of_the_call_that_started_it() -> None:
+    import time
+
+    from services.common.context import deadline_var, remaining_seconds
+    from services.retrieval.servicer import RetrievalServicer
+
+    seen: list[float | None] = []
+
+    def probe() -> dict[str, str]:
+        seen.append(remaining_seconds())
+        return {"status": "ok"}
+
+    servicer = RetrievalServicer(engine=None, probe=probe)  # type: ignore[arg-type]
+    deadline_var.set(time.monotonic() + 3.0)
+    try:
+        answer = await servicer.GetHealth(retrieval_pb2.GetHealthRequest(), None)  # type: ignore[arg-type]
+    finally:
+        deadline_var.set(None)
+    assert answer.status == "ok" and seen == [None]
