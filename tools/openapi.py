@@ -112,9 +112,10 @@ DOC_ID = {
 """An IngestDocument doc_id as services/retrieval/ingestion.py takes it (empty: made from
 the file name)."""
 _ALNUM = any_script("A-Za-z0-9")
-FILE_STEM = rf"(^|/)([^/.]*{_ALNUM}[^/.]*|[^/]*{_ALNUM}[^/]*\.[^/.]*)$"
-"""A file name whose stem (last component, last extension off) has a letter or digit: the
-doc_id made from it keeps them (docstore/parsing.py slugify: Latin and Cyrillic ones)."""
+FILE_STEM = rf"(^|[/\\])([^/\\.]*{_ALNUM}[^/\\.]*|[^/\\]*{_ALNUM}[^/\\]*\.[^/\\.]*)$"
+"""A file name whose stem (last component after a "/" or "\\", last extension off) has a letter
+or digit: the doc_id made from it keeps them (docstore/parsing.py slugify: Latin and
+Cyrillic ones)."""
 
 
 def _ext(*names: str) -> str:
@@ -320,7 +321,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
                 ]
             },
             {
-                # services/docstore/parsing.py guess_format: the type, else the extension.
+                # services/docstore/parsing.py guess_format: the extension, else the type.
                 "anyOf": [
                     {
                         "required": ["content_type"],
