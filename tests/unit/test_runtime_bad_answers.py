@@ -28,20 +28,17 @@ from services.common import errors
 from services.common.breaker import CLOSED, OPEN, BreakerPolicy
 from services.model_runtime.chat import (
     LLM_RUNTIME_ERROR,
-    ChatMessage,
     ChatRequest,
     Completion,
     StreamDelta,
     ToolSpec,
 )
-from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
-from tests.fakes.clock import ManualClock
+from services.model_runtime.client import OpenAiChatRuntime
 from tests.fakes.openai_chat import ChatRequest as SentRequest
 from tests.fakes.openai_chat import FakeChatServer, Reply, _Outcome, json_answer, text
+from tests.unit.test_runtime import KEY, MODEL, USER
+from tests.unit.test_runtime import Harness as RuntimeHarness
 
-KEY = "sk-SECRET-runtime-0123456789abcdef"
-MODEL = "fake-model"
-USER = [ChatMessage("user", "Как настроить LDAP?")]
 READ_META = ToolSpec(
     "read_doc_metadata",
     "Read a document's metadata.",
@@ -80,28 +77,13 @@ def fake() -> Iterator[ErrorBodyServer]:
         yield server
 
 
-class Harness:
-    def __init__(self, fake: ErrorBodyServer, http: httpx.AsyncClient) -> None:
-        self.fake = fake
-        self.http = http
-        self.clock = ManualClock()
-        self.delays: list[float] = []
+class Harness(RuntimeHarness):
+    """test_runtime's harness, with a breaker that opens after `failures`."""
 
-    async def sleep(self, seconds: float) -> None:
-        self.delays.append(seconds)
-        self.clock.now += seconds
+    fake: ErrorBodyServer
 
     def runtime(self, failures: int = 3, **overrides: Any) -> OpenAiChatRuntime:
-        fields: dict[str, Any] = {
-            "url": self.fake.url,
-            "default_model": MODEL,
-            "api_key": KEY,
-            "breaker": BreakerPolicy(failures, 30.0),
-        }
-        fields.update(overrides)
-        return OpenAiChatRuntime(
-            RuntimeSettings(**fields), self.http, clock=self.clock, sleep=self.sleep
-        )
+        return super().runtime(breaker=BreakerPolicy(failures, 30.0), **overrides)
 
 
 @pytest.fixture
