@@ -79,6 +79,7 @@ from services.llm.toolcalls import (
     series_value,
 )
 from services.model_runtime.chat import (
+    LENGTH,
     ChatMessage,
     ChatRequest,
     Completion,
@@ -1055,7 +1056,7 @@ def held(completion: Completion, stop: Sequence[str], max_tokens: int | None) ->
     tokenizer = default_tokenizer()
     if max_tokens is not None and tokenizer.count(text) > max_tokens:
         return replace(
-            completion, content=tokenizer.truncate(text, max_tokens), finish_reason="length"
+            completion, content=tokenizer.truncate(text, max_tokens), finish_reason=LENGTH
         )
     return completion if cut < 0 else replace(completion, content=text)
 

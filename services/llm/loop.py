@@ -99,6 +99,7 @@ from services.llm.toolcalls import (
     summarise,
 )
 from services.model_runtime.chat import (
+    LENGTH,
     LLM_RUNTIME_ERROR,
     ChatMessage,
     ChatRequest,
@@ -141,6 +142,8 @@ offers none, even after the request for its final answer (LLM_RUNTIME_ERROR)."""
 SPENT = "token_budget"
 """`_Run.closed_by` when the spent token budget withdrew the tools (the abort then names the
 budget's own limit, `TokenBudget.limit_name`)."""
+STEP_LIMIT = "max_tool_steps"
+"""The `limit_name` of the step limit (LoopSettings.max_tool_steps, or the policy's fewer)."""
 REPEATED_CALL_GUARD = "repeated_call"
 """The `limit_name` (limit 1: each distinct call runs once) of the abort of a model that
 repeated a call, and asked for tools again after the request for its final answer."""
@@ -236,10 +239,6 @@ def _made(failure: BaseException) -> bool:
     return not (
         isinstance(failure, errors.ServiceError) and failure.metadata.get("attempts") == "0"
     )
-
-
-LENGTH = "length"
-"""A completion's finish_reason when it was cut at max_tokens."""
 
 
 def answer_chars(max_tokens: int | None) -> int | None:
@@ -518,7 +517,7 @@ class _Run:
                 self.budget.limit_name(),
                 self.budget.conversation_limit,
             )
-        return limit_exceeded(message, "max_tool_steps", self.max_steps)
+        return limit_exceeded(message, STEP_LIMIT, self.max_steps)
 
     async def _step(
         self, messages: list[ChatMessage], params: GenerationParams, *, hold: bool
@@ -586,7 +585,7 @@ class _Run:
             else:
                 self.budget.add(messages[-1])
         if self.steps >= self.max_steps:
-            self._close("max_tool_steps")
+            self._close(STEP_LIMIT)
 
     async def _read_in_its_place(self, messages: list[ChatMessage], read: Approved) -> None:
         """The policy's `read` (`CallGate.first_read`) in place of a text answer to a step
@@ -858,7 +857,7 @@ class _Run:
 
     async def _tool(self, call: ToolCall) -> ChatMessage:
         if self.closed or self.steps >= self.max_steps:
-            self._close("max_tool_steps")
+            self._close(STEP_LIMIT)
             message = (
                 self._spent()
                 if self.spent
@@ -968,7 +967,7 @@ class _Run:
             raise limit_exceeded(
                 f"{len(planned)} planned tool call(s), but at most {self.step_limit} tool "
                 "call(s) in this request",
-                "max_tool_steps",
+                STEP_LIMIT,
                 self.step_limit,
                 field=PLANNED_FIELD,
             )
@@ -1013,7 +1012,7 @@ class _Run:
             messages.append(await self._run_approved(call, verdict, planned=True, share=share))
             self.budget.add(messages[-1])
         if self.steps >= self.max_steps:
-            self._close("max_tool_steps")
+            self._close(STEP_LIMIT)
 
     def tool_timeout(self, name: str, left: float) -> float:
         """The deadline of one call of tool `name`: the external tools' own (the bank,

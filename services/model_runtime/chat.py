@@ -88,6 +88,10 @@ class ToolSpec:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+LENGTH = "length"
+"""A completion's finish_reason when max_tokens cut it."""
+
+
 @dataclass(frozen=True)
 class Completion:
     """One model answer: text and/or tool calls, and the runtime's token counts."""
@@ -95,6 +99,7 @@ class Completion:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
+    """The runtime's: "stop", LENGTH (cut at max_tokens), "tool_calls", "content_filter"."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""

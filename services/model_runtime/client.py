@@ -103,6 +103,7 @@ from services.common.loop_lag import stall_tolerant_timeout
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
+    LENGTH,
     LLM_RUNTIME_ERROR,
     ROLES,
     SAMPLING_RANGES,
@@ -727,7 +728,7 @@ def _finish(
         try:
             content, calls = parse_json_mode(content)
         except BadResponse:
-            cut = truncated_answer(content) if finish_reason == "length" else None
+            cut = truncated_answer(content) if finish_reason == LENGTH else None
             if cut is None:
                 raise
             content = cut
