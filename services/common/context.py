@@ -50,6 +50,15 @@ def current_trace_id() -> str:
     return trace_id_var.get()
 
 
+def detached_context() -> contextvars.Context:
+    """A copy of the current context without its request's deadline, for work that goes on
+    past the request (a locked write its caller left, a health probe other calls share): a
+    deadline that then passes must not cut it short (call_timeout would give it nothing)."""
+    context = contextvars.copy_context()
+    context.run(deadline_var.set, None)
+    return context
+
+
 def remaining_seconds() -> float | None:
     """Seconds left before the current request's deadline; None when it has none."""
     deadline = deadline_var.get()

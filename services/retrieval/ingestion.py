@@ -18,7 +18,6 @@ a crash after 3 leaves old points that are invisible and deleted the same way.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import statistics
 import time
@@ -31,7 +30,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from services.common import errors
-from services.common.context import deadline_var
+from services.common.context import detached_context
 from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
@@ -788,9 +787,7 @@ class Ingestor:
         task runs without its request's deadline (`deadline_var`): a write going on after the
         caller left must not find it passed (the PostgreSQL store cuts its waits to it)."""
         await self._lock.acquire()
-        unbound = contextvars.copy_context()
-        unbound.run(deadline_var.set, None)
-        task = asyncio.create_task(work(), context=unbound)
+        task = asyncio.create_task(work(), context=detached_context())
         task.add_done_callback(self._locked_done)
         try:
             return await asyncio.shield(task)

@@ -8,7 +8,7 @@ from typing import Protocol
 import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.context import call_timeout, deadline_var
+from services.common.context import call_timeout, detached_context
 from services.common.search_contract import Filters
 from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
@@ -143,20 +143,17 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> retrieval_pb2.SearchResponse:
         return search_response(await self._engine.search(search_query(request)), request.trace_id)
 
-    def _unbound_probe(self) -> dict[str, str]:
-        """The probe without the deadline of the call that started it: calls meanwhile share
-        its answer, each waiting its own deadline (a short one must not cut the store's ping
-        short for a caller with a longer one)."""
-        deadline_var.set(None)  # in this thread's copy of the context only
-        return self._probe()
-
     async def GetHealth(
         self, request: retrieval_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.GetHealthResponse:
         # The probe pings the document store and the index: a slow or hung one must not
         # hold every search on the event loop while it answers.
         if self._probing is None or self._probing.done():
-            self._probing = asyncio.ensure_future(asyncio.to_thread(self._unbound_probe))
+            # Without the deadline of the call that started it: calls meanwhile share its
+            # answer, each waiting its own deadline (a short one must not cut the store's
+            # ping short for a caller with a longer one).
+            probe = detached_context().run
+            self._probing = asyncio.ensure_future(asyncio.to_thread(probe, self._probe))
         wait = call_timeout(HEALTH_PROBE_WAIT_S)
         try:
             details = dict(await asyncio.wait_for(asyncio.shield(self._probing), wait))
