@@ -25,7 +25,7 @@ Tool calling has two wire forms:
   - a tool call whose JSON does not parse (a brace missing, or cut by max_tokens) that still
     names its tool (``"tool_name": "<name>"``) -> that ToolCall with the unparsed text as its
     arguments, which the tool loop refuses as INVALID_JSON and tells the model, as it does a
-    native call's bad arguments (`_named_call`);
+    native call's bad arguments (`_NAMED_CALL`);
   - empty text, other JSON that does not parse, or a JSON value of any other shape -> it
     cannot be read at all: UnavailableError LLM_RUNTIME_ERROR
     (``kind=bad_response``), not retried; the runtime answered, so it is no outage for the
@@ -1222,12 +1222,7 @@ class OpenAiChatRuntime:
             _, content, attempts = await self._send_turns(
                 model, body, start, budget_s, stream=False
             )
-            try:
-                completion = parse_completion(
-                    self._json(content), model=model, json_mode=json_mode, offered=offered
-                )
-            except BadResponse as exc:
-                raise _unreadable(exc) from None
+            completion = self._completion(content, model, json_mode, offered)
         except _Failure as failed:
             attempts = attempts or failed.attempts
             self.breaker.settle(failed, ticket)
@@ -1267,7 +1262,7 @@ class OpenAiChatRuntime:
             )
             if _is_json(response):
                 # A server that ignores `stream: true` answers with one chat.completion.
-                completion = self._unstreamed(content, model, json_mode, offered)
+                completion = self._completion(content, model, json_mode, offered)
                 self.breaker.settle(None, ticket)
                 settled = True
                 self._log("ok", model, start, attempts, stream=False)
@@ -1604,11 +1599,12 @@ class OpenAiChatRuntime:
             raise _Failure("bad_response", "LLM runtime sent an oversized answer")
         return body
 
-    def _unstreamed(
+    def _completion(
         self, content: bytes, model: str, json_mode: bool, offered: frozenset[str]
     ) -> Completion:
-        """The Completion of a stream's answer that came as one chat.completion (read by
-        `_attempt`: a server that ignores ``stream: true``)."""
+        """The Completion of one chat.completion body: a call's answer, or a stream's from a
+        server that ignores ``stream: true``; an unreadable one is a `_Failure`
+        (`_unreadable`)."""
         try:
             return parse_completion(
                 self._json(content), model=model, json_mode=json_mode, offered=offered
