@@ -21,7 +21,13 @@ from services.docstore.errors import (
 )
 from services.docstore.fields import MAX_TAGS, check_fields
 from services.docstore.model import Document
-from services.docstore.parsing import MAX_CHUNKS, decode_text, parse_document, slugify
+from services.docstore.parsing import (
+    MAX_CHUNKS,
+    base_name,
+    decode_text,
+    parse_document,
+    slugify,
+)
 from services.docstore.summaries import Summarizer
 
 REQUIRED_COLUMNS = ("title", "content", "topic", "jurisdiction", "updated_at")
@@ -46,7 +52,7 @@ RETR_MAX_DOCUMENT_BYTES at most 256 MiB), and it is the largest every platform's
 def kb_file_key(file_name: str) -> str:
     """Which knowledge-base CSV a file is, by its base name: re-ingesting it replaces the
     articles an earlier version of it wrote (the spec's train_data.csv when unnamed)."""
-    return file_name.replace("\\", "/").rsplit("/", 1)[-1] or DEFAULT_KB_FILE
+    return base_name(file_name) or DEFAULT_KB_FILE
 
 
 @dataclass(frozen=True)

@@ -141,11 +141,15 @@ DERIVED_DOC_ID_CHARS = 100
 """The longest doc_id derived from a file name."""
 
 
+def base_name(file_name: str) -> str:
+    """A file name without its folders, split at "/" or, as Windows writes them, "\\"."""
+    return re.split(r"[/\\]", file_name)[-1]
+
+
 def derived_doc_id(file_name: str) -> str:
     """The doc_id a file is stored under when the caller names none: its name without folders
-    and suffix (folders split at "/" or, as Windows writes them, "\\"), slugified ("" when that
-    leaves no letter or digit)."""
-    stem = re.split(r"[/\\]", file_name)[-1].rsplit(".", 1)[0]
+    and suffix (`base_name`), slugified ("" when that leaves no letter or digit)."""
+    stem = base_name(file_name).rsplit(".", 1)[0]
     return slugify(stem, DERIVED_DOC_ID_CHARS, fallback="")
 
 
