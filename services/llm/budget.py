@@ -301,27 +301,13 @@ class TokenBudget:
             )
         return self.max_completion_tokens
 
-    def record_call(
-        self,
-        *,
-        reported_prompt: int,
-        reported_completion: int,
-        completion_estimate: int,
-        notes: int = 0,
-        usage_reported: bool = False,
-    ) -> int:
-        """Add one runtime call to the totals: its reported counts, else our own (the
-        conversation and the `notes` tokens that rode on it in the call). Returns the prompt
-        tokens counted for the call (the reported count, else that estimate).
-
-        `usage_reported`: the runtime sent its usage, so a completion count of 0 is its count
-        (an empty answer), not a missing one; without it a 0 means "not reported" and the
-        estimate is taken. A prompt of 0 tokens is never a real count: the estimate then."""
+    def record_call(self, *, reported_prompt: int, completion: int, notes: int = 0) -> int:
+        """Add one runtime call to the totals: its prompt as the runtime reported it, else our
+        own count (the conversation and the `notes` tokens that rode on it in the call; no
+        prompt is 0 tokens, so 0 is no report), and its `completion` (the runtime's count, else
+        the caller's estimate). Returns the prompt tokens counted for the call."""
         self.calls += 1
         prompt = reported_prompt if reported_prompt > 0 else self.conversation + notes
         self.prompt_used += prompt
-        completion = max(0, reported_completion)
-        if completion == 0 and not usage_reported:
-            completion = completion_estimate
-        self.completion_used += completion
+        self.completion_used += max(0, completion)
         return prompt

@@ -265,14 +265,6 @@ def finish_reason(completion: Completion) -> str:
     return completion.finish_reason if completion.finish_reason in FINISH_REASONS else "stop"
 
 
-def usage_reported(completion: Completion) -> bool:
-    """Whether the runtime sent its usage with `completion`. The runtime client reads an
-    absent usage object, or an absent count, as 0 (services/model_runtime/client.py); a real
-    prompt is never 0 tokens, so a prompt count says the usage came and its completion count,
-    0 included, is the runtime's own (an empty answer)."""
-    return completion.prompt_tokens > 0
-
-
 class _NoObserver:
     def model_call(self, messages: tuple[ChatMessage, ...], completion: Completion) -> None:
         pass
@@ -527,20 +519,15 @@ class _Run:
         completion = await self._call(messages, self.offered, params, hold=hold)
         step_ms = round((self.loop.clock() - step_started) * 1000)
         self.step_ms.append(step_ms)
-        reported = usage_reported(completion)
         # Our own count of the answer is needed only when the runtime reports none.
-        estimate = 0
-        if completion.completion_tokens <= 0 and not reported:
-            estimate = message_tokens(
+        answered = completion.completion_tokens
+        if answered is None:
+            answered = message_tokens(
                 self.loop.tokenizer,
                 ChatMessage("assistant", completion.content, completion.tool_calls),
             )
         prompt = self.budget.record_call(
-            reported_prompt=completion.prompt_tokens,
-            reported_completion=completion.completion_tokens,
-            completion_estimate=estimate,
-            notes=self.riding,
-            usage_reported=reported,
+            reported_prompt=completion.prompt_tokens, completion=answered, notes=self.riding
         )
         # The last call's prompt as the totals count it (the runtime's count, else the same
         # estimate); of it, no more than all can have come from the runtime's cache.

@@ -47,7 +47,7 @@ class RequestUsage:
         for call in self.model_calls:
             c = call.completion
             prompt += c.prompt_tokens or sum(message_tokens(tokenizer, m) for m in call.messages)
-            if c.completion_tokens:
+            if c.completion_tokens is not None:
                 completion += c.completion_tokens
             elif c.content or c.tool_calls:
                 answer = ChatMessage("assistant", c.content, c.tool_calls)

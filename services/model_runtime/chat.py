@@ -101,7 +101,10 @@ class Completion:
     finish_reason: str = "stop"
     """The runtime's: "stop", LENGTH (cut at max_tokens), "tool_calls", "content_filter"."""
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    """The runtime's count of the prompt; 0 when it gives none (no prompt is 0 tokens)."""
+    completion_tokens: int | None = None
+    """The runtime's count of the answer, 0 included (an empty answer); None when it gives
+    none (no usage, or a usage without the key), so the caller estimates it."""
     model: str = ""
     cached_prompt_tokens: int = 0
     """Of prompt_tokens, those the runtime took from its prompt cache

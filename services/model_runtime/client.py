@@ -705,9 +705,14 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
     )
 
 
-def _tokens(usage: Any, name: str) -> int:
+def _count(usage: Any, name: str) -> int | None:
+    """A token count the usage object gives, None when it gives none (or no usable one)."""
     value = usage.get(name) if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _tokens(usage: Any, name: str) -> int:
+    return _count(usage, name) or 0
 
 
 def _cached_tokens(usage: Any) -> int:
@@ -744,7 +749,7 @@ def _finish(
         tool_calls=calls,
         finish_reason=reason,
         prompt_tokens=_tokens(usage, "prompt_tokens"),
-        completion_tokens=_tokens(usage, "completion_tokens"),
+        completion_tokens=_count(usage, "completion_tokens"),
         model=model,
         cached_prompt_tokens=_cached_tokens(usage),
     )

@@ -145,12 +145,13 @@ def test_the_conversation_grows_with_tool_results_up_to_the_total():
     assert info.value.metadata["limit_name"] == "max_total_tokens"
 
 
-def test_totals_take_the_runtimes_counts_else_the_estimate():
+def test_totals_take_the_runtimes_prompt_count_else_the_conversation():
     b = budget()
     b.start(msgs_of(40), ())
-    b.record_call(reported_prompt=0, reported_completion=0, completion_estimate=7)
-    b.record_call(reported_prompt=55, reported_completion=9, completion_estimate=7)
-    assert (b.prompt_used, b.completion_used, b.calls) == (40 + 55, 7 + 9, 2)
+    assert b.record_call(reported_prompt=0, completion=7) == 40
+    assert b.record_call(reported_prompt=55, completion=9) == 55
+    assert b.record_call(reported_prompt=30, completion=0) == 30
+    assert (b.prompt_used, b.completion_used, b.calls) == (40 + 55 + 30, 7 + 9, 3)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
-from services.llm.budget import TokenBudget, message_tokens, prompt_tokens
+from services.llm.budget import message_tokens, prompt_tokens
 from services.llm.extractive import ExtractiveRuntime
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.model import GenerateInput, ToolPolicy, ToolResult
@@ -278,13 +278,10 @@ async def test_the_extractive_responder_reports_its_estimated_final_prompt():
     assert out.final_prompt_tokens == out.prompt_tokens > 0
 
 
-def test_the_budget_keeps_a_reported_zero_and_estimates_a_missing_count():
-    b = TokenBudget(TOK, max_prompt_tokens=1000, max_completion_tokens=100, max_total_tokens=2000)
-    b.start([ChatMessage("user", "hello")], ())
-    assert b.record_call(
-        reported_prompt=50, reported_completion=0, completion_estimate=7, usage_reported=True
-    ) == 50  # fmt: skip
-    assert b.completion_used == 0
-    first = b.record_call(reported_prompt=0, reported_completion=0, completion_estimate=7)
-    assert first == b.conversation and b.completion_used == 7
-    assert b.prompt_used == 50 + b.conversation
+async def test_a_prompt_count_without_a_completion_count_has_the_completion_estimated():
+    """A usage with the prompt's count but no `completion_tokens` key: the answer is
+    estimated, not counted 0 (the runtime's missing count is not its count)."""
+    rt = ScriptedRuntime([says("An answer with half a usage", prompt_tokens=150)])
+    out = await loop(rt, FakeTools()).run(no_tools_req())
+    estimate = message_tokens(TOK, ChatMessage("assistant", "An answer with half a usage"))
+    assert (out.prompt_tokens, out.completion_tokens) == (150, estimate)

@@ -35,6 +35,7 @@ from services.model_runtime.client import (
     build_request,
     encode_request,
     json_mode_instruction,
+    parse_completion,
     parse_json_mode,
 )
 from services.model_runtime.config import RUNTIME, runtime_settings
@@ -591,6 +592,25 @@ async def test_a_server_that_ignores_stream_true_still_gives_deltas_and_a_comple
         runtime = OpenAiChatRuntime(RuntimeSettings(url="http://x", default_model=MODEL), http)
         deltas, done = await collect(runtime)
     assert deltas == ["whole"] and (done.content, done.prompt_tokens) == ("whole", 4)
+
+
+@pytest.mark.parametrize(
+    ("usage", "counts"),
+    [
+        ({"prompt_tokens": 4, "completion_tokens": 0}, (4, 0)),
+        ({"prompt_tokens": 4}, (4, None)),
+        ({"prompt_tokens": 4, "completion_tokens": "7"}, (4, None)),
+        (None, (0, None)),
+    ],
+)
+def test_a_completion_count_the_runtime_gives_is_kept_and_one_it_does_not_give_is_none(
+    usage: dict[str, Any] | None, counts: tuple[int, int | None]
+) -> None:
+    payload: dict[str, Any] = {"choices": [{"message": {"content": ""}, "finish_reason": "stop"}]}
+    if usage is not None:
+        payload["usage"] = usage
+    done = parse_completion(payload, model=MODEL, json_mode=False)
+    assert (done.prompt_tokens, done.completion_tokens) == counts
 
 
 async def test_a_stream_closed_early_by_the_consumer_does_not_count_as_a_failure(
