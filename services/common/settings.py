@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from services.common.prompt_limits import DEFAULT_LLM_PROMPT_TOKENS
+from services.common.tokenizer import LONGEST_TOKEN_BYTES
 from services.common.topology import SERVICE_BY_KEY, Ports, default_grpc_target
 
 T = TypeVar("T")
@@ -455,16 +456,12 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A server's message limit unless the service or <prefix>MAX_MESSAGE_BYTES gives another;
 also the least a channel receives (`channels.open_channel`)."""
-MAX_TOKEN_BYTES = 64
-"""UTF-8 bytes one cl100k token of a prompt takes at most, for sizing messages: prose takes
-3-5 (the samples: English 3.8, Russian 4.8), a run of one punctuation character ('=', '-')
-up to 64 (one token holds a run of 64)."""
-MIN_MESSAGE_BYTES = DEFAULT_LLM_PROMPT_TOKENS * MAX_TOKEN_BYTES
-"""The least <prefix>MAX_MESSAGE_BYTES (256 KiB): a service's message limit is also the send
+MIN_MESSAGE_BYTES = DEFAULT_LLM_PROMPT_TOKENS * LONGEST_TOKEN_BYTES
+"""The least <prefix>MAX_MESSAGE_BYTES (512 KiB): a service's message limit is also the send
 limit of its replies and of its own outgoing calls, so it must hold the largest message it
 sends with the other settings at their defaults. That is a Generate holding a full first
-prompt (MAX_PROMPT_TOKENS' default of 4,096 tokens, at MAX_TOKEN_BYTES a token; 10 KB
-measured with the samples' listed sections), larger than a Respond's answer or a Generate's
+prompt (MAX_PROMPT_TOKENS' default of 4,096 tokens, at the tokenizer's longest token,
+LONGEST_TOKEN_BYTES, a token; 10 KB measured with the samples' listed sections), larger than a Respond's answer or a Generate's
 (MAX_COMPLETION_TOKENS' 512 tokens). ToolsProxy's results, whose text its own limits bound,
 are held to them apart (toolsproxy/config.py). At 1 KiB or 4 KiB a service would start and
 then fail every Respond with RESOURCE_EXHAUSTED."""
@@ -492,7 +489,7 @@ class ServerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest gRPC message received or sent: also the send limit of the service's replies and
     of its own calls to other services, so at least what a Generate with a full default
-    prompt takes (256 KiB); ToolsProxy's at least its largest result (its text limits plus
+    prompt takes (512 KiB); ToolsProxy's at least its largest result (its text limits plus
     1 MiB)."""
     grace_seconds: float = 10.0
     """How long in-flight calls may finish after SIGTERM (gRPC RPCs; on a service with an MCP

@@ -1,6 +1,14 @@
 """The offline BPE tokenizer: exact counts, safe truncation."""
 
-from services.common.tokenizer import BpeTokenizer, count_tokens, default_tokenizer
+import pytest
+import quicktok
+
+from services.common.tokenizer import (
+    LONGEST_TOKEN_BYTES,
+    BpeTokenizer,
+    count_tokens,
+    default_tokenizer,
+)
 
 
 def test_counts_match_the_cl100k_reference():
@@ -40,3 +48,17 @@ def test_count_is_the_length_of_the_encoding_special_tokens_as_text():
     ]
     for text in texts:
         assert tok.count(text) == len(tok.encode(text))
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_no_token_of_a_bundled_encoding_is_longer_than_longest_token_bytes(encoding: str):
+    """LONGEST_TOKEN_BYTES bounds answers cut as runaways and the least message size
+    (settings.MIN_MESSAGE_BYTES): no token is longer in bytes, and one is that long."""
+    enc = quicktok.get_encoding(encoding)
+    longest = 0
+    for token in range(enc.n_vocab):
+        try:
+            longest = max(longest, len(enc.decode_single_token_bytes(token)))
+        except Exception:  # an id in the gap before the special tokens
+            continue
+    assert longest == LONGEST_TOKEN_BYTES
