@@ -43,8 +43,10 @@ MAX_CONTEXT_CHUNK_CHARS = MAX_MESSAGE_CHARS
 retrieved chunks of a few thousand characters), checked likewise."""
 
 
-def _over_limit(field_name: str, message: str, limit: int) -> errors.LimitExceededError:
-    return errors.over_limit(message, limit, field=field_name, reason=LLM_LIMIT_EXCEEDED)
+def _over_limit(
+    field_name: str, message: str, limit: int, name: str = ""
+) -> errors.LimitExceededError:
+    return errors.over_limit(message, limit, field=field_name, name=name, reason=LLM_LIMIT_EXCEEDED)
 
 
 MAX_RESPONSE_SCHEMA_BYTES = 16 * 1024
@@ -131,6 +133,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
             "generation_params.max_tokens",
             f"generation_params.max_tokens must be 1..{limits.max_completion_tokens}",
             limits.max_completion_tokens,
+            "max_completion_tokens",
         )
     for name, (lo, hi) in SAMPLING_RANGES.items():
         value = getattr(p, name)

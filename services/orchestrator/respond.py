@@ -107,6 +107,9 @@ from services.orchestrator.scenarios import (
 )
 
 log = logging.getLogger("visior.orchestrator")
+LLM_PROMPT_LIMITS = ("max_prompt_tokens", "max_total_tokens")
+"""The LLM service's own limits (its `limit_name`s) a first prompt may meet: the prompt limit,
+and the total less the answer's share when that is lower."""
 
 MAX_HISTORY_TURNS = 20
 RESPOND_MAX_REQUEST_BYTES = text_body_bytes(MAX_QUERY_CHARS + MAX_HISTORY_TURNS * MAX_MESSAGE_CHARS)
@@ -654,7 +657,37 @@ class Responder:
             # The same Respond path over the stand-ins; mock_mode is read per request, so
             # UpdateConfig switches it at runtime.
             return await self._mock_responder()._respond(req, cfg)
+        try:
+            return await self._respond(req, cfg)
+        except errors.LimitExceededError as exc:
+            if not self._learned_llm_limit(exc, req.trace_id):
+                raise
+        # The LLM service's limit is lower than this service was told: once more, fitted to it.
         return await self._respond(req, cfg)
+
+    def _learned_llm_limit(self, exc: errors.ServiceError, trace_id: str) -> bool:
+        """Whether `exc` is the LLM service refusing a prompt or an answer length this service
+        shaped to the LLM's limits as its own environment gives them (MAX_PROMPT_TOKENS,
+        MAX_COMPLETION_TOKENS, LLM_SERVICE_MAX_TOTAL_TOKENS), because the LLM service's are
+        lower. The lower limit is then kept: every later first prompt and routing answer fits
+        it. The mismatch is the operators' to mend, so it is logged as an error."""
+        meta = exc.metadata
+        if meta.get("downstream") != "llm" or not meta.get("limit", "").isdigit():
+            return False
+        limit, name = int(meta["limit"]), meta.get("limit_name", "")
+        if name in LLM_PROMPT_LIMITS and limit < self._fitter.limit:
+            ours, self._fitter.limit = self._fitter.limit, limit
+        elif name == "max_completion_tokens" and limit < self._decision_tokens:
+            ours, self._decision_tokens = self._decision_tokens, limit
+        else:
+            return False
+        log.error(
+            "the LLM service's token limit is below this service's: set the LLM service's "
+            "MAX_PROMPT_TOKENS, MAX_COMPLETION_TOKENS and LLM_SERVICE_MAX_TOTAL_TOKENS in the "
+            "Orchestrator's environment too; until then it fits the LLM's",
+            extra={"limit_name": name, "llm_limit": limit, "ours": ours, "trace_id": trace_id},
+        )
+        return True
 
     def _mock_responder(self) -> Responder:
         """A Responder over the mock ports with this one's settings, made on first use. It
@@ -801,6 +834,7 @@ class Responder:
         except errors.ServiceError as exc:
             # agent.md §4: the rules are the fallback. The answering call meets the same
             # LLM service and says itself what is wrong with it, if anything still is.
+            self._learned_llm_limit(exc, req.trace_id)
             log.warning(
                 "routing call failed; the rules route",
                 extra={"reason": exc.reason, "code": exc.code, "trace_id": req.trace_id},

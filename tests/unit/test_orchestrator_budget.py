@@ -428,3 +428,85 @@ def test_listed_pages_are_written_as_the_texts_read_state_them(pages, listed):
     prompt = fitter.fit(system="", history=(), query="q?", context_token_budget=4096,
                         sections=(section,), list_budget=1000)  # fmt: skip
     assert listed in prompt.question
+
+
+# -- the LLM service's limits lower than the Orchestrator was told --------------------------
+
+
+class StricterLlm(Generator):
+    """An LLM service whose MAX_PROMPT_TOKENS / MAX_COMPLETION_TOKENS are below what the
+    Orchestrator's environment says: it refuses as the real one does, and the error reaches the
+    Responder as status.from_rpc_error makes it (downstream "llm", limit and limit_name)."""
+
+    def __init__(self, max_prompt_tokens: int, max_completion_tokens: int = 512):
+        super().__init__()
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_completion_tokens = max_completion_tokens
+        self.refused = 0
+
+    def _refuse(self, message: str, limit: int, name: str) -> errors.LimitExceededError:
+        self.refused += 1
+        meta = {"downstream": "llm", "downstream_code": "INVALID_ARGUMENT"}
+        return errors.LimitExceededError(
+            f"llm: {message}", reason="LLM_LIMIT_EXCEEDED",
+            metadata={**meta, "limit": str(limit), "limit_name": name},
+        )  # fmt: skip
+
+    async def generate(self, request):
+        self.requests.append(request)
+        if request.max_tokens and request.max_tokens > self.max_completion_tokens:
+            raise self._refuse("max_tokens", self.max_completion_tokens, "max_completion_tokens")
+        try:
+            llm_count(request, max_prompt_tokens=self.max_prompt_tokens)
+        except errors.LimitExceededError as exc:
+            raise self._refuse(exc.message, self.max_prompt_tokens, "max_prompt_tokens") from None
+        return LlmOutcome("ответ", (), 0, 1)
+
+
+async def test_a_lower_llm_prompt_limit_is_learned_and_the_request_answered(caplog):
+    llm = StricterLlm(max_prompt_tokens=1500)
+    responder = Responder(
+        Retriever(TEN_RUSSIAN), llm, ConfigHolder(RuntimeConfig(), 3), model_routing=False,
+        llm_prompt_limit=4096,
+    )  # fmt: skip
+    req = RespondInput("Что делает сервер управления?", User("t", "u"))
+    with caplog.at_level("ERROR", logger="visior.orchestrator"):
+        out = await responder.respond(req)
+    assert out.answer == "ответ" and llm.refused == 1 and len(llm.requests) == 2
+    assert llm_count(llm.requests[1], max_prompt_tokens=1500) <= 1500
+    [record] = [r for r in caplog.records if "MAX_PROMPT_TOKENS" in r.getMessage()]
+    assert (record.limit_name, record.llm_limit, record.ours) == ("max_prompt_tokens", 1500, 4096)
+    await responder.respond(req)  # fitted to the LLM's limit from the start now
+    assert llm.refused == 1 and len(llm.requests) == 3
+
+
+async def test_a_lower_llm_answer_limit_is_learned_by_the_routing_call():
+    llm = StricterLlm(max_prompt_tokens=4096, max_completion_tokens=64)
+    responder = Responder(
+        Retriever(TEN_RUSSIAN), llm, ConfigHolder(RuntimeConfig(), 3), model_routing=True,
+        llm_prompt_limit=4096,
+    )  # fmt: skip
+    req = RespondInput("Что делает сервер управления?", User("t", "u"))
+    await responder.respond(req)  # the routing call is refused: the rules route
+    assert llm.refused == 1
+    await responder.respond(req)
+    routing = [r for r in llm.requests if r.max_tokens]
+    assert [r.max_tokens <= 64 for r in routing] == [False, True] and llm.refused == 1
+
+
+async def test_an_llm_limit_not_below_the_orchestrators_stays_the_error_it_was():
+    """The LLM refusing at a limit no lower than the Orchestrator's own: nothing to learn
+    (its count differs, or the caller's budget bound); the refusal reaches the caller."""
+    llm = StricterLlm(max_prompt_tokens=1500)
+    responder = Responder(
+        Retriever(TEN_RUSSIAN), llm, ConfigHolder(RuntimeConfig(), 3), model_routing=False,
+        llm_prompt_limit=1400,
+    )  # fmt: skip
+
+    async def refuse(request):
+        raise llm._refuse("the prompt", 1500, "max_prompt_tokens")
+
+    llm.generate = refuse  # type: ignore[method-assign]
+    with pytest.raises(errors.LimitExceededError) as info:
+        await responder.respond(RespondInput("Что делает сервер?", User("t", "u")))
+    assert info.value.metadata["limit"] == "1500" and llm.refused == 1

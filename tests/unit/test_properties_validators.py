@@ -746,3 +746,13 @@ def test_safety_header_is_its_verdict_or_invalid_argument(pairs: list[tuple[str,
         assert info.value.metadata["field"] == "x-visior-safety-input"
     else:
         assert safety_verdict(pairs) == max(said, key=severity.index, default="allowed")
+
+
+def test_a_max_tokens_past_the_llm_services_answer_limit_names_that_limit() -> None:
+    """It is MAX_COMPLETION_TOKENS, the LLM service's own limit: its name lets the
+    Orchestrator learn a lower one than its environment says (respond._learned_llm_limit)."""
+    check = VALIDATORS["generate"][1]
+    refused = outcome(check, _generate(max_tokens=BUDGETS.max_completion_tokens + 1))
+    assert refused is not None
+    assert refused[3]["limit_name"] == "max_completion_tokens"
+    assert refused[3]["limit"] == str(BUDGETS.max_completion_tokens)
