@@ -240,19 +240,28 @@ class ContextBuilder:
             core, continues = core[cut:], cut > 0
         old_cost = state.cost.get(key, 0)
         budget = token_limit - (state.total - old_cost)
-        keep = room
-        # BPE counts are not additive at joins: shrink until the exact count fits.
+        keep, fit, text = room, None, ""
+        # BPE counts are not additive at joins: shrink until the exact count fits, then grow
+        # while it still does, so the context fills the limit to the token.
         while keep >= 1:
-            text = self._tok.truncate(core, keep)
-            if not text.strip():
-                return None
+            longer, text = text, self._tok.truncate(core, keep)
+            if not text.strip() or (fit is not None and text == longer):
+                break
             trial = _insert(pieces, _Piece(cand, text, trimmed=True, continues=continues))
             cost = ctx.section_cost(trial)
             if cost <= budget:
-                state.pieces[key], state.cost[key] = trial, cost
-                return cand
-            keep -= max(1, cost - budget)
-        return None
+                fit = trial, cost
+                if cost == budget:
+                    break
+                keep += budget - cost
+            elif fit is not None:
+                break  # grown past the limit: the last fit stands
+            else:
+                keep -= max(1, cost - budget)
+        if fit is None:
+            return None
+        state.pieces[key], state.cost[key] = fit
+        return cand
 
     def _order(self, blocks: list[ContextBlock]) -> list[ContextBlock]:
         if self._opt.order == "score":

@@ -2,6 +2,7 @@
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from services.retrieval.context_builder import (
     build_context,
 )
 from services.retrieval.search import ChunkHit
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "docs"
 
 
 class WordTokenizer:
@@ -562,3 +565,28 @@ def test_a_long_section_costs_the_tokenizer_each_chunk_once_not_the_section_per_
     whole = WholeCounts(BpeTokenizer())
     assert build_context(cands, 131_072, whole) == result
     assert sum(map(len, whole.counted)) > 5 * chars  # what counting whole blocks costs
+
+
+def test_hard_trim_fills_the_limit_to_the_token_with_the_real_tokenizer():
+    """BPE counts are not additive at a join: a cut that overshoots shrinks, and one that
+    then falls short grows back, so every trimmed context totals its limit exactly."""
+    tok = default_tokenizer()
+    samples = sorted(SAMPLES.glob("*.md"))
+    text = " ".join(p.read_text(encoding="utf-8") for p in samples)
+    rng = random.Random(7)
+    trimmed = 0
+    for _ in range(300):
+        cands = []
+        for i in range(5):
+            start = rng.randrange(0, len(text) - 2000)
+            piece = text[start : start + rng.randrange(200, 1500)]
+            cands.append(ChunkHit(
+                doc_id=f"d{i % 2}", section_id="s", chunk_id=f"c{i}", ord=i % 3, text=piece,
+                score=1 - i / 10, tokens=tok.count(piece), page_start=1, page_end=1,
+            ))  # fmt: skip
+        limit = rng.randrange(50, 1200)
+        result = ContextBuilder(tok, ContextOptions(hard_trim=True)).build(cands, limit)
+        if any(b.truncated for b in result.blocks):
+            trimmed += 1
+            assert result.total_tokens == limit
+    assert trimmed > 250
