@@ -19,10 +19,11 @@ from services.common.generate_contract import (
     MODEL_NAME_RULE,
     is_model_name,
 )
+from services.common.outcomes import outcome_of
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.common.shared_config import text_body_bytes
 from services.common.tool_contract import check_tool_user
-from services.llm.loop import LoopSettings, ToolLoop, outcome_of
+from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
 from services.llm.prompt import CHAT, RAG

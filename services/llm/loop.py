@@ -54,8 +54,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
-from services.common.context import remaining_seconds
 from services.common.generate_contract import last_question
+from services.common.outcomes import outcome_of
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
 from services.common.tokenizer import LONGEST_TOKEN_BYTES, Tokenizer, default_tokenizer
 from services.common.tool_contract import (
@@ -74,7 +74,6 @@ from services.llm.budget import (
     message_tokens,
 )
 from services.llm.extractive import answer_without_model, held, ungrounded_terms
-from services.llm.metrics import OK
 from services.llm.model import (
     EventSink,
     GenerateInput,
@@ -149,36 +148,6 @@ REPEATED_CALL_GUARD = "repeated_call"
 repeated a call, and asked for tools again after the request for its final answer."""
 TOOLS_DOWNSTREAM = "toolsproxy"
 """The `downstream` an abort for failed tool calls names (services/llm/tools_client.py's)."""
-CANCELLED = "CANCELLED"
-INTERNAL = "INTERNAL"
-DEADLINE_EXCEEDED = errors.DeadlineExceededError.default_reason
-DEADLINE_SLACK_S = 0.01
-"""A request that ends this close to its caller's deadline, or later, was ended by it: grpc's
-timer and the service's own, set to the same instant, fire in either order."""
-
-
-def deadline_passed() -> bool:
-    """Whether the current request's caller's deadline has passed (DEADLINE_SLACK_S)."""
-    left = remaining_seconds()
-    return left is not None and left <= DEADLINE_SLACK_S
-
-
-def outcome_of(failure: BaseException | None) -> str:
-    """A Generate's outcome, from what it raised (None: nothing): the `outcome` label of the
-    LLM metrics and of the `generate` log line alike (docs/operations.md). `ok`;
-    DEADLINE_EXCEEDED for any failure once the caller's deadline has passed (what the caller
-    was told, whichever timer ended the request); a ServiceError's reason; CANCELLED when the
-    caller went away; INTERNAL for any other exception (the status the server answers it
-    with)."""
-    if failure is None:
-        return OK
-    if deadline_passed():
-        return DEADLINE_EXCEEDED
-    if isinstance(failure, errors.ServiceError):
-        return failure.reason
-    if isinstance(failure, asyncio.CancelledError):
-        return CANCELLED
-    return INTERNAL
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from services.llm.model import GenerateOutput
 from services.model_runtime.chat import ChatMessage, Completion
 
 _MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
-OK = "ok"
 
 
 @dataclass

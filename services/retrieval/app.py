@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import httpx
-from grpc_health.v1.health_pb2 import HealthCheckResponse
 from prometheus_client import CollectorRegistry
 from visior.retrieval.v1 import retrieval_pb2_grpc
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker
+from services.common.health import watch_probe
 from services.common.http import quiet_http_client_logs
 from services.common.http_tracing import traced_async_client, traced_client
 from services.common.runner import Closer
@@ -298,33 +298,6 @@ def _health_probe(
     return probe
 
 
-BACKEND_POLL_S = 5.0
-"""How often a production replica asks its health probe whether it can serve."""
-
-
-async def watch_backend(
-    running: RunningServer, probe: Callable[[], dict[str, str]], every_s: float = BACKEND_POLL_S
-) -> None:
-    """Production: the grpc.health.v1 status of Retrieval's services follows the health probe
-    (a down vector store or document store is NOT_SERVING), so a readiness probe asking for
-    them takes the replica out until the stores are back. The server's own status ("") stays
-    SERVING: a liveness probe asks that one, and a restart does not bring a store back."""
-    serving: bool | None = None  # not yet set by this watcher
-    while True:
-        try:
-            ok = (await asyncio.to_thread(probe)).get("status") == "ok"
-        except errors.ServiceError:
-            ok = False
-        if ok != serving:
-            if serving is not None or not ok:
-                log.warning("serving" if ok else "not serving: a store is down")
-            serving = ok
-            status = HealthCheckResponse.SERVING if ok else HealthCheckResponse.NOT_SERVING
-            for name in running.service_names:
-                await running.health.set(name, status)
-        await asyncio.sleep(every_s)
-
-
 async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     quiet_http_client_logs()
     registry = CollectorRegistry()
@@ -362,7 +335,7 @@ async def start(settings: RetrievalSettings) -> tuple[RunningServer, Closer]:
     if stack.optimizer is not None:
         stack.optimizer.start()
     watcher = (
-        asyncio.create_task(watch_backend(running, probe))
+        asyncio.create_task(watch_probe(running, probe))
         if settings.production and stack.index is not None
         else None
     )

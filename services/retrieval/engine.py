@@ -28,6 +28,7 @@ import numpy as np
 
 from services.common import errors
 from services.common.breaker import CircuitBreaker, CircuitOpenError
+from services.common.outcomes import INTERNAL, OK, outcome_of
 from services.common.search_contract import KB_SOURCE, KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
 from services.docstore.model import StoredPoint
@@ -130,6 +131,8 @@ class SearchMetrics(Protocol):
     def observe(self, result: SearchResult) -> None: ...
 
     def failed(self, reason: str) -> None: ...
+
+    def finished(self, outcome: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -312,19 +315,28 @@ class RetrievalEngine:
         return self._index.index.backend
 
     async def search(self, q: SearchQuery) -> SearchResult:
+        # retrieval_requests_total{outcome}: every search, whatever its outcome (ok, or the
+        # error's reason, as services.common.outcomes names it), so an error rate can be read.
+        failure: BaseException | None = None
+        outcome = OK
         try:
-            return await self._search(q)
-        except errors.ServiceError as exc:
-            # retrieval_errors_total{reason}: every failed search, by its error's reason.
-            if self._metrics is not None:
-                self._metrics.failed(exc.reason)
+            result, outcome = await self._search(q)
+            return result
+        except BaseException as exc:
+            failure = exc
+            if self._metrics is not None and isinstance(exc, Exception):
+                # retrieval_errors_total{reason}: every failed search, by its error's reason.
+                self._metrics.failed(
+                    exc.reason if isinstance(exc, errors.ServiceError) else INTERNAL
+                )
             raise
-        except Exception:
+        finally:
             if self._metrics is not None:
-                self._metrics.failed("INTERNAL")
-            raise
+                self._metrics.finished(outcome if failure is None else outcome_of(failure))
 
-    async def _search(self, q: SearchQuery) -> SearchResult:
+    async def _search(self, q: SearchQuery) -> tuple[SearchResult, str]:
+        """The search and its outcome: `ok`, or the outage's reason when a backend being down
+        was answered with an empty result (RETR_EMPTY_ON_BACKEND_ERROR)."""
         started = time.perf_counter()
         timing = SearchTiming()
         # Planning normalises the query and looks its words up in the synonym table (tens of
@@ -337,8 +349,9 @@ class RetrievalEngine:
             if plan.expand:
                 plan = await self._model_variants(plan, self._expander)
             first = await asyncio.to_thread(self._start, plan, timing, started)
+        outcome = OK
         if isinstance(first, errors.BackendUnavailableError):
-            result = self._empty(plan, first, timing, started)
+            result, outcome = self._empty(plan, first, timing, started), first.reason
         elif isinstance(first, SearchResult):
             result = first
         else:
@@ -355,11 +368,11 @@ class RetrievalEngine:
             except errors.BackendUnavailableError as exc:
                 if not self._settings.empty_on_backend_error:
                     raise  # counted by search()
-                result = self._empty(plan, exc, timing, started)
+                result, outcome = self._empty(plan, exc, timing, started), exc.reason
         if self._metrics is not None:
             self._metrics.observe(result)
         log_search(plan, result, timing, self._settings.slow_search_ms)
-        return result
+        return result, outcome
 
     def _empty(
         self,

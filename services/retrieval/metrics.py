@@ -1,4 +1,9 @@
-"""Retrieval metrics under the spec's names (retrieval.md §7.4, issue 3)."""
+"""Retrieval metrics under the spec's names (retrieval.md §7.4, issue 3).
+
+Every Search counts in `retrieval_requests_total{outcome}`, whatever its outcome: `ok`, or
+the error's reason as the LLM service labels its requests (services/common/outcomes.py), so
+that an error rate is `outcome!="ok"` over all of them.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,13 @@ _MS_BUCKETS = (1, 2.5, 5, 10, 15, 20, 25, 35, 50, 75, 100, 150, 250, 500, 1000, 
 
 
 class RetrievalMetrics:
-    """retrieval_requests_total, retrieval_latency_ms, retrieval_mode_count{mode}, ..."""
+    """retrieval_requests_total{outcome}, retrieval_latency_ms, retrieval_mode_count{mode}, ..."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("retrieval_requests_total", "Searches answered.", registry=registry)
+        self.requests = Counter(
+            "retrieval_requests_total", "Searches, by outcome (ok, or the error's reason).",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
         self.latency = Histogram(
             "retrieval_latency_ms", "Search time in milliseconds.", buckets=_MS_BUCKETS,
             registry=registry,
@@ -43,8 +51,13 @@ class RetrievalMetrics:
             registry=registry,
         )  # fmt: skip
 
+    def finished(self, outcome: str) -> None:
+        """One Search ended: `ok`, or the error's reason (an empty answer to a backend outage,
+        RETR_EMPTY_ON_BACKEND_ERROR, is the outage's: it is counted a failure too)."""
+        self.requests.labels(outcome).inc()
+
     def observe(self, result: SearchResult) -> None:
-        self.requests.inc()
+        """An answered search (an empty answer to an outage included): what it found."""
         self.latency.observe(result.elapsed_ms)
         self.modes.labels(result.mode).inc()
         if result.hybrid_used:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Protocol
 
 import grpc
 from visior.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-from services.common.context import call_timeout, detached_context
+from services.common.health import SharedProbe
 from services.common.search_contract import Filters
 from services.common.structs import optional
 from services.common.topology import SERVICE_BY_KEY
@@ -123,20 +122,14 @@ def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchRespo
     return resp  # fmt: skip
 
 
-HEALTH_PROBE_WAIT_S = 10.0
-"""The longest a GetHealth waits for the health probe (the document store's ping, the index's
-state), cut to end before the caller's deadline: past it the answer is "down"."""
-
-
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Search and health."""
 
     def __init__(self, engine: SearchBackend, probe: HealthProbe) -> None:
         self._engine = engine
-        self._probe = probe
-        self._probing: asyncio.Future[dict[str, str]] | None = None
-        """The probe running now: health calls meanwhile share its answer, so a hung store
-        holds one worker thread, not one a call."""
+        # The probe pings the document store and the index, off the event loop and shared by
+        # the health calls meanwhile (services/common/health.py).
+        self._health = SharedProbe(probe, hung="the document store or the index hangs")
 
     async def Search(
         self, request: retrieval_pb2.SearchRequest, context: grpc.aio.ServicerContext
@@ -146,24 +139,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def GetHealth(
         self, request: retrieval_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.GetHealthResponse:
-        # The probe pings the document store and the index: a slow or hung one must not
-        # hold every search on the event loop while it answers.
-        if self._probing is None or self._probing.done():
-            # Without the deadline of the call that started it: calls meanwhile share its
-            # answer, each waiting its own deadline (a short one must not cut the store's
-            # ping short for a caller with a longer one).
-            probe = detached_context().run
-            self._probing = asyncio.ensure_future(asyncio.to_thread(probe, self._probe))
-        wait = call_timeout(HEALTH_PROBE_WAIT_S)
-        try:
-            details = dict(await asyncio.wait_for(asyncio.shield(self._probing), wait))
-        except TimeoutError:
-            # The caller (a balancer's probe behind a 5 s route timeout) hears "down" with
-            # the reason before its deadline, not the sidecar's 504.
-            details = {
-                "status": "down",
-                "probe": f"no answer within {wait:.1f} s: the document store or the index hangs",
-            }
+        details = await self._health.details()
         return retrieval_pb2.GetHealthResponse(
             status=details.pop("status", "ok"),
             service=SERVICE_NAME,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
+
 import httpx
 from prometheus_client import CollectorRegistry
 from visior.toolsproxy.v1 import toolsproxy_pb2_grpc
 
 from services.common.channels import open_channel
+from services.common.health import watch_probe
 from services.common.http_tracing import traced_async_client
 from services.common.metrics import ClientRpcMetrics
 from services.common.runner import Closer
@@ -14,6 +18,7 @@ from services.common.server import ListenError, RunningServer, start_server
 from services.common.tool_contract import FETCH_CBR_DATA, FETCH_FINANCE_NEWS
 from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
+from services.docstore.health import store_health
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
 from services.toolsproxy.config import ToolsProxySettings
@@ -59,9 +64,13 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         metrics=PrometheusToolMetrics(registry),
     )
 
+    # The document tools read the store: it being down is the proxy's health's "down", with
+    # the reason (GetHealth), and its services' NOT_SERVING (readiness).
+    probe = partial(store_health, store)
+
     def register(server):  # type: ignore[no-untyped-def]
         toolsproxy_pb2_grpc.add_ToolsProxyServiceServicer_to_server(
-            ToolsProxyServicer(executor), server
+            ToolsProxyServicer(executor, probe), server
         )
 
     running = await start_server(
@@ -73,7 +82,11 @@ async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
         tracing=tracing,
     )
 
+    # grpc.health.v1: ToolsProxyService follows the store; the server's own "" stays SERVING.
+    watcher = asyncio.create_task(watch_probe(running, probe))
+
     async def close_clients() -> None:
+        watcher.cancel()
         await retrieval.close()
         await cbr_http.aclose()
         await tavily_http.aclose()

@@ -158,17 +158,18 @@ class IdentityGate:
             # Constant time; a missing or repeated header is compared too, as an empty value.
             presented = given[0] if len(given) == 1 else b""
             if not hmac.compare_digest(presented, self._token):
-                await _refuse(send, "gateway token missing or wrong")
+                token = "wrong" if len(given) == 1 else "missing" if not given else "repeated"
+                await _refuse(scope, send, "gateway token missing or wrong", gateway_token=token)
                 return
         tenant = _single(headers.get(self._tenant))
         user = _single(headers.get(self._user))
         if tenant is None or user is None:
-            await _refuse(send, "caller identity missing or malformed")
+            await _refuse(scope, send, "caller identity missing or malformed")
             return
         try:  # the rule every tool call's caller meets (a tenant id, never the reserved one)
             check_tool_user(tenant, user)
         except errors.ServiceError as exc:
-            await _refuse(send, f"caller identity refused: {exc}")
+            await _refuse(scope, send, f"caller identity refused: {exc}")
             return
         trace = _single(headers.get(self._trace))
         trace_id = trace if trace is not None and valid_trace_id(trace) else new_trace_id()
@@ -187,7 +188,25 @@ def _single(values: list[bytes] | None) -> str | None:
     return text if _IDENTITY_VALUE.fullmatch(text) else None
 
 
-async def _refuse(send: Send, message: str) -> None:
+def _client(scope: Scope) -> str:
+    """The peer's address ("host:port"), or "" when the server does not know it."""
+    client = scope.get("client")
+    if not client:
+        return ""
+    host, port = client[0], client[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+async def _refuse(scope: Scope, send: Send, message: str, **why: str) -> None:
+    """401 with `message`, logged at WARNING with the client's address and the path (never a
+    header's value: `why` says only whether the token was missing, repeated or wrong), so a
+    misconfigured gateway shows in the log, not as a silence that looks like no traffic. Each
+    refusal is logged, as each call is (no sampling)."""
+    log.warning(
+        "mcp request refused: %s",
+        message,
+        extra={"client": _client(scope), "path": scope.get("path", ""), "refusal": message, **why},
+    )
     body = json.dumps(
         {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": message}}
     ).encode()

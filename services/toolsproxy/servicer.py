@@ -8,6 +8,7 @@ from visior.common.v1 import common_pb2
 from visior.toolsproxy.v1 import toolsproxy_pb2, toolsproxy_pb2_grpc
 
 from services.common import errors
+from services.common.health import Probe, SharedProbe
 from services.common.structs import request_struct
 from services.common.tool_contract import check_tool_user
 from services.common.topology import SERVICE_BY_KEY
@@ -26,9 +27,16 @@ def caller_from(user: common_pb2.UserContext, trace_id: str) -> Caller:
     return Caller(tenant_id=user.tenant_id, user_id=user.user_id, trace_id=trace_id)
 
 
+def _serving() -> dict[str, str]:
+    return {"status": "ok"}
+
+
 class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
-    def __init__(self, executor: ToolExecutor) -> None:
+    def __init__(self, executor: ToolExecutor, probe: Probe = _serving) -> None:
         self._executor = executor
+        # The probe pings the document store (services/toolsproxy/app.py), off the event loop
+        # and shared by the health calls meanwhile (services/common/health.py).
+        self._health = SharedProbe(probe, hung="the document store hangs")
 
     async def Execute(
         self, request: toolsproxy_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
@@ -68,8 +76,9 @@ class ToolsProxyServicer(toolsproxy_pb2_grpc.ToolsProxyServiceServicer):
     async def GetHealth(
         self, request: toolsproxy_pb2.GetHealthRequest, context: grpc.aio.ServicerContext
     ) -> toolsproxy_pb2.GetHealthResponse:
+        details = await self._health.details()
         return toolsproxy_pb2.GetHealthResponse(
-            status="ok",
+            status=details.pop("status", "ok"),
             service=SERVICE_NAME,
-            details={"tools": str(len(self._executor.catalogue()))},
+            details={**details, "tools": str(len(self._executor.catalogue()))},
         )

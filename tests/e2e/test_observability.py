@@ -220,7 +220,10 @@ def test_every_service_exposes_the_spec_and_rpc_metrics(mesh: Mesh) -> None:
         - llm0.value("llm_token_usage_total", kind="prompt"),
     }
     ret, ret0 = after["retrieval"], before["retrieval"]
-    for name in ("retrieval_requests_total", "retrieval_mode_count_total", "retrieval_hits_total"):
+    grew_by["retrieval_requests_total"] = ret.value(
+        "retrieval_requests_total", outcome="ok"
+    ) - ret0.value("retrieval_requests_total", outcome="ok")
+    for name in ("retrieval_mode_count_total", "retrieval_hits_total"):
         grew_by[name] = ret.value(name) - ret0.value(name)
     grew_by["retrieval_latency_ms"] = ret.value("retrieval_latency_ms_count") - ret0.value(
         "retrieval_latency_ms_count"

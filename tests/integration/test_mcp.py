@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -366,6 +367,28 @@ async def test_a_request_without_identity_or_token_is_refused_before_mcp(statele
     served = await raw_post(stateless.url, headers(), CALL)
     assert served.status_code == 200
     assert served.json()["result"]["structuredContent"]["result"]["title"] == "Alpha handbook"
+
+
+@pytest.mark.parametrize(
+    ("hdrs", "why"),
+    [
+        pytest.param(headers(token="gateway-secret-0124"), "wrong", id="wrong-token"),
+        pytest.param(headers(token=None), "missing", id="no-token"),
+    ],
+)
+async def test_a_refused_token_is_logged_without_its_value(stateless, hdrs, why, caplog):
+    """A misconfigured gateway shows in the log (a warning naming the client and the path),
+    not as a silence an operator would read as no traffic; neither token is in it."""
+    with caplog.at_level(logging.WARNING, logger="visior.toolsproxy.mcp"):
+        refused = await raw_post(stateless.url, hdrs, CALL)
+    assert refused.status_code == 401
+    [record] = [r for r in caplog.records if r.name == "visior.toolsproxy.mcp"]
+    assert record.levelno == logging.WARNING
+    assert "gateway token" in record.getMessage()
+    assert record.path == "/mcp" and record.gateway_token == why
+    assert record.client.startswith("127.0.0.1:") and int(record.client.rsplit(":", 1)[1]) > 0
+    logged = json.dumps({k: str(v) for k, v in vars(record).items()}) + record.getMessage()
+    assert TOKEN not in logged and "gateway-secret-0124" not in logged
 
 
 async def utf8_post(url: str, tenant: bytes, user: bytes) -> httpx2.Response:

@@ -12,6 +12,7 @@ from visior.retrieval.v1 import retrieval_pb2 as pb
 from visior.retrieval.v1 import retrieval_pb2_grpc as pbg
 
 from services.common import errors
+from services.common.health import watch_probe
 from services.common.server import RunningServer
 from services.common.status import error_info
 from services.common.topology import free_ports
@@ -97,7 +98,7 @@ async def test_the_watcher_follows_the_probe_both_ways():
             await asyncio.sleep(0.01)
         raise AssertionError(f"{answer} never gave {expected}")
 
-    watcher = asyncio.create_task(app.watch_backend(running, probe, every_s=0))
+    watcher = asyncio.create_task(watch_probe(running, probe, every_s=0))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await after({"status": "ok"}, "SERVING")

@@ -29,12 +29,13 @@ from services.common.breaker import CLOSED, OPEN, BreakerPolicy
 from services.common.context import deadline_var
 from services.common.interceptors import ServerInterceptor
 from services.common.metrics import RpcMetrics
+from services.common.outcomes import CANCELLED, DEADLINE_EXCEEDED, outcome_of
 from services.common.retry import RetryPolicy
 from services.common.settings import Env, ServerSettings
 from services.llm import app
 from services.llm.config import LlmSettings
 from services.llm.engine import LlmEngine
-from services.llm.loop import CANCELLED, DEADLINE_EXCEEDED, LoopSettings, ToolLoop, outcome_of
+from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
 from services.llm.model import GenerateInput, Turn
 from services.llm.servicer import LlmServicer

@@ -11,11 +11,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import errors
+from services.common.outcomes import CANCELLED
 from services.common.tokenizer import default_tokenizer
 from services.llm.budget import message_tokens
 from services.llm.engine import LlmEngine
 from services.llm.extractive import ExtractiveRuntime
-from services.llm.loop import CANCELLED, LoopSettings, ToolLoop
+from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
 from services.llm.model import Anchor, ToolPolicy, ToolResult, Turn
 from services.llm.toolcalls import READ_TOOL_SPECS

@@ -16,9 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.common import errors
+from services.common.outcomes import outcome_of
 from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
 from services.llm.engine import LlmEngine
-from services.llm.loop import LoopSettings, ToolLoop, outcome_of
+from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import LlmMetrics
 from services.llm.toolcalls import READ_TOOL_SPECS
 from services.model_runtime.chat import LLM_RUNTIME_ERROR

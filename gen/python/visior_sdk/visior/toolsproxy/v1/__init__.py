@@ -116,8 +116,9 @@ class GetHealthResponse(betterproto.Message):
 
     status: str = betterproto.string_field(1)
     """
-    status is "ok": a service that answers can serve (a failing dependency shows in the
-     answers of the calls that need it).
+    status is "ok", or "down" while the document store does not answer (details.docstore
+     says why; grpc.health.v1 then reports ToolsProxyService NOT_SERVING, the server's own
+     status staying SERVING). The bank and news tools, which need no store, still serve.
     """
 
     service: str = betterproto.string_field(2)
