@@ -5,8 +5,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import re
 import zlib
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
@@ -175,3 +177,26 @@ class _ZlibInflater:
             self._seen = None
         self._tail = self._zlib.unconsumed_tail
         return out
+
+
+MAX_LINK_CHARS = 2048
+"""The longest link an outside service's answer may give (a longer one is dropped)."""
+_NOT_IN_A_LINK = re.compile(r"[\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+"""Characters no URL holds (white space, controls, invisible format characters): a "link"
+with them is prose, which must not reach the model outside the EXTERNAL delimiters."""
+
+
+def shown_link(value: Any) -> str | None:
+    """`value` as a link an outside service's answer gives (a web result's, a bank news
+    item's): an http(s) URL with a host, at most MAX_LINK_CHARS, none of _NOT_IN_A_LINK's
+    characters; else None. Such links are shown as data, never fetched."""
+    if not isinstance(value, str):
+        return None
+    url = value.strip()
+    if len(url) > MAX_LINK_CHARS or _NOT_IN_A_LINK.search(url):
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return url if parts.scheme in ("http", "https") and parts.hostname else None

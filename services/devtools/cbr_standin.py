@@ -18,7 +18,8 @@ ASP.NET does.
 
 The data are DEMO values, deterministic and never real: every rate is a fixed base times a
 small wiggle by date (``rate_for``), on the days the bank sets rates (Tuesday to Saturday,
-``is_rate_day``); the key rate follows a fixed schedule (``key_rate_on``); the news items
+``is_rate_day``; none the day after a non-working ``holidays`` day); the key rate follows a
+fixed schedule (``key_rate_on``), one row per working day (``is_working_day``); the news items
 are dated relative to today and titled ``[ДЕМО]``. Every request is recorded
 (``requests``); the fault hooks used by the tests live in ``tests/fakes/cbr_server.py``.
 """
@@ -170,9 +171,15 @@ def demo_news(today: date) -> tuple[StandInNews, ...]:
     return tuple(news)
 
 
-def is_rate_day(day: date) -> bool:
-    """Rates are set Tuesday to Saturday (the bank's rates of Saturday hold Sun/Mon)."""
-    return day.weekday() not in (0, 6)
+def is_working_day(day: date, holidays: frozenset[date] = frozenset()) -> bool:
+    """Monday to Friday, unless one of the non-working `holidays` (the New Year's, say)."""
+    return day.weekday() < 5 and day not in holidays
+
+
+def is_rate_day(day: date, holidays: frozenset[date] = frozenset()) -> bool:
+    """Rates are dated the day after the working day that sets them: Tuesday to Saturday
+    in an ordinary week (the bank's rates of Saturday hold Sun/Mon), none after a holiday."""
+    return is_working_day(day - timedelta(days=1), holidays)
 
 
 def rate_for(currency: StandInCurrency, day: date) -> float:
@@ -180,9 +187,9 @@ def rate_for(currency: StandInCurrency, day: date) -> float:
     return round(currency.base * (1 + (day.toordinal() % 10) / 1000), 4)
 
 
-def rate_day_on(day: date) -> date:
+def rate_day_on(day: date, holidays: frozenset[date] = frozenset()) -> date:
     """The day whose rates are in force on `day`."""
-    while not is_rate_day(day):
+    while not is_rate_day(day, holidays):
         day -= timedelta(days=1)
     return day
 
@@ -319,9 +326,12 @@ class BankStandIn:
         key_rate_changes: tuple[tuple[date, float], ...] = DEMO_KEY_RATE_CHANGES,
         news: tuple[StandInNews, ...] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        holidays: frozenset[date] = frozenset(),
     ) -> None:
         self.currencies = currencies
         self.key_rate_changes = key_rate_changes
+        self.holidays = holidays
+        """Non-working weekdays: no key rate row on them, no rates dated the day after."""
         self.news = news
         """Fixed news, or None for ``demo_news`` of the current day."""
         self._now = now
@@ -413,7 +423,7 @@ class BankStandIn:
 
     def _curs_on_date(self, operation: str, params: dict[str, str]) -> bytes:
         on = _xsd_date(params, "On_date")
-        day = rate_day_on(on)
+        day = rate_day_on(on, self.holidays)
         rows = [
             {
                 "Vname": c.name + " " * 20,  # the bank pads names with spaces
@@ -454,7 +464,7 @@ class BankStandIn:
         rows = []
         if currency is not None:
             for day in _days(start, end):
-                if is_rate_day(day):
+                if is_rate_day(day, self.holidays):
                     value = rate_for(currency, day)
                     rows.append(
                         {
@@ -479,7 +489,7 @@ class BankStandIn:
         rows = []
         for day in reversed(_days(start, end)):  # the bank lists the newest first
             rate = key_rate_on(day, self.key_rate_changes)
-            if day.weekday() < 5 and rate is not None:
+            if is_working_day(day, self.holidays) and rate is not None:
                 rows.append({"DT": _dt(day), "Rate": f"{rate:.2f}"})
         return _dataset(operation, "KeyRate", "KR", [("DT", "dateTime"), ("Rate", "decimal")], rows)
 

@@ -62,6 +62,7 @@ from services.common.untrusted import (
     is_wrapped,
     parse_pages,
     strip_delimited,
+    unwrap_untrusted,
 )
 from services.llm.model import Anchor
 from services.llm.prompt import (
@@ -480,8 +481,15 @@ def _date(value: Any, lang: str) -> str:
     return f"{m.group(3)}.{m.group(2)}.{m.group(1)}" if lang == RU else m.group(0)
 
 
+def _unwrapped(value: object) -> str:
+    """A result's field as its reader shows it: the text itself, never the EXTERNAL markers
+    ToolsProxy delimits an outside service's headline with (fill_placeholders unwraps those
+    it moved out of the header; this covers one still wrapped in place)."""
+    return unwrap_untrusted(str(value or ""))
+
+
 def _link(title: str, url: str) -> str:
-    label = title.replace("[", "(").replace("]", ")")
+    label = _unwrapped(title).replace("[", "(").replace("]", ")")
     return f"[{label}]({url.replace(' ', '%20').replace(')', '%29')})" if url else label
 
 
@@ -860,14 +868,14 @@ class _Composer:
             self.answer.summary.append(f"{self.t['no_news']} {footnote}")
             return
         self.answer.conclude(
-            f"{self.t['news'].format(len(items), items[0].get('title') or '')} {footnote}"
+            f"{self.t['news'].format(len(items), _unwrapped(items[0].get('title')))} {footnote}"
         )
         listed = []
         for i in items[:MAX_LISTED]:
             line = f"- {_link(str(i.get('title') or ''), str(i['url']))}"
             if i.get("published_at"):
                 line += f" — {_date(i['published_at'], self.lang)}"
-            snippet = " ".join(str(i.get("snippet") or "").split())
+            snippet = " ".join(_unwrapped(i.get("snippet")).split())
             if snippet:
                 if len(snippet) > MAX_SNIPPET_CHARS:
                     snippet = snippet[: MAX_SNIPPET_CHARS - 1].rstrip() + "…"

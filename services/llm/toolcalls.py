@@ -374,13 +374,19 @@ def _neutralised(value: str) -> str:
 
 
 def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
-    """A copy of `value` with its text fields replaced by placeholders, texts collected."""
+    """A copy of `value` with its text fields replaced by placeholders, texts collected.
+
+    A text field (TEXT_FIELDS) is always delimited data; so is any string ToolsProxy
+    delimited, whatever its key (an external result's headline or currency name,
+    EXTERNAL_LABEL_FIELDS): it reaches the model only inside the delimiters, never in the
+    JSON header.
+    """
     if isinstance(value, Mapping):
         return {k: _split_texts(v, texts, k) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_split_texts(v, texts) for v in value]
     if isinstance(value, str):
-        if key in TEXT_FIELDS:
+        if key in TEXT_FIELDS or is_wrapped(value):
             # ToolsProxy wraps texts; anything that arrives bare is delimited here.
             wrapped = (
                 value if is_wrapped(value) else wrap_untrusted(_neutralised(value), "DOCUMENT")

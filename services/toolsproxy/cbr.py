@@ -7,7 +7,15 @@ The bank answers SOAP 1.1 with ADO.NET DataSets: an ``xs:schema`` followed by a
 answers, retries once on 5xx / connection errors and sits behind a circuit breaker;
 ``cbr_tool`` turns it into the ``fetch_cbr_data`` tool with validated arguments and a
 normalised JSON result marked as external data: `external_data: true`, a `source`, and a
-one-paragraph `text` that the tool executor delimits as untrusted external text.
+one-paragraph `text` that the tool executor delimits as untrusted external text. The bank's
+other free text (news titles, currency names: `title`, `name`) the executor delimits the
+same way (EXTERNAL_LABEL_FIELDS); the other fields carry only numbers, dates, codes and
+links (an unsafe link is dropped), so nothing the bank wrote reaches the model outside the
+EXTERNAL delimiters.
+
+A range of days on which the bank set no rate (a weekend, the New Year holidays) answers
+with the rate in force over it: the last one set before it, sought up to
+IN_FORCE_LOOKBACK_DAYS back, with the day it was set (`set_before_range: true`).
 
 With ``MCP_PROXY_CBR_DEMO=true`` (set by the mesh when it points the proxy at the local
 stand-in, services/devtools/cbr_standin.py) every result is labelled as demo data: the
@@ -25,7 +33,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
 import httpx
@@ -43,6 +51,7 @@ from services.common.http import (
     TRANSIENT_STATUSES,
     check_public_api_url,
     read_capped,
+    shown_link,
 )
 from services.common.logging import get_logger
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry, whole_seconds
@@ -84,6 +93,11 @@ MSPROP_NS = "urn:schemas-microsoft-com:xml-msprop"
 EARLIEST_DATE = date(1992, 7, 1)
 """The first day of the bank's official rate series; earlier dates are refused."""
 
+IN_FORCE_LOOKBACK_DAYS = 14
+"""How far back before a range's start fetch_cbr_data seeks the rate in force over it, when
+the range holds no day the bank set a rate on (a weekend, the New Year holidays): the bank
+sets rates on working days, and each stays in force until the next one."""
+
 MODES = ("currency", "key_rate", "news")
 """fetch_cbr_data's `mode` values (agent.md §3)."""
 RENAMED_ARGUMENTS: Mapping[str, str] = {"operation": "mode", "currency": "code"}
@@ -92,6 +106,8 @@ RENAMED_ARGUMENTS: Mapping[str, str] = {"operation": "mode", "currency": "code"}
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _ISO_CODE = re.compile(r"^[A-Z]{3}$")
 _BANK_CODE = re.compile(r"^R\d{5}[A-Z]?$")
+_NUMERIC_CODE = re.compile(r"^\d{1,4}$")
+_DOC_ID = re.compile(r"^[0-9A-Za-z_-]{1,32}$")
 
 COMMON_CURRENCIES: Mapping[str, str] = {
     "USD": "R01235",
@@ -339,6 +355,19 @@ def _moment(text: str | None) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=BANK_TIMEZONE)
 
 
+def _bank_url(value: str) -> str:
+    """A news item's link: the bank's relative path made absolute on SITE; "" unless it is a
+    link to show (common.http.shown_link: data, never fetched)."""
+    return shown_link(SITE + value if value.startswith("/") else value) or ""
+
+
+def _lookback_start(date_from: date) -> date | None:
+    """Where to seek the rate in force at `date_from` when a range from it holds none: up to
+    IN_FORCE_LOOKBACK_DAYS back (not before EARLIEST_DATE); None when nothing lies before."""
+    start = max(EARLIEST_DATE, date_from - timedelta(days=IN_FORCE_LOOKBACK_DAYS))
+    return start if start < date_from else None
+
+
 def _soap_day(day: date) -> str:
     return f"{day.isoformat()}T00:00:00"
 
@@ -483,7 +512,9 @@ class CbrClient:
                     return Currency(iso, bank)
         for row in (await self.currencies()).rows:
             iso, bank = row.get("VcharCode", "").upper(), row.get("Vcode", "").upper()
-            if iso and bank and code in (iso, bank):
+            if not (_ISO_CODE.match(iso) and _BANK_CODE.match(bank)):
+                continue  # the codes go out as structured fields: codes, never free text
+            if code in (iso, bank):
                 return Currency(iso, bank)
         raise ToolFailure(
             INVALID_ARGUMENT,
@@ -611,6 +642,8 @@ class CbrClient:
 
 # -- the tool -----------------------------------------------------------------------------
 
+_Item = TypeVar("_Item")
+
 _DATE_FIELD = {"type": "string", "minLength": 1, "maxLength": 32, "pattern": r"^\d{4}-\d{2}-\d{2}$"}
 
 _ALLOWED: dict[str, frozenset[str]] = {
@@ -639,11 +672,86 @@ def _envelope_result(
     return result
 
 
-def _keep_newest(items: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
+def _keep_newest(items: list[_Item], limit: int) -> tuple[list[_Item], bool]:
     """Items sorted oldest first; keep the newest `limit`."""
     if len(items) <= limit:
         return items, False
     return items[-limit:], True
+
+
+def _dynamic_items(data: DataSet) -> list[dict[str, Any]]:
+    """GetCursDynamic's rows as items {date, nominal, value, unit_rate}, oldest first."""
+    items = []
+    for row in data.rows:
+        nominal, value, unit = _rate(row)
+        items.append(
+            {
+                "date": _day(row.get("CursDate")),
+                "nominal": nominal,
+                "value": value,
+                "unit_rate": unit,
+            }
+        )
+    items.sort(key=lambda item: item["date"] or "")
+    return items
+
+
+def _key_rate_items(data: DataSet) -> list[dict[str, Any]]:
+    """KeyRate's rows as items {date, value}, oldest first (the bank lists the newest first)."""
+    items: list[dict[str, Any]] = [
+        {"date": day, "value": _number(row.get("Rate"))}
+        for row in data.rows
+        if (day := _day(row.get("DT"))) is not None
+    ]
+    items.sort(key=lambda item: str(item["date"]))
+    return items
+
+
+def _on_or_before(items: list[dict[str, Any]], day: date) -> list[dict[str, Any]]:
+    """The dated items (oldest first) of `day` or earlier."""
+    return [i for i in items if i["date"] is not None and str(i["date"]) <= day.isoformat()]
+
+
+_NONE_BEFORE = f", nor in the {IN_FORCE_LOOKBACK_DAYS} days before it"
+"""What a "no rate" summary adds when the rate in force was sought before the range too."""
+
+
+def _dynamic_text(
+    iso: str,
+    items: list[dict[str, Any]],
+    date_from: date,
+    date_to: date,
+    set_before: bool,
+    looked_back: bool,
+) -> str:
+    """The one-paragraph summary of a rate series: its two ends; the rate in force set
+    before the range when the bank set none within it (`set_before`); or that it set none
+    (within the range, and before it when `looked_back`)."""
+    period = f"between {date_from.isoformat()} and {date_to.isoformat()}"
+    if not items:
+        return f"The Bank of Russia set no {iso} rate {period}" + (
+            _NONE_BEFORE if looked_back else ""
+        )
+    first, last = items[0], items[-1]
+    if set_before:
+        return (
+            f"The Bank of Russia set no new {iso} rate {period}; "
+            f"the rate in force over that period is the one it set on {last['date']}: "
+            f"{last['value']} RUB per {last['nominal']} {iso}"
+        )
+    if first["nominal"] == last["nominal"]:
+        ends = (
+            f"{first['value']} RUB on {first['date']}, {last['value']} RUB on "
+            f"{last['date']} (per {last['nominal']} {iso})"
+        )
+    else:  # the bank changed the quoting unit within the range: each end its own
+        ends = ", ".join(
+            f"{i['value']} RUB per {i['nominal']} {iso} on {i['date']}" for i in (first, last)
+        )
+    return (
+        f"{iso} rate of the Bank of Russia, {len(items)} values from "
+        f"{first['date']} to {last['date']}: {ends}"
+    )
 
 
 class CbrTool:
@@ -700,13 +808,14 @@ class CbrTool:
         items = []
         for row in data.rows:
             iso = row.get("VchCode", "").upper()
-            if currency is not None and iso != currency.iso:
+            if not _ISO_CODE.match(iso) or (currency is not None and iso != currency.iso):
                 continue
             nominal, value, unit = _rate(row)
+            numeric = row.get("Vcode", "")
             items.append(
                 {
                     "currency": iso,
-                    "numeric_code": row.get("Vcode", ""),
+                    "numeric_code": numeric if _NUMERIC_CODE.match(numeric) else "",
                     "name": row.get("Vname", ""),
                     "nominal": nominal,
                     "value": value,
@@ -744,52 +853,28 @@ class CbrTool:
         date_from, date_to = self._range(args, "rates_dynamic")
         currency = await self._client.resolve_currency(args["code"])
         data = await self._client.rates_dynamic(date_from, date_to, currency.code)
-        items = []
-        for row in data.rows:
-            nominal, value, unit = _rate(row)
-            items.append(
-                {
-                    "date": _day(row.get("CursDate")),
-                    "nominal": nominal,
-                    "value": value,
-                    "unit_rate": unit,
-                }
-            )
-        items.sort(key=lambda item: item["date"] or "")
+        items = _dynamic_items(data)
+        set_before = looked_back = False
+        if not items and (start := _lookback_start(date_from)) is not None:
+            # No rate set within the range (weekend, holidays): the one in force over it is
+            # the last set before it, if the bank set one within the lookback.
+            earlier = await self._client.rates_dynamic(start, date_from, currency.code)
+            items = _on_or_before(_dynamic_items(earlier), date_from)[-1:]
+            set_before, looked_back = bool(items), True
         items, truncated = _keep_newest(items, self._client.settings.max_items)
-        if items:
-            first, last = items[0], items[-1]
-            if first["nominal"] == last["nominal"]:
-                ends = (
-                    f"{first['value']} RUB on {first['date']}, {last['value']} RUB on "
-                    f"{last['date']} (per {last['nominal']} {currency.iso})"
-                )
-            else:  # the bank changed the quoting unit within the range: each end its own
-                ends = ", ".join(
-                    f"{i['value']} RUB per {i['nominal']} {currency.iso} on {i['date']}"
-                    for i in (first, last)
-                )
-            text = (
-                f"{currency.iso} rate of the Bank of Russia, {len(items)} values from "
-                f"{first['date']} to {last['date']}: {ends}"
-            )
-        else:
-            text = (
-                f"The Bank of Russia set no {currency.iso} rate between "
-                f"{date_from.isoformat()} and {date_to.isoformat()}"
-            )
         return _envelope_result(
             self._client.settings,
             "currency",
             "GetCursDynamic",
             series="dynamic",
-            text=text,
+            text=_dynamic_text(currency.iso, items, date_from, date_to, set_before, looked_back),
             currency=currency.iso,
             bank_code=currency.code,
             base_currency="RUB",
             date_from=date_from.isoformat(),
             date_to=date_to.isoformat(),
             published=items[-1]["date"] if items else None,
+            set_before_range=set_before,
             items=items,
             count=len(items),
             truncated=truncated,
@@ -803,25 +888,30 @@ class CbrTool:
             date_from, date_to = max(EARLIEST_DATE, on - timedelta(days=KEY_RATE_DAYS)), on
         else:
             date_from, date_to = self._range(args, "key_rate")
-        data = await self._client.key_rate(date_from, date_to)
-        items: list[dict[str, Any]] = [
-            {"date": day, "value": _number(row.get("Rate"))}
-            for row in data.rows
-            if (day := _day(row.get("DT"))) is not None
-        ]
-        items.sort(key=lambda item: str(item["date"]))
+        items = _key_rate_items(await self._client.key_rate(date_from, date_to))
+        set_before = looked_back = False
+        if on is None and not items and (start := _lookback_start(date_from)) is not None:
+            # A range of non-working days only: the rate in force is the last set before it.
+            earlier = await self._client.key_rate(start, date_from)
+            items = _on_or_before(_key_rate_items(earlier), date_from)[-1:]
+            set_before, looked_back = bool(items), True
         latest = items[-1] if items else None
         if on is not None:
             items = items[-1:]
         items, truncated = _keep_newest(items, self._client.settings.max_items)
-        if latest is not None:
+        period = f"between {date_from.isoformat()} and {date_to.isoformat()}"
+        if latest is not None and set_before:
+            text = (
+                f"The Bank of Russia set no new key rate {period}; the key rate in force over "
+                f"that period is {latest['value']}% per annum, as set on {latest['date']}"
+            )
+        elif latest is not None:
             text = (
                 f"Key rate of the Bank of Russia: {latest['value']}% per annum on {latest['date']}"
             )
         else:
-            text = (
-                "The Bank of Russia published no key rate between "
-                f"{date_from.isoformat()} and {date_to.isoformat()}"
+            text = f"The Bank of Russia published no key rate {period}" + (
+                _NONE_BEFORE if looked_back else ""
             )
         return _envelope_result(
             self._client.settings,
@@ -833,6 +923,7 @@ class CbrTool:
             unit="percent per annum",
             latest=latest,
             published=latest["date"] if latest else None,
+            set_before_range=set_before,
             items=items,
             count=len(items),
             truncated=truncated,
@@ -843,11 +934,12 @@ class CbrTool:
         data = await self._client.news(date_from, date_to)
         dated = []
         for row in data.rows:
-            url = row.get("Url", "")
-            if url.startswith("/"):
-                url = SITE + url
+            url = _bank_url(row.get("Url", ""))
+            doc_id = row.get("Doc_id", "")
+            # The title is the bank's free text: the executor delimits it as EXTERNAL data
+            # (EXTERNAL_LABEL_FIELDS), as it does `text`.
             item = {
-                "id": row.get("Doc_id", ""),
+                "id": doc_id if _DOC_ID.match(doc_id) else "",
                 "date": _day(row.get("DocDate")),
                 "title": row.get("Title", ""),
                 "url": url,

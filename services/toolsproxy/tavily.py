@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -37,6 +36,7 @@ from services.common.http import (
     check_public_api_url,
     read_capped,
     retry_after_seconds,
+    shown_link,
 )
 from services.common.logging import get_logger
 from services.common.retry import (
@@ -80,7 +80,6 @@ SEARCH_DEPTHS = ("basic", "advanced")
 MAX_RESPONSE_BYTES = 2 * 1024 * 1024
 """Largest answer body read (after its Content-Encoding is undone); a longer one is refused
 as it streams, the rest never read."""
-MAX_URL_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -478,20 +477,6 @@ def _detail(content: bytes | None) -> str:
 # -- normalisation ------------------------------------------------------------------------
 
 
-def _web_url(value: Any) -> str | None:
-    """An http(s) URL with a host, else None: results are links to show, never to fetch."""
-    if not isinstance(value, str):
-        return None
-    url = value.strip()
-    if len(url) > MAX_URL_CHARS:
-        return None
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return None
-    return url if parts.scheme in ("http", "https") and parts.hostname else None
-
-
 def _published(value: Any) -> str | None:
     """ISO 8601 from Tavily's RFC 1123 (``Mon, 10 Mar 2025 09:30:00 GMT``) or ISO dates."""
     if not isinstance(value, str) or not value.strip():
@@ -504,7 +489,7 @@ def _published(value: Any) -> str | None:
     try:
         return datetime.fromisoformat(text).isoformat()
     except ValueError:
-        return text[:64]
+        return None  # not a date: Tavily's free text, never a field beside the delimited data
 
 
 def normalise(
@@ -513,8 +498,10 @@ def normalise(
     """Tavily's response as ``{source, query, results[{title, url, snippet, published_at}]}``
     (agent.md §3's names; Tavily's own field is ``published_date``).
 
-    Results without an http(s) URL are dropped; whitespace is collapsed; snippets are cut
-    at ``max_snippet_chars``.
+    Results without an http(s) URL (or with white space or control characters in it) are
+    dropped; whitespace is collapsed; snippets are cut at ``max_snippet_chars``. What a web
+    page wrote (``title``, ``snippet``) the tool executor delimits as EXTERNAL, untrusted
+    data; ``published_at`` is an ISO date or None, never Tavily's free text.
     """
     results: list[dict[str, Any]] = []
     for item in payload.get("results", []):
@@ -522,7 +509,7 @@ def normalise(
             break
         if not isinstance(item, dict):
             continue
-        url = _web_url(item.get("url"))
+        url = shown_link(item.get("url"))
         if url is None:
             continue
         title = " ".join(str(item.get("title") or "").split())[:300] or url

@@ -51,6 +51,7 @@ from services.common.tool_args import ArgumentError, check_arguments
 from services.common.tool_contract import (
     ACCESS_DENIED,
     DOC_LOCAL_SEARCH,
+    EXTERNAL_LABEL_FIELDS,
     INVALID_ARGUMENT,
     LOAD_DOCUMENTS_FULL,
     NOT_FOUND,
@@ -278,6 +279,11 @@ class _Shaper:
                 out[key] = wrap_untrusted(text, self.kind, attrs)
                 holds_text = True
                 cut = cut or trimmed
+            elif self.kind == "EXTERNAL" and key in EXTERNAL_LABEL_FIELDS and isinstance(v, str):
+                # What the outside service wrote, beside its text: delimited as well, so it
+                # reaches the model only as data (EXTERNAL_LABEL_FIELDS); not budgeted.
+                label = neutralise_markers(v)
+                out[key] = wrap_untrusted(label, self.kind, attrs) if label else label
             else:
                 out[key] = self.value(v, attrs)
         if holds_text:
@@ -292,7 +298,9 @@ def shape_result(result: Mapping[str, Any], max_text_bytes: int, content: str) -
 
     The budget counts the text itself (after neutralising), not the markers around it. Texts
     take the budget in the order they appear; once it is spent, later texts are empty and
-    marked truncated. The result always carries a top-level `truncated`.
+    marked truncated. The result always carries a top-level `truncated`. An external
+    result's labels (EXTERNAL_LABEL_FIELDS: a headline, a currency's name) are delimited as
+    EXTERNAL too, whole and outside the budget; a document's titles stay plain fields.
     """
     shaper = _Shaper(max_text_bytes, content)
     out = shaper.obj(result, {})

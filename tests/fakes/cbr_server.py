@@ -11,6 +11,8 @@ unreachable. Every request is recorded.
 
 from __future__ import annotations
 
+from datetime import date
+
 from services.devtools.cbr_standin import (
     CBR_NS,
     CURRENCIES,
@@ -23,6 +25,7 @@ from services.devtools.cbr_standin import (
     SoapFault,
     fault_envelope,
     is_rate_day,
+    is_working_day,
     key_rate_on,
     rate_day_on,
     rate_for,
@@ -44,6 +47,7 @@ __all__ = [
     "SoapFault",
     "fault_envelope",
     "is_rate_day",
+    "is_working_day",
     "key_rate_on",
     "rate_day_on",
     "rate_for",
@@ -53,8 +57,16 @@ __all__ = [
 class FakeCbrServer(BankStandIn):
     """The stand-in on the tests' fixed data and a free port, with faults on demand."""
 
-    def __init__(self, *, news: tuple[FakeNews, ...] = DEFAULT_NEWS) -> None:
-        super().__init__(0, currencies=CURRENCIES, key_rate_changes=KEY_RATE_CHANGES, news=news)
+    def __init__(
+        self, *, news: tuple[FakeNews, ...] = DEFAULT_NEWS, holidays: frozenset[date] = frozenset()
+    ) -> None:
+        super().__init__(
+            0,
+            currencies=CURRENCIES,
+            key_rate_changes=KEY_RATE_CHANGES,
+            news=news,
+            holidays=holidays,
+        )
 
     def start(self) -> FakeCbrServer:
         """Serve from a daemon thread."""

@@ -20,6 +20,7 @@ from services.devtools.cbr_standin import (
     MOSCOW,
     PATH,
     BankStandIn,
+    is_rate_day,
     key_rate_on,
     rate_day_on,
     rate_for,
@@ -118,6 +119,29 @@ async def test_key_rate_history(bank: BankStandIn, http: httpx.AsyncClient) -> N
     )
     old = await _client(http, bank.url).key_rate(date(2024, 11, 1), date(2024, 11, 8))
     assert {float(row["Rate"]) for row in old.rows} == {21.0}
+
+
+async def test_holidays_have_no_key_rate_and_no_rates_the_day_after(
+    http: httpx.AsyncClient,
+) -> None:
+    holidays = frozenset(date(2025, 1, d) for d in range(1, 9))  # New Year: Jan 1-8
+    with BankStandIn(holidays=holidays) as bank:
+        client = _client(http, bank.url)
+        key = await client.key_rate(date(2024, 12, 30), date(2025, 1, 10))
+        usd = await client.rates_dynamic(date(2024, 12, 30), date(2025, 1, 11), USD.code)
+        on = await client.rates_on_date(date(2025, 1, 5))
+    assert [datetime.fromisoformat(r["DT"]).date().day for r in key.rows] == [10, 9, 31, 30]
+    # Rates are dated the day after the working day that set them.
+    assert [datetime.fromisoformat(r["CursDate"]).date().isoformat() for r in usd.rows] == [
+        "2024-12-31",
+        "2025-01-01",
+        "2025-01-10",
+        "2025-01-11",
+    ]
+    assert on.properties["OnDate"] == "20250101"
+    # Without holidays, the usual week: rates dated Tuesday to Saturday, key rate Mon-Fri.
+    assert [d.weekday() for d in (date(2025, 1, 7) + timedelta(i) for i in range(7))
+            if is_rate_day(d)] == [1, 2, 3, 4, 5]  # fmt: skip
 
 
 async def test_news_are_recent_and_labelled_demo(

@@ -8,7 +8,7 @@ import pytest
 
 from services.common.generate_contract import question_turn
 from services.common.tokenizer import default_tokenizer
-from services.common.untrusted import wrap_untrusted
+from services.common.untrusted import unwrap_untrusted, wrap_untrusted
 from services.llm.extractive import (
     MAX_SECTIONS_TRIED,
     NOT_FOUND_EN,
@@ -38,6 +38,7 @@ from services.llm.toolcalls import (
     render_result,
 )
 from services.model_runtime.chat import ChatMessage
+from services.toolsproxy.tools import shape_result
 from tests.fakes.clock import ManualClock
 from tests.unit.test_loop import NOT_FOUND as TOOL_NOT_FOUND
 from tests.unit.test_loop import Events, FakeTools, window
@@ -618,6 +619,28 @@ async def test_news_are_listed_with_links_and_dates():
     empty = ToolResult("ok", {"source": "Tavily", "query": "q", "results": []})
     out, _ = await planned("Новости?", news, [empty])
     assert out.answer.startswith("Новостей по запросу не нашлось. [Источник: Tavily]")
+
+
+async def test_news_headlines_delimited_by_the_proxy_are_shown_without_markers():
+    # ToolsProxy delimits an external result's titles as EXTERNAL data: the answer shows
+    # the headline itself, never the markers.
+    assert NEWS.result is not None
+    raw = {  # as Tavily's tool returns them, before the proxy delimits anything
+        **NEWS.result,
+        "results": [
+            {**r, "snippet": unwrap_untrusted(r["snippet"])} for r in NEWS.result["results"]
+        ],
+    }
+    shaped = shape_result(raw, 64 * 1024, "external").result
+    assert shaped["results"][0]["title"].startswith("<<<EXTERNAL")
+    news = (PlannedCall("fetch_finance_news", {"query": "ключевая ставка"}),)
+    out, _ = await planned("Что нового с ключевой ставкой?", news, [ToolResult("ok", shaped)])
+    a = out.answer
+    assert "<<<" not in a and "EXTERNAL" not in a
+    assert a.startswith("**Кратко:** Найдено финансовых новостей: 2; главная — «ЦБ повысил")
+    assert "- [ЦБ повысил ставку до 21%](https://news.example/a) — 25.10.2024" in a
+    assert "- [Рубль укрепился](https://news.example/b)\n" in a
+    assert "  Банк России повысил ключевую ставку." in a
 
 
 async def test_a_failed_planned_call_is_reported_in_the_answer():
