@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import takewhile
@@ -551,19 +551,19 @@ class RetrievalEngine:
         MAX_CHUNK_DEPTH) while the caps leave fewer than max_results of them in the answer,
         the answer has room for another section and document, and the index may hold more.
 
-        topk_per_doc is the cap that leaves an answer short: a document matching more chunks
-        than were fetched fills every candidate and is cut to topk_per_doc, and the other
-        documents that match were never fetched. When no cap binds, the first fetch fills the
-        answer and there is no second index call; an answer already at max_sections or
-        max_docs is what the caller asked for. A deeper fetch normalises longer lists, so its
-        candidates replace the first ones only when the caps keep more of them."""
+        The caps leave an answer short two ways. topk_per_doc: a document matching more
+        chunks than were fetched fills every candidate and is cut to topk_per_doc, and the
+        other documents that match were never fetched. max_docs / max_sections: the answer's
+        documents or sections match more chunks than the other documents' candidates left
+        room for in the fetch. When no cap binds, the first fetch fills the answer and there
+        is no second index call; an answer at max_docs or max_sections whose documents are
+        all at topk_per_doc is what the caller asked for (`_may_grow`). A deeper fetch
+        normalises longer lists, so its candidates replace the first ones only when the caps
+        keep more of them."""
         chunks, more = fetch(depth)
         kept = select_chunks(plan, chunks)
         while len(kept) < plan.max_results and more and depth < MAX_CHUNK_DEPTH:
-            if (
-                len({(h.doc_id, h.section_id) for h, _ in kept}) >= plan.max_sections
-                or len({h.doc_id for h, _ in kept}) >= plan.max_docs
-            ):
+            if not _may_grow(plan, kept):
                 break
             depth = min(depth * DEEPER, MAX_CHUNK_DEPTH)
             deeper, more = fetch(depth)
@@ -898,6 +898,17 @@ class RetrievalEngine:
 
 
 # -- shaping, shared with mock mode (services/retrieval/mock.py) ------------------------------
+
+
+def _may_grow(limits: RequestLimits, kept: Sequence[Scored]) -> bool:
+    """Whether more candidates could add a hit to `kept` (select_chunks' answer): a new
+    document or section while neither cap is reached, else one more chunk of a kept
+    document below topk_per_doc."""
+    per_doc = Counter(h.doc_id for h, _ in kept)
+    sections = {(h.doc_id, h.section_id) for h, _ in kept}
+    if len(per_doc) < limits.max_docs and len(sections) < limits.max_sections:
+        return True
+    return not limits.topk_per_doc or min(per_doc.values()) < limits.topk_per_doc
 
 
 def select_chunks(limits: RequestLimits, chunks: Iterable[Scored]) -> list[Scored]:

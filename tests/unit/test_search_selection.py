@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common.search_contract import Filters
 from services.common.tokenizer import default_tokenizer
 from services.docstore.model import StoredPoint
 from services.retrieval.embeddings import EmbeddingSettings
@@ -304,3 +305,84 @@ async def test_hybrid_only_ranks_hybrid_and_never_reranks_whatever_the_request_s
         assert other.rerank_used == bool(asked.get("enable_rerank"))
     finally:
         stack.index.close()
+
+
+# -- max_docs / max_sections below max_results: the kept documents fill the answer ---------
+
+
+GUIDE = (
+    "# Directory guide\n\n## LDAP server configuration\n\nLDAP server configuration: bind DN, LDAP server URL, LDAP configuration sync.\n\n"
+    + "".join(
+        f"## Appendix {i}\n\nAppendix {i} on printers, paper trays and toner; LDAP is named once.\n\n"
+        for i in range(6)
+    )
+)
+"""One document: a section matching the query best, and six that barely match it."""
+
+
+LONG_NOTE = "# Note {n}\n\n## LDAP\n\n" + " ".join(
+    f"The LDAP server configuration of site {{n}} is described in runbook {k}, with its own "
+    "bind account, base DN and sync schedule, and reviewed every quarter by the team."
+    for k in range(60)
+)
+"""A note of one section whose several chunks each match the query better than the
+guide's appendices."""
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory, embedder):
+    """Tenant t: guide.md, and 30 long notes whose chunks crowd the guide's six weak sections
+    out of the first fetch of candidates (fewer sections than a section_first shortlist)."""
+    stack = make_stack(tmp_path_factory.mktemp("crowded"), embedder)
+
+    async def ingest() -> None:
+        await stack.ingestor.ingest(IngestInput("t", GUIDE.encode(), file_name="guide.md"))
+        for n in range(30):
+            text = LONG_NOTE.format(n=n).encode()
+            await stack.ingestor.ingest(IngestInput("t", text, file_name=f"note{n}.md"))
+
+    asyncio.run(ingest())
+    yield stack
+    stack.index.close()
+
+
+@pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])
+async def test_the_kept_document_fills_the_answer_past_a_crowded_first_fetch(crowded, mode):
+    """The reviewer's repro: max_docs 1 with room for 10 hits gave 2 of the best document's
+    chunks while a search of that document alone gives more: the first fetch was filled by
+    the other documents' candidates, and no deeper fetch was made at the cap."""
+    q = SearchQuery(query=LDAP, tenant_id="t", mode=mode, max_results=10, max_docs=1)
+    r = await crowded.engine.search(q)
+    assert_consistent(r, q)
+    alone = await crowded.engine.search(
+        SearchQuery(
+            query=LDAP, tenant_id="t", mode=mode, max_results=10,
+            filters=Filters(doc_ids=(r.hits[0].doc_id,)),
+        )
+    )  # fmt: skip
+    assert r.hits[0].doc_id == "guide" and len(alone.hits) > 2
+    assert len(r.hits) == len(alone.hits), [h.chunk_id for h in r.hits]
+
+
+@pytest.mark.parametrize("mode", ["section_first", "chunk_priority", "hybrid_only"])
+@pytest.mark.parametrize("query", ["LDAP", "отпуск", "release backup", "пользователя parts"])
+async def test_one_document_fills_the_answer_as_its_own_search_does(samples, mode, query):
+    """max_docs 1 with room for 10 hits: as many of the best document's chunks as a search
+    of that document alone finds (the reviewer's repro: 2 of its 5, the first fetch filled by
+    the other documents' candidates, and no deeper fetch at max_docs)."""
+    q = SearchQuery(query=query, tenant_id="demo", mode=mode, max_results=10, max_docs=1)
+    r = await samples.engine.search(q)
+    assert_consistent(r, q)
+    if not r.hits:
+        return
+    doc = r.hits[0].doc_id
+    alone = await samples.engine.search(
+        SearchQuery(
+            query=query,
+            tenant_id="demo",
+            mode=mode,
+            max_results=10,
+            filters=Filters(doc_ids=(doc,)),
+        )
+    )
+    assert len(r.hits) == len(alone.hits), (doc, [h.chunk_id for h in r.hits])
