@@ -1055,6 +1055,8 @@ def context_chunks(
             page_end=b.page_end,
             score=round(b.score, 6),
             ord=b.ord_start,
+            merged=b.chunk_ids,
+            truncated=b.truncated,
         )
         for b in built.blocks
     ]

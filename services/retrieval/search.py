@@ -87,6 +87,11 @@ class ChunkHit(NamedTuple):
     score: float
     ord: int = 0
     """Position of the chunk in its document (consecutive chunks differ by 1)."""
+    merged: tuple[str, ...] = ()
+    """A context entry: the ids of every chunk it holds, in document order (neighbours of
+    one section merged; `chunk_id` is the first); () for a hit."""
+    truncated: bool = False
+    """A context entry whose last chunk was cut to fit the token limit (hard_trim)."""
 
 
 class DocHit(NamedTuple):

@@ -85,6 +85,8 @@ def search_response(r: SearchResult, trace_id: str) -> retrieval_pb2.SearchRespo
             page_start=c.page_start,
             page_end=c.page_end,
             score=c.score,
+            chunk_ids=c.merged,
+            truncated=c.truncated,
         )
         link = chunk.mcp_link
         link.doc_id, link.page_start, link.page_end = c.doc_id, c.page_start, c.page_end

@@ -18,6 +18,7 @@ from services.retrieval.engine import RequestLimits, shortlist_sections
 from services.retrieval.factories import build_embedder
 from services.retrieval.ingestion import IngestInput
 from services.retrieval.search import MODES, SearchQuery, SearchResult
+from services.retrieval.servicer import search_response
 from tests.unit.test_search import Reverse, Stack, fill, make_stack
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "docs"
@@ -386,3 +387,32 @@ async def test_one_document_fills_the_answer_as_its_own_search_does(samples, mod
         )
     )
     assert len(r.hits) == len(alone.hits), (doc, [h.chunk_id for h in r.hits])
+
+
+# -- the context's entries name every chunk they hold -----------------------------------------
+
+
+async def test_a_merged_context_entry_names_every_chunk_it_holds(samples):
+    """The reviewer's repro: an entry of two merged chunks was reported under the first
+    one's id only, the second's id nowhere in the context."""
+    q = SearchQuery(query="LDAP", tenant_id="demo", max_results=10, max_chunks=40)
+    r = await samples.engine.search(q)
+    merged = [c for c in r.chunks if len(c.merged) > 1]
+    assert merged, [c.merged for c in r.chunks]
+    for c in r.chunks:
+        assert c.merged[0] == c.chunk_id and not c.truncated
+        assert all(m.startswith(f"{c.doc_id}:") for m in c.merged)
+    response = search_response(r, "t")
+    assert [list(c.chunk_ids) for c in response.chunks] == [list(c.merged) for c in r.chunks]
+    ids = [m for c in r.chunks for m in c.merged]
+    assert len(ids) == len(set(ids))  # a chunk is in one entry at most
+
+
+async def test_a_context_entry_cut_to_fit_says_so(samples):
+    q = SearchQuery(
+        query="LDAP", tenant_id="demo", max_results=10, context_token_limit=100, hard_trim=True
+    )
+    r = await samples.engine.search(q)
+    assert sum(c.tokens for c in r.chunks) == 100
+    assert sum(c.truncated for c in r.chunks) == 1  # the one chunk hard_trim cut
+    assert [c.truncated for c in search_response(r, "t").chunks] == [c.truncated for c in r.chunks]

@@ -101,7 +101,7 @@ class McpLink(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "section_id", "text", "tokens", "page_start", "page_end", "score", "mcp_link")
+    __slots__ = ("chunk_id", "doc_id", "section_id", "text", "tokens", "page_start", "page_end", "score", "mcp_link", "chunk_ids", "truncated")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     SECTION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,8 @@ class Chunk(_message.Message):
     PAGE_END_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     MCP_LINK_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     section_id: str
@@ -120,7 +122,9 @@ class Chunk(_message.Message):
     page_end: int
     score: float
     mcp_link: McpLink
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., section_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ..., score: _Optional[float] = ..., mcp_link: _Optional[_Union[McpLink, _Mapping]] = ...) -> None: ...
+    chunk_ids: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., section_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., page_start: _Optional[int] = ..., page_end: _Optional[int] = ..., score: _Optional[float] = ..., mcp_link: _Optional[_Union[McpLink, _Mapping]] = ..., chunk_ids: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class UsedDoc(_message.Message):
     __slots__ = ("doc_id", "score", "title")

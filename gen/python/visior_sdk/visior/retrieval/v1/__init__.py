@@ -234,6 +234,19 @@ class Chunk(betterproto.Message):
     mcp_link: "McpLink" = betterproto.message_field(9)
     """mcp_link points at the original pages."""
 
+    chunk_ids: List[str] = betterproto.string_field(10)
+    """
+    chunk_ids lists every chunk this context entry holds, in document order: neighbouring
+     chunks of one section are merged into one entry, their overlap removed (retrieval.md
+     §5.6), and its text, tokens and pages cover them all; chunk_id is the first of them.
+    """
+
+    truncated: bool = betterproto.bool_field(11)
+    """
+    truncated is true when the entry's last chunk was cut to fit context_token_limit
+     (hard_trim).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class UsedDoc(betterproto.Message):
