@@ -115,6 +115,9 @@ class SearchParams(betterproto.Message):
      Scores are the ranking's own: a cosine with dense ranking, relative to the query's best
      candidates with sparse and hybrid ranking (a query nothing matches still scores its
      nearest chunks high), so it trims weak hits rather than telling relevant from not.
+     Those candidates are the ones the request fetches: a narrower filter or another
+     max_chunks changes them, and so a chunk's hybrid or sparse score (the weakest candidate
+     of each list scores 0).
     """
 
     expand_query: Optional[bool] = betterproto.bool_field(12, optional=True)
