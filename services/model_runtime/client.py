@@ -1412,6 +1412,9 @@ class OpenAiChatRuntime:
         at_deadline = self._at_deadline(start, budget_s)
         if not at_deadline or self._cut_by_caller(budget_s, timeout_s, progress):
             self.breaker.release(ticket)
+            # A line for every call, this one too: its caller stopped reading (the tool loop
+            # closing a runaway answer, a request cancelled) or its deadline ended it.
+            self._log("closed", model, start, attempts or 1, **extra)
             return
         failed = _Failure("timeout", "LLM runtime did not answer in time")
         self.breaker.settle(failed, ticket)

@@ -614,15 +614,19 @@ def test_a_completion_count_the_runtime_gives_is_kept_and_one_it_does_not_give_i
 
 
 async def test_a_stream_closed_early_by_the_consumer_does_not_count_as_a_failure(
-    h: Harness,
+    h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     runtime = h.runtime(breaker=BreakerPolicy(1, 30.0))
     h.fake.script(text("many words in this answer", chunk_chars=2))
     events = runtime.stream(ChatRequest(USER), timeout_s=5)
     first = await anext(events)
     assert isinstance(first, StreamDelta)
-    await events.aclose()
+    with caplog.at_level(logging.INFO, logger="services.model_runtime.client"):
+        await events.aclose()
     assert runtime.breaker.state == CLOSED
+    # The call still has its log line (the tool loop closes a runaway answer this way).
+    [line] = [r for r in caplog.records if r.getMessage() == "llm runtime call"]
+    assert (line.outcome, line.stream) == ("closed", True)
 
 
 # -- auth and secrets -----------------------------------------------------------------------
