@@ -151,6 +151,10 @@ _TEXT: dict[str, dict[str, str]] = {
         "dynamic": "Курс {code} с {first} по {last}: {v1} ₽ → {v2} ₽ за {nominal} {code}.",
         "dynamic_item": "- {}: {} ₽",
         "no_dynamic": "Банк России не устанавливал курс {} за этот период.",
+        "dynamic_in_force": "С {first} по {last} Банк России не устанавливал новый курс {code}; "
+        "в эти дни действовал курс, установленный {on}: {value} ₽ за {nominal} {code}.",
+        "key_rate_in_force": "С {first} по {last} Банк России не устанавливал ключевую ставку; "
+        "в эти дни действовала ставка {value} % годовых, установленная {on}.",
         "values": "Значений за период: {}.",
         "values_range": "Значений за период: {count}; минимум {low} ({low_on}), максимум {high} "
         "({high_on}).",
@@ -212,6 +216,11 @@ _TEXT: dict[str, dict[str, str]] = {
         "dynamic": "{code} rate from {first} to {last}: {v1} → {v2} RUB per {nominal} {code}.",
         "dynamic_item": "- {}: {} RUB",
         "no_dynamic": "The Bank of Russia set no {} rate in this period.",
+        "dynamic_in_force": "The Bank of Russia set no new {code} rate from {first} to {last}; "
+        "the rate in force on those days is the one set on {on}: {value} RUB per {nominal} "
+        "{code}.",
+        "key_rate_in_force": "The Bank of Russia set no key rate from {first} to {last}; the "
+        "rate in force on those days is {value}% per annum, set on {on}.",
         "values": "Values in the period: {}.",
         "values_range": "Values in the period: {count}; lowest {low} ({low_on}), highest {high} "
         "({high_on}).",
@@ -772,6 +781,15 @@ class _Composer:
         if not items:
             return [self.t["no_dynamic"].format(code)]
         first, last = items[0], items[-1]
+        if result.get("set_before_range") is True:
+            # No rate set within the asked range: the one in force over it, set before it.
+            return [self.t["dynamic_in_force"].format(
+                code=code, on=_date(last.get("date"), self.lang),
+                first=_date(result.get("date_from"), self.lang),
+                last=_date(result.get("date_to"), self.lang),
+                value=_number(last.get("value"), self.lang, 2),
+                nominal=_int(last.get("nominal")) or 1,
+            )]  # fmt: skip
         summary = self.t["dynamic"].format(
             code=code,
             first=_date(first.get("date"), self.lang),
@@ -820,6 +838,13 @@ class _Composer:
         latest = latest or (items[-1] if items else None)
         if not latest or latest.get("value") is None:
             return [self.t["no_key_rate"]]
+        if result.get("set_before_range") is True:
+            return [self.t["key_rate_in_force"].format(
+                first=_date(result.get("date_from"), self.lang),
+                last=_date(result.get("date_to"), self.lang),
+                on=_date(latest.get("date"), self.lang),
+                value=_number(latest.get("value"), self.lang),
+            )]  # fmt: skip
         summary = self.t["key_rate"].format(
             _date(latest.get("date"), self.lang), _number(latest.get("value"), self.lang)
         )

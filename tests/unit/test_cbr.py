@@ -23,6 +23,7 @@ from services.common.untrusted import (
     strip_delimited,
     unwrap_untrusted,
 )
+from services.llm.model import PlannedCall, ToolResult
 from services.llm.toolcalls import render_result
 from services.toolsproxy.cbr import (
     DEFAULT_URL,
@@ -41,6 +42,7 @@ from tests.fakes.cbr_server import (
     rate_for,
 )
 from tests.unit.json_logs import json_lines
+from tests.unit.test_extractive import planned
 
 CALLER = Caller(tenant_id="t1", user_id="u1", trace_id="tr")
 NOW = datetime(2025, 8, 1, 9, 0, tzinfo=UTC)  # 12:00 in Moscow: today is 2025-08-01
@@ -1023,3 +1025,35 @@ async def test_a_series_whose_unit_changes_states_each_ends_unit(nominals, text)
     await http.aclose()
     assert result["text"].endswith(text), result["text"]
     assert [i["nominal"] for i in result["items"]] == list(nominals)
+
+
+@pytest.mark.parametrize(
+    ("args", "question", "said"),
+    [
+        (
+            {"mode": "currency", "code": "USD", "date_from": "2025-07-27", "date_to": "2025-07-28"},
+            "Какой был курс доллара 27 и 28 июля 2025?",
+            "С 27.07.2025 по 28.07.2025 Банк России не устанавливал новый курс USD; в эти дни "
+            "действовал курс, установленный 26.07.2025:",
+        ),
+        (
+            {"mode": "key_rate", "date_from": "2025-07-26", "date_to": "2025-07-27"},
+            "What was the key rate on 26-27 July 2025?",
+            "The Bank of Russia set no key rate from 2025-07-26 to 2025-07-27; the rate in force "
+            "on those days is",
+        ),
+    ],
+)
+async def test_the_answer_without_a_model_says_the_rate_was_in_force_on_the_days_asked(
+    make: Factory, args: dict[str, Any], question: str, said: str
+) -> None:
+    """The extractive reader showed the rate set before the range as a one-value series of
+    that earlier day, never saying it was in force on the days asked about."""
+    _, tool = make()
+    result = await call(tool, **args)
+    assert result["set_before_range"] is True
+    out, _ = await planned(
+        question, (PlannedCall("fetch_cbr_data", args),), [ToolResult("ok", result)]
+    )
+    assert said in out.answer, out.answer
+    assert "→" not in out.answer
