@@ -107,9 +107,10 @@ from services.orchestrator.scenarios import (
 )
 
 log = logging.getLogger("visior.orchestrator")
-LLM_PROMPT_LIMITS = ("max_prompt_tokens", "max_total_tokens")
-"""The LLM service's own limits (its `limit_name`s) a first prompt may meet: the prompt limit,
-and the total less the answer's share when that is lower."""
+LLM_PROMPT_LIMIT = "max_prompt_tokens"
+"""The `limit_name` of the LLM service's refusal of a first prompt past its MAX_PROMPT_TOKENS
+(its settings keep the total less the answer's share above it, so a first prompt meets no
+other limit of the service's own; `max_total_tokens` is the conversation's, met mid-loop)."""
 
 MAX_HISTORY_TURNS = 20
 RESPOND_MAX_REQUEST_BYTES = text_body_bytes(MAX_QUERY_CHARS + MAX_HISTORY_TURNS * MAX_MESSAGE_CHARS)
@@ -666,16 +667,16 @@ class Responder:
         return await self._respond(req, cfg)
 
     def _learned_llm_limit(self, exc: errors.ServiceError, trace_id: str) -> bool:
-        """Whether `exc` is the LLM service refusing a prompt or an answer length this service
-        shaped to the LLM's limits as its own environment gives them (MAX_PROMPT_TOKENS,
-        MAX_COMPLETION_TOKENS, LLM_SERVICE_MAX_TOTAL_TOKENS), because the LLM service's are
-        lower. The lower limit is then kept: every later first prompt and routing answer fits
-        it. The mismatch is the operators' to mend, so it is logged as an error."""
+        """Whether `exc` is the LLM service refusing a first prompt or an answer length this
+        service shaped to the LLM's limits as its own environment gives them
+        (MAX_PROMPT_TOKENS, MAX_COMPLETION_TOKENS), because the LLM service's are lower. The
+        lower limit is then kept: every later first prompt and routing answer fits it. The
+        mismatch is the operators' to mend, so it is logged as an error."""
         meta = exc.metadata
         if meta.get("downstream") != "llm" or not meta.get("limit", "").isdigit():
             return False
         limit, name = int(meta["limit"]), meta.get("limit_name", "")
-        if name in LLM_PROMPT_LIMITS and limit < self._fitter.limit:
+        if name == LLM_PROMPT_LIMIT and limit < self._fitter.limit:
             ours, self._fitter.limit = self._fitter.limit, limit
         elif name == "max_completion_tokens" and limit < self._decision_tokens:
             ours, self._decision_tokens = self._decision_tokens, limit
