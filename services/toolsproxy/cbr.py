@@ -361,11 +361,13 @@ def _bank_url(value: str) -> str:
     return shown_link(SITE + value if value.startswith("/") else value) or ""
 
 
-def _lookback_start(date_from: date) -> date | None:
+def _lookback_start(date_from: date, date_to: date, today: date) -> date | None:
     """Where to seek the rate in force at `date_from` when a range from it holds none: up to
-    IN_FORCE_LOOKBACK_DAYS back (not before EARLIEST_DATE); None when nothing lies before."""
+    IN_FORCE_LOOKBACK_DAYS back (not before EARLIEST_DATE). None when nothing lies before, or
+    when the range reaches past `today` (the bank's): tomorrow's rate may not be set yet, and
+    the one in force today is not known to be in force then."""
     start = max(EARLIEST_DATE, date_from - timedelta(days=IN_FORCE_LOOKBACK_DAYS))
-    return start if start < date_from else None
+    return start if start < date_from and date_to <= today else None
 
 
 def _soap_day(day: date) -> str:
@@ -855,7 +857,10 @@ class CbrTool:
         data = await self._client.rates_dynamic(date_from, date_to, currency.code)
         items = _dynamic_items(data)
         set_before = looked_back = False
-        if not items and (start := _lookback_start(date_from)) is not None:
+        if (
+            not items
+            and (start := _lookback_start(date_from, date_to, self._client.today())) is not None
+        ):
             # No rate set within the range (weekend, holidays): the one in force over it is
             # the last set before it, if the bank set one within the lookback.
             earlier = await self._client.rates_dynamic(start, date_from, currency.code)
@@ -890,7 +895,11 @@ class CbrTool:
             date_from, date_to = self._range(args, "key_rate")
         items = _key_rate_items(await self._client.key_rate(date_from, date_to))
         set_before = looked_back = False
-        if on is None and not items and (start := _lookback_start(date_from)) is not None:
+        if (
+            on is None
+            and not items
+            and (start := _lookback_start(date_from, date_to, self._client.today())) is not None
+        ):
             # A range of non-working days only: the rate in force is the last set before it.
             earlier = await self._client.key_rate(start, date_from)
             items = _on_or_before(_key_rate_items(earlier), date_from)[-1:]

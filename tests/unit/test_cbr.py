@@ -355,6 +355,26 @@ async def test_the_new_year_holidays_give_the_rates_set_before_them(make: Factor
     assert "set on 2025-01-01" in usd["text"]
 
 
+async def test_a_range_reaching_past_today_is_not_given_todays_rate_as_in_force(
+    make: Factory,
+) -> None:
+    """Tomorrow's rate may not be set yet: a range of tomorrow that holds none is answered
+    "no rate", not with today's rate as the one in force then (NOW's bank date is
+    2025-08-01; a holiday that day leaves no rate dated 2025-08-02)."""
+    with FakeCbrServer(holidays=(date(2025, 8, 1),)) as bank:
+        _, tool = make(url=bank.url)
+        tomorrow = await call(
+            tool, mode="currency", code="USD", date_from="2025-08-02", date_to="2025-08-02"
+        )
+        today = await call(
+            tool, mode="currency", code="USD", date_from="2025-07-27", date_to="2025-07-28"
+        )
+    assert (tomorrow["items"], tomorrow["set_before_range"]) == ([], False)
+    assert tomorrow["text"].startswith("The Bank of Russia set no USD rate between 2025-08-02")
+    assert [r.params["FromDate"] for r in bank.requests[:1]] == ["2025-08-02T00:00:00"]
+    assert len(bank.requests) == 3 and today["set_before_range"] is True  # past days: looked back
+
+
 async def test_no_rate_even_within_the_lookback_says_so(fake: FakeCbrServer, make: Factory) -> None:
     _, tool = make()
     # The fake's key rate schedule starts on 2023-12-18: nothing two weeks before a weekend.
