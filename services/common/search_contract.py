@@ -141,7 +141,9 @@ def check_query(query: str) -> None:
         )
     normalised = normalise_query(query)
     if not normalised:
-        raise errors.invalid("query", "query is required (not only spaces, control or invisible format characters)")
+        raise errors.invalid(
+            "query", "query is required (not only spaces, control or invisible format characters)"
+        )
     if len(normalised) > MAX_QUERY_CHARS:
         raise errors.over_limit(
             f"query is {len(normalised)} characters once normalised (Unicode NFKC);"
