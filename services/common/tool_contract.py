@@ -108,13 +108,15 @@ READ_DOC_SECTION_ARGUMENTS = tool_arguments(
 TEXT_FIELDS = ("text", "content", "snippet")
 """Result fields holding untrusted text: ToolsProxy limits and delimits them, the LLM service
 counts and reads them."""
-EXTERNAL_LABEL_FIELDS = ("title", "name")
-"""Short fields of an external tool's result (CBR, Tavily) holding what the outside service
-wrote: a news headline, a web page's title, the bank's name of a currency. ToolsProxy
-delimits them as EXTERNAL data like TEXT_FIELDS (they keep their meaning and place, and do
-not count against the text budget); the LLM service moves every delimited field out of the
-JSON header into the delimited texts. A document's titles are not among them: the tenant's
-own, they stay plain (neutralised) fields."""
+EXTERNAL_LABEL_FIELDS = ("title",)
+"""Short fields of an external tool's result (CBR, Tavily) holding free text the outside
+service wrote: a news headline, a web page's title. ToolsProxy delimits them as EXTERNAL data
+like TEXT_FIELDS (they keep their meaning and place, and do not count against the text
+budget); the LLM service moves every delimited field out of the JSON header into the
+delimited texts. A document's titles are not among them: the tenant's own, they stay plain
+(neutralised) fields; nor is the bank's name of a currency, reference data held to a
+currency name's shape (toolsproxy/cbr.py), which a small model read as the answer when it
+stood apart as a block of its own."""
 NEWS_QUERY_MAX_CHARS = 400
 """Longest fetch_finance_news query (Tavily advises queries under 400 characters); ToolsProxy
 refuses a longer one, the orchestrator cuts what it plans to this."""

@@ -355,6 +355,28 @@ def _moment(text: str | None) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=BANK_TIMEZONE)
 
 
+_CURRENCY_NAME = re.compile(r"[^\W\d_]+(?:[ .,'()-]+[^\W\d_]+)*[.)]?")
+"""A currency's name as the bank writes it: words of letters (any script) joined by spaces
+and a little punctuation ("Доллар США", "Специальные права заимствования")."""
+MAX_CURRENCY_NAME_CHARS = 80
+MAX_CURRENCY_NAME_WORDS = 6
+"""The bank's longest names have four words ("Специальные права заимствования (СДР)")."""
+
+
+def _currency_name(value: str) -> str:
+    """The bank's name of a currency, a plain field beside the delimited text: "" unless it
+    has a currency name's shape (_CURRENCY_NAME, at most MAX_CURRENCY_NAME_CHARS and
+    MAX_CURRENCY_NAME_WORDS), so what reaches the model outside the EXTERNAL delimiters is a
+    few words at most, as a document's title is."""
+    name = " ".join(value.split())
+    ok = (
+        len(name) <= MAX_CURRENCY_NAME_CHARS
+        and len(name.split()) <= MAX_CURRENCY_NAME_WORDS
+        and _CURRENCY_NAME.fullmatch(name)
+    )
+    return name if ok else ""
+
+
 def _bank_url(value: str) -> str:
     """A news item's link: the bank's relative path made absolute on SITE; "" unless it is a
     link to show (common.http.shown_link: data, never fetched)."""
@@ -818,7 +840,7 @@ class CbrTool:
                 {
                     "currency": iso,
                     "numeric_code": numeric if _NUMERIC_CODE.match(numeric) else "",
-                    "name": row.get("Vname", ""),
+                    "name": _currency_name(row.get("Vname", "")),
                     "nominal": nominal,
                     "value": value,
                     "unit_rate": unit,

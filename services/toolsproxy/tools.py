@@ -299,7 +299,7 @@ def shape_result(result: Mapping[str, Any], max_text_bytes: int, content: str) -
     The budget counts the text itself (after neutralising), not the markers around it. Texts
     take the budget in the order they appear; once it is spent, later texts are empty and
     marked truncated. The result always carries a top-level `truncated`. An external
-    result's labels (EXTERNAL_LABEL_FIELDS: a headline, a currency's name) are delimited as
+    result's labels (EXTERNAL_LABEL_FIELDS: a headline, a web page's title) are delimited as
     EXTERNAL too, whole and outside the budget; a document's titles stay plain fields.
     """
     shaper = _Shaper(max_text_bytes, content)
