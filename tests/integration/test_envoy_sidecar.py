@@ -302,6 +302,17 @@ async def test_health_goes_to_the_listeners_own_service(
     assert details["service"] == SERVICE_BY_KEY[key].grpc_services[0]
 
 
+@pytest.mark.parametrize("key", [s.key for s in SERVICES])
+async def test_head_health_answers_the_status_without_a_body(
+    mesh: Mesh, http: httpx.AsyncClient, key: str
+) -> None:
+    """A balancer's HEAD check gets GET's status line and no body (it was a 404)."""
+    resp = await http.head(mesh.url(key) + "/health")
+    assert resp.status_code == 200, resp.headers
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.content == b""
+
+
 async def test_ingestion_route_takes_bodies_above_the_default_limit(
     mesh: Mesh, http: httpx.AsyncClient
 ) -> None:
