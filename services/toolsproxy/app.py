@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from functools import partial
+from pathlib import Path
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -18,7 +20,9 @@ from services.common.server import ListenError, RunningServer, start_server
 from services.common.tool_contract import FETCH_CBR_DATA, FETCH_FINANCE_NEWS
 from services.common.topology import SERVICE_BY_KEY
 from services.common.tracing import install_tracing
+from services.docstore.config import DocstoreSettings
 from services.docstore.health import store_health
+from services.docstore.store import DocumentStore
 from services.toolsproxy.cbr import CbrClient, cbr_tool
 from services.toolsproxy.clients import GrpcSearcher
 from services.toolsproxy.config import ToolsProxySettings
@@ -30,12 +34,32 @@ from services.toolsproxy.tavily import TavilyClient, tavily_tool
 from services.toolsproxy.tools import DocumentTools, PrometheusToolMetrics, ToolExecutor
 
 SERVICE_NAMES = SERVICE_BY_KEY["toolsproxy"].grpc_services
+log = logging.getLogger("visior.toolsproxy")
+
+
+def open_store(settings: DocstoreSettings) -> DocumentStore:
+    """The document store the tools read. A SQLite file not there yet is made empty, so
+    ToolsProxy may start before Retrieval writes it; that is said at WARNING with the path, as
+    it is also what a data directory or URL other than Retrieval's looks like."""
+    fresh = (
+        settings.kind == "sqlite"
+        and settings.target != ":memory:"
+        and not Path(settings.target).exists()
+    )
+    store = settings.open()
+    if fresh:
+        log.warning(
+            "no document store at this path yet: started with an empty one, which Retrieval "
+            "fills; give both services the same METADATA_DB_URL or VISIOR_DATA_DIR",
+            extra={"docstore": settings.display},
+        )
+    return store
 
 
 async def start(settings: ToolsProxySettings) -> tuple[RunningServer, Closer]:
     registry = CollectorRegistry()
     tracing = install_tracing(settings.server.tracing, settings.server.service)
-    store = settings.docstore.open()
+    store = open_store(settings.docstore)
     retrieval = open_channel(
         settings.retrieval,
         settings.server.max_message_bytes,

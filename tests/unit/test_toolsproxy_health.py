@@ -4,15 +4,19 @@ the reason when the store does not answer, or does not answer before the caller'
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 
 from visior.toolsproxy.v1 import toolsproxy_pb2
 
 from services.common.context import deadline_var
+from services.common.settings import Env
+from services.docstore.config import docstore_settings
 from services.docstore.errors import StoreUnavailableError
 from services.docstore.health import store_health
 from services.docstore.sqlite_store import SqliteDocumentStore
+from services.toolsproxy.app import open_store
 from services.toolsproxy.servicer import ToolsProxyServicer
 
 
@@ -72,3 +76,15 @@ async def test_a_hung_store_is_down_before_the_callers_deadline() -> None:
     assert answer.status == "down" and "the document store hangs" in answer.details["probe"]
     await asyncio.sleep(0.05)
     assert (await _health(servicer)).status == "ok"
+
+
+def test_a_store_not_there_yet_is_opened_empty_and_said(tmp_path, caplog):
+    """ToolsProxy may start before Retrieval writes the store, so the file is made; a wrong
+    data directory looks the same, so the path is named at WARNING (once: the file exists
+    from then on)."""
+    settings = docstore_settings(Env({"VISIOR_DATA_DIR": str(tmp_path)}), "MCP_PROXY_")
+    with caplog.at_level(logging.WARNING, logger="visior.toolsproxy"):
+        open_store(settings).close()
+        open_store(settings).close()
+    [line] = [r for r in caplog.records if "no document store" in r.getMessage()]
+    assert line.docstore == str(tmp_path / "docstore.sqlite")
