@@ -17,6 +17,12 @@ import re
 
 LLM_LIMIT_EXCEEDED = "LLM_LIMIT_EXCEEDED"
 """The reason of the LLM service's refusal of a request past its limits."""
+PROMPT_LIMIT_NAME = "max_prompt_tokens"
+"""The `limit_name` of a refusal of a first prompt past MAX_PROMPT_TOKENS (the LLM service's,
+or the Orchestrator's own for a question that alone cannot fit); the Orchestrator reads it in
+the LLM service's refusals to learn a lower limit."""
+COMPLETION_LIMIT_NAME = "max_completion_tokens"
+"""The `limit_name` of the LLM service's refusal of a max_tokens past MAX_COMPLETION_TOKENS."""
 DEFAULT_LLM_PROMPT_TOKENS = 4096
 DEFAULT_LLM_COMPLETION_TOKENS = 512
 MIN_LLM_COMPLETION_TOKENS = 16

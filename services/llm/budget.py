@@ -24,7 +24,12 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 
 from services.common import errors
 from services.common.bounded_cache import BoundedCache
-from services.common.prompt_limits import LLM_LIMIT_EXCEEDED, MESSAGE_TOKENS, REPLY_TOKENS
+from services.common.prompt_limits import (
+    LLM_LIMIT_EXCEEDED,
+    MESSAGE_TOKENS,
+    PROMPT_LIMIT_NAME,
+    REPLY_TOKENS,
+)
 from services.common.tokenizer import Tokenizer
 from services.llm.model import ContextChunk
 from services.model_runtime.chat import ChatMessage, ToolSpec, message_chars
@@ -149,7 +154,7 @@ def fit_prompt(
     limit: int,
     tokenizer: Tokenizer,
     render_chunk: Callable[[ContextChunk], str],
-    limit_name: str = "max_prompt_tokens",
+    limit_name: str = PROMPT_LIMIT_NAME,
 ) -> tuple[list[ChatMessage], tuple[ContextChunk, ...]]:
     """The prompt `build(kept)` for the best context that fits `limit` tokens, and `kept`.
 
@@ -239,7 +244,7 @@ class TokenBudget:
     def prompt_limit_name(self) -> str:
         """Which limit sets `prompt_limit`: max_prompt_tokens, else `limit_name()`'s."""
         if self.prompt_limit == self.max_prompt_tokens:
-            return "max_prompt_tokens"
+            return PROMPT_LIMIT_NAME
         return self.limit_name()
 
     def limit_name(self) -> str:

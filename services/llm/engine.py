@@ -20,7 +20,7 @@ from services.common.generate_contract import (
     is_model_name,
 )
 from services.common.outcomes import outcome_of
-from services.common.prompt_limits import LLM_LIMIT_EXCEEDED
+from services.common.prompt_limits import COMPLETION_LIMIT_NAME, LLM_LIMIT_EXCEEDED
 from services.common.shared_config import text_body_bytes
 from services.common.tool_contract import check_tool_user
 from services.llm.loop import LoopSettings, ToolLoop
@@ -134,7 +134,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
             "generation_params.max_tokens",
             f"generation_params.max_tokens must be 1..{limits.max_completion_tokens}",
             limits.max_completion_tokens,
-            "max_completion_tokens",
+            COMPLETION_LIMIT_NAME,
         )
     for name, (lo, hi) in SAMPLING_RANGES.items():
         value = getattr(p, name)

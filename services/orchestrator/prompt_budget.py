@@ -26,6 +26,7 @@ from services.common.prompt_limits import (
     LLM_PROMPT_RESERVE_TOKENS,
     MAX_LISTED_ANCHORS,
     MESSAGE_TOKENS,
+    PROMPT_LIMIT_NAME,
     REPLY_TOKENS,
     anchor_line,
 )
@@ -124,7 +125,7 @@ class PromptFitter:
                 "fit the model's prompt",
                 room,
                 field="query",
-                name="max_prompt_tokens",
+                name=PROMPT_LIMIT_NAME,
                 reason=LLM_LIMIT_EXCEEDED,
             )
         while kept and bare + least + sum(turns) > room:

@@ -22,8 +22,10 @@ from services.common.document_limits import (
 from services.common.generate_contract import MAX_MESSAGE_CHARS, clarify_list
 from services.common.lexical import search_terms
 from services.common.prompt_limits import (
+    COMPLETION_LIMIT_NAME,
     DEFAULT_LLM_COMPLETION_TOKENS,
     DEFAULT_LLM_PROMPT_TOKENS,
+    PROMPT_LIMIT_NAME,
 )
 from services.common.search_contract import (
     KB_FACET_CHARS,
@@ -107,10 +109,6 @@ from services.orchestrator.scenarios import (
 )
 
 log = logging.getLogger("visior.orchestrator")
-LLM_PROMPT_LIMIT = "max_prompt_tokens"
-"""The `limit_name` of the LLM service's refusal of a first prompt past its MAX_PROMPT_TOKENS
-(its settings keep the total less the answer's share above it, so a first prompt meets no
-other limit of the service's own; `max_total_tokens` is the conversation's, met mid-loop)."""
 
 MAX_HISTORY_TURNS = 20
 RESPOND_MAX_REQUEST_BYTES = text_body_bytes(MAX_QUERY_CHARS + MAX_HISTORY_TURNS * MAX_MESSAGE_CHARS)
@@ -676,9 +674,12 @@ class Responder:
         if meta.get("downstream") != "llm" or not meta.get("limit", "").isdigit():
             return False
         limit, name = int(meta["limit"]), meta.get("limit_name", "")
-        if name == LLM_PROMPT_LIMIT and limit < self._fitter.limit:
+        # A first prompt meets no other limit of the LLM service's own: its settings keep the
+        # total less the answer's share above MAX_PROMPT_TOKENS (max_total_tokens is the
+        # conversation's, met mid-loop).
+        if name == PROMPT_LIMIT_NAME and limit < self._fitter.limit:
             ours, self._fitter.limit = self._fitter.limit, limit
-        elif name == "max_completion_tokens" and limit < self._decision_tokens:
+        elif name == COMPLETION_LIMIT_NAME and limit < self._decision_tokens:
             ours, self._decision_tokens = self._decision_tokens, limit
         else:
             return False
