@@ -176,16 +176,13 @@ def _sentences(text: str) -> Iterator[str]:
     yield from sentences
 
 
-_MAX_TOKEN_BYTES = LONGEST_TOKEN_BYTES
-"""A text of more than `limit` times this many characters has more than `limit` tokens, which
-`_fit` knows without counting them (a list of every token of a 32 MiB sentence)."""
-
-
 def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> Iterator[tuple[str, bool]]:
     """`sentence` cut into pieces of at most `limit` tokens, between words where possible;
     each with whether it goes on the word of the piece before (a giant word's pieces). The
-    pieces joined (by a space, or nothing when glued) are the sentence."""
-    if len(sentence) <= limit * _MAX_TOKEN_BYTES and tok.count(sentence) <= limit:
+    pieces joined (by a space, or nothing when glued) are the sentence. A text of more than
+    `limit` times LONGEST_TOKEN_BYTES characters has more than `limit` tokens, which it knows
+    without counting them (a list of every token of a 32 MiB sentence)."""
+    if len(sentence) <= limit * LONGEST_TOKEN_BYTES and tok.count(sentence) <= limit:
         yield sentence, False
         return
     words: list[str] = []
@@ -211,7 +208,7 @@ def _fit(sentence: str, limit: int, tok: BpeTokenizer) -> Iterator[tuple[str, bo
 
 def _word_tokens(word: str, limit: int, tok: BpeTokenizer) -> int:
     """Tokens of `word`; `limit` + 1 for one too long to be worth counting."""
-    return tok.count(word) if len(word) <= limit * _MAX_TOKEN_BYTES else limit + 1
+    return tok.count(word) if len(word) <= limit * LONGEST_TOKEN_BYTES else limit + 1
 
 
 def _words_tokens(words: Sequence[str], limit: int, tok: BpeTokenizer) -> int:
@@ -260,13 +257,13 @@ def _cut_word(word: str, limit: int, tok: BpeTokenizer) -> Iterator[str]:
     """`word` in pieces of at most `limit` of its tokens, cut only between characters: the
     pieces join back to `word`. A cut that falls inside a character's UTF-8 bytes moves back
     to the character's start, and the character goes whole to the next piece. A word is
-    encoded a window at a time (2 * limit * _MAX_TOKEN_BYTES characters, more than 2 * limit
+    encoded a window at a time (2 * limit * LONGEST_TOKEN_BYTES characters, more than 2 * limit
     tokens), so a word of megabytes is never a list of all its tokens."""
     if "\ufffd" in word:
         # A cut inside a character decodes to U+FFFD, which the word's own would match.
         yield from _by_characters(word, limit)
         return
-    window = 2 * limit * _MAX_TOKEN_BYTES
+    window = 2 * limit * LONGEST_TOKEN_BYTES
     position = 0
     while position < len(word):
         part = word[position : position + window]

@@ -377,9 +377,8 @@ def _split_texts(value: Any, texts: list[str], key: str = "") -> Any:
     """A copy of `value` with its text fields replaced by placeholders, texts collected.
 
     A text field (TEXT_FIELDS) is always delimited data; so is any string ToolsProxy
-    delimited, whatever its key (an external result's headline or currency name,
-    EXTERNAL_LABEL_FIELDS): it reaches the model only inside the delimiters, never in the
-    JSON header.
+    delimited, whatever its key (an external result's headline, EXTERNAL_LABEL_FIELDS): it
+    reaches the model only inside the delimiters, never in the JSON header.
     """
     if isinstance(value, Mapping):
         return {k: _split_texts(v, texts, k) for k, v in value.items()}
