@@ -30,7 +30,7 @@ import logging
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
@@ -869,6 +869,23 @@ class CbrTool:
             count=len(items),
         )
 
+    async def _in_force(
+        self,
+        fetch: Callable[[date, date], Awaitable[list[dict[str, Any]]]],
+        date_from: date,
+        date_to: date,
+    ) -> tuple[list[dict[str, Any]], bool, bool]:
+        """A dated series' items over the range (`fetch`), and whether they are the one set
+        before it and whether it was sought there: a range in which the bank set none (a
+        weekend, holidays) has the rate in force over it, the last set on or before its start
+        within IN_FORCE_LOOKBACK_DAYS (`_lookback_start`), if there is one."""
+        items = await fetch(date_from, date_to)
+        start = None if items else _lookback_start(date_from, date_to, self._client.today())
+        if start is None:
+            return items, False, False
+        earlier = _on_or_before(await fetch(start, date_from), date_from)[-1:]
+        return earlier, bool(earlier), True
+
     async def _rates_dynamic(self, args: dict[str, Any]) -> dict[str, Any]:
         if "code" not in args:
             raise ToolFailure(
@@ -876,18 +893,11 @@ class CbrTool:
             )
         date_from, date_to = self._range(args, "rates_dynamic")
         currency = await self._client.resolve_currency(args["code"])
-        data = await self._client.rates_dynamic(date_from, date_to, currency.code)
-        items = _dynamic_items(data)
-        set_before = looked_back = False
-        if (
-            not items
-            and (start := _lookback_start(date_from, date_to, self._client.today())) is not None
-        ):
-            # No rate set within the range (weekend, holidays): the one in force over it is
-            # the last set before it, if the bank set one within the lookback.
-            earlier = await self._client.rates_dynamic(start, date_from, currency.code)
-            items = _on_or_before(_dynamic_items(earlier), date_from)[-1:]
-            set_before, looked_back = bool(items), True
+
+        async def rates(start: date, end: date) -> list[dict[str, Any]]:
+            return _dynamic_items(await self._client.rates_dynamic(start, end, currency.code))
+
+        items, set_before, looked_back = await self._in_force(rates, date_from, date_to)
         items, truncated = _keep_newest(items, self._client.settings.max_items)
         return _envelope_result(
             self._client.settings,
@@ -915,17 +925,14 @@ class CbrTool:
             date_from, date_to = max(EARLIEST_DATE, on - timedelta(days=KEY_RATE_DAYS)), on
         else:
             date_from, date_to = self._range(args, "key_rate")
-        items = _key_rate_items(await self._client.key_rate(date_from, date_to))
-        set_before = looked_back = False
-        if (
-            on is None
-            and not items
-            and (start := _lookback_start(date_from, date_to, self._client.today())) is not None
-        ):
-            # A range of non-working days only: the rate in force is the last set before it.
-            earlier = await self._client.key_rate(start, date_from)
-            items = _on_or_before(_key_rate_items(earlier), date_from)[-1:]
-            set_before, looked_back = bool(items), True
+
+        async def key_rates(start: date, end: date) -> list[dict[str, Any]]:
+            return _key_rate_items(await self._client.key_rate(start, end))
+
+        if on is not None:  # its own lookback already crosses weekends and holidays
+            items, set_before, looked_back = await key_rates(date_from, date_to), False, False
+        else:
+            items, set_before, looked_back = await self._in_force(key_rates, date_from, date_to)
         latest = items[-1] if items else None
         if on is not None:
             items = items[-1:]
