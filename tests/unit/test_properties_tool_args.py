@@ -272,8 +272,13 @@ def _field_named(message: str, value: Any, schema: dict[str, Any]) -> bool:
     rest = message[len("arguments") :]
     if not rest.startswith("."):
         return True  # about the object itself: its type, unknown fields
-    name = rest[1:].split(" ", 1)[0].split("[", 1)[0].split(".", 1)[0]
-    return name in schema.get("properties", {}) or (isinstance(value, dict) and name in value)
+    # A field's own name may hold ".", "[" or a space (a field named "." is "arguments.."):
+    # the message names one of the schema's or the value's fields as it begins.
+    names = [*schema.get("properties", {}), *(value if isinstance(value, dict) else ())]
+    return any(
+        isinstance(n, str) and rest[1:].startswith(n) and rest[1 + len(n) :][:1] in " .["
+        for n in names
+    )
 
 
 # --- the LLM side: parse_arguments ----------------------------------------------------------
