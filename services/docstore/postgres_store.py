@@ -79,6 +79,11 @@ CREATE INDEX IF NOT EXISTS points_by_doc ON points (tenant_id, doc_id);
 """,
     ),
     (2, "ALTER TABLE documents ADD COLUMN IF NOT EXISTS tokens BIGINT NOT NULL DEFAULT 0;"),
+    (
+        3,
+        f"CREATE TABLE IF NOT EXISTS replacements (tenant_id {_ID} PRIMARY KEY,"
+        " replaced BIGINT NOT NULL);",
+    ),
 )
 SCHEMA_VERSION = _MIGRATIONS[-1][0]
 _SCHEMA_LOCK = 0x76697369_6F720001  # advisory lock key of schema migrations ("visior" 1)

@@ -305,6 +305,14 @@ class SqlDocumentStore(ABC):
                 "INSERT INTO pages (tenant_id, doc_id, page, text) VALUES (?,?,?,?)",
                 [(t, d, number, e(text)) for number, text in enumerate(doc.page_texts, start=1)],
             )
+            if replaced is not None:
+                # Last: a concurrent replace in the tenant waits on this row only to commit.
+                self._execute(
+                    conn,
+                    "INSERT INTO replacements (tenant_id, replaced) VALUES (?, 1) ON CONFLICT"
+                    " (tenant_id) DO UPDATE SET replaced = replacements.replaced + 1",
+                    (t,),
+                )
             return replaced
 
         return self._write(t, d, work)
@@ -451,6 +459,16 @@ class SqlDocumentStore(ABC):
             (self._enc(tenant_id), self._enc(doc_id)),
         )
         return self._dec(rows[0][0]) if rows else None
+
+    def replacements(self, tenant_id: str) -> int:
+        """How many times a document of the tenant has been replaced (`replace` of one the
+        store held). A search reads it before its index query and again when it dropped
+        candidates the store no longer lists: a change means a re-ingest committed in between,
+        and its document may be missing from the answer (services/retrieval/engine.py)."""
+        rows = self._query(
+            "SELECT replaced FROM replacements WHERE tenant_id=?", (self._enc(tenant_id),)
+        )
+        return int(rows[0][0]) if rows else 0
 
     def generations(self, tenant_id: str) -> dict[str, str]:
         """doc_id -> generation for every document of the tenant."""

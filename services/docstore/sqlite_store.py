@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS points (
   page_start INTEGER NOT NULL, page_end INTEGER NOT NULL, tokens INTEGER NOT NULL,
   generation TEXT NOT NULL, PRIMARY KEY (tenant_id, point_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS points_by_doc ON points (tenant_id, doc_id);
+CREATE TABLE IF NOT EXISTS replacements (
+  tenant_id TEXT NOT NULL PRIMARY KEY, replaced INTEGER NOT NULL) WITHOUT ROWID;
 """
 # Columns added after the first schema: (name, definition) for ALTER TABLE on older files.
 _ADDED_DOCUMENT_COLUMNS = (

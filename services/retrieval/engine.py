@@ -124,6 +124,10 @@ class ChunkStore(Protocol):
         """The chunks among `keys` the store holds in that generation of their document."""
         ...
 
+    def replacements(self, tenant_id: str) -> int:
+        """How many times a document of the tenant has been replaced."""
+        ...
+
 
 class SearchMetrics(Protocol):
     """What the engine reports (services/retrieval/metrics.py implements it)."""
@@ -349,6 +353,25 @@ class RetrievalEngine:
             if plan.expand:
                 plan = await self._model_variants(plan, self._expander)
             first = await asyncio.to_thread(self._start, plan, timing, started)
+        result, outcome = await self._finish(plan, first, timing, started)
+        if timing.stale:
+            # A re-ingest committed between the index's answer and the store's: the replaced
+            # generation's candidates were dropped and the new one's were never ranked, so
+            # its document could be missing. Once more, with the new generation committed
+            # (docs/architecture.md §4).
+            timing = SearchTiming(retried=True)
+            first = await asyncio.to_thread(self._start, plan, timing, started)
+            result, outcome = await self._finish(plan, first, timing, started)
+        if self._metrics is not None:
+            self._metrics.observe(result)
+        log_search(plan, result, timing, self._settings.slow_search_ms)
+        return result, outcome
+
+    async def _finish(
+        self, plan: _Plan, first: _Started, timing: SearchTiming, started: float
+    ) -> tuple[SearchResult, str]:
+        """The answer from the first hop's (`_start`): reranked and shaped, or empty for a
+        backend outage when RETR_EMPTY_ON_BACKEND_ERROR says so; and its outcome."""
         outcome = OK
         if isinstance(first, errors.BackendUnavailableError):
             result, outcome = self._empty(plan, first, timing, started), first.reason
@@ -369,9 +392,6 @@ class RetrievalEngine:
                 if not self._settings.empty_on_backend_error:
                     raise  # counted by search()
                 result, outcome = self._empty(plan, exc, timing, started), exc.reason
-        if self._metrics is not None:
-            self._metrics.observe(result)
-        log_search(plan, result, timing, self._settings.slow_search_ms)
         return result, outcome
 
     def _empty(
@@ -423,7 +443,7 @@ class RetrievalEngine:
         """Candidates for rerank, with the texts of the head the reranker reads."""
         chunks = self._retrieve(plan, self._embed(plan, timing), timing)
         count_candidates(timing, chunks)
-        texts = self._texts(plan, chunks[: self._settings.rerank_candidates], {})
+        texts = self._texts(plan, chunks[: self._settings.rerank_candidates], {}, timing)
         head = [hs for hs in chunks[: self._settings.rerank_candidates] if _key(hs[0]) in texts]
         return head + chunks[self._settings.rerank_candidates :], texts
 
@@ -516,26 +536,27 @@ class RetrievalEngine:
     ) -> list[Scored]:
         t0 = time.perf_counter()
         try:
+            timing.replacements = self._chunks.replacements(plan.tenant_id)
             keep = max(plan.max_chunks, plan.max_results)
             flt = plan.base_filter
             # Sections named by the caller pick their documents: ranking documents on the query
             # first could leave those sections' documents out of the top max_docs.
             if plan.mode == "doc_first" and not flt.section_ids:
                 doc_filter = replace(flt, kinds=("doc",), section_ids=())
-                docs, _ = self._level(plan, vector, doc_filter, plan.max_docs)
+                docs, _ = self._level(plan, vector, doc_filter, plan.max_docs, timing)
                 timing.doc_candidates = len(docs)
                 if not docs:
                     return []
                 flt = replace(flt, doc_ids=tuple(dict.fromkeys(h.doc_id for h, _ in docs)))
             if plan.mode in ("doc_first", "section_first"):
                 return self._deepening(
-                    plan, lambda depth: self._section_first(plan, vector, flt, depth), keep
+                    plan, lambda depth: self._section_first(plan, vector, flt, depth, timing), keep
                 )
             # chunk_priority / hybrid_only: straight to chunks; chunk_priority looks deeper.
             chunk_filter = replace(flt, kinds=("chunk",))
             return self._deepening(
                 plan,
-                lambda depth: self._level(plan, vector, chunk_filter, depth, whole=True),
+                lambda depth: self._level(plan, vector, chunk_filter, depth, timing, whole=True),
                 keep * (2 if plan.mode == "chunk_priority" else 1),
             )
         finally:
@@ -578,6 +599,7 @@ class RetrievalEngine:
         vector: np.ndarray | None,
         flt: IndexFilter,
         depth: int,
+        timing: SearchTiming,
     ) -> tuple[list[Scored], bool]:
         """Every fetched chunk candidate (`depth` x candidate_factor per list) inside the
         max_sections shortlisted sections, and whether the chunk ranking may hold more.
@@ -596,7 +618,9 @@ class RetrievalEngine:
              (replace(flt, kinds=("chunk",)), depth)],
         )  # fmt: skip
         sections, chunks = self._resolve(
-            plan.tenant_id, [(section_rank, len(section_rank)), (chunk_rank, len(chunk_rank))]
+            plan.tenant_id,
+            [(section_rank, len(section_rank)), (chunk_rank, len(chunk_rank))],
+            timing,
         )
         allowed = shortlist_sections(plan, sections, chunks)
         return [(h, s) for h, s in chunks if (h.doc_id, h.section_id) in allowed], more
@@ -607,6 +631,7 @@ class RetrievalEngine:
         vector: np.ndarray | None,
         flt: IndexFilter,
         limit: int,
+        timing: SearchTiming,
         *,
         whole: bool = False,
     ) -> tuple[list[Scored], bool]:
@@ -617,7 +642,7 @@ class RetrievalEngine:
         the index may hold more."""
         ranking, more = self._rank(plan, vector, [(flt, limit)])[0]
         keep = len(ranking) if whole else limit
-        return self._resolve(plan.tenant_id, [(ranking, keep)])[0], more
+        return self._resolve(plan.tenant_id, [(ranking, keep)], timing)[0], more
 
     def _rank(
         self,
@@ -702,15 +727,19 @@ class RetrievalEngine:
         return {i: lang for i in ids if (lang := found.get(i) or cache.get(i))}
 
     def _resolve(
-        self, tenant_id: str, rankings: list[tuple[list[tuple[PointId, float]], int]]
+        self,
+        tenant_id: str,
+        rankings: list[tuple[list[tuple[PointId, float]], int]],
+        timing: SearchTiming,
     ) -> list[list[Scored]]:
         """For each (fused ranking, limit): its first `limit` candidates the document store
         lists under the tenant, fields read from it.
 
         Usually one read for all rankings; a point the store does not list (of an ingest
         in flight or interrupted, of a generation replaced or deleted since it was ranked)
-        is skipped and the next batch read. Such points still took part in their lists'
-        normalisation, which only shifts scores while an ingest is unfinished.
+        is skipped, counted in `timing.dropped`, and the next batch read. Such points still
+        took part in their lists' normalisation, which only shifts scores while an ingest is
+        unfinished.
         """
         points_by_ids = self._chunks.points_by_ids
         outs: list[list[Scored]] = [[] for _ in rankings]
@@ -725,21 +754,28 @@ class RetrievalEngine:
             if not ids:
                 return outs
             found = points_by_ids(tenant_id, ids)
+            timing.dropped += len(ids) - len(found)
             for out, part in zip(outs, parts, strict=True):
                 out.extend((p, score) for key, score in part if (p := found.get(key)) is not None)
 
     def _texts(
-        self, plan: _Plan, items: Sequence[Scored], have: dict[TextKey, str]
+        self,
+        plan: _Plan,
+        items: Sequence[Scored],
+        have: dict[TextKey, str],
+        timing: SearchTiming,
     ) -> dict[TextKey, str]:
         """`have` plus the texts of `items` it lacks: one document-store query, tenant-scoped,
         each text of its candidate's generation.
 
         A chunk the store no longer has in that generation (its document re-ingested or
-        deleted since the visibility check) gets no text, and the caller drops it.
+        deleted since the visibility check) gets no text, and the caller drops it (counted
+        in `timing.dropped`).
         """
         missing = [_key(h) for h, _ in items if _key(h) not in have]
         if missing:
             found = self._chunks.chunks_by_ids(plan.tenant_id, missing)
+            timing.dropped += len(set(missing)) - len(found)
             for key, chunk in found.items():
                 have[key] = chunk.text
         return have
@@ -847,6 +883,10 @@ class RetrievalEngine:
         started: float,
     ) -> SearchResult:
         head, texts = self._with_texts(plan, select_chunks(plan, chunks), texts, timing)
+        if timing.dropped and not timing.retried:
+            # Dropped candidates are usually an ingest's uncommitted points: only a replace
+            # committed since the index was asked makes the answer stale (`_search`).
+            timing.stale = self._chunks.replacements(plan.tenant_id) != timing.replacements
         kept = [chunk_hit(h, texts[_key(h)], score) for h, score in head]
         # The head's, not the whole selection's: the candidates past it (fetched
         # candidate_factor deep) contribute no hit and no context chunk.
@@ -888,7 +928,7 @@ class RetrievalEngine:
             lacking = [hs for hs in head if _key(hs[0]) not in texts]
             if not lacking:
                 break
-            texts = self._texts(plan, lacking, texts)
+            texts = self._texts(plan, lacking, texts, timing)
             gone = {_key(h) for h, _ in lacking if _key(h) not in texts}
             if not gone:
                 break

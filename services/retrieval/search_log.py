@@ -61,6 +61,16 @@ class SearchTiming:
     chunk_candidates: int = 0
     rerank_candidates: int | None = None
     """None when nothing was reranked."""
+    replacements: int = 0
+    """The searched tenant's count of replaced documents as the index was asked
+    (`DocumentStore.replacements`)."""
+    dropped: int = 0
+    """Candidates left out for not being in the store, or not in that generation."""
+    stale: bool = False
+    """Candidates were dropped and a document of the tenant was replaced after the index was
+    asked: the replaced generation's candidates went and the new one's were not ranked."""
+    retried: bool = False
+    """This is the search run once more after a stale one."""
 
 
 def count_candidates(timing: SearchTiming, chunks: Sequence[tuple[Any, float]]) -> None:
@@ -119,6 +129,7 @@ def log_search(plan: _Plan, result: SearchResult, timing: SearchTiming, slow_ms:
         "embed_ms": round(timing.embed_ms, 3),
         "engine_ms": round(timing.engine_ms, 3),
         "rerank_ms": round(timing.rerank_ms, 3),
+        "retried": timing.retried,
     }
     if slow:
         log.warning("search", slow=True, slow_search_ms=slow_ms, **fields)

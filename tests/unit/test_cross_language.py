@@ -139,6 +139,9 @@ class CountingStore:
         self.chunk_reads.append(len(keys))
         return self.store.chunks_by_ids(tenant_id, keys)
 
+    def replacements(self, tenant_id):
+        return self.store.replacements(tenant_id)
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):

@@ -65,7 +65,7 @@ def test_schema_is_versioned_and_ids_are_signed_bigints(pg_url):
     store.close()
     with psycopg.connect(pg_url) as conn:
         versions = conn.execute("SELECT version FROM docstore_schema_version").fetchall()
-        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)] and SCHEMA_VERSION == 2
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)] and SCHEMA_VERSION == 3
         ids = conn.execute("SELECT point_id FROM points ORDER BY point_id").fetchall()
         # u64 ids 0, 2^63-1, 2^63, 2^64-1 as two's complement BIGINTs, as SQLite keeps them
         assert [r[0] for r in ids] == [-(2**63), -1, 0, 2**63 - 1]

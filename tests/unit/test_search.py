@@ -547,6 +547,9 @@ class RecordingChunks:
         found = self.store.chunks_by_ids(tenant_id, keys)
         return {k: v for k, v in found.items() if k[:2] not in self.drop}
 
+    def replacements(self, tenant_id):
+        return self.store.replacements(tenant_id)
+
 
 def engine_over(
     stack: Stack, chunks, *, settings: EngineSettings | None = None, reranker=None

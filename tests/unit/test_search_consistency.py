@@ -44,24 +44,36 @@ def embedder():
     return build_embedder(EmbeddingSettings(profile="fast"))
 
 
-class TextsReadAfter:
-    """The document store, with `write` run once right before the first read of chunk texts:
-    a write that commits between a search's read of its candidates and of their texts."""
+class WriteBefore:
+    """The document store, with `write` run once right before the first read named `before`
+    ("points_by_ids": between the index's answer and the store's read of the candidates;
+    "chunks_by_ids": between that read and the read of their texts). Counts the reads."""
 
-    def __init__(self, store: DocumentStore, write: Callable[[], None]) -> None:
+    def __init__(self, store: DocumentStore, write: Callable[[], None], before: str) -> None:
         self.store = store
         self._write: Callable[[], None] | None = write
+        self._before = before
         self.fired = False
+        self.reads: list[str] = []
 
-    def points_by_ids(self, tenant_id, ids):
-        return self.store.points_by_ids(tenant_id, ids)
-
-    def chunks_by_ids(self, tenant_id, keys):
-        if self._write is not None:
+    def _read(self, name: str) -> None:
+        self.reads.append(name)
+        if name == self._before and self._write is not None:
             write, self._write = self._write, None
             write()
             self.fired = True
+
+    def points_by_ids(self, tenant_id, ids):
+        self._read("points_by_ids")
+        return self.store.points_by_ids(tenant_id, ids)
+
+    def chunks_by_ids(self, tenant_id, keys):
+        self._read("chunks_by_ids")
         return self.store.chunks_by_ids(tenant_id, keys)
+
+    def replacements(self, tenant_id):
+        self.reads.append("replacements")
+        return self.store.replacements(tenant_id)
 
 
 def on_loop(coro_fn: Callable[[], object]) -> Callable[[], None]:
@@ -99,7 +111,9 @@ async def test_a_document_deleted_between_the_candidates_and_their_texts_leaves_
     ask = q(query="backup restore server", mode=mode)
     before = await s.engine.search(ask)
     assert "old-runbook" in {h.doc_id for h in before.hits}
-    racing = TextsReadAfter(s.store, on_loop(lambda: s.ingestor.delete("a", "old-runbook")))
+    racing = WriteBefore(
+        s.store, on_loop(lambda: s.ingestor.delete("a", "old-runbook")), "chunks_by_ids"
+    )
     engine = engine_over(s, racing, settings=EngineSettings(cross_language=False))
     try:
         r = await engine.search(ask)
@@ -107,15 +121,18 @@ async def test_a_document_deleted_between_the_candidates_and_their_texts_leaves_
         s.index.close()
     assert racing.fired and s.store.document_generation("a", "old-runbook") is None
     assert {h.doc_id for h in r.hits + r.chunks} == {"runbook"}
+    # A delete replaces nothing: the answer without it is the right one, not searched again.
+    assert racing.reads.count("replacements") == 2
     assert all(h.text for h in r.hits + r.chunks)
     if mode == "chunk_priority":
         # It looks twice as deep as it keeps: the head is filled again from below.
         assert len(r.hits) == len(before.hits)
 
 
+@pytest.mark.parametrize("write_before", ["points_by_ids", "chunks_by_ids"])
 @pytest.mark.parametrize("rerank", [False, True])
-async def test_a_reingest_between_the_candidates_and_their_texts_never_mixes_generations(
-    tmp_path, embedder, rerank
+async def test_a_reingest_while_a_search_runs_answers_the_new_generation_whole(
+    tmp_path, embedder, rerank, write_before
 ):
     # V2 moves chunk 0 into a new first section: the same chunk id, another text and section.
     s = make_stack(tmp_path, embedder, reranker=Reverse() if rerank else None)
@@ -124,9 +141,10 @@ async def test_a_reingest_between_the_candidates_and_their_texts_never_mixes_gen
     ask = q(query="LDAP integration setup", enable_rerank=rerank)
     before = await s.engine.search(ask)
     assert ("guide", "guide:c00000") in {(h.doc_id, h.chunk_id) for h in before.hits}
-    racing = TextsReadAfter(
+    racing = WriteBefore(
         s.store,
         on_loop(lambda: s.ingestor.ingest(IngestInput("a", V2.encode(), file_name="guide.md"))),
+        write_before,
     )
     engine = engine_over(
         s, racing, settings=EngineSettings(cross_language=False), reranker=s.engine._reranker
@@ -135,14 +153,13 @@ async def test_a_reingest_between_the_candidates_and_their_texts_never_mixes_gen
         r = await engine.search(ask)
     finally:
         s.index.close()
-    assert racing.fired and s.store.chunk_by_id("a", "guide", "guide:c00000").text.startswith(
-        "License keys"
-    )
-    # The candidates of the replaced generation have no text of theirs: left out, and the
-    # other document's hits answer.
-    assert r.hits and {h.doc_id for h in r.hits + r.chunks} == {"notes"}
+    assert racing.fired, racing.reads
+    assert s.store.chunk_by_id("a", "guide", "guide:c00000").text.startswith("License keys")
+    # The replaced generation's candidates are gone from the store and the new one's were
+    # not ranked: searched once more, the guide answers in its new generation, whole.
+    assert "guide" in {h.doc_id for h in r.hits} and "guide" in {x.doc_id for x in r.sections}
     assert_of_the_stored_generation(s, r.hits)
-    assert {x.doc_id for x in r.sections} == {"notes"}
+    assert racing.reads.count("replacements") == 3  # before, after the stale answer, before again
 
 
 # --- the document store: texts by generation -------------------------------------------------
@@ -195,3 +212,21 @@ def test_more_than_one_batch_of_keys_by_generation(store):
     keys = [("guide", c.chunk_id, d.generation) for c in d.chunks]
     assert len(keys) > 500
     assert store.chunks_by_ids("t1", keys) == dict(zip(keys, d.chunks, strict=True))
+
+
+def test_replacements_count_a_tenants_replaced_documents_only(store):
+    first = guide(GUIDE)
+    assert store.replacements("t1") == 0  # none yet, and no row for the tenant
+    store.put(first, points_of(first))
+    assert store.replacements("t1") == 0  # a new document replaces nothing
+    second = guide(GUIDE.replace("Daily", "Nightly"))
+    assert store.replace(second, points_of(second)) == first.generation
+    assert store.replacements("t1") == 1
+    store.put(first, points_of(first))
+    assert store.replacements("t1") == 2  # back to the first text: replaced again
+    other = parse_document(tenant_id="t2", doc_id="guide", content=GUIDE.encode(), fmt="markdown")
+    store.put(other, points_of(other))
+    store.put(other, points_of(other))
+    assert (store.replacements("t1"), store.replacements("t2")) == (2, 1)
+    store.delete("t1", "guide")
+    assert store.replacements("t1") == 2  # a delete: its candidates are rightly gone
