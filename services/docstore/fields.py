@@ -3,12 +3,13 @@
 
 Tags, product and version are payload of every index point of the document and filter values;
 the title is in every doc point's BM25 text and every answer; metadata is stored with the
-document and shown by read_doc_metadata.
+document and shown by read_doc_metadata. Tags are normalised by one rule on both ways in
+(`normalized_tags`), and their bounds hold the tags so normalised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from services.common import errors
 from services.common.document_limits import MAX_PRODUCT_CHARS, MAX_TAG_CHARS
@@ -26,6 +27,14 @@ SERVICE_METADATA = ("file_name", "format")
 characters) and its parsed format. A document's own metadata may not use these keys."""
 
 
+def normalized_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """A document's tags as they are stored and filtered on: each stripped of surrounding
+    white space, empty ones dropped, a repeat dropped (the first kept, in order; tags are
+    compared as written, case included). A filter value is matched exactly: " finance "
+    stored as sent was never found by "finance"."""
+    return tuple(dict.fromkeys(tag for tag in (t.strip() for t in tags) if tag))
+
+
 def check_fields(
     *,
     title: str = "",
@@ -41,7 +50,9 @@ def check_fields(
     bound: at most MAX_TAGS tags of MAX_TAG_CHARS characters, a title of MAX_TITLE_CHARS,
     product and version of MAX_PRODUCT_CHARS, MAX_METADATA metadata entries with keys of
     MAX_METADATA_KEY_CHARS and values of MAX_METADATA_VALUE, a `file_name` of
-    MAX_METADATA_VALUE. `InvalidArgumentError` (field `metadata`) for a metadata key of
+    MAX_METADATA_VALUE. The tags are held as given: both callers pass them through
+    `normalized_tags` first, so the bounds hold the tags the document keeps.
+    `InvalidArgumentError` (field `metadata`) for a metadata key of
     SERVICE_METADATA, which the service sets.
     """
     if len(tags) > MAX_TAGS:

@@ -19,7 +19,7 @@ from services.docstore.errors import (
     ParseError,
     RowProblem,
 )
-from services.docstore.fields import MAX_TAGS, check_fields
+from services.docstore.fields import MAX_TAGS, check_fields, normalized_tags
 from services.docstore.model import Document
 from services.docstore.parsing import (
     MAX_CHUNKS,
@@ -87,10 +87,11 @@ def read_knowledge_base_csv(
     """Parse every usable row; bad rows are reported (with their line numbers), not raised.
 
     Besides REQUIRED_COLUMNS, a row's `id` makes the doc_id (else the title does), `tags` are
-    split on , or ;, and `product`, `version` and `url` are kept when present. A row is held to
-    the bounds an IngestDocument request is (`fields.check_fields`): its title, product,
-    version, tags (topic and jurisdiction are two of them) and topic, jurisdiction and url
-    metadata; a row past them is a bad row.
+    split on , or ; and normalised as a request's are (`fields.normalized_tags`), and
+    `product`, `version` and `url` are kept when present. A row is held to the bounds an
+    IngestDocument request is (`fields.check_fields`): its title, product, version, tags
+    (topic and jurisdiction are two of them) and topic, jurisdiction and url metadata; a row
+    past them is a bad row.
 
     Raises `KnowledgeBaseError` only when the file as a whole is unusable: no header, or
     required columns missing (the error names them).
@@ -207,10 +208,13 @@ def _article(
     doc_id = prefix + slugify(key, 100, fallback="")
     if doc_id == prefix:
         raise ParseError("no doc_id can be made from id/title (no letters or digits)")
-    tags = tuple(t.strip() for t in _TAG_SPLIT.split(cells.get("tags", "")) if t.strip())
     # topic and jurisdiction also travel as tags, so search can filter on them
-    # (search_general_kb's topic/jurisdiction arguments).
-    tags += (kb_tag("topic", cells["topic"]), kb_tag("jurisdiction", cells["jurisdiction"]))
+    # (search_general_kb's topic/jurisdiction arguments). Normalised as a request's tags are.
+    tags = normalized_tags([
+        *_TAG_SPLIT.split(cells.get("tags", "")),
+        kb_tag("topic", cells["topic"]),
+        kb_tag("jurisdiction", cells["jurisdiction"]),
+    ])  # fmt: skip
     metadata = {
         "topic": cells["topic"],
         "jurisdiction": cells["jurisdiction"],

@@ -33,6 +33,7 @@ from services.docstore.pdf import MAX_PAGES, OutlineEntry, PdfText, heading_end,
 from services.docstore.summaries import ExtractiveSummarizer, Summarizer, extractive_summary
 
 __all__ = [
+    "CONTENT_TYPE_FORMATS",
     "FORMATS",
     "MAX_CHUNKS",
     "MAX_PAGES",
@@ -44,13 +45,16 @@ __all__ = [
     "ParseError",
     "Summarizer",
     "UnsupportedFormatError",
+    "accepted_formats",
     "count_tokens",
     "decode_text",
     "derived_title",
     "extractive_summary",
+    "file_suffix",
     "guess_format",
     "parse_document",
     "slugify",
+    "unsupported_format",
 ]
 
 PARSER_VERSION = "5"
@@ -165,16 +169,85 @@ CONTENT_TYPE_FORMATS: Mapping[str, str] = {
 names none."""
 
 
+def file_suffix(file_name: str) -> str:
+    """The suffix of a file name's last component (`base_name`) as written, its last "." on
+    (".DOCX" of "a/Report.DOCX"); "" when it has none."""
+    name = base_name(file_name)
+    return name[name.rfind(".") :] if "." in name else ""
+
+
 def guess_format(file_name: str, content_type: str) -> str:
-    """ "markdown", "text", "pdf" or "csv": the file name's suffix (SUFFIX_FORMATS) decides,
-    else the MIME type (CONTENT_TYPE_FORMATS; a browser's application/octet-stream for a .md
-    file does not turn it away); "text" for neither given; else "unknown"."""
-    name = file_name.lower()
-    by_name = SUFFIX_FORMATS.get(name[name.rfind(".") :]) if "." in name else None
+    """ "markdown", "text", "pdf" or "csv": the file name's suffix (SUFFIX_FORMATS, any case)
+    decides, else the MIME type (CONTENT_TYPE_FORMATS; a browser's application/octet-stream
+    for a .md file does not turn it away); "text" for neither given; else "unknown"
+    (`unsupported_format` says why)."""
+    by_name = SUFFIX_FORMATS.get(file_suffix(file_name).lower())
     if by_name is not None:
         return by_name
     ct = content_type.lower().split(";", 1)[0].strip()
-    return CONTENT_TYPE_FORMATS.get(ct, "text" if not ct and not name else "unknown")
+    return CONTENT_TYPE_FORMATS.get(ct, "text" if not ct and not file_name else "unknown")
+
+
+SHOWN_NAME_CHARS = 40
+"""The most characters of a file name, suffix or content type an `unsupported_format`
+message quotes: `visior ingest` prints a message's first 500 (services/cli), and the list of
+what is taken must fit after them."""
+
+
+def unsupported_format(
+    file_name: str, content_type: str, notes: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """For a file `guess_format` finds no format for: the request field at fault and a
+    message naming what was given and every suffix and content type taken.
+
+    The field is "file_name" when its suffix names no format (nor does the content type, if
+    one was given) or when the name has no suffix and no content type was given;
+    "content_type" when the name has no suffix (or there is none) and the type names no
+    format. `notes` adds a caller's rule to a format ({"csv": "only into tenant X"}). The
+    file name itself is quoted only when it has no suffix: each quoted value is cut to
+    SHOWN_NAME_CHARS, and the whole message stays within what `visior ingest` prints.
+    """
+    suffix, ct = file_suffix(file_name), content_type.strip()
+    if suffix:
+        field = "file_name"
+        given = f"file_name's suffix {_shown(suffix)} names no format"
+        if ct:
+            given += f" (nor does content_type {_shown(ct)})"
+    elif ct:
+        field = "content_type"
+        given = f"content_type {_shown(ct)} names no format, and " + (
+            f"file_name {_shown(file_name)} has no suffix"
+            if file_name
+            else "no file_name was given"
+        )
+    else:
+        field = "file_name"
+        given = f"file_name {_shown(file_name)} has no suffix and no content_type was given"
+    return field, f"unsupported format: {given}. {accepted_formats(notes)}"
+
+
+def accepted_formats(notes: Mapping[str, str] | None = None) -> str:
+    """Every suffix and content type `guess_format` reads, by format, from its tables; a
+    format's note of `notes` after them."""
+
+    def by_format(table: Mapping[str, str]) -> str:
+        return ", ".join(
+            f"{' '.join(k for k, f in table.items() if f == fmt)} ({fmt})"
+            for fmt in FORMATS
+            if fmt in table.values()
+        )
+
+    said = "".join(f"; {fmt} {note}" for fmt, note in (notes or {}).items())
+    return (
+        f"Taken: suffixes {by_format(SUFFIX_FORMATS)}; else content types "
+        f"{by_format(CONTENT_TYPE_FORMATS)}{said}"
+    )
+
+
+def _shown(text: str) -> str:
+    """`text` quoted, cut to SHOWN_NAME_CHARS characters."""
+    cut = len(text) > SHOWN_NAME_CHARS
+    return repr(text[: SHOWN_NAME_CHARS - 1] + "…" if cut else text)
 
 
 def decode_text(content: bytes | str) -> str:
@@ -327,7 +400,8 @@ def parse_document(
             "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"
         )
     if fmt not in FORMATS:
-        raise UnsupportedFormatError(f"format {fmt!r} is not supported (markdown, text, pdf)")
+        parsed = ", ".join(f for f in FORMATS if f != "csv")
+        raise UnsupportedFormatError(f"format {fmt!r} is not supported ({parsed})")
     if fmt == "pdf":
         if isinstance(content, str):
             raise ParseError("a PDF must be given as bytes")

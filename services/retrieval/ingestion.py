@@ -35,15 +35,17 @@ from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import DocumentLimitError, StoreUnavailableError
-from services.docstore.fields import check_fields
+from services.docstore.fields import check_fields, normalized_tags
 from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.docstore.model import Document, DocumentSummary, StoredPoint
 from services.docstore.parsing import (
+    FORMATS,
     ChunkingConfig,
     UnsupportedFormatError,
     derived_doc_id,
     guess_format,
     parse_document,
+    unsupported_format,
 )
 from services.docstore.pdf import PdfText, read_pdf
 from services.docstore.store import DocumentStore
@@ -119,6 +121,19 @@ def check_doc_id(doc_id: str) -> None:
     a request naming such an id is refused, never answered as a document not found."""
     if not is_doc_id(doc_id):
         raise errors.invalid("doc_id", DOC_ID_RULE)
+
+
+_CSV_RULE = {"csv": f"only into the knowledge-base tenant {KB_TENANT!r}"}
+"""What `_validate` holds a CSV to, as an UNSUPPORTED_FORMAT message says it."""
+
+
+def _unsupported(item: IngestInput) -> errors.InvalidArgumentError:
+    """UNSUPPORTED_FORMAT for a file no parser takes, naming the request field at fault, what
+    was given and every suffix and content type taken (`parsing.unsupported_format`)."""
+    field, message = unsupported_format(item.file_name, item.content_type, _CSV_RULE)
+    return errors.InvalidArgumentError(
+        message, reason="UNSUPPORTED_FORMAT", metadata={"field": field}
+    )
 
 
 def embedding_identity(embedder: Embedder) -> str:
@@ -405,7 +420,10 @@ class Ingestor:
         The fields are held to `check_fields`, as a knowledge-base CSV's rows are: the caller's
         metadata has at most MAX_METADATA entries and may not name `file_name` or `format`
         (`SERVICE_METADATA`), which the service stores on every document: the request's
-        `file_name` (at most MAX_METADATA_VALUE characters) and the parsed format.
+        `file_name` (at most MAX_METADATA_VALUE characters) and the parsed format. A request
+        passing every other check whose file is of no format taken is UNSUPPORTED_FORMAT
+        (`_unsupported`). The tags are held as given: `_ingest` normalises them first
+        (`normalized_tags`).
         """
         check_tenant_id(item.tenant_id)
         if not item.content:
@@ -445,10 +463,16 @@ class Ingestor:
             return "", fmt
         if item.doc_id:
             check_doc_id(item.doc_id)
-            return item.doc_id, fmt
-        doc_id = derived_doc_id(item.file_name)
-        if not is_doc_id(doc_id):
-            raise errors.invalid("file_name", "no doc_id could be made from file_name; give doc_id")
+            doc_id = item.doc_id
+        else:
+            doc_id = derived_doc_id(item.file_name)
+            if not is_doc_id(doc_id):
+                raise errors.invalid(
+                    "file_name", "no doc_id could be made from file_name; give doc_id"
+                )
+        # After every other check: a request with another fault too is told that one.
+        if fmt not in FORMATS:
+            raise _unsupported(item)
         return doc_id, fmt
 
     def _parse(self, item: IngestInput, doc_id: str, fmt: str) -> list[Document]:
@@ -478,8 +502,8 @@ class Ingestor:
                     pdf_reader=self._pdf_reader,
                 )
             ]
-        except UnsupportedFormatError as exc:
-            raise errors.InvalidArgumentError(str(exc), reason="UNSUPPORTED_FORMAT") from None
+        except UnsupportedFormatError:  # `_validate` refuses these first
+            raise _unsupported(item) from None
         except DocumentLimitError as exc:
             raise errors.over_limit(
                 str(exc), exc.limit, field="content", name=exc.limit_name
@@ -505,6 +529,9 @@ class Ingestor:
             self._ingesting -= 1
 
     async def _ingest(self, item: IngestInput, deadline: float | None) -> IngestOutcome:
+        # One rule for a request's tags and a knowledge-base CSV's (kb_csv), before the
+        # limits hold them: " finance " is stored, and found, as "finance".
+        item = replace(item, tags=normalized_tags(item.tags))
         doc_id, fmt = self._validate(item)
         parsed = await asyncio.to_thread(self._parse, item, doc_id, fmt)
         # The embedder and the points' layout are part of the generation as the summarizer is
