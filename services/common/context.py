@@ -88,8 +88,22 @@ def call_timeout(configured: float) -> float:
     left = remaining_seconds()
     if left is None:
         return configured
-    margin = min(CALLER_MARGIN_S, max(0.0, left) * HOP_MARGIN_SHARE)
-    return max(0.0, min(configured, left - margin))
+    return max(0.0, min(configured, before_caller(left)))
+
+
+def before_caller(left: float) -> float:
+    """Of `left` seconds to the caller's deadline, the time work for it may take so that its
+    answer still reaches the caller: `left` less HOP_MARGIN_SHARE of it, CALLER_MARGIN_S at
+    most (`call_timeout`; the LLM's tool loop)."""
+    return left - min(CALLER_MARGIN_S, max(0.0, left) * HOP_MARGIN_SHARE)
+
+
+def caller_out_of_time() -> bool:
+    """Whether the current request's deadline is at most CALLER_MARGIN_S away (or passed):
+    a call made for it that ran out of time ran out of the caller's (`call_timeout` ends a
+    call that margin before it), not of its own configured timeout."""
+    left = remaining_seconds()
+    return left is not None and left <= CALLER_MARGIN_S
 
 
 MIN_VERDICT_S = 1.0

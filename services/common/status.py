@@ -12,6 +12,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.common import errors
+from services.common.context import caller_out_of_time
 
 log = logging.getLogger("visior.downstream")
 
@@ -62,7 +63,11 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
     downstream RESOURCE_EXHAUSTED stays one (429, slow down) only when the downstream said so
     with an ErrorInfo (a rate limit, SERVER_BUSY); without one it is grpc's own message-size
     refusal (a reply past our receive limit, or our request past the downstream's), which a
-    caller slowing down cannot cure: a downstream failure.
+    caller slowing down cannot cure: a downstream failure. A downstream DEADLINE_EXCEEDED
+    when this request's own deadline is at hand (the call had the caller's time, less the
+    hop's margin) is the caller's deadline: DEADLINE_EXCEEDED (504), as the caller would
+    hear it a moment later; sooner, the call ran out of the time this service gives the
+    downstream: a downstream failure.
     Everything else is a downstream failure: UNAVAILABLE (HTTP 502) with the downstream's
     reason.
     """
@@ -97,6 +102,15 @@ def from_rpc_error(rpc_error: grpc.aio.AioRpcError, downstream: str) -> errors.S
         )
     if code == grpc.StatusCode.CANCELLED:
         return errors.UnavailableError(message, reason="CANCELLED", metadata=meta)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if caller_out_of_time():
+            return errors.DeadlineExceededError(message, metadata=meta)
+        # The time this service gives the downstream ran out, not the caller's. Whatever the
+        # downstream said spoke of its caller's deadline: this service's, not the caller's.
+        said = f": {rpc_error.details()}" if info is not None and rpc_error.details() else ""
+        return errors.UnavailableError(
+            f"{downstream} did not finish in the time this service gives it{said}", metadata=meta
+        )
     return errors.UnavailableError(message, reason=reason, metadata=meta)
 
 

@@ -34,6 +34,12 @@ SEARCH_USER_DOCUMENTS = "search_user_documents"
 SEARCH_GENERAL_KB = "search_general_kb"
 FETCH_CBR_DATA = "fetch_cbr_data"
 FETCH_FINANCE_NEWS = "fetch_finance_news"
+TOOL_NAMES = (
+    READ_CHUNK_WINDOW, READ_DOC_SECTION, READ_DOC_PAGES, READ_DOC_METADATA, DOC_LOCAL_SEARCH,
+    LOAD_DOCUMENTS_FULL, SEARCH_USER_DOCUMENTS, SEARCH_GENERAL_KB, FETCH_CBR_DATA,
+    FETCH_FINANCE_NEWS,
+)  # fmt: skip
+"""Every tool of the contract (agent.md §5); ToolsProxy serves each of them."""
 
 READ_TOOLS = (READ_CHUNK_WINDOW, READ_DOC_SECTION)
 """The tools that read a listed section: the document scenarios offer these."""

@@ -22,7 +22,7 @@ from services.common.generate_contract import (
 from services.common.outcomes import outcome_of
 from services.common.prompt_limits import COMPLETION_LIMIT_NAME, LLM_LIMIT_EXCEEDED
 from services.common.shared_config import text_body_bytes
-from services.common.tool_contract import check_tool_user
+from services.common.tool_contract import TOOL_NAMES, check_tool_user
 from services.llm.loop import LoopSettings, ToolLoop
 from services.llm.metrics import USAGE, LlmMetrics, begin_request, end_request
 from services.llm.model import EventSink, GenerateInput, GenerateOutput
@@ -167,6 +167,7 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         check_tool_user(
             user.tenant_id if user else "", user.user_id if user else "", user.roles if user else ()
         )
+        _check_tool_names(req.policy.allowed_tools)
     steps = req.policy.max_tool_steps
     if steps is not None and steps < 0:
         raise errors.invalid("tool_policy.max_tool_steps", "max_tool_steps must not be negative")
@@ -177,6 +178,19 @@ def validate(req: GenerateInput, limits: LoopSettings) -> None:
         )
     if any(r < 0 for r in req.policy.radius_schedule):
         raise errors.invalid("tool_policy.window_radius_schedule", "radii must not be negative")
+
+
+def _check_tool_names(names: Sequence[str]) -> None:
+    """Refuse a name no tool of the contract has (a typo would otherwise run the request
+    without that tool, saying nothing). A tool of the contract that this ToolsProxy does not
+    list yet (a deploy rolling out) is simply not offered."""
+    unknown = [n for n in dict.fromkeys(names) if n not in TOOL_NAMES]
+    if unknown:
+        shown = ", ".join(repr(n[:64]) for n in unknown[:3]) + (", …" if len(unknown) > 3 else "")
+        raise errors.invalid(
+            "tool_policy.allowed_tools",
+            f"no such tool: {shown}; the tools are {', '.join(TOOL_NAMES)}",
+        )
 
 
 class Catalogue(Protocol):

@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services.common import errors
+from services.common.context import before_caller
 from services.common.generate_contract import last_question
 from services.common.outcomes import outcome_of
 from services.common.prompt_limits import DEFAULT_LLM_COMPLETION_TOKENS, DEFAULT_LLM_PROMPT_TOKENS
@@ -299,7 +300,11 @@ class _Run:
         s = loop.settings
         self.loop, self.req, self.sink, self.s = loop, req, sink, s
         self.started = loop.clock()
-        watchdog = s.watchdog_s if timeout_s is None else min(s.watchdog_s, timeout_s)
+        # The caller's time less the hop's margin: this service's own answer (a timeout
+        # named as the caller's deadline or the model's) reaches the caller before it gives up.
+        watchdog = (
+            s.watchdog_s if timeout_s is None else min(s.watchdog_s, before_caller(timeout_s))
+        )
         self.watchdog = watchdog
         self.callers = watchdog < s.watchdog_s
         """Whether the watchdog is the caller's deadline, not the service's own."""
@@ -422,6 +427,13 @@ class _Run:
                     continue
                 if withheld:
                     return await self._withhold(messages, withheld)
+                if not completion.content.strip() and not self.req.params.stop:
+                    # No answer at all (a caller's stop sequence may end one before it starts).
+                    raise errors.UnavailableError(
+                        "the model answered with no text "
+                        f"(finish_reason {finish_reason(completion)})",
+                        reason=LLM_RUNTIME_ERROR,
+                    )
                 return self._output(completion.content, finish_reason(completion))
             if self.closed:
                 if not self.final_asked:

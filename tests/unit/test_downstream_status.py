@@ -1,8 +1,11 @@
 """A downstream's RESOURCE_EXHAUSTED reaches the caller as one (429, slow down) only when the
 downstream said so with an ErrorInfo; grpc's own, without one (a reply past this service's
-receive limit), is a downstream failure: UNAVAILABLE, which a caller slowing down cannot cure."""
+receive limit), is a downstream failure: UNAVAILABLE, which a caller slowing down cannot cure.
+A downstream's DEADLINE_EXCEEDED is the caller's own when its deadline is at hand."""
 
 from __future__ import annotations
+
+import time
 
 import grpc
 import pytest
@@ -11,6 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from services.common import errors
 from services.common.channels import open_channel
+from services.common.context import CALLER_MARGIN_S, deadline_var
 from services.common.settings import DEFAULT_MAX_MESSAGE_BYTES, DownstreamSettings
 from services.common.status import call_downstream, from_rpc_error
 
@@ -85,3 +89,38 @@ async def test_a_reply_past_the_receive_limit_is_unavailable_naming_the_downstre
     assert caught.value.code == errors.UNAVAILABLE
     assert caught.value.metadata["downstream"] == "toolsproxy"
     assert caught.value.metadata["downstream_code"] == "RESOURCE_EXHAUSTED"
+
+
+def _with_time_left(left: float | None, make):
+    token = deadline_var.set(None if left is None else time.monotonic() + left)
+    try:
+        return make()
+    finally:
+        deadline_var.reset(token)
+
+
+@pytest.mark.parametrize("info", [None, error_details_pb2.ErrorInfo(reason="DEADLINE_EXCEEDED")])
+def test_a_downstream_deadline_at_the_callers_own_is_the_callers_deadline(info) -> None:
+    # The call had the caller's time less the hop's margin (call_timeout): whether this
+    # service's timer ended it (no ErrorInfo) or the downstream said so first, the caller's
+    # deadline is what ran out, and the caller hears DEADLINE_EXCEEDED, never "unavailable".
+    rpc = _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed", info)
+    for left in (CALLER_MARGIN_S, 0.01, -1.0):
+        err = _with_time_left(left, lambda: from_rpc_error(rpc, "llm"))
+        assert isinstance(err, errors.DeadlineExceededError), left
+        assert err.code == errors.DEADLINE_EXCEEDED and err.reason == "DEADLINE_EXCEEDED"
+        assert err.metadata == {"downstream": "llm", "downstream_code": "DEADLINE_EXCEEDED"}
+
+
+@pytest.mark.parametrize("left", [None, 2 * CALLER_MARGIN_S, 60.0])
+def test_a_downstream_out_of_its_own_time_is_a_downstream_failure(left) -> None:
+    # The time this service gives the downstream (ORCH_LLM_TIMEOUT_SECONDS) ran out while
+    # the caller still has time: the downstream failed (502). Its reason spoke of its own
+    # caller's deadline, this service's, so the caller gets the downstream failure's.
+    info = error_details_pb2.ErrorInfo(reason="DEADLINE_EXCEEDED")
+    rpc = _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed", info)
+    err = _with_time_left(left, lambda: from_rpc_error(rpc, "llm"))
+    assert isinstance(err, errors.UnavailableError)
+    assert err.code == errors.UNAVAILABLE and err.reason == "UPSTREAM_UNAVAILABLE"
+    assert err.metadata == {"downstream": "llm", "downstream_code": "DEADLINE_EXCEEDED"}
+    assert err.message.startswith("llm did not finish in the time this service gives it")

@@ -10,6 +10,7 @@ import pytest
 
 from services.common import errors
 from services.common.tokenizer import default_tokenizer
+from services.common.tool_contract import TOOL_NAMES
 from services.llm.engine import (
     MAX_CONTEXT_CHUNK_CHARS,
     MAX_CONTEXT_CHUNKS,
@@ -211,3 +212,24 @@ def test_a_response_schema_pattern_in_another_regex_dialect_is_taken():
     schema = {"type": "object", "properties": {"year": {"type": "string",
               "pattern": "(?<year>\\d{4})"}, "name": {"type": "string", "pattern": "\\p{L}+"}}}  # fmt: skip
     validate(req(params=GenerationParams(response_schema=schema), policy=ToolPolicy()), LIMITS)
+
+
+# --- tool_policy.allowed_tools ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("read_chunk_windw",), ("read_chunk_window", "no_such_tool"), ("x" * 10_000,), ("",)],
+)
+def test_a_tool_name_no_tool_has_is_refused(names):
+    # A typo would run the request without that tool and say nothing.
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        validate(req(policy=replace(POLICY, allowed_tools=names)), LIMITS)
+    assert info.value.metadata == {"field": "tool_policy.allowed_tools"}
+    assert info.value.message.startswith("no such tool: ")
+    assert "read_chunk_window, read_doc_section" in info.value.message  # what there is
+    assert len(info.value.message) < 500  # a long name is cut in the message
+
+
+def test_every_tool_of_the_contract_is_taken():
+    validate(req(policy=replace(POLICY, allowed_tools=TOOL_NAMES)), LIMITS)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from services.common import errors
+from services.common.context import CALLER_MARGIN_S, HOP_MARGIN_SHARE
 from services.common.generate_contract import question_turn
 from services.common.tokenizer import default_tokenizer
 from services.common.tool_args import ArgumentError, check_arguments
@@ -607,7 +608,14 @@ async def test_the_callers_time_left_shortens_the_watchdog():
                           says("x")], clock, tick=6.0)  # fmt: skip
     with pytest.raises(errors.DeadlineExceededError):  # the caller's deadline, not the model's
         await loop(rt, FakeTools(default=window()), clock).run(req(), timeout_s=5.0)
-    assert rt.calls[0]["timeout_s"] == 5.0
+    # The hop's margin (CALLER_MARGIN_S) before the caller's deadline: the service's own
+    # DEADLINE_EXCEEDED reaches the caller before the caller's timer ends the call.
+    assert rt.calls[0]["timeout_s"] == 5.0 - CALLER_MARGIN_S
+    rt = ScriptedRuntime([asks(call("read_doc_section", {"doc_id": "guide", "section_id": "s2"})),
+                          says("x")], clock, tick=2.0)  # fmt: skip
+    with pytest.raises(errors.DeadlineExceededError):  # a short deadline: a tenth of it
+        await loop(rt, FakeTools(default=window()), clock).run(req(), timeout_s=1.0)
+    assert rt.calls[0]["timeout_s"] == pytest.approx(1.0 - HOP_MARGIN_SHARE)
 
 
 async def test_watchdog_stops_a_hanging_tool():

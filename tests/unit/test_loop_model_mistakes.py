@@ -233,7 +233,7 @@ def no_tools_req() -> GenerateInput:
 
 
 async def test_a_reported_completion_of_zero_stays_zero():
-    rt = ScriptedRuntime([says("", prompt_tokens=150, completion_tokens=0)])
+    rt = ScriptedRuntime([says("ok", prompt_tokens=150, completion_tokens=0)])
     out = await loop(rt, FakeTools()).run(no_tools_req())
     assert (out.prompt_tokens, out.completion_tokens) == (150, 0)
     assert out.final_prompt_tokens == 150
@@ -285,3 +285,22 @@ async def test_a_prompt_count_without_a_completion_count_has_the_completion_esti
     out = await loop(rt, FakeTools()).run(no_tools_req())
     estimate = message_tokens(TOK, ChatMessage("assistant", "An answer with half a usage"))
     assert (out.prompt_tokens, out.completion_tokens) == (150, estimate)
+
+
+@pytest.mark.parametrize("blank", ["", " \n\t"])
+async def test_an_answer_with_no_text_is_the_models_failure(blank):
+    # No answer is no answer: a 502 the caller can retry, never a 200 with an empty answer
+    # beside the sources it was to come from.
+    rt = ScriptedRuntime([says(blank)])
+    with pytest.raises(errors.UnavailableError) as info:
+        await loop(rt, FakeTools(default=window())).run(req())
+    assert info.value.reason == "LLM_RUNTIME_ERROR"
+    assert info.value.message == "the model answered with no text (finish_reason stop)"
+
+
+async def test_an_answer_a_callers_stop_sequence_ended_before_it_began_is_the_callers():
+    rt = ScriptedRuntime([says("")])
+    ask = no_tools_req()
+    ask = replace(ask, params=replace(ask.params, stop=("Answer:",)))
+    out = await loop(rt, FakeTools()).run(ask)
+    assert out.answer == ""

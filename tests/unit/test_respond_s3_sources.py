@@ -105,7 +105,9 @@ async def test_a_search_failing_after_one_that_found_nothing_keeps_its_latency()
     out = await responder(retriever).respond(ask())
     assert retriever.queries == [ANSWER, "What is the notice period?"]
     assert [(s.doc_id, s.page_start) for s in out.sources] == [("contract", 0), ("annex", 0)]
-    assert out.retrieval_latency_ms == 4
+    # The first search's 4 ms, and the selection's size lookup as the clock timed it (0 ms
+    # alone, a few on a loaded machine).
+    assert 4 <= out.retrieval_latency_ms < 50
 
 
 async def test_a_search_that_answers_still_names_the_pages():
