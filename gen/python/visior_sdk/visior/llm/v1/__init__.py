@@ -125,7 +125,9 @@ class ToolPolicy(betterproto.Message):
 
     allowed_tools: List[str] = betterproto.string_field(1)
     """
-    allowed_tools are the tools the model may call; empty disables tools.
+    allowed_tools are the tools the model may call; empty disables tools. Each
+     is a tool of the contract (ToolsProxy's ListTools); another name is
+     INVALID_ARGUMENT on tool_policy.allowed_tools.
     """
 
     anchors: List["AnchorChunk"] = betterproto.message_field(2)
