@@ -594,6 +594,8 @@ class VisiorClient:
         channel: str = "",
         locale: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        deadline: Deadline | None = None,
+        metadata: Metadata | None = None,
     ) -> RespondResponse:
         """Ask the orchestrator for an answer with sources; `history`: messages or (role, text)."""
         request = RespondRequest(
@@ -611,7 +613,9 @@ class VisiorClient:
         )
         if filters is not None:
             request.filters = filters
-        return await self.orchestrator.respond(request, timeout=timeout)
+        return await self.orchestrator.respond(
+            request, timeout=timeout, deadline=deadline, metadata=metadata
+        )
 
     async def search(
         self,
@@ -623,6 +627,8 @@ class VisiorClient:
         params: SearchParams | None = None,
         language: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        deadline: Deadline | None = None,
+        metadata: Metadata | None = None,
     ) -> SearchResponse:
         """Search one tenant's documents (max_results ≤ 50, else InvalidArgument LIMIT_EXCEEDED)."""
         request = SearchRequest(
@@ -632,7 +638,9 @@ class VisiorClient:
             request.filters = filters
         if params is not None:
             request.params = params
-        return await self.retrieval.search(request, timeout=timeout)
+        return await self.retrieval.search(
+            request, timeout=timeout, deadline=deadline, metadata=metadata
+        )
 
     async def execute_tool(
         self,
@@ -641,11 +649,15 @@ class VisiorClient:
         user: UserContext,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        deadline: Deadline | None = None,
+        metadata: Metadata | None = None,
     ) -> ToolResult:
         """Run one ToolsProxy tool for `user`; `arguments` is a plain JSON-like dict."""
         response = await self.tools.execute(
             ExecuteRequest(tool_name=name, arguments=to_struct(arguments), user=user),
             timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
         )
         has_error = betterproto.serialized_on_wire(response.error)
         return ToolResult(
@@ -660,10 +672,14 @@ class VisiorClient:
         service: str,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (sent as grpc-timeout)
+        deadline: Deadline | None = None,
+        metadata: Metadata | None = None,
     ) -> ServiceHealth:
         """GetHealth of one service: orchestrator, llm, retrieval or toolsproxy."""
         request_type = HEALTH_REQUESTS.get(service)
         if request_type is None:
             raise ValueError(f"no GetHealth for {service!r}; use one of {tuple(SERVICE_BY_KEY)}")
-        response = await self._stub(service).get_health(request_type(), timeout=timeout)
+        response = await self._stub(service).get_health(
+            request_type(), timeout=timeout, deadline=deadline, metadata=metadata
+        )
         return ServiceHealth(response.status, response.service, dict(response.details))
