@@ -45,7 +45,7 @@ class RuntimeConfig:
     max_tool_steps: int = 3
     """Tool calls the model may make per request (the LLM service's MAX_TOOL_STEPS caps it).
     The one call the Orchestrator plans (S2, S3) is made whatever it is, 0 included; in S3 it
-    counts among them."""
+    counts among them. S1 and S4 answer from sections read, so they allow at least one."""
     window_radius: int = DEFAULT_WINDOW_RADIUS
     """Largest per-side radius of read_chunk_window (the schedule grows 1 → 2 → … → R)."""
     mock_mode: bool = False
