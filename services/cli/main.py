@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_TENANT
 from services.common.settings import Env, SettingsError
 from services.common.shared_config import DATA_DIR
@@ -27,7 +28,7 @@ from services.common.topology import SERVICES, Ports
 from services.devtools.envoy import REPO_ROOT
 from services.devtools.envoy_config import route_timeout
 from services.devtools.local_model import LocalModelConfig
-from services.devtools.mesh import Mesh, MeshError, local_envoy_timeouts
+from services.devtools.mesh import Mesh, MeshError, PortsError, local_envoy_timeouts
 from services.devtools.processes import child_pids, stop_strays
 from services.docstore.errors import ParseError
 from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
@@ -343,10 +344,20 @@ def _clash_message(found: Mapping[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
-def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
+def no_doc_id(file_name: str) -> bool:
+    """Whether retrieval, given no doc_id, refuses a file sent as `file_name` for its name: one
+    whose id is made from its name (any but a knowledge-base CSV) and gives none
+    (derived_doc_id, is_doc_id: e.g. `!!!.md`)."""
+    return guess_format(file_name, "") != "csv" and not is_doc_id(derived_doc_id(file_name))
+
+
+def ingest(url: str, paths: list[str], tenant: str, timeout: float, *, doc_id: str = "") -> int:
     """Send each file of `paths` (folders walked, folder_files) to retrieval at `url`, one
-    request each. A run holding files that would be stored as one (clashes: by name, or in
-    KB_TENANT by an article's id) is refused before anything is sent, exit code 2."""
+    request each; with `doc_id`, the one file it names (else exit code 2), stored under that
+    id. A run holding files that would be stored as one (clashes: by name, or in
+    KB_TENANT by an article's id) is refused before anything is sent, exit code 2. A file
+    whose name gives no id (no_doc_id) is not sent: it fails, saying to rename it or give
+    --doc-id."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -355,6 +366,14 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
             files.append(p)
     if not files:
         return _fail("no files to ingest")
+    if doc_id and len(files) > 1:
+        return _fail(f"--doc-id names one document; {len(files)} files were given", 2)
+    if doc_id and guess_format(files[0].name, "") == "csv":
+        return _fail(
+            "--doc-id names one document; a knowledge-base CSV's articles take their ids "
+            "from its rows",
+            2,
+        )
     found = clashes(files, tenant)
     if found:
         return _fail(_clash_message(found), 2)
@@ -367,12 +386,20 @@ def ingest(url: str, paths: list[str], tenant: str, timeout: float) -> int:
             if sys.stdout.isatty():
                 print(f"{_bar(done_bytes, total_bytes)} {prefix} …", end="", flush=True)
             done_bytes += path.stat().st_size if path.exists() else 0
+            if not doc_id and no_doc_id(path.name):
+                print(f"\r{prefix} failed: no document id can be made of its name (it needs a "
+                      "letter or digit): rename the file, or name its id with --doc-id (one "
+                      "file at a time); not sent")  # fmt: skip
+                failed += 1
+                continue
             try:
                 payload: dict[str, Any] = {
                     "tenant_id": tenant,
                     "file_name": path.name,
                     "content": base64.b64encode(path.read_bytes()).decode(),
                 }
+                if doc_id:
+                    payload["doc_id"] = doc_id
                 response = client.post(f"{url}{DOCUMENTS_PATH}", json=payload)
             except httpx.HTTPError as exc:
                 if not unanswered(exc):
@@ -468,10 +495,14 @@ def list_documents(url: str, tenant: str, timeout: float, page_size: int = 0) ->
             return 0
 
 
-def _start(mesh: Mesh) -> bool:
-    """Start `mesh`; False, with the reason printed, when it does not come up."""
+def _start(mesh: Mesh, ports_hint: str = "") -> bool:
+    """Start `mesh`; False, with the reason printed, when it does not come up (`ports_hint`
+    after it when its ports are the reason, PortsError)."""
     try:
         mesh.start()
+    except PortsError as exc:
+        _fail(f"{exc}{ports_hint}")
+        return False
     except (MeshError, RuntimeError) as exc:
         _fail(str(exc))
         return False
@@ -543,15 +574,16 @@ def _stop(mesh: Mesh, children_before: set[int]) -> None:
 
 
 @contextmanager
-def _running(mesh: Mesh, announce: bool = False) -> Iterator[bool]:
-    """Start `mesh` (True when it came up, else False with the reason printed) and stop it,
+def _running(mesh: Mesh, announce: bool = False, ports_hint: str = "") -> Iterator[bool]:
+    """Start `mesh` (True when it came up, else False with the reason printed, and
+    `ports_hint` when its ports were the reason) and stop it,
     and every process it started, on leaving, however that comes: a return, an error, or
     Stopped, during the start too. Use inside `_stop_signals`. With `announce`, a mesh that
     came up says it is stopping and when it has stopped."""
     children_before = child_pids()
     up = False
     try:
-        up = _start(mesh)
+        up = _start(mesh, ports_hint)
         yield up
     finally:
         # A signal arriving now raises Stopped at most once (the handler ignores the next
@@ -574,6 +606,8 @@ def _print_where(mesh: Mesh) -> None:
         print(f"  {k:<13} gRPC 127.0.0.1:{p.grpc[k]:<6} JSON http://127.0.0.1:{p.http[k]:<6} "
               f"metrics http://127.0.0.1:{p.metrics[k]}/metrics")  # fmt: skip
     print(f"  envoy admin   http://127.0.0.1:{p.envoy_admin}")
+    if mcp := mesh.mcp_endpoint():
+        print(f"  MCP           {mcp[0]}  (MCP_PROXY_MCP_ENABLED; streamable HTTP)")
     if mesh.model is not None and mesh.model.alive():
         print(f"  local model   {mesh.model.base_url}/v1  ({mesh.model.alias}; GGUF name "
               f"{mesh.model.gguf_name!r}; CPU: tens of seconds an answer)")  # fmt: skip
@@ -612,6 +646,16 @@ def _local_model(model: str, data_dir: str | Path, n_ctx: int) -> LocalModelConf
     return LocalModelConfig(data_dir=Path(data_dir), n_ctx=n_ctx) if model == "local" else None
 
 
+PORTS = ("fixed", "free")
+"""`visior run --ports`: the fixed ports of `Ports()` (the README's table), or ports free now
+(`Ports.free()`, as `visior demo` takes), printed once the mesh is up."""
+FREE_PORTS_HINT = (
+    ": `make run PORTS=free` (visior run --ports free) runs it on ports free now, printed once "
+    "it is up"
+)
+"""What `visior run` on the fixed ports adds when its ports stop the start (PortsError)."""
+
+
 def run(
     data_dir: str | Path,
     workdir: str | Path,
@@ -619,20 +663,22 @@ def run(
     bank_standin: bool = True,
     model: str = "extractive",
     n_ctx: int = LocalModelConfig.n_ctx,
+    ports: str = "fixed",
 ) -> int:
-    """Start the mesh (with the demo bank stand-in unless told not to) until Ctrl-C, SIGTERM
-    or SIGHUP (exit code 0, everything stopped, during the start too); 1 when it does not
-    come up or a process of it exits."""
+    """Start the mesh (with the demo bank stand-in unless told not to) on `ports` (PORTS)
+    until Ctrl-C, SIGTERM or SIGHUP (exit code 0, everything stopped, during the start too);
+    1 when it does not come up or a process of it exits."""
     with _stop_signals():
         mesh = Mesh(
-            Ports(),
+            Ports.free() if ports == "free" else Ports(),
             data_dir,
             workdir,
             bank_standin=bank_standin,
             local_model=_local_model(model, data_dir, n_ctx),
         )
+        hint = FREE_PORTS_HINT if ports == "fixed" else ""
         try:
-            with _running(mesh, announce=True) as up:
+            with _running(mesh, announce=True, ports_hint=hint) as up:
                 return _serve(mesh, samples) if up else 1
         except Stopped:
             return 0
@@ -646,6 +692,9 @@ def _serve(mesh: Mesh, samples: bool) -> int:
             mesh.json_url("retrieval"), wait_s(DOCUMENTS_PATH, "POST", mesh.envoy_timeouts())
         )
     _print_where(mesh)
+    if mesh.ports.http != Ports().http:
+        print(f"  the visior client commands: ask --url {mesh.json_url('orchestrator')}, "
+              f"ingest and list --url {mesh.json_url('retrieval')}")  # fmt: skip
     print("Ctrl-C stops everything.", flush=True)
     while True:
         time.sleep(1.0)
@@ -721,6 +770,14 @@ def page_size_arg(text: str) -> int:
     return value
 
 
+def doc_id_arg(text: str) -> str:
+    """`--doc-id`'s type: an id a document can be stored under (is_doc_id, as ingestion
+    holds it)."""
+    if not is_doc_id(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: {DOC_ID_RULE}")
+    return text
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", choices=MODELS, default="extractive",
@@ -761,8 +818,18 @@ def main(argv: list[str] | None = None) -> int:
         help="no demo bank stand-in: the ToolsProxy uses MCP_PROXY_CBR_URL (default the real "
         "https://www.cbr.ru service; needs internet)",
     )  # fmt: skip
+    p.add_argument(
+        "--ports", choices=PORTS, default="fixed",
+        help="where the mesh listens: the fixed ports (default; gRPC 50051-50054, JSON "
+        "8081-8084, metrics 9181-9184, Envoy admin 9901), or ports free now, printed once it "
+        "is up (when a fixed one is taken)",
+    )  # fmt: skip
     _model_flags(p)
-    p = sub.add_parser("demo", help="start the mesh, ingest the samples, answer a question, stop")
+    p = sub.add_parser(
+        "demo",
+        help="start the mesh, ingest the samples, answer two questions (the documents', the "
+        "dollar's rate from the demo bank), stop",
+    )
     p.add_argument("question", nargs="?", default=DEMO_QUESTION)
     p.add_argument(
         "--data-dir", default=data_dir,
@@ -788,6 +855,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument(
         "--knowledge-base", action="store_true",
         help="write the shared knowledge base (agent.md §6 CSV) instead of a tenant",
+    )  # fmt: skip
+    p.add_argument(
+        "--doc-id", type=doc_id_arg,
+        help="the id to store the one file given under (default: made from its file name; "
+        "needed when the name has no letter or digit)",
     )  # fmt: skip
     p.add_argument("--url", default=DEFAULT_RETR_URL, help="retrieval's sidecar")
     p.add_argument(
@@ -833,14 +905,15 @@ def _dispatch(a: argparse.Namespace) -> int:
     if a.command == "run":
         return run(
             a.data_dir, a.workdir, a.samples, bank_standin=not a.real_bank,
-            model=a.model, n_ctx=a.model_ctx,
+            model=a.model, n_ctx=a.model_ctx, ports=a.ports,
         )  # fmt: skip
     if a.command == "demo":
         return demo(a.question, model=a.model, model_data_dir=a.data_dir, n_ctx=a.model_ctx)
     if a.command == "ask":
         return ask(a.url, a.question, a.tenant, a.user, a.json, a.timeout)
     if a.command == "ingest":
-        return ingest(a.url, a.paths, KB_TENANT if a.knowledge_base else a.tenant, a.timeout)
+        tenant = KB_TENANT if a.knowledge_base else a.tenant
+        return ingest(a.url, a.paths, tenant, a.timeout, doc_id=a.doc_id or "")
     return list_documents(a.url, a.tenant, a.timeout, a.page_size)
 
 

@@ -41,6 +41,12 @@ class MeshError(RuntimeError):
     taken."""
 
 
+class PortsError(MeshError):
+    """The mesh cannot take its ports, nothing started: one is taken (check_ports_free), or
+    the process environment gives a service another port or neighbour than the mesh would
+    (check_caller_env). Other ports for the whole mesh answer both."""
+
+
 LOCAL_CALL_TIMEOUT_S = 300.0
 """One call to the local model: a cold 3,000-token prompt takes ≈50 s at ≈60 tokens/s
 prefill on 2 cores, plus decoding at 15-18 tokens/s."""
@@ -221,22 +227,73 @@ class Mesh:
             return None
         return f"http://127.0.0.1:{self.bank_port}{BANK_PATH}"
 
-    def env(self) -> dict[str, str]:
-        """The environment every service process gets: ports, targets, data dir, then the
-        caller's `env`. With the local model running, also `local_model_env`: its LOCAL_FORCED
-        names always, the others where neither the process environment nor `env` sets them
-        (a blank value is unset, as the services read it)."""
+    def wiring(self) -> dict[str, str]:
+        """The variables by which the mesh puts every service on its `ports` and tells it its
+        neighbours: each service's gRPC and metrics port, and the addresses it calls."""
         p = self.ports
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "VISIOR_DATA_DIR": str(self.data_dir),
+        return {
             **{server_var(s.key, "port"): str(p.grpc[s.key]) for s in SERVICES},
             **{server_var(s.key, "metrics_port"): str(p.metrics[s.key]) for s in SERVICES},
             "ORCH_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
             "ORCH_LLM_SERVICE_URL": f"127.0.0.1:{p.grpc['llm']}",
             "MCP_PROXY_URL": f"127.0.0.1:{p.grpc['toolsproxy']}",
             "MCP_PROXY_RETRIEVAL_URL": f"127.0.0.1:{p.grpc['retrieval']}",
+        }
+
+    def check_caller_env(self) -> None:
+        """PortsError naming each variable of `wiring` the process environment sets (not
+        blank, as the services read it) to another value than the mesh's, unless the mesh's
+        own `env` names it: the mesh would overwrite it, and the service would not be where
+        the caller said."""
+        caller = Env(os.environ)
+        differ = [
+            f"{name}={found[1]} (the mesh's: {mine})"
+            for name, mine in self.wiring().items()
+            if name not in self._extra_env
+            and (found := caller.raw([name])) is not None
+            and found[1] != mine
+        ]
+        if differ:
+            raise PortsError(
+                f"set in the environment: {', '.join(differ)}; the mesh gives every service "
+                "its ports and its neighbours' addresses itself and would overwrite "
+                f"{'these' if len(differ) > 1 else 'it'}: unset "
+                f"{'them' if len(differ) > 1 else 'it'}; to move the services, give the mesh "
+                "other ports"
+            )
+
+    def mcp_endpoint(self) -> tuple[str, int] | None:
+        """(URL, port) of the ToolsProxy's MCP endpoint when the environment the services get
+        enables it (MCP_PROXY_MCP_*, read as the ToolsProxy reads them; the mesh sets none of
+        them), else None; also None for a value the ToolsProxy would refuse at start, which
+        then says why. Port 0 (the OS picks one) gives no URL either."""
+        given = Env({**os.environ, **self._extra_env})
+        if given.raw(["MCP_PROXY_MCP_ENABLED"]) is None:  # off, without the import below
+            return None
+        # Imported here: the ToolsProxy's settings pull in the MCP SDK, which the client
+        # commands never need.
+        from services.toolsproxy.config import mcp_settings
+
+        try:
+            mcp = mcp_settings(given)
+        except SettingsError:
+            return None
+        if not mcp.enabled or not mcp.port:
+            return None
+        host = "127.0.0.1" if mcp.host in ("0.0.0.0", "::") else mcp.host  # every address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{mcp.port}{mcp.path}", mcp.port
+
+    def env(self) -> dict[str, str]:
+        """The environment every service process gets: ports, targets, data dir, then the
+        caller's `env`. With the local model running, also `local_model_env`: its LOCAL_FORCED
+        names always, the others where neither the process environment nor `env` sets them
+        (a blank value is unset, as the services read it)."""
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "VISIOR_DATA_DIR": str(self.data_dir),
+            **self.wiring(),
         }
         env.update(self._extra_env)
         if self.model is not None and self.model.alive():
@@ -310,6 +367,8 @@ class Mesh:
             roles[f"{spec.key} metrics"] = p.metrics[spec.key]
             roles[f"Envoy's {spec.key} JSON listener"] = p.http[spec.key]
         roles["Envoy admin"] = p.envoy_admin
+        if mcp := self.mcp_endpoint():
+            roles["the MCP endpoint, MCP_PROXY_MCP_PORT"] = mcp[1]
         if self.bank_standin and self.bank is None:
             roles["the bank stand-in"] = self.bank_port
         if self.model is not None and not self.model.alive():
@@ -317,7 +376,7 @@ class Mesh:
         return {role: port for role, port in roles.items() if port}
 
     def check_ports_free(self) -> None:
-        """MeshError naming each port of `listen_ports` something already listens on, and the
+        """PortsError naming each port of `listen_ports` something already listens on, and the
         role that needs it: a server that cannot bind exits, but another process on its port
         could answer the health checks in its place."""
         taken = [
@@ -326,14 +385,16 @@ class Mesh:
             if not listening_allowed(port)
         ]
         if taken:
-            raise MeshError(
+            raise PortsError(
                 f"already in use on 127.0.0.1: {', '.join(taken)}; stop what listens there or "
                 "give the mesh other ports"
             )
 
     def start(self) -> Mesh:
         """The bank stand-in (if asked), the four servers (healthy), then Envoy (ready);
-        MeshError, with nothing started, when a port it needs is taken (check_ports_free)."""
+        PortsError, with nothing started, when the environment gives a service other ports
+        (check_caller_env) or a port it needs is taken (check_ports_free)."""
+        self.check_caller_env()
         self.check_ports_free()
         try:
             if self.bank_standin and self.bank is None:

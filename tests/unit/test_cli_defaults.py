@@ -49,7 +49,7 @@ def _main_passes(monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str]) ->
     """The timeout `visior <argv>` hands to `cli.<name>`."""
     seen: list[Any] = []
 
-    def record(*args: Any) -> int:
+    def record(*args: Any, **options: Any) -> int:
         seen.append(args)
         return 0
 

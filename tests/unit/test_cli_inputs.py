@@ -299,7 +299,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """What each client command was called with, instead of calling the mesh."""
     calls: dict[str, Any] = {}
 
-    def command(*args: Any) -> int:  # ask and ingest: the timeout comes last
+    def command(*args: Any, **options: Any) -> int:  # ask and ingest: the timeout comes last
         calls["timeout"] = args[-1]
         return 0
 
