@@ -794,10 +794,8 @@ STARTS_SERVICES = ("run", "demo")
 at start (`Env()`, refuse_undeclared) before starting any."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one command; a setting it cannot use is one `error:` line and exit code 2."""
-    parser = argparse.ArgumentParser(prog="visior", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _mesh_commands(sub: Any) -> None:
+    """`run` and `demo`: the commands that start the mesh."""
     data_dir = default_data_dir()
     p = sub.add_parser("run", help="start the four servers and Envoy in the foreground")
     p.add_argument(
@@ -836,6 +834,10 @@ def main(argv: list[str] | None = None) -> int:
         help="where the local model's weights are kept (default: as `run`'s --data-dir)",
     )  # fmt: skip
     _model_flags(p)
+
+
+def _client_commands(sub: Any) -> None:
+    """`ask`, `ingest` and `list`: the commands that call a running mesh."""
     p = sub.add_parser("ask", help="ask a question through Envoy's JSON route")
     p.add_argument("question")
     p.add_argument("--tenant", default="demo")
@@ -879,6 +881,14 @@ def main(argv: list[str] | None = None) -> int:
         "--page-size", type=page_size_arg, default=0,
         help=f"documents per request (1-{MAX_PAGE_SIZE}; default: the server's)",
     )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; a setting it cannot use is one `error:` line and exit code 2."""
+    parser = argparse.ArgumentParser(prog="visior", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _mesh_commands(sub)
+    _client_commands(sub)
     a = parser.parse_args(argv)
     try:
         return _dispatch(a)
