@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -367,13 +367,154 @@ def not_found(lang: str) -> str:
 
 class SentenceScorer:
     """BM25 of a sentence for the question's words, over a pool of sentences: a word most
-    sentences share (the product's name) weighs little, a repeated rare one much."""
+    sentences share (the product's name) weighs little, a repeated rare one much.
+    `scored_as`: the text a sentence is scored as, when not its own (`headed_sentences`)."""
 
-    def __init__(self, question: str, pool: Sequence[str]) -> None:
-        self._bm25 = Bm25(search_terms(question), [search_terms(s) for s in pool])
+    def __init__(
+        self, question: str, pool: Sequence[str], scored_as: Mapping[str, str] | None = None
+    ) -> None:
+        self._as = dict(scored_as or {})
+        self._bm25 = Bm25(search_terms(question), [search_terms(self._as.get(s, s)) for s in pool])
 
     def __call__(self, sentence: str) -> float:
-        return self._bm25(search_terms(sentence))
+        return self._bm25(search_terms(self._as.get(sentence, sentence)))
+
+
+_MD_HEADING = re.compile(r"#{1,6}(?:\s+|$)")
+_RULE = re.compile(r"(?:[-=*_][ \t]*){3,}")
+"""A setext heading's underline or a thematic break: no text of its own."""
+_LIST_ITEM = re.compile(r"(?:[-*+•]|\d{1,3}[.)])\s+")
+"""The marker opening a list item: the item is a unit of its own, its marker kept."""
+_NUMBERED = re.compile(r"(?:\d{1,3}|[A-ZА-ЯЁ](?=\.\d))(?:\.\d{1,3})*\.?\s+\S")
+"""A section's number opening a line ("6. Плановые работы", "4.4.1 Targets", "A.1 Shared")."""
+_HEADING_START = re.compile(r"[\"'«“(\[]?[A-ZА-ЯЁ][a-zа-яё]|" + _NUMBERED.pattern)
+"""How a heading opens: a capitalised word or a section's number (a line of code or data,
+"BIN = /usr/bin", "DEBUILD_OPTS=…", is no heading)."""
+_BODY_START = re.compile(r"[\"'«“(\[]?[A-ZА-ЯЁ][a-zа-яё]|[-*+•]\s")
+"""A line opening body text after a heading: a capitalised word (not a name in capitals,
+which a wrapped line can start with), or a bullet."""
+_SENTENCE_CLOSED = re.compile(r"[.!?…:;,][\"'»”)\]]*(?:\s*(?:\d{1,3}|[⁰¹²³⁴⁵⁶⁷⁸⁹]+))?$")
+"""How a line ends that is no heading (a footnote's number may follow: PDF text)."""
+_SENTENCE_ENDED = re.compile(r"[.!?…:][\"'»”)\]]*(?:\s*(?:\d{1,3}|[⁰¹²³⁴⁵⁶⁷⁸⁹]+))?$")
+"""How a line ends after which a heading may stand."""
+MAX_HEADING_WORDS = 12
+"""A heading without a Markdown mark is at most this many words long."""
+
+
+def _heading_like(raw: str) -> bool:
+    """Whether a line may be a heading by its own look: short, opening with a capital or a
+    number, not ending as a sentence does, and not wrapped (PDF text keeps the space before
+    a line it wraps)."""
+    line = raw.strip()
+    return (
+        not raw[-1:].isspace()
+        and len(line.split()) <= MAX_HEADING_WORDS
+        and _HEADING_START.match(line) is not None
+        and _SENTENCE_CLOSED.search(line) is None
+        and not line.endswith(("-", "\u2010", "\u00ad"))
+    )
+
+
+def _units(text: str) -> list[tuple[str, bool]]:
+    """The sentences and headings of `text`, in order, each with whether it is a heading.
+
+    Sentences are split (`split_sentences`) within a paragraph, and within a list item,
+    whose marker opens its first sentence ("6." is no sentence of its own). A blank line
+    ends a paragraph unless the text after it goes on in lower case (a page break inside a
+    sentence). A heading is a Markdown heading ("## Ports", its text), or a short line
+    that does not end as a sentence does, standing alone: at the start of a paragraph or
+    after a sentence ended or another heading, and before body text (`_BODY_START`) or
+    another heading ("6. Плановые работы", a page header); a numbered one may end the
+    text. A heading is never joined to the sentence after it."""
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    kept = [i for i, line in enumerate(lines) if line.strip() and not _RULE.fullmatch(line.strip())]
+    md = {i for i in kept if _MD_HEADING.match(lines[i].strip())}
+    # Whether a line could head what follows it, from the last line back.
+    heads: dict[int, bool] = {}
+    following: int | None = None
+    for i in reversed(kept):
+        line = lines[i].strip()
+        if i in md:
+            heads[i] = True
+        elif not _heading_like(lines[i]):
+            heads[i] = False
+        elif following is None:
+            heads[i] = _NUMBERED.match(line) is not None
+        else:
+            heads[i] = heads[following] or bool(_BODY_START.match(lines[following].strip()))
+        following = i
+    out: list[tuple[str, bool]] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        joined = " ".join(run)
+        run.clear()
+        marker = _LIST_ITEM.match(joined)
+        head = marker.group(0).strip() + " " if marker else ""
+        found = split_sentences(joined[marker.end() :] if marker else joined)
+        if found:
+            out.extend([(head + found[0], False), *((s, False) for s in found[1:])])
+        elif head:
+            out.append((head.strip(), False))
+
+    previous = -1
+    prev_heading = False
+    for i in kept:
+        line = lines[i].strip()
+        between = [lines[j].strip() for j in range(previous + 1, i)]
+        after_break = previous < 0 or prev_heading or any(_RULE.fullmatch(b) for b in between)
+        if not after_break and any(not b for b in between):
+            # A blank line ends the paragraph unless its sentence goes on after it, or what
+            # a colon introduced follows it (code, data: no sentence of its own).
+            last = lines[previous].strip()
+            if line[:1].islower():
+                after_break = _SENTENCE_ENDED.search(last) is not None
+            else:
+                after_break = not last.endswith(":") or bool(
+                    _BODY_START.match(line) or _LIST_ITEM.match(line) or i in md
+                )
+        opens = after_break or (bool(run) and _SENTENCE_ENDED.search(run[-1]) is not None)
+        if heads[i] and (opens or i in md or _NUMBERED.match(line)):
+            if run:
+                flush()
+            out.append((_MD_HEADING.sub("", line, count=1).rstrip("#").strip() or line, True))
+            prev_heading = True
+        else:
+            if run and (after_break or _LIST_ITEM.match(line)):
+                flush()
+            run.append(line)
+            prev_heading = False
+        previous = i
+    if run:
+        flush()
+    return out
+
+
+def headed_sentences(text: str) -> list[tuple[str, str]]:
+    """The sentences of `text` a quote is made of (`_units`), its headings left out unless it
+    holds nothing else, each with the text it is scored as: the first sentence under a
+    heading with the heading's words too (they say what it is about), quoted without them."""
+    units = _units(text)
+    if all(heading for _, heading in units):
+        return [(s, s) for s, _ in units]
+    out, above = [], ""
+    for s, heading in units:
+        if heading:
+            above = s
+        else:
+            out.append((s, f"{above} {s}" if above else s))
+            above = ""
+    return out
+
+
+def quotable_sentences(text: str) -> list[str]:
+    """The sentences of `text` a quote is made of (`headed_sentences`)."""
+    return [s for s, _ in headed_sentences(text)]
+
+
+def _scored_as(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each sentence's text to score (the first place it occurs decides), where not its own."""
+    return {s: words for s, words in reversed(pairs) if words != s}
 
 
 def best_sentences(
@@ -382,10 +523,12 @@ def best_sentences(
     limit: int = MAX_QUOTED_SENTENCES,
     scorer: SentenceScorer | None = None,
 ) -> list[str]:
-    """The sentences of `text` that match `question` best, in document order (the first
-    sentence when none shares a word with it). `scorer` weighs words over a wider pool."""
-    sentences = split_sentences(text)
-    score = scorer or SentenceScorer(question, sentences)
+    """The sentences of `text` (`quotable_sentences`) that match `question` best, in
+    document order (the first sentence when none shares a word with it). `scorer` weighs
+    words over a wider pool."""
+    pairs = headed_sentences(text)
+    sentences = [s for s, _ in pairs]
+    score = scorer or SentenceScorer(question, sentences, _scored_as(pairs))
     scores = [score(s) for s in sentences]
     ranked = sorted(range(len(sentences)), key=lambda i: (-scores[i], i))[:limit]
     return [sentences[i] for i in sorted(ranked) if scores[i] > 0] or sentences[:1]
@@ -701,7 +844,8 @@ class _Composer:
         self, readings: Sequence[Reading], words: str
     ) -> tuple[SentenceScorer, list[tuple[float, int, Reading, list[str]]]]:
         """Each reading's best sentences not quoted yet, scored for `words`."""
-        scorer = SentenceScorer(words, [x for r in readings for x in split_sentences(r.text)])
+        pairs = [x for r in readings for x in headed_sentences(r.text)]
+        scorer = SentenceScorer(words, [s for s, _ in pairs], _scored_as(pairs))
         scored = []
         for i, r in enumerate(readings):
             quotes = [

@@ -1,0 +1,156 @@
+"""The extractive responder quotes the document's sentences: split within paragraphs, headings
+never glued to the sentence after them (docs/architecture.md §11)."""
+
+from __future__ import annotations
+
+from services.common.tokenizer import default_tokenizer
+from services.llm import extractive
+from services.llm.extractive import ExtractiveRuntime, best_sentences
+from services.llm.toolcalls import render_result
+from services.model_runtime.chat import ChatMessage
+
+# The text load_documents_full returns for samples/docs/orion-x-operations-manual.pdf around
+# its section 6 (PDFium's lines: a wrapped line keeps its trailing space).
+ORION = (
+    "Неуспешная проверка считается инцидентом приоритета P2.\n\n6. Плановые работы\n"
+    "Плановые работы с возможным влиянием на пользователей \nвыполняются только в окно "
+    "обслуживания: по субботам с 01:00 до 05:00."
+)
+
+
+def loaded(text: str, question: str) -> str:
+    """The answer to `question` from one load_documents_full result holding `text`."""
+    result = {"documents": [{"document_id": "manual", "title": "Manual", "content": text,
+                             "pages": 3}]}  # fmt: skip
+    content = render_result("load_documents_full", result, default_tokenizer(), 2000).content
+    messages = [
+        ChatMessage("system", "s"),
+        ChatMessage("user", question),
+        ChatMessage("tool", content, tool_call_id="x", name="load_documents_full"),
+    ]
+    return ExtractiveRuntime().respond(messages, ()).content
+
+
+def test_a_numbered_heading_is_not_glued_to_the_next_sentence():
+    assert best_sentences(ORION, "Когда проводятся плановые работы?", 1) == [
+        "Плановые работы с возможным влиянием на пользователей выполняются только в окно "
+        "обслуживания: по субботам с 01:00 до 05:00."
+    ]
+    answer = loaded(ORION, "Когда проводятся плановые работы?")
+    assert answer.startswith(
+        "**Кратко:** Плановые работы с возможным влиянием на пользователей выполняются"
+    )
+    assert "> 6." not in answer and "Плановые работы Плановые" not in answer
+
+
+def test_an_unnumbered_heading_line_stands_alone():
+    text = (
+        "The service starts at boot.\n"
+        "Network ports\n"
+        "The service listens on port 8080 and\nports below 1024 need root.\n"
+        "Logging\n"
+        "Logs go to the journal."
+    )
+    assert best_sentences(text, "Which port does the service listen on?", 1) == [
+        "The service listens on port 8080 and ports below 1024 need root."
+    ]
+    assert extractive.quotable_sentences(text) == [
+        "The service starts at boot.",
+        "The service listens on port 8080 and ports below 1024 need root.",
+        "Logs go to the journal.",
+    ]
+
+
+def test_a_markdown_heading_is_not_quoted():
+    text = "# Guide\n\n## Ports and the firewall\nThe service listens on port 8080.\n"
+    assert best_sentences(text, "What ports does the firewall open?", 1) == [
+        "The service listens on port 8080."
+    ]
+    answer = loaded(text, "Which port does the service listen on?")
+    assert answer.startswith("**In short:** The service listens on port 8080.")
+    assert "##" not in answer
+
+
+def test_a_numbered_item_that_is_a_sentence_is_quoted_whole():
+    text = (
+        "Build the package in three steps.\n"
+        "1. Install the build dependencies with apt-get build-dep.\n"
+        "2. Run debuild in the source tree.\n"
+        "3. Check the result with lintian."
+    )
+    assert best_sentences(text, "How do I run debuild?", 1) == [
+        "2. Run debuild in the source tree."
+    ]
+    assert extractive.quotable_sentences(text) == [
+        "Build the package in three steps.",
+        "1. Install the build dependencies with apt-get build-dep.",
+        "2. Run debuild in the source tree.",
+        "3. Check the result with lintian.",
+    ]
+
+
+def test_a_sentence_broken_by_a_blank_line_stays_whole():
+    """A page break inside a sentence (a chunk across two pages): the text after the blank
+    line goes on in lower case."""
+    text = "Отчёт о разборе публикуется во\n\nвнутренней базе знаний. Разбор идёт 5 дней."
+    assert extractive.quotable_sentences(text) == [
+        "Отчёт о разборе публикуется во внутренней базе знаний.",
+        "Разбор идёт 5 дней.",
+    ]
+
+
+def test_wrapped_lines_before_a_name_are_no_headings():
+    # A line ending in a space was wrapped (PDF text); one starting a sentence is no heading
+    # unless the sentence before it ended.
+    text = (
+        "Access is granted through groups of the \nLDAP directory only.\n"
+        "Use the admin console and then the\nLDAP page to grant it."
+    )
+    assert extractive.quotable_sentences(text) == [
+        "Access is granted through groups of the LDAP directory only.",
+        "Use the admin console and then the LDAP page to grant it.",
+    ]
+
+
+def test_text_of_headings_only_is_still_quoted():
+    assert best_sentences("## Ports\n\n## Network ports\n", "network", 1) == ["Network ports"]
+
+
+def test_sentences_inside_one_line_are_still_split():
+    text = "Alpha beta. LDAP settings live here. Gamma. Configure LDAP groups too."
+    assert extractive.quotable_sentences(text) == [
+        "Alpha beta.", "LDAP settings live here.", "Gamma.", "Configure LDAP groups too."
+    ]  # fmt: skip
+
+
+def test_code_a_colon_introduces_stays_with_its_sentence():
+    """A line of code or data is no heading, and the code a colon introduces, even after a
+    blank line, stays with the sentence that introduces it (as in core(5))."""
+    text = (
+        "The lintian command can be customized in the ~/.devscripts file:\n"
+        "DEBUILD_LINTIAN_OPTS=”-i -I”\n"
+        "6.4 pbuilder package\n"
+        "For a clean room build, pbuilder is useful.\n\n"
+        "To extract the dump, do this:\n\n$ coredumpctl dump 2955 -o core\n\n"
+        "See coredumpctl(1)."
+    )
+    assert extractive.quotable_sentences(text) == [
+        "The lintian command can be customized in the ~/.devscripts file: "
+        "DEBUILD_LINTIAN_OPTS=”-i -I”",
+        "For a clean room build, pbuilder is useful.",
+        "To extract the dump, do this: $ coredumpctl dump 2955 -o core",
+        "See coredumpctl(1).",
+    ]
+
+
+def test_a_heading_counts_for_the_sentence_under_it_unquoted():
+    """The heading's words say what the first sentence under it is about (fanotify(7):
+    "## ВЕРСИИ" above the sentence giving the version), though the quote leaves it out."""
+    text = (
+        "Fanotify работает только в Linux.\n\n## ВЕРСИИ\n\n"
+        "The fanotify API was introduced in Linux 2.6.36."
+    )
+    question = "В какой версии Linux появился интерфейс fanotify?"
+    assert best_sentences(text, question, 1) == ["The fanotify API was introduced in Linux 2.6.36."]
+    unheaded = text.replace("## ВЕРСИИ", "")
+    assert best_sentences(unheaded, question, 1) == ["Fanotify работает только в Linux."]
