@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
 import httpx
@@ -75,6 +76,14 @@ log = logging.getLogger(__name__)
 events = get_logger(__name__)
 
 DEFAULT_URL = "https://www.cbr.ru/DailyInfoWebServ/DailyInfo.asmx"
+
+
+def _is_the_bank(url: str) -> bool:
+    """Whether `url` is on the Bank of Russia's own host (cbr.ru or a name under it)."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    return host == "cbr.ru" or host.endswith(".cbr.ru")
+
+
 SOURCE = "Bank of Russia DailyInfo"
 DEMO_SOURCE = "Bank of Russia DailyInfo (DEMO stand-in, not real data)"
 DEMO_NOTICE = (
@@ -161,10 +170,17 @@ class CbrSettings:
     max_response_bytes: int = 4 * 1024 * 1024
     """Largest SOAP answer read from the bank."""
     demo: bool = False
-    """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results."""
+    """The URL is a local demo stand-in, not the bank (MCP_PROXY_CBR_DEMO): label results.
+    Refused with the bank's own URL (cbr.ru)."""
 
     def __post_init__(self) -> None:
         check_public_api_url(self.url, "MCP_PROXY_CBR_URL")
+        if self.demo and _is_the_bank(self.url):
+            raise SettingsError(
+                "MCP_PROXY_CBR_DEMO=true labels the answers as a demo stand-in's, but "
+                f"MCP_PROXY_CBR_URL is the Bank of Russia's own ({self.url}): set it to the "
+                "stand-in's URL, or leave MCP_PROXY_CBR_DEMO unset"
+            )
         if not 1 <= self.breaker.failures <= 5:
             raise SettingsError("CbrSettings.breaker.failures must be between 1 and 5")
 

@@ -1089,3 +1089,22 @@ async def test_the_answer_without_a_model_says_the_rate_was_in_force_on_the_days
     )
     assert said in out.answer, out.answer
     assert "→" not in out.answer
+
+
+@pytest.mark.parametrize(
+    "url", [DEFAULT_URL, "https://cbr.ru/DailyInfoWebServ/DailyInfo.asmx", "https://WWW.CBR.RU./x"]
+)
+def test_demo_labels_are_refused_on_the_banks_own_url(url: str) -> None:
+    # The real bank's answers labelled as a stand-in's would be a lie the other way round.
+    env = {"MCP_PROXY_CBR_DEMO": "true"}
+    if url != DEFAULT_URL:
+        env["MCP_PROXY_CBR_URL"] = url
+    with pytest.raises(SettingsError, match=r"MCP_PROXY_CBR_DEMO=true .* Bank of Russia's own"):
+        cbr_settings(Env(env))
+
+
+def test_demo_labels_a_stand_ins_answers() -> None:
+    env = {"MCP_PROXY_CBR_DEMO": "true", "MCP_PROXY_CBR_URL": "http://127.0.0.1:9/DailyInfo"}
+    assert cbr_settings(Env(env)).demo
+    assert CbrSettings(url="https://bank-standin.example/DailyInfo.asmx", demo=True).demo
+    assert CbrSettings(url="https://notcbr.ru/x", demo=True).demo  # another host
