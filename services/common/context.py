@@ -98,12 +98,18 @@ def before_caller(left: float) -> float:
     return left - min(CALLER_MARGIN_S, max(0.0, left) * HOP_MARGIN_SHARE)
 
 
+DEADLINE_AT_HAND_S = 3 * CALLER_MARGIN_S
+"""How near the caller's deadline a call that ran out of time ran out of the caller's: the
+call's margin (`call_timeout`), the neighbour's own (it answers before the call's deadline),
+and time for its answer to come back."""
+
+
 def caller_out_of_time() -> bool:
-    """Whether the current request's deadline is at most CALLER_MARGIN_S away (or passed):
-    a call made for it that ran out of time ran out of the caller's (`call_timeout` ends a
-    call that margin before it), not of its own configured timeout."""
+    """Whether the current request's deadline is at most DEADLINE_AT_HAND_S away (or passed):
+    a call made for it that ran out of time ran out of the caller's, not of its own
+    configured timeout."""
     left = remaining_seconds()
-    return left is not None and left <= CALLER_MARGIN_S
+    return left is not None and left <= DEADLINE_AT_HAND_S
 
 
 MIN_VERDICT_S = 1.0

@@ -155,7 +155,9 @@ class GrpcGenerator:
             call.arguments.update(planned.arguments)
         started = time.perf_counter()
         try:
-            response = await self._stub.Generate(request)
+            # A timeout of the request's own is clamped to the caller's deadline as every
+            # call's is (services/common/interceptors.py).
+            response = await self._stub.Generate(request, timeout=req.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _generate_error(exc, req.model) from None
         return LlmOutcome(

@@ -89,6 +89,8 @@ class LlmRequest:
     """The model's first step must be a tool call: it reads before it answers."""
     answer_language: str = ""
     """"ru" or "en": the LLM service closes every model call with that instruction."""
+    timeout_s: float | None = None
+    """The call's own time at most (the routing call's share); None: the service's."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from services.common import errors
+from services.common.context import remaining_seconds
 from services.common.document_limits import (
     FILTER_VALUE_CHARS,
     MAX_DOC_ID_CHARS,
@@ -538,6 +539,10 @@ def full_context_tokens(
 
 
 ROUTER_CACHE_S = 60.0
+ROUTING_SHARE = 0.5
+"""Of the caller's time left, the most the routing call may take (with a caller's deadline;
+without one, the LLM service's own timeout): a routing call that times out falls back to
+the rules, and the answering call still has the rest."""
 DECISION_MAX_TOKENS = 200
 """The routing answer is one small JSON object (a CPU model filled 512 tokens without a cap);
 never more than the LLM service's answer limit (MAX_COMPLETION_TOKENS), which refuses more."""
@@ -824,6 +829,7 @@ class Responder:
             # a question too long for it is routed by the rules, and only a question the
             # answering prompt cannot hold is the caller's error.
             return rules
+        left = remaining_seconds()
         try:
             outcome = await self._generate(
                 replace(
@@ -831,6 +837,9 @@ class Responder:
                     mode="chat",
                     response_schema=decision_schema(selection),
                     max_tokens=self._decision_tokens,
+                    # The rules are the fallback: a slow routing call leaves the answering
+                    # call half the caller's time, not none.
+                    timeout_s=None if left is None else left * ROUTING_SHARE,
                 )
             )
         except errors.ServiceError as exc:

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from services.common import errors
 from services.common.channels import open_channel
-from services.common.context import CALLER_MARGIN_S, deadline_var
+from services.common.context import CALLER_MARGIN_S, DEADLINE_AT_HAND_S, deadline_var
 from services.common.settings import DEFAULT_MAX_MESSAGE_BYTES, DownstreamSettings
 from services.common.status import call_downstream, from_rpc_error
 
@@ -105,14 +105,15 @@ def test_a_downstream_deadline_at_the_callers_own_is_the_callers_deadline(info) 
     # service's timer ended it (no ErrorInfo) or the downstream said so first, the caller's
     # deadline is what ran out, and the caller hears DEADLINE_EXCEEDED, never "unavailable".
     rpc = _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed", info)
-    for left in (CALLER_MARGIN_S, 0.01, -1.0):
+    # The call's margin and the downstream's own (it answered first), or less.
+    for left in (DEADLINE_AT_HAND_S, 2 * CALLER_MARGIN_S, CALLER_MARGIN_S, 0.01, -1.0):
         err = _with_time_left(left, lambda: from_rpc_error(rpc, "llm"))
         assert isinstance(err, errors.DeadlineExceededError), left
         assert err.code == errors.DEADLINE_EXCEEDED and err.reason == "DEADLINE_EXCEEDED"
         assert err.metadata == {"downstream": "llm", "downstream_code": "DEADLINE_EXCEEDED"}
 
 
-@pytest.mark.parametrize("left", [None, 2 * CALLER_MARGIN_S, 60.0])
+@pytest.mark.parametrize("left", [None, DEADLINE_AT_HAND_S + 0.1, 60.0])
 def test_a_downstream_out_of_its_own_time_is_a_downstream_failure(left) -> None:
     # The time this service gives the downstream (ORCH_LLM_TIMEOUT_SECONDS) ran out while
     # the caller still has time: the downstream failed (502). Its reason spoke of its own

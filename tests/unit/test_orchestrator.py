@@ -1,3 +1,4 @@
+import time
 from datetime import date
 
 import pytest
@@ -5,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import errors
+from services.common.context import deadline_var
 from services.common.document_limits import FILTER_VALUE_CHARS
 from services.common.generate_contract import listed_clarifications
 from services.common.search_contract import MAX_QUERY_CHARS, Filters, normalise_query
@@ -775,3 +777,23 @@ async def test_s3_looks_up_a_long_answer_by_its_beginning():
     first = retriever.calls[0][0]
     assert len(first) == ANSWER_QUERY_CHARS
     assert answer.startswith(first)
+
+
+@pytest.mark.parametrize("left", [None, 10.0])
+async def test_the_routing_call_takes_at_most_half_the_callers_time(left):
+    # A routing call that times out falls back to the rules; the answering call must still
+    # have time then (a hanging model used to take the whole deadline with routing).
+    route = '{"scenario": "S1", "intent": "documents", "clarifications": []}'
+    responder, _, g, _ = make(routing=True, routing_answer=route)
+    token = deadline_var.set(None if left is None else time.monotonic() + left)
+    try:
+        await responder.respond(inp())
+    finally:
+        deadline_var.reset(token)
+    routing, answering = g.requests
+    assert routing.response_schema is not None and answering.response_schema is None
+    if left is None:
+        assert routing.timeout_s is None  # the LLM service's own timeout
+    else:
+        assert 0.5 * left - 0.5 < routing.timeout_s <= 0.5 * left
+    assert answering.timeout_s is None  # the rest of the caller's time
