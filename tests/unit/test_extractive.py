@@ -225,11 +225,17 @@ def pages_read(pages: dict[int, str], question: str) -> str:
             for n, t in pages.items()
         ],
     }  # fmt: skip
-    content = render_result("read_doc_pages", result, default_tokenizer(), 2000).content
+    return answer_to(question, "read_doc_pages", result)
+
+
+def answer_to(question: str, tool: str, result: dict) -> str:
+    """The extractive answer to `question` from one result of `tool`, rendered as the LLM
+    service renders it."""
+    content = render_result(tool, result, default_tokenizer(), 2000).content
     messages = [
         ChatMessage("system", "s"),
         ChatMessage("user", question),
-        ChatMessage("tool", content, tool_call_id="x", name="read_doc_pages"),
+        ChatMessage("tool", content, tool_call_id="x", name=tool),
     ]
     return ExtractiveRuntime().respond(messages, ()).content
 

@@ -3,11 +3,9 @@ never glued to the sentence after them (docs/architecture.md §11)."""
 
 from __future__ import annotations
 
-from services.common.tokenizer import default_tokenizer
 from services.llm import extractive
-from services.llm.extractive import ExtractiveRuntime, best_sentences
-from services.llm.toolcalls import render_result
-from services.model_runtime.chat import ChatMessage
+from services.llm.extractive import best_sentences
+from tests.unit.test_extractive import answer_to
 
 # The text load_documents_full returns for samples/docs/orion-x-operations-manual.pdf around
 # its section 6 (PDFium's lines: a wrapped line keeps its trailing space).
@@ -22,13 +20,7 @@ def loaded(text: str, question: str) -> str:
     """The answer to `question` from one load_documents_full result holding `text`."""
     result = {"documents": [{"document_id": "manual", "title": "Manual", "content": text,
                              "pages": 3}]}  # fmt: skip
-    content = render_result("load_documents_full", result, default_tokenizer(), 2000).content
-    messages = [
-        ChatMessage("system", "s"),
-        ChatMessage("user", question),
-        ChatMessage("tool", content, tool_call_id="x", name="load_documents_full"),
-    ]
-    return ExtractiveRuntime().respond(messages, ()).content
+    return answer_to(question, "load_documents_full", result)
 
 
 def test_a_numbered_heading_is_not_glued_to_the_next_sentence():
