@@ -36,7 +36,7 @@ async def start(settings: OrchestratorSettings) -> tuple[RunningServer, Closer]:
     config = ConfigHolder(settings.runtime, settings.max_window_radius)
     responder = Responder(
         GrpcRetriever(retrieval, min_score=settings.score_threshold),
-        GrpcGenerator(llm),
+        GrpcGenerator(llm, settings.llm.timeout_seconds),
         config,
         model_routing=settings.model_routing,
         enable_filters=settings.enable_filters,

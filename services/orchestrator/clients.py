@@ -118,8 +118,11 @@ def _generate_error(exc: grpc.aio.AioRpcError, model: str) -> errors.ServiceErro
 class GrpcGenerator:
     """Generator over LlmService.Generate."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        """`timeout_s`: one call's deadline (ORCH_LLM_TIMEOUT_SECONDS), which a request's own
+        `timeout_s` may only shorten."""
         self._stub = llm_pb2_grpc.LlmServiceStub(channel)
+        self._timeout_s = timeout_s
 
     async def generate(self, req: LlmRequest) -> LlmOutcome:
         request = llm_pb2.GenerateRequest(
@@ -155,9 +158,12 @@ class GrpcGenerator:
             call.arguments.update(planned.arguments)
         started = time.perf_counter()
         try:
-            # A timeout of the request's own is clamped to the caller's deadline as every
-            # call's is (services/common/interceptors.py).
-            response = await self._stub.Generate(request, timeout=req.timeout_s)
+            # Either timeout is clamped to the caller's deadline, as every call's is
+            # (services/common/interceptors.py).
+            timeout = (
+                self._timeout_s if req.timeout_s is None else min(req.timeout_s, self._timeout_s)
+            )
+            response = await self._stub.Generate(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise _generate_error(exc, req.model) from None
         return LlmOutcome(

@@ -18,9 +18,11 @@ SCHEMA = {"type": "object", "properties": {"intent": {"enum": ["documents"]}}}
 class _Llm(llm_pb2_grpc.LlmServiceServicer):
     def __init__(self) -> None:
         self.requests: list[llm_pb2.GenerateRequest] = []
+        self.time_remaining: list[float | None] = []
 
     async def Generate(self, request, context):  # type: ignore[no-untyped-def]
         self.requests.append(request)
+        self.time_remaining.append(context.time_remaining())
         return llm_pb2.GenerateResponse(
             answer="ok",
             used_tokens=llm_pb2.UsedTokens(
@@ -39,7 +41,7 @@ async def llm() -> AsyncIterator[tuple[_Llm, GrpcGenerator]]:
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield servicer, GrpcGenerator(channel)
+        yield servicer, GrpcGenerator(channel, 60.0)
     finally:
         await channel.close()
         await server.stop(None)
@@ -87,3 +89,12 @@ async def test_an_answer_request_asks_for_the_first_read_and_no_schema(llm) -> N
     assert sent.tool_policy.require_tool_call and sent.answer_language == "ru"
     assert not sent.generation_params.HasField("response_schema")
     assert not sent.generation_params.HasField("max_tokens")
+
+
+@pytest.mark.parametrize(("own", "expected"), [(None, 60.0), (30.0, 30.0), (90.0, 60.0)])
+async def test_a_requests_own_timeout_only_shortens_the_configured_one(llm, own, expected) -> None:
+    # The routing call's share of the caller's time never lengthens ORCH_LLM_TIMEOUT_SECONDS.
+    servicer, client = llm
+    await client.generate(_request(timeout_s=own))
+    (left,) = servicer.time_remaining
+    assert left is not None and expected - 2.0 < left < expected + 1.0  # grpc rounds up

@@ -55,7 +55,7 @@ async def test_a_model_the_llm_service_refuses_is_a_502_naming_it():
             "system", (), (), User("t1", "u1"), (), (0,), 0, 8192, "qwen-typo", "tr"
         )
         with pytest.raises(errors.UnavailableError) as info:
-            await GrpcGenerator(channel).generate(request)
+            await GrpcGenerator(channel, 60.0).generate(request)
         assert info.value.reason == "LLM_RUNTIME_ERROR"
         assert info.value.metadata == {"downstream": "llm", "model": "qwen-typo"}
         assert "ORCH_DEFAULT_MODEL" in info.value.message
@@ -79,7 +79,7 @@ async def test_the_llm_services_withheld_names_reach_the_outcome():
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         request = LlmRequest("system", (), (), User("t1", "u1"), (), (0,), 0, 8192, "", "tr")
-        outcome = await GrpcGenerator(channel).generate(request)
+        outcome = await GrpcGenerator(channel, 60.0).generate(request)
         assert outcome.withheld_for == ("Kubernetes", "Helm")
     finally:
         await channel.close()
