@@ -35,6 +35,14 @@ def normalized_tags(tags: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(tag for tag in (t.strip() for t in tags) if tag))
 
 
+def filter_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """A search filter's tags held to the stored tags' rule (`normalized_tags`): each stripped
+    of surrounding white space, so " finance " finds what was stored as "finance". A blank
+    one stays blank and matches nothing, as no document keeps a blank tag: a filter is never
+    widened by what it loses."""
+    return tuple(dict.fromkeys(t.strip() for t in tags))
+
+
 def check_fields(
     *,
     title: str = "",

@@ -31,6 +31,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.outcomes import INTERNAL, OK, outcome_of
 from services.common.search_contract import KB_SOURCE, KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
+from services.docstore.fields import filter_tags
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, EmbeddingBackendError, ScopedQueryEmbedder
@@ -410,6 +411,9 @@ class RetrievalEngine:
             extra={"backend": _outage_backend(outage), "error": outage.message},
             exc_info=outage,
         )
+        # No search to run again: what was dropped before the outage is no stale answer, and
+        # the store may be what is down (`_shape` would read it for `stale`).
+        timing.dropped = 0
         return self._shape(plan, [], {}, False, timing, started)
 
     def _plan_and_start(
@@ -478,7 +482,7 @@ class RetrievalEngine:
             section_ids=f.section_ids,
             product=f.product,
             version=f.version,
-            tags=f.tags,
+            tags=filter_tags(f.tags),
             source=f.source,
         )
         limits = request_limits(q, d)

@@ -44,9 +44,17 @@ async def test_a_request_stores_its_tags_normalised_and_a_filter_finds_them(tmp_
     await s.ingestor.ingest(audit)
     query = SearchQuery("quarterly budget report", "a", ranking="sparse")
     assert {h.doc_id for h in (await s.engine.search(query)).hits} == {"audit", "budget"}
-    for tag, doc_id in (("finance", "budget"), ("audit", "audit")):
-        filtered = SearchQuery(**{**vars(query), "filters": Filters(tags=(tag,))})
-        assert {h.doc_id for h in (await s.engine.search(filtered)).hits} == {doc_id}
+    # A filter's tag is held to the same rule: the value the document was sent with finds it;
+    # a blank one matches nothing (no document keeps one), never widening the filter.
+    for tags, found in (
+        (("finance",), {"budget"}),
+        ((" finance ",), {"budget"}),
+        (("audit",), {"audit"}),
+        (("\taudit ",), {"audit"}),
+        ((" ",), set()),
+    ):
+        filtered = SearchQuery(**{**vars(query), "filters": Filters(tags=tags)})
+        assert {h.doc_id for h in (await s.engine.search(filtered)).hits} == found, tags
     stored = s.store.get_document("a", out.doc_id)
     assert stored is not None and tuple(stored.tags) == ("finance",)
     # The same request with its tags written apart is the same document: unchanged.

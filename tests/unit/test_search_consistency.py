@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from services.docstore.errors import StoreUnavailableError
 from services.docstore.factory import open_document_store
 from services.docstore.parsing import parse_document
 from services.docstore.store import DocumentStore
@@ -230,3 +231,50 @@ def test_replacements_count_a_tenants_replaced_documents_only(store):
     assert (store.replacements("t1"), store.replacements("t2")) == (2, 1)
     store.delete("t1", "guide")
     assert store.replacements("t1") == 2  # a delete: its candidates are rightly gone
+
+
+# --- an outage answered empty (RETR_EMPTY_ON_BACKEND_ERROR) is never searched again ---------
+
+
+class StoreFails:
+    """The document store, failing every text read; `replaced` replaces counted after the
+    first read of the count (a re-ingest committing while the search runs). Counts the reads
+    of the count."""
+
+    def __init__(self, store: DocumentStore, *, replaced: int = 0, down_after: bool = False):
+        self.store, self.replaced, self.down_after = store, replaced, down_after
+        self.counts = 0
+        self.down = False
+
+    def points_by_ids(self, tenant_id, ids):
+        return self.store.points_by_ids(tenant_id, ids)
+
+    def chunks_by_ids(self, tenant_id, keys):
+        self.down = self.down_after
+        raise StoreUnavailableError("document store: disk I/O error")
+
+    def replacements(self, tenant_id):
+        if self.down:
+            raise StoreUnavailableError("document store: disk I/O error")
+        self.counts += 1
+        return self.store.replacements(tenant_id) + (self.replaced if self.counts > 1 else 0)
+
+
+@pytest.mark.parametrize(("replaced", "down_after"), [(0, True), (1, False)])
+async def test_an_outage_answered_empty_is_answered_once(tmp_path, embedder, replaced, down_after):
+    # A search that dropped a candidate (a point the index holds and the store no longer
+    # lists) meets a store outage: the answer is the empty one, the store is not read again
+    # for the count (it is what is down), and the search is not run again (nothing stale).
+    s = make_stack(tmp_path, embedder)
+    await s.ingestor.ingest(IngestInput("a", V1.encode(), file_name="guide.md"))
+    await s.ingestor.ingest(IngestInput("a", NOTES.encode(), file_name="notes.md"))
+    s.store.delete("a", "notes")  # its points stay in the index: dropped by the search
+    store = StoreFails(s.store, replaced=replaced, down_after=down_after)
+    settings = EngineSettings(cross_language=False, empty_on_backend_error=True)
+    engine = engine_over(s, store, settings=settings)
+    try:
+        r = await engine.search(q(query="LDAP synchronisation integration", mode="chunk_priority"))
+    finally:
+        s.index.close()
+    assert (r.hits, r.chunks) == ([], [])
+    assert store.counts == 1  # read as the index was asked, never after the outage
