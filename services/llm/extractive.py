@@ -399,12 +399,18 @@ _SENTENCE_ENDED = re.compile(r"[.!?…:][\"'»”)\]]*(?:\s*(?:\d{1,3}|[⁰¹²�
 """How a line ends after which a heading may stand."""
 MAX_HEADING_WORDS = 12
 """A heading without a Markdown mark is at most this many words long."""
+_VALUE = re.compile(r"\d")
+"""A digit in a line without a section's number: a value ("port 8080", "01:00"), body text."""
+_RUNNING = re.compile(r"(?:^\S+\s+\d{1,3}|\s\d{1,4}\s*/\s*\d{1,4})$")
+"""A chapter's number ("Chapter 1", "Глава 2") or a page's ("Guide 3 / 57") ending a line:
+a heading or a page header, not a value."""
 
 
 def _heading_like(raw: str) -> bool:
     """Whether a line may be a heading by its own look: short, opening with a capital or a
     number, not ending as a sentence does, and not wrapped (PDF text keeps the space before
-    a line it wraps)."""
+    a line it wraps). A line without a section's number that holds a digit (`_VALUE`, but
+    not `_RUNNING`) states a value ("The default port is 8080"): body text, no heading."""
     line = raw.strip()
     return (
         not raw[-1:].isspace()
@@ -412,7 +418,24 @@ def _heading_like(raw: str) -> bool:
         and _HEADING_START.match(line) is not None
         and _SENTENCE_CLOSED.search(line) is None
         and not line.endswith(("-", "\u2010", "\u00ad"))
+        and (_NUMBERED.match(line) is not None or not _VALUE.search(_RUNNING.sub("", line)))
     )
+
+
+def _number_shape(line: str) -> str | None:
+    """The shape of the section's number opening `line` (`_NUMBERED`), its digits and letter
+    made 0 ("1." and "2." are "0.", "4.4.1" is "0.0.0"), or None without one."""
+    if _NUMBERED.match(line) is None:
+        return None
+    return re.sub(r"\d+|[A-ZА-ЯЁ]", "0", line.split(None, 1)[0])
+
+
+def _list_items(lines: Sequence[str], kept: Sequence[int]) -> set[int]:
+    """The numbered lines of `kept` that are items of a list, never headings: the line next
+    to one (blank lines aside) opens with a number of the same shape ("1." beside "2.")."""
+    shapes = [_number_shape(lines[i].strip()) for i in kept]
+    beside = [None, *shapes, None]
+    return {i for k, i in enumerate(kept) if shapes[k] and shapes[k] in (beside[k], beside[k + 2])}
 
 
 def _units(text: str) -> list[tuple[str, bool]]:
@@ -425,10 +448,14 @@ def _units(text: str) -> list[tuple[str, bool]]:
     that does not end as a sentence does, standing alone: at the start of a paragraph or
     after a sentence ended or another heading, and before body text (`_BODY_START`) or
     another heading ("6. Плановые работы", a page header); a numbered one may end the
-    text. A heading is never joined to the sentence after it."""
+    text. No heading follows a line ending in ":" (what it introduces is body: steps,
+    values), and a numbered line beside another of the same shape is a list's item
+    (`_list_items`), quoted. A heading is never joined to the sentence after it."""
     lines = [line.rstrip("\r") for line in text.split("\n")]
     kept = [i for i, line in enumerate(lines) if line.strip() and not _RULE.fullmatch(line.strip())]
     md = {i for i in kept if _MD_HEADING.match(lines[i].strip())}
+    items = _list_items(lines, kept)
+    introduced = {i for k, i in enumerate(kept) if k and lines[kept[k - 1]].strip().endswith(":")}
     # Whether a line could head what follows it, from the last line back.
     heads: dict[int, bool] = {}
     following: int | None = None
@@ -436,7 +463,7 @@ def _units(text: str) -> list[tuple[str, bool]]:
         line = lines[i].strip()
         if i in md:
             heads[i] = True
-        elif not _heading_like(lines[i]):
+        elif i in items or i in introduced or not _heading_like(lines[i]):
             heads[i] = False
         elif following is None:
             heads[i] = _NUMBERED.match(line) is not None

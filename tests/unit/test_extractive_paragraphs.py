@@ -146,3 +146,83 @@ def test_a_heading_counts_for_the_sentence_under_it_unquoted():
     assert best_sentences(text, question, 1) == ["The fanotify API was introduced in Linux 2.6.36."]
     unheaded = text.replace("## ВЕРСИИ", "")
     assert best_sentences(unheaded, question, 1) == ["Fanotify работает только в Linux."]
+
+
+def test_numbered_steps_without_periods_are_quoted():
+    """Steps a colon introduces are a list, not headings, though no step ends in a period."""
+    text = (
+        "To set up LDAP integration:\n"
+        "1. Open Settings, then Auth\n"
+        "2. Choose LDAP and press Add server\n"
+        "3. Enter the server address ldap.example.com and port 636"
+    )
+    assert extractive.quotable_sentences(text) == text.split("\n")
+    answer = loaded(text, "How do I set up LDAP integration?")
+    assert "> 2. Choose LDAP and press Add server" in answer
+    assert "> 3. Enter the server address ldap.example.com and port 636" in answer
+
+
+def test_russian_numbered_steps_are_quoted():
+    text = (
+        "Порядок подачи заявления:\n\n"
+        "1. Откройте портал сотрудника\n"
+        "2. Выберите раздел «Отпуск»\n"
+        "3. Подайте заявление за две недели\n"
+    )
+    assert extractive.quotable_sentences(text) == [
+        "Порядок подачи заявления:",
+        "1. Откройте портал сотрудника",
+        "2. Выберите раздел «Отпуск»",
+        "3. Подайте заявление за две недели",
+    ]
+    answer = loaded(text, "Как подать заявление на отпуск?")
+    assert "> 3. Подайте заявление за две недели" in answer
+
+
+def test_a_numbered_list_without_a_colon_is_quoted():
+    """Lines numbered alike next to each other (blank lines aside) are a list's items."""
+    for gap in ("\n", "\n\n"):
+        text = gap.join(
+            [
+                "Build the package in three steps.",
+                "1. Install the build dependencies",
+                "2. Run debuild in the source tree",
+                "3. Check the result with lintian",
+            ]
+        )
+        assert extractive.quotable_sentences(text) == text.split(gap)
+        assert best_sentences(text, "How do I run debuild?", 1) == [
+            "2. Run debuild in the source tree"
+        ]
+
+
+def test_a_short_line_with_a_value_is_body_text():
+    text = "The default port is 8080\nChange it in config.yaml before the first start."
+    assert extractive.quotable_sentences(text) == [
+        "The default port is 8080 Change it in config.yaml before the first start."
+    ]
+    answer = loaded(text, "Which port does the service listen on?")
+    assert answer.startswith("**In short:** The default port is 8080")
+
+
+def test_chapter_and_page_numbers_still_make_headings():
+    """A number ending a chapter's title line or a page header is no value (PDF text)."""
+    text = (
+        "Debian New Maintainers’ Guide 1 / 57\n"
+        "Chapter 1\n"
+        "Getting started The Right Way\n"
+        "This document tries to describe building of a Debian package."
+    )
+    assert extractive.quotable_sentences(text) == [
+        "This document tries to describe building of a Debian package."
+    ]
+
+
+def test_a_line_a_colon_introduces_is_body_text():
+    text = (
+        "The service reads two sources:\nConfig files and the environment\n\nNothing else is read."
+    )
+    assert extractive.quotable_sentences(text) == [
+        "The service reads two sources: Config files and the environment",
+        "Nothing else is read.",
+    ]
