@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from visior.retrieval.v1 import retrieval_pb2
 
 from services.retrieval.search import ChunkHit, DocHit, SearchResult, SectionHit
@@ -189,3 +190,24 @@ async def test_the_probe_runs_without_the_deadline_of_the_call_that_started_it()
     finally:
         deadline_var.set(None)
     assert answer.status == "ok" and seen == [None]
+
+
+@pytest.mark.parametrize(
+    ("source", "linked"), [("", True), ("user", True), ("knowledge_base", False)]
+)
+async def test_a_knowledge_base_searchs_chunks_carry_no_mcp_link(source, linked) -> None:
+    # No document tool reads the knowledge base (its own search does): a link would lead a
+    # caller to NOT_FOUND.
+    from services.retrieval.servicer import RetrievalServicer
+
+    class Engine:
+        async def search(self, query):  # type: ignore[no-untyped-def]
+            return RESULT
+
+    servicer = RetrievalServicer(engine=Engine(), probe=lambda: {})  # type: ignore[arg-type]
+    request = retrieval_pb2.SearchRequest(
+        query="q", tenant_id="t", filters=retrieval_pb2.SearchFilters(source=source)
+    )
+    got = await servicer.Search(request, None)  # type: ignore[arg-type]
+    assert [c.HasField("mcp_link") for c in got.chunks] == [linked] * len(RESULT.chunks)
+    assert [c.doc_id for c in got.chunks] == [c.doc_id for c in RESULT.chunks]

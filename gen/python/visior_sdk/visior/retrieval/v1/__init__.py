@@ -235,7 +235,11 @@ class Chunk(betterproto.Message):
     """score is the final relevance score."""
 
     mcp_link: "McpLink" = betterproto.message_field(9)
-    """mcp_link points at the original pages."""
+    """
+    mcp_link points at the original pages: the arguments of ToolsProxy's
+     read_doc_pages. Unset for a knowledge-base search's chunks, which no document
+     tool reads (the knowledge base is read through its own search).
+    """
 
     chunk_ids: List[str] = betterproto.string_field(10)
     """
