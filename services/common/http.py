@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import math
 import re
 import zlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
 from services.common.settings import MAX_PORT, SettingsError
+
+T = TypeVar("T")
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 """HTTP answers another attempt may fix: rate limited, or the upstream (or a gateway before
@@ -200,3 +203,29 @@ def shown_link(value: Any) -> str | None:
     except ValueError:
         return None
     return url if parts.scheme in ("http", "https") and parts.hostname else None
+
+
+async def settled(
+    work: Awaitable[T], *, orphan: Callable[[T], Awaitable[object]] | None = None
+) -> T:
+    """`work` (an httpx send or read) in a task of its own, so that however many times the
+    caller is cancelled (its own timer and its caller's deadline at one instant), the work is
+    cancelled once, and finishes its cleanup before the caller's cancellation goes on.
+
+    httpcore releases a connection when a read is cancelled, inside a cancel-shielded scope;
+    asyncio's own second `cancel()` reaches through that scope, and the connection was left
+    taken in the pool for good (256 such calls wedged the LLM service). `orphan` disposes of
+    a result the work produced after the caller had gone (a response: closed)."""
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        while not task.done():
+            try:
+                await asyncio.shield(task)  # further cancellations land here, not in the work
+            except (asyncio.CancelledError, Exception):
+                continue  # the work's own end is what it was cancelled into: not ours to raise
+        if orphan is not None and not task.cancelled() and task.exception() is None:
+            await asyncio.shield(asyncio.ensure_future(orphan(task.result())))
+        raise

@@ -98,6 +98,7 @@ from services.common.http import (
     endpoint_url,
     read_capped,
     retry_after_seconds,
+    settled,
 )
 from services.common.loop_lag import stall_tolerant_timeout
 from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
@@ -1146,6 +1147,11 @@ class _Holdback:
             i = j + len(_FENCE)
 
 
+async def _close(response: httpx.Response) -> None:
+    """Close a response nobody will read (`settled`'s orphan)."""
+    await response.aclose()
+
+
 def _is_json(response: httpx.Response) -> bool:
     """Whether a 200 to a stream is one JSON answer (a chat.completion from a server that
     ignores ``stream: true``, or the runtime's error), not an event stream."""
@@ -1535,7 +1541,10 @@ class OpenAiChatRuntime:
         )
         try:
             async with stall_tolerant_timeout(remaining):
-                response = await self._http.send(request, stream=True, follow_redirects=False)
+                response = await settled(
+                    self._http.send(request, stream=True, follow_redirects=False),
+                    orphan=_close,
+                )
         except httpx.PoolTimeout:
             # Every connection is taken by the service's other calls: no word on the runtime.
             raise _Failure(
@@ -1593,8 +1602,12 @@ class OpenAiChatRuntime:
     async def _read_body(self, response: httpx.Response, deadline: float) -> bytes:
         """The body, read within the deadline; more than MAX_RESPONSE_BYTES is refused."""
         try:
-            async with stall_tolerant_timeout(max(0.0, deadline - self._clock())):
-                body = await read_capped(response, MAX_RESPONSE_BYTES)
+            remaining = max(0.0, deadline - self._clock())
+            async with stall_tolerant_timeout(remaining):
+                read = read_capped(response, MAX_RESPONSE_BYTES)
+                # Past the deadline (the answer came in a stall's grace) a body in hand is read
+                # inline, with no suspension for the timer to cut; else in a task of its own.
+                body = await (settled(read) if remaining > 0 else read)
         except (TimeoutError, httpx.TimeoutException):
             raise _Failure("timeout", "LLM runtime did not answer in time") from None
         except httpx.TransportError:
@@ -1638,7 +1651,7 @@ class OpenAiChatRuntime:
                 raise _Failure("timeout", "LLM runtime did not finish in time")
             try:
                 async with stall_tolerant_timeout(remaining):
-                    chunk = await anext(chunks)
+                    chunk = await settled(anext(chunks))
             except StopAsyncIteration:
                 return
             except (TimeoutError, httpx.TimeoutException):
