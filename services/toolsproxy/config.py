@@ -116,10 +116,14 @@ def tavily_settings(env: Env) -> TavilySettings:
 def mcp_settings(env: Env) -> McpSettings:
     """The MCP endpoint's settings (MCP_PROXY_MCP_*)."""
     values = MCP.values(env)
-    hosts = values.pop("allowed_hosts")
-    return McpSettings(
-        **values, allowed_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip())
-    )
+    hosts = tuple(h.strip() for h in values.pop("allowed_hosts").split(",") if h.strip())
+    for host in hosts:
+        if any(c.isspace() for c in host):
+            raise SettingsError(
+                f"MCP_PROXY_MCP_ALLOWED_HOSTS: {host!r} holds white space; the hosts are "
+                "separated by commas (gw.example.com:*, localhost:*)"
+            )
+    return McpSettings(**values, allowed_hosts=hosts)
 
 
 RETRIEVAL = downstream(

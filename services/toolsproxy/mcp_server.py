@@ -95,8 +95,8 @@ class McpSettings:
     """Answer POSTs with one JSON body instead of an SSE stream."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header values accepted (MCP_PROXY_MCP_ALLOWED_HOSTS, comma separated, `host:*` for
-    any port): DNS-rebinding protection. Empty: the loopback names on a loopback bind, no check
-    otherwise (the gateway is the only client)."""
+    any port or none, compared as written): DNS-rebinding protection. Empty: the loopback names
+    on a loopback bind, no check otherwise (the gateway is the only client)."""
     max_body_bytes: int = 1024 * 1024
     """Largest request body; larger gets 413 before parsing."""
 
@@ -309,6 +309,8 @@ def _security(settings: McpSettings) -> TransportSecuritySettings | None:
         hosts = list(LOOPBACK_ALLOWED_HOSTS)
     if not hosts:
         return None
+    # "host:*" is any port, the default one too: a Host or Origin header names none for it.
+    hosts += [h.removesuffix(":*") for h in hosts if h.endswith(":*")]
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins

@@ -499,6 +499,33 @@ async def test_a_foreign_host_header_is_refused_on_loopback(stateless):
     assert SECRET not in refused.text
 
 
+@pytest.mark.parametrize(
+    ("host", "origin", "status"),
+    [
+        ("gw.example.com:443", None, 200),
+        ("gw.example.com", None, 200),  # "host:*" is any port, the default one too
+        ("gw.example.com", "https://gw.example.com", 200),
+        ("proxy:8090", None, 200),
+        ("proxy", None, 421),  # a fixed port is that port
+        ("evil.example", None, 421),
+    ],
+)
+async def test_allowed_hosts_any_port_takes_the_default_port(executor, host, origin, status):
+    env = {"MCP_PROXY_MCP_ALLOWED_HOSTS": "gw.example.com:*, proxy:8090"}
+    hosts = mcp_settings(Env(env)).allowed_hosts
+    hdrs = {**headers(), "Host": host, **({"Origin": origin} if origin else {})}
+    async with serving(executor, allowed_hosts=hosts) as endpoint:
+        answer = await raw_post(endpoint.url, hdrs, CALL)
+    assert answer.status_code == status, answer.text
+
+
+@pytest.mark.parametrize("value", ["gw.example.com:* localhost:*", "gw.example.com :*"])
+def test_allowed_hosts_written_with_spaces_are_refused(value):
+    # Space-separated, the list would be one host that never matches: every request a 421.
+    with pytest.raises(SettingsError, match="separated by commas"):
+        mcp_settings(Env({"MCP_PROXY_MCP_ALLOWED_HOSTS": value}))
+
+
 # --- the body limit ------------------------------------------------------------------------
 
 
