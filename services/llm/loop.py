@@ -1092,6 +1092,6 @@ class _Run:
             trace_id=self.req.trace_id,
             prompt_cached=self.prompt_cached,
             final_prompt_tokens=self.final_prompt,
-            runtime_ms=sum(self.step_ms),
+            runtime_ms=0 if self.extractive else sum(self.step_ms),  # no model to wait for
             model_calls=self.budget.calls,
         )

@@ -872,3 +872,22 @@ async def test_a_russian_question_naming_what_the_text_lacks():
     question = "Как настроить LDAP в HAProxy?"
     out = await run(tools, req(messages=(Turn("user", question),)))
     assert "В документах нет ответа на этот вопрос: «haproxy»" in out.answer
+
+
+class TickingClock(ManualClock):
+    """Every reading a millisecond later: each step takes time."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+async def test_the_extractive_responder_reports_no_runtime_time():
+    # GenerateMeta.runtime_ms: the time spent waiting for the model runtime, 0 without one.
+    loop = ToolLoop(
+        ExtractiveRuntime(), FakeTools([window(text=TEXT)]), READ_TOOL_SPECS, LoopSettings(),
+        clock=TickingClock(), tokenizer=default_tokenizer(),
+    )  # fmt: skip
+    out = await loop.run(req())
+    assert out.extractive and out.latency_ms > 0
+    assert out.runtime_ms == 0
