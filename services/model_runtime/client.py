@@ -1147,11 +1147,6 @@ class _Holdback:
             i = j + len(_FENCE)
 
 
-async def _close(response: httpx.Response) -> None:
-    """Close a response nobody will read (`settled`'s orphan)."""
-    await response.aclose()
-
-
 def _is_json(response: httpx.Response) -> bool:
     """Whether a 200 to a stream is one JSON answer (a chat.completion from a server that
     ignores ``stream: true``, or the runtime's error), not an event stream."""
@@ -1543,7 +1538,7 @@ class OpenAiChatRuntime:
             async with stall_tolerant_timeout(remaining):
                 response = await settled(
                     self._http.send(request, stream=True, follow_redirects=False),
-                    orphan=_close,
+                    orphan=httpx.Response.aclose,  # a response nobody will read
                 )
         except httpx.PoolTimeout:
             # Every connection is taken by the service's other calls: no word on the runtime.

@@ -41,7 +41,6 @@ from services.docstore.model import Document, DocumentSummary, StoredPoint
 from services.docstore.parsing import (
     FORMATS,
     ChunkingConfig,
-    UnsupportedFormatError,
     derived_doc_id,
     guess_format,
     parse_document,
@@ -502,8 +501,6 @@ class Ingestor:
                     pdf_reader=self._pdf_reader,
                 )
             ]
-        except UnsupportedFormatError:  # `_validate` refuses these first
-            raise _unsupported(item) from None
         except DocumentLimitError as exc:
             raise errors.over_limit(
                 str(exc), exc.limit, field="content", name=exc.limit_name
