@@ -32,9 +32,11 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -90,7 +92,8 @@ class McpSettings:
     empty = not required. Never logged."""
     stateless: bool = True
     """No MCP sessions kept between HTTP requests: every request
-    stands alone, so any replica can serve it; the tools need no server-to-client requests."""
+    stands alone, so any replica can serve it; the tools need no server-to-client requests.
+    With no session there is no server-to-client stream either: GET is HTTP 405."""
     json_response: bool = True
     """Answer POSTs with one JSON body instead of an SSE stream."""
     allowed_hosts: tuple[str, ...] = ()
@@ -224,6 +227,42 @@ async def _refuse(scope: Scope, send: Send, message: str, **why: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class NoStandaloneStream:
+    """ASGI middleware for a stateless endpoint: GET is HTTP 405 with `Allow: POST`.
+
+    Streamable HTTP lets a server that offers no SSE stream at the endpoint answer GET with 405.
+    Without sessions nothing could ever be sent on such a stream, so the SDK's GET stream would
+    be a connection held open for nothing. The SDK's Host and Origin checks still come first
+    (421 and 403, as for every other request). POST and DELETE (the SDK's own 405: no session to
+    end) go to the SDK; any other method gets this 405 too, whose `Allow` does not name GET.
+    """
+
+    _BODY = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": types.INVALID_REQUEST, "message": "Method Not Allowed: use POST"},
+        }
+    ).encode()
+
+    def __init__(self, app: ASGIApp, security: TransportSecuritySettings | None) -> None:
+        self._app = app
+        self._security = TransportSecurityMiddleware(security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("POST", "DELETE"):
+            await self._app(scope, receive, send)
+            return
+        refused = await self._security.validate_request(Request(scope, receive), is_post=False)
+        response = refused or Response(
+            self._BODY,
+            status_code=405,
+            headers={"Allow": "POST"},
+            media_type="application/json",
+        )
+        await response(scope, receive, send)
+
+
 def _envelope(outcome: Outcome, trace_id: str) -> dict[str, Any]:
     """The result shape of docs/architecture.md §16: {status, result | error{code, message}, trace_id}."""
     if outcome.status == "ok":
@@ -322,11 +361,12 @@ def _build_app(
 ) -> Starlette:
     """The ASGI app: `settings.path` serves MCP behind `IdentityGate`; its lifespan runs the
     SDK's session manager (and sets `started`), so it is served with lifespan on."""
+    security = _security(settings)
     manager = StreamableHTTPSessionManager(
         app=build_mcp_server(executor),
         json_response=settings.json_response,
         stateless=settings.stateless,
-        security_settings=_security(settings),
+        security_settings=security,
         max_request_body_size=settings.max_body_bytes,
     )
 
@@ -338,8 +378,12 @@ def _build_app(
             yield
 
     # An ASGI endpoint (not a function) is served for every method, with no trailing-slash
-    # redirect; Starlette answers 404 for any other path.
-    gate = IdentityGate(manager.handle_request, settings)
+    # redirect; Starlette answers 404 for any other path. Order: identity (401), then Host and
+    # Origin (421, 403), then the method (stateless: only POST is served), then the SDK.
+    handler: ASGIApp = manager.handle_request
+    if settings.stateless:
+        handler = NoStandaloneStream(handler, security)
+    gate = IdentityGate(handler, settings)
     return Starlette(routes=[Route(settings.path, endpoint=gate)], lifespan=lifespan)
 
 

@@ -526,6 +526,87 @@ def test_allowed_hosts_written_with_spaces_are_refused(value):
         mcp_settings(Env({"MCP_PROXY_MCP_ALLOWED_HOSTS": value}))
 
 
+# --- stateless: POST only ------------------------------------------------------------------
+
+
+STREAM_ACCEPT = {"Accept": "text/event-stream"}
+
+
+async def bounded(method: str, url: str, hdrs: dict[str, str]) -> httpx2.Response:
+    """One whole request within 5 s: a stream held open fails the test instead of blocking it
+    (the SSE keep-alive pings would reset httpx's read timeout)."""
+    async with asyncio.timeout(5), httpx2.AsyncClient(timeout=5) as http:
+        return await http.request(method, url, headers=hdrs)
+
+
+@pytest.mark.parametrize("version", [None, LATEST_HANDSHAKE_VERSION], ids=["no-version", "2025"])
+async def test_a_get_is_405_allow_post_at_once_and_post_still_serves(stateless, version):
+    """No session, so no server-to-client stream: GET is 405 `Allow: POST`, not an SSE stream
+    that nothing ever writes to and that never ends."""
+    pinned = {"MCP-Protocol-Version": version} if version else {}
+    got = await bounded("GET", stateless.url, {**headers(), **STREAM_ACCEPT, **pinned})
+    assert got.status_code == 405, got.headers
+    assert got.headers["allow"] == "POST"
+    assert got.headers["content-type"] == "application/json"
+    assert got.json()["error"]["code"] == -32600
+    served = await raw_post(stateless.url, headers(), CALL)
+    assert served.status_code == 200
+    assert served.json()["result"]["structuredContent"]["result"]["title"] == "Alpha handbook"
+
+
+async def test_many_gets_hold_nothing(stateless):
+    answers = await asyncio.gather(
+        *(bounded("GET", stateless.url, {**headers(), **STREAM_ACCEPT}) for _ in range(20))
+    )
+    assert {a.status_code for a in answers} == {405}
+
+
+@pytest.mark.parametrize(
+    ("hdrs", "status"),
+    [
+        pytest.param(headers(token=None), 401, id="no-token"),
+        pytest.param({**headers(), "Host": "evil.example:8090"}, 421, id="foreign-host"),
+        pytest.param({**headers(), "Origin": "http://evil.example"}, 403, id="foreign-origin"),
+    ],
+)
+async def test_a_get_meets_the_identity_and_host_checks_first(stateless, hdrs, status):
+    assert (await bounded("GET", stateless.url, {**hdrs, **STREAM_ACCEPT})).status_code == status
+
+
+async def test_other_methods_are_405_and_delete_has_no_session_to_end(stateless):
+    for method in ("PUT", "PATCH"):
+        other = await bounded(method, stateless.url, headers())
+        assert (other.status_code, other.headers["allow"]) == (405, "POST"), method
+    delete = await bounded("DELETE", stateless.url, headers())
+    assert delete.status_code == 405
+    assert "termination not supported" in delete.json()["error"]["message"]
+
+
+async def test_the_official_client_lists_and_calls_over_post_alone(stateless):
+    """The SDK client needs no GET stream here; a GET it sent would be answered 405 (the spec
+    lets a server offer none, and the client then goes on without one)."""
+    sent: list[tuple[str, int]] = []
+
+    async def record(response: httpx2.Response) -> None:
+        sent.append((response.request.method, response.status_code))
+
+    async with (
+        asyncio.timeout(20),
+        httpx2.AsyncClient(
+            headers=headers(), timeout=10, event_hooks={"response": [record]}
+        ) as http,
+        streamable_http_client(stateless.url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        listed = {t.name for t in (await session.list_tools()).tools}
+        meta = await session.call_tool("read_doc_metadata", {"doc_id": "doc-a"})
+    assert "read_doc_metadata" in listed
+    assert body(meta)["result"]["title"] == "Alpha handbook"
+    assert {method for method, _ in sent} <= {"POST", "GET"}
+    assert all(status == 405 for method, status in sent if method == "GET")
+
+
 # --- the body limit ------------------------------------------------------------------------
 
 
