@@ -9,6 +9,7 @@ import math
 import re
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
@@ -229,3 +230,33 @@ async def settled(
         if orphan is not None and not task.cancelled() and task.exception() is None:
             await asyncio.shield(asyncio.ensure_future(orphan(task.result())))
         raise
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An upstream's whole answer: its status, its headers and its decoded body (None: longer
+    than the cap, the rest never read)."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes | None
+
+
+async def fetch_capped(
+    http: httpx.AsyncClient, method: str, url: str, *, cap: int, **request: Any
+) -> Fetched:
+    """One exchange with an upstream's API: `request` (``content``/``json``, ``headers``,
+    ``timeout``) sent as `method` to `url`, redirects not followed, and the body read up to
+    `cap` bytes (`read_capped`). The send and the read each run `settled`, so a caller
+    cancelled twice at one instant (its own timer and its caller's deadline) leaves its
+    connection free; the response is closed however the read ends. Raises what httpx raises
+    (timeouts, transport errors, httpx.DecodingError)."""
+    sent = http.build_request(method, url, **request)
+    response = await settled(
+        http.send(sent, stream=True, follow_redirects=False), orphan=httpx.Response.aclose
+    )
+    try:
+        body = await settled(read_capped(response, cap))
+    finally:
+        await response.aclose()
+    return Fetched(response.status_code, response.headers, body)

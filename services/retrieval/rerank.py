@@ -10,6 +10,7 @@ local model (services/retrieval/local_rerank.py) loads only files the operator p
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from abc import ABC, abstractmethod
@@ -20,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from services.common.http import TRANSIENT_STATUSES, endpoint_url
+from services.common.http import TRANSIENT_STATUSES, endpoint_url, fetch_capped
 from services.common.retry import AttemptFailed, RetryPolicy, run_with_retry
 from services.common.settings import SettingsError
 
@@ -28,6 +29,9 @@ API_STYLES = ("tei", "cohere")
 MODEL_FILES = ("model.onnx", "onnx/model.onnx")
 """Where the ONNX graph is looked for in RERANK_MODEL_PATH (Hugging Face / Optimum layouts)."""
 THREADS_LIMIT = 256
+MAX_RESPONSE_BYTES = 1024 * 1024
+"""Largest answer body read from a rerank API (200 scores take a few kilobytes); a longer one
+is a bad response, the rest never read."""
 _RETRY_PAUSE_S = 0.05
 
 
@@ -202,12 +206,12 @@ def _parse_items(items: Any, score_key: str, count: int) -> list[RerankResult]:
     return out
 
 
-def _error_text(response: httpx.Response) -> str:
+def _error_text(content: bytes) -> str:
     """The API's own error message (TEI ``error``, Cohere ``message``, Jina ``detail``)."""
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
-        return response.text[:200]
+        return content[:200].decode("utf-8", "replace")
     if isinstance(body, dict):
         for key in ("error", "message", "detail"):
             if key in body:
@@ -317,8 +321,14 @@ class RerankClient(Reranker):
         remaining = deadline - time.monotonic()
         try:
             async with asyncio.timeout(remaining):
-                response = await self._http.post(
-                    self._endpoint, json=body, headers=self._headers, timeout=remaining
+                answer = await fetch_capped(
+                    self._http,
+                    "POST",
+                    self._endpoint,
+                    cap=MAX_RESPONSE_BYTES,
+                    json=body,
+                    headers=self._headers,
+                    timeout=remaining,
                 )
         except (TimeoutError, httpx.TimeoutException):
             raise RerankError("timeout", "the reranker did not answer in time") from None
@@ -326,10 +336,14 @@ class RerankClient(Reranker):
             raise _Unavailable(
                 RerankError("unavailable", f"cannot reach the reranker: {type(exc).__name__}")
             ) from None
-        status = response.status_code
+        except httpx.DecodingError:
+            raise RerankError("bad_response", "the reranker's answer does not decode") from None
+        status, content = answer.status, answer.body
+        if content is None:
+            raise RerankError("bad_response", "the reranker's answer is too large")
         if status >= 500 or status == 429:
             error = RerankError(
-                "unavailable", f"reranker answered {status}: {_error_text(response)}",
+                "unavailable", f"reranker answered {status}: {_error_text(content)}",
                 status=status,
             )  # fmt: skip
             if status in TRANSIENT_STATUSES:
@@ -338,10 +352,10 @@ class RerankClient(Reranker):
         if status >= 400:
             raise RerankError(
                 "rejected",
-                f"reranker refused the request ({status}): {_error_text(response)}",
+                f"reranker refused the request ({status}): {_error_text(content)}",
                 status=status,
             )
         try:
-            return response.json()
+            return json.loads(content)
         except ValueError:
             raise RerankError("bad_response", "the reranker's answer is not JSON") from None

@@ -51,7 +51,7 @@ from services.common.context import upstream_timeout
 from services.common.http import (
     TRANSIENT_STATUSES,
     check_public_api_url,
-    read_capped,
+    fetch_capped,
     shown_link,
 )
 from services.common.logging import get_logger
@@ -631,17 +631,15 @@ class CbrClient:
         self.upstream_calls += 1
         timeout_s, says_nothing = upstream_timeout(self.settings.timeout_s)
         try:
-            async with self._http.stream(
+            answer = await fetch_capped(
+                self._http,
                 "POST",
                 self.settings.url,
+                cap=self.settings.max_response_bytes,
                 content=envelope,
                 headers=headers,
                 timeout=timeout_s,
-            ) as response:
-                body = await read_capped(response, self.settings.max_response_bytes)
-                if body is None:
-                    raise _Fatal("the answer is too large")
-                status = response.status_code
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
             raise _Retryable(f"cannot connect: {type(exc).__name__}") from None
         except httpx.TimeoutException:
@@ -651,7 +649,10 @@ class CbrClient:
             raise _TimedOut(f"no answer within {timeout_s:.3g} s") from None
         except httpx.HTTPError as exc:
             raise _Fatal(f"transport error: {type(exc).__name__}") from None
-        root = self._xml(body)
+        if answer.body is None:
+            raise _Fatal("the answer is too large")
+        status = answer.status
+        root = self._xml(answer.body)
         fault = parse_fault(root) if root is not None else None
         if fault is not None:
             code, text = fault

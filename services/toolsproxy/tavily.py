@@ -34,7 +34,7 @@ from services.common.context import upstream_timeout
 from services.common.http import (
     TRANSIENT_STATUSES,
     check_public_api_url,
-    read_capped,
+    fetch_capped,
     retry_after_seconds,
     shown_link,
 )
@@ -361,16 +361,15 @@ class TavilyClient:
         self, body: dict[str, Any], headers: dict[str, str], timeout_s: float, says_nothing: bool
     ) -> dict[str, Any]:
         try:
-            async with self._http.stream(
+            answer = await fetch_capped(
+                self._http,
                 "POST",
                 self._url,
+                cap=MAX_RESPONSE_BYTES,
                 json=body,
                 headers=headers,
                 timeout=timeout_s,
-                follow_redirects=False,
-            ) as response:
-                status, answered = response.status_code, response.headers
-                content = await read_capped(response, MAX_RESPONSE_BYTES)
+            )
         except httpx.TimeoutException:
             # Not retried: one more full timeout would blow the caller's budget.
             raise _Attempt(
@@ -390,10 +389,11 @@ class TavilyClient:
             raise _Attempt(
                 _unavailable("Tavily sent an unexpected answer"), retry=False, outage=True
             ) from None
+        status, content = answer.status, answer.body
         if status == 200:
             return self._parse(content)
         if status == 429:
-            wait = retry_after_seconds(answered.get("Retry-After"))
+            wait = retry_after_seconds(answer.headers.get("Retry-After"))
             limited = TavilyError(
                 RATE_LIMIT_EXCEEDED,
                 "Finance news search is rate limited by Tavily; try again later"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services.common import errors
-from services.common.http import read_capped
+from services.common.http import fetch_capped, read_capped
 from services.model_runtime.chat import LLM_RUNTIME_ERROR, ChatMessage, ChatRequest
 from services.model_runtime.client import OpenAiChatRuntime, RuntimeSettings
 
@@ -96,3 +96,18 @@ async def test_the_runtime_client_takes_a_body_that_does_not_decode_as_a_bad_ans
         with pytest.raises(errors.UnavailableError, match="does not decode") as info:
             await runtime.complete(ChatRequest((ChatMessage("user", "hi"),)), timeout_s=5.0)
     assert info.value.reason == LLM_RUNTIME_ERROR
+
+
+async def test_fetch_capped_reads_up_to_the_cap_and_no_further() -> None:
+    """One exchange of the bank, Tavily and rerank clients: the status, the headers and the
+    body at the cap; one byte past it, no body."""
+    body = b"x" * 1000
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(201, content=body, headers={"X-Seen": request.content.decode()})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        at = await fetch_capped(http, "POST", "http://upstream.test/", cap=1000, content=b"q")
+        past = await fetch_capped(http, "POST", "http://upstream.test/", cap=999, content=b"q")
+    assert (at.status, at.headers["X-Seen"], at.body) == (201, "q", body)
+    assert (past.status, past.body) == (201, None)

@@ -1,5 +1,7 @@
 """The rerank client against a real local server speaking the TEI and Cohere/Jina wire formats."""
 
+import json
+
 import httpx
 import pytest
 
@@ -8,6 +10,7 @@ from services.common.topology import free_ports
 from services.retrieval.config import RetrievalSettings, rerank_settings
 from services.retrieval.factories import build_reranker
 from services.retrieval.rerank import (
+    MAX_RESPONSE_BYTES,
     RerankClient,
     Reranker,
     RerankError,
@@ -185,6 +188,41 @@ async def test_garbage_body_is_a_bad_response(server, style):
         with pytest.raises(RerankError) as info:
             await client.rerank(QUERY, TEXTS)
     assert info.value.reason == "bad_response"
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+async def test_an_answer_is_read_up_to_max_response_bytes(extra):
+    """A well-formed answer padded to MAX_RESPONSE_BYTES is read; one byte more is a bad
+    response, the rest never read."""
+    scores = json.dumps([{"index": i, "score": 1.0 - i / 10} for i in range(4)])
+    pad = MAX_RESPONSE_BYTES - len(scores) + extra
+    content = (scores[:-1] + " " * pad + "]").encode()
+    assert len(content) == MAX_RESPONSE_BYTES + extra
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=content)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client = RerankClient(RerankSettings(url="http://reranker"), http)
+    if extra:
+        with pytest.raises(RerankError) as info:
+            await client.rerank(QUERY, TEXTS)
+        assert info.value.reason == "bad_response" and "too large" in str(info.value)
+    else:
+        assert [r.index for r in await client.rerank(QUERY, TEXTS)] == [0, 1, 2, 3]
+    await http.aclose()
+
+
+async def test_an_answer_that_does_not_decode_is_a_bad_response():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client = RerankClient(RerankSettings(url="http://reranker"), http)
+    with pytest.raises(RerankError) as info:
+        await client.rerank(QUERY, TEXTS)
+    assert info.value.reason == "bad_response"
+    await http.aclose()
 
 
 @pytest.mark.parametrize(

@@ -826,7 +826,7 @@ async def test_a_search_that_fails_unexpectedly_is_still_one_external_call_event
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug of ours")
 
-    client._http = SimpleNamespace(stream=broken)  # type: ignore[assignment]
+    client._http = SimpleNamespace(build_request=broken)  # type: ignore[assignment]
     with json_lines("toolsproxy") as logs:
         with pytest.raises(RuntimeError):
             await client.search("key rate", tenant_id="t1", user_id="u")
