@@ -500,13 +500,16 @@ class _Run:
         completion = await self._call(messages, self.offered, params, hold=hold)
         step_ms = round((self.loop.clock() - step_started) * 1000)
         self.step_ms.append(step_ms)
-        # Our own count of the answer is needed only when the runtime reports none.
+        # Our own count of the answer is needed only when the runtime reports none. It errs
+        # high (the message's template tokens too), but no call generates past its cap.
         answered = completion.completion_tokens
         if answered is None:
             answered = message_tokens(
                 self.loop.tokenizer,
                 ChatMessage("assistant", completion.content, completion.tool_calls),
             )
+            if params.max_tokens is not None:
+                answered = min(answered, params.max_tokens)
         prompt = self.budget.record_call(
             reported_prompt=completion.prompt_tokens, completion=answered, notes=self.riding
         )

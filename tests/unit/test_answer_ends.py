@@ -125,3 +125,19 @@ async def test_a_withheld_answer_is_held_to_the_callers_params_too():
     assert out.withheld_for == ("redis",) and "LDAP" not in out.answer
     assert TOK.count(out.answer) <= 8 and out.finish_reason == "length"
     assert events.answer() == out.answer
+
+
+async def test_an_answer_counted_by_estimate_is_never_more_than_max_tokens():
+    """A runtime that reports no usage is counted by estimate, which errs high (a message's
+    template tokens): at max_tokens the count is max_tokens, as a runtime would report it."""
+    at_cap = " ".join(["word"] * 20)
+    assert TOK.count(at_cap) == 20
+    params = GenerationParams(max_tokens=20)
+    out = await loop(ScriptedRuntime([says(at_cap)]), FakeTools()).run(
+        req(policy=NO_TOOLS, params=params)
+    )
+    assert out.completion_tokens == 20
+    out = await loop(ScriptedRuntime([says(" ".join(["word"] * 19))]), FakeTools()).run(
+        req(policy=NO_TOOLS, params=params)
+    )
+    assert 19 < out.completion_tokens <= 20
