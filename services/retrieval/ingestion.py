@@ -867,7 +867,7 @@ class Ingestor:
             ),
             page,
         )
-        return out, page_token(out[-1].doc_id) if more else ""
+        return out, page_token(out[-1].doc_id, page.listing) if more else ""
 
     async def list(
         self, tenant_id: str, page: ListPage | None = None
@@ -878,4 +878,5 @@ class Ingestor:
         thread (the page's batches: off the event loop, which a PostgreSQL store's round
         trips would hold)."""
         check_tenant_id(tenant_id)
-        return await asyncio.to_thread(self._summaries, tenant_id, page or list_page(0, "", ()))
+        page = page or list_page(tenant_id, 0, "", ())
+        return await asyncio.to_thread(self._summaries, tenant_id, page)

@@ -3,21 +3,26 @@ page token.
 
 A page is the tenant's documents after a doc_id, in doc_id order, at most `page_size` of
 them and no more than fit MAX_LIST_RESPONSE_BYTES. The token carries the last doc_id of the
-page before; it is a position, not a grant: whatever it says, the listing stays inside the
-request's tenant (and its doc_ids).
+page before and a digest of its listing (`listing_key`: the tenant_id and the doc_ids
+filter); a token is taken only by the listing it came from, any other is INVALID_ARGUMENT.
+It is a position, not a grant: whatever it says, the listing stays inside the request's
+tenant (and its doc_ids).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.common import errors
 from services.common.document_limits import check_doc_ids
+from services.common.search_contract import check_tenant_id
 
 if TYPE_CHECKING:
     from services.docstore.model import DocumentSummary
@@ -37,7 +42,11 @@ takes about 160 KB, so a page always holds at least one."""
 _COUNTS_BYTES = 5 * 11
 """DocumentInfo's five int32 fields (pages, sections, chunks, chars, tokens) at their longest:
 a one-byte tag and a ten-byte varint each."""
-_TOKEN_PREFIX = "v1."
+_TOKEN_PREFIX = "v2."
+"""How every token this service gives starts."""
+_LISTING_KEY_CHARS = 16
+"""Hex characters of a listing's digest in its tokens (64 bits of SHA-256)."""
+_HEX_KEY = re.compile(rf"[0-9a-f]{{{_LISTING_KEY_CHARS}}}")
 FIRST_READ_ROWS = 128
 """Rows of a page's first read from the store (`read_page`): a page of DEFAULT_PAGE_SIZE and
 the row after it in one query."""
@@ -52,11 +61,26 @@ class ListPage:
     size: int
     doc_ids: tuple[str, ...] | None
     """Only these documents; None = all of the tenant's."""
+    listing: str
+    """`listing_key` of the request's tenant_id and doc_ids: what its tokens are bound to."""
 
 
-def page_token(last_doc_id: str) -> str:
-    """The token that asks for the documents after `last_doc_id`."""
-    return _TOKEN_PREFIX + base64.urlsafe_b64encode(last_doc_id.encode()).decode().rstrip("=")
+def listing_key(tenant_id: str, doc_ids: Iterable[str]) -> str:
+    """The digest of one listing a page token carries: SHA-256 of the tenant_id and the
+    doc_ids filter as a set (sorted, each once: the same documents in another order are the
+    same listing), each length-prefixed, cut to _LISTING_KEY_CHARS hex characters."""
+    digest = hashlib.sha256()
+    for part in (tenant_id, *sorted(set(doc_ids))):
+        encoded = part.encode()
+        digest.update(len(encoded).to_bytes(4, "big") + encoded)
+    return digest.hexdigest()[:_LISTING_KEY_CHARS]
+
+
+def page_token(last_doc_id: str, listing: str) -> str:
+    """The token that asks for the documents after `last_doc_id` in the listing whose
+    `listing_key` is `listing`: "v2.<listing>.<last_doc_id in unpadded URL-safe base64>"."""
+    position = base64.urlsafe_b64encode(last_doc_id.encode()).decode().rstrip("=")
+    return f"{_TOKEN_PREFIX}{listing}.{position}"
 
 
 def _field_bytes(size: int) -> int:
@@ -82,14 +106,15 @@ def listed_bytes(
     return _field_bytes(info)
 
 
-def fitting(listed: Iterable[tuple[str, int]]) -> int:
+def fitting(listed: Iterable[tuple[str, int]], listing: str) -> int:
     """How many of a page's documents, given in order as (doc_id, listed_bytes), one response
-    carries: the most whose sizes and the next_page_token after the last of them stay within
-    MAX_LIST_RESPONSE_BYTES, and always the first. Reads `listed` no further than it must."""
+    carries: the most whose sizes and the next_page_token after the last of them (of the
+    listing `listing`) stay within MAX_LIST_RESPONSE_BYTES, and always the first. Reads
+    `listed` no further than it must."""
     used = kept = 0
     for doc_id, size in listed:
         used += size
-        if kept and used + _text_bytes(page_token(doc_id)) > MAX_LIST_RESPONSE_BYTES:
+        if kept and used + _text_bytes(page_token(doc_id, listing)) > MAX_LIST_RESPONSE_BYTES:
             break
         kept += 1
     return kept
@@ -124,7 +149,7 @@ def read_page(
                 listed_bytes(doc.doc_id, doc.title, doc.source, doc.generation, doc.metadata),
             )
 
-    kept = fitting(listed())
+    kept = fitting(listed(), page.listing)
     # `fitting` stopped at a document past the budget, or the row after a full page exists.
     more = len(read_rows) > kept or next(rows, None) is not None
     return read_rows[:kept], more
@@ -146,7 +171,9 @@ def _batched(
         limit = min(total - done, done)
 
 
-def _after(token: str) -> str:
+def _after(token: str, listing: str) -> str:
+    """The position `token` continues at: "" for no token; INVALID_ARGUMENT for a token
+    this service would not have given, or one of a listing other than `listing`."""
     if not token:
         return ""
     bad = errors.InvalidArgumentError(
@@ -155,17 +182,27 @@ def _after(token: str) -> str:
     )
     if not token.startswith(_TOKEN_PREFIX) or len(token) > 1024:
         raise bad
-    body = token[len(_TOKEN_PREFIX) :]
+    key, dot, body = token[len(_TOKEN_PREFIX) :].partition(".")
+    if not dot:
+        raise bad
     try:
         after = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
     except (binascii.Error, ValueError):
         raise bad from None
-    if not after or page_token(after) != token:  # one spelling per position
+    # One spelling per position and listing: the token this service gives for them and no
+    # other (a key of _LISTING_KEY_CHARS lowercase hex digits, the position unpadded).
+    if not after or not _HEX_KEY.fullmatch(key) or page_token(after, key) != token:
         raise bad
+    if key != listing:
+        raise errors.InvalidArgumentError(
+            "page_token belongs to another listing (other tenant_id or doc_ids); "
+            "start again without one",
+            metadata={"field": "page_token"},
+        )
     return after
 
 
-def list_page(page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
+def list_page(tenant_id: str, page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
     """The page a ListDocuments request asks for; InvalidArgumentError / LimitExceededError
     for one the service must refuse."""
     if page_size < 0:
@@ -181,8 +218,11 @@ def list_page(page_size: int, token: str, doc_ids: tuple[str, ...]) -> ListPage:
     if len(doc_ids) > MAX_LISTED_IDS:
         raise errors.too_many("doc_ids", len(doc_ids), MAX_LISTED_IDS)
     check_doc_ids(doc_ids, "doc_ids")
+    check_tenant_id(tenant_id)  # before its token is judged: an empty one has no listing
+    listing = listing_key(tenant_id, doc_ids)
     return ListPage(
-        after=_after(token),
+        after=_after(token, listing),
         size=page_size or DEFAULT_PAGE_SIZE,
         doc_ids=tuple(doc_ids) if doc_ids else None,
+        listing=listing,
     )

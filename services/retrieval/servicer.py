@@ -195,7 +195,9 @@ class IngestionServicer(retrieval_pb2_grpc.IngestionServiceServicer):
     async def ListDocuments(
         self, request: retrieval_pb2.ListDocumentsRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.ListDocumentsResponse:
-        page = list_page(request.page_size, request.page_token, tuple(request.doc_ids))
+        page = list_page(
+            request.tenant_id, request.page_size, request.page_token, tuple(request.doc_ids)
+        )
         documents, next_token = await self._ingestor.list(request.tenant_id, page)
         return retrieval_pb2.ListDocumentsResponse(
             documents=[

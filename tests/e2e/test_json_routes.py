@@ -782,12 +782,15 @@ def test_list_documents_page_by_page(mesh: Mesh) -> None:
     r = get(mesh, "retrieval", DOCS,
             params={"tenant_id": TENANT, "doc_ids": [LDAP_DOC, SECRET_DOC, "nope"]})  # fmt: skip
     assert r.status_code == 200 and [d["doc_id"] for d in r.json()["documents"]] == [LDAP_DOC]
-    # A token is a position, not a grant: with another tenant it lists that tenant's only.
+    # A token belongs to its listing: with another tenant_id or doc_ids it is refused, never
+    # a page of that other listing.
     first = get(mesh, "retrieval", DOCS, params={"tenant_id": TENANT, "page_size": 1}).json()
-    other = get(mesh, "retrieval", DOCS,
-                params={"tenant_id": OTHER_TENANT, "page_token": first["next_page_token"]})  # fmt: skip
-    assert other.status_code == 200
-    assert SECRET_DOC not in str(first) and everything[0] not in str(other.json())
+    token = first["next_page_token"]
+    for other in ({"tenant_id": OTHER_TENANT}, {"tenant_id": TENANT, "doc_ids": [LDAP_DOC]}):
+        r = get(mesh, "retrieval", DOCS, params={**other, "page_size": 1, "page_token": token})
+        assert assert_error(r, 400, "INVALID_ARGUMENT")["metadata"]["field"] == "page_token"
+        assert "another listing" in r.json()["message"] and SECRET_DOC not in r.text
+    assert SECRET_DOC not in str(first)
 
 
 @pytest.mark.parametrize(

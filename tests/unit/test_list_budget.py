@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from visior.retrieval.v1 import retrieval_pb2
 
+from services.common import errors
 from services.common.document_limits import MAX_DOC_ID_CHARS
 from services.docstore.fields import (
     MAX_METADATA,
@@ -31,6 +32,7 @@ from services.retrieval.listing import (
     fitting,
     list_page,
     listed_bytes,
+    listing_key,
     page_token,
     read_page,
 )
@@ -40,6 +42,8 @@ from tests.unit.test_search import make_stack
 WIDE = "\U0001d538"
 """A character of four UTF-8 bytes, the most any character takes."""
 TENANT = "t"
+ALL = listing_key(TENANT, ())
+"""The listing of all of TENANT's documents: what its tokens are bound to."""
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +96,11 @@ async def pages(
 def test_one_document_at_the_field_bounds_fits_the_budget(count):
     doc = largest(0)
     response = retrieval_pb2.ListDocumentsResponse(
-        documents=[info(doc, count)], next_page_token=page_token(doc.doc_id)
+        documents=[info(doc, count)], next_page_token=page_token(doc.doc_id, ALL)
     )
-    assert bound(doc) + len(page_token(doc.doc_id)) + 3 >= response.ByteSize()
+    assert bound(doc) + len(page_token(doc.doc_id, ALL)) + 3 >= response.ByteSize()
     assert response.ByteSize() > 150_000  # a thousand of them: far past gRPC's 4 MiB
-    assert bound(doc) + len(page_token(doc.doc_id)) + 3 <= MAX_LIST_RESPONSE_BYTES
+    assert bound(doc) + len(page_token(doc.doc_id, ALL)) + 3 <= MAX_LIST_RESPONSE_BYTES
     assert MAX_LIST_RESPONSE_BYTES < 4 << 20  # below gRPC's default receive limit
 
 
@@ -129,7 +133,7 @@ async def test_large_documents_are_listed_in_pages_within_the_budget_each_exactl
     assert len(sizes) > 1  # cut: 45 such documents are ~7 MiB
     assert max(r.ByteSize() for r in responses) <= MAX_LIST_RESPONSE_BYTES
     # Cut where the budget ends, not earlier: as many as the budget holds.
-    most = (MAX_LIST_RESPONSE_BYTES - len(page_token(ids[0])) - 3) // bound(docs[0])
+    most = (MAX_LIST_RESPONSE_BYTES - len(page_token(ids[0], ALL)) - 3) // bound(docs[0])
     assert sizes[:-1] == [most] * (len(sizes) - 1)
     listed = [d.doc_id for r in responses for d in r.documents]
     assert listed == ids  # every document once, in doc_id order
@@ -144,7 +148,7 @@ async def test_a_page_of_small_documents_is_not_cut(tmp_path, embedder):
         s.store.put(Document(TENANT, doc_id, f"Title of {doc_id}", metadata={"format": "md"}))
     responses = await pages(IngestionServicer(s.ingestor), page_size=MAX_PAGE_SIZE)
     assert [len(r.documents) for r in responses] == [MAX_PAGE_SIZE, 5]
-    assert responses[0].next_page_token == page_token(ids[MAX_PAGE_SIZE - 1])
+    assert responses[0].next_page_token == page_token(ids[MAX_PAGE_SIZE - 1], ALL)
     assert [d.doc_id for r in responses for d in r.documents] == ids
     s.index.close()
 
@@ -159,14 +163,75 @@ async def test_a_single_document_at_the_field_bounds_is_listed(tmp_path, embedde
     s.index.close()
 
 
+async def test_a_token_is_taken_only_by_its_own_listing(tmp_path, embedder):
+    """A next_page_token continues the listing it came from; presented with another tenant_id
+    or doc_ids it is INVALID_ARGUMENT, never a page of that other listing."""
+    s = make_stack(tmp_path, embedder)
+    for tenant in (TENANT, "other"):
+        for n in range(5):
+            s.store.put(small(tenant, f"doc-{n}"))
+    servicer = IngestionServicer(s.ingestor)
+
+    async def ask(tenant: str, token: str, doc_ids=()) -> list[str]:
+        request = retrieval_pb2.ListDocumentsRequest(
+            tenant_id=tenant, page_size=2, page_token=token, doc_ids=doc_ids
+        )
+        response = await servicer.ListDocuments(request, None)  # type: ignore[arg-type]
+        return [d.doc_id for d in response.documents] + [response.next_page_token]
+
+    *_, token = await ask(TENANT, "")
+    *_, by_ids = await ask(TENANT, "", ["doc-3", "doc-0", "doc-1"])
+    for tenant, doc_ids, given in [
+        ("other", [], token),  # another tenant: its documents sort after doc-1 too
+        (TENANT, ["doc-0", "doc-1", "doc-2"], token),  # the whole tenant's, with a filter
+        ("other", ["doc-3", "doc-0", "doc-1"], by_ids),  # the same filter, another tenant
+        (TENANT, [], by_ids),  # a filter's, without it
+        (TENANT, ["doc-0", "doc-1"], by_ids),  # a filter's, with fewer
+    ]:
+        with pytest.raises(errors.InvalidArgumentError) as other:
+            await ask(tenant, given, doc_ids)
+        assert other.value.metadata == {"field": "page_token"}
+        assert "belongs to another listing" in str(other.value)
+    *continued, last = await ask(TENANT, token)  # its own listing: continued after doc-1
+    assert continued == ["doc-2", "doc-3"] and last
+    assert await ask(TENANT, by_ids, ["doc-1", "doc-0", "doc-3", "doc-3"]) == ["doc-3", ""]
+    s.index.close()
+
+
+async def test_a_listing_by_doc_ids_continues_with_them_in_any_order(tmp_path, embedder):
+    """Every page asked with the same doc_ids shuffled and repeated: every document once."""
+    s = make_stack(tmp_path, embedder)
+    ids = [f"doc-{n:02d}" for n in range(15)]
+    for doc_id in ids:
+        s.store.put(small(TENANT, doc_id))
+    s.store.put(small("other", "doc-01"))
+    wanted = [*ids[1::2], "absent"]
+    servicer, rng = IngestionServicer(s.ingestor), random.Random(3)
+    for page_size in (1, 2, 3, 7):
+        listed, token, calls = [], "", 0
+        while calls < 20:
+            asked = [*wanted, *rng.sample(wanted, 3)]
+            rng.shuffle(asked)
+            request = retrieval_pb2.ListDocumentsRequest(
+                tenant_id=TENANT, page_size=page_size, page_token=token, doc_ids=asked
+            )
+            response = await servicer.ListDocuments(request, None)  # type: ignore[arg-type]
+            listed += [d.doc_id for d in response.documents]
+            token, calls = response.next_page_token, calls + 1
+            if not token:
+                break
+        assert listed == ids[1::2], page_size  # every one once, in doc_id order
+    s.index.close()
+
+
 # -- how much a page reads ---------------------------------------------------------------------
 
 
 def reference_page(rows: list[Document], page: ListPage) -> tuple[list[str], str]:
     """The page cut from one read of page.size + 1 rows (`rows`: that read), the plain way:
     the page's doc_ids and its next_page_token."""
-    kept = fitting((d.doc_id, bound(d)) for d in rows[: page.size])
-    token = page_token(rows[kept - 1].doc_id) if len(rows) > kept else ""
+    kept = fitting(((d.doc_id, bound(d)) for d in rows[: page.size]), page.listing)
+    token = page_token(rows[kept - 1].doc_id, page.listing) if len(rows) > kept else ""
     return [d.doc_id for d in rows[:kept]], token
 
 
@@ -201,7 +266,7 @@ async def test_a_page_of_large_documents_reads_one_batch_not_the_page_size(
     docs = [largest(n) for n in range(FIRST_READ_ROWS + 32)]
     for doc in docs:
         s.store.put(doc)
-    page = list_page(MAX_PAGE_SIZE, "", ())
+    page = list_page(TENANT, MAX_PAGE_SIZE, "", ())
     expected = reference(s.store, TENANT, page)
     reads = count_reads(monkeypatch, s.store)
     summaries, token = await s.ingestor.list(TENANT, page)
@@ -230,7 +295,7 @@ async def test_small_documents_are_read_in_few_queries(
     ids = [f"doc-{n:04d}" for n in range(stored)]
     for doc_id in ids:
         s.store.put(small(TENANT, doc_id))
-    page = list_page(page_size, "", ())
+    page = list_page(TENANT, page_size, "", ())
     expected = reference(s.store, TENANT, page)
     seen = count_reads(monkeypatch, s.store)
     summaries, token = await s.ingestor.list(TENANT, page)
@@ -269,7 +334,7 @@ async def test_pages_are_those_of_one_read_of_the_page_size(tmp_path, embedder, 
         for page_size in (1, 2, 19, 20, 100, 127, 128, 129, 255, 256, 257, 500, MAX_PAGE_SIZE):
             listed, token = [], ""
             while True:
-                page = list_page(page_size, token, *wanted)
+                page = list_page(tenant, page_size, token, *wanted)
                 expected = reference(s.store, tenant, page)
                 summaries, token = await s.ingestor.list(tenant, page)
                 assert ([d.doc_id for d in summaries], token) == expected, (tenant, page_size)
@@ -294,7 +359,7 @@ def test_read_page_cuts_as_one_read_of_the_page_size_does(monkeypatch):
         ]
         size = rng.choice([1, 2, 3, 10, 50, 127, 128, 129, 256, 500, MAX_PAGE_SIZE])
         after = rng.choice(["", *(d.doc_id for d in docs[:50])])
-        page = ListPage(after=after, size=size, doc_ids=None)
+        page = ListPage(after=after, size=size, doc_ids=None, listing=ALL)
         rows = [d for d in docs if d.doc_id > after]
         read_rows: list[Document] = []
 

@@ -554,8 +554,9 @@ class ListDocumentsRequest(betterproto.Message):
     page_token: str = betterproto.string_field(4)
     """
     page_token continues a listing: the next_page_token of the previous
-     response, with the same tenant_id and doc_ids. Empty starts at the first
-     document. A token that is not one is INVALID_ARGUMENT.
+     response, with the same tenant_id and doc_ids (the same ids in any order).
+     Empty starts at the first document. A token that is not one, or one of
+     another listing (another tenant_id or doc_ids), is INVALID_ARGUMENT.
     """
 
     doc_ids: List[str] = betterproto.string_field(5)
