@@ -284,7 +284,11 @@ class GenerateMeta(betterproto.Message):
     """
 
     model_calls: int = betterproto.int32_field(7)
-    """model_calls is how many times the runtime was called."""
+    """
+    model_calls is how many times the runtime was called; with the extractive
+     responder, which stands in for it, how many steps it took (a read asked
+     for, the answer composed).
+    """
 
     withheld_for: List[str] = betterproto.string_field(8)
     """
