@@ -462,9 +462,9 @@ limit of its replies and of its own outgoing calls, so it must hold the largest 
 sends with the other settings at their defaults. That is a Generate holding a full first
 prompt (MAX_PROMPT_TOKENS' default of 4,096 tokens, at the tokenizer's longest token,
 LONGEST_TOKEN_BYTES, a token; 10 KB measured with the samples' listed sections), larger than
-a Respond's answer or a Generate's (MAX_COMPLETION_TOKENS' 512 tokens). ToolsProxy's results, whose text its own limits bound,
-are held to them apart (toolsproxy/config.py). At 1 KiB or 4 KiB a service would start and
-then fail every Respond with RESOURCE_EXHAUSTED."""
+a Respond's answer or a Generate's (MAX_COMPLETION_TOKENS' 512 tokens). ToolsProxy's results,
+whose text its own limits bound, are held to them apart (toolsproxy/config.py). At 1 KiB or
+4 KiB a service would start and then fail every Respond with RESOURCE_EXHAUSTED."""
 MAX_GRACE_SECONDS = 3600.0
 """The longest <prefix>GRACE_SECONDS: an hour for in-flight calls to finish after SIGTERM (a
 value past any orchestrator's kill timeout would leave the process running)."""
