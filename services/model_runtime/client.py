@@ -101,7 +101,14 @@ from services.common.http import (
     settled,
 )
 from services.common.loop_lag import stall_tolerant_timeout
-from services.common.retry import AttemptFailed, Clock, RetryPolicy, Sleep, run_with_retry
+from services.common.retry import (
+    AttemptFailed,
+    Clock,
+    RetryPolicy,
+    Sleep,
+    run_with_retry,
+    whole_seconds,
+)
 from services.common.settings import SettingsError
 from services.model_runtime.chat import (
     LENGTH,
@@ -928,13 +935,18 @@ class _Failure(AttemptFailed):
         metadata = {"kind": self.kind, "attempts": str(attempts), "runtime": runtime}
         if self.status is not None:
             metadata["status"] = str(self.status)
+        message = self.message
+        if self.delay is not None:  # the runtime's Retry-After: when to try again
+            wait = whole_seconds(self.delay)
+            metadata["retry_after_s"] = str(wait)
+            message += f"; it asks to wait {wait} s"
         if self.kind == BUSY:
             return errors.ResourceExhaustedError(
-                self.message, reason=errors.SERVER_BUSY, metadata=metadata
+                message, reason=errors.SERVER_BUSY, metadata=metadata
             )
         if self.kind == DEADLINE:
-            return errors.DeadlineExceededError(self.message, metadata=metadata)
-        return errors.UnavailableError(self.message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
+            return errors.DeadlineExceededError(message, metadata=metadata)
+        return errors.UnavailableError(message, reason=LLM_RUNTIME_ERROR, metadata=metadata)
 
 
 def _unreadable(exc: BadResponse) -> _Failure:

@@ -747,6 +747,23 @@ async def test_a_short_retry_after_is_honoured_and_a_long_one_fails_at_once(h: H
     assert err.metadata["attempts"] == "1" and h.delays == [1.5]
 
 
+@pytest.mark.parametrize(("header", "told"), [("60", "60"), ("2.5", "3"), ("0", "1")])
+async def test_the_runtimes_retry_after_reaches_the_caller(
+    h: Harness, header: str, told: str
+) -> None:
+    """The last answer's Retry-After, in whole seconds (never 0), rides on the error."""
+    h.fake.fail(429, times=2, retry_after=header)
+    err = await runtime_error(complete(h.runtime()))
+    assert err.metadata["retry_after_s"] == told
+    assert err.message.endswith(f"; it asks to wait {told} s")
+
+
+async def test_no_retry_after_when_the_runtime_names_none(h: Harness) -> None:
+    h.fake.fail(503, times=2)
+    err = await runtime_error(complete(h.runtime()))
+    assert "retry_after_s" not in err.metadata and "asks to wait" not in err.message
+
+
 async def test_no_retry_when_the_backoff_does_not_fit_the_budget(h: Harness) -> None:
     h.fake.fail(503)
     await runtime_error(
