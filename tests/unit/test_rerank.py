@@ -1,6 +1,7 @@
 """The rerank client against a real local server speaking the TEI and Cohere/Jina wire formats."""
 
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -190,6 +191,25 @@ async def test_garbage_body_is_a_bad_response(server, style):
     assert info.value.reason == "bad_response"
 
 
+async def rerank_answered(**response: Any) -> list[RerankResult]:
+    """A rerank of QUERY over TEXTS by an API that answers 200 with `response` (httpx.Response's
+    content, json, headers)."""
+    http = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, **response))
+    )
+    try:
+        return await RerankClient(RerankSettings(url="http://reranker"), http).rerank(QUERY, TEXTS)
+    finally:
+        await http.aclose()
+
+
+async def bad_response(**response: Any) -> RerankError:
+    with pytest.raises(RerankError) as info:
+        await rerank_answered(**response)
+    assert info.value.reason == "bad_response"
+    return info.value
+
+
 @pytest.mark.parametrize("extra", [0, 1])
 async def test_an_answer_is_read_up_to_max_response_bytes(extra):
     """A well-formed answer padded to MAX_RESPONSE_BYTES is read; one byte more is a bad
@@ -198,31 +218,15 @@ async def test_an_answer_is_read_up_to_max_response_bytes(extra):
     pad = MAX_RESPONSE_BYTES - len(scores) + extra
     content = (scores[:-1] + " " * pad + "]").encode()
     assert len(content) == MAX_RESPONSE_BYTES + extra
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=content)
-
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    client = RerankClient(RerankSettings(url="http://reranker"), http)
     if extra:
-        with pytest.raises(RerankError) as info:
-            await client.rerank(QUERY, TEXTS)
-        assert info.value.reason == "bad_response" and "too large" in str(info.value)
+        assert "too large" in str(await bad_response(content=content))
     else:
-        assert [r.index for r in await client.rerank(QUERY, TEXTS)] == [0, 1, 2, 3]
-    await http.aclose()
+        ranked = await rerank_answered(content=content)
+        assert [r.index for r in ranked] == [0, 1, 2, 3]
 
 
 async def test_an_answer_that_does_not_decode_is_a_bad_response():
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
-
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    client = RerankClient(RerankSettings(url="http://reranker"), http)
-    with pytest.raises(RerankError) as info:
-        await client.rerank(QUERY, TEXTS)
-    assert info.value.reason == "bad_response"
-    await http.aclose()
+    await bad_response(content=b"not gzip", headers={"Content-Encoding": "gzip"})
 
 
 @pytest.mark.parametrize(
@@ -235,15 +239,7 @@ async def test_an_answer_that_does_not_decode_is_a_bad_response():
     ],
 )
 async def test_malformed_tei_answers_are_refused(payload):
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=payload)
-
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    client = RerankClient(RerankSettings(url="http://reranker"), http)
-    with pytest.raises(RerankError) as info:
-        await client.rerank(QUERY, TEXTS)
-    assert info.value.reason == "bad_response"
-    await http.aclose()
+    await bad_response(json=payload)
 
 
 async def test_hanging_server_times_out(server):
