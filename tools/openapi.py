@@ -200,11 +200,7 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
         "maximum": DEFAULT_WINDOW_RADIUS,
         "description": "(The maximum here is the default of MCP_PROXY_MAX_WINDOW_RADIUS.)",
     },
-    "visior.orchestrator.v1.UpdateConfigRequest.window_max": {
-        "minimum": 1,
-        "maximum": 2 * DEFAULT_WINDOW_RADIUS + 1,
-        "description": "(The maximum here follows the default of MCP_PROXY_MAX_WINDOW_RADIUS.)",
-    },
+    "visior.orchestrator.v1.UpdateConfigRequest.window_max": {"minimum": 0},
     "visior.orchestrator.v1.UpdateConfigRequest": {
         "not": {"required": ["window_radius", "window_max"]},
         "description": "Fields left out keep their value. `window_radius` (or the legacy "

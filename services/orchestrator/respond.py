@@ -639,7 +639,7 @@ class Responder:
             "llm_completion_limit": llm_completion_limit,
             "tokenizer": tokenizer, "default_top_k": default_top_k,
             "max_context_chars": max_context_chars, "max_documents": max_documents,
-            "result_tokens": result_tokens,
+            "result_tokens": result_tokens, "score_threshold": score_threshold,
         }  # fmt: skip
         # Every first prompt is shaped to the LLM service's own limit, counted with the same
         # tokenizer, so the LLM never refuses an ordinary question (docs/architecture.md §17).

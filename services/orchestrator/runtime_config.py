@@ -6,12 +6,15 @@ restart. With several replicas, send the update to each (or set the env vars and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from services.common import errors
 from services.common.generate_contract import MAX_TOOL_STEPS_LIMIT, MODEL_NAME_RULE, is_model_name
-from services.common.search_contract import DEFAULT_WINDOW_RADIUS, window_radius
+from services.common.search_contract import DEFAULT_WINDOW_RADIUS
 from services.orchestrator.prompt_budget import MIN_CONTEXT_TOKEN_BUDGET
+
+log = logging.getLogger("visior.orchestrator")
 
 LIMITS: dict[str, tuple[int, int]] = {
     "prompt_token_budget": (1, 131_072),
@@ -98,17 +101,11 @@ class ConfigHolder:
             )
         radius = u.window_radius
         if u.window_max is not None:
-            if u.window_max < 1:
-                raise errors.invalid("window_max", "window_max must be at least 1")
-            radius = window_radius(None, u.window_max)
+            if u.window_max < 0:
+                raise errors.invalid("window_max", "window_max must not be negative")
+            # The legacy per-side maximum, held to the tools proxy's (docs/architecture.md §8).
+            radius = min(u.window_max, self._max_radius)
         if radius is not None:
-            if u.window_max is not None and radius > self._max_radius:
-                largest = 2 * self._max_radius + 2  # (N - 1) // 2 is still the limit
-                raise errors.invalid(
-                    "window_max",
-                    f"window_max must be within 1..{largest} (window_radius "
-                    f"{self._max_radius}, the tools proxy's limit)",
-                )
             if not 0 <= radius <= self._max_radius:
                 raise errors.invalid(
                     "window_radius",
@@ -117,5 +114,13 @@ class ConfigHolder:
             changes["window_radius"] = radius
         if u.mock_mode is not None:
             changes["mock_mode"] = u.mock_mode
-        self._config = replace(self._config, **changes)  # type: ignore[arg-type]
+        before = self._config
+        self._config = replace(before, **changes)  # type: ignore[arg-type]
+        changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
+        if changed:
+            # A record of what this replica now runs with (replicas do not share it).
+            log.warning(
+                "runtime config changed",
+                extra={"changed": {k: [getattr(before, k), v] for k, v in changed.items()}},
+            )
         return self._config

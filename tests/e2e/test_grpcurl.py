@@ -291,7 +291,7 @@ def test_update_config(mesh: Mesh) -> None:
     try:
         after = one(mesh, method, {"prompt_token_budget": 1536})
         assert after["prompt_token_budget"] == 1536
-        legacy = one(mesh, method, {"window_max": 5})
+        legacy = one(mesh, method, {"window_max": 2})
         assert legacy["window_radius"] == 2
     finally:
         one(

@@ -409,17 +409,28 @@ def test_config_bad_values_are_400(mesh: Mesh, restore_config: dict[str, Any]) -
 
 
 def test_config_legacy_window_max(mesh: Mesh, restore_config: dict[str, Any]) -> None:
-    for window_max, radius in [(1, 0), (2, 0), (5, 2), (6, 2), (7, 3)]:
+    # R = min(window_max, the proxy's per-side maximum of 3) (orchestrator.md §5).
+    for window_max, radius in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 3), (9, 3)]:
         r = set_config(mesh, {"window_max": window_max})
         assert r.status_code == 200, r.text
         assert r.json()["window_radius"] == radius, window_max
         assert "window_max" not in r.json()
-    # 9 -> R = 4, past the proxy's per-side maximum of 3: the field sent is named.
-    info = assert_error(set_config(mesh, {"window_max": 9}), 400, "INVALID_ARGUMENT")
+    info = assert_error(set_config(mesh, {"window_max": -1}), 400, "INVALID_ARGUMENT")
     assert info["metadata"]["field"] == "window_max"
-    assert_error(set_config(mesh, {"window_max": 0}), 400, "INVALID_ARGUMENT")
     r = set_config(mesh, {"window_max": 5, "window_radius": 2})
     assert_error(r, 400, "INVALID_ARGUMENT")
+
+
+def test_config_takes_a_field_from_the_query_string_too(
+    mesh: Mesh, restore_config: dict[str, Any]
+) -> None:
+    """docs/transcoding.md: a query parameter naming a field fills it on a POST route; the
+    body wins where it names the same field."""
+    path = "/internal/orchestrator/config"
+    r = post(mesh, "orchestrator", path, {}, params={"max_tool_steps": 7})
+    assert r.status_code == 200 and r.json()["max_tool_steps"] == 7, r.text
+    r = post(mesh, "orchestrator", path, {"max_tool_steps": 6}, params={"max_tool_steps": 5})
+    assert r.status_code == 200 and r.json()["max_tool_steps"] == 6, r.text
 
 
 def test_config_window_radius_drives_the_tool_call(

@@ -1,3 +1,4 @@
+import inspect
 import time
 from datetime import date
 
@@ -259,7 +260,7 @@ def test_the_first_prompt_says_so_when_no_section_was_found():
 def test_config_update_validates_and_applies_whole():
     holder = ConfigHolder(RuntimeConfig(), max_window_radius=3)
     assert holder.update(ConfigUpdate(max_tool_steps=5, default_model="m")).max_tool_steps == 5
-    assert holder.update(ConfigUpdate(window_max=5)).window_radius == 2  # legacy total -> R
+    assert holder.update(ConfigUpdate(window_max=2)).window_radius == 2  # legacy per side
     before = holder.current
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(max_tool_steps=2, prompt_token_budget=0))
@@ -269,10 +270,12 @@ def test_config_update_validates_and_applies_whole():
     assert holder.update(ConfigUpdate(window_radius=3)).window_radius == 3
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(window_radius=1, window_max=3))
-    assert holder.update(ConfigUpdate(window_max=8)).window_radius == 3  # at the limit: 2R+1..2R+2
-    with pytest.raises(errors.InvalidArgumentError) as past:
-        holder.update(ConfigUpdate(window_max=9))  # R 4: the field the caller sent is named
-    assert past.value.metadata == {"field": "window_max"} and "1..8" in past.value.message
+    # min(window_max, the proxy's R): at the limit, past it (held to it), and 0.
+    for window_max, radius in [(3, 3), (4, 3), (1_000_000, 3), (0, 0)]:
+        assert holder.update(ConfigUpdate(window_max=window_max)).window_radius == radius
+    with pytest.raises(errors.InvalidArgumentError) as below:
+        holder.update(ConfigUpdate(window_max=-1))
+    assert below.value.metadata == {"field": "window_max"} and "negative" in below.value.message
     with pytest.raises(errors.InvalidArgumentError):
         holder.update(ConfigUpdate(max_tool_steps=21))
     assert holder.update(ConfigUpdate(max_tool_steps=20)).max_tool_steps == 20
@@ -404,20 +407,42 @@ async def test_a_period_longer_than_one_rates_call_takes_is_asked_back(query, as
     assert asked in request.system_prompt and not request.planned_calls
 
 
+@pytest.mark.parametrize("mock_mode", [False, True])
 @pytest.mark.parametrize("threshold", [None, 0.0, 0.6])
-async def test_the_score_threshold_goes_with_the_planned_knowledge_base_search(threshold):
+async def test_the_score_threshold_goes_with_the_planned_knowledge_base_search(
+    threshold, mock_mode
+):
     """ORCH_SCORE_THRESHOLD filters the passages the model reads from the knowledge base as
-    it filters the Orchestrator's own searches (agent.md §10's score_threshold)."""
-    r, g = FakeRetriever(), FakeGenerator()
+    it filters the Orchestrator's own searches (agent.md §10's score_threshold); mock mode
+    runs the same path with the same settings."""
+    r, g, mock_g = FakeRetriever(), FakeGenerator(), FakeGenerator()
     responder = Responder(
-        r, g, ConfigHolder(RuntimeConfig(), 3), model_routing=False, today=lambda: TODAY,
-        score_threshold=threshold,
+        r, g, ConfigHolder(RuntimeConfig(mock_mode=mock_mode), 3), model_routing=False,
+        today=lambda: TODAY, score_threshold=threshold, mock=(FakeRetriever(), mock_g),
     )  # fmt: skip
     await responder.respond(inp(query="Какая ставка НДС на услуги?"))
-    (planned,) = g.requests[-1].planned_calls
+    (planned,) = (mock_g if mock_mode else g).requests[-1].planned_calls
     assert planned.tool_name == "search_general_kb"
     assert planned.arguments.get("score_threshold") == threshold
     assert ("score_threshold" in planned.arguments) == (threshold is not None)
+
+
+def test_a_config_change_leaves_a_record_of_what_changed(caplog):
+    holder = ConfigHolder(RuntimeConfig(), max_window_radius=3)
+    with caplog.at_level("INFO", logger="visior.orchestrator"):
+        holder.update(ConfigUpdate(mock_mode=True, max_tool_steps=RuntimeConfig().max_tool_steps))
+        holder.update(ConfigUpdate(mock_mode=True))  # nothing changes: no record
+    (record,) = [r for r in caplog.records if r.message == "runtime config changed"]
+    assert record.levelname == "WARNING" and record.changed == {"mock_mode": [False, True]}
+
+
+def test_mock_mode_gets_every_setting_of_the_real_path():
+    """The mock Responder is built from the real one's settings: each of them, the ports
+    (retriever, generator, config, the mock's own) aside."""
+    ports = {"self", "retriever", "generator", "config", "mock"}
+    settings = set(inspect.signature(Responder.__init__).parameters) - ports
+    responder = Responder(FakeRetriever(), FakeGenerator(), ConfigHolder(RuntimeConfig(), 3))
+    assert set(responder._options) == settings
 
 
 async def test_small_talk_and_clarification_call_no_tools():

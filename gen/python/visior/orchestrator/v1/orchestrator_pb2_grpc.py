@@ -81,7 +81,8 @@ class OrchestratorServiceServicer:
 
     def UpdateConfig(self, request, context):
         """UpdateConfig changes this replica's runtime configuration; fields left
-        out keep their value. Replicas do not share it (see README).
+        out keep their value. Replicas do not share it (docs/operations.md,
+        "Runtime config with several replicas").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -287,7 +287,10 @@ class UpdateConfigRequest(betterproto.Message):
     """window_radius replaces R (0..the proxy's maximum)."""
 
     window_max: Optional[int] = betterproto.int32_field(6, optional=True)
-    """window_max is the legacy total window; R = floor((window_max-1)/2)."""
+    """
+    window_max is the legacy per-side maximum: R = min(window_max, the tools
+     proxy's maximum radius), as orchestrator.md §5 maps it (0 or more).
+    """
 
     mock_mode: Optional[bool] = betterproto.bool_field(7, optional=True)
     """mock_mode switches mock mode."""
