@@ -339,22 +339,20 @@ class RerankClient(Reranker):
         except httpx.DecodingError:
             raise RerankError("bad_response", "the reranker's answer does not decode") from None
         status, content = answer.status, answer.body
-        if content is None:
-            raise RerankError("bad_response", "the reranker's answer is too large")
+        said = "its answer is too large" if content is None else _error_text(content)
         if status >= 500 or status == 429:
-            error = RerankError(
-                "unavailable", f"reranker answered {status}: {_error_text(content)}",
-                status=status,
-            )  # fmt: skip
+            error = RerankError("unavailable", f"reranker answered {status}: {said}", status=status)
             if status in TRANSIENT_STATUSES:
                 raise _Unavailable(error)
             raise error
         if status >= 400:
             raise RerankError(
                 "rejected",
-                f"reranker refused the request ({status}): {_error_text(content)}",
+                f"reranker refused the request ({status}): {said}",
                 status=status,
             )
+        if content is None:
+            raise RerankError("bad_response", "the reranker's answer is too large")
         try:
             return json.loads(content)
         except ValueError:

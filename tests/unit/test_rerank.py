@@ -225,6 +225,18 @@ async def test_an_answer_is_read_up_to_max_response_bytes(extra):
         assert [r.index for r in ranked] == [0, 1, 2, 3]
 
 
+async def test_a_transient_failure_too_large_to_read_is_still_retried():
+    answers = [
+        httpx.Response(503, content=b"<html>" + b" " * MAX_RESPONSE_BYTES),
+        httpx.Response(200, json=[{"index": i, "score": 1.0 - i / 10} for i in range(4)]),
+    ]
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: answers.pop(0)))
+    client = RerankClient(RerankSettings(url="http://reranker"), http)
+    assert [r.index for r in await client.rerank(QUERY, TEXTS)] == [0, 1, 2, 3]
+    assert answers == []
+    await http.aclose()
+
+
 async def test_an_answer_that_does_not_decode_is_a_bad_response():
     await bad_response(content=b"not gzip", headers={"Content-Encoding": "gzip"})
 
