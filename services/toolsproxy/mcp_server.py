@@ -228,13 +228,13 @@ async def _refuse(scope: Scope, send: Send, message: str, **why: str) -> None:
 
 
 class NoStandaloneStream:
-    """ASGI middleware for a stateless endpoint: GET is HTTP 405 with `Allow: POST`.
+    """ASGI middleware for a stateless endpoint: every method but POST is HTTP 405 with
+    `Allow: POST`.
 
     Streamable HTTP lets a server that offers no SSE stream at the endpoint answer GET with 405.
     Without sessions nothing could ever be sent on such a stream, so the SDK's GET stream would
-    be a connection held open for nothing. The SDK's Host and Origin checks still come first
-    (421 and 403, as for every other request). POST and DELETE (the SDK's own 405: no session to
-    end) go to the SDK; any other method gets this 405 too, whose `Allow` does not name GET.
+    be a connection held open for nothing; nor is there a session for a DELETE to end. The
+    SDK's Host and Origin checks still come first (421 and 403, as for every other request).
     """
 
     _BODY = json.dumps(
@@ -250,7 +250,7 @@ class NoStandaloneStream:
         self._security = TransportSecurityMiddleware(security)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("POST", "DELETE"):
+        if scope["type"] != "http" or scope["method"] == "POST":
             await self._app(scope, receive, send)
             return
         refused = await self._security.validate_request(Request(scope, receive), is_post=False)
