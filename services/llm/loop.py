@@ -69,6 +69,7 @@ from services.common.tool_contract import (
 )
 from services.llm import prompt as prompts
 from services.llm.budget import (
+    MESSAGE_OVERHEAD,
     TokenBudget,
     fit_prompt,
     limit_exceeded,
@@ -501,15 +502,16 @@ class _Run:
         step_ms = round((self.loop.clock() - step_started) * 1000)
         self.step_ms.append(step_ms)
         # Our own count of the answer is needed only when the runtime reports none. It errs
-        # high (the message's template tokens too), but no call generates past its cap.
+        # high by the message's template tokens, which never take it past the call's cap (a
+        # runtime that ignores the cap is counted for all it sent).
         answered = completion.completion_tokens
         if answered is None:
             answered = message_tokens(
                 self.loop.tokenizer,
                 ChatMessage("assistant", completion.content, completion.tool_calls),
             )
-            if params.max_tokens is not None:
-                answered = min(answered, params.max_tokens)
+            if params.max_tokens is not None and answered > params.max_tokens:
+                answered = max(params.max_tokens, answered - MESSAGE_OVERHEAD)
         prompt = self.budget.record_call(
             reported_prompt=completion.prompt_tokens, completion=answered, notes=self.riding
         )

@@ -141,3 +141,10 @@ async def test_an_answer_counted_by_estimate_is_never_more_than_max_tokens():
         req(policy=NO_TOOLS, params=params)
     )
     assert 19 < out.completion_tokens <= 20
+    # A runtime that ignores max_tokens is counted for all it sent (the service cuts only
+    # past what max_tokens can hold: answer_chars).
+    runaway = " ".join(["word"] * 100)
+    out = await loop(ScriptedRuntime([says(runaway)]), FakeTools()).run(
+        req(policy=NO_TOOLS, params=params)
+    )
+    assert out.answer == runaway and out.completion_tokens >= 100
