@@ -88,6 +88,7 @@ from services.model_runtime.chat import (
     StreamEvent,
     ToolCall,
     ToolSpec,
+    before_stop,
 )
 
 EXTRACTIVE = "extractive"
@@ -1253,16 +1254,14 @@ def held(completion: Completion, stop: Sequence[str], max_tokens: int | None) ->
     before the first of the `stop` sequences, and at `max_tokens` tokens (finish_reason
     "length"; None: the caller set none, and a quoting answer is not cut to the service's
     share)."""
-    text = completion.content
-    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)
-    if cut >= 0:
-        text = text[:cut]
+    cut = before_stop(completion.content, stop)
+    text = completion.content if cut is None else cut
     tokenizer = default_tokenizer()
     if max_tokens is not None and tokenizer.count(text) > max_tokens:
         return replace(
             completion, content=tokenizer.truncate(text, max_tokens), finish_reason=LENGTH
         )
-    return completion if cut < 0 else replace(completion, content=text)
+    return completion if cut is None else replace(completion, content=text)
 
 
 class ExtractiveRuntime:

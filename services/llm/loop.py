@@ -428,14 +428,15 @@ class _Run:
                     continue
                 if withheld:
                     return await self._withhold(messages, withheld)
-                if not completion.content.strip() and not self.req.params.stop:
-                    # No answer at all (a caller's stop sequence may end one before it starts).
+                ended = finish_reason(completion)
+                if not completion.content.strip() and not self.req.params.stop and ended == "stop":
+                    # No answer at all. Not an outage where the caller's stop sequence ended it
+                    # before it started, max_tokens cut it, or the runtime's filter withheld it.
                     raise errors.UnavailableError(
-                        "the model answered with no text "
-                        f"(finish_reason {finish_reason(completion)})",
+                        f"the model answered with no text (finish_reason {ended})",
                         reason=LLM_RUNTIME_ERROR,
                     )
-                return self._output(completion.content, finish_reason(completion))
+                return self._output(completion.content, ended)
             if self.closed:
                 if not self.final_asked:
                     # No tools were offered, yet the model asked for some: asked once for

@@ -171,6 +171,7 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
                 began = True
                 yield event
             out = task.result()  # re-raises the generation's error, after the events so far
+            final = llm_pb2.GenerateStreamResponse(final=generate_response(out))
         except Exception as exc:
             if began:  # a JSON caller's array has begun (HTTP 200): the error is its last element
                 err = errors.as_service_error(exc, current_trace_id())
@@ -179,7 +180,7 @@ class LlmServicer(llm_pb2_grpc.LlmServiceServicer):
             raise
         finally:
             task.cancel()
-        yield llm_pb2.GenerateStreamResponse(final=generate_response(out))
+        yield final
 
     async def GetHealth(
         self, request: llm_pb2.GetHealthRequest, context: grpc.aio.ServicerContext

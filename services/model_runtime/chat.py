@@ -90,6 +90,15 @@ class ToolSpec:
 
 LENGTH = "length"
 """A completion's finish_reason when max_tokens cut it."""
+CONTENT_FILTER = "content_filter"
+"""A completion's finish_reason when the runtime's filter withheld (some of) it."""
+
+
+def before_stop(text: str, stop: Sequence[str]) -> str | None:
+    """`text` up to the first of the `stop` sequences, as a runtime ends an answer there;
+    None when none of them occurs in it."""
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=-1)
+    return text[:cut] if cut >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ from services.model_runtime.chat import (
     StreamEvent,
     ToolCall,
     ToolSpec,
+    before_stop,
     message_chars,
     valid_text,
 )
@@ -132,6 +133,10 @@ log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A larger answer or stream (in bytes) is a bad response (a chat completion is far smaller)."""
+MAX_TOKEN_COUNT = 2**24
+"""The largest token count of a runtime's usage taken as one: past any model's context
+window, and the totals of a request's calls stay within the API's int32 fields. A larger
+one is no count."""
 DEADLINE_SLACK_S = 0.01
 """A call its caller cancels this close to the call's deadline, or later, was ended by that
 deadline: the caller's own timer (the tool loop's, the RPC's) is set to the same instant as
@@ -455,7 +460,7 @@ def _options(params: GenerationParams, form: WireForm) -> dict[str, Any]:
         value = getattr(params, name)
         if value is not None:
             options[name] = value
-    if params.stop:
+    if params.stop and not form.json_mode:  # in JSON mode: `held_to_stop`
         options["stop"] = list(params.stop)
     if form.stream:
         options["stream"] = True
@@ -675,9 +680,18 @@ def content_tool_calls(content: str, offered: frozenset[str]) -> tuple[ToolCall,
 _ANSWER_OPENING = re.compile(r'^\{\s*"answer"\s*:\s*"')
 
 
+def held_to_stop(completion: Completion, stop: Sequence[str]) -> Completion:
+    """A JSON-mode answer ended before the first of the caller's `stop` sequences. They are
+    not sent to the runtime in JSON mode: one would end the ``{"answer": …}`` object before it
+    closes, and nothing could be read."""
+    cut = before_stop(completion.content, stop) if not completion.tool_calls else None
+    return completion if cut is None else replace(completion, content=cut, finish_reason="stop")
+
+
 def truncated_answer(text: str) -> str | None:
-    """The answer text of a JSON-mode ``{"answer": "...`` that max_tokens cut off, or None
-    when the text is not one (a cut tool call stays unreadable: its arguments are lost)."""
+    """The answer text of a JSON-mode ``{"answer": "...`` that max_tokens cut off ("" when
+    the cut left none of it), or None when the text is not one (a cut tool call stays
+    unreadable: its arguments are lost)."""
     body = _strip_fence(text)
     opening = _ANSWER_OPENING.match(body)
     if opening is None:
@@ -688,7 +702,7 @@ def truncated_answer(text: str) -> str | None:
             value = json.loads(f'"{rest[:end]}"')
         except ValueError:
             continue
-        return value.rstrip() + "…" if value.strip() else None
+        return value.rstrip() + "…" if value.strip() else ""
     return None
 
 
@@ -714,9 +728,12 @@ def _tool_call(raw: Any, index: int) -> ToolCall:
 
 
 def _count(usage: Any, name: str) -> int | None:
-    """A token count the usage object gives, None when it gives none (or no usable one)."""
+    """A token count the usage object gives, None when it gives none (or no usable one: not
+    a whole number in 0..MAX_TOKEN_COUNT)."""
     value = usage.get(name) if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
 
 
 def _tokens(usage: Any, name: str) -> int:
@@ -1240,7 +1257,7 @@ class OpenAiChatRuntime:
             _, content, attempts = await self._send_turns(
                 model, body, start, budget_s, stream=False
             )
-            completion = self._completion(content, model, json_mode, offered)
+            completion = self._completion(content, model, json_mode, offered, request)
         except _Failure as failed:
             attempts = attempts or failed.attempts
             self.breaker.settle(failed, ticket)
@@ -1280,7 +1297,7 @@ class OpenAiChatRuntime:
             )
             if _is_json(response):
                 # A server that ignores `stream: true` answers with one chat.completion.
-                completion = self._completion(content, model, json_mode, offered)
+                completion = self._completion(content, model, json_mode, offered, request)
                 self.breaker.settle(None, ticket)
                 settled = True
                 self._log("ok", model, start, attempts, stream=False)
@@ -1298,6 +1315,8 @@ class OpenAiChatRuntime:
                 completion = assembler.completion()
             except BadResponse as exc:
                 raise _unreadable(exc) from None
+            if json_mode:
+                completion = held_to_stop(completion, request.params.stop)
             self._answered(ticket, model, completion, start, attempts, stream=True)
             settled = True
             if json_mode and completion.content:
@@ -1628,17 +1647,23 @@ class OpenAiChatRuntime:
         return body
 
     def _completion(
-        self, content: bytes, model: str, json_mode: bool, offered: frozenset[str]
+        self,
+        content: bytes,
+        model: str,
+        json_mode: bool,
+        offered: frozenset[str],
+        request: ChatRequest,
     ) -> Completion:
         """The Completion of one chat.completion body: a call's answer, or a stream's from a
-        server that ignores ``stream: true``; an unreadable one is a `_Failure`
-        (`_unreadable`)."""
+        server that ignores ``stream: true`` (in JSON mode held to `request`'s stop
+        sequences); an unreadable one is a `_Failure` (`_unreadable`)."""
         try:
-            return parse_completion(
+            completion = parse_completion(
                 self._json(content), model=model, json_mode=json_mode, offered=offered
             )
         except BadResponse as exc:
             raise _unreadable(exc) from None
+        return held_to_stop(completion, request.params.stop) if json_mode else completion
 
     @staticmethod
     def _json(content: bytes) -> Any:

@@ -298,6 +298,15 @@ async def test_an_answer_with_no_text_is_the_models_failure(blank):
     assert info.value.message == "the model answered with no text (finish_reason stop)"
 
 
+@pytest.mark.parametrize("ended", ["length", "content_filter"])
+async def test_an_empty_answer_max_tokens_or_the_filter_ended_is_reported_not_failed(ended):
+    """Cut at max_tokens before its first word, or withheld by the runtime's filter: the
+    runtime did its work, and finish_reason says what happened."""
+    rt = ScriptedRuntime([says("", finish_reason=ended)])
+    out = await loop(rt, FakeTools()).run(no_tools_req())
+    assert (out.answer, out.finish_reason) == ("", ended)
+
+
 async def test_an_answer_a_callers_stop_sequence_ended_before_it_began_is_the_callers():
     rt = ScriptedRuntime([says("")])
     ask = no_tools_req()

@@ -449,16 +449,16 @@ def test_the_answer_language_is_ru_en_or_unset(language: str, ok: bool) -> None:
         ('{"answer": "abc \\u04', "abc…"),
         ('{\n  "answer": "line\\nnext', "line\nnext…"),
         ('```json\n{"answer": "fenced', "fenced…"),
+        ('{"answer": "', ""),  # cut before its first character: an empty answer, not a failure
+        ('{"answer": "  ', ""),
     ],
 )
 def test_a_cut_answer_keeps_what_was_written(text: str, expected: str) -> None:
     assert truncated_answer(text) == expected
 
 
-@pytest.mark.parametrize(
-    "text", ['{"tool_name": "read_doc_section", "argu', '{"answer": "', "plain"]
-)
-def test_a_cut_call_or_an_empty_answer_is_not_an_answer(text: str) -> None:
+@pytest.mark.parametrize("text", ['{"tool_name": "read_doc_section", "argu', '{"answ', "plain"])
+def test_a_cut_call_is_not_an_answer(text: str) -> None:
     assert truncated_answer(text) is None
 
 
@@ -475,3 +475,48 @@ async def test_unreadable_json_that_was_not_cut_is_still_a_bad_response(fake, ht
     with pytest.raises(errors.UnavailableError) as info:
         await complete(runtime(fake, http, enable_json_mode=True), ())
     assert info.value.metadata["kind"] == "bad_response"
+
+
+ANSWER = "one two STOP three"
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [(("STOP",), "one two "), (("}",), ANSWER), (('"',), ANSWER), (("x", "two"), "one ")],
+)
+async def test_json_mode_holds_the_answer_to_the_callers_stop_sequences(
+    fake, http, stop, expected
+) -> None:
+    """In JSON mode the stop sequences are not sent (the runtime would end the object before
+    it closes, "}" or '"' at once): the answer read from it ends before the first of them,
+    whole and streamed."""
+    rt = runtime(fake, http, enable_json_mode=True)
+    fake.script(json_answer(ANSWER), json_answer(ANSWER))
+    out = await complete(rt, (), stop=stop)
+    assert (out.content, out.finish_reason) == (expected, "stop")
+    request = ChatRequest(USER, (), GenerationParams(stop=stop))
+    events = [e async for e in rt.stream(request, timeout_s=5.0)]
+    deltas = "".join(e.text for e in events if isinstance(e, StreamDelta))
+    assert deltas == events[-1].content == expected
+    assert all("stop" not in r.json for r in fake.chat_requests)
+
+
+@pytest.mark.parametrize("stop", [(), ("STOP",)])
+async def test_without_json_mode_the_runtime_gets_the_stop_sequences(fake, http, stop) -> None:
+    fake.script(text(ANSWER))
+    out = await complete(runtime(fake, http), (), stop=stop)
+    assert out.content == ("one two " if stop else ANSWER)
+    assert fake.chat_requests[-1].json.get("stop") == (list(stop) or None)
+
+
+@pytest.mark.parametrize(
+    ("reported", "counted"), [(2**24, 2**24), (2**24 + 1, None), (3_000_000_000, None)]
+)
+async def test_a_usage_count_past_any_context_window_is_no_count(
+    fake, http, reported, counted
+) -> None:
+    """A count past MAX_TOKEN_COUNT is none: the service estimates instead, and a request's
+    totals stay within the API's int32 fields."""
+    fake.script(text("hello", prompt_tokens=reported, completion_tokens=reported))
+    out = await complete(runtime(fake, http), ())
+    assert (out.prompt_tokens, out.completion_tokens) == (counted or 0, counted)
