@@ -3,8 +3,8 @@
 
 Tags, product and version are payload of every index point of the document and filter values;
 the title is in every doc point's BM25 text and every answer; metadata is stored with the
-document and shown by read_doc_metadata. Tags are normalised by one rule on both ways in
-(`normalized_tags`), and their bounds hold the tags so normalised.
+document. Each is normalised by one rule on both ways in (`normalized_tags`, `one_line` for
+the title, product and version), and their bounds hold the fields so normalised.
 """
 
 from __future__ import annotations
@@ -22,9 +22,24 @@ SERVICE_METADATA entries come on top of them."""
 MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE = 1024
 """Characters of a metadata value, also of the `file_name` stored as one."""
-SERVICE_METADATA = ("file_name", "format")
-"""Metadata the service writes on every document: the file's name (at most MAX_METADATA_VALUE
-characters) and its parsed format. A document's own metadata may not use these keys."""
+SERVICE_METADATA = ("file_name", "format", "kb_file")
+"""Metadata the service writes: on every document the file's name (at most MAX_METADATA_VALUE
+characters) and its parsed format, on a knowledge-base article the CSV that wrote it (what its
+re-ingest prunes by). A document's own metadata may not use these keys."""
+
+
+def one_line(text: str) -> str:
+    """A title, product or version as it is stored and filtered on: one line, each run of
+    white space (newlines too) one space, none around it. " Orion X " stored as sent was
+    never found by "Orion X"."""
+    return " ".join(text.split())
+
+
+def filter_text(value: str) -> str:
+    """A search filter's product or version held to the stored rule (`one_line`). A blank one
+    stays as sent and matches nothing, as no document keeps a blank one: a filter is never
+    widened by what it loses."""
+    return one_line(value) or value
 
 
 def normalized_tags(tags: Iterable[str]) -> tuple[str, ...]:
@@ -58,8 +73,8 @@ def check_fields(
     bound: at most MAX_TAGS tags of MAX_TAG_CHARS characters, a title of MAX_TITLE_CHARS,
     product and version of MAX_PRODUCT_CHARS, MAX_METADATA metadata entries with keys of
     MAX_METADATA_KEY_CHARS and values of MAX_METADATA_VALUE, a `file_name` of
-    MAX_METADATA_VALUE. The tags are held as given: both callers pass them through
-    `normalized_tags` first, so the bounds hold the tags the document keeps.
+    MAX_METADATA_VALUE. The fields are held as given: both callers normalise them first
+    (`normalized_tags`, `one_line`), so the bounds hold what the document keeps.
     `InvalidArgumentError` (field `metadata`) for a metadata key of
     SERVICE_METADATA, which the service sets.
     """

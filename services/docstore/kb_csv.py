@@ -19,7 +19,7 @@ from services.docstore.errors import (
     ParseError,
     RowProblem,
 )
-from services.docstore.fields import MAX_TAGS, check_fields, normalized_tags
+from services.docstore.fields import MAX_TAGS, check_fields, normalized_tags, one_line
 from services.docstore.model import Document
 from services.docstore.parsing import (
     MAX_CHUNKS,
@@ -204,7 +204,9 @@ def _article(
     if empty:
         raise ParseError(f"empty {', '.join(empty)}")
     updated_at = _iso_date(cells["updated_at"])
-    key = cells.get("id", "") or cells["title"]
+    # A request's fields are normalised by the same rules (fields.one_line, normalized_tags).
+    title, product, version = (one_line(cells.get(c, "")) for c in ("title", "product", "version"))
+    key = cells.get("id", "") or title
     doc_id = prefix + slugify(key, 100, fallback="")
     if doc_id == prefix:
         raise ParseError("no doc_id can be made from id/title (no letters or digits)")
@@ -230,9 +232,9 @@ def _article(
         metadata["url"] = cells["url"]
     try:
         check_fields(
-            title=cells["title"],
-            product=cells.get("product", ""),
-            version=cells.get("version", ""),
+            title=title,
+            product=product,
+            version=version,
             tags=tags,
             # The row's own metadata; file_name (and format) are the service's.
             metadata={k: metadata[k] for k in _ROW_METADATA if k in metadata},
@@ -247,9 +249,9 @@ def _article(
         doc_id=doc_id,
         content=cells["content"].replace("\r\n", "\n"),
         fmt="markdown",
-        title=cells["title"],
-        product=cells.get("product", ""),
-        version=cells.get("version", ""),
+        title=title,
+        product=product,
+        version=version,
         tags=tags,
         source=KB_SOURCE,
         metadata=metadata,

@@ -27,7 +27,7 @@ from services.docstore.errors import (
     SectionLimitError,
     UnsupportedFormatError,
 )
-from services.docstore.fields import MAX_TITLE_CHARS
+from services.docstore.fields import MAX_TITLE_CHARS, one_line
 from services.docstore.model import Chunk, Document, Section
 from services.docstore.pdf import MAX_PAGES, OutlineEntry, PdfText, heading_end, read_pdf
 from services.docstore.summaries import ExtractiveSummarizer, Summarizer, extractive_summary
@@ -394,7 +394,7 @@ def parse_document(
     """
     cfg = config or ChunkingConfig()
     summ = summarizer or ExtractiveSummarizer(cfg.summary_sentences)
-    title = " ".join(title.split())
+    title = one_line(title)
     if fmt == "csv":
         raise UnsupportedFormatError(
             "a CSV file is a knowledge base (one article per row): use read_knowledge_base_csv"

@@ -31,7 +31,7 @@ from services.common.breaker import CircuitBreaker, CircuitOpenError
 from services.common.outcomes import INTERNAL, OK, outcome_of
 from services.common.search_contract import KB_SOURCE, KB_TENANT, normalise_query
 from services.common.tokenizer import Tokenizer
-from services.docstore.fields import filter_tags
+from services.docstore.fields import filter_tags, filter_text
 from services.docstore.model import StoredPoint
 from services.retrieval.context_builder import ContextOptions, build_context
 from services.retrieval.embeddings import Embedder, EmbeddingBackendError, ScopedQueryEmbedder
@@ -480,8 +480,8 @@ class RetrievalEngine:
             tenant_id=tenant,
             doc_ids=f.doc_ids,
             section_ids=f.section_ids,
-            product=f.product,
-            version=f.version,
+            product=filter_text(f.product),
+            version=filter_text(f.version),
             tags=filter_tags(f.tags),
             source=f.source,
         )

@@ -35,7 +35,7 @@ from services.common.document_limits import DOC_ID_RULE, is_doc_id
 from services.common.search_contract import KB_SOURCE, KB_TENANT, USER_SOURCE, check_tenant_id
 from services.docstore.chunking import whole_text_tokens
 from services.docstore.errors import DocumentLimitError, StoreUnavailableError
-from services.docstore.fields import check_fields, normalized_tags
+from services.docstore.fields import check_fields, normalized_tags, one_line
 from services.docstore.kb_csv import kb_file_key, read_knowledge_base_csv
 from services.docstore.model import Document, DocumentSummary, StoredPoint
 from services.docstore.parsing import (
@@ -417,12 +417,12 @@ class Ingestor:
         """The doc_id ("" for a knowledge-base CSV) and format of a request within its bounds.
 
         The fields are held to `check_fields`, as a knowledge-base CSV's rows are: the caller's
-        metadata has at most MAX_METADATA entries and may not name `file_name` or `format`
-        (`SERVICE_METADATA`), which the service stores on every document: the request's
+        metadata has at most MAX_METADATA entries and may not name a key of
+        `SERVICE_METADATA`, which the service stores: on every document the request's
         `file_name` (at most MAX_METADATA_VALUE characters) and the parsed format. A request
         passing every other check whose file is of no format taken is UNSUPPORTED_FORMAT
-        (`_unsupported`). The tags are held as given: `_ingest` normalises them first
-        (`normalized_tags`).
+        (`_unsupported`). The fields are held as given: `_ingest` normalises them first
+        (`normalized_tags`, `one_line`).
         """
         check_tenant_id(item.tenant_id)
         if not item.content:
@@ -526,9 +526,15 @@ class Ingestor:
             self._ingesting -= 1
 
     async def _ingest(self, item: IngestInput, deadline: float | None) -> IngestOutcome:
-        # One rule for a request's tags and a knowledge-base CSV's (kb_csv), before the
+        # One rule for a request's fields and a knowledge-base CSV's (kb_csv), before the
         # limits hold them: " finance " is stored, and found, as "finance".
-        item = replace(item, tags=normalized_tags(item.tags))
+        item = replace(
+            item,
+            title=one_line(item.title),
+            product=one_line(item.product),
+            version=one_line(item.version),
+            tags=normalized_tags(item.tags),
+        )
         doc_id, fmt = self._validate(item)
         parsed = await asyncio.to_thread(self._parse, item, doc_id, fmt)
         # The embedder and the points' layout are part of the generation as the summarizer is

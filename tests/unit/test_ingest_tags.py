@@ -1,7 +1,8 @@
-"""A document's tags follow one rule whichever way they come in, an IngestDocument request or
-a knowledge-base CSV's row (services/docstore/fields.py normalized_tags): each stripped of
-surrounding white space, empty ones dropped, repeats dropped in first order; the tag limits
-hold the tags so normalised."""
+"""A document's fields follow one rule whichever way they come in, an IngestDocument request or
+a knowledge-base CSV's row (services/docstore/fields.py): tags each stripped of surrounding
+white space, empty ones dropped, repeats dropped in first order (normalized_tags); the title,
+product and version one line (one_line); the limits hold the fields so normalised, and a
+search filter is held to the same rules."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import pytest
 from services.common import errors
 from services.common.document_limits import MAX_TAG_CHARS
 from services.common.search_contract import KB_TENANT, Filters
-from services.docstore.fields import MAX_TAGS, normalized_tags
+from services.docstore.fields import (
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    filter_text,
+    normalized_tags,
+    one_line,
+)
 from services.docstore.kb_csv import read_knowledge_base_csv
 from services.retrieval.embeddings import EmbeddingSettings
 from services.retrieval.factories import build_embedder
@@ -104,3 +111,62 @@ def test_a_knowledge_base_row_and_a_request_follow_the_same_rule():
     assert doc.tags == ("finance", "Q1", "topic:tax", "jurisdiction:ru")
     assert doc.tags == normalized_tags([*cells.replace(";", ",").split(","), "topic:tax",
                                         "jurisdiction:ru"])  # fmt: skip
+
+
+def test_a_title_product_or_version_is_one_line():
+    assert one_line("  Orion\u00a0 X\n 2 ") == "Orion X 2" and one_line(" \t") == ""
+    assert filter_text(" Orion  X ") == "Orion X" and filter_text("  ") == "  "
+
+
+async def test_product_and_version_are_stored_one_line_and_a_filter_finds_them(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    sent = IngestInput(
+        "a", GUIDE, file_name="budget.md", title=" Budget\n guide ", product=" Orion  X ",
+        version="\t1.0 ",
+    )  # fmt: skip
+    out = await s.ingestor.ingest(sent)
+    stored = s.store.get_document("a", out.doc_id)
+    assert stored is not None
+    assert (stored.title, stored.product, stored.version) == ("Budget guide", "Orion X", "1.0")
+    query = SearchQuery("quarterly budget report", "a", ranking="sparse")
+    for product, version, found in (
+        ("Orion X", "", True),
+        (" Orion  X ", "1.0", True),
+        ("", " 1.0", True),
+        ("Orion", "", False),
+        ("  ", "", False),  # blank: matches nothing, never widening the filter
+    ):
+        filters = Filters(product=product, version=version)
+        hits = (await s.engine.search(SearchQuery(**{**vars(query), "filters": filters}))).hits
+        assert bool(hits) == found, (product, version)
+    # The same request with its fields written apart is the same document: unchanged.
+    again = IngestInput(
+        "a", GUIDE, file_name="budget.md", title="Budget guide", product="Orion X", version="1.0"
+    )
+    assert (await s.ingestor.ingest(again)).unchanged
+    s.index.close()
+
+
+async def test_the_title_limit_holds_the_title_as_stored(tmp_path, embedder):
+    s = make_stack(tmp_path, embedder)
+    at_limit = "T" * (MAX_TITLE_CHARS - 2) + "      x"  # 1,022 + 5 spaces: 1,024 stored
+    out = await s.ingestor.ingest(IngestInput("a", GUIDE, file_name="a.md", title=at_limit))
+    stored = s.store.get_document("a", out.doc_id)
+    assert stored is not None and len(stored.title) == MAX_TITLE_CHARS
+    past = "T" * (MAX_TITLE_CHARS - 1) + "  x"
+    with pytest.raises(errors.LimitExceededError) as info:
+        await s.ingestor.ingest(IngestInput("a", GUIDE, file_name="b.md", title=past))
+    assert info.value.metadata["field"] == "title"
+    s.index.close()
+
+
+@pytest.mark.parametrize("key", ["file_name", "format", "kb_file"])
+async def test_the_services_own_metadata_keys_are_refused(tmp_path, embedder, key):
+    """kb_file names the CSV an article came from, which its re-ingest prunes by: a caller's
+    document claiming one would be deleted by that CSV's next ingest."""
+    s = make_stack(tmp_path, embedder)
+    item = IngestInput(KB_TENANT, GUIDE, file_name="note.md", metadata={key: "train_data.csv"})
+    with pytest.raises(errors.InvalidArgumentError) as info:
+        await s.ingestor.ingest(item)
+    assert info.value.metadata == {"field": "metadata"} and "reserved" in str(info.value)
+    s.index.close()
