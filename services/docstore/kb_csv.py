@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from services.common import errors
 from services.common.search_contract import KB_SOURCE, kb_tag
@@ -191,6 +191,14 @@ def _allow_long_fields() -> None:
         csv.field_size_limit(MAX_FIELD_CHARS)
 
 
+class _OwnFields(TypedDict):
+    """An article's title, product and version as the document keeps them."""
+
+    title: str
+    product: str
+    version: str
+
+
 def _article(
     cells: Mapping[str, str],
     tenant_id: str,
@@ -205,8 +213,12 @@ def _article(
         raise ParseError(f"empty {', '.join(empty)}")
     updated_at = _iso_date(cells["updated_at"])
     # A request's fields are normalised by the same rules (fields.one_line, normalized_tags).
-    title, product, version = (one_line(cells.get(c, "")) for c in ("title", "product", "version"))
-    key = cells.get("id", "") or title
+    own = _OwnFields(
+        title=one_line(cells["title"]),
+        product=one_line(cells.get("product", "")),
+        version=one_line(cells.get("version", "")),
+    )
+    key = cells.get("id", "") or cells["title"]
     doc_id = prefix + slugify(key, 100, fallback="")
     if doc_id == prefix:
         raise ParseError("no doc_id can be made from id/title (no letters or digits)")
@@ -232,9 +244,7 @@ def _article(
         metadata["url"] = cells["url"]
     try:
         check_fields(
-            title=title,
-            product=product,
-            version=version,
+            **own,
             tags=tags,
             # The row's own metadata; file_name (and format) are the service's.
             metadata={k: metadata[k] for k in _ROW_METADATA if k in metadata},
@@ -249,9 +259,7 @@ def _article(
         doc_id=doc_id,
         content=cells["content"].replace("\r\n", "\n"),
         fmt="markdown",
-        title=title,
-        product=product,
-        version=version,
+        **own,
         tags=tags,
         source=KB_SOURCE,
         metadata=metadata,
