@@ -100,6 +100,7 @@ from services.llm.toolcalls import (
     summarise,
 )
 from services.model_runtime.chat import (
+    CONTENT_FILTER,
     LENGTH,
     LLM_RUNTIME_ERROR,
     ChatMessage,
@@ -227,7 +228,7 @@ def capped(completion: Completion, room: int | None) -> Completion:
     return replace(completion, content=completion.content[:room], finish_reason=LENGTH)
 
 
-FINISH_REASONS = frozenset({"stop", LENGTH, "content_filter"})
+FINISH_REASONS = frozenset({"stop", LENGTH, CONTENT_FILTER})
 
 
 def finish_reason(completion: Completion) -> str:

@@ -116,11 +116,10 @@ class ConfigHolder:
             changes["mock_mode"] = u.mock_mode
         before = self._config
         self._config = replace(before, **changes)  # type: ignore[arg-type]
-        changed = {k: v for k, v in changes.items() if getattr(before, k) != v}
+        changed = {
+            k: [getattr(before, k), v] for k, v in changes.items() if getattr(before, k) != v
+        }
         if changed:
             # A record of what this replica now runs with (replicas do not share it).
-            log.warning(
-                "runtime config changed",
-                extra={"changed": {k: [getattr(before, k), v] for k, v in changed.items()}},
-            )
+            log.warning("runtime config changed", extra={"changed": changed})
         return self._config
